@@ -1,0 +1,7 @@
+"""`meshctl` commands of the lab area."""
+
+from __future__ import annotations
+
+import click
+
+COMMANDS: list[click.Command] = []

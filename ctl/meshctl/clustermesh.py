@@ -1,0 +1,67 @@
+"""Cluster mesh, the pure part: which of other clusters' records may join this cluster's plan.
+
+A remote cluster can never take over a local route: its records are admitted after all local
+ones, against everything the local cluster and the clusters admitted before it hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from .model import Topology, host_net
+from .plan import Remote, segments
+from .validate import Claims, Rejection, admit_nodes
+
+
+def as_remote(topo: Topology) -> Topology:
+    """The topology with every node marked as belonging to its cluster (`cluster2/g1`)."""
+    return replace(topo, nodes=tuple(replace(n, cluster=topo.cluster.name) for n in topo.nodes), peers=())
+
+
+def admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[Remote], list[Rejection]]:
+    """Remote clusters with the records that are safe to install here, and the rejections.
+
+    A whole cluster is refused when its name or id collides with the local one or an earlier
+    remote's. A record is rejected when its pod CIDR overlaps a local pod CIDR, the local
+    WireGuard subnet or another cluster's records; when its segment's WireGuard address overlaps
+    them; or when its internal address is a local node's. Sharing a private subnet is fine."""
+    claims = Claims()
+    internal: dict[object, str] = {}
+    for n in local.nodes:
+        claims.add(n.pod_cidr, f"local node {n.name}'s pod CIDR {n.pod_cidr}")
+        if n.internal_ip is not None:
+            internal[n.internal_ip.ip] = f"local node {n.name}"
+    claims.add(local.mesh.subnet, f"the local WireGuard subnet {local.mesh.subnet}")
+    ids = {local.cluster.id: local.cluster.name}
+    out: list[Remote] = []
+    rejected: list[Rejection] = []
+    for remote in sorted(remotes, key=lambda t: t.cluster.name):
+        cname, cid = remote.cluster.name, remote.cluster.id
+        if cname in ids.values():
+            rejected.append(Rejection(cname, f"cluster.name: {cname!r} is already used"))
+            continue
+        if cid in ids:
+            rejected.append(Rejection(cname, f"cluster.id: {cid} is already used by cluster {ids[cid]}"))
+            continue
+        remote = as_remote(remote)
+        label = f"{cname}.nodes"
+        seg_wg = {m.name: s.wireguard_ip for s in segments(remote) for m in s.members}
+        candidates = []
+        for n in remote.nodes:
+            owner = claims.conflict(host_net(seg_wg[n.name]))
+            if owner is not None:
+                rejected.append(Rejection(n.qualified_name, f"{label}.{n.name}.wireguard_ip: "
+                                          f"{str(seg_wg[n.name].ip)!r} overlaps {owner}"))
+                continue
+            candidates.append(n)
+        admitted, rej = admit_nodes(candidates, remote.mesh.subnet, claims=claims, internal_ips=internal,
+                                    label=label)
+        rejected += rej
+        for n in admitted:
+            wg = host_net(seg_wg[n.name])
+            if claims.conflict(wg) is None:
+                claims.add(wg, f"cluster {cname}'s WireGuard address {wg.network_address}")
+        ids[cid] = cname
+        out.append(Remote(remote, frozenset(n.name for n in admitted)))
+    return out, rejected

@@ -1,0 +1,151 @@
+"""The mesh's data model: what every backend (topology file, etcd, Kubernetes, remote clusters)
+turns its input into, and what the pure planner reads.
+
+All types are frozen and hashable so a plan is a pure function of them and can be cached or compared.
+Addresses are `ipaddress` objects, never strings, so comparisons and overlap checks are exact.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Literal
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+Granularity = Literal["location", "full", "cross"]
+IntraSubnet = Literal["direct", "wireguard-private", "wireguard"]
+GRANULARITIES: tuple[str, ...] = ("location", "full", "cross")
+INTRA_SUBNET_MODES: tuple[str, ...] = ("direct", "wireguard-private", "wireguard")
+
+DEFAULT_SUBNET = ipaddress.ip_network("10.4.0.0/16")
+DEFAULT_PORT = 51820
+
+# Ranges whose endpoints are not public (Kilo's notion, plus CGNAT and link-local).
+_NON_PUBLIC = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "127.0.0.0/8",
+        "169.254.0.0/16", "fc00::/7", "fe80::/10", "::1/128",
+    )
+)
+
+
+@dataclass(frozen=True, order=True)
+class Endpoint:
+    """A WireGuard endpoint: an IP literal or a DNS name, and a port."""
+
+    host: str
+    port: int
+
+    @property
+    def ip(self) -> IPAddress | None:
+        try:
+            return ipaddress.ip_address(self.host)
+        except ValueError:
+            return None
+
+    @property
+    def is_public(self) -> bool:
+        """A DNS name counts as public; an IP is public unless it lies in a private range."""
+        ip = self.ip
+        if ip is None:
+            return True
+        return not any(ip.version == n.version and ip in n for n in _NON_PUBLIC)
+
+    def __str__(self) -> str:
+        ip = self.ip
+        if ip is not None and ip.version == 6:
+            return f"[{self.host}]:{self.port}"
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str = "default"
+    id: int = 1
+
+
+@dataclass(frozen=True)
+class MeshSettings:
+    granularity: Granularity = "location"
+    subnet: IPNetwork = DEFAULT_SUBNET
+    port: int = DEFAULT_PORT
+    intra_subnet: IntraSubnet = "direct"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One mesh node as published by its agent (or written in a topology file).
+
+    `cluster` is empty for nodes of the local cluster and names the remote cluster otherwise;
+    `qualified_name` is what the plan calls the node (`cluster2/g1` for remote ones).
+    """
+
+    name: str
+    pod_cidr: IPNetwork
+    public_key: str
+    location: str = ""
+    internal_ip: IPInterface | None = None
+    endpoint: Endpoint | None = None
+    leader: bool = False
+    persistent_keepalive: int = 0
+    allowed_location_ips: tuple[IPNetwork, ...] = ()
+    wireguard_ip: IPInterface | None = None
+    cluster: str = ""
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.cluster}/{self.name}" if self.cluster else self.name
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A WireGuard peer that is not a node: a laptop, a VPN gateway."""
+
+    name: str
+    public_key: str
+    allowed_ips: tuple[IPNetwork, ...]
+    endpoint: Endpoint | None = None
+    persistent_keepalive: int | None = None
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Everything one cluster knows: its identity, mesh settings, nodes and extra peers."""
+
+    cluster: Cluster = field(default_factory=Cluster)
+    mesh: MeshSettings = field(default_factory=MeshSettings)
+    nodes: tuple[Node, ...] = ()
+    peers: tuple[Peer, ...] = ()
+
+    def node(self, name: str) -> Node | None:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        return None
+
+
+def private_neighbours(a: Node, b: Node) -> bool:
+    """Both have an internal address and each address lies inside the other's subnet."""
+    ia, ib = a.internal_ip, b.internal_ip
+    if ia is None or ib is None or ia.version != ib.version:
+        return False
+    return ia.ip in ib.network and ib.ip in ia.network
+
+
+def sort_key_net(n: IPNetwork | IPInterface | IPAddress) -> tuple[int, int, int]:
+    """The project's one order for addresses and prefixes: IP version, address, prefix length."""
+    if isinstance(n, ipaddress.IPv4Network | ipaddress.IPv6Network):
+        return (n.version, int(n.network_address), n.prefixlen)
+    if isinstance(n, ipaddress.IPv4Interface | ipaddress.IPv6Interface):
+        return (n.version, int(n.ip), n.network.prefixlen)
+    return (n.version, int(n), n.max_prefixlen)
+
+
+def host_net(ip: IPAddress | IPInterface) -> IPNetwork:
+    """The /32 (or /128) of an address."""
+    addr = ip.ip if isinstance(ip, ipaddress.IPv4Interface | ipaddress.IPv6Interface) else ip
+    return ipaddress.ip_network(addr)

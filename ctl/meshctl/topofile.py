@@ -1,0 +1,74 @@
+"""Topology files: the YAML that `meshctl plan`, `graph`, `showconf` and the lab read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import validate as v
+from .errors import InputError
+from .model import Topology
+
+
+def parse_topology(doc: Any) -> Topology:
+    """A parsed YAML document to a Topology; raises InputError on the first problem."""
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise InputError("", doc, "is not a topology (a mapping with cluster, mesh, nodes, peers)")
+    for k in doc:
+        if k not in ("cluster", "mesh", "nodes", "peers", "lab"):
+            raise InputError(str(k), doc[k], "is not a known field")
+    cluster = v.parse_cluster(doc.get("cluster"), "cluster")
+    mesh = v.parse_mesh(doc.get("mesh"), "mesh")
+    raw_nodes = doc.get("nodes") or []
+    if not isinstance(raw_nodes, list):
+        raise InputError("nodes", raw_nodes, "is not a list")
+    nodes = [v.parse_node(d, f"nodes[{i}]", default_port=mesh.port) for i, d in enumerate(raw_nodes)]
+    raw_peers = doc.get("peers") or []
+    if not isinstance(raw_peers, list):
+        raise InputError("peers", raw_peers, "is not a list")
+    peers = [v.parse_peer(d, f"peers[{i}]") for i, d in enumerate(raw_peers)]
+    claims = v.Claims()
+    _, rejected = v.admit_nodes(nodes, mesh.subnet, claims=claims)
+    if rejected:
+        raise _as_error(rejected[0].reason)
+    _, rejected_peers = v.admit_peers(peers, claims)
+    if rejected_peers:
+        raise _as_error(rejected_peers[0].reason)
+    return Topology(cluster=cluster, mesh=mesh, nodes=tuple(nodes), peers=tuple(peers))
+
+
+def _as_error(line: str) -> InputError:
+    path, _, rest = line.partition(": ")
+    err = InputError(path, None, rest)
+    err.args = (line,)
+    return err
+
+
+def load_yaml(path: str | Path) -> Any:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise InputError("", str(p), f"cannot be read: {e.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise InputError("", str(p), f"is not valid YAML{where}") from None
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Read and validate a topology file; errors carry the file name: `topo.yaml: nodes[3]...`."""
+    doc = load_yaml(path)
+    try:
+        return parse_topology(doc)
+    except InputError as e:
+        line = f"{Path(path).name}: {e}"
+        err = InputError(e.path, e.value, e.reason)
+        err.args = (line,)
+        raise err from None
