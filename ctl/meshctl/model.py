@@ -146,6 +146,8 @@ def sort_key_net(n: IPNetwork | IPInterface | IPAddress) -> tuple[int, int, int]
 
 
 def host_net(ip: IPAddress | IPInterface) -> IPNetwork:
-    """The /32 (or /128) of an address."""
+    """The /32 (or /128) of an address (built from integers: string parsing dominated big plans)."""
     addr = ip.ip if isinstance(ip, ipaddress.IPv4Interface | ipaddress.IPv6Interface) else ip
-    return ipaddress.ip_network(addr)
+    if addr.version == 4:
+        return ipaddress.IPv4Network((int(addr), 32))
+    return ipaddress.IPv6Network((int(addr), 128))
