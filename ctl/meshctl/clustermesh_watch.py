@@ -144,7 +144,8 @@ class RemoteCluster:
         """The remote view to plan with (None if refused or never seen) and why it is not ready."""
         snap = self.backend.snapshot()
         if snap.revision == 0 and not snap.ready:
-            return None, _tls_reason(snap.reason) or "connecting"
+            first = snap.reason in ("", "not yet listed")
+            return None, "connecting" if first else _tls_reason(snap.reason)
         ident = self.backend.published_identity()
         if ident is None:
             return None, (f"no cluster record at {cluster_key(self.cfg.name)} in its etcd: "
@@ -308,7 +309,8 @@ class RemoteClusters:
     def status(self) -> dict[str, Any]:
         """The ClusterMesh block of `/status` (`ClusterMesh: 1/1 remote clusters ready`): per
         cluster, ready or why not, nodes, rejected records (unparsable ones and those refused by
-        admission), endpoints, connection, last change."""
+        admission), endpoints, connection, last change. Computed fresh on every call."""
+        self.states()
         with self._lock:
             base = [dict(self._status[k]) for k in sorted(self._status)]
             per = dict(self._rejections)

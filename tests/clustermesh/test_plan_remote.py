@@ -15,8 +15,8 @@ from meshctl.clustermesh import admit_remotes
 from meshctl.plan import plan_node
 from meshctl.render import plan_to_json
 from meshctl.topofile import parse_topology
-
 from tests.plan.fixtures import key
+
 from .fixtures import CLUSTER1, CLUSTER2
 
 

@@ -1,0 +1,191 @@
+"""RemoteClusters against real etcd servers on loopback with TLS and client-certificate auth."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from meshctl.clustermesh_watch import RemoteClusters, parse_config, summary_line
+from meshctl.errors import InputError
+from meshctl.etcd.pki import make_ca, make_cert
+from meshctl.etcd.process import EtcdServer
+from meshctl.etcdbackend import cluster_key, node_key, write_topology
+from meshctl.model import Cluster
+from meshctl.topofile import parse_topology
+from meshctl.validate import node_to_record
+
+from .fixtures import CLUSTER1, CLUSTER2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Remote:
+    """A TLS etcd standing in for a remote cluster's, with its PKI."""
+
+    def __init__(self, tmp: Path, name: str) -> None:
+        self.dir = tmp / name
+        self.ca = make_ca(self.dir / "pki", f"{name}-ca")
+        server = make_cert(self.ca, self.dir / "pki", "server", server=True, hosts=("127.0.0.1",))
+        self.client_cert = make_cert(self.ca, self.dir / "pki", "client")
+        self.etcd = EtcdServer(name=name, data_dir=self.dir / "data", port=free_port(), peer_port=free_port(),
+                               tls=server)
+        self.etcd.start(client_tls=self.client_cert)
+        self.kv = self.etcd.client(self.client_cert)
+
+    def config(self, ca: Path | None = None) -> dict:
+        return {"endpoints": [self.etcd.url], "trusted-ca-file": str(ca or self.ca.cert),
+                "cert-file": str(self.client_cert.cert), "key-file": str(self.client_cert.key)}
+
+    def publish(self, doc: dict) -> None:
+        t = parse_topology(doc)
+        write_topology(self.kv, t.cluster, t.mesh)
+        for n in t.nodes:
+            self.kv.put(node_key(t.cluster.name, n.name), json.dumps(node_to_record(n)))
+
+    def stop(self) -> None:
+        self.kv.close()
+        self.etcd.stop()
+
+
+@pytest.fixture
+def remote(tmp_path: Path) -> Iterator[Remote]:
+    r = Remote(tmp_path, "cluster2")
+    try:
+        yield r
+    finally:
+        r.stop()
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if cond():
+            return time.monotonic() - t0
+        time.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.fixture
+def watcher(tmp_path: Path) -> Iterator[tuple[RemoteClusters, Path, threading.Event]]:
+    d = tmp_path / "clustermesh"
+    d.mkdir()
+    woke = threading.Event()
+    rc = RemoteClusters(d, Cluster("cluster1", 1), woke.set, poll=0.1)
+    rc.start()
+    try:
+        yield rc, d, woke
+    finally:
+        rc.stop()
+
+
+def nodes_of(rc: RemoteClusters, local: dict = CLUSTER1) -> set[str]:
+    remotes, _ = rc.admit(parse_topology(local))
+    return {n.qualified_name for r in remotes for n in r.nodes}
+
+
+def test_file_added_connects_and_removed_drains(remote: Remote, watcher) -> None:
+    rc, d, woke = watcher
+    remote.publish(CLUSTER2)
+    (d / "cluster2").write_text(yaml.safe_dump(remote.config()))
+    wait_for(lambda: nodes_of(rc) == {"cluster2/g1", "cluster2/g2", "cluster2/g3", "cluster2/g4"})
+    st = rc.status()
+    assert summary_line(st) == "ClusterMesh: 1/1 remote clusters ready"
+    c = st["clusters"][0]
+    assert c["ready"] and c["nodes"] == 4 and c["connected"] and c["endpoints"] == [remote.etcd.url]
+    # a node added in the remote cluster reaches us by itself
+    woke.clear()
+    remote.kv.put(node_key("cluster2", "g5"), json.dumps({"name": "g5", "pod_cidr": "10.43.5.0/24",
+                                                          "public_key": CLUSTER2["nodes"][0]["public_key"]}))
+    took = wait_for(lambda: "cluster2/g5" in nodes_of(rc))
+    assert woke.is_set() and took < 3
+    remote.kv.delete(node_key("cluster2", "g2"))
+    wait_for(lambda: "cluster2/g2" not in nodes_of(rc))
+    (d / "cluster2").unlink()
+    wait_for(lambda: nodes_of(rc) == set())
+    assert rc.status()["total"] == 0
+
+
+def test_etcd_away_keeps_the_view_and_comes_back(remote: Remote, watcher) -> None:
+    rc, d, _ = watcher
+    remote.publish(CLUSTER2)
+    (d / "cluster2").write_text(yaml.safe_dump(remote.config()))
+    wait_for(lambda: len(nodes_of(rc)) == 4)
+    remote.etcd.stop()
+    wait_for(lambda: not rc.status()["clusters"][0]["ready"], timeout=10)
+    assert len(nodes_of(rc)) == 4, "routes learned from a cluster whose etcd went away must stay"
+    st = rc.status()["clusters"][0]
+    assert not st["ready"] and st["reason"] and not st["connected"]
+    assert summary_line(rc.status()) == "ClusterMesh: 0/1 remote clusters ready"
+    remote.etcd.start(client_tls=remote.client_cert)
+    wait_for(lambda: rc.status()["clusters"][0]["ready"], timeout=10)
+    assert rc.status()["clusters"][0]["reconnects"] >= 1
+
+
+def test_wrong_ca_is_a_clear_reason_and_installs_nothing(remote: Remote, watcher, tmp_path: Path) -> None:
+    rc, d, _ = watcher
+    remote.publish(CLUSTER2)
+    other = make_ca(tmp_path / "other-pki", "someone-else")
+    (d / "cluster2").write_text(yaml.safe_dump(remote.config(ca=other.cert)))
+
+    def settled() -> bool:
+        cs = rc.status()["clusters"]
+        return bool(cs) and cs[0]["reason"] not in ("", "connecting")
+
+    wait_for(settled, timeout=10)
+    c = rc.status()["clusters"][0]
+    assert not c["ready"] and "TLS" in c["reason"] and "ca-file" in c["reason"], c["reason"]
+    assert nodes_of(rc) == set()
+
+
+def test_name_mismatch_and_duplicate_id_are_refused(remote: Remote, watcher) -> None:
+    rc, d, _ = watcher
+    remote.publish(CLUSTER2)
+    (d / "cluster9").write_text(yaml.safe_dump(remote.config()))
+    wait_for(lambda: rc.status()["total"] == 1 and "no cluster record" in rc.status()["clusters"][0]["reason"])
+    assert "its etcd holds: cluster2" in rc.status()["clusters"][0]["reason"]
+    (d / "cluster9").unlink()
+    # the remote publishes the local cluster's id
+    remote.kv.put(cluster_key("cluster2"), json.dumps({"name": "cluster2", "id": 1, "subnet": "10.5.0.0/16"}))
+    (d / "cluster2").write_text(yaml.safe_dump(remote.config()))
+    wait_for(lambda: rc.status()["total"] == 1 and "id 1" in rc.status()["clusters"][0]["reason"])
+    assert nodes_of(rc) == set()
+
+
+def test_overlapping_remote_record_is_rejected_and_counted(remote: Remote, watcher) -> None:
+    rc, d, _ = watcher
+    remote.publish(CLUSTER2)
+    remote.kv.put(node_key("cluster2", "evil"), json.dumps({"name": "evil", "pod_cidr": "10.42.1.0/24",
+                                                            "public_key": CLUSTER2["nodes"][0]["public_key"]}))
+    remote.kv.put(node_key("cluster2", "junk"), "{not json")
+    (d / "cluster2").write_text(yaml.safe_dump(remote.config()))
+    wait_for(lambda: len(nodes_of(rc)) == 4)
+    c = rc.status()["clusters"][0]
+    assert c["ready"] and c["rejected"] == 2
+    reasons = {r["name"]: r["reason"] for r in c["rejections"]}
+    assert "overlaps local node c1's pod CIDR" in reasons["cluster2/evil"]
+    assert "is not JSON" in reasons["junk"]
+
+
+def test_bad_files_are_one_line_errors(tmp_path: Path) -> None:
+    p = tmp_path / "cluster2"
+    p.write_text("endpoints: [ftp://x]\n")
+    with pytest.raises(InputError, match="endpoints: 'ftp://x' is not an https URL"):
+        parse_config(p)
+    p.write_text("endpoints: [https://127.0.0.1:1]\nca-file: /nonexistent\n")
+    with pytest.raises(InputError, match="ca-file: '/nonexistent' does not exist"):
+        parse_config(p)
+    bad = tmp_path / "Cluster_2"
+    bad.write_text("endpoints: [https://127.0.0.1:1]\n")
+    with pytest.raises(InputError, match="is not a cluster name"):
+        parse_config(bad)
