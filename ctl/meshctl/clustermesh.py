@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from .model import Topology, host_net
+from .model import Topology, gc_paused, host_net
 from .plan import Remote, segments
 from .validate import Claims, Rejection, admit_nodes
 
@@ -20,6 +20,12 @@ def as_remote(topo: Topology) -> Topology:
 
 
 def admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[Remote], list[Rejection]]:
+    """See `_admit_remotes`; the cyclic GC is paused while it runs (see model.gc_paused)."""
+    with gc_paused():
+        return _admit_remotes(local, remotes)
+
+
+def _admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[Remote], list[Rejection]]:
     """Remote clusters with the records that are safe to install here, and the rejections.
 
     A whole cluster is refused when its name or id collides with the local one or an earlier
@@ -46,7 +52,8 @@ def admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[Re
             continue
         remote = as_remote(remote)
         label = f"{cname}.nodes"
-        seg_wg = {m.name: s.wireguard_ip for s in segments(remote) for m in s.members}
+        segs = tuple(segments(remote))
+        seg_wg = {m.name: s.wireguard_ip for s in segs for m in s.members}
         candidates = []
         for n in remote.nodes:
             owner = claims.conflict(host_net(seg_wg[n.name]))
@@ -63,5 +70,5 @@ def admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[Re
             if claims.conflict(wg) is None:
                 claims.add(wg, f"cluster {cname}'s WireGuard address {wg.network_address}")
         ids[cid] = cname
-        out.append(Remote(remote, frozenset(n.name for n in admitted)))
+        out.append(Remote(remote, frozenset(n.name for n in admitted), segs))
     return out, rejected

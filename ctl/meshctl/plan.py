@@ -8,10 +8,8 @@ Kilo's pkg/mesh.
 
 from __future__ import annotations
 
-import gc
 import ipaddress
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -23,6 +21,7 @@ from .model import (
     IPNetwork,
     Node,
     Topology,
+    gc_paused,
     host_net,
     private_neighbours,
     sort_key_net,
@@ -93,6 +92,7 @@ class Remote:
 
     topology: Topology
     admitted: frozenset[str]
+    segments: tuple[Segment, ...] = ()  # segments(topology), when the caller already has them
 
     @property
     def nodes(self) -> list[Node]:
@@ -179,24 +179,11 @@ def segment_addresses(members: Sequence[Node], wg: IPInterface | None, exclude_i
     return out
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC while planning: a plan allocates many small acyclic objects (addresses)
-    and the collector's full passes over them doubled the time at 10,000 nodes."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
               granularity: str | None = None) -> NodePlan:
     """The plan of node `name`. `remotes` are other clusters' topologies (already admitted:
     see clustermesh.admit_remotes); `granularity` overrides the topology's."""
-    with _gc_paused():
+    with gc_paused():
         return _plan_node(topo, name, remotes, granularity)
 
 
@@ -293,7 +280,7 @@ def _plan_remote(b: _Builder, me: Node, remote: Remote, leads: bool, leader_ip: 
                  keepalive: int, paths: dict[str, str]) -> None:
     """Another cluster's nodes: private neighbours of `me` go direct whatever the granularities;
     the rest of each remote segment is one WireGuard peer reached at the segment's leader."""
-    for s in segments(remote.topology):
+    for s in remote.segments or segments(remote.topology):
         members = [m for m in s.members if m.name in remote.admitted]
         direct = [m for m in members if private_neighbours(me, m)]
         rest = [m for m in members if not private_neighbours(me, m)]

@@ -31,7 +31,8 @@ from .model import (
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$")
 _LOCATION = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*\.?$")
+_LABEL = r"[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*\.?$")
 
 
 def node_name(value: Any, path: str) -> str:
@@ -315,6 +316,16 @@ def parse_cluster(d: Any, path: str) -> Cluster:
 # --- checks between records -------------------------------------------------------------------
 
 
+def _span(net: IPNetwork) -> tuple[int, int, int]:
+    """(version, first, last) of a network as integers (cheaper than broadcast_address)."""
+    first = int(net.network_address)
+    return net.version, first, first + (1 << (net.max_prefixlen - net.prefixlen)) - 1
+
+
+def _overlap(a: tuple[int, int, int], b: tuple[int, int, int]) -> bool:
+    return a[0] == b[0] and a[1] <= b[2] and b[1] <= a[2]
+
+
 class Claims:
     """Disjoint address ranges with an owner each: answers "who already holds anything that
     overlaps this network?" in O(log n), so admitting 10,000 records stays fast."""
@@ -324,24 +335,22 @@ class Claims:
         self._items: list[tuple[int, int, int, str]] = []  # (version, first, last, owner)
 
     def conflict(self, net: IPNetwork) -> str | None:
-        first, last = int(net.network_address), int(net.broadcast_address)
-        key = (net.version, first)
-        i = bisect.bisect_right(self._starts, key)
+        version, first, last = _span(net)
+        i = bisect.bisect_right(self._starts, (version, first))
         # Claims are disjoint and sorted: only the one starting at or before `first` and the first
         # one starting after it can overlap.
         for j in (i - 1, i):
             if 0 <= j < len(self._items):
                 v, f, la, owner = self._items[j]
-                if v == net.version and f <= last and first <= la:
+                if v == version and f <= last and first <= la:
                     return owner
         return None
 
     def add(self, net: IPNetwork, owner: str) -> None:
-        first, last = int(net.network_address), int(net.broadcast_address)
-        key = (net.version, first)
-        i = bisect.bisect_left(self._starts, key)
-        self._starts.insert(i, key)
-        self._items.insert(i, (net.version, first, last, owner))
+        version, first, last = _span(net)
+        i = bisect.bisect_left(self._starts, (version, first))
+        self._starts.insert(i, (version, first))
+        self._items.insert(i, (version, first, last, owner))
 
 
 @dataclass(frozen=True)
@@ -368,12 +377,13 @@ def admit_nodes(
     names: set[str] = set()
     admitted: list[Node] = []
     rejected: list[Rejection] = []
+    subnet_span = _span(subnet) if subnet is not None else None
     for i, n in enumerate(nodes):
         where = f"{label}[{i}]"
         if n.name in names:
             rejected.append(Rejection(n.qualified_name, f"{where}.name: {n.name!r} is a duplicate node name"))
             continue
-        if subnet is not None and n.pod_cidr.version == subnet.version and n.pod_cidr.overlaps(subnet):
+        if subnet_span is not None and _overlap(_span(n.pod_cidr), subnet_span):
             rejected.append(Rejection(n.qualified_name, f"{where}.pod_cidr: {str(n.pod_cidr)!r} overlaps the "
                                       f"WireGuard subnet {subnet}"))
             continue
