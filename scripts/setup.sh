@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(python3-venv python3-bpfcc bpftool linux-headers-amd64 etcd-server etcd-client
   wireguard-go wireguard-tools iperf3 nftables iproute2 ipset graphviz iputils-ping procps
-  util-linux openssl ca-certificates)
+  util-linux openssl ca-certificates iptables vagrant)
 VENV=.venv
 
 missing=()

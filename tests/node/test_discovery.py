@@ -1,0 +1,69 @@
+"""Discovery from a node's own interfaces: internal address (and the /32 case that needs the
+override), endpoint, and kilo0's MTU."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+
+import pytest
+
+from meshctl.discovery import discover_endpoint, discover_internal_ip, wg_mtu
+from meshctl.errors import InputError
+from meshctl.model import Endpoint
+
+from .conftest import NodeLab, in_ns
+
+IF = ipaddress.ip_interface
+
+
+@pytest.fixture
+def node(lab: NodeLab) -> str:
+    ns = lab.ns("disc")
+    for dev in ("eth1", "eth2", "pu"):
+        lab.sh(ns, "ip", "link", "add", dev, "type", "veth", "peer", "name", f"{dev}x")
+        lab.sh(ns, "ip", "link", "set", dev, "up")
+    # Hetzner: a /32 on the private NIC and a route to the private /16 through a gateway.
+    lab.sh(ns, "ip", "addr", "add", "10.10.0.4/32", "dev", "eth1")
+    lab.sh(ns, "ip", "route", "add", "10.10.0.1", "dev", "eth1", "scope", "link")
+    lab.sh(ns, "ip", "route", "add", "10.10.0.0/16", "via", "10.10.0.1", "dev", "eth1")
+    lab.sh(ns, "ip", "addr", "add", "10.20.0.4/24", "dev", "eth2")
+    lab.sh(ns, "ip", "link", "set", "eth2", "mtu", "9000")
+    lab.sh(ns, "ip", "route", "add", "default", "via", "10.20.0.1", "dev", "eth2")
+    lab.sh(ns, "ip", "addr", "add", "203.0.113.5/24", "dev", "pu")
+    return ns
+
+
+def test_host_prefix_on_the_nic_needs_the_force_override(node: str, caplog):
+    caplog.set_level(logging.WARNING)
+    assert in_ns(node, discover_internal_ip, "eth1", None, None) is None
+    assert "--force-internal-ip 10.10.0.4/" in caplog.text
+    assert in_ns(node, discover_internal_ip, "eth1", None, "10.10.0.4/16") == IF("10.10.0.4/16")
+    with pytest.raises(InputError, match="--force-internal-ip"):
+        in_ns(node, discover_internal_ip, None, None, "10.10.0.4")
+
+
+def test_internal_address_from_interface_cidr_or_default_route(node: str):
+    assert in_ns(node, discover_internal_ip, "eth2", None, None) == IF("10.20.0.4/24")
+    assert in_ns(node, discover_internal_ip, None, "10.20.0.0/16", None) == IF("10.20.0.4/24")
+    assert in_ns(node, discover_internal_ip, None, "10.30.0.0/16", None) is None
+    assert in_ns(node, discover_internal_ip, None, None, None) == IF("10.20.0.4/24")  # private, default-route NIC
+    with pytest.raises(InputError, match="--private-interface: 'eth9'"):
+        in_ns(node, discover_internal_ip, "eth9", None, None)
+
+
+def test_endpoint_from_flag_or_interface(node: str):
+    assert discover_endpoint("198.51.100.7", None, 51820) == Endpoint("198.51.100.7", 51820)
+    assert discover_endpoint("[fd00::1]:5555", None, 51820) == Endpoint("fd00::1", 5555)
+    assert discover_endpoint("gw.example.com:1234", None, 51820) == Endpoint("gw.example.com", 1234)
+    with pytest.raises(InputError, match="--endpoint"):
+        discover_endpoint("fd00::1:5555", None, 51820)
+    assert in_ns(node, discover_endpoint, None, "pu", 51820) == Endpoint("203.0.113.5", 51820)
+    assert in_ns(node, discover_endpoint, None, None, 51820) == Endpoint("10.20.0.4", 51820)
+
+
+def test_kilo0_mtu_is_the_private_nic_minus_overhead(node: str):
+    assert in_ns(node, wg_mtu, "eth2") == 8920
+    assert in_ns(node, wg_mtu, "eth1") == 1420
+    assert in_ns(node, wg_mtu, None) == 1420
+    assert in_ns(node, wg_mtu, "eth9", 1450) == 1370

@@ -1,0 +1,154 @@
+"""NatApplier with real traffic: a pod behind a node reaches an outside host masqueraded, while a
+mesh destination sees the pod's own address; set members change in place (the rules and their
+counters stay); cleanup removes it all."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import time
+
+import pytest
+
+from meshctl import netns
+from meshctl.nat import NatApplier
+from meshctl.sysctls import ensure_sysctls
+
+from .conftest import NodeLab, in_ns
+
+N = ipaddress.ip_network
+PREFIX = "mndnat"
+# Host prefixes too: a second sync must read /32 and /128 members back as equal.
+MESH = ["10.42.2.0/24", "10.4.0.0/16", "fd42::/48", "10.30.0.7/32", "fd43::7/128"]
+
+ECHO_SERVER = """
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("0.0.0.0", 9999))
+while True:
+    data, src = s.recvfrom(100)
+    s.sendto(src[0].encode(), src)
+"""
+
+PROBE = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(2)
+for _ in range(3):
+    s.sendto(b"who", (sys.argv[1], 9999))
+    try:
+        print(s.recvfrom(100)[0].decode()); break
+    except TimeoutError:
+        pass
+else:
+    print("timeout")
+"""
+
+
+class World:
+    """pod (10.42.1.2) -- node -- mesh host (10.20.0.2, pod 10.42.2.5) / outside host (203.0.113.2)."""
+
+    def __init__(self, lab: NodeLab):
+        self.lab = lab
+        self.node, self.pod, self.mesh, self.out = (lab.ns(n) for n in ("nnode", "npod", "nmesh", "nout"))
+        netns.veth(self.node, "pp", self.pod, "eth0")
+        netns.veth(self.node, "pv", self.mesh, "pv")
+        netns.veth(self.node, "pu", self.out, "pu")
+        for ns, dev, cidr in ((self.node, "pp", "10.42.1.1/24"), (self.pod, "eth0", "10.42.1.2/24"),
+                              (self.node, "pv", "10.20.0.1/24"), (self.mesh, "pv", "10.20.0.2/24"),
+                              (self.mesh, "lo", "10.42.2.5/32"), (self.node, "pu", "203.0.113.1/24"),
+                              (self.out, "pu", "203.0.113.2/24")):
+            netns.addr(ns, dev, cidr)
+        lab.sh(self.pod, "ip", "route", "add", "default", "via", "10.42.1.1")
+        lab.sh(self.node, "ip", "route", "add", "10.42.2.0/24", "via", "10.20.0.2")
+        lab.sh(self.mesh, "ip", "route", "add", "10.42.1.0/24", "via", "10.20.0.1")
+        # The outside host can answer a pod directly too, so what it reports is what it saw.
+        lab.sh(self.out, "ip", "route", "add", "10.42.1.0/24", "via", "203.0.113.1")
+        for ns in (self.mesh, self.out):
+            lab.spawn(ns, "python3", "-c", ECHO_SERVER)
+
+    def seen_by(self, dst: str) -> str:
+        return self.lab.sh(self.pod, "python3", "-c", PROBE, dst).stdout.strip()
+
+    def masq_packets(self) -> int:
+        out = self.lab.sh(self.node, "iptables-legacy", "-w", "-t", "nat", "-L", f"{PREFIX.upper()}-NAT",
+                          "-v", "-x", "-n").stdout
+        line = next(ln for ln in out.splitlines() if "MASQUERADE" in ln)
+        return int(line.split()[0])
+
+
+@pytest.fixture
+def world(lab: NodeLab) -> World:
+    w = World(lab)
+    changed = in_ns(w.node, ensure_sysctls, "pv", None)
+    assert changed["net.ipv4.ip_forward"] == "1"
+    return w
+
+
+def _sync(w: World, nat: NatApplier, mesh: list[str]) -> bool:
+    return in_ns(w.node, nat.sync, [N("10.42.1.0/24")], [N(m) for m in mesh], ["pv", "kilo0"])
+
+
+def _wait_servers(w: World) -> None:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if "9999" in w.lab.sh(w.out, "ss", "-uln").stdout and "9999" in w.lab.sh(w.mesh, "ss", "-uln").stdout:
+            return
+        time.sleep(0.05)
+    raise AssertionError("echo servers did not start")
+
+
+def test_outside_is_masqueraded_mesh_keeps_the_source_and_sets_change_in_place(world: World, lab: NodeLab):
+    w = world
+    nat = in_ns(w.node, NatApplier, PREFIX)
+    assert _sync(w, nat, MESH)
+    assert not _sync(w, nat, MESH), "second sync changed something"
+    _wait_servers(w)
+    assert w.seen_by("10.42.2.5") == "10.42.1.2"  # mesh: the pod's own address
+    assert w.seen_by("203.0.113.2") == "203.0.113.1"  # outside: the node's address
+    rules_before = lab.sh(w.node, "iptables-legacy-save").stdout
+    masq_before = w.masq_packets()
+    assert masq_before >= 1
+
+    # The outside network joins the mesh (a peer's allowed IPs): only set members change.
+    assert _sync(w, nat, [*MESH, "203.0.113.0/24"])
+    members = lab.sh(w.node, "ipset", "list", f"{PREFIX}-mesh4").stdout
+    assert "203.0.113.0/24" in members and "10.42.1.0/24" in members  # local pods count as mesh
+    assert w.seen_by("203.0.113.2") == "10.42.1.2"
+    assert w.masq_packets() == masq_before, "rules were rewritten (counters reset) or masqueraded anyway"
+    strip = re.compile(r"\[\d+:\d+\]|^#.*$", re.M)
+    assert strip.sub("", lab.sh(w.node, "iptables-legacy-save").stdout) == strip.sub("", rules_before)
+
+    assert _sync(w, nat, MESH)
+    assert w.seen_by("203.0.113.2") == "203.0.113.1"
+    assert w.masq_packets() > masq_before
+    assert "fd42::/48" in lab.sh(w.node, "ipset", "list", f"{PREFIX}-mesh6").stdout
+    assert f"-A POSTROUTING -j {PREFIX.upper()}-NAT" in lab.sh(w.node, "ip6tables-legacy-save").stdout
+
+    in_ns(w.node, nat.cleanup)
+    saved = lab.sh(w.node, "iptables-legacy-save").stdout + lab.sh(w.node, "ip6tables-legacy-save").stdout
+    assert PREFIX.upper() not in saved
+    assert PREFIX not in lab.sh(w.node, "ipset", "list", "-n").stdout
+    in_ns(w.node, nat.cleanup)  # twice is fine
+
+
+def test_forward_rules_follow_the_interfaces_and_bad_prefix_is_an_input_error(lab: NodeLab):
+    ns = lab.ns("nfwd")
+    nat = in_ns(ns, NatApplier, PREFIX)
+    in_ns(ns, nat.sync, [N("10.42.1.0/24")], [], ["eth1", "kilo0"])
+    fwd = lab.sh(ns, "iptables-legacy", "-w", "-S", f"{PREFIX.upper()}-FWD").stdout
+    assert f"-A {PREFIX.upper()}-FWD -i eth1 -o kilo0 -j ACCEPT" in fwd
+    assert f"-A {PREFIX.upper()}-FWD -i kilo0 -m set --match-set {PREFIX}-pods4 dst -j ACCEPT" in fwd
+    assert in_ns(ns, nat.sync, [N("10.42.1.0/24")], [], ["eth2", "kilo0"])
+    fwd = lab.sh(ns, "iptables-legacy", "-w", "-S", f"{PREFIX.upper()}-FWD").stdout
+    assert "eth1" not in fwd and "-i eth2 -o kilo0" in fwd
+    assert lab.sh(ns, "iptables-legacy", "-w", "-S", "FORWARD").stdout.count(f"-j {PREFIX.upper()}-FWD") == 1
+    # A default route among the mesh CIDRs is stored as its two halves (hash:net has no /0).
+    in_ns(ns, nat.sync, [N("10.42.1.0/24")], [N("0.0.0.0/0")], ["eth2"])
+    members = lab.sh(ns, "ipset", "list", f"{PREFIX}-mesh4").stdout
+    assert "0.0.0.0/1" in members and "128.0.0.0/1" in members
+    in_ns(ns, nat.cleanup)
+    from meshctl.errors import InputError
+
+    with pytest.raises(InputError, match="nat prefix"):
+        NatApplier("bad prefix!")

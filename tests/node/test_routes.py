@@ -1,0 +1,127 @@
+"""RouteApplier in a real namespace: only routes with the project's protocol number are added,
+changed and removed; a foreign route survives; a missing device is skipped, not raised."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+
+import pytest
+
+from meshctl import RT_PROTO, netns
+from meshctl.plan import Route
+from meshctl.routes import RouteApplier
+
+from .conftest import NodeLab, in_ns
+
+N = ipaddress.ip_network
+A = ipaddress.ip_address
+
+
+@pytest.fixture
+def node(lab: NodeLab) -> str:
+    """A node with a private NIC `pv` (10.20.0.1/24) and a stand-in `wg` device (a veth: the kernel
+    has no WireGuard module, and routes only need a device)."""
+    ns = lab.ns("rt")
+    for dev, peer in (("pv", "pvx"), ("wg", "wgx")):
+        lab.sh(ns, "ip", "link", "add", dev, "type", "veth", "peer", "name", peer)
+        lab.sh(ns, "ip", "link", "set", dev, "up")
+        lab.sh(ns, "ip", "link", "set", peer, "up")
+    netns.addr(ns, "pv", "10.20.0.1/24")
+    netns.addr(ns, "wg", "10.4.0.1/16")
+    return ns
+
+
+def routes(lab: NodeLab, ns: str) -> dict[str, dict]:
+    out = json.loads(lab.sh(ns, "ip", "-j", "route", "show", "table", "main").stdout)
+    return {r["dst"]: r for r in out}
+
+
+def test_add_change_remove_only_own_routes(lab: NodeLab, node: str):
+    ns = node
+    lab.sh(ns, "ip", "route", "add", "10.99.0.0/24", "via", "10.20.0.99", "proto", "static")  # foreign
+    ra = in_ns(ns, RouteApplier, "pv", "wg")
+    plan = [Route(N("10.42.2.0/24"), A("10.20.0.2"), "private"),
+            Route(N("10.42.3.0/24"), A("10.4.0.3"), "wireguard"),
+            Route(N("10.50.0.0/16"), None, "wireguard")]
+    diff = in_ns(ns, ra.sync, plan)
+    assert diff.added == ["10.42.2.0/24", "10.42.3.0/24", "10.50.0.0/16"] and not diff.changed and not diff.removed
+    r = routes(lab, ns)
+    assert r["10.42.2.0/24"]["gateway"] == "10.20.0.2" and r["10.42.2.0/24"]["dev"] == "pv"
+    assert r["10.42.3.0/24"]["dev"] == "wg" and "onlink" in r["10.42.3.0/24"]["flags"]
+    assert r["10.50.0.0/16"]["dev"] == "wg" and "gateway" not in r["10.50.0.0/16"]
+    assert r["10.50.0.0/16"]["scope"] == "link"
+    assert {str(r[d]["protocol"]) for d in diff.added} == {str(RT_PROTO)}
+    assert not in_ns(ns, ra.sync, plan), "a second sync with the same plan changed something"
+
+    # Change one, drop one, keep one: the foreign route is never touched.
+    plan2 = [Route(N("10.42.2.0/24"), A("10.4.0.2"), "wireguard"), Route(N("10.42.3.0/24"), A("10.4.0.3"), "wireguard")]
+    diff = in_ns(ns, ra.sync, plan2)
+    assert (diff.added, diff.changed, diff.removed) == ([], ["10.42.2.0/24"], ["10.50.0.0/16"])
+    r = routes(lab, ns)
+    assert r["10.42.2.0/24"]["dev"] == "wg" and r["10.42.2.0/24"]["gateway"] == "10.4.0.2"
+    assert "10.50.0.0/16" not in r
+    assert r["10.99.0.0/24"]["protocol"] == "static"
+
+    # An empty plan removes only ours; flush afterwards finds nothing.
+    diff = in_ns(ns, ra.sync, [])
+    assert sorted(diff.removed) == ["10.42.2.0/24", "10.42.3.0/24"]
+    assert set(routes(lab, ns)) >= {"10.99.0.0/24"}
+    assert in_ns(ns, ra.flush) == 0
+
+
+def test_foreign_route_on_the_same_destination_is_not_replaced(lab: NodeLab, node: str):
+    ns = node
+    lab.sh(ns, "ip", "route", "add", "10.42.2.0/24", "via", "10.20.0.77", "proto", "static")
+    ra = in_ns(ns, RouteApplier, "pv", "wg")
+    diff = in_ns(ns, ra.sync, [Route(N("10.42.2.0/24"), A("10.20.0.2"), "private")])
+    assert not diff.added and diff.skipped and "another owner" in diff.skipped[0]
+    assert routes(lab, ns)["10.42.2.0/24"]["gateway"] == "10.20.0.77"
+
+
+def test_missing_device_and_unreachable_gateway_are_skipped(lab: NodeLab, node: str):
+    ns = node
+    ra = in_ns(ns, RouteApplier, "pv", "kilo0")  # no kilo0 here
+    plan = [Route(N("10.42.3.0/24"), A("10.4.0.3"), "wireguard"),
+            Route(N("10.42.4.0/24"), A("192.0.2.1"), "private"),  # not on pv's subnet
+            Route(N("10.42.2.0/24"), A("10.20.0.2"), "private")]
+    diff = in_ns(ns, ra.sync, plan)
+    assert diff.added == ["10.42.2.0/24"]
+    assert len(diff.skipped) == 2 and "kilo0 is missing" in diff.skipped[0]
+    none_private = in_ns(ns, RouteApplier, None, "wg")
+    diff = in_ns(ns, none_private.sync, [Route(N("10.42.2.0/24"), A("10.20.0.2"), "private")])
+    # Our route through a device that is gone is no longer wanted: removed, and said why.
+    assert "private device (none) is missing" in diff.skipped[0] and diff.removed == ["10.42.2.0/24"]
+
+
+def test_flush_removes_exactly_ours_in_both_families(lab: NodeLab, node: str):
+    ns = node
+    netns.addr(ns, "pv", "fd20::1/64")
+    lab.sh(ns, "ip", "route", "add", "10.99.0.0/24", "via", "10.20.0.99")
+    ra = in_ns(ns, RouteApplier, "pv", "wg")
+    plan = [Route(N("10.42.2.0/24"), A("10.20.0.2"), "private"), Route(N("fd42:2::/64"), A("fd20::2"), "private")]
+    assert len(in_ns(ns, ra.sync, plan).added) == 2
+    v6 = json.loads(lab.sh(ns, "ip", "-6", "-j", "route", "show").stdout)
+    assert any(r["dst"] == "fd42:2::/64" for r in v6)
+    assert not in_ns(ns, ra.sync, plan)
+    assert in_ns(ns, ra.flush) == 2
+    assert "10.99.0.0/24" in routes(lab, ns) and "10.42.2.0/24" not in routes(lab, ns)
+
+
+def test_many_changes_go_in_one_batch_and_failures_are_still_named(lab: NodeLab, node: str):
+    ns = node
+    lab.sh(ns, "ip", "route", "add", "10.60.5.0/24", "via", "10.20.0.77", "proto", "static")  # foreign, same dst
+    plan = [Route(N(f"10.60.{i}.0/24"), A(f"10.20.0.{i + 2}"), "private") for i in range(40)]
+    plan[7] = Route(N("10.60.7.0/24"), A("192.0.2.1"), "private")  # gateway not on the private subnet
+    ra = in_ns(ns, RouteApplier, "pv", "wg")
+    diff = in_ns(ns, ra.sync, plan)
+    assert len(diff.added) == 38 and len(diff.skipped) == 2
+    assert any(s.startswith("10.60.5.0/24: a route of another owner") for s in diff.skipped)
+    assert any(s.startswith("10.60.7.0/24:") for s in diff.skipped)
+    assert routes(lab, ns)["10.60.5.0/24"]["gateway"] == "10.20.0.77"
+    moved = [Route(r.dst, A("10.4.0.9"), "wireguard") for r in plan]  # all 40 change at once
+    diff = in_ns(ns, ra.sync, moved)
+    assert len(diff.changed) == 38 and len(diff.added) == 1  # 10.60.7.0/24 now installable
+    assert "onlink" in routes(lab, ns)["10.60.20.0/24"]["flags"]
+    assert in_ns(ns, ra.flush) == 39
+    assert routes(lab, ns)["10.60.5.0/24"]["protocol"] == "static"
