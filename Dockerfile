@@ -1,0 +1,44 @@
+# syntax=docker/dockerfile:1
+# The meshctl agent image for the DaemonSet in manifests/ (two containers use it: the agent and
+# wireguard-go). Debian 12 like the development machines: python3-bpfcc is Debian's bcc for
+# /usr/bin/python3, so the package installs into the system Python, not a venv.
+# Build: docker build -t meshctl/meshctl:0.1.0 .   (no container engine runs on the dev machines)
+FROM debian:bookworm-slim
+
+ARG DEBIAN_FRONTEND=noninteractive
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      python3 python3-pip python3-bpfcc bpftool \
+      wireguard-tools wireguard-go \
+      iproute2 nftables iptables ipset kmod ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /src
+COPY pyproject.toml README.md* ./
+COPY ctl ./ctl
+COPY bpf ./bpf
+RUN pip3 install --no-cache-dir --break-system-packages . \
+ && rm -rf /src
+
+# wireguard-go's container: run wireguard-go in the foreground for the device unless the kernel
+# has WireGuard (then the agent uses the kernel device and this container only waits), so an
+# agent restart never takes the tunnel down.
+RUN printf '%s\n' \
+      '#!/bin/sh' \
+      'set -eu' \
+      'ifname=${1:-kilo0}' \
+      'if ip link add meshctl-wgprobe type wireguard 2>/dev/null; then' \
+      '  ip link del meshctl-wgprobe' \
+      '  echo "kernel WireGuard present: wireguard-go not needed"' \
+      '  exec sleep infinity' \
+      'fi' \
+      'exec wireguard-go -f "$ifname"' \
+      > /usr/local/bin/meshctl-wireguard-go \
+ && chmod 0755 /usr/local/bin/meshctl-wireguard-go
+
+WORKDIR /
+# The DaemonSet runs it privileged with hostNetwork; the agent's state lives in /var/lib/meshctl.
+VOLUME ["/var/lib/meshctl"]
+EXPOSE 9736
+ENTRYPOINT ["meshctl"]
+CMD ["agent", "--backend=kubernetes"]

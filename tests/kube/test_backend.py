@@ -1,0 +1,338 @@
+"""The Kubernetes backend against the in-process API server: every path goes over real HTTP with
+lightkube, through list, watch and patch."""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+
+import pytest
+from lightkube.generic_resource import create_global_resource
+from lightkube.resources.core_v1 import ConfigMap
+from lightkube.resources.core_v1 import Node as KNode
+from lightkube.types import PatchType
+from prometheus_client import CollectorRegistry
+
+from meshctl import validate
+from meshctl.kube import nodes as A
+from meshctl.kube.backend import KubeBackend, backend_from_options, state_from_objects
+from meshctl.model import Cluster, Endpoint, MeshSettings, Node, Topology
+from meshctl.plan import plan_node
+
+from .helpers import Running, create_node, node_obj, wait_for, wg_key
+
+Peer = create_global_resource("meshctl.io", "v1alpha1", "Peer", "peers")
+net = ipaddress.ip_network
+
+
+def backend(api, name="a1", **kw) -> KubeBackend:
+    kw.setdefault("resync_seconds", 30.0)
+    return backend_from_options(None, api.url, name, **kw)
+
+
+def plan_of(state, me: str):
+    nodes, rejected = validate.admit_nodes(state.nodes, state.mesh.subnet)
+    return plan_node(Topology(state.cluster, state.mesh, tuple(nodes), state.peers), me)
+
+
+def loc(name: str) -> dict[str, str]:
+    return {A.PREFIX + A.LOCATION: name}
+
+
+def test_node_add_update_delete_reach_the_plan(api, kclient):
+    create_node(kclient, node_obj("a1", "10.42.1.0/24", key=1, internal="192.168.10.1/24",
+                                  endpoint="198.51.100.1:51820", ann=loc("a")))
+    be = backend(api)
+    with Running(be) as r:
+        wait_for(lambda: [n.name for n in be.snapshot().nodes] == ["a1"], what="a1 listed")
+        wait_for(lambda: all(k.listed for k in be._kinds), what="every kind listed")
+        relists = be.stats["relists"]
+        create_node(kclient, node_obj("a2", "10.42.2.0/24", key=2, internal="192.168.10.2/24", ann=loc("a")))
+        create_node(kclient, node_obj("b1", "10.42.3.0/24", key=3, internal="192.168.20.1/24",
+                                      endpoint="203.0.113.7:51820", ann=loc("b")))
+        wait_for(lambda: len(be.snapshot().nodes) == 3, what="a2 and b1 added")
+        assert r.changes >= 3
+        plan = plan_of(be.snapshot(), "a1")
+        assert plan.paths == {"a1": "local", "a2": "direct", "b1": "tunnel"}
+        assert [p.endpoint for p in plan.peers] == ["203.0.113.7:51820"]
+
+        # update: b1 moves its endpoint
+        kclient.patch(KNode, "b1", {"metadata": {"annotations": {A.ENDPOINT: "203.0.113.9:51821"}}},
+                      patch_type=PatchType.MERGE)
+        wait_for(lambda: plan_of(be.snapshot(), "a1").peers[0].endpoint == "203.0.113.9:51821",
+                 what="b1's new endpoint in a1's plan")
+        # delete: a2 leaves
+        kclient.delete(KNode, "a2")
+        wait_for(lambda: "a2" not in plan_of(be.snapshot(), "a1").paths, what="a2 gone from the plan")
+        assert net("10.42.2.0/24") not in {rt.dst for rt in plan_of(be.snapshot(), "a1").routes}
+        assert be.stats["relists"] == relists  # after the first lists, everything came by watch
+
+
+def test_nodes_are_in_creation_order_then_name():
+    objs = []
+    for name, created in (("c", "2024-01-01T00:00:02Z"), ("b", "2024-01-01T00:00:01Z"), ("a", "2024-01-01T00:00:02Z")):
+        o = node_obj(name, f"10.42.{ord(name)}.0/24", key=ord(name))
+        o["metadata"]["creationTimestamp"] = created
+        objs.append(o)
+    st = state_from_objects(objs, [], Cluster(), MeshSettings(), now=time.time(), max_age=60)
+    assert [n.name for n in st.nodes] == ["b", "a", "c"]
+
+
+def test_publish_patches_own_annotations_only(api, kclient):
+    create_node(kclient, node_obj("a1", "10.42.1.0/24", ann={"someone.else/x": "keep", A.PREFIX + "location": "a"},
+                                  labels={"topology.kubernetes.io/region": "r1"}))
+    be = backend(api, clock=lambda: 1_700_000_000)
+    me = Node("a1", net("10.42.1.0/24"), wg_key(7), internal_ip=ipaddress.ip_interface("192.168.10.1/24"),
+              endpoint=Endpoint("198.51.100.1", 51820), wireguard_ip=ipaddress.ip_interface("10.4.0.1/16"))
+    n_before = len(api.requests)
+    be.publish(me)
+    writes = [r for r in list(api.requests)[n_before:] if r[0] != "GET"]
+    assert writes == [("PATCH", "/api/v1/nodes/a1", "application/merge-patch+json")]
+    got = kclient.get(KNode, "a1").metadata
+    assert got.annotations["someone.else/x"] == "keep"
+    assert got.annotations[A.PREFIX + "location"] == "a"
+    assert got.labels == {"topology.kubernetes.io/region": "r1"}
+    assert got.annotations[A.PUBLIC_KEY] == wg_key(7)
+    assert got.annotations[A.ENDPOINT] == "198.51.100.1:51820"
+    assert got.annotations[A.INTERNAL_IP] == "192.168.10.1/24"
+    assert got.annotations[A.WIREGUARD_IP] == "10.4.0.1/16"
+    assert got.annotations[A.LAST_SEEN] == "1700000000"
+    assert got.annotations[A.GRANULARITY] == "location"
+    # The snapshot sees it at once (the patch answer updates the cache) with the user-set location.
+    snap = be.snapshot()
+    assert snap.nodes[0].location == "a" and snap.nodes[0].endpoint == Endpoint("198.51.100.1", 51820)
+    # A field the node no longer has is removed, not left behind.
+    from dataclasses import replace
+
+    be.publish(replace(me, endpoint=None))
+    assert A.ENDPOINT not in kclient.get(KNode, "a1").metadata.annotations
+    with pytest.raises(Exception, match="not this agent's node"):
+        be.publish(replace(me, name="a2"))
+    be.close()
+
+
+def test_publish_for_a_missing_node_is_one_line_error(api):
+    from meshctl.errors import MeshError
+
+    be = backend(api, name="ghost")
+    with pytest.raises(MeshError, match="node 'ghost' does not exist"):
+        be.publish(Node("ghost", net("10.42.9.0/24"), wg_key(9)))
+
+
+def test_a_stale_watch_relists(api, kclient):
+    create_node(kclient, node_obj("a1", "10.42.1.0/24", key=1, ann=loc("a")))
+    create_node(kclient, node_obj("a2", "10.42.2.0/24", key=2, ann=loc("a")))
+    be = backend(api)
+    with Running(be):
+        wait_for(lambda: len(be.snapshot().nodes) == 2, what="listed")
+        relists = be.stats["relists"]
+        # A dropped watch with history still there: resume from the last version, no relist.
+        api.store.drop_watches()
+        create_node(kclient, node_obj("a3", "10.42.3.0/24", key=3, ann=loc("a")))
+        wait_for(lambda: len(be.snapshot().nodes) == 3, what="a3 after resume")
+        assert be.stats["relists"] == relists and be.stats["gone"] == 0
+
+        # A partition: the backend misses a delete and an add, the history is compacted, the
+        # watch comes back with a version that is gone -> 410 -> relist.
+        api.store.hold()
+        kclient.delete(KNode, "a2")
+        create_node(kclient, node_obj("a4", "10.42.4.0/24", key=4, ann=loc("a")))
+        time.sleep(0.3)
+        assert sorted(n.name for n in be.snapshot().nodes) == ["a1", "a2", "a3"]  # it missed them
+        api.store.compact()
+        api.store.drop_watches()
+        try:
+            wait_for(lambda: be.stats["gone"] >= 1, what="410 Gone seen")
+            wait_for(lambda: sorted(n.name for n in be.snapshot().nodes) == ["a1", "a3", "a4"], what="relisted")
+        finally:
+            api.store.hold(False)
+        assert be.stats["relists"] > relists
+        # and the watch runs again after the relist
+        kclient.delete(KNode, "a3")
+        wait_for(lambda: sorted(n.name for n in be.snapshot().nodes) == ["a1", "a4"], what="watch after relist")
+
+
+def test_malformed_annotation_rejects_only_its_node(api, kclient):
+    create_node(kclient, node_obj("a1", "10.42.1.0/24", key=1, ann=loc("a")))
+    create_node(kclient, node_obj("a2", "10.42.2.0/24", key=2, ann={**loc("a"), A.ENDPOINT: "not an endpoint"}))
+    create_node(kclient, node_obj("a3", "10.42.3.0/24", key=3, ann={"kilo.squat.ai/persistent-keepalive": "-5"}))
+    create_node(kclient, node_obj("a4", "10.42.4.0/24", key=4, ann=loc("a")))
+    reg = CollectorRegistry()
+    be = backend(api, registry=reg)
+    st = be.snapshot()
+    assert st.ready
+    assert [n.name for n in st.nodes] == ["a1", "a4"]
+    reasons = {r.name: r.reason for r in st.rejections}
+    assert reasons["a2"] == "node a2: meshctl.io/endpoint: 'not an endpoint' is not an endpoint: bad host"
+    assert reasons["a3"].startswith("node a3: kilo.squat.ai/persistent-keepalive: '-5' ")
+    assert reg.get_sample_value("meshctl_kube_rejected_records") == 2
+    # Fixing the annotation brings the node back.
+    kclient.patch(KNode, "a2", {"metadata": {"annotations": {A.ENDPOINT: "198.51.100.2:51820"}}},
+                  patch_type=PatchType.STRATEGIC)
+    be._kinds[0].listed = False  # not running: make snapshot list again
+    assert [n.name for n in be.snapshot().nodes] == ["a1", "a2", "a4"]
+    assert reg.get_sample_value("meshctl_kube_rejected_records") == 1
+
+
+def test_nodes_that_have_not_joined_are_pending_not_rejected(api, kclient):
+    create_node(kclient, node_obj("a1", "10.42.1.0/24", key=1))
+    create_node(kclient, node_obj("a2", None, key=2))  # no pod CIDR yet
+    create_node(kclient, node_obj("a3", "10.42.3.0/24"))  # agent not started
+    st = backend(api).snapshot()
+    assert [n.name for n in st.nodes] == ["a1"] and not st.rejections
+    assert st.extra["pending"] == ["a2", "a3"]
+
+
+def test_peer_resources_become_peers(api, kclient):
+    # Kilo's CRD too: a Kilo cluster's Peers are read as they are.
+    kilo_crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                "metadata": {"name": "peers.kilo.squat.ai"},
+                "spec": {"group": "kilo.squat.ai", "scope": "Cluster", "names": {"plural": "peers", "kind": "Peer"},
+                         "versions": [{"name": "v1alpha1", "served": True, "storage": True}]}}
+    api.store.create(api.store.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions"), "", kilo_crd)
+    KiloPeer = create_global_resource("kilo.squat.ai", "v1alpha1", "Peer", "peers")
+    create_node(kclient, node_obj("a1", "10.42.1.0/24", key=1))
+    be = backend(api)
+    with Running(be):
+        wait_for(lambda: be.snapshot().nodes, what="listed")
+        kclient.create(Peer.from_dict({"metadata": {"name": "laptop"}, "spec": {
+            "allowedIPs": ["10.5.0.1/32"], "publicKey": wg_key(50), "persistentKeepalive": 10}}))
+        kclient.create(Peer.from_dict({"metadata": {"name": "gateway"}, "spec": {
+            "allowedIPs": ["10.6.0.0/24", "10.7.0.0/24"], "publicKey": wg_key(51),
+            "endpoint": {"dnsOrIP": {"dns": "vpn.example.com"}, "port": 51820}}}))
+        kclient.create(Peer.from_dict({"metadata": {"name": "badkey"}, "spec": {
+            "allowedIPs": ["10.8.0.1/32"], "publicKey": "AAAA"}}))
+        kclient.create(KiloPeer.from_dict({"metadata": {"name": "kilo-phone"}, "spec": {
+            "allowedIPs": ["10.9.0.1/32"], "publicKey": wg_key(52),
+            "endpoint": {"dnsOrIP": {"ip": "203.0.113.20"}, "port": 51000}}}))
+        kclient.create(KiloPeer.from_dict({"metadata": {"name": "kilo-neg"}, "spec": {
+            "allowedIPs": ["10.9.0.2/32"], "publicKey": wg_key(53), "persistentKeepalive": -1}}))
+        st = wait_for(lambda: (s := be.snapshot()) and len(s.peers) == 3 and len(s.rejections) == 2 and s,
+                      what="peers")
+        peers = {p.name: p for p in st.peers}
+        assert peers["laptop"].allowed_ips == (net("10.5.0.1/32"),) and peers["laptop"].persistent_keepalive == 10
+        assert peers["gateway"].endpoint == Endpoint("vpn.example.com", 51820)
+        assert peers["kilo-phone"].endpoint == Endpoint("203.0.113.20", 51000)
+        reasons = {r.name: r.reason for r in st.rejections}
+        assert reasons["badkey"].startswith("peer badkey: spec.publicKey: 'AAAA' is not a WireGuard key")
+        assert reasons["kilo-neg"] == "peer kilo-neg: spec.persistentKeepalive: -1 must be >= 0"
+        plan = plan_of(st, "a1")
+        assert {p.name for p in plan.peers} == {"laptop", "gateway", "kilo-phone"}
+        kclient.delete(Peer, "gateway")
+        wait_for(lambda: {p.name for p in be.snapshot().peers} == {"laptop", "kilo-phone"}, what="peer deleted")
+
+
+def test_readiness_by_last_seen(api, kclient):
+    now = [1_700_000_000.0]
+    create_node(kclient, node_obj("a1", "10.42.1.0/24", key=1, last_seen=now[0] - 500))  # our own: never stale
+    create_node(kclient, node_obj("a2", "10.42.2.0/24", key=2, last_seen=now[0] - 59))
+    create_node(kclient, node_obj("a3", "10.42.3.0/24", key=3, last_seen=now[0] - 61))
+    be = backend(api, resync_seconds=30.0, clock=lambda: now[0])
+    st = be.snapshot()
+    assert [n.name for n in st.nodes] == ["a1", "a2"] and st.extra["stale"] == ["a3"]
+    now[0] += 2  # a2 now 61 s old too
+    assert [n.name for n in be.snapshot().nodes] == ["a1"]
+    # a3's agent comes back: its refreshed last-seen makes it ready again
+    kclient.patch(KNode, "a3", {"metadata": {"annotations": {A.LAST_SEEN: str(int(now[0]))}}},
+                  patch_type=PatchType.MERGE)
+    be._kinds[0].listed = False
+    assert [n.name for n in be.snapshot().nodes] == ["a1", "a3"]
+
+
+def test_run_refreshes_last_seen(api, kclient):
+    create_node(kclient, node_obj("a1", "10.42.1.0/24"))
+    be = backend(api, resync_seconds=0.5)
+    be.publish(Node("a1", net("10.42.1.0/24"), wg_key(1)))
+    first = int(kclient.get(KNode, "a1").metadata.annotations[A.LAST_SEEN])
+    with Running(be):
+        wait_for(lambda: int(kclient.get(KNode, "a1").metadata.annotations[A.LAST_SEEN]) > first, timeout=4,
+                 what="last-seen refreshed")
+
+
+def test_kilo_annotations_are_read_and_ours_win(api, kclient):
+    K = A.KILO_PREFIX
+    create_node(kclient, node_obj("k1", "10.42.1.0/24", key=1, internal="192.168.1.1/24", endpoint="10.0.0.1:51820",
+                                  ann={K + "location": "gcp", K + "force-endpoint": "198.51.100.9:51999",
+                                       K + "leader": "", K + "persistent-keepalive": "25",
+                                       K + "allowed-location-ips": "172.16.0.0/24,172.16.1.0/24"},
+                                  labels={"topology.kubernetes.io/region": "ignored"}))
+    create_node(kclient, node_obj("k2", "10.42.2.0/24", key=2, internal="192.168.1.2/24",
+                                  ann={K + "force-internal-ip": "-", K + "location": "gcp",
+                                       A.PREFIX + "location": "aws", A.PREFIX + "leader": "false",
+                                       K + "leader": ""},
+                                  labels={"topology.kubernetes.io/region": "ignored"}))
+    create_node(kclient, node_obj("k3", "10.42.3.0/24", key=3, labels={"topology.kubernetes.io/region": "eu-west",
+                                                                      "custom/zone": "z9"}))
+    st = backend(api).snapshot()
+    n = {x.name: x for x in st.nodes}
+    assert n["k1"].location == "gcp" and n["k1"].endpoint == Endpoint("198.51.100.9", 51999)
+    assert n["k1"].leader and n["k1"].persistent_keepalive == 25
+    assert n["k1"].allowed_location_ips == (net("172.16.0.0/24"), net("172.16.1.0/24"))
+    assert n["k2"].location == "aws" and n["k2"].internal_ip is None and not n["k2"].leader
+    assert n["k3"].location == "eu-west"
+    # --location-label picks another label
+    assert {x.name: x.location for x in backend(api, location_label="custom/zone").snapshot().nodes}["k3"] == "z9"
+
+
+def test_mesh_settings_from_configmap_and_flags(api, kclient):
+    create_node(kclient, node_obj("a1", "10.42.1.0/24", key=1))
+    be = backend(api)
+    with Running(be):
+        wait_for(lambda: be.snapshot().nodes, what="listed")
+        assert be.snapshot().mesh == MeshSettings()
+        kclient.create(ConfigMap.from_dict({"metadata": {"name": "meshctl", "namespace": "meshctl"},
+                                            "data": {"granularity": "full", "subnet": "10.9.0.0/16", "port": "51999",
+                                                     "cluster_name": "east", "cluster_id": "7"}}))
+        st = wait_for(lambda: (s := be.snapshot()).mesh.granularity == "full" and s, what="configmap read")
+        assert st.mesh.subnet == net("10.9.0.0/16") and st.mesh.port == 51999
+        assert st.cluster == Cluster("east", 7)
+        kclient.patch(ConfigMap, "meshctl", {"data": {"granularity": "sideways"}}, namespace="meshctl",
+                      patch_type=PatchType.MERGE)
+        st = wait_for(lambda: (s := be.snapshot()) and not s.ready and s, what="bad configmap seen")
+        assert st.reason == ("configmap meshctl/meshctl.granularity: 'sideways' is not one of location, full, cross")
+        assert [n.name for n in st.nodes] == ["a1"]  # the last good view stays
+    # Flags win over the ConfigMap.
+    be2 = backend(api, mesh=MeshSettings(granularity="cross"), cluster=Cluster("west", 2))
+    assert be2.snapshot().mesh.granularity == "cross" and be2.snapshot().cluster == Cluster("west", 2)
+
+
+def test_unreachable_api_keeps_last_view_not_ready(api, kclient):
+    create_node(kclient, node_obj("a1", "10.42.1.0/24", key=1))
+    be = backend(api)
+    with Running(be) as r:
+        wait_for(lambda: be.snapshot().nodes, what="listed")
+        before = r.changes
+        api.stop()
+        st = wait_for(lambda: (s := be.snapshot()) and not s.ready and s, what="not ready")
+        assert [n.name for n in st.nodes] == ["a1"] and "watching nodes" in st.reason
+        assert r.changes > before
+
+
+def test_bad_options_are_one_line_errors():
+    from meshctl.errors import InputError, MeshError
+
+    with pytest.raises(InputError, match="--node: 'Not_A_Name' is not a DNS-1123 name"):
+        backend_from_options(None, "http://127.0.0.1:1", "Not_A_Name")
+    with pytest.raises(InputError, match="--resync: 0 must be > 0"):
+        backend_from_options(None, "http://127.0.0.1:1", "a1", resync_seconds=0)
+    with pytest.raises(MeshError, match="kubeconfig /nonexistent"):
+        backend_from_options("/nonexistent", None, "a1")
+
+
+def test_make_backend_fills_the_agent_config_from_its_node(api, kclient, monkeypatch):
+    from meshctl.agent.config import AgentConfig
+    from meshctl.kube import make_backend
+
+    K = A.KILO_PREFIX
+    create_node(kclient, node_obj("a1", "10.42.7.0/24", ann={K + "location": "gcp", K + "leader": "",
+                                                             K + "force-endpoint": "198.51.100.3:51820",
+                                                             A.PREFIX + "persistent-keepalive": "15"}))
+    monkeypatch.setenv("MESHCTL_API_SERVER", api.url)
+    cfg = AgentConfig(node_name="a1", pod_cidr=None, backend="kubernetes", resync_interval=5.0)  # type: ignore[arg-type]
+    be = make_backend(cfg)
+    assert isinstance(be, KubeBackend) and be.resync_seconds == 5.0
+    assert cfg.pod_cidr == net("10.42.7.0/24") and cfg.location == "gcp" and cfg.leader
+    assert cfg.endpoint == "198.51.100.3:51820" and cfg.persistent_keepalive == 15
+    cfg2 = AgentConfig(node_name="a1", pod_cidr=net("10.42.7.0/24"), location="flag-wins", backend="kubernetes")
+    make_backend(cfg2)
+    assert cfg2.location == "flag-wins"

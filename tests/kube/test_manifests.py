@@ -1,0 +1,169 @@
+"""What a user installs: manifests/ against the Kubernetes JSON schemas (offline, with the schemas
+kubernetes-validate bundles), the Peer CRD's schema against the backend's own checks, the
+Dockerfile against the DaemonSet, and the Vagrantfile through `vagrant validate`."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shutil
+import subprocess
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from meshctl.errors import InputError
+from meshctl.kube.peers import parse_peer_object
+
+from .helpers import MANIFESTS, ROOT, wg_key
+
+# The newest schemas bundled, and an older release still common on k3s/kubeadm clusters.
+VERSIONS = [kubernetes_validate.latest_version(), "1.28"]
+
+
+def docs() -> list[dict]:
+    out = []
+    for f in sorted(MANIFESTS.glob("[0-9]*.yaml")):
+        out += [d for d in yaml.safe_load_all(f.read_text()) if d]
+    return out
+
+
+def by_kind(kind: str) -> dict:
+    return next(d for d in docs() if d["kind"] == kind)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_manifest_passes_the_schemas(version):
+    kinds = []
+    for d in docs():
+        kubernetes_validate.validate(d, version, strict=True)  # raises on any error or unknown field
+        kinds.append(d["kind"])
+    assert {"Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+            "ConfigMap", "DaemonSet"} <= set(kinds)
+
+
+def test_the_validation_can_fail():
+    ds = copy.deepcopy(by_kind("DaemonSet"))
+    ds["spec"]["template"]["spec"]["hostNetworking"] = True  # a typo
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(ds, VERSIONS[0], strict=True)
+    ds = copy.deepcopy(by_kind("DaemonSet"))
+    ds["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "metrics"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(ds, VERSIONS[0], strict=True)
+
+
+def test_daemonset_runs_privileged_everywhere_with_a_separate_wireguard_go():
+    ds = by_kind("DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True
+    assert pod["tolerations"] == [{"operator": "Exists"}]
+    assert pod["serviceAccountName"] == by_kind("ServiceAccount")["metadata"]["name"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    agent, wg = containers["agent"], containers["wireguard-go"]
+    assert agent["securityContext"]["privileged"] is True
+    assert {"NET_ADMIN", "BPF", "SYS_ADMIN"} <= set(agent["securityContext"]["capabilities"]["add"])
+    mounts = {m["mountPath"]: m["name"] for m in agent["volumeMounts"]}
+    assert {"/sys/fs/bpf", "/lib/modules", "/usr/src", "/var/lib/meshctl", "/var/run/wireguard"} <= set(mounts)
+    # the UAPI socket folder is the same volume in both containers
+    assert {m["mountPath"]: m["name"] for m in wg["volumeMounts"]}["/var/run/wireguard"] == mounts["/var/run/wireguard"]
+    assert "--backend=kubernetes" in agent["args"] and "--wg-run-dir=/var/run/wireguard" in agent["args"]
+    port = next(p["containerPort"] for p in agent["ports"] if p["name"] == "metrics")
+    assert agent["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port}
+    assert f"--metrics-addr=0.0.0.0:{port}" in agent["args"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounts["/sys/fs/bpf"]]["hostPath"]["path"] == "/sys/fs/bpf"
+
+
+def test_rbac_allows_what_the_backend_does():
+    rules = by_kind("ClusterRole")["rules"]
+
+    def allowed(group: str, resource: str, verb: str) -> bool:
+        return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in rules)
+
+    for verb in ("get", "list", "watch", "patch"):
+        assert allowed("", "nodes", verb)
+    for group in ("meshctl.io", "kilo.squat.ai"):
+        for verb in ("list", "watch"):
+            assert allowed(group, "peers", verb)
+    assert not allowed("", "nodes", "update")  # patches only, never a full update
+    role = by_kind("Role")
+    assert any("configmaps" in r["resources"] and "watch" in r["verbs"] for r in role["rules"])
+
+
+def test_configmap_settings_parse():
+    from meshctl.kube.backend import settings_from_configmap
+
+    cm = by_kind("ConfigMap")
+    cluster, mesh = settings_from_configmap(cm["data"])
+    assert mesh.granularity == "location" and str(mesh.subnet) == "10.4.0.0/16" and mesh.port == 51820
+    assert cluster.name == "default" and cluster.id == 1
+
+
+PEERS = [
+    ({"allowedIPs": ["10.5.0.1/32"], "publicKey": wg_key(1)}, True),
+    ({"allowedIPs": ["10.5.0.0/24", "fd00::/64"], "publicKey": wg_key(2), "persistentKeepalive": 0,
+      "endpoint": {"dnsOrIP": {"dns": "vpn.example.com"}, "port": 51820}}, True),
+    ({"allowedIPs": ["10.5.0.1/32"], "publicKey": wg_key(3), "endpoint": {"dnsOrIP": {"ip": "203.0.113.1"},
+                                                                          "port": 1}}, True),
+    ({"allowedIPs": ["10.5.0.1/32"], "publicKey": "short="}, False),
+    ({"allowedIPs": ["10.5.0.1/32"], "publicKey": wg_key(4), "persistentKeepalive": -1}, False),
+    ({"allowedIPs": ["10.5.0.1"], "publicKey": wg_key(5)}, False),
+    ({"allowedIPs": [], "publicKey": wg_key(6)}, False),
+    ({"allowedIPs": ["10.5.0.1/32"], "publicKey": wg_key(7), "endpoint": {"dnsOrIP": {"dns": "x"}, "port": 0}},
+     False),
+    ({"allowedIPs": ["10.5.0.1/32"], "publicKey": wg_key(8), "endpoint": {"dnsOrIP": {"dns": "Bad_Name"},
+                                                                          "port": 5}}, False),
+    ({"publicKey": wg_key(9)}, False),
+]
+
+
+@pytest.mark.parametrize("spec,good", PEERS)
+def test_peer_crd_schema_and_backend_agree(spec, good):
+    schema = by_kind("CustomResourceDefinition")["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    obj = {"apiVersion": "meshctl.io/v1alpha1", "kind": "Peer", "metadata": {"name": "p"}, "spec": spec}
+    schema_ok = jsonschema.Draft7Validator(schema).is_valid(obj)
+    try:
+        parse_peer_object(obj)
+        parser_ok = True
+    except InputError:
+        parser_ok = False
+    assert (schema_ok, parser_ok) == (good, good)
+
+
+def test_dockerfile_matches_the_daemonset():
+    text = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^FROM debian:bookworm", text, re.M)
+    for pkg in ("python3-bpfcc", "wireguard-tools", "wireguard-go"):
+        assert re.search(rf"\b{pkg}\b", text), pkg
+    assert 'ENTRYPOINT ["meshctl"]' in text
+    wg = next(c for c in by_kind("DaemonSet")["spec"]["template"]["spec"]["containers"] if c["name"] == "wireguard-go")
+    assert wg["command"][0] in text  # the wrapper the wireguard-go container runs is built into the image
+    ports = re.findall(r"^EXPOSE (\d+)", text, re.M)
+    agent = next(c for c in by_kind("DaemonSet")["spec"]["template"]["spec"]["containers"] if c["name"] == "agent")
+    assert [str(agent["ports"][0]["containerPort"])] == ports
+    for src in re.findall(r"^COPY (\S+)", text, re.M):
+        if not src.endswith("*"):
+            assert (ROOT / src).exists(), src
+
+
+def test_vagrantfile_validates(tmp_path):
+    vagrant = shutil.which("vagrant")
+    assert vagrant, "vagrant is not installed (scripts/setup.sh installs it)"
+    env = {**os.environ, "VAGRANT_DOTFILE_PATH": str(tmp_path / "dot"), "VAGRANT_HOME": str(tmp_path / "home"),
+           "VAGRANT_CHECKPOINT_DISABLE": "1"}
+    cwd = ROOT / "vagrant"
+    p = subprocess.run([vagrant, "validate", "--ignore-provider"], cwd=cwd, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and "validated successfully" in p.stdout, p.stdout + p.stderr
+    # four VMs by default, two per location, and the validation does see a broken setting
+    assert {f"==> {n}: " for n in ("a1", "a2", "b1", "b2")} <= {ln[: len("==> a1: ")] for ln in p.stdout.splitlines()}
+    p = subprocess.run([vagrant, "validate", "--ignore-provider"], cwd=cwd, env={**env, "MESHCTL_PER_LOC": "0"},
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "MESHCTL_PER_LOC" in p.stdout + p.stderr
+    for script in ("provision-common.sh", "provision-server.sh", "provision-agent.sh", "cni.sh", "deploy.sh",
+                   "check.sh"):
+        assert subprocess.run(["bash", "-n", str(cwd / script)]).returncode == 0, script
