@@ -1,0 +1,75 @@
+"""The agent's settings: one dataclass, filled from command-line flags (cli_agent) or by the lab.
+
+Parsing goes through meshctl.validate so a bad flag reads like a bad record:
+`--pod-cidr: '10.42.1.0/33' is not a CIDR`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import validate as v
+from ..errors import InputError
+from ..model import IPInterface, IPNetwork
+
+DEFAULT_METRICS_ADDR = "127.0.0.1:9736"
+DEFAULT_PIN_ROOT = "/sys/fs/bpf/meshctl"
+
+
+@dataclass
+class AgentConfig:
+    node_name: str
+    pod_cidr: IPNetwork
+    location: str = ""
+    private_interface: str | None = None
+    internal_cidr: IPNetwork | None = None
+    force_internal_ip: IPInterface | None = None
+    endpoint: str | None = None
+    public_interface: str | None = None
+    leader: bool = False
+    persistent_keepalive: int = 0
+    allowed_location_ips: tuple[IPNetwork, ...] = ()
+    state_dir: Path = Path("/var/lib/meshctl")
+    wg_interface: str = "kilo0"
+    wg_run_dir: Path = Path("/run/meshctl/wireguard")
+    pod_interfaces: str | None = None
+    metrics_addr: str = DEFAULT_METRICS_ADDR
+    backend: str = "etcd"
+    etcd_endpoints: tuple[str, ...] = ()
+    etcd_ca: str | None = None
+    etcd_cert: str | None = None
+    etcd_key: str | None = None
+    topology_file: str | None = None
+    cluster_name: str = "default"
+    cluster_id: int = 1
+    clustermesh_dir: Path | None = None
+    fastpath: bool = True
+    bpf_pin_root: str = DEFAULT_PIN_ROOT
+    lease_ttl: int = 10
+    nat_prefix: str = "meshctl"
+    resync_interval: float = 30.0
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def check(self) -> AgentConfig:
+        """Cross-field checks the flag parsers cannot do one by one."""
+        if self.backend not in ("etcd", "file", "kubernetes"):
+            raise InputError("--backend", self.backend, "is not one of etcd, file, kubernetes")
+        if self.backend == "etcd" and not self.etcd_endpoints:
+            raise InputError("--etcd-endpoints", "", "is required with --backend etcd")
+        if self.backend == "file" and not self.topology_file:
+            raise InputError("--topology", "", "is required with --backend file")
+        if bool(self.etcd_cert) != bool(self.etcd_key):
+            raise InputError("--etcd-cert", self.etcd_cert or "", "and --etcd-key go together")
+        if self.lease_ttl < 2:
+            raise InputError("--lease-ttl", self.lease_ttl, "is below 2 seconds")
+        parse_addr(self.metrics_addr, "--metrics-addr")
+        return self
+
+
+def parse_addr(value: str, path: str) -> tuple[str, int]:
+    """`host:port` for a listening socket; `[v6]:port` for IPv6."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        raise InputError(path, value, "is not host:port")
+    return host.strip("[]"), v.port(port, path)

@@ -1,0 +1,82 @@
+"""Wiring for `meshctl agent`: the backend the flags ask for, the cluster-mesh watcher, signals."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from ..backend import Backend, FileBackend
+from ..errors import MeshError
+from ..model import Cluster
+from .config import AgentConfig
+from .core import Agent
+
+log = logging.getLogger("meshctl.agent")
+
+
+def etcd_client(cfg: AgentConfig) -> Any:
+    from ..etcd import EtcdClient
+
+    return EtcdClient(list(cfg.etcd_endpoints), ca=cfg.etcd_ca, cert=cfg.etcd_cert, key=cfg.etcd_key)
+
+
+def build_backend(cfg: AgentConfig) -> Backend:
+    """The backend named by --backend (kubernetes is imported only when asked for)."""
+    cluster = Cluster(cfg.cluster_name, cfg.cluster_id)
+    if cfg.backend == "etcd":
+        from ..etcdbackend import EtcdBackend
+
+        return EtcdBackend(etcd_client(cfg), cluster, lease_ttl=cfg.lease_ttl,
+                           lease_file=cfg.state_dir / f"lease-{cfg.cluster_name}")
+    if cfg.backend == "file":
+        assert cfg.topology_file
+        return FileBackend(cfg.topology_file)
+    try:
+        from .. import kube
+    except ImportError as e:
+        raise MeshError(f"the kubernetes backend is not available: {e}") from None
+    make = getattr(kube, "make_backend", None)
+    if make is None:
+        raise MeshError("the kubernetes backend is not available in this build (meshctl.kube.make_backend)")
+    return make(cfg)
+
+
+def remotes_factory(cfg: AgentConfig) -> Any:
+    """A function that makes the cluster-mesh watcher once the agent can be woken, or None."""
+    if cfg.clustermesh_dir is None:
+        return None
+
+    def make(wake: Any) -> Any:
+        from ..clustermesh_watch import RemoteClusters
+
+        return RemoteClusters(cfg.clustermesh_dir, Cluster(cfg.cluster_name, cfg.cluster_id), changed=wake)
+
+    return make
+
+
+def run_agent(cfg: AgentConfig) -> None:
+    """Run until SIGTERM/SIGINT; leave the node's network state in place on the way out."""
+    agent = Agent(cfg, build_backend(cfg), remotes_factory=remotes_factory(cfg))
+    done = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping (routes, WireGuard and maps stay)", signum)
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    agent.start()
+    log.info("agent %s up; status on http://%s/status", cfg.node_name, cfg.metrics_addr)
+    while not done.wait(1.0):
+        pass
+    t0 = time.monotonic()
+    agent.stop()
+    log.info("stopped in %.2f s", time.monotonic() - t0)
+    logging.shutdown()
+    # Leave now: library threads (netlink, HTTP) must not hold the exit while another agent waits
+    # to take over this node.
+    os._exit(0)

@@ -1,0 +1,285 @@
+"""A small etcd v3 client over etcd's JSON gateway (`/v3/...`), with mTLS.
+
+Why not a library: the gRPC clients pin old protobufs, and the gateway needs nothing but
+`requests`. Keys and values are bytes on the wire as base64; int64 fields arrive as strings.
+The Session ignores the environment (`trust_env=False`): this machine sets REQUESTS_CA_BUNDLE,
+which would otherwise override the CA we pass.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+
+from ..errors import MeshError
+from .nsconn import session
+
+
+class EtcdError(MeshError):
+    """etcd unreachable or answering with an error."""
+
+
+class WatchIdle(EtcdError):
+    """A watch stream stayed silent past its idle timeout: watch again from the last revision."""
+
+
+class Compacted(EtcdError):
+    """A watch asked for a revision etcd has compacted away: list again."""
+
+    def __init__(self, revision: int):
+        super().__init__(f"watch revision compacted (oldest kept {revision})")
+        self.revision = revision
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    key: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    lease: int = 0
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # "PUT" | "DELETE"
+    kv: KeyValue
+
+
+def _b64(s: str | bytes) -> str:
+    return base64.b64encode(s.encode() if isinstance(s, str) else s).decode()
+
+
+def prefix_end(prefix: str) -> str:
+    """The range end that makes a range cover every key starting with `prefix`."""
+    b = bytearray(prefix.encode())
+    for i in range(len(b) - 1, -1, -1):
+        if b[i] < 0xFF:
+            b[i] += 1
+            return base64.b64encode(bytes(b[: i + 1])).decode()
+    return _b64(b"\0")
+
+
+def _kv(d: dict[str, Any]) -> KeyValue:
+    return KeyValue(
+        key=base64.b64decode(d.get("key", "")).decode(errors="replace"),
+        value=base64.b64decode(d.get("value", "")),
+        create_revision=int(d.get("create_revision", 0)),
+        mod_revision=int(d.get("mod_revision", 0)),
+        lease=int(d.get("lease", 0)),
+    )
+
+
+class EtcdClient:
+    """Talks to one of `endpoints` (tried in turn). `ca`, `cert`, `key` are file paths for mTLS;
+    `netns` opens the connections inside that network namespace (the lab, the tests)."""
+
+    def __init__(self, endpoints: Sequence[str], *, ca: str | None = None, cert: str | None = None,
+                 key: str | None = None, timeout: float = 2.0, netns: str | None = None) -> None:
+        if not endpoints:
+            raise MeshError("no etcd endpoints given")
+        self.endpoints = [e.rstrip("/") for e in endpoints]
+        self.timeout = timeout
+        self._ca, self._cert, self._key, self._netns = ca, cert, key, netns
+        self._local = threading.local()
+        self._current = 0
+        self._watch: requests.Response | None = None
+
+    def _session(self) -> requests.Session:
+        # One Session per thread: the watch stream and the keepalive thread never share a pool.
+        s = getattr(self._local, "s", None)
+        if s is None:
+            s = session(self._netns)
+            if self._ca:
+                s.verify = self._ca
+            if self._cert and self._key:
+                s.cert = (self._cert, self._key)
+            self._local.s = s
+        return s
+
+    def abort_watch(self) -> None:
+        """Close the open watch stream from another thread (so a stopping agent need not wait)."""
+        r = self._watch
+        if r is not None:
+            with contextlib.suppress(Exception):
+                r.close()
+
+    def close(self) -> None:
+        s = getattr(self._local, "s", None)
+        if s is not None:
+            s.close()
+            self._local.s = None
+
+    def _post(self, path: str, body: dict[str, Any], *, stream: bool = False,
+              timeout: float | tuple[float, float | None] | None = None) -> requests.Response:
+        last: Exception | None = None
+        n = len(self.endpoints)
+        for i in range(n):
+            idx = (self._current + i) % n
+            url = self.endpoints[idx] + path
+            try:
+                r = self._session().post(url, data=json.dumps(body), stream=stream,
+                                         timeout=timeout if timeout is not None else self.timeout)
+            except requests.RequestException as e:
+                last = e
+                continue
+            self._current = idx
+            if r.status_code != 200:
+                try:
+                    msg = r.json().get("error") or r.json().get("message") or r.text
+                except ValueError:
+                    msg = r.text
+                raise EtcdError(f"etcd {path}: HTTP {r.status_code}: {str(msg).strip()[:200]}")
+            return r
+        raise EtcdError(f"etcd unreachable at {', '.join(self.endpoints)}: {_short(last)}")
+
+    def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        r = self._post(path, body)
+        try:
+            return r.json()
+        except ValueError:
+            raise EtcdError(f"etcd {path}: answer is not JSON") from None
+
+    # --- KV --------------------------------------------------------------------------------
+
+    def range(self, key: str, *, prefix: bool = False, keys_only: bool = False) -> tuple[list[KeyValue], int]:
+        """The key (or every key under the prefix) and the store's revision."""
+        body: dict[str, Any] = {"key": _b64(key)}
+        if prefix:
+            body["range_end"] = prefix_end(key)
+        if keys_only:
+            body["keys_only"] = True
+        d = self._call("/v3/kv/range", body)
+        return [_kv(x) for x in d.get("kvs", [])], int(d.get("header", {}).get("revision", 0))
+
+    def get(self, key: str) -> KeyValue | None:
+        kvs, _ = self.range(key)
+        return kvs[0] if kvs else None
+
+    def put(self, key: str, value: str | bytes, *, lease: int = 0) -> int:
+        """Write a key; returns the new revision."""
+        body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+        if lease:
+            body["lease"] = str(lease)
+        d = self._call("/v3/kv/put", body)
+        return int(d.get("header", {}).get("revision", 0))
+
+    def delete(self, key: str, *, prefix: bool = False) -> int:
+        """Delete a key (or a prefix); returns how many were deleted."""
+        body: dict[str, Any] = {"key": _b64(key)}
+        if prefix:
+            body["range_end"] = prefix_end(key)
+        d = self._call("/v3/kv/deleterange", body)
+        return int(d.get("deleted", 0))
+
+    def put_if_absent(self, key: str, value: str | bytes, *, lease: int = 0) -> bool:
+        """Create the key only if it does not exist (a transaction); True if this call created it."""
+        put: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+        if lease:
+            put["lease"] = str(lease)
+        body = {
+            "compare": [{"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+            "success": [{"request_put": put}],
+        }
+        return bool(self._call("/v3/kv/txn", body).get("succeeded", False))
+
+    def put_many(self, items: Sequence[tuple[str, str | bytes]], *, batch: int = 100) -> None:
+        """Write many keys, `batch` per transaction (etcd allows 128 operations per txn)."""
+        for i in range(0, len(items), batch):
+            ops = [{"request_put": {"key": _b64(k), "value": _b64(val)}} for k, val in items[i:i + batch]]
+            self._call("/v3/kv/txn", {"success": ops})
+
+    # --- leases ----------------------------------------------------------------------------
+
+    def lease_grant(self, ttl: int) -> int:
+        d = self._call("/v3/lease/grant", {"TTL": str(ttl)})
+        if d.get("error"):
+            raise EtcdError(f"etcd lease grant: {d['error']}")
+        return int(d["ID"])
+
+    def lease_keepalive(self, lease: int) -> int:
+        """Refresh a lease once; returns its remaining TTL (0: the lease is gone)."""
+        r = self._post("/v3/lease/keepalive", {"ID": str(lease)}, stream=True)
+        try:
+            for line in r.iter_lines():
+                if line:
+                    res = json.loads(line).get("result", {})
+                    return int(res.get("TTL", 0))
+        except (requests.RequestException, ValueError) as e:
+            raise EtcdError(f"etcd lease keepalive: {_short(e)}") from None
+        finally:
+            r.close()
+        return 0
+
+    def lease_revoke(self, lease: int) -> None:
+        self._call("/v3/lease/revoke", {"ID": str(lease)})
+
+    # --- watch -----------------------------------------------------------------------------
+
+    def watch(self, key: str, *, prefix: bool = False, start_revision: int = 0,
+              idle_timeout: float = 15.0) -> Iterator[tuple[int, list[Event]]]:
+        """Yield (revision, events) batches until the stream ends. Raises EtcdError when the
+        connection is lost or idles longer than `idle_timeout` (progress notifications arrive far
+        less often, so callers just watch again from the last revision), Compacted when
+        `start_revision` is gone."""
+        req: dict[str, Any] = {"key": _b64(key), "progress_notify": True}
+        if prefix:
+            req["range_end"] = prefix_end(key)
+        if start_revision:
+            req["start_revision"] = str(start_revision)
+        r = self._post("/v3/watch", {"create_request": req}, stream=True, timeout=(self.timeout, idle_timeout))
+        self._watch = r
+        try:
+            for line in r.iter_lines():
+                if not line:
+                    continue
+                try:
+                    d = json.loads(line)
+                except ValueError:
+                    raise EtcdError("etcd watch: answer is not JSON") from None
+                if "error" in d:
+                    raise EtcdError(f"etcd watch: {d['error'].get('message', d['error'])}")
+                res = d.get("result", {})
+                if int(res.get("compact_revision", 0) or 0):
+                    raise Compacted(int(res["compact_revision"]))
+                if res.get("canceled"):
+                    raise EtcdError(f"etcd watch canceled: {res.get('cancel_reason', '')}")
+                rev = int(res.get("header", {}).get("revision", 0))
+                events = [Event(e.get("type", "PUT"), _kv(e.get("kv", {}))) for e in res.get("events", [])]
+                yield rev, events
+        except requests.RequestException as e:
+            if "timed out" in str(e):
+                raise WatchIdle(f"etcd watch idle for {idle_timeout:.0f} s") from None
+            raise EtcdError(f"etcd watch: {_short(e)}") from None
+        except (AttributeError, OSError) as e:
+            # The stream was closed under us (abort_watch) or the socket failed mid-read.
+            raise EtcdError(f"etcd watch closed: {_short(e)}") from None
+        finally:
+            r.close()
+        raise EtcdError("etcd watch: stream ended")
+
+    def health(self) -> bool:
+        try:
+            r = self._session().get(self.endpoints[self._current] + "/health", timeout=self.timeout)
+            return r.status_code == 200 and r.json().get("health") in ("true", True)
+        except (requests.RequestException, ValueError):
+            return False
+
+
+def _short(e: BaseException | None) -> str:
+    if e is None:
+        return "no endpoint answered"
+    s = str(e)
+    # requests wraps urllib3 errors in long reprs; the last clause says what happened.
+    for marker in ("Connection refused", "timed out", "No route to host", "Network is unreachable",
+                   "certificate verify failed", "Connection reset"):
+        if marker in s:
+            return marker
+    return s.splitlines()[0][:200] if s else type(e).__name__

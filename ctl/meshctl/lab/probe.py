@@ -1,0 +1,155 @@
+"""`meshctl lab check`: a pod-to-pod ping matrix with the path each pair took, read from counters.
+
+Pairs are pinged one at a time so counters move for one pair only. The path is what the packets
+did, not what the plan says: the source node's kilo0 TX rising means "tunnel"; its private NIC
+TX rising means "direct", or "via-leader" when its leader's kilo0 TX rose too. The source
+agent's fast-path counters (datapath `direct`/`tunnel` actions) are reported next to it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .. import netns
+from ..agent.metrics import fetch_status
+from ..errors import MeshError
+
+
+@dataclass
+class PairResult:
+    src: str
+    dst: str
+    ok: bool
+    path: str
+    rtt_ms: float | None
+    sent: int = 0
+    received: int = 0
+    expected: str | None = None
+    fastpath: dict[str, int] = field(default_factory=dict)
+
+    def public(self) -> dict[str, Any]:
+        """The documented JSON form: {"src","dst","ok","path","rtt_ms"}."""
+        return {"src": self.src, "dst": self.dst, "ok": self.ok, "path": self.path, "rtt_ms": self.rtt_ms}
+
+
+def agent_status(node: dict[str, Any], timeout: float = 2.0) -> dict[str, Any] | None:
+    try:
+        return fetch_status(node["metrics_addr"], node["netns"], timeout=timeout)
+    except MeshError:
+        return None
+
+
+def link_tx(ns: str, dev: str) -> int | None:
+    """TX packets of `dev` in `ns` (None if it does not exist)."""
+    p = netns.run(ns, ["ip", "-j", "-s", "link", "show", "dev", dev], check=False)
+    if p.returncode != 0:
+        return None
+    try:
+        return int(json.loads(p.stdout)[0]["stats64"]["tx"]["packets"])
+    except (ValueError, KeyError, IndexError):
+        return None
+
+
+_RTT = re.compile(r"= [\d.]+/([\d.]+)/")
+_RX = re.compile(r"(\d+) packets transmitted, (\d+) (?:packets )?received")
+
+
+def ping(ns: str, dst: str, count: int = 5, interval: float = 0.02, wait: float = 1.0) -> tuple[int, int, float | None]:
+    """(sent, received, average RTT ms) of `count` pings from namespace `ns`."""
+    p = netns.run(ns, ["ping", "-n", "-q", "-c", str(count), "-i", str(interval), "-W", str(wait), dst],
+                  check=False, timeout=count * interval + wait + 10)
+    m = _RX.search(p.stdout)
+    sent, recv = (int(m.group(1)), int(m.group(2))) if m else (count, 0)
+    r = _RTT.search(p.stdout)
+    return sent, recv, (float(r.group(1)) if r and recv else None)
+
+
+def _fp_packets(st: dict[str, Any] | None) -> dict[str, int]:
+    if not st:
+        return {}
+    return {a: int(v[0]) for a, v in (st.get("datapath", {}).get("counters") or {}).items()}
+
+
+def check(st: dict[str, Any], *, count: int = 5, pairs: list[tuple[str, str]] | None = None) -> list[PairResult]:
+    """Ping every pod pair across nodes (first pod of each node) of every cluster of the lab."""
+    nodes = []
+    multi = len(st["clusters"]) > 1
+    for c in st["clusters"]:
+        for n in c["nodes"]:
+            label = f"{c['name']}/{n['name']}" if multi else n["name"]
+            nodes.append((label, c, n))
+    by_label = {lbl: (c, n) for lbl, c, n in nodes}
+    todo = pairs if pairs is not None else [(a, b) for a, _, _ in nodes for b, _, _ in nodes if a != b]
+    statuses: dict[str, dict[str, Any] | None] = {}
+    lock = threading.Lock()
+
+    def status_of(label: str) -> dict[str, Any] | None:
+        with lock:
+            if label not in statuses:
+                statuses[label] = agent_status(by_label[label][1])
+            return statuses[label]
+
+    out = []
+    for src, dst in todo:
+        sc, sn = by_label[src]
+        dc, dn = by_label[dst]
+        s_st = status_of(src)
+        leader = (s_st or {}).get("leader")
+        leader_node = next((n for n in sc["nodes"] if n["name"] == leader and n["name"] != sn["name"]), None)
+        dst_key = f"{dc['name']}/{dn['name']}" if dc is not sc else dn["name"]
+        expected = ((s_st or {}).get("paths") or {}).get(dst_key)
+        before = (link_tx(sn["netns"], "kilo0"), link_tx(sn["netns"], "priv"),
+                  link_tx(leader_node["netns"], "kilo0") if leader_node else None)
+        fp_before = _fp_packets(agent_status(sn))
+        sent, recv, rtt = ping(sn["pods"][0]["netns"], dn["pods"][0]["ip"], count=count)
+        after = (link_tx(sn["netns"], "kilo0"), link_tx(sn["netns"], "priv"),
+                 link_tx(leader_node["netns"], "kilo0") if leader_node else None)
+        fp_after = _fp_packets(agent_status(sn))
+        delta = [(a - b) if a is not None and b is not None else 0 for a, b in zip(after, before, strict=True)]
+        need = max(1, sent - 1)
+        if recv == 0:
+            path = "none"
+        elif delta[0] >= need:
+            path = "tunnel"
+        elif delta[1] >= need and delta[2] >= need:
+            path = "via-leader"
+        elif delta[1] >= need:
+            path = "direct"
+        else:
+            path = "unknown"
+        fp = {a: n - fp_before.get(a, 0) for a, n in fp_after.items() if n != fp_before.get(a, 0)}
+        out.append(PairResult(src, dst, recv > 0, path, rtt, sent, recv, expected, fp))
+    return out
+
+
+def format_matrix(results: list[PairResult]) -> str:
+    names = sorted({r.src for r in results} | {r.dst for r in results})
+    cell = {(r.src, r.dst): r for r in results}
+    w = max(12, *(len(n) + 1 for n in names))
+    lines = ["src \\ dst".ljust(w) + "".join(n.ljust(22) for n in names)]
+    for s in names:
+        row = s.ljust(w)
+        for d in names:
+            r = cell.get((s, d))
+            if r is None:
+                row += "-".ljust(22)
+            else:
+                txt = f"{'ok' if r.ok else 'FAIL'} {r.path} {r.rtt_ms:.2f}ms" if r.rtt_ms is not None else \
+                    f"{'ok' if r.ok else 'FAIL'} {r.path}"
+                row += txt.ljust(22)
+        lines.append(row)
+    bad = [r for r in results if not r.ok]
+    lines.append(f"{len(results) - len(bad)}/{len(results)} pairs reachable")
+    return "\n".join(lines)
+
+
+def results_json(results: list[PairResult]) -> str:
+    return json.dumps([r.public() for r in results], indent=1)
+
+
+def results_debug(results: list[PairResult]) -> list[dict[str, Any]]:
+    return [asdict(r) for r in results]

@@ -1,0 +1,161 @@
+"""Lab files: a topology file (cluster, mesh, nodes, peers) plus an optional `lab:` block, or
+several clusters under `clusters: [<topology>, ...]` sharing one `lab:` block.
+
+Keys and endpoints in the file are ignored (the agents make and discover their own), so any
+topology `meshctl plan` accepts can be run; a missing public_key is filled with a placeholder
+before validation for the same reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from ..model import IPNetwork, Topology
+from ..topofile import load_yaml, parse_topology
+
+_PLACEHOLDER_KEY = base64.b64encode(bytes(32)).decode()
+LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend")
+
+PUBLIC_NET = ipaddress.ip_network("198.51.100.0/24")
+
+
+@dataclass(frozen=True)
+class LabOptions:
+    pods_per_node: int = 1
+    lease_ttl: int = 5
+    prefix: str = "ml-"
+    fastpath: bool = True
+    agent_args: tuple[str, ...] = ()
+    backend: str = "etcd"  # or "kubernetes": agents use an in-process API server (meshctl.kube.lab)
+
+
+@dataclass(frozen=True)
+class LabSpec:
+    clusters: tuple[Topology, ...]
+    options: LabOptions = field(default_factory=LabOptions)
+    source: str = ""
+
+    @property
+    def multi(self) -> bool:
+        return len(self.clusters) > 1
+
+    def private_subnets(self) -> list[IPNetwork]:
+        """One fabric bridge per private subnet, shared by every cluster's nodes in it."""
+        nets = {n.internal_ip.network for t in self.clusters for n in t.nodes if n.internal_ip is not None}
+        return sorted(nets, key=lambda n: (n.version, int(n.network_address), n.prefixlen))
+
+
+def _topology(doc: Any, path: str) -> Topology:
+    if not isinstance(doc, dict):
+        raise InputError(path, doc, "is not a topology (a mapping with cluster, mesh, nodes, peers)")
+    doc = dict(doc)
+    doc.pop("lab", None)
+    nodes = doc.get("nodes") or []
+    if isinstance(nodes, list):
+        fixed = []
+        for n in nodes:
+            if isinstance(n, dict):
+                n = dict(n)
+                n["public_key"] = _PLACEHOLDER_KEY
+                n.pop("endpoint", None)
+            fixed.append(n)
+        doc["nodes"] = fixed
+    try:
+        return parse_topology(doc)
+    except InputError as e:
+        line = f"{path}{'.' if path else ''}{e}"
+        err = InputError(e.path, e.value, e.reason)
+        err.args = (line,)
+        raise err from None
+
+
+def _options(d: Any) -> LabOptions:
+    if d is None:
+        return LabOptions()
+    if not isinstance(d, dict):
+        raise InputError("lab", d, "is not a mapping")
+    for k in d:
+        if k not in LAB_FIELDS:
+            raise InputError(f"lab.{k}", d[k], "is not a known field")
+    pods = d.get("pods_per_node", 1)
+    if isinstance(pods, bool) or not isinstance(pods, int) or not 1 <= pods <= 8:
+        raise InputError("lab.pods_per_node", pods, "is not a number in 1..8")
+    ttl = d.get("lease_ttl", 5)
+    if isinstance(ttl, bool) or not isinstance(ttl, int) or not 2 <= ttl <= 3600:
+        raise InputError("lab.lease_ttl", ttl, "is not seconds in 2..3600")
+    prefix = d.get("prefix", "ml-")
+    check_prefix(prefix, "lab.prefix")
+    args = d.get("agent_args") or []
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise InputError("lab.agent_args", args, "is not a list of strings")
+    fast = d.get("fastpath", True)
+    if not isinstance(fast, bool):
+        raise InputError("lab.fastpath", fast, "is not true or false")
+    backend = d.get("backend", "etcd")
+    if backend not in ("etcd", "kubernetes"):
+        raise InputError("lab.backend", backend, "is not etcd or kubernetes")
+    return LabOptions(pods_per_node=pods, lease_ttl=ttl, prefix=prefix, fastpath=fast, agent_args=tuple(args),
+                      backend=backend)
+
+
+def check_prefix(prefix: Any, path: str) -> str:
+    """Names are `<prefix><node>`: keep the prefix short, plain and ending in '-'."""
+    import re
+
+    if not isinstance(prefix, str) or not re.fullmatch(r"[a-z][a-z0-9]{0,9}-", prefix):
+        raise InputError(path, prefix, "is not a lab prefix (a letter, up to 9 more letters/digits, then '-')")
+    return prefix
+
+
+def parse_lab(doc: Any, source: str = "") -> LabSpec:
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise InputError("", doc, "is not a lab file (a topology, or clusters: [...], plus lab:)")
+    opts = _options(doc.get("lab"))
+    if "clusters" in doc:
+        for k in doc:
+            if k not in ("clusters", "lab"):
+                raise InputError(str(k), doc[k], "is not a known field next to clusters")
+        raw = doc["clusters"]
+        if not isinstance(raw, list) or not raw:
+            raise InputError("clusters", raw, "is not a non-empty list of topologies")
+        clusters = tuple(_topology(c, f"clusters[{i}]") for i, c in enumerate(raw))
+    else:
+        clusters = (_topology(doc, ""),)
+    names = [c.cluster.name for c in clusters]
+    for i, n in enumerate(names):
+        if n in names[:i]:
+            raise InputError(f"clusters[{i}].cluster.name", n, "is used by another cluster of the lab")
+    total = sum(len(c.nodes) for c in clusters)
+    if total == 0:
+        raise InputError("nodes", [], "is empty: a lab needs at least one node")
+    if total > 200:
+        raise InputError("nodes", total, "is more nodes than a lab takes (200)")
+    seen: dict[Any, str] = {}
+    for c in clusters:
+        for n in c.nodes:
+            if n.internal_ip is not None:
+                if n.internal_ip.ip in seen:
+                    raise InputError(f"{c.cluster.name}.nodes.{n.name}.internal_ip", str(n.internal_ip),
+                                     f"is also {seen[n.internal_ip.ip]}'s")
+                seen[n.internal_ip.ip] = n.name
+                if n.internal_ip.version != 4:
+                    raise InputError(f"{c.cluster.name}.nodes.{n.name}.internal_ip", str(n.internal_ip),
+                                     "is IPv6; the lab builds IPv4 networks only")
+    return LabSpec(clusters=clusters, options=opts, source=source)
+
+
+def load_lab(path: str | Path) -> LabSpec:
+    doc = load_yaml(path)
+    try:
+        return parse_lab(doc, str(Path(path).resolve()))
+    except InputError as e:
+        err = InputError(e.path, e.value, e.reason)
+        err.args = (f"{Path(path).name}: {e}",)
+        raise err from None

@@ -1,0 +1,143 @@
+"""The etcd client and backend against a real etcd with client-cert auth (in a test namespace)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import stat
+import threading
+import time
+
+import pytest
+
+from meshctl import validate as v
+from meshctl.etcd import EtcdClient, EtcdError
+from meshctl.etcdbackend import EtcdBackend, mesh_key, node_key, write_topology
+from meshctl.model import Cluster, MeshSettings, Node
+
+pytestmark = pytest.mark.root
+
+
+def key(i: int) -> str:
+    return base64.b64encode(i.to_bytes(32, "big")).decode()
+
+
+def node(name: str, i: int, **kw) -> Node:
+    import ipaddress
+
+    return Node(name=name, pod_cidr=ipaddress.ip_network(f"10.42.{i}.0/24"), public_key=key(i), **kw)
+
+
+def wait_for(pred, timeout=5.0, step=0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(step)
+    return pred()
+
+
+def test_kv_txn_lease_watch_over_mtls(etcd_tls):
+    srv, cert = etcd_tls
+    c = srv.client(cert)
+    rev = c.put("/t/a", "1")
+    kvs, now = c.range("/t/", prefix=True)
+    assert [(k.key, k.value) for k in kvs] == [("/t/a", b"1")] and now == rev
+    assert c.put_if_absent("/t/a", "2") is False
+    assert c.put_if_absent("/t/b", "2") is True
+    assert c.get("/t/a").value == b"1"
+    lease = c.lease_grant(2)
+    c.put("/t/leased", "x", lease=lease)
+    assert c.lease_keepalive(lease) == 2
+    events = []
+
+    def watch():
+        try:
+            for _, evs in c.watch("/t/", prefix=True, start_revision=rev + 1, idle_timeout=5):
+                events.extend(evs)
+        except EtcdError:
+            pass
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    assert c.delete("/t/a") == 1
+    # The lease runs out without keepalives: its key goes, and the watch sees both deletes.
+    got = wait_for(lambda: [e.kv.key for e in events if e.type == "DELETE"], timeout=6)
+    assert wait_for(lambda: len([e for e in events if e.type == "DELETE"]) == 2, timeout=6), got
+    assert {e.kv.key for e in events if e.type == "PUT"} == {"/t/b", "/t/leased"}
+    c.abort_watch()
+
+
+def test_client_cert_is_required(etcd_tls):
+    srv, cert = etcd_tls
+    no_cert = EtcdClient([srv.url], ca=str(cert.ca), netns=srv.netns, timeout=1)
+    with pytest.raises(EtcdError):
+        no_cert.put("/t/x", "1")
+    assert not no_cert.health()
+    assert stat.S_IMODE(os.stat(cert.key).st_mode) == 0o600
+
+
+def test_backend_publishes_watches_and_rejects_bad_records(etcd_tls):
+    srv, cert = etcd_tls
+    c = srv.client(cert)
+    write_topology(c, Cluster("c1", 3), MeshSettings(granularity="full"))
+    b = EtcdBackend(srv.client(cert), Cluster("c1", 3), lease_ttl=2)
+    stop = threading.Event()
+    wakes = []
+    t = threading.Thread(target=b.run, args=(stop, lambda: wakes.append(1)), daemon=True)
+    t.start()
+    try:
+        b.publish(node("n1", 1))
+        st = wait_for(lambda: (s := b.snapshot()).ready and s.nodes and s)
+        assert [n.name for n in st.nodes] == ["n1"] and st.mesh.granularity == "full"
+        # Bad records: each one is a rejection naming the key; the good ones still come through.
+        c.put(node_key("c1", "junk"), "{not json")
+        c.put(node_key("c1", "badcidr"), json.dumps({"name": "badcidr", "pod_cidr": "10.42.9.0/33",
+                                                     "public_key": key(9)}))
+        c.put(node_key("c1", "other"), json.dumps({"name": "renamed", "pod_cidr": "10.42.8.0/24",
+                                                   "public_key": key(8)}))
+        c.put(node_key("c1", "n2"), json.dumps(v.node_to_record(node("n2", 2))))
+        st = wait_for(lambda: len((s := b.snapshot()).rejections) == 3 and len(s.nodes) == 2 and s)
+        reasons = {r.name: r.reason for r in st.rejections}
+        assert "is not JSON" in reasons["junk"]
+        assert "10.42.9.0/33" in reasons["badcidr"] and "is not a CIDR" in reasons["badcidr"]
+        assert "does not match the key" in reasons["other"]
+        assert [n.name for n in st.nodes] == ["n1", "n2"]  # creation order: older first
+        # Mesh settings change at run time.
+        c.put(mesh_key("c1"), json.dumps({"granularity": "cross"}))
+        assert wait_for(lambda: b.snapshot().mesh.granularity == "cross")
+        # Keepalives hold the record past its TTL.
+        time.sleep(3)
+        assert c.get(node_key("c1", "n1")) is not None
+    finally:
+        stop.set()
+        b.close()
+        t.join(3)
+    # With the agent gone the lease expires and the record disappears by itself.
+    assert wait_for(lambda: c.get(node_key("c1", "n1")) is None, timeout=5)
+    assert c.get("/meshctl/c1/cluster") is not None
+
+
+def test_backend_reports_outage_and_resyncs(etcd_tls):
+    srv, cert = etcd_tls
+    b = EtcdBackend(srv.client(cert), Cluster("c2", 1), lease_ttl=3)
+    stop = threading.Event()
+    t = threading.Thread(target=b.run, args=(stop, lambda: None), daemon=True)
+    t.start()
+    try:
+        b.publish(node("n1", 1))
+        assert wait_for(lambda: b.snapshot().ready and b.snapshot().nodes)
+        srv.stop()
+        st = wait_for(lambda: not (s := b.snapshot()).ready and s)
+        assert st.reason and [n.name for n in st.nodes] == ["n1"]  # last good view kept
+        srv.start(client_tls=cert)
+        c = srv.client(cert)
+        c.put(node_key("c2", "n2"), json.dumps(v.node_to_record(node("n2", 2))))
+        st = wait_for(lambda: (s := b.snapshot()).ready and len(s.nodes) == 2 and s, timeout=8)
+        assert st and [n.name for n in st.nodes] == ["n1", "n2"]
+    finally:
+        stop.set()
+        b.close()
+        t.join(3)

@@ -1,0 +1,80 @@
+"""Labs for the integration tests: each test builds its own, named `mt<pid><n>-`, and removes it on
+success and failure."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from meshctl.lab import build, probe
+from meshctl.lab import state as labstate
+from meshctl.lab.spec import parse_lab
+
+_counter = itertools.count()
+
+BASE: dict[str, Any] = {
+    "cluster": {"name": "default", "id": 1},
+    "mesh": {"granularity": "location"},
+    "nodes": [
+        {"name": "a1", "location": "loc-a", "internal_ip": "10.10.1.11/24", "pod_cidr": "10.42.1.0/24", "leader": True},
+        {"name": "a2", "location": "loc-a", "internal_ip": "10.10.1.12/24", "pod_cidr": "10.42.2.0/24"},
+        {"name": "b1", "location": "loc-b", "internal_ip": "10.10.2.11/24", "pod_cidr": "10.42.3.0/24"},
+    ],
+    "lab": {"lease_ttl": 3},
+}
+
+
+def topo(granularity: str = "location", intra: str = "direct", nodes: list[dict] | None = None,
+         **lab: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(BASE)
+    doc["mesh"] = {"granularity": granularity, "intra_subnet": intra}
+    if nodes is not None:
+        doc["nodes"] = nodes
+    doc["lab"].update(lab)
+    return doc
+
+
+@pytest.fixture
+def make_lab() -> Iterator[Callable[..., dict[str, Any]]]:
+    names: list[str] = []
+
+    def make(doc: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        prefix = f"mt{os.getpid() % 10000}{next(_counter)}-"
+        names.append(labstate.lab_name(prefix))
+        return build.up(parse_lab(doc), prefix=prefix, **kw)
+
+    try:
+        yield make
+    finally:
+        for n in names:
+            build.down(n)
+
+
+def node_of(st: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(n for c in st["clusters"] for n in c["nodes"] if n["name"] == name)
+
+
+def status(st: dict[str, Any], name: str) -> dict[str, Any]:
+    s = probe.agent_status(node_of(st, name))
+    assert s is not None, f"no status from {name}"
+    return s
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 10.0, step: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(step)
+    return pred()
+
+
+def pair(st: dict[str, Any], src: str, dst: str, count: int = 5) -> probe.PairResult:
+    return probe.check(st, count=count, pairs=[(src, dst)])[0]
