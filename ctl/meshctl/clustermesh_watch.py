@@ -102,8 +102,11 @@ class _ReadOnlyEtcdBackend(EtcdBackend):
 class RemoteCluster:
     """One remote cluster: its connection thread and its status."""
 
-    def __init__(self, cfg: RemoteConfig, changed: Callable[[], None]) -> None:
+    def __init__(self, cfg: RemoteConfig, changed: Callable[[], None], previous: RemoteCluster | None = None) -> None:
         self.cfg = cfg
+        # A changed file (a rotated certificate, a new endpoint) reconnects; until the new
+        # connection has synced, the previous one's last view keeps the routes in place.
+        self.previous = previous
         self.client = EtcdClient(cfg.endpoints, ca=cfg.ca_file, cert=cfg.cert_file, key=cfg.key_file, timeout=2.0)
         self.backend = _ReadOnlyEtcdBackend(self.client, Cluster(name=cfg.name))
         self._changed = changed
@@ -145,7 +148,12 @@ class RemoteCluster:
         snap = self.backend.snapshot()
         if snap.revision == 0 and not snap.ready:
             first = snap.reason in ("", "not yet listed")
-            return None, "connecting" if first else _tls_reason(snap.reason)
+            why = "connecting" if first else _tls_reason(snap.reason)
+            if self.previous is not None:
+                kept, _ = self.previous.state(local)
+                return kept, why
+            return None, why
+        self.previous = None
         ident = self.backend.published_identity()
         if ident is None:
             return None, (f"no cluster record at {cluster_key(self.cfg.name)} in its etcd: "
@@ -239,17 +247,19 @@ class RemoteClusters:
                     continue
                 changed = True
                 name = _cluster_of(fname)
-                old = self._remotes.pop(name, None)
-                if old is not None:
-                    old.stop()
                 try:
                     cfg = parse_config(self.dir / fname)
                 except (InputError, MeshError) as e:
+                    # A broken edit keeps the running connection: fix the file, nothing drains.
                     self._errors[fname] = str(e)
                     log.error("clustermesh: %s", e)
                     continue
                 self._errors.pop(fname, None)
-                r = RemoteCluster(cfg, self._changed)
+                old = self._remotes.pop(name, None)
+                if old is not None:
+                    old.stop()
+                    old.previous = None
+                r = RemoteCluster(cfg, self._changed, previous=old)
                 self._remotes[cfg.name] = r
                 r.start()
                 log.info("clustermesh: connecting to %s at %s", cfg.name, ", ".join(cfg.endpoints))
@@ -272,6 +282,8 @@ class RemoteClusters:
                 reason = f"cluster id {st.cluster.id} is already used by cluster {ids[st.cluster.id]}"
                 st = None
             snap = r.backend.snapshot()
+            if snap.ready:  # the watch is live: the view is current now
+                r.last_sync = time.time()
             status[r.cfg.name] = {
                 "name": r.cfg.name, "ready": st is not None and not reason, "reason": reason,
                 "nodes": len(st.nodes) if st is not None else 0,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .model import Topology, private_neighbours, sort_key_net
-from .plan import NodePlan, segments
+from .model import Node, Topology, private_neighbours, sort_key_net
+from .plan import NodePlan, Remote, Segment, segments
 
 
 def plan_to_json(p: NodePlan) -> dict[str, Any]:
@@ -154,3 +154,32 @@ def showconf_peer(topo: Topology, name: str) -> str:
                       "persistent_keepalive": peer.persistent_keepalive})
     iface = {"Address": ", ".join(str(a) for a in peer.allowed_ips)}
     return wg_quick(iface, peers)
+
+
+def node_rows(topo: Topology, remotes: Sequence[Remote], plan: NodePlan) -> list[dict[str, Any]]:
+    """`meshctl node list` from one node's point of view: every local and remote node, its
+    addresses, its segment's WireGuard address (leaders only) and the path this node takes to it."""
+    rows: list[dict[str, Any]] = []
+
+    def add(nodes: Sequence[Node], segs: Sequence[Segment], source: str, cluster: str) -> None:
+        wg = {s.leader.name: s.wireguard_ip for s in segs}
+        for n in nodes:
+            rows.append({
+                "name": n.qualified_name, "cluster": cluster, "source": source, "location": n.location,
+                "internal_ip": str(n.internal_ip) if n.internal_ip else None,
+                "endpoint": str(n.endpoint) if n.endpoint else None, "pod_cidr": str(n.pod_cidr),
+                "wireguard_ip": str(wg[n.name]) if n.name in wg else None,
+                "path": plan.paths.get(n.qualified_name, "none"),
+            })
+
+    add(topo.nodes, segments(topo), "local", topo.cluster.name)
+    for r in remotes:
+        add(r.nodes, r.segments or segments(r.topology), "remote", r.topology.cluster.name)
+    rows.sort(key=lambda r: (r["source"] != "local", r["name"]))
+    return rows
+
+
+def node_rows_table(rows: Sequence[dict[str, Any]]) -> str:
+    return table([(r["name"], r["source"], r["location"] or None, r["internal_ip"], r["pod_cidr"], r["wireguard_ip"],
+                   r["path"]) for r in rows],
+                 ["NAME", "SOURCE", "LOCATION", "INTERNAL", "POD CIDR", "WIREGUARD", "PATH"])

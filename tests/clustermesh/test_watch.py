@@ -189,3 +189,27 @@ def test_bad_files_are_one_line_errors(tmp_path: Path) -> None:
     bad.write_text("endpoints: [https://127.0.0.1:1]\n")
     with pytest.raises(InputError, match="is not a cluster name"):
         parse_config(bad)
+
+
+def test_changed_file_reconnects_and_keeps_the_view_until_the_new_one_syncs(remote: Remote, watcher,
+                                                                             tmp_path: Path) -> None:
+    rc, d, _ = watcher
+    remote.publish(CLUSTER2)
+    f = d / "cluster2"
+    f.write_text(yaml.safe_dump(remote.config()))
+    wait_for(lambda: len(nodes_of(rc)) == 4)
+    # a broken edit: the running connection stays, the status says what is wrong
+    time.sleep(0.05)
+    f.write_text("endpoints: 42\n")
+    wait_for(lambda: "endpoints" in rc.status()["clusters"][0]["reason"])
+    assert len(nodes_of(rc)) == 4
+    # trust moved to a CA the server does not use: the learned view stays, the reason says TLS
+    other = make_ca(tmp_path / "other-pki", "someone-else")
+    f.write_text(yaml.safe_dump(remote.config(ca=other.cert)))
+    wait_for(lambda: "TLS" in rc.status()["clusters"][0]["reason"], timeout=10)
+    assert len(nodes_of(rc)) == 4 and not rc.status()["clusters"][0]["ready"]
+    # the right CA again: ready, and changes flow
+    f.write_text(yaml.safe_dump(remote.config()))
+    wait_for(lambda: rc.status()["clusters"][0]["ready"], timeout=10)
+    remote.kv.delete(node_key("cluster2", "g4"))
+    wait_for(lambda: "cluster2/g4" not in nodes_of(rc))

@@ -81,15 +81,35 @@ class AgentCollector(Collector):
         yield rx
         yield tx
         yield hs
-        remotes = st.get("remotes")
-        if isinstance(remotes, dict):
-            clusters = remotes.get("clusters", remotes)
-            rc = g("meshctl_remote_cluster_ready", "1 if a remote cluster is reachable", labels=["cluster"])
-            if isinstance(clusters, dict):
-                for name, s in sorted(clusters.items()):
-                    if isinstance(s, dict):
-                        rc.add_metric([name], 1 if s.get("ready") else 0)
-            yield rc
+        yield from _clustermesh_metrics(st.get("remotes"))
+
+
+def _clustermesh_metrics(remotes: Any) -> Any:
+    """Per remote cluster: ready, nodes, rejected records, reconnects, last sync age."""
+    if not isinstance(remotes, dict) or not isinstance(remotes.get("clusters"), list):
+        return
+    fams = {
+        "ready": GaugeMetricFamily("meshctl_clustermesh_remote_ready", "1 if the remote cluster is ready",
+                                   labels=["cluster"]),
+        "nodes": GaugeMetricFamily("meshctl_clustermesh_remote_nodes", "Remote nodes in the plan",
+                                   labels=["cluster"]),
+        "rejected": GaugeMetricFamily("meshctl_clustermesh_remote_rejected_records",
+                                      "Remote records rejected (unparsable or unsafe)", labels=["cluster"]),
+        "reconnects": CounterMetricFamily("meshctl_clustermesh_remote_reconnects",
+                                          "Times the remote etcd connection was lost", labels=["cluster"]),
+        "last_sync_age": GaugeMetricFamily("meshctl_clustermesh_remote_last_sync_age_seconds",
+                                           "Seconds since the remote view was last known current (-1: never)",
+                                           labels=["cluster"]),
+    }
+    for c in remotes["clusters"]:
+        name = str(c.get("name", ""))
+        fams["ready"].add_metric([name], 1 if c.get("ready") else 0)
+        fams["nodes"].add_metric([name], c.get("nodes") or 0)
+        fams["rejected"].add_metric([name], c.get("rejected") or 0)
+        fams["reconnects"].add_metric([name], c.get("reconnects") or 0)
+        age = c.get("last_sync_age")
+        fams["last_sync_age"].add_metric([name], -1 if age is None else age)
+    yield from fams.values()
 
 
 class StatusServer:

@@ -1,0 +1,198 @@
+"""The cluster-mesh lab end to end: the shipped two-cluster lab (plus a held-back node), real agents,
+an etcd with mTLS per cluster, real WireGuard and the fast path. One lab for the module; tests run
+in file order and each leaves the lab as it found it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from meshctl import netns
+from meshctl.etcd.pki import make_ca
+from meshctl.etcdbackend import cluster_key, node_key
+from meshctl.lab import build, probe
+from meshctl.lab import state as labstate
+from meshctl.lab.spec import parse_lab
+from tests.lab.conftest import node_of, status, wait_for
+
+LAB_FILE = Path(__file__).resolve().parents[2] / "ctl/meshctl/labs/two-clusters.yaml"
+SHARED = {"a1", "a2", "g1", "g2"}  # the nodes on 10.10.1.0/24
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[dict[str, Any]]:
+    doc = yaml.safe_load(LAB_FILE.read_text())
+    doc = copy.deepcopy(doc)
+    doc["clusters"][1]["nodes"].append(
+        {"name": "g4", "location": "gpu-b", "internal_ip": "10.10.5.22/24", "pod_cidr": "10.43.4.0/24"})
+    doc["lab"]["lease_ttl"] = 3
+    prefix = f"mcm{os.getpid() % 10000}-"
+    st = build.up(parse_lab(doc, str(LAB_FILE)), prefix=prefix, hold=("g4",))
+    try:
+        # the fast path loads in the background (a compile per agent): wait for it to settle
+        running = [n["name"] for c in st["clusters"] for n in c["nodes"] if n["name"] != "g4"]
+        assert wait_for(lambda: all(status(st, n)["datapath"]["mode"] in ("ebpf", "kernel-routes")
+                                    for n in running), timeout=90)
+        yield st
+    finally:
+        build.down(labstate.lab_name(prefix))
+
+
+def etcd(st: dict[str, Any], cluster: str):
+    srv, tls = build.etcd_server(st, cluster)
+    return srv.client(tls)
+
+
+def routes_in(st: dict[str, Any], node: str) -> dict[str, str]:
+    out = netns.run(node_of(st, node)["netns"], ["ip", "-j", "route", "show", "proto", "109"]).stdout
+    return {r["dst"]: r.get("gateway", r.get("dev")) for r in json.loads(out or "[]")}
+
+
+def ping_ok(st: dict[str, Any], src: str, dst: str, count: int = 3) -> bool:
+    sent, recv, _ = probe.ping(node_of(st, src)["pods"][0]["netns"], node_of(st, dst)["pods"][0]["ip"], count=count,
+                               wait=0.5)
+    return recv == sent
+
+
+def remote_status(st: dict[str, Any], node: str) -> dict[str, Any]:
+    """The agent's view of cluster2 (empty while a restarted agent is not serving yet)."""
+    s = probe.agent_status(node_of(st, node)) or {}
+    clusters = (s.get("remotes") or {}).get("clusters") or [{}]
+    return {"ready": False, "reason": "", "rejections": [], **clusters[0]}
+
+
+def test_pods_reach_each_other_across_clusters_direct_where_the_segment_is_shared(lab) -> None:
+    running = [f"{c['name']}/{n['name']}" for c in lab["clusters"] for n in c["nodes"] if n["name"] != "g4"]
+    results = probe.check(lab, count=3, pairs=[(a, b) for a in running for b in running if a != b])
+    assert len(results) == 30
+    bad = [r for r in results if not r.ok]
+    assert not bad, bad
+    for r in results:
+        src, dst = r.src.split("/")[1], r.dst.split("/")[1]
+        if {src, dst} <= SHARED:
+            assert r.path == "direct", r
+        else:
+            assert r.path in ("tunnel", "via-leader"), r
+        assert r.path == r.expected, r   # what the packets did is what the plan says
+    paths = {(r.src, r.dst): r.path for r in results}
+    assert paths[("cluster1/a1", "cluster2/g3")] == "tunnel"
+    assert paths[("cluster1/a2", "cluster2/g3")] == "via-leader"
+    assert paths[("cluster2/g3", "cluster1/a2")] == "tunnel"
+    assert paths[("cluster1/b1", "cluster2/g1")] == "tunnel"
+    # the direct pairs took the fast path
+    fast = next(r for r in results if (r.src, r.dst) == ("cluster1/a1", "cluster2/g1"))
+    if status(lab, "a1")["datapath"]["mode"] == "ebpf":
+        assert fast.fastpath.get("direct", 0) >= 3, fast
+
+
+def test_status_and_node_list_show_the_remote_cluster(lab) -> None:
+    s = status(lab, "a2")
+    assert s["remotes"]["ready"] == 1 and s["remotes"]["total"] == 1
+    rows = {r["name"]: r for r in s["node_list"]}
+    assert rows["cluster2/g1"]["source"] == "remote" and rows["cluster2/g1"]["path"] == "direct"
+    assert rows["cluster2/g3"]["path"] == "via-leader" and rows["cluster2/g3"]["wireguard_ip"] == "10.5.0.2/16"
+    assert rows["a1"]["source"] == "local"
+
+
+def test_a_node_added_to_cluster2_is_reachable_from_cluster1_within_3s(lab) -> None:
+    pids = {n: node_of(lab, n)["pid"] for n in ("a1", "a2", "b1")}
+    build.start_agent(lab, "g4")
+    t0 = time.monotonic()
+    ok = wait_for(lambda: ping_ok(lab, "a1", "g4", count=1), timeout=6, step=0.05)
+    took = time.monotonic() - t0
+    assert ok and took < 3, f"g4 reachable after {took:.2f} s"
+    assert wait_for(lambda: ping_ok(lab, "a2", "g4", count=1), timeout=3)
+    assert wait_for(lambda: ping_ok(lab, "g4", "b1", count=1), timeout=3)
+    assert {n: node_of(lab, n)["pid"] for n in pids} == pids  # nothing was done on cluster1
+
+
+def test_a_removed_node_is_drained(lab) -> None:
+    assert "10.43.4.0/24" in routes_in(lab, "a1")
+    build.stop_agent(lab, "g4", kill=True)
+    etcd(lab, "cluster2").delete(node_key("cluster2", "g4"))
+    assert wait_for(lambda: "10.43.4.0/24" not in routes_in(lab, "a1"), timeout=3)
+    assert wait_for(lambda: "10.43.4.0/24" not in routes_in(lab, "a2"), timeout=3)
+
+
+def test_cluster2_etcd_stopped_keeps_traffic_and_reports_not_ready(lab) -> None:
+    build.stop_etcd(lab, "cluster2")
+    try:
+        assert wait_for(lambda: not remote_status(lab, "a1")["ready"], timeout=10)
+        assert ping_ok(lab, "a1", "g3") and ping_ok(lab, "a1", "g1") and ping_ok(lab, "g2", "a2")
+        assert "10.43.3.0/24" in routes_in(lab, "a1")
+        assert "ClusterMesh: 0/1 remote clusters ready" in _status_text(lab, "a1")
+    finally:
+        build.start_etcd(lab, "cluster2")
+    assert wait_for(lambda: remote_status(lab, "a1")["ready"], timeout=15)
+    assert remote_status(lab, "a1")["reconnects"] >= 1
+
+
+def _status_text(st: dict[str, Any], node: str) -> str:
+    from meshctl.cli_agent import format_status
+
+    return format_status(status(st, node))
+
+
+def test_an_overlapping_record_in_cluster2_is_rejected_and_cluster1_untouched(lab) -> None:
+    before = routes_in(lab, "a1")
+    kv = etcd(lab, "cluster2")
+    evil = {"name": "evil", "pod_cidr": "10.42.2.0/24", "public_key": "A" * 43 + "=", "location": "gpu-b"}
+    kv.put(node_key("cluster2", "evil"), json.dumps(evil))
+    try:
+        def rejected() -> dict | None:
+            rs = remote_status(lab, "a1")["rejections"]
+            return next((r for r in rs if r["name"] == "cluster2/evil"), None)
+
+        rej = wait_for(rejected, timeout=5)
+        assert rej and "overlaps local node a2's pod CIDR 10.42.2.0/24" in rej["reason"]
+        assert remote_status(lab, "a1")["rejected"] >= 1
+        assert routes_in(lab, "a1") == before
+        assert ping_ok(lab, "a1", "a2") and ping_ok(lab, "b1", "a2")
+    finally:
+        kv.delete(node_key("cluster2", "evil"))
+
+
+def test_a_wrong_ca_is_not_ready_with_the_reason_and_installs_nothing(lab, tmp_path: Path) -> None:
+    c1 = next(c for c in lab["clusters"] if c["name"] == "cluster1")
+    f = Path(c1["clustermesh_dir"]) / "cluster2"
+    good = f.read_text()
+    bad = yaml.safe_load(good)
+    bad.pop("ca-file", None)
+    bad["trusted-ca-file"] = str(make_ca(tmp_path / "pki", "not-cluster2").cert)
+    build.stop_agent(lab, "b1")
+    f.write_text(yaml.safe_dump(bad))
+    try:
+        build.start_agent(lab, "b1")
+        assert wait_for(lambda: "TLS" in (remote_status(lab, "b1")["reason"] or ""), timeout=15)
+        assert wait_for(lambda: not any(d.startswith("10.43.") for d in routes_in(lab, "b1")), timeout=5), \
+            routes_in(lab, "b1")
+        # a1 kept what it had learned over the old, good connection
+        assert wait_for(lambda: "TLS" in (remote_status(lab, "a1")["reason"] or ""), timeout=15)
+        assert ping_ok(lab, "a1", "g1") and ping_ok(lab, "a1", "g3")
+    finally:
+        f.write_text(good)
+    assert wait_for(lambda: remote_status(lab, "b1")["ready"], timeout=15)
+    assert wait_for(lambda: ping_ok(lab, "b1", "g3", count=1), timeout=5)
+
+
+def test_a_duplicate_cluster_id_is_refused(lab) -> None:
+    kv = etcd(lab, "cluster2")
+    rec = json.loads(kv.get(cluster_key("cluster2")).value)
+    kv.put(cluster_key("cluster2"), json.dumps(dict(rec, id=1)))
+    try:
+        assert wait_for(lambda: "id 1" in (remote_status(lab, "a1")["reason"] or ""), timeout=10)
+        assert not remote_status(lab, "a1")["ready"]
+        assert wait_for(lambda: not any(d.startswith("10.43.") for d in routes_in(lab, "a1")), timeout=5)
+        assert ping_ok(lab, "a1", "a2")
+    finally:
+        kv.put(cluster_key("cluster2"), json.dumps(rec))
+    assert wait_for(lambda: remote_status(lab, "a1")["ready"], timeout=10)
+    assert wait_for(lambda: ping_ok(lab, "a1", "g1", count=1), timeout=5)
