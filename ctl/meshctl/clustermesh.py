@@ -15,8 +15,12 @@ from .validate import Claims, Rejection, admit_nodes
 
 
 def as_remote(topo: Topology) -> Topology:
-    """The topology with every node marked as belonging to its cluster (`cluster2/g1`)."""
-    return replace(topo, nodes=tuple(replace(n, cluster=topo.cluster.name) for n in topo.nodes), peers=())
+    """The topology with every node marked as belonging to its cluster (`cluster2/g1`); nodes
+    already marked (a remote watcher parses them so) are kept as they are."""
+    name = topo.cluster.name
+    nodes = topo.nodes if all(n.cluster == name for n in topo.nodes) else \
+        tuple(n if n.cluster == name else replace(n, cluster=name) for n in topo.nodes)
+    return replace(topo, nodes=nodes, peers=())
 
 
 def admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[Remote], list[Rejection]]:
@@ -35,7 +39,7 @@ def _admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[R
     claims = Claims()
     internal: dict[object, str] = {}
     for n in local.nodes:
-        claims.add(n.pod_cidr, f"local node {n.name}'s pod CIDR {n.pod_cidr}")
+        claims.add(n.pod_cidr, ("local node ", n))
         if n.internal_ip is not None:
             internal[n.internal_ip.ip] = f"local node {n.name}"
     claims.add(local.mesh.subnet, f"the local WireGuard subnet {local.mesh.subnet}")

@@ -87,6 +87,11 @@ class _ReadOnlyEtcdBackend(EtcdBackend):
     def _keepalive_loop(self, stop: threading.Event) -> None:
         pass
 
+    def view_key(self) -> tuple[Any, ...]:
+        """Changes whenever snapshot() could: lets callers reuse a snapshot of thousands of records."""
+        with self._lock:
+            return self._revision, self._ready, self._synced, self._reason, len(self._kvs)
+
     def published_identity(self) -> dict[str, Any] | None:
         with self._lock:
             kv = self._kvs.get(cluster_key(self.cluster.name))
@@ -109,12 +114,14 @@ class RemoteCluster:
         self.previous = previous
         self.client = EtcdClient(cfg.endpoints, ca=cfg.ca_file, cert=cfg.cert_file, key=cfg.key_file, timeout=2.0)
         self.backend = _ReadOnlyEtcdBackend(self.client, Cluster(name=cfg.name))
+        self.backend.record_cluster = cfg.name
         self._changed = changed
         self._stop = threading.Event()
         self.reconnects = 0
         self.last_change = 0.0
         self.last_sync = 0.0
         self._was_ready = False
+        self._snap: tuple[tuple[Any, ...], ClusterState] | None = None
         self.thread = threading.Thread(target=self._run, name=f"clustermesh-{cfg.name}", daemon=True)
 
     def start(self) -> None:
@@ -124,9 +131,17 @@ class RemoteCluster:
         self._stop.set()
         self.client.close()
 
+    def snapshot(self) -> ClusterState:
+        """The backend's snapshot, reused while nothing changed (a reconcile and a status request
+        each ask for it)."""
+        key = self.backend.view_key()
+        if self._snap is None or self._snap[0] != key:
+            self._snap = (key, self.backend.snapshot())
+        return self._snap[1]
+
     def _on_change(self) -> None:
         now = time.time()
-        snap_ready = self.backend.snapshot().ready
+        snap_ready = self.snapshot().ready
         if snap_ready:
             self.last_sync = now
         if self._was_ready and not snap_ready:
@@ -145,7 +160,7 @@ class RemoteCluster:
 
     def state(self, local: Cluster) -> tuple[ClusterState | None, str]:
         """The remote view to plan with (None if refused or never seen) and why it is not ready."""
-        snap = self.backend.snapshot()
+        snap = self.snapshot()
         if snap.revision == 0 and not snap.ready:
             first = snap.reason in ("", "not yet listed")
             why = "connecting" if first else _tls_reason(snap.reason)
@@ -281,7 +296,7 @@ class RemoteClusters:
             if st is not None and st.cluster.id in ids:
                 reason = f"cluster id {st.cluster.id} is already used by cluster {ids[st.cluster.id]}"
                 st = None
-            snap = r.backend.snapshot()
+            snap = r.snapshot()
             if snap.ready:  # the watch is live: the view is current now
                 r.last_sync = time.time()
             status[r.cfg.name] = {

@@ -82,6 +82,10 @@ def parse_record(kv: KeyValue, path: str) -> Any:
 class EtcdBackend:
     """Implements backend.Backend over etcd. `lease_ttl` is how long a dead agent's record lives."""
 
+    # The `cluster` field of parsed nodes: "" for the local cluster; a remote cluster's watcher
+    # sets its name, so its nodes are `cluster2/g1` from the start (no copy per reconcile).
+    record_cluster = ""
+
     def __init__(self, client: EtcdClient, cluster: Cluster, *, lease_ttl: int = 10,
                  default_mesh: MeshSettings | None = None, lease_file: Path | None = None) -> None:
         self.client = client
@@ -299,7 +303,7 @@ class EtcdBackend:
         try:
             rec = parse_record(kv, kv.key)
             if kind == "node":
-                item = v.parse_node(rec, kv.key, default_port=self._last_mesh.port)
+                item = v.parse_node(rec, kv.key, default_port=self._last_mesh.port, cluster=self.record_cluster)
             else:
                 item = v.parse_peer(rec, kv.key)
             if item.name != name:

@@ -8,6 +8,7 @@ Kilo's pkg/mesh.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -281,26 +282,42 @@ def _plan_remote(b: _Builder, me: Node, remote: Remote, leads: bool, leader_ip: 
     """Another cluster's nodes: private neighbours of `me` go direct whatever the granularities;
     the rest of each remote segment is one WireGuard peer reached at the segment's leader."""
     for s in remote.segments or segments(remote.topology):
-        members = [m for m in s.members if m.name in remote.admitted]
-        direct = [m for m in members if private_neighbours(me, m)]
-        rest = [m for m in members if not private_neighbours(me, m)]
-        for m in direct:
-            assert m.internal_ip is not None
-            b.route(m.pod_cidr, m.internal_ip.ip, "private")
-            paths[m.qualified_name] = "direct"
-        if not rest:
-            continue
-        wg = host_net(s.wireguard_ip)
+        members = tuple(m for m in s.members if m.name in remote.admitted)
+        routes, peer, seg_paths = _remote_segment(me, s.wireguard_ip, s.leader, members, leads, leader_ip, keepalive)
+        for r in routes:
+            b.routes.setdefault(r.dst, r)
+        if peer is not None:
+            b.peers.append(peer)
+        paths.update(seg_paths)
+
+
+@functools.lru_cache(maxsize=4096)
+def _remote_segment(me: Node, wg_ip: IPInterface, leader: Node, members: tuple[Node, ...], leads: bool,
+                    leader_ip: IPAddress | None, keepalive: int
+                    ) -> tuple[tuple[Route, ...], PeerPlan | None, tuple[tuple[str, str], ...]]:
+    """One remote segment's share of the plan. Memoised (it is a pure function of its arguments):
+    a remote change recomputes only the segment it touches, which keeps a reconcile with
+    thousands of remote nodes fast."""
+    b = _Builder()
+    paths: list[tuple[str, str]] = []
+    direct = [m for m in members if private_neighbours(me, m)]
+    rest = [m for m in members if not private_neighbours(me, m)]
+    for m in direct:
+        assert m.internal_ip is not None
+        b.route(m.pod_cidr, m.internal_ip.ip, "private")
+        paths.append((m.qualified_name, "direct"))
+    if rest:
+        wg = host_net(wg_ip)
         addrs = segment_addresses(rest, None, me)
         if leads:
-            b.peer(s.peer_name, "segment", s.leader.public_key, s.leader.endpoint, addrs + [wg], keepalive)
+            b.peer(leader.qualified_name, "segment", leader.public_key, leader.endpoint, addrs + [wg], keepalive)
             b.route(wg, None, "wireguard")
         else:
             b.route(wg, leader_ip, "private")
         for dst in addrs:
-            b.route(dst, s.wireguard_ip.ip if leads else leader_ip, "wireguard" if leads else "private")
-        for m in rest:
-            paths[m.qualified_name] = "tunnel" if leads else "via-leader"
+            b.route(dst, wg_ip.ip if leads else leader_ip, "wireguard" if leads else "private")
+        paths += [(m.qualified_name, "tunnel" if leads else "via-leader") for m in rest]
+    return tuple(b.routes.values()), (b.peers[0] if b.peers else None), tuple(paths)
 
 
 def _fastpath(me: Node, topo: Topology, remotes: Sequence[Remote],

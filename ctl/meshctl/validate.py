@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import bisect
+import functools
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -316,8 +317,10 @@ def parse_cluster(d: Any, path: str) -> Cluster:
 # --- checks between records -------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=65536)
 def _span(net: IPNetwork) -> tuple[int, int, int]:
-    """(version, first, last) of a network as integers (cheaper than broadcast_address)."""
+    """(version, first, last) of a network as integers (cheaper than broadcast_address; cached:
+    records keep their network objects from one reconcile to the next)."""
     first = int(net.network_address)
     return net.version, first, first + (1 << (net.max_prefixlen - net.prefixlen)) - 1
 
@@ -332,7 +335,9 @@ class Claims:
 
     def __init__(self) -> None:
         self._starts: list[tuple[int, int]] = []
-        self._items: list[tuple[int, int, int, str]] = []  # (version, first, last, owner)
+        # (version, first, last, owner): an owner is a description, or a (prefix, node) pair
+        # described only when someone conflicts with it (formatting 5,000 addresses is not free).
+        self._items: list[tuple[int, int, int, str | tuple[str, Node]]] = []
 
     def conflict(self, net: IPNetwork) -> str | None:
         version, first, last = _span(net)
@@ -343,10 +348,13 @@ class Claims:
             if 0 <= j < len(self._items):
                 v, f, la, owner = self._items[j]
                 if v == version and f <= last and first <= la:
+                    if isinstance(owner, tuple):
+                        prefix, node = owner
+                        return f"{prefix}{node.qualified_name}'s pod CIDR {node.pod_cidr}"
                     return owner
         return None
 
-    def add(self, net: IPNetwork, owner: str) -> None:
+    def add(self, net: IPNetwork, owner: str | tuple[str, Node]) -> None:
         version, first, last = _span(net)
         i = bisect.bisect_left(self._starts, (version, first))
         self._starts.insert(i, (version, first))
@@ -396,7 +404,7 @@ def admit_nodes(
                                       f"used by {internal_ips[n.internal_ip.ip]}"))
             continue
         names.add(n.name)
-        claims.add(n.pod_cidr, f"{n.qualified_name}'s pod CIDR {n.pod_cidr}")
+        claims.add(n.pod_cidr, ("", n))
         if n.internal_ip is not None:
             internal_ips[n.internal_ip.ip] = n.qualified_name
         admitted.append(n)

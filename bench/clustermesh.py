@@ -1,0 +1,171 @@
+"""Cluster mesh convergence and scale on the two-cluster lab (real agents, an etcd with mTLS per
+cluster, real WireGuard and fast path).
+
+1. Remote join: a node record appears in cluster2's etcd; time until cluster1's agents have
+   installed the route to its pod CIDR (`ip monitor route` in each of their namespaces), with
+   nothing done on cluster1. Median and p95 over joins.
+2. Scale: 1,000 then 5,000 synthetic remote records in cluster2's etcd; the time of one reconcile
+   pass of cluster1's leader (from /status) when a remote record changes without changing the plan
+   ("touch") and when one more remote node joins ("join"), and the agent's RSS.
+
+    .venv/bin/python bench/clustermesh.py [--joins 20] [--sizes 1000,5000]
+
+Baseline: the same agent's reconcile with no remote records, measured in the same run.
+Targets (issue 5): median remote-join convergence < 1 s; reconcile at 5,000 remote nodes < 0.5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from convergence import RouteWatch, pct, rss_mb, synth_record
+from meshctl.etcdbackend import node_key
+from meshctl.lab import build, probe
+from meshctl.lab.spec import parse_lab
+
+LAB_FILE = Path(__file__).resolve().parents[1] / "ctl/meshctl/labs/two-clusters.yaml"
+
+
+def cluster(st: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in st["clusters"] if c["name"] == name)
+
+
+def client(st: dict[str, Any], name: str):
+    srv, tls = build.etcd_server(st, name)
+    c = srv.client(tls)
+    c.timeout = 30
+    return c
+
+
+def remote_joins(st: dict[str, Any], n: int) -> list[float]:
+    kv = client(st, "cluster2")
+    watchers = cluster(st, "cluster1")["nodes"]
+    watches = [RouteWatch(x["netns"]) for x in watchers]
+    time.sleep(0.3)
+    out = []
+    try:
+        for i in range(n):
+            name, rec = synth_record(800000 + i, locations=1)
+            rec.update(location=f"join-{i}", pod_cidr=f"10.126.{i}.0/24", internal_ip=f"172.30.{i}.1/24")
+            t0 = time.monotonic()
+            kv.put(node_key("cluster2", name), json.dumps(rec))
+            dst = rec["pod_cidr"]
+            while time.monotonic() < t0 + 10 and not all(dst in w.seen for w in watches):
+                time.sleep(0.002)
+            if not all(dst in w.seen for w in watches):
+                raise SystemExit(f"remote join {i}: cluster1 did not install {dst} within 10 s")
+            out.append(max(w.seen[dst] for w in watches) - t0)
+            kv.delete(node_key("cluster2", name))
+            time.sleep(0.2)
+    finally:
+        for w in watches:
+            w.stop()
+    return out
+
+
+def last_reconcile(node: dict[str, Any]) -> dict[str, Any]:
+    return (probe.agent_status(node, timeout=10) or {}).get("last_reconcile") or {}
+
+
+def remote_nodes(node: dict[str, Any]) -> int:
+    s = probe.agent_status(node, timeout=10) or {}
+    return sum(c.get("nodes", 0) for c in (s.get("remotes") or {}).get("clusters", []))
+
+
+def one_reconcile(st: dict[str, Any], node: dict[str, Any], write) -> float:
+    before = last_reconcile(node).get("time")
+    write()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        last = last_reconcile(node)
+        if last.get("time") != before and last.get("applied"):
+            return last["duration_s"]
+        time.sleep(0.1)
+    raise SystemExit("no reconcile within 60 s")
+
+
+def scale(st: dict[str, Any], sizes: list[int]) -> list[dict[str, Any]]:
+    kv = client(st, "cluster2")
+    leader = next(n for n in cluster(st, "cluster1")["nodes"] if n["name"] == "a1")
+    touch_name, touch_rec = "s-touch", dict(synth_record(0)[1], name="s-touch", pod_cidr="10.125.0.0/24")
+
+    def put(name: str, rec: dict[str, Any]) -> None:
+        kv.put(node_key("cluster2", name), json.dumps(rec))
+
+    put(touch_name, touch_rec)
+    base_remote = 0
+    while base_remote != 4:  # g1, g2, g3 and s-touch
+        base_remote = remote_nodes(leader)
+        time.sleep(0.1)
+    rows = []
+    written = 0  # synthetic records s0..s{written-1} in cluster2's etcd
+    for size in [0, *sizes]:
+        t0 = time.monotonic()
+        if size > written:
+            kv.put_many([(node_key("cluster2", name), json.dumps(rec))
+                         for name, rec in (synth_record(i) for i in range(written, size))])
+            written = size
+        while remote_nodes(leader) != base_remote + written:
+            if time.monotonic() - t0 > 300:
+                raise SystemExit(f"a1 did not see {written} synthetic remote records")
+            time.sleep(0.2)
+        converge = time.monotonic() - t0
+        touch, join = [], []
+        for k in range(3):
+            rec = dict(touch_rec, persistent_keepalive=10 + k + size)
+            touch.append(one_reconcile(st, leader, lambda r=rec: put(touch_name, r)))
+            name, rec = synth_record(written)
+            written += 1
+            join.append(one_reconcile(st, leader, lambda n=name, r=rec: put(n, r)))
+        rows.append({"remote_records": size, "first_converge_s": round(converge, 2),
+                     "touch_ms": round(1000 * statistics.median(touch), 1),
+                     "join_ms": round(1000 * statistics.median(join), 1),
+                     "rss_mb": round(rss_mb(leader["pid"]), 1)})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--joins", type=int, default=20)
+    ap.add_argument("--sizes", default="1000,5000")
+    ap.add_argument("--prefix", default="mbc-")
+    args = ap.parse_args()
+    doc = copy.deepcopy(yaml.safe_load(LAB_FILE.read_text()))
+    doc["lab"].update(lease_ttl=10, prefix=args.prefix)
+    t = time.monotonic()
+    st = build.up(parse_lab(doc, str(LAB_FILE)), prefix=args.prefix)
+    try:
+        for x in (n for c in st["clusters"] for n in c["nodes"]):
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and \
+                    ((probe.agent_status(x) or {}).get("datapath") or {}).get("mode") in (None, "loading"):
+                time.sleep(0.1)
+        js = remote_joins(st, args.joins)
+        print(f"remote join -> route on every cluster1 agent, over {len(js)} joins: median "
+              f"{1000 * statistics.median(js):.0f} ms, p95 {1000 * pct(js, 95):.0f} ms, max {1000 * max(js):.0f} ms"
+              f"   target: median < 1 s")
+        rows = scale(st, [int(s) for s in args.sizes.split(",") if s])
+        base = rows[0]
+        print(f"{'remote records':>14} {'first converge':>15} {'touch':>10} {'join':>10} {'vs 0 remote':>12} "
+              f"{'RSS':>9}")
+        for r in rows:
+            print(f"{r['remote_records']:>14} {r['first_converge_s']:>13.2f} s {r['touch_ms']:>7.1f} ms "
+                  f"{r['join_ms']:>7.1f} ms {r['join_ms'] / max(base['join_ms'], 0.1):>10.1f}x {r['rss_mb']:>6.1f} MB")
+        last = rows[-1]
+        print(f"reconcile of cluster1's leader at {last['remote_records']} remote nodes: {last['touch_ms']:.0f} ms "
+              f"(no plan change), {last['join_ms']:.0f} ms (a remote join); target < 500 ms")
+    finally:
+        build.down(st["name"])
+        print(f"(total {time.monotonic() - t:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
