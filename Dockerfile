@@ -21,15 +21,17 @@ RUN pip3 install --no-cache-dir --break-system-packages . \
  && rm -rf /src
 
 # wireguard-go's container: run wireguard-go in the foreground for the device unless the kernel
-# has WireGuard (then the agent uses the kernel device and this container only waits), so an
-# agent restart never takes the tunnel down.
+# has WireGuard (then the agent uses the kernel device and this container leaves a marker for its
+# startup probe and waits), so an agent restart never takes the tunnel down.
 RUN printf '%s\n' \
       '#!/bin/sh' \
       'set -eu' \
       'ifname=${1:-kilo0}' \
+      'mkdir -p /var/run/wireguard && rm -f "/var/run/wireguard/$ifname.kernel"' \
       'if ip link add meshctl-wgprobe type wireguard 2>/dev/null; then' \
       '  ip link del meshctl-wgprobe' \
       '  echo "kernel WireGuard present: wireguard-go not needed"' \
+      '  touch "/var/run/wireguard/$ifname.kernel"  # the startup probe reads it' \
       '  exec sleep infinity' \
       'fi' \
       'exec wireguard-go -f "$ifname"' \

@@ -45,11 +45,13 @@ def _endpoints(text: str) -> tuple[str, ...]:
 
 @click.command("agent")
 @click.option("--node-name", required=True, callback=_flag(v.node_name), help="This node's name.")
-@click.option("--pod-cidr", required=True, callback=_flag(v.network), help="This node's pod CIDR.")
+@click.option("--pod-cidr", default=None, callback=_flag(v.network),
+              help="This node's pod CIDR (required, except with --backend kubernetes: the Node's spec.podCIDR).")
 @click.option("--location", default="", callback=_flag(v.location), help="Location (e.g. a cloud region).")
-@click.option("--private-interface", default=None, help="NIC of the private network (internal address).")
-@click.option("--internal-cidr", default=None, callback=_flag(v.network),
-              help="Pick the internal address from any interface inside this CIDR.")
+@click.option("--private-interface", default=None, envvar="MESHCTL_PRIVATE_INTERFACE",
+              help="NIC of the private network (internal address).")
+@click.option("--internal-cidr", default=None, callback=_flag(v.network), envvar="MESHCTL_INTERNAL_CIDR",
+              help="Pick the internal address from any interface inside this CIDR (and its NIC as the private one).")
 @click.option("--force-internal-ip", default=None, callback=_flag(v.interface),
               help="Internal address with its subnet, e.g. 10.10.0.4/16 (for a /32 on the NIC).")
 @click.option("--endpoint", default=None, help="Public WireGuard endpoint host[:port] (default: discovered).")
@@ -66,6 +68,19 @@ def _endpoints(text: str) -> tuple[str, ...]:
 @click.option("--metrics-addr", default=DEFAULT_METRICS_ADDR, show_default=True)
 @click.option("--backend", default="etcd", show_default=True, type=click.Choice(["etcd", "file", "kubernetes"]))
 @click.option("--topology", "topology_file", default=None, help="Topology file for --backend file.")
+@click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file (default: $KUBECONFIG, "
+              "else in-cluster).")
+@click.option("--api-server", default=None, help="--backend kubernetes: API server URL without credentials (tests).")
+@click.option("--location-label", default="topology.kubernetes.io/region", show_default=True,
+              help="--backend kubernetes: Node label that names the location when no location annotation does.")
+@click.option("--resync-seconds", "resync_interval", default=30.0, type=float, show_default=True,
+              help="Full reconcile period; with --backend kubernetes a Node not seen for twice this is not ready.")
+@click.option("--kvstore-endpoints", default="", callback=lambda _c, _p, val: _endpoints(val),
+              help="--backend kubernetes: mirror the cluster's nodes into this etcd (comma-separated URLs) "
+              "for the cluster mesh.")
+@click.option("--kvstore-ca", default=None, help="CA file that signed the kvstore etcd's certificate.")
+@click.option("--kvstore-cert", default=None, help="Client certificate for the kvstore etcd.")
+@click.option("--kvstore-key", default=None, help="Client key for the kvstore etcd.")
 @_etcd_options
 @click.option("--cluster-id", default=1, type=int, callback=_flag(v.cluster_id), show_default=True)
 @click.option("--clustermesh-dir", default=None, type=click.Path(path_type=Path),
@@ -149,8 +164,27 @@ def format_status(st: dict[str, Any]) -> str:
     for r in rej:
         lines.append(f"  {r.get('name')}: {r.get('reason')}")
     if st.get("remotes"):
-        lines.append(f"remote clusters: {json.dumps(st['remotes'], sort_keys=True)}")
+        lines += format_clustermesh(st["remotes"], now)
     return "\n".join(lines)
+
+
+def format_clustermesh(cm: dict[str, Any], now: float) -> list[str]:
+    """The ClusterMesh block: `ClusterMesh: 1/1 remote clusters ready`, then one line a cluster."""
+    from .clustermesh_watch import summary_line
+
+    if "clusters" not in cm:
+        return [f"ClusterMesh: {cm.get('error', 'unknown')}"]
+    lines = [summary_line(cm)]
+    for c in cm["clusters"]:
+        state = "ready" if c.get("ready") else f"NOT READY ({c.get('reason') or 'unknown'})"
+        eps = ", ".join(c.get("endpoints") or []) or "-"
+        change = f"{now - c['last_change']:.0f}s ago" if c.get("last_change") else "never"
+        lines.append(f"  {c.get('name')}  {state}  nodes {c.get('nodes', 0)}  rejected {c.get('rejected', 0)}  "
+                     f"endpoints {eps} ({'connected' if c.get('connected') else 'not connected'})  "
+                     f"last change {change}")
+        for r in c.get("rejections") or []:
+            lines.append(f"    rejected {r.get('name')}: {r.get('reason')}")
+    return lines
 
 
 @click.group("node")
@@ -160,11 +194,19 @@ def node_group() -> None:
 
 @node_group.command("list")
 @_etcd_options
-@click.option("--lab", "lab_name", default=None, help="Use a lab's etcd (and its certificates).")
+@click.option("--addr", default=None, help="Ask the agent at this --metrics-addr: every local and remote node "
+              "with the path from that node.")
+@click.option("--lab-node", default=None, help="Ask the agent of this lab node (inside its namespace).")
+@click.option("--lab", "lab_name", default=None, help="Lab name (default: the only lab up).")
 @click.option("-o", "output", default="text", type=click.Choice(["text", "json"]))
 def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, etcd_key: str | None,
-              cluster_name: str, lab_name: str | None, output: str) -> None:
-    """List node records with what admission decided for each (admitted or why not)."""
+              cluster_name: str, addr: str | None, lab_node: str | None, lab_name: str | None, output: str) -> None:
+    """List nodes. From an agent (--addr, --lab-node): local and remote nodes (`cluster2/g1`), their
+    addresses, pod CIDRs, WireGuard addresses, source and the path from that node. From the store
+    (etcd flags, or a lab's etcd): the records and what admission decided for each."""
+    if addr or lab_node:
+        _node_list_from_agent(addr, lab_node, lab_name, output)
+        return
     from .etcd import EtcdClient
     from .etcdbackend import EtcdBackend
     from .model import Cluster
@@ -195,6 +237,24 @@ def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, e
                        f"{r.get('endpoint', '-'):<22} {r['pod_cidr']}")
         else:
             click.echo(f"{r['name']:<16} {'rejected':<9} {r['reason']}")
+
+
+def _node_list_from_agent(addr: str | None, lab_node: str | None, lab_name: str | None, output: str) -> None:
+    from .render import node_rows_table
+
+    netns = None
+    if lab_node:
+        from .lab.state import find_node
+
+        netns, addr = find_node(lab_name, lab_node)
+    st = fetch_status(addr or DEFAULT_METRICS_ADDR, netns)
+    rows = st.get("node_list")
+    if rows is None:
+        raise MeshError(f"the agent of {st.get('node')} has no plan yet")
+    if output == "json":
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        click.echo(node_rows_table(rows))
 
 
 @click.command("cleanup")

@@ -46,13 +46,13 @@ def create_node(c: Client, obj: dict[str, Any]) -> None:
     c.create(KNode.from_dict(obj))
 
 
-def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition", poll: float = 0.05) -> Any:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         v = cond()
         if v:
             return v
-        time.sleep(0.05)
+        time.sleep(poll)
     raise AssertionError(f"timed out waiting for {what}")
 
 

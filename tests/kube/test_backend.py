@@ -336,3 +336,44 @@ def test_make_backend_fills_the_agent_config_from_its_node(api, kclient, monkeyp
     cfg2 = AgentConfig(node_name="a1", pod_cidr=net("10.42.7.0/24"), location="flag-wins", backend="kubernetes")
     make_backend(cfg2)
     assert cfg2.location == "flag-wins"
+
+
+def test_own_annotations_changed_at_run_time_reach_the_agent_config(api, kclient, monkeypatch):
+    """The agent builds its own record from its config each reconcile, right after `snapshot`:
+    an annotation changed while it runs updates that config there (flags still win)."""
+    import threading
+
+    from meshctl.agent.config import AgentConfig
+    from meshctl.kube import make_backend
+
+    create_node(kclient, node_obj("a1", None, ann={A.PREFIX + "location": "a", A.PREFIX + "leader": ""}))
+    # The Node gets its pod CIDR a moment after the agent starts: the agent waits for it.
+    threading.Timer(0.3, lambda: kclient.patch(KNode, "a1", {"spec": {"podCIDR": "10.42.1.0/24"}},
+                                               patch_type=PatchType.MERGE)).start()
+    monkeypatch.setenv("MESHCTL_API_SERVER", api.url)
+    cfg = AgentConfig(node_name="a1", backend="kubernetes", persistent_keepalive=9)  # keepalive set by flag
+    be = make_backend(cfg)
+    assert cfg.pod_cidr == net("10.42.1.0/24") and cfg.location == "a" and cfg.leader
+
+    def annotate(ann: dict) -> None:
+        kclient.patch(KNode, "a1", {"metadata": {"annotations": ann}}, patch_type=PatchType.MERGE)
+
+    with Running(be):
+        annotate({A.PREFIX + "location": "b", A.PREFIX + "leader": None, A.PREFIX + "persistent-keepalive": "25",
+                  A.KILO_PREFIX + "force-endpoint": "203.0.113.5:51000",
+                  A.PREFIX + "allowed-location-ips": "172.16.0.0/24"})
+        wait_for(lambda: be.snapshot() and cfg.location == "b", what="new location in the config")
+        assert not cfg.leader and cfg.endpoint == "203.0.113.5:51000"
+        assert cfg.allowed_location_ips == (net("172.16.0.0/24"),)
+        assert cfg.persistent_keepalive == 9  # the flag wins over the annotation
+        # a malformed annotation keeps the last good settings (the others reject the node meanwhile)
+        annotate({A.PREFIX + "location": "not a location!"})
+        wait_for(lambda: be._kinds[0].objects[("", "a1")]["metadata"]["annotations"].get(A.PREFIX + "location")
+                 == "not a location!", what="the bad annotation watched")
+        st = be.snapshot()
+        assert cfg.location == "b" and st.ready
+        # the label takes over once the annotation is removed
+        kclient.patch(KNode, "a1", {"metadata": {"labels": {"topology.kubernetes.io/region": "eu-1"},
+                                                 "annotations": {A.PREFIX + "location": None}}},
+                      patch_type=PatchType.MERGE)
+        wait_for(lambda: be.snapshot() and cfg.location == "eu-1", what="location from the label")

@@ -1,7 +1,9 @@
 """End to end: the shipped namespace lab with `backend: kubernetes`. Real agents in network
 namespaces run `--backend kubernetes` against the in-process API server (in its own namespace on
-the lab's public segment), publish their annotations by patch, watch each other, and carry the
-same pod-to-pod matrix as the etcd lab: every pair reachable, each over the path its plan says."""
+the lab's public segment) the way the DaemonSet runs them (pod CIDR, location and leader from
+their Node, not flags), publish their annotations by patch, watch each other, and carry the
+same pod-to-pod matrix as the etcd lab: every pair reachable, each over the path its plan says.
+A leader annotation moved at run time reaches every agent's plan without a restart."""
 
 from __future__ import annotations
 
@@ -14,9 +16,12 @@ from pathlib import Path
 import pytest
 
 from meshctl import netns
+from meshctl.agent.metrics import fetch_status
 from meshctl.kube import nodes as A
 from meshctl.lab import build, probe, state
 from meshctl.lab.spec import load_lab
+
+from .helpers import wait_for
 
 LAB = Path(__file__).resolve().parents[2] / "ctl" / "meshctl" / "labs" / "default.yaml"
 
@@ -28,6 +33,15 @@ def api_get(kube: dict, path: str) -> dict:
     code = (f"import json, urllib.request; print(urllib.request.urlopen({kube['url'] + path!r}, timeout=5)"
             ".read().decode())")
     return json.loads(netns.run(kube["netns"], [sys.executable, "-c", code]).stdout)
+
+
+def api_annotate(kube: dict, node: str, annotations: dict) -> None:
+    """Merge-patch a Node's annotations, as `kubectl annotate` does, from inside the API's namespace."""
+    body = json.dumps({"metadata": {"annotations": annotations}})
+    code = (f"import urllib.request; r = urllib.request.Request({kube['url'] + '/api/v1/nodes/' + node!r}, "
+            f"data={body.encode()!r}, method='PATCH', headers={{'Content-Type': 'application/merge-patch+json'}}); "
+            "urllib.request.urlopen(r, timeout=5).read()")
+    netns.run(kube["netns"], [sys.executable, "-c", code])
 
 
 @pytest.fixture
@@ -66,3 +80,29 @@ def test_kubernetes_backend_lab_passes_the_pod_matrix(kube_lab):
     assert not bad, probe.format_matrix(results)
     paths = {r.path for r in results}
     assert {"direct", "tunnel", "via-leader"} <= paths  # the lab exercises every kind of path
+    # The pod CIDRs came from the Nodes' spec.podCIDR (the agents had no --pod-cidr) and /healthz
+    # answers on the metrics port the liveness probe uses.
+    by_name = {n["name"]: n for n in cluster["nodes"]}
+    for lab_node in cluster["nodes"]:
+        st_node = fetch_status(lab_node["metrics_addr"], lab_node["netns"])
+        assert st_node["ready"] and st_node["node"] == lab_node["name"]
+    code = f"import urllib.request; print(urllib.request.urlopen('http://{by_name['a2']['metrics_addr']}/healthz').status)"
+    assert netns.run(by_name["a2"]["netns"], [sys.executable, "-c", code]).stdout.strip() == "200"
+
+    # Move loc-a's leadership from a1 to a2 by annotation, as a person would: every agent's plan
+    # follows (a2's own record included), with no restart, and traffic takes the new leader.
+    pids = {n["name"]: n["pid"] for n in cluster["nodes"]}
+    api_annotate(kube, "a1", {A.PREFIX + A.LEADER: "false"})
+    api_annotate(kube, "a2", {A.PREFIX + A.LEADER: "true"})
+
+    def leaders() -> dict[str, str]:
+        return {n: fetch_status(by_name[n]["metrics_addr"], by_name[n]["netns"]).get("leader") for n in ("a1", "a2")}
+
+    wait_for(lambda: leaders() == {"a1": "a2", "a2": "a2"}, timeout=20, poll=0.2,
+             what="a2 leading loc-a in both plans")
+    assert fetch_status(by_name["a2"]["metrics_addr"], by_name["a2"]["netns"])["is_leader"]
+    assert {n["name"]: n["pid"] for n in state.load(st["name"])["clusters"][0]["nodes"]} == pids  # no restart
+    results = wait_for(lambda: (r := probe.check(state.load(st["name"]), count=3, pairs=[("a1", "b1"), ("a2", "b1")]))
+                       and all(x.ok and x.path == x.expected for x in r) and r, timeout=20, poll=0.2,
+                       what="traffic over the new leader")
+    assert {(r.src, r.path) for r in results} == {("a1", "via-leader"), ("a2", "tunnel")}

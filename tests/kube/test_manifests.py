@@ -63,7 +63,12 @@ def test_daemonset_runs_privileged_everywhere_with_a_separate_wireguard_go():
     assert pod["tolerations"] == [{"operator": "Exists"}]
     assert pod["serviceAccountName"] == by_kind("ServiceAccount")["metadata"]["name"]
     containers = {c["name"]: c for c in pod["containers"]}
-    agent, wg = containers["agent"], containers["wireguard-go"]
+    agent = containers["agent"]
+    # wireguard-go is a native sidecar: started (and its socket answering) before the agent, so the
+    # agent never starts a wireguard-go of its own that a restart would take down.
+    (wg,) = pod["initContainers"]
+    assert wg["name"] == "wireguard-go" and wg["restartPolicy"] == "Always"
+    assert "/var/run/wireguard/kilo0.sock" in wg["startupProbe"]["exec"]["command"][-1]
     assert agent["securityContext"]["privileged"] is True
     assert {"NET_ADMIN", "BPF", "SYS_ADMIN"} <= set(agent["securityContext"]["capabilities"]["add"])
     mounts = {m["mountPath"]: m["name"] for m in agent["volumeMounts"]}
@@ -140,8 +145,10 @@ def test_dockerfile_matches_the_daemonset():
     for pkg in ("python3-bpfcc", "wireguard-tools", "wireguard-go"):
         assert re.search(rf"\b{pkg}\b", text), pkg
     assert 'ENTRYPOINT ["meshctl"]' in text
-    wg = next(c for c in by_kind("DaemonSet")["spec"]["template"]["spec"]["containers"] if c["name"] == "wireguard-go")
+    (wg,) = by_kind("DaemonSet")["spec"]["template"]["spec"]["initContainers"]
     assert wg["command"][0] in text  # the wrapper the wireguard-go container runs is built into the image
+    # ... and it leaves the marker the startup probe accepts when the kernel has WireGuard
+    assert "/var/run/wireguard/$ifname.kernel" in text and "kilo0.kernel" in wg["startupProbe"]["exec"]["command"][-1]
     ports = re.findall(r"^EXPOSE (\d+)", text, re.M)
     agent = next(c for c in by_kind("DaemonSet")["spec"]["template"]["spec"]["containers"] if c["name"] == "agent")
     assert [str(agent["ports"][0]["containerPort"])] == ports

@@ -20,7 +20,7 @@ DEFAULT_PIN_ROOT = "/sys/fs/bpf/meshctl"
 @dataclass
 class AgentConfig:
     node_name: str
-    pod_cidr: IPNetwork
+    pod_cidr: IPNetwork | None = None  # with --backend kubernetes: the Node's spec.podCIDR
     location: str = ""
     private_interface: str | None = None
     internal_cidr: IPNetwork | None = None
@@ -49,6 +49,16 @@ class AgentConfig:
     lease_ttl: int = 10
     nat_prefix: str = "meshctl"
     resync_interval: float = 30.0
+    # --backend kubernetes: how to reach the API (else $KUBECONFIG, else in-cluster) and which
+    # Node label names the location when no location annotation does.
+    kubeconfig: str | None = None
+    api_server: str | None = None
+    location_label: str = "topology.kubernetes.io/region"
+    # --backend kubernetes: mirror the cluster's nodes into this etcd for the cluster mesh.
+    kvstore_endpoints: tuple[str, ...] = ()
+    kvstore_ca: str | None = None
+    kvstore_cert: str | None = None
+    kvstore_key: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
     def check(self) -> AgentConfig:
@@ -61,6 +71,15 @@ class AgentConfig:
             raise InputError("--topology", "", "is required with --backend file")
         if bool(self.etcd_cert) != bool(self.etcd_key):
             raise InputError("--etcd-cert", self.etcd_cert or "", "and --etcd-key go together")
+        if self.pod_cidr is None and self.backend != "kubernetes":
+            raise InputError("--pod-cidr", "", f"is required with --backend {self.backend}")
+        if self.kvstore_endpoints and self.backend != "kubernetes":
+            raise InputError("--kvstore-endpoints", ",".join(self.kvstore_endpoints),
+                             "is for --backend kubernetes (the etcd backend's records are already in etcd)")
+        if bool(self.kvstore_cert) != bool(self.kvstore_key):
+            raise InputError("--kvstore-cert", self.kvstore_cert or "", "and --kvstore-key go together")
+        if self.resync_interval <= 0:
+            raise InputError("--resync-seconds", self.resync_interval, "must be > 0")
         if self.lease_ttl < 2:
             raise InputError("--lease-ttl", self.lease_ttl, "is below 2 seconds")
         parse_addr(self.metrics_addr, "--metrics-addr")

@@ -45,6 +45,29 @@ def build_backend(cfg: AgentConfig) -> Backend:
     return make(cfg)
 
 
+def resolve_private_interface(cfg: AgentConfig) -> None:
+    """Without --private-interface, the NIC that holds the address --internal-cidr or
+    --force-internal-ip names becomes the private one: private routes and the fast path need a
+    device, and a DaemonSet passes one cluster-wide CIDR rather than per-node interface names."""
+    if cfg.private_interface or not (cfg.internal_cidr or cfg.force_internal_ip):
+        return
+    from pyroute2 import IPRoute
+
+    from ..discovery import discover_internal_ip, interface_addresses
+
+    want = cfg.force_internal_ip or discover_internal_ip(None, str(cfg.internal_cidr), None)
+    if want is None:
+        log.warning("no address inside --internal-cidr %s on this node: no private interface", cfg.internal_cidr)
+        return
+    with IPRoute() as ipr:
+        for link in ipr.get_links():
+            if any(a.ip == want.ip for a in interface_addresses(ipr, link["index"])):
+                cfg.private_interface = link.get("ifname")
+                log.info("private interface %s (it holds %s)", cfg.private_interface, want.ip)
+                return
+    log.warning("no interface holds %s: no private interface", want.ip)
+
+
 def remotes_factory(cfg: AgentConfig) -> Any:
     """A function that makes the cluster-mesh watcher once the agent can be woken, or None."""
     if cfg.clustermesh_dir is None:
@@ -60,7 +83,9 @@ def remotes_factory(cfg: AgentConfig) -> Any:
 
 def run_agent(cfg: AgentConfig) -> None:
     """Run until SIGTERM/SIGINT; leave the node's network state in place on the way out."""
-    agent = Agent(cfg, build_backend(cfg), remotes_factory=remotes_factory(cfg))
+    backend = build_backend(cfg)
+    resolve_private_interface(cfg)
+    agent = Agent(cfg, backend, remotes_factory=remotes_factory(cfg))
     done = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:

@@ -22,25 +22,44 @@ def backend_from_options(kubeconfig: str | None, api_server: str | None, node_na
 def make_backend(cfg: Any) -> KubeBackend:
     """What `agent.run.build_backend` calls for `--backend kubernetes`, with an AgentConfig.
 
-    Kubernetes-only options come from `cfg.extra` (`kubeconfig`, `api_server`, `location_label`,
-    `namespace`, `configmap`), else from $KUBECONFIG and $MESHCTL_API_SERVER, else in-cluster.
-    The node's user-set annotations (location, forced endpoint or
-    internal address, leader, keepalive, location IPs) fill what the flags left unset, so the
-    agent's own record agrees with what the other agents read from its Node.
+    The API: `cfg.kubeconfig` / `cfg.api_server` (flags), else $KUBECONFIG / $MESHCTL_API_SERVER,
+    else in-cluster. The node's pod CIDR (waited for when the Node has none yet) and its user-set
+    annotations (location, forced endpoint or internal address, leader, keepalive, location IPs)
+    fill what the flags left unset, now and whenever the Node changes (kube.ownnode). The
+    cluster's identity is the flags' when they differ from the defaults, else the ConfigMap's.
+    With `cfg.kvstore_endpoints` the cluster's nodes are mirrored into that etcd (kube.kvstore).
     """
     import os
 
+    from ..model import Cluster
     from .backend import DEFAULT_CONFIGMAP, DEFAULT_NAMESPACE
-    from .nodes import REGION_LABEL, settings_for_agent
+    from .nodes import REGION_LABEL
+    from .ownnode import OwnNodeSettings, wait_for_pod_cidr
 
     extra = dict(getattr(cfg, "extra", {}) or {})
+    flag_cluster = None
+    if (cfg.cluster_name, cfg.cluster_id) != ("default", 1):
+        flag_cluster = Cluster(cfg.cluster_name, cfg.cluster_id)
     be = backend_from_options(
-        extra.get("kubeconfig") or os.environ.get("KUBECONFIG"),
-        extra.get("api_server") or os.environ.get("MESHCTL_API_SERVER"), cfg.node_name,
-        extra.get("location_label", REGION_LABEL), float(cfg.resync_interval),
+        getattr(cfg, "kubeconfig", None) or extra.get("kubeconfig") or os.environ.get("KUBECONFIG"),
+        getattr(cfg, "api_server", None) or extra.get("api_server") or os.environ.get("MESHCTL_API_SERVER"),
+        cfg.node_name, getattr(cfg, "location_label", None) or extra.get("location_label", REGION_LABEL),
+        float(cfg.resync_interval), cluster=flag_cluster,
         namespace=extra.get("namespace", DEFAULT_NAMESPACE), configmap=extra.get("configmap", DEFAULT_CONFIGMAP),
     )
-    for k, v in settings_for_agent(be.own_object(), be.location_label).items():
-        if not getattr(cfg, k, None):
-            setattr(cfg, k, v)
+    own = OwnNodeSettings(cfg, be.location_label)
+    obj = be.own_object() if cfg.pod_cidr else wait_for_pod_cidr(be.own_object, cfg.node_name)
+    own(obj, strict=True)
+    be.on_own_node = own
+    if flag_cluster is None:
+        st = be.snapshot()
+        if st.ready:  # the cluster mesh watcher needs the local identity (kube.backend reads the ConfigMap)
+            cfg.cluster_name, cfg.cluster_id = st.cluster.name, st.cluster.id
+    if getattr(cfg, "kvstore_endpoints", ()):
+        from ..etcd import EtcdClient
+        from .kvstore import KvstoreMirror
+
+        client = EtcdClient(list(cfg.kvstore_endpoints), ca=cfg.kvstore_ca, cert=cfg.kvstore_cert, key=cfg.kvstore_key)
+        be.mirror = KvstoreMirror(client, cfg.node_name, lease_ttl=cfg.lease_ttl,
+                                  full_sync_seconds=float(cfg.resync_interval))
     return be

@@ -43,13 +43,15 @@ Obj = dict[str, Any]
 
 DEFAULT_NAMESPACE = "meshctl"
 DEFAULT_CONFIGMAP = "meshctl"
-# ConfigMap data keys: the mesh settings of validate.MESH_FIELDS plus the cluster's identity.
+# ConfigMap data keys: the mesh settings of validate.MESH_FIELDS plus the cluster's identity, and
+# keys only the DaemonSet reads (into the agent's environment), which the mesh settings ignore.
 CLUSTER_KEYS = ("cluster_name", "cluster_id")
+AGENT_KEYS = ("private_interface", "internal_cidr")
 
 
 def settings_from_configmap(data: Mapping[str, str] | None, where: str = "configmap") -> tuple[Cluster, MeshSettings]:
     """Cluster identity and mesh settings from a ConfigMap's data (all values are strings)."""
-    data = dict(data or {})
+    data = {k: v for k, v in (data or {}).items() if k not in AGENT_KEYS}
     cname = data.pop("cluster_name", None)
     cid = data.pop("cluster_id", None)
     if cid is not None:
@@ -124,6 +126,8 @@ class _Kind:
     rv: str | None = None
     listed: bool = False
     missing: bool = False  # the API does not serve it (a CRD that is not installed)
+    # Held while listing, so `snapshot` (reconcile thread) and `run` (watch thread) never both list.
+    list_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def _as_dict(obj: Any) -> Obj:
@@ -173,6 +177,12 @@ class KubeBackend:
         self.stats = {"relists": 0, "resumes": 0, "gone": 0, "errors": 0}
         self._metrics = _Metrics(registry) if registry is not None else None
         self._published: Node | None = None
+        # Called (on the reconcile thread, from snapshot) with this node's object whenever it
+        # changed: how run-time changes of its user annotations reach the agent's own record.
+        self.on_own_node: Callable[[Obj], None] | None = None
+        self._own_rv: str | None = None
+        # --kvstore: mirrors every snapshot into an etcd for the cluster mesh (kube.kvstore).
+        self.mirror: Any = None
 
     # --- the Backend protocol ---------------------------------------------------------------
 
@@ -200,21 +210,30 @@ class KubeBackend:
         with self._lock:
             need = [k for k in self._kinds if not k.listed and not k.missing]
         for k in need:
-            try:
-                self._relist_sync(k)
-            except (ApiError, httpx.HTTPError, OSError) as e:
-                self._set_error(k, f"listing {k.name}: {_message(e)}")
+            with k.list_lock:
+                if k.listed or k.missing:
+                    continue  # `run` listed it meanwhile
+                try:
+                    self._relist_sync(k)
+                except (ApiError, httpx.HTTPError, OSError) as e:
+                    self._set_error(k, f"listing {k.name}: {_message(e)}")
         with self._lock:
             error = "; ".join(self._errors.values())
             nodes = list(self._kinds[0].objects.values())
             peers = [o for k in self._kinds[1:] if k.name != "configmap" for o in k.objects.values()]
             revision = max((int(k.rv) for k in self._kinds if k.rv and k.rv.isdigit()), default=0)
+            own = self._kinds[0].objects.get(("", self.node_name))
+        if own is not None and self.on_own_node is not None:
+            rv = str((own.get("metadata") or {}).get("resourceVersion") or "")
+            if rv != self._own_rv:
+                self._own_rv = rv
+                self.on_own_node(own)
         try:
             cluster, mesh = self._settings()
         except InputError as e:
-            return self._not_ready(str(e))
+            return self._offer(self._not_ready(str(e)))
         if error:
-            return self._not_ready(error)
+            return self._offer(self._not_ready(error))
         state = state_from_objects(nodes, peers, cluster, mesh, now=self.clock(), max_age=2 * self.resync_seconds,
                                    location_label=self.location_label, own_name=self.node_name)
         from dataclasses import replace
@@ -222,14 +241,27 @@ class KubeBackend:
         state = replace(state, revision=revision)
         self._report(state)
         self._last_good = state
-        return state
+        return self._offer(state)
 
     def run(self, stop: threading.Event, changed: Callable[[], None]) -> None:
         """List + watch every kind until `stop`; `changed()` after each event, after a relist,
         on losing and regaining the API, and every resync period (readiness ages)."""
-        asyncio.run(self._run(stop, changed))
+        mirror = None
+        if self.mirror is not None:
+            mirror = threading.Thread(target=self.mirror.run, args=(stop,), name="kvstore", daemon=True)
+            mirror.start()
+        try:
+            asyncio.run(self._run(stop, changed))
+        finally:
+            if mirror is not None:
+                self.mirror.offer(self._last_good or self._not_ready("stopping"))  # wake it to see `stop`
+                mirror.join(timeout=5)
 
     def close(self) -> None:
+        """Close the API connection; with --kvstore, give up the writer key at once so another
+        agent takes over (the mirrored records stay)."""
+        if self.mirror is not None:
+            self.mirror.release()
         self._client._client._client.close()  # lightkube keeps the httpx client there
 
     # --- helpers for the agent ----------------------------------------------------------------
@@ -263,6 +295,11 @@ class KubeBackend:
                                           f"configmap {self.namespace}/{self.configmap}") \
             if cm is not None else (Cluster(), MeshSettings())
         return self.flag_cluster or from_cm[0], self.flag_mesh or from_cm[1]
+
+    def _offer(self, state: ClusterState) -> ClusterState:
+        if self.mirror is not None:
+            self.mirror.offer(state)
+        return state
 
     def _not_ready(self, reason: str) -> ClusterState:
         from dataclasses import replace
@@ -355,7 +392,14 @@ class KubeBackend:
         while not stop.is_set():
             try:
                 if kind.rv is None or not kind.listed:
-                    await self._relist(client, kind)
+                    if not kind.list_lock.acquire(blocking=False):
+                        await asyncio.sleep(0.02)  # `snapshot` is listing it now
+                        continue
+                    try:
+                        if kind.rv is None or not kind.listed:
+                            await self._relist(client, kind)
+                    finally:
+                        kind.list_lock.release()
                     self._healthy_again(kind)
                     changed()
                 if kind.missing:

@@ -86,17 +86,27 @@ def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, timeout: float = 1
     return {"url": url, "kubeconfig": str(kubeconfig), "netns": ns, "pid": p.pid}
 
 
+# What a Kubernetes agent takes from its Node instead of flags: the pod CIDR (spec.podCIDR) and
+# the user-set annotations seed_objects writes. Dropping them makes the lab run the agents the way
+# the DaemonSet does, so their own record follows the annotations, also when they change.
+_FROM_NODE = ("--pod-cidr", "--location", "--persistent-keepalive", "--allowed-location-ips")
+_FROM_NODE_FLAGS = ("--leader",)
+_ETCD_ONLY = ("--etcd-endpoints", "--etcd-ca", "--etcd-cert", "--etcd-key", "--lease-ttl", "--backend")
+
+
 def agent_argv(argv: list[str]) -> list[str]:
-    """An etcd agent command line turned into a kubernetes one (the etcd flags dropped)."""
+    """An etcd agent command line turned into a kubernetes one: the etcd flags dropped, and what
+    the Node says (pod CIDR, location, leader, keepalive, location IPs) left to the Node."""
     out: list[str] = []
     skip = False
-    for i, a in enumerate(argv):
+    for a in argv:
         if skip:
             skip = False
             continue
-        if a in ("--etcd-endpoints", "--etcd-ca", "--etcd-cert", "--etcd-key", "--lease-ttl") \
-                or (a == "--backend" and i + 1 < len(argv)):
+        if a in _ETCD_ONLY or a in _FROM_NODE:
             skip = True
+            continue
+        if a in _FROM_NODE_FLAGS:
             continue
         out.append(a)
     return [*out, "--backend", "kubernetes"]

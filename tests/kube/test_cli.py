@@ -1,0 +1,188 @@
+"""The DaemonSet's command line against the real `meshctl agent` parser, so the manifest and the
+CLI can never drift apart: every flag it passes exists and means what the pod gives it (the
+mounted folders, the probed port, the sidecar's device), and the Kubernetes-only flags reach
+`meshctl.kube.make_backend`.
+
+The command runs for real up to `run_agent`, which is swapped for a function that keeps the
+AgentConfig: running the agent itself with the DaemonSet's settings would touch this machine's
+root namespace (0.0.0.0:9736, /var/lib/meshctl, kilo0), which tests must not do."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from meshctl.agent.config import AgentConfig
+from meshctl.cli import main
+from meshctl.kube.backend import AGENT_KEYS, settings_from_configmap
+
+from .helpers import create_node, node_obj
+from .test_manifests import by_kind
+
+
+def pod_spec() -> dict[str, Any]:
+    return by_kind("DaemonSet")["spec"]["template"]["spec"]
+
+
+def container(name: str) -> dict[str, Any]:
+    spec = pod_spec()
+    return next(c for c in [*spec["containers"], *spec.get("initContainers", [])] if c["name"] == name)
+
+
+def expand(args: list[str], env: dict[str, str]) -> list[str]:
+    """Kubernetes' $(VAR) expansion of container args."""
+    return [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env[m.group(1)], a) for a in args]
+
+
+def parse(monkeypatch: pytest.MonkeyPatch, argv: list[str], env: dict[str, str] | None = None
+          ) -> tuple[Any, AgentConfig | None]:
+    """Run `meshctl <argv>` through the real click group; returns (result, the AgentConfig)."""
+    import meshctl.agent.run as run
+
+    got: list[AgentConfig] = []
+    monkeypatch.setattr(run, "run_agent", got.append)
+    res = CliRunner().invoke(main, argv, env=env or {}, catch_exceptions=False)
+    return res, (got[0] if got else None)
+
+
+def test_the_daemonset_args_parse_into_what_the_pod_provides(monkeypatch):
+    agent = container("agent")
+    env_names = {e["name"] for e in agent["env"]}
+    for ref in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", " ".join(agent["args"])):
+        assert ref in env_names, f"$({ref}) is not in the agent container's env"
+    res, cfg = parse(monkeypatch, expand(agent["args"], {"NODE_NAME": "node-1"}))
+    assert res.exit_code == 0, res.output
+    assert cfg is not None
+    assert cfg.backend == "kubernetes" and cfg.node_name == "node-1"
+    assert cfg.pod_cidr is None  # the agent takes it from the Node's spec.podCIDR
+
+    mounts = {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec()["volumes"]}
+    # the agent keeps its key in a host folder, so a restarted pod keeps the node's identity
+    state = next(n for n, p in mounts.items() if Path(p) == cfg.state_dir)
+    assert volumes[state]["hostPath"]["path"] == str(cfg.state_dir)
+    # wireguard-go's UAPI socket: the sidecar's folder is the agent's --wg-run-dir, and the device the
+    # sidecar creates is the agent's --wg-interface
+    wg = container("wireguard-go")
+    wg_mounts = {m["name"]: m["mountPath"] for m in wg["volumeMounts"]}
+    run_vol = next(n for n, p in mounts.items() if Path(p) == cfg.wg_run_dir)
+    assert Path(wg_mounts[run_vol]) == cfg.wg_run_dir
+    assert wg["command"][-1] == cfg.wg_interface
+    assert str(cfg.wg_run_dir / f"{cfg.wg_interface}.sock") in wg["startupProbe"]["exec"]["command"][-1]
+    # metrics and /healthz on the port the probes and Prometheus use, on every address (hostNetwork)
+    host, port = cfg.metrics_addr.rsplit(":", 1)
+    assert host == "0.0.0.0"
+    assert int(port) == agent["ports"][0]["containerPort"] == agent["livenessProbe"]["httpGet"]["port"]
+    assert agent["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert str(port) == by_kind("DaemonSet")["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"]
+
+
+def test_the_daemonset_env_from_the_configmap_reaches_the_agent(monkeypatch):
+    agent = container("agent")
+    from_cm = {e["name"]: e["valueFrom"]["configMapKeyRef"] for e in agent["env"]
+               if "configMapKeyRef" in e.get("valueFrom", {})}
+    assert from_cm, "the DaemonSet reads the private network from the ConfigMap"
+    cm = by_kind("ConfigMap")["metadata"]["name"]
+    values = {"private_interface": "eth1", "internal_cidr": "10.10.0.0/16"}
+    env = {}
+    for name, ref in from_cm.items():
+        assert ref["name"] == cm and ref["optional"] is True and ref["key"] in AGENT_KEYS
+        env[name] = values[ref["key"]]
+    res, cfg = parse(monkeypatch, expand(agent["args"], {"NODE_NAME": "node-1"}), env)
+    assert res.exit_code == 0, res.output
+    assert cfg is not None
+    assert cfg.private_interface == "eth1" and cfg.internal_cidr == ipaddress.ip_network("10.10.0.0/16")
+    # ... and those keys in the ConfigMap do not break the mesh settings every agent reads from it
+    cluster, mesh = settings_from_configmap({**by_kind("ConfigMap")["data"], **values})
+    assert cluster.name == "default" and mesh.granularity == "location"
+    # without them (optional refs, no env), the agent discovers
+    res, cfg = parse(monkeypatch, expand(agent["args"], {"NODE_NAME": "node-1"}))
+    assert cfg is not None and cfg.private_interface is None and cfg.internal_cidr is None
+
+
+def test_the_parser_does_catch_drift(monkeypatch):
+    args = expand(container("agent")["args"], {"NODE_NAME": "node-1"})
+    res, cfg = parse(monkeypatch, [*args, "--wg-run-directory=/x"])
+    assert res.exit_code == 2 and cfg is None and "No such option" in res.output
+    res, cfg = parse(monkeypatch, [*args, "--metrics-addr=9736"])
+    assert res.exit_code == 2 and "--metrics-addr: '9736' is not host:port" in res.output
+    # --pod-cidr may only be left out with the kubernetes backend
+    res, cfg = parse(monkeypatch, ["agent", "--node-name=n1", "--backend=etcd", "--etcd-endpoints=https://e:2379"])
+    assert res.exit_code == 2 and "--pod-cidr: '' is required with --backend etcd" in res.output
+    res, cfg = parse(monkeypatch, ["agent", "--node-name=n1", "--pod-cidr=10.42.0.0/24", "--backend=etcd",
+                                   "--etcd-endpoints=https://e:2379", "--kvstore-endpoints=https://k:2379"])
+    assert res.exit_code == 2 and "--kvstore-endpoints: 'https://k:2379' is for --backend kubernetes" in res.output
+    res, cfg = parse(monkeypatch, [*args, "--resync-seconds=0"])
+    assert res.exit_code == 2 and "--resync-seconds: 0.0 must be > 0" in res.output
+
+
+def test_kubernetes_flags_reach_make_backend(monkeypatch, api, kclient):
+    from meshctl.kube import make_backend
+
+    create_node(kclient, node_obj("node-1", "10.42.9.0/24", labels={"example.com/site": "lisbon"}))
+    res, cfg = parse(monkeypatch, ["agent", "--backend=kubernetes", "--node-name=node-1", f"--api-server={api.url}",
+                                   "--location-label=example.com/site", "--resync-seconds=7.5",
+                                   "--kvstore-endpoints=https://192.0.2.1:2379, https://192.0.2.2:2379",
+                                   "--lease-ttl=4"])
+    assert res.exit_code == 0, res.output
+    assert cfg is not None and cfg.kvstore_endpoints == ("https://192.0.2.1:2379", "https://192.0.2.2:2379")
+    be = make_backend(cfg)
+    try:
+        assert be.config.get().cluster.server == api.url
+        assert be.location_label == "example.com/site" and be.resync_seconds == 7.5
+        assert cfg.pod_cidr == ipaddress.ip_network("10.42.9.0/24") and cfg.location == "lisbon"
+        assert be.mirror is not None and be.mirror.client.endpoints == list(cfg.kvstore_endpoints)
+        assert be.mirror.lease_ttl == 4
+    finally:
+        be.close()
+    # --kubeconfig: a file that is not there is a one-line error naming it
+    res, cfg = parse(monkeypatch, ["agent", "--backend=kubernetes", "--node-name=node-1",
+                                   "--kubeconfig=/nonexistent/kubeconfig"])
+    assert cfg is not None
+    from meshctl.errors import MeshError
+
+    with pytest.raises(MeshError, match="kubeconfig /nonexistent/kubeconfig"):
+        make_backend(cfg)
+
+
+@pytest.mark.root
+def test_internal_cidr_names_the_private_interface(request):
+    """The DaemonSet passes one cluster-wide CIDR (ConfigMap `internal_cidr`), not per-node NIC
+    names: the NIC holding an address inside it becomes the agent's private interface, which the
+    private routes and the fast path need. Checked in a namespace of this test's own."""
+    import os
+    import sys
+
+    from meshctl import netns
+
+    ns = f"kc{os.getpid() % 10000}"
+    netns.add(ns)
+    try:
+        netns.veth(ns, "nat0", ns, "nat0p")
+        netns.veth(ns, "priv7", ns, "priv7p")
+        netns.addr(ns, "nat0", "10.0.2.15/24")  # the same NAT address on every VM, default route
+        netns.run(ns, ["ip", "link", "set", "nat0", "up"])
+        netns.run(ns, ["ip", "route", "add", "default", "via", "10.0.2.2", "dev", "nat0"])
+        netns.addr(ns, "priv7", "10.10.1.11/24")
+        netns.addr(ns, "priv7p", "10.99.0.1/32")
+        code = "\n".join([
+            "import ipaddress, sys",
+            "from meshctl.agent.config import AgentConfig",
+            "from meshctl.agent.run import resolve_private_interface",
+            "for kw in (dict(internal_cidr=ipaddress.ip_network(sys.argv[1])),",
+            "           dict(force_internal_ip=ipaddress.ip_interface(sys.argv[2])),",
+            "           dict(private_interface='eth9', internal_cidr=ipaddress.ip_network(sys.argv[1]))):",
+            "    c = AgentConfig(node_name='n', backend='kubernetes', **kw)",
+            "    resolve_private_interface(c)",
+            "    print(c.private_interface)",
+        ])
+        out = netns.run(ns, [sys.executable, "-c", code, "10.10.0.0/16", "10.99.0.1/16"]).stdout.split()
+        # by CIDR; by a forced address whose NIC holds only the /32; a flag is never overridden
+        assert out == ["priv7", "priv7p", "eth9"]
+    finally:
+        netns.delete(ns)
