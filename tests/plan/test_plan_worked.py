@@ -204,3 +204,15 @@ def test_ipv6_pod_cidrs_sort_after_ipv4() -> None:
     ]}
     p = plan_to_json(plan_node(topo(doc), "b"))
     assert [e["prefix"] for e in p["fastpath"]] == ["10.42.2.0/24", "fd42::/64", "fd42:0:0:1::/64"]
+
+
+@pytest.mark.parametrize("intra, endpoint, b_path", [
+    ("direct", None, "direct"),                               # no peer: direct pair
+    ("wireguard-private", "10.0.1.2:51820", "tunnel"),        # encrypted, private endpoint
+    ("wireguard", "203.0.113.2:51820", "tunnel"),             # encrypted, public endpoint
+])
+def test_full_mesh_intra_subnet_modes(intra: str, endpoint: str | None, b_path: str) -> None:
+    p = plan_node(topo(KILO_CLASSIC, granularity="full", intra_subnet=intra), "a")
+    peer = next((x for x in p.peers if x.name == "b"), None)
+    assert (peer.endpoint if peer else None) == endpoint
+    assert p.paths["b"] == b_path
