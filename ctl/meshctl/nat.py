@@ -16,6 +16,11 @@ Per IP family `f` (4, 6), with P the prefix (`meshctl`):
   filter chain P-FWD, jumped to from FORWARD: accept between the forwarding interfaces (the
          private NIC, the WireGuard device, a pod bridge) and to/from local pods.
 Pod traffic to the mesh keeps its source address; pod traffic leaving the mesh is masqueraded.
+
+The applier remembers each set's members and the interface list the rules were last checked for,
+so a later sync adds/deletes only the changed members without reading the sets (`ipset save`) or
+the rules (`iptables-save`, twice) again. `forget()` drops that memory (the agent's periodic full
+resync, which thus repairs drift); so does any failed change.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from .netns import sh
 log = logging.getLogger(__name__)
 
 _PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,19}$")
+BULK = 32  # more member changes than this go through one `ipset restore`
 _FAMILIES = ((4, socket.AF_INET, "iptables-legacy"), (6, socket.AF_INET6, "ip6tables-legacy"))
 
 
@@ -77,6 +83,13 @@ class NatApplier:
         self.prefix = prefix
         self.nat_chain = f"{prefix.upper()}-NAT"
         self.fwd_chain = f"{prefix.upper()}-FWD"
+        self._members: dict[str, set[IPNetwork]] = {}  # set name -> its members, as far as we know
+        self._rules_for: tuple[str, ...] | None = None  # the forward interfaces the rules were checked for
+
+    def forget(self) -> None:
+        """Drop what this object remembers: the next `sync` reads the sets and rules again."""
+        self._members.clear()
+        self._rules_for = None
 
     def set_name(self, kind: str, version: int) -> str:
         return f"{self.prefix}-{kind}{version}"
@@ -129,14 +142,24 @@ class NatApplier:
     # --- sets ----------------------------------------------------------------------------------
 
     def _sync_set(self, ips: IPSet, name: str, family: int, want: set[IPNetwork]) -> bool:
-        ips.create(name, stype="hash:net", family=family, exclusive=False)
-        have = set_members(name)
-        for n in sorted(have - want, key=sort_key_net):
-            ips.delete(name, str(n), family=family, etype="net")
-        for n in sorted(want - have, key=sort_key_net):
-            ips.add(name, str(n), family=family, etype="net")
+        have = self._members.pop(name, None)
+        if have is None:
+            ips.create(name, stype="hash:net", family=family, exclusive=False)
+            have = set_members(name)
+        dels, adds = sorted(have - want, key=sort_key_net), sorted(want - have, key=sort_key_net)
+        if len(dels) + len(adds) > BULK:
+            # An agent's first fill: one `ipset restore` instead of one netlink request a member
+            # (5,000 members: ~0.05 s instead of seconds).
+            lines = [f"del {name} {n}" for n in dels] + [f"add {name} {n}" for n in adds]
+            sh(["ipset", "restore", "-exist"], input="\n".join(lines) + "\n", timeout=120)
+        else:
+            for n in dels:
+                ips.delete(name, str(n), family=family, etype="net")
+            for n in adds:
+                ips.add(name, str(n), family=family, etype="net")
         if have != want:
             log.info("ipset %s: +%d -%d members", name, len(want - have), len(have - want))
+        self._members[name] = want  # only once every change went through (a failure leaves it unknown)
         return have != want
 
     def sync(self, local_pod_cidrs: Iterable[IPNetwork], mesh_cidrs: Iterable[IPNetwork],
@@ -146,6 +169,8 @@ class NatApplier:
         pods = {s for n in local_pod_cidrs for s in _split_default(n)}
         mesh = pods | {s for n in mesh_cidrs for s in _split_default(n)}
         changed = False
+        check_rules = self._rules_for != tuple(forward_ifs)
+        self._rules_for = None
         ips = IPSet()
         try:
             for version, family, binary in _FAMILIES:
@@ -153,15 +178,22 @@ class NatApplier:
                                           {n for n in pods if n.version == version})
                 changed |= self._sync_set(ips, self.set_name("mesh", version), family,
                                           {n for n in mesh if n.version == version})
-                changed |= self._ensure_rules(version, binary, forward_ifs)
+                if check_rules:
+                    changed |= self._ensure_rules(version, binary, forward_ifs)
         except NetlinkError as e:
+            self.forget()
             raise MeshError(f"ipset: {e.args[-1]}") from None
+        except Exception:
+            self.forget()
+            raise
         finally:
             ips.close()
+        self._rules_for = tuple(forward_ifs)
         return changed
 
     def cleanup(self) -> None:
         """Remove the jumps, the chains and the sets (whatever of them exists)."""
+        self.forget()
         for version, _, binary in _FAMILIES:
             for table, hook, chain in (("nat", "POSTROUTING", self.nat_chain), ("filter", "FORWARD", self.fwd_chain)):
                 while _ipt(binary, "-t", table, "-D", hook, "-j", chain, check=False).returncode == 0:

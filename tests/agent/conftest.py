@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,3 +36,14 @@ def etcd_tls(request: pytest.FixtureRequest) -> Iterator[tuple[EtcdServer, pki.C
     finally:
         netns.delete(ns)
         shutil.rmtree(d, ignore_errors=True)
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 5.0, step: float = 0.02) -> Any:
+    """pred()'s first truthy value within `timeout` s (else its last value)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(step)
+    return pred()

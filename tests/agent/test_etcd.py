@@ -16,6 +16,8 @@ from meshctl.etcd import EtcdClient, EtcdError
 from meshctl.etcdbackend import EtcdBackend, mesh_key, node_key, write_topology
 from meshctl.model import Cluster, MeshSettings, Node
 
+from .conftest import wait_for
+
 pytestmark = pytest.mark.root
 
 
@@ -27,16 +29,6 @@ def node(name: str, i: int, **kw) -> Node:
     import ipaddress
 
     return Node(name=name, pod_cidr=ipaddress.ip_network(f"10.42.{i}.0/24"), public_key=key(i), **kw)
-
-
-def wait_for(pred, timeout=5.0, step=0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(step)
-    return pred()
 
 
 def test_kv_txn_lease_watch_over_mtls(etcd_tls):

@@ -152,3 +152,29 @@ def test_forward_rules_follow_the_interfaces_and_bad_prefix_is_an_input_error(la
 
     with pytest.raises(InputError, match="nat prefix"):
         NatApplier("bad prefix!")
+
+
+def test_set_members_are_diffed_against_memory_until_forget(lab: NodeLab):
+    """After the first sync, members change by difference from what was last applied: no `ipset save`
+    and no rule check; a member removed behind the applier's back comes back after `forget()`.
+    Many changes at once go through one `ipset restore`."""
+    ns = lab.ns("nmem")
+    nat = in_ns(ns, NatApplier, PREFIX + "m")
+    mesh = [N(f"10.60.{i}.0/24") for i in range(100)]  # > BULK: the first fill is one restore
+    try:
+        assert in_ns(ns, nat.sync, [N("10.42.1.0/24")], mesh, ["pv"])
+        sets = lab.sh(ns, "ipset", "list", f"{PREFIX}m-mesh4").stdout
+        assert "Number of entries: 101" in sets
+        lab.sh(ns, "ipset", "del", f"{PREFIX}m-mesh4", "10.60.7.0/24")
+        lab.sh(ns, "iptables-legacy", "-t", "nat", "-F", f"{PREFIX.upper()}M-NAT")
+        assert in_ns(ns, nat.sync, [N("10.42.1.0/24")], [*mesh, N("10.61.0.0/24")], ["pv"])
+        members = lab.sh(ns, "ipset", "save", f"{PREFIX}m-mesh4").stdout
+        assert "10.61.0.0/24" in members and "10.60.7.0/24" not in members
+        assert "-j MASQUERADE" not in lab.sh(ns, "iptables-legacy", "-t", "nat", "-S").stdout
+        in_ns(ns, nat.forget)
+        assert in_ns(ns, nat.sync, [N("10.42.1.0/24")], [*mesh, N("10.61.0.0/24")], ["pv"])
+        assert "10.60.7.0/24" in lab.sh(ns, "ipset", "save", f"{PREFIX}m-mesh4").stdout
+        assert "-j MASQUERADE" in lab.sh(ns, "iptables-legacy", "-t", "nat", "-S").stdout
+        assert not in_ns(ns, nat.sync, [N("10.42.1.0/24")], [*mesh, N("10.61.0.0/24")], ["pv"])
+    finally:
+        in_ns(ns, nat.cleanup)

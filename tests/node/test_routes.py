@@ -125,3 +125,54 @@ def test_many_changes_go_in_one_batch_and_failures_are_still_named(lab: NodeLab,
     assert "onlink" in routes(lab, ns)["10.60.20.0/24"]["flags"]
     assert in_ns(ns, ra.flush) == 39
     assert routes(lab, ns)["10.60.5.0/24"]["protocol"] == "static"
+
+
+def test_syncs_trust_their_memory_until_forget_or_a_failure(lab: NodeLab, node: str):
+    """A sync diffs against what the applier last applied (no dump): a route deleted behind its back
+    stays deleted until `forget()` (the agent's periodic full pass) or a failed change."""
+    ns = node
+    ra = in_ns(ns, RouteApplier, "pv", "wg")
+    plan = [Route(N(f"10.42.{i}.0/24"), A("10.20.0.2"), "private") for i in range(2, 6)]
+    assert len(in_ns(ns, ra.sync, plan).added) == 4
+    lab.sh(ns, "ip", "route", "del", "10.42.3.0/24", "proto", str(RT_PROTO))
+    # One route added: just that one; the deleted one is not noticed.
+    grown = [*plan, Route(N("10.42.9.0/24"), A("10.20.0.2"), "private")]
+    diff = in_ns(ns, ra.sync, grown)
+    assert diff.added == ["10.42.9.0/24"] and "10.42.3.0/24" not in routes(lab, ns)
+    in_ns(ns, ra.forget)
+    diff = in_ns(ns, ra.sync, grown)
+    assert diff.added == ["10.42.3.0/24"] and "10.42.3.0/24" in routes(lab, ns)
+
+    # A failed change (a foreign route holds the destination) drops the memory: the next sync reads
+    # the kernel again and also repairs what was changed behind the applier's back meanwhile.
+    lab.sh(ns, "ip", "route", "add", "10.42.10.0/24", "via", "10.20.0.77", "proto", "static")
+    failing = [*grown, Route(N("10.42.10.0/24"), A("10.20.0.2"), "private")]
+    assert in_ns(ns, ra.sync, failing).skipped
+    lab.sh(ns, "ip", "route", "del", "10.42.4.0/24", "proto", str(RT_PROTO))
+    lab.sh(ns, "ip", "route", "del", "10.42.10.0/24", "proto", "static")
+    diff = in_ns(ns, ra.sync, failing)
+    assert sorted(diff.added) == ["10.42.10.0/24", "10.42.4.0/24"] and not diff.skipped
+    # A gateway change is a replace of that one route, found without a dump.
+    moved = [Route(r.dst, A("10.20.0.3"), "private") if str(r.dst) == "10.42.5.0/24" else r for r in failing]
+    assert in_ns(ns, ra.sync, moved).changed == ["10.42.5.0/24"]
+    assert routes(lab, ns)["10.42.5.0/24"]["gateway"] == "10.20.0.3"
+
+
+def test_a_device_that_loses_its_address_gets_its_routes_back(lab: NodeLab, node: str):
+    """The kernel flushes a device's routes, without a netlink notification, when it loses its last
+    address (kilo0 does when the node's WireGuard address moves). The applier notices the changed
+    device and reads the kernel again instead of trusting its memory."""
+    ns = node
+    ra = in_ns(ns, RouteApplier, "pv", "wg")
+    plan = [Route(N("10.42.3.0/24"), A("10.4.0.3"), "wireguard"), Route(N("10.42.2.0/24"), A("10.20.0.2"), "private")]
+    assert len(in_ns(ns, ra.sync, plan).added) == 2
+    lab.sh(ns, "ip", "addr", "del", "10.4.0.1/16", "dev", "wg")
+    lab.sh(ns, "ip", "addr", "add", "10.4.0.7/16", "dev", "wg")
+    assert "10.42.3.0/24" not in routes(lab, ns)  # flushed with the old address
+    assert in_ns(ns, ra.sync, plan).added == ["10.42.3.0/24"]
+    assert routes(lab, ns)["10.42.3.0/24"]["dev"] == "wg"
+    # Down and up again (same addresses): the routes went with it; the up-state is watched too.
+    lab.sh(ns, "ip", "link", "set", "pv", "down")
+    assert "unreachable" in in_ns(ns, ra.sync, plan).skipped[0] and "10.42.2.0/24" not in routes(lab, ns)
+    lab.sh(ns, "ip", "link", "set", "pv", "up")
+    assert in_ns(ns, ra.sync, plan).added == ["10.42.2.0/24"]

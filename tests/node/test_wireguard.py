@@ -17,7 +17,7 @@ from meshctl import netns
 from meshctl.keys import generate_private_key, public_key
 from meshctl.plan import PeerPlan
 from meshctl.wireguard import PeerStatus, WireGuard, resolve_endpoint
-from meshctl.wireguard.uapi import UapiClient, _proc_state, running_pid
+from meshctl.wireguard.uapi import UapiClient, _proc_state, running_pid, stop
 
 from .conftest import NodeLab, in_ns
 
@@ -205,3 +205,31 @@ def test_kernel_mode_falls_back_to_wireguard_go_without_the_module(lab: NodeLab)
     assert w.mode == "wireguard-go" and running_pid(lab.run_dir("k") / "kilo0.pid")
     # A new object detects the running device's kind by itself.
     assert in_ns(ns, WireGuard, "kilo0", run_dir=str(lab.run_dir("k"))).mode == "wireguard-go"
+
+
+def test_peer_syncs_trust_their_memory_until_forget(pair: Pair, lab: NodeLab):
+    """After a sync, the next one diffs against what this object applied, without reading the device:
+    a peer removed behind its back is only put back after `forget()` (or once the device is made
+    anew: a new ifindex). Status reads can skip the allowed-IP lists."""
+    pair.up()
+    sock = UapiClient(lab.run_dir("a") / "kilo0.sock")
+    c_pub = public_key(pair.kc)
+    from meshctl.wireguard.state import PeerOp
+
+    in_ns(pair.a, sock.set, peers=[PeerOp(c_pub, remove=True)])
+    assert not in_ns(pair.a, pair.wa.sync_peers, pair.peers_a())
+    assert c_pub not in in_ns(pair.a, sock.get).peers
+    # ensure_device on the same device with the same key and port reads nothing either.
+    assert not in_ns(pair.a, pair.wa.ensure_device, pair.ka, PORT, ipaddress.ip_interface("10.4.0.1/16"), 1420)
+    assert not in_ns(pair.a, pair.wa.sync_peers, pair.peers_a())
+    in_ns(pair.a, pair.wa.forget)
+    assert not in_ns(pair.a, pair.wa.ensure_device, pair.ka, PORT, ipaddress.ip_interface("10.4.0.1/16"), 1420)
+    assert in_ns(pair.a, pair.wa.sync_peers, pair.peers_a()).added == ["c"]
+    light = {s.name: s for s in in_ns(pair.a, pair.wa.show, allowed_ips=False)}
+    assert light["c"].allowed_ips == (N("10.4.0.3/32"), N("10.42.3.0/24"))  # as this object set them
+    assert light.keys() == {"b", "c"} and light["b"].endpoint == f"192.168.77.2:{PORT}"
+    # A device made anew (its wireguard-go died) is noticed by its ifindex and configured in full.
+    stop(running_pid(lab.run_dir("a") / "kilo0.pid"))
+    assert in_ns(pair.a, pair.wa.ensure_device, pair.ka, PORT, ipaddress.ip_interface("10.4.0.1/16"), 1420)
+    assert len(in_ns(pair.a, pair.wa.sync_peers, pair.peers_a()).added) == 2
+    assert pair.ping()

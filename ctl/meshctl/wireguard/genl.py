@@ -35,7 +35,7 @@ class GenlClient:
 
         return PyWireGuard()
 
-    def get(self) -> DeviceState:
+    def get(self, *, allowed_ips: bool = True) -> DeviceState:
         st = DeviceState()
         wg = self._wg()
         try:
@@ -61,7 +61,7 @@ class GenlClient:
                 ep = p.get_attr("WGPEER_A_ENDPOINT")
                 if ep is not None and ep.get("addr") and ep.get("port"):
                     cur["endpoint"] = (str(ipaddress.ip_address(ep["addr"])), int(ep["port"]))
-                for a in p.get_attr("WGPEER_A_ALLOWEDIPS") or []:
+                for a in (p.get_attr("WGPEER_A_ALLOWEDIPS") or []) if allowed_ips else ():
                     if a.get("addr"):
                         cur["allowed"].add(ipaddress.ip_network(a["addr"], strict=False))
                 for attr, k in (("WGPEER_A_PERSISTENT_KEEPALIVE_INTERVAL", "keepalive"),

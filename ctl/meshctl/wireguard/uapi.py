@@ -73,7 +73,9 @@ class UapiClient:
             return False
         return True
 
-    def get(self) -> DeviceState:
+    def get(self, *, allowed_ips: bool = True) -> DeviceState:
+        """The device's state; `allowed_ips=False` skips parsing the allowed-IP lines (thousands
+        of them on a location leader), for callers that only want counters and endpoints."""
         st = DeviceState()
         cur: dict | None = None
 
@@ -98,7 +100,8 @@ class UapiClient:
             elif k == "endpoint":
                 cur["endpoint"] = parse_endpoint(v)
             elif k == "allowed_ip":
-                cur["allowed"].add(ipaddress.ip_network(v, strict=False))
+                if allowed_ips:
+                    cur["allowed"].add(ipaddress.ip_network(v, strict=False))
             elif k == "persistent_keepalive_interval":
                 cur["keepalive"] = int(v)
             elif k == "rx_bytes":

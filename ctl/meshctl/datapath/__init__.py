@@ -1,0 +1,312 @@
+"""The eBPF fast path of one node, as the agent drives it.
+
+    dp = Datapath.open("a1")                 # load, or reopen what a previous agent pinned
+    dp.attach("eth1", "kilo0", ["veth-p1"])  # idempotent
+    dp.sync(plan.fastpath, "eth1")           # diff against the pinned LPM map
+    dp.counters(); dp.entries(); dp.close()  # close leaves everything pinned and running
+
+Everything works on the current network namespace (the agent runs inside the node's). The
+kernel's routes stay the source of truth: with the programs unloaded, or where they cannot load
+(`mode == "kernel-routes"`, `reason` says why), traffic takes the same paths through the kernel.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
+
+from ..errors import MeshError
+from ..model import IPAddress
+from ..plan import FastPathEntry
+from . import layout, links
+from .maps import SyncStats
+
+__all__ = ["Datapath", "SyncStats", "DEFAULT_PIN_ROOT"]
+
+log = logging.getLogger("meshctl.datapath")
+
+DEFAULT_PIN_ROOT = "/sys/fs/bpf/meshctl"
+
+
+def local_pods(pod_ifs: Iterable[str]) -> dict[IPAddress, int]:
+    """Pod address -> host veth ifindex, from the kernel's /32 and /128 routes through `pod_ifs`
+    (how the lab and most CNIs route pods), in the current netns."""
+    wanted = {}
+    for name in pod_ifs:
+        try:
+            wanted[name] = links.ifindex(name)
+        except MeshError:
+            continue
+    out: dict[IPAddress, int] = {}
+    if not wanted:
+        return out
+    for fam in ("-4", "-6"):
+        p = subprocess.run(["ip", "-j", fam, "route", "show", "table", "main"], capture_output=True, text=True)
+        if p.returncode != 0 or not p.stdout.strip():
+            continue
+        for r in json.loads(p.stdout):
+            dev, dst = r.get("dev"), r.get("dst", "")
+            if dev not in wanted or dst in ("default", "") or r.get("type", "unicast") != "unicast":
+                continue
+            if r.get("protocol") == "kernel":
+                continue  # the route of an address of the host side itself, not a pod
+            try:
+                net = ipaddress.ip_network(dst, strict=True)
+            except ValueError:
+                continue
+            if net.prefixlen == net.max_prefixlen:
+                out[net.network_address] = wanted[dev]
+    return out
+
+
+class Datapath:
+    """One node's fast path: its pinned programs, maps and links (see the module docstring)."""
+
+    _warned: set[str] = set()
+
+    def __init__(self, node: str, pin_root: str, mode: str, reason: str, loaded=None) -> None:
+        self.node = node
+        self.pin_root = pin_root
+        self.pin_dir = f"{pin_root}/{node}"
+        self.mode = mode
+        self.reason = reason
+        self._loaded = loaded
+        self._tc_fallback = False
+        self._routes_written: dict[bytes, bytes] | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, node: str, *, pin_root: str = DEFAULT_PIN_ROOT, enabled: bool = True) -> Datapath:
+        """Load the programs or reopen the pinned ones (an agent restart drops no packet). Never
+        raises for a missing bcc, headers or helper: then mode is "kernel-routes" and reason says
+        why (logged once at WARNING). enabled=False removes whatever a previous agent left
+        attached for this node, so turning the fast path off really turns it off."""
+        if not node or "/" in node or node in (".", ".."):
+            from ..errors import InputError
+
+            raise InputError("node", node, "is not a node name usable as a pin directory")
+        if not enabled:
+            try:
+                cls.unload(node, pin_root=pin_root)
+            except (OSError, MeshError) as e:
+                log.warning("datapath: could not remove the pinned fast path of %s: %s", node, e)
+            return cls._fallback(node, pin_root, "disabled")
+        try:
+            from . import loader
+
+            loader.ensure_bpffs(pin_root)
+            loaded = loader.load(f"{pin_root}/{node}")
+        except (ImportError, OSError, MeshError) as e:
+            return cls._fallback(node, pin_root, str(e) or type(e).__name__)
+        dp = cls(node, pin_root, "ebpf", "", loaded)
+        try:
+            dp._refresh_links()
+        except (OSError, MeshError) as e:  # the old programs keep running: still a working node
+            log.warning("datapath: could not switch the links of %s to the new programs: %s", node, e)
+        if loaded.compiled:
+            log.info("datapath: %s compiled and pinned under %s", node, dp.pin_dir)
+        return dp
+
+    @classmethod
+    def pinned(cls, node: str, *, pin_root: str = DEFAULT_PIN_ROOT) -> Datapath:
+        """Open what an agent pinned for `node` without compiling, loading or attaching anything
+        (`maps dump`, `datapath status`, tests). MeshError when nothing usable is pinned."""
+        from . import loader
+
+        try:
+            loaded = loader.reopen(f"{pin_root}/{node}")
+        except OSError as e:
+            raise MeshError(f"cannot open the pinned datapath of {node}: {e}") from None
+        return cls(node, pin_root, "ebpf", "", loaded)
+
+    @classmethod
+    def _fallback(cls, node: str, pin_root: str, reason: str) -> Datapath:
+        if reason not in cls._warned:
+            cls._warned.add(reason)
+            log.warning("datapath: kernel-routes (%s): pod traffic takes the kernel's routes, no eBPF fast path",
+                        reason)
+        return cls(node, pin_root, "kernel-routes", reason)
+
+    def close(self) -> None:
+        """Release our file descriptors; programs, links and maps stay pinned and running."""
+        if self._loaded is not None:
+            self._loaded.close()
+            self._loaded = None
+
+    def __enter__(self) -> Datapath:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def unload(node: str, *, pin_root: str = DEFAULT_PIN_ROOT) -> None:
+        """Detach everything of this node (links, clsact filters in this netns) and unpin its maps."""
+        from . import loader
+
+        pin_dir = f"{pin_root}/{node}"
+        for a in links.pinned_links(pin_dir):
+            links.detach_tcx(pin_dir, a.hook, a.ifindex)
+        if loader.used_clsact(pin_dir):
+            for dev in _netns_devices():
+                for hook in links.clsact_attached(dev) if _has_clsact(dev) else ():
+                    links.detach_clsact(hook, dev)
+        if os.path.isdir(pin_dir):
+            loader.remove_maps_and_progs(pin_dir)
+            for n in os.listdir(pin_dir):
+                path = f"{pin_dir}/{n}"
+                if os.path.isdir(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.unlink(path)
+            os.rmdir(pin_dir)
+
+    # --- attach ---------------------------------------------------------------------------
+
+    def _refresh_links(self) -> None:
+        """Switch pinned links to the programs just loaded (after a new source or a migration)."""
+        assert self._loaded is not None
+        for a in links.pinned_links(self.pin_dir):
+            prog = links.HOOKS[a.hook][0]
+            if not a.ifname:
+                links.detach_tcx(self.pin_dir, a.hook, a.ifindex)
+            elif a.prog_id != self._loaded.prog_ids[prog]:
+                links.attach_tcx(self.pin_dir, a.hook, a.ifindex, self._loaded.progs[prog], self._loaded.prog_ids[prog])
+
+    def attach(self, private_if: str, tunnel_if: str | None, pod_ifs: Iterable[str]) -> None:
+        """Idempotent: from_pod (+ egress tracking) on each pod veth, from_private (+ egress
+        tracking) on the private NIC, egress tracking on tunnel_if; detach pod veths no longer
+        listed; refresh the local-pod map from the kernel's pod routes."""
+        if self._loaded is None:
+            return
+        pod_ifs = list(dict.fromkeys(pod_ifs))
+        want: dict[tuple[str, int], str] = {}
+        priv = links.ifindex(private_if)
+        want[("private-in", priv)] = private_if
+        want[("private-out", priv)] = private_if
+        if tunnel_if:
+            try:
+                want[("tunnel-out", links.ifindex(tunnel_if))] = tunnel_if
+            except MeshError:
+                log.info("datapath: tunnel device %s not there yet", tunnel_if)
+        for name in pod_ifs:
+            try:
+                idx = links.ifindex(name)
+            except MeshError:
+                continue  # the pod went away between listing and attaching
+            want[("pod-in", idx)] = name
+            want[("pod-out", idx)] = name
+        for (hook, idx), name in want.items():
+            self._attach_one(hook, idx, name)
+        for a in links.pinned_links(self.pin_dir):
+            if (a.hook, a.ifindex) not in want:
+                links.detach_tcx(self.pin_dir, a.hook, a.ifindex)
+        self._loaded.maps.pods.sync({layout.pod_key(ip): layout.pod_value(idx)
+                                     for ip, idx in local_pods(pod_ifs).items()})
+
+    def _attach_one(self, hook: str, idx: int, name: str) -> None:
+        assert self._loaded is not None
+        prog = links.HOOKS[hook][0]
+        if not self._tc_fallback:
+            try:
+                links.attach_tcx(self.pin_dir, hook, idx, self._loaded.progs[prog], self._loaded.prog_ids[prog])
+                return
+            except OSError as e:
+                if not links.tcx_unsupported(e):
+                    raise MeshError(f"attach {prog} to {name}: {e}") from None
+                log.warning("datapath: tcx links unavailable (%s): using clsact filters", e)
+                self._tc_fallback = True
+        from .loader import prog_path
+
+        self._loaded.maps.config_set(layout.CFG_CLSACT, 1)  # so unload knows to look for filters
+        links.attach_clsact(hook, name, prog_path(self.pin_dir, prog))
+
+    def attachments(self) -> list[links.Attachment]:
+        return links.pinned_links(self.pin_dir) if self.mode == "ebpf" else []
+
+    # --- maps -----------------------------------------------------------------------------
+
+    def sync(self, entries: Sequence[FastPathEntry], private_if: str) -> SyncStats:
+        """Diff the plan's entries against the pinned LPM map; change only what differs."""
+        if self._loaded is None:
+            return SyncStats(0, 0, 0)
+        desired = layout.route_table(entries, links.ifindex(private_if))
+        # The first sync after open diffs against the pinned map itself; later ones against what
+        # this agent wrote (reading 100,000 entries back costs 0.2 s, more than the whole diff).
+        stats = self._loaded.maps.routes.sync(desired, self._routes_written)
+        self._routes_written = desired
+        return stats
+
+    def counters(self) -> dict[str, tuple[int, int]]:
+        """action -> (packets, bytes), summed over CPUs; {} in kernel-routes mode."""
+        return self._loaded.maps.counters() if self._loaded is not None else {}
+
+    def entries(self) -> list[dict]:
+        """The LPM map as `maps dump` prints it: prefix, action, nexthop, ifname."""
+        if self._loaded is None:
+            return []
+        from ..model import sort_key_net
+
+        out = [layout.decode_route(k, v) for k, v in self._loaded.maps.routes.items().items()]
+        out.sort(key=lambda r: sort_key_net(r.prefix))
+        return [{"prefix": str(r.prefix), "action": r.action, "nexthop": str(r.nexthop) if r.nexthop else None,
+                 "ifname": links.ifname(r.ifindex) if r.ifindex else None} for r in out]
+
+    def pods(self) -> list[dict]:
+        """The local-pod map: pod address and the host veth bpf_redirect_peer sends it to."""
+        if self._loaded is None:
+            return []
+        rows = sorted((layout.decode_pod(k, v) for k, v in self._loaded.maps.pods.items().items()),
+                      key=lambda r: (r[0].version, int(r[0])))
+        return [{"ip": str(ip), "ifindex": idx, "ifname": links.ifname(idx)} for ip, idx in rows]
+
+    def flows(self) -> list[dict]:
+        """Reply tuples of flows that left through the kernel (the flow LRU)."""
+        if self._loaded is None:
+            return []
+        maps = self._loaded.maps
+        return [layout.decode_flow(k) for m in (maps.flows4, maps.flows6) for k in m.items()]
+
+    def status(self) -> dict:
+        """What `meshctl datapath status` and the agent's status show."""
+        out: dict = {"node": self.node, "mode": self.mode, "reason": self.reason, "pin_dir": self.pin_dir}
+        if self._loaded is not None:
+            maps = self._loaded.maps
+            out.update(
+                layout=maps.config_get(layout.CFG_LAYOUT),
+                compiled=self._loaded.compiled,
+                programs={p: i for p, i in self._loaded.prog_ids.items()},
+                links=[{"hook": a.hook, "ifindex": a.ifindex, "ifname": a.ifname, "prog_id": a.prog_id,
+                        "kind": a.kind} for a in self.attachments()],
+                routes=len(maps.routes.items()),
+                pods=len(maps.pods.items()),
+            )
+        return out
+
+    @property
+    def maps(self):
+        """The open NodeMaps (tests, benchmarks); None in kernel-routes mode."""
+        return self._loaded.maps if self._loaded is not None else None
+
+    @property
+    def programs(self) -> dict[str, int]:
+        """Program name -> fd (tests, benchmarks: BPF_PROG_TEST_RUN)."""
+        return dict(self._loaded.progs) if self._loaded is not None else {}
+
+
+def _netns_devices() -> list[str]:
+    p = subprocess.run(["ip", "-j", "link", "show"], capture_output=True, text=True)
+    if p.returncode != 0 or not p.stdout.strip():
+        return []
+    return [d["ifname"] for d in json.loads(p.stdout)]
+
+
+def _has_clsact(dev: str) -> bool:
+    p = subprocess.run(["tc", "qdisc", "show", "dev", dev], capture_output=True, text=True)
+    return "clsact" in p.stdout

@@ -1,0 +1,53 @@
+"""Run a function inside a named network namespace, from this process.
+
+setns(2) changes the namespace of the calling thread only, so the function runs in a fresh
+thread that enters the namespace first; the rest of the process (and its mount namespace, where
+bpffs is) is untouched. Processes started from that thread inherit its namespace. Tests, the
+benchmark and `meshctl datapath ... --netns` use it to drive a node's datapath as its agent would.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+from ..errors import MeshError
+
+T = TypeVar("T")
+CLONE_NEWNET = 0x40000000
+
+
+def in_netns(ns: str | None, fn: Callable[[], T]) -> T:
+    """fn() run in /run/netns/<ns> (ns None: here), its result or its exception returned/raised here."""
+    if ns is None:
+        return fn()
+    path = ns if ns.startswith("/") else f"/run/netns/{ns}"
+    box: dict[str, object] = {}
+
+    def body() -> None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            box["err"] = MeshError(f"network namespace {ns!r}: {e.strerror}")
+            return
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.setns(fd, CLONE_NEWNET) != 0:
+                box["err"] = MeshError(f"setns {ns}: {os.strerror(ctypes.get_errno())}")
+                return
+        finally:
+            os.close(fd)
+        try:
+            box["ok"] = fn()
+        except BaseException as e:  # handed to the caller's thread
+            box["err"] = e
+
+    t = threading.Thread(target=body, name=f"netns-{ns}")
+    t.start()
+    t.join()
+    if "err" in box:
+        raise box["err"]  # type: ignore[misc]
+    return box["ok"]  # type: ignore[return-value]

@@ -1,0 +1,141 @@
+"""Attach the programs to interfaces: tcx links pinned in bpffs (kernel >= 6.6), else clsact.
+
+A pinned tcx link survives the agent (a restart changes nothing on the wire); removing the pin
+detaches. Each link is pinned as `<pin_dir>/link-<hook>-<ifindex>`, so what is attached where is
+read back from bpffs alone. Where tcx is missing the same programs go in as clsact
+direct-action filters (tc's `object-pinned`), with a preference number of our own per hook.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import socket
+import subprocess
+from dataclasses import dataclass
+
+from ..errors import MeshError
+from . import libbpf
+
+# hook -> (program, direction)
+HOOKS: dict[str, tuple[str, str]] = {
+    "pod-in": ("from_pod", "ingress"),
+    "pod-out": ("flow_egress", "egress"),
+    "private-in": ("from_private", "ingress"),
+    "private-out": ("flow_egress", "egress"),
+    "tunnel-out": ("flow_egress", "egress"),
+}
+_TCX = {"ingress": libbpf.BPF_TCX_INGRESS, "egress": libbpf.BPF_TCX_EGRESS}
+# clsact fallback: one filter preference per hook, so ours are found and replaced without touching others.
+_TC_PREF = {"pod-in": 0xC0D1, "pod-out": 0xC0D2, "private-in": 0xC0D3, "private-out": 0xC0D4, "tunnel-out": 0xC0D5}
+_LINK_RE = re.compile(r"^link-([a-z]+-[a-z]+)-(\d+)$")
+
+
+@dataclass(frozen=True)
+class Attachment:
+    hook: str
+    ifindex: int
+    ifname: str       # "" when the interface is gone
+    prog_id: int
+    kind: str         # "tcx" | "clsact"
+
+
+def ifindex(name: str) -> int:
+    """The ifindex in the current netns, or MeshError naming the interface."""
+    try:
+        return socket.if_nametoindex(name)
+    except OSError:
+        raise MeshError(f"interface {name!r} does not exist in this network namespace") from None
+
+
+def ifname(index: int) -> str:
+    try:
+        return socket.if_indextoname(index)
+    except OSError:
+        return ""
+
+
+def link_path(pin_dir: str, hook: str, index: int) -> str:
+    return f"{pin_dir}/link-{hook}-{index}"
+
+
+def pinned_links(pin_dir: str) -> list[Attachment]:
+    out = []
+    try:
+        names = os.listdir(pin_dir)
+    except FileNotFoundError:
+        return []
+    for n in sorted(names):
+        m = _LINK_RE.match(n)
+        if not m:
+            continue
+        fd = libbpf.obj_get(f"{pin_dir}/{n}")
+        try:
+            info = libbpf.link_info(fd)
+        finally:
+            os.close(fd)
+        idx = int(m.group(2))
+        # A link whose device is gone reads ifindex 0 (defunct).
+        name = ifname(idx) if info.ifindex == idx else ""
+        out.append(Attachment(m.group(1), idx, name, info.prog_id, "tcx"))
+    return out
+
+
+def attach_tcx(pin_dir: str, hook: str, index: int, prog_fd: int, prog_id: int) -> bool:
+    """Make `hook` on `index` run `prog_fd`. True when something changed. Raises OSError
+    (EINVAL/ENOTSUP...) where the kernel has no tcx."""
+    path = link_path(pin_dir, hook, index)
+    if os.path.exists(path):
+        fd = libbpf.obj_get(path)
+        try:
+            info = libbpf.link_info(fd)
+            if info.ifindex == index:
+                if info.prog_id == prog_id:
+                    return False
+                libbpf.link_update(fd, prog_fd)
+                return True
+        finally:
+            os.close(fd)
+        libbpf.unpin(path)  # defunct: the device was removed and the index reused
+    fd = libbpf.link_create(prog_fd, index, _TCX[HOOKS[hook][1]])
+    try:
+        libbpf.obj_pin(fd, path)
+    finally:
+        os.close(fd)
+    return True
+
+
+def detach_tcx(pin_dir: str, hook: str, index: int) -> None:
+    libbpf.unpin(link_path(pin_dir, hook, index))
+
+
+def tcx_unsupported(e: OSError) -> bool:
+    return e.errno in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, 524)
+
+
+def _tc(args: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run(["tc", *args], capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise MeshError(f"tc {' '.join(args)}: {p.stderr.strip()}")
+    return p
+
+
+def attach_clsact(hook: str, dev: str, prog_path: str) -> None:
+    _tc(["qdisc", "replace", "dev", dev, "clsact"])
+    _tc(["filter", "replace", "dev", dev, HOOKS[hook][1], "pref", str(_TC_PREF[hook]), "handle", "1",
+         "bpf", "direct-action", "object-pinned", prog_path])
+
+
+def detach_clsact(hook: str, dev: str) -> None:
+    _tc(["filter", "del", "dev", dev, HOOKS[hook][1], "pref", str(_TC_PREF[hook])], check=False)
+
+
+def clsact_attached(dev: str) -> list[str]:
+    """Hooks of ours installed as clsact filters on `dev`."""
+    out = []
+    for hook, (_, direction) in HOOKS.items():
+        p = _tc(["filter", "show", "dev", dev, direction, "pref", str(_TC_PREF[hook])], check=False)
+        if p.returncode == 0 and "bpf" in p.stdout:
+            out.append(hook)
+    return out

@@ -1,0 +1,152 @@
+"""The pinned maps of one node: open, check against the layout, read, and sync by diff.
+
+A sync compares the desired (key -> value) bytes with what the map holds and writes only the
+difference, in batches where the kernel has them (it does for hash and LPM trie maps here), so a
+plan change that touches one entry makes one map update and a packet in flight never sees a
+half-written table.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..errors import MeshError
+from . import layout, libbpf
+
+
+@dataclass(frozen=True)
+class SyncStats:
+    added: int
+    changed: int
+    deleted: int
+
+    @property
+    def total(self) -> int:
+        return self.added + self.changed + self.deleted
+
+
+class Map:
+    """One pinned map, checked against the sizes the layout expects."""
+
+    def __init__(self, path: str, name: str) -> None:
+        self.path = path
+        self.name = name
+        self.fd = libbpf.obj_get(path)
+        info = libbpf.map_info(self.fd)
+        self.key_size, self.value_size, self.max_entries = info.key_size, info.value_size, info.max_entries
+        want = layout.MAP_SIZES[name]
+        if (self.key_size, self.value_size) != want:
+            os.close(self.fd)
+            raise MeshError(f"{path}: key/value sizes {self.key_size}/{self.value_size} differ from the "
+                            f"layout's {want[0]}/{want[1]} (an older agent's maps: run `meshctl datapath unload`)")
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def items(self) -> dict[bytes, bytes]:
+        try:
+            pairs = libbpf.lookup_batch(self.fd, self.key_size, self.value_size, self.max_entries)
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.ENOTSUP, 524):  # 524: ENOTSUPP (kernel-internal)
+                raise
+            pairs = []
+            for k in libbpf.keys(self.fd, self.key_size):
+                v = libbpf.lookup(self.fd, k, self.value_size)
+                if v is not None:
+                    pairs.append((k, v))
+        return dict(pairs)
+
+    def sync(self, desired: Mapping[bytes, bytes], current: Mapping[bytes, bytes] | None = None) -> SyncStats:
+        """Make the map hold exactly `desired`, writing only what differs from `current` (what the
+        map holds: read from the kernel unless the caller knows it)."""
+        if current is None:
+            current = self.items()
+        if current:
+            put = dict(desired.items() - current.items())
+            gone = list(current.keys() - desired.keys())
+            added = len(put.keys() - current.keys())
+        else:
+            put, gone, added = dict(desired), [], len(desired)
+        # Deletions first: room for additions in a full map, and a removed prefix never shadows.
+        self._delete(gone)
+        self._update(put)
+        return SyncStats(added, len(put) - added, len(gone))
+
+    def _update(self, pairs: Mapping[bytes, bytes]) -> None:
+        if not pairs:
+            return
+        try:
+            libbpf.update_batch(self.fd, b"".join(pairs.keys()), b"".join(pairs.values()), len(pairs))
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.ENOTSUP, 524):
+                raise
+            for k, v in pairs.items():
+                libbpf.update(self.fd, k, v)
+
+    def _delete(self, keys: list[bytes]) -> None:
+        if not keys:
+            return
+        try:
+            libbpf.delete_batch(self.fd, b"".join(keys), len(keys))
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.ENOTSUP, 524, errno.ENOENT):
+                raise
+            for k in keys:
+                libbpf.delete(self.fd, k)
+
+
+class NodeMaps:
+    """All maps pinned for one node, under `pin_dir`."""
+
+    NAMES = ("routes", "pods", "flows4", "flows6", "counters", "config")
+
+    def __init__(self, pin_dir: str) -> None:
+        self.pin_dir = pin_dir
+        opened: dict[str, Map] = {}
+        try:
+            for n in self.NAMES:
+                opened[n] = Map(f"{pin_dir}/{n}", n)
+        except BaseException:
+            for m in opened.values():
+                m.close()
+            raise
+        self.routes, self.pods = opened["routes"], opened["pods"]
+        self.flows4, self.flows6 = opened["flows4"], opened["flows6"]
+        self.counters_map, self.config = opened["counters"], opened["config"]
+        self._all = list(opened.values())
+        self._ncpu = libbpf.possible_cpus()
+
+    def close(self) -> None:
+        for m in self._all:
+            m.close()
+
+    def config_get(self, slot: int) -> int:
+        v = libbpf.lookup(self.config.fd, layout.U32.pack(slot), layout.CONFIG_VALUE.size)
+        return layout.CONFIG_VALUE.unpack(v)[0] if v else 0
+
+    def config_set(self, slot: int, value: int) -> None:
+        libbpf.update(self.config.fd, layout.U32.pack(slot), layout.CONFIG_VALUE.pack(value))
+
+    def counters(self) -> dict[str, tuple[int, int]]:
+        """Per-action (packets, bytes) summed over every CPU."""
+        stride = (layout.COUNTER.size + 7) // 8 * 8
+        out: dict[str, tuple[int, int]] = {}
+        for slot, name in enumerate(layout.COUNTERS):
+            raw = libbpf.lookup(self.counters_map.fd, layout.U32.pack(slot), stride * self._ncpu) or b""
+            pk = by = 0
+            for cpu in range(len(raw) // stride):
+                p, b = layout.COUNTER.unpack_from(raw, cpu * stride)
+                pk += p
+                by += b
+            out[name] = (pk, by)
+        return out
+
+    def reset_counters(self) -> None:
+        zero = bytes(((layout.COUNTER.size + 7) // 8 * 8) * self._ncpu)
+        for slot in range(len(layout.COUNTERS)):
+            libbpf.update(self.counters_map.fd, layout.U32.pack(slot), zero)

@@ -1,0 +1,44 @@
+"""Fixtures of the datapath tests: a pin root unique to this test run, and one loaded node.
+
+Everything pinned lives under /sys/fs/bpf/mdp<pid>/ and is removed at the end, pass or fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+
+import pytest
+
+from meshctl.datapath import Datapath
+
+RUN = f"mdp{os.getpid() % 10000}"
+
+
+@pytest.fixture(scope="session")
+def pin_root():
+    from meshctl.datapath.loader import ensure_bpffs
+
+    root = f"/sys/fs/bpf/{RUN}"
+    ensure_bpffs(root)
+    os.makedirs(root, exist_ok=True)
+    try:
+        yield root
+    finally:
+        for node in os.listdir(root) if os.path.isdir(root) else ():
+            with contextlib.suppress(Exception):  # cleanup goes on whatever one node left behind
+                Datapath.unload(node, pin_root=root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def unit_dp(pin_root):
+    """A node loaded with no interfaces attached: for BPF_PROG_TEST_RUN."""
+    dp = Datapath.open("unit", pin_root=pin_root)
+    assert dp.mode == "ebpf", dp.reason
+    try:
+        yield dp
+    finally:
+        dp.close()
+        Datapath.unload("unit", pin_root=pin_root)

@@ -1,0 +1,55 @@
+"""The Python mirror (datapath/layout.py) agrees with bpf/meshctl_maps.h: constants by reading the
+header, struct sizes by what the kernel says of the maps bcc created from it."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from meshctl.datapath import layout, libbpf
+from meshctl.datapath.loader import bpf_dir
+from meshctl.plan import FastPathEntry
+
+DEFINES = {m.group(1): int(m.group(2), 0) for m in re.finditer(
+    r"^#define (MC_\w+) (0x[0-9a-fA-F]+|\d+)\b", (bpf_dir() / "meshctl_maps.h").read_text(), re.M)}
+
+
+def test_constants_match_the_header():
+    assert DEFINES["MC_LAYOUT_VERSION"] == layout.LAYOUT_VERSION
+    assert DEFINES["MC_MARK"] == layout.MARK
+    assert (DEFINES["MC_ROUTES_MAX"], DEFINES["MC_PODS_MAX"], DEFINES["MC_FLOWS_MAX"]) == (
+        layout.ROUTES_MAX, layout.PODS_MAX, layout.FLOWS_MAX)
+    assert {a: DEFINES[f"MC_ACT_{a.upper()}"] for a in layout.ACTIONS} == layout.ACTIONS
+    slots = {k[len("MC_C_"):].lower(): v for k, v in DEFINES.items() if k.startswith("MC_C_")}
+    assert [n for n, _ in sorted(slots.items(), key=lambda kv: kv[1])] == list(layout.COUNTERS)
+    assert DEFINES["MC_COUNTERS"] == len(layout.COUNTERS)
+    assert (DEFINES["MC_CFG_LAYOUT"], DEFINES["MC_CFG_SOURCE_HASH"], DEFINES["MC_CFG_MARK"],
+            DEFINES["MC_CFG_CLSACT"], DEFINES["MC_CONFIG_SLOTS"]) == (
+        layout.CFG_LAYOUT, layout.CFG_SOURCE_HASH, layout.CFG_MARK, layout.CFG_CLSACT, layout.CONFIG_SLOTS)
+
+
+def test_struct_sizes_match_the_compiled_maps(unit_dp):
+    m = unit_dp.maps
+    for name, mp in (("routes", m.routes), ("pods", m.pods), ("flows4", m.flows4), ("flows6", m.flows6),
+                     ("counters", m.counters_map),
+                     ("config", m.config)):
+        info = libbpf.map_info(mp.fd)
+        assert (info.key_size, info.value_size) == layout.MAP_SIZES[name], name
+    assert libbpf.map_info(m.routes.fd).max_entries == layout.ROUTES_MAX
+
+
+def test_route_codec_round_trips():
+    for prefix, action, nh in (("10.42.2.0/24", "direct", "192.168.0.2"), ("fd42::/48", "tunnel", None),
+                               ("10.43.0.0/16", "direct", "fd77::3"), ("0.0.0.0/0", "local", None)):
+        net = ipaddress.ip_network(prefix)
+        nexthop = ipaddress.ip_address(nh) if nh else None
+        table = layout.route_table([FastPathEntry(net, action, nexthop)], 7)
+        [(k, v)] = table.items()
+        assert k == layout.route_key(net)
+        r = layout.decode_route(k, v)
+        assert (r.prefix, r.action, r.nexthop, r.ifindex) == (net, action, nexthop, 7 if action == "direct" else 0)
+    # Next hops of both families with the same integer value stay apart.
+    a, b = ipaddress.ip_address("0.0.0.7"), ipaddress.ip_address("::7")
+    table = layout.route_table([FastPathEntry(ipaddress.ip_network("10.1.0.0/16"), "direct", a),
+                                FastPathEntry(ipaddress.ip_network("10.2.0.0/16"), "direct", b)], 3)
+    assert sorted(str(layout.decode_route(k, v).nexthop) for k, v in table.items()) == ["0.0.0.7", "::7"]
