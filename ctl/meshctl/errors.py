@@ -16,10 +16,19 @@ class InputError(ValueError):
         self.reason = reason
         super().__init__(f"{path}: {value!r} {reason}" if path else f"{value!r} {reason}")
 
-    def within(self, prefix: str) -> InputError:
-        """The same error with its path placed under `prefix` (a record key, a file name)."""
-        path = f"{prefix}.{self.path}" if self.path and not self.path.startswith("[") else prefix + self.path
-        return InputError(path, self.value, self.reason)
+    def prefixed(self, prefix: str) -> InputError:
+        """The same error, its line led by `prefix` (a file name: `topo.yaml: nodes[3]...`)."""
+        err = InputError(self.path, self.value, self.reason)
+        err.args = (f"{prefix}{self}",)
+        return err
+
+    @classmethod
+    def from_line(cls, line: str) -> InputError:
+        """An error whose line is already written (`nodes[2].pod_cidr: '...' overlaps ...`)."""
+        path, _, rest = line.partition(": ")
+        err = cls(path, None, rest)
+        err.args = (line,)
+        return err
 
 
 class MeshError(RuntimeError):

@@ -34,18 +34,11 @@ def parse_topology(doc: Any) -> Topology:
     claims = v.Claims()
     _, rejected = v.admit_nodes(nodes, mesh.subnet, claims=claims)
     if rejected:
-        raise _as_error(rejected[0].reason)
+        raise InputError.from_line(rejected[0].reason)
     _, rejected_peers = v.admit_peers(peers, claims)
     if rejected_peers:
-        raise _as_error(rejected_peers[0].reason)
+        raise InputError.from_line(rejected_peers[0].reason)
     return Topology(cluster=cluster, mesh=mesh, nodes=tuple(nodes), peers=tuple(peers))
-
-
-def _as_error(line: str) -> InputError:
-    path, _, rest = line.partition(": ")
-    err = InputError(path, None, rest)
-    err.args = (line,)
-    return err
 
 
 def load_yaml(path: str | Path) -> Any:
@@ -68,7 +61,4 @@ def load_topology(path: str | Path) -> Topology:
     try:
         return parse_topology(doc)
     except InputError as e:
-        line = f"{Path(path).name}: {e}"
-        err = InputError(e.path, e.value, e.reason)
-        err.args = (line,)
-        raise err from None
+        raise e.prefixed(f"{Path(path).name}: ") from None

@@ -68,10 +68,7 @@ def _topology(doc: Any, path: str) -> Topology:
     try:
         return parse_topology(doc)
     except InputError as e:
-        line = f"{path}{'.' if path else ''}{e}"
-        err = InputError(e.path, e.value, e.reason)
-        err.args = (line,)
-        raise err from None
+        raise e.prefixed(f"{path}." if path else "") from None
 
 
 def _options(d: Any) -> LabOptions:
@@ -156,6 +153,4 @@ def load_lab(path: str | Path) -> LabSpec:
     try:
         return parse_lab(doc, str(Path(path).resolve()))
     except InputError as e:
-        err = InputError(e.path, e.value, e.reason)
-        err.args = (f"{Path(path).name}: {e}",)
-        raise err from None
+        raise e.prefixed(f"{Path(path).name}: ") from None
