@@ -173,21 +173,26 @@ def scale(st: dict[str, Any], sizes: list[int], samples: int = 5) -> list[dict[s
                     want = size + len(nodes) + (written - size)
                 before = {x["name"]: passes(x) for x in nodes}
                 c.put(node_key("default", name), json.dumps(rec))
-                for x in nodes:
-                    deadline = time.monotonic() + 30
-                    while time.monotonic() < deadline:
-                        if passes(x) > before[x["name"]]:
-                            s = probe.agent_status(x, timeout=10) or {}
-                            last = s.get("last_reconcile") or {}
-                            if s.get("nodes") == want and last.get("applied"):
-                                durs.setdefault((kind, x["name"]), []).append((last["duration_s"], last["cpu_s"]))
-                                if kind == "join":
-                                    steps[x["name"]] = last.get("steps_ms", {})
-                                break
+                todo = list(nodes)
+                deadline = time.monotonic() + 30
+                while todo:
+                    # Wait until every agent has made a pass, then read their /status: a status read
+                    # (megabytes of JSON) must not compete with another agent's pass being measured.
+                    while any(passes(x) <= before[x["name"]] for x in todo):
+                        if time.monotonic() > deadline:
+                            raise SystemExit(f"no pass for the {kind} of {name} within 30 s")
+                        time.sleep(0.1)
+                    for x in list(todo):
+                        s = probe.agent_status(x, timeout=10) or {}
+                        last = s.get("last_reconcile") or {}
+                        if s.get("nodes") == want and last.get("applied"):
+                            cpu = last.get("cpu_s", float("nan"))  # agents before cpu_s have none
+                            durs.setdefault((kind, x["name"]), []).append((last["duration_s"], cpu))
+                            if kind == "join":
+                                steps[x["name"]] = last.get("steps_ms", {})
+                            todo.remove(x)
+                        else:  # that pass was another one (a pod scan, say): wait for the next
                             before[x["name"]] = passes(x)
-                        time.sleep(0.05)
-                    else:
-                        raise SystemExit(f"{x['name']}: no pass for the {kind} of {name} within 30 s")
                 time.sleep(0.3)
         for x in nodes:
             touch, join = durs[("touch", x["name"])], durs[("join", x["name"])]

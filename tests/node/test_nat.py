@@ -176,5 +176,12 @@ def test_set_members_are_diffed_against_memory_until_forget(lab: NodeLab):
         assert "10.60.7.0/24" in lab.sh(ns, "ipset", "save", f"{PREFIX}m-mesh4").stdout
         assert "-j MASQUERADE" in lab.sh(ns, "iptables-legacy", "-t", "nat", "-S").stdout
         assert not in_ns(ns, nat.sync, [N("10.42.1.0/24")], [*mesh, N("10.61.0.0/24")], ["pv"])
+        # A /0 is held as its halves; dropping it keeps a half that is also wanted on its own.
+        in_ns(ns, nat.sync, [N("10.42.1.0/24")], [*mesh, N("0.0.0.0/0"), N("0.0.0.0/1")], ["pv"])
+        members = lab.sh(ns, "ipset", "save", f"{PREFIX}m-mesh4").stdout
+        assert "0.0.0.0/1" in members and "128.0.0.0/1" in members and "10.61.0.0/24" not in members
+        in_ns(ns, nat.sync, [N("10.42.1.0/24")], [*mesh, N("0.0.0.0/1")], ["pv"])
+        members = lab.sh(ns, "ipset", "save", f"{PREFIX}m-mesh4").stdout
+        assert "0.0.0.0/1" in members and "128.0.0.0/1" not in members and "10.60.7.0/24" in members
     finally:
         in_ns(ns, nat.cleanup)

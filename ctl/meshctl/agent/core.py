@@ -557,7 +557,9 @@ class Agent:
         """render.node_rows of the last applied view, built once per view (a /status poll at 5,000
         nodes would otherwise rebuild it each time, competing with the loop for the GIL)."""
         cached = self._node_rows
-        if cached is None or cached[0] is not view:
+        # The same admitted topology and plan object (the plan is only reused without remote
+        # clusters, so the same plan also means the same, empty, remotes).
+        if cached is None or cached[0][0] is not view[0] or cached[0][2] is not view[2]:
             cached = (view, node_rows(*view))
             self._node_rows = cached
         return cached[1]
