@@ -163,6 +163,10 @@ def format_status(st: dict[str, Any]) -> str:
     lines.append(f"rejected records ({len(rej)}):" if rej else "rejected records: none")
     for r in rej:
         lines.append(f"  {r.get('name')}: {r.get('reason')}")
+    kv = st.get("kvstore")
+    if kv:
+        role = "writer" if kv.get("writing") else f"standby (writer: {kv.get('writer') or 'none'})"
+        lines.append(f"kvstore mirror: {role}" + (f"  error: {kv['error']}" if kv.get("error") else ""))
     if st.get("remotes"):
         lines += format_clustermesh(st["remotes"], now)
     return "\n".join(lines)

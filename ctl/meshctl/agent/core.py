@@ -36,6 +36,8 @@ log = logging.getLogger("meshctl.agent")
 
 DEBOUNCE_S = 0.005
 POD_SCAN_S = 1.0
+PODS_SETTLE_S = 10.0  # after pod interfaces change, re-read pod routes for this long ...
+PODS_SETTLE_STEP_S = 2.0  # ... every this often
 LIVE_PEERS_TTL_S = 1.0  # /status and /metrics read WireGuard's counters at most this often
 APPLIER_ATTRS = {"wireguard": "_wg", "routes": "_routes", "nat": "_nat"}  # appliers that remember state
 
@@ -103,6 +105,8 @@ class Agent:
         self._attached: tuple[str, ...] | None = None
         self._sysctls_done = False
         self._pod_ifs: list[str] = []
+        self._pods_settle_until = 0.0
+        self._last_pass = 0.0
         self._last_plan: NodePlan | None = None
         self._last_good: ClusterState | None = None
         self._threads: list[threading.Thread] = []
@@ -195,11 +199,15 @@ class Agent:
                 now = time.monotonic()
                 ifs = pod_interfaces(self.cfg.pod_interfaces)
                 due = now >= next_scan
-                if ifs == self._pod_ifs and not due:
+                # A CNI adds a pod's route a moment after its veth: for a while after the pod
+                # interfaces change, pass again every few seconds so the local-pod map catches up.
+                settling = now < self._pods_settle_until and now - self._last_pass >= PODS_SETTLE_STEP_S
+                if ifs == self._pod_ifs and not due and not settling:
                     continue
             time.sleep(DEBOUNCE_S)
             self._wake.clear()
             self._timer_pass = not woke
+            self._last_pass = time.monotonic()
             try:
                 self.reconcile()
             except Exception as e:  # noqa: BLE001 - the loop must survive anything
@@ -436,8 +444,11 @@ class Agent:
             if dp is None or not cfg.private_interface:
                 return
             want = tuple(self._pod_ifs)
+            now = time.monotonic()
             if self._attached != want:
-                dp.attach(cfg.private_interface, cfg.wg_interface, list(want))
+                self._pods_settle_until = now + PODS_SETTLE_S
+            if self._attached != want or self._timer_pass or now < self._pods_settle_until:
+                dp.attach(cfg.private_interface, cfg.wg_interface, list(want))  # also re-reads pod routes
                 self._attached = want
             dp.sync(plan.fastpath, cfg.private_interface)
 
@@ -446,7 +457,9 @@ class Agent:
         step("routes", routes, plan.routes)
         step("sysctls", sysctls)
         step("nat", nat, (me.pod_cidr, cidrs, tuple(self._pod_ifs)))
-        step("datapath", datapath, (plan.fastpath, tuple(self._pod_ifs), self._datapath is not None))
+        settling = time.monotonic() < self._pods_settle_until or tuple(self._pod_ifs) != self._attached
+        step("datapath", datapath,
+             None if settling else (plan.fastpath, tuple(self._pod_ifs), self._datapath is not None))
 
     def _forget(self, part: str) -> None:
         applier = getattr(self, APPLIER_ATTRS.get(part, ""), None)
@@ -551,6 +564,12 @@ class Agent:
         view = getattr(self, "_last_view", None)
         if view is not None:  # built on request: with thousands of nodes it is not free
             st["node_list"] = self._node_list(view)
+        mirror = getattr(self.backend, "mirror", None)  # --kvstore: this cluster published for the mesh
+        if mirror is not None:
+            try:
+                st["kvstore"] = mirror.status()
+            except Exception as e:  # noqa: BLE001 - status must always answer
+                st["kvstore"] = {"error": str(e)}
         return st
 
     def _node_list(self, view: tuple[Topology, list[Remote], NodePlan]) -> list[dict[str, Any]]:

@@ -133,7 +133,7 @@ class StatusServer:
                     ok = healthy()
                     self._send(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n", "text/plain")
                 elif path == "/status":
-                    self._send(200, json.dumps(status_fn(), indent=1, default=str).encode(), "application/json")
+                    self._send(200, json.dumps(status_fn(), default=str).encode(), "application/json")
                 else:
                     self._send(404, b"not found\n", "text/plain")
 
