@@ -39,7 +39,7 @@ def _admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[R
     claims = Claims()
     internal: dict[object, str] = {}
     for n in local.nodes:
-        claims.add(n.pod_cidr, ("local node ", n))
+        claims.add(n.pod_span, ("local node ", n))
         if n.internal_ip is not None:
             internal[n.internal_ip.ip] = f"local node {n.name}"
     claims.add(local.mesh.subnet, f"the local WireGuard subnet {local.mesh.subnet}")

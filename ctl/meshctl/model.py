@@ -104,6 +104,24 @@ class Node:
     def qualified_name(self) -> str:
         return f"{self.cluster}/{self.name}" if self.cluster else self.name
 
+    def __hash__(self) -> int:
+        # Computed once per record: plans memoise per segment on tuples of thousands of nodes, and
+        # hashing every field of every node on every reconcile cost more than the plan itself.
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f) for f in _NODE_FIELDS))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    @functools.cached_property
+    def pod_span(self) -> tuple[int, int, int]:
+        """(version, first, last) of the pod CIDR as integers, for overlap checks."""
+        first = int(self.pod_cidr.network_address)
+        return self.pod_cidr.version, first, first + (1 << (self.pod_cidr.max_prefixlen - self.pod_cidr.prefixlen)) - 1
+
+
+_NODE_FIELDS = tuple(f for f in Node.__dataclass_fields__)
+
 
 @dataclass(frozen=True)
 class Peer:

@@ -317,6 +317,9 @@ def parse_cluster(d: Any, path: str) -> Cluster:
 # --- checks between records -------------------------------------------------------------------
 
 
+Span = tuple[int, int, int]  # (IP version, first address, last address) as integers
+
+
 @functools.lru_cache(maxsize=65536)
 def _span(net: IPNetwork) -> tuple[int, int, int]:
     """(version, first, last) of a network as integers (cheaper than broadcast_address; cached:
@@ -339,8 +342,9 @@ class Claims:
         # described only when someone conflicts with it (formatting 5,000 addresses is not free).
         self._items: list[tuple[int, int, int, str | tuple[str, Node]]] = []
 
-    def conflict(self, net: IPNetwork) -> str | None:
-        version, first, last = _span(net)
+    def conflict(self, net: IPNetwork | Span) -> str | None:
+        """Who holds anything overlapping `net` (a network or its precomputed span), or None."""
+        version, first, last = net if isinstance(net, tuple) else _span(net)
         i = bisect.bisect_right(self._starts, (version, first))
         # Claims are disjoint and sorted: only the one starting at or before `first` and the first
         # one starting after it can overlap.
@@ -354,8 +358,8 @@ class Claims:
                     return owner
         return None
 
-    def add(self, net: IPNetwork, owner: str | tuple[str, Node]) -> None:
-        version, first, last = _span(net)
+    def add(self, net: IPNetwork | Span, owner: str | tuple[str, Node]) -> None:
+        version, first, last = net if isinstance(net, tuple) else _span(net)
         i = bisect.bisect_left(self._starts, (version, first))
         self._starts.insert(i, (version, first))
         self._items.insert(i, (version, first, last, owner))
@@ -391,11 +395,12 @@ def admit_nodes(
         if n.name in names:
             rejected.append(Rejection(n.qualified_name, f"{where}.name: {n.name!r} is a duplicate node name"))
             continue
-        if subnet_span is not None and _overlap(_span(n.pod_cidr), subnet_span):
+        span = n.pod_span
+        if subnet_span is not None and _overlap(span, subnet_span):
             rejected.append(Rejection(n.qualified_name, f"{where}.pod_cidr: {str(n.pod_cidr)!r} overlaps the "
                                       f"WireGuard subnet {subnet}"))
             continue
-        owner = claims.conflict(n.pod_cidr)
+        owner = claims.conflict(span)
         if owner is not None:
             rejected.append(Rejection(n.qualified_name, f"{where}.pod_cidr: {str(n.pod_cidr)!r} overlaps {owner}"))
             continue
@@ -404,7 +409,7 @@ def admit_nodes(
                                       f"used by {internal_ips[n.internal_ip.ip]}"))
             continue
         names.add(n.name)
-        claims.add(n.pod_cidr, ("", n))
+        claims.add(span, ("", n))
         if n.internal_ip is not None:
             internal_ips[n.internal_ip.ip] = n.qualified_name
         admitted.append(n)

@@ -107,6 +107,7 @@ class Agent:
         self._pod_ifs: list[str] = []
         self._pods_settle_until = 0.0
         self._last_pass = 0.0
+        self._settle_pass = False  # this pass only re-reads pod routes while pod interfaces settle
         self._last_plan: NodePlan | None = None
         self._last_good: ClusterState | None = None
         self._threads: list[threading.Thread] = []
@@ -204,6 +205,9 @@ class Agent:
                 settling = now < self._pods_settle_until and now - self._last_pass >= PODS_SETTLE_STEP_S
                 if ifs == self._pod_ifs and not due and not settling:
                     continue
+                self._settle_pass = settling and ifs == self._pod_ifs and not due
+            else:
+                self._settle_pass = False
             time.sleep(DEBOUNCE_S)
             self._wake.clear()
             self._timer_pass = not woke
@@ -447,7 +451,7 @@ class Agent:
             now = time.monotonic()
             if self._attached != want:
                 self._pods_settle_until = now + PODS_SETTLE_S
-            if self._attached != want or self._timer_pass or now < self._pods_settle_until:
+            if self._attached != want or self._timer_pass or self._settle_pass:
                 dp.attach(cfg.private_interface, cfg.wg_interface, list(want))  # also re-reads pod routes
                 self._attached = want
             dp.sync(plan.fastpath, cfg.private_interface)
@@ -457,7 +461,7 @@ class Agent:
         step("routes", routes, plan.routes)
         step("sysctls", sysctls)
         step("nat", nat, (me.pod_cidr, cidrs, tuple(self._pod_ifs)))
-        settling = time.monotonic() < self._pods_settle_until or tuple(self._pod_ifs) != self._attached
+        settling = self._settle_pass or tuple(self._pod_ifs) != self._attached
         step("datapath", datapath,
              None if settling else (plan.fastpath, tuple(self._pod_ifs), self._datapath is not None))
 
