@@ -31,6 +31,9 @@ lab-down: setup
 
 bench: setup
 	@$(PY) bench/plan_scale.py
+	@$(PY) bench/datapath.py
+	@cd bench && ../$(PY) convergence.py
+	@cd bench && ../$(PY) clustermesh.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info ctl/*.egg-info
