@@ -322,6 +322,28 @@ def wait_converged(st: dict[str, Any], progress: Progress, timeout: float, hold:
     if pending:
         raise MeshError("agents did not converge within "
                         f"{timeout:.0f} s: " + "; ".join(f"{k}: {last_reason.get(k, '?')}" for k in pending))
+    _wait_datapaths(st, progress, deadline, hold)
+
+
+def _wait_datapaths(st: dict[str, Any], progress: Progress, deadline: float, hold: tuple[str, ...]) -> None:
+    """Until every agent's fast path has loaded (or fallen back): traffic flows before that through
+    kernel routes, but `lab check` right after `lab up` should show the paths users will get."""
+    from .probe import agent_status
+
+    loading = [n for c in st["clusters"] for n in c["nodes"]
+               if n.get("pid") and n["name"] not in hold and f"{c['name']}/{n['name']}" not in hold]
+    modes: dict[str, str] = {}
+    while loading and time.monotonic() < deadline:
+        for n in list(loading):
+            mode = ((agent_status(n, timeout=0.5) or {}).get("datapath") or {}).get("mode")
+            if mode and mode != "loading":
+                modes[n["name"]] = mode
+                loading.remove(n)
+        if loading:
+            time.sleep(0.2)
+    if modes:
+        summary = ", ".join(f"{m} on {sum(1 for x in modes.values() if x == m)}" for m in sorted(set(modes.values())))
+        progress(f"datapath: {summary}" + (f"; still loading on {len(loading)}" if loading else ""))
 
 
 def etcd_server(st: dict[str, Any], cluster: str) -> tuple[EtcdServer, pki.CertFiles]:
