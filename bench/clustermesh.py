@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from convergence import RouteWatch, passes, pct, rss_mb, synth_record
+from convergence import measure_joins, passes, pct, rss_mb, synth_record
 from meshctl.etcdbackend import node_key
 from meshctl.lab import build, probe
 from meshctl.lab.spec import parse_lab
@@ -46,29 +46,8 @@ def client(st: dict[str, Any], name: str):
 
 
 def remote_joins(st: dict[str, Any], n: int) -> list[float]:
-    kv = client(st, "cluster2")
-    watchers = cluster(st, "cluster1")["nodes"]
-    watches = [RouteWatch(x["netns"]) for x in watchers]
-    time.sleep(0.3)
-    out = []
-    try:
-        for i in range(n):
-            name, rec = synth_record(800000 + i, locations=1)
-            rec.update(location=f"join-{i}", pod_cidr=f"10.126.{i}.0/24", internal_ip=f"172.30.{i}.1/24")
-            t0 = time.monotonic()
-            kv.put(node_key("cluster2", name), json.dumps(rec))
-            dst = rec["pod_cidr"]
-            while time.monotonic() < t0 + 10 and not all(dst in w.seen for w in watches):
-                time.sleep(0.002)
-            if not all(dst in w.seen for w in watches):
-                raise SystemExit(f"remote join {i}: cluster1 did not install {dst} within 10 s")
-            out.append(max(w.seen[dst] for w in watches) - t0)
-            kv.delete(node_key("cluster2", name))
-            time.sleep(0.2)
-    finally:
-        for w in watches:
-            w.stop()
-    return out
+    """Records written to cluster2's etcd, routes watched on every cluster1 agent."""
+    return measure_joins(client(st, "cluster2"), "cluster2", cluster(st, "cluster1")["nodes"], n, second_octet=126)
 
 
 def last_reconcile(node: dict[str, Any]) -> dict[str, Any]:

@@ -92,19 +92,23 @@ def pct(xs: list[float], p: float) -> float:
 
 
 def joins(st: dict[str, Any], n: int) -> list[float]:
-    c = client_for(st)
-    nodes = [x for x in st["clusters"][0]["nodes"]]
-    watches = [RouteWatch(x["netns"]) for x in nodes]
+    return measure_joins(client_for(st), "default", st["clusters"][0]["nodes"], n)
+
+
+def measure_joins(c: EtcdClient, cluster: str, watchers: list[dict[str, Any]], n: int,
+                  second_octet: int = 127) -> list[float]:
+    """Write `n` node records (one at a time) into `cluster`'s etcd; for each, the time until every
+    watcher node has the route to its pod CIDR in its kernel table. Each record is deleted after."""
+    watches = [RouteWatch(x["netns"]) for x in watchers]
     time.sleep(0.3)
     out = []
     try:
         for i in range(n):
             name, rec = synth_record(900000 + i, locations=1)
-            rec["location"] = f"join-{i}"
-            rec["pod_cidr"] = f"10.127.{i}.0/24"
-            rec["internal_ip"] = f"172.31.{i}.1/24"
+            rec.update(location=f"join-{i}", pod_cidr=f"10.{second_octet}.{i}.0/24",
+                       internal_ip=f"172.{second_octet - 96}.{i}.1/24")
             t0 = time.monotonic()
-            c.put(node_key("default", name), json.dumps(rec))
+            c.put(node_key(cluster, name), json.dumps(rec))
             dst = rec["pod_cidr"]
             deadline = t0 + 10
             while time.monotonic() < deadline and not all(dst in w.seen for w in watches):
@@ -112,7 +116,7 @@ def joins(st: dict[str, Any], n: int) -> list[float]:
             if not all(dst in w.seen for w in watches):
                 raise SystemExit(f"join {i}: not every agent installed {dst} within 10 s")
             out.append(max(w.seen[dst] for w in watches) - t0)
-            c.delete(node_key("default", name))
+            c.delete(node_key(cluster, name))
             time.sleep(0.2)
     finally:
         for w in watches:

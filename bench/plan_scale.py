@@ -15,9 +15,10 @@ import time
 
 sys.path.insert(0, "ctl")
 
+import ipaddress  # noqa: E402
+
 from meshctl.model import Endpoint, MeshSettings, Node, Topology  # noqa: E402
 from meshctl.plan import plan_node  # noqa: E402
-import ipaddress  # noqa: E402
 
 
 def make_topology(n: int, locations: int, granularity: str) -> Topology:

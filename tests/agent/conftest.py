@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from meshctl import netns
 from meshctl.etcd import pki
 from meshctl.etcd.process import EtcdServer
+from tests.waiting import wait_for  # noqa: F401 - re-exported for the tests here
 
 
 @pytest.fixture
@@ -38,12 +37,3 @@ def etcd_tls(request: pytest.FixtureRequest) -> Iterator[tuple[EtcdServer, pki.C
         shutil.rmtree(d, ignore_errors=True)
 
 
-def wait_for(pred: Callable[[], Any], timeout: float = 5.0, step: float = 0.02) -> Any:
-    """pred()'s first truthy value within `timeout` s (else its last value)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(step)
-    return pred()

@@ -14,6 +14,7 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node as KNode
 
 from meshctl.kube import nodes as A
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -47,13 +48,7 @@ def create_node(c: Client, obj: dict[str, Any]) -> None:
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition", poll: float = 0.05) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(poll)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(cond, timeout, what, poll)
 
 
 class Running:

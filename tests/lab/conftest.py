@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import itertools
 import os
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,6 +14,7 @@ import pytest
 from meshctl.lab import build, probe
 from meshctl.lab import state as labstate
 from meshctl.lab.spec import parse_lab
+from tests.waiting import wait_for  # noqa: F401 - re-exported for the tests here
 
 _counter = itertools.count()
 
@@ -64,16 +64,6 @@ def status(st: dict[str, Any], name: str) -> dict[str, Any]:
     s = probe.agent_status(node_of(st, name))
     assert s is not None, f"no status from {name}"
     return s
-
-
-def wait_for(pred: Callable[[], Any], timeout: float = 10.0, step: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(step)
-    return pred()
 
 
 def pair(st: dict[str, Any], src: str, dst: str, count: int = 5) -> probe.PairResult:
