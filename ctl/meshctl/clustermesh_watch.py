@@ -16,8 +16,12 @@ backoff. The records themselves are judged by the pure `clustermesh.admit_remote
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import hashlib
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,7 +35,7 @@ from . import validate as v
 from .backend import ClusterState
 from .clustermesh import admit_remotes
 from .errors import InputError, MeshError
-from .etcd import EtcdClient, EtcdError
+from .etcd import EtcdClient, EtcdError, KeyValue
 from .etcdbackend import ROOT, EtcdBackend, cluster_key
 from .model import Cluster, Topology
 from .plan import Remote
@@ -77,6 +81,15 @@ def parse_config(path: Path) -> RemoteConfig:
     return RemoteConfig(name, tuple(eps), ca, files["cert-file"], files["key-file"])
 
 
+def config_fingerprint(cfg: RemoteConfig) -> str:
+    """What a saved view was learned under: endpoints, certificate paths and the CA's content."""
+    h = hashlib.sha256(json.dumps([cfg.endpoints, cfg.ca_file, cfg.cert_file, cfg.key_file]).encode())
+    if cfg.ca_file:
+        with contextlib.suppress(OSError):
+            h.update(Path(cfg.ca_file).read_bytes())
+    return h.hexdigest()
+
+
 class _ReadOnlyEtcdBackend(EtcdBackend):
     """A remote cluster's records: the same mirror as the local backend, but it never writes
     (no lease, no cluster record) and it reads the cluster's published identity."""
@@ -86,6 +99,26 @@ class _ReadOnlyEtcdBackend(EtcdBackend):
 
     def _keepalive_loop(self, stop: threading.Event) -> None:
         pass
+
+    def dump(self) -> dict[str, Any]:
+        """The mirror as JSON-able data (what `restore` takes back)."""
+        with self._lock:
+            kvs = list(self._kvs.values())
+            rev = self._revision
+        return {"revision": rev, "kvs": [{"key": kv.key, "value": base64.b64encode(kv.value).decode(),
+                                          "create_revision": kv.create_revision, "mod_revision": kv.mod_revision}
+                                         for kv in kvs]}
+
+    def restore(self, data: dict[str, Any]) -> None:
+        """Fill the mirror from `dump` output: a view to plan with until the live one has synced."""
+        kvs = {d["key"]: KeyValue(d["key"], base64.b64decode(d["value"]), int(d["create_revision"]),
+                                  int(d["mod_revision"])) for d in data["kvs"]}
+        with self._lock:
+            self._kvs = kvs
+            self._revision = int(data["revision"])
+            self._synced = True
+            self._ready = False
+            self._reason = "not connected yet: planning with the view saved before the agent restarted"
 
     def view_key(self) -> tuple[Any, ...]:
         """Changes whenever snapshot() could: lets callers reuse a snapshot of thousands of records."""
@@ -107,8 +140,14 @@ class _ReadOnlyEtcdBackend(EtcdBackend):
 class RemoteCluster:
     """One remote cluster: its connection thread and its status."""
 
-    def __init__(self, cfg: RemoteConfig, changed: Callable[[], None], previous: RemoteCluster | None = None) -> None:
+    def __init__(self, cfg: RemoteConfig, changed: Callable[[], None], previous: RemoteCluster | None = None,
+                 cache_file: Path | None = None) -> None:
         self.cfg = cfg
+        # The last good view is saved here, so an agent restarted while this cluster's etcd is
+        # away still plans with it (learned routes stay, as they do without a restart).
+        self.cache_file = cache_file
+        self._dirty = False
+        self._saved_at = 0.0
         # A changed file (a rotated certificate, a new endpoint) reconnects; until the new
         # connection has synced, the previous one's last view keeps the routes in place.
         self.previous = previous
@@ -139,11 +178,44 @@ class RemoteCluster:
             self._snap = (key, self.backend.snapshot())
         return self._snap[1]
 
+    @classmethod
+    def from_cache(cls, cfg: RemoteConfig, cache_file: Path) -> RemoteCluster | None:
+        """A never-started stand-in holding the view saved by an earlier agent, or None. A view
+        saved under another configuration (other endpoints or trust) is not used: it was learned
+        from a source the current file no longer vouches for."""
+        try:
+            data = json.loads(cache_file.read_text())
+            if data.get("config") != config_fingerprint(cfg):
+                log.info("clustermesh %s: the saved view was learned under another configuration; not used",
+                         cfg.name)
+                return None
+            rc = cls(cfg, lambda: None)
+            rc.backend.restore(data)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("clustermesh %s: ignoring the saved view %s: %s", cfg.name, cache_file, e)
+            return None
+        return rc
+
+    def save_if_dirty(self, min_interval: float = 2.0) -> None:
+        """Write the mirror to the cache file (atomically), at most every `min_interval` s."""
+        if not (self._dirty and self.cache_file) or time.monotonic() - self._saved_at < min_interval:
+            return
+        self._dirty = False
+        self._saved_at = time.monotonic()
+        try:
+            self.cache_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.cache_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({**self.backend.dump(), "config": config_fingerprint(self.cfg)}))
+            os.replace(tmp, self.cache_file)
+        except OSError as e:
+            log.warning("clustermesh %s: cannot save the view to %s: %s", self.cfg.name, self.cache_file, e)
+
     def _on_change(self) -> None:
         now = time.time()
         snap_ready = self.snapshot().ready
         if snap_ready:
             self.last_sync = now
+            self._dirty = True
         if self._was_ready and not snap_ready:
             self.reconnects += 1
         self._was_ready = snap_ready
@@ -210,8 +282,9 @@ class RemoteClusters:
     """Every remote cluster of `--clustermesh-dir`, for the agent's reconcile loop."""
 
     def __init__(self, directory: str | Path, local: Cluster, changed: Callable[[], None], *,
-                 poll: float = 0.5) -> None:
+                 poll: float = 0.5, cache_dir: str | Path | None = None) -> None:
         self.dir = Path(directory)
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.local = local
         self._changed = changed
         self.poll = poll
@@ -234,10 +307,17 @@ class RemoteClusters:
             for r in self._remotes.values():
                 r.stop()
 
+    def _cache_file(self, name: str) -> Path | None:
+        return self.cache_dir / f"{name}.json" if self.cache_dir is not None else None
+
     def _watch_dir(self) -> None:
         while not self._stop.wait(self.poll):
             try:
                 self._scan()
+                with self._lock:
+                    remotes = list(self._remotes.values())
+                for r in remotes:
+                    r.save_if_dirty()
             except Exception as e:  # keep watching whatever one scan met
                 log.exception("clustermesh dir: %s", e)
 
@@ -257,6 +337,9 @@ class RemoteClusters:
                 if r is not None:
                     log.info("clustermesh: %s removed; draining its routes", name)
                     r.stop()
+                cache = self._cache_file(name)
+                if cache is not None:
+                    cache.unlink(missing_ok=True)
             for fname, mtime in files.items():
                 if self._seen.get(fname) == mtime:
                     continue
@@ -274,7 +357,10 @@ class RemoteClusters:
                 if old is not None:
                     old.stop()
                     old.previous = None
-                r = RemoteCluster(cfg, self._changed, previous=old)
+                cache = self._cache_file(cfg.name)
+                if old is None and cache is not None and cache.exists():
+                    old = RemoteCluster.from_cache(cfg, cache)
+                r = RemoteCluster(cfg, self._changed, previous=old, cache_file=cache)
                 self._remotes[cfg.name] = r
                 r.start()
                 log.info("clustermesh: connecting to %s at %s", cfg.name, ", ".join(cfg.endpoints))

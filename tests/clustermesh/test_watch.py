@@ -213,3 +213,59 @@ def test_changed_file_reconnects_and_keeps_the_view_until_the_new_one_syncs(remo
     wait_for(lambda: rc.status()["clusters"][0]["ready"], timeout=10)
     remote.kv.delete(node_key("cluster2", "g4"))
     wait_for(lambda: "cluster2/g4" not in nodes_of(rc))
+
+
+def test_a_restarted_agent_plans_with_the_saved_view_while_the_remote_etcd_is_away(remote: Remote,
+                                                                                  tmp_path: Path) -> None:
+    d, cache = tmp_path / "cm", tmp_path / "state" / "clustermesh"
+    d.mkdir()
+    remote.publish(CLUSTER2)
+    (d / "cluster2").write_text(yaml.safe_dump(remote.config()))
+    first = RemoteClusters(d, Cluster("cluster1", 1), lambda: None, poll=0.1, cache_dir=cache)
+    first.start()
+    try:
+        wait_for(lambda: len(nodes_of(first)) == 4)
+        wait_for(lambda: (cache / "cluster2.json").exists(), timeout=5)
+    finally:
+        first.stop()
+    remote.etcd.stop()
+    # "restart": a new watcher, the remote etcd unreachable
+    second = RemoteClusters(d, Cluster("cluster1", 1), lambda: None, poll=0.1, cache_dir=cache)
+    second.start()
+    try:
+        assert nodes_of(second) == {"cluster2/g1", "cluster2/g2", "cluster2/g3", "cluster2/g4"}
+        c = second.status()["clusters"][0]
+        assert not c["ready"] and not c["connected"]
+        remote.etcd.start(client_tls=remote.client_cert)
+        wait_for(lambda: second.status()["clusters"][0]["ready"], timeout=10)
+        remote.kv.delete(node_key("cluster2", "g4"))
+        wait_for(lambda: "cluster2/g4" not in nodes_of(second))
+        # removing the file drains the cluster and forgets its saved view
+        (d / "cluster2").unlink()
+        wait_for(lambda: nodes_of(second) == set())
+        wait_for(lambda: not (cache / "cluster2.json").exists(), timeout=5)
+    finally:
+        second.stop()
+
+
+def test_a_view_saved_under_another_trust_is_not_used(remote: Remote, tmp_path: Path) -> None:
+    d, cache = tmp_path / "cm", tmp_path / "state" / "clustermesh"
+    d.mkdir()
+    remote.publish(CLUSTER2)
+    (d / "cluster2").write_text(yaml.safe_dump(remote.config()))
+    first = RemoteClusters(d, Cluster("cluster1", 1), lambda: None, poll=0.1, cache_dir=cache)
+    first.start()
+    try:
+        wait_for(lambda: len(nodes_of(first)) == 4)
+        wait_for(lambda: (cache / "cluster2.json").exists(), timeout=5)
+    finally:
+        first.stop()
+    other = make_ca(tmp_path / "other-pki", "someone-else")
+    (d / "cluster2").write_text(yaml.safe_dump(remote.config(ca=other.cert)))
+    second = RemoteClusters(d, Cluster("cluster1", 1), lambda: None, poll=0.1, cache_dir=cache)
+    second.start()
+    try:
+        wait_for(lambda: "TLS" in second.status()["clusters"][0]["reason"], timeout=10)
+        assert nodes_of(second) == set()
+    finally:
+        second.stop()

@@ -76,7 +76,8 @@ def remotes_factory(cfg: AgentConfig) -> Any:
     def make(wake: Any) -> Any:
         from ..clustermesh_watch import RemoteClusters
 
-        return RemoteClusters(cfg.clustermesh_dir, Cluster(cfg.cluster_name, cfg.cluster_id), changed=wake)
+        return RemoteClusters(cfg.clustermesh_dir, Cluster(cfg.cluster_name, cfg.cluster_id), changed=wake,
+                              cache_dir=cfg.state_dir / "clustermesh")
 
     return make
 
