@@ -78,7 +78,6 @@ class Datapath:
         self._loaded = loaded
         self._tc_fallback = False
         self._routes_written: dict[bytes, bytes] | None = None
-        self._last_entries: tuple[int, frozenset[FastPathEntry]] | None = None  # (ifindex, entries) of the last sync
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -237,23 +236,11 @@ class Datapath:
         """Diff the plan's entries against the pinned LPM map; change only what differs."""
         if self._loaded is None:
             return SyncStats(0, 0, 0)
-        ifindex = links.ifindex(private_if)
-        wanted = frozenset(entries)
-        last = self._last_entries
-        if self._routes_written is not None and last is not None and last[0] == ifindex:
-            # Encode only the entries that changed since the last sync (a plan of 5,000 remote
-            # nodes changes by one entry when one node joins; re-encoding all of it cost ~0.1 s).
-            desired = dict(self._routes_written)
-            for key in layout.route_table(last[1] - wanted, ifindex):
-                desired.pop(key, None)
-            desired.update(layout.route_table(wanted - last[1], ifindex))
-        else:
-            desired = layout.route_table(entries, ifindex)
+        desired = layout.route_table(entries, links.ifindex(private_if))
         # The first sync after open diffs against the pinned map itself; later ones against what
         # this agent wrote (reading 100,000 entries back costs 0.2 s, more than the whole diff).
         stats = self._loaded.maps.routes.sync(desired, self._routes_written)
         self._routes_written = desired
-        self._last_entries = (ifindex, wanted)
         return stats
 
     def counters(self) -> dict[str, tuple[int, int]]:
