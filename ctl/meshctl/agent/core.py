@@ -108,6 +108,7 @@ class Agent:
         self._pods_settle_until = 0.0
         self._last_pass = 0.0
         self._settle_pass = False  # this pass only re-reads pod routes while pod interfaces settle
+        self._dp_synced = False
         self._last_plan: NodePlan | None = None
         self._last_good: ClusterState | None = None
         self._threads: list[threading.Thread] = []
@@ -455,6 +456,7 @@ class Agent:
                 dp.attach(cfg.private_interface, cfg.wg_interface, list(want))  # also re-reads pod routes
                 self._attached = want
             dp.sync(plan.fastpath, cfg.private_interface)
+            self._dp_synced = True
 
         mtu_src = cfg.private_interface
         step("wireguard", wireguard, (plan.peers, plan.wireguard_ip, topo.mesh.port, mtu_src))
@@ -558,7 +560,9 @@ class Agent:
         except Exception as e:  # noqa: BLE001
             counters = {}
             log.debug("datapath counters: %s", e)
-        return {"mode": dp.mode, "reason": getattr(dp, "reason", ""), "counters": counters}
+        # synced: the maps hold a plan (until then an ebpf datapath passes everything to the kernel)
+        return {"mode": dp.mode, "reason": getattr(dp, "reason", ""), "counters": counters,
+                "synced": self._dp_synced}
 
     def status(self) -> dict[str, Any]:
         """The /status JSON (also what the metrics collector reads)."""

@@ -335,8 +335,9 @@ def _wait_datapaths(st: dict[str, Any], progress: Progress, deadline: float, hol
     modes: dict[str, str] = {}
     while loading and time.monotonic() < deadline:
         for n in list(loading):
-            mode = ((agent_status(n, timeout=0.5) or {}).get("datapath") or {}).get("mode")
-            if mode and mode != "loading":
+            dp = (agent_status(n, timeout=0.5) or {}).get("datapath") or {}
+            mode = dp.get("mode")
+            if mode == "kernel-routes" or (mode == "ebpf" and dp.get("synced")):
                 modes[n["name"]] = mode
                 loading.remove(n)
         if loading:
