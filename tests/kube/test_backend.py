@@ -129,7 +129,7 @@ def test_a_stale_watch_relists(api, kclient):
         # A dropped watch with history still there: resume from the last version, no relist.
         api.store.drop_watches()
         create_node(kclient, node_obj("a3", "10.42.3.0/24", key=3, ann=loc("a")))
-        wait_for(lambda: len(be.snapshot().nodes) == 3, what="a3 after resume")
+        wait_for(lambda: len(be.snapshot().nodes) == 3, timeout=30, what="a3 after resume")
         assert be.stats["relists"] == relists and be.stats["gone"] == 0
 
         # A partition: the backend misses a delete and an add, the history is compacted, the

@@ -574,6 +574,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
+        # The stream ends with the connection: say so, or a client reuses it for its next watch and
+        # meets a socket the server is closing.
+        self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
         initial: list[JSON] = []
