@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -293,6 +293,7 @@ class RemoteClusters:
         self._errors: dict[str, str] = {}          # file name -> why it cannot be used
         self._seen: dict[str, float] = {}          # file name -> mtime
         self._status: dict[str, dict[str, Any]] = {}
+        self._status_key: tuple[Any, ...] | None = None
         self._rejections: dict[str, list[Rejection]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch_dir, name="clustermesh-dir", daemon=True)
@@ -392,7 +393,7 @@ class RemoteClusters:
                 "endpoints": list(r.cfg.endpoints),
                 "connected": snap.ready,
                 "last_change": r.last_change or None,
-                "last_sync_age": round(time.time() - r.last_sync, 3) if r.last_sync else None,
+                "last_sync": r.last_sync or None,  # the age is worked out when status() is read
                 "reconnects": r.reconnects,
             }
             if st is not None:
@@ -401,11 +402,17 @@ class RemoteClusters:
         for fname, err in errors.items():
             name = _cluster_of(fname)
             status[name] = {"name": name, "ready": False, "reason": err, "nodes": 0, "record_rejections": [],
-                            "endpoints": [], "connected": False, "last_change": None, "last_sync_age": None,
+                            "endpoints": [], "connected": False, "last_change": None, "last_sync": None,
                             "reconnects": 0}
         with self._lock:
             self._status = status
+            self._status_key = self._views_key()
         return out
+
+    def _views_key(self) -> tuple[Any, ...]:
+        """Changes whenever a remote's view, connection or the file set does (call with _lock held)."""
+        return (tuple((n, r.backend.view_key()) for n, r in sorted(self._remotes.items())),
+                tuple(sorted(self._errors.items())))
 
     def admit(self, local: Topology) -> tuple[list[Remote], list[Rejection]]:
         """The remote records that may join the local plan (clustermesh.admit_remotes), with the
@@ -422,12 +429,17 @@ class RemoteClusters:
     def status(self) -> dict[str, Any]:
         """The ClusterMesh block of `/status` (`ClusterMesh: 1/1 remote clusters ready`): per
         cluster, ready or why not, nodes, rejected records (unparsable ones and those refused by
-        admission), endpoints, connection, last change. Computed fresh on every call."""
-        self.states()
+        admission), endpoints, connection, last change. Current on every call: recomputed only when
+        a remote view changed since the last `states()` (the reconcile pass that just ran it)."""
+        with self._lock:
+            stale = self._status_key != self._views_key()
+        if stale:
+            self.states()
         with self._lock:
             base = [dict(self._status[k]) for k in sorted(self._status)]
             per = dict(self._rejections)
         clusters = []
+        now = time.time()
         for c in base:
             admitted_out = per.get(c["name"], [])
             refused = next((r.reason for r in admitted_out if r.name == c["name"]), None)
@@ -435,6 +447,9 @@ class RemoteClusters:
                                                         for r in admitted_out if r.name != c["name"]]
             if refused:
                 c["ready"], c["reason"] = False, refused
+            synced = c.pop("last_sync")
+            # while the view is current (connected) it is current now; else its age grows
+            c["last_sync_age"] = 0.0 if c["connected"] else (round(now - synced, 3) if synced else None)
             c["rejected"] = len(rejections)
             c["rejections"] = rejections[:50]
             clusters.append(c)
@@ -448,7 +463,3 @@ def _cluster_of(fname: str) -> str:
 
 def summary_line(status: dict[str, Any]) -> str:
     return f"ClusterMesh: {status['ready']}/{status['total']} remote clusters ready"
-
-
-def remote_node_names(remotes: Sequence[Remote]) -> list[str]:
-    return [n.qualified_name for r in remotes for n in r.nodes]

@@ -37,6 +37,17 @@ _NON_PUBLIC = tuple(
 )
 
 
+Span = tuple[int, int, int]  # (IP version, first address, last address) as integers
+
+
+@functools.lru_cache(maxsize=65536)
+def span(net: IPNetwork) -> Span:
+    """A network as integers (cheaper to compare than broadcast_address; cached: records keep
+    their network objects from one reconcile to the next)."""
+    first = int(net.network_address)
+    return net.version, first, first + (1 << (net.max_prefixlen - net.prefixlen)) - 1
+
+
 @dataclass(frozen=True, order=True)
 class Endpoint:
     """A WireGuard endpoint: an IP literal or a DNS name, and a port."""
@@ -114,10 +125,9 @@ class Node:
         return h
 
     @functools.cached_property
-    def pod_span(self) -> tuple[int, int, int]:
-        """(version, first, last) of the pod CIDR as integers, for overlap checks."""
-        first = int(self.pod_cidr.network_address)
-        return self.pod_cidr.version, first, first + (1 << (self.pod_cidr.max_prefixlen - self.pod_cidr.prefixlen)) - 1
+    def pod_span(self) -> Span:
+        """The pod CIDR's span, computed once per record (overlap checks run every reconcile)."""
+        return span(self.pod_cidr)
 
 
 _NODE_FIELDS = tuple(f for f in Node.__dataclass_fields__)

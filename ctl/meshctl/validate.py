@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import bisect
-import functools
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,6 +26,8 @@ from .model import (
     MeshSettings,
     Node,
     Peer,
+    Span,
+    span,
 )
 
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -317,17 +318,6 @@ def parse_cluster(d: Any, path: str) -> Cluster:
 # --- checks between records -------------------------------------------------------------------
 
 
-Span = tuple[int, int, int]  # (IP version, first address, last address) as integers
-
-
-@functools.lru_cache(maxsize=65536)
-def _span(net: IPNetwork) -> tuple[int, int, int]:
-    """(version, first, last) of a network as integers (cheaper than broadcast_address; cached:
-    records keep their network objects from one reconcile to the next)."""
-    first = int(net.network_address)
-    return net.version, first, first + (1 << (net.max_prefixlen - net.prefixlen)) - 1
-
-
 def _overlap(a: tuple[int, int, int], b: tuple[int, int, int]) -> bool:
     return a[0] == b[0] and a[1] <= b[2] and b[1] <= a[2]
 
@@ -344,7 +334,7 @@ class Claims:
 
     def conflict(self, net: IPNetwork | Span) -> str | None:
         """Who holds anything overlapping `net` (a network or its precomputed span), or None."""
-        version, first, last = net if isinstance(net, tuple) else _span(net)
+        version, first, last = net if isinstance(net, tuple) else span(net)
         i = bisect.bisect_right(self._starts, (version, first))
         # Claims are disjoint and sorted: only the one starting at or before `first` and the first
         # one starting after it can overlap.
@@ -359,7 +349,7 @@ class Claims:
         return None
 
     def add(self, net: IPNetwork | Span, owner: str | tuple[str, Node]) -> None:
-        version, first, last = net if isinstance(net, tuple) else _span(net)
+        version, first, last = net if isinstance(net, tuple) else span(net)
         i = bisect.bisect_left(self._starts, (version, first))
         self._starts.insert(i, (version, first))
         self._items.insert(i, (version, first, last, owner))
@@ -389,18 +379,18 @@ def admit_nodes(
     names: set[str] = set()
     admitted: list[Node] = []
     rejected: list[Rejection] = []
-    subnet_span = _span(subnet) if subnet is not None else None
+    subnet_span = span(subnet) if subnet is not None else None
     for i, n in enumerate(nodes):
         where = f"{label}[{i}]"
         if n.name in names:
             rejected.append(Rejection(n.qualified_name, f"{where}.name: {n.name!r} is a duplicate node name"))
             continue
-        span = n.pod_span
-        if subnet_span is not None and _overlap(span, subnet_span):
+        pod = n.pod_span
+        if subnet_span is not None and _overlap(pod, subnet_span):
             rejected.append(Rejection(n.qualified_name, f"{where}.pod_cidr: {str(n.pod_cidr)!r} overlaps the "
                                       f"WireGuard subnet {subnet}"))
             continue
-        owner = claims.conflict(span)
+        owner = claims.conflict(pod)
         if owner is not None:
             rejected.append(Rejection(n.qualified_name, f"{where}.pod_cidr: {str(n.pod_cidr)!r} overlaps {owner}"))
             continue
@@ -409,7 +399,7 @@ def admit_nodes(
                                       f"used by {internal_ips[n.internal_ip.ip]}"))
             continue
         names.add(n.name)
-        claims.add(span, ("", n))
+        claims.add(pod, ("", n))
         if n.internal_ip is not None:
             internal_ips[n.internal_ip.ip] = n.qualified_name
         admitted.append(n)

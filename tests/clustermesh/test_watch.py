@@ -215,8 +215,9 @@ def test_changed_file_reconnects_and_keeps_the_view_until_the_new_one_syncs(remo
     wait_for(lambda: "cluster2/g4" not in nodes_of(rc))
 
 
-def test_a_restarted_agent_plans_with_the_saved_view_while_the_remote_etcd_is_away(remote: Remote,
-                                                                                  tmp_path: Path) -> None:
+def learn_and_save(remote: Remote, tmp_path: Path) -> tuple[Path, Path]:
+    """A watcher that learns cluster2 and saves its view, then stops (an agent going away).
+    Returns (the clustermesh dir, the cache dir)."""
     d, cache = tmp_path / "cm", tmp_path / "state" / "clustermesh"
     d.mkdir()
     remote.publish(CLUSTER2)
@@ -228,6 +229,12 @@ def test_a_restarted_agent_plans_with_the_saved_view_while_the_remote_etcd_is_aw
         wait_for(lambda: (cache / "cluster2.json").exists(), timeout=5)
     finally:
         first.stop()
+    return d, cache
+
+
+def test_a_restarted_agent_plans_with_the_saved_view_while_the_remote_etcd_is_away(remote: Remote,
+                                                                                  tmp_path: Path) -> None:
+    d, cache = learn_and_save(remote, tmp_path)
     remote.etcd.stop()
     # "restart": a new watcher, the remote etcd unreachable
     second = RemoteClusters(d, Cluster("cluster1", 1), lambda: None, poll=0.1, cache_dir=cache)
@@ -249,17 +256,7 @@ def test_a_restarted_agent_plans_with_the_saved_view_while_the_remote_etcd_is_aw
 
 
 def test_a_view_saved_under_another_trust_is_not_used(remote: Remote, tmp_path: Path) -> None:
-    d, cache = tmp_path / "cm", tmp_path / "state" / "clustermesh"
-    d.mkdir()
-    remote.publish(CLUSTER2)
-    (d / "cluster2").write_text(yaml.safe_dump(remote.config()))
-    first = RemoteClusters(d, Cluster("cluster1", 1), lambda: None, poll=0.1, cache_dir=cache)
-    first.start()
-    try:
-        wait_for(lambda: len(nodes_of(first)) == 4)
-        wait_for(lambda: (cache / "cluster2.json").exists(), timeout=5)
-    finally:
-        first.stop()
+    d, cache = learn_and_save(remote, tmp_path)
     other = make_ca(tmp_path / "other-pki", "someone-else")
     (d / "cluster2").write_text(yaml.safe_dump(remote.config(ca=other.cert)))
     second = RemoteClusters(d, Cluster("cluster1", 1), lambda: None, poll=0.1, cache_dir=cache)
