@@ -30,6 +30,8 @@ from .model import (
 
 Dev = Literal["private", "wireguard"]
 Action = Literal["local", "direct", "tunnel"]
+EncapKind = Literal["vxlan", "ipip"]
+ENCAP_KINDS: tuple[EncapKind, ...] = ("vxlan", "ipip")
 PeerKind = Literal["node", "segment", "peer"]
 
 
@@ -66,10 +68,32 @@ class Route:
 
 
 @dataclass(frozen=True)
+class Encap:
+    """How a `direct` entry wraps the pod packet before it leaves on the private NIC: `kind` is the
+    rung's encapsulation, `local` this node's private address (the outer source) and `remote` the
+    peer's (the outer destination). Outer addresses are what a VPC fabric forwards; the pod
+    addresses travel inside."""
+
+    kind: EncapKind
+    local: IPAddress
+    remote: IPAddress
+
+
+@dataclass(frozen=True)
 class FastPathEntry:
+    """One decision per pod CIDR. `nexthop`: the private next hop of a raw direct entry (None:
+    on-link); an encapsulated direct entry (`encap` set) leaves `nexthop` None unless the outer
+    packet must go through a gateway. `rung` names the path as the path ladder does."""
+
     prefix: IPNetwork
     action: Action
     nexthop: IPAddress | None
+    encap: Encap | None = None
+
+    @property
+    def rung(self) -> str:
+        """"local", "tunnel", "direct", "direct+vxlan" or "direct+ipip"."""
+        return self.action if self.encap is None else f"{self.action}+{self.encap.kind}"
 
 
 @dataclass(frozen=True)
