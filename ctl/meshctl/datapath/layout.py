@@ -87,6 +87,15 @@ def vtep_mac(private_ip: IPAddress) -> str:
     return ":".join(f"{b:02x}" for b in raw)
 
 
+def config_addr(addr: IPAddress | None) -> int:
+    """An IPv4 address as a config slot holds it (network order in the low 32 bits); 0 for None."""
+    return int.from_bytes(addr.packed, "little") if addr is not None and addr.version == 4 else 0
+
+
+def addr_from_config(value: int) -> IPAddress | None:
+    return ipaddress.IPv4Address((value & 0xFFFFFFFF).to_bytes(4, "little")) if value else None
+
+
 def _family(version: int) -> int:
     return FAMILY_V4 if version == 4 else FAMILY_V6
 
