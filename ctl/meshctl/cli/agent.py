@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from meshctl import defaults
-from meshctl.agent.config import DEFAULT_METRICS_ADDR, DEFAULT_PIN_ROOT, AgentConfig
+from meshctl.agent.config import AgentConfig
 from meshctl.agent.server import fetch_status
 from meshctl.cli import targets
 from meshctl.errors import InputError, MeshError
@@ -67,7 +67,7 @@ def _endpoints(text: str) -> tuple[str, ...]:
 @click.option("--wg-run-dir", default=str(defaults.WG_RUN_DIR), show_default=True, type=click.Path(path_type=Path),
               help="Private /var/run/wireguard of this node's wireguard-go.")
 @click.option("--pod-interfaces", default=None, help="Glob of pod veth names to attach the fast path to.")
-@click.option("--metrics-addr", default=DEFAULT_METRICS_ADDR, show_default=True)
+@click.option("--metrics-addr", default=defaults.METRICS_ADDR, show_default=True)
 @click.option("--backend", default="etcd", show_default=True, type=click.Choice(["etcd", "file", "kubernetes"]))
 @click.option("--topology", "topology_file", default=None, help="Topology file for --backend file.")
 @click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file (default: $KUBECONFIG, "
@@ -88,7 +88,7 @@ def _endpoints(text: str) -> tuple[str, ...]:
 @click.option("--clustermesh-dir", default=None, type=click.Path(path_type=Path),
               help="One file per remote cluster (endpoints, ca-file, cert-file, key-file).")
 @click.option("--no-fastpath", is_flag=True, help="Kernel routes only, no eBPF.")
-@click.option("--bpf-pin-root", default=DEFAULT_PIN_ROOT, show_default=True)
+@click.option("--bpf-pin-root", default=defaults.PIN_ROOT, show_default=True)
 @click.option("--lease-ttl", default=10, type=int, show_default=True, help="Seconds a dead agent's record lives.")
 @click.option("--nat-prefix", default="meshctl", show_default=True, help="Name prefix of the NAT rules and ipset.")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]))
@@ -107,7 +107,7 @@ def agent_cmd(**kw: Any) -> None:
 
 
 @click.command("status")
-@click.option("--addr", default=DEFAULT_METRICS_ADDR, show_default=True, help="The agent's --metrics-addr.")
+@click.option("--addr", default=defaults.METRICS_ADDR, show_default=True, help="The agent's --metrics-addr.")
 @click.option("--lab-node", default=None, help="Ask the agent of this lab node (inside its namespace).")
 @click.option("--lab", "lab_name", default=None, help="Lab name (default: the only lab up).")
 @click.option("-o", "output", default="text", type=click.Choice(["text", "json"]))
@@ -249,7 +249,7 @@ def _node_list_from_agent(addr: str | None, lab_node: str | None, lab_name: str 
     if lab_node:
         t = targets.lab().agent(lab_name, lab_node)
         netns, addr = t.netns, t.addr
-    st = fetch_status(addr or DEFAULT_METRICS_ADDR, netns)
+    st = fetch_status(addr or defaults.METRICS_ADDR, netns)
     rows = st.get("node_list")
     if rows is None:
         raise MeshError(f"the agent of {st.get('node')} has no plan yet")
@@ -264,7 +264,7 @@ def _node_list_from_agent(addr: str | None, lab_node: str | None, lab_name: str 
 @click.option("--wg-interface", default=defaults.WG_INTERFACE, show_default=True)
 @click.option("--wg-run-dir", default=str(defaults.WG_RUN_DIR), show_default=True, type=click.Path(path_type=Path))
 @click.option("--private-interface", default=None)
-@click.option("--bpf-pin-root", default=DEFAULT_PIN_ROOT, show_default=True)
+@click.option("--bpf-pin-root", default=defaults.PIN_ROOT, show_default=True)
 @click.option("--nat-prefix", default="meshctl", show_default=True)
 @_etcd_options
 def cleanup_cmd(node_name: str | None, wg_interface: str, wg_run_dir: Path, private_interface: str | None,
