@@ -11,11 +11,11 @@ import struct
 
 import pytest
 
-from meshctl import netns
 from meshctl.datapath import layout
 from meshctl.datapath.inns import in_netns
-from meshctl.datapath.testrun import PROTO_ICMP, PROTO_UDP, frame, ip_checksum, run
-from meshctl.plan import Encap, FastPathEntry
+from meshctl.lab import netns
+from meshctl.lab.testrun import PROTO_ICMP, PROTO_UDP, frame, ip_checksum, run
+from meshctl.mesh.plan import Encap, FastPathEntry
 
 net = ipaddress.ip_network
 ip = ipaddress.ip_address

@@ -16,8 +16,8 @@ import pytest
 
 from meshctl.datapath import Datapath
 from meshctl.datapath.inns import in_netns
-from meshctl.datapath.testbed import PODS, FabricTestbed
-from meshctl.tunnels import TunnelApplier
+from meshctl.lab.testbed import PODS, FabricTestbed
+from meshctl.node.tunnels import TunnelApplier
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ import pytest
 from meshctl.datapath import layout, libbpf
 from meshctl.datapath.loader import bpf_dir
 from meshctl.errors import MeshError
-from meshctl.plan import Encap, FastPathEntry
+from meshctl.mesh.plan import Encap, FastPathEntry
 
 ip = ipaddress.ip_address
 

@@ -8,8 +8,8 @@ import ipaddress
 import pytest
 
 from meshctl.datapath import layout
-from meshctl.datapath.testrun import PROTO_ICMP6, PROTO_UDP, frame, non_ip_frame, run
-from meshctl.plan import FastPathEntry
+from meshctl.lab.testrun import PROTO_ICMP6, PROTO_UDP, frame, non_ip_frame, run
+from meshctl.mesh.plan import FastPathEntry
 
 net = ipaddress.ip_network
 ip = ipaddress.ip_address
@@ -65,7 +65,7 @@ def test_longest_prefix_wins(dp):
     assert run(dp.programs["from_pod"], frame(POD, "10.42.2.100")).verdict == "redirect"
     entries = {e["prefix"]: e for e in dp.entries()}
     assert entries["10.42.2.0/24"] == {"prefix": "10.42.2.0/24", "action": "direct", "nexthop": "192.168.0.2",
-                                       "ifname": "lo"}
+                                       "ifname": "lo", "encap": None, "outer_src": None, "outer_dst": None}
 
 
 def test_ipv6_direct_decrements_hop_limit_and_tunnel_passes(dp):
