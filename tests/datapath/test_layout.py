@@ -63,10 +63,10 @@ def test_encapsulated_route_codec_round_trips():
     e = FastPathEntry(ipaddress.ip_network("10.42.3.0/24"), "direct", None, enc)
     [(k, v)] = layout.route_table([e], 4).items()
     r = layout.decode_route(k, v)
-    assert (r.action, r.encap, r.nexthop, r.ifindex, r.rung) == ("direct", enc, None, 4, "direct+vxlan")
+    assert (r.entry, r.ifindex, r.entry.rung) == (e, 4, "direct+vxlan")
     ipip = FastPathEntry(e.prefix, "direct", ip("10.30.2.254"), Encap("ipip", ip("10.30.2.1"), ip("10.30.3.1")))
     r = layout.decode_route(*next(iter(layout.route_table([ipip], 4).items())))
-    assert (r.encap.kind, r.nexthop, r.rung) == ("ipip", ip("10.30.2.254"), "direct+ipip")
+    assert (r.entry, r.entry.rung) == (ipip, "direct+ipip")
     with pytest.raises(MeshError, match="outer addresses must be IPv4"):
         layout.route_table([FastPathEntry(e.prefix, "direct", None, Encap("ipip", ip("fd00::1"), ip("fd00::2")))], 4)
     assert layout.vtep_mac(ip("10.30.3.1")) == "02:6d:0a:1e:03:01"
@@ -81,9 +81,9 @@ def test_route_codec_round_trips():
         [(k, v)] = table.items()
         assert k == layout.route_key(net)
         r = layout.decode_route(k, v)
-        assert (r.prefix, r.action, r.nexthop, r.ifindex) == (net, action, nexthop, 7 if action == "direct" else 0)
+        assert (r.entry, r.ifindex) == (FastPathEntry(net, action, nexthop), 7 if action == "direct" else 0)
     # Next hops of both families with the same integer value stay apart.
     a, b = ipaddress.ip_address("0.0.0.7"), ipaddress.ip_address("::7")
     table = layout.route_table([FastPathEntry(ipaddress.ip_network("10.1.0.0/16"), "direct", a),
                                 FastPathEntry(ipaddress.ip_network("10.2.0.0/16"), "direct", b)], 3)
-    assert sorted(str(layout.decode_route(k, v).nexthop) for k, v in table.items()) == ["0.0.0.7", "::7"]
+    assert sorted(str(layout.decode_route(k, v).entry.nexthop) for k, v in table.items()) == ["0.0.0.7", "::7"]

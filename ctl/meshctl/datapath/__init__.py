@@ -255,18 +255,23 @@ class Datapath:
         return self._loaded.maps.counters() if self._loaded is not None else {}
 
     def entries(self) -> list[dict]:
-        """The LPM map as `maps dump` prints it: prefix, action, nexthop, ifname."""
+        """The LPM map as `maps dump` prints it: prefix, action, nexthop, ifname, and for an
+        encapsulated entry its encapsulation (vxlan, ipip) and outer addresses."""
         if self._loaded is None:
             return []
         from meshctl.mesh.model import sort_key_net
 
         out = [layout.decode_route(k, v) for k, v in self._loaded.maps.routes.items().items()]
-        out.sort(key=lambda r: sort_key_net(r.prefix))
-        return [{"prefix": str(r.prefix), "action": r.action, "nexthop": str(r.nexthop) if r.nexthop else None,
-                 "ifname": links.ifname(r.ifindex) if r.ifindex else None,
-                 "encap": r.encap.kind if r.encap else None,
-                 "outer_src": str(r.encap.local) if r.encap else None,
-                 "outer_dst": str(r.encap.remote) if r.encap else None} for r in out]
+        out.sort(key=lambda r: sort_key_net(r.entry.prefix))
+        rows = []
+        for r in out:
+            e = r.entry
+            rows.append({"prefix": str(e.prefix), "action": e.action, "nexthop": str(e.nexthop) if e.nexthop else None,
+                         "ifname": links.ifname(r.ifindex) if r.ifindex else None,
+                         "encap": e.encap.kind if e.encap else None,
+                         "outer_src": str(e.encap.local) if e.encap else None,
+                         "outer_dst": str(e.encap.remote) if e.encap else None})
+        return rows
 
     def pods(self) -> list[dict]:
         """The local-pod map: pod address and the host veth bpf_redirect_peer sends it to."""

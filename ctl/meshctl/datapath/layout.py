@@ -150,15 +150,10 @@ def _addr(family: int, raw: bytes) -> IPAddress:
 
 @dataclass(frozen=True)
 class RouteEntry:
-    prefix: IPNetwork
-    action: str
-    ifindex: int
-    nexthop: IPAddress | None
-    encap: Encap | None = None
+    """A routes map entry read back: the plan entry it encodes and the NIC it redirects to."""
 
-    @property
-    def rung(self) -> str:
-        return self.action if self.encap is None else f"{self.action}+{self.encap.kind}"
+    entry: FastPathEntry
+    ifindex: int
 
 
 def decode_route(key: bytes, value: bytes) -> RouteEntry:
@@ -169,8 +164,9 @@ def decode_route(key: bytes, value: bytes) -> RouteEntry:
     if enc:
         kind = ENCAP_NAMES.get(enc, f"unknown({enc})")
         encap = Encap(kind, _addr(outer_fam, osrc), _addr(outer_fam, odst))  # type: ignore[arg-type]
-    return RouteEntry(net, ACTION_NAMES.get(action, f"unknown({action})"), ifindex,
-                      _addr(nh_fam, nh) if nh_fam else None, encap)
+    act = ACTION_NAMES.get(action, f"unknown({action})")
+    return RouteEntry(FastPathEntry(net, act, _addr(nh_fam, nh) if nh_fam else None, encap),  # type: ignore[arg-type]
+                      ifindex)
 
 
 def pod_key(ip: IPAddress) -> bytes:
