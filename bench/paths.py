@@ -31,7 +31,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ctl"))
@@ -59,7 +58,7 @@ class Paths:
     def __init__(self, tb: FabricTestbed, tmp: Path) -> None:
         self.tb = tb
         self.tmp = tmp
-        self.wg_up = False
+        self.keys: dict[str, str] = {}
 
     def up(self) -> None:
         p = self.tb.ns
@@ -76,11 +75,6 @@ class Paths:
             dp.close()
         self._wireguard()
 
-    def _detach(self, node: str) -> None:
-        pin_dir = f"{PIN_ROOT}/{node}"
-        for a in links.pinned_links(pin_dir):
-            links.detach_tcx(pin_dir, a.hook, a.ifindex)
-
     def _fastpath(self, node: str, kind: str | None) -> None:
         with Datapath.open(node, pin_root=PIN_ROOT) as dp:
             dp.attach("eth1", None, ["vp1"])
@@ -88,10 +82,10 @@ class Paths:
 
     def set(self, mode: str) -> None:
         for node in ("a", "b"):
-            in_netns(self.tb.ns(node), lambda node=node: self._detach(node))
+            in_netns(self.tb.ns(node), lambda node=node: links.detach_all(f"{PIN_ROOT}/{node}"))
             if mode in ("wireguard-private", "tunnel"):
                 where = PUBLIC if mode == "tunnel" else {n: self.tb.private(n) for n in PUBLIC}
-                self.tb.sh(node, ["wg", "set", WG[node], "peer", self.keys[OTHER[node]][1], "endpoint",
+                self.tb.sh(node, ["wg", "set", WG[node], "peer", self.keys[OTHER[node]], "endpoint",
                                   f"{where[OTHER[node]]}:{WG_PORT}"])
                 self.tb.route_pods(node, "raw")
                 self.tb.sh(node, ["ip", "route", "replace", POD_NET[OTHER[node]], "dev", WG[node]])
@@ -121,37 +115,10 @@ class Paths:
             raise SystemExit(f"{mode}: the fast path counters moved {moved}")
 
     def _wireguard(self) -> None:
-        self.keys: dict[str, tuple[Path, str]] = {}
-        for node in ("a", "b"):
-            priv = self.tmp / f"{node}.key"
-            fd = os.open(priv, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(subprocess.run(["wg", "genkey"], capture_output=True, text=True, check=True).stdout)
-            pub = subprocess.run(["wg", "pubkey"], input=priv.read_text(), capture_output=True, text=True,
-                                 check=True).stdout.strip()
-            self.keys[node] = (priv, pub)
-        for node in ("a", "b"):
-            other = OTHER[node]
-            env = ["env", "WG_PROCESS_FOREGROUND=1", "WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD=1"]
-            proc = self.tb.spawn(node, [*env, "wireguard-go", "-f", WG[node]])
-            sock = Path(f"/run/wireguard/{WG[node]}.sock")
-            for _ in range(100):
-                if sock.exists():
-                    break
-                time.sleep(0.05)
-            else:
-                raise SystemExit(f"wireguard-go {WG[node]} did not start (pid {proc.pid})")
-            self.tb.sh(node, ["wg", "set", WG[node], "private-key", str(self.keys[node][0]), "listen-port",
-                              str(WG_PORT), "peer", self.keys[other][1], "allowed-ips",
-                              f"{WG_IP[other]}/32,{POD_NET[other]}", "endpoint", f"{PUBLIC[other]}:{WG_PORT}"])
-            self.tb.sh(node, ["ip", "addr", "add", f"{WG_IP[node]}/24", "dev", WG[node]])
-            self.tb.sh(node, ["ip", "link", "set", WG[node], "up"])
-        self.wg_up = True
+        self.keys = self.tb.wireguard_go(WG, WG_IP, POD_NET, PUBLIC, WG_PORT, self.tmp)
 
     def down(self) -> None:
-        for node in ("a", "b"):
-            self.tb.sh(node, ["ip", "link", "del", WG[node]], check=False)
-            Path(f"/run/wireguard/{WG[node]}.sock").unlink(missing_ok=True)
+        self.tb.wireguard_down(WG)
 
 
 def measure(tb: FabricTestbed, rounds: int, seconds: int, rr_rounds: int, tmp: Path) -> dict:

@@ -110,6 +110,13 @@ def detach_tcx(pin_dir: str, hook: str, index: int) -> None:
     libbpf.unpin(link_path(pin_dir, hook, index))
 
 
+def detach_all(pin_dir: str) -> None:
+    """Every tcx link pinned under `pin_dir` detached; programs and maps stay pinned (attaching
+    again needs no compile)."""
+    for a in pinned_links(pin_dir):
+        detach_tcx(pin_dir, a.hook, a.ifindex)
+
+
 def tcx_unsupported(e: OSError) -> bool:
     return e.errno in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, 524)
 
