@@ -4,6 +4,22 @@
 #ifndef MC_LIB_ICMP_H
 #define MC_LIB_ICMP_H
 
+/* Turns the packet `p` into `msg` (`len` bytes, an IP packet) behind an Ethernet header back to
+ * its sender (MACs swapped). 0, or -1 when a helper failed (drop: the packet may be half
+ * rewritten). */
+static __always_inline int mc_rewrite_as_reply(struct __sk_buff *skb, const struct mc_pkt *p, void *msg, __u32 len)
+{
+    struct ethhdr eth = {};
+    __builtin_memcpy(eth.h_dest, p->eth->h_source, ETH_ALEN);
+    __builtin_memcpy(eth.h_source, p->eth->h_dest, ETH_ALEN);
+    eth.h_proto = p->eth->h_proto;
+    if (bpf_skb_change_tail(skb, ETH_HLEN + len, 0) < 0)
+        return -1;
+    if (bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth), 0) < 0 || bpf_skb_store_bytes(skb, ETH_HLEN, msg, len, 0) < 0)
+        return -1;
+    return 0;
+}
+
 struct mc_icmp4_too_big {
     struct iphdr ip;
     struct icmphdr icmp;
@@ -19,10 +35,6 @@ static __always_inline int mc_icmp4_too_big(struct __sk_buff *skb, const struct 
     if (p->ip4->ihl != 5)
         return -1;
     struct mc_icmp4_too_big m = {};
-    struct ethhdr eth = {};
-    __builtin_memcpy(eth.h_dest, p->eth->h_source, ETH_ALEN);
-    __builtin_memcpy(eth.h_source, p->eth->h_dest, ETH_ALEN);
-    eth.h_proto = bpf_htons(ETH_P_IP);
     /* One load for the header and the 8 bytes after it (they are adjacent in m). */
     if (bpf_skb_load_bytes(skb, ETH_HLEN, &m.orig_ip, sizeof(m.orig_ip) + sizeof(m.orig_l4)) < 0)
         return -1;
@@ -31,12 +43,7 @@ static __always_inline int mc_icmp4_too_big(struct __sk_buff *skb, const struct 
     m.icmp.un.frag.mtu = bpf_htons(mtu);
     m.icmp.checksum = mc_csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&m.icmp, sizeof(m) - sizeof(m.ip), 0));
     mc_ip4_header(&m.ip, IPPROTO_ICMP, sizeof(m), 0, from, m.orig_ip.saddr);
-    if (bpf_skb_change_tail(skb, ETH_HLEN + sizeof(m), 0) < 0)
-        return -1;
-    if (bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth), 0) < 0 ||
-        bpf_skb_store_bytes(skb, ETH_HLEN, &m, sizeof(m), 0) < 0)
-        return -1;
-    return 0;
+    return mc_rewrite_as_reply(skb, p, &m, sizeof(m));
 }
 
 /* ICMPv6 "packet too big": the offending packet's header and 8 bytes are enough for the pod's
@@ -65,10 +72,6 @@ static __always_inline int mc_icmp6_too_big(struct __sk_buff *skb, const struct 
 {
     struct mc_icmp6_too_big m = {};
     struct mc_ip6_pseudo ph = {};
-    struct ethhdr eth = {};
-    __builtin_memcpy(eth.h_dest, p->eth->h_source, ETH_ALEN);
-    __builtin_memcpy(eth.h_source, p->eth->h_dest, ETH_ALEN);
-    eth.h_proto = bpf_htons(ETH_P_IPV6);
     if (bpf_skb_load_bytes(skb, ETH_HLEN, m.quote, sizeof(m.quote)) < 0)
         return -1;
     __u16 plen = sizeof(m) - sizeof(m.ip6);
@@ -86,12 +89,7 @@ static __always_inline int mc_icmp6_too_big(struct __sk_buff *skb, const struct 
     ph.nexthdr = IPPROTO_ICMPV6;
     __s64 sum = bpf_csum_diff(NULL, 0, (__be32 *)&ph, sizeof(ph), 0);
     m.icmp6.icmp6_cksum = mc_csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&m.icmp6, plen, sum));
-    if (bpf_skb_change_tail(skb, ETH_HLEN + sizeof(m), 0) < 0)
-        return -1;
-    if (bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth), 0) < 0 ||
-        bpf_skb_store_bytes(skb, ETH_HLEN, &m, sizeof(m), 0) < 0)
-        return -1;
-    return 0;
+    return mc_rewrite_as_reply(skb, p, &m, sizeof(m));
 }
 
 #endif
