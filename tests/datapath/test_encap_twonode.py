@@ -13,7 +13,9 @@ import os
 import re
 
 import pytest
+from click.testing import CliRunner
 
+from meshctl.cli import main
 from meshctl.datapath import Datapath
 from meshctl.datapath.inns import in_netns
 from meshctl.lab.testbed import PODS, FabricTestbed
@@ -112,6 +114,24 @@ def test_encapsulated_ping_and_tcp_take_the_fast_path_across_the_vpc(bed, kind):
     # Neither node's kernel forwarded anything: the programs did.
     assert after["fwd_a"] == before["fwd_a"] and after["fwd_b"] == before["fwd_b"]
     assert after["a"]["error"] == before["a"]["error"] and after["b"]["error"] == before["b"]["error"]
+
+
+def test_maps_dump_shows_each_entrys_encapsulation_and_outer_addresses(bed):
+    use(bed, "vxlan", "ipip")
+    where = ["--pin-root", bed.pin_root]
+    r = CliRunner().invoke(main, ["maps", "dump", "--node", "a", *where, "--netns", bed.ns("a"), "-o", "json"])
+    assert r.exit_code == 0, r.output
+    rows = {e["prefix"]: e for e in json.loads(r.stdout)["entries"]}
+    assert rows["10.42.2.0/24"] == {"prefix": "10.42.2.0/24", "action": "direct", "nexthop": None, "ifname": "eth1",
+                                    "encap": "vxlan", "outer_src": "10.30.2.1", "outer_dst": "10.30.3.1"}
+    assert rows["fd42:2::/64"]["encap"] == "vxlan" and rows["10.42.1.0/24"]["encap"] is None
+    r = CliRunner().invoke(main, ["maps", "dump", "--node", "b", *where, "--netns", bed.ns("b")])
+    assert r.exit_code == 0, r.output
+    line = next(ln for ln in r.stdout.splitlines() if ln.split()[:1] == ["10.42.1.0/24"])
+    assert line.split()[1:] == ["direct", "-", "eth1", "ipip", "10.30.3.1", "->", "10.30.2.1"]
+    r = CliRunner().invoke(main, ["datapath", "status", "--node", "b", *where, "--netns", bed.ns("b"), "-o", "json"])
+    assert r.exit_code == 0, r.output
+    assert "10.30.3.1" in r.stdout, "status names the address encapsulated packets must be sent to"
 
 
 @pytest.mark.parametrize("kind,mtu", [("vxlan", 1450), ("ipip", 1480)])
