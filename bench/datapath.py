@@ -130,9 +130,11 @@ class Modes:
 
 
 def iperf(tb: Testbed, seconds: int) -> float:
-    out = tb.sh("a-p1", ["iperf3", "-c", PODS["b"][0], "-p", "5201", "-t", str(seconds), "-J"],
-                timeout=seconds + 30).stdout
-    return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e9
+    out = json.loads(tb.sh("a-p1", ["iperf3", "-c", PODS["b"][0], "-p", "5201", "-t", str(seconds), "-J"],
+                           check=False, timeout=seconds + 30).stdout)
+    if "error" in out:
+        raise SystemExit(f"iperf3: {out['error']}")
+    return out["end"]["sum_received"]["bits_per_second"] / 1e9
 
 
 def latency(tb: Testbed, n: int = 1500, probes: int = 3) -> dict[str, float]:

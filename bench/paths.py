@@ -12,6 +12,9 @@ the WireGuard tunnel. Modes, measured alternating round by round (the order reve
     direct+vxlan       eBPF fast path, VXLAN built with bpf_skb_adjust_room between the private
                        addresses, unwrapped by the receiver's program
     direct+ipip        the same with IP-in-IP (no ipip device needed)
+    direct+vxlan(md)   the alternative not shipped: bpf_skb_set_tunnel_key and a redirect to a
+                       collect-metadata VXLAN device on the sender (bench/vxlan_md.c), the shipped
+                       from_private on the receiver
     kernel+vxlan       no programs; the kernel fallback's VXLAN device (meshctl.node.tunnels)
     wireguard-private  wireguard-go, peers at each other's private addresses
     tunnel             wireguard-go, peers at each other's public addresses
@@ -26,6 +29,7 @@ rounds, and the ratios the issue sets goals for (encapsulated fast path >= 0.85x
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import statistics
@@ -37,8 +41,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ctl"))
 
 from datapath import PINGPONG_SERVER, iperf, latency, spread  # noqa: E402  (bench/datapath.py)
-from meshctl.datapath import Datapath, links, loader  # noqa: E402
+from meshctl.datapath import Datapath, libbpf, links, loader  # noqa: E402
 from meshctl.datapath.inns import in_netns  # noqa: E402
+from meshctl.datapath.layout import VXLAN_OVERHEAD  # noqa: E402
 from meshctl.lab import netns  # noqa: E402
 from meshctl.lab.testbed import PODS, FabricTestbed  # noqa: E402
 
@@ -49,7 +54,12 @@ WG_IP = {"a": "10.5.0.1", "b": "10.5.0.2"}
 WG_PORT = 51900
 PUBLIC = {"a": "203.0.113.1", "b": "203.0.113.2"}
 POD_NET = {"a": "10.42.1.0/24", "b": "10.42.2.0/24"}
-ORDER = ["kernel", "direct", "direct+vxlan", "direct+ipip", "kernel+vxlan", "wireguard-private", "tunnel"]
+ORDER = ["kernel", "direct", "direct+vxlan", "direct+ipip", "direct+vxlan(md)", "kernel+vxlan", "wireguard-private",
+         "tunnel"]
+MD_DEV = f"{RUN}md"
+# The counter of node a that must move for a mode to count as carried by its path (in md mode a's
+# programs only receive: the returning ACKs arrive as VXLAN from b's md_encap).
+PROOF = {"direct": "direct", "direct+vxlan": "encap", "direct+ipip": "encap", "direct+vxlan(md)": "decap"}
 OTHER = {"a": "b", "b": "a"}
 
 
@@ -75,6 +85,41 @@ class Paths:
                 raise SystemExit(f"datapath of {node}: {dp.reason}")
             dp.close()
         self._wireguard()
+        self._md_programs()
+
+    def _md_programs(self) -> None:
+        """Compile bench/vxlan_md.c for each node (bcc, in this process) and make its VXLAN device."""
+        from bcc import BPF
+
+        from meshctl.datapath.layout import VXLAN_PORT, VXLAN_VNI  # noqa: PLC0415
+
+        self.md: dict[str, tuple[BPF, int]] = {}
+        for node in ("a", "b"):
+            other = OTHER[node]
+            self.tb.sh(node, ["ip", "link", "add", MD_DEV, "type", "vxlan", "external", "dstport", str(VXLAN_PORT)])
+            self.tb.sh(node, ["ip", "link", "set", MD_DEV, "up"])
+            idx = netns.ifindex(self.tb.ns(node), MD_DEV)
+            pod_net = int(ipaddress.ip_network(POD_NET[other]).network_address)
+            remote = int(ipaddress.ip_address(self.tb.private(other)))
+            b = BPF(src_file=str(Path(__file__).with_name("vxlan_md.c")).encode(),
+                    cflags=[f"-DMD_POD_NET={pod_net:#x}", f"-DMD_REMOTE={remote:#x}", f"-DMD_IFINDEX={idx}",
+                            f"-DMD_VNI={VXLAN_VNI:#x}"])
+            self.md[node] = (b, b.load_func(b"md_encap", BPF.SCHED_CLS).fd)
+        self.md_links: list[int] = []
+
+    def _md_attach(self, node: str) -> None:
+        """The shipped programs as in `direct` mode, but md_encap instead of from_pod on the pod veth."""
+        with Datapath.open(node, pin_root=PIN_ROOT) as dp:
+            dp.attach("eth1", None, ["vp1"])
+            dp.sync(self.tb.fastpath(node, None), "eth1")
+        vp1 = links.ifindex("vp1")
+        links.detach_tcx(f"{PIN_ROOT}/{node}", "pod-in", vp1)
+        self.md_links.append(libbpf.link_create(self.md[node][1], vp1, libbpf.BPF_TCX_INGRESS))
+
+    def _md_detach(self) -> None:
+        for fd in self.md_links:
+            os.close(fd)
+        self.md_links = []
 
     def _fastpath(self, node: str, kind: str | None) -> None:
         with Datapath.open(node, pin_root=PIN_ROOT) as dp:
@@ -82,6 +127,7 @@ class Paths:
             dp.sync(self.tb.fastpath(node, kind), "eth1")
 
     def set(self, mode: str) -> None:
+        self._md_detach()
         for node in ("a", "b"):
             in_netns(self.tb.ns(node), lambda node=node: links.detach_all(f"{PIN_ROOT}/{node}"))
             if mode in ("wireguard-private", "tunnel"):
@@ -92,11 +138,17 @@ class Paths:
                 self.tb.sh(node, ["ip", "route", "replace", POD_NET[OTHER[node]], "dev", WG[node]])
             else:
                 self.tb.route_pods(node, "vxlan" if mode == "kernel+vxlan" else "raw")
-            if mode.startswith("direct"):
+            if mode == "direct+vxlan(md)":
+                in_netns(self.tb.ns(node), lambda node=node: self._md_attach(node))
+            elif mode.startswith("direct"):
                 kind = mode.split("+")[1] if "+" in mode else None
                 in_netns(self.tb.ns(node), lambda node=node, kind=kind: self._fastpath(node, kind))
-        for pod in ("a-p1", "b-p1"):  # forget path MTUs learnt on another rung
-            self.tb.sh(pod, ["ip", "route", "flush", "cache"])
+        for i, pod in enumerate(("a-p1", "b-p1"), start=1):
+            # The VXLAN device drops what does not fit once encapsulated (DF): in md mode the pods'
+            # route carries the lower MTU, as a CNI using such a device sets it.
+            mtu = ["mtu", str(1500 - VXLAN_OVERHEAD)] if mode == "direct+vxlan(md)" else []
+            self.tb.sh(pod, ["ip", "route", "replace", "default", "via", f"10.42.{i}.1", "dev", "eth0", *mtu])
+            self.tb.sh(pod, ["ip", "route", "flush", "cache"])  # forget path MTUs learnt on another rung
 
     def counters(self) -> dict[str, int]:
         """Node a's fast-path packet counters."""
@@ -108,10 +160,10 @@ class Paths:
 
     def check(self, mode: str, before: dict[str, int]) -> None:
         """The mode carried the transfer as named: the fast path's counters moved for its rungs
-        (raw: direct, encapsulated: encap), and not at all for the others."""
+        (PROOF), and not at all for the others."""
         after = self.counters()
         moved = {k: after[k] - before[k] for k in after if after[k] != before[k]}
-        want = {"direct": "direct", "direct+vxlan": "encap", "direct+ipip": "encap"}.get(mode)
+        want = PROOF.get(mode)
         if (want is None and moved) or (want is not None and moved.get(want, 0) < 1000):
             raise SystemExit(f"{mode}: the fast path counters moved {moved}")
 
@@ -119,6 +171,7 @@ class Paths:
         self.keys = self.tb.wireguard_go(WG, WG_IP, POD_NET, PUBLIC, WG_PORT, self.tmp)
 
     def down(self) -> None:
+        self._md_detach()
         self.tb.wireguard_down(WG)
 
 
