@@ -130,11 +130,16 @@ class Modes:
 
 
 def iperf(tb: Testbed, seconds: int) -> float:
-    out = json.loads(tb.sh("a-p1", ["iperf3", "-c", PODS["b"][0], "-p", "5201", "-t", str(seconds), "-J"],
-                           check=False, timeout=seconds + 30).stdout)
-    if "error" in out:
-        raise SystemExit(f"iperf3: {out['error']}")
-    return out["end"]["sum_received"]["bits_per_second"] / 1e9
+    """One stream's received Gbit/s. A control connection the server drops (it happens right after a
+    path change, or after wait_port's probe) is retried twice before giving up."""
+    for attempt in range(3):
+        out = json.loads(tb.sh("a-p1", ["iperf3", "-c", PODS["b"][0], "-p", "5201", "-t", str(seconds), "-J"],
+                               check=False, timeout=seconds + 30).stdout or "{}")
+        if "end" in out and "error" not in out:
+            return out["end"]["sum_received"]["bits_per_second"] / 1e9
+        print(f"  iperf3: {out.get('error', 'no result')} (attempt {attempt + 1})", file=sys.stderr)
+        time.sleep(1)
+    raise SystemExit("iperf3 failed three times")
 
 
 def latency(tb: Testbed, n: int = 1500, probes: int = 3) -> dict[str, float]:
