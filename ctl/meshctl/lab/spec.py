@@ -17,9 +17,10 @@ from typing import Any
 from ..errors import InputError
 from ..model import IPNetwork, Topology
 from ..topofile import load_yaml, parse_topology
+from .fabric import Fabric, check_nodes, parse_fabrics
 
 _PLACEHOLDER_KEY = base64.b64encode(bytes(32)).decode()
-LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend")
+LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend", "fabrics")
 
 PUBLIC_NET = ipaddress.ip_network("198.51.100.0/24")
 
@@ -32,6 +33,7 @@ class LabOptions:
     fastpath: bool = True
     agent_args: tuple[str, ...] = ()
     backend: str = "etcd"  # or "kubernetes": agents use an in-process API server (meshctl.kube.lab)
+    fabrics: tuple[Fabric, ...] = ()  # how each private subnet forwards (lab/fabric.py); l2 if unlisted
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ def _options(d: Any) -> LabOptions:
     if backend not in ("etcd", "kubernetes"):
         raise InputError("lab.backend", backend, "is not etcd or kubernetes")
     return LabOptions(pods_per_node=pods, lease_ttl=ttl, prefix=prefix, fastpath=fast, agent_args=tuple(args),
-                      backend=backend)
+                      backend=backend, fabrics=parse_fabrics(d.get("fabrics")))
 
 
 def check_prefix(prefix: Any, path: str) -> str:
@@ -145,7 +147,9 @@ def parse_lab(doc: Any, source: str = "") -> LabSpec:
                 if n.internal_ip.version != 4:
                     raise InputError(f"{c.cluster.name}.nodes.{n.name}.internal_ip", str(n.internal_ip),
                                      "is IPv6; the lab builds IPv4 networks only")
-    return LabSpec(clusters=clusters, options=opts, source=source)
+    spec = LabSpec(clusters=clusters, options=opts, source=source)
+    check_nodes(opts.fabrics, spec.private_subnets(), seen)
+    return spec
 
 
 def load_lab(path: str | Path) -> LabSpec:
