@@ -16,14 +16,19 @@ from typing import Literal
 
 from .errors import InputError
 from .model import (
+    ENCAP_RUNGS,
+    FIXED_RUNG,
     Endpoint,
     IPAddress,
     IPInterface,
     IPNetwork,
     Node,
+    PathState,
+    Rung,
     Topology,
     gc_paused,
     host_net,
+    private_joined,
     private_neighbours,
     sort_key_net,
 )
@@ -59,17 +64,36 @@ class PeerPlan:
 
 
 @dataclass(frozen=True)
+class Encap:
+    """An encapsulated private rung: the pod packet inside `kind` (VXLAN or IP-in-IP), with the two
+    nodes' private addresses as outer source and destination, sent over the private NIC."""
+
+    kind: Literal["vxlan", "ipip"]
+    outer_src: IPAddress
+    outer_dst: IPAddress
+
+
+@dataclass(frozen=True)
 class Route:
+    """A route of the plan. With `encap` (dev `private`, no `via`) the destination is reached
+    encapsulated towards `encap.outer_dst` (the datapath or a tunnel device carries it)."""
+
     dst: IPNetwork
     via: IPAddress | None
     dev: Dev
+    encap: Encap | None = None
 
 
 @dataclass(frozen=True)
 class FastPathEntry:
+    """One fast-path decision per pod CIDR. `direct` with `encap`: encapsulate towards
+    `encap.outer_dst` and send out of the private NIC (no `nexthop`: the kernel's route to the
+    outer destination decides the next hop)."""
+
     prefix: IPNetwork
     action: Action
     nexthop: IPAddress | None
+    encap: Encap | None = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +105,8 @@ class NodePlan:
     peers: tuple[PeerPlan, ...]
     routes: tuple[Route, ...]
     fastpath: tuple[FastPathEntry, ...]
-    # How this node reaches every other node (qualified name -> local|direct|tunnel|via-leader).
+    # How this node reaches every other node: qualified name -> local, via-leader or a rung of the
+    # path ladder (direct, direct+ipip, direct+vxlan, wireguard-private, tunnel).
     paths: dict[str, str] = field(default_factory=dict, compare=False)
 
 
@@ -157,8 +182,17 @@ class _Builder:
         self.routes: dict[IPNetwork, Route] = {}
         self.peers: list[PeerPlan] = []
 
-    def route(self, dst: IPNetwork, via: IPAddress | None, dev: Dev) -> None:
-        self.routes.setdefault(dst, Route(dst, via, dev))
+    def route(self, dst: IPNetwork, via: IPAddress | None, dev: Dev, encap: Encap | None = None) -> None:
+        self.routes.setdefault(dst, Route(dst, via, dev, encap))
+
+    def private(self, dst: IPNetwork, me: Node, to: Node, rung: Rung) -> None:
+        """`dst` over the private network to node `to` on a direct or encapsulated rung."""
+        assert to.internal_ip is not None and me.internal_ip is not None
+        kind = ENCAP_RUNGS.get(rung)
+        if kind is None:
+            self.route(dst, to.internal_ip.ip, "private")
+        else:
+            self.route(dst, None, "private", Encap(kind, me.internal_ip.ip, to.internal_ip.ip))  # type: ignore[arg-type]
 
     def peer(self, name: str, kind: PeerKind, key: str, endpoint: Endpoint | str | None,
              allowed: list[IPNetwork], keepalive: int) -> None:
@@ -180,15 +214,59 @@ def segment_addresses(members: Sequence[Node], wg: IPInterface | None, exclude_i
     return out
 
 
+def pair_rungs(mesh_intra: str, granularity: str, private_networks: tuple[IPNetwork, ...], me: Node, r: Node
+               ) -> tuple[Rung, ...]:
+    """The rungs node `me` may use towards `r` (full/cross granularity), cheapest first; the last
+    is always `tunnel`. The fixed modes direct, wireguard-private and wireguard keep their old
+    rule (private neighbours only); vxlan, ipip and auto take every pair one routed private network
+    joins (private_joined). In cross granularity a private pair must share a location."""
+    same_loc_ok = granularity == "full" or me.location == r.location
+    if mesh_intra in ("direct", "wireguard-private", "wireguard"):
+        if mesh_intra != "wireguard" and same_loc_ok and private_neighbours(me, r):
+            return (FIXED_RUNG[mesh_intra], "tunnel")
+        return ("tunnel",)
+    if not same_loc_ok or not private_joined(me, r, private_networks):
+        return ("tunnel",)
+    if mesh_intra != "auto":
+        return (FIXED_RUNG[mesh_intra], "tunnel")
+    first: tuple[Rung, ...] = ("direct",) if private_neighbours(me, r) else ()
+    return (*first, "direct+ipip", "direct+vxlan", "wireguard-private", "tunnel")
+
+
+def member_rungs(mesh_intra: str, me: Node, m: Node) -> tuple[Rung, ...]:
+    """The rungs between two members of one location (location granularity): inside a location
+    traffic is private (Kilo's rule) and there is no WireGuard between members, so the ladder
+    stops at the encapsulated rungs; the fixed WireGuard modes and `direct` keep today's direct."""
+    if mesh_intra in ("vxlan", "ipip"):
+        return (FIXED_RUNG[mesh_intra],)
+    if mesh_intra == "auto":
+        first: tuple[Rung, ...] = ("direct",) if private_neighbours(me, m) else ()
+        return (*first, "direct+ipip", "direct+vxlan")
+    return ("direct",)
+
+
+def choose_rung(rungs: Sequence[Rung], working: frozenset[str] | None) -> Rung:
+    """The cheapest rung that delivers (`working`: the probed private rungs; None: all of them).
+    `tunnel` always delivers; a ladder without it falls back to its first rung."""
+    if working is None:
+        return rungs[0]
+    for rung in rungs:
+        if rung == "tunnel" or rung in working:
+            return rung
+    return rungs[0]
+
+
 def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
-              granularity: str | None = None) -> NodePlan:
+              granularity: str | None = None, path_state: PathState | None = None) -> NodePlan:
     """The plan of node `name`. `remotes` are other clusters' topologies (already admitted:
-    see clustermesh.admit_remotes); `granularity` overrides the topology's."""
+    see clustermesh.admit_remotes); `granularity` overrides the topology's; `path_state` holds
+    the probes' verdicts under `intra_subnet: auto` (None: every rung works)."""
     with gc_paused():
-        return _plan_node(topo, name, remotes, granularity)
+        return _plan_node(topo, name, remotes, granularity, path_state or {})
 
 
-def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity: str | None) -> NodePlan:
+def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity: str | None,
+               state: PathState) -> NodePlan:
     if granularity is not None and granularity != topo.mesh.granularity:
         from dataclasses import replace
 
@@ -199,6 +277,8 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
     mesh = topo.mesh
     segs = segments(topo)
     my_seg = next(s for s in segs if any(m.name == name for m in s.members))
+    if mesh.intra_subnet != "auto":
+        state = {}  # the fixed modes switch probing off: their rungs do not depend on it
     b = _Builder()
     keepalive = me.persistent_keepalive
     paths: dict[str, str] = {me.qualified_name: "local"}
@@ -206,13 +286,24 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
     if mesh.granularity == "location":
         leads = my_seg.leader.name == me.name
         leader_ip = my_seg.leader.internal_ip.ip if my_seg.leader.internal_ip is not None else None
+        member_rung: dict[str, Rung] = {}
         for m in my_seg.members:
             if m.name != me.name and m.internal_ip is not None:
-                b.route(m.pod_cidr, m.internal_ip.ip, "private")
-                paths[m.qualified_name] = "direct"
+                rung = choose_rung(member_rungs(mesh.intra_subnet, me, m), state.get(m.qualified_name))
+                member_rung[m.name] = rung
+                b.private(m.pod_cidr, me, m, rung)
+                paths[m.qualified_name] = rung
+
+        def to_leader(dst: IPNetwork) -> None:
+            rung = member_rung.get(my_seg.leader.name, "direct")
+            if rung == "direct" or me.internal_ip is None:
+                b.route(dst, leader_ip, "private")
+            else:
+                b.private(dst, me, my_seg.leader, rung)
+
         if not leads:
             for s in segs:
-                b.route(host_net(s.wireguard_ip), leader_ip, "private")
+                to_leader(host_net(s.wireguard_ip))
         for s in segs:
             if s is my_seg:
                 continue
@@ -224,7 +315,7 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
                 if leads:
                     b.route(dst, s.wireguard_ip.ip, "wireguard")
                 else:
-                    b.route(dst, leader_ip, "private")
+                    to_leader(dst)
             for m in s.members:
                 paths[m.qualified_name] = "tunnel" if leads else "via-leader"
     else:
@@ -233,25 +324,32 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
             r, wg_r = s.leader, s.wireguard_ip
             if r.name == me.name:
                 continue
-            pn = private_neighbours(me, r)
-            private_pair = pn and (mesh.granularity == "full" or me.location == r.location)
-            if private_pair and mesh.intra_subnet == "direct":
-                assert r.internal_ip is not None
-                b.route(r.pod_cidr, r.internal_ip.ip, "private")
-                paths[r.qualified_name] = "direct"
-                continue
+            rungs = pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, me, r)
+            working = state.get(r.qualified_name)
+            rung = choose_rung(rungs, working)
+            paths[r.qualified_name] = rung
+            auto = mesh.intra_subnet == "auto"
+            if rung != "tunnel" and rung != "wireguard-private":
+                b.private(r.pod_cidr, me, r, rung)
+                if not auto:
+                    continue  # a fixed private rung: no WireGuard peer (the plans of before the ladder)
+            # WireGuard: the pair's rung, or (auto) standing by so either end may switch to it at
+            # any time and the other still accepts what arrives (make-before-break).
+            private_ep = rung == "wireguard-private" or (
+                auto and "wireguard-private" in rungs and (working is None or "wireguard-private" in working))
             ep: Endpoint | None = r.endpoint
-            if private_pair and mesh.intra_subnet == "wireguard-private":
+            if private_ep:
                 assert r.internal_ip is not None
                 ep = Endpoint(str(r.internal_ip.ip), r.endpoint.port if r.endpoint else mesh.port)
             dsts = [r.pod_cidr]
-            if r.internal_ip is not None and not pn:
+            # The internal address stays on the private network whenever one joins the pair: the
+            # encapsulated rungs and WireGuard's private endpoint are sent to it.
+            if r.internal_ip is not None and not private_neighbours(me, r) and len(rungs) == 1:
                 dsts.append(host_net(r.internal_ip))
             dsts.extend(r.allowed_location_ips)
             b.peer(r.name, "node", r.public_key, ep, dsts + [host_net(wg_r)], keepalive)
             for dst in dsts:
                 b.route(dst, wg_r.ip, "wireguard")
-            paths[r.qualified_name] = "tunnel"
 
     leader_ip = my_seg.leader.internal_ip.ip if my_seg.leader.internal_ip is not None else None
     for p in sorted(topo.peers, key=lambda p: p.name):
@@ -332,7 +430,7 @@ def _fastpath(me: Node, topo: Topology, remotes: Sequence[Remote],
         if r is None:
             continue
         if r.dev == "private":
-            out.append(FastPathEntry(n.pod_cidr, "direct", r.via))
+            out.append(FastPathEntry(n.pod_cidr, "direct", r.via, r.encap))
         else:
             out.append(FastPathEntry(n.pod_cidr, "tunnel", None))
     return tuple(sorted(out, key=lambda e: sort_key_net(e.prefix)))

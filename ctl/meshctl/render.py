@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .model import Node, Topology, private_neighbours, sort_key_net
-from .plan import NodePlan, Remote, Segment, segments
+from .plan import Encap, NodePlan, Remote, Segment, segments
 
 
 def plan_to_json(p: NodePlan) -> dict[str, Any]:
@@ -27,12 +27,26 @@ def plan_to_json(p: NodePlan) -> dict[str, Any]:
             }
             for x in p.peers
         ],
-        "routes": [{"dst": str(r.dst), "via": str(r.via) if r.via else None, "dev": r.dev} for r in p.routes],
+        "routes": [{"dst": str(r.dst), "via": str(r.via) if r.via else None, "dev": r.dev, **_encap_json(r.encap)}
+                   for r in p.routes],
         "fastpath": [
-            {"prefix": str(e.prefix), "action": e.action, "nexthop": str(e.nexthop) if e.nexthop else None}
+            {"prefix": str(e.prefix), "action": e.action, "nexthop": str(e.nexthop) if e.nexthop else None,
+             **_encap_json(e.encap)}
             for e in p.fastpath
         ],
     }
+
+
+def _encap_json(e: Encap | None) -> dict[str, Any]:
+    """The encapsulation keys of a route or fast-path entry (absent for raw ones, so plans without
+    encapsulated rungs read exactly as before)."""
+    if e is None:
+        return {}
+    return {"encap": e.kind, "outer_src": str(e.outer_src), "outer_dst": str(e.outer_dst)}
+
+
+def encap_text(e: Encap | None) -> str | None:
+    return f"{e.kind} {e.outer_src}->{e.outer_dst}" if e is not None else None
 
 
 def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
@@ -49,9 +63,13 @@ def plan_to_table(p: NodePlan) -> str:
     out.append(table([(x.name, x.kind, x.endpoint, ",".join(map(str, x.allowed_ips)), x.persistent_keepalive or None)
                       for x in p.peers], ["NAME", "KIND", "ENDPOINT", "ALLOWED IPS", "KEEPALIVE"]))
     out += ["", f"ROUTES ({len(p.routes)})"]
-    out.append(table([(r.dst, r.via, r.dev) for r in p.routes], ["DST", "VIA", "DEV"]))
+    out.append(table([(r.dst, r.via, r.dev, encap_text(r.encap)) for r in p.routes], ["DST", "VIA", "DEV", "ENCAP"]))
     out += ["", f"FAST PATH ({len(p.fastpath)})"]
-    out.append(table([(e.prefix, e.action, e.nexthop) for e in p.fastpath], ["PREFIX", "ACTION", "NEXT HOP"]))
+    out.append(table([(e.prefix, e.action, e.nexthop, encap_text(e.encap)) for e in p.fastpath],
+                     ["PREFIX", "ACTION", "NEXT HOP", "ENCAP"]))
+    if p.paths:
+        out += ["", "PATHS"]
+        out.append(table(sorted(p.paths.items()), ["NODE", "PATH"]))
     return "\n".join(out)
 
 
