@@ -35,6 +35,8 @@ from .model import (
 
 Dev = Literal["private", "wireguard"]
 Action = Literal["local", "direct", "tunnel"]
+EncapKind = Literal["vxlan", "ipip"]
+ENCAP_KINDS: tuple[EncapKind, ...] = ("vxlan", "ipip")
 PeerKind = Literal["node", "segment", "peer"]
 
 
@@ -65,18 +67,20 @@ class PeerPlan:
 
 @dataclass(frozen=True)
 class Encap:
-    """An encapsulated private rung: the pod packet inside `kind` (VXLAN or IP-in-IP), with the two
-    nodes' private addresses as outer source and destination, sent over the private NIC."""
+    """How a `direct` entry wraps the pod packet before it leaves on the private NIC: `kind` is the
+    rung's encapsulation, `local` this node's private address (the outer source) and `remote` the
+    peer's (the outer destination). Outer addresses are what a VPC fabric forwards; the pod
+    addresses travel inside."""
 
-    kind: Literal["vxlan", "ipip"]
-    outer_src: IPAddress
-    outer_dst: IPAddress
+    kind: EncapKind
+    local: IPAddress
+    remote: IPAddress
 
 
 @dataclass(frozen=True)
 class Route:
     """A route of the plan. With `encap` (dev `private`, no `via`) the destination is reached
-    encapsulated towards `encap.outer_dst` (the datapath or a tunnel device carries it)."""
+    encapsulated towards `encap.remote` (the datapath or a tunnel device carries it)."""
 
     dst: IPNetwork
     via: IPAddress | None
@@ -86,14 +90,19 @@ class Route:
 
 @dataclass(frozen=True)
 class FastPathEntry:
-    """One fast-path decision per pod CIDR. `direct` with `encap`: encapsulate towards
-    `encap.outer_dst` and send out of the private NIC (no `nexthop`: the kernel's route to the
-    outer destination decides the next hop)."""
+    """One decision per pod CIDR. `nexthop`: the private next hop of a raw direct entry (None:
+    on-link); an encapsulated direct entry (`encap` set) leaves `nexthop` None unless the outer
+    packet must go through a gateway. `rung` names the path as the path ladder does."""
 
     prefix: IPNetwork
     action: Action
     nexthop: IPAddress | None
     encap: Encap | None = None
+
+    @property
+    def rung(self) -> str:
+        """"local", "tunnel", "direct", "direct+vxlan" or "direct+ipip"."""
+        return self.action if self.encap is None else f"{self.action}+{self.encap.kind}"
 
 
 @dataclass(frozen=True)
@@ -188,11 +197,11 @@ class _Builder:
     def private(self, dst: IPNetwork, me: Node, to: Node, rung: Rung) -> None:
         """`dst` over the private network to node `to` on a direct or encapsulated rung."""
         assert to.internal_ip is not None and me.internal_ip is not None
-        kind = ENCAP_RUNGS.get(rung)
+        kind: EncapKind | None = ENCAP_RUNGS.get(rung)  # type: ignore[assignment]
         if kind is None:
             self.route(dst, to.internal_ip.ip, "private")
         else:
-            self.route(dst, None, "private", Encap(kind, me.internal_ip.ip, to.internal_ip.ip))  # type: ignore[arg-type]
+            self.route(dst, None, "private", Encap(kind, me.internal_ip.ip, to.internal_ip.ip))
 
     def peer(self, name: str, kind: PeerKind, key: str, endpoint: Endpoint | str | None,
              allowed: list[IPNetwork], keepalive: int) -> None:

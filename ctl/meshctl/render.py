@@ -42,11 +42,11 @@ def _encap_json(e: Encap | None) -> dict[str, Any]:
     encapsulated rungs read exactly as before)."""
     if e is None:
         return {}
-    return {"encap": e.kind, "outer_src": str(e.outer_src), "outer_dst": str(e.outer_dst)}
+    return {"encap": e.kind, "outer_src": str(e.local), "outer_dst": str(e.remote)}
 
 
 def encap_text(e: Encap | None) -> str | None:
-    return f"{e.kind} {e.outer_src}->{e.outer_dst}" if e is not None else None
+    return f"{e.kind} {e.local}->{e.remote}" if e is not None else None
 
 
 def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
