@@ -37,7 +37,8 @@ PEER_CHOICE_TTL_S = 5.0  # a peer's reported choice counts this long after its l
 
 @dataclass(frozen=True)
 class ProbeTuning:
-    interval: float = 1.0        # steady probing, per peer and kind
+    interval: float = 1.0        # steady probing of the kind carrying the pair's rung
+    standby_interval: float = 5.0  # the other kinds (they only say where to go next)
     fast_interval: float = 0.05  # after a lost probe, until a reply comes or the kind is down
     timeout: float = 0.25        # a probe unanswered this long is lost
     down_after: float = 1.5      # no reply for this long ...
@@ -214,9 +215,20 @@ class Chooser:
             out[name] = frozenset(r for r in p.ladder[at:] if r != "tunnel" and self.usable(p, r))
         return out
 
-    def due(self, h: KindHealth) -> float:
-        """Seconds between probes of one kind to one peer, as its health asks."""
-        return self.tuning.fast_interval if h.fast else self.tuning.interval
+    def due(self, peer: str, kind: str) -> float:
+        """Seconds until the next probe of one kind to one peer: fast after a loss; steady for the
+        kind carrying the pair's rung and for kinds of cheaper rungs (so a recovery is seen
+        promptly), and before the first verdict; slow for kinds only costlier rungs need."""
+        p = self.pairs[peer]
+        h = p.kinds[kind]
+        if h.fast:
+            return self.tuning.fast_interval
+        if h.up is None or p.rung is None:
+            return self.tuning.interval
+        at = RUNGS.index(p.rung)  # type: ignore[arg-type]
+        if any(RUNGS.index(r) <= at for r in KIND_RUNGS[kind]):
+            return self.tuning.interval
+        return self.tuning.standby_interval
 
     def status(self) -> dict[str, dict[str, object]]:
         """Per peer: rung, the kinds' verdicts and RTTs (for /status and metrics)."""

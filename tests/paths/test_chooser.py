@@ -33,13 +33,12 @@ class Sim:
         while self.now < end:
             for k, at in self.next.items():
                 if self.now >= at:
-                    h = self.c.pairs["b"].kinds[k]
                     ok = k not in self.cut and self.rng.random() >= self.loss
                     if ok:
                         self.c.reply("b", k, 0.001, self.now, self.peer_rungs, self.peer_choice)
                     else:
                         self.c.lost("b", k, self.now + T.timeout)
-                    self.next[k] = self.now + self.c.due(h)
+                    self.next[k] = self.now + self.c.due("b", k)
             if self.c.tick(self.now):
                 rungs.append(self.c.pairs["b"].rung)
             self.now += step
