@@ -8,9 +8,9 @@ import time
 
 from meshctl.datapath.inns import in_netns
 from meshctl.lab import fabric
-from meshctl.model import RUNGS
-from meshctl.pathchoice import ProbeTuning
-from meshctl.pathprobe import Prober, Target, probe_address
+from meshctl.mesh.model import RUNGS
+from meshctl.mesh.paths import ProbeTuning
+from meshctl.node.probe import Prober, Target, probe_address
 from tests.waiting import wait_for
 
 from .conftest import FABRICS_DOC, node_of

@@ -29,9 +29,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InputError, MeshError
-from ..model import IPNetwork
-from ..netns import addr, run, sysctl, veth
+from meshctl.errors import InputError, MeshError
+from meshctl.lab.netns import addr, run, sysctl, veth
+from meshctl.mesh.model import IPNetwork
 
 FABRIC_KINDS: tuple[str, ...] = ("l2", "vpc", "vpc-udp", "hetzner", "blackhole")
 ROUTED_KINDS: tuple[str, ...] = ("vpc", "vpc-udp", "hetzner")
@@ -70,7 +70,7 @@ def parse_fabrics(d: Any, path: str = "lab.fabrics") -> tuple[Fabric, ...]:
     """`{subnet: kind}` or `{subnet: {kind, network, loss}}`."""
     import re
 
-    from ..validate import network as parse_network
+    from meshctl.mesh.fields import network as parse_network
 
     if d is None:
         return ()
@@ -273,7 +273,7 @@ def change(st: dict[str, Any], subnet: str, new_kind: str, loss_pct: int = 0) ->
 
     A hetzner subnet keeps its nodes' /32 addressing: it may become blackhole (or hetzner again),
     and no other subnet may become hetzner (its nodes hold their subnet's prefix)."""
-    from ..validate import network as parse_network
+    from meshctl.mesh.fields import network as parse_network
 
     key = str(parse_network(subnet, "SUBNET"))
     fabs = st.get("fabrics") or {}
@@ -291,7 +291,7 @@ def change(st: dict[str, Any], subnet: str, new_kind: str, loss_pct: int = 0) ->
         apply(st, key)
     except MeshError as err:
         raise MeshError(f"lab fabric {key}: {err}") from None
-    from . import state as labstate
+    from meshctl.lab import state as labstate
 
     labstate.save(st)
     return e
