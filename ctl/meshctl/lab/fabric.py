@@ -282,7 +282,7 @@ def change(st: dict[str, Any], subnet: str, new_kind: str, loss_pct: int = 0) ->
                          f"({', '.join(fabs) or 'none'})")
     kind(new_kind, "KIND")
     loss(loss_pct, "--loss")
-    e = fabs[key]
+    e: dict[str, Any] = fabs[key]
     if (e["addressing"] == "hetzner") != (new_kind == "hetzner") and new_kind != "blackhole":
         raise InputError("KIND", new_kind, f"cannot replace {e['addressing']} addressing on a running fabric "
                          f"({key} was built as {e['addressing']})")

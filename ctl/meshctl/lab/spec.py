@@ -16,9 +16,9 @@ from typing import Any
 
 from meshctl.backends.file import load_yaml
 from meshctl.errors import InputError
+from meshctl.lab.fabric import Fabric, check_nodes, parse_fabrics
 from meshctl.mesh.model import IPNetwork, Topology
 from meshctl.mesh.records import parse_topology
-from meshctl.lab.fabric import Fabric, check_nodes, parse_fabrics
 
 _PLACEHOLDER_KEY = base64.b64encode(bytes(32)).decode()
 LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend", "fabrics")

@@ -167,9 +167,9 @@ class Chooser:
         if p.rung is None:
             return "first probes"
         own = self.own_choice(p)
-        if own is not None and RUNGS.index(new) > RUNGS.index(own):  # type: ignore[arg-type]
+        if own is not None and RUNGS.index(new) > RUNGS.index(own):
             return "peer chose " + new
-        if RUNGS.index(new) > RUNGS.index(p.rung):  # type: ignore[arg-type]
+        if RUNGS.index(new) > RUNGS.index(p.rung):
             return f"{p.rung} stopped delivering"
         return f"{new} delivered for the hold time"
 
@@ -199,7 +199,7 @@ class Chooser:
         if own is None:
             return None
         theirs = p.peer_choice if now - p.peer_seen <= PEER_CHOICE_TTL_S else None
-        if theirs in p.ladder and p.ladder.index(theirs) > p.ladder.index(own):  # type: ignore[arg-type]
+        if theirs in p.ladder and p.ladder.index(theirs) > p.ladder.index(own):
             return theirs
         return own
 
@@ -211,7 +211,7 @@ class Chooser:
         for name, p in self.pairs.items():
             if p.rung is None:
                 continue
-            at = p.ladder.index(p.rung)  # type: ignore[arg-type]
+            at = p.ladder.index(p.rung)
             out[name] = frozenset(r for r in p.ladder[at:] if r != "tunnel" and self.usable(p, r))
         return out
 
@@ -225,7 +225,7 @@ class Chooser:
             return self.tuning.fast_interval
         if h.up is None or p.rung is None:
             return self.tuning.interval
-        at = RUNGS.index(p.rung)  # type: ignore[arg-type]
+        at = RUNGS.index(p.rung)
         if any(RUNGS.index(r) <= at for r in KIND_RUNGS[kind]):
             return self.tuning.interval
         return self.tuning.standby_interval

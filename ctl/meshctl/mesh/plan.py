@@ -80,13 +80,13 @@ class Encap:
 
 @dataclass(frozen=True)
 class Route:
-    """A route of the plan. With `encap` (dev `private`, no `via`) the destination is reached
-    encapsulated towards `encap.remote` (the datapath or a tunnel device carries it)."""
+    """A route the route applier installs. Encapsulated rungs have none: their pod CIDR's
+    fast-path entry carries the encapsulation (the eBPF program, or the tunnel devices of the
+    kernel fallback, node/tunnels.py, carry it)."""
 
     dst: IPNetwork
     via: IPAddress | None
     dev: Dev
-    encap: Encap | None = None
 
 
 @dataclass(frozen=True)
@@ -190,19 +190,21 @@ class _Builder:
 
     def __init__(self) -> None:
         self.routes: dict[IPNetwork, Route] = {}
+        self.encaps: dict[IPNetwork, Encap] = {}  # pod CIDRs on an encapsulated rung (no route)
         self.peers: list[PeerPlan] = []
 
-    def route(self, dst: IPNetwork, via: IPAddress | None, dev: Dev, encap: Encap | None = None) -> None:
-        self.routes.setdefault(dst, Route(dst, via, dev, encap))
+    def route(self, dst: IPNetwork, via: IPAddress | None, dev: Dev) -> None:
+        if dst not in self.encaps:
+            self.routes.setdefault(dst, Route(dst, via, dev))
 
     def private(self, dst: IPNetwork, me: Node, to: Node, rung: Rung) -> None:
-        """`dst` over the private network to node `to` on a direct or encapsulated rung."""
+        """A pod CIDR over the private network to node `to`, on a direct or encapsulated rung."""
         assert to.internal_ip is not None and me.internal_ip is not None
         kind: EncapKind | None = ENCAP_RUNGS.get(rung)  # type: ignore[assignment]
         if kind is None:
             self.route(dst, to.internal_ip.ip, "private")
-        else:
-            self.route(dst, None, "private", Encap(kind, me.internal_ip.ip, to.internal_ip.ip))
+        elif dst not in self.routes:
+            self.encaps.setdefault(dst, Encap(kind, me.internal_ip.ip, to.internal_ip.ip))
 
     def peer(self, name: str, kind: PeerKind, key: str, endpoint: Endpoint | str | None,
              allowed: list[IPNetwork], keepalive: int) -> None:
@@ -307,9 +309,10 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
                 b.private(m.pod_cidr, me, m, rung)
                 paths[m.qualified_name] = rung
 
-        def to_leader(dst: IPNetwork) -> None:
+        def to_leader(dst: IPNetwork, pod: bool = False) -> None:
+            # Pod CIDRs follow the leader's rung; other addresses go raw (as before the ladder).
             rung = member_rung.get(my_seg.leader.name, "direct")
-            if rung == "direct" or me.internal_ip is None:
+            if rung == "direct" or not pod or me.internal_ip is None:
                 b.route(dst, leader_ip, "private")
             else:
                 b.private(dst, me, my_seg.leader, rung)
@@ -324,11 +327,12 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
             if leads:
                 b.peer(s.peer_name, "segment", s.leader.public_key, s.leader.endpoint,
                        addrs + [host_net(s.wireguard_ip)], keepalive)
+            pods = {m.pod_cidr for m in s.members}
             for dst in addrs:
                 if leads:
                     b.route(dst, s.wireguard_ip.ip, "wireguard")
                 else:
-                    to_leader(dst)
+                    to_leader(dst, dst in pods)
             for m in s.members:
                 paths[m.qualified_name] = "tunnel" if leads else "via-leader"
     else:
@@ -375,7 +379,7 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
         _plan_remote(b, me, remote, leads, leader_ip, keepalive, paths)
 
     routes = tuple(sorted(b.routes.values(), key=lambda r: sort_key_net(r.dst)))
-    fastpath = _fastpath(me, topo, remotes, b.routes)
+    fastpath = _fastpath(me, topo, remotes, b.routes, b.encaps)
     return NodePlan(
         node=me.name,
         granularity=mesh.granularity,
@@ -431,19 +435,23 @@ def _remote_segment(me: Node, wg_ip: IPInterface, leader: Node, members: tuple[N
     return tuple(b.routes.values()), (b.peers[0] if b.peers else None), tuple(paths)
 
 
-def _fastpath(me: Node, topo: Topology, remotes: Sequence[Remote],
-              routes: dict[IPNetwork, Route]) -> tuple[FastPathEntry, ...]:
+def _fastpath(me: Node, topo: Topology, remotes: Sequence[Remote], routes: dict[IPNetwork, Route],
+              encaps: dict[IPNetwork, Encap]) -> tuple[FastPathEntry, ...]:
     """One entry per node pod CIDR: local for our own, direct (next hop) for a route on the
     private NIC, tunnel for a route through WireGuard."""
     out = [FastPathEntry(me.pod_cidr, "local", None)]
     for n in [*topo.nodes, *(n for r in remotes for n in r.nodes)]:
         if n is me:
             continue
+        enc = encaps.get(n.pod_cidr)
+        if enc is not None:
+            out.append(FastPathEntry(n.pod_cidr, "direct", None, enc))
+            continue
         r = routes.get(n.pod_cidr)
         if r is None:
             continue
         if r.dev == "private":
-            out.append(FastPathEntry(n.pod_cidr, "direct", r.via, r.encap))
+            out.append(FastPathEntry(n.pod_cidr, "direct", r.via))
         else:
             out.append(FastPathEntry(n.pod_cidr, "tunnel", None))
     return tuple(sorted(out, key=lambda e: sort_key_net(e.prefix)))

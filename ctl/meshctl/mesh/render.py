@@ -27,8 +27,7 @@ def plan_to_json(p: NodePlan) -> dict[str, Any]:
             }
             for x in p.peers
         ],
-        "routes": [{"dst": str(r.dst), "via": str(r.via) if r.via else None, "dev": r.dev, **_encap_json(r.encap)}
-                   for r in p.routes],
+        "routes": [{"dst": str(r.dst), "via": str(r.via) if r.via else None, "dev": r.dev} for r in p.routes],
         "fastpath": [
             {"prefix": str(e.prefix), "action": e.action, "nexthop": str(e.nexthop) if e.nexthop else None,
              **_encap_json(e.encap)}
@@ -38,7 +37,7 @@ def plan_to_json(p: NodePlan) -> dict[str, Any]:
 
 
 def _encap_json(e: Encap | None) -> dict[str, Any]:
-    """The encapsulation keys of a route or fast-path entry (absent for raw ones, so plans without
+    """The encapsulation keys of a fast-path entry (absent for raw ones, so plans without
     encapsulated rungs read exactly as before)."""
     if e is None:
         return {}
@@ -63,7 +62,7 @@ def plan_to_table(p: NodePlan) -> str:
     out.append(table([(x.name, x.kind, x.endpoint, ",".join(map(str, x.allowed_ips)), x.persistent_keepalive or None)
                       for x in p.peers], ["NAME", "KIND", "ENDPOINT", "ALLOWED IPS", "KEEPALIVE"]))
     out += ["", f"ROUTES ({len(p.routes)})"]
-    out.append(table([(r.dst, r.via, r.dev, encap_text(r.encap)) for r in p.routes], ["DST", "VIA", "DEV", "ENCAP"]))
+    out.append(table([(r.dst, r.via, r.dev) for r in p.routes], ["DST", "VIA", "DEV"]))
     out += ["", f"FAST PATH ({len(p.fastpath)})"]
     out.append(table([(e.prefix, e.action, e.nexthop, encap_text(e.encap)) for e in p.fastpath],
                      ["PREFIX", "ACTION", "NEXT HOP", "ENCAP"]))

@@ -72,7 +72,7 @@ def _csum(data: bytes) -> int:
     s = sum(struct.unpack(f"!{len(data) // 2}H", data))
     s = (s >> 16) + (s & 0xFFFF)
     s += s >> 16
-    return ~s & 0xFFFF
+    return int(~s & 0xFFFF)
 
 
 def ipv4(src: bytes, dst: bytes, proto: int, payload: bytes, ident: int = 0) -> bytes:
@@ -299,7 +299,7 @@ class Prober:
 
     def _payload(self, kind: str, typ: int, seq: int, nonce: int, t_ns: int, choice: str | None) -> bytes:
         return PAYLOAD.pack(MAGIC, VERSION, typ, PROBE_KINDS.index(kind), 0, seq, nonce, t_ns, self.internal.packed,
-                            rung_bits(self.chooser.local_rungs), RUNGS.index(choice) if choice in RUNGS else NO_CHOICE)  # type: ignore[arg-type]
+                            rung_bits(self.chooser.local_rungs), RUNGS.index(choice) if choice in RUNGS else NO_CHOICE)
 
     def _probe(self, t: Target, kind: str, now: float) -> None:
         self._seq = (self._seq + 1) & 0xFFFFFFFF
