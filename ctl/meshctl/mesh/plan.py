@@ -268,6 +268,28 @@ def choose_rung(rungs: Sequence[Rung], working: frozenset[str] | None) -> Rung:
     return rungs[0]
 
 
+def probe_ladders(topo: Topology, name: str) -> dict[str, tuple[Rung, ...]]:
+    """The peers node `name` probes under `intra_subnet: auto`, with each pair's ladder: every
+    node whose ladder has a private rung (full/cross: pair_rungs; location: its own members)."""
+    mesh = topo.mesh
+    me = topo.node(name)
+    if me is None or mesh.intra_subnet != "auto" or me.internal_ip is None:
+        return {}
+    out: dict[str, tuple[Rung, ...]] = {}
+    for r in topo.nodes:
+        if r.name == me.name or r.internal_ip is None:
+            continue
+        if mesh.granularity == "location":
+            if r.location != me.location:
+                continue
+            ladder = member_rungs(mesh.intra_subnet, me, r)
+        else:
+            ladder = pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, me, r)
+        if any(rung != "tunnel" for rung in ladder):
+            out[r.qualified_name] = ladder
+    return out
+
+
 def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
               granularity: Granularity | None = None, path_state: PathState | None = None) -> NodePlan:
     """The plan of node `name`. `remotes` are other clusters' topologies (already admitted:
