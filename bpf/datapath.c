@@ -2,9 +2,11 @@
  *
  *   from_pod      tc ingress of each host-side pod veth. LPM lookup of the destination; `direct`
  *                 entries are forwarded straight to the private NIC with bpf_redirect_neigh (TTL
- *                 decremented, packet marked); everything else goes to the kernel untouched.
- *   from_private  tc ingress of the private NIC. A destination that is a local pod goes straight
- *                 into the pod with bpf_redirect_peer; everything else goes to the kernel.
+ *                 decremented, packet marked), raw or encapsulated (VXLAN / IPIP, lib/encap.h);
+ *                 everything else goes to the kernel untouched.
+ *   from_private  tc ingress of the private NIC. Encapsulated packets for this node are unwrapped;
+ *                 a destination that is a local pod goes straight into the pod with
+ *                 bpf_redirect_peer; everything else goes to the kernel.
  *   flow_egress   tc egress of the private NIC, the tunnel device and each pod veth. Records the
  *                 reversed tuple of every flow that left through the kernel (it may be NATed there:
  *                 kube-proxy), so its replies are handed back to the kernel instead of bypassing it.
@@ -12,22 +14,21 @@
  * The kernel's routes stay the source of truth: any packet these programs do not recognise gets
  * TC_ACT_OK and the same treatment as with no program at all.
  *
- * The loader prepends `#define MC_PIN_DIR "<pin root>/<node>"`.
+ * Layout: this file holds the maps, their accessors and the programs; lib/ holds the parts
+ * (pkt: parsing, flow: tracking, encap, icmp). Load-time settings arrive as cflags (see
+ * meshctl_maps.h).
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/if_ether.h>
+#include <uapi/linux/icmp.h>
 #include <uapi/linux/in.h>
 #include <uapi/linux/ip.h>
 #include <uapi/linux/ipv6.h>
 #include <uapi/linux/pkt_cls.h>
+#include <uapi/linux/udp.h>
 
 #include "meshctl_maps.h"
-
-#define MC_AF_INET 2
-#define MC_AF_INET6 10
-#define MC_L3 ETH_HLEN
-/* Bytes the programs read from the linear part at most: Ethernet, IPv4 header with options, L4 ports. */
-#define MC_NEED (ETH_HLEN + 60 + 4)
+#include "lib/common.h"
 
 BPF_TABLE_PINNED("lpm_trie", struct mc_route_key, struct mc_route_value, routes, MC_ROUTES_MAX,
                  MC_PIN_DIR "/routes", BPF_F_NO_PREALLOC);
@@ -39,17 +40,37 @@ BPF_TABLE_PINNED("lru_hash", struct mc_flow6_key, struct mc_flow_value, flows6, 
 BPF_TABLE_PINNED("percpu_array", __u32, struct mc_counter, counters, MC_COUNTERS, MC_PIN_DIR "/counters");
 BPF_TABLE_PINNED("array", __u32, __u64, config, MC_CONFIG_SLOTS, MC_PIN_DIR "/config");
 
-/* bcc 0.26 declares the old 3-argument form; the kernel's helper takes (ifindex, params, plen, flags). */
-static long (*mc_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params, int plen, __u64 flags) =
-    (void *)BPF_FUNC_redirect_neigh;
+/* Map accessors. bcc rewrites `map.lookup()` calls only in the main file, so lib/ reaches the
+ * maps through these. */
+static __always_inline struct mc_route_value *mc_route_lookup(struct mc_route_key *k)
+{
+    return routes.lookup(k);
+}
 
-/* What mc_headers found: nothing is copied out of the packet until a branch needs it. */
-struct mc_l3 {
-    __u32 family;
-    __u32 l4;   /* offset of the L4 header from skb->data */
-    __u8 proto;
-    __u8 frag;  /* a non-first IPv4 fragment: no ports */
-};
+static __always_inline struct mc_pod_value *mc_pod_lookup(struct mc_pod_key *k)
+{
+    return pods.lookup(k);
+}
+
+static __always_inline struct mc_flow_value *mc_flow4_lookup(struct mc_flow4_key *k)
+{
+    return flows4.lookup(k);
+}
+
+static __always_inline void mc_flow4_update(struct mc_flow4_key *k, struct mc_flow_value *v)
+{
+    flows4.update(k, v);
+}
+
+static __always_inline struct mc_flow_value *mc_flow6_lookup(struct mc_flow6_key *k)
+{
+    return flows6.lookup(k);
+}
+
+static __always_inline void mc_flow6_update(struct mc_flow6_key *k, struct mc_flow_value *v)
+{
+    flows6.update(k, v);
+}
 
 static __always_inline void mc_count(__u32 slot, __u32 len)
 {
@@ -60,165 +81,23 @@ static __always_inline void mc_count(__u32 slot, __u32 len)
     }
 }
 
-/* -1: not IPv4/IPv6, truncated or malformed (the kernel deals with it). */
-static __always_inline int mc_headers(struct __sk_buff *skb, struct mc_l3 *h)
+/* A config slot; 0 when unset. */
+static __always_inline __u64 mc_config(__u32 slot)
 {
-    void *data = (void *)(long)skb->data;
-    void *end = (void *)(long)skb->data_end;
-    if (data + MC_NEED > end && skb->len > end - data) {
-        /* Headers partly outside the linear area (rare on veth): pull what we read. */
-        bpf_skb_pull_data(skb, skb->len < MC_NEED ? skb->len : MC_NEED);
-        data = (void *)(long)skb->data;
-        end = (void *)(long)skb->data_end;
-    }
-    struct ethhdr *eth = data;
-    if ((void *)(eth + 1) > end)
-        return -1;
-    if (eth->h_proto == bpf_htons(ETH_P_IP)) {
-        struct iphdr *ip = (void *)(eth + 1);
-        if ((void *)(ip + 1) > end || ip->version != 4 || ip->ihl < 5)
-            return -1;
-        __u32 hl = ip->ihl * 4;
-        if ((void *)ip + hl > end)
-            return -1; /* options cut off: malformed, the kernel drops it */
-        h->family = MC_FAMILY_V4;
-        h->proto = ip->protocol;
-        h->l4 = MC_L3 + hl;
-        h->frag = (ip->frag_off & bpf_htons(0x1fff)) != 0;
-        return 0;
-    }
-    if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
-        struct ipv6hdr *ip6 = (void *)(eth + 1);
-        if ((void *)(ip6 + 1) > end || ip6->version != 6)
-            return -1;
-        h->family = MC_FAMILY_V6;
-        h->proto = ip6->nexthdr;
-        h->l4 = MC_L3 + sizeof(*ip6);
-        h->frag = 0;
-        return 0;
-    }
-    return -1;
+    __u64 *v = config.lookup(&slot);
+    return v ? *v : 0;
 }
 
-/* Source and destination ports as they sit in the packet (one u32), 0 when there are none. */
-static __always_inline __u32 mc_ports(struct __sk_buff *skb, struct mc_l3 *h)
-{
-    if (h->frag || (h->proto != IPPROTO_TCP && h->proto != IPPROTO_UDP && h->proto != IPPROTO_SCTP))
-        return 0;
-    void *data = (void *)(long)skb->data;
-    void *end = (void *)(long)skb->data_end;
-    void *l4 = data + (h->l4 & 0x7f);
-    if (l4 + 4 > end)
-        return 0;
-    return *(__u32 *)l4;
-}
-
-/* Whether the flow LRU holds this packet's tuple (reverse=0) or its reply's (reverse=1); with
- * `record`, a missing tuple is added (a lookup per packet, an update per flow). */
-static __always_inline int mc_flow(struct __sk_buff *skb, struct mc_l3 *h, int reverse, int record)
-{
-    __u32 ports = mc_ports(skb, h);
-    if (reverse)
-        ports = (ports >> 16) | (ports << 16);
-    void *data = (void *)(long)skb->data;
-    void *end = (void *)(long)skb->data_end;
-    struct mc_flow_value v = {};
-    if (h->family == MC_FAMILY_V4) {
-        struct iphdr *ip = data + MC_L3;
-        if ((void *)(ip + 1) > end)
-            return 0;
-        struct mc_flow4_key k = {};
-        k.saddr = reverse ? ip->daddr : ip->saddr;
-        k.daddr = reverse ? ip->saddr : ip->daddr;
-        *(__u32 *)&k.sport = ports;
-        k.proto = h->proto;
-        if (flows4.lookup(&k))
-            return 1;
-        if (record) {
-            v.created_ns = bpf_ktime_get_ns();
-            flows4.update(&k, &v);
-        }
-        return 0;
-    }
-    struct ipv6hdr *ip6 = data + MC_L3;
-    if ((void *)(ip6 + 1) > end)
-        return 0;
-    struct mc_flow6_key k = {};
-    __builtin_memcpy(k.saddr, reverse ? &ip6->daddr : &ip6->saddr, 16);
-    __builtin_memcpy(k.daddr, reverse ? &ip6->saddr : &ip6->daddr, 16);
-    *(__u32 *)&k.sport = ports;
-    k.proto = h->proto;
-    if (flows6.lookup(&k))
-        return 1;
-    if (record) {
-        v.created_ns = bpf_ktime_get_ns();
-        flows6.update(&k, &v);
-    }
-    return 0;
-}
-
-/* The destination address into `addr` (16 bytes, IPv4 in the first 4). -1 if not readable. */
-static __always_inline int mc_daddr(struct __sk_buff *skb, __u32 family, __u8 *addr)
-{
-    void *data = (void *)(long)skb->data;
-    void *end = (void *)(long)skb->data_end;
-    if (family == MC_FAMILY_V4) {
-        struct iphdr *ip = data + MC_L3;
-        if ((void *)(ip + 1) > end)
-            return -1;
-        *(__u32 *)addr = ip->daddr;
-        return 0;
-    }
-    struct ipv6hdr *ip6 = data + MC_L3;
-    if ((void *)(ip6 + 1) > end)
-        return -1;
-    __builtin_memcpy(addr, &ip6->daddr, 16);
-    return 0;
-}
-
-/* Decrements the TTL / hop limit as the kernel's forwarding would. -1: TTL <= 1 (the kernel must
- * answer with ICMP time exceeded) or headers not readable. */
-static __always_inline int mc_dec_ttl(struct __sk_buff *skb, __u32 family)
-{
-    void *data = (void *)(long)skb->data;
-    void *end = (void *)(long)skb->data_end;
-    if (family == MC_FAMILY_V4) {
-        struct iphdr *ip = data + MC_L3;
-        if ((void *)(ip + 1) > end || ip->ttl <= 1)
-            return -1;
-        __u32 check = ip->check;
-        check += bpf_htons(0x0100);
-        ip->check = (__u16)(check + (check >= 0xFFFF));
-        ip->ttl--;
-        return 0;
-    }
-    struct ipv6hdr *ip6 = data + MC_L3;
-    if ((void *)(ip6 + 1) > end || ip6->hop_limit <= 1)
-        return -1;
-    ip6->hop_limit--;
-    return 0;
-}
+#include "lib/pkt.h"
+#include "lib/flow.h"
+#include "lib/encap.h"
+#include "lib/icmp.h"
 
 /* Counts an outcome and returns its tc verdict. */
 static __always_inline int mc_out(__u32 slot, __u32 len, int verdict)
 {
     mc_count(slot, len);
     return verdict;
-}
-
-/* Before forwarding a packet ourselves: the reply of a kernel flow, or a TTL <= 1, goes to the
- * kernel (-1, `slot` says why); else the TTL is decremented (0). */
-static __always_inline int mc_may_forward(struct __sk_buff *skb, struct mc_l3 *h, __u32 *slot)
-{
-    if (mc_flow(skb, h, 0, 0)) {
-        *slot = MC_C_FLOW;
-        return -1;
-    }
-    if (mc_dec_ttl(skb, h->family) < 0) {
-        *slot = MC_C_PASS;
-        return -1;
-    }
-    return 0;
 }
 
 /* The verdict after a redirect helper returned `ret`. */
@@ -229,57 +108,105 @@ static __always_inline int mc_redirected(long ret, __u32 slot, __u32 len)
     return mc_out(slot, len, TC_ACT_REDIRECT);
 }
 
+/* Redirects to the private NIC through the entry's next hop, or (none) the kernel's route to the
+ * packet's destination (the outer one, once encapsulated). */
+static __always_inline long mc_redirect_private(const struct mc_route_value *r)
+{
+    struct bpf_redir_neigh nh = {};
+    if (r->nh_family == MC_FAMILY_V4) {
+        nh.nh_family = MC_AF_INET;
+        nh.ipv4_nh = r->nexthop.v4;
+    } else if (r->nh_family == MC_FAMILY_V6) {
+        nh.nh_family = MC_AF_INET6;
+        __builtin_memcpy(nh.ipv6_nh, r->nexthop.words, sizeof(nh.ipv6_nh));
+    } else {
+        return mc_redirect_neigh(r->ifindex, NULL, 0, 0);
+    }
+    return mc_redirect_neigh(r->ifindex, &nh, sizeof(nh), 0);
+}
+
+/* A packet that does not fit the private NIC once encapsulated (GSO packets always fit: their
+ * segments shrink). IPv4 with DF: answered with ICMP "fragmentation needed" into the pod. Without
+ * DF, or IPv6: the kernel's routes decide (fragmenting, or answering "packet too big"). */
+static __always_inline int mc_too_big(struct __sk_buff *skb, const struct mc_pkt *p, __u32 mtu, __u32 len)
+{
+    if (p->family != MC_FAMILY_V4 || !(p->ip4->frag_off & bpf_htons(MC_IP_DF)))
+        return mc_out(MC_C_PASS, len, TC_ACT_OK);
+    if (mc_icmp4_too_big(skb, p, mtu, (__be32)mc_config(MC_CFG_PRIVATE4)) < 0)
+        return mc_out(MC_C_ERROR, len, TC_ACT_SHOT);
+    skb->mark |= MC_MARK; /* not a kernel flow: the pod veth's egress tracker skips it */
+    return mc_redirected(bpf_redirect(skb->ifindex, 0), MC_C_TOO_BIG, len);
+}
+
+static __always_inline int mc_forward_encap(struct __sk_buff *skb, struct mc_pkt *p, const struct mc_route_value *r,
+                                            __u32 len)
+{
+    __u32 overhead = mc_encap_overhead(r->encap);
+    __u32 mtu = 0;
+    long fits = bpf_check_mtu(skb, r->ifindex, &mtu, overhead, 0);
+    if (fits < 0)
+        return mc_out(MC_C_ERROR, len, TC_ACT_SHOT);
+    if (fits != BPF_MTU_CHK_RET_SUCCESS)
+        return mc_too_big(skb, p, mtu - overhead, len);
+    if (mc_dec_ttl(p) < 0)
+        return mc_out(MC_C_PASS, len, TC_ACT_OK);
+    if (mc_encap(skb, p, r) < 0)
+        return mc_out(MC_C_ERROR, len, TC_ACT_SHOT);
+    skb->mark |= MC_MARK;
+    return mc_redirected(mc_redirect_private(r), MC_C_ENCAP, len);
+}
+
 int from_pod(struct __sk_buff *skb)
 {
     __u32 len = skb->len;
-    struct mc_l3 h = {};
-    struct mc_route_key k = {};
-    if (mc_headers(skb, &h) < 0 || mc_daddr(skb, h.family, k.addr) < 0)
+    struct mc_pkt p = {};
+    if (mc_parse(skb, &p) < 0)
         return mc_out(MC_C_PASS, len, TC_ACT_OK);
-    k.prefixlen = h.family == MC_FAMILY_V4 ? 64 : 160;
-    k.family = h.family;
-    struct mc_route_value *r = routes.lookup(&k);
+    struct mc_route_key k = {};
+    k.family = p.family;
+    k.prefixlen = 32 + (p.family == MC_FAMILY_V4 ? 32 : 128);
+    mc_daddr(&p, &k.addr);
+    struct mc_route_value *r = mc_route_lookup(&k);
     if (!r)
         return mc_out(MC_C_PASS, len, TC_ACT_OK);
     if (r->action == MC_ACT_TUNNEL)
         return mc_out(MC_C_TUNNEL, len, TC_ACT_OK);
     if (r->action != MC_ACT_DIRECT)
         return mc_out(MC_C_LOCAL, len, TC_ACT_OK);
-    struct bpf_redir_neigh nh = {};
-    int have_nh = r->nh_family != 0;
-    if (r->nh_family == MC_FAMILY_V4) {
-        nh.nh_family = MC_AF_INET;
-        __builtin_memcpy(&nh.ipv4_nh, r->nexthop, 4);
-    } else if (r->nh_family == MC_FAMILY_V6) {
-        nh.nh_family = MC_AF_INET6;
-        __builtin_memcpy(nh.ipv6_nh, r->nexthop, 16);
-    }
-    __u32 ifindex = r->ifindex;
     /* A reply of a flow that came into the pod through the kernel (NodePort, a NATed client)
      * goes back through the kernel. */
-    __u32 why = 0;
-    if (mc_may_forward(skb, &h, &why) < 0)
-        return mc_out(why, len, TC_ACT_OK);
+    if (mc_flow_is_kernel_reply(&p))
+        return mc_out(MC_C_FLOW, len, TC_ACT_OK);
+    if (r->encap != MC_ENCAP_NONE)
+        return mc_forward_encap(skb, &p, r, len);
+    if (mc_dec_ttl(&p) < 0)
+        return mc_out(MC_C_PASS, len, TC_ACT_OK);
     skb->mark |= MC_MARK;
-    long ret = have_nh ? mc_redirect_neigh(ifindex, &nh, sizeof(nh), 0) : mc_redirect_neigh(ifindex, NULL, 0, 0);
-    return mc_redirected(ret, MC_C_DIRECT, len);
+    return mc_redirected(mc_redirect_private(r), MC_C_DIRECT, len);
 }
 
 int from_private(struct __sk_buff *skb)
 {
     __u32 len = skb->len;
-    struct mc_l3 h = {};
-    struct mc_pod_key k = {};
-    if (mc_headers(skb, &h) < 0 || mc_daddr(skb, h.family, k.addr) < 0)
+    struct mc_pkt p = {};
+    if (mc_parse(skb, &p) < 0)
         return mc_out(MC_C_PASS, len, TC_ACT_OK);
-    k.family = h.family;
-    struct mc_pod_value *pod = pods.lookup(&k);
+    int decap = mc_decap(skb, &p);
+    if (decap < 0)
+        return mc_out(MC_C_ERROR, len, TC_ACT_SHOT);
+    if (decap > 0)
+        mc_count(MC_C_DECAP, len);
+    struct mc_pod_key k = {};
+    k.family = p.family;
+    mc_daddr(&p, &k.addr);
+    struct mc_pod_value *pod = mc_pod_lookup(&k);
     if (!pod)
         return mc_out(MC_C_PASS, len, TC_ACT_OK);
     __u32 ifindex = pod->ifindex;
-    __u32 why = 0;
-    if (mc_may_forward(skb, &h, &why) < 0)
-        return mc_out(why, len, TC_ACT_OK);
+    if (mc_flow_is_kernel_reply(&p))
+        return mc_out(MC_C_FLOW, len, TC_ACT_OK);
+    if (mc_dec_ttl(&p) < 0)
+        return mc_out(MC_C_PASS, len, TC_ACT_OK);
     return mc_redirected(bpf_redirect_peer(ifindex, 0), MC_C_PEER, len);
 }
 
@@ -290,10 +217,10 @@ int flow_egress(struct __sk_buff *skb)
         skb->mark &= ~MC_MARK;
         return TC_ACT_OK;
     }
-    struct mc_l3 h = {};
-    if (mc_headers(skb, &h) < 0)
+    struct mc_pkt p = {};
+    if (mc_parse(skb, &p) < 0)
         return TC_ACT_OK;
-    if (!mc_flow(skb, &h, 1, 1))
+    if (mc_flow_track(&p))
         mc_count(MC_C_TRACKED, skb->len);
     return TC_ACT_OK;
 }

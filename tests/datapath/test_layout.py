@@ -6,9 +6,14 @@ from __future__ import annotations
 import ipaddress
 import re
 
+import pytest
+
 from meshctl.datapath import layout, libbpf
 from meshctl.datapath.loader import bpf_dir
-from meshctl.mesh.plan import FastPathEntry
+from meshctl.errors import MeshError
+from meshctl.mesh.plan import Encap, FastPathEntry
+
+ip = ipaddress.ip_address
 
 DEFINES = {m.group(1): int(m.group(2), 0) for m in re.finditer(
     r"^#define (MC_\w+) (0x[0-9a-fA-F]+|\d+)\b", (bpf_dir() / "meshctl_maps.h").read_text(), re.M)}
@@ -16,16 +21,31 @@ DEFINES = {m.group(1): int(m.group(2), 0) for m in re.finditer(
 
 def test_constants_match_the_header():
     assert DEFINES["MC_LAYOUT_VERSION"] == layout.LAYOUT_VERSION
-    assert DEFINES["MC_MARK"] == layout.MARK
     assert (DEFINES["MC_ROUTES_MAX"], DEFINES["MC_PODS_MAX"], DEFINES["MC_FLOWS_MAX"]) == (
         layout.ROUTES_MAX, layout.PODS_MAX, layout.FLOWS_MAX)
     assert {a: DEFINES[f"MC_ACT_{a.upper()}"] for a in layout.ACTIONS} == layout.ACTIONS
+    assert {e: DEFINES[f"MC_ENCAP_{e.upper()}"] for e in layout.ENCAPS} == layout.ENCAPS
     slots = {k[len("MC_C_"):].lower(): v for k, v in DEFINES.items() if k.startswith("MC_C_")}
     assert [n for n, _ in sorted(slots.items(), key=lambda kv: kv[1])] == list(layout.COUNTERS)
     assert DEFINES["MC_COUNTERS"] == len(layout.COUNTERS)
     assert (DEFINES["MC_CFG_LAYOUT"], DEFINES["MC_CFG_SOURCE_HASH"], DEFINES["MC_CFG_MARK"],
-            DEFINES["MC_CFG_CLSACT"], DEFINES["MC_CONFIG_SLOTS"]) == (
-        layout.CFG_LAYOUT, layout.CFG_SOURCE_HASH, layout.CFG_MARK, layout.CFG_CLSACT, layout.CONFIG_SLOTS)
+            DEFINES["MC_CFG_CLSACT"], DEFINES["MC_CFG_PRIVATE4"], DEFINES["MC_CONFIG_SLOTS"]) == (
+        layout.CFG_LAYOUT, layout.CFG_SOURCE_HASH, layout.CFG_MARK, layout.CFG_CLSACT, layout.CFG_PRIVATE4,
+        layout.CONFIG_SLOTS)
+
+
+def test_load_time_settings_reach_the_c_as_cflags_only():
+    """The loader never edits the source: every setting the header needs is a -D flag, and the
+    header refuses to compile without them (or with another layout version)."""
+    flags = {f.split("=", 1)[0][2:]: f.split("=", 1)[1] for f in layout.cflags("/sys/fs/bpf/x/n1")}
+    assert flags == {"MC_PIN_DIR": '"/sys/fs/bpf/x/n1"', "MC_LOADER_LAYOUT": str(layout.LAYOUT_VERSION),
+                     "MC_MARK": hex(layout.MARK), "MC_VXLAN_PORT": str(layout.VXLAN_PORT),
+                     "MC_VXLAN_VNI": hex(layout.VXLAN_VNI), "MC_VTEP_OUI": hex(layout.VTEP_OUI)}
+    text = (bpf_dir() / "meshctl_maps.h").read_text()
+    for name in flags:
+        assert f"!defined({name})" in text, name
+        assert not re.search(rf"^#define {name}\b", text, re.M), f"{name} is defined in the header too"
+    assert "#if MC_LOADER_LAYOUT != MC_LAYOUT_VERSION" in text
 
 
 def test_struct_sizes_match_the_compiled_maps(unit_dp):
@@ -38,6 +58,20 @@ def test_struct_sizes_match_the_compiled_maps(unit_dp):
     assert libbpf.map_info(m.routes.fd).max_entries == layout.ROUTES_MAX
 
 
+def test_encapsulated_route_codec_round_trips():
+    enc = Encap("vxlan", ip("10.30.2.1"), ip("10.30.3.1"))
+    e = FastPathEntry(ipaddress.ip_network("10.42.3.0/24"), "direct", None, enc)
+    [(k, v)] = layout.route_table([e], 4).items()
+    r = layout.decode_route(k, v)
+    assert (r.entry, r.ifindex, r.entry.rung) == (e, 4, "direct+vxlan")
+    ipip = FastPathEntry(e.prefix, "direct", ip("10.30.2.254"), Encap("ipip", ip("10.30.2.1"), ip("10.30.3.1")))
+    r = layout.decode_route(*next(iter(layout.route_table([ipip], 4).items())))
+    assert (r.entry, r.entry.rung) == (ipip, "direct+ipip")
+    with pytest.raises(MeshError, match="outer addresses must be IPv4"):
+        layout.route_table([FastPathEntry(e.prefix, "direct", None, Encap("ipip", ip("fd00::1"), ip("fd00::2")))], 4)
+    assert layout.vtep_mac(ip("10.30.3.1")) == "02:6d:0a:1e:03:01"
+
+
 def test_route_codec_round_trips():
     for prefix, action, nh in (("10.42.2.0/24", "direct", "192.168.0.2"), ("fd42::/48", "tunnel", None),
                                ("10.43.0.0/16", "direct", "fd77::3"), ("0.0.0.0/0", "local", None)):
@@ -47,9 +81,9 @@ def test_route_codec_round_trips():
         [(k, v)] = table.items()
         assert k == layout.route_key(net)
         r = layout.decode_route(k, v)
-        assert (r.prefix, r.action, r.nexthop, r.ifindex) == (net, action, nexthop, 7 if action == "direct" else 0)
+        assert (r.entry, r.ifindex) == (FastPathEntry(net, action, nexthop), 7 if action == "direct" else 0)
     # Next hops of both families with the same integer value stay apart.
     a, b = ipaddress.ip_address("0.0.0.7"), ipaddress.ip_address("::7")
     table = layout.route_table([FastPathEntry(ipaddress.ip_network("10.1.0.0/16"), "direct", a),
                                 FastPathEntry(ipaddress.ip_network("10.2.0.0/16"), "direct", b)], 3)
-    assert sorted(str(layout.decode_route(k, v).nexthop) for k, v in table.items()) == ["0.0.0.7", "::7"]
+    assert sorted(str(layout.decode_route(k, v).entry.nexthop) for k, v in table.items()) == ["0.0.0.7", "::7"]

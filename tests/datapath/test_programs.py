@@ -65,7 +65,7 @@ def test_longest_prefix_wins(dp):
     assert run(dp.programs["from_pod"], frame(POD, "10.42.2.100")).verdict == "redirect"
     entries = {e["prefix"]: e for e in dp.entries()}
     assert entries["10.42.2.0/24"] == {"prefix": "10.42.2.0/24", "action": "direct", "nexthop": "192.168.0.2",
-                                       "ifname": "lo"}
+                                       "ifname": "lo", "encap": None, "outer_src": None, "outer_dst": None}
 
 
 def test_ipv6_direct_decrements_hop_limit_and_tunnel_passes(dp):

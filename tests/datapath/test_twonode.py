@@ -100,8 +100,10 @@ def test_pods_maps_hold_the_local_pods(bed):
     pods, entries, status = in_netns(bed.ns("a"), read)
     assert {p["ip"] for p in pods} == set(PODS["a"])
     assert all(p["ifname"] == "vp1" for p in pods)
-    assert {"prefix": "10.42.2.0/24", "action": "direct", "nexthop": "192.168.77.2", "ifname": "eth1"} in entries
-    assert {"prefix": "10.42.9.0/24", "action": "tunnel", "nexthop": None, "ifname": None} in entries
+    assert {"prefix": "10.42.2.0/24", "action": "direct", "nexthop": "192.168.77.2", "ifname": "eth1",
+            "encap": None, "outer_src": None, "outer_dst": None} in entries
+    assert {"prefix": "10.42.9.0/24", "action": "tunnel", "nexthop": None, "ifname": None, "encap": None,
+            "outer_src": None, "outer_dst": None} in entries
     hooks = {(lk["hook"], lk["ifname"]) for lk in status["links"]}
     assert hooks == {("private-in", "eth1"), ("private-out", "eth1"), ("tunnel-out", "kilo0"),
                      ("pod-in", "vp1"), ("pod-out", "vp1")}
@@ -201,7 +203,8 @@ def test_cli_dump_and_status(bed):
     r = runner.invoke(main, ["maps", "dump", *where, "-o", "json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
-    assert {"prefix": "10.42.2.0/24", "action": "direct", "nexthop": "192.168.77.2", "ifname": "eth1"} in d["entries"]
+    assert {"prefix": "10.42.2.0/24", "action": "direct", "nexthop": "192.168.77.2", "ifname": "eth1",
+            "encap": None, "outer_src": None, "outer_dst": None} in d["entries"]
     assert d["counters"]["direct"]["packets"] > 0
     r = runner.invoke(main, ["maps", "dump", *where])
     assert r.exit_code == 0

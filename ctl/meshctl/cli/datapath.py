@@ -89,7 +89,8 @@ def maps() -> None:
 @click.option("--counters", "only_counters", is_flag=True, help="Only the per-action counters.")
 def maps_dump(node: str | None, lab_name: str | None, pin_root: str | None, netns: str | None, output: str,
               only_counters: bool) -> None:
-    """Every LPM entry (prefix, action, next hop, interface), the local pods and the counters."""
+    """Every LPM entry (prefix, action, next hop, interface, encapsulation and outer addresses), the
+    local pods and the counters."""
     dumps = [_read(n, root, ns, only_counters) for n, root, ns in _where(node, lab_name, pin_root, netns)]
     if output == "json":
         click.echo(json.dumps(dumps if node is None else dumps[0], indent=2))
@@ -97,9 +98,11 @@ def maps_dump(node: str | None, lab_name: str | None, pin_root: str | None, netn
     for d in dumps:
         click.echo(f"node {d['node']}")
         if not only_counters:
-            click.echo(f"  {'PREFIX':<28} {'ACTION':<8} {'NEXTHOP':<26} IFNAME")
+            click.echo(f"  {'PREFIX':<28} {'ACTION':<8} {'NEXTHOP':<26} {'IFNAME':<12} {'ENCAP':<6} OUTER SRC -> DST")
             for e in d["entries"]:
-                click.echo(f"  {e['prefix']:<28} {e['action']:<8} {e['nexthop'] or '-':<26} {e['ifname'] or '-'}")
+                outer = f"{e['outer_src']} -> {e['outer_dst']}" if e.get("encap") else "-"
+                click.echo(f"  {e['prefix']:<28} {e['action']:<8} {e['nexthop'] or '-':<26} {e['ifname'] or '-':<12} "
+                           f"{e.get('encap') or '-':<6} {outer}".rstrip())
             click.echo(f"  ({len(d['entries'])} entries)")
             click.echo(f"  {'LOCAL POD':<28} HOST VETH")
             for p in d["pods"]:

@@ -187,9 +187,11 @@ class Datapath:
     def attach(self, private_if: str, tunnel_if: str | None, pod_ifs: Iterable[str]) -> None:
         """Idempotent: from_pod (+ egress tracking) on each pod veth, from_private (+ egress
         tracking) on the private NIC, egress tracking on tunnel_if; detach pod veths no longer
-        listed; refresh the local-pod map from the kernel's pod routes."""
+        listed; refresh the local-pod map from the kernel's pod routes; record the private NIC's
+        IPv4 address as the one encapsulated packets must be addressed to."""
         if self._loaded is None:
             return
+        self._loaded.maps.config_set(layout.CFG_PRIVATE4, layout.config_addr(private_ipv4(private_if)))
         pod_ifs = list(dict.fromkeys(pod_ifs))
         want: dict[tuple[str, int], str] = {}
         priv = links.ifindex(private_if)
@@ -253,15 +255,23 @@ class Datapath:
         return self._loaded.maps.counters() if self._loaded is not None else {}
 
     def entries(self) -> list[dict]:
-        """The LPM map as `maps dump` prints it: prefix, action, nexthop, ifname."""
+        """The LPM map as `maps dump` prints it: prefix, action, nexthop, ifname, and for an
+        encapsulated entry its encapsulation (vxlan, ipip) and outer addresses."""
         if self._loaded is None:
             return []
         from meshctl.mesh.model import sort_key_net
 
         out = [layout.decode_route(k, v) for k, v in self._loaded.maps.routes.items().items()]
-        out.sort(key=lambda r: sort_key_net(r.prefix))
-        return [{"prefix": str(r.prefix), "action": r.action, "nexthop": str(r.nexthop) if r.nexthop else None,
-                 "ifname": links.ifname(r.ifindex) if r.ifindex else None} for r in out]
+        out.sort(key=lambda r: sort_key_net(r.entry.prefix))
+        rows = []
+        for r in out:
+            e = r.entry
+            rows.append({"prefix": str(e.prefix), "action": e.action, "nexthop": str(e.nexthop) if e.nexthop else None,
+                         "ifname": links.ifname(r.ifindex) if r.ifindex else None,
+                         "encap": e.encap.kind if e.encap else None,
+                         "outer_src": str(e.encap.local) if e.encap else None,
+                         "outer_dst": str(e.encap.remote) if e.encap else None})
+        return rows
 
     def pods(self) -> list[dict]:
         """The local-pod map: pod address and the host veth bpf_redirect_peer sends it to."""
@@ -289,6 +299,7 @@ class Datapath:
                 programs={p: i for p, i in self._loaded.prog_ids.items()},
                 links=[{"hook": a.hook, "ifindex": a.ifindex, "ifname": a.ifname, "prog_id": a.prog_id,
                         "kind": a.kind} for a in self.attachments()],
+                private4=_str_or_none(layout.addr_from_config(maps.config_get(layout.CFG_PRIVATE4))),
                 routes=len(maps.routes.items()),
                 pods=len(maps.pods.items()),
             )
@@ -303,6 +314,22 @@ class Datapath:
     def programs(self) -> dict[str, int]:
         """Program name -> fd (tests, benchmarks: BPF_PROG_TEST_RUN)."""
         return dict(self._loaded.progs) if self._loaded is not None else {}
+
+
+def _str_or_none(x: object | None) -> str | None:
+    return None if x is None else str(x)
+
+
+def private_ipv4(dev: str) -> IPAddress | None:
+    """The first global IPv4 address of `dev` (the node's private address), None without one."""
+    p = subprocess.run(["ip", "-j", "-4", "addr", "show", "dev", dev, "scope", "global"], capture_output=True,
+                       text=True)
+    if p.returncode != 0 or not p.stdout.strip():
+        return None
+    for link in json.loads(p.stdout):
+        for a in link.get("addr_info", []):
+            return ipaddress.ip_address(a["local"])
+    return None
 
 
 def _netns_devices() -> list[str]:

@@ -1,7 +1,9 @@
 """Python mirror of bpf/meshctl_maps.h: byte layouts of every pinned map, and their codecs.
 
-Keep this file and the header in step; tests/datapath compare them through bcc's view of the
-compiled structs, and LAYOUT_VERSION must equal MC_LAYOUT_VERSION.
+Keep this file and the header in step; tests/datapath compare them through the kernel's view of
+the compiled maps, and the loader passes LAYOUT_VERSION to the compiler, which refuses a header of
+another version. The wire constants of encapsulation (VXLAN port and VNI, VTEP MACs) are defined
+here once and reach the C as cflags (`cflags()`).
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from meshctl.errors import MeshError
 from meshctl.mesh.model import IPAddress, IPNetwork
-from meshctl.mesh.plan import FastPathEntry
+from meshctl.mesh.plan import Encap, FastPathEntry
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 
 ROUTES_MAX = 131072
 PODS_MAX = 16384
@@ -28,18 +31,30 @@ FAMILY_V6 = 6
 
 ACTIONS = {"local": 1, "direct": 2, "tunnel": 3}
 ACTION_NAMES = {v: k for k, v in ACTIONS.items()}
+ENCAPS = {"vxlan": 1, "ipip": 2}  # MC_ENCAP_*; 0: raw
+ENCAP_NAMES = {v: k for k, v in ENCAPS.items()}
+
+# Encapsulation on the wire (cflags of the programs, and the kernel-routes fallback's devices).
+VXLAN_PORT = 4789          # IANA
+VXLAN_VNI = 0x6D6573       # "mes": one VNI for the mesh
+VTEP_OUI = 0x026D          # a node's VXLAN MAC: 02:6d, then its private IPv4 (locally administered)
+VXLAN_OVERHEAD = 50        # outer IPv4 20 + UDP 8 + VXLAN 8 + inner Ethernet 14
+IPIP_OVERHEAD = 20         # outer IPv4
+OVERHEAD = {"vxlan": VXLAN_OVERHEAD, "ipip": IPIP_OVERHEAD}
 
 # Counter slots, in the header's order (MC_C_*).
-COUNTERS = ("direct", "tunnel", "local", "pass", "flow", "error", "peer", "tracked")
+COUNTERS = ("direct", "tunnel", "local", "pass", "flow", "error", "peer", "tracked", "encap", "decap", "too_big")
 
 CFG_LAYOUT = 0
 CFG_SOURCE_HASH = 1
 CFG_MARK = 2
 CFG_CLSACT = 3
+CFG_PRIVATE4 = 4
 CONFIG_SLOTS = 8
 
 ROUTE_KEY = struct.Struct("<II16s")        # prefixlen (32 family bits + address bits), family, addr
-ROUTE_VALUE = struct.Struct("<IIII16s")    # action, ifindex, nh_family, pad, nexthop
+# action, ifindex, nh_family, encap, outer_family, pad, nexthop, outer_src, outer_dst
+ROUTE_VALUE = struct.Struct("<IIIBBH16s16s16s")
 POD_KEY = struct.Struct("<I16s")           # family, addr
 POD_VALUE = struct.Struct("<II")           # ifindex, pad
 FLOW4_KEY = struct.Struct("<4s4s2s2sB3x")    # saddr, daddr, sport, dport (network order), proto
@@ -60,6 +75,28 @@ MAP_SIZES = {
 }
 
 
+def cflags(pin_dir: str) -> list[str]:
+    """The load-time settings of the programs, as compiler flags (see meshctl_maps.h)."""
+    return [f'-DMC_PIN_DIR="{pin_dir}"', f"-DMC_LOADER_LAYOUT={LAYOUT_VERSION}", f"-DMC_MARK={MARK:#x}",
+            f"-DMC_VXLAN_PORT={VXLAN_PORT}", f"-DMC_VXLAN_VNI={VXLAN_VNI:#x}", f"-DMC_VTEP_OUI={VTEP_OUI:#x}"]
+
+
+def vtep_mac(private_ip: IPAddress) -> str:
+    """The VXLAN MAC of the node whose private IPv4 is `private_ip` (what both the programs and the
+    kernel VXLAN devices of the fallback put in the inner Ethernet header)."""
+    raw = VTEP_OUI.to_bytes(2, "big") + private_ip.packed
+    return ":".join(f"{b:02x}" for b in raw)
+
+
+def config_addr(addr: IPAddress | None) -> int:
+    """An IPv4 address as a config slot holds it (network order in the low 32 bits); 0 for None."""
+    return int.from_bytes(addr.packed, "little") if addr is not None and addr.version == 4 else 0
+
+
+def addr_from_config(value: int) -> IPAddress | None:
+    return ipaddress.IPv4Address((value & 0xFFFFFFFF).to_bytes(4, "little")) if value else None
+
+
 def _family(version: int) -> int:
     return FAMILY_V4 if version == 4 else FAMILY_V6
 
@@ -76,9 +113,9 @@ def route_table(entries: Iterable[FastPathEntry], ifindex: int) -> dict[bytes, b
 
     Written for speed (the agent re-encodes the whole plan on each sync): it reads the ipaddress
     objects' slots (_version, _prefixlen, _ip: stable since Python 3.3) instead of their
-    properties, and encodes each distinct (action, next hop) value once."""
+    properties, and encodes each distinct (action, next hop, encapsulation) value once."""
     k4, k6, htonl = _ROUTE_KEY4.pack, ROUTE_KEY.pack, socket.htonl
-    values: dict[tuple[str, int, int], bytes] = {}
+    values: dict[tuple[str, int, int, Encap | None], bytes] = {}
     out: dict[bytes, bytes] = {}
     for e in entries:
         p: Any = e.prefix  # read through its slots, see above
@@ -87,18 +124,24 @@ def route_table(entries: Iterable[FastPathEntry], ifindex: int) -> dict[bytes, b
         else:
             key = k6(32 + p._prefixlen, FAMILY_V6, p.network_address.packed)
         nh: Any = e.nexthop
-        vk = (e.action, 0, 0) if nh is None else (e.action, nh._version, nh._ip)
+        vk = (e.action, 0, 0, e.encap) if nh is None else (e.action, nh._version, nh._ip, e.encap)
         v = values.get(vk)
         if v is None:
-            v = values[vk] = route_value(e.action, ifindex if e.action == "direct" else 0, nh)
+            v = values[vk] = route_value(e.action, ifindex if e.action == "direct" else 0, nh, e.encap)
         out[key] = v
     return out
 
 
-def route_value(action: str, ifindex: int, nexthop: IPAddress | None) -> bytes:
-    if nexthop is None:
-        return ROUTE_VALUE.pack(ACTIONS[action], ifindex, 0, 0, b"")
-    return ROUTE_VALUE.pack(ACTIONS[action], ifindex, _family(nexthop.version), 0, nexthop.packed)
+def route_value(action: str, ifindex: int, nexthop: IPAddress | None, encap: Encap | None = None) -> bytes:
+    """MeshError for an encapsulation the programs cannot build (IPv6 outer addresses)."""
+    nh_fam, nh = (0, b"") if nexthop is None else (_family(nexthop.version), nexthop.packed)
+    if encap is None:
+        return ROUTE_VALUE.pack(ACTIONS[action], ifindex, nh_fam, 0, 0, 0, nh, b"", b"")
+    if encap.local.version != 4 or encap.remote.version != 4:
+        raise MeshError(f"encapsulation {encap.kind} from {encap.local} to {encap.remote}: outer addresses "
+                        "must be IPv4 (the fast path builds IPv4 outer headers only)")
+    return ROUTE_VALUE.pack(ACTIONS[action], ifindex, nh_fam, ENCAPS[encap.kind], FAMILY_V4, 0, nh,
+                            encap.local.packed, encap.remote.packed)
 
 
 def _addr(family: int, raw: bytes) -> IPAddress:
@@ -107,18 +150,23 @@ def _addr(family: int, raw: bytes) -> IPAddress:
 
 @dataclass(frozen=True)
 class RouteEntry:
-    prefix: IPNetwork
-    action: str
+    """A routes map entry read back: the plan entry it encodes and the NIC it redirects to."""
+
+    entry: FastPathEntry
     ifindex: int
-    nexthop: IPAddress | None
 
 
 def decode_route(key: bytes, value: bytes) -> RouteEntry:
     plen, fam, addr = ROUTE_KEY.unpack(key)
-    action, ifindex, nh_fam, _, nh = ROUTE_VALUE.unpack(value)
+    action, ifindex, nh_fam, enc, outer_fam, _, nh, osrc, odst = ROUTE_VALUE.unpack(value)
     net = ipaddress.ip_network((_addr(fam, addr), plen - 32))
-    return RouteEntry(net, ACTION_NAMES.get(action, f"unknown({action})"), ifindex,
-                      _addr(nh_fam, nh) if nh_fam else None)
+    encap = None
+    if enc:
+        kind = ENCAP_NAMES.get(enc, f"unknown({enc})")
+        encap = Encap(kind, _addr(outer_fam, osrc), _addr(outer_fam, odst))  # type: ignore[arg-type]
+    act = ACTION_NAMES.get(action, f"unknown({action})")
+    return RouteEntry(FastPathEntry(net, act, _addr(nh_fam, nh) if nh_fam else None, encap),  # type: ignore[arg-type]
+                      ifindex)
 
 
 def pod_key(ip: IPAddress) -> bytes:

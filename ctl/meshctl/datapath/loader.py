@@ -26,7 +26,6 @@ log = logging.getLogger("meshctl.datapath")
 
 PROGRAMS = ("from_pod", "from_private", "flow_egress")
 SOURCE = "datapath.c"
-HEADER = "meshctl_maps.h"
 
 
 def bpf_dir() -> Path:
@@ -37,12 +36,16 @@ def bpf_dir() -> Path:
     return d
 
 
-def source(pin_dir: str) -> tuple[str, int]:
-    """The C text bcc compiles for this node, and a 63-bit hash of it (stored in config)."""
+def source(pin_dir: str) -> tuple[Path, list[str], int]:
+    """What bcc compiles for this node: the main source, its cflags (load-time settings and the
+    include path) and a 63-bit hash of both with every header (stored in config: a change of any
+    of them recompiles)."""
     d = bpf_dir()
-    text = f'#define MC_PIN_DIR "{pin_dir}"\n' + (d / SOURCE).read_text()
-    digest = hashlib.sha256(text.encode() + (d / HEADER).read_bytes()).digest()
-    return text, int.from_bytes(digest[:8], "little") >> 1
+    cflags = [f"-I{d}", "-Wno-unused-function", *layout.cflags(pin_dir)]
+    h = hashlib.sha256("\0".join(cflags).encode())
+    for f in sorted(p for p in d.rglob("*") if p.suffix in (".c", ".h")):
+        h.update(str(f.relative_to(d)).encode() + b"\0" + f.read_bytes())
+    return d / SOURCE, cflags, int.from_bytes(h.digest()[:8], "little") >> 1
 
 
 def bpffs_mounted(path: str) -> bool:
@@ -154,13 +157,13 @@ def _compile_and_pin(pin_dir: str) -> None:
 def compile_and_pin_here(pin_dir: str) -> None:
     """bcc compile in this process; maps are created (or reopened) at their pinned paths by
     BPF_TABLE_PINNED; programs replace the old pins. (meshctl.datapath.compile runs this.)"""
-    text, _ = source(pin_dir)
+    main, cflags, _ = source(pin_dir)
     try:
         from bcc import BPF  # noqa: PLC0415 - optional dependency, checked at run time
     except ImportError as e:
         raise MeshError(f"bcc is not importable ({e})") from None
     try:
-        b = BPF(text=text.encode(), cflags=[f"-I{bpf_dir()}", "-Wno-unused-function"])
+        b = BPF(src_file=str(main).encode(), cflags=cflags)
     except Exception as e:  # bcc raises bare Exception on compile/load errors
         raise MeshError(f"bcc could not compile/load {SOURCE}: {_first_line(e)}") from None
     try:
@@ -210,7 +213,7 @@ def load(pin_dir: str) -> Loaded:
     """Reopen or (re)build this node's programs and maps. Raises MeshError/OSError/ImportError
     when the fast path cannot run here; the caller turns that into kernel-routes mode."""
     os.makedirs(pin_dir, exist_ok=True)
-    _, digest = source(pin_dir)
+    _, _, digest = source(pin_dir)
     migrated: int | None = None
     cfg = _pinned_config(pin_dir)
     pinned, pinned_hash = cfg if cfg is not None else (None, 0)

@@ -97,28 +97,12 @@ class Testbed:
         netns.bridge(p("lan"), "br0")
         plan = {n: plan_node(topology(), n) for n in ("a", "b")}
         for i, node in enumerate(("a", "b"), start=1):
-            ns, pod = p(node), p(f"{node}-p1")
-            netns.veth(ns, "eth1", p("lan"), f"port{i}")
+            netns.veth(p(node), "eth1", p("lan"), f"port{i}")
             netns.enslave(p("lan"), f"port{i}", "br0")
-            netns.addr(ns, "eth1", f"{PRIVATE[node][0]}/24")
-            for key, val in (("net.ipv4.ip_forward", "1"), ("net.ipv4.conf.all.rp_filter", "0"),
-                             ("net.ipv4.conf.default.rp_filter", "0"), ("net.ipv6.conf.all.forwarding", "1")):
-                netns.sysctl(ns, key, val)
-            netns.veth(ns, "vp1", pod, "eth0")
-            v4, v6 = PODS[node]
-            netns.addr(ns, "vp1", f"10.42.{i}.1/32")
-            netns.addr(pod, "eth0", f"{v4}/32")
-            netns.run(pod, ["ip", "route", "add", f"10.42.{i}.1", "dev", "eth0"])
-            netns.run(pod, ["ip", "route", "add", "default", "via", f"10.42.{i}.1", "dev", "eth0"])
-            netns.run(ns, ["ip", "route", "add", f"{v4}/32", "dev", "vp1"])
+            netns.addr(p(node), "eth1", f"{PRIVATE[node][0]}/24")
             if ipv6:
-                netns.run(ns, ["ip", "addr", "add", f"{PRIVATE[node][1]}/64", "dev", "eth1", "nodad"])
-                netns.run(ns, ["ip", "addr", "add", f"fd42:{i}::1/128", "dev", "vp1", "nodad"])
-                netns.run(pod, ["ip", "addr", "add", f"{v6}/128", "dev", "eth0", "nodad"])
-                netns.run(pod, ["ip", "-6", "route", "add", f"fd42:{i}::1", "dev", "eth0"])
-                netns.run(pod, ["ip", "-6", "route", "add", "default", "via", f"fd42:{i}::1", "dev", "eth0"])
-                netns.run(ns, ["ip", "-6", "route", "add", f"{v6}/128", "dev", "vp1"])
-            netns.run(ns, ["nft", "-f", "-"], input=NFT_COUNTERS)
+                netns.run(p(node), ["ip", "addr", "add", f"{PRIVATE[node][1]}/64", "dev", "eth1", "nodad"])
+            self._node_and_pod(node, i, ipv6=ipv6)
         other = {"a": "b", "b": "a"}
         if ipv6:
             for node, i in (("a", 1), ("b", 2)):
@@ -144,6 +128,28 @@ class Testbed:
                 netns.run(p(node), ["ip", "route", "replace", str(r.dst), *via, "dev", dev, "onlink"])
         self.plans = plan
         return self
+
+    def _node_and_pod(self, node: str, i: int, *, ipv6: bool) -> None:
+        """Node `node`'s forwarding settings, its pod <node>-p1 behind veth vp1 (10.42.<i>.5,
+        fd42:<i>::5) routed as most CNIs do, and its FORWARD counters."""
+        ns, pod = self.ns(node), self.ns(f"{node}-p1")
+        for key, val in (("net.ipv4.ip_forward", "1"), ("net.ipv4.conf.all.rp_filter", "0"),
+                         ("net.ipv4.conf.default.rp_filter", "0"), ("net.ipv6.conf.all.forwarding", "1")):
+            netns.sysctl(ns, key, val)
+        netns.veth(ns, "vp1", pod, "eth0")
+        v4, v6 = PODS[node]
+        netns.addr(ns, "vp1", f"10.42.{i}.1/32")
+        netns.addr(pod, "eth0", f"{v4}/32")
+        netns.run(pod, ["ip", "route", "add", f"10.42.{i}.1", "dev", "eth0"])
+        netns.run(pod, ["ip", "route", "add", "default", "via", f"10.42.{i}.1", "dev", "eth0"])
+        netns.run(ns, ["ip", "route", "add", f"{v4}/32", "dev", "vp1"])
+        if ipv6:
+            netns.run(ns, ["ip", "addr", "add", f"fd42:{i}::1/128", "dev", "vp1", "nodad"])
+            netns.run(pod, ["ip", "addr", "add", f"{v6}/128", "dev", "eth0", "nodad"])
+            netns.run(pod, ["ip", "-6", "route", "add", f"fd42:{i}::1", "dev", "eth0"])
+            netns.run(pod, ["ip", "-6", "route", "add", "default", "via", f"fd42:{i}::1", "dev", "eth0"])
+            netns.run(ns, ["ip", "-6", "route", "add", f"{v6}/128", "dev", "vp1"])
+        netns.run(ns, ["nft", "-f", "-"], input=NFT_COUNTERS)
 
     def down(self) -> None:
         for pid in self.pids:
@@ -208,3 +214,123 @@ class Testbed:
                 return
             time.sleep(0.1)
         raise TimeoutError(f"{host}:{port} not reachable from {pod}")
+
+
+# --- two nodes on a private fabric: L2, or routed like a VPC ----------------------------------
+
+FABRIC_PRIVATE = {"l2": {"a": "10.30.1.1", "b": "10.30.1.2"}, "vpc": {"a": "10.30.2.1", "b": "10.30.3.1"}}
+VPC_GATEWAY = {"a": "10.30.2.254", "b": "10.30.3.254"}
+
+# The router of a VPC: forwards only packets whose source and destination are node addresses (what
+# AWS's source/destination check, GCP and DigitalOcean do), counting what passes by kind.
+NFT_VPC = """
+table inet vpc {{
+  set nodes {{ type ipv4_addr; elements = {{ {nodes} }} }}
+  counter vxlan {{}}
+  counter ipip {{}}
+  counter node_to_node {{}}
+  counter dropped {{}}
+  chain forward {{
+    type filter hook forward priority 0; policy drop;
+    ip saddr @nodes ip daddr @nodes udp dport {vxlan_port} counter name "vxlan"
+    ip saddr @nodes ip daddr @nodes ip protocol {{ 4, 41 }} counter name "ipip"
+    ip saddr @nodes ip daddr @nodes counter name "node_to_node" accept
+    counter name "dropped" drop
+  }}
+}}
+"""
+
+
+@dataclass
+class FabricTestbed(Testbed):
+    """Nodes a and b (pods as in Testbed, no far location) on a private fabric of kind `fabric`:
+
+        l2    bridge <p>lan, 10.30.1.0/24: raw pod packets pass
+        vpc   router <p>rtr between 10.30.2.0/24 (a) and 10.30.3.0/24 (b), forwarding only
+              node-to-node packets (NFT_VPC): raw pod packets are dropped, encapsulated ones pass
+
+    Kernel routes to the other node's pods: `route_pods("raw")` via the private network (what the
+    fabric may drop), `route_pods("vxlan")` through meshctl.tunnels' VXLAN device."""
+
+    fabric: str = "vpc"
+
+    def up(self, *, ipv6: bool = True) -> FabricTestbed:
+        p = self.ns
+        addr = FABRIC_PRIVATE[self.fabric]
+        hub = "lan" if self.fabric == "l2" else "rtr"
+        self.namespaces = [p(n) for n in (hub, "a", "b", "a-p1", "b-p1")]
+        for n in self.namespaces:
+            netns.add(n)
+        if self.fabric == "l2":
+            netns.bridge(p("lan"), "br0")
+        else:
+            netns.sysctl(p("rtr"), "net.ipv4.ip_forward", "1")
+            netns.sysctl(p("rtr"), "net.ipv4.conf.all.rp_filter", "0")
+            netns.sysctl(p("rtr"), "net.ipv4.conf.default.rp_filter", "0")
+        for i, node in enumerate(("a", "b"), start=1):
+            netns.veth(p(node), "eth1", p(hub), f"port{i}")
+            if self.fabric == "l2":
+                netns.enslave(p("lan"), f"port{i}", "br0")
+                netns.addr(p(node), "eth1", f"{addr[node]}/24")
+            else:
+                netns.addr(p("rtr"), f"port{i}", f"{VPC_GATEWAY[node]}/24")
+                netns.addr(p(node), "eth1", f"{addr[node]}/24")
+                other = "b" if node == "a" else "a"
+                net = ipaddress.ip_network(f"{addr[other]}/24", strict=False)
+                netns.run(p(node), ["ip", "route", "add", str(net), "via", VPC_GATEWAY[node], "dev", "eth1"])
+                # The router knows the way to the pods (a route table entry of the VPC), so what stops
+                # raw pod packets is the source/destination check below, as in a cloud.
+                netns.run(p("rtr"), ["ip", "route", "add", f"10.42.{i}.0/24", "via", addr[node]])
+            self._node_and_pod(node, i, ipv6=ipv6)
+        if self.fabric == "vpc":
+            from meshctl.datapath.layout import VXLAN_PORT
+
+            netns.run(p("rtr"), ["nft", "-f", "-"], input=NFT_VPC.format(nodes=", ".join(addr.values()),
+                                                                          vxlan_port=VXLAN_PORT))
+        return self
+
+    def private(self, node: str) -> str:
+        return FABRIC_PRIVATE[self.fabric][node]
+
+    def fastpath(self, node: str, kind: str | None = None) -> tuple[FastPathEntry, ...]:
+        """Node `node`'s entries: its own pod CIDRs local, the other's direct, encapsulated as
+        `kind` ("vxlan", "ipip") between the two private addresses, or raw (None)."""
+        from meshctl.mesh.plan import Encap
+
+        other = "b" if node == "a" else "a"
+        i, j = (1, 2) if node == "a" else (2, 1)
+        net = ipaddress.ip_network
+        me, peer = ipaddress.ip_address(self.private(node)), ipaddress.ip_address(self.private(other))
+        enc = Encap(kind, me, peer) if kind else None  # type: ignore[arg-type]
+        # Raw: on-link to the peer on L2; through the kernel's route (the VPC gateway) otherwise.
+        nh = peer if kind is None and self.fabric == "l2" else None
+        return (FastPathEntry(net(f"10.42.{i}.0/24"), "local", None),
+                FastPathEntry(net(f"fd42:{i}::/64"), "local", None),
+                FastPathEntry(net(f"10.42.{j}.0/24"), "direct", nh, enc),
+                FastPathEntry(net(f"fd42:{j}::/64"), "direct", None, enc))
+
+    def route_pods(self, node: str, how: str) -> None:
+        """The kernel's route to the other node's IPv4 pods: "raw" over the private network, or
+        "vxlan" through the kernel fallback's VXLAN device (meshctl.tunnels)."""
+        from meshctl.datapath.inns import in_netns
+        from meshctl.node.tunnels import TunnelApplier
+
+        other = "b" if node == "a" else "a"
+        j = 2 if node == "a" else 1
+        gw = VPC_GATEWAY[node] if self.fabric == "vpc" else self.private(other)
+        ns = self.ns(node)
+        if how == "raw":
+            in_netns(ns, lambda: TunnelApplier("eth1").sync([]))
+            netns.run(ns, ["ip", "route", "replace", f"10.42.{j}.0/24", "via", gw, "dev", "eth1"])
+            return
+        netns.run(ns, ["ip", "route", "del", f"10.42.{j}.0/24", "dev", "eth1"], check=False)
+        entries = [e for e in self.fastpath(node, how) if e.prefix.version == 4]
+        diff = in_netns(ns, lambda: TunnelApplier("eth1").sync(entries))
+        if diff.unavailable:
+            raise RuntimeError(f"{node}: {diff.unavailable}")
+
+    def vpc_counters(self) -> dict[str, int]:
+        """Packets the VPC router counted: vxlan / ipip (node-addressed outer headers),
+        node_to_node (all it forwarded) and dropped."""
+        j = json.loads(self.sh("rtr", ["nft", "-j", "list", "counters", "table", "inet", "vpc"]).stdout)
+        return {x["counter"]["name"]: x["counter"]["packets"] for x in j["nftables"] if "counter" in x}

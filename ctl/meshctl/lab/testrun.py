@@ -38,14 +38,16 @@ def _l4(proto: int, sport: int, dport: int, payload: bytes) -> bytes:
 
 
 def frame(src: str, dst: str, *, ttl: int = 64, proto: int = PROTO_TCP, sport: int = 40000, dport: int = 80,
-          payload: bytes = b"x" * 32) -> bytes:
-    """An Ethernet frame carrying an IPv4 or IPv6 packet (by the addresses' family)."""
+          payload: bytes = b"x" * 32, df: bool = False) -> bytes:
+    """An Ethernet frame carrying an IPv4 or IPv6 packet (by the addresses' family); `df` sets
+    IPv4's don't-fragment bit."""
     s, d = ipaddress.ip_address(src), ipaddress.ip_address(dst)
     if s.version == 4 and proto == PROTO_ICMP6:
         proto = PROTO_ICMP
     body = _l4(proto, sport, dport, payload)
     if s.version == 4:
-        hdr = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(body), 1, 0, ttl, proto, 0, s.packed, d.packed)
+        hdr = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(body), 1, 0x4000 if df else 0, ttl, proto, 0, s.packed,
+                          d.packed)
         hdr = hdr[:10] + struct.pack("!H", ip_checksum(hdr)) + hdr[12:]
         return _DST_MAC + _SRC_MAC + b"\x08\x00" + hdr + body
     hdr = struct.pack("!IHBB16s16s", 6 << 28, len(body), proto, ttl, s.packed, d.packed)

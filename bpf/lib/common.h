@@ -1,0 +1,52 @@
+/* Constants and helper declarations every part of the programs uses. No maps here: bcc rewrites
+ * map calls only in the main file, so datapath.c declares the maps and the small accessors that
+ * these headers call (mc_route_lookup, mc_count, ...). */
+#ifndef MC_LIB_COMMON_H
+#define MC_LIB_COMMON_H
+
+#define MC_AF_INET 2
+#define MC_AF_INET6 10
+
+#define MC_IP_DF 0x4000          /* IPv4 frag_off: don't fragment (host order) */
+#define MC_IP_OFFSET 0x1fff      /* IPv4 frag_off: fragment offset (host order) */
+#define MC_TTL_OUTER 64          /* TTL of the outer header we build */
+#define MC_IPPROTO_IPV6 41       /* IPv6 in IPv4 ("sit"): the ipip rung's carrier for IPv6 pods */
+
+/* bcc 0.26 declares the old 3-argument form; the kernel's helper takes (ifindex, params, plen, flags). */
+static long (*mc_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params, int plen, __u64 flags) =
+    (void *)BPF_FUNC_redirect_neigh;
+
+/* Decapsulation flags of bpf_skb_adjust_room (kernel >= 6.3): the IP version left after the outer
+ * header goes. bcc 0.26's headers predate them; the values are the kernel's uapi. */
+#define MC_ADJ_DECAP_L3_IPV4 (1ULL << 7)
+#define MC_ADJ_DECAP_L3_IPV6 (1ULL << 8)
+
+/* The ones' complement fold of a 32-bit partial sum (bpf_csum_diff's result) into a checksum. */
+static __always_inline __u16 mc_csum_fold(__s64 sum)
+{
+    __u32 s = (__u32)sum;
+    s = (s & 0xffff) + (s >> 16);
+    s = (s & 0xffff) + (s >> 16);
+    return (__u16)~s;
+}
+
+/* A 20-byte IPv4 header from `src` to `dst` (DF set: the fast path never leaves fragmenting to the
+ * underlay), checksum included. */
+static __always_inline void mc_ip4_header(struct iphdr *ip, __u8 proto, __u16 tot_len, __u8 tos, __be32 src,
+                                          __be32 dst)
+{
+    ip->version = 4;
+    ip->ihl = 5;
+    ip->tos = tos;
+    ip->tot_len = bpf_htons(tot_len);
+    ip->id = 0;
+    ip->frag_off = bpf_htons(MC_IP_DF);
+    ip->ttl = MC_TTL_OUTER;
+    ip->protocol = proto;
+    ip->check = 0;
+    ip->saddr = src;
+    ip->daddr = dst;
+    ip->check = mc_csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)ip, sizeof(*ip), 0));
+}
+
+#endif

@@ -1,0 +1,108 @@
+/* Packet parsing: the one place that validates packet pointers. mc_parse hands the others typed
+ * header pointers whose bounds the verifier already knows; nothing else compares against
+ * data_end. Any helper that changes the packet (adjust_room, change_tail, store_bytes, pull_data)
+ * invalidates every pointer: call mc_parse again before touching headers. */
+#ifndef MC_LIB_PKT_H
+#define MC_LIB_PKT_H
+
+/* Bytes the programs read from the linear part at most: Ethernet, IPv4 header with options, ports. */
+#define MC_PULL (ETH_HLEN + 60 + 4)
+
+struct mc_pkt {
+    struct ethhdr *eth;
+    union {                    /* by family: exactly one is valid */
+        struct iphdr *ip4;
+        struct ipv6hdr *ip6;
+    };
+    union mc_ports ports;      /* 0 when the packet carries none (or a non-first fragment) */
+    __u32 family;              /* MC_FAMILY_V4 / MC_FAMILY_V6 */
+    __u32 l4_off;              /* offset of the L4 header from skb->data */
+    __u8 proto;                /* L4 protocol (IPv6: the first next header) */
+};
+
+static __always_inline int mc_has_ports(__u8 proto)
+{
+    return proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP;
+}
+
+/* Fills `p` from an Ethernet frame carrying IPv4 or IPv6. -1: another protocol, truncated or
+ * malformed (the kernel deals with it). */
+static __always_inline int mc_parse(struct __sk_buff *skb, struct mc_pkt *p)
+{
+    void *data = (void *)(long)skb->data;
+    void *end = (void *)(long)skb->data_end;
+    if (data + MC_PULL > end && skb->len > end - data) {
+        /* Headers partly outside the linear area (rare on veth): pull what we read. */
+        bpf_skb_pull_data(skb, skb->len < MC_PULL ? skb->len : MC_PULL);
+        data = (void *)(long)skb->data;
+        end = (void *)(long)skb->data_end;
+    }
+    struct ethhdr *eth = data;
+    if ((void *)(eth + 1) > end)
+        return -1;
+    p->eth = eth;
+    p->ports.both = 0;
+    int frag = 0;
+    void *l4;
+    if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+        struct iphdr *ip = (void *)(eth + 1);
+        if ((void *)(ip + 1) > end || ip->version != 4 || ip->ihl < 5)
+            return -1;
+        /* Verifier: the masked header length gives l4 a known upper bound (60) for the check below. */
+        __u32 hl = (ip->ihl & 0xf) * 4;
+        l4 = (void *)ip + hl;
+        if (l4 > end)
+            return -1; /* options cut off: malformed, the kernel drops it */
+        p->ip4 = ip;
+        p->family = MC_FAMILY_V4;
+        p->proto = ip->protocol;
+        p->l4_off = ETH_HLEN + hl;
+        frag = (ip->frag_off & bpf_htons(MC_IP_OFFSET)) != 0;
+    } else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+        struct ipv6hdr *ip6 = (void *)(eth + 1);
+        if ((void *)(ip6 + 1) > end || ip6->version != 6)
+            return -1;
+        l4 = ip6 + 1;
+        p->ip6 = ip6;
+        p->family = MC_FAMILY_V6;
+        p->proto = ip6->nexthdr;
+        p->l4_off = ETH_HLEN + sizeof(*ip6);
+    } else {
+        return -1;
+    }
+    if (!frag && mc_has_ports(p->proto) && l4 + sizeof(union mc_ports) <= end)
+        p->ports = *(union mc_ports *)l4;
+    return 0;
+}
+
+/* The destination address, in the 16-byte form of keys. */
+static __always_inline void mc_daddr(const struct mc_pkt *p, union mc_addr *a)
+{
+    if (p->family == MC_FAMILY_V4)
+        a->v4 = p->ip4->daddr;
+    else
+        __builtin_memcpy(a->bytes, p->ip6->daddr.s6_addr, 16);
+}
+
+/* Decrements the TTL / hop limit as the kernel's forwarding would. -1: TTL <= 1 (the kernel must
+ * answer with ICMP time exceeded). */
+static __always_inline int mc_dec_ttl(struct mc_pkt *p)
+{
+    if (p->family == MC_FAMILY_V4) {
+        struct iphdr *ip = p->ip4;
+        if (ip->ttl <= 1)
+            return -1;
+        /* RFC 1624 incremental update: TTL is the high byte of its 16-bit word. */
+        __u32 check = ip->check;
+        check += bpf_htons(0x0100);
+        ip->check = (__u16)(check + (check >= 0xFFFF));
+        ip->ttl--;
+        return 0;
+    }
+    if (p->ip6->hop_limit <= 1)
+        return -1;
+    p->ip6->hop_limit--;
+    return 0;
+}
+
+#endif

@@ -1,0 +1,223 @@
+"""The kernel-route fallback of encapsulated direct entries: ordinary tunnel devices, for a node
+whose eBPF fast path is not loaded (or a peer that sends through its kernel).
+
+`direct+vxlan`: one VXLAN device (`meshvx0`: the mesh's VNI and port, the node's private address
+as source, learning off) whose MAC is the node's VTEP MAC (datapath.layout.vtep_mac: 02:6d +
+private IPv4), so the programs of a peer and this device speak the same frames. Per peer pod
+CIDR: a permanent fdb entry (peer VTEP MAC -> peer private address), a permanent neighbour (peer
+private address -> peer VTEP MAC) on the device, and a route `<pod cidr> via <peer> dev meshvx0
+onlink`. The device's MTU is the private NIC's minus 50, so the kernel answers oversize DF
+packets with "fragmentation needed" (path MTU discovery keeps working).
+
+`direct+ipip`: a kernel without an ipip device (this machine's) cannot carry it: such entries
+are reported unavailable, never routed raw. Where the kernel has ipip, one collect-metadata
+ipip device (`meshipip0`) carries them through lightweight-tunnel routes (`encap ip dst <peer>`).
+
+The applier compares desired with actual (read from the kernel with `ip -j`/`bridge -j`) and
+changes only what differs. Its routes carry RT_PROTO_TUNNEL, not RT_PROTO: the route applier
+owns RT_PROTO routes, this one the routes through its own devices.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from meshctl.datapath.layout import IPIP_OVERHEAD, VXLAN_PORT, VXLAN_VNI, vtep_mac
+from meshctl.errors import MeshError
+from meshctl.mesh.model import IPAddress, IPNetwork, sort_key_net
+from meshctl.mesh.plan import FastPathEntry
+from meshctl.node.shell import sh
+
+log = logging.getLogger(__name__)
+
+# Routes through this applier's devices carry this protocol number (node.routes.RT_PROTO is the
+# route applier's): neither applier ever touches the other's routes.
+RT_PROTO_TUNNEL = 0x6E  # 110, unassigned in /etc/iproute2/rt_protos
+
+VXLAN_DEV = "meshvx0"
+IPIP_DEV = "meshipip0"
+
+
+@dataclass
+class TunnelDiff:
+    added: list[str] = field(default_factory=list)      # "<kind> <prefix> -> <peer>"
+    removed: list[str] = field(default_factory=list)
+    unavailable: list[str] = field(default_factory=list)  # "<kind> <prefix>: reason"
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed)
+
+
+@dataclass(frozen=True)
+class _Peer:
+    prefix: IPNetwork
+    remote: IPAddress
+
+
+def _json(args: list[str]) -> list[dict]:
+    p = sh(args, check=False)
+    return json.loads(p.stdout) if p.returncode == 0 and p.stdout.strip() else []
+
+
+def kernel_has(kind: str) -> bool:
+    """Whether this kernel can create a `kind` tunnel device (tried in the current namespace with a
+    throwaway device: module lists say nothing about built-in drivers)."""
+    probe = f"meshprobe{kind}"[:15]
+    p = sh(["ip", "link", "add", probe, "type", kind, "external"], check=False)
+    if p.returncode != 0:
+        return False
+    sh(["ip", "link", "del", probe], check=False)
+    return True
+
+
+class TunnelApplier:
+    """Keeps the tunnel devices, fdb/neighbour entries and routes equal to the encapsulated entries
+    of the plan (see the module docstring). `sync` never raises for one bad entry: it is skipped
+    with a reason in `TunnelDiff.unavailable`."""
+
+    name = "tunnels"
+
+    def __init__(self, private_if: str, *, vxlan_dev: str = VXLAN_DEV, ipip_dev: str = IPIP_DEV) -> None:
+        self.private_if = private_if
+        self.vxlan_dev = vxlan_dev
+        self.ipip_dev = ipip_dev
+        self._has: dict[str, bool] = {}
+
+    def forget(self) -> None:
+        """Nothing is remembered between passes but which device kinds the kernel has."""
+        self._has = {}
+
+    def available(self, kind: str) -> bool:
+        """Whether this node can carry `kind` through its kernel ("vxlan", "ipip")."""
+        if kind not in self._has:
+            self._has[kind] = kernel_has(kind)
+        return self._has[kind]
+
+    # --- desired ---------------------------------------------------------------------------
+
+    def sync(self, entries: Sequence[FastPathEntry]) -> TunnelDiff:
+        diff = TunnelDiff()
+        want: dict[str, dict[IPNetwork, _Peer]] = {"vxlan": {}, "ipip": {}}
+        local: dict[str, IPAddress] = {}
+        for e in entries:
+            if e.encap is None or e.action != "direct":
+                continue
+            kind = e.encap.kind
+            if e.encap.local.version != 4 or e.encap.remote.version != 4 or e.prefix.version != 4:
+                diff.unavailable.append(f"{kind} {e.prefix}: the kernel fallback carries IPv4 only")
+                continue
+            if not self.available(kind):
+                diff.unavailable.append(f"{kind} {e.prefix}: this kernel has no {kind} device")
+                continue
+            if local.setdefault(kind, e.encap.local) != e.encap.local:
+                diff.unavailable.append(f"{kind} {e.prefix}: a second local address {e.encap.local}")
+                continue
+            want[kind][e.prefix] = _Peer(e.prefix, e.encap.remote)
+        self._sync_vxlan(want["vxlan"], local.get("vxlan"), diff)
+        if self._has.get("ipip") or want["ipip"]:
+            self._sync_ipip(want["ipip"], local.get("ipip"), diff)
+        if diff:
+            log.info("tunnels: added %d, removed %d", len(diff.added), len(diff.removed))
+        for u in diff.unavailable:
+            log.warning("tunnels: %s", u)
+        return diff
+
+    def flush(self) -> None:
+        """Remove both devices (their fdb, neighbours and routes go with them)."""
+        for dev in (self.vxlan_dev, self.ipip_dev):
+            sh(["ip", "link", "del", dev], check=False)
+
+    # --- vxlan -----------------------------------------------------------------------------
+
+    def _vxlan_ok(self, local: IPAddress) -> bool:
+        links = _json(["ip", "-j", "-d", "link", "show", "dev", self.vxlan_dev])
+        if not links:
+            return False
+        link = links[0]
+        data = link.get("linkinfo", {}).get("info_data", {})
+        return (link.get("linkinfo", {}).get("info_kind") == "vxlan" and data.get("id") == VXLAN_VNI
+                and data.get("port") == VXLAN_PORT and data.get("local") == str(local)
+                and link.get("address") == vtep_mac(local) and "UP" in link.get("flags", []))
+
+    def _sync_vxlan(self, peers: dict[IPNetwork, _Peer], local: IPAddress | None, diff: TunnelDiff) -> None:
+        dev = self.vxlan_dev
+        if not peers or local is None:
+            if _json(["ip", "-j", "link", "show", "dev", dev]):
+                sh(["ip", "link", "del", dev])
+                diff.removed.append(f"vxlan device {dev}")
+            return
+        if not self._vxlan_ok(local):
+            sh(["ip", "link", "del", dev], check=False)
+            sh(["ip", "link", "add", dev, "type", "vxlan", "id", str(VXLAN_VNI), "dstport", str(VXLAN_PORT),
+                "local", str(local), "dev", self.private_if, "nolearning"])
+            sh(["ip", "link", "set", dev, "address", vtep_mac(local), "up"])
+            sh(["sysctl", "-qw", f"net.ipv4.conf.{dev}.rp_filter=0"], check=False)
+            diff.added.append(f"vxlan device {dev}")
+        remotes = {p.remote for p in peers.values()}
+        fdb = {(str(e["mac"]), str(e["dst"])) for e in _json(["bridge", "-j", "fdb", "show", "dev", dev])
+               if e.get("dst") and e.get("state") == "permanent"}
+        want_fdb = {(vtep_mac(r), str(r)) for r in remotes}
+        for mac, dst in fdb - want_fdb:
+            sh(["bridge", "fdb", "del", mac, "dev", dev, "dst", dst], check=False)
+        for mac, dst in sorted(want_fdb - fdb):
+            sh(["bridge", "fdb", "replace", mac, "dev", dev, "dst", dst, "self", "permanent"])
+        neigh = {(str(n["dst"]), str(n.get("lladdr"))) for n in _json(["ip", "-j", "-4", "neigh", "show", "dev", dev])
+                 if "PERMANENT" in n.get("state", [])}
+        want_neigh = {(str(r), vtep_mac(r)) for r in remotes}
+        for ip, _ in neigh - want_neigh:
+            sh(["ip", "neigh", "del", ip, "dev", dev], check=False)
+        for ip, mac in sorted(want_neigh - neigh):
+            sh(["ip", "neigh", "replace", ip, "lladdr", mac, "dev", dev, "nud", "permanent"])
+        self._sync_routes(dev, {p.prefix: ["via", str(p.remote), "dev", dev, "onlink"] for p in peers.values()},
+                          "vxlan", {p.prefix: p.remote for p in peers.values()}, diff)
+
+    # --- ipip (kernels that have it) -------------------------------------------------------
+
+    def _sync_ipip(self, peers: dict[IPNetwork, _Peer], local: IPAddress | None, diff: TunnelDiff) -> None:
+        dev = self.ipip_dev
+        exists = bool(_json(["ip", "-j", "link", "show", "dev", dev]))
+        if not peers or local is None:
+            if exists:
+                sh(["ip", "link", "del", dev])
+                diff.removed.append(f"ipip device {dev}")
+            return
+        if not exists:
+            sh(["ip", "link", "add", dev, "type", "ipip", "external"])
+            mtu = _mtu(self.private_if) - IPIP_OVERHEAD
+            sh(["ip", "link", "set", dev, "mtu", str(mtu), "up"])
+            sh(["sysctl", "-qw", f"net.ipv4.conf.{dev}.rp_filter=0"], check=False)
+            diff.added.append(f"ipip device {dev}")
+        self._sync_routes(dev, {p.prefix: ["encap", "ip", "id", "0", "dst", str(p.remote), "src", str(local),
+                                           "dev", dev] for p in peers.values()},
+                          "ipip", {p.prefix: p.remote for p in peers.values()}, diff)
+
+    # --- routes through our devices ----------------------------------------------------------
+
+    def _sync_routes(self, dev: str, want: dict[IPNetwork, list[str]], kind: str, remote: dict[IPNetwork, IPAddress],
+                     diff: TunnelDiff) -> None:
+        have: dict[IPNetwork, str | None] = {}
+        for r in _json(["ip", "-j", "-4", "route", "show", "dev", dev, "proto", str(RT_PROTO_TUNNEL)]):
+            gw = r.get("gateway") or (r.get("encap") or {}).get("dst")
+            have[ipaddress.ip_network(r["dst"])] = gw
+        for dst in sorted(have.keys() - want.keys(), key=sort_key_net):
+            sh(["ip", "route", "del", str(dst), "dev", dev, "proto", str(RT_PROTO_TUNNEL)], check=False)
+            diff.removed.append(f"{kind} {dst}")
+        for dst in sorted(want, key=sort_key_net):
+            if have.get(dst) == str(remote[dst]):
+                continue
+            try:
+                sh(["ip", "route", "replace", str(dst), *want[dst], "proto", str(RT_PROTO_TUNNEL)])
+            except MeshError as e:
+                diff.unavailable.append(f"{kind} {dst}: {e}")
+                continue
+            diff.added.append(f"{kind} {dst} -> {remote[dst]}")
+
+
+def _mtu(dev: str) -> int:
+    links = _json(["ip", "-j", "link", "show", "dev", dev])
+    return int(links[0]["mtu"]) if links else 1500
+

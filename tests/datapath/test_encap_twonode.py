@@ -1,0 +1,183 @@
+"""direct+vxlan and direct+ipip through the fast path, between two namespace nodes joined by a
+routed private fabric that behaves like a VPC: it forwards only packets whose source and
+destination are node addresses, so raw pod-to-pod packets die there and encapsulated ones pass.
+The router's counters prove what was on the wire (outer headers between the two private
+addresses); the nodes' counters prove the programs built and unwrapped it. Tests run in file
+order: the last ones unload the programs and use the kernel fallback (a VXLAN device)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+
+import pytest
+
+from meshctl.datapath import Datapath
+from meshctl.datapath.inns import in_netns
+from meshctl.lab.testbed import PODS, FabricTestbed
+from meshctl.node.tunnels import TunnelApplier
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+A4, B4 = PODS["a"][0], PODS["b"][0]
+B6 = PODS["b"][1]
+
+
+@pytest.fixture(scope="module")
+def bed(pin_root):
+    tb = FabricTestbed(f"ea{os.getpid() % 10000}-", fabric="vpc")
+    try:
+        tb.up()
+        tb.pin_root = pin_root
+        tb.spawn("b-p1", ["iperf3", "-s", "-p", "5201"])
+        for node in ("a", "b"):
+            tb.route_pods(node, "raw")
+            dp = in_netns(tb.ns(node), lambda node=node: _load(tb, node, None))
+            assert dp.mode == "ebpf", dp.reason
+            dp.close()
+        yield tb
+    finally:
+        for node in ("a", "b"):
+            with contextlib.suppress(Exception):
+                in_netns(tb.ns(node), lambda node=node: Datapath.unload(node, pin_root=pin_root))
+        tb.down()
+
+
+def _load(tb: FabricTestbed, node: str, kind: str | None) -> Datapath:
+    dp = Datapath.open(node, pin_root=tb.pin_root)
+    if dp.mode == "ebpf":
+        dp.attach("eth1", None, ["vp1"])
+        dp.sync(tb.fastpath(node, kind), "eth1")
+    return dp
+
+
+def use(tb: FabricTestbed, a: str | None, b: str | None) -> None:
+    """Entries of a (towards b) on rung `a`, of b (towards a) on rung `b` (None: raw direct)."""
+    for node, kind in (("a", a), ("b", b)):
+        in_netns(tb.ns(node), lambda node=node, kind=kind: _load(tb, node, kind).close())
+
+
+def counters(tb: FabricTestbed, node: str) -> dict[str, int]:
+    def read():
+        with contextlib.closing(Datapath.pinned(node, pin_root=tb.pin_root)) as dp:
+            return {k: v[0] for k, v in dp.counters().items()}
+
+    return in_netns(tb.ns(node), read)
+
+
+def snapshot(tb: FabricTestbed) -> dict:
+    return {"a": counters(tb, "a"), "b": counters(tb, "b"), "vpc": tb.vpc_counters(),
+            "fwd_a": tb.fwd_packets("a")[0], "fwd_b": tb.fwd_packets("b")[0]}
+
+
+def moved(before: dict, after: dict, where: str, what: str) -> int:
+    return after[where][what] - before[where][what]
+
+
+def iperf(tb: FabricTestbed, seconds: int = 1) -> int:
+    out = tb.sh("a-p1", ["iperf3", "-c", B4, "-p", "5201", "-t", str(seconds), "-J"], timeout=30 + seconds)
+    return json.loads(out.stdout)["end"]["sum_received"]["bytes"]
+
+
+def test_the_vpc_drops_raw_pod_packets(bed):
+    before = snapshot(bed)
+    assert not bed.ping("a-p1", B4, count=2), "raw pod-addressed packets must not cross a VPC"
+    after = snapshot(bed)
+    assert moved(before, after, "a", "direct") >= 2, "the fast path sent them raw"
+    assert moved(before, after, "vpc", "dropped") >= 2
+    assert moved(before, after, "vpc", "node_to_node") == 0
+
+
+@pytest.mark.parametrize("kind", ["vxlan", "ipip"])
+def test_encapsulated_ping_and_tcp_take_the_fast_path_across_the_vpc(bed, kind):
+    use(bed, kind, kind)
+    before = snapshot(bed)
+    assert bed.ping("a-p1", B4, count=5), f"{kind}: IPv4 pods"
+    assert bed.ping("a-p1", B6, count=3), f"{kind}: IPv6 pods inside IPv4 outer headers"
+    received = iperf(bed)
+    assert received > 10_000_000
+    after = snapshot(bed)
+    # a built the outer headers, b unwrapped them into its pod, and the replies went the other way.
+    assert moved(before, after, "a", "encap") >= 8 + 100
+    assert moved(before, after, "b", "decap") >= 8 + 100
+    assert moved(before, after, "b", "peer") >= 8 + 100
+    assert moved(before, after, "b", "encap") >= 8 and moved(before, after, "a", "decap") >= 8
+    assert moved(before, after, "a", "direct") == 0 and moved(before, after, "b", "direct") == 0
+    # On the wire: only node-addressed packets of this kind crossed the VPC, none was dropped.
+    assert moved(before, after, "vpc", kind) >= 2 * 8 + 100
+    assert moved(before, after, "vpc", "vxlan" if kind == "ipip" else "ipip") == 0
+    assert moved(before, after, "vpc", "dropped") == 0
+    # Neither node's kernel forwarded anything: the programs did.
+    assert after["fwd_a"] == before["fwd_a"] and after["fwd_b"] == before["fwd_b"]
+    assert after["a"]["error"] == before["a"]["error"] and after["b"]["error"] == before["b"]["error"]
+
+
+@pytest.mark.parametrize("kind,mtu", [("vxlan", 1450), ("ipip", 1480)])
+def test_path_mtu_discovery_works_through_the_encapsulation(bed, kind, mtu):
+    use(bed, kind, kind)
+    bed.sh("a-p1", ["ip", "route", "flush", "cache"])
+    p = bed.sh("a-p1", ["ping", "-c", "2", "-i", "0.2", "-W", "2", "-M", "do", "-s", "1400", B4], check=False)
+    assert p.returncode == 0, "a 1,400-byte ping with DF passes"
+    before = counters(bed, "a")
+    p = bed.sh("a-p1", ["ping", "-c", "2", "-i", "0.2", "-W", "1", "-M", "do", "-s", "1472", B4], check=False)
+    assert counters(bed, "a")["too_big"] - before["too_big"] >= 1
+    assert re.search(rf"mtu\s*=\s*{mtu}", p.stdout + p.stderr), p.stdout + p.stderr
+    route = bed.sh("a-p1", ["ip", "route", "get", B4]).stdout
+    assert f"mtu {mtu}" in route, route
+    # The largest packet that fits now passes.
+    p = bed.sh("a-p1", ["ping", "-c", "2", "-i", "0.2", "-W", "2", "-M", "do", "-s", str(mtu - 28), B4], check=False)
+    assert p.returncode == 0
+    assert iperf(bed) > 10_000_000
+
+
+def test_the_receiver_accepts_every_rung_at_once(bed):
+    """a sends VXLAN while b answers with IPIP (a rung change under way on one side)."""
+    use(bed, "vxlan", "ipip")
+    before = snapshot(bed)
+    assert bed.ping("a-p1", B4, count=4)
+    assert iperf(bed) > 10_000_000
+    after = snapshot(bed)
+    assert moved(before, after, "vpc", "vxlan") >= 4 + 100 and moved(before, after, "vpc", "ipip") >= 4
+    assert moved(before, after, "b", "decap") >= 4 + 100 and moved(before, after, "a", "decap") >= 4
+
+
+def test_ipip_is_unavailable_in_this_kernels_fallback(bed):
+    diff = in_netns(bed.ns("a"), lambda: TunnelApplier("eth1").sync(bed.fastpath("a", "ipip")))
+    assert any(u.startswith("ipip 10.42.2.0/24: this kernel has no ipip device") for u in diff.unavailable)
+    assert not diff.added
+
+
+def test_a_kernel_vxlan_sender_reaches_a_fast_path_receiver(bed):
+    """a in kernel-routes mode (programs unloaded, the fallback's VXLAN device), b still on the
+    fast path: b unwraps what a's kernel built."""
+    use(bed, "vxlan", "vxlan")
+    in_netns(bed.ns("a"), lambda: Datapath.unload("a", pin_root=bed.pin_root))
+    bed.route_pods("a", "vxlan")
+    before_b, vpc = counters(bed, "b"), bed.vpc_counters()
+    assert bed.ping("a-p1", B4, count=4)
+    assert iperf(bed) > 10_000_000
+    after_b = counters(bed, "b")
+    assert after_b["decap"] - before_b["decap"] >= 4 + 100
+    assert after_b["peer"] - before_b["peer"] >= 4 + 100
+    assert bed.vpc_counters()["vxlan"] - vpc["vxlan"] >= 2 * 4 + 100
+
+
+def test_the_kernel_fallback_alone_carries_vxlan_with_pmtu(bed):
+    in_netns(bed.ns("b"), lambda: Datapath.unload("b", pin_root=bed.pin_root))
+    bed.route_pods("b", "vxlan")
+    before = bed.vpc_counters()
+    assert bed.ping("a-p1", B4, count=3)
+    p = bed.sh("a-p1", ["ping", "-c", "2", "-i", "0.2", "-W", "2", "-M", "do", "-s", "1400", B4], check=False)
+    assert p.returncode == 0
+    assert iperf(bed) > 10_000_000
+    after = bed.vpc_counters()
+    assert after["vxlan"] - before["vxlan"] >= 100 and after["dropped"] == before["dropped"]
+    # Idempotent: a second pass changes nothing; an empty plan removes the device.
+    diff = in_netns(bed.ns("a"), lambda: TunnelApplier("eth1").sync(
+        [e for e in bed.fastpath("a", "vxlan") if e.prefix.version == 4]))
+    assert not diff and not diff.unavailable
+    diff = in_netns(bed.ns("a"), lambda: TunnelApplier("eth1").sync([]))
+    assert "vxlan device meshvx0" in diff.removed
+    assert not bed.ping("a-p1", B4, count=1)
