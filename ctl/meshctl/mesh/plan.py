@@ -90,18 +90,6 @@ class Route:
 
 
 @dataclass(frozen=True)
-class Encap:
-    """How a `direct` entry wraps the pod packet before it leaves on the private NIC: `kind` is the
-    rung's encapsulation, `local` this node's private address (the outer source) and `remote` the
-    peer's (the outer destination). Outer addresses are what a VPC fabric forwards; the pod
-    addresses travel inside."""
-
-    kind: EncapKind
-    local: IPAddress
-    remote: IPAddress
-
-
-@dataclass(frozen=True)
 class FastPathEntry:
     """One decision per pod CIDR. `nexthop`: the private next hop of a raw direct entry (None:
     on-link); an encapsulated direct entry (`encap` set) leaves `nexthop` None unless the outer
