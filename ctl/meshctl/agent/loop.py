@@ -34,6 +34,7 @@ from meshctl.agent.steps import (
     RoutesStep,
     Step,
     SysctlsStep,
+    TunnelsStep,
     WireGuardStep,
 )
 from meshctl.backends.base import Backend, ClusterState
@@ -152,7 +153,9 @@ class Agent:
         self._last_loop = time.monotonic()
         self._pass = _PassLog()
         self._memo = _Memos()
-        self.paths = PathProbing(cfg.private_interface, self.wake, ProbeTuning(hold=cfg.path_hold))
+        self.tunnels_step = TunnelsStep(cfg)
+        self.paths = PathProbing(cfg.private_interface, self.wake, ProbeTuning(hold=cfg.path_hold),
+                                 carriers=(self.tunnels_step, self.datapath_step))
         # what the last passes left
         self._published: Node | None = None
         self._last_good: ClusterState | None = None
@@ -177,7 +180,7 @@ class Agent:
         self._public_key = keys.public_key(private_key)
         self._wireguard = WireGuardStep(self.cfg, private_key)
         self.steps = [self._wireguard, RoutesStep(self.cfg), SysctlsStep(self.cfg), NatStep(self.cfg),
-                      self.datapath_step]
+                      self.tunnels_step, self.datapath_step]
         self.server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy)
         self.server.start()
         if self.remotes is None and self._remotes_factory is not None:
@@ -275,6 +278,7 @@ class Agent:
             return
         log.info("datapath mode %s%s", dp.mode, f" ({dp.reason})" if dp.reason else "")
         self.datapath_step.datapath = dp
+        self.paths.refresh_rungs()  # a loaded fast path carries the encapsulated rungs itself
         self.wake()
 
     # --- one pass --------------------------------------------------------------------------

@@ -15,7 +15,8 @@ Answers go back the same way (same kind, addresses swapped), so a kind is up onl
 directions deliver. Direct and IP-in-IP probes are received on an AF_PACKET socket with a
 classic BPF filter (only frames for this node's probe address or IP-in-IP with a probe inside wake
 the thread); the tap sees frames before tc ingress, so the eBPF fast path's decapsulation does not
-hide them. Replies carry the responder's rungs and its own choice for the pair (both ends agree).
+hide them (the socket is bound to ETH_P_ALL for that). Replies carry the responder's rungs and
+its own choice for the pair (both ends agree).
 
 Only peers the agent named are answered (no reflection for strangers), and every reply must echo
 the request's random nonce. One thread; its cost at 100 peers is measured by bench/probe.py.
@@ -42,6 +43,7 @@ log = logging.getLogger("meshctl.probe")
 
 PROBE_PORT = 51871
 ETH_P_IP = 0x0800
+ETH_P_ALL = 0x0003
 IPPROTO_IPIP = 4
 PACKET_OUTGOING = 4
 SO_ATTACH_FILTER = 26
@@ -173,9 +175,11 @@ class Prober:
         self._udp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._udp.bind((str(self.internal), self.port))
         self._udp.setblocking(False)
-        self._pkt = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_IP))
+        # ETH_P_ALL: a tap, which sees frames before tc ingress (a protocol-bound socket sees them
+        # after, and the fast path decapsulates IP-in-IP there).
+        self._pkt = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
         _attach_filter(self._pkt, packet_filter(self.probe_ip.packed, self.port))
-        self._pkt.bind((self.private_if, ETH_P_IP))
+        self._pkt.bind((self.private_if, ETH_P_ALL))
         self._pkt.setblocking(False)
         self._my_mac = self._pkt.getsockname()[4]
         self._ipip = socket.socket(socket.AF_INET, socket.SOCK_RAW, IPPROTO_IPIP)
