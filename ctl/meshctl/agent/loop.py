@@ -509,8 +509,6 @@ class Agent:
             "errors_total": dict(self._errors),
             "pid": os.getpid(),
         }
-        self._status["path_probe"] = self.paths.status()
-        self._status["path_changes"] = _change_counts(self.paths.changes())
         if self.remotes is not None:
             try:
                 self._status["remotes"] = self.remotes.status()
@@ -553,6 +551,9 @@ class Agent:
         """The /status JSON (also what the metrics collector reads)."""
         st = dict(self._status)
         st["datapath"] = self._datapath_status()
+        # Live, not from the last pass: a rung change between passes is the point of probing.
+        st["path_probe"] = self.paths.status()
+        st["path_changes"] = _change_counts(self.paths.changes())
         st["peers"] = self._peer_status(self._last_plan) if self._last_plan else []
         if self._last_view is not None:  # built on request: with thousands of nodes it is not free
             st["node_list"] = self._node_list(self._last_view)

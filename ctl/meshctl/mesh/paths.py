@@ -174,12 +174,17 @@ class Chooser:
         return f"{new} delivered for the hold time"
 
     def usable(self, p: PairState, rung: str) -> bool:
+        """The rung delivers and both ends carry it. Another rung than the pair's own must also be
+        fresh (its last probe answered): a stand-by kind last heard seconds ago may have died
+        with the rung being left (a blackhole takes every kind at once)."""
         if rung == "tunnel":
             return True
         if rung not in self.local_rungs or (p.peer_rungs is not None and rung not in p.peer_rungs):
             return False
         h = p.kinds.get(RUNG_KIND[rung])
-        return h is not None and h.up is True
+        if h is None or h.up is not True:
+            return False
+        return rung == p.rung or h.lost == 0
 
     def verdicts_ready(self, p: PairState) -> bool:
         return all(h.up is not None for h in p.kinds.values())
@@ -216,12 +221,15 @@ class Chooser:
         return out
 
     def due(self, peer: str, kind: str) -> float:
-        """Seconds until the next probe of one kind to one peer: fast after a loss; steady for the
+        """Seconds until the next probe of one kind to one peer: fast after a loss (of any kind of
+        the pair); steady for the
         kind carrying the pair's rung and for kinds of cheaper rungs (so a recovery is seen
         promptly), and before the first verdict; slow for kinds only costlier rungs need."""
         p = self.pairs[peer]
         h = p.kinds[kind]
-        if h.fast:
+        if h.fast or any(k.fast for k in p.kinds.values()):
+            # A kind losing probes makes the whole pair probe fast: should its rung be left, the
+            # others' verdicts are fresh.
             return self.tuning.fast_interval
         if h.up is None or p.rung is None:
             return self.tuning.interval

@@ -135,6 +135,24 @@ def bits_rungs(bits: int) -> frozenset[str]:
     return frozenset(r for i, r in enumerate(RUNGS) if bits & (1 << i))
 
 
+ARP_TABLE = "/proc/thread-self/net/arp"  # this thread's network namespace
+ATF_COM = 0x2  # a complete entry
+
+
+def arp_lookup(ip: str, dev: str) -> bytes | None:
+    """The hardware address of `ip` on `dev` in the kernel's neighbour table, if it is complete."""
+    try:
+        with open(ARP_TABLE) as f:
+            next(f, None)
+            for line in f:
+                cols = line.split()
+                if len(cols) >= 6 and cols[0] == ip and cols[5] == dev and int(cols[2], 16) & ATF_COM:
+                    return bytes.fromhex(cols[3].replace(":", ""))
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 class Prober:
     """Probes the private rungs of every target; `path_state()` is what the plan reads and
     `on_change` is called (from the prober thread) when it changed."""
@@ -152,9 +170,8 @@ class Prober:
         self._targets: dict[str, Target] = {}
         self._by_internal: dict[bytes, Target] = {}
         self._next: dict[tuple[str, str], float] = {}
-        # seq -> (peer, kind, sent, nonce), oldest first (sent times only grow); one per (peer, kind)
+        # seq -> (peer, kind, sent, nonce), oldest first (sent times only grow)
         self._pending: dict[int, tuple[str, str, float, int]] = {}
-        self._inflight: set[tuple[str, str]] = set()
         self._earliest = 0.0  # no probe is due before this
         self._last_tick = 0.0
         self._seq = 0
@@ -275,11 +292,15 @@ class Prober:
             if now - sent < timeout:
                 return
             del self._pending[seq]
-            self._inflight.discard((peer, kind))
             self.chooser.lost(peer, kind, now)
-            if peer in self.chooser.pairs and kind in self.chooser.pairs[peer].kinds:
-                at = min(self._next.get((peer, kind), now), now + self.chooser.due(peer, kind))
-                self._next[(peer, kind)] = at
+            p = self.chooser.pairs.get(peer)
+            if p is None or kind not in p.kinds:
+                continue
+            # A loss makes every kind of the pair probe fast now (Chooser.due): stand-by kinds
+            # scheduled seconds ahead are pulled in, so their verdicts are fresh if the rung goes.
+            for k in p.kinds:
+                at = min(self._next.get((peer, k), now), now + self.chooser.due(peer, k))
+                self._next[(peer, k)] = at
                 self._earliest = min(self._earliest, at)
 
     def _send_due(self, now: float) -> None:
@@ -290,11 +311,10 @@ class Prober:
                 key = (name, kind)
                 live.add(key)
                 at = self._next.setdefault(key, now)
-                if at <= now and key not in self._inflight:  # one probe in flight per peer and kind
+                if at <= now:
                     self._probe(self._targets[name], kind, now)
                     at = self._next[key] = now + self.chooser.due(name, kind)
-                if key not in self._inflight:
-                    earliest = min(earliest, at)
+                earliest = min(earliest, at)
         for key in [k for k in self._next if k not in live]:
             del self._next[key]
         self._earliest = earliest
@@ -317,7 +337,6 @@ class Prober:
         except OSError as e:
             log.debug("probe %s to %s: %s", kind, t.name, e)
         self._pending[self._seq] = (t.name, kind, now, nonce)
-        self._inflight.add((t.name, kind))
         self.sent += 1
 
     def _send(self, kind: str, peer_internal: bytes, mac: bytes | None, src_pod: bytes, dst_pod: bytes,
@@ -334,24 +353,13 @@ class Prober:
             self._ipip.sendto(inner, (socket.inet_ntoa(peer_internal), 0))
 
     def _peer_mac(self, t: Target, now: float) -> bytes | None:
-        """The MAC of the next hop to the peer's private address (cached a few seconds; the udp
-        probes to that address keep the neighbour entry fresh)."""
+        """The MAC of the peer's private address on the private NIC, from the kernel's neighbour
+        table (the udp probes to that address keep the entry fresh). None when the peer is not an
+        on-link neighbour: then no direct packet could reach it either."""
         mac, until = self._macs.get(t.name, (None, 0.0))
         if now < until:
             return mac
-        mac = None
-        try:
-            from pyroute2 import IPRoute
-
-            with IPRoute() as ipr:
-                r = ipr.route("get", dst=str(t.internal))[0]
-                hop = r.get_attr("RTA_GATEWAY") or str(t.internal)
-                for n in ipr.get_neighbours(dst=hop):
-                    ll = n.get_attr("NDA_LLADDR")
-                    if ll and n["state"] not in (0x20, 0x01):  # not FAILED / INCOMPLETE
-                        mac = bytes.fromhex(ll.replace(":", ""))
-        except Exception as e:  # noqa: BLE001 - no route or neighbour: the direct probe is lost
-            log.debug("next hop of %s: %s", t.name, e)
+        mac = arp_lookup(str(t.internal), self.private_if)
         self._macs[t.name] = (mac, now + (5.0 if mac else 0.5))
         return mac
 
@@ -416,9 +424,9 @@ class Prober:
             if typ != REPLY or pend is None or pend[0] != t.name or pend[1] != kind or pend[3] != nonce:
                 return
             del self._pending[seq]
-            self._inflight.discard((t.name, kind))
             rtt = now - pend[2]
             self.chooser.reply(t.name, kind, rtt, now, bits_rungs(caps),
                                RUNGS[choice_i] if choice_i < len(RUNGS) else None)
-            at = self._next[(t.name, kind)] = pend[2] + self.chooser.due(t.name, kind)
+            key = (t.name, kind)
+            at = self._next[key] = min(self._next.get(key, now), pend[2] + self.chooser.due(t.name, kind))
             self._earliest = min(self._earliest, at)
