@@ -54,6 +54,7 @@ class KindHealth:
     since: float = 0.0              # start of the current silence (last reply, or first probe)
     lost: int = 0                   # probes lost since the last reply
     candidate: float | None = None  # down, answering again since
+    held: bool = False              # came back after the hold time (the reason of the next change)
     rtt: float | None = None        # smoothed round-trip time, seconds
 
     @property
@@ -155,12 +156,14 @@ class Chooser:
                     if h.up is not False:
                         h.up = False
                 elif h.up is False and h.candidate is not None and now - h.candidate >= t.hold:
-                    h.up, h.candidate = True, None
+                    h.up, h.candidate, h.held = True, None, True
             new = self.agreed(name, now)
             if new is not None and new != p.rung:
                 self.changes.append(Change(name, p.rung, new, self._reason(p, new, now), now))
                 p.rung = new
                 changed = True
+            for h in p.kinds.values():
+                h.held = False
         return changed
 
     def _reason(self, p: PairState, new: str, now: float) -> str:
@@ -171,7 +174,10 @@ class Chooser:
             return "peer chose " + new
         if RUNGS.index(new) > RUNGS.index(p.rung):
             return f"{p.rung} stopped delivering"
-        return f"{new} delivered for the hold time"
+        h = p.kinds.get(RUNG_KIND.get(new, ""))
+        if h is not None and h.held:
+            return f"{new} delivered for the hold time"
+        return f"{new} became available"
 
     def usable(self, p: PairState, rung: str) -> bool:
         """The rung delivers and both ends carry it. Another rung than the pair's own must also be

@@ -109,6 +109,9 @@ def packet_filter(probe_ip: bytes, port: int) -> bytes:
     return b"".join(struct.pack("HBBI", *ins) for ins in prog)
 
 
+DROP_ALL = struct.pack("HBBI", 0x06, 0, 0, 0)  # ret #0
+
+
 def _attach_filter(sock: socket.socket, code: bytes) -> None:
     import ctypes
 
@@ -200,6 +203,7 @@ class Prober:
         self._pkt.setblocking(False)
         self._my_mac = self._pkt.getsockname()[4]
         self._ipip = socket.socket(socket.AF_INET, socket.SOCK_RAW, IPPROTO_IPIP)
+        _attach_filter(self._ipip, DROP_ALL)  # send only: IP-in-IP arrives on the tap
         self._ipip.bind((str(self.internal), 0))
         self._ipip.setblocking(False)
         self._thread = threading.Thread(target=self._run, name="prober", daemon=True)
