@@ -73,7 +73,7 @@ CASES = {
                      F("10.2.4.0/24", "local")],
     }),
     # full: every node its own segment: node:a .1, node:b .2, node:c .3, node:d .4
-    "full/direct": (KILO_CLASSIC, {"granularity": "full"}, "a", {
+    "full/direct": (KILO_CLASSIC, {"granularity": "full", "intra_subnet": "direct"}, "a", {
         "node": "a", "granularity": "full", "leader": "a", "wireguard_ip": "10.4.0.1/16",
         "peers": [
             P("c", "node", 3, "198.51.100.3:51820", ["10.1.0.1/32", "10.2.3.0/24", "10.4.0.3/32"]),
@@ -208,7 +208,7 @@ def test_ipv6_pod_cidrs_sort_after_ipv4() -> None:
 
 @pytest.mark.parametrize("intra, endpoint, b_path", [
     ("direct", None, "direct"),                               # no peer: direct pair
-    ("wireguard-private", "10.0.1.2:51820", "tunnel"),        # encrypted, private endpoint
+    ("wireguard-private", "10.0.1.2:51820", "wireguard-private"),  # encrypted, private endpoint
     ("wireguard", "203.0.113.2:51820", "tunnel"),             # encrypted, public endpoint
 ])
 def test_full_mesh_intra_subnet_modes(intra: str, endpoint: str | None, b_path: str) -> None:

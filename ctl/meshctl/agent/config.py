@@ -47,6 +47,7 @@ class AgentConfig:
     lease_ttl: int = 10
     nat_prefix: str = "meshctl"
     resync_interval: float = 30.0
+    path_hold: float = 10.0  # a private rung that delivers again is used only after this many seconds
     # --backend kubernetes: how to reach the API (else $KUBECONFIG, else in-cluster) and which
     # Node label names the location when no location annotation does.
     kubeconfig: str | None = None
@@ -78,6 +79,8 @@ class AgentConfig:
             raise InputError("--kvstore-cert", self.kvstore_cert or "", "and --kvstore-key go together")
         if self.resync_interval <= 0:
             raise InputError("--resync-seconds", self.resync_interval, "must be > 0")
+        if not 0 <= self.path_hold <= 3600:
+            raise InputError("--path-hold-seconds", self.path_hold, "is not seconds in 0..3600")
         if self.lease_ttl < 2:
             raise InputError("--lease-ttl", self.lease_ttl, "is below 2 seconds")
         parse_addr(self.metrics_addr, "--metrics-addr")

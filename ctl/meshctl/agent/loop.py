@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from meshctl.agent.config import AgentConfig
+from meshctl.agent.paths import PathProbing
 from meshctl.agent.server import StatusServer
 from meshctl.agent.steps import (
     PODS_SETTLE_STEP_S,
@@ -33,13 +34,15 @@ from meshctl.agent.steps import (
     RoutesStep,
     Step,
     SysctlsStep,
+    TunnelsStep,
     WireGuardStep,
 )
 from meshctl.backends.base import Backend, ClusterState
 from meshctl.errors import InputError, MeshError
 from meshctl.mesh import admit, records
 from meshctl.mesh.admit import Rejection
-from meshctl.mesh.model import IPNetwork, MeshSettings, Node, Topology, gc_paused
+from meshctl.mesh.model import IPNetwork, MeshSettings, Node, PathState, Topology, gc_paused
+from meshctl.mesh.paths import ProbeTuning
 from meshctl.mesh.plan import NodePlan, Remote, mesh_cidrs, plan_node
 from meshctl.mesh.render import node_rows
 from meshctl.node import discovery, keys
@@ -102,7 +105,7 @@ class _Memos:
     a new admitted topology (or any remote cluster); status pieces once per plan or view."""
 
     admitted: _Admitted | None = None
-    plan: tuple[Topology, NodePlan] | None = None
+    plan: tuple[Topology, PathState, NodePlan] | None = None
     cidrs: tuple[Topology, frozenset[IPNetwork]] | None = None
     peer_static: tuple[object, list[dict[str, Any]]] | None = None
     live_peers: tuple[float, dict[str, dict[str, Any]]] = (0.0, {})
@@ -150,6 +153,9 @@ class Agent:
         self._last_loop = time.monotonic()
         self._pass = _PassLog()
         self._memo = _Memos()
+        self.tunnels_step = TunnelsStep(cfg)
+        self.paths = PathProbing(cfg.private_interface, self.wake, ProbeTuning(hold=cfg.path_hold),
+                                 carriers=(self.tunnels_step, self.datapath_step))
         # what the last passes left
         self._published: Node | None = None
         self._last_good: ClusterState | None = None
@@ -174,7 +180,7 @@ class Agent:
         self._public_key = keys.public_key(private_key)
         self._wireguard = WireGuardStep(self.cfg, private_key)
         self.steps = [self._wireguard, RoutesStep(self.cfg), SysctlsStep(self.cfg), NatStep(self.cfg),
-                      self.datapath_step]
+                      self.tunnels_step, self.datapath_step]
         self.server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy)
         self.server.start()
         if self.remotes is None and self._remotes_factory is not None:
@@ -209,6 +215,7 @@ class Agent:
                 self.remotes.stop()
             except Exception as e:  # noqa: BLE001 - stopping must go on
                 log.warning("stopping remote clusters: %s", e)
+        self.paths.stop()
         dp = self.datapath_step.datapath
         if dp is not None:
             try:
@@ -271,6 +278,7 @@ class Agent:
             return
         log.info("datapath mode %s%s", dp.mode, f" ({dp.reason})" if dp.reason else "")
         self.datapath_step.datapath = dp
+        self.paths.refresh_rungs()  # a loaded fast path carries the encapsulated rungs itself
         self.wake()
 
     # --- one pass --------------------------------------------------------------------------
@@ -328,7 +336,8 @@ class Agent:
             return None
         t = time.monotonic()
         try:
-            plan = self._plan(topo, me, remotes)
+            self.paths.update(topo, me.name)
+            plan = self._plan(topo, me, remotes, self.paths.state())
         except InputError as e:
             self._fail("plan", str(e))
             self._finish(state, self._last_plan, rejections, applied=False)
@@ -393,14 +402,15 @@ class Agent:
                 self._count("remotes")
         return topo, remotes, rejections
 
-    def _plan(self, topo: Topology, me: Node, remotes: list[Remote]) -> NodePlan:
-        """plan_node, reused while the admitted topology is the same object (and no remote cluster)."""
+    def _plan(self, topo: Topology, me: Node, remotes: list[Remote], path_state: PathState) -> NodePlan:
+        """plan_node, reused while the admitted topology is the same object and the probes' verdicts
+        are the same (and no remote cluster)."""
         memo = self._memo.plan
-        if not remotes and memo is not None and memo[0] is topo:
+        if not remotes and memo is not None and memo[0] is topo and memo[1] == path_state:
             self._pass.reused.append("plan")
-            return memo[1]
-        plan = plan_node(topo, me.name, remotes)
-        self._memo.plan = None if remotes else (topo, plan)
+            return memo[2]
+        plan = plan_node(topo, me.name, remotes, path_state=path_state)
+        self._memo.plan = None if remotes else (topo, path_state, plan)
         return plan
 
     def _mesh_cidrs(self, topo: Topology, remotes: list[Remote]) -> frozenset[IPNetwork]:
@@ -541,6 +551,9 @@ class Agent:
         """The /status JSON (also what the metrics collector reads)."""
         st = dict(self._status)
         st["datapath"] = self._datapath_status()
+        # Live, not from the last pass: a rung change between passes is the point of probing.
+        st["path_probe"] = self.paths.status()
+        st["path_changes"] = _change_counts(self.paths.changes())
         st["peers"] = self._peer_status(self._last_plan) if self._last_plan else []
         if self._last_view is not None:  # built on request: with thousands of nodes it is not free
             st["node_list"] = self._node_list(self._last_view)
@@ -559,6 +572,15 @@ class Agent:
         if cached is None or cached[0][0] is not view[0] or cached[0][2] is not view[2]:
             cached = self._memo.node_rows = (view, node_rows(*view))
         return cached[1]
+
+
+def _change_counts(changes: Sequence[Any]) -> list[dict[str, Any]]:
+    """Rung changes since start, counted by (from, to, reason), for /status and the metrics."""
+    counts: dict[tuple[str, str, str], int] = {}
+    for c in changes:
+        key = (c.old or "none", c.new, c.reason)
+        counts[key] = counts.get(key, 0) + 1
+    return [{"from": a, "to": b, "reason": r, "count": n} for (a, b, r), n in sorted(counts.items())]
 
 
 def _peers_by_key(peers: list[PeerStatus]) -> dict[str, dict[str, Any]]:

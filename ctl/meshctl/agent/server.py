@@ -84,6 +84,37 @@ class AgentCollector(Collector):
         yield tx
         yield hs
         yield from _clustermesh_metrics(st.get("remotes"))
+        yield from _path_metrics(st)
+
+
+def _path_metrics(st: dict[str, Any]) -> Any:
+    """Pairs per rung of the path ladder, rung changes with their reason, probe RTTs."""
+    pairs = GaugeMetricFamily("meshctl_path_pairs", "Other nodes reached on each rung of the path ladder",
+                              labels=["rung"])
+    counts: dict[str, int] = {}
+    for rung in (st.get("paths") or {}).values():
+        if rung != "local":
+            counts[rung] = counts.get(rung, 0) + 1
+    for rung, n in sorted(counts.items()):
+        pairs.add_metric([rung], n)
+    yield pairs
+    changes = CounterMetricFamily("meshctl_path_changes", "Rung changes of a pair, by rungs and reason",
+                                  labels=["from", "to", "reason"])
+    for c in st.get("path_changes") or []:
+        changes.add_metric([c["from"], c["to"], c["reason"]], c["count"])
+    yield changes
+    rtt = GaugeMetricFamily("meshctl_path_probe_rtt_seconds", "Smoothed probe round-trip time per peer and kind",
+                            labels=["peer", "kind"])
+    up = GaugeMetricFamily("meshctl_path_probe_up", "1 if the probes of a kind reach the peer, 0 if not",
+                           labels=["peer", "kind"])
+    for peer, pair in sorted(((st.get("path_probe") or {}).get("pairs") or {}).items()):
+        for kind, h in sorted((pair.get("probes") or {}).items()):
+            if h.get("rtt_ms") is not None:
+                rtt.add_metric([peer, kind], h["rtt_ms"] / 1000)
+            if h.get("up") is not None:
+                up.add_metric([peer, kind], 1 if h["up"] else 0)
+    yield rtt
+    yield up
 
 
 def _clustermesh_metrics(remotes: Any) -> Any:

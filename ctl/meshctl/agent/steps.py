@@ -19,8 +19,8 @@ from typing import Protocol
 from meshctl.agent.config import AgentConfig
 from meshctl.datapath import Datapath
 from meshctl.mesh.model import IPNetwork, Node, Topology
-from meshctl.mesh.plan import NodePlan
-from meshctl.node import discovery, nat, routes, sysctls, wireguard
+from meshctl.mesh.plan import ENCAP_KINDS, NodePlan
+from meshctl.node import discovery, nat, routes, sysctls, tunnels, wireguard
 
 log = logging.getLogger("meshctl.agent")
 
@@ -157,6 +157,32 @@ class NatStep:
         self.applier.forget()
 
 
+class TunnelsStep:
+    """The kernel fallback of encapsulated rungs: tunnel devices, fdb/neighbour entries and routes
+    for the fast-path entries that carry an encapsulation (node/tunnels.py). Also says which
+    encapsulations this node's kernel can carry (the path prober asks)."""
+
+    name = "tunnels"
+
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.applier = tunnels.TunnelApplier(cfg.private_interface) if cfg.private_interface else None
+
+    def available(self, kind: str) -> bool:
+        return self.applier is not None and self.applier.available(kind)
+
+    def inputs(self, p: PassInput) -> Hashable:
+        return tuple(e for e in p.plan.fastpath if e.encap is not None)
+
+    def sync(self, p: PassInput) -> frozenset[str]:
+        if self.applier is not None:
+            self.applier.sync(p.plan.fastpath)
+        return NOTHING
+
+    def forget(self) -> None:
+        if self.applier is not None:
+            self.applier.forget()
+
+
 class DatapathStep:
     """The fast path: programs attached to the private NIC and pod interfaces, the plan in its maps.
 
@@ -194,6 +220,10 @@ class DatapathStep:
         dp.sync(p.plan.fastpath, self.cfg.private_interface)
         self.synced = True
         return NOTHING
+
+    def available(self, kind: str) -> bool:
+        """The loaded eBPF fast path encapsulates (VXLAN, IP-in-IP) and decapsulates itself."""
+        return self.datapath is not None and self.datapath.mode == "ebpf" and kind in ENCAP_KINDS
 
     def forget(self) -> None:
         pass

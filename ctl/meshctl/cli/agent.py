@@ -77,6 +77,8 @@ def _endpoints(text: str) -> tuple[str, ...]:
               help="--backend kubernetes: Node label that names the location when no location annotation does.")
 @click.option("--resync-seconds", "resync_interval", default=30.0, type=float, show_default=True,
               help="Full reconcile period; with --backend kubernetes a Node not seen for twice this is not ready.")
+@click.option("--path-hold-seconds", "path_hold", default=10.0, type=float, show_default=True,
+              help="intra_subnet auto: a private rung that delivers again is taken back after this long.")
 @click.option("--kvstore-endpoints", default="", callback=lambda _c, _p, val: _endpoints(val),
               help="--backend kubernetes: mirror the cluster's nodes into this etcd (comma-separated URLs) "
               "for the cluster mesh.")
@@ -132,6 +134,27 @@ def _bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def format_paths(st: dict[str, Any]) -> list[str]:
+    """One line per other node: the rung this node takes to it and, where it probes the pair, each
+    probe kind's verdict and RTT (intra_subnet auto)."""
+    paths = {k: v for k, v in (st.get("paths") or {}).items() if v != "local"}
+    if not paths:
+        return []
+    probe = (st.get("path_probe") or {}).get("pairs") or {}
+    out = [f"paths ({len(paths)}):"]
+    for name, rung in sorted(paths.items()):
+        kinds = (probe.get(name) or {}).get("probes") or {}
+        seen = "  ".join(f"{k} {'up' if v.get('up') else 'down' if v.get('up') is False else '?'}"
+                         + (f" {v['rtt_ms']:.2f} ms" if v.get("rtt_ms") is not None else "")
+                         for k, v in kinds.items())
+        out.append(f"  {name}  {rung}" + (f"  probes: {seen}" if seen else ""))
+    changes = st.get("path_changes") or []
+    if changes:
+        out.append("rung changes: " + "; ".join(f"{c['from']} -> {c['to']} ({c['reason']}) x{c['count']}"
+                                                for c in changes))
+    return out
+
+
 def format_status(st: dict[str, Any]) -> str:
     lines = []
     ready = "ready" if st.get("ready") else f"NOT READY ({st.get('reason') or 'unknown'})"
@@ -153,6 +176,7 @@ def format_status(st: dict[str, Any]) -> str:
         lines.append(f"  {p.get('name')}  endpoint {p.get('live_endpoint') or p.get('endpoint') or '-'}  "
                      f"allowed {','.join(p.get('allowed_ips', []))}  rx {_bytes(p.get('rx_bytes', 0))}  "
                      f"tx {_bytes(p.get('tx_bytes', 0))}  handshake {age}")
+    lines += format_paths(st)
     last = st.get("last_reconcile") or {}
     if last:
         errs = last.get("errors") or {}

@@ -36,13 +36,25 @@ def _load_remotes(local: Topology, paths: tuple[str, ...]) -> list[Remote]:
 @click.option("--granularity", type=click.Choice(GRANULARITIES), help="Override the file's granularity.")
 @click.option("--remote", "remotes", multiple=True, type=click.Path(dir_okay=False),
               help="Another cluster's topology file (cluster mesh); repeatable.")
+@click.option("--path-state", "path_state", type=click.Path(dir_okay=False),
+              help="Probe results (YAML: node -> the private rungs that deliver); without it every rung works.")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
-def plan(path: str, node: str, granularity: Granularity | None, remotes: tuple[str, ...], output: str) -> None:
+def plan(path: str, node: str, granularity: Granularity | None, remotes: tuple[str, ...], path_state: str | None,
+         output: str) -> None:
     """Print one node's WireGuard peers, routes and fast-path entries."""
+    from meshctl.backends.file import load_yaml
+    from meshctl.mesh.records import parse_path_state
+
     topo = load_topology(path)
     if topo.node(node) is None:
         raise InputError("--node", node, f"is not a node in {Path(path).name}")
-    p = plan_node(topo, node, _load_remotes(topo, remotes), granularity=granularity)
+    state = None
+    if path_state is not None:
+        try:
+            state = parse_path_state(load_yaml(path_state), "path_state")
+        except InputError as e:
+            raise e.prefixed(f"{Path(path_state).name}: ") from None
+    p = plan_node(topo, node, _load_remotes(topo, remotes), granularity=granularity, path_state=state)
     if output == "json":
         click.echo(json.dumps(plan_to_json(p), indent=2))
     else:

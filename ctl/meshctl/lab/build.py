@@ -1,7 +1,9 @@
 """`meshctl lab up` / `lab down`: namespaces, bridges, pods, etcd over mTLS and one agent per node.
 
 Layout (prefix P, e.g. `ml-`):
-    P fab              fabric: bridge `bpriv<i>` per private subnet, bridge `bpub` (198.51.100.0/24)
+    P fab              fabric: bridge `bpriv<i>` per private subnet, bridge `bpub` (198.51.100.0/24);
+                       each private subnet forwards as its `lab.fabrics` kind says (lab/fabric.py)
+    P rt<j>            router of routed network j (vpc, vpc-udp, hetzner fabrics)
     P etcd-<cluster>   etcd on the public segment (198.51.100.250 downwards), TLS + client certs
     P <node>           node: `priv` (its internal address), `pub` (198.51.100.10 upwards), `pod<k>`
                        host ends of pod veths, kilo0 made by its agent
@@ -27,7 +29,7 @@ from typing import Any
 from meshctl import defaults
 from meshctl.backends.etcd import write_topology
 from meshctl.errors import MeshError
-from meshctl.lab import netns, pki
+from meshctl.lab import fabric, netns, pki
 from meshctl.lab import state as labstate
 from meshctl.lab.etcd_process import EtcdServer, stop_pid, stop_pids
 from meshctl.lab.spec import PUBLIC_NET, LabSpec
@@ -99,6 +101,7 @@ def _build(spec: LabSpec, st: dict[str, Any], progress: Progress) -> None:
     subnets = spec.private_subnets()
     for i, _ in enumerate(subnets):
         netns.bridge(fab, f"bpriv{i}")
+    fabric.build_routers(st, spec.options.fabrics, subnets, lambda name: _ns(st, name))
     progress(f"fabric {fab}: {len(subnets)} private subnet(s), public segment {PUBLIC_NET}")
     # etcd, one per cluster, on the public segment.
     for ci, topo in enumerate(spec.clusters):
@@ -150,6 +153,10 @@ def _build(spec: LabSpec, st: dict[str, Any], progress: Progress) -> None:
             idx += 1
         progress(f"cluster {topo.cluster.name}: {len(topo.nodes)} node(s), "
                  f"{len(topo.nodes) * spec.options.pods_per_node} pod(s)")
+    fabric.apply_all(st)
+    labstate.save(st)
+    kinds = sorted({e["kind"] for e in st["fabrics"].values()})
+    progress(f"fabrics: {', '.join(kinds)}")
 
 
 def _clustermesh_dirs(spec: LabSpec, st: dict[str, Any]) -> None:
@@ -178,10 +185,11 @@ def _node(spec: LabSpec, st: dict[str, Any], cst: dict[str, Any], topo: Topology
     netns.veth(fab, f"n{idx}u", ns, "pub")
     netns.enslave(fab, f"n{idx}u", "bpub")
     netns.addr(ns, "pub", f"{pub_ip}/{PUBLIC_NET.prefixlen}")
+    node_args: list[str] = []
     if n.internal_ip is not None:
         netns.veth(fab, f"n{idx}p", ns, "priv")
         netns.enslave(fab, f"n{idx}p", f"bpriv{subnets.index(n.internal_ip.network)}")
-        netns.addr(ns, "priv", str(n.internal_ip))
+        node_args = fabric.node_address(ns, "priv", n.internal_ip, spec.options.fabrics)
     netns.sysctl(ns, "net.ipv4.ip_forward", "1")
     pods = []
     for k in range(spec.options.pods_per_node):
@@ -203,7 +211,7 @@ def _node(spec: LabSpec, st: dict[str, Any], cst: dict[str, Any], topo: Topology
         "allowed_location_ips": [str(a) for a in n.allowed_location_ips],
         "private_interface": "priv" if n.internal_ip is not None else None, "public_interface": "pub",
         "metrics_addr": METRICS_ADDR, "dir": str(nd), "state_dir": str(nd / "state"), "wg_run_dir": str(nd / "wg"),
-        "pods": pods, "pid": None,
+        "pods": pods, "pid": None, "agent_args": node_args,
     })
     labstate.save(st)
 
@@ -236,6 +244,7 @@ def agent_argv(st: dict[str, Any], cst: dict[str, Any], node: dict[str, Any]) ->
         argv += ["--clustermesh-dir", cst["clustermesh_dir"]]
     if not st.get("fastpath", True):
         argv.append("--no-fastpath")
+    argv += list(node.get("agent_args", []))
     argv += list(st.get("agent_args", []))
     if cst.get("kube"):
         from meshctl.lab.kube import agent_argv as kube_argv

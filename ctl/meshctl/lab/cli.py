@@ -63,6 +63,21 @@ def lab_check(lab_name: str | None, output: str, count: int) -> None:
         sys.exit(1)
 
 
+@lab_group.command("fabric")
+@click.argument("subnet")
+@click.argument("kind")
+@click.option("--loss", default=0, show_default=True, type=int, help="Percent of packets the fabric drops.")
+@click.option("--lab", "lab_name", default=None, help="Lab name (default: the only lab up).")
+def lab_fabric(subnet: str, kind: str, loss: int, lab_name: str | None) -> None:
+    """Turn a running private subnet into another fabric KIND (l2, vpc, vpc-udp, hetzner, blackhole)."""
+    from meshctl.lab import fabric
+
+    _require_root()
+    st = state.resolve(lab_name)
+    e = fabric.change(st, subnet, kind, loss)
+    click.echo(f"fabric {subnet}: {e['kind']}" + (f", {e['loss']}% loss" if e["loss"] else ""))
+
+
 @lab_group.command("down")
 @click.option("--lab", "lab_name", default=None, help="Lab name (default: every lab that is up).")
 @click.option("--prefix", default=None, help="Remove by prefix even without a state file (after a crash).")

@@ -1,9 +1,12 @@
 """`meshctl lab check`: a pod-to-pod ping matrix with the path each pair took, read from counters.
 
 Pairs are pinged one at a time so counters move for one pair only. The path is what the packets
-did, not what the plan says: the source node's kilo0 TX rising means "tunnel"; its private NIC
-TX rising means "direct", or "via-leader" when its leader's kilo0 TX rose too. The source
-agent's fast-path counters (datapath `direct`/`tunnel` actions) are reported next to it.
+did, not what the plan says, named as the path ladder does: the source node's kilo0 TX rising
+means "tunnel", or "wireguard-private" when its WireGuard peer's endpoint is the destination's
+private address; its private NIC TX rising means "direct", "direct+vxlan"/"direct+ipip" when the
+fast path's encap counter (or the kernel's VXLAN device) rose too, or "via-leader" when its
+leader's kilo0 TX rose too. The source agent's fast-path counters (datapath `direct`/`tunnel`
+actions) are reported next to it.
 """
 
 from __future__ import annotations
@@ -18,8 +21,11 @@ from meshctl import defaults
 from meshctl.agent.server import fetch_status
 from meshctl.errors import MeshError
 from meshctl.lab import netns
+from meshctl.mesh.model import ENCAP_RUNGS
+from meshctl.node.tunnels import VXLAN_DEV
 
 WG = defaults.WG_INTERFACE
+CELL = 28  # "ok wireguard-private 0.08ms"
 
 
 @dataclass
@@ -106,44 +112,59 @@ def check(st: dict[str, Any], *, count: int = 5, pairs: list[tuple[str, str]] | 
         dst_key = f"{dc['name']}/{dn['name']}" if dc is not sc else dn["name"]
         expected = ((s_st or {}).get("paths") or {}).get(dst_key)
         before = (link_tx(sn["netns"], WG), link_tx(sn["netns"], "priv"),
-                  link_tx(leader_node["netns"], WG) if leader_node else None)
+                  link_tx(leader_node["netns"], WG) if leader_node else None, link_tx(sn["netns"], VXLAN_DEV))
         fp_before = _fp_packets(agent_status(sn))
         sent, recv, rtt = ping(sn["pods"][0]["netns"], dn["pods"][0]["ip"], count=count)
         after = (link_tx(sn["netns"], WG), link_tx(sn["netns"], "priv"),
-                 link_tx(leader_node["netns"], WG) if leader_node else None)
-        fp_after = _fp_packets(agent_status(sn))
+                 link_tx(leader_node["netns"], WG) if leader_node else None, link_tx(sn["netns"], VXLAN_DEV))
+        s_now = agent_status(sn)
+        fp_after = _fp_packets(s_now)
         delta = [(a - b) if a is not None and b is not None else 0 for a, b in zip(after, before, strict=True)]
+        fp = {a: n - fp_before.get(a, 0) for a, n in fp_after.items() if n != fp_before.get(a, 0)}
         need = max(1, sent - 1)
         if recv == 0:
             path = "none"
         elif delta[0] >= need:
-            path = "tunnel"
+            path = "wireguard-private" if _private_endpoint(s_now, dn) else "tunnel"
         elif delta[1] >= need and delta[2] >= need:
             path = "via-leader"
+        elif delta[1] >= need and (fp.get("encap", 0) >= need or delta[3] >= need):
+            # Encapsulated: by the fast path (its encap counter) or the kernel's VXLAN device.
+            path = expected if expected in ENCAP_RUNGS else ("direct+vxlan" if delta[3] >= need else "direct+encap")
         elif delta[1] >= need:
             path = "direct"
         else:
             path = "unknown"
-        fp = {a: n - fp_before.get(a, 0) for a, n in fp_after.items() if n != fp_before.get(a, 0)}
         out.append(PairResult(src, dst, recv > 0, path, rtt, sent, recv, expected, fp))
     return out
+
+
+def _private_endpoint(status: dict[str, Any] | None, dst: dict[str, Any]) -> bool:
+    """The source's WireGuard peer for `dst` talks to dst's private address (wireguard-private)."""
+    if not status or not dst.get("internal_ip"):
+        return False
+    ip = dst["internal_ip"].split("/")[0]
+    for p in status.get("peers") or []:
+        if p.get("name") == dst["name"]:
+            return bool(str(p.get("live_endpoint") or p.get("endpoint") or "").rsplit(":", 1)[0] == ip)
+    return False
 
 
 def format_matrix(results: list[PairResult]) -> str:
     names = sorted({r.src for r in results} | {r.dst for r in results})
     cell = {(r.src, r.dst): r for r in results}
     w = max(12, *(len(n) + 1 for n in names))
-    lines = ["src \\ dst".ljust(w) + "".join(n.ljust(22) for n in names)]
+    lines = ["src \\ dst".ljust(w) + "".join(n.ljust(CELL) for n in names)]
     for s in names:
         row = s.ljust(w)
         for d in names:
             r = cell.get((s, d))
             if r is None:
-                row += "-".ljust(22)
+                row += "-".ljust(CELL)
             else:
                 txt = f"{'ok' if r.ok else 'FAIL'} {r.path} {r.rtt_ms:.2f}ms" if r.rtt_ms is not None else \
                     f"{'ok' if r.ok else 'FAIL'} {r.path}"
-                row += txt.ljust(22)
+                row += txt.ljust(CELL)
         lines.append(row)
     bad = [r for r in results if not r.ok]
     lines.append(f"{len(results) - len(bad)}/{len(results)} pairs reachable")

@@ -16,11 +16,12 @@ from typing import Any
 
 from meshctl.backends.file import load_yaml
 from meshctl.errors import InputError
+from meshctl.lab.fabric import Fabric, check_nodes, parse_fabrics
 from meshctl.mesh.model import IPNetwork, Topology
 from meshctl.mesh.records import parse_topology
 
 _PLACEHOLDER_KEY = base64.b64encode(bytes(32)).decode()
-LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend")
+LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend", "fabrics")
 
 PUBLIC_NET = ipaddress.ip_network("198.51.100.0/24")
 
@@ -33,6 +34,7 @@ class LabOptions:
     fastpath: bool = True
     agent_args: tuple[str, ...] = ()
     backend: str = "etcd"  # or "kubernetes": agents use an in-process API server (meshctl.lab.kube)
+    fabrics: tuple[Fabric, ...] = ()  # how each private subnet forwards (lab/fabric.py); l2 if unlisted
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ def _options(d: Any) -> LabOptions:
     if backend not in ("etcd", "kubernetes"):
         raise InputError("lab.backend", backend, "is not etcd or kubernetes")
     return LabOptions(pods_per_node=pods, lease_ttl=ttl, prefix=prefix, fastpath=fast, agent_args=tuple(args),
-                      backend=backend)
+                      backend=backend, fabrics=parse_fabrics(d.get("fabrics")))
 
 
 def check_prefix(prefix: Any, path: str) -> str:
@@ -146,7 +148,9 @@ def parse_lab(doc: Any, source: str = "") -> LabSpec:
                 if n.internal_ip.version != 4:
                     raise InputError(f"{c.cluster.name}.nodes.{n.name}.internal_ip", str(n.internal_ip),
                                      "is IPv6; the lab builds IPv4 networks only")
-    return LabSpec(clusters=clusters, options=opts, source=source)
+    spec = LabSpec(clusters=clusters, options=opts, source=source)
+    check_nodes(opts.fabrics, spec.private_subnets(), seen)
+    return spec
 
 
 def load_lab(path: str | Path) -> LabSpec:

@@ -20,9 +20,24 @@ IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 Granularity = Literal["location", "full", "cross"]
-IntraSubnet = Literal["direct", "wireguard-private", "wireguard"]
+IntraSubnet = Literal["auto", "direct", "vxlan", "ipip", "wireguard-private", "wireguard"]
 GRANULARITIES: tuple[str, ...] = ("location", "full", "cross")
-INTRA_SUBNET_MODES: tuple[str, ...] = ("direct", "wireguard-private", "wireguard")
+INTRA_SUBNET_MODES: tuple[str, ...] = ("auto", "direct", "vxlan", "ipip", "wireguard-private", "wireguard")
+DEFAULT_INTRA_SUBNET: IntraSubnet = "auto"
+
+# The path ladder between two nodes, cheapest first (docs/mesh.md, "The path ladder"). The private
+# rungs are probed under `intra_subnet: auto`; `tunnel` (WireGuard over the public endpoint) is the
+# last resort and always assumed to work.
+Rung = Literal["direct", "direct+ipip", "direct+vxlan", "wireguard-private", "tunnel"]
+RUNGS: tuple[Rung, ...] = ("direct", "direct+ipip", "direct+vxlan", "wireguard-private", "tunnel")
+PRIVATE_RUNGS: tuple[Rung, ...] = RUNGS[:-1]
+ENCAP_RUNGS: dict[str, str] = {"direct+vxlan": "vxlan", "direct+ipip": "ipip"}  # rung -> encapsulation kind
+# What a fixed intra_subnet mode pins an eligible private pair to (auto: the ladder).
+FIXED_RUNG: dict[str, Rung] = {"direct": "direct", "vxlan": "direct+vxlan", "ipip": "direct+ipip",
+                               "wireguard-private": "wireguard-private", "wireguard": "tunnel"}
+# Probe results as the plan reads them: peer (qualified name) -> the private rungs that deliver.
+# A peer the mapping does not name is assumed to deliver on every rung (offline plans).
+PathState = dict[str, frozenset[str]]
 
 DEFAULT_SUBNET = ipaddress.ip_network("10.4.0.0/16")
 DEFAULT_PORT = 51820
@@ -88,7 +103,10 @@ class MeshSettings:
     granularity: Granularity = "location"
     subnet: IPNetwork = DEFAULT_SUBNET
     port: int = DEFAULT_PORT
-    intra_subnet: IntraSubnet = "direct"
+    intra_subnet: IntraSubnet = DEFAULT_INTRA_SUBNET
+    # Routed private networks (a VPC CIDR, a Hetzner network): two nodes whose internal addresses
+    # both lie in one of them may use the encapsulated and wireguard-private rungs.
+    private_networks: tuple[IPNetwork, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -167,6 +185,18 @@ def private_neighbours(a: Node, b: Node) -> bool:
         return False
     # An interface is an address: `in` tests it without building `.ip` (a new object each time).
     return ia in ib.network and ib in ia.network
+
+
+def private_joined(a: Node, b: Node, private_networks: tuple[IPNetwork, ...]) -> bool:
+    """One routed private network joins the two nodes' internal addresses: they are private
+    neighbours, or in the same location (Kilo's rule for location members), or both inside one
+    of `mesh.private_networks`."""
+    ia, ib = a.internal_ip, b.internal_ip
+    if ia is None or ib is None or ia.version != ib.version:
+        return False
+    if private_neighbours(a, b) or (a.location and a.location == b.location and not a.cluster and not b.cluster):
+        return True
+    return any(n.version == ia.version and ia.ip in n and ib.ip in n for n in private_networks)
 
 
 def sort_key_net(n: IPNetwork | IPInterface | IPAddress) -> tuple[int, int, int]:

@@ -16,15 +16,20 @@ from typing import Literal
 
 from meshctl.errors import InputError
 from meshctl.mesh.model import (
+    ENCAP_RUNGS,
+    FIXED_RUNG,
     Endpoint,
     Granularity,
     IPAddress,
     IPInterface,
     IPNetwork,
     Node,
+    PathState,
+    Rung,
     Topology,
     gc_paused,
     host_net,
+    private_joined,
     private_neighbours,
     sort_key_net,
 )
@@ -62,13 +67,6 @@ class PeerPlan:
 
 
 @dataclass(frozen=True)
-class Route:
-    dst: IPNetwork
-    via: IPAddress | None
-    dev: Dev
-
-
-@dataclass(frozen=True)
 class Encap:
     """How a `direct` entry wraps the pod packet before it leaves on the private NIC: `kind` is the
     rung's encapsulation, `local` this node's private address (the outer source) and `remote` the
@@ -78,6 +76,17 @@ class Encap:
     kind: EncapKind
     local: IPAddress
     remote: IPAddress
+
+
+@dataclass(frozen=True)
+class Route:
+    """A route the route applier installs. Encapsulated rungs have none: their pod CIDR's
+    fast-path entry carries the encapsulation (the eBPF program, or the tunnel devices of the
+    kernel fallback, node/tunnels.py, carry it)."""
+
+    dst: IPNetwork
+    via: IPAddress | None
+    dev: Dev
 
 
 @dataclass(frozen=True)
@@ -106,7 +115,8 @@ class NodePlan:
     peers: tuple[PeerPlan, ...]
     routes: tuple[Route, ...]
     fastpath: tuple[FastPathEntry, ...]
-    # How this node reaches every other node (qualified name -> local|direct|tunnel|via-leader).
+    # How this node reaches every other node: qualified name -> local, via-leader or a rung of the
+    # path ladder (direct, direct+ipip, direct+vxlan, wireguard-private, tunnel).
     paths: dict[str, str] = field(default_factory=dict, compare=False)
 
 
@@ -180,10 +190,21 @@ class _Builder:
 
     def __init__(self) -> None:
         self.routes: dict[IPNetwork, Route] = {}
+        self.encaps: dict[IPNetwork, Encap] = {}  # pod CIDRs on an encapsulated rung (no route)
         self.peers: list[PeerPlan] = []
 
     def route(self, dst: IPNetwork, via: IPAddress | None, dev: Dev) -> None:
-        self.routes.setdefault(dst, Route(dst, via, dev))
+        if dst not in self.encaps:
+            self.routes.setdefault(dst, Route(dst, via, dev))
+
+    def private(self, dst: IPNetwork, me: Node, to: Node, rung: Rung) -> None:
+        """A pod CIDR over the private network to node `to`, on a direct or encapsulated rung."""
+        assert to.internal_ip is not None and me.internal_ip is not None
+        kind: EncapKind | None = ENCAP_RUNGS.get(rung)  # type: ignore[assignment]
+        if kind is None:
+            self.route(dst, to.internal_ip.ip, "private")
+        elif dst not in self.routes:
+            self.encaps.setdefault(dst, Encap(kind, me.internal_ip.ip, to.internal_ip.ip))
 
     def peer(self, name: str, kind: PeerKind, key: str, endpoint: Endpoint | str | None,
              allowed: list[IPNetwork], keepalive: int) -> None:
@@ -205,15 +226,81 @@ def segment_addresses(members: Sequence[Node], wg: IPInterface | None, exclude_i
     return out
 
 
+def pair_rungs(mesh_intra: str, granularity: str, private_networks: tuple[IPNetwork, ...], me: Node, r: Node
+               ) -> tuple[Rung, ...]:
+    """The rungs node `me` may use towards `r` (full/cross granularity), cheapest first; the last
+    is always `tunnel`. The fixed modes direct, wireguard-private and wireguard keep their old
+    rule (private neighbours only); vxlan, ipip and auto take every pair one routed private network
+    joins (private_joined). In cross granularity a private pair must share a location."""
+    same_loc_ok = granularity == "full" or me.location == r.location
+    if mesh_intra in ("direct", "wireguard-private", "wireguard"):
+        if mesh_intra != "wireguard" and same_loc_ok and private_neighbours(me, r):
+            return (FIXED_RUNG[mesh_intra], "tunnel")
+        return ("tunnel",)
+    if not same_loc_ok or not private_joined(me, r, private_networks):
+        return ("tunnel",)
+    if mesh_intra != "auto":
+        return (FIXED_RUNG[mesh_intra], "tunnel")
+    first: tuple[Rung, ...] = ("direct",) if private_neighbours(me, r) else ()
+    return (*first, "direct+ipip", "direct+vxlan", "wireguard-private", "tunnel")
+
+
+def member_rungs(mesh_intra: str, me: Node, m: Node) -> tuple[Rung, ...]:
+    """The rungs between two members of one location (location granularity): inside a location
+    traffic is private (Kilo's rule) and there is no WireGuard between members, so the ladder
+    stops at the encapsulated rungs; the fixed WireGuard modes and `direct` keep today's direct."""
+    if mesh_intra in ("vxlan", "ipip"):
+        return (FIXED_RUNG[mesh_intra],)
+    if mesh_intra == "auto":
+        first: tuple[Rung, ...] = ("direct",) if private_neighbours(me, m) else ()
+        return (*first, "direct+ipip", "direct+vxlan")
+    return ("direct",)
+
+
+def choose_rung(rungs: Sequence[Rung], working: frozenset[str] | None) -> Rung:
+    """The cheapest rung that delivers (`working`: the probed private rungs; None: all of them).
+    `tunnel` always delivers; a ladder without it falls back to its first rung."""
+    if working is None:
+        return rungs[0]
+    for rung in rungs:
+        if rung == "tunnel" or rung in working:
+            return rung
+    return rungs[0]
+
+
+def probe_ladders(topo: Topology, name: str) -> dict[str, tuple[Rung, ...]]:
+    """The peers node `name` probes under `intra_subnet: auto`, with each pair's ladder: every
+    node whose ladder has a private rung (full/cross: pair_rungs; location: its own members)."""
+    mesh = topo.mesh
+    me = topo.node(name)
+    if me is None or mesh.intra_subnet != "auto" or me.internal_ip is None:
+        return {}
+    out: dict[str, tuple[Rung, ...]] = {}
+    for r in topo.nodes:
+        if r.name == me.name or r.internal_ip is None:
+            continue
+        if mesh.granularity == "location":
+            if r.location != me.location:
+                continue
+            ladder = member_rungs(mesh.intra_subnet, me, r)
+        else:
+            ladder = pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, me, r)
+        if any(rung != "tunnel" for rung in ladder):
+            out[r.qualified_name] = ladder
+    return out
+
+
 def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
-              granularity: Granularity | None = None) -> NodePlan:
+              granularity: Granularity | None = None, path_state: PathState | None = None) -> NodePlan:
     """The plan of node `name`. `remotes` are other clusters' topologies (already admitted:
-    see mesh.admit.admit_remotes); `granularity` overrides the topology's."""
+    see mesh.admit.admit_remotes); `granularity` overrides the topology's; `path_state` holds
+    the probes' verdicts under `intra_subnet: auto` (None: every rung works)."""
     with gc_paused():
-        return _plan_node(topo, name, remotes, granularity)
+        return _plan_node(topo, name, remotes, granularity, path_state or {})
 
 
-def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity: Granularity | None) -> NodePlan:
+def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity: Granularity | None,
+               state: PathState) -> NodePlan:
     """The plan of one node: segments and leaders, then its peers, routes and fast-path entries
     by the role it has (leader, member, lone node) and the granularity. Long because the table of
     cases (docs/mesh.md) reads top to bottom here, case by case, as the contract states it."""
@@ -227,6 +314,8 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
     mesh = topo.mesh
     segs = segments(topo)
     my_seg = next(s for s in segs if any(m.name == name for m in s.members))
+    if mesh.intra_subnet != "auto":
+        state = {}  # the fixed modes switch probing off: their rungs do not depend on it
     b = _Builder()
     keepalive = me.persistent_keepalive
     paths: dict[str, str] = {me.qualified_name: "local"}
@@ -234,13 +323,25 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
     if mesh.granularity == "location":
         leads = my_seg.leader.name == me.name
         leader_ip = my_seg.leader.internal_ip.ip if my_seg.leader.internal_ip is not None else None
+        member_rung: dict[str, Rung] = {}
         for m in my_seg.members:
             if m.name != me.name and m.internal_ip is not None:
-                b.route(m.pod_cidr, m.internal_ip.ip, "private")
-                paths[m.qualified_name] = "direct"
+                rung = choose_rung(member_rungs(mesh.intra_subnet, me, m), state.get(m.qualified_name))
+                member_rung[m.name] = rung
+                b.private(m.pod_cidr, me, m, rung)
+                paths[m.qualified_name] = rung
+
+        def to_leader(dst: IPNetwork, pod: bool = False) -> None:
+            # Pod CIDRs follow the leader's rung; other addresses go raw (as before the ladder).
+            rung = member_rung.get(my_seg.leader.name, "direct")
+            if rung == "direct" or not pod or me.internal_ip is None:
+                b.route(dst, leader_ip, "private")
+            else:
+                b.private(dst, me, my_seg.leader, rung)
+
         if not leads:
             for s in segs:
-                b.route(host_net(s.wireguard_ip), leader_ip, "private")
+                to_leader(host_net(s.wireguard_ip))
         for s in segs:
             if s is my_seg:
                 continue
@@ -248,11 +349,12 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
             if leads:
                 b.peer(s.peer_name, "segment", s.leader.public_key, s.leader.endpoint,
                        addrs + [host_net(s.wireguard_ip)], keepalive)
+            pods = {m.pod_cidr for m in s.members}
             for dst in addrs:
                 if leads:
                     b.route(dst, s.wireguard_ip.ip, "wireguard")
                 else:
-                    b.route(dst, leader_ip, "private")
+                    to_leader(dst, dst in pods)
             for m in s.members:
                 paths[m.qualified_name] = "tunnel" if leads else "via-leader"
     else:
@@ -261,25 +363,32 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
             r, wg_r = s.leader, s.wireguard_ip
             if r.name == me.name:
                 continue
-            pn = private_neighbours(me, r)
-            private_pair = pn and (mesh.granularity == "full" or me.location == r.location)
-            if private_pair and mesh.intra_subnet == "direct":
-                assert r.internal_ip is not None
-                b.route(r.pod_cidr, r.internal_ip.ip, "private")
-                paths[r.qualified_name] = "direct"
-                continue
+            rungs = pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, me, r)
+            working = state.get(r.qualified_name)
+            rung = choose_rung(rungs, working)
+            paths[r.qualified_name] = rung
+            auto = mesh.intra_subnet == "auto"
+            if rung != "tunnel" and rung != "wireguard-private":
+                b.private(r.pod_cidr, me, r, rung)
+                if not auto:
+                    continue  # a fixed private rung: no WireGuard peer (the plans of before the ladder)
+            # WireGuard: the pair's rung, or (auto) standing by so either end may switch to it at
+            # any time and the other still accepts what arrives (make-before-break).
+            private_ep = rung == "wireguard-private" or (
+                auto and "wireguard-private" in rungs and (working is None or "wireguard-private" in working))
             ep: Endpoint | None = r.endpoint
-            if private_pair and mesh.intra_subnet == "wireguard-private":
+            if private_ep:
                 assert r.internal_ip is not None
                 ep = Endpoint(str(r.internal_ip.ip), r.endpoint.port if r.endpoint else mesh.port)
             dsts = [r.pod_cidr]
-            if r.internal_ip is not None and not pn:
+            # The internal address stays on the private network whenever one joins the pair: the
+            # encapsulated rungs and WireGuard's private endpoint are sent to it.
+            if r.internal_ip is not None and not private_neighbours(me, r) and len(rungs) == 1:
                 dsts.append(host_net(r.internal_ip))
             dsts.extend(r.allowed_location_ips)
             b.peer(r.name, "node", r.public_key, ep, dsts + [host_net(wg_r)], keepalive)
             for dst in dsts:
                 b.route(dst, wg_r.ip, "wireguard")
-            paths[r.qualified_name] = "tunnel"
 
     leader_ip = my_seg.leader.internal_ip.ip if my_seg.leader.internal_ip is not None else None
     for p in sorted(topo.peers, key=lambda p: p.name):
@@ -292,7 +401,7 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
         _plan_remote(b, me, remote, leads, leader_ip, keepalive, paths)
 
     routes = tuple(sorted(b.routes.values(), key=lambda r: sort_key_net(r.dst)))
-    fastpath = _fastpath(me, topo, remotes, b.routes)
+    fastpath = _fastpath(me, topo, remotes, b.routes, b.encaps)
     return NodePlan(
         node=me.name,
         granularity=mesh.granularity,
@@ -348,13 +457,17 @@ def _remote_segment(me: Node, wg_ip: IPInterface, leader: Node, members: tuple[N
     return tuple(b.routes.values()), (b.peers[0] if b.peers else None), tuple(paths)
 
 
-def _fastpath(me: Node, topo: Topology, remotes: Sequence[Remote],
-              routes: dict[IPNetwork, Route]) -> tuple[FastPathEntry, ...]:
+def _fastpath(me: Node, topo: Topology, remotes: Sequence[Remote], routes: dict[IPNetwork, Route],
+              encaps: dict[IPNetwork, Encap]) -> tuple[FastPathEntry, ...]:
     """One entry per node pod CIDR: local for our own, direct (next hop) for a route on the
     private NIC, tunnel for a route through WireGuard."""
     out = [FastPathEntry(me.pod_cidr, "local", None)]
     for n in [*topo.nodes, *(n for r in remotes for n in r.nodes)]:
         if n is me:
+            continue
+        enc = encaps.get(n.pod_cidr)
+        if enc is not None:
+            out.append(FastPathEntry(n.pod_cidr, "direct", None, enc))
             continue
         r = routes.get(n.pod_cidr)
         if r is None:

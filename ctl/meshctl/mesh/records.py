@@ -31,12 +31,15 @@ from meshctl.mesh.fields import (
     wg_key,
 )
 from meshctl.mesh.model import (
+    DEFAULT_INTRA_SUBNET,
     DEFAULT_PORT,
     DEFAULT_SUBNET,
     INTRA_SUBNET_MODES,
+    PRIVATE_RUNGS,
     Cluster,
     MeshSettings,
     Node,
+    PathState,
     Peer,
     Topology,
 )
@@ -118,7 +121,7 @@ def parse_peer(d: Any, path: str) -> Peer:
     )
 
 
-MESH_FIELDS = ("granularity", "subnet", "port", "intra_subnet")
+MESH_FIELDS = ("granularity", "subnet", "port", "intra_subnet", "private_networks")
 
 
 def parse_mesh(d: Any, path: str) -> MeshSettings:
@@ -127,18 +130,23 @@ def parse_mesh(d: Any, path: str) -> MeshSettings:
     d = mapping(d, path)
     no_unknown_fields(d, MESH_FIELDS, path)
     gran = granularity(d.get("granularity", "location"), f"{path}.granularity")
-    intra = d.get("intra_subnet", "direct")
+    intra = d.get("intra_subnet", DEFAULT_INTRA_SUBNET)
     if intra not in INTRA_SUBNET_MODES:
         raise InputError(f"{path}.intra_subnet", intra, f"is not one of {', '.join(INTRA_SUBNET_MODES)}")
     subnet = network(d.get("subnet", str(DEFAULT_SUBNET)), f"{path}.subnet")
     if subnet.num_addresses < 4:
         raise InputError(f"{path}.subnet", d.get("subnet"), "is too small for a WireGuard subnet")
     return MeshSettings(granularity=gran, subnet=subnet, port=port(d.get("port", DEFAULT_PORT), f"{path}.port"),
-                        intra_subnet=intra)
+                        intra_subnet=intra,
+                        private_networks=cidr_list(d.get("private_networks"), f"{path}.private_networks"))
 
 
 def mesh_to_record(m: MeshSettings) -> dict[str, Any]:
-    return {"granularity": m.granularity, "subnet": str(m.subnet), "port": m.port, "intra_subnet": m.intra_subnet}
+    rec: dict[str, Any] = {"granularity": m.granularity, "subnet": str(m.subnet), "port": m.port,
+                           "intra_subnet": m.intra_subnet}
+    if m.private_networks:
+        rec["private_networks"] = [str(n) for n in m.private_networks]
+    return rec
 
 
 def parse_cluster(d: Any, path: str) -> Cluster:
@@ -179,3 +187,25 @@ def parse_topology(doc: Any) -> Topology:
     if rejected_peers:
         raise InputError.from_line(rejected_peers[0].reason)
     return Topology(cluster=cluster, mesh=mesh, nodes=tuple(nodes), peers=tuple(peers))
+
+
+def parse_path_state(d: Any, path: str) -> PathState:
+    """A path-state document: peer (qualified name) -> the private rungs that deliver to it, as
+    the prober reports them (`{a2: [direct+vxlan, wireguard-private], b1: []}`)."""
+    if d is None:
+        return {}
+    d = mapping(d, path)
+    out: PathState = {}
+    for name, rungs in d.items():
+        p = f"{path}.{name}"
+        if not isinstance(name, str) or not name:
+            raise InputError(path, name, "is not a node name")
+        if rungs is None:
+            rungs = []
+        if not isinstance(rungs, list):
+            raise InputError(p, rungs, "is not a list of rungs")
+        for i, r in enumerate(rungs):
+            if r not in PRIVATE_RUNGS:
+                raise InputError(f"{p}[{i}]", r, f"is not one of {', '.join(PRIVATE_RUNGS)}")
+        out[name] = frozenset(rungs)
+    return out

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from meshctl.mesh.model import Node, Topology, private_neighbours, sort_key_net
-from meshctl.mesh.plan import NodePlan, Remote, Segment, segments
+from meshctl.mesh.plan import Encap, NodePlan, Remote, Segment, segments
 
 
 def plan_to_json(p: NodePlan) -> dict[str, Any]:
@@ -29,10 +29,23 @@ def plan_to_json(p: NodePlan) -> dict[str, Any]:
         ],
         "routes": [{"dst": str(r.dst), "via": str(r.via) if r.via else None, "dev": r.dev} for r in p.routes],
         "fastpath": [
-            {"prefix": str(e.prefix), "action": e.action, "nexthop": str(e.nexthop) if e.nexthop else None}
+            {"prefix": str(e.prefix), "action": e.action, "nexthop": str(e.nexthop) if e.nexthop else None,
+             **_encap_json(e.encap)}
             for e in p.fastpath
         ],
     }
+
+
+def _encap_json(e: Encap | None) -> dict[str, Any]:
+    """The encapsulation keys of a fast-path entry (absent for raw ones, so plans without
+    encapsulated rungs read exactly as before)."""
+    if e is None:
+        return {}
+    return {"encap": e.kind, "outer_src": str(e.local), "outer_dst": str(e.remote)}
+
+
+def encap_text(e: Encap | None) -> str | None:
+    return f"{e.kind} {e.local}->{e.remote}" if e is not None else None
 
 
 def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
@@ -51,7 +64,11 @@ def plan_to_table(p: NodePlan) -> str:
     out += ["", f"ROUTES ({len(p.routes)})"]
     out.append(table([(r.dst, r.via, r.dev) for r in p.routes], ["DST", "VIA", "DEV"]))
     out += ["", f"FAST PATH ({len(p.fastpath)})"]
-    out.append(table([(e.prefix, e.action, e.nexthop) for e in p.fastpath], ["PREFIX", "ACTION", "NEXT HOP"]))
+    out.append(table([(e.prefix, e.action, e.nexthop, encap_text(e.encap)) for e in p.fastpath],
+                     ["PREFIX", "ACTION", "NEXT HOP", "ENCAP"]))
+    if p.paths:
+        out += ["", "PATHS"]
+        out.append(table(sorted(p.paths.items()), ["NODE", "PATH"]))
     return "\n".join(out)
 
 

@@ -1,0 +1,253 @@
+"""The path chooser: probe observations in, one path-state per pair out. Pure (no I/O; time is an
+argument), so its rules are tested with made-up clocks and the plan stays a pure function of
+records and observations.
+
+Probes come in three kinds, each testing what one family of rungs needs from the fabric:
+
+    direct   a raw packet between the two nodes' pod addresses (a source/destination check drops it)
+    udp      UDP between the nodes' private addresses, VXLAN-framed: direct+vxlan, wireguard-private
+    ipip     IP-in-IP between the private addresses: direct+ipip
+
+Rules (docs/mesh.md, "Probing and choice"):
+- A kind is *down* once no reply has come for `down_after` seconds while at least `down_probes`
+  probes went unanswered. A lost probe switches the kind to fast probing, so a dead rung is left
+  in about `down_after` seconds, well within 3 s. Random loss does not make a kind down: it takes
+  `down_probes` losses in a row at the fast rate (at 36 % round-trip loss, 0.36^30).
+- A down kind is *up* again only after replies have kept coming for `hold` seconds with no down
+  condition in between (the pair then moves back, make-before-break: the old rung still works).
+- The first verdict of a new pair needs no hold: its first reply makes the kind up.
+- A pair's own choice is the cheapest rung of its ladder that is up and available on both nodes;
+  replies carry the peer's own choice, and both ends use the costlier of the two (so an
+  encapsulated or WireGuard rung is used in both directions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from meshctl.mesh.model import RUNGS, PathState, Rung
+
+PROBE_KINDS: tuple[str, ...] = ("direct", "udp", "ipip")
+KIND_RUNGS: dict[str, tuple[Rung, ...]] = {
+    "direct": ("direct",), "udp": ("direct+vxlan", "wireguard-private"), "ipip": ("direct+ipip",)}
+RUNG_KIND: dict[str, str] = {r: k for k, rungs in KIND_RUNGS.items() for r in rungs}
+PEER_CHOICE_TTL_S = 5.0  # a peer's reported choice counts this long after its last reply
+
+
+@dataclass(frozen=True)
+class ProbeTuning:
+    interval: float = 1.0        # steady probing of the kind carrying the pair's rung
+    standby_interval: float = 5.0  # the other kinds (they only say where to go next)
+    fast_interval: float = 0.05  # after a lost probe, until a reply comes or the kind is down
+    timeout: float = 0.25        # a probe unanswered this long is lost
+    down_after: float = 1.5      # no reply for this long ...
+    down_probes: int = 8         # ... and this many lost probes: down
+    hold: float = 10.0           # a down kind answers this long before its rungs are used again
+
+
+@dataclass
+class KindHealth:
+    """What the probes of one kind to one peer showed."""
+
+    up: bool | None = None          # None: no verdict yet
+    since: float = 0.0              # start of the current silence (last reply, or first probe)
+    lost: int = 0                   # probes lost since the last reply
+    candidate: float | None = None  # down, answering again since
+    held: bool = False              # came back after the hold time (the reason of the next change)
+    rtt: float | None = None        # smoothed round-trip time, seconds
+
+    @property
+    def fast(self) -> bool:
+        return self.lost > 0 and self.up is not False
+
+
+@dataclass(frozen=True)
+class Change:
+    """The rung a pair uses changed (metrics and logs name the reason)."""
+
+    peer: str
+    old: str | None
+    new: str
+    reason: str
+    at: float
+
+
+@dataclass
+class PairState:
+    ladder: tuple[Rung, ...]
+    kinds: dict[str, KindHealth] = field(default_factory=dict)
+    peer_rungs: frozenset[str] | None = None  # what the peer says it can take; None: unknown yet
+    peer_choice: str | None = None
+    peer_seen: float = -1e9
+    rung: str | None = None                   # the rung last reported
+
+
+class Chooser:
+    """Per-pair health from probe observations, and the path-state the plan reads."""
+
+    def __init__(self, local_rungs: Iterable[str], tuning: ProbeTuning | None = None) -> None:
+        self.tuning = tuning or ProbeTuning()
+        self.local_rungs = frozenset(local_rungs)
+        self.pairs: dict[str, PairState] = {}
+        self.changes: list[Change] = []  # every change since start (the caller may trim it)
+
+    # --- which peers --------------------------------------------------------------------------
+
+    def set_peers(self, ladders: dict[str, Sequence[Rung]], now: float) -> None:
+        """The peers to probe and each pair's ladder (plan.pair_rungs). Peers no longer listed are
+        forgotten; a ladder that changed keeps what the probes already showed."""
+        for name in [n for n in self.pairs if n not in ladders]:
+            del self.pairs[name]
+        for name, ladder in ladders.items():
+            p = self.pairs.get(name)
+            if p is None:
+                p = self.pairs[name] = PairState(tuple(ladder))
+            p.ladder = tuple(ladder)
+            for k in self.kinds_for(p):
+                p.kinds.setdefault(k, KindHealth(since=now))
+
+    def kinds_for(self, p: PairState) -> list[str]:
+        """The probe kinds a pair needs: those of its private rungs this node can use."""
+        return [k for k in PROBE_KINDS if any(r in self.local_rungs for r in KIND_RUNGS[k] if r in p.ladder)]
+
+    # --- observations -------------------------------------------------------------------------
+
+    def lost(self, peer: str, kind: str, now: float) -> None:
+        h = self._health(peer, kind)
+        if h is not None:
+            h.lost += 1
+
+    def reply(self, peer: str, kind: str, rtt: float, now: float, peer_rungs: frozenset[str] | None = None,
+              peer_choice: str | None = None) -> None:
+        p = self.pairs.get(peer)
+        h = self._health(peer, kind)
+        if p is None or h is None:
+            return
+        h.lost = 0
+        h.since = now
+        h.rtt = rtt if h.rtt is None else 0.8 * h.rtt + 0.2 * rtt
+        if h.up is None:
+            h.up = True  # a new pair's first verdict needs no hold
+        elif not h.up and h.candidate is None:
+            h.candidate = now
+        if peer_rungs is not None:
+            p.peer_rungs = peer_rungs
+        if peer_choice is not None:
+            p.peer_choice = peer_choice
+            p.peer_seen = now
+
+    def _health(self, peer: str, kind: str) -> KindHealth | None:
+        p = self.pairs.get(peer)
+        return p.kinds.get(kind) if p is not None else None
+
+    # --- verdicts -----------------------------------------------------------------------------
+
+    def tick(self, now: float) -> bool:
+        """Apply the rules at time `now`; True when some pair's rung changed (the plan must be
+        redone)."""
+        t = self.tuning
+        changed = False
+        for name, p in self.pairs.items():
+            for h in p.kinds.values():
+                silent = now - h.since >= t.down_after and h.lost >= t.down_probes
+                if silent:
+                    h.candidate = None
+                    if h.up is not False:
+                        h.up = False
+                elif h.up is False and h.candidate is not None and now - h.candidate >= t.hold:
+                    h.up, h.candidate, h.held = True, None, True
+            new = self.agreed(name, now)
+            if new is not None and new != p.rung:
+                self.changes.append(Change(name, p.rung, new, self._reason(p, new, now), now))
+                p.rung = new
+                changed = True
+            for h in p.kinds.values():
+                h.held = False
+        return changed
+
+    def _reason(self, p: PairState, new: str, now: float) -> str:
+        if p.rung is None:
+            return "first probes"
+        own = self.own_choice(p)
+        if own is not None and RUNGS.index(new) > RUNGS.index(own):
+            return "peer chose " + new
+        if RUNGS.index(new) > RUNGS.index(p.rung):
+            return f"{p.rung} stopped delivering"
+        h = p.kinds.get(RUNG_KIND.get(new, ""))
+        if h is not None and h.held:
+            return f"{new} delivered for the hold time"
+        return f"{new} became available"
+
+    def usable(self, p: PairState, rung: str) -> bool:
+        """The rung delivers and both ends carry it. Another rung than the pair's own must also be
+        fresh (its last probe answered): a stand-by kind last heard seconds ago may have died
+        with the rung being left (a blackhole takes every kind at once)."""
+        if rung == "tunnel":
+            return True
+        if rung not in self.local_rungs or (p.peer_rungs is not None and rung not in p.peer_rungs):
+            return False
+        h = p.kinds.get(RUNG_KIND[rung])
+        if h is None or h.up is not True:
+            return False
+        return rung == p.rung or h.lost == 0
+
+    def verdicts_ready(self, p: PairState) -> bool:
+        return all(h.up is not None for h in p.kinds.values())
+
+    def own_choice(self, p: PairState) -> str | None:
+        """This node's choice for the pair alone (None until every probe kind has a verdict)."""
+        if not self.verdicts_ready(p):
+            return None
+        for r in p.ladder:
+            if self.usable(p, r):
+                return r
+        return p.ladder[0]  # a ladder without tunnel (location members): nothing better
+
+    def agreed(self, peer: str, now: float) -> str | None:
+        p = self.pairs[peer]
+        own = self.own_choice(p)
+        if own is None:
+            return None
+        theirs = p.peer_choice if now - p.peer_seen <= PEER_CHOICE_TTL_S else None
+        if theirs in p.ladder and p.ladder.index(theirs) > p.ladder.index(own):
+            return theirs
+        return own
+
+    def path_state(self) -> PathState:
+        """Peer -> the private rungs the plan may take, i.e. those that deliver, are available on
+        both ends and are no cheaper than the agreed rung. Peers without a verdict are absent (the
+        plan then assumes every rung works, as it did before probing)."""
+        out: PathState = {}
+        for name, p in self.pairs.items():
+            if p.rung is None:
+                continue
+            at = p.ladder.index(p.rung)
+            out[name] = frozenset(r for r in p.ladder[at:] if r != "tunnel" and self.usable(p, r))
+        return out
+
+    def due(self, peer: str, kind: str) -> float:
+        """Seconds until the next probe of one kind to one peer: fast after a loss (of any kind of
+        the pair); steady for the
+        kind carrying the pair's rung and for kinds of cheaper rungs (so a recovery is seen
+        promptly), and before the first verdict; slow for kinds only costlier rungs need."""
+        p = self.pairs[peer]
+        h = p.kinds[kind]
+        if h.fast or any(k.fast for k in p.kinds.values()):
+            # A kind losing probes makes the whole pair probe fast: should its rung be left, the
+            # others' verdicts are fresh.
+            return self.tuning.fast_interval
+        if h.up is None or p.rung is None:
+            return self.tuning.interval
+        at = RUNGS.index(p.rung)
+        if any(RUNGS.index(r) <= at for r in KIND_RUNGS[kind]):
+            return self.tuning.interval
+        return self.tuning.standby_interval
+
+    def status(self) -> dict[str, dict[str, object]]:
+        """Per peer: rung, the kinds' verdicts and RTTs (for /status and metrics)."""
+        return {name: {"rung": p.rung, "ladder": list(p.ladder), "peer_choice": p.peer_choice,
+                       "probes": {k: {"up": h.up, "lost": h.lost,
+                                      "rtt_ms": round(h.rtt * 1000, 3) if h.rtt is not None else None,
+                                      "recovering_since": h.candidate} for k, h in p.kinds.items()}}
+                for name, p in sorted(self.pairs.items())}

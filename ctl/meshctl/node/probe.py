@@ -1,0 +1,436 @@
+"""The prober: sends probes shaped like each rung's traffic to every eligible peer, answers the
+peers' probes, and feeds what it sees to the pure chooser (mesh.paths.Chooser).
+
+Probe kinds and their packets (all carry one 36-byte probe payload, UDP port PROBE_PORT):
+
+    direct  an Ethernet frame out of the private NIC to the next hop of the peer's private address,
+            IPv4 from this node's probe address to the peer's (the first address of each pod CIDR):
+            pod-addressed like the rung's traffic, so a source/destination check drops it
+    udp     a UDP datagram between the private addresses, holding a VXLAN-framed pod packet: what
+            direct+vxlan and wireguard-private send (a fabric that drops UDP, or routes only some
+            addresses, drops it)
+    ipip    IP-in-IP between the private addresses around a pod-addressed packet (direct+ipip)
+
+Answers go back the same way (same kind, addresses swapped), so a kind is up only when both
+directions deliver. Direct and IP-in-IP probes are received on an AF_PACKET socket with a
+classic BPF filter (only frames for this node's probe address or IP-in-IP with a probe inside wake
+the thread); the tap sees frames before tc ingress, so the eBPF fast path's decapsulation does not
+hide them (the socket is bound to ETH_P_ALL for that). Replies carry the responder's rungs and
+its own choice for the pair (both ends agree).
+
+Only peers the agent named are answered (no reflection for strangers), and every reply must echo
+the request's random nonce. One thread; its cost at 100 peers is measured by bench/probe.py.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import select
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from meshctl.mesh.model import RUNGS, PathState, Rung
+from meshctl.mesh.paths import PROBE_KINDS, Change, Chooser, ProbeTuning
+
+log = logging.getLogger("meshctl.probe")
+
+PROBE_PORT = 51871
+ETH_P_IP = 0x0800
+ETH_P_ALL = 0x0003
+IPPROTO_IPIP = 4
+PACKET_OUTGOING = 4
+SO_ATTACH_FILTER = 26
+MAGIC = b"MSHP"
+VERSION = 1
+REQUEST, REPLY = 1, 2
+NO_CHOICE = 255
+PAYLOAD = struct.Struct("!4sBBBBIQQ4sBB2x")  # magic, version, type, kind, flags, seq, nonce, t_ns, sender, caps, choice
+UDP = struct.Struct("!HHHH")
+VXLAN = struct.Struct("!BxxxI")  # flags (0x08: VNI valid), VNI << 8
+VXLAN_FLAGS = 0x08
+ETH = struct.Struct("!6s6sH")
+INNER_ETH = ETH.pack(b"\0" * 6, b"\0" * 6, ETH_P_IP)
+MAX_FRAME = 256
+TICK_S = 0.05  # the chooser's rules run at most this often
+
+
+def probe_address(pod_cidr: ipaddress.IPv4Network | ipaddress.IPv6Network) -> ipaddress.IPv4Address | None:
+    """A node's probe address: the first address of its pod CIDR (IPv4 only)."""
+    if pod_cidr.version != 4 or pod_cidr.num_addresses < 4:
+        return None
+    return ipaddress.IPv4Address(int(pod_cidr.network_address) + 1)
+
+
+def _csum(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\0"
+    s = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    s = (s >> 16) + (s & 0xFFFF)
+    s += s >> 16
+    return int(~s & 0xFFFF)
+
+
+def ipv4(src: bytes, dst: bytes, proto: int, payload: bytes, ident: int = 0) -> bytes:
+    """An IPv4 packet (DF set, TTL 64) around `payload`."""
+    hdr = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(payload), ident & 0xFFFF, 0x4000, 64, proto, 0, src, dst)
+    return hdr[:10] + struct.pack("!H", _csum(hdr)) + hdr[12:] + payload
+
+
+def udp(sport: int, dport: int, payload: bytes) -> bytes:
+    return UDP.pack(sport, dport, 8 + len(payload), 0) + payload  # checksum 0: none (IPv4)
+
+
+def packet_filter(probe_ip: bytes, port: int) -> bytes:
+    """Classic BPF for the AF_PACKET socket: IPv4 UDP to `probe_ip`:`port` (direct probes), or
+    IPv4 IP-in-IP whose inner packet is UDP to `port` (ipip probes); everything else stays out."""
+    dst = struct.unpack("!I", probe_ip)[0]
+    ld_h, ld_b, ld_w, ldx_msh, ld_h_ind, ld_b_ind = 0x28, 0x30, 0x20, 0xB1, 0x48, 0x50
+    jeq, jset, ret = 0x15, 0x45, 0x06
+    prog = [
+        (ld_h, 0, 0, 12), (jeq, 0, 15, ETH_P_IP),         # 0-1: IPv4, else drop (17)
+        (ld_b, 0, 0, 23), (jeq, 0, 7, 17),                # 2-3: UDP, else try IP-in-IP (11)
+        (ld_w, 0, 0, 30), (jeq, 0, 11, dst),              # 4-5: to the probe address
+        (ld_h, 0, 0, 20), (jset, 9, 0, 0x1FFF),           # 6-7: not a fragment
+        (ldx_msh, 0, 0, 14), (ld_h_ind, 0, 0, 16),        # 8-9: UDP destination port
+        (jeq, 6, 7, port),                                # 10: accept (17) / drop (18)
+        (jeq, 0, 6, IPPROTO_IPIP),                        # 11: IP-in-IP, else drop
+        (ldx_msh, 0, 0, 14), (ld_b_ind, 0, 0, 23),        # 12-13: inner protocol
+        (jeq, 0, 3, 17),                                  # 14: UDP, else drop
+        (ld_h_ind, 0, 0, 36), (jeq, 0, 1, port),          # 15-16: inner UDP destination port
+        (ret, 0, 0, MAX_FRAME), (ret, 0, 0, 0),           # 17 accept, 18 drop
+    ]
+    return b"".join(struct.pack("HBBI", *ins) for ins in prog)
+
+
+DROP_ALL = struct.pack("HBBI", 0x06, 0, 0, 0)  # ret #0
+
+
+def _attach_filter(sock: socket.socket, code: bytes) -> None:
+    import ctypes
+
+    buf = ctypes.create_string_buffer(code)
+    fprog = struct.pack("HL", len(code) // 8, ctypes.addressof(buf))
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)  # the kernel copies the program
+
+
+@dataclass(frozen=True)
+class Target:
+    """A peer to probe: its plan name, private address, probe address and ladder (plan.pair_rungs)."""
+
+    name: str
+    internal: ipaddress.IPv4Address
+    probe_ip: ipaddress.IPv4Address
+    ladder: tuple[Rung, ...]
+
+
+def rung_bits(rungs: Iterable[str]) -> int:
+    return sum(1 << i for i, r in enumerate(RUNGS) if r in rungs)
+
+
+def bits_rungs(bits: int) -> frozenset[str]:
+    return frozenset(r for i, r in enumerate(RUNGS) if bits & (1 << i))
+
+
+ARP_TABLE = "/proc/thread-self/net/arp"  # this thread's network namespace
+ATF_COM = 0x2  # a complete entry
+
+
+def arp_lookup(ip: str, dev: str) -> bytes | None:
+    """The hardware address of `ip` on `dev` in the kernel's neighbour table, if it is complete."""
+    try:
+        with open(ARP_TABLE) as f:
+            next(f, None)
+            for line in f:
+                cols = line.split()
+                if len(cols) >= 6 and cols[0] == ip and cols[5] == dev and int(cols[2], 16) & ATF_COM:
+                    return bytes.fromhex(cols[3].replace(":", ""))
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class Prober:
+    """Probes the private rungs of every target; `path_state()` is what the plan reads and
+    `on_change` is called (from the prober thread) when it changed."""
+
+    def __init__(self, private_if: str, internal: ipaddress.IPv4Address, probe_ip: ipaddress.IPv4Address,
+                 local_rungs: Iterable[str], on_change: Callable[[], None] = lambda: None,
+                 tuning: ProbeTuning | None = None, port: int = PROBE_PORT) -> None:
+        self.private_if = private_if
+        self.internal = internal
+        self.probe_ip = probe_ip
+        self.port = port
+        self.on_change = on_change
+        self.chooser = Chooser(local_rungs, tuning)
+        self._lock = threading.Lock()
+        self._targets: dict[str, Target] = {}
+        self._by_internal: dict[bytes, Target] = {}
+        self._next: dict[tuple[str, str], float] = {}
+        # seq -> (peer, kind, sent, nonce), oldest first (sent times only grow)
+        self._pending: dict[int, tuple[str, str, float, int]] = {}
+        self._earliest = 0.0  # no probe is due before this
+        self._last_tick = 0.0
+        self._seq = 0
+        self._macs: dict[str, tuple[bytes | None, float]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._wake_r, self._wake_w = os.pipe()
+        self.sent = 0
+        self.received = 0
+        self.cpu_s = 0.0
+        self._udp = self._pkt = self._ipip = None  # type: Any
+        self._my_mac = b"\0" * 6
+
+    # --- life cycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._udp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._udp.bind((str(self.internal), self.port))
+        self._udp.setblocking(False)
+        # ETH_P_ALL: a tap, which sees frames before tc ingress (a protocol-bound socket sees them
+        # after, and the fast path decapsulates IP-in-IP there).
+        self._pkt = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        _attach_filter(self._pkt, packet_filter(self.probe_ip.packed, self.port))
+        self._pkt.bind((self.private_if, ETH_P_ALL))
+        self._pkt.setblocking(False)
+        self._my_mac = self._pkt.getsockname()[4]
+        self._ipip = socket.socket(socket.AF_INET, socket.SOCK_RAW, IPPROTO_IPIP)
+        _attach_filter(self._ipip, DROP_ALL)  # send only: IP-in-IP arrives on the tap
+        self._ipip.bind((str(self.internal), 0))
+        self._ipip.setblocking(False)
+        self._thread = threading.Thread(target=self._run, name="prober", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        os.write(self._wake_w, b"x")
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        for s in (self._udp, self._pkt, self._ipip):
+            if s is not None:
+                s.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def set_targets(self, targets: Sequence[Target]) -> None:
+        with self._lock:
+            self._targets = {t.name: t for t in targets}
+            self._by_internal = {t.internal.packed: t for t in targets}
+            self.chooser.set_peers({t.name: t.ladder for t in targets}, time.monotonic())
+            self._earliest = 0.0
+        os.write(self._wake_w, b"x")
+
+    def set_local_rungs(self, rungs: Iterable[str]) -> None:
+        """What this node can send and receive (the datapath may gain encapsulations later)."""
+        with self._lock:
+            self.chooser.local_rungs = frozenset(rungs)
+            self.chooser.set_peers({t.name: t.ladder for t in self._targets.values()}, time.monotonic())
+            self._earliest = 0.0
+
+    def path_state(self) -> PathState:
+        with self._lock:
+            return self.chooser.path_state()
+
+    def changes(self) -> list[Change]:
+        with self._lock:
+            return list(self.chooser.changes)
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return {"port": self.port, "local_rungs": sorted(self.chooser.local_rungs, key=RUNGS.index),
+                    "sent": self.sent, "received": self.received, "cpu_s": round(self.cpu_s, 3),
+                    "pairs": self.chooser.status()}
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        socks = [self._udp, self._pkt, self._wake_r]
+        while not self._stop.is_set():
+            c0 = time.thread_time()
+            now = time.monotonic()
+            changed = False
+            with self._lock:
+                self._expire(now)
+                if now >= self._earliest:
+                    self._send_due(now)
+                if now - self._last_tick >= TICK_S:
+                    changed = self.chooser.tick(now)
+                    self._last_tick = now
+                wait = self._next_wakeup(now)
+            if changed:
+                try:
+                    self.on_change()
+                except Exception as e:  # noqa: BLE001 - the prober must keep going
+                    log.warning("path change callback: %s", e)
+            self.cpu_s += time.thread_time() - c0
+            ready, _, _ = select.select(socks, [], [], wait)
+            c0 = time.thread_time()
+            for s in ready:
+                if s is self._wake_r:
+                    os.read(self._wake_r, 64)
+                elif s is self._udp:
+                    self._drain_udp()
+                else:
+                    self._drain_pkt()
+            self.cpu_s += time.thread_time() - c0
+
+    def _next_wakeup(self, now: float) -> float:
+        at = min(self._earliest, self._last_tick + TICK_S)
+        oldest = next(iter(self._pending.values()), None)
+        if oldest is not None:
+            at = min(at, oldest[2] + self.chooser.tuning.timeout)
+        return max(0.0, min(at - now, 1.0))
+
+    def _expire(self, now: float) -> None:
+        timeout = self.chooser.tuning.timeout
+        while self._pending:
+            seq, (peer, kind, sent, _) = next(iter(self._pending.items()))
+            if now - sent < timeout:
+                return
+            del self._pending[seq]
+            self.chooser.lost(peer, kind, now)
+            p = self.chooser.pairs.get(peer)
+            if p is None or kind not in p.kinds:
+                continue
+            # A loss makes every kind of the pair probe fast now (Chooser.due): stand-by kinds
+            # scheduled seconds ahead are pulled in, so their verdicts are fresh if the rung goes.
+            for k in p.kinds:
+                at = min(self._next.get((peer, k), now), now + self.chooser.due(peer, k))
+                self._next[(peer, k)] = at
+                self._earliest = min(self._earliest, at)
+
+    def _send_due(self, now: float) -> None:
+        live = set()
+        earliest = now + 1.0
+        for name, p in self.chooser.pairs.items():
+            for kind in p.kinds:
+                key = (name, kind)
+                live.add(key)
+                at = self._next.setdefault(key, now)
+                if at <= now:
+                    self._probe(self._targets[name], kind, now)
+                    at = self._next[key] = now + self.chooser.due(name, kind)
+                earliest = min(earliest, at)
+        for key in [k for k in self._next if k not in live]:
+            del self._next[key]
+        self._earliest = earliest
+
+    # --- packets ------------------------------------------------------------------------------
+
+    def _payload(self, kind: str, typ: int, seq: int, nonce: int, t_ns: int, choice: str | None) -> bytes:
+        return PAYLOAD.pack(MAGIC, VERSION, typ, PROBE_KINDS.index(kind), 0, seq, nonce, t_ns, self.internal.packed,
+                            rung_bits(self.chooser.local_rungs), RUNGS.index(choice) if choice in RUNGS else NO_CHOICE)
+
+    def _probe(self, t: Target, kind: str, now: float) -> None:
+        self._seq = (self._seq + 1) & 0xFFFFFFFF
+        nonce = int.from_bytes(os.urandom(8), "big")
+        p = self.chooser.pairs.get(t.name)
+        choice = self.chooser.own_choice(p) if p is not None else None
+        payload = self._payload(kind, REQUEST, self._seq, nonce, time.monotonic_ns(), choice)
+        try:
+            self._send(kind, t.internal.packed, self._peer_mac(t, now) if kind == "direct" else None,
+                       self.probe_ip.packed, t.probe_ip.packed, payload)
+        except OSError as e:
+            log.debug("probe %s to %s: %s", kind, t.name, e)
+        self._pending[self._seq] = (t.name, kind, now, nonce)
+        self.sent += 1
+
+    def _send(self, kind: str, peer_internal: bytes, mac: bytes | None, src_pod: bytes, dst_pod: bytes,
+              payload: bytes) -> None:
+        inner = ipv4(src_pod, dst_pod, socket.IPPROTO_UDP, udp(self.port, self.port, payload))
+        if kind == "direct":
+            if mac is None:
+                return  # no neighbour: the probe is lost, as the rung's packets would be
+            self._pkt.sendto(ETH.pack(mac, self._my_mac, ETH_P_IP) + inner, (self.private_if, ETH_P_IP))
+        elif kind == "udp":
+            dgram = VXLAN.pack(VXLAN_FLAGS, 0) + INNER_ETH + inner
+            self._udp.sendto(dgram, (socket.inet_ntoa(peer_internal), self.port))
+        else:
+            self._ipip.sendto(inner, (socket.inet_ntoa(peer_internal), 0))
+
+    def _peer_mac(self, t: Target, now: float) -> bytes | None:
+        """The MAC of the peer's private address on the private NIC, from the kernel's neighbour
+        table (the udp probes to that address keep the entry fresh). None when the peer is not an
+        on-link neighbour: then no direct packet could reach it either."""
+        mac, until = self._macs.get(t.name, (None, 0.0))
+        if now < until:
+            return mac
+        mac = arp_lookup(str(t.internal), self.private_if)
+        self._macs[t.name] = (mac, now + (5.0 if mac else 0.5))
+        return mac
+
+    def _drain_udp(self) -> None:
+        while True:
+            try:
+                data, (src, _) = self._udp.recvfrom(MAX_FRAME)
+            except (BlockingIOError, InterruptedError):
+                return
+            off = VXLAN.size + ETH.size
+            if len(data) < off + 28:
+                continue
+            ihl = (data[off] & 0xF) * 4
+            inner = data[off:]
+            self._handle("udp", socket.inet_aton(src), inner[12:16], inner[16:20], inner[ihl + 8:], None)
+
+    def _drain_pkt(self) -> None:
+        while True:
+            try:
+                frame, addr = self._pkt.recvfrom(MAX_FRAME)
+            except (BlockingIOError, InterruptedError):
+                return
+            if addr[2] == PACKET_OUTGOING or len(frame) < ETH.size + 28:
+                continue
+            ip = frame[ETH.size:]
+            ihl = (ip[0] & 0xF) * 4
+            if ip[9] == socket.IPPROTO_UDP:
+                self._handle("direct", None, ip[12:16], ip[16:20], ip[ihl + 8:], frame[6:12])
+            elif ip[9] == IPPROTO_IPIP:
+                inner = ip[ihl:]
+                iihl = (inner[0] & 0xF) * 4
+                self._handle("ipip", ip[12:16], inner[12:16], inner[16:20], inner[iihl + 8:], None)
+
+    def _handle(self, kind: str, outer_src: bytes | None, src: bytes, dst: bytes, payload: bytes,
+                src_mac: bytes | None) -> None:
+        if len(payload) < PAYLOAD.size:
+            return
+        magic, ver, typ, kind_i, _, seq, nonce, t_ns, sender, caps, choice_i = PAYLOAD.unpack_from(payload)
+        if magic != MAGIC or ver != VERSION or kind_i >= len(PROBE_KINDS) or PROBE_KINDS[kind_i] != kind:
+            return
+        if outer_src is not None and outer_src != sender:
+            return  # the outer source must be the node the probe says it is from
+        now = time.monotonic()
+        with self._lock:
+            self.received += 1
+            t = self._by_internal.get(sender)
+            if t is None or src != t.probe_ip.packed:
+                return  # not a peer of ours: never answered, never counted
+            if typ == REQUEST:
+                p = self.chooser.pairs.get(t.name)
+                choice = self.chooser.own_choice(p) if p is not None else None
+                reply = self._payload(kind, REPLY, seq, nonce, t_ns, choice)
+                try:
+                    if kind == "direct":
+                        self._send(kind, sender, src_mac, dst, src, reply)
+                    else:
+                        self._send(kind, sender, None, dst, src, reply)
+                except OSError as e:
+                    log.debug("probe reply %s to %s: %s", kind, t.name, e)
+                return
+            pend = self._pending.get(seq)
+            if typ != REPLY or pend is None or pend[0] != t.name or pend[1] != kind or pend[3] != nonce:
+                return
+            del self._pending[seq]
+            rtt = now - pend[2]
+            self.chooser.reply(t.name, kind, rtt, now, bits_rungs(caps),
+                               RUNGS[choice_i] if choice_i < len(RUNGS) else None)
+            key = (t.name, kind)
+            at = self._next[key] = min(self._next.get(key, now), pend[2] + self.chooser.due(t.name, kind))
+            self._earliest = min(self._earliest, at)

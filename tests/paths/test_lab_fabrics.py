@@ -1,0 +1,153 @@
+"""The path ladder in a running lab with every fabric kind (lab/labs/fabrics.yaml): each pair on the
+rung its fabric allows, all pairs reachable; what `intra_subnet: direct` loses; a direct pair
+whose fabric turns into a blackhole under a 100 pps ping, and back; no flapping under 20 % loss."""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+import time
+from importlib.resources import files
+from typing import Any
+
+import pytest
+import yaml
+
+from meshctl.lab import fabric, netns, probe
+from meshctl.lab import state as labstate
+from tests.waiting import wait_for
+
+from .conftest import node_of
+
+HOLD_S = 5.0
+LAB_DOC: dict[str, Any] = yaml.safe_load((files("meshctl.lab") / "labs" / "fabrics.yaml").read_text())
+# The rung each pair of the file must take (both directions).
+EXPECTED = {("l1", "l2"): "direct", ("v1", "v2"): "direct+ipip", ("v1", "v3"): "direct+ipip",
+            ("v2", "v3"): "direct+ipip", ("u1", "u2"): "direct+vxlan", ("h1", "h2"): "direct+ipip",
+            ("k1", "k2"): "tunnel"}
+
+
+def doc(intra: str) -> dict[str, Any]:
+    d = copy.deepcopy(LAB_DOC)
+    d["mesh"]["intra_subnet"] = intra
+    d["lab"]["agent_args"] = ["--path-hold-seconds", str(HOLD_S)]
+    d["lab"].pop("prefix", None)
+    return d
+
+
+def status(st: dict[str, Any], name: str) -> dict[str, Any]:
+    s = probe.agent_status(node_of(st, name))
+    assert s is not None, f"no status from {name}"
+    return s
+
+
+def rung(st: dict[str, Any], src: str, dst: str) -> str | None:
+    s = probe.agent_status(node_of(st, src), timeout=1.0) or {}
+    return (s.get("paths") or {}).get(dst)
+
+
+def settled(st: dict[str, Any]) -> bool:
+    return all(rung(st, a, b) == r and rung(st, b, a) == r for (a, b), r in EXPECTED.items())
+
+
+@pytest.fixture(scope="module")
+def auto_lab(request) -> Any:
+    import os
+
+    from meshctl.lab import build
+    from meshctl.lab.spec import parse_lab
+
+    from .conftest import _counter  # one prefix scheme for every lab of these tests
+
+    prefix = f"pb{os.getpid() % 10000}{next(_counter)}-"
+    st = build.up(parse_lab(doc("auto")), prefix=prefix, wait=120)
+    try:
+        assert wait_for(lambda: settled(st), 30), {k: (rung(st, *k), rung(st, k[1], k[0])) for k in EXPECTED}
+        yield st
+    finally:
+        build.down(labstate.lab_name(prefix))
+
+
+def test_every_pair_reachable_on_the_rung_its_fabric_allows(auto_lab) -> None:
+    results = probe.check(auto_lab, count=2)
+    bad = [(r.src, r.dst, r.path) for r in results if not r.ok]
+    assert not bad, bad
+    seen = {(r.src, r.dst): r.path for r in results}
+    for (a, b), want in EXPECTED.items():
+        assert seen[(a, b)] == want and seen[(b, a)] == want, ((a, b), seen[(a, b)], seen[(b, a)])
+    # Pairs no private network joins take the tunnel.
+    assert seen[("l1", "v1")] == "tunnel" and seen[("u2", "h1")] == "tunnel"
+
+
+def test_big_df_ping_on_every_rung(auto_lab) -> None:
+    for (a, b), _ in EXPECTED.items():
+        src = node_of(auto_lab, a)["pods"][0]["netns"]
+        dst = node_of(auto_lab, b)["pods"][0]["ip"]
+        p = netns.run(src, ["ping", "-n", "-q", "-c", "3", "-i", "0.05", "-W", "1", "-M", "do", "-s", "1372", dst],
+                      check=False)
+        assert " 0% packet loss" in p.stdout, (a, b, p.stdout, p.stderr)
+
+
+def _ping(st: dict[str, Any], src: str, dst: str, count: int) -> subprocess.Popen[str]:
+    pod = node_of(st, src)["pods"][0]["netns"]
+    ip = node_of(st, dst)["pods"][0]["ip"]
+    return subprocess.Popen([*netns.exec_prefix(pod), "ping", "-n", "-q", "-i", "0.01", "-W", "1", "-c", str(count),
+                             ip], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _lost(p: subprocess.Popen[str]) -> int:
+    out, _ = p.communicate(timeout=120)
+    m = re.search(r"(\d+) packets transmitted, (\d+) (?:packets )?received", out)
+    assert m, out
+    return int(m.group(1)) - int(m.group(2))
+
+
+def test_blackhole_under_a_ping_and_back(auto_lab) -> None:
+    st = auto_lab
+    assert rung(st, "l1", "l2") == "direct"
+    ping = _ping(st, "l1", "l2", 800)  # 8 s at 100 pps
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    fabric.change(st, "10.30.1.0/24", "blackhole")
+    assert wait_for(lambda: rung(st, "l1", "l2") == "tunnel" and rung(st, "l2", "l1") == "tunnel", 6, 0.05)
+    moved = time.monotonic() - t0
+    lost = _lost(ping)
+    assert lost <= 300, f"{lost} packets lost (at most 3 s of a 100 pps ping); moved after {moved:.2f} s"
+    changes = status(st, "l1")["path_changes"]
+    assert {"from": "direct", "to": "tunnel", "reason": "direct stopped delivering", "count": 1} in changes
+
+    ping = _ping(st, "l1", "l2", int((HOLD_S + 6) * 100))
+    time.sleep(0.5)
+    t1 = time.monotonic()
+    fabric.change(st, "10.30.1.0/24", "l2")
+    assert wait_for(lambda: rung(st, "l1", "l2") == "direct" and rung(st, "l2", "l1") == "direct", HOLD_S + 5, 0.05)
+    assert time.monotonic() - t1 >= HOLD_S
+    assert _lost(ping) == 0, "packets lost while the pair returned to direct"
+
+
+def test_random_loss_does_not_flap(auto_lab) -> None:
+    st = auto_lab
+    assert wait_for(lambda: rung(st, "l1", "l2") == "direct", HOLD_S + 5)
+
+    def changes() -> int:
+        return sum(c["count"] for c in status(st, "l1")["path_changes"])
+
+    before = changes()
+    fabric.change(st, "10.30.1.0/24", "l2", 20)
+    try:
+        time.sleep(60)
+        assert changes() - before <= 1
+    finally:
+        fabric.change(st, "10.30.1.0/24", "l2", 0)
+
+
+def test_the_same_lab_with_intra_subnet_direct_loses_the_pairs_the_fabrics_drop(make_lab) -> None:
+    st = make_lab(doc("direct"), wait=120)
+    pairs = [(a, b) for a, b in EXPECTED] + [(b, a) for a, b in EXPECTED]
+    results = {(r.src, r.dst): r for r in probe.check(st, count=2, pairs=pairs)}
+    failed = sorted({tuple(sorted(k)) for k, r in results.items() if not r.ok})
+    # vpc and vpc-udp drop pod addresses, the hetzner nodes have no on-link route to each other,
+    # the blackhole drops everything; v1-v3 are not neighbours: WireGuard, as before.
+    assert failed == [("h1", "h2"), ("k1", "k2"), ("u1", "u2"), ("v1", "v2")], failed
+    assert results[("l1", "l2")].path == "direct" and results[("v1", "v3")].path == "tunnel"
