@@ -216,7 +216,8 @@ def test_without_bcc_the_node_falls_back_to_kernel_routes(pin_root, node, tmp_pa
             "from meshctl.datapath import Datapath; from meshctl.plan import FastPathEntry; "
             "dp=Datapath.open(sys.argv[1], pin_root=sys.argv[2]); dp2=Datapath.open(sys.argv[1], pin_root=sys.argv[2]);"
             "print(json.dumps([dp.mode, dp.reason, dp.sync([], 'lo').total, dp.counters(), dp.entries()]))")
-    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    # no bcc and no compiled object in the cache (a cached one loads without bcc: test_objcache)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), MESHCTL_BPF_CACHE=str(tmp_path / "empty-cache"))
     p = subprocess.run([sys.executable, "-c", code, node, pin_root], capture_output=True, text=True, env=env,
                        check=True)
     mode, reason, total, counters, entries = json.loads(p.stdout)
