@@ -216,7 +216,8 @@ def datapath_status(node: str | None, lab_name: str | None, pin_root: str | None
         click.echo(f"node {r['node']}: datapath {r['mode']}{' (' + r['reason'] + ')' if r.get('reason') else ''}")
         if r["mode"] != "ebpf":
             continue
-        click.echo(f"  pins {r['pin_dir']} (layout {r['layout']}), {r['routes']} routes, {r['pods']} local pods")
+        click.echo(f"  pins {r['pin_dir']} (layout {r['layout']}), {r['routes']} routes, {r['pods']} local pods, "
+                   f"attached by {r['attach']}")
         click.echo("  programs " + ", ".join(f"{p}#{i}" for p, i in r["programs"].items()))
         for lk in r["links"]:
             dev = f"{lk['ifname'] or '(gone)'}#{lk['ifindex']}"

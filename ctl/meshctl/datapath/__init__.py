@@ -123,7 +123,9 @@ class Datapath:
             loaded = loader.reopen(f"{pin_root}/{node}")
         except OSError as e:
             raise MeshError(f"cannot open the pinned datapath of {node}: {e}") from None
-        return cls(node, pin_root, "ebpf", "", loaded)
+        dp = cls(node, pin_root, "ebpf", "", loaded)
+        dp._tc_fallback = loader.used_clsact(dp.pin_dir)
+        return dp
 
     @classmethod
     def _fallback(cls, node: str, pin_root: str, reason: str) -> Datapath:
@@ -154,9 +156,8 @@ class Datapath:
         for a in links.pinned_links(pin_dir):
             links.detach_tcx(pin_dir, a.hook, a.ifindex)
         if loader.used_clsact(pin_dir):
-            for dev in _netns_devices():
-                for hook in links.clsact_attached(dev) if _has_clsact(dev) else ():
-                    links.detach_clsact(hook, dev)
+            for a in links.clsact_links():
+                links.detach_clsact(a.hook, a.ifname)
         if os.path.isdir(pin_dir):
             loader.remove_maps_and_progs(pin_dir)
             for n in os.listdir(pin_dir):
@@ -172,12 +173,20 @@ class Datapath:
     def _refresh_links(self) -> None:
         """Switch pinned links to the programs just loaded (after a new source or a migration)."""
         assert self._loaded is not None
+        from .loader import prog_path, used_clsact
+
         for a in links.pinned_links(self.pin_dir):
             prog = links.HOOKS[a.hook][0]
             if not a.ifname:
                 links.detach_tcx(self.pin_dir, a.hook, a.ifindex)
             elif a.prog_id != self._loaded.prog_ids[prog]:
                 links.attach_tcx(self.pin_dir, a.hook, a.ifindex, self._loaded.progs[prog], self._loaded.prog_ids[prog])
+        if used_clsact(self.pin_dir):
+            self._tc_fallback = True  # a restarted agent keeps to clsact where the last one had to
+            for a in links.clsact_links():
+                prog = links.HOOKS[a.hook][0]
+                if a.prog_id != self._loaded.prog_ids[prog]:
+                    links.attach_clsact(a.hook, a.ifname, prog_path(self.pin_dir, prog))
 
     def attach(self, private_if: str, tunnel_if: str | None, pod_ifs: Iterable[str]) -> None:
         """Idempotent: from_pod (+ egress tracking) on each pod veth, from_private (+ egress
@@ -204,9 +213,12 @@ class Datapath:
             want[("pod-out", idx)] = name
         for (hook, idx), name in want.items():
             self._attach_one(hook, idx, name)
-        for a in links.pinned_links(self.pin_dir):
+        for a in self.attachments():
             if (a.hook, a.ifindex) not in want:
-                links.detach_tcx(self.pin_dir, a.hook, a.ifindex)
+                if a.kind == "tcx":
+                    links.detach_tcx(self.pin_dir, a.hook, a.ifindex)
+                else:
+                    links.detach_clsact(a.hook, a.ifname)
         self._loaded.maps.pods.sync({layout.pod_key(ip): layout.pod_value(idx)
                                      for ip, idx in local_pods(pod_ifs).items()})
 
@@ -228,7 +240,13 @@ class Datapath:
         links.attach_clsact(hook, name, prog_path(self.pin_dir, prog))
 
     def attachments(self) -> list[links.Attachment]:
-        return links.pinned_links(self.pin_dir) if self.mode == "ebpf" else []
+        """Where the programs run: pinned tcx links, and the clsact filters of the fallback."""
+        if self.mode != "ebpf":
+            return []
+        out = links.pinned_links(self.pin_dir)
+        if self._tc_fallback:
+            out += links.clsact_links()
+        return out
 
     # --- maps -----------------------------------------------------------------------------
 
@@ -280,6 +298,7 @@ class Datapath:
             maps = self._loaded.maps
             out.update(
                 layout=maps.config_get(layout.CFG_LAYOUT),
+                attach="clsact" if self._tc_fallback else "tcx",
                 compiled=self._loaded.compiled,
                 programs={p: i for p, i in self._loaded.prog_ids.items()},
                 links=[{"hook": a.hook, "ifindex": a.ifindex, "ifname": a.ifname, "prog_id": a.prog_id,
@@ -298,15 +317,3 @@ class Datapath:
     def programs(self) -> dict[str, int]:
         """Program name -> fd (tests, benchmarks: BPF_PROG_TEST_RUN)."""
         return dict(self._loaded.progs) if self._loaded is not None else {}
-
-
-def _netns_devices() -> list[str]:
-    p = subprocess.run(["ip", "-j", "link", "show"], capture_output=True, text=True)
-    if p.returncode != 0 or not p.stdout.strip():
-        return []
-    return [d["ifname"] for d in json.loads(p.stdout)]
-
-
-def _has_clsact(dev: str) -> bool:
-    p = subprocess.run(["tc", "qdisc", "show", "dev", dev], capture_output=True, text=True)
-    return "clsact" in p.stdout

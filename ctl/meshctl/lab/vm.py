@@ -335,6 +335,27 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def warm_bpf_cache() -> bool:
+    """Compile the datapath once here, on the host, into the compiled-object cache that the guest
+    sees (/var/lib is shared read-only), so no guest runs bcc under emulation. False when this
+    host cannot compile (the guest's agents then compile, slowly, or fall back)."""
+    from ..datapath import loader, objcache  # noqa: PLC0415 - only the VM paths need it
+
+    if (objcache.cache_dir() / f"{loader.object_key()}.json").exists():
+        return True
+    pin_dir = f"/sys/fs/bpf/vm-warm-{os.getpid()}"
+    try:
+        loader.ensure_bpffs(pin_dir)
+        loaded = loader.load(pin_dir)
+        loaded.close()
+    except (MeshError, OSError, ImportError):
+        return False
+    finally:
+        loader.remove_maps_and_progs(pin_dir)
+        shutil.rmtree(pin_dir, ignore_errors=True)
+    return (objcache.cache_dir() / f"{loader.object_key()}.json").exists()
+
+
 # -- the guest side ---------------------------------------------------------------------------
 
 
