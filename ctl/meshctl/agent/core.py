@@ -568,6 +568,8 @@ class Agent:
         """The /status JSON (also what the metrics collector reads)."""
         st = {k: val for k, val in self._status.items() if not k.startswith("_")}
         st["datapath"] = self._datapath_status()
+        wg = getattr(self, "_wg", None)
+        st["wireguard_mode"] = wg.mode if wg is not None and wg.exists() else None  # kernel | wireguard-go
         st["peers"] = self._peer_status(self._last_plan) if self._last_plan else st.get("peers", [])
         view = getattr(self, "_last_view", None)
         if view is not None:  # built on request: with thousands of nodes it is not free

@@ -12,6 +12,7 @@ kernel's routes stay the source of truth: with the programs unloaded, or where t
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import logging
@@ -98,13 +99,17 @@ class Datapath:
                 log.warning("datapath: could not remove the pinned fast path of %s: %s", node, e)
             return cls._fallback(node, pin_root, "disabled")
         try:
-            from . import loader
+            from . import features, loader
 
             loader.ensure_bpffs(pin_root)
+            missing = features.probe().missing()
+            if missing:
+                return cls._fallback(node, pin_root, f"this kernel lacks {', '.join(missing)}")
             loaded = loader.load(f"{pin_root}/{node}")
         except (ImportError, OSError, MeshError) as e:
             return cls._fallback(node, pin_root, str(e) or type(e).__name__)
         dp = cls(node, pin_root, "ebpf", "", loaded)
+        dp._tc_fallback = not features.probe().tcx
         try:
             dp._refresh_links()
         except (OSError, MeshError) as e:  # the old programs keep running: still a working node
@@ -294,6 +299,10 @@ class Datapath:
     def status(self) -> dict:
         """What `meshctl datapath status` and the agent's status show."""
         out: dict = {"node": self.node, "mode": self.mode, "reason": self.reason, "pin_dir": self.pin_dir}
+        with contextlib.suppress(OSError):
+            from .features import probe
+
+            out["features"] = probe().as_dict()
         if self._loaded is not None:
             maps = self._loaded.maps
             out.update(
