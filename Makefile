@@ -2,7 +2,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 MESHCTL := $(VENV)/bin/meshctl
-LAB ?= ctl/meshctl/labs/default.yaml
+LAB ?= ctl/meshctl/lab/labs/default.yaml
 # The kernel matrix of `make vmtest` (Debian packages, unpacked under /var/lib/meshctl/kernels).
 KERNELS ?= 5.10 6.1 6.12
 # The kernel of the bounded VM smoke in `make test`.
@@ -16,7 +16,7 @@ setup:
 kernels: setup
 	@bash scripts/kernels.sh $(KERNELS)
 
-test: setup
+test: setup lint
 	@bash scripts/kernels.sh $(SMOKE_KERNEL)
 	@$(PY) -m pytest -q -p no:cacheprovider tests
 
@@ -26,6 +26,7 @@ vmtest: kernels
 
 lint: setup
 	@$(VENV)/bin/ruff check ctl tests bench
+	@$(VENV)/bin/mypy
 
 lab: setup
 	@$(MESHCTL) lab up -f $(LAB)

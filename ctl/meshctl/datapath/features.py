@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 from functools import cache
 
-from . import libbpf
+from meshctl.datapath import libbpf
 
 BPF_PROG_TYPE_SCHED_CLS = 3
 # the helpers datapath.c calls (besides the map helpers), by their BPF_FUNC_* number

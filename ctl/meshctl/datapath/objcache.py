@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from . import libbpf
+from meshctl.datapath import libbpf
 
 log = logging.getLogger("meshctl.datapath")
 

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import MeshError
-from . import vm
+from meshctl.errors import MeshError
+from meshctl.lab import vm
 
 REPO = Path(__file__).resolve().parents[3]
 SUITES = ("datapath", "node", "lab")

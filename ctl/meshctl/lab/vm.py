@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import MeshError
+from meshctl.errors import MeshError
 
 KERNEL_CACHE = Path(os.environ.get("MESHCTL_KERNELS", "/var/lib/meshctl/kernels"))
 SERIES = ("5.10", "6.1", "6.12")
@@ -339,7 +339,7 @@ def warm_bpf_cache() -> bool:
     """Compile the datapath once here, on the host, into the compiled-object cache that the guest
     sees (/var/lib is shared read-only), so no guest runs bcc under emulation. False when this
     host cannot compile (the guest's agents then compile, slowly, or fall back)."""
-    from ..datapath import loader, objcache  # noqa: PLC0415 - only the VM paths need it
+    from meshctl.datapath import loader, objcache  # noqa: PLC0415 - only the VM paths need it
 
     if (objcache.cache_dir() / f"{loader.object_key()}.json").exists():
         return True
