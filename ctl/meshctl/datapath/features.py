@@ -63,7 +63,7 @@ def _probe_tcx(so: ctypes.CDLL) -> bool:
         if ret >= 0:  # cannot happen for ifindex 0; never leave a link behind
             os.close(ret)
             return True
-        return -ret == errno.ENODEV
+        return bool(-ret == errno.ENODEV)
     finally:
         os.close(fd)
 

@@ -63,7 +63,7 @@ def run_suite(machine: vm.VM, suite: str, timeout: float, echo: bool) -> Cell:
     t0 = time.monotonic()
     try:
         res = machine.run(argv, timeout=timeout, cwd=str(REPO), env={"PYTHONDONTWRITEBYTECODE": "1"},
-                          on_output=(lambda _s, t: sys.stderr.write(t)) if echo else None)
+                          on_output=vm.echo if echo else None)
     except MeshError as e:
         return Cell(seconds=time.monotonic() - t0, note=f"error: {e}")
     cell = Cell(rc=res.rc, counts=parse_summary(res.stdout), seconds=time.monotonic() - t0)

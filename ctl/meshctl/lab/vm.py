@@ -285,7 +285,10 @@ class VM:
                     raise MeshError(f"{shlex.join(argv)} did not finish in the VM within {timeout} s")
                 time.sleep(POLL)
             drain()
-            rc = int(rc_file.read_text().strip() or "1")
+            done = json.loads(rc_file.read_text() or "{}")
+            if done.get("timed_out"):
+                raise MeshError(f"{shlex.join(argv)} did not finish in the VM within {timeout} s (killed)")
+            rc = int(done.get("rc", 1))
         finally:
             for p in (*out.values(), rc_file):
                 with contextlib.suppress(FileNotFoundError):
@@ -379,7 +382,7 @@ def _serve_one(shared: Path, req_path: Path) -> None:
     out = shared / "out"
     env = dict(os.environ)
     env.update(req.get("env") or {})
-    rc = 127
+    rc, timed_out = 127, False
     with open(out / f"{rid}.stdout", "wb", buffering=0) as so, open(out / f"{rid}.stderr", "wb", buffering=0) as se:
         try:
             p = subprocess.Popen(req["argv"], stdin=subprocess.DEVNULL, stdout=so, stderr=se, env=env,
@@ -388,11 +391,11 @@ def _serve_one(shared: Path, req_path: Path) -> None:
                 rc = p.wait(timeout=req.get("timeout"))
             except subprocess.TimeoutExpired:
                 p.kill()
-                rc = p.wait()
+                rc, timed_out = p.wait(), True
         except OSError as e:
             se.write(f"{e}\n".encode())
     tmp = out / f".{rid}.rc.tmp"
-    tmp.write_text(str(rc))
+    tmp.write_text(json.dumps({"rc": rc, "timed_out": timed_out}))
     os.replace(tmp, out / f"{rid}.rc")
 
 
@@ -413,12 +416,18 @@ def serve(shared: Path) -> None:
         time.sleep(POLL)
 
 
+def echo(stream: str, text: str) -> None:
+    """An `on_output` that passes the guest's output through to ours, stream for stream."""
+    (sys.stdout if stream == "stdout" else sys.stderr).write(text)
+    (sys.stdout if stream == "stdout" else sys.stderr).flush()
+
+
 def _run_once(series: str, argv: list[str], name: str) -> int:
     vm = VM(kernel(series), name)
     try:
         vm.start()
         print(f"vm: {series} ({vm.kernel.version}) booted in {vm.boot_seconds:.1f} s ({vm.accel})", file=sys.stderr)
-        res = vm.run(argv, on_output=lambda s, t: (sys.stdout if s == "stdout" else sys.stderr).write(t))
+        res = vm.run(argv, on_output=echo)
         return res.rc
     finally:
         vm.stop()
