@@ -134,7 +134,7 @@ class Datapath:
         except OSError as e:
             raise MeshError(f"cannot open the pinned datapath of {node}: {e}") from None
         dp = cls(node, pin_root, "ebpf", "", loaded)
-        dp._tc_fallback = loader.used_clsact(dp.pin_dir)
+        dp._tc_fallback = _clsact_in_use(dp.pin_dir)
         return dp
 
     @classmethod
@@ -165,7 +165,7 @@ class Datapath:
         pin_dir = f"{pin_root}/{node}"
         for a in links.pinned_links(pin_dir):
             links.detach_tcx(pin_dir, a.hook, a.ifindex)
-        if loader.used_clsact(pin_dir):
+        if _clsact_in_use(pin_dir):
             for a in links.clsact_links():
                 links.detach_clsact(a.hook, a.ifname)
         if os.path.isdir(pin_dir):
@@ -183,7 +183,7 @@ class Datapath:
     def _refresh_links(self) -> None:
         """Switch pinned links to the programs just loaded (after a new source or a migration)."""
         assert self._loaded is not None
-        from meshctl.datapath.loader import prog_path, used_clsact
+        from meshctl.datapath.loader import prog_path
 
         for a in links.pinned_links(self.pin_dir):
             prog = links.HOOKS[a.hook][0]
@@ -191,8 +191,9 @@ class Datapath:
                 links.detach_tcx(self.pin_dir, a.hook, a.ifindex)
             elif a.prog_id != self._loaded.prog_ids[prog]:
                 links.attach_tcx(self.pin_dir, a.hook, a.ifindex, self._loaded.progs[prog], self._loaded.prog_ids[prog])
-        if used_clsact(self.pin_dir):
+        if self._tc_fallback or _clsact_in_use(self.pin_dir):
             self._tc_fallback = True  # a restarted agent keeps to clsact where the last one had to
+            self._loaded.maps.config_set(layout.CFG_CLSACT, 1)  # kept across a map migration too
             for a in links.clsact_links():
                 prog = links.HOOKS[a.hook][0]
                 if a.prog_id != self._loaded.prog_ids[prog]:
@@ -331,3 +332,15 @@ class Datapath:
     def programs(self) -> dict[str, int]:
         """Program name -> fd (tests, benchmarks: BPF_PROG_TEST_RUN)."""
         return dict(self._loaded.progs) if self._loaded is not None else {}
+
+
+def _clsact_in_use(pin_dir: str) -> bool:
+    """Whether this node's programs run as clsact filters: recorded by the loader, or the kernel has
+    no tcx (so nothing else could have attached them)."""
+    from meshctl.datapath import features, loader
+
+    try:
+        no_tcx = not features.probe().tcx
+    except OSError:
+        no_tcx = False
+    return no_tcx or loader.used_clsact(pin_dir)
