@@ -1,6 +1,6 @@
 """The bounded VM smoke of `make test`: `meshctl lab up --kernel 6.1` builds a three-node lab inside
 a VM booting Debian 12's kernel; `lab check`, `lab status`, `status --lab-node`, `maps dump --node`
-and `node list`, typed on the host, run where the lab is; kernel WireGuard carries the tunnel
+and `node list`, typed on the host, run where the lab is (other labs may be up: every command names this one); kernel WireGuard carries the tunnel
 (the guest has the module); `lab down` stops the VM and leaves nothing behind."""
 
 from __future__ import annotations
@@ -58,30 +58,30 @@ def test_the_lab_comes_up_inside_the_vm_and_every_pair_is_reachable(vm_lab):
     st = labstate.load(NAME)
     assert st is not None and st["vm"]["qemu_pid"] and vm._alive(st["vm"]["qemu_pid"])
     print(f"\nVM lab up: {st['timings']}")
-    check = meshctl("lab", "check", "-o", "json", "--count", "2")
+    check = meshctl("lab", "check", "--lab", NAME, "-o", "json", "--count", "2")
     assert check.returncode == 0, check.stdout + check.stderr
     results = json.loads(check.stdout)
     assert len(results) == 3 * 2 and all(r["ok"] for r in results)
 
 
 def test_lab_commands_typed_on_the_host_answer_from_the_guest(vm_lab):
-    status = meshctl("lab", "status")
+    status = meshctl("lab", "status", "--lab", NAME)
     assert status.returncode == 0, status.stderr
     assert status.stdout.startswith("VM: Debian 6.1 kernel 6.1.0")
     assert all(n in status.stdout for n in ("a1", "a2", "b1"))
-    node = meshctl("status", "--lab-node", "a1")
+    node = meshctl("status", "--lab-node", "a1", "--lab", NAME)
     assert node.returncode == 0, node.stderr
     assert "(kernel)" in node.stdout, "the guest has WireGuard's module: kilo0 is the kernel's"
-    dump = meshctl("maps", "dump", "--node", "a1", "-o", "json")
+    dump = meshctl("maps", "dump", "--node", "a1", "--lab", NAME, "-o", "json")
     assert dump.returncode == 0, dump.stderr
     entries = json.loads(dump.stdout)["entries"]
     assert any(e["prefix"] == "10.42.2.0/24" and e["action"] == "direct" for e in entries)
-    dp = meshctl("datapath", "status", "--node", "a1", "-o", "json")
+    dp = meshctl("datapath", "status", "--node", "a1", "--lab", NAME, "-o", "json")
     assert dp.returncode == 0, dp.stderr
     d = json.loads(dp.stdout)
     assert d["attach"] == "clsact" and d["features"]["tcx"] is False, "6.1 has no tcx"
     assert {lk["hook"] for lk in d["links"]} >= {"private-in", "private-out", "pod-in", "pod-out"}
-    nodes = meshctl("node", "list", "-o", "json")
+    nodes = meshctl("node", "list", "--lab", NAME, "-o", "json")
     assert nodes.returncode == 0, nodes.stderr
     assert {r["name"] for r in json.loads(nodes.stdout)} == {"a1", "a2", "b1"}
 
