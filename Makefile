@@ -3,14 +3,26 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MESHCTL := $(VENV)/bin/meshctl
 LAB ?= ctl/meshctl/lab/labs/default.yaml
+# The kernel matrix of `make vmtest` (Debian packages, unpacked under /var/lib/meshctl/kernels).
+KERNELS ?= 5.10 6.1 6.12
+# The kernel of the bounded VM smoke in `make test`.
+SMOKE_KERNEL := 6.1
 
-.PHONY: setup test lab lab-down lint bench clean
+.PHONY: setup kernels test vmtest lab lab-down lint bench clean
 
 setup:
 	@bash scripts/setup.sh
 
+kernels: setup
+	@bash scripts/kernels.sh $(KERNELS)
+
 test: setup lint
+	@bash scripts/kernels.sh $(SMOKE_KERNEL)
 	@$(PY) -m pytest -q -p no:cacheprovider tests
+
+# The datapath, node and lab suites inside each kernel of the matrix (TCG: tens of minutes).
+vmtest: kernels
+	@$(PY) -m meshctl.lab.matrix --kernels $(shell echo $(KERNELS) | tr ' ' ',')
 
 lint: setup
 	@$(VENV)/bin/ruff check ctl tests bench

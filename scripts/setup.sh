@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs everything `make test` and `make lab` need on a fresh Debian 12 machine (as root):
 # Debian packages, kernel headers wired for bcc, and the project venv with bcc importable.
+# (The VM kernels of the matrix come from scripts/kernels.sh: `make kernels`.)
 # Quiet and quick when all is there already.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(python3-venv python3-bpfcc bpftool linux-headers-amd64 etcd-server etcd-client
   wireguard-go wireguard-tools iperf3 nftables iproute2 ipset graphviz iputils-ping procps
-  util-linux openssl ca-certificates iptables vagrant)
+  util-linux openssl ca-certificates iptables vagrant
+  qemu-system-x86 busybox-static cpio kmod file)
 VENV=.venv
 
 missing=()

@@ -208,6 +208,32 @@ def test_clsact_fallback_attaches_and_unloads(pin_root, node, ns_with_veth):
     assert in_netns(ns_with_veth, lambda: links.clsact_attached("p0") + links.clsact_attached("p1")) == []
 
 
+def test_clsact_links_are_reported_switched_and_detached_like_tcx(pin_root, node, ns_with_veth):
+    def agent():
+        dp = Datapath.open(node, pin_root=pin_root)
+        dp._tc_fallback = True  # as on a kernel without tcx (5.10, 6.1)
+        dp.attach("p0", None, ["p1"])
+        first = dp.status()
+        reopened = Datapath.pinned(node, pin_root=pin_root).status()  # what `datapath status` shows
+        dp.attach("p0", None, [])  # the pod on p1 went away
+        after = dp.status()
+        dp.close()
+        return first, reopened, after
+
+    first, reopened, after = in_netns(ns_with_veth, agent)
+    assert first["attach"] == reopened["attach"] == "clsact"
+    seen = {(lk["kind"], lk["hook"], lk["ifname"], lk["prog_id"]) for lk in first["links"]}
+    progs = first["programs"]
+    assert seen == {("clsact", "private-in", "p0", progs["from_private"]), ("clsact", "private-out", "p0",
+                    progs["flow_egress"]), ("clsact", "pod-in", "p1", progs["from_pod"]),
+                    ("clsact", "pod-out", "p1", progs["flow_egress"])}
+    assert reopened["links"] == first["links"]
+    assert {lk["hook"] for lk in after["links"]} == {"private-in", "private-out"}
+    assert in_netns(ns_with_veth, lambda: links.clsact_attached("p1")) == []
+    in_netns(ns_with_veth, lambda: Datapath.unload(node, pin_root=pin_root))
+    assert in_netns(ns_with_veth, links.clsact_links) == []
+
+
 def test_without_bcc_the_node_falls_back_to_kernel_routes(pin_root, node, tmp_path):
     fake = tmp_path / "bcc"
     fake.mkdir()
@@ -216,7 +242,8 @@ def test_without_bcc_the_node_falls_back_to_kernel_routes(pin_root, node, tmp_pa
             "from meshctl.datapath import Datapath; from meshctl.mesh.plan import FastPathEntry; "
             "dp=Datapath.open(sys.argv[1], pin_root=sys.argv[2]); dp2=Datapath.open(sys.argv[1], pin_root=sys.argv[2]);"
             "print(json.dumps([dp.mode, dp.reason, dp.sync([], 'lo').total, dp.counters(), dp.entries()]))")
-    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    # no bcc and no compiled object in the cache (a cached one loads without bcc: test_objcache)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), MESHCTL_BPF_CACHE=str(tmp_path / "empty-cache"))
     p = subprocess.run([sys.executable, "-c", code, node, pin_root], capture_output=True, text=True, env=env,
                        check=True)
     mode, reason, total, counters, entries = json.loads(p.stdout)

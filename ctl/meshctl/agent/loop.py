@@ -554,6 +554,8 @@ class Agent:
         # Live, not from the last pass: a rung change between passes is the point of probing.
         st["path_probe"] = self.paths.status()
         st["path_changes"] = _change_counts(self.paths.changes())
+        device = self._wireguard.device if self._wireguard is not None else None
+        st["wireguard_mode"] = device.mode if device is not None else None  # kernel | wireguard-go
         st["peers"] = self._peer_status(self._last_plan) if self._last_plan else []
         if self._last_view is not None:  # built on request: with thousands of nodes it is not free
             st["node_list"] = self._node_list(self._last_view)

@@ -12,10 +12,22 @@ from meshctl.errors import InputError, MeshError
 
 
 class _Group(click.Group):
-    """Turns InputError/MeshError from any command into `error: ...` and exit 2/1."""
+    """Turns InputError/MeshError from any command into `error: ...` and exit 2/1. A command about
+    a lab that runs inside a VM is run there (cli.targets.forward), with its output and status."""
+
+    ARGV = "meshctl.argv"
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta[self.ARGV] = list(args)
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> object:
+        from meshctl.cli import targets
+
         try:
+            rc = targets.forward(ctx.meta.get(self.ARGV, []))
+            if rc is not None:
+                sys.exit(rc)
             return super().invoke(ctx)
         except InputError as e:
             click.echo(f"error: {e}", err=True)

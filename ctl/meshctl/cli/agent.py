@@ -162,7 +162,7 @@ def format_status(st: dict[str, Any]) -> str:
                  f"  revision {st.get('revision')}")
     lead = "this node" if st.get("is_leader") else st.get("leader")
     lines.append(f"granularity {st.get('granularity')}  leader {lead}  wireguard ip {st.get('wireguard_ip') or '-'}"
-                 f"  nodes {st.get('nodes')}  routes {st.get('routes')}")
+                 f" ({st.get('wireguard_mode') or 'no device'})  nodes {st.get('nodes')}  routes {st.get('routes')}")
     dp = st.get("datapath") or {}
     counters = "  ".join(f"{a} {p} pkts/{_bytes(b)}" for a, (p, b) in sorted((dp.get("counters") or {}).items()))
     lines.append(f"datapath {dp.get('mode') or '-'}{' (' + dp['reason'] + ')' if dp.get('reason') else ''}"

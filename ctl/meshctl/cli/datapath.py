@@ -201,8 +201,13 @@ def datapath_status(node: str | None, lab_name: str | None, pin_root: str | None
         click.echo(f"node {r['node']}: datapath {r['mode']}{' (' + r['reason'] + ')' if r.get('reason') else ''}")
         if r["mode"] != "ebpf":
             continue
-        click.echo(f"  pins {r['pin_dir']} (layout {r['layout']}), {r['routes']} routes, {r['pods']} local pods")
+        click.echo(f"  pins {r['pin_dir']} (layout {r['layout']}), {r['routes']} routes, {r['pods']} local pods, "
+                   f"attached by {r['attach']}")
         click.echo("  programs " + ", ".join(f"{p}#{i}" for p, i in r["programs"].items()))
+        if r.get("features"):
+            f = r["features"]
+            click.echo(f"  kernel features: tcx {'yes' if f['tcx'] else 'no (clsact filters)'}; "
+                       f"missing: {', '.join(f['missing']) or 'nothing'}")
         for lk in r["links"]:
             dev = f"{lk['ifname'] or '(gone)'}#{lk['ifindex']}"
             click.echo(f"  {lk['kind']} {lk['hook']:<12} {dev:<20} prog #{lk['prog_id']}")

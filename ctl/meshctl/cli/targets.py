@@ -54,7 +54,25 @@ class LabLocator(Protocol):
     def etcd(self, lab: str | None, cluster: str | None) -> EtcdTarget: ...
 
 
+class Forwarder(Protocol):
+    """Runs a whole command where the lab lives (a lab inside a VM runs its commands there)."""
+
+    def forward(self, argv: list[str]) -> int | None:
+        """The exit status of `argv` run elsewhere, or None to run it here."""
+        ...
+
+
 _locator: list[LabLocator] = []
+_forwarder: list[Forwarder] = []
+
+
+def register_forwarder(f: Forwarder) -> None:
+    _forwarder[:] = [f]
+
+
+def forward(argv: list[str]) -> int | None:
+    """The registered forwarder's answer for `argv` (None without one: run here)."""
+    return _forwarder[0].forward(argv) if _forwarder else None
 
 
 def register_lab(locator: LabLocator) -> None:

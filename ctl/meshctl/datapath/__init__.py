@@ -12,6 +12,7 @@ kernel's routes stay the source of truth: with the programs unloaded, or where t
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import logging
@@ -103,13 +104,17 @@ class Datapath:
                 log.warning("datapath: could not remove the pinned fast path of %s: %s", node, e)
             return cls._fallback(node, pin_root, "disabled")
         try:
-            from meshctl.datapath import loader
+            from meshctl.datapath import features, loader
 
             loader.ensure_bpffs(pin_root)
+            missing = features.probe().missing()
+            if missing:
+                return cls._fallback(node, pin_root, f"this kernel lacks {', '.join(missing)}")
             loaded = loader.load(f"{pin_root}/{node}")
         except (ImportError, OSError, MeshError) as e:
             return cls._fallback(node, pin_root, str(e) or type(e).__name__)
         dp = cls(node, pin_root, "ebpf", "", loaded)
+        dp._tc_fallback = not features.probe().tcx
         try:
             dp._refresh_links()
         except (OSError, MeshError) as e:  # the old programs keep running: still a working node
@@ -128,7 +133,9 @@ class Datapath:
             loaded = loader.reopen(f"{pin_root}/{node}")
         except OSError as e:
             raise MeshError(f"cannot open the pinned datapath of {node}: {e}") from None
-        return cls(node, pin_root, "ebpf", "", loaded)
+        dp = cls(node, pin_root, "ebpf", "", loaded)
+        dp._tc_fallback = _clsact_in_use(dp.pin_dir)
+        return dp
 
     @classmethod
     def _fallback(cls, node: str, pin_root: str, reason: str) -> Datapath:
@@ -157,10 +164,9 @@ class Datapath:
 
         pin_dir = f"{pin_root}/{node}"
         links.detach_all(pin_dir)
-        if loader.used_clsact(pin_dir):
-            for dev in _netns_devices():
-                for hook in links.clsact_attached(dev) if _has_clsact(dev) else ():
-                    links.detach_clsact(hook, dev)
+        if _clsact_in_use(pin_dir):
+            for a in links.clsact_links():
+                links.detach_clsact(a.hook, a.ifname)
         if os.path.isdir(pin_dir):
             loader.remove_maps_and_progs(pin_dir)
             for n in os.listdir(pin_dir):
@@ -176,12 +182,21 @@ class Datapath:
     def _refresh_links(self) -> None:
         """Switch pinned links to the programs just loaded (after a new source or a migration)."""
         assert self._loaded is not None
+        from meshctl.datapath.loader import prog_path
+
         for a in links.pinned_links(self.pin_dir):
             prog = links.HOOKS[a.hook][0]
             if not a.ifname:
                 links.detach_tcx(self.pin_dir, a.hook, a.ifindex)
             elif a.prog_id != self._loaded.prog_ids[prog]:
                 links.attach_tcx(self.pin_dir, a.hook, a.ifindex, self._loaded.progs[prog], self._loaded.prog_ids[prog])
+        if self._tc_fallback or _clsact_in_use(self.pin_dir):
+            self._tc_fallback = True  # a restarted agent keeps to clsact where the last one had to
+            self._loaded.maps.config_set(layout.CFG_CLSACT, 1)  # kept across a map migration too
+            for a in links.clsact_links():
+                prog = links.HOOKS[a.hook][0]
+                if a.prog_id != self._loaded.prog_ids[prog]:
+                    links.attach_clsact(a.hook, a.ifname, prog_path(self.pin_dir, prog))
 
     def attach(self, private_if: str, tunnel_if: str | None, pod_ifs: Iterable[str]) -> None:
         """Idempotent: from_pod (+ egress tracking) on each pod veth, from_private (+ egress
@@ -210,9 +225,12 @@ class Datapath:
             want[("pod-out", idx)] = name
         for (hook, idx), name in want.items():
             self._attach_one(hook, idx, name)
-        for a in links.pinned_links(self.pin_dir):
+        for a in self.attachments():
             if (a.hook, a.ifindex) not in want:
-                links.detach_tcx(self.pin_dir, a.hook, a.ifindex)
+                if a.kind == "tcx":
+                    links.detach_tcx(self.pin_dir, a.hook, a.ifindex)
+                else:
+                    links.detach_clsact(a.hook, a.ifname)
         self._loaded.maps.pods.sync({layout.pod_key(ip): layout.pod_value(idx)
                                      for ip, idx in local_pods(pod_ifs).items()})
 
@@ -234,7 +252,13 @@ class Datapath:
         links.attach_clsact(hook, name, prog_path(self.pin_dir, prog))
 
     def attachments(self) -> list[links.Attachment]:
-        return links.pinned_links(self.pin_dir) if self.mode == "ebpf" else []
+        """Where the programs run: pinned tcx links, and the clsact filters of the fallback."""
+        if self.mode != "ebpf":
+            return []
+        out = links.pinned_links(self.pin_dir)
+        if self._tc_fallback:
+            out += links.clsact_links()
+        return out
 
     # --- maps -----------------------------------------------------------------------------
 
@@ -290,10 +314,15 @@ class Datapath:
     def status(self) -> dict:
         """What `meshctl datapath status` and the agent's status show."""
         out: dict = {"node": self.node, "mode": self.mode, "reason": self.reason, "pin_dir": self.pin_dir}
+        with contextlib.suppress(OSError):
+            from meshctl.datapath.features import probe
+
+            out["features"] = probe().as_dict()
         if self._loaded is not None:
             maps = self._loaded.maps
             out.update(
                 layout=maps.config_get(layout.CFG_LAYOUT),
+                attach="clsact" if self._tc_fallback else "tcx",
                 compiled=self._loaded.compiled,
                 programs={p: i for p, i in self._loaded.prog_ids.items()},
                 links=[{"hook": a.hook, "ifindex": a.ifindex, "ifname": a.ifname, "prog_id": a.prog_id,
@@ -331,13 +360,13 @@ def private_ipv4(dev: str) -> IPAddress | None:
     return None
 
 
-def _netns_devices() -> list[str]:
-    p = subprocess.run(["ip", "-j", "link", "show"], capture_output=True, text=True)
-    if p.returncode != 0 or not p.stdout.strip():
-        return []
-    return [d["ifname"] for d in json.loads(p.stdout)]
+def _clsact_in_use(pin_dir: str) -> bool:
+    """Whether this node's programs run as clsact filters: recorded by the loader, or the kernel has
+    no tcx (so nothing else could have attached them)."""
+    from meshctl.datapath import features, loader
 
-
-def _has_clsact(dev: str) -> bool:
-    p = subprocess.run(["tc", "qdisc", "show", "dev", dev], capture_output=True, text=True)
-    return "clsact" in p.stdout
+    try:
+        no_tcx = not features.probe().tcx
+    except OSError:
+        no_tcx = False
+    return no_tcx or loader.used_clsact(pin_dir)

@@ -9,6 +9,7 @@ direct-action filters (tc's `object-pinned`), with a preference number of our ow
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import socket
@@ -136,6 +137,31 @@ def attach_clsact(hook: str, dev: str, prog_path: str) -> None:
 
 def detach_clsact(hook: str, dev: str) -> None:
     _tc(["filter", "del", "dev", dev, HOOKS[hook][1], "pref", str(_TC_PREF[hook])], check=False)
+
+
+def clsact_links() -> list[Attachment]:
+    """Every filter of ours (by its preference number) on the clsact qdiscs of this netns, with the
+    program it runs: what pinned_links() is for tcx, read from the kernel (tc) instead of bpffs."""
+    p = _tc(["-j", "qdisc", "show"], check=False)
+    try:
+        devs = sorted({q["dev"] for q in json.loads(p.stdout or "[]") if q.get("kind") == "clsact"})
+    except (ValueError, KeyError, TypeError):
+        return []
+    by_pref = {(HOOKS[h][1], pref): h for h, pref in _TC_PREF.items()}
+    out = []
+    for dev in devs:
+        for direction in ("ingress", "egress"):
+            p = _tc(["-j", "filter", "show", "dev", dev, direction], check=False)
+            try:
+                filters = json.loads(p.stdout or "[]")
+            except ValueError:
+                continue
+            for f in filters:
+                hook = by_pref.get((direction, f.get("pref")))
+                prog = (f.get("options") or {}).get("prog") or {}
+                if hook and f.get("kind") == "bpf" and "id" in prog:
+                    out.append(Attachment(hook, ifindex(dev), dev, int(prog["id"]), "clsact"))
+    return out
 
 
 def clsact_attached(dev: str) -> list[str]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
-from meshctl.datapath import layout, libbpf
+from meshctl.datapath import layout, libbpf, objcache
 from meshctl.datapath.maps import NodeMaps
 from meshctl.errors import MeshError
 
@@ -138,9 +138,18 @@ def used_clsact(pin_dir: str) -> bool:
     return bool(cfg and cfg[0] == 1)
 
 
+def object_key() -> str:
+    """The compiled-object cache key of these sources (meshctl.datapath.objcache)."""
+    d = bpf_dir()
+    return objcache.cache_key([(d / SOURCE).read_bytes(), (d / HEADER).read_bytes()])
+
+
 def _compile_and_pin(pin_dir: str) -> None:
-    """Compile and pin in a child process: bcc brings LLVM (~140 MB resident) that the agent
-    should not keep for its lifetime. The child leaves pinned programs and maps; we reopen them."""
+    """Load the cached compiled programs when there are any for these sources and headers;
+    otherwise compile and pin in a child process: bcc brings LLVM (~140 MB resident) that the
+    agent should not keep for its lifetime. The child leaves pinned programs and maps; we reopen them."""
+    if objcache.load_and_pin(object_key(), pin_dir, {p: prog_path(pin_dir, p) for p in PROGRAMS}):
+        return
     pkg_root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), pkg_root) if p)
@@ -175,6 +184,7 @@ def compile_and_pin_here(pin_dir: str) -> None:
             # bpffs has no rename: a pin is replaced by unpin + pin (links hold the running program).
             libbpf.unpin(prog_path(pin_dir, name))
             libbpf.obj_pin(fn.fd, prog_path(pin_dir, name))
+        objcache.store(object_key(), b, PROGRAMS, NodeMaps.NAMES)
     finally:
         b.cleanup()
 

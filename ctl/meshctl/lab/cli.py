@@ -27,7 +27,9 @@ def lab_group() -> None:
 @click.option("-f", "--file", "path", default=None, help="Lab or topology file (default: the shipped lab).")
 @click.option("--prefix", default=None, help="Name prefix of everything the lab makes (default: lab.prefix, ml-).")
 @click.option("--wait", default=60.0, show_default=True, help="Seconds to wait for the agents to converge.")
-def lab_up(path: str | None, prefix: str | None, wait: float) -> None:
+@click.option("--kernel", default="host", show_default=True, type=click.Choice(["host", "5.10", "6.1", "6.12"]),
+              help="Run the lab inside a VM booting this Debian kernel (make kernels fetches them); host: here.")
+def lab_up(path: str | None, prefix: str | None, wait: float, kernel: str) -> None:
     """Build the lab and start its agents."""
     from meshctl.lab import build
     from meshctl.lab.spec import check_prefix, load_lab
@@ -40,6 +42,14 @@ def lab_up(path: str | None, prefix: str | None, wait: float) -> None:
         check_prefix(prefix, "--prefix")
     spec = load_lab(path)
     _require_root()
+    if kernel != "host":
+        from meshctl.lab import vmlab
+
+        st = vmlab.up(spec, path, kernel, prefix=prefix, wait=wait, progress=_progress)
+        t = st["timings"]
+        click.echo(f"lab {st['name']} is up inside a VM (Debian {kernel}, {st['vm']['version']}, {st['vm']['accel']}): "
+                   f"VM booted in {t['boot_s']} s, lab built in {t['lab_s']} s; state in {st['dir']}/state.json")
+        return
     st = build.up(spec, prefix=prefix, progress=_progress, wait=wait)
     click.echo(f"lab {st['name']} is up ({sum(len(c['nodes']) for c in st['clusters'])} nodes); "
                f"state in {st['dir']}/state.json")
@@ -95,6 +105,12 @@ def lab_down(lab_name: str | None, prefix: str | None) -> None:
         names = state.labs_up() or ["ml"]
     problems = []
     for name in names:
+        st = state.load(name)
+        if st is not None and st.get("vm"):
+            from meshctl.lab import vmlab
+
+            problems += vmlab.down(st, progress=_progress)
+            continue
         problems += build.down(name, progress=_progress)
     if problems:
         raise MeshError(f"lab down left {len(problems)} thing(s) behind")
@@ -176,5 +192,8 @@ class _Locator:
 
 def register(main: click.Group) -> None:
     """The `meshctl.cli` plugin entry point: the `lab` commands, and lab nodes for --lab-node."""
+    from meshctl.lab.vmlab import Forwarder
+
     main.add_command(lab_group)
     targets.register_lab(_Locator())
+    targets.register_forwarder(Forwarder())

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -90,8 +89,8 @@ class WireGuard:
 
     `run_dir` holds wireguard-go's UAPI socket, pid file and log; give each node its own when
     several share a machine (see uapi.py). `mode` is detected: an existing device's kind decides;
-    for a new one the kernel module is used when it is present (/sys/module/wireguard), else
-    wireguard-go. Pass `mode=` to force one.
+    for a new one the kernel's WireGuard is tried first (creating the link loads the module) and
+    wireguard-go is the fallback. Pass `mode=` to force one.
     """
 
     def __init__(self, ifname: str = defaults.WG_INTERFACE, *, run_dir: str = DEFAULT_RUN_DIR, mode: str | None = None):
@@ -120,7 +119,10 @@ class WireGuard:
             idx = ifindex(ipr, self.ifname)
             if idx is not None:
                 return "kernel" if link_kind(link_info(ipr, idx)) == "wireguard" else "wireguard-go"
-        return "kernel" if os.path.exists("/sys/module/wireguard") else "wireguard-go"
+        # A new device: the kernel's when it can be had. The module is usually present but not
+        # loaded until a wireguard link is created (which autoloads it), so /sys/module/wireguard
+        # says nothing before that: _create tries the kernel and falls back to wireguard-go.
+        return "kernel"
 
     def _client(self) -> UapiClient | GenlClient:
         return GenlClient(self.ifname) if self.mode == "kernel" else UapiClient(self.sock_path)
@@ -141,7 +143,7 @@ class WireGuard:
                 log.info("created kernel wireguard device %s", self.ifname)
                 return
             except NetlinkError as e:
-                log.warning("kernel wireguard unavailable (%s); using wireguard-go for %s", e, self.ifname)
+                log.info("kernel wireguard unavailable (%s); using wireguard-go for %s", e, self.ifname)
                 self.mode = "wireguard-go"
         pid = spawn(self.ifname, self.run_dir)
         log.info("started wireguard-go for %s (pid %d, socket %s)", self.ifname, pid, self.sock_path)

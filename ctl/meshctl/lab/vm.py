@@ -1,0 +1,455 @@
+"""Boot one of Debian's kernels in a VM over this machine's own root filesystem and run commands in it.
+
+virtme-ng (`vng`) boots the kernel unpacked by `scripts/kernels.sh` under QEMU; the guest sees the
+host's root read-only with writable overlays (/etc, /var, /tmp, ...), so the host's Python, bcc,
+etcd and the project's venv run there unchanged, and the kernel's own module tree (from the kernel
+cache) is linked to /lib/modules/<version> by vng's init.
+
+The host talks to the guest through one shared directory (9p, `--rwdir`), private to root (0700):
+a command is a request file the guest server picks up; its stdout/stderr are files the host reads
+as they grow; its exit status is a file written last. No network, no port anyone else can reach.
+The VM is stopped by the PIDs recorded at start (QEMU's pidfile and vng's own), and its directory
+is removed: nothing is left behind.
+
+`python -m meshctl.lab.vm serve DIR` is the guest side; `python -m meshctl.lab.vm run SERIES -- CMD`
+boots, runs one command and stops (for the matrix and by hand).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshctl.errors import MeshError
+
+KERNEL_CACHE = Path(os.environ.get("MESHCTL_KERNELS", "/var/lib/meshctl/kernels"))
+SERIES = ("5.10", "6.1", "6.12")
+HOST = "host"
+VM_CPUS = 2
+VM_MEMORY = "3G"
+BOOT_TIMEOUT = 300.0
+KVM_PROBE_TIMEOUT = 20.0
+ACCEL_FILE = Path("/run/meshctl-vm-accel.json")
+POLL = 0.05
+PANIC = b"Kernel panic"
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One unpacked Debian kernel: `series` (6.1), `version` (6.1.0-57-amd64), its image and tree."""
+
+    series: str
+    version: str
+    image: Path
+    root: Path
+
+
+def kernel(series: str) -> Kernel:
+    """The cached kernel of `series`, or MeshError saying how to fetch it."""
+    if series not in SERIES:
+        raise MeshError(f"kernel: {series!r} is not one of {', '.join((HOST, *SERIES))}")
+    root = KERNEL_CACHE / series
+    if not (root / ".complete").exists():
+        raise MeshError(f"kernel {series} is not in {KERNEL_CACHE} (run: make kernels, or scripts/kernels.sh {series})")
+    version = (root / ".kver").read_text().strip()
+    return Kernel(series, version, root / "boot" / f"vmlinuz-{version}", root)
+
+
+def _vng() -> str:
+    """vng from the venv that runs us (virtme-run must be on PATH next to it)."""
+    here = Path(sys.executable).parent / "vng"
+    found = str(here) if here.exists() else shutil.which("vng")
+    if not found:
+        raise MeshError("vng (virtme-ng) is not installed (make setup installs it)")
+    return found
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")))
+    return env
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def kvm_probe(k: Kernel, timeout: float = KVM_PROBE_TIMEOUT) -> bool:
+    """Whether a KVM guest gets through early boot here, bounded by `timeout`: the kernel is booted
+    without a root filesystem and must reach its "no root" panic (a nested KVM guest that stalls never
+    does). Only QEMU runs; it is killed by its PID when the time is up."""
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return False
+    qemu = shutil.which("qemu-system-x86_64")
+    if not qemu:
+        return False
+    cmd = [qemu, "-enable-kvm", "-cpu", "host", "-m", "256M", "-smp", "1", "-nodefaults", "-no-user-config",
+           "-display", "none", "-serial", "stdio", "-no-reboot", "-kernel", str(k.image),
+           "-append", "console=ttyS0 panic=-1 root=/dev/nonexistent"]
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = b""
+    deadline = time.monotonic() + timeout
+    assert p.stdout is not None
+    os.set_blocking(p.stdout.fileno(), False)
+    try:
+        while time.monotonic() < deadline:
+            chunk = p.stdout.read()
+            if chunk:
+                out += chunk
+                if PANIC in out:
+                    return True
+            if p.poll() is not None:
+                return PANIC in out
+            time.sleep(0.1)
+        return False
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def accel(k: Kernel | None = None) -> str:
+    """`kvm` when a KVM guest boots here, else `tcg`; probed once per host boot (the answer is kept
+    in /run). MESHCTL_VM_ACCEL=kvm|tcg overrides."""
+    forced = os.environ.get("MESHCTL_VM_ACCEL")
+    if forced in ("kvm", "tcg"):
+        return forced
+    boot = _boot_id()
+    with contextlib.suppress(OSError, ValueError):
+        saved = json.loads(ACCEL_FILE.read_text())
+        if saved.get("boot_id") == boot and saved.get("accel") in ("kvm", "tcg"):
+            return str(saved["accel"])
+    k = k or next((kernel(s) for s in SERIES if (KERNEL_CACHE / s / ".complete").exists()), None)
+    if k is None:
+        raise MeshError(f"no kernel in {KERNEL_CACHE} to probe KVM with (run: make kernels)")
+    result = "kvm" if kvm_probe(k) else "tcg"
+    with contextlib.suppress(OSError):
+        ACCEL_FILE.write_text(json.dumps({"boot_id": boot, "accel": result}))
+    return result
+
+
+@dataclass
+class Result:
+    """What a command in the guest did."""
+
+    rc: int
+    stdout: str
+    stderr: str
+
+
+class VM:
+    """One running guest. `start()` boots and waits for the command server; `run()` executes a
+    command; `stop()` ends QEMU and vng by PID and removes the shared directory."""
+
+    def __init__(self, k: Kernel, name: str, workdir: Path | None = None, cpus: int = VM_CPUS,
+                 memory: str = VM_MEMORY, rwdirs: Sequence[str] = (), accel_mode: str | None = None) -> None:
+        self.kernel = k
+        self.name = name
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"{name}-", dir="/run"))
+        self.cpus = cpus
+        self.memory = memory
+        self.rwdirs = list(rwdirs)
+        self.accel = accel_mode or accel(k)
+        self.pid: int | None = None
+        self.qemu_pid: int | None = None
+        self.boot_seconds: float | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    # -- paths inside the shared directory
+    @property
+    def shared(self) -> Path:
+        return self.workdir / "shared"
+
+    def command(self) -> list[str]:
+        """The vng command line that boots this VM with the guest server as its init's command."""
+        serve = shlex.join([sys.executable, "-m", "meshctl.lab.vm", "serve", str(self.shared)])
+        cmd = [_vng(), "--run", str(self.kernel.image), "--force-9p", "--cpus", str(self.cpus),
+               "--memory", self.memory, "--name", self.name, "--rwdir", str(self.shared), "--cwd", "/",
+               f"--qemu-opts=-pidfile {self.workdir / 'qemu.pid'}", "--exec", serve]
+        if self.accel != "kvm":
+            cmd.insert(3, "--disable-kvm")
+        for d in self.rwdirs:
+            cmd += ["--rwdir", d]
+        return cmd
+
+    def start(self, timeout: float = BOOT_TIMEOUT) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.workdir, 0o700)
+        for d in ("req", "out"):
+            (self.shared / d).mkdir(parents=True, exist_ok=True)
+        log = open(self.workdir / "console.log", "wb")  # noqa: SIM115 - handed to the child
+        t0 = time.monotonic()
+        self._proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                      env=_env(), cwd=str(self.workdir), start_new_session=True)
+        log.close()
+        self.pid = self._proc.pid
+        self._save()
+        ready = self.shared / "ready"
+        try:
+            while not ready.exists():
+                if self._proc.poll() is not None:
+                    raise MeshError(f"VM {self.name} ({self.kernel.series}) exited during boot: {self._console_tail()}")
+                if time.monotonic() - t0 > timeout:
+                    raise MeshError(f"VM {self.name} ({self.kernel.series}) did not boot within {timeout:.0f} s "
+                                    f"({self.accel}): {self._console_tail()}")
+                time.sleep(0.2)
+        except BaseException:
+            self.stop()
+            raise
+        self.boot_seconds = time.monotonic() - t0
+        self._read_qemu_pid()
+        self._save()
+
+    def _read_qemu_pid(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.qemu_pid = int((self.workdir / "qemu.pid").read_text().strip())
+
+    def _console_tail(self) -> str:
+        try:
+            lines = (self.workdir / "console.log").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "no console output"
+        return lines[-1] if lines else "no console output"
+
+    def _save(self) -> None:
+        (self.workdir / "vm.json").write_text(json.dumps(self.describe(), sort_keys=True))
+
+    def describe(self) -> dict[str, object]:
+        """What `attach()` needs to find this VM again from another process."""
+        return {"name": self.name, "series": self.kernel.series, "version": self.kernel.version,
+                "workdir": str(self.workdir), "pid": self.pid, "qemu_pid": self.qemu_pid, "accel": self.accel,
+                "boot_seconds": self.boot_seconds, "cpus": self.cpus, "memory": self.memory}
+
+    @classmethod
+    def attach(cls, desc: dict[str, object]) -> VM:
+        """The VM described by `describe()` (started by another process)."""
+        vm = cls(kernel(str(desc["series"])), str(desc["name"]), Path(str(desc["workdir"])),
+                 accel_mode=str(desc["accel"]))
+        vm.pid = int(desc["pid"]) if desc.get("pid") else None  # type: ignore[call-overload]
+        vm.qemu_pid = int(desc["qemu_pid"]) if desc.get("qemu_pid") else None  # type: ignore[call-overload]
+        vm.boot_seconds = desc.get("boot_seconds")  # type: ignore[assignment]
+        return vm
+
+    def alive(self) -> bool:
+        return any(_alive(p) for p in (self.pid, self.qemu_pid) if p)
+
+    def run(self, argv: Sequence[str], timeout: float | None = None, env: dict[str, str] | None = None,
+            cwd: str = "/", on_output: Callable[[str, str], None] | None = None) -> Result:
+        """Run `argv` in the guest as root. `on_output(stream, text)` sees stdout/stderr as they grow
+        (e.g. to echo a long `lab up`). Raises MeshError when the VM is gone or `timeout` passes."""
+        rid = uuid.uuid4().hex
+        req = {"argv": list(argv), "env": env or {}, "cwd": cwd, "timeout": timeout}
+        tmp = self.shared / "req" / f".{rid}.tmp"
+        tmp.write_text(json.dumps(req))
+        os.replace(tmp, self.shared / "req" / f"{rid}.json")
+        out = {s: self.shared / "out" / f"{rid}.{s}" for s in ("stdout", "stderr")}
+        rc_file = self.shared / "out" / f"{rid}.rc"
+        seen = {"stdout": 0, "stderr": 0}
+        texts: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        deadline = None if timeout is None else time.monotonic() + timeout + 10
+
+        def drain() -> None:
+            for s, path in out.items():
+                with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
+                    f.seek(seen[s])
+                    data = f.read()
+                    if data:
+                        seen[s] += len(data)
+                        text = data.decode(errors="replace")
+                        texts[s].append(text)
+                        if on_output:
+                            on_output(s, text)
+
+        try:
+            while not rc_file.exists():
+                drain()
+                if not self.alive():
+                    raise MeshError(f"VM {self.name} stopped while running {shlex.join(argv)}")
+                if deadline is not None and time.monotonic() > deadline:
+                    raise MeshError(f"{shlex.join(argv)} did not finish in the VM within {timeout} s")
+                time.sleep(POLL)
+            drain()
+            done = json.loads(rc_file.read_text() or "{}")
+            if done.get("timed_out"):
+                raise MeshError(f"{shlex.join(argv)} did not finish in the VM within {timeout} s (killed)")
+            rc = int(done.get("rc", 1))
+        finally:
+            for p in (*out.values(), rc_file):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+        return Result(rc, "".join(texts["stdout"]), "".join(texts["stderr"]))
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Power the guest off: QEMU and vng by their PIDs (TERM, then KILL), then the shared dir."""
+        self._read_qemu_pid()
+        for pid in (self.qemu_pid, self.pid):
+            if pid and _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and self.alive():
+            self._reap()
+            time.sleep(0.1)
+        for pid in (self.qemu_pid, self.pid):
+            if pid and _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        self._reap(wait=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _reap(self, wait: bool = False) -> None:
+        if self._proc is not None:
+            if wait:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(timeout=5)
+            else:
+                self._proc.poll()
+
+    def __enter__(self) -> VM:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def warm_bpf_cache() -> bool:
+    """Compile the datapath once here, on the host, into the compiled-object cache that the guest
+    sees (/var/lib is shared read-only), so no guest runs bcc under emulation. False when this
+    host cannot compile (the guest's agents then compile, slowly, or fall back)."""
+    from meshctl.datapath import loader, objcache  # noqa: PLC0415 - only the VM paths need it
+
+    if (objcache.cache_dir() / f"{loader.object_key()}.json").exists():
+        return True
+    pin_dir = f"/sys/fs/bpf/vm-warm-{os.getpid()}"
+    try:
+        loader.ensure_bpffs(pin_dir)
+        loaded = loader.load(pin_dir)
+        loaded.close()
+    except (MeshError, OSError, ImportError):
+        return False
+    finally:
+        loader.remove_maps_and_progs(pin_dir)
+        shutil.rmtree(pin_dir, ignore_errors=True)
+    return (objcache.cache_dir() / f"{loader.object_key()}.json").exists()
+
+
+# -- the guest side ---------------------------------------------------------------------------
+
+
+def _guest_setup() -> None:
+    """What the lab needs that vng's init does not do: bpffs, and a kernel-headers link for bcc."""
+    if not os.path.ismount("/sys/fs/bpf"):
+        subprocess.run(["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"], check=False)
+    for d in ("/run/netns", "/var/run/netns"):
+        with contextlib.suppress(OSError):
+            os.makedirs(d, exist_ok=True)
+
+
+def _serve_one(shared: Path, req_path: Path) -> None:
+    rid = req_path.stem
+    try:
+        req = json.loads(req_path.read_text())
+    except (OSError, ValueError):
+        return
+    with contextlib.suppress(FileNotFoundError):
+        req_path.unlink()
+    out = shared / "out"
+    env = dict(os.environ)
+    env.update(req.get("env") or {})
+    rc, timed_out = 127, False
+    with open(out / f"{rid}.stdout", "wb", buffering=0) as so, open(out / f"{rid}.stderr", "wb", buffering=0) as se:
+        try:
+            p = subprocess.Popen(req["argv"], stdin=subprocess.DEVNULL, stdout=so, stderr=se, env=env,
+                                 cwd=req.get("cwd") or "/")
+            try:
+                rc = p.wait(timeout=req.get("timeout"))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                rc, timed_out = p.wait(), True
+        except OSError as e:
+            se.write(f"{e}\n".encode())
+    tmp = out / f".{rid}.rc.tmp"
+    tmp.write_text(json.dumps({"rc": rc, "timed_out": timed_out}))
+    os.replace(tmp, out / f"{rid}.rc")
+
+
+def serve(shared: Path) -> None:
+    """Guest: run every request that appears in `shared`/req, each in its own thread, forever."""
+    _guest_setup()
+    info = {"kernel": os.uname().release, "uptime": Path("/proc/uptime").read_text().split()[0]}
+    (shared / "ready").write_text(json.dumps(info))
+    req_dir = shared / "req"
+    while True:
+        for p in sorted(req_dir.glob("*.json")):
+            claimed = p.with_suffix(".run")
+            try:
+                os.rename(p, claimed)
+            except OSError:
+                continue
+            threading.Thread(target=_serve_one, args=(shared, claimed), daemon=True).start()
+        time.sleep(POLL)
+
+
+def echo(stream: str, text: str) -> None:
+    """An `on_output` that passes the guest's output through to ours, stream for stream."""
+    (sys.stdout if stream == "stdout" else sys.stderr).write(text)
+    (sys.stdout if stream == "stdout" else sys.stderr).flush()
+
+
+def _run_once(series: str, argv: list[str], name: str) -> int:
+    vm = VM(kernel(series), name)
+    try:
+        vm.start()
+        print(f"vm: {series} ({vm.kernel.version}) booted in {vm.boot_seconds:.1f} s ({vm.accel})", file=sys.stderr)
+        res = vm.run(argv, on_output=echo)
+        return res.rc
+    finally:
+        vm.stop()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "serve":
+        serve(Path(argv[1]))
+        return 0
+    if len(argv) >= 3 and argv[0] == "run" and "--" in argv:
+        sep = argv.index("--")
+        try:
+            return _run_once(argv[1], argv[sep + 1:], "vm-run")
+        except MeshError as e:
+            print(str(e), file=sys.stderr)
+            return 1
+    if argv == ["accel"]:
+        print(accel())
+        return 0
+    print("usage: python -m meshctl.lab.vm serve DIR | run SERIES -- CMD... | accel", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

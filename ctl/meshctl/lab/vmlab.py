@@ -1,0 +1,150 @@
+"""`meshctl lab up --kernel 6.1`: the namespace lab inside one VM that boots that Debian kernel.
+
+The host keeps a small state file, /run/meshctl-lab/<lab>/state.json with a `vm` entry (the VM's
+PIDs and shared directory), so `lab down` finds and stops the VM even after a crash. The lab itself
+is built by the same `meshctl lab up` inside the guest (the guest runs this checkout over the
+host's root filesystem). Every other command about that lab (`lab check`, `lab status`,
+`status --lab-node`, `maps dump --node`, `datapath status --node`, `node list`) is run inside the
+guest as it was typed, its output and exit status passed back: the commands behave the same
+whatever the lab runs in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from meshctl.errors import MeshError
+from meshctl.lab import state as labstate
+from meshctl.lab import vm
+from meshctl.lab.spec import LabSpec
+
+VM_ROOT = Path("/run/meshctl-vm")
+GUEST_LAB_FILE = "lab.yaml"
+# lab commands that build or remove the lab are the host's own; the rest run where the lab is
+HOST_LAB_COMMANDS = ("up", "down")
+
+
+def meshctl_argv(*args: str) -> list[str]:
+    """`meshctl ARGS` as the guest runs it: this interpreter (the venv the guest sees too)."""
+    return [sys.executable, "-m", "meshctl.cli", *args]
+
+
+def vm_labs() -> list[dict[str, Any]]:
+    """States of the labs that are up inside a VM."""
+    out = []
+    for name in labstate.labs_up():
+        st = labstate.load(name)
+        if st and st.get("vm"):
+            out.append(st)
+    return out
+
+
+def up(spec: LabSpec, path: str, series: str, *, prefix: str | None, wait: float,
+       progress: Callable[[str], None]) -> dict[str, Any]:
+    """Boot the kernel, build the lab inside, return the host's state of it. On failure the VM is
+    stopped and nothing is left."""
+    prefix = prefix or spec.options.prefix
+    name = labstate.lab_name(prefix)
+    if labstate.load(name) is not None:
+        raise MeshError(f"lab {name} is already up (meshctl lab down --lab {name})")
+    k = vm.kernel(series)
+    t0 = time.monotonic()
+    if not vm.warm_bpf_cache():
+        progress("could not compile the datapath on the host: the guest's agents compile it (slow under TCG)")
+    machine = vm.VM(k, f"{name}-vm", workdir=VM_ROOT / name)
+    st: dict[str, Any] = {"name": name, "prefix": prefix, "source": str(path), "kernel": series,
+                          "dir": str(labstate.lab_dir(name)), "vm": machine.describe()}
+    labstate.save(st)
+    try:
+        progress(f"booting Debian's {k.series} kernel ({k.version}) in a VM ({machine.accel}, "
+                 f"{machine.cpus} vCPUs, {machine.memory})")
+        machine.start()
+        st["vm"] = machine.describe()
+        labstate.save(st)
+        progress(f"VM up in {machine.boot_seconds:.1f} s; building the lab inside")
+        shutil.copyfile(path, machine.shared / GUEST_LAB_FILE)
+        argv = ["lab", "up", "-f", str(machine.shared / GUEST_LAB_FILE), "--wait", str(wait)]
+        if prefix:
+            argv += ["--prefix", prefix]
+        t1 = time.monotonic()
+        res = machine.run(meshctl_argv(*argv), on_output=vm.echo)
+        if res.rc != 0:
+            raise MeshError(f"lab up inside the VM ({k.series}) failed (exit {res.rc})")
+        st["timings"] = {"boot_s": round(machine.boot_seconds or 0, 1), "lab_s": round(time.monotonic() - t1, 1),
+                         "total_s": round(time.monotonic() - t0, 1)}
+        labstate.save(st)
+        return st
+    except BaseException:
+        machine.stop()
+        with contextlib.suppress(OSError):
+            shutil.rmtree(labstate.lab_dir(name))
+        raise
+
+
+def down(st: dict[str, Any], progress: Callable[[str], None]) -> list[str]:
+    """Stop the lab's VM by its PIDs and remove the host's state; what is left, if anything."""
+    machine = vm.VM.attach(st["vm"])
+    if machine.alive():
+        progress(f"stopping the VM of lab {st['name']} (qemu pid {machine.qemu_pid})")
+    machine.stop()
+    left = [f"VM process {p}" for p in (machine.pid, machine.qemu_pid) if p and vm._alive(p)]
+    if machine.workdir.exists():
+        left.append(str(machine.workdir))
+    if not left:
+        shutil.rmtree(labstate.lab_dir(st["name"]), ignore_errors=True)
+    return left
+
+
+def _wants_lab(argv: list[str]) -> bool:
+    """Whether `argv` is about a lab (so it runs where that lab runs)."""
+    if not argv:
+        return False
+    if argv[0] == "lab":
+        return len(argv) > 1 and argv[1] not in HOST_LAB_COMMANDS and argv[1] not in ("--help", "-h")
+    if "--lab-node" in argv or any(a.startswith("--lab-node=") for a in argv):
+        return True
+    if argv[:2] in (["maps", "dump"], ["datapath", "status"]):
+        return "--node" in argv and "--pin-root" not in argv and "--netns" not in argv
+    if argv[:2] == ["node", "list"]:
+        return not any(a.startswith(("--etcd-endpoints", "--addr")) for a in argv)
+    return False
+
+
+def _named_lab(argv: list[str]) -> str | None:
+    for i, a in enumerate(argv):
+        if a == "--lab" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--lab="):
+            return a.split("=", 1)[1]
+    return None
+
+
+class Forwarder:
+    """cli.targets.Forwarder: commands about a VM lab run inside its VM."""
+
+    def forward(self, argv: list[str]) -> int | None:
+        if not _wants_lab(argv):
+            return None
+        labs = vm_labs()
+        named = _named_lab(argv)
+        if named is not None:
+            labs = [st for st in labs if st["name"] == named]
+        if not labs:
+            return None
+        if len(labs) > 1 or len(labstate.labs_up()) > 1 and named is None:
+            raise MeshError(f"several labs are up ({', '.join(labstate.labs_up())}): pass --lab NAME")
+        st = labs[0]
+        machine = vm.VM.attach(st["vm"])
+        if not machine.alive():
+            raise MeshError(f"the VM of lab {st['name']} is not running (meshctl lab down --lab {st['name']})")
+        if argv[:2] == ["lab", "status"] and "json" not in argv:
+            d = st["vm"]
+            print(f"VM: Debian {d['series']} kernel {d['version']}, {d['accel']}, qemu pid {d['qemu_pid']}")
+            sys.stdout.flush()
+        return machine.run(meshctl_argv(*argv), on_output=vm.echo).rc
