@@ -13,10 +13,18 @@ from .errors import InputError, MeshError
 from .model import GRANULARITIES, Topology
 from .plan import plan_node
 from .render import graph_dot, plan_to_json, plan_to_table, showconf_node, showconf_peer
-from .topofile import load_topology
+from .topofile import load_topology, load_topology_checked
 
 _file = click.option("-f", "--file", "path", required=True, type=click.Path(dir_okay=False),
                      help="Topology YAML.")
+
+
+def _load(path: str) -> Topology:
+    """The topology file, its warnings printed on stderr (`warning: topo.yaml: ...`)."""
+    topo, warnings = load_topology_checked(path)
+    for w in warnings:
+        click.echo(f"warning: {w}", err=True)
+    return topo
 
 
 def _load_remotes(local: Topology, paths: tuple[str, ...]) -> list[Topology]:
@@ -39,7 +47,7 @@ def _load_remotes(local: Topology, paths: tuple[str, ...]) -> list[Topology]:
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
 def plan(path: str, node: str, granularity: str | None, remotes: tuple[str, ...], output: str) -> None:
     """Print one node's WireGuard peers, routes and fast-path entries."""
-    topo = load_topology(path)
+    topo = _load(path)
     if topo.node(node) is None:
         raise InputError("--node", node, f"is not a node in {Path(path).name}")
     p = plan_node(topo, node, _load_remotes(topo, remotes), granularity=granularity)
@@ -58,7 +66,7 @@ def graph(path: str, granularity: str | None, render_to: str | None) -> None:
     """Print the mesh as Graphviz DOT (solid: WireGuard, dotted: direct private pairs)."""
     from dataclasses import replace
 
-    topo = load_topology(path)
+    topo = _load(path)
     if granularity:
         topo = replace(topo, mesh=replace(topo.mesh, granularity=granularity))
     dot = graph_dot(topo)
@@ -80,7 +88,7 @@ def graph(path: str, granularity: str | None, render_to: str | None) -> None:
 @click.argument("name")
 def showconf(path: str, kind: str, name: str) -> None:
     """Print the wg-quick config of a node, or the config a peer uses to join the mesh."""
-    topo = load_topology(path)
+    topo = _load(path)
     if kind == "node":
         if topo.node(name) is None:
             raise InputError("node", name, f"is not a node in {Path(path).name}")

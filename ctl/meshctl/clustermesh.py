@@ -35,13 +35,22 @@ def _admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[R
     A whole cluster is refused when its name or id collides with the local one or an earlier
     remote's. A record is rejected when its pod CIDR overlaps a local pod CIDR, the local
     WireGuard subnet or another cluster's records; when its segment's WireGuard address overlaps
-    them; or when its internal address is a local node's. Sharing a private subnet is fine."""
+    them; when it overlaps a local peer's allowed IPs; when its public key is already a local node's,
+    a local peer's or an earlier record's; or when its internal address is a local node's. Sharing
+    a private subnet is fine."""
     claims = Claims()
     internal: dict[object, str] = {}
     for n in local.nodes:
         claims.add(n.pod_span, ("local node ", n))
+        claims.keys[n.public_key] = f"local node {n.name}"
         if n.internal_ip is not None:
             internal[n.internal_ip.ip] = f"local node {n.name}"
+    for p in local.peers:
+        # A remote node routed over addresses a local peer holds would take that peer's traffic.
+        for a in sorted(p.allowed_ips, key=lambda a: a.prefixlen):
+            if claims.conflict(a) is None:
+                claims.add(a, f"local peer {p.name}'s allowed IPs {a}")
+        claims.keys[p.public_key] = f"local peer {p.name}"
     claims.add(local.mesh.subnet, f"the local WireGuard subnet {local.mesh.subnet}")
     ids = {local.cluster.id: local.cluster.name}
     out: list[Remote] = []

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InputError
+from .errors import MISSING, InputError
 from .model import (
     GRANULARITIES,
     INTRA_SUBNET_MODES,
@@ -35,6 +35,11 @@ _CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$")
 _LOCATION = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL = r"[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*\.?$")
+
+
+def is_digits(value: Any) -> bool:
+    """A non-empty string of ASCII digits (`str.isdigit` also accepts '²', which `int` refuses)."""
+    return isinstance(value, str) and value.isascii() and value.isdigit()
 
 
 def node_name(value: Any, path: str) -> str:
@@ -97,7 +102,7 @@ def interface(value: Any, path: str) -> IPInterface:
 
 
 def port(value: Any, path: str) -> int:
-    if isinstance(value, str) and value.isdigit():
+    if is_digits(value):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
         raise InputError(path, value, "is not a port in 1..65535")
@@ -165,7 +170,7 @@ def _redact(value: Any) -> Any:
 def keepalive(value: Any, path: str) -> int:
     if value is None:
         return 0
-    if isinstance(value, str) and value.isdigit():
+    if is_digits(value):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
         raise InputError(path, value, "is not a keepalive in seconds (0..65535)")
@@ -214,11 +219,11 @@ def parse_node(d: Any, path: str, *, cluster: str = "", default_port: int | None
     _unknown(d, NODE_FIELDS, path)
     p = f"{path}." if path else ""
     if "name" not in d:
-        raise InputError(f"{p}name", None, "is required")
+        raise InputError(f"{p}name", MISSING, "is required")
     if "pod_cidr" not in d:
-        raise InputError(f"{p}pod_cidr", None, "is required")
+        raise InputError(f"{p}pod_cidr", MISSING, "is required")
     if "public_key" not in d:
-        raise InputError(f"{p}public_key", None, "is required")
+        raise InputError(f"{p}public_key", MISSING, "is required")
     return Node(
         name=node_name(d["name"], f"{p}name"),
         location=location(d.get("location"), f"{p}location"),
@@ -263,7 +268,7 @@ def parse_peer(d: Any, path: str) -> Peer:
     p = f"{path}."
     for req in ("name", "public_key", "allowed_ips"):
         if req not in d:
-            raise InputError(f"{p}{req}", None, "is required")
+            raise InputError(f"{p}{req}", MISSING, "is required")
     allowed = cidr_list(d["allowed_ips"], f"{p}allowed_ips")
     if not allowed:
         raise InputError(f"{p}allowed_ips", d["allowed_ips"], "is empty")
@@ -327,6 +332,10 @@ class Claims:
     overlaps this network?" in O(log n), so admitting 10,000 records stays fast."""
 
     def __init__(self) -> None:
+        # Identities next to the addresses: a public key names exactly one WireGuard peer, and a
+        # peer's name must not read as a node's (plans, graphs and showconf name both alike).
+        self.keys: dict[str, str] = {}
+        self.node_names: set[str] = set()
         self._starts: list[tuple[int, int]] = []
         # (version, first, last, owner): an owner is a description, or a (prefix, node) pair
         # described only when someone conflicts with it (formatting 5,000 addresses is not free).
@@ -347,6 +356,11 @@ class Claims:
                         return f"{prefix}{node.qualified_name}'s pod CIDR {node.pod_cidr}"
                     return owner
         return None
+
+    def key_taken(self, key: str, where: str) -> str | None:
+        """The rejection line when `key` already belongs to an admitted node or peer, else None."""
+        owner = self.keys.get(key)
+        return None if owner is None else f"{where}.public_key: {key!r} is already the key of {owner}"
 
     def add(self, net: IPNetwork | Span, owner: str | tuple[str, Node]) -> None:
         version, first, last = net if isinstance(net, tuple) else span(net)
@@ -394,12 +408,19 @@ def admit_nodes(
         if owner is not None:
             rejected.append(Rejection(n.qualified_name, f"{where}.pod_cidr: {str(n.pod_cidr)!r} overlaps {owner}"))
             continue
+        taken = claims.key_taken(n.public_key, where)
+        if taken:
+            rejected.append(Rejection(n.qualified_name, taken))
+            continue
         if n.internal_ip is not None and n.internal_ip.ip in internal_ips:
             rejected.append(Rejection(n.qualified_name, f"{where}.internal_ip: {str(n.internal_ip)!r} is already "
                                       f"used by {internal_ips[n.internal_ip.ip]}"))
             continue
         names.add(n.name)
         claims.add(pod, ("", n))
+        claims.keys[n.public_key] = f"node {n.qualified_name}"
+        if not n.cluster:
+            claims.node_names.add(n.name)
         if n.internal_ip is not None:
             internal_ips[n.internal_ip.ip] = n.qualified_name
         admitted.append(n)
@@ -407,13 +428,22 @@ def admit_nodes(
 
 
 def admit_peers(peers: Sequence[Peer], claims: Claims, label: str = "peers") -> tuple[list[Peer], list[Rejection]]:
-    """Reject extra peers whose names repeat or whose allowed IPs overlap a pod CIDR."""
+    """Reject extra peers whose names repeat or are a node's, whose key is a node's or another
+    peer's, or whose allowed IPs overlap a pod CIDR or an earlier peer's (WireGuard would route
+    the shared addresses to only one of them). Admitted peers' addresses and keys join `claims`."""
     names: set[str] = set()
     admitted: list[Peer] = []
     rejected: list[Rejection] = []
     for i, p in enumerate(peers):
         if p.name in names:
             rejected.append(Rejection(p.name, f"{label}[{i}].name: {p.name!r} is a duplicate peer name"))
+            continue
+        if p.name in claims.node_names:
+            rejected.append(Rejection(p.name, f"{label}[{i}].name: {p.name!r} is the name of a node"))
+            continue
+        taken = claims.key_taken(p.public_key, f"{label}[{i}]")
+        if taken:
+            rejected.append(Rejection(p.name, taken))
             continue
         bad = None
         for j, a in enumerate(p.allowed_ips):
@@ -425,5 +455,10 @@ def admit_peers(peers: Sequence[Peer], claims: Claims, label: str = "peers") -> 
             rejected.append(bad)
             continue
         names.add(p.name)
+        # Claims stay disjoint: the peer's widest networks first, the ones inside them add nothing.
+        for a in sorted(p.allowed_ips, key=lambda a: a.prefixlen):
+            if claims.conflict(a) is None:
+                claims.add(a, f"peer {p.name}'s allowed IPs {a}")
+        claims.keys[p.public_key] = f"peer {p.name}"
         admitted.append(p)
     return admitted, rejected

@@ -55,7 +55,7 @@ def settings_from_configmap(data: Mapping[str, str] | None, where: str = "config
     cname = data.pop("cluster_name", None)
     cid = data.pop("cluster_id", None)
     if cid is not None:
-        if not str(cid).isdigit():
+        if not validate.is_digits(str(cid)):
             raise InputError(f"{where}.cluster_id", cid, "is not a cluster id in 1..255")
         cid = int(cid)
     cluster = validate.parse_cluster({k: v for k, v in (("name", cname), ("id", cid)) if v is not None},

@@ -108,7 +108,7 @@ def parse_kube_node(obj: Mapping[str, Any], *, location_label: str = REGION_LABE
     pod_cidr = field("spec.podCIDR", validate.cidr, pod_cidr_text)
     key = field(PUBLIC_KEY, validate.wg_key, ann[PUBLIC_KEY])
     last_seen_text = ann[LAST_SEEN]
-    if not last_seen_text.isdigit():
+    if not validate.is_digits(last_seen_text):
         raise InputError(f"{where}: {LAST_SEEN}", last_seen_text, "is not a Unix time in seconds")
 
     def ep(value: Any, path: str) -> Any:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import validate
-from ..errors import InputError
+from ..errors import MISSING, InputError
 from ..model import Endpoint, Peer
 
 
@@ -62,6 +62,8 @@ def _endpoint(value: Any, path: str) -> Endpoint:
 def parse_peer_object(obj: Mapping[str, Any]) -> Peer:
     """A Peer object (a dict as the API returns it) as a mesh peer; InputError names the peer
     and the field (`peer laptop: spec.publicKey: 'abc' is not a WireGuard key ...`)."""
+    if not isinstance(obj, Mapping) or not isinstance(obj.get("metadata") or {}, Mapping):
+        raise InputError("peer", obj, "is not an object with metadata and spec")
     name = (obj.get("metadata") or {}).get("name", "")
     where = f"peer {name}"
     spec = obj.get("spec")
@@ -74,7 +76,7 @@ def parse_peer_object(obj: Mapping[str, Any]) -> Peer:
         if spec.get("presharedKey"):
             raise InputError("spec.presharedKey", "(hidden)", "is not supported: remove it or use a peer without one")
         if "publicKey" not in spec:
-            raise InputError("spec.publicKey", None, "is required")
+            raise InputError("spec.publicKey", MISSING, "is required")
         allowed = spec.get("allowedIPs")
         if not isinstance(allowed, list) or not allowed:
             raise InputError("spec.allowedIPs", allowed, "is not a non-empty list of CIDRs")
