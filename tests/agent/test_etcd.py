@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from meshctl import validate as v
+from meshctl.backends.etcd import EtcdBackend, mesh_key, node_key, write_topology
 from meshctl.etcd import EtcdClient, EtcdError
-from meshctl.etcdbackend import EtcdBackend, mesh_key, node_key, write_topology
-from meshctl.model import Cluster, MeshSettings, Node
+from meshctl.mesh import records
+from meshctl.mesh.model import Cluster, MeshSettings, Node
 
 from .conftest import wait_for
 
@@ -90,7 +90,7 @@ def test_backend_publishes_watches_and_rejects_bad_records(etcd_tls):
                                                      "public_key": key(9)}))
         c.put(node_key("c1", "other"), json.dumps({"name": "renamed", "pod_cidr": "10.42.8.0/24",
                                                    "public_key": key(8)}))
-        c.put(node_key("c1", "n2"), json.dumps(v.node_to_record(node("n2", 2))))
+        c.put(node_key("c1", "n2"), json.dumps(records.node_to_record(node("n2", 2))))
         st = wait_for(lambda: len((s := b.snapshot()).rejections) == 3 and len(s.nodes) == 2 and s)
         reasons = {r.name: r.reason for r in st.rejections}
         assert "is not JSON" in reasons["junk"]
@@ -126,7 +126,7 @@ def test_backend_reports_outage_and_resyncs(etcd_tls):
         assert st.reason and [n.name for n in st.nodes] == ["n1"]  # last good view kept
         srv.start(client_tls=cert)
         c = srv.client(cert)
-        c.put(node_key("c2", "n2"), json.dumps(v.node_to_record(node("n2", 2))))
+        c.put(node_key("c2", "n2"), json.dumps(records.node_to_record(node("n2", 2))))
         st = wait_for(lambda: (s := b.snapshot()).ready and len(s.nodes) == 2 and s, timeout=8)
         assert st and [n.name for n in st.nodes] == ["n1", "n2"]
     finally:

@@ -16,14 +16,15 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from meshctl.backends.etcd import EtcdBackend, node_key, peer_key
+from meshctl.backends.kube.nodes import parse_kube_node
+from meshctl.backends.kube.peers import parse_peer_object
 from meshctl.cli import main
 from meshctl.errors import InputError
 from meshctl.etcd.client import Event, KeyValue
-from meshctl.etcdbackend import EtcdBackend, node_key, peer_key
-from meshctl.kube.nodes import parse_kube_node
-from meshctl.kube.peers import parse_peer_object
-from meshctl.model import Cluster
-from meshctl.validate import admit_nodes, node_to_record
+from meshctl.mesh.admit import admit_nodes
+from meshctl.mesh.model import Cluster
+from meshctl.mesh.records import node_to_record
 
 from .fixtures import CROSS_TWO_SUBNETS, KILO_CLASSIC, topo
 

@@ -12,9 +12,8 @@ import yaml
 from click.testing import CliRunner
 
 from meshctl.cli import main
-from meshctl.clustermesh import admit_remotes
-from meshctl.topofile import parse_topology
-from meshctl.validate import Claims, admit_nodes, admit_peers, parse_node
+from meshctl.mesh.admit import Claims, admit_nodes, admit_peers, admit_remotes
+from meshctl.mesh.records import parse_node, parse_topology
 
 from .fixtures import KILO_CLASSIC, key
 

@@ -23,8 +23,8 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.util.connection import create_connection
 from urllib3.util.timeout import _DEFAULT_TIMEOUT
 
-from ..errors import MeshError
-from ..netns import NETNS_DIR
+from meshctl.errors import MeshError
+from meshctl.node.shell import NETNS_DIR
 
 _CLONE_NEWNET = 0x40000000
 _executors: dict[str, ThreadPoolExecutor] = {}
@@ -103,7 +103,7 @@ class NetnsAdapter(HTTPAdapter):
             ConnectionCls = _conn_class(HTTPConnection, ns)
 
         class Https(HTTPSConnectionPool):
-            ConnectionCls = _conn_class(HTTPSConnection, ns)
+            ConnectionCls = _conn_class(HTTPSConnection, ns)  # type: ignore[assignment]  # urllib3's stub narrows it
 
         self.poolmanager.pool_classes_by_scheme = {"http": Http, "https": Https}
         self.poolmanager.key_fn_by_scheme = dict(self.poolmanager.key_fn_by_scheme)

@@ -1,0 +1,233 @@
+"""Admission: which records may join this node's plan, local and remote, over one claims index.
+
+Checks between records never fail as a whole: they admit what is consistent and return the rest
+as rejections, so one bad record can never take working routes down. Local records are admitted
+older first, so a newcomer can never take an address an existing node holds; a remote cluster's
+records are admitted after all local ones, against everything the local cluster and the clusters
+admitted before it hold, so a remote cluster can never take over a local route.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from meshctl.mesh.model import IPNetwork, Node, Peer, Span, Topology, gc_paused, host_net, span
+from meshctl.mesh.plan import Remote, segments
+
+
+def _overlap(a: tuple[int, int, int], b: tuple[int, int, int]) -> bool:
+    return a[0] == b[0] and a[1] <= b[2] and b[1] <= a[2]
+
+
+class Claims:
+    """Disjoint address ranges with an owner each: answers "who already holds anything that
+    overlaps this network?" in O(log n), so admitting 10,000 records stays fast."""
+
+    def __init__(self) -> None:
+        # Identities next to the addresses: a public key names exactly one WireGuard peer, and a
+        # peer's name must not read as a node's (plans, graphs and showconf name both alike).
+        self.keys: dict[str, str] = {}
+        self.node_names: set[str] = set()
+        self._starts: list[tuple[int, int]] = []
+        # (version, first, last, owner): an owner is a description, or a (prefix, node) pair
+        # described only when someone conflicts with it (formatting 5,000 addresses is not free).
+        self._items: list[tuple[int, int, int, str | tuple[str, Node]]] = []
+
+    def conflict(self, net: IPNetwork | Span) -> str | None:
+        """Who holds anything overlapping `net` (a network or its precomputed span), or None."""
+        version, first, last = net if isinstance(net, tuple) else span(net)
+        i = bisect.bisect_right(self._starts, (version, first))
+        # Claims are disjoint and sorted: only the one starting at or before `first` and the first
+        # one starting after it can overlap.
+        for j in (i - 1, i):
+            if 0 <= j < len(self._items):
+                v, f, la, owner = self._items[j]
+                if v == version and f <= last and first <= la:
+                    if isinstance(owner, tuple):
+                        prefix, node = owner
+                        return f"{prefix}{node.qualified_name}'s pod CIDR {node.pod_cidr}"
+                    return owner
+        return None
+
+    def key_taken(self, key: str, where: str) -> str | None:
+        """The rejection line when `key` already belongs to an admitted node or peer, else None."""
+        owner = self.keys.get(key)
+        return None if owner is None else f"{where}.public_key: {key!r} is already the key of {owner}"
+
+    def add_peer(self, peer: Peer, kind: str) -> None:
+        """Claim an admitted peer's allowed IPs and key (owners read `<kind> laptop's ...`). Claims
+        stay disjoint: the peer's widest networks first, the ones inside them add nothing."""
+        for a in sorted(peer.allowed_ips, key=lambda a: a.prefixlen):
+            if self.conflict(a) is None:
+                self.add(a, f"{kind} {peer.name}'s allowed IPs {a}")
+        self.keys[peer.public_key] = f"{kind} {peer.name}"
+
+    def add(self, net: IPNetwork | Span, owner: str | tuple[str, Node]) -> None:
+        version, first, last = net if isinstance(net, tuple) else span(net)
+        i = bisect.bisect_left(self._starts, (version, first))
+        self._starts.insert(i, (version, first))
+        self._items.insert(i, (version, first, last, owner))
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A record that was not admitted, and why (one line naming field and value)."""
+
+    name: str
+    reason: str
+
+
+def admit_nodes(
+    nodes: Sequence[Node],
+    subnet: IPNetwork | None,
+    *,
+    claims: Claims | None = None,
+    internal_ips: dict[Any, str] | None = None,
+    label: str = "nodes",
+) -> tuple[list[Node], list[Rejection]]:
+    """Admit nodes in the given order (older records first); reject a node whose name repeats,
+    whose pod CIDR overlaps an admitted one or the WireGuard subnet, or whose internal address
+    is taken. `claims` and `internal_ips` may carry what other clusters already hold."""
+    claims = claims if claims is not None else Claims()
+    internal_ips = internal_ips if internal_ips is not None else {}
+    names: set[str] = set()
+    admitted: list[Node] = []
+    rejected: list[Rejection] = []
+    subnet_span = span(subnet) if subnet is not None else None
+    for i, n in enumerate(nodes):
+        where = f"{label}[{i}]"
+        if n.name in names:
+            rejected.append(Rejection(n.qualified_name, f"{where}.name: {n.name!r} is a duplicate node name"))
+            continue
+        pod = n.pod_span
+        if subnet_span is not None and _overlap(pod, subnet_span):
+            rejected.append(Rejection(n.qualified_name, f"{where}.pod_cidr: {str(n.pod_cidr)!r} overlaps the "
+                                      f"WireGuard subnet {subnet}"))
+            continue
+        owner = claims.conflict(pod)
+        if owner is not None:
+            rejected.append(Rejection(n.qualified_name, f"{where}.pod_cidr: {str(n.pod_cidr)!r} overlaps {owner}"))
+            continue
+        taken = claims.key_taken(n.public_key, where)
+        if taken:
+            rejected.append(Rejection(n.qualified_name, taken))
+            continue
+        if n.internal_ip is not None and n.internal_ip.ip in internal_ips:
+            rejected.append(Rejection(n.qualified_name, f"{where}.internal_ip: {str(n.internal_ip)!r} is already "
+                                      f"used by {internal_ips[n.internal_ip.ip]}"))
+            continue
+        names.add(n.name)
+        claims.add(pod, ("", n))
+        claims.keys[n.public_key] = f"node {n.qualified_name}"
+        if not n.cluster:
+            claims.node_names.add(n.name)
+        if n.internal_ip is not None:
+            internal_ips[n.internal_ip.ip] = n.qualified_name
+        admitted.append(n)
+    return admitted, rejected
+
+
+def admit_peers(peers: Sequence[Peer], claims: Claims, label: str = "peers") -> tuple[list[Peer], list[Rejection]]:
+    """Reject extra peers whose names repeat or are a node's, whose key is a node's or another
+    peer's, or whose allowed IPs overlap a pod CIDR or an earlier peer's (WireGuard would route
+    the shared addresses to only one of them). Admitted peers' addresses and keys join `claims`."""
+    names: set[str] = set()
+    admitted: list[Peer] = []
+    rejected: list[Rejection] = []
+    for i, p in enumerate(peers):
+        if p.name in names:
+            rejected.append(Rejection(p.name, f"{label}[{i}].name: {p.name!r} is a duplicate peer name"))
+            continue
+        if p.name in claims.node_names:
+            rejected.append(Rejection(p.name, f"{label}[{i}].name: {p.name!r} is the name of a node"))
+            continue
+        taken = claims.key_taken(p.public_key, f"{label}[{i}]")
+        if taken:
+            rejected.append(Rejection(p.name, taken))
+            continue
+        bad = None
+        for j, a in enumerate(p.allowed_ips):
+            owner = claims.conflict(a)
+            if owner is not None:
+                bad = Rejection(p.name, f"{label}[{i}].allowed_ips[{j}]: {str(a)!r} overlaps {owner}")
+                break
+        if bad:
+            rejected.append(bad)
+            continue
+        names.add(p.name)
+        claims.add_peer(p, "peer")
+        admitted.append(p)
+    return admitted, rejected
+
+
+def as_remote(topo: Topology) -> Topology:
+    """The topology with every node marked as belonging to its cluster (`cluster2/g1`); nodes
+    already marked (a remote watcher parses them so) are kept as they are."""
+    name = topo.cluster.name
+    nodes = topo.nodes if all(n.cluster == name for n in topo.nodes) else \
+        tuple(n if n.cluster == name else replace(n, cluster=name) for n in topo.nodes)
+    return replace(topo, nodes=nodes, peers=())
+
+
+def admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[Remote], list[Rejection]]:
+    """See `_admit_remotes`; the cyclic GC is paused while it runs (see model.gc_paused)."""
+    with gc_paused():
+        return _admit_remotes(local, remotes)
+
+
+def _admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[Remote], list[Rejection]]:
+    """Remote clusters with the records that are safe to install here, and the rejections.
+
+    A whole cluster is refused when its name or id collides with the local one or an earlier
+    remote's. A record is rejected when its pod CIDR overlaps a local pod CIDR, the local
+    WireGuard subnet or another cluster's records; when its segment's WireGuard address overlaps
+    them; when it overlaps a local peer's allowed IPs; when its public key is already a local node's,
+    a local peer's or an earlier record's; or when its internal address is a local node's. Sharing
+    a private subnet is fine."""
+    claims = Claims()
+    internal: dict[object, str] = {}
+    for n in local.nodes:
+        claims.add(n.pod_span, ("local node ", n))
+        claims.keys[n.public_key] = f"local node {n.name}"
+        if n.internal_ip is not None:
+            internal[n.internal_ip.ip] = f"local node {n.name}"
+    for p in local.peers:
+        # A remote node routed over addresses a local peer holds would take that peer's traffic.
+        claims.add_peer(p, "local peer")
+    claims.add(local.mesh.subnet, f"the local WireGuard subnet {local.mesh.subnet}")
+    ids = {local.cluster.id: local.cluster.name}
+    out: list[Remote] = []
+    rejected: list[Rejection] = []
+    for remote in sorted(remotes, key=lambda t: t.cluster.name):
+        cname, cid = remote.cluster.name, remote.cluster.id
+        if cname in ids.values():
+            rejected.append(Rejection(cname, f"cluster.name: {cname!r} is already used"))
+            continue
+        if cid in ids:
+            rejected.append(Rejection(cname, f"cluster.id: {cid} is already used by cluster {ids[cid]}"))
+            continue
+        remote = as_remote(remote)
+        label = f"{cname}.nodes"
+        segs = tuple(segments(remote))
+        seg_wg = {m.name: s.wireguard_ip for s in segs for m in s.members}
+        candidates = []
+        for n in remote.nodes:
+            owner = claims.conflict(host_net(seg_wg[n.name]))
+            if owner is not None:
+                rejected.append(Rejection(n.qualified_name, f"{label}.{n.name}.wireguard_ip: "
+                                          f"{str(seg_wg[n.name].ip)!r} overlaps {owner}"))
+                continue
+            candidates.append(n)
+        admitted, rej = admit_nodes(candidates, remote.mesh.subnet, claims=claims, internal_ips=internal,
+                                    label=label)
+        rejected += rej
+        for n in admitted:
+            wg = host_net(seg_wg[n.name])
+            if claims.conflict(wg) is None:
+                claims.add(wg, f"cluster {cname}'s WireGuard address {wg.network_address}")
+        ids[cid] = cname
+        out.append(Remote(remote, frozenset(n.name for n in admitted), segs))
+    return out, rejected
