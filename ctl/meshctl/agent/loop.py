@@ -376,11 +376,8 @@ class Agent:
             nodes = [me if n.name == me.name else n for n in state.nodes]
             if all(n.name != me.name for n in nodes):
                 nodes.append(me)
-            claims = admit.Claims()
-            admitted, rejected = admit.admit_nodes(nodes, state.mesh.subnet, claims=claims)
-            peers, rejected_peers = admit.admit_peers(state.peers, claims)
-            topo = Topology(cluster=state.cluster, mesh=state.mesh, nodes=tuple(admitted), peers=tuple(peers))
-            local_rejections = [*rejected, *rejected_peers]
+            topo, local_rejections = admit.admit_local(
+                Topology(cluster=state.cluster, mesh=state.mesh, nodes=tuple(nodes), peers=state.peers))
             self._memo.admitted = _Admitted(key, state.nodes, state.peers, topo, local_rejections)
         rejections = [*state.rejections, *local_rejections]
         remotes: list[Remote] = []

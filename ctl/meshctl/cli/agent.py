@@ -29,7 +29,7 @@ def _flag(parse: Any) -> Any:
     return cb
 
 
-def _etcd_options(f: Any) -> Any:
+def etcd_options(f: Any) -> Any:
     for opt in reversed([
         click.option("--etcd-endpoints", default="", help="Comma-separated etcd client URLs."),
         click.option("--etcd-ca", default=None, help="CA file that signed etcd's certificate."),
@@ -41,7 +41,7 @@ def _etcd_options(f: Any) -> Any:
     return f
 
 
-def _endpoints(text: str) -> tuple[str, ...]:
+def endpoint_list(text: str) -> tuple[str, ...]:
     return tuple(e.strip() for e in text.split(",") if e.strip())
 
 
@@ -77,13 +77,13 @@ def _endpoints(text: str) -> tuple[str, ...]:
               help="--backend kubernetes: Node label that names the location when no location annotation does.")
 @click.option("--resync-seconds", "resync_interval", default=30.0, type=float, show_default=True,
               help="Full reconcile period; with --backend kubernetes a Node not seen for twice this is not ready.")
-@click.option("--kvstore-endpoints", default="", callback=lambda _c, _p, val: _endpoints(val),
+@click.option("--kvstore-endpoints", default="", callback=lambda _c, _p, val: endpoint_list(val),
               help="--backend kubernetes: mirror the cluster's nodes into this etcd (comma-separated URLs) "
               "for the cluster mesh.")
 @click.option("--kvstore-ca", default=None, help="CA file that signed the kvstore etcd's certificate.")
 @click.option("--kvstore-cert", default=None, help="Client certificate for the kvstore etcd.")
 @click.option("--kvstore-key", default=None, help="Client key for the kvstore etcd.")
-@_etcd_options
+@etcd_options
 @click.option("--cluster-id", default=1, type=int, callback=_flag(fields.cluster_id), show_default=True)
 @click.option("--clustermesh-dir", default=None, type=click.Path(path_type=Path),
               help="One file per remote cluster (endpoints, ca-file, cert-file, key-file).")
@@ -95,7 +95,7 @@ def _endpoints(text: str) -> tuple[str, ...]:
 def agent_cmd(**kw: Any) -> None:
     """Run the node agent: publish this node, watch the others, apply the plan."""
     logging.basicConfig(level=kw.pop("log_level").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    kw["etcd_endpoints"] = _endpoints(kw["etcd_endpoints"])
+    kw["etcd_endpoints"] = endpoint_list(kw["etcd_endpoints"])
     kw["fastpath"] = not kw.pop("no_fastpath")
     kw["allowed_location_ips"] = kw["allowed_location_ips"] or ()
     kw["location"] = kw["location"] or ""
@@ -198,7 +198,7 @@ def node_group() -> None:
 
 
 @node_group.command("list")
-@_etcd_options
+@etcd_options
 @click.option("--addr", default=None, help="Ask the agent at this --metrics-addr: every local and remote node "
               "with the path from that node.")
 @click.option("--lab-node", default=None, help="Ask the agent of this lab node (inside its namespace).")
@@ -221,7 +221,7 @@ def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, e
         acc = targets.lab("--etcd-endpoints").etcd(lab_name, cluster_name)
         etcd_endpoints, etcd_ca, etcd_cert, etcd_key, netns = (
             ",".join(acc.endpoints), acc.ca, acc.cert, acc.key, acc.netns)
-    client = EtcdClient(list(_endpoints(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert, key=etcd_key, netns=netns)
+    client = EtcdClient(list(endpoint_list(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert, key=etcd_key, netns=netns)
     backend = EtcdBackend(client, Cluster(cluster_name))
     try:
         st = backend.load_once()
@@ -266,7 +266,7 @@ def _node_list_from_agent(addr: str | None, lab_node: str | None, lab_name: str 
 @click.option("--private-interface", default=None)
 @click.option("--bpf-pin-root", default=defaults.PIN_ROOT, show_default=True)
 @click.option("--nat-prefix", default="meshctl", show_default=True)
-@_etcd_options
+@etcd_options
 def cleanup_cmd(node_name: str | None, wg_interface: str, wg_run_dir: Path, private_interface: str | None,
                 bpf_pin_root: str, nat_prefix: str, etcd_endpoints: str, etcd_ca: str | None,
                 etcd_cert: str | None, etcd_key: str | None, cluster_name: str) -> None:
@@ -278,7 +278,7 @@ def cleanup_cmd(node_name: str | None, wg_interface: str, wg_run_dir: Path, priv
         from meshctl.etcd import EtcdClient
 
         try:
-            EtcdClient(list(_endpoints(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert,
+            EtcdClient(list(endpoint_list(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert,
                        key=etcd_key).delete(node_key(cluster_name, node_name))
         except MeshError as e:
             failures.append(f"record: {e}")

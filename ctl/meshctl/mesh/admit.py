@@ -163,6 +163,16 @@ def admit_peers(peers: Sequence[Peer], claims: Claims, label: str = "peers") -> 
     return admitted, rejected
 
 
+def admit_local(topo: Topology) -> tuple[Topology, list[Rejection]]:
+    """One cluster's records as its store holds them (nodes older first, then peers) to the
+    topology a plan may use, and the rejections: what every agent and `meshctl plan --backend`
+    decide alike."""
+    claims = Claims()
+    nodes, rejected = admit_nodes(topo.nodes, topo.mesh.subnet, claims=claims)
+    peers, rejected_peers = admit_peers(topo.peers, claims)
+    return replace(topo, nodes=tuple(nodes), peers=tuple(peers)), [*rejected, *rejected_peers]
+
+
 def as_remote(topo: Topology) -> Topology:
     """The topology with every node marked as belonging to its cluster (`cluster2/g1`); nodes
     already marked (a remote watcher parses them so) are kept as they are."""
