@@ -20,7 +20,6 @@ from meshctl.mesh.model import IPNetwork, Topology
 from meshctl.mesh.records import parse_topology
 
 
-
 def _placeholder_key(i: int) -> str:
     """A distinct stand-in key per node (agents make the real ones; admission refuses shared keys)."""
     return base64.b64encode((i + 1).to_bytes(32, "big")).decode()
