@@ -43,6 +43,7 @@ from meshctl.mesh.model import IPNetwork, MeshSettings, Node, Topology, gc_pause
 from meshctl.mesh.plan import NodePlan, Remote, mesh_cidrs, plan_node
 from meshctl.mesh.render import node_rows
 from meshctl.node import discovery, keys
+from meshctl.node.pods import PodInterfaceWatcher
 from meshctl.node.wireguard import PeerStatus
 
 log = logging.getLogger("meshctl.agent")
@@ -146,6 +147,8 @@ class Agent:
         self._timer_pass = True  # the loop's own tick (not a change) started this pass
         self._settle_pass = False  # this pass only re-reads pod routes while pod interfaces settle
         self._pod_ifs: tuple[str, ...] = ()
+        # Pod interfaces found from netlink (node.pods); --pod-interfaces overrides what is attached.
+        self.pod_watch: PodInterfaceWatcher | None = None
         self._last_pass = 0.0
         self._last_loop = time.monotonic()
         self._pass = _PassLog()
@@ -181,6 +184,12 @@ class Agent:
             self.remotes = self._remotes_factory(self.wake)
         if self.remotes is not None:
             self.remotes.start()
+        if self.cfg.pod_cidr is not None:
+            try:
+                self.pod_watch = PodInterfaceWatcher(self.cfg.pod_cidr, self.wake).start()
+            except Exception as e:  # noqa: BLE001 - without it, --pod-interfaces still works
+                log.error("pod interface watcher: %s", e)
+                self._count("pods")
         self._spawn("backend", lambda: self.backend.run(self.stop_event, self.wake))
         self._spawn("reconcile", self._loop)
         self._spawn("datapath-open", self._open_datapath)
@@ -196,6 +205,8 @@ class Agent:
         """Leave routes, WireGuard and pinned maps in place; just stop watching and serving."""
         self.stop_event.set()
         self._wake.set()
+        if self.pod_watch is not None:
+            self.pod_watch.stop()
         # Closing a stream another thread reads can block on its socket: never wait long for it,
         # a restarting agent must be back before its lease runs out.
         closer = threading.Thread(target=self.backend.close, name="backend-close", daemon=True)
@@ -233,7 +244,7 @@ class Agent:
                 return
             if not woke:
                 now = time.monotonic()
-                ifs = tuple(pod_interfaces(self.cfg.pod_interfaces))
+                ifs = tuple(self._pod_interfaces())
                 due = now >= next_scan
                 # While pod interfaces settle, pass again every few seconds so the local-pod map
                 # catches up with the routes a CNI adds a moment after the veth.
@@ -253,6 +264,27 @@ class Agent:
                 log.exception("reconcile failed: %s", e)
                 self._count("reconcile")
             next_scan = time.monotonic() + self.cfg.resync_interval
+
+    def _pod_interfaces(self) -> tuple[str, ...]:
+        """Where the fast path attaches for pods: --pod-interfaces when given, else what the
+        netlink watcher found."""
+        if self.cfg.pod_interfaces:
+            return tuple(pod_interfaces(self.cfg.pod_interfaces))
+        return self.pod_watch.current if self.pod_watch is not None else ()
+
+    def _pods_status(self) -> dict[str, Any]:
+        """How many pod interfaces carry the fast path, and a warning when this node has pods and
+        none do (the fast path silently off is the failure this exists to show)."""
+        found = list(self.pod_watch.current) if self.pod_watch is not None else []
+        dp = self.datapath_step.datapath
+        carrying = list(self.datapath_step.attached) if dp is not None and dp.mode == "ebpf" else []
+        out: dict[str, Any] = {"source": "flag" if self.cfg.pod_interfaces else "netlink", "found": found,
+                               "fastpath": carrying}
+        if found and not carrying:
+            why = "the fast path is not loaded" if dp is None or dp.mode != "ebpf" else \
+                f"--pod-interfaces {self.cfg.pod_interfaces!r} matches none of them"
+            out["warning"] = f"{len(found)} pod interface(s) on this node and none carry the fast path: {why}"
+        return out
 
     def _count(self, part: str) -> None:
         with self._lock:
@@ -401,7 +433,7 @@ class Agent:
         return plan
 
     def _mesh_cidrs(self, topo: Topology, remotes: list[Remote]) -> frozenset[IPNetwork]:
-        self._pod_ifs = tuple(pod_interfaces(self.cfg.pod_interfaces))
+        self._pod_ifs = tuple(self._pod_interfaces())
         memo = self._memo.cidrs
         if remotes or memo is None or memo[0] is not topo:
             memo = self._memo.cidrs = (topo, mesh_cidrs(topo, remotes))
@@ -538,6 +570,7 @@ class Agent:
         """The /status JSON (also what the metrics collector reads)."""
         st = dict(self._status)
         st["datapath"] = self._datapath_status()
+        st["pods"] = self._pods_status()
         st["peers"] = self._peer_status(self._last_plan) if self._last_plan else []
         if self._last_view is not None:  # built on request: with thousands of nodes it is not free
             st["node_list"] = self._node_list(self._last_view)

@@ -174,6 +174,11 @@ class DatapathStep:
         self.settle_until = 0.0
         self._attached: tuple[str, ...] | None = None
 
+    @property
+    def attached(self) -> tuple[str, ...]:
+        """The pod interfaces the programs are attached to now."""
+        return self._attached or ()
+
     def settling(self, pod_ifs: tuple[str, ...], settle_pass: bool) -> bool:
         return settle_pass or pod_ifs != self._attached
 

@@ -144,6 +144,13 @@ def format_status(st: dict[str, Any]) -> str:
     counters = "  ".join(f"{a} {p} pkts/{_bytes(b)}" for a, (p, b) in sorted((dp.get("counters") or {}).items()))
     lines.append(f"datapath {dp.get('mode') or '-'}{' (' + dp['reason'] + ')' if dp.get('reason') else ''}"
                  f"{'  ' + counters if counters else ''}")
+    pods = st.get("pods")
+    if pods is not None:
+        lines.append(f"pod interfaces: {len(pods.get('fastpath') or [])} carry the fast path, "
+                     f"{len(pods.get('found') or [])} found ({pods.get('source')})"
+                     + (f": {','.join(pods['fastpath'])}" if pods.get("fastpath") else ""))
+        if pods.get("warning"):
+            lines.append(f"WARNING: {pods['warning']}")
     peers = st.get("peers") or []
     lines.append(f"peers ({len(peers)}):")
     now = time.time()
