@@ -178,7 +178,7 @@ class Agent:
         self._wireguard = WireGuardStep(self.cfg, private_key)
         self.steps = [self._wireguard, RoutesStep(self.cfg), SysctlsStep(self.cfg), NatStep(self.cfg),
                       self.datapath_step]
-        self.server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy)
+        self.server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy, self.ready)
         self.server.start()
         if self.remotes is None and self._remotes_factory is not None:
             self.remotes = self._remotes_factory(self.wake)
@@ -228,6 +228,10 @@ class Agent:
                 log.warning("closing the datapath: %s", e)
         if self.server is not None:
             self.server.stop()
+
+    def ready(self) -> bool:
+        """A plan has been applied since the agent started (readiness, /readyz)."""
+        return self._last_plan is not None
 
     def healthy(self) -> bool:
         """The loop is alive (it ticks at least every resync interval)."""

@@ -213,10 +213,12 @@ def node_group() -> None:
 @click.option("-o", "output", default="text", type=click.Choice(["text", "json"]))
 def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, etcd_key: str | None,
               cluster_name: str, addr: str | None, lab_node: str | None, lab_name: str | None, output: str) -> None:
-    """List nodes. From an agent (--addr, --lab-node): local and remote nodes (`cluster2/g1`), their
-    addresses, pod CIDRs, WireGuard addresses, source and the path from that node. From the store
-    (etcd flags, or a lab's etcd): the records and what admission decided for each."""
-    if addr or lab_node:
+    """List nodes. From an agent (the local one by default, --addr, --lab-node): local and remote
+    nodes (`cluster2/g1`), their addresses, pod CIDRs, WireGuard addresses, source and the path from
+    that node. From the store (etcd flags, or --lab: a lab's etcd): the records and what admission
+    decided for each."""
+    if addr or lab_node or (not etcd_endpoints and lab_name is None):
+        # Without flags: this node's agent (the DaemonSet's address), as on any real node.
         _node_list_from_agent(addr, lab_node, lab_name, output)
         return
     from meshctl.backends.etcd import EtcdBackend
@@ -224,8 +226,8 @@ def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, e
     from meshctl.mesh.model import Cluster
 
     netns = None
-    if lab_name is not None or not etcd_endpoints:
-        acc = targets.lab("--etcd-endpoints").etcd(lab_name, cluster_name)
+    if not etcd_endpoints:
+        acc = targets.lab("--lab").etcd(lab_name, cluster_name)
         etcd_endpoints, etcd_ca, etcd_cert, etcd_key, netns = (
             ",".join(acc.endpoints), acc.ca, acc.cert, acc.key, acc.netns)
     client = EtcdClient(list(endpoint_list(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert, key=etcd_key, netns=netns)
