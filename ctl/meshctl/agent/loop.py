@@ -45,6 +45,7 @@ from meshctl.mesh.render import node_rows
 from meshctl.node import discovery, keys
 from meshctl.node.pods import PodInterfaceWatcher
 from meshctl.node.wireguard import PeerStatus
+from meshctl.node.wireguard.psk import SecretSource
 
 log = logging.getLogger("meshctl.agent")
 
@@ -175,7 +176,8 @@ class Agent:
         """Keys, the steps, the status server, the backend watch, the datapath loader and the loop."""
         private_key = keys.load_or_create_private_key(self.cfg.state_dir)
         self._public_key = keys.public_key(private_key)
-        self._wireguard = WireGuardStep(self.cfg, private_key)
+        secrets = self.backend if isinstance(self.backend, SecretSource) else None
+        self._wireguard = WireGuardStep(self.cfg, private_key, secrets)
         self.steps = [self._wireguard, RoutesStep(self.cfg), SysctlsStep(self.cfg), NatStep(self.cfg),
                       self.datapath_step]
         self.server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy, self.ready)

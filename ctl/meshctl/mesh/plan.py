@@ -21,6 +21,7 @@ from meshctl.mesh.model import (
     IPAddress,
     IPInterface,
     IPNetwork,
+    KeyRef,
     Node,
     Topology,
     gc_paused,
@@ -57,6 +58,7 @@ class PeerPlan:
     endpoint: str | None
     allowed_ips: tuple[IPNetwork, ...]
     persistent_keepalive: int
+    preshared_key: KeyRef | None = None  # where the key is (extra peers only); never the key
 
 
 @dataclass(frozen=True)
@@ -162,9 +164,10 @@ class _Builder:
         self.routes.setdefault(dst, Route(dst, via, dev))
 
     def peer(self, name: str, kind: PeerKind, key: str, endpoint: Endpoint | str | None,
-             allowed: list[IPNetwork], keepalive: int) -> None:
+             allowed: list[IPNetwork], keepalive: int, psk: KeyRef | None = None) -> None:
         uniq = sorted(set(allowed), key=sort_key_net)
-        self.peers.append(PeerPlan(name, kind, key, str(endpoint) if endpoint else None, tuple(uniq), keepalive))
+        self.peers.append(PeerPlan(name, kind, key, str(endpoint) if endpoint else None, tuple(uniq), keepalive,
+                                   psk))
 
 
 def segment_addresses(members: Sequence[Node], wg: IPInterface | None, exclude_internal_of: Node | None
@@ -260,7 +263,7 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
     leader_ip = my_seg.leader.internal_ip.ip if my_seg.leader.internal_ip is not None else None
     for p in sorted(topo.peers, key=lambda p: p.name):
         if leads:
-            b.peer(p.name, "peer", p.public_key, p.endpoint, list(p.allowed_ips), keepalive)
+            b.peer(p.name, "peer", p.public_key, p.endpoint, list(p.allowed_ips), keepalive, p.preshared_key)
         for a in p.allowed_ips:
             b.route(a, None if leads else leader_ip, "wireguard" if leads else "private")
 

@@ -22,6 +22,7 @@ from meshctl.mesh.fields import (
     granularity,
     interface,
     keepalive,
+    key_file,
     location,
     mapping,
     network,
@@ -93,7 +94,7 @@ def node_to_record(n: Node) -> dict[str, Any]:
     return rec
 
 
-PEER_FIELDS = ("name", "public_key", "allowed_ips", "endpoint", "persistent_keepalive")
+PEER_FIELDS = ("name", "public_key", "allowed_ips", "endpoint", "persistent_keepalive", "preshared_key_file")
 
 
 def parse_peer(d: Any, path: str) -> Peer:
@@ -115,6 +116,8 @@ def parse_peer(d: Any, path: str) -> Peer:
             keepalive(d["persistent_keepalive"], f"{p}persistent_keepalive")
             if d.get("persistent_keepalive") is not None else None
         ),
+        preshared_key=key_file(d["preshared_key_file"], f"{p}preshared_key_file")
+        if d.get("preshared_key_file") is not None else None,
     )
 
 

@@ -11,6 +11,7 @@ from meshctl.mesh.model import (
     Endpoint,
     IPInterface,
     IPNetwork,
+    KeyRef,
     Node,
     Peer,
     Topology,
@@ -34,6 +35,7 @@ def plan_to_json(p: NodePlan) -> dict[str, Any]:
                 "endpoint": x.endpoint,
                 "allowed_ips": [str(a) for a in x.allowed_ips],
                 "persistent_keepalive": x.persistent_keepalive,
+                **({"preshared_key": str(x.preshared_key)} if x.preshared_key else {}),
             }
             for x in p.peers
         ],
@@ -151,7 +153,7 @@ class WgPeer:
     endpoint: Endpoint | None
     allowed_ips: tuple[IPNetwork, ...]
     persistent_keepalive: int | None = None
-    preshared_key: str | None = None
+    preshared_key: KeyRef | None = None
 
 
 @dataclass(frozen=True)
@@ -173,8 +175,8 @@ def _endpoint_of(text: str | None) -> Endpoint | None:
 
 def node_conf(topo: Topology, plan: NodePlan) -> WgConf:
     """The config of node `plan.node`'s WireGuard device, from its plan."""
-    peers = tuple(WgPeer(p.name, p.public_key, _endpoint_of(p.endpoint), p.allowed_ips, p.persistent_keepalive or None)
-                  for p in plan.peers)
+    peers = tuple(WgPeer(p.name, p.public_key, _endpoint_of(p.endpoint), p.allowed_ips, p.persistent_keepalive or None,
+                         p.preshared_key) for p in plan.peers)
     note = None if plan.wireguard_ip is not None else \
         f"{plan.node} is not a segment leader: it reaches the mesh through {plan.leader}"
     return WgConf(topo.mesh.port, (plan.wireguard_ip,) if plan.wireguard_ip else (), peers, note)
@@ -216,7 +218,7 @@ def peer_as_peer(topo: Topology, name: str, extra: Sequence[IPNetwork] = ()) -> 
     """Peer `name` as the mesh's nodes know it."""
     p = _peer_of(topo, name)
     allowed = tuple(sorted(set(p.allowed_ips) | set(extra), key=sort_key_net))
-    return WgPeer(p.name, p.public_key, p.endpoint, allowed, p.persistent_keepalive)
+    return WgPeer(p.name, p.public_key, p.endpoint, allowed, p.persistent_keepalive, p.preshared_key)
 
 
 def _peer_lines(p: WgPeer) -> list[str]:
@@ -268,6 +270,8 @@ def peer_resource(p: WgPeer, api_version: str, name: str | None = None) -> dict[
         spec["endpoint"] = {"dnsOrIP": {host: p.endpoint.host}, "port": p.endpoint.port}
     if p.persistent_keepalive:
         spec["persistentKeepalive"] = p.persistent_keepalive
+    if p.preshared_key is not None and p.preshared_key.source == "secret":
+        spec["presharedKey"] = {"secretKeyRef": {"name": p.preshared_key.name, "key": p.preshared_key.key}}
     return {"apiVersion": api_version, "kind": "Peer", "metadata": {"name": name or p.name}, "spec": spec}
 
 

@@ -73,8 +73,7 @@ def parse_peer_object(obj: Mapping[str, Any]) -> Peer:
         if k not in SPEC_FIELDS:
             raise InputError(f"{where}: spec.{k}", spec[k], "is not a known field")
     try:
-        if spec.get("presharedKey"):
-            raise InputError("spec.presharedKey", "(hidden)", "is not supported: remove it or use a peer without one")
+        psk = fields.secret_key_ref(spec["presharedKey"], "spec.presharedKey") if spec.get("presharedKey") else None
         if "publicKey" not in spec:
             raise InputError("spec.publicKey", MISSING, "is required")
         allowed = spec.get("allowedIPs")
@@ -89,6 +88,7 @@ def parse_peer_object(obj: Mapping[str, Any]) -> Peer:
             allowed_ips=tuple(fields.cidr(a, f"spec.allowedIPs[{i}]") for i, a in enumerate(allowed)),
             endpoint=_endpoint(spec["endpoint"], "spec.endpoint") if spec.get("endpoint") else None,
             persistent_keepalive=fields.keepalive(keepalive, "spec.persistentKeepalive") if keepalive else None,
+            preshared_key=psk,
         )
     except InputError as e:
         raise InputError(f"{where}: {e.path}", e.value, e.reason) from None
