@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from meshctl.backends.clustermesh import RemoteClusters, parse_config, summary_line
+from meshctl.backends.clustermesh import RemoteClusters, config_name, parse_config, summary_line
 from meshctl.backends.etcd import cluster_key, node_key, write_topology
 from meshctl.errors import InputError
 from meshctl.lab.etcd_process import EtcdServer
 from meshctl.lab.pki import make_ca, make_cert
 from meshctl.mesh.model import Cluster
 from meshctl.mesh.records import node_to_record, parse_topology
+from tests.plan.fixtures import key
 
 from .fixtures import CLUSTER1, CLUSTER2
 
@@ -105,7 +106,7 @@ def test_file_added_connects_and_removed_drains(remote: Remote, watcher) -> None
     # a node added in the remote cluster reaches us by itself
     woke.clear()
     remote.kv.put(node_key("cluster2", "g5"), json.dumps({"name": "g5", "pod_cidr": "10.43.5.0/24",
-                                                          "public_key": CLUSTER2["nodes"][0]["public_key"]}))
+                                                          "public_key": key(205)}))
     took = wait_for(lambda: "cluster2/g5" in nodes_of(rc))
     assert woke.is_set() and took < 3
     remote.kv.delete(node_key("cluster2", "g2"))
@@ -188,6 +189,29 @@ def test_bad_files_are_one_line_errors(tmp_path: Path) -> None:
     bad.write_text("endpoints: [https://127.0.0.1:1]\n")
     with pytest.raises(InputError, match="is not a cluster name"):
         parse_config(bad)
+
+
+def test_cilium_layout_reads_only_cluster_configs(remote: Remote, watcher) -> None:
+    """A mounted cilium-clustermesh Secret: `cluster2` beside its certificates and the Secret
+    volume's `..data` entries. Only the config is a cluster; nothing else is an error."""
+    import shutil
+
+    rc, d, _ = watcher
+    remote.publish(CLUSTER2)
+    for src, name in ((remote.ca.cert, "cluster2.etcd-client.ca.crt"), (remote.client_cert.cert,
+                      "cluster2.etcd-client.crt"), (remote.client_cert.key, "cluster2.etcd-client.key")):
+        shutil.copy(src, d / name)
+    (d / "..data").mkdir()
+    (d / "common-etcd-client.key").write_text("not a config")
+    (d / "cluster2").write_text(yaml.safe_dump({
+        "endpoints": [remote.etcd.url], "trusted-ca-file": str(d / "cluster2.etcd-client.ca.crt"),
+        "cert-file": str(d / "cluster2.etcd-client.crt"), "key-file": str(d / "cluster2.etcd-client.key")}))
+    wait_for(lambda: len(nodes_of(rc)) == 4)
+    st = rc.status()
+    assert st["total"] == 1 and st["clusters"][0]["ready"], st
+    assert [c["name"] for c in st["clusters"]] == ["cluster2"]
+    assert config_name("cluster2.etcd-client.crt") is None and config_name("cluster2.yaml") == "cluster2"
+    assert config_name("..data") is None and config_name("Cluster_2") is None
 
 
 def test_changed_file_reconnects_and_keeps_the_view_until_the_new_one_syncs(remote: Remote, watcher,

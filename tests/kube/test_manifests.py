@@ -78,6 +78,10 @@ def test_daemonset_runs_privileged_everywhere_with_a_separate_wireguard_go():
     assert "--backend=kubernetes" in agent["args"] and "--wg-run-dir=/var/run/wireguard" in agent["args"]
     port = next(p["containerPort"] for p in agent["ports"] if p["name"] == "metrics")
     assert agent["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port}
+    assert agent["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
+    # An API server older than 1.29 drops restartPolicy and then refuses the startupProbe of a plain
+    # init container: the DaemonSet is refused there instead of hanging in Init (docs/kubernetes.md).
+    assert wg["restartPolicy"] == "Always" and "startupProbe" in wg
     assert f"--metrics-addr=0.0.0.0:{port}" in agent["args"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes[mounts["/sys/fs/bpf"]]["hostPath"]["path"] == "/sys/fs/bpf"

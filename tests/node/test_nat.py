@@ -71,7 +71,7 @@ class World:
         return self.lab.sh(self.pod, "python3", "-c", PROBE, dst).stdout.strip()
 
     def masq_packets(self) -> int:
-        out = self.lab.sh(self.node, "iptables-legacy", "-w", "-t", "nat", "-L", f"{PREFIX.upper()}-NAT",
+        out = self.lab.sh(self.node, "iptables-nft", "-w", "-t", "nat", "-L", f"{PREFIX.upper()}-NAT",
                           "-v", "-x", "-n").stdout
         line = next(ln for ln in out.splitlines() if "MASQUERADE" in ln)
         return int(line.split()[0])
@@ -106,7 +106,7 @@ def test_outside_is_masqueraded_mesh_keeps_the_source_and_sets_change_in_place(w
     _wait_servers(w)
     assert w.seen_by("10.42.2.5") == "10.42.1.2"  # mesh: the pod's own address
     assert w.seen_by("203.0.113.2") == "203.0.113.1"  # outside: the node's address
-    rules_before = lab.sh(w.node, "iptables-legacy-save").stdout
+    rules_before = lab.sh(w.node, "iptables-nft-save").stdout
     masq_before = w.masq_packets()
     assert masq_before >= 1
 
@@ -117,16 +117,18 @@ def test_outside_is_masqueraded_mesh_keeps_the_source_and_sets_change_in_place(w
     assert w.seen_by("203.0.113.2") == "10.42.1.2"
     assert w.masq_packets() == masq_before, "rules were rewritten (counters reset) or masqueraded anyway"
     strip = re.compile(r"\[\d+:\d+\]|^#.*$", re.M)
-    assert strip.sub("", lab.sh(w.node, "iptables-legacy-save").stdout) == strip.sub("", rules_before)
+    assert strip.sub("", lab.sh(w.node, "iptables-nft-save").stdout) == strip.sub("", rules_before)
 
     assert _sync(w, nat, MESH)
     assert w.seen_by("203.0.113.2") == "203.0.113.1"
     assert w.masq_packets() > masq_before
     assert "fd42::/48" in lab.sh(w.node, "ipset", "list", f"{PREFIX}-mesh6").stdout
-    assert f"-A POSTROUTING -j {PREFIX.upper()}-NAT" in lab.sh(w.node, "ip6tables-legacy-save").stdout
+    assert f"-A POSTROUTING -j {PREFIX.upper()}-NAT" in lab.sh(w.node, "ip6tables-nft-save").stdout
 
+    assert nat.mode == "nft" and "iptables-nft holds 0 rules" in nat.mode_reason  # an empty host: nft
+    assert PREFIX.upper() not in lab.sh(w.node, "iptables-legacy-save").stdout  # never both
     in_ns(w.node, nat.cleanup)
-    saved = lab.sh(w.node, "iptables-legacy-save").stdout + lab.sh(w.node, "ip6tables-legacy-save").stdout
+    saved = lab.sh(w.node, "iptables-nft-save").stdout + lab.sh(w.node, "ip6tables-nft-save").stdout
     assert PREFIX.upper() not in saved
     assert PREFIX not in lab.sh(w.node, "ipset", "list", "-n").stdout
     in_ns(w.node, nat.cleanup)  # twice is fine
@@ -136,13 +138,13 @@ def test_forward_rules_follow_the_interfaces_and_bad_prefix_is_an_input_error(la
     ns = lab.ns("nfwd")
     nat = in_ns(ns, NatApplier, PREFIX)
     in_ns(ns, nat.sync, [N("10.42.1.0/24")], [], ["eth1", "kilo0"])
-    fwd = lab.sh(ns, "iptables-legacy", "-w", "-S", f"{PREFIX.upper()}-FWD").stdout
+    fwd = lab.sh(ns, "iptables-nft", "-w", "-S", f"{PREFIX.upper()}-FWD").stdout
     assert f"-A {PREFIX.upper()}-FWD -i eth1 -o kilo0 -j ACCEPT" in fwd
     assert f"-A {PREFIX.upper()}-FWD -i kilo0 -m set --match-set {PREFIX}-pods4 dst -j ACCEPT" in fwd
     assert in_ns(ns, nat.sync, [N("10.42.1.0/24")], [], ["eth2", "kilo0"])
-    fwd = lab.sh(ns, "iptables-legacy", "-w", "-S", f"{PREFIX.upper()}-FWD").stdout
+    fwd = lab.sh(ns, "iptables-nft", "-w", "-S", f"{PREFIX.upper()}-FWD").stdout
     assert "eth1" not in fwd and "-i eth2 -o kilo0" in fwd
-    assert lab.sh(ns, "iptables-legacy", "-w", "-S", "FORWARD").stdout.count(f"-j {PREFIX.upper()}-FWD") == 1
+    assert lab.sh(ns, "iptables-nft", "-w", "-S", "FORWARD").stdout.count(f"-j {PREFIX.upper()}-FWD") == 1
     # A default route among the mesh CIDRs is stored as its two halves (hash:net has no /0).
     in_ns(ns, nat.sync, [N("10.42.1.0/24")], [N("0.0.0.0/0")], ["eth2"])
     members = lab.sh(ns, "ipset", "list", f"{PREFIX}-mesh4").stdout
@@ -166,15 +168,15 @@ def test_set_members_are_diffed_against_memory_until_forget(lab: NodeLab):
         sets = lab.sh(ns, "ipset", "list", f"{PREFIX}m-mesh4").stdout
         assert "Number of entries: 101" in sets
         lab.sh(ns, "ipset", "del", f"{PREFIX}m-mesh4", "10.60.7.0/24")
-        lab.sh(ns, "iptables-legacy", "-t", "nat", "-F", f"{PREFIX.upper()}M-NAT")
+        lab.sh(ns, "iptables-nft", "-t", "nat", "-F", f"{PREFIX.upper()}M-NAT")
         assert in_ns(ns, nat.sync, [N("10.42.1.0/24")], [*mesh, N("10.61.0.0/24")], ["pv"])
         members = lab.sh(ns, "ipset", "save", f"{PREFIX}m-mesh4").stdout
         assert "10.61.0.0/24" in members and "10.60.7.0/24" not in members
-        assert "-j MASQUERADE" not in lab.sh(ns, "iptables-legacy", "-t", "nat", "-S").stdout
+        assert "-j MASQUERADE" not in lab.sh(ns, "iptables-nft", "-t", "nat", "-S").stdout
         in_ns(ns, nat.forget)
         assert in_ns(ns, nat.sync, [N("10.42.1.0/24")], [*mesh, N("10.61.0.0/24")], ["pv"])
         assert "10.60.7.0/24" in lab.sh(ns, "ipset", "save", f"{PREFIX}m-mesh4").stdout
-        assert "-j MASQUERADE" in lab.sh(ns, "iptables-legacy", "-t", "nat", "-S").stdout
+        assert "-j MASQUERADE" in lab.sh(ns, "iptables-nft", "-t", "nat", "-S").stdout
         assert not in_ns(ns, nat.sync, [N("10.42.1.0/24")], [*mesh, N("10.61.0.0/24")], ["pv"])
         # A /0 is held as its halves; dropping it keeps a half that is also wanted on its own.
         in_ns(ns, nat.sync, [N("10.42.1.0/24")], [*mesh, N("0.0.0.0/0"), N("0.0.0.0/1")], ["pv"])
@@ -183,5 +185,42 @@ def test_set_members_are_diffed_against_memory_until_forget(lab: NodeLab):
         in_ns(ns, nat.sync, [N("10.42.1.0/24")], [*mesh, N("0.0.0.0/1")], ["pv"])
         members = lab.sh(ns, "ipset", "save", f"{PREFIX}m-mesh4").stdout
         assert "0.0.0.0/1" in members and "128.0.0.0/1" not in members and "10.60.7.0/24" in members
+    finally:
+        in_ns(ns, nat.cleanup)
+
+
+def test_choose_mode_as_iptables_wrappers_does() -> None:
+    from meshctl.node.nat import choose_mode
+
+    legacy = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -j KUBE-FIREWALL\n-A KUBE-FIREWALL -j DROP\nCOMMIT\n"
+    nft = "*filter\n-A INPUT -j ACCEPT\nCOMMIT\n"
+    assert choose_mode({"legacy": legacy, "nft": nft})[0] == "legacy"
+    assert choose_mode({"legacy": "", "nft": nft})[0] == "nft"
+    assert choose_mode({"legacy": "", "nft": ""}) == ("nft", "iptables-nft holds 0 rules, iptables-legacy 0")
+    # kubelet's hint chain decides even against more rules elsewhere
+    assert choose_mode({"legacy": legacy, "nft": "*mangle\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n"})[0] == "nft"
+    # our own chains never decide it
+    own = "*nat\n-A POSTROUTING -j MESHCTL-NAT\n-A MESHCTL-NAT -j MASQUERADE\nCOMMIT\n"
+    assert choose_mode({"legacy": own, "nft": nft}, "meshctl")[0] == "nft"
+
+
+def test_a_legacy_host_gets_legacy_rules_and_a_moved_host_loses_the_old_ones(lab: NodeLab) -> None:
+    ns = lab.ns("nmode")
+    # A host whose kube-proxy writes through iptables-legacy (kubelet's hint chain there).
+    lab.sh(ns, "iptables-legacy", "-w", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT")
+    nat = in_ns(ns, NatApplier, PREFIX + "x")
+    try:
+        in_ns(ns, nat.sync, [N("10.42.1.0/24")], [N("10.42.2.0/24")], ["pv"])
+        assert nat.mode == "legacy"
+        assert f"-A POSTROUTING -j {PREFIX.upper()}X-NAT" in lab.sh(ns, "iptables-legacy-save").stdout
+        assert PREFIX.upper() not in lab.sh(ns, "iptables-nft-save").stdout
+        # The host moves to nft (the hint chain with it): a new agent writes nft and clears legacy.
+        lab.sh(ns, "iptables-legacy", "-w", "-t", "mangle", "-X", "KUBE-IPTABLES-HINT")
+        lab.sh(ns, "iptables-nft", "-w", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT")
+        again = in_ns(ns, NatApplier, PREFIX + "x")
+        in_ns(ns, again.sync, [N("10.42.1.0/24")], [N("10.42.2.0/24")], ["pv"])
+        assert again.mode == "nft"
+        assert f"-A POSTROUTING -j {PREFIX.upper()}X-NAT" in lab.sh(ns, "iptables-nft-save").stdout
+        assert PREFIX.upper() not in lab.sh(ns, "iptables-legacy-save").stdout
     finally:
         in_ns(ns, nat.cleanup)

@@ -46,7 +46,9 @@ from meshctl.mesh.paths import ProbeTuning
 from meshctl.mesh.plan import NodePlan, Remote, mesh_cidrs, plan_node
 from meshctl.mesh.render import node_rows
 from meshctl.node import discovery, keys
+from meshctl.node.pods import PodInterfaceWatcher
 from meshctl.node.wireguard import PeerStatus
+from meshctl.node.wireguard.psk import SecretSource
 
 log = logging.getLogger("meshctl.agent")
 
@@ -149,6 +151,8 @@ class Agent:
         self._timer_pass = True  # the loop's own tick (not a change) started this pass
         self._settle_pass = False  # this pass only re-reads pod routes while pod interfaces settle
         self._pod_ifs: tuple[str, ...] = ()
+        # Pod interfaces found from netlink (node.pods); --pod-interfaces overrides what is attached.
+        self.pod_watch: PodInterfaceWatcher | None = None
         self._last_pass = 0.0
         self._last_loop = time.monotonic()
         self._pass = _PassLog()
@@ -178,15 +182,22 @@ class Agent:
         """Keys, the steps, the status server, the backend watch, the datapath loader and the loop."""
         private_key = keys.load_or_create_private_key(self.cfg.state_dir)
         self._public_key = keys.public_key(private_key)
-        self._wireguard = WireGuardStep(self.cfg, private_key)
+        secrets = self.backend if isinstance(self.backend, SecretSource) else None
+        self._wireguard = WireGuardStep(self.cfg, private_key, secrets)
         self.steps = [self._wireguard, RoutesStep(self.cfg), SysctlsStep(self.cfg), NatStep(self.cfg),
                       self.tunnels_step, self.datapath_step]
-        self.server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy)
+        self.server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy, self.ready)
         self.server.start()
         if self.remotes is None and self._remotes_factory is not None:
             self.remotes = self._remotes_factory(self.wake)
         if self.remotes is not None:
             self.remotes.start()
+        if self.cfg.pod_cidr is not None:
+            try:
+                self.pod_watch = PodInterfaceWatcher(self.cfg.pod_cidr, self.wake).start()
+            except Exception as e:  # noqa: BLE001 - without it, --pod-interfaces still works
+                log.error("pod interface watcher: %s", e)
+                self._count("pods")
         self._spawn("backend", lambda: self.backend.run(self.stop_event, self.wake))
         self._spawn("reconcile", self._loop)
         self._spawn("datapath-open", self._open_datapath)
@@ -202,6 +213,8 @@ class Agent:
         """Leave routes, WireGuard and pinned maps in place; just stop watching and serving."""
         self.stop_event.set()
         self._wake.set()
+        if self.pod_watch is not None:
+            self.pod_watch.stop()
         # Closing a stream another thread reads can block on its socket: never wait long for it,
         # a restarting agent must be back before its lease runs out.
         closer = threading.Thread(target=self.backend.close, name="backend-close", daemon=True)
@@ -225,6 +238,10 @@ class Agent:
         if self.server is not None:
             self.server.stop()
 
+    def ready(self) -> bool:
+        """A plan has been applied since the agent started (readiness, /readyz)."""
+        return self._last_plan is not None
+
     def healthy(self) -> bool:
         """The loop is alive (it ticks at least every resync interval)."""
         return time.monotonic() - self._last_loop < max(3 * self.cfg.resync_interval, 10)
@@ -240,7 +257,7 @@ class Agent:
                 return
             if not woke:
                 now = time.monotonic()
-                ifs = tuple(pod_interfaces(self.cfg.pod_interfaces))
+                ifs = tuple(self._pod_interfaces())
                 due = now >= next_scan
                 # While pod interfaces settle, pass again every few seconds so the local-pod map
                 # catches up with the routes a CNI adds a moment after the veth.
@@ -260,6 +277,27 @@ class Agent:
                 log.exception("reconcile failed: %s", e)
                 self._count("reconcile")
             next_scan = time.monotonic() + self.cfg.resync_interval
+
+    def _pod_interfaces(self) -> tuple[str, ...]:
+        """Where the fast path attaches for pods: --pod-interfaces when given, else what the
+        netlink watcher found."""
+        if self.cfg.pod_interfaces:
+            return tuple(pod_interfaces(self.cfg.pod_interfaces))
+        return self.pod_watch.current if self.pod_watch is not None else ()
+
+    def _pods_status(self) -> dict[str, Any]:
+        """How many pod interfaces carry the fast path, and a warning when this node has pods and
+        none do (the fast path silently off is the failure this exists to show)."""
+        found = list(self.pod_watch.current) if self.pod_watch is not None else []
+        dp = self.datapath_step.datapath
+        carrying = list(self.datapath_step.attached) if dp is not None and dp.mode == "ebpf" else []
+        out: dict[str, Any] = {"source": "flag" if self.cfg.pod_interfaces else "netlink", "found": found,
+                               "fastpath": carrying}
+        if found and not carrying:
+            why = "the fast path is not loaded" if dp is None or dp.mode != "ebpf" else \
+                f"--pod-interfaces {self.cfg.pod_interfaces!r} matches none of them"
+            out["warning"] = f"{len(found)} pod interface(s) on this node and none carry the fast path: {why}"
+        return out
 
     def _count(self, part: str) -> None:
         with self._lock:
@@ -385,11 +423,8 @@ class Agent:
             nodes = [me if n.name == me.name else n for n in state.nodes]
             if all(n.name != me.name for n in nodes):
                 nodes.append(me)
-            claims = admit.Claims()
-            admitted, rejected = admit.admit_nodes(nodes, state.mesh.subnet, claims=claims)
-            peers, rejected_peers = admit.admit_peers(state.peers, claims)
-            topo = Topology(cluster=state.cluster, mesh=state.mesh, nodes=tuple(admitted), peers=tuple(peers))
-            local_rejections = [*rejected, *rejected_peers]
+            topo, local_rejections = admit.admit_local(
+                Topology(cluster=state.cluster, mesh=state.mesh, nodes=tuple(nodes), peers=state.peers))
             self._memo.admitted = _Admitted(key, state.nodes, state.peers, topo, local_rejections)
         rejections = [*state.rejections, *local_rejections]
         remotes: list[Remote] = []
@@ -414,7 +449,7 @@ class Agent:
         return plan
 
     def _mesh_cidrs(self, topo: Topology, remotes: list[Remote]) -> frozenset[IPNetwork]:
-        self._pod_ifs = tuple(pod_interfaces(self.cfg.pod_interfaces))
+        self._pod_ifs = tuple(self._pod_interfaces())
         memo = self._memo.cidrs
         if remotes or memo is None or memo[0] is not topo:
             memo = self._memo.cidrs = (topo, mesh_cidrs(topo, remotes))
@@ -556,6 +591,7 @@ class Agent:
         st["path_changes"] = _change_counts(self.paths.changes())
         device = self._wireguard.device if self._wireguard is not None else None
         st["wireguard_mode"] = device.mode if device is not None else None  # kernel | wireguard-go
+        st["pods"] = self._pods_status()
         st["peers"] = self._peer_status(self._last_plan) if self._last_plan else []
         if self._last_view is not None:  # built on request: with thousands of nodes it is not free
             st["node_list"] = self._node_list(self._last_view)

@@ -146,9 +146,13 @@ def _clustermesh_metrics(remotes: Any) -> Any:
 
 
 class StatusServer:
-    """Serves /metrics, /healthz and /status on `addr` in a daemon thread."""
+    """Serves /metrics, /healthz, /readyz and /status on `addr` in a daemon thread. /healthz says the
+    loop is alive (liveness: restart when it is not); /readyz says a plan has been applied (readiness:
+    a rolling update waits for it, so the next node's agent restarts only once this one carries
+    traffic again)."""
 
-    def __init__(self, addr: str, status: Callable[[], dict[str, Any]], healthy: Callable[[], bool]) -> None:
+    def __init__(self, addr: str, status: Callable[[], dict[str, Any]], healthy: Callable[[], bool],
+                 ready: Callable[[], bool] = lambda: True) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(AgentCollector(status))
         self.reconcile_seconds = Histogram(
@@ -165,6 +169,9 @@ class StatusServer:
                 elif path == "/healthz":
                     ok = healthy()
                     self._send(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n", "text/plain")
+                elif path == "/readyz":
+                    ok = ready()
+                    self._send(200 if ok else 503, b"ready\n" if ok else b"no plan applied yet\n", "text/plain")
                 elif path == "/status":
                     self._send(200, json.dumps(status_fn(), default=str).encode(), "application/json")
                 else:
@@ -209,5 +216,10 @@ def fetch_status(addr: str, netns: str | None = None, timeout: float = 3.0) -> d
             r.raise_for_status()
             out: dict[str, Any] = r.json()
             return out
+    except requests.ConnectionError:
+        raise MeshError(f"no meshctl agent answers at {addr}{f' in {netns}' if netns else ''} (is it running on "
+                        f"this node? pass --addr for another address)") from None
+    except requests.Timeout:
+        raise MeshError(f"the meshctl agent at {addr} did not answer within {timeout:.0f} s") from None
     except (requests.RequestException, ValueError) as e:
         raise MeshError(f"no agent status at {addr}{f' in {netns}' if netns else ''}: {e}") from None

@@ -18,9 +18,11 @@ from typing import Protocol
 
 from meshctl.agent.config import AgentConfig
 from meshctl.datapath import Datapath
+from meshctl.errors import MeshError
 from meshctl.mesh.model import IPNetwork, Node, Topology
 from meshctl.mesh.plan import ENCAP_KINDS, NodePlan
 from meshctl.node import discovery, nat, routes, sysctls, tunnels, wireguard
+from meshctl.node.wireguard.psk import SecretSource, read_key
 
 log = logging.getLogger("meshctl.agent")
 
@@ -72,9 +74,10 @@ class WireGuardStep:
 
     name = "wireguard"
 
-    def __init__(self, cfg: AgentConfig, private_key: str) -> None:
+    def __init__(self, cfg: AgentConfig, private_key: str, secrets: SecretSource | None = None) -> None:
         self.cfg = cfg
         self._private_key = private_key
+        self._secrets = secrets
         self.device: wireguard.WireGuard | None = None
 
     def inputs(self, p: PassInput) -> Hashable:
@@ -85,7 +88,21 @@ class WireGuardStep:
             self.device = wireguard.WireGuard(ifname=self.cfg.wg_interface, run_dir=str(self.cfg.wg_run_dir))
         mtu = discovery.wg_mtu(self.cfg.private_interface)
         remade = self.device.ensure_device(self._private_key, p.topo.mesh.port, p.plan.wireguard_ip, mtu)
-        self.device.sync_peers(p.plan.peers)
+        # Pre-shared keys are read on every run of the step (a full pass at the latest: a rotated
+        # Secret reaches the device within the resync interval). A peer whose key cannot be read
+        # stays out, the others are synced, and the step then fails naming it.
+        keys: dict[str, str] = {}
+        unreadable: list[str] = []
+        for peer in p.plan.peers:
+            if peer.preshared_key is not None:
+                try:
+                    keys[peer.public_key] = read_key(peer.preshared_key, self._secrets)
+                except MeshError as e:
+                    unreadable.append(f"peer {peer.name}: {e}")
+        peers = [x for x in p.plan.peers if x.preshared_key is None or x.public_key in keys]
+        self.device.sync_peers(peers, keys)
+        if unreadable:
+            raise MeshError("; ".join(unreadable))
         # A device made anew or re-addressed has lost its routes (the kernel flushes them without
         # telling anyone): the route step must read the kernel again.
         return frozenset({RoutesStep.name}) if remade else NOTHING
@@ -199,6 +216,11 @@ class DatapathStep:
         self.synced = False  # the maps hold a plan (until then an ebpf datapath passes all to the kernel)
         self.settle_until = 0.0
         self._attached: tuple[str, ...] | None = None
+
+    @property
+    def attached(self) -> tuple[str, ...]:
+        """The pod interfaces the programs are attached to now."""
+        return self._attached or ()
 
     def settling(self, pod_ifs: tuple[str, ...], settle_pass: bool) -> bool:
         return settle_pass or pod_ifs != self._attached

@@ -1,6 +1,8 @@
 """Cluster mesh, the imperative part: watch other clusters' etcd over mutual TLS.
 
-`--clustermesh-dir` holds one file per remote cluster, named after it, in Cilium's format:
+`--clustermesh-dir` holds one file per remote cluster, named after it, in Cilium's format
+(certificates and keys may sit beside them, as in a mounted cilium-clustermesh Secret: only
+entries named like a cluster are read, see `config_name`):
 
     endpoints:
     - https://192.0.2.10:2379
@@ -325,7 +327,7 @@ class RemoteClusters:
         files: dict[str, float] = {}
         if self.dir.is_dir():
             for p in self.dir.iterdir():
-                if p.is_file() and not p.name.startswith("."):
+                if p.is_file() and config_name(p.name) is not None:
                     files[p.name] = p.stat().st_mtime
         changed = False
         with self._lock:
@@ -458,6 +460,25 @@ class RemoteClusters:
 
 def _cluster_of(fname: str) -> str:
     return fname.removesuffix(".yaml").removesuffix(".yml")
+
+
+# Files that sit beside the configs in Cilium's layout (a mounted cilium-clustermesh Secret:
+# `cluster2` next to `cluster2.etcd-client.crt`, `.key`, `.ca.crt`, and the Secret volume's
+# `..data` links): never clusters.
+_NOT_CONFIG_SUFFIXES = (".crt", ".key", ".pem", ".csr")
+
+
+def config_name(fname: str) -> str | None:
+    """The cluster a clustermesh directory entry configures, or None for everything else there:
+    hidden entries, certificates and keys, and names that are not cluster names."""
+    if fname.startswith(".") or fname.endswith(_NOT_CONFIG_SUFFIXES):
+        return None
+    name = _cluster_of(fname)
+    try:
+        fields.cluster_name(name, "")
+    except InputError:
+        return None
+    return name
 
 
 def summary_line(status: dict[str, Any]) -> str:

@@ -69,6 +69,8 @@ def write_topology(client: EtcdClient, cluster: Cluster, mesh: MeshSettings, pee
             rec["endpoint"] = str(p.endpoint)
         if p.persistent_keepalive is not None:
             rec["persistent_keepalive"] = p.persistent_keepalive
+        if p.preshared_key is not None and p.preshared_key.source == "file":
+            rec["preshared_key_file"] = p.preshared_key.name
         client.put(peer_key(cluster.name, p.name), json.dumps(rec))
 
 

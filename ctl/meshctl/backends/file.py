@@ -17,26 +17,44 @@ from meshctl.mesh.records import parse_topology
 
 
 def load_yaml(path: str | Path) -> Any:
+    """A YAML (or JSON) file's document; a file that is not UTF-8 text or not YAML is one InputError."""
     p = Path(path)
     try:
-        text = p.read_text()
+        data = p.read_bytes()
     except OSError as e:
         raise InputError("", str(p), f"cannot be read: {e.strerror}") from None
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as e:
+        raise InputError("", str(p), f"is not a text file (not UTF-8 at byte {e.start})") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise InputError("", str(p), f"is not valid YAML{where}") from None
+    except RecursionError:
+        raise InputError("", str(p), "is nested too deeply to be a topology") from None
 
 
 def load_topology(path: str | Path) -> Topology:
     """Read and validate a topology file; errors carry the file name: `topo.yaml: nodes[3]...`."""
+    return load_topology_checked(path)[0]
+
+
+def load_topology_checked(path: str | Path) -> tuple[Topology, list[str]]:
+    """`load_topology` and the file's warnings (checks.topology_warnings), each line led by the
+    file name like its errors."""
+    from meshctl.mesh.checks import topology_warnings
+
     doc = load_yaml(path)
+    prefix = f"{Path(path).name}: "
     try:
-        return parse_topology(doc)
+        topo = parse_topology(doc)
+        warnings = topology_warnings(topo, doc)
     except InputError as e:
-        raise e.prefixed(f"{Path(path).name}: ") from None
+        raise e.prefixed(prefix) from None
+    return topo, [prefix + w for w in warnings]
 
 
 class FileBackend:

@@ -29,7 +29,7 @@ def _flag(parse: Any) -> Any:
     return cb
 
 
-def _etcd_options(f: Any) -> Any:
+def etcd_options(f: Any) -> Any:
     for opt in reversed([
         click.option("--etcd-endpoints", default="", help="Comma-separated etcd client URLs."),
         click.option("--etcd-ca", default=None, help="CA file that signed etcd's certificate."),
@@ -41,7 +41,7 @@ def _etcd_options(f: Any) -> Any:
     return f
 
 
-def _endpoints(text: str) -> tuple[str, ...]:
+def endpoint_list(text: str) -> tuple[str, ...]:
     return tuple(e.strip() for e in text.split(",") if e.strip())
 
 
@@ -79,13 +79,13 @@ def _endpoints(text: str) -> tuple[str, ...]:
               help="Full reconcile period; with --backend kubernetes a Node not seen for twice this is not ready.")
 @click.option("--path-hold-seconds", "path_hold", default=10.0, type=float, show_default=True,
               help="intra_subnet auto: a private rung that delivers again is taken back after this long.")
-@click.option("--kvstore-endpoints", default="", callback=lambda _c, _p, val: _endpoints(val),
+@click.option("--kvstore-endpoints", default="", callback=lambda _c, _p, val: endpoint_list(val),
               help="--backend kubernetes: mirror the cluster's nodes into this etcd (comma-separated URLs) "
               "for the cluster mesh.")
 @click.option("--kvstore-ca", default=None, help="CA file that signed the kvstore etcd's certificate.")
 @click.option("--kvstore-cert", default=None, help="Client certificate for the kvstore etcd.")
 @click.option("--kvstore-key", default=None, help="Client key for the kvstore etcd.")
-@_etcd_options
+@etcd_options
 @click.option("--cluster-id", default=1, type=int, callback=_flag(fields.cluster_id), show_default=True)
 @click.option("--clustermesh-dir", default=None, type=click.Path(path_type=Path),
               help="One file per remote cluster (endpoints, ca-file, cert-file, key-file).")
@@ -97,7 +97,7 @@ def _endpoints(text: str) -> tuple[str, ...]:
 def agent_cmd(**kw: Any) -> None:
     """Run the node agent: publish this node, watch the others, apply the plan."""
     logging.basicConfig(level=kw.pop("log_level").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    kw["etcd_endpoints"] = _endpoints(kw["etcd_endpoints"])
+    kw["etcd_endpoints"] = endpoint_list(kw["etcd_endpoints"])
     kw["fastpath"] = not kw.pop("no_fastpath")
     kw["allowed_location_ips"] = kw["allowed_location_ips"] or ()
     kw["location"] = kw["location"] or ""
@@ -167,6 +167,13 @@ def format_status(st: dict[str, Any]) -> str:
     counters = "  ".join(f"{a} {p} pkts/{_bytes(b)}" for a, (p, b) in sorted((dp.get("counters") or {}).items()))
     lines.append(f"datapath {dp.get('mode') or '-'}{' (' + dp['reason'] + ')' if dp.get('reason') else ''}"
                  f"{'  ' + counters if counters else ''}")
+    pods = st.get("pods")
+    if pods is not None:
+        lines.append(f"pod interfaces: {len(pods.get('fastpath') or [])} carry the fast path, "
+                     f"{len(pods.get('found') or [])} found ({pods.get('source')})"
+                     + (f": {','.join(pods['fastpath'])}" if pods.get("fastpath") else ""))
+        if pods.get("warning"):
+            lines.append(f"WARNING: {pods['warning']}")
     peers = st.get("peers") or []
     lines.append(f"peers ({len(peers)}):")
     now = time.time()
@@ -222,7 +229,7 @@ def node_group() -> None:
 
 
 @node_group.command("list")
-@_etcd_options
+@etcd_options
 @click.option("--addr", default=None, help="Ask the agent at this --metrics-addr: every local and remote node "
               "with the path from that node.")
 @click.option("--lab-node", default=None, help="Ask the agent of this lab node (inside its namespace).")
@@ -230,10 +237,12 @@ def node_group() -> None:
 @click.option("-o", "output", default="text", type=click.Choice(["text", "json"]))
 def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, etcd_key: str | None,
               cluster_name: str, addr: str | None, lab_node: str | None, lab_name: str | None, output: str) -> None:
-    """List nodes. From an agent (--addr, --lab-node): local and remote nodes (`cluster2/g1`), their
-    addresses, pod CIDRs, WireGuard addresses, source and the path from that node. From the store
-    (etcd flags, or a lab's etcd): the records and what admission decided for each."""
-    if addr or lab_node:
+    """List nodes. From an agent (the local one by default, --addr, --lab-node): local and remote
+    nodes (`cluster2/g1`), their addresses, pod CIDRs, WireGuard addresses, source and the path from
+    that node. From the store (etcd flags, or --lab: a lab's etcd): the records and what admission
+    decided for each."""
+    if addr or lab_node or (not etcd_endpoints and lab_name is None):
+        # Without flags: this node's agent (the DaemonSet's address), as on any real node.
         _node_list_from_agent(addr, lab_node, lab_name, output)
         return
     from meshctl.backends.etcd import EtcdBackend
@@ -241,11 +250,11 @@ def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, e
     from meshctl.mesh.model import Cluster
 
     netns = None
-    if lab_name is not None or not etcd_endpoints:
-        acc = targets.lab("--etcd-endpoints").etcd(lab_name, cluster_name)
+    if not etcd_endpoints:
+        acc = targets.lab("--lab").etcd(lab_name, cluster_name)
         etcd_endpoints, etcd_ca, etcd_cert, etcd_key, netns = (
             ",".join(acc.endpoints), acc.ca, acc.cert, acc.key, acc.netns)
-    client = EtcdClient(list(_endpoints(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert, key=etcd_key, netns=netns)
+    client = EtcdClient(list(endpoint_list(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert, key=etcd_key, netns=netns)
     backend = EtcdBackend(client, Cluster(cluster_name))
     try:
         st = backend.load_once()
@@ -290,7 +299,7 @@ def _node_list_from_agent(addr: str | None, lab_node: str | None, lab_name: str 
 @click.option("--private-interface", default=None)
 @click.option("--bpf-pin-root", default=defaults.PIN_ROOT, show_default=True)
 @click.option("--nat-prefix", default="meshctl", show_default=True)
-@_etcd_options
+@etcd_options
 def cleanup_cmd(node_name: str | None, wg_interface: str, wg_run_dir: Path, private_interface: str | None,
                 bpf_pin_root: str, nat_prefix: str, etcd_endpoints: str, etcd_ca: str | None,
                 etcd_cert: str | None, etcd_key: str | None, cluster_name: str) -> None:
@@ -302,7 +311,7 @@ def cleanup_cmd(node_name: str | None, wg_interface: str, wg_run_dir: Path, priv
         from meshctl.etcd import EtcdClient
 
         try:
-            EtcdClient(list(_endpoints(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert,
+            EtcdClient(list(endpoint_list(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert,
                        key=etcd_key).delete(node_key(cluster_name, node_name))
         except MeshError as e:
             failures.append(f"record: {e}")

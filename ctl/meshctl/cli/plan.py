@@ -1,22 +1,126 @@
-"""Offline commands that read a topology file: `plan`, `graph`, `showconf`."""
+"""Commands that show the mesh: `plan`, `graph`, `showconf`. They read a topology file (`-f`) or,
+like Kilo's kgctl, the live cluster's store (`--backend etcd|kubernetes`): the same records the
+agents read, admitted the same way."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
+import yaml
 
-from meshctl.backends.file import load_topology
-from meshctl.errors import InputError, MeshError
-from meshctl.mesh.model import GRANULARITIES, Granularity, Topology
+from meshctl.backends.file import load_topology, load_topology_checked
+from meshctl.cli import targets
+from meshctl.cli.agent import endpoint_list, etcd_options
+from meshctl.errors import MISSING, InputError, MeshError
+from meshctl.mesh import fields
+from meshctl.mesh.model import GRANULARITIES, Granularity, IPNetwork, Topology
 from meshctl.mesh.plan import Remote, plan_node
-from meshctl.mesh.render import graph_dot, plan_to_json, plan_to_table, showconf_node, showconf_peer
+from meshctl.mesh.render import (
+    SHOWCONF_FORMATS,
+    conf_dict,
+    conf_text,
+    graph_dot,
+    node_as_peer,
+    node_conf,
+    peer_as_peer,
+    peer_conf,
+    peer_resource,
+    peer_text,
+    plan_to_json,
+    plan_to_table,
+)
 
-_file = click.option("-f", "--file", "path", required=True, type=click.Path(dir_okay=False),
-                     help="Topology YAML.")
+BACKENDS = ("file", "etcd", "kubernetes")
+
+
+def _source_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Where the topology comes from: `-f FILE`, or the live store with the agent's flags."""
+    for opt in reversed([
+        click.option("-f", "--file", "path", default=None, type=click.Path(dir_okay=False),
+                     help="Topology YAML (the default source)."),
+        click.option("--backend", default=None, type=click.Choice(BACKENDS),
+                     help="Read the live cluster instead of a file: its etcd (--etcd-* flags, or the lab's etcd) "
+                     "or its Kubernetes API (--kubeconfig, $KUBECONFIG, in-cluster)."),
+        click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file."),
+        click.option("--api-server", default=None, help="--backend kubernetes: API server URL without credentials."),
+        click.option("--lab", "lab_name", default=None, help="--backend etcd without --etcd-endpoints: a lab's etcd."),
+        etcd_options,
+    ]):
+        f = opt(f)
+    return f
+
+
+class Source:
+    """The topology a command shows, and the name errors give its origin (`topo.yaml`, `etcd`)."""
+
+    def __init__(self, path: str | None, backend: str | None, kubeconfig: str | None, api_server: str | None,
+                 lab_name: str | None, etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None,
+                 etcd_key: str | None, cluster_name: str, **_: Any) -> None:
+        backend = backend or "file"
+        if backend == "file" and not path:
+            raise InputError("-f", MISSING, "is required (or --backend etcd|kubernetes)")
+        if backend != "file" and path:
+            raise InputError("--backend", backend, "reads the live cluster: leave out -f")
+        self.backend, self.path = backend, path
+        self.kubeconfig, self.api_server, self.lab_name = kubeconfig, api_server, lab_name
+        self.etcd = (etcd_endpoints, etcd_ca, etcd_cert, etcd_key)
+        self.cluster_name = cluster_name
+        self.name = Path(path).name if path else backend
+
+    def load(self, node: str | None = None) -> Topology:
+        """The admitted topology; warnings and rejected records go to stderr as `warning:` lines."""
+        if self.path:
+            topo, warnings = load_topology_checked(self.path)
+            for w in warnings:
+                click.echo(f"warning: {w}", err=True)
+            return topo
+        from meshctl.mesh.admit import admit_local
+
+        state = self._etcd() if self.backend == "etcd" else self._kube(node)
+        if not state.ready:
+            raise MeshError(f"{self.backend}: {state.reason or 'not ready'}")
+        topo, rejected = admit_local(state.topology())
+        for r in [*state.rejections, *rejected]:
+            click.echo(f"warning: rejected {r.name}: {r.reason}", err=True)
+        return topo
+
+    def _etcd(self) -> Any:
+        from meshctl.backends.etcd import EtcdBackend, cluster_key, parse_record
+        from meshctl.etcd import EtcdClient
+        from meshctl.mesh import records
+        from meshctl.mesh.model import Cluster
+
+        endpoints, ca, cert, key = self.etcd
+        netns = None
+        if self.lab_name is not None or not endpoints:
+            acc = targets.lab("--etcd-endpoints").etcd(self.lab_name, self.cluster_name)
+            endpoints, ca, cert, key, netns = ",".join(acc.endpoints), acc.ca, acc.cert, acc.key, acc.netns
+        client = EtcdClient(list(endpoint_list(endpoints)), ca=ca, cert=cert, key=key, netns=netns)
+        try:
+            cluster = Cluster(self.cluster_name)
+            kv = client.get(cluster_key(self.cluster_name))
+            if kv is not None:
+                rec = parse_record(kv, kv.key)
+                if isinstance(rec, dict):
+                    cluster = records.parse_cluster({k: rec[k] for k in ("name", "id") if k in rec}, kv.key)
+            return EtcdBackend(client, cluster).load_once()
+        finally:
+            client.close()
+
+    def _kube(self, node: str | None) -> Any:
+        from meshctl.backends.kube.backend import backend_from_options
+
+        be = backend_from_options(self.kubeconfig, self.api_server, node or "meshctl")
+        try:
+            return be.snapshot()
+        finally:
+            be.close()
 
 
 def _load_remotes(local: Topology, paths: tuple[str, ...]) -> list[Remote]:
@@ -31,7 +135,7 @@ def _load_remotes(local: Topology, paths: tuple[str, ...]) -> list[Remote]:
 
 
 @click.command()
-@_file
+@_source_options
 @click.option("--node", required=True, help="The node whose plan to print.")
 @click.option("--granularity", type=click.Choice(GRANULARITIES), help="Override the file's granularity.")
 @click.option("--remote", "remotes", multiple=True, type=click.Path(dir_okay=False),
@@ -39,15 +143,16 @@ def _load_remotes(local: Topology, paths: tuple[str, ...]) -> list[Remote]:
 @click.option("--path-state", "path_state", type=click.Path(dir_okay=False),
               help="Probe results (YAML: node -> the private rungs that deliver); without it every rung works.")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
-def plan(path: str, node: str, granularity: Granularity | None, remotes: tuple[str, ...], path_state: str | None,
-         output: str) -> None:
+def plan(node: str, granularity: Granularity | None, remotes: tuple[str, ...], path_state: str | None,
+         output: str, **source: Any) -> None:
     """Print one node's WireGuard peers, routes and fast-path entries."""
     from meshctl.backends.file import load_yaml
     from meshctl.mesh.records import parse_path_state
 
-    topo = load_topology(path)
+    src = Source(**source)
+    topo = src.load(node)
     if topo.node(node) is None:
-        raise InputError("--node", node, f"is not a node in {Path(path).name}")
+        raise InputError("--node", node, f"is not a node in {src.name}")
     state = None
     if path_state is not None:
         try:
@@ -62,15 +167,16 @@ def plan(path: str, node: str, granularity: Granularity | None, remotes: tuple[s
 
 
 @click.command()
-@_file
+@_source_options
 @click.option("--granularity", type=click.Choice(GRANULARITIES), help="Override the file's granularity.")
 @click.option("--render", "render_to", type=click.Path(dir_okay=False),
               help="Render with Graphviz to this file (format from its suffix: svg, png, pdf).")
-def graph(path: str, granularity: Granularity | None, render_to: str | None) -> None:
-    """Print the mesh as Graphviz DOT (solid: WireGuard, dotted: direct private pairs)."""
+def graph(granularity: Granularity | None, render_to: str | None, **source: Any) -> None:
+    """Print the mesh as Graphviz DOT (solid: WireGuard, dotted: direct private pairs, dashed: a
+    location's members to its leader)."""
     from dataclasses import replace
 
-    topo = load_topology(path)
+    topo = Source(**source).load()
     if granularity:
         topo = replace(topo, mesh=replace(topo.mesh, granularity=granularity))
     dot = graph_dot(topo)
@@ -86,19 +192,51 @@ def graph(path: str, granularity: Granularity | None, render_to: str | None) -> 
     click.echo(f"wrote {render_to}")
 
 
+def _cidrs(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[IPNetwork, ...]:
+    return fields.cidr_list(value, "--allowed-ips") if value else ()
+
+
 @click.command()
-@_file
+@_source_options
 @click.argument("kind", type=click.Choice(["node", "peer"]))
 @click.argument("name")
-def showconf(path: str, kind: str, name: str) -> None:
-    """Print the wg-quick config of a node, or the config a peer uses to join the mesh."""
-    topo = load_topology(path)
-    if kind == "node":
-        if topo.node(name) is None:
-            raise InputError("node", name, f"is not a node in {Path(path).name}")
-        click.echo(showconf_node(topo, plan_node(topo, name)), nl=False)
+@click.option("-o", "--output", default="wireguard", show_default=True, type=click.Choice(SHOWCONF_FORMATS),
+              help="wireguard: what `wg setconf` reads; wg-quick: with Address lines; json, yaml.")
+@click.option("--as-peer", is_flag=True, help="Print NAME as a peer of others (with -o yaml|json: a Peer "
+              "resource another cluster can apply).")
+@click.option("--allowed-ips", default=None, callback=_cidrs,
+              help="With --as-peer: comma-separated CIDRs added to the peer's allowed IPs (e.g. the service CIDR).")
+@click.option("--api-version", default="meshctl.io/v1alpha1", show_default=True,
+              type=click.Choice(["meshctl.io/v1alpha1", "kilo.squat.ai/v1alpha1"]),
+              help="With --as-peer -o yaml|json: the Peer resource's group.")
+def showconf(kind: str, name: str, output: str, as_peer: bool, allowed_ips: tuple[IPNetwork, ...], api_version: str,
+             **source: Any) -> None:
+    """Print the WireGuard config of a node, or the config a peer uses to join the mesh; with
+    --as-peer, the node or peer as others must know it (Kilo's `kgctl showconf`)."""
+    src = Source(**source)
+    topo = src.load(name if kind == "node" else None)
+    if kind == "node" and topo.node(name) is None:
+        raise InputError("node", name, f"is not a node in {src.name}")
+    if allowed_ips and not as_peer:
+        raise InputError("--allowed-ips", ",".join(map(str, allowed_ips)), "needs --as-peer")
+    if as_peer:
+        p = node_as_peer(topo, name, allowed_ips) if kind == "node" else peer_as_peer(topo, name, allowed_ips)
+        if output in ("json", "yaml"):
+            # Another cluster's Peer: named after this cluster and the segment leader, so it can
+            # never read as one of that cluster's nodes, and every member of a segment gives one object.
+            res = peer_resource(p, api_version, f"{topo.cluster.name}-{p.name}" if kind == "node" else None)
+            click.echo(json.dumps(res, indent=2) if output == "json" else yaml.safe_dump(res, sort_keys=False),
+                       nl=output == "json")
+        else:
+            click.echo(peer_text(p), nl=False)
+        return
+    conf = node_conf(topo, plan_node(topo, name)) if kind == "node" else peer_conf(topo, name)
+    if output == "json":
+        click.echo(json.dumps(conf_dict(conf), indent=2))
+    elif output == "yaml":
+        click.echo(yaml.safe_dump(conf_dict(conf), sort_keys=False), nl=False)
     else:
-        click.echo(showconf_peer(topo, name), nl=False)
+        click.echo(conf_text(conf, output), nl=False)
 
 
 COMMANDS: list[click.Command] = [plan, graph, showconf]

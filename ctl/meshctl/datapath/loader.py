@@ -139,9 +139,14 @@ def used_clsact(pin_dir: str) -> bool:
 
 
 def object_key() -> str:
-    """The compiled-object cache key of these sources (meshctl.datapath.objcache)."""
+    """The compiled-object cache key (meshctl.datapath.objcache): every source and header, and the
+    load-time settings except the pin directory, which the bytecode does not depend on (maps reach
+    the instructions as descriptors)."""
     d = bpf_dir()
-    return objcache.cache_key([(d / SOURCE).read_bytes(), (d / HEADER).read_bytes()])
+    settings = [f for f in layout.cflags("") if not f.startswith("-DMC_PIN_DIR=")]
+    files = sorted(f for f in d.rglob("*") if f.suffix in (".c", ".h"))
+    return objcache.cache_key(["\0".join(settings).encode(),
+                               *(str(f.relative_to(d)).encode() + b"\0" + f.read_bytes() for f in files)])
 
 
 def _compile_and_pin(pin_dir: str) -> None:

@@ -28,12 +28,12 @@ from typing import Any
 
 from meshctl import defaults
 from meshctl.backends.etcd import write_topology
-from meshctl.errors import MeshError
+from meshctl.errors import InputError, MeshError
 from meshctl.lab import fabric, netns, pki
 from meshctl.lab import state as labstate
 from meshctl.lab.etcd_process import EtcdServer, stop_pid, stop_pids
 from meshctl.lab.spec import PUBLIC_NET, LabSpec
-from meshctl.mesh.model import Node, Topology
+from meshctl.mesh.model import IPNetwork, Topology
 
 Progress = Callable[[str], None]
 METRICS_ADDR = defaults.METRICS_ADDR
@@ -49,8 +49,9 @@ def node_ns(prefix: str, spec: LabSpec, cluster: str, node: str) -> str:
     return f"{prefix}{cluster}-{node}" if spec.multi else f"{prefix}{node}"
 
 
-def pod_ip(topo_node: Node, k: int) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    return topo_node.pod_cidr.network_address + 2 + k
+def pod_ip(pod_cidr: IPNetwork, k: int) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """The address of pod `k` of a node (its pod CIDR's third address onwards)."""
+    return pod_cidr.network_address + 2 + k
 
 
 def up(spec: LabSpec, *, prefix: str | None = None, progress: Progress = _quiet, wait: float = 60.0,
@@ -191,18 +192,7 @@ def _node(spec: LabSpec, st: dict[str, Any], cst: dict[str, Any], topo: Topology
         netns.enslave(fab, f"n{idx}p", f"bpriv{subnets.index(n.internal_ip.network)}")
         node_args = fabric.node_address(ns, "priv", n.internal_ip, spec.options.fabrics)
     netns.sysctl(ns, "net.ipv4.ip_forward", "1")
-    pods = []
-    for k in range(spec.options.pods_per_node):
-        pns = _ns(st, f"{ns}-p{k}")
-        ip = pod_ip(n, k)
-        host_if = f"pod{k}"
-        netns.veth(ns, host_if, pns, "eth0")
-        netns.addr(ns, host_if, f"{POD_GW}/32")  # the pod's gateway answers ARP on every pod veth
-        netns.run(ns, ["ip", "route", "add", f"{ip}/32", "dev", host_if])
-        netns.addr(pns, "eth0", f"{ip}/32")
-        netns.run(pns, ["ip", "route", "add", POD_GW, "dev", "eth0", "scope", "link"])
-        netns.run(pns, ["ip", "route", "add", "default", "via", POD_GW, "dev", "eth0"])
-        pods.append({"netns": pns, "ip": str(ip), "host_if": host_if})
+    pods = [_pod(st, ns, n.pod_cidr, k) for k in range(spec.options.pods_per_node)]
     nd = Path(st["dir"]) / "nodes" / (f"{topo.cluster.name}-{n.name}" if spec.multi else n.name)
     cst["nodes"].append({
         "name": n.name, "netns": ns, "location": n.location, "pod_cidr": str(n.pod_cidr),
@@ -216,6 +206,53 @@ def _node(spec: LabSpec, st: dict[str, Any], cst: dict[str, Any], topo: Topology
     labstate.save(st)
 
 
+def _pod(st: dict[str, Any], ns: str, pod_cidr: IPNetwork, k: int) -> dict[str, Any]:
+    """Pod `k` of node namespace `ns`, wired as a routed CNI (Calico, ptp) does: a veth whose host
+    end `pod<k>` holds the gateway address and a /32 route to the pod's address. The route comes
+    last, so the moment it exists the pod can be reached (what the agent's pod watcher keys on)."""
+    pns = _ns(st, f"{ns}-p{k}")
+    ip = pod_ip(pod_cidr, k)
+    host_if = f"pod{k}"
+    netns.veth(ns, host_if, pns, "eth0")
+    netns.addr(ns, host_if, f"{POD_GW}/32")  # the pod's gateway answers ARP on every pod veth
+    netns.addr(pns, "eth0", f"{ip}/32")
+    netns.run(pns, ["ip", "route", "add", POD_GW, "dev", "eth0", "scope", "link"])
+    netns.run(pns, ["ip", "route", "add", "default", "via", POD_GW, "dev", "eth0"])
+    netns.run(ns, ["ip", "route", "add", f"{ip}/32", "dev", host_if])
+    return {"netns": pns, "ip": str(ip), "host_if": host_if}
+
+
+def add_pod(name: str | None, node: str, cluster: str | None = None) -> dict[str, Any]:
+    """A new pod on a running lab's node (`meshctl lab pod add`): the agents find it by themselves."""
+    st = labstate.resolve(name)
+    for c in st["clusters"]:
+        for n in c["nodes"]:
+            if n["name"] == node and cluster in (None, c["name"]):
+                k = max((int(p["host_if"].removeprefix("pod")) for p in n["pods"]), default=-1) + 1
+                if k >= 250:
+                    raise MeshError(f"node {node} has no room for another pod")
+                pod = _pod(st, n["netns"], ipaddress.ip_network(n["pod_cidr"]), k)
+                n["pods"].append(pod)
+                labstate.save(st)
+                return pod
+    raise InputError("--node", node, "is not a node of the lab")
+
+
+def remove_pod(name: str | None, node: str, ip: str) -> None:
+    """Take a pod away (its namespace and veth go, and with them the route)."""
+    st = labstate.resolve(name)
+    for c in st["clusters"]:
+        for n in c["nodes"]:
+            for p in list(n["pods"]):
+                if n["name"] == node and p["ip"] == ip:
+                    netns.delete(p["netns"])
+                    n["pods"].remove(p)
+                    st["namespaces"] = [x for x in st["namespaces"] if x != p["netns"]]
+                    labstate.save(st)
+                    return
+    raise InputError("--ip", ip, f"is not a pod of lab node {node}")
+
+
 # --- agents ------------------------------------------------------------------------------------
 
 
@@ -224,7 +261,7 @@ def agent_argv(st: dict[str, Any], cst: dict[str, Any], node: dict[str, Any]) ->
     argv = [
         sys.executable, "-m", "meshctl.cli", "agent", "--node-name", node["name"], "--pod-cidr", node["pod_cidr"],
         "--public-interface", node["public_interface"], "--state-dir", node["state_dir"],
-        "--wg-run-dir", node["wg_run_dir"], "--pod-interfaces", "pod*", "--metrics-addr", node["metrics_addr"],
+        "--wg-run-dir", node["wg_run_dir"], "--metrics-addr", node["metrics_addr"],
         "--backend", "etcd", "--etcd-endpoints", ",".join(e["endpoints"]), "--etcd-ca", e["ca"],
         "--etcd-cert", e["cert"], "--etcd-key", e["key"], "--cluster-name", cst["name"],
         "--cluster-id", str(cst["id"]), "--bpf-pin-root", f"{st['pin_root']}/{cst['name']}",

@@ -157,6 +157,35 @@ def lab_status(lab_name: str | None, output: str) -> None:
                "node's run dir)")
 
 
+@lab_group.group("pod")
+def pod_group() -> None:
+    """Pods of a running lab: add one (the agents find its interface by themselves) or remove one."""
+
+
+@pod_group.command("add")
+@click.option("--lab", "lab_name", default=None)
+@click.option("--node", required=True, help="The lab node the pod runs on.")
+@click.option("--cluster", default=None, help="The node's cluster (labs with several).")
+def pod_add(lab_name: str | None, node: str, cluster: str | None) -> None:
+    from meshctl.lab import build
+
+    _require_root()
+    pod = build.add_pod(lab_name, node, cluster)
+    click.echo(f"pod {pod['ip']} on {node} ({pod['host_if']}, namespace {pod['netns']})")
+
+
+@pod_group.command("remove")
+@click.option("--lab", "lab_name", default=None)
+@click.option("--node", required=True)
+@click.option("--ip", required=True, help="The pod's address.")
+def pod_remove(lab_name: str | None, node: str, ip: str) -> None:
+    from meshctl.lab import build
+
+    _require_root()
+    build.remove_pod(lab_name, node, ip)
+    click.echo(f"removed pod {ip} from {node}")
+
+
 def _require_root() -> None:
     import os
 

@@ -14,7 +14,10 @@ on, so a client that works here works against kube-apiserver:
   delete` directives, lists replace) and JSON patch (RFC 6902); a patch or update carrying a stale
   metadata.resourceVersion gets 409 Conflict;
 - built-in Nodes, Namespaces, ConfigMaps and Events; a CustomResourceDefinition that is created
-  registers its resource (so the Peer CRD of manifests/ is exercised, not assumed).
+  registers its resource (so the Peer CRD of manifests/ is exercised, not assumed), and its
+  custom objects are pruned and validated against the version's openAPIV3Schema as kube-apiserver
+  does: undeclared fields dropped (unless `x-kubernetes-preserve-unknown-fields`), type, required,
+  pattern, range, length and item-count violations answered with 422 Invalid naming each field.
 
 There is no authentication, no TLS and no admission: it binds where it is told (tests use
 127.0.0.1 or an address inside a lab namespace). `python -m meshctl.lab.kube_apiserver --listen ADDR`
@@ -60,6 +63,7 @@ BUILTIN = (
     ResourceType("", "v1", "Node", "nodes", False),
     ResourceType("", "v1", "Namespace", "namespaces", False),
     ResourceType("", "v1", "ConfigMap", "configmaps", True),
+    ResourceType("", "v1", "Secret", "secrets", True),
     ResourceType("", "v1", "Event", "events", True),
     ResourceType("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", False),
 )
@@ -244,6 +248,87 @@ class _Event:
     obj: JSON
 
 
+_TYPES: dict[str, tuple[type, ...]] = {"object": (dict,), "array": (list,), "string": (str,),
+                                        "integer": (int,), "number": (int, float), "boolean": (bool,)}
+
+
+def prune(value: Any, schema: JSON) -> Any:
+    """Drop the fields a structural schema does not declare (kube-apiserver's pruning), except under
+    `x-kubernetes-preserve-unknown-fields: true` or `additionalProperties`."""
+    if isinstance(value, dict) and schema.get("type", "object") == "object":
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        keep_all = schema.get("x-kubernetes-preserve-unknown-fields") is True
+        out = {}
+        for k, v in value.items():
+            if props is not None and k in props:
+                out[k] = prune(v, props[k])
+            elif isinstance(extra, dict):
+                out[k] = prune(v, extra)
+            elif keep_all or (props is None and extra is None and schema.get("type") is None):
+                out[k] = v
+        return out
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [prune(v, schema["items"]) for v in value]
+    return value
+
+
+def _json_type(value: Any) -> str:
+    for name, types in (("boolean", (bool,)), ("integer", (int,)), ("number", (float,)), ("string", (str,)),
+                        ("object", (dict,)), ("array", (list,))):
+        if isinstance(value, types):
+            return name
+    return "null"
+
+
+def validate(value: Any, schema: JSON, path: str, *, root: bool = False) -> list[str]:
+    """Every violation of `schema` in `value`, worded as kube-apiserver words them
+    (`spec.port: Invalid value: 70000: spec.port in body should be less than or equal to 65535`)."""
+    out: list[str] = []
+    want = schema.get("type")
+    if want and value is not None:
+        ok = isinstance(value, _TYPES.get(want, (object,))) and not (want in ("integer", "number")
+                                                                     and isinstance(value, bool))
+        if not ok:
+            got = _json_type(value)
+            return [f'{path}: Invalid value: "{got}": {path} in body must be of type {want}: "{got}"']
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        for req in schema.get("required") or []:
+            if req not in value:
+                out.append(f"{path + '.' if path else ''}{req}: Required value")
+        for k, v in value.items():
+            if root and k in ("apiVersion", "kind", "metadata"):
+                continue
+            sub = props.get(k) or (schema["additionalProperties"] if isinstance(schema.get("additionalProperties"),
+                                                                                 dict) else None)
+            if sub is not None:
+                out += validate(v, sub, f"{path + '.' if path else ''}{k}")
+    elif isinstance(value, list):
+        if "minItems" in schema and len(value) < schema["minItems"]:
+            out.append(f"{path}: Invalid value: {len(value)}: {path} in body should have at least "
+                       f"{schema['minItems']} items")
+        if isinstance(schema.get("items"), dict):
+            for i, v in enumerate(value):
+                out += validate(v, schema["items"], f"{path}[{i}]")
+    elif isinstance(value, str):
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            out.append(f"{path}: Too long: may not be longer than {schema['maxLength']}")
+        if "pattern" in schema and not re.search(schema["pattern"], value):
+            out.append(f'{path}: Invalid value: {json.dumps(value)}: {path} in body should match '
+                       f"'{schema['pattern']}'")
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            out.append(f"{path}: Invalid value: {value}: {path} in body should be greater than or equal to "
+                       f"{schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            out.append(f"{path}: Invalid value: {value}: {path} in body should be less than or equal to "
+                       f"{schema['maximum']}")
+    if "enum" in schema and value not in schema["enum"]:
+        out.append(f"{path}: Unsupported value: {json.dumps(value)}")
+    return out
+
+
 class Store:
     """Objects by (resource type, namespace, name), one revision counter and a bounded event
     history: a watch can resume from any version still in the history and gets 410 Gone for an
@@ -253,6 +338,8 @@ class Store:
         self.cond = threading.Condition()
         self.rv = 0
         self.types: dict[tuple[str, str, str], ResourceType] = {}
+        # openAPIV3Schema per custom resource: objects are pruned and validated against it.
+        self.schemas: dict[ResourceType, JSON] = {}
         self.objects: dict[tuple[ResourceType, str, str], JSON] = {}
         self.events: deque[_Event] = deque(maxlen=history)
         self.compacted = 0  # versions <= this one may be missing from the history
@@ -284,8 +371,31 @@ class Store:
         if crd["metadata"]["name"] != f"{names['plural']}.{spec['group']}":
             raise ApiFailure(422, "Invalid", f"metadata.name must be {names['plural']}.{spec['group']}")
         namespaced = spec.get("scope", "Namespaced") == "Namespaced"
-        return [ResourceType(spec["group"], v["name"], names["kind"], names["plural"], namespaced)
-                for v in spec.get("versions") or [] if v.get("served", True)]
+        out = []
+        for v in spec.get("versions") or []:
+            if v.get("served", True):
+                rt = ResourceType(spec["group"], v["name"], names["kind"], names["plural"], namespaced)
+                schema = (v.get("schema") or {}).get("openAPIV3Schema")
+                if schema:
+                    self.schemas[rt] = schema
+                out.append(rt)
+        return out
+
+    def _admit(self, rt: ResourceType, obj: JSON) -> JSON:
+        """A custom object as a real API server stores it: unknown fields pruned (unless the schema
+        preserves them), then validated; any violation is a 422 Invalid naming every field."""
+        schema = self.schemas.get(rt)
+        if schema is None:
+            return obj
+        meta = obj.get("metadata")
+        out: JSON = prune(obj, schema)
+        out["apiVersion"], out["kind"], out["metadata"] = obj.get("apiVersion"), obj.get("kind"), meta
+        causes = validate(out, schema, "", root=True)
+        if causes:
+            name = (meta or {}).get("name", "")
+            detail = causes[0] if len(causes) == 1 else "[" + ", ".join(causes) + "]"
+            raise ApiFailure(422, "Invalid", f'{rt.kind}.{rt.group} "{name}" is invalid: {detail}')
+        return out
 
     # writes (callers hold no lock)
 
@@ -320,6 +430,8 @@ class Store:
             meta.pop("namespace", None)
         obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
         with self.cond:
+            obj = self._admit(rt, obj)
+            meta = obj["metadata"]
             if rt.namespaced and (self.types[("", "v1", "namespaces")], "", ns) not in self.objects:
                 raise ApiFailure(404, "NotFound", f'namespaces "{ns}" not found')
             key = (rt, ns if rt.namespaced else "", name)
@@ -365,6 +477,7 @@ class Store:
             else:
                 meta.pop(k, None)
         new["apiVersion"], new["kind"] = rt.api_version, rt.kind
+        new = self._admit(rt, new)
         if new == old:
             return copy.deepcopy(old)
         self._bump(new)

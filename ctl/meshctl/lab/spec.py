@@ -20,7 +20,12 @@ from meshctl.lab.fabric import Fabric, check_nodes, parse_fabrics
 from meshctl.mesh.model import IPNetwork, Topology
 from meshctl.mesh.records import parse_topology
 
-_PLACEHOLDER_KEY = base64.b64encode(bytes(32)).decode()
+
+def _placeholder_key(i: int) -> str:
+    """A distinct stand-in key per node (agents make the real ones; admission refuses shared keys)."""
+    return base64.b64encode((i + 1).to_bytes(32, "big")).decode()
+
+
 LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend", "fabrics")
 
 PUBLIC_NET = ipaddress.ip_network("198.51.100.0/24")
@@ -61,10 +66,10 @@ def _topology(doc: Any, path: str) -> Topology:
     nodes = doc.get("nodes") or []
     if isinstance(nodes, list):
         fixed = []
-        for n in nodes:
+        for i, n in enumerate(nodes):
             if isinstance(n, dict):
                 n = dict(n)
-                n["public_key"] = _PLACEHOLDER_KEY
+                n["public_key"] = _placeholder_key(i)
                 n.pop("endpoint", None)
             fixed.append(n)
         doc["nodes"] = fixed

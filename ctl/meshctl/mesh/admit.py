@@ -27,6 +27,10 @@ class Claims:
     overlaps this network?" in O(log n), so admitting 10,000 records stays fast."""
 
     def __init__(self) -> None:
+        # Identities next to the addresses: a public key names exactly one WireGuard peer, and a
+        # peer's name must not read as a node's (plans, graphs and showconf name both alike).
+        self.keys: dict[str, str] = {}
+        self.node_names: set[str] = set()
         self._starts: list[tuple[int, int]] = []
         # (version, first, last, owner): an owner is a description, or a (prefix, node) pair
         # described only when someone conflicts with it (formatting 5,000 addresses is not free).
@@ -47,6 +51,19 @@ class Claims:
                         return f"{prefix}{node.qualified_name}'s pod CIDR {node.pod_cidr}"
                     return owner
         return None
+
+    def key_taken(self, key: str, where: str) -> str | None:
+        """The rejection line when `key` already belongs to an admitted node or peer, else None."""
+        owner = self.keys.get(key)
+        return None if owner is None else f"{where}.public_key: {key!r} is already the key of {owner}"
+
+    def add_peer(self, peer: Peer, kind: str) -> None:
+        """Claim an admitted peer's allowed IPs and key (owners read `<kind> laptop's ...`). Claims
+        stay disjoint: the peer's widest networks first, the ones inside them add nothing."""
+        for a in sorted(peer.allowed_ips, key=lambda a: a.prefixlen):
+            if self.conflict(a) is None:
+                self.add(a, f"{kind} {peer.name}'s allowed IPs {a}")
+        self.keys[peer.public_key] = f"{kind} {peer.name}"
 
     def add(self, net: IPNetwork | Span, owner: str | tuple[str, Node]) -> None:
         version, first, last = net if isinstance(net, tuple) else span(net)
@@ -94,12 +111,19 @@ def admit_nodes(
         if owner is not None:
             rejected.append(Rejection(n.qualified_name, f"{where}.pod_cidr: {str(n.pod_cidr)!r} overlaps {owner}"))
             continue
+        taken = claims.key_taken(n.public_key, where)
+        if taken:
+            rejected.append(Rejection(n.qualified_name, taken))
+            continue
         if n.internal_ip is not None and n.internal_ip.ip in internal_ips:
             rejected.append(Rejection(n.qualified_name, f"{where}.internal_ip: {str(n.internal_ip)!r} is already "
                                       f"used by {internal_ips[n.internal_ip.ip]}"))
             continue
         names.add(n.name)
         claims.add(pod, ("", n))
+        claims.keys[n.public_key] = f"node {n.qualified_name}"
+        if not n.cluster:
+            claims.node_names.add(n.name)
         if n.internal_ip is not None:
             internal_ips[n.internal_ip.ip] = n.qualified_name
         admitted.append(n)
@@ -107,13 +131,22 @@ def admit_nodes(
 
 
 def admit_peers(peers: Sequence[Peer], claims: Claims, label: str = "peers") -> tuple[list[Peer], list[Rejection]]:
-    """Reject extra peers whose names repeat or whose allowed IPs overlap a pod CIDR."""
+    """Reject extra peers whose names repeat or are a node's, whose key is a node's or another
+    peer's, or whose allowed IPs overlap a pod CIDR or an earlier peer's (WireGuard would route
+    the shared addresses to only one of them). Admitted peers' addresses and keys join `claims`."""
     names: set[str] = set()
     admitted: list[Peer] = []
     rejected: list[Rejection] = []
     for i, p in enumerate(peers):
         if p.name in names:
             rejected.append(Rejection(p.name, f"{label}[{i}].name: {p.name!r} is a duplicate peer name"))
+            continue
+        if p.name in claims.node_names:
+            rejected.append(Rejection(p.name, f"{label}[{i}].name: {p.name!r} is the name of a node"))
+            continue
+        taken = claims.key_taken(p.public_key, f"{label}[{i}]")
+        if taken:
+            rejected.append(Rejection(p.name, taken))
             continue
         bad = None
         for j, a in enumerate(p.allowed_ips):
@@ -125,8 +158,19 @@ def admit_peers(peers: Sequence[Peer], claims: Claims, label: str = "peers") -> 
             rejected.append(bad)
             continue
         names.add(p.name)
+        claims.add_peer(p, "peer")
         admitted.append(p)
     return admitted, rejected
+
+
+def admit_local(topo: Topology) -> tuple[Topology, list[Rejection]]:
+    """One cluster's records as its store holds them (nodes older first, then peers) to the
+    topology a plan may use, and the rejections: what every agent and `meshctl plan --backend`
+    decide alike."""
+    claims = Claims()
+    nodes, rejected = admit_nodes(topo.nodes, topo.mesh.subnet, claims=claims)
+    peers, rejected_peers = admit_peers(topo.peers, claims)
+    return replace(topo, nodes=tuple(nodes), peers=tuple(peers)), [*rejected, *rejected_peers]
 
 
 def as_remote(topo: Topology) -> Topology:
@@ -150,13 +194,19 @@ def _admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[R
     A whole cluster is refused when its name or id collides with the local one or an earlier
     remote's. A record is rejected when its pod CIDR overlaps a local pod CIDR, the local
     WireGuard subnet or another cluster's records; when its segment's WireGuard address overlaps
-    them; or when its internal address is a local node's. Sharing a private subnet is fine."""
+    them; when it overlaps a local peer's allowed IPs; when its public key is already a local node's,
+    a local peer's or an earlier record's; or when its internal address is a local node's. Sharing
+    a private subnet is fine."""
     claims = Claims()
     internal: dict[object, str] = {}
     for n in local.nodes:
         claims.add(n.pod_span, ("local node ", n))
+        claims.keys[n.public_key] = f"local node {n.name}"
         if n.internal_ip is not None:
             internal[n.internal_ip.ip] = f"local node {n.name}"
+    for p in local.peers:
+        # A remote node routed over addresses a local peer holds would take that peer's traffic.
+        claims.add_peer(p, "local peer")
     claims.add(local.mesh.subnet, f"the local WireGuard subnet {local.mesh.subnet}")
     ids = {local.cluster.id: local.cluster.name}
     out: list[Remote] = []

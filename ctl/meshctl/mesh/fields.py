@@ -19,6 +19,7 @@ from meshctl.mesh.model import (
     Granularity,
     IPInterface,
     IPNetwork,
+    KeyRef,
 )
 
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -26,6 +27,11 @@ _CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$")
 _LOCATION = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL = r"[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*\.?$")
+
+
+def is_digits(value: Any) -> bool:
+    """A non-empty string of ASCII digits (`str.isdigit` also accepts '²', which `int` refuses)."""
+    return isinstance(value, str) and value.isascii() and value.isdigit()
 
 
 def node_name(value: Any, path: str) -> str:
@@ -94,7 +100,7 @@ def interface(value: Any, path: str) -> IPInterface:
 
 
 def port(value: Any, path: str) -> int:
-    if isinstance(value, str) and value.isdigit():
+    if is_digits(value):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
         raise InputError(path, value, "is not a port in 1..65535")
@@ -162,7 +168,7 @@ def _redact(value: Any) -> Any:
 def keepalive(value: Any, path: str) -> int:
     if value is None:
         return 0
-    if isinstance(value, str) and value.isdigit():
+    if is_digits(value):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
         raise InputError(path, value, "is not a keepalive in seconds (0..65535)")
@@ -197,3 +203,26 @@ def no_unknown_fields(d: Mapping[str, Any], known: Iterable[str], path: str) -> 
     for k in d:
         if k not in known:
             raise InputError(f"{path}.{k}" if path else str(k), d[k], "is not a known field")
+
+
+def key_file(value: Any, path: str) -> KeyRef:
+    """A pre-shared key's file on the node: an absolute path (the key stays in the file)."""
+    if not isinstance(value, str) or not value.startswith("/") or "\n" in value:
+        raise InputError(path, value, "is not an absolute path of a key file")
+    return KeyRef("file", value)
+
+
+def secret_key_ref(value: Any, path: str) -> KeyRef:
+    """`{secretKeyRef: {name, key}}`: a key of a Secret in the agent's namespace. A string here is
+    a key written into the spec (Kilo's form): refused, and never repeated in the error."""
+    if isinstance(value, str):
+        raise InputError(path, "(hidden)", "is a key written in the spec: keep it in a Secret and give "
+                         "{secretKeyRef: {name, key}}")
+    ref = value.get("secretKeyRef") if isinstance(value, Mapping) else None
+    if not isinstance(ref, Mapping):
+        raise InputError(path, value, "is not {secretKeyRef: {name, key}}")
+    name = node_name(ref.get("name"), f"{path}.secretKeyRef.name")
+    key = ref.get("key")
+    if not isinstance(key, str) or not re.fullmatch(r"[-._A-Za-z0-9]{1,253}", key):
+        raise InputError(f"{path}.secretKeyRef.key", key, "is not a Secret key name")
+    return KeyRef("secret", name, key)

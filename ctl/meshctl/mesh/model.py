@@ -152,6 +152,20 @@ _NODE_FIELDS = tuple(f for f in Node.__dataclass_fields__)
 
 
 @dataclass(frozen=True)
+class KeyRef:
+    """Where a secret key is kept, never the key: a key of a Kubernetes Secret (`secret`, in the
+    agent's namespace) or a file on the node (`file`, mode 0600). Records, plans and status carry
+    this; the WireGuard step reads the key only to hand it to the device."""
+
+    source: Literal["secret", "file"]
+    name: str
+    key: str = ""
+
+    def __str__(self) -> str:
+        return f"secret {self.name} key {self.key}" if self.source == "secret" else f"file {self.name}"
+
+
+@dataclass(frozen=True)
 class Peer:
     """A WireGuard peer that is not a node: a laptop, a VPN gateway."""
 
@@ -160,6 +174,7 @@ class Peer:
     allowed_ips: tuple[IPNetwork, ...]
     endpoint: Endpoint | None = None
     persistent_keepalive: int | None = None
+    preshared_key: KeyRef | None = None
 
 
 @dataclass(frozen=True)

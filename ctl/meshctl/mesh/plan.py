@@ -23,6 +23,7 @@ from meshctl.mesh.model import (
     IPAddress,
     IPInterface,
     IPNetwork,
+    KeyRef,
     Node,
     PathState,
     Rung,
@@ -64,6 +65,7 @@ class PeerPlan:
     endpoint: str | None
     allowed_ips: tuple[IPNetwork, ...]
     persistent_keepalive: int
+    preshared_key: KeyRef | None = None  # where the key is (extra peers only); never the key
 
 
 @dataclass(frozen=True)
@@ -207,9 +209,10 @@ class _Builder:
             self.encaps.setdefault(dst, Encap(kind, me.internal_ip.ip, to.internal_ip.ip))
 
     def peer(self, name: str, kind: PeerKind, key: str, endpoint: Endpoint | str | None,
-             allowed: list[IPNetwork], keepalive: int) -> None:
+             allowed: list[IPNetwork], keepalive: int, psk: KeyRef | None = None) -> None:
         uniq = sorted(set(allowed), key=sort_key_net)
-        self.peers.append(PeerPlan(name, kind, key, str(endpoint) if endpoint else None, tuple(uniq), keepalive))
+        self.peers.append(PeerPlan(name, kind, key, str(endpoint) if endpoint else None, tuple(uniq), keepalive,
+                                   psk))
 
 
 def segment_addresses(members: Sequence[Node], wg: IPInterface | None, exclude_internal_of: Node | None
@@ -393,7 +396,7 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
     leader_ip = my_seg.leader.internal_ip.ip if my_seg.leader.internal_ip is not None else None
     for p in sorted(topo.peers, key=lambda p: p.name):
         if leads:
-            b.peer(p.name, "peer", p.public_key, p.endpoint, list(p.allowed_ips), keepalive)
+            b.peer(p.name, "peer", p.public_key, p.endpoint, list(p.allowed_ips), keepalive, p.preshared_key)
         for a in p.allowed_ips:
             b.route(a, None if leads else leader_ip, "wireguard" if leads else "private")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshctl.errors import InputError
+from meshctl.errors import MISSING, InputError
 from meshctl.mesh import admit
 from meshctl.mesh.fields import (
     boolean,
@@ -22,6 +22,7 @@ from meshctl.mesh.fields import (
     granularity,
     interface,
     keepalive,
+    key_file,
     location,
     mapping,
     network,
@@ -56,11 +57,11 @@ def parse_node(d: Any, path: str, *, cluster: str = "", default_port: int | None
     no_unknown_fields(d, NODE_FIELDS, path)
     p = f"{path}." if path else ""
     if "name" not in d:
-        raise InputError(f"{p}name", None, "is required")
+        raise InputError(f"{p}name", MISSING, "is required")
     if "pod_cidr" not in d:
-        raise InputError(f"{p}pod_cidr", None, "is required")
+        raise InputError(f"{p}pod_cidr", MISSING, "is required")
     if "public_key" not in d:
-        raise InputError(f"{p}public_key", None, "is required")
+        raise InputError(f"{p}public_key", MISSING, "is required")
     return Node(
         name=node_name(d["name"], f"{p}name"),
         location=location(d.get("location"), f"{p}location"),
@@ -96,7 +97,7 @@ def node_to_record(n: Node) -> dict[str, Any]:
     return rec
 
 
-PEER_FIELDS = ("name", "public_key", "allowed_ips", "endpoint", "persistent_keepalive")
+PEER_FIELDS = ("name", "public_key", "allowed_ips", "endpoint", "persistent_keepalive", "preshared_key_file")
 
 
 def parse_peer(d: Any, path: str) -> Peer:
@@ -105,7 +106,7 @@ def parse_peer(d: Any, path: str) -> Peer:
     p = f"{path}."
     for req in ("name", "public_key", "allowed_ips"):
         if req not in d:
-            raise InputError(f"{p}{req}", None, "is required")
+            raise InputError(f"{p}{req}", MISSING, "is required")
     allowed = cidr_list(d["allowed_ips"], f"{p}allowed_ips")
     if not allowed:
         raise InputError(f"{p}allowed_ips", d["allowed_ips"], "is empty")
@@ -118,6 +119,8 @@ def parse_peer(d: Any, path: str) -> Peer:
             keepalive(d["persistent_keepalive"], f"{p}persistent_keepalive")
             if d.get("persistent_keepalive") is not None else None
         ),
+        preshared_key=key_file(d["preshared_key_file"], f"{p}preshared_key_file")
+        if d.get("preshared_key_file") is not None else None,
     )
 
 

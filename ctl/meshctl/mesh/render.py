@@ -3,10 +3,21 @@ wg-quick configs. Pure functions of the plan."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from meshctl.mesh.model import Node, Topology, private_neighbours, sort_key_net
+from meshctl.mesh.model import (
+    Endpoint,
+    IPInterface,
+    IPNetwork,
+    KeyRef,
+    Node,
+    Peer,
+    Topology,
+    private_neighbours,
+    sort_key_net,
+)
 from meshctl.mesh.plan import Encap, NodePlan, Remote, Segment, segments
 
 
@@ -24,6 +35,7 @@ def plan_to_json(p: NodePlan) -> dict[str, Any]:
                 "endpoint": x.endpoint,
                 "allowed_ips": [str(a) for a in x.allowed_ips],
                 "persistent_keepalive": x.persistent_keepalive,
+                **({"preshared_key": str(x.preshared_key)} if x.preshared_key else {}),
             }
             for x in p.peers
         ],
@@ -78,7 +90,10 @@ def _dot_id(s: str) -> str:
 
 def graph_dot(topo: Topology) -> str:
     """Graphviz DOT: one cluster subgraph per location; solid edges are WireGuard links (between
-    segment leaders, or between nodes in full/cross), dotted edges are direct private pairs."""
+    segment leaders, or between nodes in full/cross), dotted edges are direct private pairs, and in
+    location granularity dashed arrows go from each segment's leader to its members (their way
+    into the mesh), so no node looks cut off. The graph is labelled with the cluster and its
+    WireGuard subnet, and carries a legend of the three edge kinds."""
     from meshctl.mesh.plan import plan_node
 
     segs = segments(topo)
@@ -86,7 +101,9 @@ def graph_dot(topo: Topology) -> str:
     for s in segs:
         for m in s.members:
             wg_of[m.name] = s.wireguard_ip if m.name == s.leader.name else None
-    lines = [f"digraph {_dot_id(topo.cluster.name)} {{", "  graph [compound=true, rankdir=LR];",
+    title = f"cluster {topo.cluster.name} ({topo.mesh.granularity}): WireGuard subnet {topo.mesh.subnet}"
+    lines = [f"digraph {_dot_id(topo.cluster.name)} {{",
+             f"  graph [compound=true, rankdir=LR, labelloc=t, label={_dot_id(title)}];",
              "  node [shape=box, style=rounded, fontname=Helvetica, fontsize=10];", "  edge [dir=none];"]
     by_loc: dict[str, list] = {}
     for n in sorted(topo.nodes, key=lambda n: n.name):
@@ -123,54 +140,156 @@ def graph_dot(topo: Topology) -> str:
                     edges.add((a, b, "dotted"))
     for a, b, style in sorted(edges):
         lines.append(f"  {_dot_id(a)} -> {_dot_id(b)} [style={style}];")
-    lines.append("}")
+    if topo.mesh.granularity == "location":
+        for s in segs:
+            for m in s.members:
+                if m.name != s.leader.name:
+                    lines.append(f"  {_dot_id(s.leader.name)} -> {_dot_id(m.name)} [style=dashed, dir=forward];")
+    lines += ["  subgraph cluster_legend {", '    label="legend"; fontsize=9;',
+              '    node [shape=plaintext, fontsize=9, label=""];',
+              '    legend_wg_a -> legend_wg_b [style=solid, label="WireGuard"];',
+              '    legend_direct_a -> legend_direct_b [style=dotted, label="direct (private network)"];',
+              '    legend_leader_a -> legend_leader_b [style=dashed, dir=forward, label="leader to member"];',
+              "  }", "}"]
     return "\n".join(lines) + "\n"
 
 
 PRIVATE_KEY_PLACEHOLDER = "# PrivateKey = <kept on the node, never printed>"
+# The formats of `meshctl showconf -o`: `wireguard` is what `wg setconf` reads (Kilo's kgctl
+# default); `wg-quick` adds the Address lines wg-quick wants; json and yaml are for programs.
+SHOWCONF_FORMATS: tuple[str, ...] = ("wireguard", "wg-quick", "json", "yaml")
 
 
-def wg_quick(interface: Mapping[str, str | None], peers: Sequence[dict[str, Any]]) -> str:
-    """A wg-quick style config: [Interface] then one [Peer] a peer; None values are left out."""
-    out = ["[Interface]", PRIVATE_KEY_PLACEHOLDER]
-    out += [f"{k} = {v}" for k, v in interface.items() if v]
-    for p in peers:
-        out += ["", "[Peer]", f"# {p['name']}", f"PublicKey = {p['public_key']}"]
-        if p.get("endpoint"):
-            out.append(f"Endpoint = {p['endpoint']}")
-        out.append(f"AllowedIPs = {', '.join(map(str, p['allowed_ips']))}")
-        if p.get("persistent_keepalive"):
-            out.append(f"PersistentKeepalive = {p['persistent_keepalive']}")
-    return "\n".join(out) + "\n"
+@dataclass(frozen=True)
+class WgPeer:
+    """One [Peer] section. `preshared_key` is where the key comes from (a Secret reference), never
+    the key: showconf prints configs people paste and pipe."""
+
+    name: str
+    public_key: str
+    endpoint: Endpoint | None
+    allowed_ips: tuple[IPNetwork, ...]
+    persistent_keepalive: int | None = None
+    preshared_key: KeyRef | None = None
 
 
-def showconf_node(topo: Topology, plan: NodePlan) -> str:
-    iface = {"ListenPort": str(topo.mesh.port), "Address": str(plan.wireguard_ip) if plan.wireguard_ip else None}
-    peers = [{"name": p.name, "public_key": p.public_key, "endpoint": p.endpoint, "allowed_ips": p.allowed_ips,
-              "persistent_keepalive": p.persistent_keepalive} for p in plan.peers]
-    if plan.wireguard_ip is None:
-        iface["# Note"] = f"{plan.node} is not a segment leader: it reaches the mesh through {plan.leader}"
-    return wg_quick(iface, peers)
+@dataclass(frozen=True)
+class WgConf:
+    """A whole WireGuard config without its private key: [Interface] and its peers."""
+
+    listen_port: int | None
+    addresses: tuple[IPInterface | IPNetwork, ...]
+    peers: tuple[WgPeer, ...]
+    note: str | None = None
 
 
-def showconf_peer(topo: Topology, name: str) -> str:
-    """The config a non-node peer uses to join the mesh: one [Peer] per segment leader, carrying
-    that segment's addresses (Kilo's `kgctl showconf peer`)."""
-    from meshctl.errors import InputError
+def _endpoint_of(text: str | None) -> Endpoint | None:
+    if not text:
+        return None
+    host, _, port = text.rpartition(":")
+    return Endpoint(host.strip("[]"), int(port))
+
+
+def node_conf(topo: Topology, plan: NodePlan) -> WgConf:
+    """The config of node `plan.node`'s WireGuard device, from its plan."""
+    peers = tuple(WgPeer(p.name, p.public_key, _endpoint_of(p.endpoint), p.allowed_ips, p.persistent_keepalive or None,
+                         p.preshared_key) for p in plan.peers)
+    note = None if plan.wireguard_ip is not None else \
+        f"{plan.node} is not a segment leader: it reaches the mesh through {plan.leader}"
+    return WgConf(topo.mesh.port, (plan.wireguard_ip,) if plan.wireguard_ip else (), peers, note)
+
+
+def _segment_peer(s: Segment, keepalive: int | None, extra: Sequence[IPNetwork] = ()) -> WgPeer:
     from meshctl.mesh.plan import segment_addresses
+
+    addrs = [*segment_addresses(s.members, s.wireguard_ip, None), *extra]
+    return WgPeer(s.peer_name, s.leader.public_key, s.leader.endpoint, tuple(sorted(set(addrs), key=sort_key_net)),
+                  keepalive)
+
+
+def _peer_of(topo: Topology, name: str) -> Peer:
+    from meshctl.errors import InputError
 
     peer = next((p for p in topo.peers if p.name == name), None)
     if peer is None:
         raise InputError("peer", name, "is not a peer of the topology")
-    peers = []
-    for s in segments(topo):
-        addrs = segment_addresses(s.members, s.wireguard_ip, None)
-        peers.append({"name": s.peer_name, "public_key": s.leader.public_key,
-                      "endpoint": str(s.leader.endpoint) if s.leader.endpoint else None,
-                      "allowed_ips": sorted(set(addrs), key=sort_key_net),
-                      "persistent_keepalive": peer.persistent_keepalive})
-    iface = {"Address": ", ".join(str(a) for a in peer.allowed_ips)}
-    return wg_quick(iface, peers)
+    return peer
+
+
+def peer_conf(topo: Topology, name: str) -> WgConf:
+    """The config a non-node peer uses to join the mesh: one [Peer] per segment leader, carrying
+    that segment's addresses (Kilo's `kgctl showconf peer`)."""
+    peer = _peer_of(topo, name)
+    return WgConf(None, peer.allowed_ips, tuple(_segment_peer(s, peer.persistent_keepalive) for s in segments(topo)))
+
+
+def node_as_peer(topo: Topology, name: str, extra: Sequence[IPNetwork] = ()) -> WgPeer:
+    """Node `name` as other WireGuard devices (another cluster, a laptop) must know it: its
+    segment's leader key and endpoint, the segment's addresses plus `extra` (Kilo's `--as-peer`
+    with `--allowed-ips`). For a member that does not lead, that is its leader's segment."""
+    s = next(s for s in segments(topo) if any(m.name == name for m in s.members))
+    return _segment_peer(s, s.leader.persistent_keepalive or None, extra)
+
+
+def peer_as_peer(topo: Topology, name: str, extra: Sequence[IPNetwork] = ()) -> WgPeer:
+    """Peer `name` as the mesh's nodes know it."""
+    p = _peer_of(topo, name)
+    allowed = tuple(sorted(set(p.allowed_ips) | set(extra), key=sort_key_net))
+    return WgPeer(p.name, p.public_key, p.endpoint, allowed, p.persistent_keepalive, p.preshared_key)
+
+
+def _peer_lines(p: WgPeer) -> list[str]:
+    out = ["[Peer]", f"# {p.name}", f"PublicKey = {p.public_key}"]
+    if p.preshared_key:
+        out.append(f"# PresharedKey = <from {p.preshared_key}, never printed>")
+    if p.endpoint is not None:
+        out.append(f"Endpoint = {p.endpoint}")
+    out.append(f"AllowedIPs = {', '.join(map(str, p.allowed_ips))}")
+    if p.persistent_keepalive:
+        out.append(f"PersistentKeepalive = {p.persistent_keepalive}")
+    return out
+
+
+def conf_text(conf: WgConf, fmt: str) -> str:
+    """`wireguard` (what `wg setconf` accepts: the addresses are comments) or `wg-quick`."""
+    out = ["[Interface]", PRIVATE_KEY_PLACEHOLDER]
+    if conf.listen_port:
+        out.append(f"ListenPort = {conf.listen_port}")
+    if conf.addresses:
+        out.append(f"{'' if fmt == 'wg-quick' else '# '}Address = {', '.join(map(str, conf.addresses))}")
+    if conf.note:
+        out.append(f"# Note: {conf.note}")
+    for p in conf.peers:
+        out += ["", *_peer_lines(p)]
+    return "\n".join(out) + "\n"
+
+
+def peer_text(p: WgPeer) -> str:
+    return "\n".join(_peer_lines(p)) + "\n"
+
+
+def _peer_dict(p: WgPeer) -> dict[str, Any]:
+    return {"name": p.name, "public_key": p.public_key, "endpoint": str(p.endpoint) if p.endpoint else None,
+            "allowed_ips": [str(a) for a in p.allowed_ips], "persistent_keepalive": p.persistent_keepalive or 0}
+
+
+def conf_dict(conf: WgConf) -> dict[str, Any]:
+    return {"interface": {"listen_port": conf.listen_port, "addresses": [str(a) for a in conf.addresses],
+                          **({"note": conf.note} if conf.note else {})},
+            "peers": [_peer_dict(p) for p in conf.peers]}
+
+
+def peer_resource(p: WgPeer, api_version: str, name: str | None = None) -> dict[str, Any]:
+    """A Peer object (meshctl.io or kilo.squat.ai v1alpha1) another cluster can apply."""
+    spec: dict[str, Any] = {"allowedIPs": [str(a) for a in p.allowed_ips], "publicKey": p.public_key}
+    if p.endpoint is not None:
+        host = "ip" if p.endpoint.ip is not None else "dns"
+        spec["endpoint"] = {"dnsOrIP": {host: p.endpoint.host}, "port": p.endpoint.port}
+    if p.persistent_keepalive:
+        spec["persistentKeepalive"] = p.persistent_keepalive
+    if p.preshared_key is not None and p.preshared_key.source == "secret":
+        spec["presharedKey"] = {"secretKeyRef": {"name": p.preshared_key.name, "key": p.preshared_key.key}}
+    return {"apiVersion": api_version, "kind": "Peer", "metadata": {"name": name or p.name}, "spec": spec}
 
 
 def node_rows(topo: Topology, remotes: Sequence[Remote], plan: NodePlan) -> list[dict[str, Any]]:

@@ -1,11 +1,16 @@
 """Masquerade and forwarding: fixed iptables rules that reference ipsets holding the mesh's CIDRs.
 
-Why ipset + iptables-legacy and not nftables sets: the issue asks for the mesh's CIDRs in an
-ipset (pyroute2's `IPSet`) referenced by a fixed rule, and nftables cannot reference an ipset
-(only iptables' `-m set` match can). So the CIDRs live in kernel ipsets (`hash:net`, one per IP
-family), updated in place member by member through netlink as the plan changes, and the rules,
-which never mention a CIDR, are written once with iptables-legacy (built into this kernel; the
-`iptables` package brings the binary). A plan change is then a few set-member adds/deletes: no
+Why ipset + iptables and not nftables sets: the mesh's CIDRs live in an ipset (pyroute2's
+`IPSet`) referenced by a fixed rule, and only iptables' `-m set` match can reference one (through
+either backend: iptables-nft keeps it as an `xt match set`). So the CIDRs live in kernel ipsets
+(`hash:net`, one per IP family), updated in place member by member through netlink as the plan
+changes, and the rules, which never mention a CIDR, are written once with iptables.
+
+Which iptables: the one the host already uses, decided as kubernetes-sigs/iptables-wrappers does
+(`choose_mode`): kubelet's `KUBE-IPTABLES-HINT` / `KUBE-KUBELET-CANARY` chain names it; else the
+backend holding more rules wins; an empty host gets nft (the default of Debian 12, RHEL 9 and
+Ubuntu 22.04). Rules a previous run left in the other backend are removed, so the host never
+carries both. A plan change is then a few set-member adds/deletes: no
 rule is rewritten, no chain is flushed, no packet meets a half-built rule set.
 
 Per IP family `f` (4, 6), with P the prefix (`meshctl`):
@@ -29,6 +34,7 @@ import contextlib
 import ipaddress
 import logging
 import re
+import shutil
 import socket
 import subprocess
 from collections.abc import Iterable, Sequence
@@ -44,12 +50,50 @@ log = logging.getLogger(__name__)
 
 _PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,19}$")
 BULK = 32  # more member changes than this go through one `ipset restore`
-_FAMILIES = ((4, socket.AF_INET, "iptables-legacy"), (6, socket.AF_INET6, "ip6tables-legacy"))
+_FAMILIES = ((4, socket.AF_INET, "iptables"), (6, socket.AF_INET6, "ip6tables"))  # + "-legacy" / "-nft"
+IPTABLES_MODES = ("nft", "legacy")
+_HINT_CHAINS = (":KUBE-IPTABLES-HINT ", ":KUBE-KUBELET-CANARY ")
+
+
+def choose_mode(saves: dict[str, str], own_prefix: str = "") -> tuple[str, str]:
+    """(mode, why) from each backend's `*-save` output (`{"legacy": ..., "nft": ...}`), as
+    iptables-wrappers decides: kubelet's hint chain first, then the backend with more rules (our own
+    chains not counted, so a previous run cannot decide it), nft on a tie."""
+    for mode in IPTABLES_MODES:
+        if any(line.startswith(_HINT_CHAINS) for line in saves.get(mode, "").splitlines()):
+            return mode, f"kubelet's hint chain is in iptables-{mode}"
+    own = f" {own_prefix.upper()}-" if own_prefix else None
+    counts = {mode: sum(1 for line in saves.get(mode, "").splitlines()
+                        if line.startswith("-") and not (own and own in line + " "))
+              for mode in IPTABLES_MODES}
+    if counts["legacy"] > counts["nft"]:
+        return "legacy", f"iptables-legacy holds {counts['legacy']} rules, iptables-nft {counts['nft']}"
+    return "nft", f"iptables-nft holds {counts['nft']} rules, iptables-legacy {counts['legacy']}"
+
+
+def detect_mode(own_prefix: str = "") -> tuple[str, str]:
+    """`choose_mode` over this network namespace's rule sets (a missing binary reads as empty)."""
+    saves = {}
+    for mode in IPTABLES_MODES:
+        text = []
+        for fam in ("iptables", "ip6tables"):
+            try:
+                text.append(sh([f"{fam}-{mode}-save"], check=False, timeout=10).stdout)
+            except (FileNotFoundError, subprocess.TimeoutExpired):
+                continue
+        saves[mode] = "".join(text)
+    if not any(saves.values()) and not any(_has(f"iptables-{m}") for m in IPTABLES_MODES):
+        raise MeshError("neither iptables-nft nor iptables-legacy is installed (Debian package iptables)")
+    return choose_mode(saves, own_prefix)
+
+
+def _has(binary: str) -> bool:
+    return shutil.which(binary) is not None
 
 
 def _ipt(binary: str, *args: str, check: bool = True, input: str | None = None, wait: bool = True
          ) -> subprocess.CompletedProcess[str]:
-    """Run iptables-legacy / ip6tables-legacy (or their -restore/-save), with the xtables lock (-w)."""
+    """Run iptables / ip6tables of one backend (or their -restore/-save), with the xtables lock (-w)."""
     try:
         return sh([binary, *(["-w"] if wait else []), *args], check=check, input=input)
     except FileNotFoundError:
@@ -77,10 +121,15 @@ def set_members(name: str) -> set[IPNetwork]:
 class NatApplier:
     """Keeps the sets' members equal to the plan's CIDRs and the fixed rules in place."""
 
-    def __init__(self, prefix: str = "meshctl"):
+    def __init__(self, prefix: str = "meshctl", mode: str | None = None):
         if not _PREFIX.match(prefix):
             raise InputError("nat prefix", prefix, "is not a name of 1-20 letters, digits, '-' or '_'")
+        if mode is not None and mode not in IPTABLES_MODES:
+            raise InputError("iptables mode", mode, "is not nft or legacy")
         self.prefix = prefix
+        # The iptables backend: given, or detected at the first sync (and then kept).
+        self.mode = mode
+        self.mode_reason = "given" if mode else ""
         self.nat_chain = f"{prefix.upper()}-NAT"
         self.fwd_chain = f"{prefix.upper()}-FWD"
         self._members: dict[str, set[IPNetwork]] = {}  # set name -> its members, as far as we know
@@ -115,7 +164,7 @@ class NatApplier:
 
     @staticmethod
     def _saved(binary: str) -> dict[str, list[str]]:
-        """table -> its `-A` lines, from one `iptables-legacy-save` (one process, not one per check)."""
+        """table -> its `-A` lines, from one `iptables-*-save` (one process, not one per check)."""
         out: dict[str, list[str]] = {}
         rules: list[str] = []
         for line in _ipt(binary + "-save", wait=False).stdout.splitlines():
@@ -175,9 +224,15 @@ class NatApplier:
         changed = False
         check_rules = self._rules_for != tuple(forward_ifs)
         self._rules_for = None
+        if self.mode is None:
+            self.mode, self.mode_reason = detect_mode(self.prefix)
+            log.info("NAT through iptables-%s (%s)", self.mode, self.mode_reason)
+        if check_rules:
+            self._remove_rules([m for m in IPTABLES_MODES if m != self.mode])
         ips = IPSet()
         try:
-            for version, family, binary in _FAMILIES:
+            for version, family, base in _FAMILIES:
+                binary = f"{base}-{self.mode}"
                 changed |= self._sync_set(ips, self.set_name("pods", version), family,
                                           {n for n in pods if n.version == version})
                 changed |= self._sync_set(ips, self.set_name("mesh", version), family,
@@ -220,15 +275,29 @@ class NatApplier:
         self._pending_split = (mesh_in, split)
         return split
 
+    def _remove_rules(self, modes: Sequence[str]) -> None:
+        """Our jumps and chains out of the given backends (where they exist; a missing binary is fine)."""
+        for _, _, base in _FAMILIES:
+            for mode in modes:
+                binary = f"{base}-{mode}"
+                if not _has(binary):
+                    continue
+                saved = sh([f"{binary}-save"], check=False).stdout
+                if f" {self.nat_chain}" not in saved and f" {self.fwd_chain}" not in saved:
+                    continue
+                log.info("removing meshctl's rules from %s", binary)
+                for table, hook, chain in (("nat", "POSTROUTING", self.nat_chain),
+                                           ("filter", "FORWARD", self.fwd_chain)):
+                    while _ipt(binary, "-t", table, "-D", hook, "-j", chain, check=False).returncode == 0:
+                        pass
+                    _ipt(binary, "-t", table, "-F", chain, check=False)
+                    _ipt(binary, "-t", table, "-X", chain, check=False)
+
     def cleanup(self) -> None:
-        """Remove the jumps, the chains and the sets (whatever of them exists)."""
+        """Remove the jumps, the chains (from both iptables backends) and the sets (whatever exists)."""
         self.forget()
-        for version, _, binary in _FAMILIES:
-            for table, hook, chain in (("nat", "POSTROUTING", self.nat_chain), ("filter", "FORWARD", self.fwd_chain)):
-                while _ipt(binary, "-t", table, "-D", hook, "-j", chain, check=False).returncode == 0:
-                    pass
-                _ipt(binary, "-t", table, "-F", chain, check=False)
-                _ipt(binary, "-t", table, "-X", chain, check=False)
+        self._remove_rules(IPTABLES_MODES)
+        for version, _, _ in _FAMILIES:
             ips = IPSet()
             try:
                 for kind in ("pods", "mesh"):

@@ -13,6 +13,7 @@ mesh ConfigMap through the API server, with lightkube as the client.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import threading
 import time
@@ -25,7 +26,7 @@ from lightkube import ApiError, AsyncClient, Client, KubeConfig
 from lightkube.config.models import Cluster as KCluster
 from lightkube.config.models import User as KUser
 from lightkube.generic_resource import create_global_resource
-from lightkube.resources.core_v1 import ConfigMap
+from lightkube.resources.core_v1 import ConfigMap, Secret
 from lightkube.resources.core_v1 import Node as KNode
 from lightkube.types import PatchType
 
@@ -57,7 +58,7 @@ def settings_from_configmap(data: Mapping[str, str] | None, where: str = "config
     data = {k: v for k, v in (data or {}).items() if k not in AGENT_KEYS}
     cname = data.pop("cluster_name", None)
     cid = data.pop("cluster_id", None)
-    if cid is not None and not str(cid).isdigit():
+    if cid is not None and not fields.is_digits(str(cid)):
         raise InputError(f"{where}.cluster_id", cid, "is not a cluster id in 1..255")
     ident: dict[str, str | int] = {}
     if cname is not None:
@@ -189,6 +190,23 @@ class KubeBackend:
         self._own_rv: str | None = None
         # --kvstore: mirrors every snapshot into an etcd for the cluster mesh (kube.kvstore).
         self.mirror: KvstoreMirror | None = None
+
+    def read_secret(self, name: str, key: str) -> bytes:
+        """One key of a Secret in the agent's namespace (node.wireguard.psk.SecretSource): for
+        peers' pre-shared keys. The value is returned, never logged."""
+        try:
+            obj = self._client.get(Secret, name, namespace=self.namespace)
+        except ApiError as e:
+            raise MeshError(f"secret {self.namespace}/{name}: {e.status.message}") from None
+        except httpx.HTTPError as e:
+            raise MeshError(f"secret {self.namespace}/{name}: {e}") from None
+        data = obj.data or {}
+        if key not in data:
+            raise MeshError(f"secret {self.namespace}/{name} has no key {key!r}")
+        try:
+            return base64.b64decode(data[key], validate=True)
+        except ValueError:
+            raise MeshError(f"secret {self.namespace}/{name} key {key!r} is not base64") from None
 
     # --- the Backend protocol ---------------------------------------------------------------
 

@@ -110,7 +110,7 @@ def parse_kube_node(obj: Mapping[str, Any], *, location_label: str = REGION_LABE
     pod_cidr = field("spec.podCIDR", fields.cidr, pod_cidr_text)
     key = field(PUBLIC_KEY, fields.wg_key, ann[PUBLIC_KEY])
     last_seen_text = ann[LAST_SEEN]
-    if not last_seen_text.isdigit():
+    if not fields.is_digits(last_seen_text):
         raise InputError(f"{where}: {LAST_SEEN}", last_seen_text, "is not a Unix time in seconds")
 
     def ep(value: Any, path: str) -> Any:

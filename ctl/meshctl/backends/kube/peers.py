@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from meshctl.errors import InputError
+from meshctl.errors import MISSING, InputError
 from meshctl.mesh import fields
 from meshctl.mesh.model import Endpoint, Peer
 
@@ -62,6 +62,8 @@ def _endpoint(value: Any, path: str) -> Endpoint:
 def parse_peer_object(obj: Mapping[str, Any]) -> Peer:
     """A Peer object (a dict as the API returns it) as a mesh peer; InputError names the peer
     and the field (`peer laptop: spec.publicKey: 'abc' is not a WireGuard key ...`)."""
+    if not isinstance(obj, Mapping) or not isinstance(obj.get("metadata") or {}, Mapping):
+        raise InputError("peer", obj, "is not an object with metadata and spec")
     name = (obj.get("metadata") or {}).get("name", "")
     where = f"peer {name}"
     spec = obj.get("spec")
@@ -71,10 +73,9 @@ def parse_peer_object(obj: Mapping[str, Any]) -> Peer:
         if k not in SPEC_FIELDS:
             raise InputError(f"{where}: spec.{k}", spec[k], "is not a known field")
     try:
-        if spec.get("presharedKey"):
-            raise InputError("spec.presharedKey", "(hidden)", "is not supported: remove it or use a peer without one")
+        psk = fields.secret_key_ref(spec["presharedKey"], "spec.presharedKey") if spec.get("presharedKey") else None
         if "publicKey" not in spec:
-            raise InputError("spec.publicKey", None, "is required")
+            raise InputError("spec.publicKey", MISSING, "is required")
         allowed = spec.get("allowedIPs")
         if not isinstance(allowed, list) or not allowed:
             raise InputError("spec.allowedIPs", allowed, "is not a non-empty list of CIDRs")
@@ -87,6 +88,7 @@ def parse_peer_object(obj: Mapping[str, Any]) -> Peer:
             allowed_ips=tuple(fields.cidr(a, f"spec.allowedIPs[{i}]") for i, a in enumerate(allowed)),
             endpoint=_endpoint(spec["endpoint"], "spec.endpoint") if spec.get("endpoint") else None,
             persistent_keepalive=fields.keepalive(keepalive, "spec.persistentKeepalive") if keepalive else None,
+            preshared_key=psk,
         )
     except InputError as e:
         raise InputError(f"{where}: {e.path}", e.value, e.reason) from None

@@ -19,7 +19,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from meshctl.mesh.model import IPInterface, IPNetwork
 from meshctl.mesh.plan import PeerPlan
 from meshctl.node.discovery import ifindex, interface_addresses, link_info, link_kind
 from meshctl.node.wireguard.genl import GenlClient
+from meshctl.node.wireguard.psk import NO_KEY
 from meshctl.node.wireguard.state import DevicePeer, DeviceState, PeerOp, format_endpoint, sorted_nets
 from meshctl.node.wireguard.uapi import DEFAULT_RUN_DIR, UapiClient, running_pid, spawn, stop
 
@@ -106,6 +107,7 @@ class WireGuard:
         self._known_dev: tuple[int, str, int] | None = None
         self._known: dict[str, DevicePeer] | None = None
         self._applied: dict[str, PeerPlan] = {}
+        self._psk: dict[str, str] = {}  # public key -> the pre-shared key last set (never logged)
         if mode is None:
             mode = self._detect_mode()
         if mode not in ("kernel", "wireguard-go"):
@@ -228,6 +230,7 @@ class WireGuard:
         self._known_dev = None
         self._known = None
         self._applied.clear()
+        self._psk.clear()
 
     def delete(self) -> None:
         """Remove the device and, for wireguard-go, stop its process and its files."""
@@ -248,13 +251,16 @@ class WireGuard:
 
     # --- peers ---------------------------------------------------------------------------------
 
-    def sync_peers(self, peers: Sequence[PeerPlan]) -> PeerDiff:
+    def sync_peers(self, peers: Sequence[PeerPlan], preshared: Mapping[str, str] | None = None) -> PeerDiff:
         """Make the device's peers exactly `peers`, touching only those that differ.
 
         Compared with what this object last applied (read from the device only when it knows
         nothing: first use, after `forget` or a failed change), so a peer whose PeerPlan is the one
         it was last synced from costs nothing, and one changed peer is one UAPI/netlink request.
-        Long because removes, updates and adds go out in one device transaction."""
+        `preshared` maps public keys to pre-shared keys (base64); a key is sent when it differs from
+        the one this object last set (the device never reads keys back). Long because removes,
+        updates and adds go out in one device transaction."""
+        preshared = preshared or {}
         client = self._client()
         if self._known is None:
             self._known = dict(client.get().peers)
@@ -279,13 +285,18 @@ class WireGuard:
         for pub, p in desired.items():
             self._names[pub] = p.name
             have = known.get(pub)
-            if have is not None and self._applied.get(pub) == p:
+            want_psk = preshared.get(pub)
+            # Sent when it changed; a key this object set and no longer wanted is cleared.
+            psk = want_psk if want_psk != self._psk.get(pub) else None
+            if want_psk is None and pub in self._psk:
+                psk = NO_KEY
+            if have is not None and self._applied.get(pub) == p and psk is None:
                 continue
             ep = resolve_endpoint(p.endpoint) if p.endpoint else None
             allowed = frozenset(p.allowed_ips)
             if have is None:
                 ops.append(PeerOp(pub, endpoint=ep, persistent_keepalive=p.persistent_keepalive,
-                                  allowed_ips=sorted_nets(allowed)))
+                                  allowed_ips=sorted_nets(allowed), preshared_key=psk))
                 after[pub] = DevicePeer(pub, ep, allowed, p.persistent_keepalive)
                 diff.added.append(p.name)
             else:
@@ -293,9 +304,9 @@ class WireGuard:
                 set_ep = ep if ep is not None and ep != have.endpoint and ep != self._set_endpoints.get(pub) else None
                 ka = p.persistent_keepalive if p.persistent_keepalive != have.persistent_keepalive else None
                 aips = sorted_nets(allowed) if allowed != have.allowed_ips else None
-                if set_ep is not None or ka is not None or aips is not None:
+                if set_ep is not None or ka is not None or aips is not None or psk is not None:
                     ops.append(PeerOp(pub, update_only=True, endpoint=set_ep, persistent_keepalive=ka,
-                                      allowed_ips=aips))
+                                      allowed_ips=aips, preshared_key=psk))
                     after[pub] = replace(have, endpoint=set_ep or have.endpoint, allowed_ips=allowed,
                                          persistent_keepalive=p.persistent_keepalive)
                     diff.updated.append(p.name)
@@ -313,8 +324,14 @@ class WireGuard:
             if dp is None:
                 known.pop(pub, None)
                 self._applied.pop(pub, None)
+                self._psk.pop(pub, None)
             else:
                 known[pub] = dp
+        for pub in desired:
+            if pub in preshared:
+                self._psk[pub] = preshared[pub]
+            else:
+                self._psk.pop(pub, None)
         self._applied.update(desired)
         return diff
 

@@ -101,6 +101,8 @@ def _peer_dict(op: PeerOp) -> dict[str, Any]:
         d["endpoint_addr"], d["endpoint_port"] = op.endpoint
     if op.persistent_keepalive is not None:
         d["persistent_keepalive"] = op.persistent_keepalive
+    if op.preshared_key is not None:
+        d["preshared_key"] = op.preshared_key
     if op.allowed_ips is not None:
         d["replace_allowed_ips"] = True
         d["allowed_ips"] = [str(n) for n in op.allowed_ips]

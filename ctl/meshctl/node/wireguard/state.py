@@ -28,9 +28,13 @@ class DeviceState:
     peers: dict[str, DevicePeer] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class PeerOp:
-    """One peer change. Fields left None are not sent, so the device keeps what it has."""
+    """One peer change. Fields left None are not sent, so the device keeps what it has. (No repr:
+    it may carry a pre-shared key.)"""
+
+    def __repr__(self) -> str:
+        return f"PeerOp({self.public_key}{', remove' if self.remove else ''})"
 
     public_key: str
     remove: bool = False
@@ -38,6 +42,7 @@ class PeerOp:
     endpoint: tuple[str, int] | None = None
     persistent_keepalive: int | None = None
     allowed_ips: tuple[IPNetwork, ...] | None = None  # replaces the peer's allowed IPs when given
+    preshared_key: str | None = None  # base64; psk.NO_KEY removes it
 
 
 def format_endpoint(ep: tuple[str, int]) -> str:

@@ -133,6 +133,8 @@ class UapiClient:
                 lines.append(f"endpoint={format_endpoint(op.endpoint)}")
             if op.persistent_keepalive is not None:
                 lines.append(f"persistent_keepalive_interval={op.persistent_keepalive}")
+            if op.preshared_key is not None:
+                lines.append(f"preshared_key={_hex(op.preshared_key)}")
             if op.allowed_ips is not None:
                 lines.append("replace_allowed_ips=true")
                 lines.extend(f"allowed_ip={n}" for n in op.allowed_ips)

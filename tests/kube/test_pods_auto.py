@@ -1,0 +1,85 @@
+"""The fast path on by itself in a cluster: the namespace lab with the kubernetes backend and no
+`--pod-interfaces`. A pod added after the agents start is carried by the fast path within 1 s of
+its route (its packets counted as `direct` by the datapath); `status` counts it; a pod that goes
+takes its interface with it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from meshctl.agent.server import fetch_status
+from meshctl.lab import build, netns, probe, state
+from meshctl.lab.spec import parse_lab
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+LAB = {
+    "cluster": {"name": "default", "id": 1},
+    "mesh": {"granularity": "location"},
+    "nodes": [
+        {"name": "a1", "location": "loc-a", "internal_ip": "10.10.1.11/24", "pod_cidr": "10.42.1.0/24"},
+        {"name": "a2", "location": "loc-a", "internal_ip": "10.10.1.12/24", "pod_cidr": "10.42.2.0/24"},
+    ],
+    "lab": {"backend": "kubernetes", "lease_ttl": 3},
+}
+
+
+@pytest.fixture
+def lab():
+    prefix = f"k8{os.getpid() % 10000}k-"
+    try:
+        yield build.up(parse_lab(LAB), prefix=prefix, wait=120)
+    finally:
+        problems = build.down(state.lab_name(prefix))
+        assert not problems
+        assert not netns.list_prefixed(prefix)
+
+
+def node(st: dict, name: str) -> dict:
+    return next(n for c in st["clusters"] for n in c["nodes"] if n["name"] == name)
+
+
+def pods_of(n: dict) -> dict:
+    return fetch_status(n["metrics_addr"], n["netns"])["pods"]
+
+
+def until(cond, timeout: float, poll: float = 0.02) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if cond():
+            return time.monotonic() - t0
+        time.sleep(poll)
+    raise AssertionError(f"not within {timeout} s")
+
+
+def test_pods_added_later_get_the_fast_path_within_a_second(lab) -> None:
+    st = lab
+    a1, a2 = node(st, "a1"), node(st, "a2")
+    # The agents run without --pod-interfaces, and still carry the lab's first pods.
+    assert all("--pod-interfaces" not in build.agent_argv(st, st["clusters"][0], n) for n in (a1, a2))
+    until(lambda: pods_of(a2)["fastpath"] == ["pod0"], 30)
+    assert pods_of(a2)["source"] == "netlink" and "warning" not in pods_of(a2)
+
+    pod = build.add_pod(st["name"], "a2")
+    took = until(lambda: pod["host_if"] in pods_of(a2)["fastpath"], 1.0)
+    print(f"new pod carried by the fast path {took * 1000:.0f} ms after its route")
+
+    # Its packets to a1's pod take the fast path: counted as `direct` by a2's datapath.
+    before = probe._fp_packets(fetch_status(a2["metrics_addr"], a2["netns"])).get("direct", 0)
+    sent, recv, _ = probe.ping(pod["netns"], a1["pods"][0]["ip"], count=5)
+    assert recv == sent == 5
+    after = probe._fp_packets(fetch_status(a2["metrics_addr"], a2["netns"])).get("direct", 0)
+    assert after - before >= 5
+
+    text = subprocess.run([sys.executable, "-m", "meshctl.cli", "status", "--lab", st["name"], "--lab-node", "a2"],
+                          capture_output=True, text=True, timeout=30)
+    assert text.returncode == 0, text.stderr
+    assert "pod interfaces: 2 carry the fast path, 2 found (netlink): pod0,pod1" in text.stdout
+
+    build.remove_pod(st["name"], "a2", pod["ip"])
+    until(lambda: pods_of(a2)["fastpath"] == ["pod0"], 1.0)

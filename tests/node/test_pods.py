@@ -1,0 +1,56 @@
+"""Pod interfaces found from netlink: which links count (pure), and the watcher in a namespace of
+this test seeing a routed veth and a CNI bridge come and go."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import threading
+
+import pytest
+
+from meshctl.node.pods import Link, PodInterfaceWatcher, pod_interfaces_of
+
+from .conftest import NodeLab, in_ns
+
+N = ipaddress.ip_network
+IFACE = ipaddress.ip_interface
+POD_CIDR = N("10.42.1.0/24")
+
+
+def test_which_links_are_pod_interfaces() -> None:
+    links = [Link(1, "lo", ""), Link(2, "cali1", "veth"), Link(3, "priv", "veth"), Link(4, "cni0", "bridge"),
+             Link(5, "docker0", "bridge"), Link(6, "kilo0", "wireguard"), Link(7, "cali2", "veth")]
+    routes = [(2, N("10.42.1.5/32")), (3, N("10.10.0.0/24")), (3, N("10.42.2.0/24")), (6, N("10.42.3.0/24")),
+              (7, N("10.42.9.5/32")), (6, N("10.42.1.9/32"))]
+    addrs = [(4, IFACE("10.42.1.1/24")), (5, IFACE("172.17.0.1/16")), (3, IFACE("10.10.0.4/24"))]
+    # cali1: a host route into the pod CIDR; cni0: the bridge with the pod gateway. Not: a veth
+    # routing another node's pod CIDR or another CIDR, a bridge outside it, a non-veth with a /32.
+    assert pod_interfaces_of(links, routes, addrs, POD_CIDR) == ("cali1", "cni0")
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"k8{os.getpid() % 10000}-"
+
+
+def test_watcher_follows_pods_as_they_come_and_go(lab: NodeLab) -> None:
+    ns = lab.ns("pw")
+    changed = threading.Event()
+    w = in_ns(ns, lambda: PodInterfaceWatcher(POD_CIDR, changed.set).start())
+    try:
+        assert w.current == ()
+        lab.sh(ns, "ip", "link", "add", "veth1", "type", "veth", "peer", "name", "veth1p")
+        lab.sh(ns, "ip", "link", "set", "veth1", "up")
+        assert not changed.wait(0.3) and w.current == ()  # a veth alone carries nothing yet
+        lab.sh(ns, "ip", "route", "add", "10.42.1.7/32", "dev", "veth1")
+        assert changed.wait(1.0) and w.current == ("veth1",)
+        changed.clear()
+        lab.sh(ns, "ip", "link", "add", "cni0", "type", "bridge")
+        lab.sh(ns, "ip", "addr", "add", "10.42.1.1/24", "dev", "cni0")
+        assert changed.wait(1.0) and w.current == ("cni0", "veth1")
+        changed.clear()
+        lab.sh(ns, "ip", "link", "del", "veth1")
+        assert changed.wait(1.0) and w.current == ("cni0",)
+    finally:
+        w.stop()
