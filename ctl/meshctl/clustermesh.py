@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from .model import Topology, gc_paused, host_net
 from .plan import Remote, segments
-from .validate import Claims, Rejection, admit_nodes
+from .validate import Claims, Rejection, add_hosts, admit_nodes
 
 
 def as_remote(topo: Topology) -> Topology:
@@ -35,13 +35,19 @@ def _admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[R
     A whole cluster is refused when its name or id collides with the local one or an earlier
     remote's. A record is rejected when its pod CIDR overlaps a local pod CIDR, the local
     WireGuard subnet or another cluster's records; when its segment's WireGuard address overlaps
-    them; or when its internal address is a local node's. Sharing a private subnet is fine."""
+    them; when its internal address is a local node's; or when one of its allowed location IPs
+    covers any of these, a node's address, or is a default route the local mesh does not allow.
+    Sharing a private subnet is fine."""
     claims = Claims()
     internal: dict[object, str] = {}
+    hosts: dict[object, str] = {}
     for n in local.nodes:
         claims.add(n.pod_span, ("local node ", n))
         if n.internal_ip is not None:
             internal[n.internal_ip.ip] = f"local node {n.name}"
+        for a in n.allowed_location_ips:
+            claims.add(a, f"local node {n.name}'s allowed location IP {a}")
+    add_hosts(hosts, local.nodes)
     claims.add(local.mesh.subnet, f"the local WireGuard subnet {local.mesh.subnet}")
     ids = {local.cluster.id: local.cluster.name}
     out: list[Remote] = []
@@ -67,7 +73,7 @@ def _admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[R
                 continue
             candidates.append(n)
         admitted, rej = admit_nodes(candidates, remote.mesh.subnet, claims=claims, internal_ips=internal,
-                                    label=label)
+                                    hosts=hosts, allow_default_route=local.mesh.allow_default_route, label=label)
         rejected += rej
         for n in admitted:
             wg = host_net(seg_wg[n.name])

@@ -89,6 +89,9 @@ class MeshSettings:
     subnet: IPNetwork = DEFAULT_SUBNET
     port: int = DEFAULT_PORT
     intra_subnet: IntraSubnet = "direct"
+    # A node's allowed_location_ips may hold a default route (0.0.0.0/0, ::/0: an exit node) only
+    # when this is set; otherwise one record could pull every node's traffic into its tunnel.
+    allow_default_route: bool = False
 
 
 @dataclass(frozen=True)
