@@ -36,7 +36,7 @@ from .backend import ClusterState
 from .clustermesh import admit_remotes
 from .errors import InputError, MeshError
 from .etcd import EtcdClient, EtcdError, KeyValue
-from .etcdbackend import ROOT, EtcdBackend, cluster_key
+from .etcdbackend import ROOT, EtcdBackend, cluster_key, parse_record
 from .model import Cluster, Topology
 from .plan import Remote
 from .validate import Rejection
@@ -131,9 +131,9 @@ class _ReadOnlyEtcdBackend(EtcdBackend):
         if kv is None:
             return None
         try:
-            d = json.loads(kv.value)
-        except ValueError:
-            return {"error": "is not JSON"}
+            d = parse_record(kv, kv.key)
+        except InputError as e:
+            return {"error": e.reason}
         return d if isinstance(d, dict) else {"error": "is not a mapping"}
 
 

@@ -72,7 +72,14 @@ def write_topology(client: EtcdClient, cluster: Cluster, mesh: MeshSettings, pee
         client.put(peer_key(cluster.name, p.name), json.dumps(rec))
 
 
+MAX_RECORD_BYTES = 64 * 1024  # a node record is a few hundred bytes; anything past this is not one
+
+
 def parse_record(kv: KeyValue, path: str) -> Any:
+    """The JSON of a record; a record larger than MAX_RECORD_BYTES is refused unread, so a huge
+    value costs no parsing (and delays no other record's admission)."""
+    if len(kv.value) > MAX_RECORD_BYTES:
+        raise InputError(path, f"{len(kv.value)} bytes", f"is larger than a record may be ({MAX_RECORD_BYTES} bytes)")
     try:
         return json.loads(kv.value)
     except (ValueError, UnicodeDecodeError):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from meshctl.lab import build, probe
 from meshctl.lab import state as labstate
 from meshctl.lab.spec import parse_lab
 from tests.lab.conftest import node_of, status, wait_for
+from tests.names import unique
 
 LAB_FILE = Path(__file__).resolve().parents[2] / "ctl/meshctl/labs/two-clusters.yaml"
 SHARED = {"a1", "a2", "g1", "g2"}  # the nodes on 10.10.1.0/24
@@ -34,7 +34,7 @@ def lab() -> Iterator[dict[str, Any]]:
     doc["clusters"][1]["nodes"].append(
         {"name": "g4", "location": "gpu-b", "internal_ip": "10.10.5.22/24", "pod_cidr": "10.43.4.0/24"})
     doc["lab"]["lease_ttl"] = 3
-    prefix = f"mcm{os.getpid() % 10000}-"
+    prefix = unique("mcm") + "-"
     st = build.up(parse_lab(doc, str(LAB_FILE)), prefix=prefix, hold=("g4",))
     try:
         yield st

@@ -12,7 +12,7 @@ import base64
 import contextlib
 import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +65,36 @@ def prefix_end(prefix: str) -> str:
             b[i] += 1
             return base64.b64encode(bytes(b[: i + 1])).decode()
     return _b64(b"\0")
+
+
+READ_CHUNK = 64 * 1024  # bytes asked of the socket per read while streaming
+
+
+def stream_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """The newline-separated lines of a byte stream, in time linear in its size.
+
+    requests' `iter_lines` joins the pending part of a line to each new chunk and splits again, so
+    a line of n bytes read in 512-byte chunks costs O(n^2): a 1.4 MB record took 9.7 s of CPU.
+    Here each chunk is searched once and a line's parts are joined once, when it ends."""
+    parts: list[bytes] = []
+    for chunk in chunks:
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            if nl < 0:
+                if start < len(chunk):
+                    parts.append(chunk[start:])
+                break
+            parts.append(chunk[start:nl])
+            line = b"".join(parts) if len(parts) > 1 else parts[0]
+            parts = []
+            start = nl + 1
+            if line.strip():
+                yield line
+    if parts:
+        line = b"".join(parts)
+        if line.strip():
+            yield line
 
 
 def _kv(d: dict[str, Any]) -> KeyValue:
@@ -208,7 +238,7 @@ class EtcdClient:
         """Refresh a lease once; returns its remaining TTL (0: the lease is gone)."""
         r = self._post("/v3/lease/keepalive", {"ID": str(lease)}, stream=True)
         try:
-            for line in r.iter_lines():
+            for line in stream_lines(r.iter_content(chunk_size=READ_CHUNK)):
                 if line:
                     res = json.loads(line).get("result", {})
                     return int(res.get("TTL", 0))
@@ -237,9 +267,7 @@ class EtcdClient:
         r = self._post("/v3/watch", {"create_request": req}, stream=True, timeout=(self.timeout, idle_timeout))
         self._watch = r
         try:
-            for line in r.iter_lines():
-                if not line:
-                    continue
+            for line in stream_lines(r.iter_content(chunk_size=READ_CHUNK)):
                 try:
                     d = json.loads(line)
                 except ValueError:
