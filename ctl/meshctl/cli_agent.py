@@ -268,13 +268,20 @@ def _node_list_from_agent(addr: str | None, lab_node: str | None, lab_name: str 
 @click.option("--private-interface", default=None)
 @click.option("--bpf-pin-root", default=DEFAULT_PIN_ROOT, show_default=True)
 @click.option("--nat-prefix", default="meshctl", show_default=True)
+@click.option("--force", is_flag=True, help="Also remove a WireGuard device meshctl did not create.")
 @_etcd_options
 def cleanup_cmd(node_name: str | None, wg_interface: str, wg_run_dir: Path, private_interface: str | None,
-                bpf_pin_root: str, nat_prefix: str, etcd_endpoints: str, etcd_ca: str | None,
+                bpf_pin_root: str, nat_prefix: str, force: bool, etcd_endpoints: str, etcd_ca: str | None,
                 etcd_cert: str | None, etcd_key: str | None, cluster_name: str) -> None:
-    """Remove everything the agent made on this node: WireGuard, routes, NAT, maps (and, with etcd
-    flags, the node's record). Stop the agent first."""
-    failures = cleanup_node(node_name, wg_interface, wg_run_dir, private_interface, bpf_pin_root, nat_prefix)
+    """Remove what the agent made on this node and only that: the WireGuard device it created
+    (recorded in --wg-run-dir when created), routes of protocol 109, its own NAT sets and chains,
+    its maps (and, with etcd flags, the node's record). Anything else is reported and left in
+    place unless --force. Stop the agent first."""
+    kept: list[str] = []
+    failures = cleanup_node(node_name, wg_interface, wg_run_dir, private_interface, bpf_pin_root, nat_prefix,
+                            force=force, kept=kept)
+    for k in kept:
+        click.echo(f"cleanup: kept {k}")
     if etcd_endpoints and node_name:
         from .etcd import EtcdClient
         from .etcdbackend import node_key
@@ -292,8 +299,10 @@ def cleanup_cmd(node_name: str | None, wg_interface: str, wg_run_dir: Path, priv
 
 
 def cleanup_node(node_name: str | None, wg_interface: str, wg_run_dir: Path, private_interface: str | None,
-                 bpf_pin_root: str, nat_prefix: str) -> list[str]:
-    """Undo the agent's appliers in this namespace; returns what failed (one line each)."""
+                 bpf_pin_root: str, nat_prefix: str, *, force: bool = False, kept: list[str] | None = None
+                 ) -> list[str]:
+    """Undo the agent's appliers in this namespace; returns what failed (one line each) and adds
+    to `kept` what was left because meshctl did not make it."""
     failures: list[str] = []
 
     def part(name: str, fn: Any) -> None:
@@ -305,7 +314,9 @@ def cleanup_node(node_name: str | None, wg_interface: str, wg_run_dir: Path, pri
     def wg() -> None:
         from .wireguard import WireGuard
 
-        WireGuard(ifname=wg_interface, run_dir=wg_run_dir).delete()
+        left = WireGuard(ifname=wg_interface, run_dir=str(wg_run_dir)).delete(force=force)
+        if left is not None and kept is not None:
+            kept.append(left)
 
     def routes() -> None:
         from .routes import RouteApplier
