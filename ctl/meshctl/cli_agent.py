@@ -33,6 +33,8 @@ def _etcd_options(f: Any) -> Any:
         click.option("--etcd-ca", default=None, help="CA file that signed etcd's certificate."),
         click.option("--etcd-cert", default=None, help="Client certificate for etcd."),
         click.option("--etcd-key", default=None, help="Client key for etcd."),
+        click.option("--etcd-user", default=None, help="etcd user of this identity (a node: its node name)."),
+        click.option("--etcd-password-file", default=None, help="File holding the etcd user's password."),
         click.option("--cluster-name", default="default", show_default=True, callback=_flag(v.cluster_name)),
     ]):
         f = opt(f)
@@ -81,6 +83,8 @@ def _endpoints(text: str) -> tuple[str, ...]:
 @click.option("--kvstore-ca", default=None, help="CA file that signed the kvstore etcd's certificate.")
 @click.option("--kvstore-cert", default=None, help="Client certificate for the kvstore etcd.")
 @click.option("--kvstore-key", default=None, help="Client key for the kvstore etcd.")
+@click.option("--kvstore-user", default=None, help="etcd user of the kvstore mirror (meshctl:kvstore).")
+@click.option("--kvstore-password-file", default=None, help="File holding the kvstore user's password.")
 @_etcd_options
 @click.option("--cluster-id", default=1, type=int, callback=_flag(v.cluster_id), show_default=True)
 @click.option("--clustermesh-dir", default=None, type=click.Path(path_type=Path),
@@ -204,7 +208,8 @@ def node_group() -> None:
 @click.option("--lab", "lab_name", default=None, help="Lab name (default: the only lab up).")
 @click.option("-o", "output", default="text", type=click.Choice(["text", "json"]))
 def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, etcd_key: str | None,
-              cluster_name: str, addr: str | None, lab_node: str | None, lab_name: str | None, output: str) -> None:
+              etcd_user: str | None, etcd_password_file: str | None, cluster_name: str, addr: str | None,
+              lab_node: str | None, lab_name: str | None, output: str) -> None:
     """List nodes. From an agent (--addr, --lab-node): local and remote nodes (`cluster2/g1`), their
     addresses, pod CIDRs, WireGuard addresses, source and the path from that node. From the store
     (etcd flags, or a lab's etcd): the records and what admission decided for each."""
@@ -220,9 +225,11 @@ def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, e
         from .lab.state import etcd_access
 
         acc = etcd_access(lab_name, cluster_name)
-        etcd_endpoints, etcd_ca, etcd_cert, etcd_key, netns = (
-            ",".join(acc["endpoints"]), acc["ca"], acc["cert"], acc["key"], acc["netns"])
-    client = EtcdClient(list(_endpoints(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert, key=etcd_key, netns=netns)
+        etcd_endpoints, etcd_ca, etcd_cert, etcd_key, etcd_user, etcd_password_file, netns = (
+            ",".join(acc["endpoints"]), acc["ca"], acc["cert"], acc["key"], acc.get("user"),
+            acc.get("password_file"), acc["netns"])
+    client = EtcdClient(list(_endpoints(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert, key=etcd_key, netns=netns,
+                        user=etcd_user, password_file=etcd_password_file)
     backend = EtcdBackend(client, Cluster(cluster_name))
     try:
         st = backend.load_once()
@@ -272,7 +279,8 @@ def _node_list_from_agent(addr: str | None, lab_node: str | None, lab_name: str 
 @_etcd_options
 def cleanup_cmd(node_name: str | None, wg_interface: str, wg_run_dir: Path, private_interface: str | None,
                 bpf_pin_root: str, nat_prefix: str, force: bool, etcd_endpoints: str, etcd_ca: str | None,
-                etcd_cert: str | None, etcd_key: str | None, cluster_name: str) -> None:
+                etcd_cert: str | None, etcd_key: str | None, etcd_user: str | None, etcd_password_file: str | None,
+                cluster_name: str) -> None:
     """Remove what the agent made on this node and only that: the WireGuard device it created
     (recorded in --wg-run-dir when created), routes of protocol 109, its own NAT sets and chains,
     its maps (and, with etcd flags, the node's record). Anything else is reported and left in
@@ -287,8 +295,8 @@ def cleanup_cmd(node_name: str | None, wg_interface: str, wg_run_dir: Path, priv
         from .etcdbackend import node_key
 
         try:
-            EtcdClient(list(_endpoints(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert,
-                       key=etcd_key).delete(node_key(cluster_name, node_name))
+            EtcdClient(list(_endpoints(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert, key=etcd_key, user=etcd_user,
+                       password_file=etcd_password_file).delete(node_key(cluster_name, node_name))
         except MeshError as e:
             failures.append(f"record: {e}")
     for f in failures:

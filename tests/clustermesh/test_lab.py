@@ -43,8 +43,7 @@ def lab() -> Iterator[dict[str, Any]]:
 
 
 def etcd(st: dict[str, Any], cluster: str):
-    srv, tls = build.etcd_server(st, cluster)
-    return srv.client(tls)
+    return build.etcd_client(next(c for c in st["clusters"] if c["name"] == cluster))
 
 
 def routes_in(st: dict[str, Any], node: str) -> dict[str, str]:

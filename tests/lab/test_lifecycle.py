@@ -23,8 +23,7 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
 def etcd(st: dict) -> EtcdClient:
-    e = st["clusters"][0]["etcd"]
-    return EtcdClient(e["endpoints"], ca=e["ca"], cert=e["cert"], key=e["key"], netns=e["netns"])
+    return build.etcd_client(st["clusters"][0])
 
 
 def reach(st: dict, src: str, dst: str) -> bool:

@@ -40,6 +40,8 @@ class AgentConfig:
     etcd_ca: str | None = None
     etcd_cert: str | None = None
     etcd_key: str | None = None
+    etcd_user: str | None = None
+    etcd_password_file: str | None = None
     topology_file: str | None = None
     cluster_name: str = "default"
     cluster_id: int = 1
@@ -59,6 +61,8 @@ class AgentConfig:
     kvstore_ca: str | None = None
     kvstore_cert: str | None = None
     kvstore_key: str | None = None
+    kvstore_user: str | None = None
+    kvstore_password_file: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
     def check(self) -> AgentConfig:
@@ -71,6 +75,10 @@ class AgentConfig:
             raise InputError("--topology", "", "is required with --backend file")
         if bool(self.etcd_cert) != bool(self.etcd_key):
             raise InputError("--etcd-cert", self.etcd_cert or "", "and --etcd-key go together")
+        if bool(self.etcd_user) != bool(self.etcd_password_file):
+            raise InputError("--etcd-user", self.etcd_user or "", "and --etcd-password-file go together")
+        if bool(self.kvstore_user) != bool(self.kvstore_password_file):
+            raise InputError("--kvstore-user", self.kvstore_user or "", "and --kvstore-password-file go together")
         if self.pod_cidr is None and self.backend != "kubernetes":
             raise InputError("--pod-cidr", "", f"is required with --backend {self.backend}")
         if self.kvstore_endpoints and self.backend != "kubernetes":

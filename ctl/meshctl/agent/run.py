@@ -21,7 +21,8 @@ log = logging.getLogger("meshctl.agent")
 def etcd_client(cfg: AgentConfig) -> Any:
     from ..etcd import EtcdClient
 
-    return EtcdClient(list(cfg.etcd_endpoints), ca=cfg.etcd_ca, cert=cfg.etcd_cert, key=cfg.etcd_key)
+    return EtcdClient(list(cfg.etcd_endpoints), ca=cfg.etcd_ca, cert=cfg.etcd_cert, key=cfg.etcd_key,
+                      user=cfg.etcd_user, password_file=cfg.etcd_password_file)
 
 
 def build_backend(cfg: AgentConfig) -> Backend:

@@ -59,7 +59,8 @@ def make_backend(cfg: Any) -> KubeBackend:
         from ..etcd import EtcdClient
         from .kvstore import KvstoreMirror
 
-        client = EtcdClient(list(cfg.kvstore_endpoints), ca=cfg.kvstore_ca, cert=cfg.kvstore_cert, key=cfg.kvstore_key)
+        client = EtcdClient(list(cfg.kvstore_endpoints), ca=cfg.kvstore_ca, cert=cfg.kvstore_cert, key=cfg.kvstore_key,
+                            user=cfg.kvstore_user, password_file=cfg.kvstore_password_file)
         be.mirror = KvstoreMirror(client, cfg.node_name, lease_ttl=cfg.lease_ttl,
                                   full_sync_seconds=float(cfg.resync_interval))
     return be
