@@ -17,8 +17,10 @@ WORKDIR /src
 COPY pyproject.toml README.md* ./
 COPY ctl ./ctl
 COPY bpf ./bpf
+# The lab (namespace rigs, the in-process API server, test PKI) is not part of the agent image: the
+# CLI loads it as a plugin and skips it when its package is gone.
 RUN pip3 install --no-cache-dir --break-system-packages . \
- && rm -rf /src
+ && rm -rf "$(python3 -c 'import meshctl, os; print(os.path.dirname(meshctl.__file__))')/lab" /src
 
 # wireguard-go's container: run wireguard-go in the foreground for the device unless the kernel
 # has WireGuard (then the agent uses the kernel device and this container leaves a marker for its

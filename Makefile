@@ -2,18 +2,19 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 MESHCTL := $(VENV)/bin/meshctl
-LAB ?= ctl/meshctl/labs/default.yaml
+LAB ?= ctl/meshctl/lab/labs/default.yaml
 
 .PHONY: setup test lab lab-down lint bench clean
 
 setup:
 	@bash scripts/setup.sh
 
-test: setup
+test: setup lint
 	@$(PY) -m pytest -q -p no:cacheprovider tests
 
 lint: setup
 	@$(VENV)/bin/ruff check ctl tests bench
+	@$(VENV)/bin/mypy
 
 lab: setup
 	@$(MESHCTL) lab up -f $(LAB)

@@ -27,11 +27,11 @@ from typing import Any
 import yaml
 
 from convergence import measure_joins, passes, pct, rss_mb, synth_record
-from meshctl.etcdbackend import node_key
+from meshctl.backends.etcd import node_key
 from meshctl.lab import build, probe
 from meshctl.lab.spec import parse_lab
 
-LAB_FILE = Path(__file__).resolve().parents[1] / "ctl/meshctl/labs/two-clusters.yaml"
+LAB_FILE = Path(__file__).resolve().parents[1] / "ctl/meshctl/lab/labs/two-clusters.yaml"
 
 
 def cluster(st: dict[str, Any], name: str) -> dict[str, Any]:

@@ -24,11 +24,10 @@ import threading
 import time
 from typing import Any
 
-from meshctl import netns
+from meshctl.backends.etcd import node_key
 from meshctl.etcd import EtcdClient
 from meshctl.etcd.nsconn import session
-from meshctl.etcdbackend import node_key
-from meshctl.lab import build, probe
+from meshctl.lab import build, netns, probe
 from meshctl.lab.spec import parse_lab
 
 LAB = {

@@ -29,12 +29,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ctl"))
 
-from meshctl import netns  # noqa: E402
-from meshctl.datapath import Datapath, links, loader  # noqa: E402
-from meshctl.datapath.inns import in_netns  # noqa: E402
-from meshctl.datapath.testbed import PODS, PRIVATE, Testbed  # noqa: E402
-from meshctl.datapath.testrun import PROTO_TCP, frame, ns_per_packet, run  # noqa: E402
-from meshctl.plan import FastPathEntry  # noqa: E402
+from meshctl.datapath import Datapath, links, loader
+from meshctl.datapath.inns import in_netns
+from meshctl.lab import netns
+from meshctl.lab.testbed import PODS, PRIVATE, Testbed
+from meshctl.lab.testrun import PROTO_TCP, frame, ns_per_packet, run
+from meshctl.mesh.plan import FastPathEntry
 
 RUN = f"mdpb{os.getpid() % 10000}"
 PIN_ROOT = f"/sys/fs/bpf/{RUN}"

@@ -17,8 +17,8 @@ sys.path.insert(0, "ctl")
 
 import ipaddress  # noqa: E402
 
-from meshctl.model import Endpoint, MeshSettings, Node, Topology  # noqa: E402
-from meshctl.plan import plan_node  # noqa: E402
+from meshctl.mesh.model import Endpoint, MeshSettings, Node, Topology
+from meshctl.mesh.plan import plan_node
 
 
 def make_topology(n: int, locations: int, granularity: str) -> Topology:

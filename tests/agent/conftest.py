@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from meshctl import netns
-from meshctl.etcd import pki
-from meshctl.etcd.process import EtcdServer
+from meshctl.lab import netns, pki
+from meshctl.lab.etcd_process import EtcdServer
 from tests.names import unique
 from tests.waiting import wait_for  # noqa: F401 - re-exported for the tests here
 

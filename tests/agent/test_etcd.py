@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from meshctl import validate as v
+from meshctl.backends.etcd import EtcdBackend, mesh_key, node_key, write_topology
 from meshctl.etcd import EtcdClient, EtcdError
-from meshctl.etcdbackend import EtcdBackend, mesh_key, node_key, write_topology
-from meshctl.model import Cluster, MeshSettings, Node
+from meshctl.mesh import records
+from meshctl.mesh.model import Cluster, MeshSettings, Node
 
 from .conftest import wait_for
 
@@ -90,7 +90,7 @@ def test_backend_publishes_watches_and_rejects_bad_records(etcd_tls):
                                                      "public_key": key(9)}))
         c.put(node_key("c1", "other"), json.dumps({"name": "renamed", "pod_cidr": "10.42.8.0/24",
                                                    "public_key": key(8)}))
-        c.put(node_key("c1", "n2"), json.dumps(v.node_to_record(node("n2", 2))))
+        c.put(node_key("c1", "n2"), json.dumps(records.node_to_record(node("n2", 2))))
         st = wait_for(lambda: len((s := b.snapshot()).rejections) == 3 and len(s.nodes) == 2 and s)
         reasons = {r.name: r.reason for r in st.rejections}
         assert "is not JSON" in reasons["junk"]
@@ -126,7 +126,7 @@ def test_backend_reports_outage_and_resyncs(etcd_tls):
         assert st.reason and [n.name for n in st.nodes] == ["n1"]  # last good view kept
         srv.start(client_tls=cert)
         c = srv.client(cert)
-        c.put(node_key("c2", "n2"), json.dumps(v.node_to_record(node("n2", 2))))
+        c.put(node_key("c2", "n2"), json.dumps(records.node_to_record(node("n2", 2))))
         st = wait_for(lambda: (s := b.snapshot()).ready and len(s.nodes) == 2 and s, timeout=8)
         assert st and [n.name for n in st.nodes] == ["n1", "n2"]
     finally:
@@ -147,7 +147,7 @@ def test_lines_of_a_stream_whatever_the_chunks() -> None:
 def test_a_huge_record_is_refused_unread_and_delays_no_one(etcd_tls):
     """A 1.4 MB value under a node key is one rejection naming its size; a node put right after it
     shows up in the same way as without it (the watch reads the 1.9 MB event line at once)."""
-    from meshctl.etcdbackend import MAX_RECORD_BYTES
+    from meshctl.backends.etcd import MAX_RECORD_BYTES
 
     srv, cert = etcd_tls
     c = srv.client(cert)
@@ -159,7 +159,7 @@ def test_a_huge_record_is_refused_unread_and_delays_no_one(etcd_tls):
     try:
         assert wait_for(lambda: b.snapshot().ready)
         c.put(node_key("c1", "huge"), b"{" + b" " * 1_400_000 + b"}")
-        c.put(node_key("c1", "n2"), json.dumps(v.node_to_record(node("n2", 2))))
+        c.put(node_key("c1", "n2"), json.dumps(records.node_to_record(node("n2", 2))))
         st = wait_for(lambda: (s := b.snapshot()).nodes and s, timeout=3)
         assert [n.name for n in st.nodes] == ["n2"]
         [r] = st.rejections
@@ -176,8 +176,8 @@ def test_connections_follow_a_namespace_recreated_under_the_same_name():
     thread kept inside the old one ends (it would otherwise keep the dead namespace alive)."""
     import socket
 
-    from meshctl import netns
     from meshctl.etcd import nsconn
+    from meshctl.lab import netns
     from tests.names import unique
 
     ns = unique("mac")

@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from meshctl import netns
 from meshctl.agent import Agent, AgentConfig
-from meshctl.etcdbackend import EtcdBackend, node_key, write_topology
-from meshctl.model import Cluster, MeshSettings
-from meshctl.nat import set_members
-from meshctl.wireguard.state import PeerOp
-from meshctl.wireguard.uapi import UapiClient
+from meshctl.backends.etcd import EtcdBackend, node_key, write_topology
+from meshctl.lab import netns
+from meshctl.mesh.model import Cluster, MeshSettings
+from meshctl.node.nat import set_members
+from meshctl.node.wireguard.state import PeerOp
+from meshctl.node.wireguard.uapi import UapiClient
 from tests.names import unique
 
 from ..node.conftest import in_ns
@@ -100,8 +100,8 @@ class AgentNode:
 
     def close(self) -> None:
         self.agent.stop()
-        from meshctl.nat import NatApplier
-        from meshctl.wireguard import WireGuard
+        from meshctl.node.nat import NatApplier
+        from meshctl.node.wireguard import WireGuard
 
         in_ns(self.ns, NatApplier(self.prefix).cleanup)
         in_ns(self.ns, WireGuard("kilo0", run_dir=str(self.tmp / "run")).delete)

@@ -14,16 +14,15 @@ from typing import Any
 import pytest
 import yaml
 
-from meshctl import netns
-from meshctl.etcd.pki import make_ca
-from meshctl.etcdbackend import cluster_key, node_key
-from meshctl.lab import build, probe
+from meshctl.backends.etcd import cluster_key, node_key
+from meshctl.lab import build, netns, probe
 from meshctl.lab import state as labstate
+from meshctl.lab.pki import make_ca
 from meshctl.lab.spec import parse_lab
 from tests.lab.conftest import node_of, status, wait_for
 from tests.names import unique
 
-LAB_FILE = Path(__file__).resolve().parents[2] / "ctl/meshctl/labs/two-clusters.yaml"
+LAB_FILE = Path(__file__).resolve().parents[2] / "ctl/meshctl/lab/labs/two-clusters.yaml"
 SHARED = {"a1", "a2", "g1", "g2"}  # the nodes on 10.10.1.0/24
 
 
@@ -138,7 +137,7 @@ def test_cluster2_etcd_stopped_keeps_traffic_and_reports_not_ready(lab) -> None:
 
 
 def _status_text(st: dict[str, Any], node: str) -> str:
-    from meshctl.cli_agent import format_status
+    from meshctl.cli.agent import format_status
 
     return format_status(status(st, node))
 

@@ -11,10 +11,10 @@ import yaml
 from click.testing import CliRunner
 
 from meshctl.cli import main
-from meshctl.clustermesh import admit_remotes
-from meshctl.plan import plan_node
-from meshctl.render import plan_to_json
-from meshctl.topofile import parse_topology
+from meshctl.mesh.admit import admit_remotes
+from meshctl.mesh.plan import plan_node
+from meshctl.mesh.records import parse_topology
+from meshctl.mesh.render import plan_to_json
 from tests.plan.fixtures import key
 
 from .fixtures import CLUSTER1, CLUSTER2

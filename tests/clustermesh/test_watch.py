@@ -12,14 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from meshctl.clustermesh_watch import RemoteClusters, parse_config, summary_line
+from meshctl.backends.clustermesh import RemoteClusters, parse_config, summary_line
+from meshctl.backends.etcd import cluster_key, node_key, write_topology
 from meshctl.errors import InputError
-from meshctl.etcd.pki import make_ca, make_cert
-from meshctl.etcd.process import EtcdServer
-from meshctl.etcdbackend import cluster_key, node_key, write_topology
-from meshctl.model import Cluster
-from meshctl.topofile import parse_topology
-from meshctl.validate import node_to_record
+from meshctl.lab.etcd_process import EtcdServer
+from meshctl.lab.pki import make_ca, make_cert
+from meshctl.mesh.model import Cluster
+from meshctl.mesh.records import node_to_record, parse_topology
 
 from .fixtures import CLUSTER1, CLUSTER2
 

@@ -8,7 +8,7 @@ import re
 
 from meshctl.datapath import layout, libbpf
 from meshctl.datapath.loader import bpf_dir
-from meshctl.plan import FastPathEntry
+from meshctl.mesh.plan import FastPathEntry
 
 DEFINES = {m.group(1): int(m.group(2), 0) for m in re.finditer(
     r"^#define (MC_\w+) (0x[0-9a-fA-F]+|\d+)\b", (bpf_dir() / "meshctl_maps.h").read_text(), re.M)}

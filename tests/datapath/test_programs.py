@@ -8,8 +8,8 @@ import ipaddress
 import pytest
 
 from meshctl.datapath import layout
-from meshctl.datapath.testrun import PROTO_ICMP6, PROTO_UDP, frame, non_ip_frame, run
-from meshctl.plan import FastPathEntry
+from meshctl.lab.testrun import PROTO_ICMP6, PROTO_UDP, frame, non_ip_frame, run
+from meshctl.mesh.plan import FastPathEntry
 
 net = ipaddress.ip_network
 ip = ipaddress.ip_address

@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from meshctl import netns
 from meshctl.datapath import Datapath, layout, links
 from meshctl.datapath.inns import in_netns
-from meshctl.datapath.testrun import frame, run
-from meshctl.plan import FastPathEntry
+from meshctl.lab import netns
+from meshctl.lab.testrun import frame, run
+from meshctl.mesh.plan import FastPathEntry
 from tests.names import unique
 
 NH = ipaddress.ip_address("192.168.0.2")
@@ -113,7 +113,7 @@ def test_a_second_loader_process_sees_the_same_pinned_maps(pin_root, node):
     assert other["status"]["programs"] == dp.status()["programs"]
     # What the other process writes, this one reads.
     subprocess.run([sys.executable, "-c", "import sys,ipaddress; from meshctl.datapath import Datapath; "
-                    "from meshctl.plan import FastPathEntry as F; "
+                    "from meshctl.mesh.plan import FastPathEntry as F; "
                     "dp=Datapath.open(sys.argv[1], pin_root=sys.argv[2]); "
                     "dp.sync([F(ipaddress.ip_network('10.77.0.0/16'),'tunnel',None)], 'lo')", node, pin_root],
                    check=True, capture_output=True)
@@ -214,7 +214,7 @@ def test_without_bcc_the_node_falls_back_to_kernel_routes(pin_root, node, tmp_pa
     fake.mkdir()
     (fake / "__init__.py").write_text("raise ImportError('No module named bcc (test)')\n")
     code = ("import json,logging,sys; logging.basicConfig(level=logging.WARNING); "
-            "from meshctl.datapath import Datapath; from meshctl.plan import FastPathEntry; "
+            "from meshctl.datapath import Datapath; from meshctl.mesh.plan import FastPathEntry; "
             "dp=Datapath.open(sys.argv[1], pin_root=sys.argv[2]); dp2=Datapath.open(sys.argv[1], pin_root=sys.argv[2]);"
             "print(json.dumps([dp.mode, dp.reason, dp.sync([], 'lo').total, dp.counters(), dp.entries()]))")
     env = dict(os.environ, PYTHONPATH=str(tmp_path))

@@ -14,11 +14,11 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
-from meshctl import netns
 from meshctl.cli import main
 from meshctl.datapath import Datapath, layout, links
 from meshctl.datapath.inns import in_netns
-from meshctl.datapath.testbed import FAR_POD, PODS, SERVICE_IP, Testbed
+from meshctl.lab import netns
+from meshctl.lab.testbed import FAR_POD, PODS, SERVICE_IP, Testbed
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ from typing import Any
 from lightkube import Client
 from lightkube.resources.core_v1 import Node as KNode
 
-from meshctl.kube import nodes as A
+from meshctl.backends.kube import nodes as A
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

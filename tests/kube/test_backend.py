@@ -13,11 +13,11 @@ from lightkube.resources.core_v1 import Node as KNode
 from lightkube.types import PatchType
 from prometheus_client import CollectorRegistry
 
-from meshctl import validate
-from meshctl.kube import nodes as A
-from meshctl.kube.backend import KubeBackend, backend_from_options, state_from_objects
-from meshctl.model import Cluster, Endpoint, MeshSettings, Node, Topology
-from meshctl.plan import plan_node
+from meshctl.backends.kube import nodes as A
+from meshctl.backends.kube.backend import KubeBackend, backend_from_options, state_from_objects
+from meshctl.mesh import admit
+from meshctl.mesh.model import Cluster, Endpoint, MeshSettings, Node, Topology
+from meshctl.mesh.plan import plan_node
 
 from .helpers import Running, create_node, node_obj, wait_for, wg_key
 
@@ -31,7 +31,7 @@ def backend(api, name="a1", **kw) -> KubeBackend:
 
 
 def plan_of(state, me: str):
-    nodes, rejected = validate.admit_nodes(state.nodes, state.mesh.subnet)
+    nodes, rejected = admit.admit_nodes(state.nodes, state.mesh.subnet)
     return plan_node(Topology(state.cluster, state.mesh, tuple(nodes), state.peers), me)
 
 
@@ -321,7 +321,7 @@ def test_bad_options_are_one_line_errors():
 
 def test_make_backend_fills_the_agent_config_from_its_node(api, kclient, monkeypatch):
     from meshctl.agent.config import AgentConfig
-    from meshctl.kube import make_backend
+    from meshctl.backends.kube import make_backend
 
     K = A.KILO_PREFIX
     create_node(kclient, node_obj("a1", "10.42.7.0/24", ann={K + "location": "gcp", K + "leader": "",
@@ -344,7 +344,7 @@ def test_own_annotations_changed_at_run_time_reach_the_agent_config(api, kclient
     import threading
 
     from meshctl.agent.config import AgentConfig
-    from meshctl.kube import make_backend
+    from meshctl.backends.kube import make_backend
 
     create_node(kclient, node_obj("a1", None, ann={A.PREFIX + "location": "a", A.PREFIX + "leader": ""}))
     # The Node gets its pod CIDR a moment after the agent starts: the agent waits for it.

@@ -16,21 +16,21 @@ from lightkube.resources.core_v1 import ConfigMap
 from lightkube.resources.core_v1 import Node as KNode
 from lightkube.types import PatchType
 
-from meshctl import validate
-from meshctl.backend import ClusterState
-from meshctl.clustermesh_watch import RemoteClusters
+from meshctl.backends.base import ClusterState
+from meshctl.backends.clustermesh import RemoteClusters
+from meshctl.backends.etcd import cluster_key, mesh_key, node_key, peer_key
+from meshctl.backends.kube import nodes as A
+from meshctl.backends.kube.backend import backend_from_options
+from meshctl.backends.kube.kvstore import KvstoreMirror, mirror_records, record_changes, writer_key
 from meshctl.etcd import EtcdClient
-from meshctl.etcd.pki import CertFiles, make_ca, make_cert
-from meshctl.etcd.process import EtcdServer
-from meshctl.etcdbackend import cluster_key, mesh_key, node_key, peer_key
-from meshctl.kube import nodes as A
-from meshctl.kube.backend import backend_from_options
-from meshctl.kube.kvstore import KvstoreMirror, mirror_records, record_changes, writer_key
-from meshctl.model import Cluster, MeshSettings, Node, Topology
+from meshctl.lab.etcd_process import EtcdServer
+from meshctl.lab.pki import CertFiles, make_ca, make_cert
+from meshctl.mesh import fields, records
+from meshctl.mesh.model import Cluster, MeshSettings, Node, Topology
 
 from .helpers import Running, create_node, node_obj, wait_for, wg_key
 
-net = validate.network
+net = fields.network
 CLUSTER = Cluster("kube1", 3)
 
 
@@ -39,7 +39,7 @@ def state_of(*nodes: Node, mesh: MeshSettings | None = None, ready: bool = True)
 
 
 def node(name: str, pod: str, key: int, loc: str, internal: str | None = None, endpoint: str | None = None) -> Node:
-    return validate.parse_node({"name": name, "pod_cidr": pod, "public_key": wg_key(key), "location": loc,
+    return records.parse_node({"name": name, "pod_cidr": pod, "public_key": wg_key(key), "location": loc,
                                 "internal_ip": internal, "endpoint": endpoint}, name)
 
 
@@ -54,8 +54,8 @@ def test_mirror_records_are_the_admitted_nodes_with_their_leaders_wireguard_ips(
     recs = mirror_records(state_of(a1, a2, b1, clash))
     assert set(recs) == {cluster_key("kube1"), mesh_key("kube1"), *(node_key("kube1", n) for n in ("a1", "a2", "b1"))}
     assert json.loads(recs[cluster_key("kube1")]) == {"name": "kube1", "id": 3, "subnet": "10.4.0.0/16"}
-    assert json.loads(recs[mesh_key("kube1")]) == validate.mesh_to_record(MeshSettings())
-    parsed = {n: validate.parse_node(json.loads(recs[node_key("kube1", n)]), n) for n in ("a1", "a2", "b1")}
+    assert json.loads(recs[mesh_key("kube1")]) == records.mesh_to_record(MeshSettings())
+    parsed = {n: records.parse_node(json.loads(recs[node_key("kube1", n)]), n) for n in ("a1", "a2", "b1")}
     # the segment leaders carry their segment's address (loc a = 10.4.0.1, loc b = 10.4.0.2), as
     # their own plans give it; the rest of each record is the node as the cluster sees it
     assert str(parsed["a1"].wireguard_ip) == "10.4.0.1/16" and str(parsed["b1"].wireguard_ip) == "10.4.0.2/16"

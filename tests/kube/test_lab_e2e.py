@@ -15,16 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from meshctl import netns
-from meshctl.agent.metrics import fetch_status
-from meshctl.kube import nodes as A
-from meshctl.lab import build, probe, state
+from meshctl.agent.server import fetch_status
+from meshctl.backends.kube import nodes as A
+from meshctl.lab import build, netns, probe, state
 from meshctl.lab.spec import load_lab
 from tests.names import unique
 
 from .helpers import wait_for
 
-LAB = Path(__file__).resolve().parents[2] / "ctl" / "meshctl" / "labs" / "default.yaml"
+LAB = Path(__file__).resolve().parents[2] / "ctl" / "meshctl" / "lab" / "labs" / "default.yaml"
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

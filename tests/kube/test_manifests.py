@@ -15,8 +15,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from meshctl.backends.kube.peers import parse_peer_object
 from meshctl.errors import InputError
-from meshctl.kube.peers import parse_peer_object
 
 from .helpers import MANIFESTS, ROOT, wg_key
 
@@ -100,7 +100,7 @@ def test_rbac_allows_what_the_backend_does():
 
 
 def test_configmap_settings_parse():
-    from meshctl.kube.backend import settings_from_configmap
+    from meshctl.backends.kube.backend import settings_from_configmap
 
     cm = by_kind("ConfigMap")
     cluster, mesh = settings_from_configmap(cm["data"])

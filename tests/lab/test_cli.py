@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from meshctl import netns
 from meshctl.errors import InputError
-from meshctl.lab import build
+from meshctl.lab import build, netns
 from meshctl.lab.spec import parse_lab
 from tests.names import unique
 

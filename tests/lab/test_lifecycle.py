@@ -11,11 +11,10 @@ import time
 
 import pytest
 
-from meshctl import netns
+from meshctl.backends.etcd import mesh_key, node_key
 from meshctl.etcd import EtcdClient
 from meshctl.etcd.nsconn import session
-from meshctl.etcdbackend import mesh_key, node_key
-from meshctl.lab import build, probe
+from meshctl.lab import build, netns, probe
 
 from .conftest import node_of, pair, status, topo, wait_for
 

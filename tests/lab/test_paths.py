@@ -7,9 +7,8 @@ import json
 
 import pytest
 
-from meshctl import netns
-from meshctl.etcdbackend import mesh_key
-from meshctl.lab import build
+from meshctl.backends.etcd import mesh_key
+from meshctl.lab import build, netns
 
 from .conftest import node_of, pair, status, topo, wait_for
 

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from meshctl import netns
-from meshctl.wireguard.uapi import running_pid, stop
+from meshctl.lab import netns
+from meshctl.node.wireguard.uapi import running_pid, stop
 from tests.names import unique
 
 T = TypeVar("T")

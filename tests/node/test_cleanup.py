@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from meshctl import netns
-from meshctl.keys import generate_private_key
-from meshctl.wireguard import WireGuard
-from meshctl.wireguard.uapi import running_pid, spawn, stop
+from meshctl.lab import netns
+from meshctl.node.keys import generate_private_key
+from meshctl.node.wireguard import WireGuard
+from meshctl.node.wireguard.uapi import running_pid, spawn, stop
 
 from .conftest import NodeLab, in_ns
 

@@ -8,9 +8,9 @@ import logging
 
 import pytest
 
-from meshctl.discovery import discover_endpoint, discover_internal_ip, wg_mtu
 from meshctl.errors import InputError
-from meshctl.model import Endpoint
+from meshctl.mesh.model import Endpoint
+from meshctl.node.discovery import discover_endpoint, discover_internal_ip, wg_mtu
 
 from .conftest import NodeLab, in_ns
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from meshctl.errors import InputError
-from meshctl.keys import generate_private_key, load_or_create_private_key, public_key
+from meshctl.node.keys import generate_private_key, load_or_create_private_key, public_key
 
 
 def test_key_is_created_0600_and_reused(tmp_path: Path):

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from meshctl import netns
-from meshctl.nat import NatApplier
-from meshctl.sysctls import ensure_sysctls
+from meshctl.lab import netns
+from meshctl.node.nat import NatApplier
+from meshctl.node.sysctls import ensure_sysctls
 
 from .conftest import NodeLab, in_ns
 

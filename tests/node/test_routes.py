@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from meshctl import RT_PROTO, netns
-from meshctl.plan import Route
-from meshctl.routes import RouteApplier
+from meshctl.lab import netns
+from meshctl.mesh.plan import Route
+from meshctl.node.routes import RT_PROTO, RouteApplier
 
 from .conftest import NodeLab, in_ns
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from meshctl.nat import NatApplier
-from meshctl.plan import Route
-from meshctl.routes import RouteApplier
+from meshctl.mesh.plan import Route
+from meshctl.node.nat import NatApplier
+from meshctl.node.routes import RouteApplier
 
 from .conftest import NodeLab, in_ns
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from meshctl.sysctls import ensure_sysctls
+from meshctl.node.sysctls import ensure_sysctls
 
 from .conftest import NodeLab, in_ns
 

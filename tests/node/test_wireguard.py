@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from meshctl import netns
-from meshctl.keys import generate_private_key, public_key
-from meshctl.plan import PeerPlan
-from meshctl.wireguard import PeerStatus, WireGuard, resolve_endpoint
-from meshctl.wireguard.uapi import UapiClient, _proc_state, running_pid, stop
+from meshctl.lab import netns
+from meshctl.mesh.plan import PeerPlan
+from meshctl.node.keys import generate_private_key, public_key
+from meshctl.node.wireguard import PeerStatus, WireGuard, resolve_endpoint
+from meshctl.node.wireguard.uapi import UapiClient, _proc_state, running_pid, stop
 
 from .conftest import NodeLab, in_ns
 
@@ -140,7 +140,7 @@ def test_wireguard_go_survives_the_process_that_started_it(lab: NodeLab):
     ns = lab.ns("ws")
     run_dir = lab.run_dir("s")
     key = generate_private_key()
-    code = ("import ipaddress, sys; from meshctl.wireguard import WireGuard; "
+    code = ("import ipaddress, sys; from meshctl.node.wireguard import WireGuard; "
             f"WireGuard('kilo0', run_dir={str(run_dir)!r}).ensure_device(sys.stdin.read().strip(), {PORT}, "
             "ipaddress.ip_interface('10.4.0.9/16'), 1420)")
     p = subprocess.run([*netns.exec_prefix(ns), sys.executable, "-c", code], input=key, capture_output=True,
@@ -214,7 +214,7 @@ def test_peer_syncs_trust_their_memory_until_forget(pair: Pair, lab: NodeLab):
     pair.up()
     sock = UapiClient(lab.run_dir("a") / "kilo0.sock")
     c_pub = public_key(pair.kc)
-    from meshctl.wireguard.state import PeerOp
+    from meshctl.node.wireguard.state import PeerOp
 
     in_ns(pair.a, sock.set, peers=[PeerOp(c_pub, remove=True)])
     assert not in_ns(pair.a, pair.wa.sync_peers, pair.peers_a())

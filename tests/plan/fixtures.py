@@ -6,7 +6,7 @@ import base64
 import copy
 from typing import Any
 
-from meshctl.topofile import parse_topology
+from meshctl.mesh.records import parse_topology
 
 
 def key(i: int) -> str:

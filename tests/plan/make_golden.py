@@ -14,7 +14,7 @@ import yaml
 from tests.plan.fixtures import CROSS_TWO_SUBNETS, KILO_CLASSIC, key
 
 GOLDEN = Path(__file__).parent / "golden"
-LABS = Path(__file__).resolve().parents[2] / "ctl" / "meshctl" / "labs"
+LABS = Path(__file__).resolve().parents[2] / "ctl" / "meshctl" / "lab" / "labs"
 
 
 def write_topologies() -> None:

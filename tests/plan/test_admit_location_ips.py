@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from meshctl import validate as v
-from meshctl.clustermesh import admit_remotes
 from meshctl.errors import InputError
-from meshctl.model import Cluster, MeshSettings, Topology
+from meshctl.mesh import admit, fields, records
+from meshctl.mesh.admit import admit_remotes
+from meshctl.mesh.model import Cluster, MeshSettings, Topology
 
 from .fixtures import key
 
@@ -24,7 +24,7 @@ def node(name: str, i: int, pod: str, *, internal: str | None = None, endpoint: 
         d["endpoint"] = endpoint
     if ali:
         d["allowed_location_ips"] = ali
-    return v.parse_node(d, name, cluster=cluster, default_port=51820)
+    return records.parse_node(d, name, cluster=cluster, default_port=51820)
 
 
 # The cluster every local case starts from: a1 and b1 with pod CIDRs, internal addresses, endpoints.
@@ -57,7 +57,7 @@ LOCAL_CASES: list[tuple[str, list[str], bool, str | None]] = [
 def test_local_location_ips(case: str, ali: list[str], allow: bool, words: str | None) -> None:
     x = node("x", 9, "10.42.9.0/24", ali=ali)
     for order in ([A1, B1, x], [x, A1, B1]):  # a hijacker older than its victim gains nothing either
-        admitted, rejected = v.admit_nodes(order, SUBNET, allow_default_route=allow)
+        admitted, rejected = admit.admit_nodes(order, SUBNET, allow_default_route=allow)
         names = [n.name for n in admitted]
         assert "a1" in names and "b1" in names, case
         if words is None:
@@ -72,7 +72,7 @@ def test_local_location_ips(case: str, ali: list[str], allow: bool, words: str |
 def test_location_ips_of_two_nodes_may_not_overlap_and_the_older_keeps_them() -> None:
     x = node("x", 9, "10.42.9.0/24", ali=["192.168.0.0/16"])
     y = node("y", 10, "10.42.10.0/24", ali=["192.168.5.0/24"])
-    admitted, rejected = v.admit_nodes([A1, x, y], SUBNET)
+    admitted, rejected = admit.admit_nodes([A1, x, y], SUBNET)
     assert [n.name for n in admitted] == ["a1", "x"]
     assert rejected[0].name == "y" and "overlaps x's allowed location IP 192.168.0.0/16" in rejected[0].reason
 
@@ -80,36 +80,36 @@ def test_location_ips_of_two_nodes_may_not_overlap_and_the_older_keeps_them() ->
 def test_only_one_default_route_even_when_allowed() -> None:
     x = node("x", 9, "10.42.9.0/24", ali=["0.0.0.0/0"])
     y = node("y", 10, "10.42.10.0/24", ali=["0.0.0.0/0"])
-    admitted, rejected = v.admit_nodes([A1, x, y], SUBNET, allow_default_route=True)
+    admitted, rejected = admit.admit_nodes([A1, x, y], SUBNET, allow_default_route=True)
     assert [n.name for n in admitted] == ["a1", "x"]
     assert "overlaps x's allowed location IP 0.0.0.0/0" in rejected[0].reason
 
 
 def test_an_extra_peer_may_not_take_a_location_ip() -> None:
     x = node("x", 9, "10.42.9.0/24", ali=["192.168.178.0/24"])
-    claims = v.Claims()
-    v.admit_nodes([A1, x], SUBNET, claims=claims)
-    peer = v.parse_peer({"name": "p", "public_key": key(50), "allowed_ips": ["192.168.178.7/32"]}, "peers[0]")
-    admitted, rejected = v.admit_peers([peer], claims)
+    claims = admit.Claims()
+    admit.admit_nodes([A1, x], SUBNET, claims=claims)
+    peer = records.parse_peer({"name": "p", "public_key": key(50), "allowed_ips": ["192.168.178.7/32"]}, "peers[0]")
+    admitted, rejected = admit.admit_peers([peer], claims)
     assert not admitted and "overlaps x's allowed location IP 192.168.178.0/24" in rejected[0].reason
 
 
 def test_a_rejected_node_holds_nothing() -> None:
     """The hijacker's own pod CIDR and internal address are free again once it is rejected."""
     x = node("x", 9, "10.42.9.0/24", internal="10.10.0.9/24", ali=["10.42.1.0/24"])
-    claims = v.Claims()
+    claims = admit.Claims()
     internal: dict[Any, str] = {}
-    v.admit_nodes([A1, x], SUBNET, claims=claims, internal_ips=internal)
+    admit.admit_nodes([A1, x], SUBNET, claims=claims, internal_ips=internal)
     assert claims.conflict(x.pod_cidr) is None
     assert x.internal_ip is not None and x.internal_ip.ip not in internal
 
 
 def test_mesh_setting_is_parsed_and_written_only_when_set() -> None:
-    assert v.parse_mesh({"allow_default_route": True}, "mesh").allow_default_route is True
-    assert "allow_default_route" not in v.mesh_to_record(MeshSettings())
-    assert v.mesh_to_record(MeshSettings(allow_default_route=True))["allow_default_route"] is True
+    assert records.parse_mesh({"allow_default_route": True}, "mesh").allow_default_route is True
+    assert "allow_default_route" not in records.mesh_to_record(MeshSettings())
+    assert records.mesh_to_record(MeshSettings(allow_default_route=True))["allow_default_route"] is True
     with pytest.raises(InputError, match=r"mesh.allow_default_route: 'maybe' is not true or false"):
-        v.parse_mesh({"allow_default_route": "maybe"}, "mesh")
+        records.parse_mesh({"allow_default_route": "maybe"}, "mesh")
 
 
 # --- remote clusters -------------------------------------------------------------------------
@@ -135,7 +135,7 @@ REMOTE_CASES: list[tuple[str, list[str], bool, str | None]] = [
 def test_remote_location_ips(case: str, ali: list[str], allow: bool, words: str | None) -> None:
     g1 = node("g1", 20, "10.52.1.0/24", internal="10.60.0.1/24", ali=ali, cluster="cluster2")
     g2 = node("g2", 21, "10.52.2.0/24", internal="10.60.0.2/24", cluster="cluster2")
-    remote = Topology(cluster=Cluster("cluster2", 2), mesh=MeshSettings(subnet=v.network("10.5.0.0/16", "s")),
+    remote = Topology(cluster=Cluster("cluster2", 2), mesh=MeshSettings(subnet=fields.network("10.5.0.0/16", "s")),
                       nodes=(g1, g2))
     local = Topology(cluster=LOCAL.cluster, mesh=MeshSettings(allow_default_route=allow), nodes=LOCAL.nodes)
     remotes, rejected = admit_remotes(local, [remote])
@@ -152,8 +152,10 @@ def test_remote_location_ips(case: str, ali: list[str], allow: bool, words: str 
 def test_a_remote_cluster_may_not_take_another_remotes_location_ips() -> None:
     g1 = node("g1", 20, "10.52.1.0/24", ali=["172.20.0.0/16"], cluster="cluster2")
     h1 = node("h1", 30, "10.62.1.0/24", ali=["172.20.1.0/24"], cluster="cluster3")
-    r2 = Topology(cluster=Cluster("cluster2", 2), mesh=MeshSettings(subnet=v.network("10.5.0.0/16", "s")), nodes=(g1,))
-    r3 = Topology(cluster=Cluster("cluster3", 3), mesh=MeshSettings(subnet=v.network("10.6.0.0/16", "s")), nodes=(h1,))
+    r2 = Topology(cluster=Cluster("cluster2", 2), mesh=MeshSettings(subnet=fields.network("10.5.0.0/16", "s")),
+                  nodes=(g1,))
+    r3 = Topology(cluster=Cluster("cluster3", 3), mesh=MeshSettings(subnet=fields.network("10.6.0.0/16", "s")),
+                  nodes=(h1,))
     remotes, rejected = admit_remotes(LOCAL, [r3, r2])
     assert [r.name for r in rejected] == ["cluster3/h1"]
     assert "overlaps cluster2/g1's allowed location IP 172.20.0.0/16" in rejected[0].reason

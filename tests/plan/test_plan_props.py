@@ -7,9 +7,9 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshctl.plan import plan_node, segments
-from meshctl.render import plan_to_json
-from meshctl.topofile import parse_topology
+from meshctl.mesh.plan import plan_node, segments
+from meshctl.mesh.records import parse_topology
+from meshctl.mesh.render import plan_to_json
 
 from .fixtures import key
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from meshctl.plan import plan_node
-from meshctl.render import plan_to_json
+from meshctl.mesh.plan import plan_node
+from meshctl.mesh.render import plan_to_json
 
 from .fixtures import CROSS_TWO_SUBNETS, KILO_CLASSIC, key, topo
 

@@ -1,7 +1,8 @@
-"""The per-node agent: configuration (`config`), the one reconcile loop (`core`) and its
-metrics/status HTTP server (`metrics`)."""
+"""The per-node agent: configuration (`config`), the one reconcile loop (`loop`) that drives a
+list of steps (`steps`), its status/metrics HTTP server (`server`) and the wiring of `meshctl
+agent` (`run`)."""
 
-from .config import DEFAULT_METRICS_ADDR, AgentConfig
-from .core import Agent
+from meshctl.agent.config import DEFAULT_METRICS_ADDR, AgentConfig
+from meshctl.agent.loop import Agent
 
 __all__ = ["DEFAULT_METRICS_ADDR", "Agent", "AgentConfig"]

@@ -1,6 +1,6 @@
 """The agent's settings: one dataclass, filled from command-line flags (cli_agent) or by the lab.
 
-Parsing goes through meshctl.validate so a bad flag reads like a bad record:
+Parsing goes through meshctl.mesh.fields so a bad flag reads like a bad record:
 `--pod-cidr: '10.42.1.0/33' is not a CIDR`.
 """
 
@@ -9,12 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import validate as v
-from ..errors import InputError
-from ..model import IPInterface, IPNetwork
+from meshctl import defaults
+from meshctl.errors import InputError
+from meshctl.mesh import fields
+from meshctl.mesh.model import IPInterface, IPNetwork
 
-DEFAULT_METRICS_ADDR = "127.0.0.1:9736"
-DEFAULT_PIN_ROOT = "/sys/fs/bpf/meshctl"
+DEFAULT_METRICS_ADDR = defaults.METRICS_ADDR
+DEFAULT_PIN_ROOT = defaults.PIN_ROOT
 
 
 @dataclass
@@ -30,9 +31,9 @@ class AgentConfig:
     leader: bool = False
     persistent_keepalive: int = 0
     allowed_location_ips: tuple[IPNetwork, ...] = ()
-    state_dir: Path = Path("/var/lib/meshctl")
-    wg_interface: str = "kilo0"
-    wg_run_dir: Path = Path("/run/meshctl/wireguard")
+    state_dir: Path = defaults.STATE_DIR
+    wg_interface: str = defaults.WG_INTERFACE
+    wg_run_dir: Path = defaults.WG_RUN_DIR
     pod_interfaces: str | None = None
     metrics_addr: str = DEFAULT_METRICS_ADDR
     backend: str = "etcd"
@@ -55,7 +56,7 @@ class AgentConfig:
     # Node label names the location when no location annotation does.
     kubeconfig: str | None = None
     api_server: str | None = None
-    location_label: str = "topology.kubernetes.io/region"
+    location_label: str = defaults.REGION_LABEL
     # --backend kubernetes: mirror the cluster's nodes into this etcd for the cluster mesh.
     kvstore_endpoints: tuple[str, ...] = ()
     kvstore_ca: str | None = None
@@ -99,4 +100,4 @@ def parse_addr(value: str, path: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not host:
         raise InputError(path, value, "is not host:port")
-    return host.strip("[]"), v.port(port, path)
+    return host.strip("[]"), fields.port(port, path)

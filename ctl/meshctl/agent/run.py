@@ -7,20 +7,21 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from types import FrameType
 
-from ..backend import Backend, FileBackend
-from ..errors import MeshError
-from ..model import Cluster
-from .config import AgentConfig
-from .core import Agent
+from meshctl.agent.config import AgentConfig
+from meshctl.agent.loop import Agent, RemoteSource
+from meshctl.backends.base import Backend
+from meshctl.backends.file import FileBackend
+from meshctl.errors import MeshError
+from meshctl.etcd import EtcdClient
+from meshctl.mesh.model import Cluster
 
 log = logging.getLogger("meshctl.agent")
 
 
-def etcd_client(cfg: AgentConfig) -> Any:
-    from ..etcd import EtcdClient
-
+def etcd_client(cfg: AgentConfig) -> EtcdClient:
     return EtcdClient(list(cfg.etcd_endpoints), ca=cfg.etcd_ca, cert=cfg.etcd_cert, key=cfg.etcd_key,
                       user=cfg.etcd_user, password_file=cfg.etcd_password_file)
 
@@ -29,7 +30,7 @@ def build_backend(cfg: AgentConfig) -> Backend:
     """The backend named by --backend (kubernetes is imported only when asked for)."""
     cluster = Cluster(cfg.cluster_name, cfg.cluster_id)
     if cfg.backend == "etcd":
-        from ..etcdbackend import EtcdBackend
+        from meshctl.backends.etcd import EtcdBackend
 
         return EtcdBackend(etcd_client(cfg), cluster, lease_ttl=cfg.lease_ttl,
                            lease_file=cfg.state_dir / f"lease-{cfg.cluster_name}")
@@ -37,13 +38,10 @@ def build_backend(cfg: AgentConfig) -> Backend:
         assert cfg.topology_file
         return FileBackend(cfg.topology_file)
     try:
-        from .. import kube
+        from meshctl.agent.kube import make_backend
     except ImportError as e:
         raise MeshError(f"the kubernetes backend is not available: {e}") from None
-    make = getattr(kube, "make_backend", None)
-    if make is None:
-        raise MeshError("the kubernetes backend is not available in this build (meshctl.kube.make_backend)")
-    return make(cfg)
+    return make_backend(cfg)
 
 
 def resolve_private_interface(cfg: AgentConfig) -> None:
@@ -54,7 +52,7 @@ def resolve_private_interface(cfg: AgentConfig) -> None:
         return
     from pyroute2 import IPRoute
 
-    from ..discovery import discover_internal_ip, interface_addresses
+    from meshctl.node.discovery import discover_internal_ip, interface_addresses
 
     want = cfg.force_internal_ip or discover_internal_ip(None, str(cfg.internal_cidr), None)
     if want is None:
@@ -69,15 +67,16 @@ def resolve_private_interface(cfg: AgentConfig) -> None:
     log.warning("no interface holds %s: no private interface", want.ip)
 
 
-def remotes_factory(cfg: AgentConfig) -> Any:
+def remotes_factory(cfg: AgentConfig) -> Callable[[Callable[[], None]], RemoteSource] | None:
     """A function that makes the cluster-mesh watcher once the agent can be woken, or None."""
-    if cfg.clustermesh_dir is None:
+    directory = cfg.clustermesh_dir
+    if directory is None:
         return None
 
-    def make(wake: Any) -> Any:
-        from ..clustermesh_watch import RemoteClusters
+    def make(wake: Callable[[], None]) -> RemoteSource:
+        from meshctl.backends.clustermesh import RemoteClusters
 
-        return RemoteClusters(cfg.clustermesh_dir, Cluster(cfg.cluster_name, cfg.cluster_id), changed=wake,
+        return RemoteClusters(directory, Cluster(cfg.cluster_name, cfg.cluster_id), changed=wake,
                               cache_dir=cfg.state_dir / "clustermesh")
 
     return make
@@ -90,7 +89,7 @@ def run_agent(cfg: AgentConfig) -> None:
     agent = Agent(cfg, backend, remotes_factory=remotes_factory(cfg))
     done = threading.Event()
 
-    def on_signal(signum: int, _frame: Any) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: stopping (routes, WireGuard and maps stay)", signum)
         done.set()
 

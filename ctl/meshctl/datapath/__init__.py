@@ -19,18 +19,24 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-from ..errors import MeshError
-from ..model import IPAddress
-from ..plan import FastPathEntry
-from . import layout, links
-from .maps import SyncStats
+from meshctl import defaults
+from meshctl.datapath import layout, links
+from meshctl.datapath.maps import SyncStats
+from meshctl.errors import MeshError
+from meshctl.mesh.model import IPAddress
+from meshctl.mesh.plan import FastPathEntry
+
+if TYPE_CHECKING:
+    from meshctl.datapath.loader import Loaded
+    from meshctl.datapath.maps import NodeMaps
 
 __all__ = ["Datapath", "SyncStats", "DEFAULT_PIN_ROOT"]
 
 log = logging.getLogger("meshctl.datapath")
 
-DEFAULT_PIN_ROOT = "/sys/fs/bpf/meshctl"
+DEFAULT_PIN_ROOT = defaults.PIN_ROOT
 
 
 def local_pods(pod_ifs: Iterable[str]) -> dict[IPAddress, int]:
@@ -69,7 +75,7 @@ class Datapath:
 
     _warned: set[str] = set()
 
-    def __init__(self, node: str, pin_root: str, mode: str, reason: str, loaded=None) -> None:
+    def __init__(self, node: str, pin_root: str, mode: str, reason: str, loaded: Loaded | None = None) -> None:
         self.node = node
         self.pin_root = pin_root
         self.pin_dir = f"{pin_root}/{node}"
@@ -88,7 +94,7 @@ class Datapath:
         why (logged once at WARNING). enabled=False removes whatever a previous agent left
         attached for this node, so turning the fast path off really turns it off."""
         if not node or "/" in node or node in (".", ".."):
-            from ..errors import InputError
+            from meshctl.errors import InputError
 
             raise InputError("node", node, "is not a node name usable as a pin directory")
         if not enabled:
@@ -98,7 +104,7 @@ class Datapath:
                 log.warning("datapath: could not remove the pinned fast path of %s: %s", node, e)
             return cls._fallback(node, pin_root, "disabled")
         try:
-            from . import loader
+            from meshctl.datapath import loader
 
             loader.ensure_bpffs(pin_root)
             loaded = loader.load(f"{pin_root}/{node}")
@@ -117,7 +123,7 @@ class Datapath:
     def pinned(cls, node: str, *, pin_root: str = DEFAULT_PIN_ROOT) -> Datapath:
         """Open what an agent pinned for `node` without compiling, loading or attaching anything
         (`maps dump`, `datapath status`, tests). MeshError when nothing usable is pinned."""
-        from . import loader
+        from meshctl.datapath import loader
 
         try:
             loaded = loader.reopen(f"{pin_root}/{node}")
@@ -148,7 +154,7 @@ class Datapath:
     @staticmethod
     def unload(node: str, *, pin_root: str = DEFAULT_PIN_ROOT) -> None:
         """Detach everything of this node (links, clsact filters in this netns) and unpin its maps."""
-        from . import loader
+        from meshctl.datapath import loader
 
         pin_dir = f"{pin_root}/{node}"
         for a in links.pinned_links(pin_dir):
@@ -222,7 +228,7 @@ class Datapath:
                     raise MeshError(f"attach {prog} to {name}: {e}") from None
                 log.warning("datapath: tcx links unavailable (%s): using clsact filters", e)
                 self._tc_fallback = True
-        from .loader import prog_path
+        from meshctl.datapath.loader import prog_path
 
         self._loaded.maps.config_set(layout.CFG_CLSACT, 1)  # so unload knows to look for filters
         links.attach_clsact(hook, name, prog_path(self.pin_dir, prog))
@@ -251,7 +257,7 @@ class Datapath:
         """The LPM map as `maps dump` prints it: prefix, action, nexthop, ifname."""
         if self._loaded is None:
             return []
-        from ..model import sort_key_net
+        from meshctl.mesh.model import sort_key_net
 
         out = [layout.decode_route(k, v) for k, v in self._loaded.maps.routes.items().items()]
         out.sort(key=lambda r: sort_key_net(r.prefix))
@@ -290,7 +296,7 @@ class Datapath:
         return out
 
     @property
-    def maps(self):
+    def maps(self) -> NodeMaps | None:
         """The open NodeMaps (tests, benchmarks); None in kernel-routes mode."""
         return self._loaded.maps if self._loaded is not None else None
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import MeshError
-from .loader import compile_and_pin_here
+from meshctl.datapath.loader import compile_and_pin_here
+from meshctl.errors import MeshError
 
 
 def main(argv: list[str]) -> int:

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..errors import MeshError
+from meshctl.errors import MeshError
 
 T = TypeVar("T")
 CLONE_NEWNET = 0x40000000

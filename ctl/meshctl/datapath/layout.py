@@ -11,9 +11,10 @@ import socket
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from ..model import IPAddress, IPNetwork
-from ..plan import FastPathEntry
+from meshctl.mesh.model import IPAddress, IPNetwork
+from meshctl.mesh.plan import FastPathEntry
 
 LAYOUT_VERSION = 1
 
@@ -80,12 +81,12 @@ def route_table(entries: Iterable[FastPathEntry], ifindex: int) -> dict[bytes, b
     values: dict[tuple[str, int, int], bytes] = {}
     out: dict[bytes, bytes] = {}
     for e in entries:
-        p = e.prefix
+        p: Any = e.prefix  # read through its slots, see above
         if p._version == 4:
             key = k4(32 + p._prefixlen, FAMILY_V4, htonl(p.network_address._ip))
         else:
             key = k6(32 + p._prefixlen, FAMILY_V6, p.network_address.packed)
-        nh = e.nexthop
+        nh: Any = e.nexthop
         vk = (e.action, 0, 0) if nh is None else (e.action, nh._version, nh._ip)
         v = values.get(vk)
         if v is None:

@@ -15,8 +15,8 @@ import socket
 import subprocess
 from dataclasses import dataclass
 
-from ..errors import MeshError
-from . import libbpf
+from meshctl.datapath import libbpf
+from meshctl.errors import MeshError
 
 # hook -> (program, direction)
 HOOKS: dict[str, tuple[str, str]] = {

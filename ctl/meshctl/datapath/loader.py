@@ -15,28 +15,26 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 
-from ..errors import MeshError
-from . import layout, libbpf
-from .maps import NodeMaps
+from meshctl.datapath import layout, libbpf
+from meshctl.datapath.maps import NodeMaps
+from meshctl.errors import MeshError
 
 log = logging.getLogger("meshctl.datapath")
 
 PROGRAMS = ("from_pod", "from_private", "flow_egress")
-BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 SOURCE = "datapath.c"
 HEADER = "meshctl_maps.h"
 
 
 def bpf_dir() -> Path:
-    """The C sources: shipped in the package (ctl/meshctl/bpf links to the repo's bpf/)."""
-    if (BPF_DIR / SOURCE).exists():
-        return BPF_DIR
-    repo = Path(__file__).resolve().parents[3] / "bpf"
-    if (repo / SOURCE).exists():
-        return repo
-    raise MeshError(f"the BPF sources ({SOURCE}) are not installed next to {BPF_DIR}")
+    """The C sources, shipped as the data package meshctl.bpf (the repository's bpf/ folder)."""
+    d = Path(str(files("meshctl.bpf")))
+    if not (d / SOURCE).exists():
+        raise MeshError(f"the BPF sources ({SOURCE}) are not installed in {d}")
+    return d
 
 
 def source(pin_dir: str) -> tuple[str, int]:

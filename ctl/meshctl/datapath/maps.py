@@ -13,8 +13,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..errors import MeshError
-from . import layout, libbpf
+from meshctl.datapath import layout, libbpf
+from meshctl.errors import MeshError
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from typing import Any
 
 import requests
 
-from ..errors import MeshError
-from .nsconn import session
+from meshctl.errors import MeshError
+from meshctl.etcd.nsconn import session
 
 
 class EtcdError(MeshError):
@@ -229,7 +229,8 @@ class EtcdClient:
     def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         r = self._post(path, body)
         try:
-            return r.json()
+            out: dict[str, Any] = r.json()
+            return out
         except ValueError:
             raise EtcdError(f"etcd {path}: answer is not JSON") from None
 

@@ -23,8 +23,8 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.util.connection import create_connection
 from urllib3.util.timeout import _DEFAULT_TIMEOUT
 
-from ..errors import MeshError
-from ..netns import NETNS_DIR
+from meshctl.errors import MeshError
+from meshctl.node.shell import NETNS_DIR
 
 _CLONE_NEWNET = 0x40000000
 # name -> (the namespace's identity (st_dev, st_ino), the executor whose one thread lives in it)
@@ -67,11 +67,11 @@ def _executor(ns: str) -> ThreadPoolExecutor:
         hit = _executors.get(ns)
         if hit is not None:
             return hit[1]
-        ident = _identity(ns)
-        if ident is None:
+        now = _identity(ns)
+        if now is None:
             raise MeshError(f"network namespace {ns} does not exist")
-        ex = ThreadPoolExecutor(1, thread_name_prefix=f"netns-{ns}", initializer=_join, initargs=(ns, ident))
-        _executors[ns] = (ident, ex)
+        ex = ThreadPoolExecutor(1, thread_name_prefix=f"netns-{ns}", initializer=_join, initargs=(ns, now))
+        _executors[ns] = (now, ex)
         return ex
 
 
@@ -133,7 +133,7 @@ class NetnsAdapter(HTTPAdapter):
             ConnectionCls = _conn_class(HTTPConnection, ns)
 
         class Https(HTTPSConnectionPool):
-            ConnectionCls = _conn_class(HTTPSConnection, ns)
+            ConnectionCls = _conn_class(HTTPSConnection, ns)  # type: ignore[assignment]  # urllib3's stub narrows it
 
         self.poolmanager.pool_classes_by_scheme = {"http": Http, "https": Https}
         self.poolmanager.key_fn_by_scheme = dict(self.poolmanager.key_fn_by_scheme)

@@ -24,17 +24,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import netns
-from ..errors import MeshError
-from ..etcd import EtcdClient, identity, pki
-from ..etcd.process import EtcdServer, stop_pid, stop_pids
-from ..etcdbackend import write_topology
-from ..model import Topology
-from . import state as labstate
-from .spec import PUBLIC_NET, LabSpec
+from meshctl import defaults
+from meshctl.backends import etcd_identity as identity
+from meshctl.backends.etcd import write_topology
+from meshctl.errors import MeshError
+from meshctl.etcd import EtcdClient
+from meshctl.lab import netns, pki
+from meshctl.lab import state as labstate
+from meshctl.lab.etcd_process import EtcdServer, stop_pid, stop_pids
+from meshctl.lab.spec import PUBLIC_NET, LabSpec
+from meshctl.mesh.model import Node, Topology
 
 Progress = Callable[[str], None]
-METRICS_ADDR = "127.0.0.1:9736"
+METRICS_ADDR = defaults.METRICS_ADDR
 POD_GW = "169.254.1.1"
 ETCD_PORT = 2379
 
@@ -47,7 +49,7 @@ def node_ns(prefix: str, spec: LabSpec, cluster: str, node: str) -> str:
     return f"{prefix}{cluster}-{node}" if spec.multi else f"{prefix}{node}"
 
 
-def pod_ip(topo_node: Any, k: int) -> ipaddress.IPv4Address:
+def pod_ip(topo_node: Node, k: int) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     return topo_node.pod_cidr.network_address + 2 + k
 
 
@@ -89,6 +91,9 @@ def _ns(st: dict[str, Any], name: str) -> str:
 
 
 def _build(spec: LabSpec, st: dict[str, Any], progress: Progress) -> None:
+    """Build the fabric, each cluster's etcd (and API server) and its nodes, recording every name
+    in the state as it is made so `lab down` can remove a half-built lab; one sequence of steps
+    whose order matters, kept together."""
     prefix = st["prefix"]
     d = Path(st["dir"])
     fab = _ns(st, f"{prefix}fab")
@@ -135,7 +140,7 @@ def _build(spec: LabSpec, st: dict[str, Any], progress: Progress) -> None:
         st["clusters"].append({"name": cname, "id": topo.cluster.id, "etcd": access, "nodes": [],
                                "mesh": {"granularity": topo.mesh.granularity}})
         if spec.options.backend == "kubernetes":
-            from ..kube import lab as kubelab
+            from meshctl.lab import kube as kubelab
 
             kns = _ns(st, f"{prefix}kube-{cname}")
             kip = str(PUBLIC_NET.network_address + 240 - ci)
@@ -281,7 +286,7 @@ def agent_argv(st: dict[str, Any], cst: dict[str, Any], node: dict[str, Any]) ->
         argv.append("--no-fastpath")
     argv += list(st.get("agent_args", []))
     if cst.get("kube"):
-        from ..kube.lab import agent_argv as kube_argv
+        from meshctl.lab.kube import agent_argv as kube_argv
 
         argv = kube_argv(argv)
     return argv
@@ -296,7 +301,7 @@ def start_agent(st: dict[str, Any], node_name: str, *, extra_args: tuple[str, ..
     log = open(Path(node["dir"]) / "agent.log", "ab")  # noqa: SIM115
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if cst.get("kube"):
-        from ..kube.lab import agent_env
+        from meshctl.lab.kube import agent_env
 
         env.update(agent_env(cst))
     try:
@@ -341,7 +346,7 @@ def start_all_agents(st: dict[str, Any], progress: Progress, hold: tuple[str, ..
 
 def wait_converged(st: dict[str, Any], progress: Progress, timeout: float, hold: tuple[str, ...] = ()) -> None:
     """Until every running agent has applied a plan holding every running node of its cluster."""
-    from .probe import agent_status
+    from meshctl.lab.probe import agent_status
 
     deadline = time.monotonic() + timeout
     pending = {f"{c['name']}/{n['name']}": (c, n) for c in st["clusters"] for n in c["nodes"]
@@ -374,7 +379,7 @@ def wait_converged(st: dict[str, Any], progress: Progress, timeout: float, hold:
 def _wait_datapaths(st: dict[str, Any], progress: Progress, deadline: float, hold: tuple[str, ...]) -> None:
     """Until every agent's fast path has loaded (or fallen back): traffic flows before that through
     kernel routes, but `lab check` right after `lab up` should show the paths users will get."""
-    from .probe import agent_status
+    from meshctl.lab.probe import agent_status
 
     loading = [n for c in st["clusters"] for n in c["nodes"]
                if n.get("pid") and n["name"] not in hold and f"{c['name']}/{n['name']}" not in hold]

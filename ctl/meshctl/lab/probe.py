@@ -14,9 +14,9 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .. import netns
-from ..agent.metrics import fetch_status
-from ..errors import MeshError
+from meshctl.agent.server import fetch_status
+from meshctl.errors import MeshError
+from meshctl.lab import netns
 
 
 @dataclass

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
-from ..model import IPNetwork, Topology
-from ..topofile import load_yaml, parse_topology
+from meshctl.backends.file import load_yaml
+from meshctl.errors import InputError
+from meshctl.mesh.model import IPNetwork, Topology
+from meshctl.mesh.records import parse_topology
 
 _PLACEHOLDER_KEY = base64.b64encode(bytes(32)).decode()
 LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend")
@@ -31,7 +32,7 @@ class LabOptions:
     prefix: str = "ml-"
     fastpath: bool = True
     agent_args: tuple[str, ...] = ()
-    backend: str = "etcd"  # or "kubernetes": agents use an in-process API server (meshctl.kube.lab)
+    backend: str = "etcd"  # or "kubernetes": agents use an in-process API server (meshctl.lab.kube)
 
 
 @dataclass(frozen=True)
@@ -126,9 +127,9 @@ def parse_lab(doc: Any, source: str = "") -> LabSpec:
     else:
         clusters = (_topology(doc, ""),)
     names = [c.cluster.name for c in clusters]
-    for i, n in enumerate(names):
-        if n in names[:i]:
-            raise InputError(f"clusters[{i}].cluster.name", n, "is used by another cluster of the lab")
+    for i, cname in enumerate(names):
+        if cname in names[:i]:
+            raise InputError(f"clusters[{i}].cluster.name", cname, "is used by another cluster of the lab")
     total = sum(len(c.nodes) for c in clusters)
     if total == 0:
         raise InputError("nodes", [], "is empty: a lab needs at least one node")

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import MeshError
+from meshctl.errors import MeshError
 
 LAB_ROOT = Path("/run/meshctl-lab")
 
@@ -36,7 +36,8 @@ def save(state: dict[str, Any]) -> None:
 
 def load(name: str) -> dict[str, Any] | None:
     try:
-        return json.loads(state_path(name).read_text())
+        st: dict[str, Any] = json.loads(state_path(name).read_text())
+        return st
     except (OSError, ValueError):
         return None
 

@@ -1,0 +1,2 @@
+"""The eBPF programs as package data (meshctl.bpf): datapath.c and meshctl_maps.h, compiled at load
+time by meshctl.datapath.loader. Nothing here runs in Python."""

@@ -1,0 +1,145 @@
+"""The agent's Kubernetes wiring: the backend from its flags (`make_backend`), and its own node
+settings from its Node object, kept current while the agent runs (`OwnNodeSettings`).
+
+With `--backend kubernetes` the node's location, forced endpoint or internal address, leader
+preference, keepalive and location IPs are annotations people set (`kubectl annotate`), and the pod
+CIDR is the Node's `spec.podCIDR`. `OwnNodeSettings` copies them into the AgentConfig for every
+field the flags left unset, at start and again whenever the Node changes (the backend calls it from
+`snapshot`, on the reconcile thread, right before the agent builds its own record), so an
+annotation changed at run time reaches the plan without a restart. Flags always win.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from meshctl.agent.config import AgentConfig
+from meshctl.backends.kube import backend_from_options
+from meshctl.backends.kube.backend import DEFAULT_CONFIGMAP, DEFAULT_NAMESPACE, KubeBackend
+from meshctl.backends.kube.nodes import REGION_LABEL, settings_for_agent
+from meshctl.errors import InputError, MeshError
+from meshctl.mesh.model import Cluster
+
+log = logging.getLogger("meshctl.kube")
+
+# AgentConfig fields a Node can supply (what nodes.settings_for_agent returns).
+FIELDS = ("pod_cidr", "location", "endpoint", "force_internal_ip", "leader", "persistent_keepalive",
+          "allowed_location_ips")
+
+
+class OwnNodeSettings:
+    """Applies a Node object to `cfg`'s FIELDS that were unset when this was made."""
+
+    def __init__(self, cfg: AgentConfig, location_label: str = REGION_LABEL) -> None:
+        self.cfg = cfg
+        self.location_label = location_label
+        self.flagged = frozenset(k for k in FIELDS if getattr(cfg, k, None))
+        defaults = {f.name: f for f in dataclasses.fields(cfg)} if dataclasses.is_dataclass(cfg) else {}
+        self.defaults = {k: _default(defaults[k]) if k in defaults else None for k in FIELDS}
+        self._bad: str | None = None
+
+    def __call__(self, obj: Mapping[str, Any], *, strict: bool = False) -> list[str]:
+        """Apply; returns the fields that changed. A malformed annotation keeps the previous values
+        (logged once); with `strict` (at start) it raises the InputError instead."""
+        try:
+            got = settings_for_agent(obj, self.location_label)
+        except InputError as e:
+            if strict:
+                raise
+            if str(e) != self._bad:
+                log.warning("own node: %s; keeping the previous settings", e)
+                self._bad = str(e)
+            return []
+        self._bad = None
+        changed = []
+        for k in FIELDS:
+            if k in self.flagged:
+                continue
+            new = got.get(k, self.defaults[k])
+            if k == "pod_cidr" and new is None:
+                continue  # a pod CIDR never goes away under a running agent
+            old = getattr(self.cfg, k)
+            if old != new:
+                setattr(self.cfg, k, new)
+                changed.append(k)
+                if not strict:
+                    log.info("own node: %s %r -> %r (from its annotations)", k, _show(old), _show(new))
+        return changed
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _show(v: Any) -> Any:
+    return [str(x) for x in v] if isinstance(v, tuple) else (str(v) if v is not None else None)
+
+
+def wait_for_pod_cidr(read: Any, name: str, timeout: float = 120.0, poll: float = 2.0) -> Mapping[str, Any]:
+    """The Node object once it has a `spec.podCIDR` (the controller manager allocates it shortly
+    after the node registers; the DaemonSet's pod may start first). MeshError after `timeout`."""
+    deadline = time.monotonic() + timeout
+    next_log = 0.0
+    while True:
+        obj: Mapping[str, Any] = read()
+        if (obj.get("spec") or {}).get("podCIDR"):
+            return obj
+        now = time.monotonic()
+        if now >= deadline:
+            raise MeshError(f"node {name!r} has no spec.podCIDR after {timeout:.0f} s (is the controller manager "
+                            "allocating node CIDRs, e.g. --allocate-node-cidrs / --pod-network-cidr?); "
+                            "or pass --pod-cidr")
+        if now >= next_log:
+            log.info("waiting for node %s's spec.podCIDR", name)
+            next_log = now + 10
+        time.sleep(poll)
+
+
+def make_backend(cfg: AgentConfig) -> KubeBackend:
+    """What `agent.run.build_backend` calls for `--backend kubernetes`, with an AgentConfig.
+
+    The API: `cfg.kubeconfig` / `cfg.api_server` (flags), else $KUBECONFIG / $MESHCTL_API_SERVER,
+    else in-cluster. The node's pod CIDR (waited for when the Node has none yet) and its user-set
+    annotations (location, forced endpoint or internal address, leader, keepalive, location IPs)
+    fill what the flags left unset, now and whenever the Node changes (OwnNodeSettings below). The
+    cluster's identity is the flags' when they differ from the defaults, else the ConfigMap's.
+    With `cfg.kvstore_endpoints` the cluster's nodes are mirrored into that etcd (kube.kvstore).
+    """
+
+    extra = dict(cfg.extra)
+    flag_cluster = None
+    if (cfg.cluster_name, cfg.cluster_id) != ("default", 1):
+        flag_cluster = Cluster(cfg.cluster_name, cfg.cluster_id)
+    be = backend_from_options(
+        cfg.kubeconfig or extra.get("kubeconfig") or os.environ.get("KUBECONFIG"),
+        cfg.api_server or extra.get("api_server") or os.environ.get("MESHCTL_API_SERVER"),
+        cfg.node_name, cfg.location_label or extra.get("location_label", REGION_LABEL),
+        float(cfg.resync_interval), cluster=flag_cluster,
+        namespace=extra.get("namespace", DEFAULT_NAMESPACE), configmap=extra.get("configmap", DEFAULT_CONFIGMAP),
+    )
+    own = OwnNodeSettings(cfg, be.location_label)
+    obj = be.own_object() if cfg.pod_cidr else wait_for_pod_cidr(be.own_object, cfg.node_name)
+    own(obj, strict=True)
+    be.on_own_node = own
+    if flag_cluster is None:
+        st = be.snapshot()
+        if st.ready:  # the cluster mesh watcher needs the local identity (kube.backend reads the ConfigMap)
+            cfg.cluster_name, cfg.cluster_id = st.cluster.name, st.cluster.id
+    if cfg.kvstore_endpoints:
+        from meshctl.backends.kube.kvstore import KvstoreMirror
+        from meshctl.etcd import EtcdClient
+
+        client = EtcdClient(list(cfg.kvstore_endpoints), ca=cfg.kvstore_ca, cert=cfg.kvstore_cert, key=cfg.kvstore_key,
+                            user=cfg.kvstore_user, password_file=cfg.kvstore_password_file)
+        be.mirror = KvstoreMirror(client, cfg.node_name, lease_ttl=cfg.lease_ttl,
+                                  full_sync_seconds=float(cfg.resync_interval))
+    return be

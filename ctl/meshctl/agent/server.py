@@ -1,0 +1,182 @@
+"""The agent's HTTP face: Prometheus metrics on /metrics, /healthz and the /status JSON.
+
+One registry per agent (registering a metric twice in the global one raises), and one custom
+collector that reads the agent's last published status, so the loop only swaps a dict and a
+scrape never waits on the loop. Binds where --metrics-addr says (127.0.0.1 by default), never
+0.0.0.0 unless asked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from meshctl.agent.config import parse_addr
+
+log = logging.getLogger("meshctl.agent")
+
+
+class AgentCollector(Collector):
+    """Turns the status dict (see Agent.status) and the loop's counters into metric families."""
+
+    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+        self._status = status
+
+    def collect(self) -> Iterator[Any]:
+        """One metric family after another, straight from the status dict: a flat list reads (and
+        greps) better than the same lines spread over helpers."""
+        st = self._status()
+        g = GaugeMetricFamily
+        yield g("meshctl_nodes", "Nodes admitted into this agent's plan", value=st.get("nodes", 0))
+        yield g("meshctl_peers", "WireGuard peers in the plan", value=len(st.get("peers", [])))
+        yield g("meshctl_leader", "1 if this node leads its segment", value=1 if st.get("is_leader") else 0)
+        yield g("meshctl_backend_ready", "1 if the backend is reachable and synced",
+                value=1 if st.get("ready") else 0)
+        yield g("meshctl_rejected_records", "Records currently rejected (bad or conflicting)",
+                value=len(st.get("rejections", [])))
+        yield g("meshctl_routes", "Routes this agent installs", value=st.get("routes", 0))
+        rec = st.get("reconcile", {})
+        c = CounterMetricFamily("meshctl_reconciles", "Reconcile passes", labels=["result"])
+        c.add_metric(["ok"], rec.get("ok_total", 0))
+        c.add_metric(["failed"], rec.get("failed_total", 0))
+        yield c
+        errs = CounterMetricFamily("meshctl_errors", "Failures by part of the agent", labels=["part"])
+        for part, n in sorted(st.get("errors_total", {}).items()):
+            errs.add_metric([part], n)
+        yield errs
+        rej = CounterMetricFamily("meshctl_rejections", "Rejections seen (counted once per record version)")
+        rej.add_metric([], st.get("rejections_total", 0))
+        yield rej
+        dp = st.get("datapath", {})
+        pk = CounterMetricFamily("meshctl_datapath_packets", "Fast-path packets by action", labels=["action"])
+        by = CounterMetricFamily("meshctl_datapath_bytes", "Fast-path bytes by action", labels=["action"])
+        for action, (p, b) in sorted(dp.get("counters", {}).items()):
+            pk.add_metric([action], p)
+            by.add_metric([action], b)
+        yield pk
+        yield by
+        mode = g("meshctl_datapath_mode", "1 for the datapath mode in use", labels=["mode"])
+        if dp.get("mode"):
+            mode.add_metric([dp["mode"]], 1)
+        yield mode
+        rx = CounterMetricFamily("meshctl_wireguard_peer_receive_bytes", "Bytes received from a peer",
+                                 labels=["peer"])
+        tx = CounterMetricFamily("meshctl_wireguard_peer_transmit_bytes", "Bytes sent to a peer", labels=["peer"])
+        hs = g("meshctl_wireguard_peer_handshake_age_seconds", "Seconds since the last handshake (-1: none)",
+               labels=["peer"])
+        now = time.time()
+        for p in st.get("peers", []):
+            name = p.get("name", "")
+            rx.add_metric([name], p.get("rx_bytes", 0))
+            tx.add_metric([name], p.get("tx_bytes", 0))
+            last = p.get("last_handshake") or 0
+            hs.add_metric([name], now - last if last else -1)
+        yield rx
+        yield tx
+        yield hs
+        yield from _clustermesh_metrics(st.get("remotes"))
+
+
+def _clustermesh_metrics(remotes: Any) -> Any:
+    """Per remote cluster: ready, nodes, rejected records, reconnects, last sync age."""
+    if not isinstance(remotes, dict) or not isinstance(remotes.get("clusters"), list):
+        return
+    fams: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+        "ready": GaugeMetricFamily("meshctl_clustermesh_remote_ready", "1 if the remote cluster is ready",
+                                   labels=["cluster"]),
+        "nodes": GaugeMetricFamily("meshctl_clustermesh_remote_nodes", "Remote nodes in the plan",
+                                   labels=["cluster"]),
+        "rejected": GaugeMetricFamily("meshctl_clustermesh_remote_rejected_records",
+                                      "Remote records rejected (unparsable or unsafe)", labels=["cluster"]),
+        "reconnects": CounterMetricFamily("meshctl_clustermesh_remote_reconnects",
+                                          "Times the remote etcd connection was lost", labels=["cluster"]),
+        "last_sync_age": GaugeMetricFamily("meshctl_clustermesh_remote_last_sync_age_seconds",
+                                           "Seconds since the remote view was last known current (-1: never)",
+                                           labels=["cluster"]),
+    }
+    for c in remotes["clusters"]:
+        name = str(c.get("name", ""))
+        fams["ready"].add_metric([name], 1 if c.get("ready") else 0)
+        fams["nodes"].add_metric([name], c.get("nodes") or 0)
+        fams["rejected"].add_metric([name], c.get("rejected") or 0)
+        fams["reconnects"].add_metric([name], c.get("reconnects") or 0)
+        age = c.get("last_sync_age")
+        fams["last_sync_age"].add_metric([name], -1 if age is None else age)
+    yield from fams.values()
+
+
+class StatusServer:
+    """Serves /metrics, /healthz and /status on `addr` in a daemon thread."""
+
+    def __init__(self, addr: str, status: Callable[[], dict[str, Any]], healthy: Callable[[], bool]) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(AgentCollector(status))
+        self.reconcile_seconds = Histogram(
+            "meshctl_reconcile_duration_seconds", "Time of one reconcile pass", registry=self.registry,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        )
+        registry, status_fn = self.registry, status
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._send(200, generate_latest(registry), "text/plain; version=0.0.4")
+                elif path == "/healthz":
+                    ok = healthy()
+                    self._send(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n", "text/plain")
+                elif path == "/status":
+                    self._send(200, json.dumps(status_fn(), default=str).encode(), "application/json")
+                else:
+                    self._send(404, b"not found\n", "text/plain")
+
+            def _send(self, code: int, body: bytes, ctype: str) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                return
+
+        host, port = parse_addr(addr, "--metrics-addr")
+        ThreadingHTTPServer.allow_reuse_address = True
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.address = self.httpd.server_address
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="status-http", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def fetch_status(addr: str, netns: str | None = None, timeout: float = 3.0) -> dict[str, Any]:
+    """An agent's /status JSON over HTTP (dialled inside `netns` when given)."""
+    import requests
+
+    from meshctl.errors import MeshError
+    from meshctl.etcd.nsconn import session
+
+    try:
+        with session(netns) as s:
+            r = s.get(f"http://{addr}/status", timeout=timeout)
+            r.raise_for_status()
+            out: dict[str, Any] = r.json()
+            return out
+    except (requests.RequestException, ValueError) as e:
+        raise MeshError(f"no agent status at {addr}{f' in {netns}' if netns else ''}: {e}") from None

@@ -1,0 +1,2 @@
+"""Where records come from: the Backend protocol and cluster state (`base`), a topology file,
+etcd, other clusters' etcd (`clustermesh`) and Kubernetes (`kube`)."""

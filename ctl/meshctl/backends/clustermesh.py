@@ -1,0 +1,476 @@
+"""Cluster mesh, the imperative part: watch other clusters' etcd over mutual TLS.
+
+`--clustermesh-dir` holds one file per remote cluster, named after it, in Cilium's format:
+
+    endpoints:
+    - https://192.0.2.10:2379
+    ca-file: /etc/meshctl/clustermesh/cluster2-ca.crt      # or trusted-ca-file
+    cert-file: /etc/meshctl/clustermesh/cluster2-client.crt
+    key-file: /etc/meshctl/clustermesh/cluster2-client.key
+    username: remote:cluster1                             # cluster2's read-only user for us
+    password-file: /etc/meshctl/clustermesh/cluster2-password
+
+Adding a file connects, removing it drains the cluster; the directory is polled (no inotify
+dependency) every `poll` seconds. A remote etcd that goes away keeps its last good view (routes
+stay, connections keep working) and the cluster is marked not ready while it reconnects with
+backoff. The records themselves are judged by the pure `mesh.admit.admit_remotes`.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from meshctl.backends.base import ClusterState
+from meshctl.backends.etcd import ROOT, EtcdBackend, cluster_key, parse_record
+from meshctl.errors import InputError, MeshError
+from meshctl.etcd import EtcdClient, EtcdError, KeyValue
+from meshctl.mesh import fields
+from meshctl.mesh.admit import Rejection, admit_remotes
+from meshctl.mesh.model import Cluster, Topology
+from meshctl.mesh.plan import Remote
+
+log = logging.getLogger("meshctl.clustermesh")
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    name: str
+    endpoints: tuple[str, ...]
+    ca_file: str | None
+    cert_file: str | None
+    key_file: str | None
+    username: str | None = None  # the read-only identity the remote cluster gave us (remote:<us>)
+    password_file: str | None = None
+
+
+def parse_config(path: Path) -> RemoteConfig:
+    """One clustermesh file; errors name the file and field."""
+    name = path.name.removesuffix(".yaml").removesuffix(".yml")
+    fields.cluster_name(name, f"{path.name}: file name")
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise InputError(path.name, str(path), f"cannot be read as YAML: {e}") from None
+    if not isinstance(doc, dict):
+        raise InputError(path.name, doc, "is not a mapping of endpoints, ca-file, cert-file, key-file")
+    eps = doc.get("endpoints")
+    if isinstance(eps, str):
+        eps = [eps]
+    if not eps or not isinstance(eps, list) or not all(isinstance(e, str) for e in eps):
+        raise InputError(f"{path.name}: endpoints", eps, "is not a list of https URLs")
+    for url in eps:
+        if not url.startswith(("https://", "http://")):
+            raise InputError(f"{path.name}: endpoints", url, "is not an https URL")
+    ca = doc.get("ca-file") or doc.get("trusted-ca-file")
+    files = {"ca-file": ca, "cert-file": doc.get("cert-file"), "key-file": doc.get("key-file")}
+    for field, f in files.items():
+        if f is not None and not Path(f).is_file():
+            raise InputError(f"{path.name}: {field}", f, "does not exist")
+    if bool(files["cert-file"]) != bool(files["key-file"]):
+        raise InputError(f"{path.name}: cert-file", files["cert-file"], "needs key-file too (and the other way)")
+    user, pw = doc.get("username"), doc.get("password-file")
+    if user is not None and not isinstance(user, str):
+        raise InputError(f"{path.name}: username", user, "is not a string")
+    if pw is not None and not Path(pw).is_file():
+        raise InputError(f"{path.name}: password-file", pw, "does not exist")
+    if bool(user) != bool(pw):
+        raise InputError(f"{path.name}: username", user, "needs password-file too (and the other way)")
+    return RemoteConfig(name, tuple(eps), ca, files["cert-file"], files["key-file"], user or None, pw or None)
+
+
+def config_fingerprint(cfg: RemoteConfig) -> str:
+    """What a saved view was learned under: endpoints, certificate paths and the CA's content."""
+    h = hashlib.sha256(json.dumps([cfg.endpoints, cfg.ca_file, cfg.cert_file, cfg.key_file, cfg.username]).encode())
+    if cfg.ca_file:
+        with contextlib.suppress(OSError):
+            h.update(Path(cfg.ca_file).read_bytes())
+    return h.hexdigest()
+
+
+class _ReadOnlyEtcdBackend(EtcdBackend):
+    """A remote cluster's records: the same mirror as the local backend, but it never writes
+    (no lease, no cluster record) and it reads the cluster's published identity."""
+
+    def ensure_cluster(self) -> None:  # never write to another cluster's etcd
+        pass
+
+    def _keepalive_loop(self, stop: threading.Event) -> None:
+        pass
+
+    def dump(self) -> dict[str, Any]:
+        """The mirror as JSON-able data (what `restore` takes back)."""
+        with self._lock:
+            kvs = list(self._kvs.values())
+            rev = self._revision
+        return {"revision": rev, "kvs": [{"key": kv.key, "value": base64.b64encode(kv.value).decode(),
+                                          "create_revision": kv.create_revision, "mod_revision": kv.mod_revision}
+                                         for kv in kvs]}
+
+    def restore(self, data: dict[str, Any]) -> None:
+        """Fill the mirror from `dump` output: a view to plan with until the live one has synced."""
+        kvs = {d["key"]: KeyValue(d["key"], base64.b64decode(d["value"]), int(d["create_revision"]),
+                                  int(d["mod_revision"])) for d in data["kvs"]}
+        with self._lock:
+            self._kvs = kvs
+            self._revision = int(data["revision"])
+            self._synced = True
+            self._ready = False
+            self._reason = "not connected yet: planning with the view saved before the agent restarted"
+
+    def view_key(self) -> tuple[Any, ...]:
+        """Changes whenever snapshot() could: lets callers reuse a snapshot of thousands of records."""
+        with self._lock:
+            return self._revision, self._ready, self._synced, self._reason, len(self._kvs)
+
+    def published_identity(self) -> dict[str, Any] | None:
+        with self._lock:
+            kv = self._kvs.get(cluster_key(self.cluster.name))
+        if kv is None:
+            return None
+        try:
+            d = parse_record(kv, kv.key)
+        except InputError as e:
+            return {"error": e.reason}
+        return d if isinstance(d, dict) else {"error": "is not a mapping"}
+
+
+class RemoteCluster:
+    """One remote cluster: its connection thread and its status."""
+
+    def __init__(self, cfg: RemoteConfig, changed: Callable[[], None], previous: RemoteCluster | None = None,
+                 cache_file: Path | None = None) -> None:
+        self.cfg = cfg
+        # The last good view is saved here, so an agent restarted while this cluster's etcd is
+        # away still plans with it (learned routes stay, as they do without a restart).
+        self.cache_file = cache_file
+        self._dirty = False
+        self._saved_at = 0.0
+        # A changed file (a rotated certificate, a new endpoint) reconnects; until the new
+        # connection has synced, the previous one's last view keeps the routes in place.
+        self.previous = previous
+        self.client = EtcdClient(cfg.endpoints, ca=cfg.ca_file, cert=cfg.cert_file, key=cfg.key_file, timeout=2.0,
+                                 user=cfg.username, password_file=cfg.password_file)
+        self.backend = _ReadOnlyEtcdBackend(self.client, Cluster(name=cfg.name))
+        self.backend.record_cluster = cfg.name
+        self._changed = changed
+        self._stop = threading.Event()
+        self.reconnects = 0
+        self.last_change = 0.0
+        self.last_sync = 0.0
+        self._was_ready = False
+        self._snap: tuple[tuple[Any, ...], ClusterState] | None = None
+        self.thread = threading.Thread(target=self._run, name=f"clustermesh-{cfg.name}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.client.close()
+
+    def snapshot(self) -> ClusterState:
+        """The backend's snapshot, reused while nothing changed (a reconcile and a status request
+        each ask for it)."""
+        key = self.backend.view_key()
+        if self._snap is None or self._snap[0] != key:
+            self._snap = (key, self.backend.snapshot())
+        return self._snap[1]
+
+    @classmethod
+    def from_cache(cls, cfg: RemoteConfig, cache_file: Path) -> RemoteCluster | None:
+        """A never-started stand-in holding the view saved by an earlier agent, or None. A view
+        saved under another configuration (other endpoints or trust) is not used: it was learned
+        from a source the current file no longer vouches for."""
+        try:
+            data = json.loads(cache_file.read_text())
+            if data.get("config") != config_fingerprint(cfg):
+                log.info("clustermesh %s: the saved view was learned under another configuration; not used",
+                         cfg.name)
+                return None
+            rc = cls(cfg, lambda: None)
+            rc.backend.restore(data)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("clustermesh %s: ignoring the saved view %s: %s", cfg.name, cache_file, e)
+            return None
+        return rc
+
+    def save_if_dirty(self, min_interval: float = 2.0) -> None:
+        """Write the mirror to the cache file (atomically), at most every `min_interval` s."""
+        if not (self._dirty and self.cache_file) or time.monotonic() - self._saved_at < min_interval:
+            return
+        self._dirty = False
+        self._saved_at = time.monotonic()
+        try:
+            self.cache_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.cache_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({**self.backend.dump(), "config": config_fingerprint(self.cfg)}))
+            os.replace(tmp, self.cache_file)
+        except OSError as e:
+            log.warning("clustermesh %s: cannot save the view to %s: %s", self.cfg.name, self.cache_file, e)
+
+    def _on_change(self) -> None:
+        now = time.time()
+        snap_ready = self.snapshot().ready
+        if snap_ready:
+            self.last_sync = now
+            self._dirty = True
+        if self._was_ready and not snap_ready:
+            self.reconnects += 1
+        self._was_ready = snap_ready
+        self.last_change = now
+        self._changed()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.backend.run(self._stop, self._on_change)
+            except Exception as e:  # a bug must not kill the thread silently
+                log.exception("clustermesh %s: %s", self.cfg.name, e)
+                self._stop.wait(1.0)
+
+    def state(self, local: Cluster) -> tuple[ClusterState | None, str]:
+        """The remote view to plan with (None if refused or never seen) and why it is not ready."""
+        snap = self.snapshot()
+        if snap.revision == 0 and not snap.ready:
+            first = snap.reason in ("", "not yet listed")
+            why = "connecting" if first else _tls_reason(snap.reason)
+            if self.previous is not None:
+                kept, _ = self.previous.state(local)
+                return kept, why
+            return None, why
+        self.previous = None
+        ident = self.backend.published_identity()
+        if ident is None:
+            return None, (f"no cluster record at {cluster_key(self.cfg.name)} in its etcd: "
+                          f"is the file named after the cluster?{self._other_names()}")
+        if "error" in ident:
+            return None, f"{cluster_key(self.cfg.name)}: {ident['error']}"
+        try:
+            name = fields.cluster_name(ident.get("name"), "cluster.name")
+            cid = fields.cluster_id(ident.get("id"), "cluster.id")
+        except InputError as e:
+            return None, f"published {e}"
+        if name != self.cfg.name:
+            return None, f"published cluster name {name!r} does not match the file name {self.cfg.name!r}"
+        if cid == local.id:
+            return None, f"cluster id {cid} is the local cluster's id"
+        st = replace(snap, cluster=Cluster(name=name, id=cid))
+        return st, "" if snap.ready else (_tls_reason(snap.reason) or snap.reason or "not ready")
+
+    def _other_names(self) -> str:
+        try:
+            kvs, _ = self.client.range(f"{ROOT}/", prefix=True, keys_only=True)
+        except EtcdError:
+            return ""
+        names = sorted({kv.key.split("/")[2] for kv in kvs if kv.key.endswith("/cluster") and kv.key.count("/") == 3})
+        return f" (its etcd holds: {', '.join(names)})" if names else ""
+
+
+def _tls_reason(reason: str) -> str:
+    """Name the usual certificate problems plainly."""
+    r = reason.lower()
+    if "certificate verify failed" in r or "unknown ca" in r or "self-signed" in r or "self signed" in r:
+        return f"TLS: the server's certificate is not signed by ca-file ({reason})"
+    if "bad certificate" in r or "certificate required" in r or "alert" in r and "certificate" in r:
+        return f"TLS: the server refused our client certificate ({reason})"
+    return reason
+
+
+class RemoteClusters:
+    """Every remote cluster of `--clustermesh-dir`, for the agent's reconcile loop."""
+
+    def __init__(self, directory: str | Path, local: Cluster, changed: Callable[[], None], *,
+                 poll: float = 0.5, cache_dir: str | Path | None = None) -> None:
+        self.dir = Path(directory)
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self.local = local
+        self._changed = changed
+        self.poll = poll
+        self._lock = threading.Lock()
+        self._remotes: dict[str, RemoteCluster] = {}
+        self._errors: dict[str, str] = {}          # file name -> why it cannot be used
+        self._seen: dict[str, float] = {}          # file name -> mtime
+        self._status: dict[str, dict[str, Any]] = {}
+        self._status_key: tuple[Any, ...] | None = None
+        self._rejections: dict[str, list[Rejection]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch_dir, name="clustermesh-dir", daemon=True)
+
+    def start(self) -> None:
+        self._scan()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            for r in self._remotes.values():
+                r.stop()
+
+    def _cache_file(self, name: str) -> Path | None:
+        return self.cache_dir / f"{name}.json" if self.cache_dir is not None else None
+
+    def _watch_dir(self) -> None:
+        while not self._stop.wait(self.poll):
+            try:
+                self._scan()
+                with self._lock:
+                    remotes = list(self._remotes.values())
+                for r in remotes:
+                    r.save_if_dirty()
+            except Exception as e:  # keep watching whatever one scan met
+                log.exception("clustermesh dir: %s", e)
+
+    def _scan(self) -> None:
+        files: dict[str, float] = {}
+        if self.dir.is_dir():
+            for p in self.dir.iterdir():
+                if p.is_file() and not p.name.startswith("."):
+                    files[p.name] = p.stat().st_mtime
+        changed = False
+        with self._lock:
+            for fname in set(self._seen) - set(files):
+                changed = True
+                self._errors.pop(fname, None)
+                name = _cluster_of(fname)
+                r = self._remotes.pop(name, None)
+                if r is not None:
+                    log.info("clustermesh: %s removed; draining its routes", name)
+                    r.stop()
+                cache = self._cache_file(name)
+                if cache is not None:
+                    cache.unlink(missing_ok=True)
+            for fname, mtime in files.items():
+                if self._seen.get(fname) == mtime:
+                    continue
+                changed = True
+                name = _cluster_of(fname)
+                try:
+                    cfg = parse_config(self.dir / fname)
+                except (InputError, MeshError) as e:
+                    # A broken edit keeps the running connection: fix the file, nothing drains.
+                    self._errors[fname] = str(e)
+                    log.error("clustermesh: %s", e)
+                    continue
+                self._errors.pop(fname, None)
+                old = self._remotes.pop(name, None)
+                if old is not None:
+                    old.stop()
+                    old.previous = None
+                cache = self._cache_file(cfg.name)
+                if old is None and cache is not None and cache.exists():
+                    old = RemoteCluster.from_cache(cfg, cache)
+                r = RemoteCluster(cfg, self._changed, previous=old, cache_file=cache)
+                self._remotes[cfg.name] = r
+                r.start()
+                log.info("clustermesh: connecting to %s at %s", cfg.name, ", ".join(cfg.endpoints))
+            self._seen = files
+        if changed:
+            self._changed()
+
+    def states(self) -> list[ClusterState]:
+        """Remote views to plan with: refused clusters (name or id collisions, no identity) are left
+        out; a cluster whose etcd went away keeps its last good view."""
+        with self._lock:
+            remotes = sorted(self._remotes.values(), key=lambda r: r.cfg.name)
+            errors = dict(self._errors)
+        out: list[ClusterState] = []
+        status: dict[str, dict[str, Any]] = {}
+        ids: dict[int, str] = {}
+        for r in remotes:
+            st, reason = r.state(self.local)
+            if st is not None and st.cluster.id in ids:
+                reason = f"cluster id {st.cluster.id} is already used by cluster {ids[st.cluster.id]}"
+                st = None
+            snap = r.snapshot()
+            if snap.ready:  # the watch is live: the view is current now
+                r.last_sync = time.time()
+            status[r.cfg.name] = {
+                "name": r.cfg.name, "ready": st is not None and not reason, "reason": reason,
+                "nodes": len(st.nodes) if st is not None else 0,
+                "record_rejections": [{"name": x.name, "reason": x.reason} for x in snap.rejections],
+                "endpoints": list(r.cfg.endpoints),
+                "connected": snap.ready,
+                "last_change": r.last_change or None,
+                "last_sync": r.last_sync or None,  # the age is worked out when status() is read
+                "reconnects": r.reconnects,
+            }
+            if st is not None:
+                ids[st.cluster.id] = st.cluster.name
+                out.append(st)
+        for fname, err in errors.items():
+            name = _cluster_of(fname)
+            status[name] = {"name": name, "ready": False, "reason": err, "nodes": 0, "record_rejections": [],
+                            "endpoints": [], "connected": False, "last_change": None, "last_sync": None,
+                            "reconnects": 0}
+        with self._lock:
+            self._status = status
+            self._status_key = self._views_key()
+        return out
+
+    def _views_key(self) -> tuple[Any, ...]:
+        """Changes whenever a remote's view, connection or the file set does (call with _lock held)."""
+        return (tuple((n, r.backend.view_key()) for n, r in sorted(self._remotes.items())),
+                tuple(sorted(self._errors.items())))
+
+    def admit(self, local: Topology) -> tuple[list[Remote], list[Rejection]]:
+        """The remote records that may join the local plan (mesh.admit.admit_remotes), with the
+        rejections recorded per cluster for status and metrics."""
+        states = self.states()
+        remotes, rejections = admit_remotes(local, [s.topology() for s in states])
+        per: dict[str, list[Rejection]] = {}
+        for rej in rejections:
+            per.setdefault(rej.name.split("/", 1)[0], []).append(rej)
+        with self._lock:
+            self._rejections = per
+        return remotes, rejections
+
+    def status(self) -> dict[str, Any]:
+        """The ClusterMesh block of `/status` (`ClusterMesh: 1/1 remote clusters ready`): per
+        cluster, ready or why not, nodes, rejected records (unparsable ones and those refused by
+        admission), endpoints, connection, last change. Current on every call: recomputed only when
+        a remote view changed since the last `states()` (the reconcile pass that just ran it)."""
+        with self._lock:
+            stale = self._status_key != self._views_key()
+        if stale:
+            self.states()
+        with self._lock:
+            base = [dict(self._status[k]) for k in sorted(self._status)]
+            per = dict(self._rejections)
+        clusters = []
+        now = time.time()
+        for c in base:
+            admitted_out = per.get(c["name"], [])
+            refused = next((r.reason for r in admitted_out if r.name == c["name"]), None)
+            rejections = c.pop("record_rejections") + [{"name": r.name, "reason": r.reason}
+                                                        for r in admitted_out if r.name != c["name"]]
+            if refused:
+                c["ready"], c["reason"] = False, refused
+            synced = c.pop("last_sync")
+            # while the view is current (connected) it is current now; else its age grows
+            c["last_sync_age"] = 0.0 if c["connected"] else (round(now - synced, 3) if synced else None)
+            c["rejected"] = len(rejections)
+            c["rejections"] = rejections[:50]
+            clusters.append(c)
+        ready = sum(1 for c in clusters if c["ready"])
+        return {"ready": ready, "total": len(clusters), "clusters": clusters}
+
+
+def _cluster_of(fname: str) -> str:
+    return fname.removesuffix(".yaml").removesuffix(".yml")
+
+
+def summary_line(status: dict[str, Any]) -> str:
+    return f"ClusterMesh: {status['ready']}/{status['total']} remote clusters ready"

@@ -1,0 +1,331 @@
+"""The etcd backend: node records under `/meshctl/<cluster>/`, kept in memory by list + watch.
+
+Key layout (docs/agent.md):
+    /meshctl/<cluster>/cluster        {"name", "id", "subnet"}     created if absent by the first agent
+    /meshctl/<cluster>/mesh           validate.mesh_to_record      changeable at run time
+    /meshctl/<cluster>/nodes/<name>   validate.node_to_record      attached to the agent's lease
+    /meshctl/<cluster>/peers/<name>   a peer record (validate.parse_peer)
+
+The watch thread mirrors the prefix into a dict; `snapshot()` parses from that mirror, caching each
+record's parse by its mod_revision, so a reconcile over 5,000 records costs only the changed ones.
+Records are parsed one at a time: a bad one becomes a Rejection and never hides the others.
+When etcd is unreachable the last good mirror stays (ready=False): the agent keeps its routes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from meshctl.backends.base import ClusterState
+from meshctl.errors import InputError
+from meshctl.etcd import Compacted, EtcdClient, EtcdError, KeyValue, WatchIdle
+from meshctl.mesh import records
+from meshctl.mesh.admit import Rejection
+from meshctl.mesh.model import Cluster, MeshSettings, Node, Peer
+
+log = logging.getLogger("meshctl.etcd")
+
+ROOT = "/meshctl"
+
+
+def cluster_prefix(cluster: str) -> str:
+    return f"{ROOT}/{cluster}/"
+
+
+def node_key(cluster: str, name: str) -> str:
+    return f"{ROOT}/{cluster}/nodes/{name}"
+
+
+def peer_key(cluster: str, name: str) -> str:
+    return f"{ROOT}/{cluster}/peers/{name}"
+
+
+def mesh_key(cluster: str) -> str:
+    return f"{ROOT}/{cluster}/mesh"
+
+
+def cluster_key(cluster: str) -> str:
+    return f"{ROOT}/{cluster}/cluster"
+
+
+def cluster_record(cluster: Cluster, mesh: MeshSettings) -> dict[str, Any]:
+    return {"name": cluster.name, "id": cluster.id, "subnet": str(mesh.subnet)}
+
+
+def write_topology(client: EtcdClient, cluster: Cluster, mesh: MeshSettings, peers: tuple[Peer, ...] = ()) -> None:
+    """Seed a cluster's settings (the lab, the benchmarks, an operator's first setup)."""
+    client.put(cluster_key(cluster.name), json.dumps(cluster_record(cluster, mesh)))
+    client.put(mesh_key(cluster.name), json.dumps(records.mesh_to_record(mesh)))
+    for p in peers:
+        rec: dict[str, Any] = {"name": p.name, "public_key": p.public_key,
+                               "allowed_ips": [str(a) for a in p.allowed_ips]}
+        if p.endpoint is not None:
+            rec["endpoint"] = str(p.endpoint)
+        if p.persistent_keepalive is not None:
+            rec["persistent_keepalive"] = p.persistent_keepalive
+        client.put(peer_key(cluster.name, p.name), json.dumps(rec))
+
+
+MAX_RECORD_BYTES = 64 * 1024  # a node record is a few hundred bytes; anything past this is not one
+
+
+def parse_record(kv: KeyValue, path: str) -> Any:
+    """The JSON of a record; a record larger than MAX_RECORD_BYTES is refused unread, so a huge
+    value costs no parsing (and delays no other record's admission)."""
+    if len(kv.value) > MAX_RECORD_BYTES:
+        raise InputError(path, f"{len(kv.value)} bytes", f"is larger than a record may be ({MAX_RECORD_BYTES} bytes)")
+    try:
+        return json.loads(kv.value)
+    except (ValueError, UnicodeDecodeError):
+        raise InputError(path, kv.value[:40].decode(errors="replace"), "is not JSON") from None
+
+
+class EtcdBackend:
+    """Implements backend.Backend over etcd. `lease_ttl` is how long a dead agent's record lives."""
+
+    # The `cluster` field of parsed nodes: "" for the local cluster; a remote cluster's watcher
+    # sets its name, so its nodes are `cluster2/g1` from the start (no copy per reconcile).
+    record_cluster = ""
+
+    def __init__(self, client: EtcdClient, cluster: Cluster, *, lease_ttl: int = 10,
+                 default_mesh: MeshSettings | None = None, lease_file: Path | None = None) -> None:
+        self.client = client
+        self.cluster = cluster
+        self.lease_ttl = lease_ttl
+        self.prefix = cluster_prefix(cluster.name)
+        self.default_mesh = default_mesh or MeshSettings()
+        self._lock = threading.Lock()
+        self._kvs: dict[str, KeyValue] = {}
+        self._revision = 0
+        self._synced = False
+        self._ready = False
+        self._reason = "not yet listed"
+        self._parsed: dict[str, tuple[int, Node | Peer | Rejection]] = {}
+        self._last_mesh: MeshSettings = self.default_mesh
+        self._lease = 0
+        self._published: Node | None = None
+        self._published_value: str | None = None
+        self._pub_lock = threading.Lock()
+        self.lease_losses = 0
+        # A restarting agent takes over its predecessor's lease (kept in the state dir), so its
+        # record never lapses between the two processes, however long the restart takes.
+        self.lease_file = lease_file
+
+    # --- publishing ----------------------------------------------------------------------
+
+    def publish(self, node: Node) -> None:
+        """Put our record on our lease (granting one if needed). Raises EtcdError when etcd is
+        down; the keepalive thread puts it again once etcd is back."""
+        value = json.dumps(records.node_to_record(node), sort_keys=True)
+        with self._pub_lock:
+            self._published = node
+            if value == self._published_value and self._lease:
+                return
+            self._put_own(value)
+
+    def _put_own(self, value: str) -> None:
+        assert self._published is not None
+        if not self._lease:
+            self._lease = self._inherited_lease() or self.client.lease_grant(self.lease_ttl)
+            if self.lease_file is not None:
+                with contextlib.suppress(OSError):
+                    self.lease_file.write_text(f"{self._lease}\n")
+        self.client.put(node_key(self.cluster.name, self._published.name), value, lease=self._lease)
+        self._published_value = value
+
+    def _inherited_lease(self) -> int:
+        if self.lease_file is None:
+            return 0
+        try:
+            lease = int(self.lease_file.read_text().strip())
+        except (OSError, ValueError):
+            return 0
+        try:
+            return lease if self.client.lease_keepalive(lease) > 0 else 0
+        except EtcdError:
+            return 0
+
+    def _keepalive_once(self) -> None:
+        with self._pub_lock:
+            if self._published is None:
+                return
+            value = json.dumps(records.node_to_record(self._published), sort_keys=True)
+            if self._lease:
+                ttl = self.client.lease_keepalive(self._lease)
+                if ttl > 0 and value == self._published_value:
+                    return
+                if ttl <= 0:
+                    # Lease expired (etcd was away longer than the TTL): a new lease, the record again.
+                    log.warning("lease %x expired; publishing %s again", self._lease, self._published.name)
+                    self.lease_losses += 1
+                    self._lease = 0
+            self._put_own(value)
+
+    def _keepalive_loop(self, stop: threading.Event) -> None:
+        interval = max(0.5, self.lease_ttl / 3)
+        while not stop.wait(interval):
+            try:
+                self._keepalive_once()
+            except EtcdError as e:
+                log.debug("keepalive: %s", e)
+
+    def ensure_cluster(self) -> None:
+        """Create the cluster record if absent (for the cluster mesh); never overwrite it."""
+        self.client.put_if_absent(cluster_key(self.cluster.name),
+                                  json.dumps(cluster_record(self.cluster, self.default_mesh)))
+
+    def withdraw(self, name: str) -> None:
+        """Delete a node's record now (`meshctl cleanup`), instead of waiting for its lease."""
+        self.client.delete(node_key(self.cluster.name, name))
+        if self._lease:
+            with contextlib.suppress(EtcdError):
+                self.client.lease_revoke(self._lease)
+            self._lease = 0
+
+    # --- the mirror ----------------------------------------------------------------------
+
+    def run(self, stop: threading.Event, changed: Callable[[], None]) -> None:
+        ka = threading.Thread(target=self._keepalive_loop, args=(stop,), name="etcd-keepalive", daemon=True)
+        ka.start()
+        backoff = 0.1
+        while not stop.is_set():
+            try:
+                if not self._synced:
+                    self._list()
+                    try:
+                        self.ensure_cluster()
+                    except EtcdError as e:
+                        log.debug("cluster record: %s", e)
+                    self._set_ready(True, "")
+                    changed()
+                for rev, events in self.client.watch(self.prefix, prefix=True, start_revision=self._revision + 1):
+                    backoff = 0.1
+                    if stop.is_set():
+                        return
+                    if not self._ready:
+                        self._set_ready(True, "")
+                        changed()
+                    if events or rev > self._revision:
+                        self._apply(rev, events)
+                        if events:
+                            changed()
+            except Compacted as e:
+                log.info("%s; listing again", e)
+                self._synced = False
+            except WatchIdle:
+                continue
+            except EtcdError as e:
+                if stop.is_set():
+                    return
+                if self._ready or self._reason != str(e):
+                    log.warning("%s", e)
+                    self._set_ready(False, str(e))
+                    changed()
+                # After an outage, list again: it also picks up an etcd restored from a backup.
+                self._synced = False
+                stop.wait(backoff)
+                backoff = min(backoff * 2, 1.0)
+        self.client.close()
+
+    def load_once(self) -> ClusterState:
+        """One consistent read without a watch (`meshctl node list`, the benchmarks)."""
+        self._list()
+        self._set_ready(True, "")
+        return self.snapshot()
+
+    def _list(self) -> None:
+        kvs, rev = self.client.range(self.prefix, prefix=True)
+        with self._lock:
+            self._kvs = {kv.key: kv for kv in kvs}
+            self._revision = rev
+            self._synced = True
+
+    def _apply(self, rev: int, events: list[Any]) -> None:
+        with self._lock:
+            for e in events:
+                if e.type == "DELETE":
+                    self._kvs.pop(e.kv.key, None)
+                else:
+                    self._kvs[e.kv.key] = e.kv
+            self._revision = max(self._revision, rev)
+
+    def _set_ready(self, ready: bool, reason: str) -> None:
+        with self._lock:
+            self._ready, self._reason = ready, reason
+
+    # --- the view ------------------------------------------------------------------------
+
+    def snapshot(self) -> ClusterState:
+        with self._lock:
+            kvs = list(self._kvs.values())
+            ready, reason, rev = self._ready and self._synced, self._reason, self._revision
+        rejections: list[Rejection] = []
+        nodes: list[tuple[int, Node]] = []
+        peers: list[tuple[int, Peer]] = []
+        mesh = self._last_mesh
+        mesh_seen = False
+        nodes_p, peers_p = self.prefix + "nodes/", self.prefix + "peers/"
+        for kv in kvs:
+            if kv.key.startswith(nodes_p):
+                item = self._parse_cached(kv, kv.key[len(nodes_p):], "node")
+            elif kv.key.startswith(peers_p):
+                item = self._parse_cached(kv, kv.key[len(peers_p):], "peer")
+            elif kv.key == mesh_key(self.cluster.name):
+                mesh_seen = True
+                try:
+                    mesh = records.parse_mesh(parse_record(kv, kv.key), kv.key)
+                    self._last_mesh = mesh
+                except InputError as e:
+                    rejections.append(Rejection("mesh", str(e)))
+                continue
+            else:
+                continue
+            if isinstance(item, Rejection):
+                rejections.append(item)
+            elif isinstance(item, Node):
+                nodes.append((kv.create_revision, item))
+            else:
+                peers.append((kv.create_revision, item))
+        if not mesh_seen and ready:
+            mesh = self.default_mesh
+        nodes.sort(key=lambda t: (t[0], t[1].name))
+        peers.sort(key=lambda t: (t[0], t[1].name))
+        return ClusterState(
+            cluster=self.cluster, mesh=mesh, nodes=tuple(n for _, n in nodes), peers=tuple(p for _, p in peers),
+            rejections=tuple(rejections), ready=ready, reason=reason if not ready else "", revision=rev,
+            extra={"records": len(kvs)},
+        )
+
+    def _parse_cached(self, kv: KeyValue, name: str, kind: str) -> Node | Peer | Rejection:
+        hit = self._parsed.get(kv.key)
+        if hit is not None and hit[0] == kv.mod_revision:
+            return hit[1]
+        item: Node | Peer | Rejection
+        try:
+            rec = parse_record(kv, kv.key)
+            if kind == "node":
+                item = records.parse_node(rec, kv.key, default_port=self._last_mesh.port, cluster=self.record_cluster)
+            else:
+                item = records.parse_peer(rec, kv.key)
+            if item.name != name:
+                raise InputError(f"{kv.key}.name", item.name, "does not match the key")
+        except InputError as e:
+            item = Rejection(name, str(e))
+        if len(self._parsed) > 2 * len(self._kvs) + 100:
+            live = set(self._kvs)
+            self._parsed = {k: x for k, x in self._parsed.items() if k in live}
+        self._parsed[kv.key] = (kv.mod_revision, item)
+        return item
+
+    def status(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        self.client.abort_watch()
+        self.client.close()

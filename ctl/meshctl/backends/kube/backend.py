@@ -1,0 +1,536 @@
+"""The Kubernetes backend (`meshctl agent --backend kubernetes`): Nodes, Peer resources and the
+mesh ConfigMap through the API server, with lightkube as the client.
+
+- `publish` merge-patches the agent's own Node annotations (never a full update, so it cannot
+  undo a concurrent change by someone else) and refreshes last-seen;
+- `run` keeps a cache by list + watch per kind: it resumes a broken watch from the last
+  resourceVersion it saw and relists only on 410 Gone;
+- `snapshot` turns the cache into a `ClusterState` with the pure `state_from_objects`: nodes in
+  admission order (creationTimestamp, then name), a malformed annotation rejecting only its
+  node, and nodes whose last-seen is older than twice the resync period left out as not ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import httpx2 as httpx
+from lightkube import ApiError, AsyncClient, Client, KubeConfig
+from lightkube.config.models import Cluster as KCluster
+from lightkube.config.models import User as KUser
+from lightkube.generic_resource import create_global_resource
+from lightkube.resources.core_v1 import ConfigMap
+from lightkube.resources.core_v1 import Node as KNode
+from lightkube.types import PatchType
+
+from meshctl.backends.base import ClusterState
+from meshctl.backends.kube.nodes import REGION_LABEL, own_annotations, parse_kube_node
+from meshctl.backends.kube.peers import KILO_PEERS, MESHCTL_PEERS, PeerResource, parse_peer_object
+from meshctl.errors import InputError, MeshError
+from meshctl.mesh import fields, records
+from meshctl.mesh.admit import Rejection
+from meshctl.mesh.model import Cluster, MeshSettings, Node
+
+if TYPE_CHECKING:
+    from meshctl.backends.kube.kvstore import KvstoreMirror
+
+log = logging.getLogger("meshctl.kube")
+
+Obj = dict[str, Any]
+
+DEFAULT_NAMESPACE = "meshctl"
+DEFAULT_CONFIGMAP = "meshctl"
+# ConfigMap data keys: the mesh settings of records.MESH_FIELDS plus the cluster's identity, and
+# keys only the DaemonSet reads (into the agent's environment), which the mesh settings ignore.
+CLUSTER_KEYS = ("cluster_name", "cluster_id")
+AGENT_KEYS = ("private_interface", "internal_cidr")
+
+
+def settings_from_configmap(data: Mapping[str, str] | None, where: str = "configmap") -> tuple[Cluster, MeshSettings]:
+    """Cluster identity and mesh settings from a ConfigMap's data (all values are strings)."""
+    data = {k: v for k, v in (data or {}).items() if k not in AGENT_KEYS}
+    cname = data.pop("cluster_name", None)
+    cid = data.pop("cluster_id", None)
+    if cid is not None and not str(cid).isdigit():
+        raise InputError(f"{where}.cluster_id", cid, "is not a cluster id in 1..255")
+    ident: dict[str, str | int] = {}
+    if cname is not None:
+        ident["name"] = cname
+    if cid is not None:
+        ident["id"] = int(cid)
+    cluster = records.parse_cluster(ident,
+                                     where)
+    return cluster, records.parse_mesh(data, where)
+
+
+def state_from_objects(
+    nodes: Iterable[Mapping[str, Any]],
+    peers: Iterable[Mapping[str, Any]],
+    cluster: Cluster,
+    mesh: MeshSettings,
+    *,
+    now: float,
+    max_age: float,
+    location_label: str = REGION_LABEL,
+    own_name: str = "",
+) -> ClusterState:
+    """The pure part of `snapshot`: Kubernetes objects in, a ClusterState out. Never raises for a
+    bad object: it becomes a Rejection naming node (or peer), annotation and value."""
+    parsed: list[tuple[str, str, Node]] = []
+    rejections: list[Rejection] = []
+    pending: list[str] = []
+    stale: list[str] = []
+    for obj in nodes:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        try:
+            kn = parse_kube_node(obj, location_label=location_label, default_port=mesh.port)
+        except InputError as e:
+            rejections.append(Rejection(name, str(e)))
+            continue
+        if kn is None:
+            pending.append(name)
+        elif name != own_name and now - kn.last_seen > max_age:
+            stale.append(name)
+        else:
+            parsed.append((kn.created, name, kn.node))
+    parsed.sort(key=lambda t: (t[0], t[1]))
+    out_peers = []
+    for obj in sorted(peers, key=lambda o: (str(o.get("apiVersion", "")) != MESHCTL_PEERS.api_version,
+                                             str((o.get("metadata") or {}).get("name", "")))):
+        try:
+            out_peers.append(parse_peer_object(obj))
+        except InputError as e:
+            rejections.append(Rejection(str((obj.get("metadata") or {}).get("name", "")), str(e)))
+    # A Peer under both Kilo's and meshctl's group: meshctl's wins (sorted first).
+    seen: set[str] = set()
+    unique_peers = []
+    for p in out_peers:
+        if p.name not in seen:
+            seen.add(p.name)
+            unique_peers.append(p)
+    return ClusterState(
+        cluster=cluster, mesh=mesh, nodes=tuple(n for _, _, n in parsed), peers=tuple(unique_peers),
+        rejections=tuple(rejections), extra={"pending": pending, "stale": stale},
+    )
+
+
+@dataclass
+class _Kind:
+    """One watched collection: its objects by (namespace, name) and the last version seen."""
+
+    name: str
+    resource: Any
+    namespace: str | None = None
+    fields: dict[str, str] | None = None
+    objects: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    rv: str | None = None
+    listed: bool = False
+    missing: bool = False  # the API does not serve it (a CRD that is not installed)
+    # Held while listing, so `snapshot` (reconcile thread) and `run` (watch thread) never both list.
+    list_lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _as_dict(obj: Any) -> Obj:
+    return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+class KubeBackend:
+    """backend.Backend over the Kubernetes API. See the module docstring for the semantics.
+
+    `mesh`/`cluster` given (from flags) win over the ConfigMap; without them the ConfigMap
+    `namespace/configmap` is read and watched, and defaults apply while it does not exist.
+    The agent should call `publish` at least once per resync period: other agents leave it out
+    of their plans once its last-seen is older than twice that.
+    """
+
+    def __init__(self, config: KubeConfig, node_name: str, *, location_label: str = REGION_LABEL,
+                 resync_seconds: float = 30.0, namespace: str = DEFAULT_NAMESPACE,
+                 configmap: str = DEFAULT_CONFIGMAP, mesh: MeshSettings | None = None,
+                 cluster: Cluster | None = None, peer_resources: Iterable[PeerResource] = (MESHCTL_PEERS, KILO_PEERS),
+                 registry: Any = None, watch_timeout: int = 300, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.node_name = fields.node_name(node_name, "--node")
+        self.location_label = location_label
+        self.resync_seconds = resync_seconds
+        self.namespace = namespace
+        self.configmap = configmap
+        self.flag_mesh = mesh
+        self.flag_cluster = cluster
+        self.watch_timeout = watch_timeout
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._client = Client(config, trust_env=False, field_manager="meshctl")
+        self._kinds: list[_Kind] = [_Kind("nodes", KNode)]
+        for pr in peer_resources:
+            res = create_global_resource(pr.group, pr.version, pr.kind, pr.plural)
+            self._kinds.append(_Kind(f"{pr.plural}.{pr.group}", res))
+        if mesh is None or cluster is None:
+            self._kinds.append(_Kind("configmap", ConfigMap, namespace, {"metadata.name": configmap}))
+        self._errors: dict[str, str] = {}  # kind -> why it cannot be read now
+        self._last_good: ClusterState | None = None
+        self._logged: set[str] = set()
+        self.stats = {"relists": 0, "resumes": 0, "gone": 0, "errors": 0}
+        self._metrics = _Metrics(registry) if registry is not None else None
+        self._published: Node | None = None
+        # Called (on the reconcile thread, from snapshot) with this node's object whenever it
+        # changed: how run-time changes of its user annotations reach the agent's own record.
+        self.on_own_node: Callable[[Mapping[str, Any]], object] | None = None
+        self._own_rv: str | None = None
+        # --kvstore: mirrors every snapshot into an etcd for the cluster mesh (kube.kvstore).
+        self.mirror: KvstoreMirror | None = None
+
+    # --- the Backend protocol ---------------------------------------------------------------
+
+    def publish(self, node: Node) -> None:
+        """Merge-patch this node's agent annotations (key, endpoint, addresses, last-seen,
+        granularity) onto its Node; the answer updates the cache at once."""
+        if node.name != self.node_name:
+            raise InputError("node.name", node.name, f"is not this agent's node ({self.node_name})")
+        gran = self._settings()[1].granularity
+        patch = {"metadata": {"annotations": own_annotations(node, gran, self.clock())}}
+        try:
+            obj = self._client.patch(KNode, node.name, patch, patch_type=PatchType.MERGE)
+        except ApiError as e:
+            if e.status.code == 404:
+                raise MeshError(f"node {node.name!r} does not exist in the Kubernetes API") from None
+            raise MeshError(f"patching node {node.name}: {e.status.message}") from None
+        except httpx.HTTPError as e:
+            raise MeshError(f"patching node {node.name}: {e}") from None
+        self._store(self._kinds[0], _as_dict(obj))
+        self._published = node
+
+    def snapshot(self) -> ClusterState:
+        """The current view from the cache (listed now if `run` has not listed yet); when the
+        API is unreachable, the last good view with ready=False and the reason."""
+        with self._lock:
+            need = [k for k in self._kinds if not k.listed and not k.missing]
+        for k in need:
+            with k.list_lock:
+                if k.listed or k.missing:
+                    continue  # `run` listed it meanwhile
+                try:
+                    self._relist_sync(k)
+                except (ApiError, httpx.HTTPError, OSError) as e:
+                    self._set_error(k, f"listing {k.name}: {_message(e)}")
+        with self._lock:
+            error = "; ".join(self._errors.values())
+            nodes = list(self._kinds[0].objects.values())
+            peers = [o for k in self._kinds[1:] if k.name != "configmap" for o in k.objects.values()]
+            revision = max((int(k.rv) for k in self._kinds if k.rv and k.rv.isdigit()), default=0)
+            own = self._kinds[0].objects.get(("", self.node_name))
+        if own is not None and self.on_own_node is not None:
+            rv = str((own.get("metadata") or {}).get("resourceVersion") or "")
+            if rv != self._own_rv:
+                self._own_rv = rv
+                self.on_own_node(own)
+        try:
+            cluster, mesh = self._settings()
+        except InputError as e:
+            return self._offer(self._not_ready(str(e)))
+        if error:
+            return self._offer(self._not_ready(error))
+        state = state_from_objects(nodes, peers, cluster, mesh, now=self.clock(), max_age=2 * self.resync_seconds,
+                                   location_label=self.location_label, own_name=self.node_name)
+        from dataclasses import replace
+
+        state = replace(state, revision=revision)
+        self._report(state)
+        self._last_good = state
+        return self._offer(state)
+
+    def run(self, stop: threading.Event, changed: Callable[[], None]) -> None:
+        """List + watch every kind until `stop`; `changed()` after each event, after a relist,
+        on losing and regaining the API, and every resync period (readiness ages)."""
+        mirror = None
+        if self.mirror is not None:
+            mirror = threading.Thread(target=self.mirror.run, args=(stop,), name="kvstore", daemon=True)
+            mirror.start()
+        try:
+            asyncio.run(self._run(stop, changed))
+        finally:
+            if mirror is not None:
+                assert self.mirror is not None  # started above
+                self.mirror.offer(self._last_good or self._not_ready("stopping"))  # wake it to see `stop`
+                mirror.join(timeout=5)
+
+    def status(self) -> dict[str, Any]:
+        """`kvstore`: this cluster's nodes as mirrored into the cluster-mesh etcd (--kvstore)."""
+        return {"kvstore": self.mirror.status()} if self.mirror is not None else {}
+
+    def close(self) -> None:
+        """Close the API connection; with --kvstore, give up the writer key at once so another
+        agent takes over (the mirrored records stay)."""
+        if self.mirror is not None:
+            self.mirror.release()
+        self._client._client._client.close()  # lightkube keeps the httpx client there
+
+    # --- helpers for the agent ----------------------------------------------------------------
+
+    def own_object(self) -> Obj:
+        """This agent's Node object, read now (for its pod CIDR and labels)."""
+        try:
+            return _as_dict(self._client.get(KNode, self.node_name))
+        except ApiError as e:
+            raise MeshError(f"node {self.node_name!r}: {e.status.message}") from None
+        except httpx.HTTPError as e:
+            raise MeshError(f"reading node {self.node_name}: {e}") from None
+
+    def own_pod_cidr(self) -> str:
+        """spec.podCIDR of this agent's Node: the agent needs it to build the record it publishes."""
+        cidr = (self.own_object().get("spec") or {}).get("podCIDR")
+        if not cidr:
+            raise MeshError(f"node {self.node_name!r} has no spec.podCIDR yet (is the controller manager "
+                            "allocating node CIDRs?)")
+        return str(cidr)
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _settings(self) -> tuple[Cluster, MeshSettings]:
+        cm = None
+        for k in self._kinds:
+            if k.name == "configmap":
+                with self._lock:
+                    cm = next(iter(k.objects.values()), None)
+        from_cm = settings_from_configmap((cm or {}).get("data"),
+                                          f"configmap {self.namespace}/{self.configmap}") \
+            if cm is not None else (Cluster(), MeshSettings())
+        return self.flag_cluster or from_cm[0], self.flag_mesh or from_cm[1]
+
+    def _offer(self, state: ClusterState) -> ClusterState:
+        if self.mirror is not None:
+            self.mirror.offer(state)
+        return state
+
+    def _not_ready(self, reason: str) -> ClusterState:
+        from dataclasses import replace
+
+        if self._last_good is not None:
+            return replace(self._last_good, ready=False, reason=reason)
+        return ClusterState(self.flag_cluster or Cluster(), self.flag_mesh or MeshSettings(), ready=False,
+                            reason=reason)
+
+    def _set_error(self, kind: _Kind, reason: str) -> None:
+        with self._lock:
+            if kind.name not in self._errors:
+                log.warning("kubernetes API: %s", reason)
+            self._errors[kind.name] = reason
+
+    def _report(self, state: ClusterState) -> None:
+        for r in state.rejections:
+            if r.reason not in self._logged:
+                log.warning("rejected %s", r.reason)
+        self._logged = {r.reason for r in state.rejections}
+        if self._metrics is not None:
+            self._metrics.update(state, self.stats)
+
+    def _store(self, kind: _Kind, obj: Obj, deleted: bool = False) -> None:
+        """Apply one object to the cache unless the cache already holds a newer version."""
+        key = _key(obj)
+        rv = str((obj.get("metadata") or {}).get("resourceVersion") or "0")
+        with self._lock:
+            have = kind.objects.get(key)
+            have_rv = str((have or {}).get("metadata", {}).get("resourceVersion") or "0")
+            if have is not None and rv.isdigit() and have_rv.isdigit() and int(have_rv) > int(rv):
+                return
+            if deleted:
+                kind.objects.pop(key, None)
+            else:
+                kind.objects[key] = obj
+
+    def _replace_all(self, kind: _Kind, items: list[Obj], rv: str | None) -> None:
+        with self._lock:
+            kind.objects = {_key(o): o for o in items}
+            kind.rv = rv
+            kind.listed = True
+            kind.missing = False
+            self.stats["relists"] += 1
+
+    def _mark_missing(self, kind: _Kind) -> None:
+        with self._lock:
+            kind.objects = {}
+            kind.missing = True
+            kind.listed = True
+
+    def _list_args(self, kind: _Kind) -> dict[str, Any]:
+        args: dict[str, Any] = {}
+        if kind.namespace is not None:
+            args["namespace"] = kind.namespace
+        if kind.fields:
+            args["fields"] = kind.fields
+        return args
+
+    def _absent(self, kind: _Kind, e: ApiError) -> bool:
+        """A 404 on listing a CRD-backed kind: the CRD is not installed (Kilo's, usually)."""
+        if e.status.code == 404 and kind.resource is not KNode:
+            self._mark_missing(kind)
+            return True
+        return False
+
+    def _relist_sync(self, kind: _Kind) -> None:
+        try:
+            it = self._client.list(kind.resource, **self._list_args(kind))
+            items = [_as_dict(o) for o in it]
+        except ApiError as e:
+            if self._absent(kind, e):
+                return
+            raise
+        self._replace_all(kind, items, it.resourceVersion)
+
+    async def _relist(self, client: AsyncClient, kind: _Kind) -> None:
+        try:
+            ait = client.list(kind.resource, **self._list_args(kind))
+            items = [_as_dict(o) async for o in ait]
+        except ApiError as e:
+            if self._absent(kind, e):
+                return
+            raise
+        self._replace_all(kind, items, ait.resourceVersion)
+
+    async def _follow(self, client: AsyncClient, kind: _Kind, stop: threading.Event,
+                      changed: Callable[[], None]) -> None:
+        backoff = 0.2
+        while not stop.is_set():
+            try:
+                if kind.rv is None or not kind.listed:
+                    if not kind.list_lock.acquire(blocking=False):
+                        await asyncio.sleep(0.02)  # `snapshot` is listing it now
+                        continue
+                    try:
+                        if kind.rv is None or not kind.listed:
+                            await self._relist(client, kind)
+                    finally:
+                        kind.list_lock.release()
+                    self._healthy_again(kind)
+                    changed()
+                if kind.missing:
+                    await asyncio.sleep(self.resync_seconds)  # the CRD may be installed later
+                    kind.listed = False
+                    continue
+                async for typ, obj in client.watch(kind.resource, resource_version=kind.rv,
+                                                   server_timeout=self.watch_timeout, **self._list_args(kind)):
+                    d = _as_dict(obj)
+                    self._store(kind, d, deleted=typ == "DELETED")
+                    kind.rv = str(d["metadata"]["resourceVersion"])
+                    self._healthy_again(kind)
+                    changed()
+                    backoff = 0.2
+            except ApiError as e:
+                if e.status.code == 410:
+                    # Our version is older than the server's history: only a relist is correct now.
+                    self.stats["gone"] += 1
+                    kind.rv = None
+                    continue
+                self._lost(kind, f"watching {kind.name}: {_message(e)}", changed)
+            except (httpx.HTTPError, OSError) as e:
+                self._lost(kind, f"watching {kind.name}: {_message(e)}", changed)
+            else:
+                continue
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+            self.stats["resumes"] += 1  # next round watches again from kind.rv, without a relist
+
+    def _refresh(self) -> None:
+        """Re-publish the last record so its last-seen stays fresh (the agent publishes only
+        when its record changes)."""
+        if self._published is None:
+            return
+        try:
+            self.publish(self._published)
+        except MeshError as e:
+            log.warning("refreshing last-seen: %s", e)
+
+    def _lost(self, kind: _Kind, reason: str, changed: Callable[[], None]) -> None:
+        self.stats["errors"] += 1
+        was = kind.name in self._errors
+        self._set_error(kind, reason)
+        if not was:
+            changed()
+
+    def _healthy_again(self, kind: _Kind) -> None:
+        with self._lock:
+            if self._errors.pop(kind.name, None) is not None:
+                log.warning("kubernetes API: %s readable again", kind.name)
+
+    async def _run(self, stop: threading.Event, changed: Callable[[], None]) -> None:
+        client = AsyncClient(self.config, trust_env=False, field_manager="meshctl")
+        tasks = [asyncio.create_task(self._follow(client, k, stop, changed)) for k in self._kinds]
+        last = time.monotonic()
+        try:
+            while not stop.is_set():
+                await asyncio.sleep(0.1)
+                if time.monotonic() - last >= self.resync_seconds:
+                    last = time.monotonic()
+                    await asyncio.to_thread(self._refresh)
+                    changed()
+                for t in tasks:
+                    if t.done() and t.exception() is not None:
+                        raise t.exception()  # type: ignore[misc]
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await client.close()
+
+
+def _message(e: BaseException) -> str:
+    if isinstance(e, ApiError):
+        return f"{e.status.code} {e.status.message}"
+    return str(e) or type(e).__name__
+
+
+class _Metrics:
+    """Rejected records and watch health, on the agent's registry."""
+
+    def __init__(self, registry: Any) -> None:
+        from prometheus_client import Gauge
+
+        self.rejected = Gauge("meshctl_kube_rejected_records", "Nodes and Peers rejected for a malformed field",
+                              registry=registry)
+        self.stale = Gauge("meshctl_kube_stale_nodes", "Nodes left out because their last-seen is too old",
+                           registry=registry)
+        self.events = Gauge("meshctl_kube_watch_stats", "Relists, resumes, 410s and errors of the watches",
+                            ["what"], registry=registry)
+
+    def update(self, state: ClusterState, stats: Mapping[str, int]) -> None:
+        self.rejected.set(len(state.rejections))
+        self.stale.set(len(state.extra.get("stale", ())))  # type: ignore[arg-type]
+        for k, v in stats.items():
+            self.events.labels(k).set(v)
+
+
+def kubeconfig_for(kubeconfig: str | None, api_server: str | None) -> KubeConfig:
+    """--api-server URL (no credentials: the test server), a kubeconfig file, or from the
+    environment (in-cluster service account, KUBECONFIG or ~/.kube/config)."""
+    if api_server:
+        return KubeConfig.from_one(cluster=KCluster(server=api_server), user=KUser())
+    try:
+        if kubeconfig:
+            return KubeConfig.from_file(kubeconfig)
+        return KubeConfig.from_env()
+    except Exception as e:  # lightkube raises ConfigError, OSError or YAML errors here
+        raise MeshError(f"kubeconfig {kubeconfig or '(from the environment)'}: {e}") from None
+
+
+def backend_from_options(kubeconfig: str | None, api_server: str | None, node_name: str,
+                         location_label: str = REGION_LABEL, resync_seconds: float = 30.0, *,
+                         namespace: str = DEFAULT_NAMESPACE, configmap: str = DEFAULT_CONFIGMAP,
+                         mesh: MeshSettings | None = None, cluster: Cluster | None = None,
+                         registry: Any = None, **extra: Any) -> KubeBackend:
+    """What `meshctl agent --backend kubernetes` calls; `extra` goes to KubeBackend (clock,
+    peer_resources, watch_timeout)."""
+    if resync_seconds <= 0:
+        raise InputError("--resync", resync_seconds, "must be > 0")
+    return KubeBackend(kubeconfig_for(kubeconfig, api_server), node_name, location_label=location_label,
+                       resync_seconds=resync_seconds, namespace=namespace, configmap=configmap, mesh=mesh,
+                       cluster=cluster, registry=registry, **extra)

@@ -1,0 +1,5 @@
+"""`python -m meshctl.cli`."""
+
+from meshctl.cli import main
+
+main()

@@ -1,0 +1,350 @@
+"""`meshctl` commands of the agent area: `agent`, `status`, `node list`, `cleanup`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from meshctl import defaults
+from meshctl.agent.config import DEFAULT_METRICS_ADDR, DEFAULT_PIN_ROOT, AgentConfig
+from meshctl.agent.server import fetch_status
+from meshctl.cli import targets
+from meshctl.errors import InputError, MeshError
+from meshctl.mesh import admit, fields, records
+
+
+def _flag(parse: Any) -> Any:
+    """A click callback that runs one validate parser and names the flag on failure."""
+
+    def cb(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is None or value == "":
+            return None
+        return parse(value, "--" + (param.name or "").replace("_", "-"))
+
+    return cb
+
+
+def _etcd_options(f: Any) -> Any:
+    for opt in reversed([
+        click.option("--etcd-endpoints", default="", help="Comma-separated etcd client URLs."),
+        click.option("--etcd-ca", default=None, help="CA file that signed etcd's certificate."),
+        click.option("--etcd-cert", default=None, help="Client certificate for etcd."),
+        click.option("--etcd-key", default=None, help="Client key for etcd."),
+        click.option("--etcd-user", default=None, help="etcd user of this identity (a node: its node name)."),
+        click.option("--etcd-password-file", default=None, help="File holding the etcd user's password."),
+        click.option("--cluster-name", default="default", show_default=True, callback=_flag(fields.cluster_name)),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _endpoints(text: str) -> tuple[str, ...]:
+    return tuple(e.strip() for e in text.split(",") if e.strip())
+
+
+@click.command("agent")
+@click.option("--node-name", required=True, callback=_flag(fields.node_name), help="This node's name.")
+@click.option("--pod-cidr", default=None, callback=_flag(fields.network),
+              help="This node's pod CIDR (required, except with --backend kubernetes: the Node's spec.podCIDR).")
+@click.option("--location", default="", callback=_flag(fields.location), help="Location (e.g. a cloud region).")
+@click.option("--private-interface", default=None, envvar="MESHCTL_PRIVATE_INTERFACE",
+              help="NIC of the private network (internal address).")
+@click.option("--internal-cidr", default=None, callback=_flag(fields.network), envvar="MESHCTL_INTERNAL_CIDR",
+              help="Pick the internal address from any interface inside this CIDR (and its NIC as the private one).")
+@click.option("--force-internal-ip", default=None, callback=_flag(fields.interface),
+              help="Internal address with its subnet, e.g. 10.10.0.4/16 (for a /32 on the NIC).")
+@click.option("--endpoint", default=None, help="Public WireGuard endpoint host[:port] (default: discovered).")
+@click.option("--public-interface", default=None, help="NIC whose address is the endpoint.")
+@click.option("--leader", is_flag=True, help="Prefer this node as its location's leader.")
+@click.option("--persistent-keepalive", default=0, type=int, callback=_flag(fields.keepalive))
+@click.option("--allowed-location-ips", default="", callback=_flag(fields.cidr_list),
+              help="Comma-separated CIDRs reachable through this node.")
+@click.option("--state-dir", default=str(defaults.STATE_DIR), show_default=True, type=click.Path(path_type=Path))
+@click.option("--wg-interface", default=defaults.WG_INTERFACE, show_default=True)
+@click.option("--wg-run-dir", default=str(defaults.WG_RUN_DIR), show_default=True, type=click.Path(path_type=Path),
+              help="Private /var/run/wireguard of this node's wireguard-go.")
+@click.option("--pod-interfaces", default=None, help="Glob of pod veth names to attach the fast path to.")
+@click.option("--metrics-addr", default=DEFAULT_METRICS_ADDR, show_default=True)
+@click.option("--backend", default="etcd", show_default=True, type=click.Choice(["etcd", "file", "kubernetes"]))
+@click.option("--topology", "topology_file", default=None, help="Topology file for --backend file.")
+@click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file (default: $KUBECONFIG, "
+              "else in-cluster).")
+@click.option("--api-server", default=None, help="--backend kubernetes: API server URL without credentials (tests).")
+@click.option("--location-label", default=defaults.REGION_LABEL, show_default=True,
+              help="--backend kubernetes: Node label that names the location when no location annotation does.")
+@click.option("--resync-seconds", "resync_interval", default=30.0, type=float, show_default=True,
+              help="Full reconcile period; with --backend kubernetes a Node not seen for twice this is not ready.")
+@click.option("--kvstore-endpoints", default="", callback=lambda _c, _p, val: _endpoints(val),
+              help="--backend kubernetes: mirror the cluster's nodes into this etcd (comma-separated URLs) "
+              "for the cluster mesh.")
+@click.option("--kvstore-ca", default=None, help="CA file that signed the kvstore etcd's certificate.")
+@click.option("--kvstore-cert", default=None, help="Client certificate for the kvstore etcd.")
+@click.option("--kvstore-key", default=None, help="Client key for the kvstore etcd.")
+@click.option("--kvstore-user", default=None, help="etcd user of the kvstore mirror (meshctl:kvstore).")
+@click.option("--kvstore-password-file", default=None, help="File holding the kvstore user's password.")
+@_etcd_options
+@click.option("--cluster-id", default=1, type=int, callback=_flag(fields.cluster_id), show_default=True)
+@click.option("--clustermesh-dir", default=None, type=click.Path(path_type=Path),
+              help="One file per remote cluster (endpoints, ca-file, cert-file, key-file).")
+@click.option("--no-fastpath", is_flag=True, help="Kernel routes only, no eBPF.")
+@click.option("--bpf-pin-root", default=DEFAULT_PIN_ROOT, show_default=True)
+@click.option("--lease-ttl", default=10, type=int, show_default=True, help="Seconds a dead agent's record lives.")
+@click.option("--nat-prefix", default="meshctl", show_default=True, help="Name prefix of the NAT rules and ipset.")
+@click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]))
+def agent_cmd(**kw: Any) -> None:
+    """Run the node agent: publish this node, watch the others, apply the plan."""
+    logging.basicConfig(level=kw.pop("log_level").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    kw["etcd_endpoints"] = _endpoints(kw["etcd_endpoints"])
+    kw["fastpath"] = not kw.pop("no_fastpath")
+    kw["allowed_location_ips"] = kw["allowed_location_ips"] or ()
+    kw["location"] = kw["location"] or ""
+    kw["persistent_keepalive"] = kw["persistent_keepalive"] or 0
+    cfg = AgentConfig(**kw).check()
+    from meshctl.agent.run import run_agent
+
+    run_agent(cfg)
+
+
+@click.command("status")
+@click.option("--addr", default=DEFAULT_METRICS_ADDR, show_default=True, help="The agent's --metrics-addr.")
+@click.option("--lab-node", default=None, help="Ask the agent of this lab node (inside its namespace).")
+@click.option("--lab", "lab_name", default=None, help="Lab name (default: the only lab up).")
+@click.option("-o", "output", default="text", type=click.Choice(["text", "json"]))
+def status_cmd(addr: str, lab_node: str | None, lab_name: str | None, output: str) -> None:
+    """Print an agent's view: datapath mode, peers, last reconcile, rejected records."""
+    netns = None
+    if lab_node:
+        t = targets.lab().agent(lab_name, lab_node)
+        netns, addr = t.netns, t.addr
+    st = fetch_status(addr, netns)
+    if output == "json":
+        click.echo(json.dumps(st, indent=2, sort_keys=True))
+        return
+    click.echo(format_status(st))
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def format_status(st: dict[str, Any]) -> str:
+    lines = []
+    ready = "ready" if st.get("ready") else f"NOT READY ({st.get('reason') or 'unknown'})"
+    lines.append(f"node {st.get('node')}  cluster {st.get('cluster')}  backend {st.get('backend')}: {ready}"
+                 f"  revision {st.get('revision')}")
+    lead = "this node" if st.get("is_leader") else st.get("leader")
+    lines.append(f"granularity {st.get('granularity')}  leader {lead}  wireguard ip {st.get('wireguard_ip') or '-'}"
+                 f"  nodes {st.get('nodes')}  routes {st.get('routes')}")
+    dp = st.get("datapath") or {}
+    counters = "  ".join(f"{a} {p} pkts/{_bytes(b)}" for a, (p, b) in sorted((dp.get("counters") or {}).items()))
+    lines.append(f"datapath {dp.get('mode') or '-'}{' (' + dp['reason'] + ')' if dp.get('reason') else ''}"
+                 f"{'  ' + counters if counters else ''}")
+    peers = st.get("peers") or []
+    lines.append(f"peers ({len(peers)}):")
+    now = time.time()
+    for p in peers:
+        hs = p.get("last_handshake") or 0
+        age = f"{now - hs:.0f} s ago" if hs else "never"
+        lines.append(f"  {p.get('name')}  endpoint {p.get('live_endpoint') or p.get('endpoint') or '-'}  "
+                     f"allowed {','.join(p.get('allowed_ips', []))}  rx {_bytes(p.get('rx_bytes', 0))}  "
+                     f"tx {_bytes(p.get('tx_bytes', 0))}  handshake {age}")
+    last = st.get("last_reconcile") or {}
+    if last:
+        errs = last.get("errors") or {}
+        ms = 1000 * last.get("duration_s", 0)
+        lines.append(f"last reconcile {now - last.get('time', now):.1f} s ago, {ms:.1f} ms"
+                     f", {'applied' if last.get('applied') else 'not applied'}"
+                     f"{', errors: ' + '; '.join(f'{k}: {e}' for k, e in errs.items()) if errs else ''}")
+    rej = st.get("rejections") or []
+    lines.append(f"rejected records ({len(rej)}):" if rej else "rejected records: none")
+    for r in rej:
+        lines.append(f"  {r.get('name')}: {r.get('reason')}")
+    kv = st.get("kvstore")
+    if kv:
+        role = "writer" if kv.get("writing") else f"standby (writer: {kv.get('writer') or 'none'})"
+        lines.append(f"kvstore mirror: {role}" + (f"  error: {kv['error']}" if kv.get("error") else ""))
+    if st.get("remotes"):
+        lines += format_clustermesh(st["remotes"], now)
+    return "\n".join(lines)
+
+
+def format_clustermesh(cm: dict[str, Any], now: float) -> list[str]:
+    """The ClusterMesh block: `ClusterMesh: 1/1 remote clusters ready`, then one line a cluster."""
+    from meshctl.backends.clustermesh import summary_line
+
+    if "clusters" not in cm:
+        return [f"ClusterMesh: {cm.get('error', 'unknown')}"]
+    lines = [summary_line(cm)]
+    for c in cm["clusters"]:
+        state = "ready" if c.get("ready") else f"NOT READY ({c.get('reason') or 'unknown'})"
+        eps = ", ".join(c.get("endpoints") or []) or "-"
+        change = f"{now - c['last_change']:.0f}s ago" if c.get("last_change") else "never"
+        lines.append(f"  {c.get('name')}  {state}  nodes {c.get('nodes', 0)}  rejected {c.get('rejected', 0)}  "
+                     f"endpoints {eps} ({'connected' if c.get('connected') else 'not connected'})  "
+                     f"last change {change}")
+        for r in c.get("rejections") or []:
+            lines.append(f"    rejected {r.get('name')}: {r.get('reason')}")
+    return lines
+
+
+@click.group("node")
+def node_group() -> None:
+    """Node records in the backend."""
+
+
+@node_group.command("list")
+@_etcd_options
+@click.option("--addr", default=None, help="Ask the agent at this --metrics-addr: every local and remote node "
+              "with the path from that node.")
+@click.option("--lab-node", default=None, help="Ask the agent of this lab node (inside its namespace).")
+@click.option("--lab", "lab_name", default=None, help="Lab name (default: the only lab up).")
+@click.option("-o", "output", default="text", type=click.Choice(["text", "json"]))
+def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, etcd_key: str | None,
+              etcd_user: str | None, etcd_password_file: str | None, cluster_name: str, addr: str | None,
+              lab_node: str | None, lab_name: str | None, output: str) -> None:
+    """List nodes. From an agent (--addr, --lab-node): local and remote nodes (`cluster2/g1`), their
+    addresses, pod CIDRs, WireGuard addresses, source and the path from that node. From the store
+    (etcd flags, or a lab's etcd): the records and what admission decided for each."""
+    if addr or lab_node:
+        _node_list_from_agent(addr, lab_node, lab_name, output)
+        return
+    from meshctl.backends.etcd import EtcdBackend
+    from meshctl.etcd import EtcdClient
+    from meshctl.mesh.model import Cluster
+
+    netns = None
+    if lab_name is not None or not etcd_endpoints:
+        acc = targets.lab("--etcd-endpoints").etcd(lab_name, cluster_name)
+        etcd_endpoints, etcd_ca, etcd_cert, etcd_key, etcd_user, etcd_password_file, netns = (
+            ",".join(acc.endpoints), acc.ca, acc.cert, acc.key, acc.user, acc.password_file, acc.netns)
+    client = EtcdClient(list(_endpoints(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert, key=etcd_key, netns=netns,
+                        user=etcd_user, password_file=etcd_password_file)
+    backend = EtcdBackend(client, Cluster(cluster_name))
+    try:
+        st = backend.load_once()
+    finally:
+        client.close()
+    admitted, rejected = admit.admit_nodes(list(st.nodes), st.mesh.subnet,
+                                           allow_default_route=st.mesh.allow_default_route)
+    rows = [{"name": n.name, "status": "admitted", **records.node_to_record(n)} for n in admitted]
+    rows += [{"name": r.name, "status": "rejected", "reason": r.reason} for r in [*st.rejections, *rejected]]
+    if output == "json":
+        click.echo(json.dumps(rows, indent=2))
+        return
+    click.echo(f"{'NAME':<16} {'STATUS':<9} {'LOCATION':<10} {'INTERNAL':<18} {'ENDPOINT':<22} POD CIDR / REASON")
+    for r in rows:
+        if r["status"] == "admitted":
+            click.echo(f"{r['name']:<16} {'admitted':<9} {r.get('location', ''):<10} {r.get('internal_ip', '-'):<18} "
+                       f"{r.get('endpoint', '-'):<22} {r['pod_cidr']}")
+        else:
+            click.echo(f"{r['name']:<16} {'rejected':<9} {r['reason']}")
+
+
+def _node_list_from_agent(addr: str | None, lab_node: str | None, lab_name: str | None, output: str) -> None:
+    from meshctl.mesh.render import node_rows_table
+
+    netns = None
+    if lab_node:
+        t = targets.lab().agent(lab_name, lab_node)
+        netns, addr = t.netns, t.addr
+    st = fetch_status(addr or DEFAULT_METRICS_ADDR, netns)
+    rows = st.get("node_list")
+    if rows is None:
+        raise MeshError(f"the agent of {st.get('node')} has no plan yet")
+    if output == "json":
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        click.echo(node_rows_table(rows))
+
+
+@click.command("cleanup")
+@click.option("--node-name", default=None, callback=_flag(fields.node_name))
+@click.option("--wg-interface", default=defaults.WG_INTERFACE, show_default=True)
+@click.option("--wg-run-dir", default=str(defaults.WG_RUN_DIR), show_default=True, type=click.Path(path_type=Path))
+@click.option("--private-interface", default=None)
+@click.option("--bpf-pin-root", default=DEFAULT_PIN_ROOT, show_default=True)
+@click.option("--nat-prefix", default="meshctl", show_default=True)
+@click.option("--force", is_flag=True, help="Also remove a WireGuard device meshctl did not create.")
+@_etcd_options
+def cleanup_cmd(node_name: str | None, wg_interface: str, wg_run_dir: Path, private_interface: str | None,
+                bpf_pin_root: str, nat_prefix: str, force: bool, etcd_endpoints: str, etcd_ca: str | None,
+                etcd_cert: str | None, etcd_key: str | None, etcd_user: str | None, etcd_password_file: str | None,
+                cluster_name: str) -> None:
+    """Remove what the agent made on this node and only that: the WireGuard device it created
+    (recorded in --wg-run-dir when created), routes of protocol 109, its own NAT sets and chains,
+    its maps (and, with etcd flags, the node's record). Anything else is reported and left in
+    place unless --force. Stop the agent first."""
+    kept: list[str] = []
+    failures = cleanup_node(node_name, wg_interface, wg_run_dir, private_interface, bpf_pin_root, nat_prefix,
+                            force=force, kept=kept)
+    for k in kept:
+        click.echo(f"cleanup: kept {k}")
+    if etcd_endpoints and node_name:
+        from meshctl.backends.etcd import node_key
+        from meshctl.etcd import EtcdClient
+
+        try:
+            EtcdClient(list(_endpoints(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert, key=etcd_key, user=etcd_user,
+                       password_file=etcd_password_file).delete(node_key(cluster_name, node_name))
+        except MeshError as e:
+            failures.append(f"record: {e}")
+    for f in failures:
+        click.echo(f"cleanup: {f}", err=True)
+    if failures:
+        raise MeshError(f"cleanup left {len(failures)} part(s) behind")
+    click.echo("cleaned up")
+
+
+def cleanup_node(node_name: str | None, wg_interface: str, wg_run_dir: Path, private_interface: str | None,
+                 bpf_pin_root: str, nat_prefix: str, *, force: bool = False, kept: list[str] | None = None
+                 ) -> list[str]:
+    """Undo the agent's appliers in this namespace; returns what failed (one line each) and adds
+    to `kept` what was left because meshctl did not make it."""
+    failures: list[str] = []
+
+    def part(name: str, fn: Any) -> None:
+        try:
+            fn()
+        except (MeshError, InputError, OSError, ImportError) as e:
+            failures.append(f"{name}: {e}")
+
+    def wg() -> None:
+        from meshctl.node.wireguard import WireGuard
+
+        left = WireGuard(ifname=wg_interface, run_dir=str(wg_run_dir)).delete(force=force)
+        if left is not None and kept is not None:
+            kept.append(left)
+
+    def routes() -> None:
+        from meshctl.node.routes import RouteApplier
+
+        RouteApplier(private_interface, wg_interface).flush()
+
+    def nat() -> None:
+        from meshctl.node.nat import NatApplier
+
+        NatApplier(nat_prefix).cleanup()
+
+    def maps() -> None:
+        if node_name:
+            from meshctl.datapath import Datapath
+
+            Datapath.unload(node_name, pin_root=bpf_pin_root)
+
+    part("routes", routes)
+    part("wireguard", wg)
+    part("nat", nat)
+    part("datapath", maps)
+    return failures
+
+
+COMMANDS: list[click.Command] = [agent_cmd, status_cmd, node_group, cleanup_cmd]

@@ -1,0 +1,207 @@
+"""`meshctl` commands of the datapath area: `maps dump` and `datapath load|unload|status`.
+
+They read and change the pinned objects of one node. A lab node (`--node N` while a lab is up)
+is found through the lab's state: its pin root and its network namespace (interface names are
+resolved there). Elsewhere `--pin-root` and `--netns` say where to look; by default the node's
+pins are under /sys/fs/bpf/meshctl and the current namespace is the node's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from meshctl.cli import targets
+from meshctl.datapath import DEFAULT_PIN_ROOT, Datapath
+from meshctl.datapath.inns import in_netns
+from meshctl.errors import InputError, MeshError
+
+T = TypeVar("T")
+
+_node = click.option("--node", default=None, help="Node name (default: this host's name, or every pinned node).")
+_lab = click.option("--lab", "lab_name", default=None, help="Lab name, when several labs are up.")
+_pin = click.option("--pin-root", default=None, help=f"bpffs folder of the pins (default {DEFAULT_PIN_ROOT}).")
+_ns = click.option("--netns", default=None, help="Network namespace of the node (default: the lab's, or this one).")
+_out = click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
+
+
+def _where(node: str | None, lab: str | None, pin_root: str | None, netns: str | None
+           ) -> list[tuple[str, str, str | None]]:
+    """The (node, pin root, netns) triples a command acts on."""
+    if node is not None and not pin_root and (lab is not None or targets.has_lab()):
+        found = targets.lab("--lab").pins(lab, node)
+        if found:
+            return [(found.name, found.pin_root, netns or found.netns)]
+    root = pin_root or DEFAULT_PIN_ROOT
+    if node is None:
+        names = sorted(os.listdir(root)) if os.path.isdir(root) else []
+        if not names:
+            names = [socket.gethostname()]
+        return [(n, root, netns) for n in names]
+    return [(node, root, netns)]
+
+
+def _in(ns: str | None, fn: Callable[[], T]) -> T:
+    if ns is not None and not os.path.exists(ns if ns.startswith("/") else f"/run/netns/{ns}"):
+        raise InputError("--netns", ns, "is not a network namespace")
+    return in_netns(ns, fn)
+
+
+def _read(node: str, root: str, ns: str | None, counters: bool) -> dict[str, Any]:
+    def read() -> dict[str, Any]:
+        dp = Datapath.pinned(node, pin_root=root)
+        try:
+            out: dict[str, Any] = {"node": node, "counters": {k: {"packets": p, "bytes": b}
+                                                              for k, (p, b) in dp.counters().items()}}
+            if not counters:
+                out["entries"] = dp.entries()
+                out["pods"] = dp.pods()
+            return out
+        finally:
+            dp.close()
+
+    return _in(ns, read)
+
+
+def _counters_table(c: dict[str, dict[str, int]]) -> list[str]:
+    lines = [f"  {'ACTION':<10} {'PACKETS':>14} {'BYTES':>18}"]
+    lines += [f"  {k:<10} {v['packets']:>14} {v['bytes']:>18}" for k, v in c.items()]
+    return lines
+
+
+@click.group()
+def maps() -> None:
+    """The fast path's pinned maps."""
+
+
+@maps.command("dump")
+@_node
+@_lab
+@_pin
+@_ns
+@_out
+@click.option("--counters", "only_counters", is_flag=True, help="Only the per-action counters.")
+def maps_dump(node: str | None, lab_name: str | None, pin_root: str | None, netns: str | None, output: str,
+              only_counters: bool) -> None:
+    """Every LPM entry (prefix, action, next hop, interface), the local pods and the counters."""
+    dumps = [_read(n, root, ns, only_counters) for n, root, ns in _where(node, lab_name, pin_root, netns)]
+    if output == "json":
+        click.echo(json.dumps(dumps if node is None else dumps[0], indent=2))
+        return
+    for d in dumps:
+        click.echo(f"node {d['node']}")
+        if not only_counters:
+            click.echo(f"  {'PREFIX':<28} {'ACTION':<8} {'NEXTHOP':<26} IFNAME")
+            for e in d["entries"]:
+                click.echo(f"  {e['prefix']:<28} {e['action']:<8} {e['nexthop'] or '-':<26} {e['ifname'] or '-'}")
+            click.echo(f"  ({len(d['entries'])} entries)")
+            click.echo(f"  {'LOCAL POD':<28} HOST VETH")
+            for p in d["pods"]:
+                click.echo(f"  {p['ip']:<28} {p['ifname'] or p['ifindex']}")
+        click.echo("\n".join(_counters_table(d["counters"])))
+
+
+@click.group()
+def datapath() -> None:
+    """Load, unload or inspect one node's fast path (debugging; the agent does this itself)."""
+
+
+@datapath.command("load")
+@click.option("--node", required=True, help="Node name (its pins go under PIN_ROOT/NODE).")
+@_lab
+@_pin
+@_ns
+@click.option("--private-if", required=True, help="The private NIC.")
+@click.option("--tunnel-if", default=None, help="The WireGuard device (kilo0), if any.")
+@click.option("--pod-if", "pod_ifs", multiple=True, help="A host-side pod veth; repeatable.")
+@click.option("-f", "--file", "topo_path", type=click.Path(dir_okay=False), default=None,
+              help="Topology YAML: sync the node's fast-path entries from its plan.")
+def datapath_load(node: str, lab_name: str | None, pin_root: str | None, netns: str | None, private_if: str,
+                  tunnel_if: str | None, pod_ifs: tuple[str, ...], topo_path: str | None) -> None:
+    """Load (or reopen) the programs, attach them and optionally sync the plan's entries."""
+    entries = None
+    if topo_path:
+        from meshctl.backends.file import load_topology
+        from meshctl.mesh.plan import plan_node
+
+        topo = load_topology(topo_path)
+        if topo.node(node) is None:
+            raise InputError("--node", node, f"is not a node in {os.path.basename(topo_path)}")
+        entries = plan_node(topo, node).fastpath
+    [(name, root, ns)] = _where(node, lab_name, pin_root, netns)
+
+    def load() -> dict[str, Any]:
+        dp = Datapath.open(name, pin_root=root)
+        try:
+            if dp.mode != "ebpf":
+                raise MeshError(f"datapath: kernel-routes ({dp.reason})")
+            dp.attach(private_if, tunnel_if, pod_ifs)
+            st = dp.sync(entries, private_if) if entries is not None else None
+            return {"status": dp.status(), "sync": st}
+        finally:
+            dp.close()
+
+    out = _in(ns, load)
+    s = out["status"]
+    click.echo(f"{name}: ebpf, {'compiled' if s['compiled'] else 'reopened'}, {len(s['links'])} links, "
+               f"{s['routes']} routes, {s['pods']} local pods")
+    if out["sync"] is not None:
+        st = out["sync"]
+        click.echo(f"sync: {st.added} added, {st.changed} changed, {st.deleted} deleted")
+
+
+@datapath.command("unload")
+@click.option("--node", required=True)
+@_lab
+@_pin
+@_ns
+def datapath_unload(node: str, lab_name: str | None, pin_root: str | None, netns: str | None) -> None:
+    """Detach the programs and remove the node's pinned maps (traffic keeps the kernel's routes)."""
+    [(name, root, ns)] = _where(node, lab_name, pin_root, netns)
+    _in(ns, lambda: Datapath.unload(name, pin_root=root))
+    click.echo(f"{name}: unloaded (kernel routes)")
+
+
+@datapath.command("status")
+@_node
+@_lab
+@_pin
+@_ns
+@_out
+def datapath_status(node: str | None, lab_name: str | None, pin_root: str | None, netns: str | None,
+                    output: str) -> None:
+    """Mode, programs, links and map sizes of the pinned fast path."""
+    rows: list[dict[str, Any]] = []
+    for name, root, ns in _where(node, lab_name, pin_root, netns):
+        if not os.path.isdir(f"{root}/{name}"):
+            rows.append({"node": name, "mode": "kernel-routes", "reason": f"nothing pinned under {root}"})
+            continue
+
+        def st(name: str = name, root: str = root) -> dict[str, Any]:
+            dp = Datapath.pinned(name, pin_root=root)
+            try:
+                return dp.status()
+            finally:
+                dp.close()
+
+        rows.append(_in(ns, st))
+    if output == "json":
+        click.echo(json.dumps(rows if node is None else rows[0], indent=2))
+        return
+    for r in rows:
+        click.echo(f"node {r['node']}: datapath {r['mode']}{' (' + r['reason'] + ')' if r.get('reason') else ''}")
+        if r["mode"] != "ebpf":
+            continue
+        click.echo(f"  pins {r['pin_dir']} (layout {r['layout']}), {r['routes']} routes, {r['pods']} local pods")
+        click.echo("  programs " + ", ".join(f"{p}#{i}" for p, i in r["programs"].items()))
+        for lk in r["links"]:
+            dev = f"{lk['ifname'] or '(gone)'}#{lk['ifindex']}"
+            click.echo(f"  {lk['kind']} {lk['hook']:<12} {dev:<20} prog #{lk['prog_id']}")
+
+
+COMMANDS: list[click.Command] = [maps, datapath]

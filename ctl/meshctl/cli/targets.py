@@ -1,0 +1,74 @@
+"""Where a command finds the node it is asked about, when that node is not this host.
+
+`status --lab-node`, `node list --lab-node`, `maps dump --node` and `node list` without etcd flags
+can talk to a node of the namespace lab. The CLI that ships knows nothing of the lab: the lab
+registers a `LabLocator` when it is installed (as a `meshctl.cli` plugin), and without it these
+flags fail with one line instead of importing lab code into the agent image.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from meshctl.errors import MeshError
+
+
+@dataclass(frozen=True)
+class AgentTarget:
+    """An agent's status address and the network namespace to dial it from (None: this one)."""
+
+    netns: str | None
+    addr: str
+
+
+@dataclass(frozen=True)
+class PinTarget:
+    """A node's pinned BPF objects: the pin root, its network namespace and its name there."""
+
+    pin_root: str
+    netns: str
+    name: str
+
+
+@dataclass(frozen=True)
+class EtcdTarget:
+    """How to reach a cluster's etcd: endpoints, TLS files and the namespace to dial from."""
+
+    endpoints: tuple[str, ...]
+    ca: str | None
+    cert: str | None
+    key: str | None
+    netns: str | None
+    user: str | None = None  # the etcd identity (docs/security.md): a lab gives out its admin's
+    password_file: str | None = None
+
+
+class LabLocator(Protocol):
+    """Finds lab nodes and lab etcds by name; `lab` None means the only lab that is up."""
+
+    def agent(self, lab: str | None, node: str) -> AgentTarget: ...
+
+    def pins(self, lab: str | None, node: str) -> PinTarget | None:
+        """Searches every lab that is up when `lab` is None; None when no lab has the node."""
+        ...
+
+    def etcd(self, lab: str | None, cluster: str | None) -> EtcdTarget: ...
+
+
+_locator: list[LabLocator] = []
+
+
+def register_lab(locator: LabLocator) -> None:
+    _locator[:] = [locator]
+
+
+def lab(flag: str = "--lab-node") -> LabLocator:
+    """The registered lab locator; one clear line when this installation has no lab."""
+    if not _locator:
+        raise MeshError(f"{flag}: the lab is not part of this installation (the agent image leaves it out)")
+    return _locator[0]
+
+
+def has_lab() -> bool:
+    return bool(_locator)

@@ -1,0 +1,14 @@
+"""Defaults one node's agent and the commands that talk to it share, each defined once here: the
+agent's flags, `meshctl cleanup`, `status` and the Kubernetes backend all read them from this
+module, so a changed default cannot leave one side behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+WG_INTERFACE = "kilo0"  # Kilo's name: a node migrating from Kilo keeps its interface
+STATE_DIR = Path("/var/lib/meshctl")  # keys (0600), the lease, saved remote views
+WG_RUN_DIR = Path("/run/meshctl/wireguard")  # wireguard-go's private UAPI socket directory
+PIN_ROOT = "/sys/fs/bpf/meshctl"  # one folder per node under it: programs, maps, links
+METRICS_ADDR = "127.0.0.1:9736"  # /metrics, /healthz, /status; loopback unless asked
+REGION_LABEL = "topology.kubernetes.io/region"  # the Node label that names a location

@@ -1,0 +1,201 @@
+"""`meshctl` commands of the lab area: `lab up|check|down|status`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from meshctl.cli import targets
+from meshctl.cli.targets import AgentTarget, EtcdTarget, PinTarget
+from meshctl.errors import InputError, MeshError
+from meshctl.lab import state
+
+
+def _progress(msg: str) -> None:
+    click.echo(f"[{time.strftime('%H:%M:%S')}] {msg}", err=True)
+
+
+@click.group("lab")
+def lab_group() -> None:
+    """A whole mesh on this machine: network namespaces, etcd, one agent per node."""
+
+
+@lab_group.command("up")
+@click.option("-f", "--file", "path", default=None, help="Lab or topology file (default: the shipped lab).")
+@click.option("--prefix", default=None, help="Name prefix of everything the lab makes (default: lab.prefix, ml-).")
+@click.option("--wait", default=60.0, show_default=True, help="Seconds to wait for the agents to converge.")
+def lab_up(path: str | None, prefix: str | None, wait: float) -> None:
+    """Build the lab and start its agents."""
+    from meshctl.lab import build
+    from meshctl.lab.spec import check_prefix, load_lab
+
+    if path is None:
+        from importlib.resources import files
+
+        path = str(files("meshctl.lab") / "labs" / "default.yaml")
+    if prefix is not None:
+        check_prefix(prefix, "--prefix")
+    spec = load_lab(path)
+    _require_root()
+    st = build.up(spec, prefix=prefix, progress=_progress, wait=wait)
+    click.echo(f"lab {st['name']} is up ({sum(len(c['nodes']) for c in st['clusters'])} nodes); "
+               f"state in {st['dir']}/state.json")
+
+
+@lab_group.command("check")
+@click.option("--lab", "lab_name", default=None, help="Lab name (default: the only lab up).")
+@click.option("-o", "output", default="text", type=click.Choice(["text", "json"]))
+@click.option("--count", default=5, show_default=True, help="Pings per pair.")
+def lab_check(lab_name: str | None, output: str, count: int) -> None:
+    """Ping every pod pair; print reachability, path (from counters) and RTT. Exit 1 if any fails."""
+    from meshctl.lab import probe, state
+
+    st = state.resolve(lab_name)
+    results = probe.check(st, count=count)
+    if output == "json":
+        click.echo(probe.results_json(results))
+    else:
+        click.echo(probe.format_matrix(results))
+    if any(not r.ok for r in results):
+        sys.exit(1)
+
+
+@lab_group.command("down")
+@click.option("--lab", "lab_name", default=None, help="Lab name (default: every lab that is up).")
+@click.option("--prefix", default=None, help="Remove by prefix even without a state file (after a crash).")
+def lab_down(lab_name: str | None, prefix: str | None) -> None:
+    """Remove a lab: agents, wireguard-go, etcd, pinned maps, namespaces. Safe to repeat."""
+    from meshctl.lab import build, state
+
+    if prefix is not None:
+        from meshctl.lab.spec import check_prefix
+
+        names = [state.lab_name(check_prefix(prefix, "--prefix"))]
+    elif lab_name is not None:
+        names = [lab_name]
+    else:
+        names = state.labs_up() or ["ml"]
+    problems = []
+    for name in names:
+        problems += build.down(name, progress=_progress)
+    if problems:
+        raise MeshError(f"lab down left {len(problems)} thing(s) behind")
+
+
+@lab_group.command("status")
+@click.option("--lab", "lab_name", default=None)
+@click.option("-o", "output", default="text", type=click.Choice(["text", "json"]))
+def lab_status(lab_name: str | None, output: str) -> None:
+    """Nodes, pods, agents (alive, converged) and etcd of a lab."""
+    from meshctl.lab import probe, state
+    from meshctl.node.shell import pid_alive
+
+    st = state.resolve(lab_name)
+    rows = []
+    for c in st["clusters"]:
+        for n in c["nodes"]:
+            s = probe.agent_status(n, timeout=1.0)
+            rows.append({
+                "cluster": c["name"], "node": n["name"], "netns": n["netns"], "location": n["location"],
+                "internal_ip": n["internal_ip"], "public_ip": n["public_ip"], "pod_cidr": n["pod_cidr"],
+                "pods": [p["ip"] for p in n["pods"]], "agent_pid": n.get("pid"),
+                "agent_alive": bool(n.get("pid") and pid_alive(n["pid"])),
+                "ready": bool(s and s.get("ready")), "granularity": s.get("granularity") if s else None,
+                "leader": s.get("leader") if s else None, "peers": len(s.get("peers", [])) if s else None,
+                "datapath": (s.get("datapath") or {}).get("mode") if s else None,
+            })
+    if output == "json":
+        click.echo(json.dumps({"name": st["name"], "prefix": st["prefix"], "source": st.get("source"),
+                               "etcd": {c["name"]: c["etcd"]["endpoints"] for c in st["clusters"]},
+                               "nodes": rows}, indent=1))
+        return
+    click.echo(f"lab {st['name']} (prefix {st['prefix']}) from {st.get('source')}")
+    for c in st["clusters"]:
+        click.echo(f"  etcd {c['name']}: {', '.join(c['etcd']['endpoints'])} (netns {c['etcd']['netns']})")
+    click.echo(f"  {'NODE':<14} {'NETNS':<18} {'INTERNAL':<16} {'PODS':<14} {'AGENT':<12} {'GRAN':<9} "
+               f"{'LEADER':<8} {'PEERS':<5} DATAPATH")
+    for r in rows:
+        agent = f"{r['agent_pid']}" if r["agent_alive"] else "dead"
+        click.echo(f"  {r['node']:<14} {r['netns']:<18} {r['internal_ip'] or '-':<16} {','.join(r['pods']):<14} "
+                   f"{agent:<12} {r['granularity'] or '-':<9} {r['leader'] or '-':<8} {r['peers'] or 0!s:<5} "
+                   f"{r['datapath'] or '-'}")
+    click.echo("  enter a node:  nsenter --net=/run/netns/<NETNS> bash   (ip route; wg show kilo0 needs the "
+               "node's run dir)")
+
+
+@lab_group.command("etcdctl", context_settings={"ignore_unknown_options": True})
+@click.option("--as", "who", default="admin", show_default=True,
+              help="Identity: admin, a node name, remote:<cluster> or meshctl:kvstore.")
+@click.option("--lab", "lab_name", default=None, help="Lab name (default: the only lab up).")
+@click.option("--cluster", "cluster_name", default=None, help="Cluster (default: the first).")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def lab_etcdctl(who: str, lab_name: str | None, cluster_name: str | None, args: tuple[str, ...]) -> None:
+    """Run etcdctl against a lab cluster's etcd as one of its identities: `meshctl lab etcdctl
+    --as b2 -- put /meshctl/default/nodes/a1 x` shows what b2's credentials may do. Exits with
+    etcdctl's status."""
+    import os
+    import subprocess
+
+    from meshctl.lab import netns, state
+
+    st = state.resolve(lab_name)
+    clusters = st.get("clusters", [])
+    cst = next((c for c in clusters if cluster_name in (None, c["name"])), None)
+    if cst is None:
+        raise MeshError(f"lab {st['name']} has no cluster {cluster_name}")
+    e = cst["etcd"]
+    ids = e.get("identities") or {}
+    if who not in ids:
+        raise MeshError(f"--as: {who!r} is not an etcd identity of cluster {cst['name']} "
+                        f"(there are: {', '.join(sorted(ids))})")
+    i = ids[who]
+    with open(i["password_file"]) as f:
+        password = f.read().strip()
+    # The password goes through the environment (ETCDCTL_USER), not the command line others can read.
+    env = dict(os.environ, ETCDCTL_API="3", ETCDCTL_USER=f"{i['user']}:{password}")
+    argv = [*netns.exec_prefix(e["netns"]), "etcdctl", "--endpoints", ",".join(e["endpoints"]), "--cacert", e["ca"],
+            "--cert", i["cert"], "--key", i["key"], *args]
+    sys.exit(subprocess.run(argv, env=env, check=False).returncode)
+
+
+def _require_root() -> None:
+    import os
+
+    if os.geteuid() != 0:
+        raise MeshError("the lab needs root (network namespaces)")
+
+
+class _Locator:
+    """Lab nodes and lab etcds for the shipped CLI's --lab-node/--lab flags (cli.targets)."""
+
+    def agent(self, lab: str | None, node: str) -> AgentTarget:
+        ns, addr = state.find_node(lab, node)
+        return AgentTarget(ns, addr)
+
+    def pins(self, lab: str | None, node: str) -> PinTarget | None:
+        found = []
+        for name in [lab] if lab else state.labs_up():
+            st = state.resolve(name)
+            for c in st.get("clusters", []):
+                for n in c.get("nodes", []):
+                    if node in (n["name"], f"{c['name']}/{n['name']}"):
+                        found.append((st["name"], PinTarget(f"{st['pin_root']}/{c['name']}", n["netns"], n["name"])))
+        if len(found) > 1:
+            raise InputError("--node", node, f"is in several labs ({', '.join(f[0] for f in found)}): pass --lab")
+        if not found and lab:
+            raise MeshError(f"lab {lab} has no node {node}")
+        return found[0][1] if found else None
+
+    def etcd(self, lab: str | None, cluster: str | None) -> EtcdTarget:
+        acc = state.etcd_access(lab, cluster)
+        return EtcdTarget(tuple(acc["endpoints"]), acc["ca"], acc["cert"], acc["key"], acc["netns"], acc.get("user"),
+                          acc.get("password_file"))
+
+
+def register(main: click.Group) -> None:
+    """The `meshctl.cli` plugin entry point: the `lab` commands, and lab nodes for --lab-node."""
+    main.add_command(lab_group)
+    targets.register_lab(_Locator())

@@ -1,0 +1,153 @@
+"""Run an etcd server process for the lab, the tests and the benchmarks.
+
+One member, data on tmpfs, optionally inside a network namespace (started through nsenter so the
+process is etcd itself and its PID is the one to kill), optionally serving TLS and requiring
+client certificates. Stopping kills only the PID this object started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from meshctl.errors import MeshError
+from meshctl.etcd.client import EtcdClient
+from meshctl.lab.pki import CertFiles
+from meshctl.node.shell import exec_prefix, pid_alive
+
+
+@dataclass
+class EtcdServer:
+    """`host` is the address clients use (inside `netns` when given); `tls` makes the client URL
+    https with client-cert auth; `peer_port` stays on 127.0.0.1 of the same namespace."""
+
+    name: str
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 2379
+    peer_port: int = 2380
+    netns: str | None = None
+    tls: CertFiles | None = None
+    log_file: Path | None = None
+    pid: int | None = None
+    _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+
+    def argv(self) -> list[str]:
+        url = self.url
+        args = [
+            "etcd", "--name", self.name, "--data-dir", str(self.data_dir),
+            "--listen-client-urls", url, "--advertise-client-urls", url,
+            "--listen-peer-urls", f"http://127.0.0.1:{self.peer_port}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_port}",
+            "--initial-cluster", f"{self.name}=http://127.0.0.1:{self.peer_port}",
+            "--initial-cluster-state", "new", "--logger", "zap", "--log-level", "warn",
+            "--heartbeat-interval", "50", "--election-timeout", "500",
+        ]
+        if self.tls:
+            args += ["--cert-file", str(self.tls.cert), "--key-file", str(self.tls.key),
+                     "--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"]
+        return args
+
+    def start(self, *, client_tls: CertFiles | None = None, wait: float = 15.0) -> int:
+        """Start etcd and wait until it answers /health (with `client_tls` when TLS is on)."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.data_dir, 0o700)
+        log = open(self.log_file or (self.data_dir.parent / f"{self.name}.log"), "ab")  # noqa: SIM115
+        try:
+            self._proc = subprocess.Popen([*exec_prefix(self.netns), *self.argv()], stdout=log, stderr=log,
+                                          stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            log.close()
+        self.pid = self._proc.pid
+        client = self.client(client_tls, timeout=0.5)
+        deadline = time.monotonic() + wait
+        try:
+            while time.monotonic() < deadline:
+                if self._proc.poll() is not None:
+                    raise MeshError(f"etcd {self.name} exited with {self._proc.returncode}; see its log")
+                if client.health():
+                    return self.pid
+                time.sleep(0.05)
+        finally:
+            client.close()
+        self.stop()
+        raise MeshError(f"etcd {self.name} did not become healthy within {wait:.0f} s")
+
+    def client(self, tls: CertFiles | None = None, *, timeout: float = 2.0) -> EtcdClient:
+        t = tls or self.tls
+        return EtcdClient([self.url], ca=str(t.ca) if t else None, cert=str(t.cert) if t else None,
+                          key=str(t.key) if t else None, timeout=timeout, netns=self.netns)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL; only the PID started here."""
+        if self.pid is None:
+            return
+        stop_pid(self.pid, timeout)
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=0.1)
+        self.pid = None
+
+    def kill(self) -> None:
+        """SIGKILL without a clean shutdown (to test recovery)."""
+        if self.pid is not None:
+            stop_pid(self.pid, 0)
+            self.pid = None
+
+
+def stop_pid(pid: int, timeout: float = 5.0) -> None:
+    """Terminate one process we started: SIGTERM, wait, SIGKILL (timeout 0: SIGKILL at once)."""
+    try:
+        os.kill(pid, signal.SIGTERM if timeout > 0 else signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    if _wait_gone(pid, timeout):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    _wait_gone(pid, 2.0)
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if not _alive(pid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def stop_pids(pids: list[int], timeout: float = 3.0) -> None:
+    """SIGTERM many processes we started at once, then SIGKILL whatever is left after `timeout`."""
+    live = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+            live.append(pid)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while live and time.monotonic() < deadline:
+        live = [p for p in live if _alive(p)]
+        time.sleep(0.02)
+    for pid in live:
+        stop_pid(pid, 0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass
+    return pid_alive(pid)

@@ -1,0 +1,207 @@
+"""A two-node namespace testbed for the datapath tests and bench/datapath.py.
+
+    <p>lan            bridge br0: the private network 192.168.77.0/24 (fd77::/64)
+    <p>a, <p>b        nodes: eth1 on the private network, ip_forward, a pod each behind veth vp1
+    <p>a-p1, <p>b-p1  pods 10.42.1.5 / 10.42.2.5 (fd42:1::5 / fd42:2::5), routed as most CNIs do:
+                      a /32 (/128) route to the host veth, the pod's default via the host side
+    <p>wan            "another location" behind a's stand-in kilo0 (a veth: no dummy module here),
+                      holding 10.42.9.5; optionally a's and b's wg<id> wireguard-go devices
+
+Node a leads location "near" (b shares it); node c (pod CIDR 10.42.9.0/24) is in "far". Routes
+and fast-path entries come from meshctl's own plan. Each node has an nftables table counting its
+FORWARD traffic, with `ct state invalid drop` as a strict node would.
+
+Everything is named with the caller's prefix and removed by `down()`, pass or fail; processes
+started here are tracked by PID and killed by PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from meshctl.errors import MeshError
+from meshctl.lab import netns
+from meshctl.mesh.model import Endpoint, MeshSettings, Node, Topology
+from meshctl.mesh.plan import FastPathEntry, plan_node
+
+PODS = {"a": ("10.42.1.5", "fd42:1::5"), "b": ("10.42.2.5", "fd42:2::5")}
+PRIVATE = {"a": ("192.168.77.1", "fd77::1"), "b": ("192.168.77.2", "fd77::2")}
+FAR_POD = "10.42.9.5"
+SERVICE_IP = "10.96.0.10"
+
+NFT_COUNTERS = """
+table inet mdpt {
+  counter forwarded {}
+  counter dropped_invalid {}
+  chain forward {
+    type filter hook forward priority 0; policy accept;
+    ct state invalid counter name "dropped_invalid" drop
+    counter name "forwarded"
+  }
+}
+"""
+
+
+def topology() -> Topology:
+    """The plan's view of the testbed: a (leader) and b share location near, c is far away."""
+    net, iface = ipaddress.ip_network, ipaddress.ip_interface
+    key = "A" * 43 + "="
+    return Topology(
+        mesh=MeshSettings(granularity="location"),
+        nodes=(
+            Node("a", net("10.42.1.0/24"), key.replace("A", "B", 1), "near", iface("192.168.77.1/24"),
+                 Endpoint("203.0.113.1", 51820), leader=True),
+            Node("b", net("10.42.2.0/24"), key.replace("A", "C", 1), "near", iface("192.168.77.2/24")),
+            Node("c", net("10.42.9.0/24"), key.replace("A", "D", 1), "far", iface("172.20.0.9/24"),
+                 Endpoint("203.0.113.9", 51820)),
+        ),
+    )
+
+
+
+def _ip_of(iface: ipaddress.IPv4Interface | ipaddress.IPv6Interface | None) -> str:
+    if iface is None:
+        raise MeshError("the testbed plan gave node a no WireGuard address")
+    return str(iface.ip)
+
+@dataclass
+class Testbed:
+    __test__ = False  # not a pytest class
+
+    prefix: str
+    namespaces: list[str] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)
+
+    def ns(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    # --- build ------------------------------------------------------------------------------
+
+    def up(self, *, ipv6: bool = True) -> Testbed:
+        """Build the two-node testbed: namespaces, veths, addresses, routes, WireGuard and pods, in
+        the order the kernel needs them; one recipe, kept together."""
+        p = self.ns
+        self.namespaces = [p(n) for n in ("lan", "a", "b", "wan", "a-p1", "b-p1")]
+        for n in self.namespaces:
+            netns.add(n)
+        netns.bridge(p("lan"), "br0")
+        plan = {n: plan_node(topology(), n) for n in ("a", "b")}
+        for i, node in enumerate(("a", "b"), start=1):
+            ns, pod = p(node), p(f"{node}-p1")
+            netns.veth(ns, "eth1", p("lan"), f"port{i}")
+            netns.enslave(p("lan"), f"port{i}", "br0")
+            netns.addr(ns, "eth1", f"{PRIVATE[node][0]}/24")
+            for key, val in (("net.ipv4.ip_forward", "1"), ("net.ipv4.conf.all.rp_filter", "0"),
+                             ("net.ipv4.conf.default.rp_filter", "0"), ("net.ipv6.conf.all.forwarding", "1")):
+                netns.sysctl(ns, key, val)
+            netns.veth(ns, "vp1", pod, "eth0")
+            v4, v6 = PODS[node]
+            netns.addr(ns, "vp1", f"10.42.{i}.1/32")
+            netns.addr(pod, "eth0", f"{v4}/32")
+            netns.run(pod, ["ip", "route", "add", f"10.42.{i}.1", "dev", "eth0"])
+            netns.run(pod, ["ip", "route", "add", "default", "via", f"10.42.{i}.1", "dev", "eth0"])
+            netns.run(ns, ["ip", "route", "add", f"{v4}/32", "dev", "vp1"])
+            if ipv6:
+                netns.run(ns, ["ip", "addr", "add", f"{PRIVATE[node][1]}/64", "dev", "eth1", "nodad"])
+                netns.run(ns, ["ip", "addr", "add", f"fd42:{i}::1/128", "dev", "vp1", "nodad"])
+                netns.run(pod, ["ip", "addr", "add", f"{v6}/128", "dev", "eth0", "nodad"])
+                netns.run(pod, ["ip", "-6", "route", "add", f"fd42:{i}::1", "dev", "eth0"])
+                netns.run(pod, ["ip", "-6", "route", "add", "default", "via", f"fd42:{i}::1", "dev", "eth0"])
+                netns.run(ns, ["ip", "-6", "route", "add", f"{v6}/128", "dev", "vp1"])
+            netns.run(ns, ["nft", "-f", "-"], input=NFT_COUNTERS)
+        other = {"a": "b", "b": "a"}
+        if ipv6:
+            for node, i in (("a", 1), ("b", 2)):
+                j = 3 - i
+                netns.run(p(node), ["ip", "-6", "route", "add", f"fd42:{j}::/64", "via", PRIVATE[other[node]][1],
+                                    "dev", "eth1"])
+        # a's stand-in kilo0 towards the far location, at the plan's WireGuard addresses
+        # (a leads "near": 10.4.0.2; "far" is 10.4.0.1).
+        netns.veth(p("a"), "kilo0", p("wan"), "wan0")
+        # IPv4 only, like a WireGuard device: no IPv6 autoconf chatter in kilo0's counters.
+        netns.sysctl(p("a"), "net.ipv6.conf.kilo0.disable_ipv6", "1")
+        netns.sysctl(p("wan"), "net.ipv6.conf.wan0.disable_ipv6", "1")
+        netns.addr(p("a"), "kilo0", f"{plan['a'].wireguard_ip}")
+        netns.addr(p("wan"), "wan0", "10.4.0.1/16")
+        netns.addr(p("wan"), "lo", f"{FAR_POD}/32")
+        netns.run(p("wan"), ["ip", "route", "add", "10.42.0.0/16", "via", str(_ip_of(plan["a"].wireguard_ip))])
+        netns.sysctl(p("wan"), "net.ipv4.conf.all.rp_filter", "0")
+        # The plan's routes: kernel routes stay the source of truth, the programs only accelerate.
+        for node in ("a", "b"):
+            for r in plan[node].routes:
+                dev = "eth1" if r.dev == "private" else "kilo0"
+                via = ["via", str(r.via)] if r.via is not None else []
+                netns.run(p(node), ["ip", "route", "replace", str(r.dst), *via, "dev", dev, "onlink"])
+        self.plans = plan
+        return self
+
+    def down(self) -> None:
+        for pid in self.pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.pids.clear()
+        for n in reversed(self.namespaces):
+            netns.delete(n)
+
+    # --- use --------------------------------------------------------------------------------
+
+    def fastpath(self, node: str) -> tuple[FastPathEntry, ...]:
+        """The plan's fast-path entries of `node` (plus the IPv6 pod prefixes of the testbed)."""
+        extra = []
+        if node == "a":
+            extra = [FastPathEntry(ipaddress.ip_network("fd42:1::/64"), "local", None),
+                     FastPathEntry(ipaddress.ip_network("fd42:2::/64"), "direct", ipaddress.ip_address("fd77::2"))]
+        else:
+            extra = [FastPathEntry(ipaddress.ip_network("fd42:2::/64"), "local", None),
+                     FastPathEntry(ipaddress.ip_network("fd42:1::/64"), "direct", ipaddress.ip_address("fd77::1"))]
+        return tuple(self.plans[node].fastpath) + tuple(extra)
+
+    def sh(self, name: str, args: list[str], *, check: bool = True, timeout: float = 30
+           ) -> subprocess.CompletedProcess[str]:
+        return netns.run(self.ns(name), args, check=check, timeout=timeout)
+
+    def spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        """A background process in namespace `name`, killed by PID at down()."""
+        proc = subprocess.Popen([*netns.exec_prefix(self.ns(name)), *args], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        self.pids.append(proc.pid)
+        return proc
+
+    def ping(self, src_pod: str, dst: str, count: int = 3) -> bool:
+        p = self.sh(src_pod, ["ping", "-c", str(count), "-i", "0.2", "-W", "2", dst], check=False)
+        return p.returncode == 0
+
+    def fwd_packets(self, node: str) -> tuple[int, int]:
+        """(forwarded, invalid-dropped) packets counted by the node's FORWARD chain."""
+        out = []
+        for c in ("forwarded", "dropped_invalid"):
+            j = json.loads(self.sh(node, ["nft", "-j", "list", "counter", "inet", "mdpt", c]).stdout)
+            out.append(next(x["counter"]["packets"] for x in j["nftables"] if "counter" in x))
+        return out[0], out[1]
+
+    def tx_packets(self, node: str, dev: str) -> int:
+        j = json.loads(self.sh(node, ["ip", "-s", "-j", "link", "show", "dev", dev]).stdout)
+        return int(j[0]["stats64"]["tx"]["packets"])
+
+    def add_service(self, node: str = "a", port: int = 80, backend: str = "10.42.2.5", backend_port: int = 8080
+                    ) -> None:
+        """A kube-proxy style ClusterIP: DNAT in the node's prerouting."""
+        rules = (f"table ip mdpsvc {{\n chain pre {{\n  type nat hook prerouting priority -100;\n"
+                 f"  ip daddr {SERVICE_IP} tcp dport {port} dnat to {backend}:{backend_port}\n }}\n}}\n")
+        netns.run(self.ns(node), ["nft", "-f", "-"], input=rules)
+
+    def wait_port(self, pod: str, host: str, port: int, timeout: float = 5) -> None:
+        deadline = time.monotonic() + timeout
+        code = f"import socket;socket.create_connection(('{host}',{port}),timeout=1).close()"
+        while time.monotonic() < deadline:
+            if self.sh(pod, ["python3", "-c", code], check=False).returncode == 0:
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"{host}:{port} not reachable from {pod}")

@@ -1,0 +1,2 @@
+"""The pure core: the model, field parsers, record codecs, admission, the plan and its renderings.
+Nothing here does I/O or reads a clock: every function is a function of its arguments."""

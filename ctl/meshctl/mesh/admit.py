@@ -1,0 +1,283 @@
+"""Admission: which records may join this node's plan, local and remote, over one claims index.
+
+Checks between records never fail as a whole: they admit what is consistent and return the rest
+as rejections, so one bad record can never take working routes down. Local records are admitted
+older first, so a newcomer can never take an address an existing node holds; a remote cluster's
+records are admitted after all local ones, against everything the local cluster and the clusters
+admitted before it hold, so a remote cluster can never take over a local route.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ipaddress
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from meshctl.mesh.model import IPNetwork, Node, Peer, Span, Topology, gc_paused, host_net, span
+from meshctl.mesh.plan import Remote, segments
+
+
+def _overlap(a: tuple[int, int, int], b: tuple[int, int, int]) -> bool:
+    return a[0] == b[0] and a[1] <= b[2] and b[1] <= a[2]
+
+
+class Claims:
+    """Disjoint address ranges with an owner each: answers "who already holds anything that
+    overlaps this network?" in O(log n), so admitting 10,000 records stays fast."""
+
+    def __init__(self) -> None:
+        self._starts: list[tuple[int, int]] = []
+        # (version, first, last, owner): an owner is a description, or a (prefix, node) pair
+        # described only when someone conflicts with it (formatting 5,000 addresses is not free).
+        self._items: list[tuple[int, int, int, str | tuple[str, Node]]] = []
+        self._defaults: dict[int, str] = {}
+
+    def conflict(self, net: IPNetwork | Span) -> str | None:
+        """Who holds anything overlapping `net` (a network or its precomputed span), or None."""
+        version, first, last = net if isinstance(net, tuple) else span(net)
+        i = bisect.bisect_right(self._starts, (version, first))
+        # Claims are disjoint and sorted: only the one starting at or before `first` and the first
+        # one starting after it can overlap.
+        for j in (i - 1, i):
+            if 0 <= j < len(self._items):
+                v, f, la, owner = self._items[j]
+                if v == version and f <= last and first <= la:
+                    if isinstance(owner, tuple):
+                        prefix, node = owner
+                        return f"{prefix}{node.qualified_name}'s pod CIDR {node.pod_cidr}"
+                    return owner
+        return None
+
+    def add(self, net: IPNetwork | Span, owner: str | tuple[str, Node]) -> None:
+        version, first, last = net if isinstance(net, tuple) else span(net)
+        if first == 0 and last == (1 << (32 if version == 4 else 128)) - 1:
+            # A default route is kept apart: longest-prefix match lets it coexist with everything.
+            self._defaults[version] = owner if isinstance(owner, str) else f"{owner[0]}{owner[1].qualified_name}"
+            return
+        i = bisect.bisect_left(self._starts, (version, first))
+        self._starts.insert(i, (version, first))
+        self._items.insert(i, (version, first, last, owner))
+
+    def remove(self, net: IPNetwork | Span) -> None:
+        """Give up the claim that starts where `net` starts (a record rejected after all)."""
+        version, first, _ = net if isinstance(net, tuple) else span(net)
+        i = bisect.bisect_left(self._starts, (version, first))
+        if i < len(self._starts) and self._starts[i] == (version, first):
+            del self._starts[i]
+            del self._items[i]
+
+    def default_route(self, version: int) -> str | None:
+        """Who holds the default route of this IP version, or None."""
+        return self._defaults.get(version)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A record that was not admitted, and why (one line naming field and value)."""
+
+    name: str
+    reason: str
+
+
+def admit_nodes(
+    nodes: Sequence[Node],
+    subnet: IPNetwork | None,
+    *,
+    claims: Claims | None = None,
+    internal_ips: dict[Any, str] | None = None,
+    hosts: dict[Any, str] | None = None,
+    allow_default_route: bool = False,
+    label: str = "nodes",
+) -> tuple[list[Node], list[Rejection]]:
+    """Admit nodes in the given order (older records first); reject a node whose name repeats,
+    whose pod CIDR overlaps an admitted one or the WireGuard subnet, whose internal address is
+    taken, or one of whose allowed location IPs is unsafe (see `_location_ips_problem`).
+    `claims`, `internal_ips` and `hosts` may carry what other clusters already hold.
+
+    Pod CIDRs are admitted first, location IPs after them: a location IP can never take a pod
+    CIDR, whichever record is older."""
+    claims = claims if claims is not None else Claims()
+    internal_ips = internal_ips if internal_ips is not None else {}
+    hosts = hosts if hosts is not None else {}
+    names: set[str] = set()
+    admitted: list[tuple[int, Node]] = []
+    rejected: list[Rejection] = []
+    subnet_span = span(subnet) if subnet is not None else None
+    for i, n in enumerate(nodes):
+        where = f"{label}[{i}]"
+        if n.name in names:
+            rejected.append(Rejection(n.qualified_name, f"{where}.name: {n.name!r} is a duplicate node name"))
+            continue
+        pod = n.pod_span
+        if subnet_span is not None and _overlap(pod, subnet_span):
+            rejected.append(Rejection(n.qualified_name, f"{where}.pod_cidr: {str(n.pod_cidr)!r} overlaps the "
+                                      f"WireGuard subnet {subnet}"))
+            continue
+        owner = claims.conflict(pod)
+        if owner is not None:
+            rejected.append(Rejection(n.qualified_name, f"{where}.pod_cidr: {str(n.pod_cidr)!r} overlaps {owner}"))
+            continue
+        if n.internal_ip is not None and n.internal_ip.ip in internal_ips:
+            rejected.append(Rejection(n.qualified_name, f"{where}.internal_ip: {str(n.internal_ip)!r} is already "
+                                      f"used by {internal_ips[n.internal_ip.ip]}"))
+            continue
+        names.add(n.name)
+        claims.add(pod, ("", n))
+        if n.internal_ip is not None:
+            internal_ips[n.internal_ip.ip] = n.qualified_name
+        admitted.append((i, n))
+    add_hosts(hosts, (n for _, n in admitted))
+    if not any(n.allowed_location_ips for _, n in admitted):
+        return [n for _, n in admitted], rejected
+    host_index = sorted((a.version, int(a), owner) for a, owner in hosts.items())
+    out: list[Node] = []
+    for i, n in admitted:
+        problem = _location_ips_problem(n, f"{label}[{i}]", subnet, subnet_span, claims, host_index,
+                                        allow_default_route)
+        if problem is None:
+            for a in n.allowed_location_ips:
+                claims.add(a, f"{n.qualified_name}'s allowed location IP {a}")
+            out.append(n)
+            continue
+        rejected.append(Rejection(n.qualified_name, problem))
+        claims.remove(n.pod_span)
+        if n.internal_ip is not None and internal_ips.get(n.internal_ip.ip) == n.qualified_name:
+            del internal_ips[n.internal_ip.ip]
+    return out, rejected
+
+
+def add_hosts(hosts: dict[Any, str], nodes: Iterable[Node]) -> None:
+    """Record the addresses no location IP may cover: nodes' internal addresses and endpoints."""
+    for n in nodes:
+        if n.internal_ip is not None:
+            hosts.setdefault(n.internal_ip.ip, f"{n.qualified_name}'s internal address")
+        ep = n.endpoint.ip if n.endpoint is not None else None
+        if ep is not None:
+            hosts.setdefault(ep, f"{n.qualified_name}'s endpoint")
+
+
+def _location_ips_problem(n: Node, where: str, subnet: IPNetwork | None, subnet_span: Span | None,
+                          claims: Claims, hosts: list[tuple[int, int, str]], allow_default_route: bool) -> str | None:
+    """Why one of `n`'s allowed location IPs may not route, or None. A location IP is routed to
+    `n`'s tunnel on every node, so it may not cover any pod CIDR, the WireGuard subnet, any node's
+    internal address or endpoint, another location IP or an extra peer's IPs; a default route only
+    with `mesh.allow_default_route` (then it only has to be the one default route)."""
+    mine: list[Span] = []
+    for j, a in enumerate(n.allowed_location_ips):
+        field = f"{where}.allowed_location_ips[{j}]: {str(a)!r}"
+        sp = span(a)
+        if a.prefixlen == 0:
+            if not allow_default_route:
+                return f"{field} is a default route (allowed only with mesh.allow_default_route: true)"
+            owner = claims.default_route(a.version)
+            if owner is not None:
+                return f"{field} overlaps {owner}"
+            mine.append(sp)
+            continue
+        if subnet_span is not None and _overlap(sp, subnet_span):
+            return f"{field} overlaps the WireGuard subnet {subnet}"
+        owner = claims.conflict(sp)
+        if owner is not None:
+            return f"{field} overlaps {owner}"
+        k = bisect.bisect_left(hosts, (sp[0], sp[1], ""))
+        if k < len(hosts) and hosts[k][0] == sp[0] and hosts[k][1] <= sp[2]:
+            return f"{field} covers {hosts[k][2]} {ipaddress.ip_address(hosts[k][1])}"
+        if any(_overlap(sp, m) for m in mine):
+            return f"{field} overlaps another of its own location IPs"
+        mine.append(sp)
+    return None
+
+
+def admit_peers(peers: Sequence[Peer], claims: Claims, label: str = "peers") -> tuple[list[Peer], list[Rejection]]:
+    """Reject extra peers whose names repeat or whose allowed IPs overlap a pod CIDR."""
+    names: set[str] = set()
+    admitted: list[Peer] = []
+    rejected: list[Rejection] = []
+    for i, p in enumerate(peers):
+        if p.name in names:
+            rejected.append(Rejection(p.name, f"{label}[{i}].name: {p.name!r} is a duplicate peer name"))
+            continue
+        bad = None
+        for j, a in enumerate(p.allowed_ips):
+            owner = claims.conflict(a)
+            if owner is not None:
+                bad = Rejection(p.name, f"{label}[{i}].allowed_ips[{j}]: {str(a)!r} overlaps {owner}")
+                break
+        if bad:
+            rejected.append(bad)
+            continue
+        names.add(p.name)
+        admitted.append(p)
+    return admitted, rejected
+
+
+def as_remote(topo: Topology) -> Topology:
+    """The topology with every node marked as belonging to its cluster (`cluster2/g1`); nodes
+    already marked (a remote watcher parses them so) are kept as they are."""
+    name = topo.cluster.name
+    nodes = topo.nodes if all(n.cluster == name for n in topo.nodes) else \
+        tuple(n if n.cluster == name else replace(n, cluster=name) for n in topo.nodes)
+    return replace(topo, nodes=nodes, peers=())
+
+
+def admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[Remote], list[Rejection]]:
+    """See `_admit_remotes`; the cyclic GC is paused while it runs (see model.gc_paused)."""
+    with gc_paused():
+        return _admit_remotes(local, remotes)
+
+
+def _admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[Remote], list[Rejection]]:
+    """Remote clusters with the records that are safe to install here, and the rejections.
+
+    A whole cluster is refused when its name or id collides with the local one or an earlier
+    remote's. A record is rejected when its pod CIDR overlaps a local pod CIDR, the local
+    WireGuard subnet or another cluster's records; when its segment's WireGuard address overlaps
+    them; when its internal address is a local node's; or when one of its allowed location IPs
+    covers any of these, a node's address, or is a default route the local mesh does not allow.
+    Sharing a private subnet is fine."""
+    claims = Claims()
+    internal: dict[object, str] = {}
+    hosts: dict[object, str] = {}
+    for n in local.nodes:
+        claims.add(n.pod_span, ("local node ", n))
+        if n.internal_ip is not None:
+            internal[n.internal_ip.ip] = f"local node {n.name}"
+        for a in n.allowed_location_ips:
+            claims.add(a, f"local node {n.name}'s allowed location IP {a}")
+    add_hosts(hosts, local.nodes)
+    claims.add(local.mesh.subnet, f"the local WireGuard subnet {local.mesh.subnet}")
+    ids = {local.cluster.id: local.cluster.name}
+    out: list[Remote] = []
+    rejected: list[Rejection] = []
+    for remote in sorted(remotes, key=lambda t: t.cluster.name):
+        cname, cid = remote.cluster.name, remote.cluster.id
+        if cname in ids.values():
+            rejected.append(Rejection(cname, f"cluster.name: {cname!r} is already used"))
+            continue
+        if cid in ids:
+            rejected.append(Rejection(cname, f"cluster.id: {cid} is already used by cluster {ids[cid]}"))
+            continue
+        remote = as_remote(remote)
+        label = f"{cname}.nodes"
+        segs = tuple(segments(remote))
+        seg_wg = {m.name: s.wireguard_ip for s in segs for m in s.members}
+        candidates = []
+        for n in remote.nodes:
+            owner = claims.conflict(host_net(seg_wg[n.name]))
+            if owner is not None:
+                rejected.append(Rejection(n.qualified_name, f"{label}.{n.name}.wireguard_ip: "
+                                          f"{str(seg_wg[n.name].ip)!r} overlaps {owner}"))
+                continue
+            candidates.append(n)
+        admitted, rej = admit_nodes(candidates, remote.mesh.subnet, claims=claims, internal_ips=internal,
+                                    hosts=hosts, allow_default_route=local.mesh.allow_default_route, label=label)
+        rejected += rej
+        for n in admitted:
+            wg = host_net(seg_wg[n.name])
+            if claims.conflict(wg) is None:
+                claims.add(wg, f"cluster {cname}'s WireGuard address {wg.network_address}")
+        ids[cid] = cname
+        out.append(Remote(remote, frozenset(n.name for n in admitted), segs))
+    return out, rejected

@@ -1,0 +1,199 @@
+"""Field parsers shared by every input: topology files, etcd records, Kubernetes annotations,
+remote clusters and the agent's flags. Each parser takes the value and the path that names it
+and raises `InputError(path, value, reason)`, so every bad input reads the same way:
+`nodes[2].pod_cidr: '10.42.1.0/33' is not a CIDR`.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
+
+from meshctl.errors import InputError
+from meshctl.mesh.model import (
+    GRANULARITIES,
+    Endpoint,
+    Granularity,
+    IPInterface,
+    IPNetwork,
+)
+
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$")
+_LOCATION = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL = r"[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*\.?$")
+
+
+def node_name(value: Any, path: str) -> str:
+    if not isinstance(value, str) or len(value) > 253 or not _DNS1123.match(value):
+        raise InputError(path, value, "is not a DNS-1123 name")
+    return value
+
+
+def cluster_name(value: Any, path: str) -> str:
+    if not isinstance(value, str) or not _CLUSTER_NAME.match(value):
+        raise InputError(path, value, "is not a cluster name (lowercase alnum and '-', 1-32 chars)")
+    return value
+
+
+def cluster_id(value: Any, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 255:
+        raise InputError(path, value, "is not a cluster id in 1..255")
+    return value
+
+
+def granularity(value: Any, path: str) -> Granularity:
+    if value not in GRANULARITIES:
+        raise InputError(path, value, f"is not one of {', '.join(GRANULARITIES)}")
+    return cast(Granularity, value)
+
+
+def location(value: Any, path: str) -> str:
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str) or not _LOCATION.match(value):
+        raise InputError(path, value, "is not a location name")
+    return value
+
+
+def cidr(value: Any, path: str) -> IPNetwork:
+    """A network with its host bits zero."""
+    if not isinstance(value, str) or "/" not in value:
+        raise InputError(path, value, "is not a CIDR")
+    try:
+        return ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        raise InputError(path, value, "is not a CIDR") from None
+
+
+def network(value: Any, path: str) -> IPNetwork:
+    """A CIDR that must be a network address (host bits zero)."""
+    net = cidr(value, path)
+    try:
+        ipaddress.ip_network(value, strict=True)
+    except ValueError:
+        raise InputError(path, value, f"has host bits set (the network is {net})") from None
+    return net
+
+
+def interface(value: Any, path: str) -> IPInterface:
+    """An address with its prefix (`10.10.0.4/24`): the prefix is the private subnet."""
+    if not isinstance(value, str) or "/" not in value:
+        raise InputError(path, value, "is not an address with a prefix (like 10.10.0.4/24)")
+    try:
+        iface = ipaddress.ip_interface(value)
+    except ValueError:
+        raise InputError(path, value, "is not an address with a prefix (like 10.10.0.4/24)") from None
+    if iface.ip.is_multicast or iface.ip.is_unspecified:
+        raise InputError(path, value, "is not a unicast address")
+    return iface
+
+
+def port(value: Any, path: str) -> int:
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise InputError(path, value, "is not a port in 1..65535")
+    return value
+
+
+def endpoint(value: Any, path: str, default_port: int | None = None) -> Endpoint:
+    """`host:port`, `[v6]:port` or `dns-name:port` (the port may be left out if a default is given)."""
+    if not isinstance(value, str) or not value:
+        raise InputError(path, value, "is not an endpoint (host:port, [v6]:port or name:port)")
+    host: str
+    port_text: str | None
+    if value.startswith("["):
+        m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::(\d+))?", value)
+        if not m:
+            raise InputError(path, value, "is not an endpoint (host:port, [v6]:port or name:port)")
+        host, port_text = m.group(1), m.group(2)
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise InputError(path, value, "is not an endpoint: bad IPv6 address") from None
+    else:
+        if value.count(":") > 1:
+            raise InputError(path, value, "is not an endpoint: write IPv6 as [addr]:port")
+        host, _, port_text = value.partition(":")
+        port_text = port_text or None
+        if not host:
+            raise InputError(path, value, "is not an endpoint: no host")
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            if not _HOSTNAME.match(host) or re.fullmatch(r"[\d.]+", host):
+                raise InputError(path, value, "is not an endpoint: bad host") from None
+    if port_text is None:
+        if default_port is None:
+            raise InputError(path, value, "is not an endpoint: no port")
+        return Endpoint(host, default_port)
+    try:
+        p = int(port_text)
+    except ValueError:
+        raise InputError(path, value, "is not an endpoint: bad port") from None
+    if not 1 <= p <= 65535:
+        raise InputError(path, value, "is not an endpoint: port outside 1..65535")
+    return Endpoint(host, p)
+
+
+def wg_key(value: Any, path: str) -> str:
+    """A WireGuard key: standard base64 of exactly 32 bytes."""
+    if not isinstance(value, str) or len(value) != 44:
+        raise InputError(path, _redact(value), "is not a WireGuard key (base64 of 32 bytes)")
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except ValueError:
+        raise InputError(path, _redact(value), "is not a WireGuard key (base64 of 32 bytes)") from None
+    if len(raw) != 32:
+        raise InputError(path, _redact(value), "is not a WireGuard key (base64 of 32 bytes)")
+    return value
+
+
+def _redact(value: Any) -> Any:
+    # Keys are public here, but a long string in an error line helps no one.
+    return value if not isinstance(value, str) or len(value) <= 60 else value[:20] + "..."
+
+
+def keepalive(value: Any, path: str) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise InputError(path, value, "is not a keepalive in seconds (0..65535)")
+    return value
+
+
+def boolean(value: Any, path: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", ""):
+        return value.lower() == "true"
+    raise InputError(path, value, "is not true or false")
+
+
+def cidr_list(value: Any, path: str) -> tuple[IPNetwork, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, list):
+        raise InputError(path, value, "is not a list of CIDRs")
+    return tuple(network(v, f"{path}[{i}]") for i, v in enumerate(value))
+
+
+def mapping(value: Any, path: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise InputError(path, value, "is not a mapping")
+    return value
+
+
+def no_unknown_fields(d: Mapping[str, Any], known: Iterable[str], path: str) -> None:
+    for k in d:
+        if k not in known:
+            raise InputError(f"{path}.{k}" if path else str(k), d[k], "is not a known field")

@@ -1,0 +1,357 @@
+"""The mesh plan: a pure function from node records to one node's WireGuard peers, routes and
+fast-path entries. Nothing here touches the system; appliers consume a `NodePlan`.
+
+The semantics (segments, leaders, private pairs, WireGuard IPs) are the contract written down in
+docs/mesh.md; the topology is computed once (`segments`) and routes are derived from it, as in
+Kilo's pkg/mesh.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from meshctl.errors import InputError
+from meshctl.mesh.model import (
+    Endpoint,
+    Granularity,
+    IPAddress,
+    IPInterface,
+    IPNetwork,
+    Node,
+    Topology,
+    gc_paused,
+    host_net,
+    private_neighbours,
+    sort_key_net,
+)
+
+Dev = Literal["private", "wireguard"]
+Action = Literal["local", "direct", "tunnel"]
+PeerKind = Literal["node", "segment", "peer"]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Nodes that share one WireGuard identity: a location (location granularity) or one node."""
+
+    key: str
+    members: tuple[Node, ...]
+    leader: Node
+    wireguard_ip: IPInterface
+    cluster: str = ""
+
+    @property
+    def peer_name(self) -> str:
+        return self.leader.qualified_name
+
+
+@dataclass(frozen=True)
+class PeerPlan:
+    name: str
+    kind: PeerKind
+    public_key: str
+    endpoint: str | None
+    allowed_ips: tuple[IPNetwork, ...]
+    persistent_keepalive: int
+
+
+@dataclass(frozen=True)
+class Route:
+    dst: IPNetwork
+    via: IPAddress | None
+    dev: Dev
+
+
+@dataclass(frozen=True)
+class FastPathEntry:
+    prefix: IPNetwork
+    action: Action
+    nexthop: IPAddress | None
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    node: str
+    granularity: str
+    leader: str
+    wireguard_ip: IPInterface | None
+    peers: tuple[PeerPlan, ...]
+    routes: tuple[Route, ...]
+    fastpath: tuple[FastPathEntry, ...]
+    # How this node reaches every other node (qualified name -> local|direct|tunnel|via-leader).
+    paths: dict[str, str] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Remote:
+    """Another cluster as this node sees it: its whole topology as its cluster publishes it (its
+    segments, leaders and WireGuard addresses come from all of it, as its own plan gives them)
+    and the names of the records admitted here (only those get routes)."""
+
+    topology: Topology
+    admitted: frozenset[str]
+    segments: tuple[Segment, ...] = ()  # segments(topology), when the caller already has them
+
+    @property
+    def nodes(self) -> list[Node]:
+        return [n for n in self.topology.nodes if n.name in self.admitted]
+
+
+# --- topology --------------------------------------------------------------------------------
+
+
+def segment_key(node: Node, granularity: str) -> str:
+    if granularity == "location" and node.internal_ip is not None:
+        return f"location:{node.location}"
+    return f"node:{node.name}"
+
+
+def choose_leader(members: Sequence[Node]) -> Node:
+    """By name: the first with `leader` and a public endpoint; else the first with `leader`;
+    else the first with a public endpoint; else the first."""
+    if len(members) == 1:
+        return members[0]
+    ordered = sorted(members, key=lambda n: n.name)
+
+    def public(n: Node) -> bool:
+        return n.endpoint is not None and n.endpoint.is_public
+
+    for pick in (lambda n: n.leader and public(n), lambda n: n.leader, public):
+        for n in ordered:
+            if pick(n):
+                return n
+    return ordered[0]
+
+
+def segments(topo: Topology) -> list[Segment]:
+    """The topology's segments, sorted by key; the i-th gets the subnet's address i+1."""
+    gran = topo.mesh.granularity
+    groups: dict[str, list[Node]] = {}
+    for n in topo.nodes:
+        groups.setdefault(segment_key(n, gran), []).append(n)
+    subnet = topo.mesh.subnet
+    if len(groups) + 1 >= subnet.num_addresses:
+        raise InputError("mesh.subnet", str(subnet), f"has no room for {len(groups)} segments")
+    iface = ipaddress.IPv4Interface if subnet.version == 4 else ipaddress.IPv6Interface
+    base = int(subnet.network_address)
+    out: list[Segment] = []
+    for i, key in enumerate(sorted(groups)):
+        members = tuple(sorted(groups[key], key=lambda n: n.name))
+        wg = iface((base + i + 1, subnet.prefixlen))
+        cluster = members[0].cluster
+        out.append(Segment(key, members, choose_leader(members), wg, cluster))
+    return out
+
+
+# --- the plan --------------------------------------------------------------------------------
+
+
+class _Builder:
+    """Collects routes and peers; the first route for a destination wins (deterministic because
+    callers walk nodes in sorted order)."""
+
+    def __init__(self) -> None:
+        self.routes: dict[IPNetwork, Route] = {}
+        self.peers: list[PeerPlan] = []
+
+    def route(self, dst: IPNetwork, via: IPAddress | None, dev: Dev) -> None:
+        self.routes.setdefault(dst, Route(dst, via, dev))
+
+    def peer(self, name: str, kind: PeerKind, key: str, endpoint: Endpoint | str | None,
+             allowed: list[IPNetwork], keepalive: int) -> None:
+        uniq = sorted(set(allowed), key=sort_key_net)
+        self.peers.append(PeerPlan(name, kind, key, str(endpoint) if endpoint else None, tuple(uniq), keepalive))
+
+
+def segment_addresses(members: Sequence[Node], wg: IPInterface | None, exclude_internal_of: Node | None
+                       ) -> list[IPNetwork]:
+    """What a segment's peer carries: pod CIDRs, internal /32s, the WireGuard IP and location IPs."""
+    out: list[IPNetwork] = []
+    for m in members:
+        out.append(m.pod_cidr)
+        if m.internal_ip is not None and not (exclude_internal_of and private_neighbours(exclude_internal_of, m)):
+            out.append(host_net(m.internal_ip))
+        out.extend(m.allowed_location_ips)
+    if wg is not None:
+        out.append(host_net(wg))
+    return out
+
+
+def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
+              granularity: Granularity | None = None) -> NodePlan:
+    """The plan of node `name`. `remotes` are other clusters' topologies (already admitted:
+    see mesh.admit.admit_remotes); `granularity` overrides the topology's."""
+    with gc_paused():
+        return _plan_node(topo, name, remotes, granularity)
+
+
+def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity: Granularity | None) -> NodePlan:
+    """The plan of one node: segments and leaders, then its peers, routes and fast-path entries
+    by the role it has (leader, member, lone node) and the granularity. Long because the table of
+    cases (docs/mesh.md) reads top to bottom here, case by case, as the contract states it."""
+    if granularity is not None and granularity != topo.mesh.granularity:
+        from dataclasses import replace
+
+        topo = replace(topo, mesh=replace(topo.mesh, granularity=granularity))
+    me = topo.node(name)
+    if me is None:
+        raise InputError("--node", name, "is not a node of the topology")
+    mesh = topo.mesh
+    segs = segments(topo)
+    my_seg = next(s for s in segs if any(m.name == name for m in s.members))
+    b = _Builder()
+    keepalive = me.persistent_keepalive
+    paths: dict[str, str] = {me.qualified_name: "local"}
+
+    if mesh.granularity == "location":
+        leads = my_seg.leader.name == me.name
+        leader_ip = my_seg.leader.internal_ip.ip if my_seg.leader.internal_ip is not None else None
+        for m in my_seg.members:
+            if m.name != me.name and m.internal_ip is not None:
+                b.route(m.pod_cidr, m.internal_ip.ip, "private")
+                paths[m.qualified_name] = "direct"
+        if not leads:
+            for s in segs:
+                b.route(host_net(s.wireguard_ip), leader_ip, "private")
+        for s in segs:
+            if s is my_seg:
+                continue
+            addrs = segment_addresses(s.members, None, None)
+            if leads:
+                b.peer(s.peer_name, "segment", s.leader.public_key, s.leader.endpoint,
+                       addrs + [host_net(s.wireguard_ip)], keepalive)
+            for dst in addrs:
+                if leads:
+                    b.route(dst, s.wireguard_ip.ip, "wireguard")
+                else:
+                    b.route(dst, leader_ip, "private")
+            for m in s.members:
+                paths[m.qualified_name] = "tunnel" if leads else "via-leader"
+    else:
+        leads = True
+        for s in segs:
+            r, wg_r = s.leader, s.wireguard_ip
+            if r.name == me.name:
+                continue
+            pn = private_neighbours(me, r)
+            private_pair = pn and (mesh.granularity == "full" or me.location == r.location)
+            if private_pair and mesh.intra_subnet == "direct":
+                assert r.internal_ip is not None
+                b.route(r.pod_cidr, r.internal_ip.ip, "private")
+                paths[r.qualified_name] = "direct"
+                continue
+            ep: Endpoint | None = r.endpoint
+            if private_pair and mesh.intra_subnet == "wireguard-private":
+                assert r.internal_ip is not None
+                ep = Endpoint(str(r.internal_ip.ip), r.endpoint.port if r.endpoint else mesh.port)
+            dsts = [r.pod_cidr]
+            if r.internal_ip is not None and not pn:
+                dsts.append(host_net(r.internal_ip))
+            dsts.extend(r.allowed_location_ips)
+            b.peer(r.name, "node", r.public_key, ep, dsts + [host_net(wg_r)], keepalive)
+            for dst in dsts:
+                b.route(dst, wg_r.ip, "wireguard")
+            paths[r.qualified_name] = "tunnel"
+
+    leader_ip = my_seg.leader.internal_ip.ip if my_seg.leader.internal_ip is not None else None
+    for p in sorted(topo.peers, key=lambda p: p.name):
+        if leads:
+            b.peer(p.name, "peer", p.public_key, p.endpoint, list(p.allowed_ips), keepalive)
+        for a in p.allowed_ips:
+            b.route(a, None if leads else leader_ip, "wireguard" if leads else "private")
+
+    for remote in sorted(remotes, key=lambda r: r.topology.cluster.name):
+        _plan_remote(b, me, remote, leads, leader_ip, keepalive, paths)
+
+    routes = tuple(sorted(b.routes.values(), key=lambda r: sort_key_net(r.dst)))
+    fastpath = _fastpath(me, topo, remotes, b.routes)
+    return NodePlan(
+        node=me.name,
+        granularity=mesh.granularity,
+        leader=my_seg.leader.name,
+        wireguard_ip=my_seg.wireguard_ip if leads else None,
+        peers=tuple(sorted(b.peers, key=lambda p: p.name)),
+        routes=routes,
+        fastpath=fastpath,
+        paths=paths,
+    )
+
+
+def _plan_remote(b: _Builder, me: Node, remote: Remote, leads: bool, leader_ip: IPAddress | None,
+                 keepalive: int, paths: dict[str, str]) -> None:
+    """Another cluster's nodes: private neighbours of `me` go direct whatever the granularities;
+    the rest of each remote segment is one WireGuard peer reached at the segment's leader."""
+    for s in remote.segments or segments(remote.topology):
+        members = tuple(m for m in s.members if m.name in remote.admitted)
+        routes, peer, seg_paths = _remote_segment(me, s.wireguard_ip, s.leader, members, leads, leader_ip, keepalive)
+        for r in routes:
+            b.routes.setdefault(r.dst, r)
+        if peer is not None:
+            b.peers.append(peer)
+        paths.update(seg_paths)
+
+
+@functools.lru_cache(maxsize=4096)
+def _remote_segment(me: Node, wg_ip: IPInterface, leader: Node, members: tuple[Node, ...], leads: bool,
+                    leader_ip: IPAddress | None, keepalive: int
+                    ) -> tuple[tuple[Route, ...], PeerPlan | None, tuple[tuple[str, str], ...]]:
+    """One remote segment's share of the plan. Memoised (it is a pure function of its arguments):
+    a remote change recomputes only the segment it touches, which keeps a reconcile with
+    thousands of remote nodes fast."""
+    b = _Builder()
+    paths: list[tuple[str, str]] = []
+    direct = [m for m in members if private_neighbours(me, m)]
+    rest = [m for m in members if not private_neighbours(me, m)]
+    for m in direct:
+        assert m.internal_ip is not None
+        b.route(m.pod_cidr, m.internal_ip.ip, "private")
+        paths.append((m.qualified_name, "direct"))
+    if rest:
+        wg = host_net(wg_ip)
+        addrs = segment_addresses(rest, None, me)
+        if leads:
+            b.peer(leader.qualified_name, "segment", leader.public_key, leader.endpoint, addrs + [wg], keepalive)
+            b.route(wg, None, "wireguard")
+        else:
+            b.route(wg, leader_ip, "private")
+        for dst in addrs:
+            b.route(dst, wg_ip.ip if leads else leader_ip, "wireguard" if leads else "private")
+        paths += [(m.qualified_name, "tunnel" if leads else "via-leader") for m in rest]
+    return tuple(b.routes.values()), (b.peers[0] if b.peers else None), tuple(paths)
+
+
+def _fastpath(me: Node, topo: Topology, remotes: Sequence[Remote],
+              routes: dict[IPNetwork, Route]) -> tuple[FastPathEntry, ...]:
+    """One entry per node pod CIDR: local for our own, direct (next hop) for a route on the
+    private NIC, tunnel for a route through WireGuard."""
+    out = [FastPathEntry(me.pod_cidr, "local", None)]
+    for n in [*topo.nodes, *(n for r in remotes for n in r.nodes)]:
+        if n is me:
+            continue
+        r = routes.get(n.pod_cidr)
+        if r is None:
+            continue
+        if r.dev == "private":
+            out.append(FastPathEntry(n.pod_cidr, "direct", r.via))
+        else:
+            out.append(FastPathEntry(n.pod_cidr, "tunnel", None))
+    return tuple(sorted(out, key=lambda e: sort_key_net(e.prefix)))
+
+
+def mesh_cidrs(topo: Topology, remotes: list[Remote]) -> frozenset[IPNetwork]:
+    """Everything inside the mesh (never masqueraded): pod CIDRs, the WireGuard subnet, location
+    IPs and extra peers' allowed IPs, of this cluster and admitted remote ones. A set, not a sorted
+    list: sorting 5,000 networks cost a reconcile ~50 ms, and the NAT applier diffs sets anyway."""
+    out: set[IPNetwork] = {topo.mesh.subnet}
+    for n in [*topo.nodes, *(n for r in remotes for n in r.nodes)]:
+        out.add(n.pod_cidr)
+        out.update(n.allowed_location_ips)
+    for r in remotes:
+        out.add(r.topology.mesh.subnet)
+    for p in topo.peers:
+        out.update(p.allowed_ips)
+    return frozenset(out)

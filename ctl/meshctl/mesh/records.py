@@ -1,0 +1,186 @@
+"""Records: the one JSON/YAML shape of nodes, peers, mesh settings and clusters that every
+backend stores and every topology file holds, parsed into the model and written back.
+
+`parse_*` take a decoded document and the path that names it and raise `InputError` on the first
+bad field; `*_to_record` are their inverses (what agents publish). `parse_topology` also runs
+admission over the file's records: a topology file is one person's statement, so the first
+conflict in it is an error, not a rejection.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshctl.errors import InputError
+from meshctl.mesh import admit
+from meshctl.mesh.fields import (
+    boolean,
+    cidr_list,
+    cluster_id,
+    cluster_name,
+    endpoint,
+    granularity,
+    interface,
+    keepalive,
+    location,
+    mapping,
+    network,
+    no_unknown_fields,
+    node_name,
+    port,
+    wg_key,
+)
+from meshctl.mesh.model import (
+    DEFAULT_PORT,
+    DEFAULT_SUBNET,
+    INTRA_SUBNET_MODES,
+    Cluster,
+    MeshSettings,
+    Node,
+    Peer,
+    Topology,
+)
+
+NODE_FIELDS = (
+    "name", "location", "internal_ip", "endpoint", "pod_cidr", "public_key", "leader",
+    "persistent_keepalive", "allowed_location_ips", "wireguard_ip",
+)
+
+
+def parse_node(d: Any, path: str, *, cluster: str = "", default_port: int | None = None) -> Node:
+    """A node record as written in a topology file or published by an agent."""
+    d = mapping(d, path)
+    no_unknown_fields(d, NODE_FIELDS, path)
+    p = f"{path}." if path else ""
+    if "name" not in d:
+        raise InputError(f"{p}name", None, "is required")
+    if "pod_cidr" not in d:
+        raise InputError(f"{p}pod_cidr", None, "is required")
+    if "public_key" not in d:
+        raise InputError(f"{p}public_key", None, "is required")
+    return Node(
+        name=node_name(d["name"], f"{p}name"),
+        location=location(d.get("location"), f"{p}location"),
+        internal_ip=interface(d["internal_ip"], f"{p}internal_ip") if d.get("internal_ip") else None,
+        endpoint=endpoint(d["endpoint"], f"{p}endpoint", default_port) if d.get("endpoint") else None,
+        pod_cidr=network(d["pod_cidr"], f"{p}pod_cidr"),
+        public_key=wg_key(d["public_key"], f"{p}public_key"),
+        leader=boolean(d.get("leader", False), f"{p}leader"),
+        persistent_keepalive=keepalive(d.get("persistent_keepalive"), f"{p}persistent_keepalive"),
+        allowed_location_ips=cidr_list(d.get("allowed_location_ips"), f"{p}allowed_location_ips"),
+        wireguard_ip=interface(d["wireguard_ip"], f"{p}wireguard_ip") if d.get("wireguard_ip") else None,
+        cluster=cluster,
+    )
+
+
+def node_to_record(n: Node) -> dict[str, Any]:
+    """The JSON form of a node (the inverse of `parse_node`), as agents publish it."""
+    rec: dict[str, Any] = {"name": n.name, "pod_cidr": str(n.pod_cidr), "public_key": n.public_key}
+    if n.location:
+        rec["location"] = n.location
+    if n.internal_ip is not None:
+        rec["internal_ip"] = str(n.internal_ip)
+    if n.endpoint is not None:
+        rec["endpoint"] = str(n.endpoint)
+    if n.leader:
+        rec["leader"] = True
+    if n.persistent_keepalive:
+        rec["persistent_keepalive"] = n.persistent_keepalive
+    if n.allowed_location_ips:
+        rec["allowed_location_ips"] = [str(c) for c in n.allowed_location_ips]
+    if n.wireguard_ip is not None:
+        rec["wireguard_ip"] = str(n.wireguard_ip)
+    return rec
+
+
+PEER_FIELDS = ("name", "public_key", "allowed_ips", "endpoint", "persistent_keepalive")
+
+
+def parse_peer(d: Any, path: str) -> Peer:
+    d = mapping(d, path)
+    no_unknown_fields(d, PEER_FIELDS, path)
+    p = f"{path}."
+    for req in ("name", "public_key", "allowed_ips"):
+        if req not in d:
+            raise InputError(f"{p}{req}", None, "is required")
+    allowed = cidr_list(d["allowed_ips"], f"{p}allowed_ips")
+    if not allowed:
+        raise InputError(f"{p}allowed_ips", d["allowed_ips"], "is empty")
+    return Peer(
+        name=node_name(d["name"], f"{p}name"),
+        public_key=wg_key(d["public_key"], f"{p}public_key"),
+        allowed_ips=allowed,
+        endpoint=endpoint(d["endpoint"], f"{p}endpoint") if d.get("endpoint") else None,
+        persistent_keepalive=(
+            keepalive(d["persistent_keepalive"], f"{p}persistent_keepalive")
+            if d.get("persistent_keepalive") is not None else None
+        ),
+    )
+
+
+MESH_FIELDS = ("granularity", "subnet", "port", "intra_subnet", "allow_default_route")
+
+
+def parse_mesh(d: Any, path: str) -> MeshSettings:
+    if d is None:
+        return MeshSettings()
+    d = mapping(d, path)
+    no_unknown_fields(d, MESH_FIELDS, path)
+    gran = granularity(d.get("granularity", "location"), f"{path}.granularity")
+    intra = d.get("intra_subnet", "direct")
+    if intra not in INTRA_SUBNET_MODES:
+        raise InputError(f"{path}.intra_subnet", intra, f"is not one of {', '.join(INTRA_SUBNET_MODES)}")
+    subnet = network(d.get("subnet", str(DEFAULT_SUBNET)), f"{path}.subnet")
+    if subnet.num_addresses < 4:
+        raise InputError(f"{path}.subnet", d.get("subnet"), "is too small for a WireGuard subnet")
+    return MeshSettings(granularity=gran, subnet=subnet, port=port(d.get("port", DEFAULT_PORT), f"{path}.port"),
+                        intra_subnet=intra,
+                        allow_default_route=boolean(d.get("allow_default_route", False), f"{path}.allow_default_route"))
+
+
+def mesh_to_record(m: MeshSettings) -> dict[str, Any]:
+    rec: dict[str, Any] = {"granularity": m.granularity, "subnet": str(m.subnet), "port": m.port,
+                           "intra_subnet": m.intra_subnet}
+    if m.allow_default_route:  # written only when set: agents that predate the field keep reading the record
+        rec["allow_default_route"] = True
+    return rec
+
+
+def parse_cluster(d: Any, path: str) -> Cluster:
+    if d is None:
+        return Cluster()
+    d = mapping(d, path)
+    no_unknown_fields(d, ("name", "id"), path)
+    return Cluster(
+        name=cluster_name(d.get("name", "default"), f"{path}.name"),
+        id=cluster_id(d.get("id", 1), f"{path}.id"),
+    )
+
+
+def parse_topology(doc: Any) -> Topology:
+    """A parsed YAML document to a Topology; raises InputError on the first problem."""
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise InputError("", doc, "is not a topology (a mapping with cluster, mesh, nodes, peers)")
+    for k in doc:
+        if k not in ("cluster", "mesh", "nodes", "peers", "lab"):
+            raise InputError(str(k), doc[k], "is not a known field")
+    cluster = parse_cluster(doc.get("cluster"), "cluster")
+    mesh = parse_mesh(doc.get("mesh"), "mesh")
+    raw_nodes = doc.get("nodes") or []
+    if not isinstance(raw_nodes, list):
+        raise InputError("nodes", raw_nodes, "is not a list")
+    nodes = [parse_node(d, f"nodes[{i}]", default_port=mesh.port) for i, d in enumerate(raw_nodes)]
+    raw_peers = doc.get("peers") or []
+    if not isinstance(raw_peers, list):
+        raise InputError("peers", raw_peers, "is not a list")
+    peers = [parse_peer(d, f"peers[{i}]") for i, d in enumerate(raw_peers)]
+    claims = admit.Claims()
+    _, rejected = admit.admit_nodes(nodes, mesh.subnet, claims=claims, allow_default_route=mesh.allow_default_route)
+    if rejected:
+        raise InputError.from_line(rejected[0].reason)
+    _, rejected_peers = admit.admit_peers(peers, claims)
+    if rejected_peers:
+        raise InputError.from_line(rejected_peers[0].reason)
+    return Topology(cluster=cluster, mesh=mesh, nodes=tuple(nodes), peers=tuple(peers))

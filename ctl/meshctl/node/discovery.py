@@ -1,0 +1,150 @@
+"""What the node's own interfaces say: its internal address, its WireGuard endpoint and the MTU
+kilo0 can use. Reads the CURRENT network namespace through netlink (never /sys, which shows the
+namespace /sys was mounted in, not the caller's).
+
+The internal address carries its prefix because the prefix is the private subnet: two nodes are
+private neighbours when each address lies in the other's subnet. A /32 on the NIC (Hetzner's
+private networks hand out 10.x.y.z/32 plus a route to the /16) therefore says nothing about
+neighbours: it is not used, and `--force-internal-ip 10.10.0.4/16` states the subnet instead.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+from typing import Any
+
+from pyroute2 import IPRoute
+
+from meshctl.errors import InputError
+from meshctl.mesh import fields
+from meshctl.mesh.model import Endpoint, IPAddress, IPInterface, sort_key_net
+
+log = logging.getLogger(__name__)
+
+# WireGuard adds 60 bytes over IPv4 and 80 over IPv6; 80 keeps kilo0 safe on either underlay.
+WG_OVERHEAD = 80
+_TUNNEL_KINDS = ("wireguard", "tun", "vxlan", "ipip", "gre", "sit")
+
+
+# --- netlink helpers shared by the appliers ----------------------------------------------------
+
+
+def ifindex(ipr: IPRoute, name: str | None) -> int | None:
+    if not name:
+        return None
+    found = ipr.link_lookup(ifname=name)
+    return found[0] if found else None
+
+
+def link_info(ipr: IPRoute, index: int) -> Any:
+    return ipr.get_links(index)[0]
+
+
+def link_kind(link: Any) -> str | None:
+    kind = link.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND")
+    return None if kind is None else str(kind)
+
+
+def interface_addresses(ipr: IPRoute, index: int) -> list[IPInterface]:
+    """Global-scope addresses of one interface, in the project's address order."""
+    out: list[IPInterface] = []
+    for a in ipr.get_addr(index=index):
+        if a["scope"] != 0:  # RT_SCOPE_UNIVERSE only: no link-local, no host
+            continue
+        ip = a.get("IFA_LOCAL") or a.get("IFA_ADDRESS")
+        if ip:
+            out.append(ipaddress.ip_interface(f"{ip}/{a['prefixlen']}"))
+    return sorted(out, key=sort_key_net)
+
+
+def _is_host_prefix(i: IPInterface) -> bool:
+    return i.network.prefixlen == i.max_prefixlen
+
+
+def _private(ip: IPAddress) -> bool:
+    return not Endpoint(str(ip), 1).is_public
+
+
+def _default_route_ifindex(ipr: IPRoute) -> int | None:
+    for family in (socket.AF_INET, socket.AF_INET6):
+        for r in ipr.route("dump", family=family):
+            if r["dst_len"] == 0 and r.get("table") == 254 and r.get("oif"):
+                return int(r.get("oif"))
+    return None
+
+
+# --- discovery ---------------------------------------------------------------------------------
+
+
+def discover_internal_ip(private_interface: str | None, internal_cidr: str | None, force: str | None
+                         ) -> IPInterface | None:
+    """The node's internal address with the private subnet's prefix, or None (tunnel-only node).
+
+    `force` (`--force-internal-ip`, with its prefix) wins; else the first usable address of
+    `private_interface`; else the first address inside `internal_cidr` on any interface; else a
+    private address on the default-route interface. Host prefixes (/32, /128) are skipped with a
+    warning naming the override.
+    """
+    if force:
+        return fields.interface(force, "--force-internal-ip")
+    want = fields.cidr(internal_cidr, "--internal-cidr") if internal_cidr else None
+    with IPRoute() as ipr:
+        if private_interface:
+            idx = ifindex(ipr, private_interface)
+            if idx is None:
+                raise InputError("--private-interface", private_interface, "is not an interface of this node")
+            candidates = [(private_interface, a) for a in interface_addresses(ipr, idx)]
+        else:
+            candidates = []
+            default_idx = _default_route_ifindex(ipr)
+            for link in sorted(ipr.get_links(), key=lambda lk: lk["index"] != default_idx):
+                name = link.get("ifname")
+                if name == "lo" or link_kind(link) in _TUNNEL_KINDS:
+                    continue
+                candidates.extend((name, a) for a in interface_addresses(ipr, link["index"]))
+    if want is not None:
+        candidates = [(n, a) for n, a in candidates if a.version == want.version and a.ip in want]
+    elif not private_interface:
+        candidates = [(n, a) for n, a in candidates if _private(a.ip)]
+    for name, a in candidates:
+        if _is_host_prefix(a):
+            log.warning("internal address %s on %s is a host prefix and says nothing about the private subnet; "
+                        "pass --force-internal-ip %s/<subnet prefix> to use it", a, name, a.ip)
+            continue
+        return a
+    return None
+
+
+def discover_endpoint(endpoint: str | None, public_interface: str | None, port: int) -> Endpoint | None:
+    """The WireGuard endpoint to publish: `--endpoint` (port optional, default `port`), else the
+    first global address of `public_interface`, else the first global address of the default-route
+    interface (public addresses first). None when nothing fits: peers then wait for us to call."""
+    if endpoint:
+        return fields.endpoint(endpoint, "--endpoint", default_port=port)
+    with IPRoute() as ipr:
+        if public_interface:
+            idx = ifindex(ipr, public_interface)
+            if idx is None:
+                raise InputError("--public-interface", public_interface, "is not an interface of this node")
+        else:
+            idx = _default_route_ifindex(ipr)
+            if idx is None:
+                return None
+        addrs = interface_addresses(ipr, idx)
+    addrs.sort(key=lambda a: (_private(a.ip), a.version))
+    return Endpoint(str(addrs[0].ip), port) if addrs else None
+
+
+def wg_mtu(private_if: str | None, default: int = 1500) -> int:
+    """kilo0's MTU: the private NIC's MTU (else `default`) minus WireGuard's IPv6-safe overhead."""
+    mtu = default
+    if private_if:
+        with IPRoute() as ipr:
+            idx = ifindex(ipr, private_if)
+            if idx is not None:
+                mtu = int(link_info(ipr, idx).get("IFLA_MTU") or default)
+            else:
+                log.warning("private interface %s not found; kilo0 MTU from the default %d", private_if, default)
+    return mtu - WG_OVERHEAD

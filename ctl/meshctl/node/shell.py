@@ -1,0 +1,50 @@
+"""The one way this package runs a program: `sh` runs it and turns a failure into a one-line
+MeshError naming the command and its last line of stderr; `run` runs it inside a named network
+namespace. Namespaces are entered with `nsenter --net=/run/netns/NAME` rather than
+`ip netns exec`, which remounts /sys and hides /sys/fs/bpf (the pinned maps).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from meshctl.errors import MeshError
+
+NETNS_DIR = Path("/run/netns")
+
+
+def sh(args: Sequence[str], *, check: bool = True, timeout: float = 30, input: str | None = None
+       ) -> subprocess.CompletedProcess[str]:
+    """Run a command; on failure raise MeshError with the command and its stderr in one line."""
+    p = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, input=input)
+    if check and p.returncode != 0:
+        err = (p.stderr or p.stdout).strip().splitlines()
+        raise MeshError(f"{' '.join(args)}: {err[-1] if err else f'exit {p.returncode}'}")
+    return p
+
+
+def exec_prefix(ns: str | None, *, keep_sys: bool = True) -> list[str]:
+    """The argv prefix that runs a command inside namespace `ns` (None: here)."""
+    if ns is None:
+        return []
+    if keep_sys:
+        return ["nsenter", f"--net={NETNS_DIR / ns}", "--"]
+    return ["ip", "netns", "exec", ns]
+
+
+def run(ns: str | None, args: Sequence[str], *, check: bool = True, timeout: float = 30,
+        keep_sys: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    return sh([*exec_prefix(ns, keep_sys=keep_sys), *args], check=check, timeout=timeout, input=input)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

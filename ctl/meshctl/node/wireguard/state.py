@@ -1,0 +1,63 @@
+"""What a WireGuard device holds, in one shape for both transports (kernel genl and the UAPI socket
+of wireguard-go), and the peer changes the applier sends. Keys are base64 here everywhere."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from meshctl.mesh.model import IPNetwork, sort_key_net
+
+
+@dataclass(frozen=True)
+class DevicePeer:
+    public_key: str
+    endpoint: tuple[str, int] | None  # (ip literal, port)
+    allowed_ips: frozenset[IPNetwork]
+    persistent_keepalive: int = 0
+    rx_bytes: int = 0
+    tx_bytes: int = 0
+    last_handshake: float | None = None  # epoch seconds
+
+
+@dataclass
+class DeviceState:
+    # repr=False: a DeviceState may end up in a log line or a traceback; the key must not.
+    private_key: str | None = field(default=None, repr=False)
+    listen_port: int = 0
+    peers: dict[str, DevicePeer] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PeerOp:
+    """One peer change. Fields left None are not sent, so the device keeps what it has."""
+
+    public_key: str
+    remove: bool = False
+    update_only: bool = False
+    endpoint: tuple[str, int] | None = None
+    persistent_keepalive: int | None = None
+    allowed_ips: tuple[IPNetwork, ...] | None = None  # replaces the peer's allowed IPs when given
+
+
+def format_endpoint(ep: tuple[str, int]) -> str:
+    host, port = ep
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_endpoint(text: str) -> tuple[str, int] | None:
+    """`1.2.3.4:51820` or `[fd00::1]:51820` (as a device reports them) -> (ip, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    host = host.strip("[]")
+    if "%" in host:  # a link-local scope suffix
+        host = host.split("%", 1)[0]
+    try:
+        return (str(ipaddress.ip_address(host)), int(port))
+    except ValueError:
+        return None
+
+
+def sorted_nets(nets: frozenset[IPNetwork] | set[IPNetwork]) -> tuple[IPNetwork, ...]:
+    return tuple(sorted(nets, key=sort_key_net))
