@@ -50,6 +50,7 @@ class AgentConfig:
     fastpath: bool = True
     bpf_pin_root: str = DEFAULT_PIN_ROOT
     lease_ttl: int = 10
+    lapse_grace: float = 60.0
     nat_prefix: str = "meshctl"
     resync_interval: float = 30.0
     # --backend kubernetes: how to reach the API (else $KUBECONFIG, else in-cluster) and which
@@ -89,6 +90,8 @@ class AgentConfig:
             raise InputError("--kvstore-cert", self.kvstore_cert or "", "and --kvstore-key go together")
         if self.resync_interval <= 0:
             raise InputError("--resync-seconds", self.resync_interval, "must be > 0")
+        if self.lapse_grace < 0:
+            raise InputError("--lapse-grace", self.lapse_grace, "must be >= 0")
         if self.lease_ttl < 2:
             raise InputError("--lease-ttl", self.lease_ttl, "is below 2 seconds")
         parse_addr(self.metrics_addr, "--metrics-addr")

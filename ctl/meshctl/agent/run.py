@@ -33,7 +33,7 @@ def build_backend(cfg: AgentConfig) -> Backend:
         from meshctl.backends.etcd import EtcdBackend
 
         return EtcdBackend(etcd_client(cfg), cluster, lease_ttl=cfg.lease_ttl,
-                           lease_file=cfg.state_dir / f"lease-{cfg.cluster_name}")
+                           lease_file=cfg.state_dir / f"lease-{cfg.cluster_name}", lapse_grace=cfg.lapse_grace)
     if cfg.backend == "file":
         assert cfg.topology_file
         return FileBackend(cfg.topology_file)

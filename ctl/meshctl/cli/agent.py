@@ -94,6 +94,8 @@ def _endpoints(text: str) -> tuple[str, ...]:
 @click.option("--no-fastpath", is_flag=True, help="Kernel routes only, no eBPF.")
 @click.option("--bpf-pin-root", default=DEFAULT_PIN_ROOT, show_default=True)
 @click.option("--lease-ttl", default=10, type=int, show_default=True, help="Seconds a dead agent's record lives.")
+@click.option("--lapse-grace", default=60.0, type=float, show_default=True,
+              help="Seconds peers keep a node whose record's lease ran out (its agent restarting).")
 @click.option("--nat-prefix", default="meshctl", show_default=True, help="Name prefix of the NAT rules and ipset.")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]))
 def agent_cmd(**kw: Any) -> None:
@@ -168,6 +170,12 @@ def format_status(st: dict[str, Any]) -> str:
     lines.append(f"rejected records ({len(rej)}):" if rej else "rejected records: none")
     for r in rej:
         lines.append(f"  {r.get('name')}: {r.get('reason')}")
+    own = st.get("own_record")
+    if own:
+        lines.append(f"own record restored: {own.get('restored_total', 0)} time(s)"
+                     + (f", last {own['last_restored']}" if own.get("last_restored") else ""))
+    if st.get("lapsed"):
+        lines.append("lapsed records kept: " + ", ".join(f"{n} ({s:.0f} s left)" for n, s in st["lapsed"].items()))
     kv = st.get("kvstore")
     if kv:
         role = "writer" if kv.get("writing") else f"standby (writer: {kv.get('writer') or 'none'})"
@@ -289,12 +297,12 @@ def cleanup_cmd(node_name: str | None, wg_interface: str, wg_run_dir: Path, priv
     for k in kept:
         click.echo(f"cleanup: kept {k}")
     if etcd_endpoints and node_name:
-        from meshctl.backends.etcd import node_key
+        from meshctl.backends.etcd import withdraw_record
         from meshctl.etcd import EtcdClient
 
         try:
-            EtcdClient(list(_endpoints(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert, key=etcd_key, user=etcd_user,
-                       password_file=etcd_password_file).delete(node_key(cluster_name, node_name))
+            withdraw_record(EtcdClient(list(_endpoints(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert, key=etcd_key,
+                                       user=etcd_user, password_file=etcd_password_file), cluster_name, node_name)
         except MeshError as e:
             failures.append(f"record: {e}")
     for f in failures:
