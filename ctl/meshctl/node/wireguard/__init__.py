@@ -306,6 +306,7 @@ class WireGuard:
                 after[pub] = None
                 diff.removed.append(self._names.pop(pub, pub))
                 self._set_endpoints.pop(pub, None)
+        kick: list[PeerOp] = []
         for pub, p in desired.items():
             self._names[pub] = p.name
             have = known.get(pub)
@@ -318,6 +319,10 @@ class WireGuard:
                                   allowed_ips=sorted_nets(allowed)))
                 after[pub] = DevicePeer(pub, ep, allowed, p.persistent_keepalive)
                 diff.added.append(p.name)
+                if ep is not None and not p.persistent_keepalive:
+                    # Turning keepalive on sends one at once, which starts a handshake; then off again.
+                    kick += [PeerOp(pub, update_only=True, persistent_keepalive=1),
+                             PeerOp(pub, update_only=True, persistent_keepalive=0)]
             else:
                 # An endpoint the peer roamed away from is not forced back unless the plan changed it.
                 set_ep = ep if ep is not None and ep != have.endpoint and ep != self._set_endpoints.get(pub) else None
@@ -334,6 +339,12 @@ class WireGuard:
         if ops:
             try:
                 client.set(peers=ops)
+                # A peer added here may be one the other side still holds a session with (our
+                # device, or our view of it, was new): that side would go on sending with keys we
+                # no longer know until its rekey timeout (15 s). A handshake from us now replaces
+                # its session at once.
+                if kick:
+                    client.set(peers=kick)
             except Exception:
                 self.forget()  # part of the change may have been applied: read the device next time
                 raise
