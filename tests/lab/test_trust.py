@@ -3,13 +3,15 @@ WireGuard, the fast path): one node's credentials cannot take another node's rec
 records are rejected and named while every pair keeps working, a tampered record is back within
 2 s, agent restarts of 2, 10 and 30 s lose no packet, and a 1.4 MB record delays no join.
 
-One small lab for the module (a1, a2 share loc-a: a direct pair; b2 in loc-b: a tunnel from a1;
-j1, j2 held back to measure joins). Tests run in file order; each leaves the lab as it found it."""
+One small lab for the module (a1, a2 share loc-a: a direct pair; b2 in loc-b: a tunnel from a1).
+Tests run in file order; each leaves the lab as it found it."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -36,8 +38,6 @@ LAB = {
         {"name": "a1", "location": "loc-a", "internal_ip": "10.10.1.11/24", "pod_cidr": "10.42.1.0/24", "leader": True},
         {"name": "a2", "location": "loc-a", "internal_ip": "10.10.1.12/24", "pod_cidr": "10.42.2.0/24"},
         {"name": "b2", "location": "loc-b", "internal_ip": "10.10.2.12/24", "pod_cidr": "10.42.4.0/24"},
-        {"name": "j1", "location": "loc-c", "internal_ip": "10.10.3.11/24", "pod_cidr": "10.42.5.0/24"},
-        {"name": "j2", "location": "loc-d", "internal_ip": "10.10.4.11/24", "pod_cidr": "10.42.6.0/24"},
     ],
     "lab": {"lease_ttl": 3},
 }
@@ -47,7 +47,7 @@ KEY = "ZmFrZWtleWZha2VrZXlmYWtla2V5ZmFrZWtleWZha2U="  # 32 bytes, base64: a publ
 @pytest.fixture(scope="module")
 def lab() -> Iterator[dict[str, Any]]:
     prefix = unique("mtr") + "-"
-    st = build.up(parse_lab(LAB), prefix=prefix, hold=("j1", "j2"), wait=120)
+    st = build.up(parse_lab(LAB), prefix=prefix, wait=120)
     try:
         assert wait_for(lambda: all(status(st, n)["nodes"] == 3 for n in RUNNING), timeout=30)
         yield st
@@ -173,27 +173,36 @@ def test_agent_restarts_of_2_10_and_30s_lose_nothing(lab: dict[str, Any]) -> Non
             assert sent == received and sent >= (down + 5) * 100, (down, kind, sent, received)
 
 
-def _join_seconds(st: dict[str, Any], name: str) -> float:
-    """From starting a held node's agent until every running agent has a path to it."""
+def _join_seconds(st: dict[str, Any], i: int) -> float:
+    """From a new node's record appearing in etcd until every agent has a path to it (a join as
+    the other nodes see it), then the record goes again."""
+    c = admin(st)
+    name = f"j{i}"
+    rec = {"name": name, "location": f"loc-j{i}", "pod_cidr": f"10.42.{100 + i}.0/24",
+           "public_key": base64.b64encode((1000 + i).to_bytes(32, "big")).decode(),
+           "endpoint": f"198.51.100.{100 + i}:51820"}
     t0 = time.monotonic()
-    build.start_agent(st, name)
-    assert wait_for(lambda: all(name in (status(st, n).get("paths") or {}) for n in RUNNING), timeout=30,
-                    step=0.02)
-    return time.monotonic() - t0
+    c.put(node_key("default", name), json.dumps(rec))
+    assert wait_for(lambda: all(name in (status(st, n).get("paths") or {}) for n in RUNNING), timeout=30, step=0.01)
+    took = time.monotonic() - t0
+    c.delete(node_key("default", name))
+    assert wait_for(lambda: all(name not in (status(st, n).get("paths") or {}) for n in RUNNING), timeout=10)
+    return took
 
 
 def test_a_huge_record_delays_no_join(lab: dict[str, Any]) -> None:
     c = admin(lab)
-    without = _join_seconds(lab, "j1")
+    without = statistics.median(_join_seconds(lab, i) for i in range(1, 4))
     junk = node_key("default", "junk")
     c.put(junk, b'{"name": "junk", "pad": "' + b"x" * 1_400_000 + b'"}')
     try:
         assert wait_for(lambda: any(r["name"] == "junk" and "is larger than a record may be" in r["reason"]
                                     for r in status(lab, "a1")["rejections"]), timeout=5)
-        behind = _join_seconds(lab, "j2")
+        # The join right behind the huge record (its watch event is the one before) and two more.
+        c.put(junk, b'{"name": "junk", "pad": "' + b"y" * 1_400_000 + b'"}')
+        behind = statistics.median(_join_seconds(lab, i) for i in range(4, 7))
     finally:
         c.delete(junk)
-        for n in ("j1", "j2"):
-            build.stop_agent(lab, n)
-    print(f"join without a 1.4 MB record: {without:.2f} s; behind one: {behind:.2f} s")
-    assert behind <= max(2 * without, without + 1.0), (without, behind)
+    print(f"join (record to a path on every agent, median of 3) without a 1.4 MB record: {without * 1000:.0f} ms; "
+          f"behind one: {behind * 1000:.0f} ms")
+    assert behind <= max(2 * without, without + 0.5), (without, behind)
