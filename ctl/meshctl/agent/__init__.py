@@ -2,7 +2,7 @@
 list of steps (`steps`), its status/metrics HTTP server (`server`) and the wiring of `meshctl
 agent` (`run`)."""
 
-from meshctl.agent.config import DEFAULT_METRICS_ADDR, AgentConfig
+from meshctl.agent.config import AgentConfig
 from meshctl.agent.loop import Agent
 
-__all__ = ["DEFAULT_METRICS_ADDR", "Agent", "AgentConfig"]
+__all__ = ["Agent", "AgentConfig"]

@@ -1,4 +1,4 @@
-"""The agent's settings: one dataclass, filled from command-line flags (cli_agent) or by the lab.
+"""The agent's settings: one dataclass, filled from command-line flags (cli.agent) or by the lab.
 
 Parsing goes through meshctl.mesh.fields so a bad flag reads like a bad record:
 `--pod-cidr: '10.42.1.0/33' is not a CIDR`.
@@ -13,9 +13,6 @@ from meshctl import defaults
 from meshctl.errors import InputError
 from meshctl.mesh import fields
 from meshctl.mesh.model import IPInterface, IPNetwork
-
-DEFAULT_METRICS_ADDR = defaults.METRICS_ADDR
-DEFAULT_PIN_ROOT = defaults.PIN_ROOT
 
 
 @dataclass
@@ -35,7 +32,7 @@ class AgentConfig:
     wg_interface: str = defaults.WG_INTERFACE
     wg_run_dir: Path = defaults.WG_RUN_DIR
     pod_interfaces: str | None = None
-    metrics_addr: str = DEFAULT_METRICS_ADDR
+    metrics_addr: str = defaults.METRICS_ADDR
     backend: str = "etcd"
     etcd_endpoints: tuple[str, ...] = ()
     etcd_ca: str | None = None
@@ -48,7 +45,7 @@ class AgentConfig:
     cluster_id: int = 1
     clustermesh_dir: Path | None = None
     fastpath: bool = True
-    bpf_pin_root: str = DEFAULT_PIN_ROOT
+    bpf_pin_root: str = defaults.PIN_ROOT
     lease_ttl: int = 10
     lapse_grace: float = 60.0
     nat_prefix: str = "meshctl"

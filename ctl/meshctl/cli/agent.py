@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from meshctl import defaults
-from meshctl.agent.config import DEFAULT_METRICS_ADDR, DEFAULT_PIN_ROOT, AgentConfig
+from meshctl.agent.config import AgentConfig
 from meshctl.agent.server import fetch_status
 from meshctl.cli import targets
 from meshctl.errors import InputError, MeshError
@@ -19,7 +19,7 @@ from meshctl.mesh import admit, fields, records
 
 
 def _flag(parse: Any) -> Any:
-    """A click callback that runs one validate parser and names the flag on failure."""
+    """A click callback that runs one mesh.fields parser and names the flag on failure."""
 
     def cb(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         if value is None or value == "":
@@ -69,7 +69,7 @@ def _endpoints(text: str) -> tuple[str, ...]:
 @click.option("--wg-run-dir", default=str(defaults.WG_RUN_DIR), show_default=True, type=click.Path(path_type=Path),
               help="Private /var/run/wireguard of this node's wireguard-go.")
 @click.option("--pod-interfaces", default=None, help="Glob of pod veth names to attach the fast path to.")
-@click.option("--metrics-addr", default=DEFAULT_METRICS_ADDR, show_default=True)
+@click.option("--metrics-addr", default=defaults.METRICS_ADDR, show_default=True)
 @click.option("--backend", default="etcd", show_default=True, type=click.Choice(["etcd", "file", "kubernetes"]))
 @click.option("--topology", "topology_file", default=None, help="Topology file for --backend file.")
 @click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file (default: $KUBECONFIG, "
@@ -92,7 +92,7 @@ def _endpoints(text: str) -> tuple[str, ...]:
 @click.option("--clustermesh-dir", default=None, type=click.Path(path_type=Path),
               help="One file per remote cluster (endpoints, ca-file, cert-file, key-file).")
 @click.option("--no-fastpath", is_flag=True, help="Kernel routes only, no eBPF.")
-@click.option("--bpf-pin-root", default=DEFAULT_PIN_ROOT, show_default=True)
+@click.option("--bpf-pin-root", default=defaults.PIN_ROOT, show_default=True)
 @click.option("--lease-ttl", default=10, type=int, show_default=True, help="Seconds a dead agent's record lives.")
 @click.option("--lapse-grace", default=60.0, type=float, show_default=True,
               help="Seconds peers keep a node whose record's lease ran out (its agent restarting).")
@@ -113,7 +113,7 @@ def agent_cmd(**kw: Any) -> None:
 
 
 @click.command("status")
-@click.option("--addr", default=DEFAULT_METRICS_ADDR, show_default=True, help="The agent's --metrics-addr.")
+@click.option("--addr", default=defaults.METRICS_ADDR, show_default=True, help="The agent's --metrics-addr.")
 @click.option("--lab-node", default=None, help="Ask the agent of this lab node (inside its namespace).")
 @click.option("--lab", "lab_name", default=None, help="Lab name (default: the only lab up).")
 @click.option("-o", "output", default="text", type=click.Choice(["text", "json"]))
@@ -264,7 +264,7 @@ def _node_list_from_agent(addr: str | None, lab_node: str | None, lab_name: str 
     if lab_node:
         t = targets.lab().agent(lab_name, lab_node)
         netns, addr = t.netns, t.addr
-    st = fetch_status(addr or DEFAULT_METRICS_ADDR, netns)
+    st = fetch_status(addr or defaults.METRICS_ADDR, netns)
     rows = st.get("node_list")
     if rows is None:
         raise MeshError(f"the agent of {st.get('node')} has no plan yet")
@@ -279,7 +279,7 @@ def _node_list_from_agent(addr: str | None, lab_node: str | None, lab_name: str 
 @click.option("--wg-interface", default=defaults.WG_INTERFACE, show_default=True)
 @click.option("--wg-run-dir", default=str(defaults.WG_RUN_DIR), show_default=True, type=click.Path(path_type=Path))
 @click.option("--private-interface", default=None)
-@click.option("--bpf-pin-root", default=DEFAULT_PIN_ROOT, show_default=True)
+@click.option("--bpf-pin-root", default=defaults.PIN_ROOT, show_default=True)
 @click.option("--nat-prefix", default="meshctl", show_default=True)
 @click.option("--force", is_flag=True, help="Also remove a WireGuard device meshctl did not create.")
 @_etcd_options

@@ -16,8 +16,9 @@ from typing import Any, TypeVar
 
 import click
 
+from meshctl import defaults
 from meshctl.cli import targets
-from meshctl.datapath import DEFAULT_PIN_ROOT, Datapath
+from meshctl.datapath import Datapath
 from meshctl.datapath.inns import in_netns
 from meshctl.errors import InputError, MeshError
 
@@ -25,7 +26,7 @@ T = TypeVar("T")
 
 _node = click.option("--node", default=None, help="Node name (default: this host's name, or every pinned node).")
 _lab = click.option("--lab", "lab_name", default=None, help="Lab name, when several labs are up.")
-_pin = click.option("--pin-root", default=None, help=f"bpffs folder of the pins (default {DEFAULT_PIN_ROOT}).")
+_pin = click.option("--pin-root", default=None, help=f"bpffs folder of the pins (default {defaults.PIN_ROOT}).")
 _ns = click.option("--netns", default=None, help="Network namespace of the node (default: the lab's, or this one).")
 _out = click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
 
@@ -37,7 +38,7 @@ def _where(node: str | None, lab: str | None, pin_root: str | None, netns: str |
         found = targets.lab("--lab").pins(lab, node)
         if found:
             return [(found.name, found.pin_root, netns or found.netns)]
-    root = pin_root or DEFAULT_PIN_ROOT
+    root = pin_root or defaults.PIN_ROOT
     if node is None:
         names = sorted(os.listdir(root)) if os.path.isdir(root) else []
         if not names:

@@ -32,11 +32,10 @@ if TYPE_CHECKING:
     from meshctl.datapath.loader import Loaded
     from meshctl.datapath.maps import NodeMaps
 
-__all__ = ["Datapath", "SyncStats", "DEFAULT_PIN_ROOT"]
+__all__ = ["Datapath", "SyncStats"]
 
 log = logging.getLogger("meshctl.datapath")
 
-DEFAULT_PIN_ROOT = defaults.PIN_ROOT
 
 
 def local_pods(pod_ifs: Iterable[str]) -> dict[IPAddress, int]:
@@ -88,7 +87,7 @@ class Datapath:
     # --- lifecycle ------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, node: str, *, pin_root: str = DEFAULT_PIN_ROOT, enabled: bool = True) -> Datapath:
+    def open(cls, node: str, *, pin_root: str = defaults.PIN_ROOT, enabled: bool = True) -> Datapath:
         """Load the programs or reopen the pinned ones (an agent restart drops no packet). Never
         raises for a missing bcc, headers or helper: then mode is "kernel-routes" and reason says
         why (logged once at WARNING). enabled=False removes whatever a previous agent left
@@ -120,7 +119,7 @@ class Datapath:
         return dp
 
     @classmethod
-    def pinned(cls, node: str, *, pin_root: str = DEFAULT_PIN_ROOT) -> Datapath:
+    def pinned(cls, node: str, *, pin_root: str = defaults.PIN_ROOT) -> Datapath:
         """Open what an agent pinned for `node` without compiling, loading or attaching anything
         (`maps dump`, `datapath status`, tests). MeshError when nothing usable is pinned."""
         from meshctl.datapath import loader
@@ -152,7 +151,7 @@ class Datapath:
         self.close()
 
     @staticmethod
-    def unload(node: str, *, pin_root: str = DEFAULT_PIN_ROOT) -> None:
+    def unload(node: str, *, pin_root: str = defaults.PIN_ROOT) -> None:
         """Detach everything of this node (links, clsact filters in this netns) and unpin its maps."""
         from meshctl.datapath import loader
 

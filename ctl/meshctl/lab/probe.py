@@ -14,9 +14,12 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from meshctl import defaults
 from meshctl.agent.server import fetch_status
 from meshctl.errors import MeshError
 from meshctl.lab import netns
+
+WG = defaults.WG_INTERFACE
 
 
 @dataclass
@@ -102,12 +105,12 @@ def check(st: dict[str, Any], *, count: int = 5, pairs: list[tuple[str, str]] | 
         leader_node = next((n for n in sc["nodes"] if n["name"] == leader and n["name"] != sn["name"]), None)
         dst_key = f"{dc['name']}/{dn['name']}" if dc is not sc else dn["name"]
         expected = ((s_st or {}).get("paths") or {}).get(dst_key)
-        before = (link_tx(sn["netns"], "kilo0"), link_tx(sn["netns"], "priv"),
-                  link_tx(leader_node["netns"], "kilo0") if leader_node else None)
+        before = (link_tx(sn["netns"], WG), link_tx(sn["netns"], "priv"),
+                  link_tx(leader_node["netns"], WG) if leader_node else None)
         fp_before = _fp_packets(agent_status(sn))
         sent, recv, rtt = ping(sn["pods"][0]["netns"], dn["pods"][0]["ip"], count=count)
-        after = (link_tx(sn["netns"], "kilo0"), link_tx(sn["netns"], "priv"),
-                 link_tx(leader_node["netns"], "kilo0") if leader_node else None)
+        after = (link_tx(sn["netns"], WG), link_tx(sn["netns"], "priv"),
+                 link_tx(leader_node["netns"], WG) if leader_node else None)
         fp_after = _fp_packets(agent_status(sn))
         delta = [(a - b) if a is not None and b is not None else 0 for a, b in zip(after, before, strict=True)]
         need = max(1, sent - 1)

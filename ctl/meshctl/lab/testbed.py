@@ -26,10 +26,13 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from meshctl import defaults
 from meshctl.errors import MeshError
 from meshctl.lab import netns
 from meshctl.mesh.model import Endpoint, MeshSettings, Node, Topology
 from meshctl.mesh.plan import FastPathEntry, plan_node
+
+WG = defaults.WG_INTERFACE
 
 PODS = {"a": ("10.42.1.5", "fd42:1::5"), "b": ("10.42.2.5", "fd42:2::5")}
 PRIVATE = {"a": ("192.168.77.1", "fd77::1"), "b": ("192.168.77.2", "fd77::2")}
@@ -124,11 +127,11 @@ class Testbed:
                                     "dev", "eth1"])
         # a's stand-in kilo0 towards the far location, at the plan's WireGuard addresses
         # (a leads "near": 10.4.0.2; "far" is 10.4.0.1).
-        netns.veth(p("a"), "kilo0", p("wan"), "wan0")
+        netns.veth(p("a"), WG, p("wan"), "wan0")
         # IPv4 only, like a WireGuard device: no IPv6 autoconf chatter in kilo0's counters.
-        netns.sysctl(p("a"), "net.ipv6.conf.kilo0.disable_ipv6", "1")
+        netns.sysctl(p("a"), f"net.ipv6.conf.{WG}.disable_ipv6", "1")
         netns.sysctl(p("wan"), "net.ipv6.conf.wan0.disable_ipv6", "1")
-        netns.addr(p("a"), "kilo0", f"{plan['a'].wireguard_ip}")
+        netns.addr(p("a"), WG, f"{plan['a'].wireguard_ip}")
         netns.addr(p("wan"), "wan0", "10.4.0.1/16")
         netns.addr(p("wan"), "lo", f"{FAR_POD}/32")
         netns.run(p("wan"), ["ip", "route", "add", "10.42.0.0/16", "via", str(_ip_of(plan["a"].wireguard_ip))])
@@ -136,7 +139,7 @@ class Testbed:
         # The plan's routes: kernel routes stay the source of truth, the programs only accelerate.
         for node in ("a", "b"):
             for r in plan[node].routes:
-                dev = "eth1" if r.dev == "private" else "kilo0"
+                dev = "eth1" if r.dev == "private" else WG
                 via = ["via", str(r.via)] if r.via is not None else []
                 netns.run(p(node), ["ip", "route", "replace", str(r.dst), *via, "dev", dev, "onlink"])
         self.plans = plan
