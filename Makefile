@@ -47,6 +47,7 @@ bench: setup
 	@$(PY) bench/datapath.py
 	@cd bench && ../$(PY) convergence.py
 	@cd bench && ../$(PY) clustermesh.py
+	@$(PY) bench/watch_reader.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info ctl/*.egg-info

@@ -39,10 +39,7 @@ def cluster(st: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def client(st: dict[str, Any], name: str):
-    srv, tls = build.etcd_server(st, name)
-    c = srv.client(tls)
-    c.timeout = 30
-    return c
+    return build.etcd_client(next(c for c in st["clusters"] if c["name"] == name), timeout=30)
 
 
 def remote_joins(st: dict[str, Any], n: int) -> list[float]:

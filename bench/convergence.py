@@ -81,8 +81,7 @@ class RouteWatch:
 
 
 def client_for(st: dict[str, Any]) -> EtcdClient:
-    e = st["clusters"][0]["etcd"]
-    return EtcdClient(e["endpoints"], ca=e["ca"], cert=e["cert"], key=e["key"], netns=e["netns"], timeout=10)
+    return build.etcd_client(st["clusters"][0], timeout=10)
 
 
 def pct(xs: list[float], p: float) -> float:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,13 +10,14 @@ import pytest
 
 from meshctl.lab import netns, pki
 from meshctl.lab.etcd_process import EtcdServer
+from tests.names import unique
 from tests.waiting import wait_for  # noqa: F401 - re-exported for the tests here
 
 
 @pytest.fixture
 def etcd_tls(request: pytest.FixtureRequest) -> Iterator[tuple[EtcdServer, pki.CertFiles]]:
     """(server, client cert): etcd on 10.99.0.1 inside `ma<pid>e-<n>`, client-cert auth on."""
-    ns = f"ma{os.getpid() % 10000}e{abs(hash(request.node.name)) % 1000}"
+    ns = unique("ma")
     d = Path(f"/run/meshctl-test/{ns}")
     netns.add(ns)
     try:

@@ -133,3 +133,80 @@ def test_backend_reports_outage_and_resyncs(etcd_tls):
         stop.set()
         b.close()
         t.join(3)
+
+
+def test_lines_of_a_stream_whatever_the_chunks() -> None:
+    from meshctl.etcd.client import stream_lines
+
+    text = b'{"a": 1}\n\n{"b": "' + b"x" * 5000 + b'"}\n{"c": 3}'
+    for size in (1, 7, 512, 4096, len(text)):
+        chunks = [text[i:i + size] for i in range(0, len(text), size)]
+        assert list(stream_lines(chunks)) == [b'{"a": 1}', b'{"b": "' + b"x" * 5000 + b'"}', b'{"c": 3}'], size
+
+
+def test_a_huge_record_is_refused_unread_and_delays_no_one(etcd_tls):
+    """A 1.4 MB value under a node key is one rejection naming its size; a node put right after it
+    shows up in the same way as without it (the watch reads the 1.9 MB event line at once)."""
+    from meshctl.backends.etcd import MAX_RECORD_BYTES
+
+    srv, cert = etcd_tls
+    c = srv.client(cert)
+    write_topology(c, Cluster("c1", 3), MeshSettings())
+    b = EtcdBackend(srv.client(cert), Cluster("c1", 3), lease_ttl=5)
+    stop = threading.Event()
+    t = threading.Thread(target=b.run, args=(stop, lambda: None), daemon=True)
+    t.start()
+    try:
+        assert wait_for(lambda: b.snapshot().ready)
+        c.put(node_key("c1", "huge"), b"{" + b" " * 1_400_000 + b"}")
+        c.put(node_key("c1", "n2"), json.dumps(records.node_to_record(node("n2", 2))))
+        st = wait_for(lambda: (s := b.snapshot()).nodes and s, timeout=3)
+        assert [n.name for n in st.nodes] == ["n2"]
+        [r] = st.rejections
+        assert r.name == "huge" and "'1400002 bytes' is larger than a record may be" in r.reason, r
+        assert str(MAX_RECORD_BYTES) in r.reason
+    finally:
+        stop.set()
+        b.close()
+        t.join(3)
+
+
+def test_connections_follow_a_namespace_recreated_under_the_same_name():
+    """A namespace deleted and made again under its name: connections go to the new one, and the
+    thread kept inside the old one ends (it would otherwise keep the dead namespace alive)."""
+    import socket
+
+    from meshctl.etcd import nsconn
+    from meshctl.lab import netns
+    from tests.names import unique
+
+    ns = unique("mac")
+
+    def listen_and_connect(addr: str) -> str:
+        netns.add(ns)
+        netns.run(ns, ["ip", "link", "set", "lo", "up"])
+        netns.run(ns, ["ip", "addr", "add", f"{addr}/32", "dev", "lo"])
+        srv = nsconn.ns_socket(ns)
+        try:
+            srv.bind((addr, 7000))
+            srv.listen(1)
+            conn = nsconn.ns_create_connection(ns, (addr, 7000), timeout=2)
+            name = conn.getsockname()[0]
+            conn.close()
+            return name
+        finally:
+            srv.close()
+
+    try:
+        assert listen_and_connect("10.98.0.1") == "10.98.0.1"
+        netns.delete(ns)
+        assert listen_and_connect("10.98.0.2") == "10.98.0.2"
+        netns.delete(ns)
+        with pytest.raises(Exception, match="does not exist"):
+            nsconn.ns_socket(ns)
+        assert wait_for(lambda: not [t for t in threading.enumerate() if t.name.startswith(f"netns-{ns}_")],
+                        timeout=3)
+    finally:
+        nsconn.release(ns)
+        netns.delete(ns)
+        socket.setdefaulttimeout(None)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import ipaddress
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -26,6 +25,7 @@ from meshctl.mesh.model import Cluster, MeshSettings
 from meshctl.node.nat import set_members
 from meshctl.node.wireguard.state import PeerOp
 from meshctl.node.wireguard.uapi import UapiClient
+from tests.names import unique
 
 from ..node.conftest import in_ns
 from .conftest import wait_for
@@ -52,7 +52,7 @@ class AgentNode:
 
     def __init__(self, ns: str, tmp: Path, srv: Any, cert: Any, *, resync: float) -> None:
         self.ns, self.tmp = ns, tmp
-        self.prefix = f"mar{os.getpid() % 10000}"
+        self.prefix = ns
         netns.run(ns, ["ip", "link", "set", "lo", "up"])
         netns.run(ns, ["ip", "link", "add", "pv", "type", "veth", "peer", "name", "pvx"])
         for dev in ("pv", "pvx"):
@@ -111,8 +111,8 @@ class AgentNode:
 def make_node(etcd_tls: Any) -> Iterator[Callable[[float], AgentNode]]:
     srv, cert = etcd_tls
     made: list[AgentNode] = []
-    ns = f"mar{os.getpid() % 10000}n"
-    tmp = Path(tempfile.mkdtemp(prefix=f"mar{os.getpid() % 10000}-"))
+    ns = unique("mar")
+    tmp = Path(tempfile.mkdtemp(prefix=f"{ns}-"))
 
     def make(resync: float) -> AgentNode:
         netns.add(ns)

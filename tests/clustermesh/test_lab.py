@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from meshctl.lab import state as labstate
 from meshctl.lab.pki import make_ca
 from meshctl.lab.spec import parse_lab
 from tests.lab.conftest import node_of, status, wait_for
+from tests.names import unique
 
 LAB_FILE = Path(__file__).resolve().parents[2] / "ctl/meshctl/lab/labs/two-clusters.yaml"
 SHARED = {"a1", "a2", "g1", "g2"}  # the nodes on 10.10.1.0/24
@@ -33,7 +33,7 @@ def lab() -> Iterator[dict[str, Any]]:
     doc["clusters"][1]["nodes"].append(
         {"name": "g4", "location": "gpu-b", "internal_ip": "10.10.5.22/24", "pod_cidr": "10.43.4.0/24"})
     doc["lab"]["lease_ttl"] = 3
-    prefix = f"mcm{os.getpid() % 10000}-"
+    prefix = unique("mcm") + "-"
     st = build.up(parse_lab(doc, str(LAB_FILE)), prefix=prefix, hold=("g4",))
     try:
         yield st
@@ -42,8 +42,7 @@ def lab() -> Iterator[dict[str, Any]]:
 
 
 def etcd(st: dict[str, Any], cluster: str):
-    srv, tls = build.etcd_server(st, cluster)
-    return srv.client(tls)
+    return build.etcd_client(next(c for c in st["clusters"] if c["name"] == cluster))
 
 
 def routes_in(st: dict[str, Any], node: str) -> dict[str, str]:
@@ -160,6 +159,68 @@ def test_an_overlapping_record_in_cluster2_is_rejected_and_cluster1_untouched(la
         assert ping_ok(lab, "a1", "a2") and ping_ok(lab, "b1", "a2")
     finally:
         kv.delete(node_key("cluster2", "evil"))
+
+
+def test_hijacking_location_ips_from_cluster2_are_rejected_and_named(lab) -> None:
+    """cluster2 publishes records whose allowed_location_ips claim a1's pod CIDR and the default
+    route. cluster1's agents reject both and name them; cluster1's routes stay and every pair not
+    routed by cluster2's own view of a1 keeps working. cluster2's own agents refuse the default
+    route too; the claim on 10.42.1.0/24 is their own cluster's record, which they trust over a
+    remote one: they reject cluster1/a1 instead and say so (docs/security.md, what is trusted)."""
+    before = routes_in(lab, "a1")
+    kv = etcd(lab, "cluster2")
+    evil = {
+        "evil1": {"name": "evil1", "pod_cidr": "10.43.91.0/24", "public_key": "B" * 43 + "=", "location": "gpu-b",
+                  "allowed_location_ips": ["10.42.1.0/24"]},
+        "evil2": {"name": "evil2", "pod_cidr": "10.43.92.0/24", "public_key": "C" * 43 + "=", "location": "gpu-b",
+                  "allowed_location_ips": ["0.0.0.0/0"]},
+    }
+    running = [f"{c['name']}/{n['name']}" for c in lab["clusters"] for n in c["nodes"] if n["name"] != "g4"]
+    for name, rec in evil.items():
+        kv.put(node_key("cluster2", name), json.dumps(rec))
+    try:
+        def reasons(node: str) -> dict[str, str]:
+            return {r["name"]: r["reason"] for r in remote_status(lab, node)["rejections"]}
+
+        assert wait_for(lambda: all({"cluster2/evil1", "cluster2/evil2"} <= set(reasons(n)) for n in ("a1", "b1")),
+                        timeout=10)
+        got = reasons("b1")
+        assert "allowed_location_ips[0]: '10.42.1.0/24' overlaps local node a1's pod CIDR" in got["cluster2/evil1"]
+        assert "'0.0.0.0/0' is a default route" in got["cluster2/evil2"]
+        assert routes_in(lab, "a1") == before
+        g1 = {r["name"]: r["reason"] for r in status(lab, "g1")["rejections"]}
+        assert "'0.0.0.0/0' is a default route" in g1["evil2"], g1
+        assert "overlaps local node evil1's allowed location IP 10.42.1.0/24" in \
+            {r["name"]: r["reason"] for r in remote_status(lab, "g1")["rejections"]}["cluster1/a1"]
+        pairs = [(a, b) for a in running for b in running if a != b
+                 and not ("cluster1/a1" in (a, b) and "cluster2" in a + b)]
+        bad = [r for r in probe.check(lab, count=2, pairs=pairs) if not r.ok]
+        assert not bad, bad
+    finally:
+        for name in evil:
+            kv.delete(node_key("cluster2", name))
+    bad = [r for r in probe.check(lab, count=2, pairs=[(a, b) for a in running for b in running if a != b]) if not r.ok]
+    assert not bad, bad
+
+
+def test_cluster1s_credentials_for_cluster2_only_read(lab) -> None:
+    """What cluster1's agents hold for cluster2 (their clustermesh file) is cluster2's read-only
+    user for cluster1: it reads cluster2's records and can neither put nor delete."""
+    from meshctl.backends.clustermesh import parse_config
+    from meshctl.etcd import EtcdClient, PermissionDenied
+
+    c1 = next(c for c in lab["clusters"] if c["name"] == "cluster1")
+    cfg = parse_config(Path(c1["clustermesh_dir"]) / "cluster2")
+    assert cfg.username == "remote:cluster1"
+    c2 = next(c for c in lab["clusters"] if c["name"] == "cluster2")
+    client = EtcdClient(list(cfg.endpoints), ca=cfg.ca_file, cert=cfg.cert_file, key=cfg.key_file,
+                        user=cfg.username, password_file=cfg.password_file, netns=c2["etcd"]["netns"])
+    assert client.get(node_key("cluster2", "g1")) is not None
+    with pytest.raises(PermissionDenied):
+        client.put(node_key("cluster2", "g1"), "{}")
+    with pytest.raises(PermissionDenied):
+        client.delete(node_key("cluster2", "g1"))
+    assert etcd(lab, "cluster2").get(node_key("cluster2", "g1")) is not None
 
 
 def test_a_wrong_ca_is_not_ready_with_the_reason_and_installs_nothing(lab, tmp_path: Path) -> None:

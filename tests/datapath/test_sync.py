@@ -18,6 +18,7 @@ from meshctl.datapath.inns import in_netns
 from meshctl.lab import netns
 from meshctl.lab.testrun import frame, run
 from meshctl.mesh.plan import FastPathEntry
+from tests.names import unique
 
 NH = ipaddress.ip_address("192.168.0.2")
 
@@ -38,7 +39,7 @@ def node(pin_root, request):
 @pytest.fixture
 def ns_with_veth():
     """A namespace with a veth pair p0/p1 to attach programs to."""
-    ns = f"mdp{os.getpid() % 10000}-sync"
+    ns = unique("mds")
     netns.add(ns)
     try:
         netns.run(ns, ["ip", "link", "add", "p0", "type", "veth", "peer", "name", "p1"])

@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from meshctl.agent.config import AgentConfig
 from meshctl.backends.kube.backend import AGENT_KEYS, settings_from_configmap
 from meshctl.cli import main
+from tests.names import unique
 
 from .helpers import create_node, node_obj
 from .test_manifests import by_kind
@@ -155,12 +156,11 @@ def test_internal_cidr_names_the_private_interface(request):
     """The DaemonSet passes one cluster-wide CIDR (ConfigMap `internal_cidr`), not per-node NIC
     names: the NIC holding an address inside it becomes the agent's private interface, which the
     private routes and the fast path need. Checked in a namespace of this test's own."""
-    import os
     import sys
 
     from meshctl.lab import netns
 
-    ns = f"kc{os.getpid() % 10000}"
+    ns = unique("kc")
     netns.add(ns)
     try:
         netns.veth(ns, "nat0", ns, "nat0p")

@@ -16,6 +16,7 @@ from lightkube.resources.core_v1 import ConfigMap
 from lightkube.resources.core_v1 import Node as KNode
 from lightkube.types import PatchType
 
+from meshctl.backends import etcd_identity as identity
 from meshctl.backends.base import ClusterState
 from meshctl.backends.clustermesh import RemoteClusters
 from meshctl.backends.etcd import cluster_key, mesh_key, node_key, peer_key
@@ -86,22 +87,33 @@ def free_port() -> int:
 
 
 class Etcd:
-    """A TLS etcd with client-certificate auth on loopback, standing in for the cluster's kvstore."""
+    """A TLS etcd with client-certificate and user auth on loopback, standing in for the cluster's
+    kvstore: the mirror writes as `meshctl:kvstore`, the other cluster reads as `remote:other`."""
 
     def __init__(self, tmp: Path) -> None:
         ca = make_ca(tmp / "pki", "kvstore-ca")
         server = make_cert(ca, tmp / "pki", "server", server=True, hosts=("127.0.0.1",))
-        self.client_cert: CertFiles = make_cert(ca, tmp / "pki", "client")
+        self.client_cert: CertFiles = make_cert(ca, tmp / "pki", "client", common_name=False)
         self.server = EtcdServer(name="kvstore", data_dir=tmp / "data", port=free_port(), peer_port=free_port(),
                                  tls=server, log_file=tmp / "etcd.log")
         self.server.start(client_tls=self.client_cert)
+        self.passwords = {u: identity.new_password(tmp / "pki" / f"{u.replace(':', '-')}.password")
+                          for u in (identity.ADMIN_USER, identity.KVSTORE_USER, identity.remote_user("other"))}
+        identity.provision(self._client(None), "kube1", admin_password=self.passwords[identity.ADMIN_USER], nodes={},
+                           readers={"other": self.passwords[identity.remote_user("other")]},
+                           kvstore=self.passwords[identity.KVSTORE_USER])
+
+    def _client(self, user: str | None) -> EtcdClient:
+        c = self.client_cert
+        return EtcdClient([self.server.url], ca=str(c.ca), cert=str(c.cert), key=str(c.key), user=user,
+                          password_file=str(self.passwords[user]) if user else None)
 
     def client(self) -> EtcdClient:
-        c = self.client_cert
-        return EtcdClient([self.server.url], ca=str(c.ca), cert=str(c.cert), key=str(c.key))
+        """The mirror's identity: it may write /meshctl/kube1/ and nothing else."""
+        return self._client(identity.KVSTORE_USER)
 
     def records(self) -> dict[str, bytes]:
-        c = self.client()
+        c = self._client(identity.ADMIN_USER)
         try:
             kvs, _ = c.range("/meshctl/", prefix=True)
         finally:
@@ -138,7 +150,9 @@ def test_one_writer_mirrors_the_cluster_and_a_remote_cluster_reads_it(api, kclie
     cm_dir.mkdir()
     c = etcd.client_cert
     (cm_dir / "kube1").write_text(json.dumps({"endpoints": [etcd.server.url], "ca-file": str(c.ca),
-                                              "cert-file": str(c.cert), "key-file": str(c.key)}))
+                                              "cert-file": str(c.cert), "key-file": str(c.key),
+                                              "username": identity.remote_user("other"),
+                                              "password-file": str(etcd.passwords[identity.remote_user("other")])}))
     woke = threading.Event()
     remotes = RemoteClusters(cm_dir, Cluster("other", 9), changed=woke.set, poll=0.2)
     with run_a1, run_b1:
@@ -211,3 +225,16 @@ def test_a_writer_whose_kubernetes_view_is_not_ready_resigns(etcd):
     other.release()
     mirror.client.close()
     other.client.close()
+
+
+def test_the_mirrors_identity_writes_only_its_cluster(etcd):
+    from meshctl.etcd import PermissionDenied
+
+    c = etcd.client()
+    c.put(node_key("kube1", "x"), "{}")
+    with pytest.raises(PermissionDenied):
+        c.put(node_key("kube2", "x"), "{}")
+    reader = etcd._client(identity.remote_user("other"))
+    assert reader.get(node_key("kube1", "x")) is not None
+    with pytest.raises(PermissionDenied):
+        reader.delete(node_key("kube1", "x"))

@@ -19,6 +19,7 @@ from meshctl.agent.server import fetch_status
 from meshctl.backends.kube import nodes as A
 from meshctl.lab import build, netns, probe, state
 from meshctl.lab.spec import load_lab
+from tests.names import unique
 
 from .helpers import wait_for
 
@@ -47,7 +48,7 @@ def api_annotate(kube: dict, node: str, annotations: dict) -> None:
 def kube_lab():
     if os.geteuid() != 0:
         pytest.fail("needs root for network namespaces")
-    prefix = f"k{os.getpid() % 10000}-"
+    prefix = unique("k") + "-"
     spec = load_lab(LAB)
     spec = replace(spec, options=replace(spec.options, backend="kubernetes", prefix=prefix))
     try:

@@ -4,8 +4,6 @@ success and failure."""
 from __future__ import annotations
 
 import copy
-import itertools
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,9 +12,8 @@ import pytest
 from meshctl.lab import build, probe
 from meshctl.lab import state as labstate
 from meshctl.lab.spec import parse_lab
+from tests.names import unique
 from tests.waiting import wait_for  # noqa: F401 - re-exported for the tests here
-
-_counter = itertools.count()
 
 BASE: dict[str, Any] = {
     "cluster": {"name": "default", "id": 1},
@@ -45,7 +42,7 @@ def make_lab() -> Iterator[Callable[..., dict[str, Any]]]:
     names: list[str] = []
 
     def make(doc: dict[str, Any], **kw: Any) -> dict[str, Any]:
-        prefix = f"mt{os.getpid() % 10000}{next(_counter)}-"
+        prefix = unique("mt") + "-"
         names.append(labstate.lab_name(prefix))
         return build.up(parse_lab(doc), prefix=prefix, **kw)
 

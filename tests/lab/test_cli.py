@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import yaml
 from meshctl.errors import InputError
 from meshctl.lab import build, netns
 from meshctl.lab.spec import parse_lab
+from tests.names import unique
 
 from .conftest import BASE, status
 
@@ -26,7 +26,7 @@ def meshctl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
 
 
 def test_default_lab_up_check_json_down():
-    prefix = f"mt{os.getpid() % 10000}c-"
+    prefix = unique("mtc") + "-"
     name = prefix.rstrip("-")
     try:
         up = meshctl("lab", "up", "--prefix", prefix)
@@ -54,7 +54,7 @@ def test_default_lab_up_check_json_down():
 
 def test_lab_down_by_prefix_after_a_crash():
     """No state file (a crash before it was written): the prefix scan still removes namespaces."""
-    prefix = f"mt{os.getpid() % 10000}k-"
+    prefix = unique("mtk") + "-"
     netns.add(f"{prefix}fab")
     netns.add(f"{prefix}x1")
     r = meshctl("lab", "down", "--prefix", prefix)
@@ -82,7 +82,7 @@ def test_two_cluster_lab_has_an_etcd_each_and_clustermesh_files():
         ],
         "lab": {"lease_ttl": 3},
     }
-    prefix = f"mt{os.getpid() % 10000}m-"
+    prefix = unique("mtm") + "-"
     try:
         st = build.up(parse_lab(doc), prefix=prefix)
         assert [c["name"] for c in st["clusters"]] == ["one", "two"]

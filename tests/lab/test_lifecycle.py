@@ -22,8 +22,7 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
 def etcd(st: dict) -> EtcdClient:
-    e = st["clusters"][0]["etcd"]
-    return EtcdClient(e["endpoints"], ca=e["ca"], cert=e["cert"], key=e["key"], netns=e["netns"])
+    return build.etcd_client(st["clusters"][0])
 
 
 def reach(st: dict, src: str, dst: str) -> bool:
@@ -32,8 +31,11 @@ def reach(st: dict, src: str, dst: str) -> bool:
     return p.returncode == 0
 
 
-def test_join_within_3s_and_leave_after_lease(make_lab):
-    st = make_lab(topo("location"), hold=("b1",))
+GRACE = 2  # --lapse-grace of this lab: a dead node leaves after its lease and this grace
+
+
+def test_join_within_3s_and_leave_after_lease_and_grace(make_lab):
+    st = make_lab(topo("location", agent_args=["--lapse-grace", str(GRACE)]), hold=("b1",))
     assert status(st, "a1")["nodes"] == 2
     t0 = time.monotonic()
     build.start_agent(st, "b1")
@@ -44,13 +46,14 @@ def test_join_within_3s_and_leave_after_lease(make_lab):
     assert not pending, pending
     assert joined < 3.0, f"b1 reachable from every pod only after {joined:.2f} s"
 
-    # The agent dies (no goodbye): its record goes with the lease, and with it from every plan.
+    # The agent dies (no goodbye): its record goes with the lease, and with it from every plan once
+    # the lapse grace is over (a restarting agent would have come back by then).
     build.stop_agent(st, "b1", kill=True)
     t1 = time.monotonic()
     assert wait_for(lambda: all(status(st, n)["nodes"] == 2 and "b1" not in status(st, n)["paths"]
-                                for n in ("a1", "a2")), timeout=st["lease_ttl"] + 5)
+                                for n in ("a1", "a2")), timeout=st["lease_ttl"] + GRACE + 5)
     gone = time.monotonic() - t1
-    assert gone >= st["lease_ttl"] - 1.5, f"gone after {gone:.1f} s, before the lease could expire"
+    assert gone >= st["lease_ttl"] + GRACE - 1.5, f"gone after {gone:.1f} s, before lease and grace could expire"
     assert etcd(st).get(node_key("default", "b1")) is None
 
     # `meshctl cleanup` removes what the agent made on b1.

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from meshctl.backends.etcd import mesh_key
-from meshctl.lab import netns
+from meshctl.lab import build, netns
 
 from .conftest import node_of, pair, status, topo, wait_for
 
@@ -72,10 +72,7 @@ def test_granularity_change_in_etcd_converges_without_restart(make_lab):
     st = make_lab(topo("location"))
     pids = {n: node_of(st, n)["pid"] for n in ("a1", "a2", "b1")}
     assert pair(st, "a2", "b1").path == "via-leader"
-    e = st["clusters"][0]["etcd"]
-    from meshctl.etcd import EtcdClient
-
-    c = EtcdClient(e["endpoints"], ca=e["ca"], cert=e["cert"], key=e["key"], netns=e["netns"])
+    c = build.etcd_client(st["clusters"][0])
     c.put(mesh_key("default"), json.dumps({"granularity": "cross"}))
     assert wait_for(lambda: all(status(st, n)["granularity"] == "cross" for n in pids), timeout=5)
     assert wait_for(lambda: pair(st, "a2", "b1", count=3).path == "tunnel", timeout=5)

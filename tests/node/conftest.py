@@ -18,6 +18,7 @@ import pytest
 
 from meshctl.lab import netns
 from meshctl.node.wireguard.uapi import running_pid, stop
+from tests.names import unique
 
 T = TypeVar("T")
 CLONE_NEWNET = 0x40000000
@@ -93,7 +94,7 @@ class NodeLab:
 
 @pytest.fixture
 def prefix() -> str:
-    return f"mnd{os.getpid() % 10000}-"
+    return unique("mnd") + "-"
 
 
 @pytest.fixture

@@ -240,3 +240,21 @@ def test_peer_syncs_trust_their_memory_until_forget(pair: Pair, lab: NodeLab):
     assert in_ns(pair.a, pair.wa.ensure_device, pair.ka, PORT, ipaddress.ip_interface("10.4.0.1/16"), 1420)
     assert len(in_ns(pair.a, pair.wa.sync_peers, pair.peers_a()).added) == 2
     assert pair.ping()
+
+
+def test_a_peer_added_again_starts_a_handshake_at_once(pair: Pair, lab: NodeLab):
+    """b drops a and takes it back (a record overwritten and restored, a node that lapsed): a still
+    holds its old session, and without a handshake from b would send into the void until its rekey
+    timeout (15 s). b's device greets a as soon as the peer is back: a's ping works at once."""
+    pair.up()
+    assert pair.ping()
+    # Not within the same ~17 ms: WireGuard refuses an initiation whose (coarse) timestamp is not
+    # newer than the last one it took from that peer (its replay protection).
+    time.sleep(0.1)
+    in_ns(pair.b, pair.wb.sync_peers, [])
+    in_ns(pair.b, pair.wb.sync_peers, pair.peers_b())
+    t0 = time.monotonic()
+    ok = lab.sh(pair.a, "ping", "-c", "1", "-W", "2", "10.4.0.2", check=False).returncode == 0
+    took = time.monotonic() - t0
+    assert ok, "a's first ping after b took it back was lost"
+    print(f"\nfirst ping after the peer came back: {took * 1000:.0f} ms")

@@ -38,6 +38,8 @@ class AgentConfig:
     etcd_ca: str | None = None
     etcd_cert: str | None = None
     etcd_key: str | None = None
+    etcd_user: str | None = None
+    etcd_password_file: str | None = None
     topology_file: str | None = None
     cluster_name: str = "default"
     cluster_id: int = 1
@@ -45,6 +47,7 @@ class AgentConfig:
     fastpath: bool = True
     bpf_pin_root: str = defaults.PIN_ROOT
     lease_ttl: int = 10
+    lapse_grace: float = 60.0
     nat_prefix: str = "meshctl"
     resync_interval: float = 30.0
     path_hold: float = 10.0  # a private rung that delivers again is used only after this many seconds
@@ -58,6 +61,8 @@ class AgentConfig:
     kvstore_ca: str | None = None
     kvstore_cert: str | None = None
     kvstore_key: str | None = None
+    kvstore_user: str | None = None
+    kvstore_password_file: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
     def check(self) -> AgentConfig:
@@ -70,6 +75,10 @@ class AgentConfig:
             raise InputError("--topology", "", "is required with --backend file")
         if bool(self.etcd_cert) != bool(self.etcd_key):
             raise InputError("--etcd-cert", self.etcd_cert or "", "and --etcd-key go together")
+        if bool(self.etcd_user) != bool(self.etcd_password_file):
+            raise InputError("--etcd-user", self.etcd_user or "", "and --etcd-password-file go together")
+        if bool(self.kvstore_user) != bool(self.kvstore_password_file):
+            raise InputError("--kvstore-user", self.kvstore_user or "", "and --kvstore-password-file go together")
         if self.pod_cidr is None and self.backend != "kubernetes":
             raise InputError("--pod-cidr", "", f"is required with --backend {self.backend}")
         if self.kvstore_endpoints and self.backend != "kubernetes":
@@ -81,6 +90,8 @@ class AgentConfig:
             raise InputError("--resync-seconds", self.resync_interval, "must be > 0")
         if not 0 <= self.path_hold <= 3600:
             raise InputError("--path-hold-seconds", self.path_hold, "is not seconds in 0..3600")
+        if self.lapse_grace < 0:
+            raise InputError("--lapse-grace", self.lapse_grace, "must be >= 0")
         if self.lease_ttl < 2:
             raise InputError("--lease-ttl", self.lease_ttl, "is below 2 seconds")
         parse_addr(self.metrics_addr, "--metrics-addr")

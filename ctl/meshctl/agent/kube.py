@@ -138,7 +138,8 @@ def make_backend(cfg: AgentConfig) -> KubeBackend:
         from meshctl.backends.kube.kvstore import KvstoreMirror
         from meshctl.etcd import EtcdClient
 
-        client = EtcdClient(list(cfg.kvstore_endpoints), ca=cfg.kvstore_ca, cert=cfg.kvstore_cert, key=cfg.kvstore_key)
+        client = EtcdClient(list(cfg.kvstore_endpoints), ca=cfg.kvstore_ca, cert=cfg.kvstore_cert, key=cfg.kvstore_key,
+                            user=cfg.kvstore_user, password_file=cfg.kvstore_password_file)
         be.mirror = KvstoreMirror(client, cfg.node_name, lease_ttl=cfg.lease_ttl,
                                   full_sync_seconds=float(cfg.resync_interval))
     return be

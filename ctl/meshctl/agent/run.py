@@ -22,7 +22,8 @@ log = logging.getLogger("meshctl.agent")
 
 
 def etcd_client(cfg: AgentConfig) -> EtcdClient:
-    return EtcdClient(list(cfg.etcd_endpoints), ca=cfg.etcd_ca, cert=cfg.etcd_cert, key=cfg.etcd_key)
+    return EtcdClient(list(cfg.etcd_endpoints), ca=cfg.etcd_ca, cert=cfg.etcd_cert, key=cfg.etcd_key,
+                      user=cfg.etcd_user, password_file=cfg.etcd_password_file)
 
 
 def build_backend(cfg: AgentConfig) -> Backend:
@@ -32,7 +33,7 @@ def build_backend(cfg: AgentConfig) -> Backend:
         from meshctl.backends.etcd import EtcdBackend
 
         return EtcdBackend(etcd_client(cfg), cluster, lease_ttl=cfg.lease_ttl,
-                           lease_file=cfg.state_dir / f"lease-{cfg.cluster_name}")
+                           lease_file=cfg.state_dir / f"lease-{cfg.cluster_name}", lapse_grace=cfg.lapse_grace)
     if cfg.backend == "file":
         assert cfg.topology_file
         return FileBackend(cfg.topology_file)

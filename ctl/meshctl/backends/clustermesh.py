@@ -9,6 +9,8 @@ entries named like a cluster are read, see `config_name`):
     ca-file: /etc/meshctl/clustermesh/cluster2-ca.crt      # or trusted-ca-file
     cert-file: /etc/meshctl/clustermesh/cluster2-client.crt
     key-file: /etc/meshctl/clustermesh/cluster2-client.key
+    username: remote:cluster1                             # cluster2's read-only user for us
+    password-file: /etc/meshctl/clustermesh/cluster2-password
 
 Adding a file connects, removing it drains the cluster; the directory is polled (no inotify
 dependency) every `poll` seconds. A remote etcd that goes away keeps its last good view (routes
@@ -34,7 +36,7 @@ from typing import Any
 import yaml
 
 from meshctl.backends.base import ClusterState
-from meshctl.backends.etcd import ROOT, EtcdBackend, cluster_key
+from meshctl.backends.etcd import ROOT, EtcdBackend, cluster_key, parse_record
 from meshctl.errors import InputError, MeshError
 from meshctl.etcd import EtcdClient, EtcdError, KeyValue
 from meshctl.mesh import fields
@@ -52,6 +54,8 @@ class RemoteConfig:
     ca_file: str | None
     cert_file: str | None
     key_file: str | None
+    username: str | None = None  # the read-only identity the remote cluster gave us (remote:<us>)
+    password_file: str | None = None
 
 
 def parse_config(path: Path) -> RemoteConfig:
@@ -79,12 +83,19 @@ def parse_config(path: Path) -> RemoteConfig:
             raise InputError(f"{path.name}: {field}", f, "does not exist")
     if bool(files["cert-file"]) != bool(files["key-file"]):
         raise InputError(f"{path.name}: cert-file", files["cert-file"], "needs key-file too (and the other way)")
-    return RemoteConfig(name, tuple(eps), ca, files["cert-file"], files["key-file"])
+    user, pw = doc.get("username"), doc.get("password-file")
+    if user is not None and not isinstance(user, str):
+        raise InputError(f"{path.name}: username", user, "is not a string")
+    if pw is not None and not Path(pw).is_file():
+        raise InputError(f"{path.name}: password-file", pw, "does not exist")
+    if bool(user) != bool(pw):
+        raise InputError(f"{path.name}: username", user, "needs password-file too (and the other way)")
+    return RemoteConfig(name, tuple(eps), ca, files["cert-file"], files["key-file"], user or None, pw or None)
 
 
 def config_fingerprint(cfg: RemoteConfig) -> str:
     """What a saved view was learned under: endpoints, certificate paths and the CA's content."""
-    h = hashlib.sha256(json.dumps([cfg.endpoints, cfg.ca_file, cfg.cert_file, cfg.key_file]).encode())
+    h = hashlib.sha256(json.dumps([cfg.endpoints, cfg.ca_file, cfg.cert_file, cfg.key_file, cfg.username]).encode())
     if cfg.ca_file:
         with contextlib.suppress(OSError):
             h.update(Path(cfg.ca_file).read_bytes())
@@ -132,9 +143,9 @@ class _ReadOnlyEtcdBackend(EtcdBackend):
         if kv is None:
             return None
         try:
-            d = json.loads(kv.value)
-        except ValueError:
-            return {"error": "is not JSON"}
+            d = parse_record(kv, kv.key)
+        except InputError as e:
+            return {"error": e.reason}
         return d if isinstance(d, dict) else {"error": "is not a mapping"}
 
 
@@ -152,7 +163,8 @@ class RemoteCluster:
         # A changed file (a rotated certificate, a new endpoint) reconnects; until the new
         # connection has synced, the previous one's last view keeps the routes in place.
         self.previous = previous
-        self.client = EtcdClient(cfg.endpoints, ca=cfg.ca_file, cert=cfg.cert_file, key=cfg.key_file, timeout=2.0)
+        self.client = EtcdClient(cfg.endpoints, ca=cfg.ca_file, cert=cfg.cert_file, key=cfg.key_file, timeout=2.0,
+                                 user=cfg.username, password_file=cfg.password_file)
         self.backend = _ReadOnlyEtcdBackend(self.client, Cluster(name=cfg.name))
         self.backend.record_cluster = cfg.name
         self._changed = changed

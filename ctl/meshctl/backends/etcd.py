@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,24 @@ def write_topology(client: EtcdClient, cluster: Cluster, mesh: MeshSettings, pee
         client.put(peer_key(cluster.name, p.name), json.dumps(rec))
 
 
+MAX_RECORD_BYTES = 64 * 1024  # a node record is a few hundred bytes; anything past this is not one
+
+
+def withdraw_record(client: EtcdClient, cluster: str, name: str) -> None:
+    """Delete a node's record for good (`meshctl cleanup`): first taken off its lease, so peers
+    see a record without a lease go and drop it at once instead of keeping it through a lapse grace."""
+    key = node_key(cluster, name)
+    kv = client.get(key)
+    if kv is not None and kv.lease:
+        client.put(key, kv.value)
+    client.delete(key)
+
+
 def parse_record(kv: KeyValue, path: str) -> Any:
+    """The JSON of a record; a record larger than MAX_RECORD_BYTES is refused unread, so a huge
+    value costs no parsing (and delays no other record's admission)."""
+    if len(kv.value) > MAX_RECORD_BYTES:
+        raise InputError(path, f"{len(kv.value)} bytes", f"is larger than a record may be ({MAX_RECORD_BYTES} bytes)")
     try:
         return json.loads(kv.value)
     except (ValueError, UnicodeDecodeError):
@@ -89,7 +107,8 @@ class EtcdBackend:
     record_cluster = ""
 
     def __init__(self, client: EtcdClient, cluster: Cluster, *, lease_ttl: int = 10,
-                 default_mesh: MeshSettings | None = None, lease_file: Path | None = None) -> None:
+                 default_mesh: MeshSettings | None = None, lease_file: Path | None = None,
+                 lapse_grace: float = 0.0) -> None:
         self.client = client
         self.cluster = cluster
         self.lease_ttl = lease_ttl
@@ -108,9 +127,22 @@ class EtcdBackend:
         self._published_value: str | None = None
         self._pub_lock = threading.Lock()
         self.lease_losses = 0
-        # A restarting agent takes over its predecessor's lease (kept in the state dir), so its
-        # record never lapses between the two processes, however long the restart takes.
+        # A restarting agent takes over its predecessor's lease (kept in the state dir) if the
+        # lease is still alive, so a restart shorter than the TTL leaves its record in place.
         self.lease_file = lease_file
+        # A node record whose lease ran out stays in the view this long (its agent is restarting,
+        # or stopped): peers keep its routes and WireGuard peer, so a restart of up to
+        # `lapse_grace` seconds loses nothing. Records without a lease, or withdrawn (see
+        # withdraw_record), go at once.
+        self.lapse_grace = lapse_grace
+        self._lapsed: dict[str, tuple[KeyValue, float]] = {}  # key -> (last value, until when)
+        self._changed: Callable[[], None] | None = None
+        # Our own record, watched: deleted or changed by anyone else, it is put back at once.
+        self._kick = threading.Event()
+        self._tampered: str | None = None
+        self._writing: str | None = None
+        self.restored_total = 0
+        self.last_restored: str | None = None
 
     # --- publishing ----------------------------------------------------------------------
 
@@ -131,6 +163,7 @@ class EtcdBackend:
             if self.lease_file is not None:
                 with contextlib.suppress(OSError):
                     self.lease_file.write_text(f"{self._lease}\n")
+        self._writing = value
         self.client.put(node_key(self.cluster.name, self._published.name), value, lease=self._lease)
         self._published_value = value
 
@@ -151,24 +184,47 @@ class EtcdBackend:
             if self._published is None:
                 return
             value = json.dumps(records.node_to_record(self._published), sort_keys=True)
+            tampered, self._tampered = self._tampered, None
             if self._lease:
                 ttl = self.client.lease_keepalive(self._lease)
-                if ttl > 0 and value == self._published_value:
+                if ttl > 0 and value == self._published_value and tampered is None:
                     return
                 if ttl <= 0:
                     # Lease expired (etcd was away longer than the TTL): a new lease, the record again.
                     log.warning("lease %x expired; publishing %s again", self._lease, self._published.name)
                     self.lease_losses += 1
                     self._lease = 0
+                    tampered = None  # the lease took the record, not someone else
+            if tampered is not None:
+                self.restored_total += 1
+                self.last_restored = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {tampered}"
+                log.warning("own record %s was %s by someone else: publishing it again (restored %d times)",
+                            self._published.name, tampered, self.restored_total)
             self._put_own(value)
 
     def _keepalive_loop(self, stop: threading.Event) -> None:
+        """Refreshes the lease every TTL/3, and at once when the watch saw our record tampered
+        with; also ends lapse graces that ran out (and wakes the agent for them)."""
         interval = max(0.5, self.lease_ttl / 3)
-        while not stop.wait(interval):
+        next_refresh = time.monotonic() + interval
+        while not stop.is_set():
+            self._kick.wait(min(interval, max(0.05, next_refresh - time.monotonic())))
+            if stop.is_set():
+                return
+            if self._expire_lapsed() and self._changed is not None:
+                self._changed()
+            kicked = self._kick.is_set()
+            self._kick.clear()
+            if not kicked and time.monotonic() < next_refresh:
+                continue
+            next_refresh = time.monotonic() + interval
             try:
                 self._keepalive_once()
             except EtcdError as e:
                 log.debug("keepalive: %s", e)
+                if kicked:
+                    self._tampered = self._tampered or "changed (restoring failed once)"
+                    next_refresh = time.monotonic() + 0.2
 
     def ensure_cluster(self) -> None:
         """Create the cluster record if absent (for the cluster mesh); never overwrite it."""
@@ -177,7 +233,9 @@ class EtcdBackend:
 
     def withdraw(self, name: str) -> None:
         """Delete a node's record now (`meshctl cleanup`), instead of waiting for its lease."""
-        self.client.delete(node_key(self.cluster.name, name))
+        with self._pub_lock:
+            self._published = None
+        withdraw_record(self.client, self.cluster.name, name)
         if self._lease:
             with contextlib.suppress(EtcdError):
                 self.client.lease_revoke(self._lease)
@@ -186,6 +244,7 @@ class EtcdBackend:
     # --- the mirror ----------------------------------------------------------------------
 
     def run(self, stop: threading.Event, changed: Callable[[], None]) -> None:
+        self._changed = changed
         ka = threading.Thread(target=self._keepalive_loop, args=(stop,), name="etcd-keepalive", daemon=True)
         ka.start()
         backoff = 0.1
@@ -237,7 +296,13 @@ class EtcdBackend:
     def _list(self) -> None:
         kvs, rev = self.client.range(self.prefix, prefix=True)
         with self._lock:
-            self._kvs = {kv.key: kv for kv in kvs}
+            new = {kv.key: kv for kv in kvs}
+            for key, old in self._kvs.items():
+                if key not in new:
+                    self._gone(old)
+            for kv in kvs:
+                self._came(kv)
+            self._kvs = new
             self._revision = rev
             self._synced = True
 
@@ -245,10 +310,46 @@ class EtcdBackend:
         with self._lock:
             for e in events:
                 if e.type == "DELETE":
-                    self._kvs.pop(e.kv.key, None)
+                    old = self._kvs.pop(e.kv.key, None)
+                    if old is not None:
+                        self._gone(old)
                 else:
                     self._kvs[e.kv.key] = e.kv
+                    self._came(e.kv)
             self._revision = max(self._revision, rev)
+
+    def _own_key(self) -> str | None:
+        pub = self._published
+        return node_key(self.cluster.name, pub.name) if pub is not None else None
+
+    def _gone(self, old: KeyValue) -> None:
+        """A key left the store (lock held): our own record is put back; a node record that was
+        on a lease (its agent's) lapses into the grace period."""
+        if old.key == self._own_key():
+            self._tampered = "deleted"
+            self._kick.set()
+        elif self.lapse_grace > 0 and old.lease and old.key.startswith(self.prefix + "nodes/"):
+            self._lapsed[old.key] = (old, time.monotonic() + self.lapse_grace)
+
+    def _came(self, kv: KeyValue) -> None:
+        """A key was written (lock held): a lapsed record is back; our own record written with
+        another value or lease than ours is put back."""
+        self._lapsed.pop(kv.key, None)
+        if kv.key == self._own_key():
+            value = kv.value.decode(errors="replace")
+            if value not in (self._published_value, self._writing) or (self._lease and kv.lease != self._lease):
+                self._tampered = "overwritten"
+                self._kick.set()
+
+    def _expire_lapsed(self) -> bool:
+        """Forget lapsed records whose grace ran out; True if any went."""
+        now = time.monotonic()
+        with self._lock:
+            gone = [k for k, (_, until) in self._lapsed.items() if until <= now]
+            for k in gone:
+                log.info("record %s lapsed %.0f s ago: removing it", k, self.lapse_grace)
+                del self._lapsed[k]
+        return bool(gone)
 
     def _set_ready(self, ready: bool, reason: str) -> None:
         with self._lock:
@@ -259,6 +360,8 @@ class EtcdBackend:
     def snapshot(self) -> ClusterState:
         with self._lock:
             kvs = list(self._kvs.values())
+            lapsed = [kv for kv, _ in self._lapsed.values()]
+            kvs += lapsed
             ready, reason, rev = self._ready and self._synced, self._reason, self._revision
         rejections: list[Rejection] = []
         nodes: list[tuple[int, Node]] = []
@@ -294,7 +397,7 @@ class EtcdBackend:
         return ClusterState(
             cluster=self.cluster, mesh=mesh, nodes=tuple(n for _, n in nodes), peers=tuple(p for _, p in peers),
             rejections=tuple(rejections), ready=ready, reason=reason if not ready else "", revision=rev,
-            extra={"records": len(kvs)},
+            extra={"records": len(kvs) - len(lapsed), "lapsed": len(lapsed)},
         )
 
     def _parse_cached(self, kv: KeyValue, name: str, kind: str) -> Node | Peer | Rejection:
@@ -313,13 +416,19 @@ class EtcdBackend:
         except InputError as e:
             item = Rejection(name, str(e))
         if len(self._parsed) > 2 * len(self._kvs) + 100:
-            live = set(self._kvs)
+            live = set(self._kvs) | set(self._lapsed)
             self._parsed = {k: x for k, x in self._parsed.items() if k in live}
         self._parsed[kv.key] = (kv.mod_revision, item)
         return item
 
     def status(self) -> dict[str, Any]:
-        return {}
+        """`own_record`: how often our record was put back after someone else deleted or changed
+        it; `lapsed`: records kept through their lapse grace (their agents are away)."""
+        with self._lock:
+            now = time.monotonic()
+            lapsed = {k.rpartition("/")[2]: round(until - now, 1) for k, (_, until) in self._lapsed.items()}
+        return {"own_record": {"restored_total": self.restored_total, "last_restored": self.last_restored},
+                "lapsed": lapsed}
 
     def close(self) -> None:
         self.client.abort_watch()

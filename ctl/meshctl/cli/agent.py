@@ -35,6 +35,8 @@ def etcd_options(f: Any) -> Any:
         click.option("--etcd-ca", default=None, help="CA file that signed etcd's certificate."),
         click.option("--etcd-cert", default=None, help="Client certificate for etcd."),
         click.option("--etcd-key", default=None, help="Client key for etcd."),
+        click.option("--etcd-user", default=None, help="etcd user of this identity (a node: its node name)."),
+        click.option("--etcd-password-file", default=None, help="File holding the etcd user's password."),
         click.option("--cluster-name", default="default", show_default=True, callback=_flag(fields.cluster_name)),
     ]):
         f = opt(f)
@@ -85,6 +87,8 @@ def endpoint_list(text: str) -> tuple[str, ...]:
 @click.option("--kvstore-ca", default=None, help="CA file that signed the kvstore etcd's certificate.")
 @click.option("--kvstore-cert", default=None, help="Client certificate for the kvstore etcd.")
 @click.option("--kvstore-key", default=None, help="Client key for the kvstore etcd.")
+@click.option("--kvstore-user", default=None, help="etcd user of the kvstore mirror (meshctl:kvstore).")
+@click.option("--kvstore-password-file", default=None, help="File holding the kvstore user's password.")
 @etcd_options
 @click.option("--cluster-id", default=1, type=int, callback=_flag(fields.cluster_id), show_default=True)
 @click.option("--clustermesh-dir", default=None, type=click.Path(path_type=Path),
@@ -92,6 +96,8 @@ def endpoint_list(text: str) -> tuple[str, ...]:
 @click.option("--no-fastpath", is_flag=True, help="Kernel routes only, no eBPF.")
 @click.option("--bpf-pin-root", default=defaults.PIN_ROOT, show_default=True)
 @click.option("--lease-ttl", default=10, type=int, show_default=True, help="Seconds a dead agent's record lives.")
+@click.option("--lapse-grace", default=60.0, type=float, show_default=True,
+              help="Seconds peers keep a node whose record's lease ran out (its agent restarting).")
 @click.option("--nat-prefix", default="meshctl", show_default=True, help="Name prefix of the NAT rules and ipset.")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]))
 def agent_cmd(**kw: Any) -> None:
@@ -195,6 +201,12 @@ def format_status(st: dict[str, Any]) -> str:
     lines.append(f"rejected records ({len(rej)}):" if rej else "rejected records: none")
     for r in rej:
         lines.append(f"  {r.get('name')}: {r.get('reason')}")
+    own = st.get("own_record")
+    if own:
+        lines.append(f"own record restored: {own.get('restored_total', 0)} time(s)"
+                     + (f", last {own['last_restored']}" if own.get("last_restored") else ""))
+    if st.get("lapsed"):
+        lines.append("lapsed records kept: " + ", ".join(f"{n} ({s:.0f} s left)" for n, s in st["lapsed"].items()))
     kv = st.get("kvstore")
     if kv:
         role = "writer" if kv.get("writing") else f"standby (writer: {kv.get('writer') or 'none'})"
@@ -236,7 +248,8 @@ def node_group() -> None:
 @click.option("--lab", "lab_name", default=None, help="Lab name (default: the only lab up).")
 @click.option("-o", "output", default="text", type=click.Choice(["text", "json"]))
 def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, etcd_key: str | None,
-              cluster_name: str, addr: str | None, lab_node: str | None, lab_name: str | None, output: str) -> None:
+              etcd_user: str | None, etcd_password_file: str | None, cluster_name: str, addr: str | None,
+              lab_node: str | None, lab_name: str | None, output: str) -> None:
     """List nodes. From an agent (the local one by default, --addr, --lab-node): local and remote
     nodes (`cluster2/g1`), their addresses, pod CIDRs, WireGuard addresses, source and the path from
     that node. From the store (etcd flags, or --lab: a lab's etcd): the records and what admission
@@ -252,15 +265,17 @@ def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, e
     netns = None
     if not etcd_endpoints:
         acc = targets.lab("--lab").etcd(lab_name, cluster_name)
-        etcd_endpoints, etcd_ca, etcd_cert, etcd_key, netns = (
-            ",".join(acc.endpoints), acc.ca, acc.cert, acc.key, acc.netns)
-    client = EtcdClient(list(endpoint_list(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert, key=etcd_key, netns=netns)
+        etcd_endpoints, etcd_ca, etcd_cert, etcd_key, etcd_user, etcd_password_file, netns = (
+            ",".join(acc.endpoints), acc.ca, acc.cert, acc.key, acc.user, acc.password_file, acc.netns)
+    client = EtcdClient(list(endpoint_list(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert, key=etcd_key, netns=netns,
+                        user=etcd_user, password_file=etcd_password_file)
     backend = EtcdBackend(client, Cluster(cluster_name))
     try:
         st = backend.load_once()
     finally:
         client.close()
-    admitted, rejected = admit.admit_nodes(list(st.nodes), st.mesh.subnet)
+    admitted, rejected = admit.admit_nodes(list(st.nodes), st.mesh.subnet,
+                                           allow_default_route=st.mesh.allow_default_route)
     rows = [{"name": n.name, "status": "admitted", **records.node_to_record(n)} for n in admitted]
     rows += [{"name": r.name, "status": "rejected", "reason": r.reason} for r in [*st.rejections, *rejected]]
     if output == "json":
@@ -299,20 +314,28 @@ def _node_list_from_agent(addr: str | None, lab_node: str | None, lab_name: str 
 @click.option("--private-interface", default=None)
 @click.option("--bpf-pin-root", default=defaults.PIN_ROOT, show_default=True)
 @click.option("--nat-prefix", default="meshctl", show_default=True)
+@click.option("--force", is_flag=True, help="Also remove a WireGuard device meshctl did not create.")
 @etcd_options
 def cleanup_cmd(node_name: str | None, wg_interface: str, wg_run_dir: Path, private_interface: str | None,
-                bpf_pin_root: str, nat_prefix: str, etcd_endpoints: str, etcd_ca: str | None,
-                etcd_cert: str | None, etcd_key: str | None, cluster_name: str) -> None:
-    """Remove everything the agent made on this node: WireGuard, routes, NAT, maps (and, with etcd
-    flags, the node's record). Stop the agent first."""
-    failures = cleanup_node(node_name, wg_interface, wg_run_dir, private_interface, bpf_pin_root, nat_prefix)
+                bpf_pin_root: str, nat_prefix: str, force: bool, etcd_endpoints: str, etcd_ca: str | None,
+                etcd_cert: str | None, etcd_key: str | None, etcd_user: str | None, etcd_password_file: str | None,
+                cluster_name: str) -> None:
+    """Remove what the agent made on this node and only that: the WireGuard device it created
+    (recorded in --wg-run-dir when created), routes of protocol 109, its own NAT sets and chains,
+    its maps (and, with etcd flags, the node's record). Anything else is reported and left in
+    place unless --force. Stop the agent first."""
+    kept: list[str] = []
+    failures = cleanup_node(node_name, wg_interface, wg_run_dir, private_interface, bpf_pin_root, nat_prefix,
+                            force=force, kept=kept)
+    for k in kept:
+        click.echo(f"cleanup: kept {k}")
     if etcd_endpoints and node_name:
-        from meshctl.backends.etcd import node_key
+        from meshctl.backends.etcd import withdraw_record
         from meshctl.etcd import EtcdClient
 
         try:
-            EtcdClient(list(endpoint_list(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert,
-                       key=etcd_key).delete(node_key(cluster_name, node_name))
+            withdraw_record(EtcdClient(list(endpoint_list(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert, key=etcd_key,
+                                       user=etcd_user, password_file=etcd_password_file), cluster_name, node_name)
         except MeshError as e:
             failures.append(f"record: {e}")
     for f in failures:
@@ -323,8 +346,10 @@ def cleanup_cmd(node_name: str | None, wg_interface: str, wg_run_dir: Path, priv
 
 
 def cleanup_node(node_name: str | None, wg_interface: str, wg_run_dir: Path, private_interface: str | None,
-                 bpf_pin_root: str, nat_prefix: str) -> list[str]:
-    """Undo the agent's appliers in this namespace; returns what failed (one line each)."""
+                 bpf_pin_root: str, nat_prefix: str, *, force: bool = False, kept: list[str] | None = None
+                 ) -> list[str]:
+    """Undo the agent's appliers in this namespace; returns what failed (one line each) and adds
+    to `kept` what was left because meshctl did not make it."""
     failures: list[str] = []
 
     def part(name: str, fn: Any) -> None:
@@ -336,7 +361,9 @@ def cleanup_node(node_name: str | None, wg_interface: str, wg_run_dir: Path, pri
     def wg() -> None:
         from meshctl.node.wireguard import WireGuard
 
-        WireGuard(ifname=wg_interface, run_dir=str(wg_run_dir)).delete()
+        left = WireGuard(ifname=wg_interface, run_dir=str(wg_run_dir)).delete(force=force)
+        if left is not None and kept is not None:
+            kept.append(left)
 
     def routes() -> None:
         from meshctl.node.routes import RouteApplier

@@ -40,6 +40,8 @@ class EtcdTarget:
     cert: str | None
     key: str | None
     netns: str | None
+    user: str | None = None  # the etcd identity (docs/security.md): a lab gives out its admin's
+    password_file: str | None = None
 
 
 class LabLocator(Protocol):

@@ -27,14 +27,18 @@ from meshctl.errors import MeshError
 from meshctl.node.shell import NETNS_DIR
 
 _CLONE_NEWNET = 0x40000000
-_executors: dict[str, ThreadPoolExecutor] = {}
+# name -> (the namespace's identity (st_dev, st_ino), the executor whose one thread lives in it)
+_executors: dict[str, tuple[tuple[int, int], ThreadPoolExecutor]] = {}
 _lock = threading.Lock()
 
 
-def _join(ns: str) -> None:
+def _join(ns: str, ident: tuple[int, int]) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     fd = os.open(NETNS_DIR / ns, os.O_RDONLY)
     try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != ident:
+            raise MeshError(f"network namespace {ns} changed while joining it")
         if libc.setns(fd, _CLONE_NEWNET) != 0:
             err = ctypes.get_errno()
             raise MeshError(f"setns {ns}: {os.strerror(err)}")
@@ -42,15 +46,41 @@ def _join(ns: str) -> None:
         os.close(fd)
 
 
+def _identity(ns: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(NETNS_DIR / ns)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _executor(ns: str) -> ThreadPoolExecutor:
+    """The executor for `ns` as it is now. A thread in a namespace keeps that namespace alive after
+    `ip netns delete`; if its name is then reused, the old thread would open sockets in the dead
+    one. So each use checks the namespace's identity, and threads of namespaces that are gone or
+    were replaced are let go (their threads end, the dead namespace with them)."""
     with _lock:
-        ex = _executors.get(ns)
-        if ex is None:
-            if not (NETNS_DIR / ns).exists():
-                raise MeshError(f"network namespace {ns} does not exist")
-            ex = ThreadPoolExecutor(1, thread_name_prefix=f"netns-{ns}", initializer=_join, initargs=(ns,))
-            _executors[ns] = ex
+        for name, (ident, ex) in list(_executors.items()):
+            if _identity(name) != ident:
+                del _executors[name]
+                ex.shutdown(wait=False)
+        hit = _executors.get(ns)
+        if hit is not None:
+            return hit[1]
+        now = _identity(ns)
+        if now is None:
+            raise MeshError(f"network namespace {ns} does not exist")
+        ex = ThreadPoolExecutor(1, thread_name_prefix=f"netns-{ns}", initializer=_join, initargs=(ns, now))
+        _executors[ns] = (now, ex)
         return ex
+
+
+def release(ns: str) -> None:
+    """Let go of the thread kept for `ns` now (before deleting the namespace, for example)."""
+    with _lock:
+        hit = _executors.pop(ns, None)
+    if hit is not None:
+        hit[1].shutdown(wait=False)
 
 
 def ns_socket(ns: str, family: int = socket.AF_INET, type: int = socket.SOCK_STREAM) -> socket.socket:

@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from meshctl import defaults
+from meshctl.backends import etcd_identity as identity
 from meshctl.backends.etcd import write_topology
 from meshctl.errors import InputError, MeshError
+from meshctl.etcd import EtcdClient
 from meshctl.lab import fabric, netns, pki
 from meshctl.lab import state as labstate
 from meshctl.lab.etcd_process import EtcdServer, stop_pid, stop_pids
@@ -115,19 +117,28 @@ def _build(spec: LabSpec, st: dict[str, Any], progress: Progress) -> None:
         pdir = d / "pki" / cname
         ca = pki.make_ca(pdir, f"meshctl-lab-{cname}")
         server_cert = pki.make_cert(ca, pdir, "etcd", server=True, hosts=(ip, "127.0.0.1"))
-        client_cert = pki.make_cert(ca, pdir, "client")
+        ids = _identities(spec, topo, ca, pdir)
+        admin = ids["admin"]
+        admin_cert = pki.CertFiles(Path(admin["cert"]), Path(admin["key"]), ca.cert)
         srv = EtcdServer(f"{prefix}{cname}", d / "etcd" / cname, host=ip, port=ETCD_PORT, netns=ens,
                          tls=server_cert, log_file=d / f"etcd-{cname}.log")
-        srv.start(client_tls=client_cert)
+        srv.start(client_tls=admin_cert)
         st["pids"][f"etcd/{cname}"] = srv.pid
-        access = {"endpoints": [srv.url], "ca": str(client_cert.ca), "cert": str(client_cert.cert),
-                  "key": str(client_cert.key), "netns": ens, "pid": srv.pid,
+        access = {"endpoints": [srv.url], "ca": str(ca.cert), "cert": admin["cert"], "key": admin["key"],
+                  "user": admin["user"], "password_file": admin["password_file"], "identities": ids,
+                  "netns": ens, "pid": srv.pid,
                   "server": {"name": srv.name, "data_dir": str(srv.data_dir), "host": ip, "port": ETCD_PORT,
                              "cert": str(server_cert.cert), "key": str(server_cert.key),
                              "log": str(srv.log_file)}}
-        client = srv.client(client_cert)
+        client = srv.client(admin_cert)  # auth is still off: seed the cluster, then give out identities
         try:
             write_topology(client, topo.cluster, topo.mesh, topo.peers)
+            identity.provision(
+                client, cname, admin_password=Path(admin["password_file"]),
+                nodes={n.name: Path(ids[n.name]["password_file"]) for n in topo.nodes},
+                readers={c.cluster.name: Path(ids[identity.remote_user(c.cluster.name)]["password_file"])
+                         for c in spec.clusters if c is not topo},
+                kvstore=Path(ids[identity.KVSTORE_USER]["password_file"]) if identity.KVSTORE_USER in ids else None)
         finally:
             client.close()
         st["clusters"].append({"name": cname, "id": topo.cluster.id, "etcd": access, "nodes": [],
@@ -160,6 +171,39 @@ def _build(spec: LabSpec, st: dict[str, Any], progress: Progress) -> None:
     progress(f"fabrics: {', '.join(kinds)}")
 
 
+def _identities(spec: LabSpec, topo: Topology, ca: pki.CertFiles, pdir: Path) -> dict[str, dict[str, str]]:
+    """Each identity of one cluster's etcd (docs/security.md): the operator (`admin`, etcd's root),
+    one per node (its node name), one per other cluster that reads this one, and the kvstore
+    mirror's with the Kubernetes backend. Each gets a password file (0600) and a client
+    certificate naming it in OU (the gateway refuses a CN once auth is on)."""
+    users = {"admin": identity.ADMIN_USER}
+    users.update({n.name: identity.node_user(n.name) for n in topo.nodes})
+    users.update({identity.remote_user(c.cluster.name): identity.remote_user(c.cluster.name)
+                  for c in spec.clusters if c is not topo})
+    if spec.options.backend == "kubernetes":
+        users[identity.KVSTORE_USER] = identity.KVSTORE_USER
+    out: dict[str, dict[str, str]] = {}
+    for name, user in users.items():
+        fname = name.replace(":", "-")
+        cert = pki.make_cert(ca, pdir, f"id-{fname}", common_name=False)
+        pw = identity.new_password(pdir / f"id-{fname}.password")
+        out[name] = {"user": user, "password_file": str(pw), "cert": str(cert.cert), "key": str(cert.key)}
+    return out
+
+
+def etcd_client(cluster_state: dict[str, Any], who: str = "admin", *, timeout: float = 2.0) -> EtcdClient:
+    """A client of a lab cluster's etcd as one of its identities (`admin`, a node name,
+    `remote:<cluster>`, `meshctl:kvstore`), dialled from the etcd's namespace."""
+    e = cluster_state["etcd"]
+    ids = e.get("identities") or {}
+    if who not in ids:
+        raise MeshError(f"cluster {cluster_state['name']} has no etcd identity {who!r} "
+                        f"(there are: {', '.join(sorted(ids)) or 'none'})")
+    i = ids[who]
+    return EtcdClient(e["endpoints"], ca=e["ca"], cert=i["cert"], key=i["key"], netns=e["netns"], timeout=timeout,
+                      user=i["user"], password_file=i["password_file"])
+
+
 def _clustermesh_dirs(spec: LabSpec, st: dict[str, Any]) -> None:
     """Each cluster's agents get a directory with one file per OTHER cluster (Cilium's format)."""
     if not spec.multi:
@@ -171,7 +215,9 @@ def _clustermesh_dirs(spec: LabSpec, st: dict[str, Any]) -> None:
             if other["name"] == c["name"]:
                 continue
             e = other["etcd"]
-            doc = {"endpoints": e["endpoints"], "ca-file": e["ca"], "cert-file": e["cert"], "key-file": e["key"]}
+            i = e["identities"][identity.remote_user(c["name"])]  # the other cluster's read-only user for us
+            doc = {"endpoints": e["endpoints"], "ca-file": e["ca"], "cert-file": i["cert"], "key-file": i["key"],
+                   "username": i["user"], "password-file": i["password_file"]}
             (cm / other["name"]).write_text(json.dumps(doc, indent=1) + "\n")
         c["clustermesh_dir"] = str(cm)
 
@@ -258,12 +304,14 @@ def remove_pod(name: str | None, node: str, ip: str) -> None:
 
 def agent_argv(st: dict[str, Any], cst: dict[str, Any], node: dict[str, Any]) -> list[str]:
     e = cst["etcd"]
+    me = e["identities"][node["name"]]  # the node's own etcd identity: it may write only its record
     argv = [
         sys.executable, "-m", "meshctl.cli", "agent", "--node-name", node["name"], "--pod-cidr", node["pod_cidr"],
         "--public-interface", node["public_interface"], "--state-dir", node["state_dir"],
         "--wg-run-dir", node["wg_run_dir"], "--metrics-addr", node["metrics_addr"],
         "--backend", "etcd", "--etcd-endpoints", ",".join(e["endpoints"]), "--etcd-ca", e["ca"],
-        "--etcd-cert", e["cert"], "--etcd-key", e["key"], "--cluster-name", cst["name"],
+        "--etcd-cert", me["cert"], "--etcd-key", me["key"], "--etcd-user", me["user"],
+        "--etcd-password-file", me["password_file"], "--cluster-name", cst["name"],
         "--cluster-id", str(cst["id"]), "--bpf-pin-root", f"{st['pin_root']}/{cst['name']}",
         "--lease-ttl", str(st.get("lease_ttl", 5)), "--nat-prefix", f"{st['prefix']}nat",
     ]

@@ -186,6 +186,41 @@ def pod_remove(lab_name: str | None, node: str, ip: str) -> None:
     click.echo(f"removed pod {ip} from {node}")
 
 
+@lab_group.command("etcdctl", context_settings={"ignore_unknown_options": True})
+@click.option("--as", "who", default="admin", show_default=True,
+              help="Identity: admin, a node name, remote:<cluster> or meshctl:kvstore.")
+@click.option("--lab", "lab_name", default=None, help="Lab name (default: the only lab up).")
+@click.option("--cluster", "cluster_name", default=None, help="Cluster (default: the first).")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def lab_etcdctl(who: str, lab_name: str | None, cluster_name: str | None, args: tuple[str, ...]) -> None:
+    """Run etcdctl against a lab cluster's etcd as one of its identities: `meshctl lab etcdctl
+    --as b2 -- put /meshctl/default/nodes/a1 x` shows what b2's credentials may do. Exits with
+    etcdctl's status."""
+    import os
+    import subprocess
+
+    from meshctl.lab import netns, state
+
+    st = state.resolve(lab_name)
+    clusters = st.get("clusters", [])
+    cst = next((c for c in clusters if cluster_name in (None, c["name"])), None)
+    if cst is None:
+        raise MeshError(f"lab {st['name']} has no cluster {cluster_name}")
+    e = cst["etcd"]
+    ids = e.get("identities") or {}
+    if who not in ids:
+        raise MeshError(f"--as: {who!r} is not an etcd identity of cluster {cst['name']} "
+                        f"(there are: {', '.join(sorted(ids))})")
+    i = ids[who]
+    with open(i["password_file"]) as f:
+        password = f.read().strip()
+    # The password goes through the environment (ETCDCTL_USER), not the command line others can read.
+    env = dict(os.environ, ETCDCTL_API="3", ETCDCTL_USER=f"{i['user']}:{password}")
+    argv = [*netns.exec_prefix(e["netns"]), "etcdctl", "--endpoints", ",".join(e["endpoints"]), "--cacert", e["ca"],
+            "--cert", i["cert"], "--key", i["key"], *args]
+    sys.exit(subprocess.run(argv, env=env, check=False).returncode)
+
+
 def _require_root() -> None:
     import os
 
@@ -216,7 +251,8 @@ class _Locator:
 
     def etcd(self, lab: str | None, cluster: str | None) -> EtcdTarget:
         acc = state.etcd_access(lab, cluster)
-        return EtcdTarget(tuple(acc["endpoints"]), acc["ca"], acc["cert"], acc["key"], acc["netns"])
+        return EtcdTarget(tuple(acc["endpoints"]), acc["ca"], acc["cert"], acc["key"], acc["netns"], acc.get("user"),
+                          acc.get("password_file"))
 
 
 def register(main: click.Group) -> None:

@@ -91,7 +91,8 @@ def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, timeout: float = 1
 # the DaemonSet does, so their own record follows the annotations, also when they change.
 _FROM_NODE = ("--pod-cidr", "--location", "--persistent-keepalive", "--allowed-location-ips")
 _FROM_NODE_FLAGS = ("--leader",)
-_ETCD_ONLY = ("--etcd-endpoints", "--etcd-ca", "--etcd-cert", "--etcd-key", "--lease-ttl", "--backend")
+_ETCD_ONLY = ("--etcd-endpoints", "--etcd-ca", "--etcd-cert", "--etcd-key", "--etcd-user", "--etcd-password-file",
+              "--lease-ttl", "--backend")
 
 
 def agent_argv(argv: list[str]) -> list[str]:

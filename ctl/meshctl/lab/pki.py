@@ -38,14 +38,19 @@ def make_ca(directory: str | Path, name: str = "meshctl-ca", days: int = 30) -> 
 
 
 def make_cert(ca: CertFiles, directory: str | Path, name: str, *, server: bool = False,
-              hosts: tuple[str, ...] = (), days: int = 30) -> CertFiles:
+              hosts: tuple[str, ...] = (), days: int = 30, common_name: bool = True) -> CertFiles:
     """A certificate `name.pem` + `name-key.pem` signed by `ca`. Server certificates carry `hosts`
-    (IPs or DNS names) as SANs and are usable as clients too (etcd peers need both)."""
+    (IPs or DNS names) as SANs and are usable as clients too (etcd peers need both).
+
+    `common_name=False` names the holder in OU instead of CN: etcd's JSON gateway refuses client
+    certificates with a CN once auth is on (it cannot pass the CN on as the user, etcd PR 10392),
+    so clients of the gateway prove who they are with a user and password over TLS instead."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     cert, key, csr, ext = d / f"{name}.pem", d / f"{name}-key.pem", d / f"{name}.csr", d / f"{name}.ext"
     _genkey(key)
-    sh(["openssl", "req", "-new", "-key", str(key), "-out", str(csr), "-subj", f"/CN={name}"])
+    subject = f"/CN={name}" if common_name else f"/O=meshctl/OU={name}"
+    sh(["openssl", "req", "-new", "-key", str(key), "-out", str(csr), "-subj", subject])
     lines = ["basicConstraints=CA:FALSE", "keyUsage=critical,digitalSignature,keyEncipherment"]
     lines.append("extendedKeyUsage=serverAuth,clientAuth" if server else "extendedKeyUsage=clientAuth")
     if hosts:

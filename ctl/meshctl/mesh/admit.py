@@ -10,7 +10,8 @@ admitted before it hold, so a remote cluster can never take over a local route.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+import ipaddress
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,6 +36,7 @@ class Claims:
         # (version, first, last, owner): an owner is a description, or a (prefix, node) pair
         # described only when someone conflicts with it (formatting 5,000 addresses is not free).
         self._items: list[tuple[int, int, int, str | tuple[str, Node]]] = []
+        self._defaults: dict[int, str] = {}
 
     def conflict(self, net: IPNetwork | Span) -> str | None:
         """Who holds anything overlapping `net` (a network or its precomputed span), or None."""
@@ -67,9 +69,25 @@ class Claims:
 
     def add(self, net: IPNetwork | Span, owner: str | tuple[str, Node]) -> None:
         version, first, last = net if isinstance(net, tuple) else span(net)
+        if first == 0 and last == (1 << (32 if version == 4 else 128)) - 1:
+            # A default route is kept apart: longest-prefix match lets it coexist with everything.
+            self._defaults[version] = owner if isinstance(owner, str) else f"{owner[0]}{owner[1].qualified_name}"
+            return
         i = bisect.bisect_left(self._starts, (version, first))
         self._starts.insert(i, (version, first))
         self._items.insert(i, (version, first, last, owner))
+
+    def remove(self, net: IPNetwork | Span) -> None:
+        """Give up the claim that starts where `net` starts (a record rejected after all)."""
+        version, first, _ = net if isinstance(net, tuple) else span(net)
+        i = bisect.bisect_left(self._starts, (version, first))
+        if i < len(self._starts) and self._starts[i] == (version, first):
+            del self._starts[i]
+            del self._items[i]
+
+    def default_route(self, version: int) -> str | None:
+        """Who holds the default route of this IP version, or None."""
+        return self._defaults.get(version)
 
 
 @dataclass(frozen=True)
@@ -86,15 +104,22 @@ def admit_nodes(
     *,
     claims: Claims | None = None,
     internal_ips: dict[Any, str] | None = None,
+    hosts: dict[Any, str] | None = None,
+    allow_default_route: bool = False,
     label: str = "nodes",
 ) -> tuple[list[Node], list[Rejection]]:
     """Admit nodes in the given order (older records first); reject a node whose name repeats,
-    whose pod CIDR overlaps an admitted one or the WireGuard subnet, or whose internal address
-    is taken. `claims` and `internal_ips` may carry what other clusters already hold."""
+    whose pod CIDR overlaps an admitted one or the WireGuard subnet, whose internal address is
+    taken, or one of whose allowed location IPs is unsafe (see `_location_ips_problem`).
+    `claims`, `internal_ips` and `hosts` may carry what other clusters already hold.
+
+    Pod CIDRs are admitted first, location IPs after them: a location IP can never take a pod
+    CIDR, whichever record is older."""
     claims = claims if claims is not None else Claims()
     internal_ips = internal_ips if internal_ips is not None else {}
+    hosts = hosts if hosts is not None else {}
     names: set[str] = set()
-    admitted: list[Node] = []
+    admitted: list[tuple[int, Node]] = []
     rejected: list[Rejection] = []
     subnet_span = span(subnet) if subnet is not None else None
     for i, n in enumerate(nodes):
@@ -126,8 +151,67 @@ def admit_nodes(
             claims.node_names.add(n.name)
         if n.internal_ip is not None:
             internal_ips[n.internal_ip.ip] = n.qualified_name
-        admitted.append(n)
-    return admitted, rejected
+        admitted.append((i, n))
+    add_hosts(hosts, (n for _, n in admitted))
+    if not any(n.allowed_location_ips for _, n in admitted):
+        return [n for _, n in admitted], rejected
+    host_index = sorted((a.version, int(a), owner) for a, owner in hosts.items())
+    out: list[Node] = []
+    for i, n in admitted:
+        problem = _location_ips_problem(n, f"{label}[{i}]", subnet, subnet_span, claims, host_index,
+                                        allow_default_route)
+        if problem is None:
+            for a in n.allowed_location_ips:
+                claims.add(a, f"{n.qualified_name}'s allowed location IP {a}")
+            out.append(n)
+            continue
+        rejected.append(Rejection(n.qualified_name, problem))
+        claims.remove(n.pod_span)
+        if n.internal_ip is not None and internal_ips.get(n.internal_ip.ip) == n.qualified_name:
+            del internal_ips[n.internal_ip.ip]
+    return out, rejected
+
+
+def add_hosts(hosts: dict[Any, str], nodes: Iterable[Node]) -> None:
+    """Record the addresses no location IP may cover: nodes' internal addresses and endpoints."""
+    for n in nodes:
+        if n.internal_ip is not None:
+            hosts.setdefault(n.internal_ip.ip, f"{n.qualified_name}'s internal address")
+        ep = n.endpoint.ip if n.endpoint is not None else None
+        if ep is not None:
+            hosts.setdefault(ep, f"{n.qualified_name}'s endpoint")
+
+
+def _location_ips_problem(n: Node, where: str, subnet: IPNetwork | None, subnet_span: Span | None,
+                          claims: Claims, hosts: list[tuple[int, int, str]], allow_default_route: bool) -> str | None:
+    """Why one of `n`'s allowed location IPs may not route, or None. A location IP is routed to
+    `n`'s tunnel on every node, so it may not cover any pod CIDR, the WireGuard subnet, any node's
+    internal address or endpoint, another location IP or an extra peer's IPs; a default route only
+    with `mesh.allow_default_route` (then it only has to be the one default route)."""
+    mine: list[Span] = []
+    for j, a in enumerate(n.allowed_location_ips):
+        field = f"{where}.allowed_location_ips[{j}]: {str(a)!r}"
+        sp = span(a)
+        if a.prefixlen == 0:
+            if not allow_default_route:
+                return f"{field} is a default route (allowed only with mesh.allow_default_route: true)"
+            owner = claims.default_route(a.version)
+            if owner is not None:
+                return f"{field} overlaps {owner}"
+            mine.append(sp)
+            continue
+        if subnet_span is not None and _overlap(sp, subnet_span):
+            return f"{field} overlaps the WireGuard subnet {subnet}"
+        owner = claims.conflict(sp)
+        if owner is not None:
+            return f"{field} overlaps {owner}"
+        k = bisect.bisect_left(hosts, (sp[0], sp[1], ""))
+        if k < len(hosts) and hosts[k][0] == sp[0] and hosts[k][1] <= sp[2]:
+            return f"{field} covers {hosts[k][2]} {ipaddress.ip_address(hosts[k][1])}"
+        if any(_overlap(sp, m) for m in mine):
+            return f"{field} overlaps another of its own location IPs"
+        mine.append(sp)
+    return None
 
 
 def admit_peers(peers: Sequence[Peer], claims: Claims, label: str = "peers") -> tuple[list[Peer], list[Rejection]]:
@@ -168,7 +252,8 @@ def admit_local(topo: Topology) -> tuple[Topology, list[Rejection]]:
     topology a plan may use, and the rejections: what every agent and `meshctl plan --backend`
     decide alike."""
     claims = Claims()
-    nodes, rejected = admit_nodes(topo.nodes, topo.mesh.subnet, claims=claims)
+    nodes, rejected = admit_nodes(topo.nodes, topo.mesh.subnet, claims=claims,
+                                  allow_default_route=topo.mesh.allow_default_route)
     peers, rejected_peers = admit_peers(topo.peers, claims)
     return replace(topo, nodes=tuple(nodes), peers=tuple(peers)), [*rejected, *rejected_peers]
 
@@ -195,15 +280,20 @@ def _admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[R
     remote's. A record is rejected when its pod CIDR overlaps a local pod CIDR, the local
     WireGuard subnet or another cluster's records; when its segment's WireGuard address overlaps
     them; when it overlaps a local peer's allowed IPs; when its public key is already a local node's,
-    a local peer's or an earlier record's; or when its internal address is a local node's. Sharing
-    a private subnet is fine."""
+    a local peer's or an earlier record's; when its internal address is a local node's; or when one
+    of its allowed location IPs covers any of these, a node's address, or is a default route the
+    local mesh does not allow. Sharing a private subnet is fine."""
     claims = Claims()
     internal: dict[object, str] = {}
+    hosts: dict[object, str] = {}
     for n in local.nodes:
         claims.add(n.pod_span, ("local node ", n))
         claims.keys[n.public_key] = f"local node {n.name}"
         if n.internal_ip is not None:
             internal[n.internal_ip.ip] = f"local node {n.name}"
+        for a in n.allowed_location_ips:
+            claims.add(a, f"local node {n.name}'s allowed location IP {a}")
+    add_hosts(hosts, local.nodes)
     for p in local.peers:
         # A remote node routed over addresses a local peer holds would take that peer's traffic.
         claims.add_peer(p, "local peer")
@@ -232,7 +322,7 @@ def _admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[R
                 continue
             candidates.append(n)
         admitted, rej = admit_nodes(candidates, remote.mesh.subnet, claims=claims, internal_ips=internal,
-                                    label=label)
+                                    hosts=hosts, allow_default_route=local.mesh.allow_default_route, label=label)
         rejected += rej
         for n in admitted:
             wg = host_net(seg_wg[n.name])

@@ -107,6 +107,9 @@ class MeshSettings:
     # Routed private networks (a VPC CIDR, a Hetzner network): two nodes whose internal addresses
     # both lie in one of them may use the encapsulated and wireguard-private rungs.
     private_networks: tuple[IPNetwork, ...] = ()
+    # A node's allowed_location_ips may hold a default route (0.0.0.0/0, ::/0: an exit node) only
+    # when this is set; otherwise one record could pull every node's traffic into its tunnel.
+    allow_default_route: bool = False
 
 
 @dataclass(frozen=True)

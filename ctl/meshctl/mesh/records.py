@@ -124,7 +124,7 @@ def parse_peer(d: Any, path: str) -> Peer:
     )
 
 
-MESH_FIELDS = ("granularity", "subnet", "port", "intra_subnet", "private_networks")
+MESH_FIELDS = ("granularity", "subnet", "port", "intra_subnet", "private_networks", "allow_default_route")
 
 
 def parse_mesh(d: Any, path: str) -> MeshSettings:
@@ -141,7 +141,8 @@ def parse_mesh(d: Any, path: str) -> MeshSettings:
         raise InputError(f"{path}.subnet", d.get("subnet"), "is too small for a WireGuard subnet")
     return MeshSettings(granularity=gran, subnet=subnet, port=port(d.get("port", DEFAULT_PORT), f"{path}.port"),
                         intra_subnet=intra,
-                        private_networks=cidr_list(d.get("private_networks"), f"{path}.private_networks"))
+                        private_networks=cidr_list(d.get("private_networks"), f"{path}.private_networks"),
+                        allow_default_route=boolean(d.get("allow_default_route", False), f"{path}.allow_default_route"))
 
 
 def mesh_to_record(m: MeshSettings) -> dict[str, Any]:
@@ -149,6 +150,8 @@ def mesh_to_record(m: MeshSettings) -> dict[str, Any]:
                            "intra_subnet": m.intra_subnet}
     if m.private_networks:
         rec["private_networks"] = [str(n) for n in m.private_networks]
+    if m.allow_default_route:  # written only when set: agents that predate the field keep reading the record
+        rec["allow_default_route"] = True
     return rec
 
 
@@ -183,7 +186,7 @@ def parse_topology(doc: Any) -> Topology:
         raise InputError("peers", raw_peers, "is not a list")
     peers = [parse_peer(d, f"peers[{i}]") for i, d in enumerate(raw_peers)]
     claims = admit.Claims()
-    _, rejected = admit.admit_nodes(nodes, mesh.subnet, claims=claims)
+    _, rejected = admit.admit_nodes(nodes, mesh.subnet, claims=claims, allow_default_route=mesh.allow_default_route)
     if rejected:
         raise InputError.from_line(rejected[0].reason)
     _, rejected_peers = admit.admit_peers(peers, claims)

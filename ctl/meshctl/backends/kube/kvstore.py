@@ -57,7 +57,7 @@ def mirror_records(state: ClusterState) -> dict[str, str]:
     """What etcd should hold for `state`: the cluster and mesh records and one record per node
     that the cluster's own agents admit (admit.admit_nodes, in the state's order). A segment's
     leader carries the segment's WireGuard address, as its own agent's plan gives it."""
-    admitted, _ = admit.admit_nodes(state.nodes, state.mesh.subnet)
+    admitted, _ = admit.admit_nodes(state.nodes, state.mesh.subnet, allow_default_route=state.mesh.allow_default_route)
     try:
         wg_of = {s.leader.name: s.wireguard_ip for s in segments(Topology(state.cluster, state.mesh,
                                                                            tuple(admitted)))}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -63,6 +64,11 @@ class PeerStatus:
     name: str | None = None  # the PeerPlan name, when this object synced the peer
 
 
+def _netns_id() -> str:
+    """This thread's network namespace, as the kernel names it (`net:[4026532281]`)."""
+    return os.readlink("/proc/thread-self/ns/net")
+
+
 def resolve_endpoint(endpoint: str) -> tuple[str, int] | None:
     """`host:port` / `[v6]:port` / `name:port` -> (ip, port); a DNS name is resolved here (IPv4
     first). None, with a warning, when it cannot be resolved: the peer then keeps whatever
@@ -99,6 +105,9 @@ class WireGuard:
         self.run_dir = Path(run_dir)
         self.sock_path = self.run_dir / f"{ifname}.sock"
         self.pidfile = self.run_dir / f"{ifname}.pid"
+        # Written when this code creates the device: which link (namespace, ifindex) is meshctl's,
+        # so cleanup never removes a device of the same name someone else made (Kilo's kilo0).
+        self.mark_path = self.run_dir / f"{ifname}.link"
         self._names: dict[str, str] = {}  # public key -> PeerPlan name, for diffs and status
         self._set_endpoints: dict[str, tuple[str, int]] = {}  # what we last set, to let peers roam
         # What the device holds as far as we know (None: read it). `_known_dev` is
@@ -183,7 +192,7 @@ class WireGuard:
             if idx is not None and self._known_dev == (idx, private_key, listen_port):
                 return self._ensure_link(ipr, idx, address, mtu)
         self.forget()
-        changed = self._ensure_running()
+        created = changed = self._ensure_running()
         client = self._client()
         st = client.get()
         key = private_key if st.private_key != private_key else None
@@ -197,6 +206,8 @@ class WireGuard:
             idx = ifindex(ipr, self.ifname)
             if idx is None:
                 raise MeshError(f"{self.ifname} disappeared while being configured")
+            if created:
+                self._mark(idx)
             changed = self._ensure_link(ipr, idx, address, mtu) or changed
         # The peers just read are current: the peer sync that follows need not read them again.
         self._known_dev, self._known = (idx, private_key, listen_port), dict(st.peers)
@@ -232,22 +243,44 @@ class WireGuard:
         self._applied.clear()
         self._psk.clear()
 
-    def delete(self) -> None:
-        """Remove the device and, for wireguard-go, stop its process and its files."""
-        # Whatever the mode, a wireguard-go recorded in run_dir is ours to stop.
+    def _mark(self, idx: int) -> None:
+        """Record that the link `idx` of this namespace is one meshctl created."""
+        self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.mark_path.write_text(f"{_netns_id()} {idx}\n")
+
+    def created_here(self, idx: int) -> bool:
+        """Whether link `idx` of this namespace is the one this code created (its mark matches)."""
+        try:
+            ns, _, text = self.mark_path.read_text().strip().partition(" ")
+            return ns == _netns_id() and int(text) == idx
+        except (OSError, ValueError):
+            return False
+
+    def delete(self, *, force: bool = False) -> str | None:
+        """Remove the device if meshctl created it (or `force`) and stop the wireguard-go recorded
+        in run_dir (ours by construction). Returns a line naming a device that was left because
+        it is not ours, else None."""
         pid = running_pid(self.pidfile)
         if pid is not None:
             stop(pid)
         if pid is not None or self.mode == "wireguard-go":
             for p in (self.pidfile, self.sock_path):
                 p.unlink(missing_ok=True)
+        left = None
         with IPRoute() as ipr:
             idx = ifindex(ipr, self.ifname)
-            if idx is not None:
+            if idx is not None and (force or self.created_here(idx)):
                 ipr.link("del", index=idx)
+            elif idx is not None:
+                kind = link_kind(link_info(ipr, idx)) or "device"
+                left = (f"{self.ifname} (a {kind}, ifindex {idx}) was not created by meshctl: left in place "
+                        "(--force removes it)")
+        if left is None:
+            self.mark_path.unlink(missing_ok=True)
         self._names.clear()
         self._set_endpoints.clear()
         self.forget()
+        return left
 
     # --- peers ---------------------------------------------------------------------------------
 
@@ -282,6 +315,7 @@ class WireGuard:
                 after[pub] = None
                 diff.removed.append(self._names.pop(pub, pub))
                 self._set_endpoints.pop(pub, None)
+        kick: list[PeerOp] = []
         for pub, p in desired.items():
             self._names[pub] = p.name
             have = known.get(pub)
@@ -299,6 +333,10 @@ class WireGuard:
                                   allowed_ips=sorted_nets(allowed), preshared_key=psk))
                 after[pub] = DevicePeer(pub, ep, allowed, p.persistent_keepalive)
                 diff.added.append(p.name)
+                if ep is not None and not p.persistent_keepalive:
+                    # Turning keepalive on sends one at once, which starts a handshake; then off again.
+                    kick += [PeerOp(pub, update_only=True, persistent_keepalive=1),
+                             PeerOp(pub, update_only=True, persistent_keepalive=0)]
             else:
                 # An endpoint the peer roamed away from is not forced back unless the plan changed it.
                 set_ep = ep if ep is not None and ep != have.endpoint and ep != self._set_endpoints.get(pub) else None
@@ -315,6 +353,12 @@ class WireGuard:
         if ops:
             try:
                 client.set(peers=ops)
+                # A peer added here may be one the other side still holds a session with (our
+                # device, or our view of it, was new): that side would go on sending with keys we
+                # no longer know until its rekey timeout (15 s). A handshake from us now replaces
+                # its session at once.
+                if kick:
+                    client.set(peers=kick)
             except Exception:
                 self.forget()  # part of the change may have been applied: read the device next time
                 raise
