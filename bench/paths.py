@@ -114,7 +114,7 @@ class Paths:
             dp.sync(self.tb.fastpath(node, None), "eth1")
         vp1 = links.ifindex("vp1")
         links.detach_tcx(f"{PIN_ROOT}/{node}", "pod-in", vp1)
-        self.md_links.append(libbpf.link_create(self.md[node][1], vp1, libbpf.BPF_TCX_INGRESS))
+        self.md_links.append(links.create_link(self.md[node][1], vp1, libbpf.BPF_TCX_INGRESS))
 
     def _md_detach(self) -> None:
         for fd in self.md_links:
