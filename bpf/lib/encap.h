@@ -91,7 +91,9 @@ static __always_inline int mc_encap(struct __sk_buff *skb, const struct mc_pkt *
     return 0;
 }
 
-/* What a VXLAN packet carries after its UDP header, read with one bounds-checked load. */
+/* What a VXLAN packet carries after its UDP header. Read with bpf_skb_load_bytes (bounds checked
+ * by the helper) rather than through packet pointers: lies beyond what mc_parse validated, and
+ * needs no second pointer check. */
 struct mc_vxlan_inner {
     struct mc_vxlanhdr vx;
     struct ethhdr eth;

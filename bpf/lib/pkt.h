@@ -8,6 +8,8 @@
 /* Bytes the programs read from the linear part at most: Ethernet, IPv4 header with options, ports. */
 #define MC_PULL (ETH_HLEN + 60 + 4)
 
+/* Verifier: packet pointers kept in this struct on the stack keep the range mc_parse proved for
+ * them, so the helpers below dereference p->ip4 / p->ip6 without checking data_end again. */
 struct mc_pkt {
     struct ethhdr *eth;
     union {                    /* by family: exactly one is valid */

@@ -8,9 +8,11 @@ order: the last ones unload the programs and use the kernel fallback (a VXLAN de
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import re
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -18,13 +20,16 @@ from click.testing import CliRunner
 from meshctl.cli import main
 from meshctl.datapath import Datapath
 from meshctl.datapath.inns import in_netns
+from meshctl.lab import netns
 from meshctl.lab.testbed import PODS, FabricTestbed
+from meshctl.mesh.plan import Encap, FastPathEntry
 from meshctl.node.tunnels import TunnelApplier
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 A4, B4 = PODS["a"][0], PODS["b"][0]
 B6 = PODS["b"][1]
+ip = ipaddress.ip_address
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +83,16 @@ def moved(before: dict, after: dict, where: str, what: str) -> int:
     return after[where][what] - before[where][what]
 
 
-def iperf(tb: FabricTestbed, seconds: int = 1) -> int:
-    out = tb.sh("a-p1", ["iperf3", "-c", B4, "-p", "5201", "-t", str(seconds), "-J"], timeout=30 + seconds)
-    return json.loads(out.stdout)["end"]["sum_received"]["bytes"]
+def iperf(tb: FabricTestbed, seconds: int = 1, dst: str = B4, port: int = 5201) -> int:
+    """Bytes received in one iperf3 run from a's pod. A server that is still starting refuses the
+    control connection: up to 3 tries, 0.5 s apart."""
+    for _ in range(3):
+        out = json.loads(tb.sh("a-p1", ["iperf3", "-c", dst, "-p", str(port), "-t", str(seconds), "-J"],
+                               check=False, timeout=30 + seconds).stdout or "{}")
+        if "end" in out and "error" not in out:
+            return out["end"]["sum_received"]["bytes"]
+        time.sleep(0.5)
+    raise AssertionError(f"iperf3 to {dst}:{port}: {out.get('error')}")
 
 
 def test_the_vpc_drops_raw_pod_packets(bed):
@@ -170,6 +182,40 @@ def test_the_receiver_accepts_every_rung_at_once(bed):
     assert moved(before, after, "b", "decap") >= 4 + 100 and moved(before, after, "a", "decap") >= 4
 
 
+@pytest.mark.parametrize("kind", ["vxlan", "ipip"])
+def test_unwrapped_packets_for_elsewhere_go_on_through_the_receivers_kernel(bed, kind):
+    """A pair whose receiver forwards (a location leader's via-leader traffic): b unwraps what a
+    sent for a network behind b (here a veth, standing in for kilo0) and b's kernel routes it on;
+    TCP (GSO packets) included."""
+    far = bed.ns("far")
+    if not netns.exists(far):
+        netns.add(far)
+        bed.namespaces.append(far)
+        netns.veth(bed.ns("b"), "far0", far, "eth0")
+        netns.addr(bed.ns("b"), "far0", "10.42.9.1/24")
+        netns.addr(far, "eth0", "10.42.9.5/24")
+        netns.run(far, ["ip", "route", "add", "default", "via", "10.42.9.1"])
+        bed.spawn("far", ["iperf3", "-s", "-p", "5202"])
+    me, peer = ip(bed.private("a")), ip(bed.private("b"))
+    extra = FastPathEntry(ipaddress.ip_network("10.42.9.0/24"), "direct", None, Encap(kind, me, peer))
+    use(bed, kind, kind)
+    in_netns(bed.ns("a"), lambda: _load_entries(bed, "a", (*bed.fastpath("a", kind), extra)))
+    bed.route_pods("b", "vxlan")  # far's replies to a's pod leave through b's kernel
+    before = counters(bed, "b")
+    assert bed.ping("a-p1", "10.42.9.5", count=3)
+    assert iperf(bed, dst="10.42.9.5", port=5202) > 10_000_000
+    after = counters(bed, "b")
+    assert after["decap"] - before["decap"] >= 3 + 100
+    assert after["pass"] - before["pass"] >= 3 + 100, "not a local pod: handed to b's kernel"
+    bed.route_pods("b", "raw")
+
+
+def _load_entries(tb: FabricTestbed, node: str, entries) -> None:
+    with Datapath.open(node, pin_root=tb.pin_root) as dp:
+        dp.attach("eth1", None, ["vp1"])
+        dp.sync(entries, "eth1")
+
+
 def test_ipip_is_unavailable_in_this_kernels_fallback(bed):
     diff = in_netns(bed.ns("a"), lambda: TunnelApplier("eth1").sync(bed.fastpath("a", "ipip")))
     assert any(u.startswith("ipip 10.42.2.0/24: this kernel has no ipip device") for u in diff.unavailable)
@@ -198,6 +244,19 @@ def test_what_the_programs_leave_to_the_kernel_still_reaches_the_peer_on_an_ipip
     assert after_b["decap"] - before_b["decap"] >= 6 and after_b["peer"] - before_b["peer"] >= 6, "into b's pod"
     for node in ("a", "b"):
         in_netns(bed.ns(node), lambda: TunnelApplier("eth1").sync([]))
+
+
+def test_a_vxlan_port_held_by_another_device_is_reported_not_raised(bed):
+    bed.sh("a", ["ip", "link", "add", "eaother", "type", "vxlan", "external", "dstport", "4789"])
+    bed.sh("a", ["ip", "link", "set", "eaother", "up"])
+    try:
+        diff = in_netns(bed.ns("a"), lambda: TunnelApplier("eth1").sync(
+            [e for e in bed.fastpath("a", "vxlan") if e.prefix.version == 4]))
+        [u] = diff.unavailable
+        assert u.startswith("vxlan 10.42.2.0/24: device meshvx0: ") and "in use" in u, u
+        assert bed.sh("a", ["ip", "link", "show", "meshvx0"], check=False).returncode != 0, "no half-made device"
+    finally:
+        bed.sh("a", ["ip", "link", "del", "eaother"], check=False)
 
 
 def test_a_kernel_vxlan_sender_reaches_a_fast_path_receiver(bed):

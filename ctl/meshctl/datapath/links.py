@@ -14,6 +14,7 @@ import os
 import re
 import socket
 import subprocess
+import time
 from dataclasses import dataclass
 
 from meshctl.datapath import libbpf
@@ -99,12 +100,29 @@ def attach_tcx(pin_dir: str, hook: str, index: int, prog_fd: int, prog_id: int) 
         finally:
             os.close(fd)
         libbpf.unpin(path)  # defunct: the device was removed and the index reused
-    fd = libbpf.link_create(prog_fd, index, _TCX[HOOKS[hook][1]])
+    fd = create_link(prog_fd, index, _TCX[HOOKS[hook][1]])
     try:
         libbpf.obj_pin(fd, path)
     finally:
         os.close(fd)
     return True
+
+
+# An unpinned link is released only when bpffs frees the pin's inode, after an RCU grace period:
+# attaching the same program to the same hook right after a detach meets EEXIST until then.
+_RELEASE_WAIT_S = 2.0
+
+
+def create_link(prog_fd: int, index: int, attach_type: int) -> int:
+    """libbpf's link_create, waiting out the release of a link to the same program just detached."""
+    deadline = time.monotonic() + _RELEASE_WAIT_S
+    while True:
+        try:
+            return libbpf.link_create(prog_fd, index, attach_type)
+        except OSError as e:
+            if e.errno != errno.EEXIST or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def detach_tcx(pin_dir: str, hook: str, index: int) -> None:
