@@ -15,7 +15,8 @@ Rules (docs/mesh.md, "Probing and choice"):
   `down_probes` losses in a row at the fast rate (at 36 % round-trip loss, 0.36^30).
 - A down kind is *up* again only after replies have kept coming for `hold` seconds with no down
   condition in between (the pair then moves back, make-before-break: the old rung still works).
-- The first verdict of a new pair needs no hold: its first reply makes the kind up.
+- A kind that never delivered (a new pair, a peer whose agent is still starting) needs no hold:
+  its first answer makes it up.
 - A peer's probe arriving counts as an answer, and postpones this node's own next probe of that
   kind: of the two ends, mostly one probes each kind, which halves the cost.
 - A pair's own choice is the cheapest rung of its ladder that is up and available on both nodes;
@@ -56,6 +57,7 @@ class KindHealth:
     since: float = 0.0              # start of the current silence (last reply, or first probe)
     lost: int = 0                   # probes lost since the last reply
     candidate: float | None = None  # down, answering again since
+    ever_up: bool = False           # has delivered at some time (only then does a return wait for the hold)
     held: bool = False              # came back after the hold time (the reason of the pair's next change)
     rtt: float | None = None        # smoothed round-trip time, seconds
 
@@ -134,8 +136,9 @@ class Chooser:
         h.since = now
         if rtt is not None:
             h.rtt = rtt if h.rtt is None else 0.8 * h.rtt + 0.2 * rtt
-        if h.up is None:
-            h.up = True  # a new pair's first verdict needs no hold
+        if h.up is None or (h.up is False and not h.ever_up):
+            h.up = True  # a kind that never delivered before (a peer still starting) needs no hold
+            h.ever_up = True
         elif not h.up and h.candidate is None:
             h.candidate = now
             self._recovering.add((peer, kind))
