@@ -105,15 +105,10 @@ class Modes:
         for pod in ("a-p1", "b-p1"):  # forget path MTUs learnt through the tunnel
             self.tb.sh(pod, ["ip", "route", "flush", "cache"])
 
-    def _detach(self, node: str) -> None:
-        """Programs off the wire (kernel routing), kept pinned so switching back needs no compile."""
-        pin_dir = f"{PIN_ROOT}/{node}"
-        for a in links.pinned_links(pin_dir):
-            links.detach_tcx(pin_dir, a.hook, a.ifindex)
-
     def set(self, mode: str) -> None:
         for node in ("a", "b"):
-            in_netns(self.tb.ns(node), lambda node=node: self._detach(node))
+            # Programs off the wire (kernel routing), kept pinned so switching back needs no compile.
+            in_netns(self.tb.ns(node), lambda node=node: links.detach_all(f"{PIN_ROOT}/{node}"))
         if mode == "wireguard-go":
             self._wireguard()
             self._routes(True)
@@ -126,43 +121,25 @@ class Modes:
     def _wireguard(self) -> None:
         if self.wg_up:
             return
-        keys = {}
-        for node in ("a", "b"):
-            priv = self.tmp / f"{node}.key"
-            fd = os.open(priv, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(subprocess.run(["wg", "genkey"], capture_output=True, text=True, check=True).stdout)
-            pub = subprocess.run(["wg", "pubkey"], input=priv.read_text(), capture_output=True, text=True,
-                                 check=True).stdout.strip()
-            keys[node] = (priv, pub)
-        for node, other in (("a", "b"), ("b", "a")):
-            env = ["env", "WG_PROCESS_FOREGROUND=1", "WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD=1"]
-            proc = self.tb.spawn(node, [*env, "wireguard-go", "-f", WG[node]])
-            sock = Path(f"/run/wireguard/{WG[node]}.sock")
-            for _ in range(100):
-                if sock.exists():
-                    break
-                time.sleep(0.05)
-            else:
-                raise SystemExit(f"wireguard-go {WG[node]} did not start (pid {proc.pid})")
-            self.tb.sh(node, ["wg", "set", WG[node], "private-key", str(keys[node][0]), "listen-port",
-                              str(WG_PORT), "peer", keys[other][1], "allowed-ips",
-                              f"{WG_IP[other]}/32,10.42.{1 if other == 'a' else 2}.0/24",
-                              "endpoint", f"{PRIVATE[other][0]}:{WG_PORT}"])
-            self.tb.sh(node, ["ip", "addr", "add", f"{WG_IP[node]}/24", "dev", WG[node]])
-            self.tb.sh(node, ["ip", "link", "set", WG[node], "up"])
+        self.tb.wireguard_go(WG, WG_IP, {"a": "10.42.1.0/24", "b": "10.42.2.0/24"},
+                             {n: PRIVATE[n][0] for n in WG}, WG_PORT, self.tmp)
         self.wg_up = True
 
     def down(self) -> None:
-        for node in ("a", "b"):
-            self.tb.sh(node, ["ip", "link", "del", WG[node]], check=False)
-            Path(f"/run/wireguard/{WG[node]}.sock").unlink(missing_ok=True)
+        self.tb.wireguard_down(WG)
 
 
 def iperf(tb: Testbed, seconds: int) -> float:
-    out = tb.sh("a-p1", ["iperf3", "-c", PODS["b"][0], "-p", "5201", "-t", str(seconds), "-J"],
-                timeout=seconds + 30).stdout
-    return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e9
+    """One stream's received Gbit/s. A control connection the server drops (it happens right after a
+    path change, or after wait_port's probe) is retried twice before giving up."""
+    for attempt in range(3):
+        out = json.loads(tb.sh("a-p1", ["iperf3", "-c", PODS["b"][0], "-p", "5201", "-t", str(seconds), "-J"],
+                               check=False, timeout=seconds + 30).stdout or "{}")
+        if "end" in out and "error" not in out:
+            return out["end"]["sum_received"]["bits_per_second"] / 1e9
+        print(f"  iperf3: {out.get('error', 'no result')} (attempt {attempt + 1})", file=sys.stderr)
+        time.sleep(1)
+    raise SystemExit("iperf3 failed three times")
 
 
 def latency(tb: Testbed, n: int = 1500, probes: int = 3) -> dict[str, float]:

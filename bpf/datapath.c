@@ -21,6 +21,7 @@
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/if_ether.h>
 #include <uapi/linux/icmp.h>
+#include <uapi/linux/icmpv6.h>
 #include <uapi/linux/in.h>
 #include <uapi/linux/ip.h>
 #include <uapi/linux/ipv6.h>
@@ -126,13 +127,19 @@ static __always_inline long mc_redirect_private(const struct mc_route_value *r)
 }
 
 /* A packet that does not fit the private NIC once encapsulated (GSO packets always fit: their
- * segments shrink). IPv4 with DF: answered with ICMP "fragmentation needed" into the pod. Without
- * DF, or IPv6: the kernel's routes decide (fragmenting, or answering "packet too big"). */
+ * segments shrink). IPv4 with DF and IPv6 (never fragmented on the way): answered with ICMP
+ * "fragmentation needed" / ICMPv6 "packet too big" into the pod. IPv4 without DF: the kernel's
+ * routes decide (they fragment). */
 static __always_inline int mc_too_big(struct __sk_buff *skb, const struct mc_pkt *p, __u32 mtu, __u32 len)
 {
-    if (p->family != MC_FAMILY_V4 || !(p->ip4->frag_off & bpf_htons(MC_IP_DF)))
+    int ret;
+    if (p->family == MC_FAMILY_V6)
+        ret = mc_icmp6_too_big(skb, p, mtu);
+    else if (p->ip4->frag_off & bpf_htons(MC_IP_DF))
+        ret = mc_icmp4_too_big(skb, p, mtu, (__be32)mc_config(MC_CFG_PRIVATE4));
+    else
         return mc_out(MC_C_PASS, len, TC_ACT_OK);
-    if (mc_icmp4_too_big(skb, p, mtu, (__be32)mc_config(MC_CFG_PRIVATE4)) < 0)
+    if (ret < 0)
         return mc_out(MC_C_ERROR, len, TC_ACT_SHOT);
     skb->mark |= MC_MARK; /* not a kernel flow: the pod veth's egress tracker skips it */
     return mc_redirected(bpf_redirect(skb->ifindex, 0), MC_C_TOO_BIG, len);

@@ -167,6 +167,31 @@ def test_a_df_packet_too_big_once_encapsulated_gets_fragmentation_needed(dp, sma
     assert res.verdict == "ok" and res.out == no_df
 
 
+def icmp6_checksum_ok(pkt: bytes) -> bool:
+    """The ICMPv6 checksum of an IPv6 packet (header at 0) over its pseudo-header."""
+    src, dst, body = pkt[8:24], pkt[24:40], pkt[40:]
+    pseudo = src + dst + struct.pack("!I3xB", len(body), 58)
+    data = pseudo + body + (b"\0" if len(body) % 2 else b"")
+    return ip_checksum(data) == 0
+
+
+@pytest.mark.parametrize("rung,dst", [("vxlan", "fd00:44::9"), ("ipip", "fd00:45::9")])
+def test_an_ipv6_packet_too_big_once_encapsulated_gets_packet_too_big(dp, small_mtu_ns, rung, dst):
+    overhead = layout.OVERHEAD[rung]
+    src = "fd00:42:1::5"
+    big = frame(src, dst, proto=PROTO_UDP, payload=bytes(1500 - 48 - overhead + 1))
+    res, moved = delta(dp, lambda: in_netns(small_mtu_ns, lambda: run(dp.programs["from_pod"], big)))
+    assert res.verdict == "redirect" and moved == {"too_big": (1, len(big))}
+    out = res.out
+    assert out[12:14] == b"\x86\xdd" and out[:6] == big[6:12]
+    h = out[14:]
+    assert (h[6], ip(h[8:24]), ip(h[24:40])) == (58, ip(dst), ip(src))
+    typ, code, _, mtu = struct.unpack("!BBHI", h[40:48])
+    assert (typ, code, mtu) == (2, 0, 1500 - overhead)
+    assert icmp6_checksum_ok(h)
+    assert h[48:48 + 48] == big[14:14 + 48], "the offending header and 8 bytes follow"
+
+
 def test_maps_dump_shows_encapsulation_and_outer_addresses(dp):
     rows = {e["prefix"]: e for e in dp.entries()}
     assert rows["10.44.0.0/24"] == {"prefix": "10.44.0.0/24", "action": "direct", "nexthop": None, "ifname": "lo",

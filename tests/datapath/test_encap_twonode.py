@@ -13,7 +13,9 @@ import os
 import re
 
 import pytest
+from click.testing import CliRunner
 
+from meshctl.cli import main
 from meshctl.datapath import Datapath
 from meshctl.datapath.inns import in_netns
 from meshctl.lab.testbed import PODS, FabricTestbed
@@ -114,6 +116,24 @@ def test_encapsulated_ping_and_tcp_take_the_fast_path_across_the_vpc(bed, kind):
     assert after["a"]["error"] == before["a"]["error"] and after["b"]["error"] == before["b"]["error"]
 
 
+def test_maps_dump_shows_each_entrys_encapsulation_and_outer_addresses(bed):
+    use(bed, "vxlan", "ipip")
+    where = ["--pin-root", bed.pin_root]
+    r = CliRunner().invoke(main, ["maps", "dump", "--node", "a", *where, "--netns", bed.ns("a"), "-o", "json"])
+    assert r.exit_code == 0, r.output
+    rows = {e["prefix"]: e for e in json.loads(r.stdout)["entries"]}
+    assert rows["10.42.2.0/24"] == {"prefix": "10.42.2.0/24", "action": "direct", "nexthop": None, "ifname": "eth1",
+                                    "encap": "vxlan", "outer_src": "10.30.2.1", "outer_dst": "10.30.3.1"}
+    assert rows["fd42:2::/64"]["encap"] == "vxlan" and rows["10.42.1.0/24"]["encap"] is None
+    r = CliRunner().invoke(main, ["maps", "dump", "--node", "b", *where, "--netns", bed.ns("b")])
+    assert r.exit_code == 0, r.output
+    line = next(ln for ln in r.stdout.splitlines() if ln.split()[:1] == ["10.42.1.0/24"])
+    assert line.split()[1:] == ["direct", "-", "eth1", "ipip", "10.30.3.1", "->", "10.30.2.1"]
+    r = CliRunner().invoke(main, ["datapath", "status", "--node", "b", *where, "--netns", bed.ns("b"), "-o", "json"])
+    assert r.exit_code == 0, r.output
+    assert "10.30.3.1" in r.stdout, "status names the address encapsulated packets must be sent to"
+
+
 @pytest.mark.parametrize("kind,mtu", [("vxlan", 1450), ("ipip", 1480)])
 def test_path_mtu_discovery_works_through_the_encapsulation(bed, kind, mtu):
     use(bed, kind, kind)
@@ -130,6 +150,13 @@ def test_path_mtu_discovery_works_through_the_encapsulation(bed, kind, mtu):
     p = bed.sh("a-p1", ["ping", "-c", "2", "-i", "0.2", "-W", "2", "-M", "do", "-s", str(mtu - 28), B4], check=False)
     assert p.returncode == 0
     assert iperf(bed) > 10_000_000
+    # IPv6 pods: ICMPv6 "packet too big" from the fast path, the same lowered path MTU.
+    bed.sh("a-p1", ["ip", "-6", "route", "flush", "cache"])
+    p = bed.sh("a-p1", ["ping", "-6", "-c", "2", "-i", "0.2", "-W", "1", "-M", "do", "-s", "1452", B6], check=False)
+    assert re.search(rf"mtu\s*=\s*{mtu}", p.stdout + p.stderr), p.stdout + p.stderr
+    p = bed.sh("a-p1", ["ping", "-6", "-c", "2", "-i", "0.2", "-W", "2", "-M", "do", "-s", str(mtu - 48), B6],
+               check=False)
+    assert p.returncode == 0
 
 
 def test_the_receiver_accepts_every_rung_at_once(bed):
@@ -147,6 +174,30 @@ def test_ipip_is_unavailable_in_this_kernels_fallback(bed):
     diff = in_netns(bed.ns("a"), lambda: TunnelApplier("eth1").sync(bed.fastpath("a", "ipip")))
     assert any(u.startswith("ipip 10.42.2.0/24: this kernel has no ipip device") for u in diff.unavailable)
     assert not diff.added
+
+
+def test_what_the_programs_leave_to_the_kernel_still_reaches_the_peer_on_an_ipip_pair(bed):
+    """On an ipip pair the kernel carries, over the VXLAN device, what the programs hand it: here
+    oversize packets without DF, which a's kernel fragments (a service reply would take the same
+    way), and b's programs unwrap into the pod."""
+    use(bed, "ipip", "ipip")
+    for node in ("a", "b"):
+        diff = in_netns(bed.ns(node), lambda node=node: TunnelApplier("eth1").sync(
+            [e for e in bed.fastpath(node, "ipip") if e.prefix.version == 4], fastpath=True))
+        assert diff.substituted == [f"ipip 10.42.{2 if node == 'a' else 1}.0/24: over vxlan "
+                                    "(this kernel has no ipip device)"] and not diff.unavailable
+    bed.sh("a-p1", ["ip", "route", "flush", "cache"])  # no path MTU learnt by earlier tests
+    before, vpc, before_b = counters(bed, "a"), bed.vpc_counters(), counters(bed, "b")
+    # One way: the echo replies would meet b's `ct state invalid drop` (b's conntrack never saw the
+    # requests, which its programs delivered), as any reply of a flow the programs started would.
+    bed.sh("a-p1", ["ping", "-c", "3", "-i", "0.2", "-W", "1", "-M", "dont", "-s", "1472", B4], check=False)
+    after, after_b = counters(bed, "a"), counters(bed, "b")
+    assert after["pass"] - before["pass"] >= 3 and after["encap"] == before["encap"], "left to a's kernel"
+    assert bed.vpc_counters()["vxlan"] - vpc["vxlan"] >= 2 * 3, "each fragment crossed the VPC in VXLAN"
+    assert bed.vpc_counters()["dropped"] == vpc["dropped"]
+    assert after_b["decap"] - before_b["decap"] >= 6 and after_b["peer"] - before_b["peer"] >= 6, "into b's pod"
+    for node in ("a", "b"):
+        in_netns(bed.ns(node), lambda: TunnelApplier("eth1").sync([]))
 
 
 def test_a_kernel_vxlan_sender_reaches_a_fast_path_receiver(bed):

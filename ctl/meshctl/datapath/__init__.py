@@ -156,8 +156,7 @@ class Datapath:
         from meshctl.datapath import loader
 
         pin_dir = f"{pin_root}/{node}"
-        for a in links.pinned_links(pin_dir):
-            links.detach_tcx(pin_dir, a.hook, a.ifindex)
+        links.detach_all(pin_dir)
         if loader.used_clsact(pin_dir):
             for dev in _netns_devices():
                 for hook in links.clsact_attached(dev) if _has_clsact(dev) else ():

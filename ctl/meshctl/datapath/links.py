@@ -13,6 +13,7 @@ import os
 import re
 import socket
 import subprocess
+import time
 from dataclasses import dataclass
 
 from meshctl.datapath import libbpf
@@ -98,7 +99,7 @@ def attach_tcx(pin_dir: str, hook: str, index: int, prog_fd: int, prog_id: int) 
         finally:
             os.close(fd)
         libbpf.unpin(path)  # defunct: the device was removed and the index reused
-    fd = libbpf.link_create(prog_fd, index, _TCX[HOOKS[hook][1]])
+    fd = create_link(prog_fd, index, _TCX[HOOKS[hook][1]])
     try:
         libbpf.obj_pin(fd, path)
     finally:
@@ -106,8 +107,32 @@ def attach_tcx(pin_dir: str, hook: str, index: int, prog_fd: int, prog_id: int) 
     return True
 
 
+# An unpinned link is released only when bpffs frees the pin's inode, after an RCU grace period:
+# attaching the same program to the same hook right after a detach meets EEXIST until then.
+_RELEASE_WAIT_S = 2.0
+
+
+def create_link(prog_fd: int, index: int, attach_type: int) -> int:
+    """libbpf's link_create, waiting out the release of a link to the same program just detached."""
+    deadline = time.monotonic() + _RELEASE_WAIT_S
+    while True:
+        try:
+            return libbpf.link_create(prog_fd, index, attach_type)
+        except OSError as e:
+            if e.errno != errno.EEXIST or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def detach_tcx(pin_dir: str, hook: str, index: int) -> None:
     libbpf.unpin(link_path(pin_dir, hook, index))
+
+
+def detach_all(pin_dir: str) -> None:
+    """Every tcx link pinned under `pin_dir` detached; programs and maps stay pinned (attaching
+    again needs no compile)."""
+    for a in pinned_links(pin_dir):
+        detach_tcx(pin_dir, a.hook, a.ifindex)
 
 
 def tcx_unsupported(e: OSError) -> bool:

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from meshctl import defaults
 from meshctl.errors import MeshError
@@ -182,6 +183,42 @@ class Testbed:
                                 stderr=subprocess.DEVNULL)
         self.pids.append(proc.pid)
         return proc
+
+    def wireguard_go(self, devs: dict[str, str], addrs: dict[str, str], allowed: dict[str, str],
+                     endpoints: dict[str, str], port: int, keydir: Path) -> dict[str, str]:
+        """A wireguard-go device `devs[node]` on each of the two nodes (processes killed at down()),
+        at address `addrs[node]`/24, peered with the other node: allowed its address and
+        `allowed[other]`, reached at `endpoints[other]`:port. Returns each node's public key (for
+        `wg set DEV peer KEY endpoint ...`). Private keys go to `keydir`, mode 0600."""
+        keys: dict[str, tuple[Path, str]] = {}
+        for node in devs:
+            priv = keydir / f"{node}.key"
+            fd = os.open(priv, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(subprocess.run(["wg", "genkey"], capture_output=True, text=True, check=True).stdout)
+            pub = subprocess.run(["wg", "pubkey"], input=priv.read_text(), capture_output=True, text=True,
+                                 check=True).stdout.strip()
+            keys[node] = (priv, pub)
+        for node, other in zip(devs, reversed(list(devs)), strict=True):
+            env = ["env", "WG_PROCESS_FOREGROUND=1", "WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD=1"]
+            proc = self.spawn(node, [*env, "wireguard-go", "-f", devs[node]])
+            sock = Path(f"/run/wireguard/{devs[node]}.sock")
+            deadline = time.monotonic() + 5
+            while not sock.exists():
+                if time.monotonic() > deadline:
+                    raise MeshError(f"wireguard-go {devs[node]} did not start (pid {proc.pid})")
+                time.sleep(0.05)
+            self.sh(node, ["wg", "set", devs[node], "private-key", str(keys[node][0]), "listen-port", str(port),
+                           "peer", keys[other][1], "allowed-ips", f"{addrs[other]}/32,{allowed[other]}",
+                           "endpoint", f"{endpoints[other]}:{port}"])
+            self.sh(node, ["ip", "addr", "add", f"{addrs[node]}/24", "dev", devs[node]])
+            self.sh(node, ["ip", "link", "set", devs[node], "up"])
+        return {node: k[1] for node, k in keys.items()}
+
+    def wireguard_down(self, devs: dict[str, str]) -> None:
+        for node, dev in devs.items():
+            self.sh(node, ["ip", "link", "del", dev], check=False)
+            Path(f"/run/wireguard/{dev}.sock").unlink(missing_ok=True)
 
     def ping(self, src_pod: str, dst: str, count: int = 3) -> bool:
         p = self.sh(src_pod, ["ping", "-c", str(count), "-i", "0.2", "-W", "2", dst], check=False)

@@ -12,6 +12,10 @@ packets with "fragmentation needed" (path MTU discovery keeps working).
 `direct+ipip`: a kernel without an ipip device (this machine's) cannot carry it: such entries
 are reported unavailable, never routed raw. Where the kernel has ipip, one collect-metadata
 ipip device (`meshipip0`) carries them through lightweight-tunnel routes (`encap ip dst <peer>`).
+On a node whose programs carry the pair (`sync(..., fastpath=True)`), the kernel only routes what
+the programs hand it (replies of kernel-tracked flows such as NodePort and service traffic,
+oversize packets without DF, TTL 1): there an ipip entry without an ipip device is carried over
+the VXLAN device instead, since every receiver accepts every rung (`TunnelDiff.substituted`).
 
 The applier compares desired with actual (read from the kernel with `ip -j`/`bridge -j`) and
 changes only what differs. Its routes carry RT_PROTO_TUNNEL, not RT_PROTO: the route applier
@@ -47,6 +51,7 @@ class TunnelDiff:
     added: list[str] = field(default_factory=list)      # "<kind> <prefix> -> <peer>"
     removed: list[str] = field(default_factory=list)
     unavailable: list[str] = field(default_factory=list)  # "<kind> <prefix>: reason"
+    substituted: list[str] = field(default_factory=list)  # "ipip <prefix>: over vxlan (reason)"
 
     def __bool__(self) -> bool:
         return bool(self.added or self.removed)
@@ -86,6 +91,7 @@ class TunnelApplier:
         self.vxlan_dev = vxlan_dev
         self.ipip_dev = ipip_dev
         self._has: dict[str, bool] = {}
+        self._reported: frozenset[str] = frozenset()
 
     def forget(self) -> None:
         """Nothing is remembered between passes but which device kinds the kernel has."""
@@ -99,7 +105,8 @@ class TunnelApplier:
 
     # --- desired ---------------------------------------------------------------------------
 
-    def sync(self, entries: Sequence[FastPathEntry]) -> TunnelDiff:
+    def sync(self, entries: Sequence[FastPathEntry], *, fastpath: bool = False) -> TunnelDiff:
+        """`fastpath`: the node's programs carry these entries (see the module docstring)."""
         diff = TunnelDiff()
         want: dict[str, dict[IPNetwork, _Peer]] = {"vxlan": {}, "ipip": {}}
         local: dict[str, IPAddress] = {}
@@ -111,8 +118,11 @@ class TunnelApplier:
                 diff.unavailable.append(f"{kind} {e.prefix}: the kernel fallback carries IPv4 only")
                 continue
             if not self.available(kind):
-                diff.unavailable.append(f"{kind} {e.prefix}: this kernel has no {kind} device")
-                continue
+                if not (fastpath and kind == "ipip" and self.available("vxlan")):
+                    diff.unavailable.append(f"{kind} {e.prefix}: this kernel has no {kind} device")
+                    continue
+                diff.substituted.append(f"{kind} {e.prefix}: over vxlan (this kernel has no {kind} device)")
+                kind = "vxlan"
             if local.setdefault(kind, e.encap.local) != e.encap.local:
                 diff.unavailable.append(f"{kind} {e.prefix}: a second local address {e.encap.local}")
                 continue
@@ -122,8 +132,10 @@ class TunnelApplier:
             self._sync_ipip(want["ipip"], local.get("ipip"), diff)
         if diff:
             log.info("tunnels: added %d, removed %d", len(diff.added), len(diff.removed))
-        for u in diff.unavailable:
+        reported = frozenset(diff.unavailable + diff.substituted)
+        for u in sorted(reported - self._reported):  # once per change, not every pass
             log.warning("tunnels: %s", u)
+        self._reported = reported
         return diff
 
     def flush(self) -> None:

@@ -1,0 +1,30 @@
+/* bench/paths.py's `direct+vxlan(md)` mode: the road not taken for direct+vxlan, measured against
+ * the shipped one. On the pod veth's tc ingress, IPv4 packets for the other node's pods get a
+ * tunnel key (bpf_skb_set_tunnel_key) and are redirected to a collect-metadata VXLAN device, which
+ * builds the outer headers in the kernel. The receiving node runs the shipped from_private, which
+ * unwraps them like any VXLAN packet. Settings come as cflags: MD_POD_NET (the other node's pod
+ * /24, host order), MD_REMOTE (its private IPv4, host order), MD_IFINDEX (the VXLAN device),
+ * MD_VNI. Not shipped: bench only. */
+#include <uapi/linux/bpf.h>
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/ip.h>
+#include <uapi/linux/pkt_cls.h>
+
+int md_encap(struct __sk_buff *skb)
+{
+    void *data = (void *)(long)skb->data;
+    void *end = (void *)(long)skb->data_end;
+    struct ethhdr *eth = data;
+    struct iphdr *ip = (void *)(eth + 1);
+    if ((void *)(ip + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
+        return TC_ACT_OK;
+    if ((bpf_ntohl(ip->daddr) & 0xffffff00) != MD_POD_NET)
+        return TC_ACT_OK;
+    struct bpf_tunnel_key key = {};
+    key.remote_ipv4 = MD_REMOTE;
+    key.tunnel_id = MD_VNI;
+    key.tunnel_ttl = 64;
+    if (bpf_skb_set_tunnel_key(skb, &key, sizeof(key), BPF_F_ZERO_CSUM_TX | BPF_F_DONT_FRAGMENT) < 0)
+        return TC_ACT_SHOT;
+    return bpf_redirect(MD_IFINDEX, 0);
+}
