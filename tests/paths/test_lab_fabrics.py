@@ -80,6 +80,25 @@ def test_every_pair_reachable_on_the_rung_its_fabric_allows(auto_lab) -> None:
     assert seen[("l1", "v1")] == "tunnel" and seen[("u2", "h1")] == "tunnel"
 
 
+def test_status_node_list_and_metrics_name_the_rungs(auto_lab) -> None:
+    s = status(auto_lab, "v1")
+    rows = {r["name"]: r["path"] for r in s["node_list"]}
+    assert rows["v2"] == "direct+ipip" and rows["v3"] == "direct+ipip" and rows["l1"] == "tunnel"
+    probes = s["path_probe"]["pairs"]["v2"]["probes"]
+    assert probes["direct"]["up"] is False and probes["ipip"]["up"] is True  # the vpc drops pod addresses
+    assert probes["ipip"]["rtt_ms"] is not None and probes["ipip"]["rtt_ms"] < 100
+    n = node_of(auto_lab, "v1")
+    text = netns.run(n["netns"], ["curl", "-s", f"http://{n['metrics_addr']}/metrics"]).stdout
+    assert 'meshctl_path_pairs{rung="direct+ipip"} 2.0' in text
+    assert 'meshctl_path_pairs{rung="tunnel"} 8.0' in text
+    assert 'meshctl_path_probe_up{kind="direct",peer="v2"} 0.0' in text
+    assert "meshctl_path_changes_total{" in text and "meshctl_path_probe_rtt_seconds{" in text
+    from meshctl.cli.agent import format_status
+
+    out = format_status(s)
+    assert "  v2  direct+ipip  probes: direct down" in out
+
+
 def test_big_df_ping_on_every_rung(auto_lab) -> None:
     for (a, b), _ in EXPECTED.items():
         src = node_of(auto_lab, a)["pods"][0]["netns"]
