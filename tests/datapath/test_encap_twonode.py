@@ -200,6 +200,19 @@ def test_what_the_programs_leave_to_the_kernel_still_reaches_the_peer_on_an_ipip
         in_netns(bed.ns(node), lambda: TunnelApplier("eth1").sync([]))
 
 
+def test_a_vxlan_port_held_by_another_device_is_reported_not_raised(bed):
+    bed.sh("a", ["ip", "link", "add", "eaother", "type", "vxlan", "external", "dstport", "4789"])
+    bed.sh("a", ["ip", "link", "set", "eaother", "up"])
+    try:
+        diff = in_netns(bed.ns("a"), lambda: TunnelApplier("eth1").sync(
+            [e for e in bed.fastpath("a", "vxlan") if e.prefix.version == 4]))
+        [u] = diff.unavailable
+        assert u.startswith("vxlan 10.42.2.0/24: device meshvx0: ") and "in use" in u, u
+        assert bed.sh("a", ["ip", "link", "show", "meshvx0"], check=False).returncode != 0, "no half-made device"
+    finally:
+        bed.sh("a", ["ip", "link", "del", "eaother"], check=False)
+
+
 def test_a_kernel_vxlan_sender_reaches_a_fast_path_receiver(bed):
     """a in kernel-routes mode (programs unloaded, the fallback's VXLAN device), b still on the
     fast path: b unwraps what a's kernel built."""

@@ -164,9 +164,14 @@ class TunnelApplier:
             return
         if not self._vxlan_ok(local):
             sh(["ip", "link", "del", dev], check=False)
-            sh(["ip", "link", "add", dev, "type", "vxlan", "id", str(VXLAN_VNI), "dstport", str(VXLAN_PORT),
-                "local", str(local), "dev", self.private_if, "nolearning"])
-            sh(["ip", "link", "set", dev, "address", vtep_mac(local), "up"])
+            try:
+                sh(["ip", "link", "add", dev, "type", "vxlan", "id", str(VXLAN_VNI), "dstport", str(VXLAN_PORT),
+                    "local", str(local), "dev", self.private_if, "nolearning"])
+                sh(["ip", "link", "set", dev, "address", vtep_mac(local), "up"])
+            except MeshError as e:  # e.g. another VXLAN device holds the port
+                sh(["ip", "link", "del", dev], check=False)
+                diff.unavailable += [f"vxlan {p}: device {dev}: {e}" for p in sorted(peers, key=sort_key_net)]
+                return
             sh(["sysctl", "-qw", f"net.ipv4.conf.{dev}.rp_filter=0"], check=False)
             diff.added.append(f"vxlan device {dev}")
         remotes = {p.remote for p in peers.values()}
