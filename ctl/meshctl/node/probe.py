@@ -310,6 +310,10 @@ class Prober:
                 now = time.monotonic()
             last = now
             changed = False
+            # Answers that arrived while this thread was not running are read before any probe
+            # is declared lost: a busy machine delays us, not the fabric.
+            self._drain_udp()
+            self._drain_pkt()
             with self._lock:
                 self._expire(now)
                 self._send_due(now)
