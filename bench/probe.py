@@ -3,8 +3,9 @@
     .venv/bin/python bench/probe.py [--peers 100] [--seconds 20] [--json out.json]
 
 Node A (namespace pbpr<pid>-a) probes N peers on every private rung of an L2 pair (direct, udp,
-ipip kinds) and answers their probes; the N peers are N probers in namespace pbpr<pid>-b, each with
-its own private and probe address, each probing A. A veth pair joins them (the private NIC). The
+ipip kinds) and answers their probes; the N peers are N probers, each in a namespace of its own
+(pbpr<pid>-p<i>) on one bridge with A (the private network), hosted by a few other processes
+(PEERS_PER_PROCESS each: agents of their own would not share A's interpreter lock), each probing A. The
 figure is the CPU time of A's prober thread (both roles: its own probes and its answers) per
 second of wall time, in % of one core, measured over `--seconds` of steady state after the first
 verdicts. Side by side in the same run: the same node with 10 peers, so the per-peer cost shows.
@@ -19,6 +20,7 @@ import argparse
 import ipaddress
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,32 +36,41 @@ RUN = f"pbpr{os.getpid() % 10000}"
 LADDER = RUNGS  # an L2 pair: every rung
 A_IP = ipaddress.IPv4Address("10.77.0.1")
 A_PROBE = ipaddress.IPv4Address("10.199.0.1")
+PEERS_PER_PROCESS = 10
 
 
 def peer_ips(i: int) -> tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]:
     return ipaddress.IPv4Address(int(A_IP) + 1 + i), ipaddress.IPv4Address(f"10.200.{i // 250}.{i % 250 + 1}")
 
 
+def peer_ns(i: int, run: str = RUN) -> str:
+    return f"{run}-p{i}"
+
+
 def measure(peers: int, seconds: float) -> dict[str, float]:
-    a, b = f"{RUN}-a", f"{RUN}-b"
-    netns.add(a)
-    netns.add(b)
+    a, br = f"{RUN}-a", f"{RUN}-br"
+    spaces = [a, br, *(peer_ns(i) for i in range(peers))]
     probers: list[Prober] = []
+    hosts: list[subprocess.Popen[str]] = []
     try:
-        netns.veth(a, "priv", b, "priv")
+        for ns in spaces:
+            netns.add(ns)
+        netns.bridge(br, "br0")
+        netns.veth(br, "pa", a, "priv")
+        netns.enslave(br, "pa", "br0")
         netns.addr(a, "priv", f"{A_IP}/16")
         for i in range(peers):
-            netns.addr(b, "priv", f"{peer_ips(i)[0]}/16")
+            netns.veth(br, f"p{i}", peer_ns(i), "priv")
+            netns.enslave(br, f"p{i}", "br0")
+            netns.addr(peer_ns(i), "priv", f"{peer_ips(i)[0]}/16")
         node = Prober("priv", A_IP, A_PROBE, LADDER[:-1])
         in_netns(a, node.start)
         probers.append(node)
         node.set_targets([Target(f"p{i}", *peer_ips(i), LADDER) for i in range(peers)])
-        for i in range(peers):
-            ip, probe_ip = peer_ips(i)
-            p = Prober("priv", ip, probe_ip, LADDER[:-1])
-            in_netns(b, p.start)
-            p.set_targets([Target("a", A_IP, A_PROBE, LADDER)])
-            probers.append(p)
+        hosts = [subprocess.Popen([sys.executable, __file__, "--peer-host",
+                                   f"{RUN}:{first}:{min(peers, first + PEERS_PER_PROCESS)}"],
+                                  stdin=subprocess.PIPE, text=True)
+                 for first in range(0, peers, PEERS_PER_PROCESS)]
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and len([n for n in node.chooser.pairs.values() if n.rung]) < peers:
             time.sleep(0.2)
@@ -75,16 +86,38 @@ def measure(peers: int, seconds: float) -> dict[str, float]:
     finally:
         for p in probers:
             p.stop()
-        netns.delete(a)
-        netns.delete(b)
+        for h in hosts:
+            h.communicate(timeout=30)  # closing its stdin ends it
+        for ns in spaces:
+            netns.delete(ns)
+
+
+def peer_host(span: str) -> None:
+    """Peers `run:first:end`, each in its own namespace, in this process until stdin closes."""
+    run, first_s, end_s = span.split(":")
+    first, end = int(first_s), int(end_s)
+    probers = []
+    for i in range(first, end):
+        ip, probe_ip = peer_ips(i)
+        p = Prober("priv", ip, probe_ip, LADDER[:-1])
+        in_netns(peer_ns(i, run), p.start)
+        p.set_targets([Target("a", A_IP, A_PROBE, LADDER)])
+        probers.append(p)
+    sys.stdin.read()
+    for p in probers:
+        p.stop()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--peer-host", default="", help=argparse.SUPPRESS)
     ap.add_argument("--peers", type=int, default=100)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.peer_host:
+        peer_host(args.peer_host)
+        return
     small = measure(10, args.seconds)
     big = measure(args.peers, args.seconds)
     for r in (small, big):

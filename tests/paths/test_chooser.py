@@ -106,3 +106,14 @@ def test_both_ends_use_the_costlier_choice() -> None:
     assert s.c.pairs["b"].rung == "direct+vxlan"
     assert s.c.path_state()["b"] == frozenset({"direct+vxlan", "wireguard-private"})
     assert s.c.changes[-1].reason in ("first probes", "peer chose direct+vxlan")
+
+
+def test_a_kind_that_never_delivered_needs_no_hold() -> None:
+    s = Sim()
+    s.cut = {"direct", "udp", "ipip"}  # the peer's agent is not up yet
+    s.run(3)
+    assert s.c.pairs["b"].rung == "tunnel"
+    s.cut = set()
+    s.run(1.5)
+    assert s.c.pairs["b"].rung == "direct"
+    assert s.c.changes[-1].reason == "direct became available"

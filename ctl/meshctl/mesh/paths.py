@@ -15,7 +15,10 @@ Rules (docs/mesh.md, "Probing and choice"):
   `down_probes` losses in a row at the fast rate (at 36 % round-trip loss, 0.36^30).
 - A down kind is *up* again only after replies have kept coming for `hold` seconds with no down
   condition in between (the pair then moves back, make-before-break: the old rung still works).
-- The first verdict of a new pair needs no hold: its first reply makes the kind up.
+- A kind that never delivered (a new pair, a peer whose agent is still starting) needs no hold:
+  its first answer makes it up.
+- A peer's probe arriving counts as an answer, and postpones this node's own next probe of that
+  kind: of the two ends, mostly one probes each kind, which halves the cost.
 - A pair's own choice is the cheapest rung of its ladder that is up and available on both nodes;
   replies carry the peer's own choice, and both ends use the costlier of the two (so an
   encapsulated or WireGuard rung is used in both directions).
@@ -40,7 +43,7 @@ class ProbeTuning:
     interval: float = 1.0        # steady probing of the kind carrying the pair's rung
     standby_interval: float = 5.0  # the other kinds (they only say where to go next)
     fast_interval: float = 0.05  # after a lost probe, until a reply comes or the kind is down
-    timeout: float = 0.25        # a probe unanswered this long is lost
+    timeout: float = 0.5         # a probe unanswered this long is lost (a busy agent answers late)
     down_after: float = 1.5      # no reply for this long ...
     down_probes: int = 8         # ... and this many lost probes: down
     hold: float = 10.0           # a down kind answers this long before its rungs are used again
@@ -54,7 +57,8 @@ class KindHealth:
     since: float = 0.0              # start of the current silence (last reply, or first probe)
     lost: int = 0                   # probes lost since the last reply
     candidate: float | None = None  # down, answering again since
-    held: bool = False              # came back after the hold time (the reason of the next change)
+    ever_up: bool = False           # has delivered at some time (only then does a return wait for the hold)
+    held: bool = False              # came back after the hold time (the reason of the pair's next change)
     rtt: float | None = None        # smoothed round-trip time, seconds
 
     @property
@@ -91,6 +95,7 @@ class Chooser:
         self.local_rungs = frozenset(local_rungs)
         self.pairs: dict[str, PairState] = {}
         self.changes: list[Change] = []  # every change since start (the caller may trim it)
+        self._recovering: set[tuple[str, str]] = set()  # (peer, kind) holding before up again
 
     # --- which peers --------------------------------------------------------------------------
 
@@ -118,19 +123,25 @@ class Chooser:
         if h is not None:
             h.lost += 1
 
-    def reply(self, peer: str, kind: str, rtt: float, now: float, peer_rungs: frozenset[str] | None = None,
+    def reply(self, peer: str, kind: str, rtt: float | None, now: float, peer_rungs: frozenset[str] | None = None,
               peer_choice: str | None = None) -> None:
+        """An answer to our probe (`rtt` set), or the peer's own probe of this kind arriving
+        (`rtt` None: it proves the peer's direction; should ours fail, the peer's answers stop,
+        the peer leaves the rung and its probes carry that choice here)."""
         p = self.pairs.get(peer)
         h = self._health(peer, kind)
         if p is None or h is None:
             return
         h.lost = 0
         h.since = now
-        h.rtt = rtt if h.rtt is None else 0.8 * h.rtt + 0.2 * rtt
-        if h.up is None:
-            h.up = True  # a new pair's first verdict needs no hold
+        if rtt is not None:
+            h.rtt = rtt if h.rtt is None else 0.8 * h.rtt + 0.2 * rtt
+        if h.up is None or (h.up is False and not h.ever_up):
+            h.up = True  # a kind that never delivered before (a peer still starting) needs no hold
+            h.ever_up = True
         elif not h.up and h.candidate is None:
             h.candidate = now
+            self._recovering.add((peer, kind))
         if peer_rungs is not None:
             p.peer_rungs = peer_rungs
         if peer_choice is not None:
@@ -143,12 +154,14 @@ class Chooser:
 
     # --- verdicts -----------------------------------------------------------------------------
 
-    def tick(self, now: float) -> bool:
-        """Apply the rules at time `now`; True when some pair's rung changed (the plan must be
-        redone)."""
+    def tick(self, now: float, peers: Iterable[str] | None = None) -> bool:
+        """Apply the rules at time `now` to `peers` (None: all); True when some pair's rung
+        changed (the plan must be redone)."""
         t = self.tuning
         changed = False
-        for name, p in self.pairs.items():
+        names = list(self.pairs) if peers is None else [n for n in peers if n in self.pairs]
+        for name in names:
+            p = self.pairs[name]
             for h in p.kinds.values():
                 silent = now - h.since >= t.down_after and h.lost >= t.down_probes
                 if silent:
@@ -162,8 +175,8 @@ class Chooser:
                 self.changes.append(Change(name, p.rung, new, self._reason(p, new, now), now))
                 p.rung = new
                 changed = True
-            for h in p.kinds.values():
-                h.held = False
+                for h in p.kinds.values():
+                    h.held = False
         return changed
 
     def _reason(self, p: PairState, new: str, now: float) -> str:
@@ -225,6 +238,19 @@ class Chooser:
             at = p.ladder.index(p.rung)
             out[name] = frozenset(r for r in p.ladder[at:] if r != "tunnel" and self.usable(p, r))
         return out
+
+    def next_deadline(self) -> float | None:
+        """The earliest time a rule may fire without a new observation (a hold running out).
+        Cheap: only kinds that are recovering are looked at (the prober asks on every wake-up)."""
+        at = None
+        for key in list(self._recovering):
+            p = self.pairs.get(key[0])
+            h = p.kinds.get(key[1]) if p is not None else None
+            if h is None or h.candidate is None:
+                self._recovering.discard(key)
+            elif at is None or h.candidate + self.tuning.hold < at:
+                at = h.candidate + self.tuning.hold
+        return at
 
     def due(self, peer: str, kind: str) -> float:
         """Seconds until the next probe of one kind to one peer: fast after a loss (of any kind of

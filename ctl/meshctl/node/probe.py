@@ -24,9 +24,11 @@ the request's random nonce. One thread; its cost at 100 peers is measured by ben
 
 from __future__ import annotations
 
+import heapq
 import ipaddress
 import logging
 import os
+import random
 import select
 import socket
 import struct
@@ -59,6 +61,11 @@ ETH = struct.Struct("!6s6sH")
 INNER_ETH = ETH.pack(b"\0" * 6, b"\0" * 6, ETH_P_IP)
 MAX_FRAME = 256
 TICK_S = 0.05  # the chooser's rules run at most this often
+RCVBUF = 1 << 20
+LISTEN_FACTOR = 1.2  # a node hearing the peer's probes waits this much longer than the peer's interval
+COALESCE_S = 0.05  # the loop runs at most this often: packets arriving meanwhile are handled together
+SO_TIMESTAMPNS = 35  # receive timestamps from the kernel (RTTs stay exact while the loop coalesces)
+TIMESPEC = struct.Struct("@qq")  # a burst of answers from a hundred peers must not overflow the sockets
 
 
 def probe_address(pod_cidr: ipaddress.IPv4Network | ipaddress.IPv6Network) -> ipaddress.IPv4Address | None:
@@ -87,24 +94,27 @@ def udp(sport: int, dport: int, payload: bytes) -> bytes:
     return UDP.pack(sport, dport, 8 + len(payload), 0) + payload  # checksum 0: none (IPv4)
 
 
-def packet_filter(probe_ip: bytes, port: int) -> bytes:
+def packet_filter(probe_ip: bytes, internal_ip: bytes, port: int) -> bytes:
     """Classic BPF for the AF_PACKET socket: IPv4 UDP to `probe_ip`:`port` (direct probes), or
-    IPv4 IP-in-IP whose inner packet is UDP to `port` (ipip probes); everything else stays out."""
+    IPv4 IP-in-IP to `internal_ip` whose inner packet is UDP to `port` (ipip probes); everything
+    else stays out."""
     dst = struct.unpack("!I", probe_ip)[0]
+    outer = struct.unpack("!I", internal_ip)[0]
     ld_h, ld_b, ld_w, ldx_msh, ld_h_ind, ld_b_ind = 0x28, 0x30, 0x20, 0xB1, 0x48, 0x50
     jeq, jset, ret = 0x15, 0x45, 0x06
     prog = [
-        (ld_h, 0, 0, 12), (jeq, 0, 15, ETH_P_IP),         # 0-1: IPv4, else drop (17)
+        (ld_h, 0, 0, 12), (jeq, 0, 17, ETH_P_IP),         # 0-1: IPv4, else drop (19)
         (ld_b, 0, 0, 23), (jeq, 0, 7, 17),                # 2-3: UDP, else try IP-in-IP (11)
-        (ld_w, 0, 0, 30), (jeq, 0, 11, dst),              # 4-5: to the probe address
-        (ld_h, 0, 0, 20), (jset, 9, 0, 0x1FFF),           # 6-7: not a fragment
+        (ld_w, 0, 0, 30), (jeq, 0, 13, dst),              # 4-5: to the probe address
+        (ld_h, 0, 0, 20), (jset, 11, 0, 0x1FFF),          # 6-7: not a fragment
         (ldx_msh, 0, 0, 14), (ld_h_ind, 0, 0, 16),        # 8-9: UDP destination port
-        (jeq, 6, 7, port),                                # 10: accept (17) / drop (18)
-        (jeq, 0, 6, IPPROTO_IPIP),                        # 11: IP-in-IP, else drop
-        (ldx_msh, 0, 0, 14), (ld_b_ind, 0, 0, 23),        # 12-13: inner protocol
-        (jeq, 0, 3, 17),                                  # 14: UDP, else drop
-        (ld_h_ind, 0, 0, 36), (jeq, 0, 1, port),          # 15-16: inner UDP destination port
-        (ret, 0, 0, MAX_FRAME), (ret, 0, 0, 0),           # 17 accept, 18 drop
+        (jeq, 8, 9, port),                                # 10: accept (19) / drop (20)
+        (jeq, 0, 8, IPPROTO_IPIP),                        # 11: IP-in-IP, else drop
+        (ld_w, 0, 0, 30), (jeq, 0, 6, outer),             # 12-13: to this node's private address
+        (ldx_msh, 0, 0, 14), (ld_b_ind, 0, 0, 23),        # 14-15: inner protocol
+        (jeq, 0, 3, 17),                                  # 16: UDP, else drop
+        (ld_h_ind, 0, 0, 36), (jeq, 0, 1, port),          # 17-18: inner UDP destination port
+        (ret, 0, 0, MAX_FRAME), (ret, 0, 0, 0),           # 19 accept, 20 drop
     ]
     return b"".join(struct.pack("HBBI", *ins) for ins in prog)
 
@@ -138,22 +148,37 @@ def bits_rungs(bits: int) -> frozenset[str]:
     return frozenset(r for i, r in enumerate(RUNGS) if bits & (1 << i))
 
 
+ANC_SIZE = socket.CMSG_SPACE(TIMESPEC.size)
+
+
+def _rx_time(anc: list[tuple[int, int, bytes]]) -> int:
+    """The kernel's receive timestamp (ns, wall clock) from recvmsg's ancillary data, or 0."""
+    for level, typ, data in anc:
+        if level == socket.SOL_SOCKET and typ == SO_TIMESTAMPNS and len(data) >= TIMESPEC.size:
+            sec, nsec = TIMESPEC.unpack_from(data)
+            return int(sec) * 1_000_000_000 + int(nsec)
+    return 0
+
+
 ARP_TABLE = "/proc/thread-self/net/arp"  # this thread's network namespace
 ATF_COM = 0x2  # a complete entry
+ARP_REFRESH_S = 5.0
+ARP_MISS_S = 0.5
 
 
-def arp_lookup(ip: str, dev: str) -> bytes | None:
-    """The hardware address of `ip` on `dev` in the kernel's neighbour table, if it is complete."""
+def arp_table(dev: str) -> dict[str, bytes]:
+    """Complete entries of the kernel's neighbour table on `dev`: address -> hardware address."""
+    out: dict[str, bytes] = {}
     try:
         with open(ARP_TABLE) as f:
             next(f, None)
             for line in f:
                 cols = line.split()
-                if len(cols) >= 6 and cols[0] == ip and cols[5] == dev and int(cols[2], 16) & ATF_COM:
-                    return bytes.fromhex(cols[3].replace(":", ""))
+                if len(cols) >= 6 and cols[5] == dev and int(cols[2], 16) & ATF_COM:
+                    out[cols[0]] = bytes.fromhex(cols[3].replace(":", ""))
     except (OSError, ValueError):
-        return None
-    return None
+        pass
+    return out
 
 
 class Prober:
@@ -172,19 +197,28 @@ class Prober:
         self._lock = threading.Lock()
         self._targets: dict[str, Target] = {}
         self._by_internal: dict[bytes, Target] = {}
+        # When each (peer, kind) probes next, and a heap of the same (stale heap items are skipped:
+        # an item counts only while its time equals the dict's).
         self._next: dict[tuple[str, str], float] = {}
+        self._heap: list[tuple[float, str, str]] = []
+        self._touched: set[str] = set()  # peers observed since the last tick
         # seq -> (peer, kind, sent, nonce), oldest first (sent times only grow)
         self._pending: dict[int, tuple[str, str, float, int]] = {}
-        self._earliest = 0.0  # no probe is due before this
         self._last_tick = 0.0
         self._seq = 0
-        self._macs: dict[str, tuple[bytes | None, float]] = {}
+        self._arp: dict[str, bytes] = {}
+        self._arp_until = 0.0  # the table is read again after this ...
+        self._arp_miss_until = 0.0  # ... or, for a peer missing from it, after this
+        self._sent_ns: dict[int, int] = {}  # seq -> wall-clock send time (kernel timestamps are wall-clock)
+        self._rx_ns = 0  # the kernel's receive time of the packet being handled
+        self._rng = random.Random(os.urandom(32))  # nonces: unguessable off-path, no syscall per probe
+        self._headers: dict[tuple[bytes, bytes], bytes] = {}  # (src, dst) -> inner IPv4 + UDP headers
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = os.pipe()
         self.sent = 0
         self.received = 0
-        self.cpu_s = 0.0
+        self._clock: int | None = None  # the prober thread's CPU clock
         self._udp = self._pkt = self._ipip = None  # type: Any
         self._my_mac = b"\0" * 6
 
@@ -193,12 +227,16 @@ class Prober:
     def start(self) -> None:
         self._udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._udp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+        self._udp.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         self._udp.bind((str(self.internal), self.port))
         self._udp.setblocking(False)
         # ETH_P_ALL: a tap, which sees frames before tc ingress (a protocol-bound socket sees them
         # after, and the fast path decapsulates IP-in-IP there).
         self._pkt = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-        _attach_filter(self._pkt, packet_filter(self.probe_ip.packed, self.port))
+        self._pkt.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+        self._pkt.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        _attach_filter(self._pkt, packet_filter(self.probe_ip.packed, self.internal.packed, self.port))
         self._pkt.bind((self.private_if, ETH_P_ALL))
         self._pkt.setblocking(False)
         self._my_mac = self._pkt.getsockname()[4]
@@ -213,7 +251,7 @@ class Prober:
         self._stop.set()
         os.write(self._wake_w, b"x")
         if self._thread is not None:
-            self._thread.join(timeout=2)
+            self._thread.join(timeout=5)
         for s in (self._udp, self._pkt, self._ipip):
             if s is not None:
                 s.close()
@@ -225,7 +263,7 @@ class Prober:
             self._targets = {t.name: t for t in targets}
             self._by_internal = {t.internal.packed: t for t in targets}
             self.chooser.set_peers({t.name: t.ladder for t in targets}, time.monotonic())
-            self._earliest = 0.0
+            self._reschedule(time.monotonic(), spread=True)
         os.write(self._wake_w, b"x")
 
     def set_local_rungs(self, rungs: Iterable[str]) -> None:
@@ -233,7 +271,17 @@ class Prober:
         with self._lock:
             self.chooser.local_rungs = frozenset(rungs)
             self.chooser.set_peers({t.name: t.ladder for t in self._targets.values()}, time.monotonic())
-            self._earliest = 0.0
+            self._reschedule(time.monotonic(), spread=True)
+
+    @property
+    def cpu_s(self) -> float:
+        """CPU time the prober thread has used (syscalls included), read from outside it."""
+        if self._clock is None:
+            return 0.0
+        try:
+            return time.clock_gettime(self._clock)
+        except OSError:
+            return 0.0
 
     def path_state(self) -> PathState:
         with self._lock:
@@ -253,16 +301,25 @@ class Prober:
 
     def _run(self) -> None:
         socks = [self._udp, self._pkt, self._wake_r]
+        self._clock = time.pthread_getcpuclockid(threading.get_ident())
+        last = 0.0
         while not self._stop.is_set():
-            c0 = time.thread_time()
             now = time.monotonic()
+            if now - last < COALESCE_S:
+                time.sleep(COALESCE_S - (now - last))
+                now = time.monotonic()
+            last = now
             changed = False
+            # Answers that arrived while this thread was not running are read before any probe
+            # is declared lost: a busy machine delays us, not the fabric.
+            self._drain_udp()
+            self._drain_pkt()
             with self._lock:
                 self._expire(now)
-                if now >= self._earliest:
-                    self._send_due(now)
-                if now - self._last_tick >= TICK_S:
-                    changed = self.chooser.tick(now)
+                self._send_due(now)
+                if self._touched and now - self._last_tick >= TICK_S or self._hold_due(now):
+                    changed = self.chooser.tick(now, self._touched if not self._hold_due(now) else None)
+                    self._touched = set()
                     self._last_tick = now
                 wait = self._next_wakeup(now)
             if changed:
@@ -270,9 +327,10 @@ class Prober:
                     self.on_change()
                 except Exception as e:  # noqa: BLE001 - the prober must keep going
                     log.warning("path change callback: %s", e)
-            self.cpu_s += time.thread_time() - c0
-            ready, _, _ = select.select(socks, [], [], wait)
-            c0 = time.thread_time()
+            try:
+                ready, _, _ = select.select(socks, [], [], wait)
+            except (OSError, ValueError):
+                return  # closed under us by stop()
             for s in ready:
                 if s is self._wake_r:
                     os.read(self._wake_r, 64)
@@ -280,14 +338,48 @@ class Prober:
                     self._drain_udp()
                 else:
                     self._drain_pkt()
-            self.cpu_s += time.thread_time() - c0
 
     def _next_wakeup(self, now: float) -> float:
-        at = min(self._earliest, self._last_tick + TICK_S)
+        """Sleep until a probe is due, one times out, a hold runs out or observations wait for a
+        tick (an idle prober does not wake for nothing: its cost is per probe)."""
+        at = self._heap[0][0] if self._heap else now + 1.0
         oldest = next(iter(self._pending.values()), None)
         if oldest is not None:
             at = min(at, oldest[2] + self.chooser.tuning.timeout)
+        hold = self.chooser.next_deadline()
+        if hold is not None:
+            at = min(at, hold)
+        if self._touched:
+            at = min(at, self._last_tick + TICK_S)
         return max(0.0, min(at - now, 1.0))
+
+    def _hold_due(self, now: float) -> bool:
+        hold = self.chooser.next_deadline()
+        return hold is not None and now >= hold
+
+    def _schedule(self, key: tuple[str, str], at: float) -> None:
+        """Probe (peer, kind) at `at`, or earlier if it already was to be."""
+        cur = self._next.get(key)
+        if cur is not None and cur <= at:
+            return
+        self._next[key] = at
+        heapq.heappush(self._heap, (at, key[0], key[1]))
+
+    def _postpone(self, key: tuple[str, str], at: float) -> None:
+        """Probe (peer, kind) at `at` even if it was to be sooner."""
+        if key in self._next:
+            self._next[key] = at
+            heapq.heappush(self._heap, (at, key[0], key[1]))
+
+    def _reschedule(self, now: float, spread: bool = False) -> None:
+        """Every (peer, kind) the chooser has, not yet scheduled: first probes spread over one
+        interval (no burst of N probes at once); keys of peers gone are dropped."""
+        live = {(name, kind) for name, p in self.chooser.pairs.items() for kind in p.kinds}
+        for key in [k for k in self._next if k not in live]:
+            del self._next[key]
+        n = max(1, len(live))
+        for i, key in enumerate(sorted(live - self._next.keys())):
+            self._schedule(key, now + (self.chooser.tuning.interval * i / n if spread else 0.0))
 
     def _expire(self, now: float) -> None:
         timeout = self.chooser.tuning.timeout
@@ -296,32 +388,29 @@ class Prober:
             if now - sent < timeout:
                 return
             del self._pending[seq]
+            self._sent_ns.pop(seq, None)
             self.chooser.lost(peer, kind, now)
             p = self.chooser.pairs.get(peer)
             if p is None or kind not in p.kinds:
                 continue
             # A loss makes every kind of the pair probe fast now (Chooser.due): stand-by kinds
             # scheduled seconds ahead are pulled in, so their verdicts are fresh if the rung goes.
+            self._touched.add(peer)
             for k in p.kinds:
-                at = min(self._next.get((peer, k), now), now + self.chooser.due(peer, k))
-                self._next[(peer, k)] = at
-                self._earliest = min(self._earliest, at)
+                self._schedule((peer, k), now + self.chooser.due(peer, k))
 
     def _send_due(self, now: float) -> None:
-        live = set()
-        earliest = now + 1.0
-        for name, p in self.chooser.pairs.items():
-            for kind in p.kinds:
-                key = (name, kind)
-                live.add(key)
-                at = self._next.setdefault(key, now)
-                if at <= now:
-                    self._probe(self._targets[name], kind, now)
-                    at = self._next[key] = now + self.chooser.due(name, kind)
-                earliest = min(earliest, at)
-        for key in [k for k in self._next if k not in live]:
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            at, name, kind = heapq.heappop(heap)
+            key = (name, kind)
+            if self._next.get(key) != at:
+                continue  # rescheduled or gone
             del self._next[key]
-        self._earliest = earliest
+            if name not in self._targets or name not in self.chooser.pairs:
+                continue
+            self._probe(self._targets[name], kind, now)
+            self._schedule(key, now + self.chooser.due(name, kind))
 
     # --- packets ------------------------------------------------------------------------------
 
@@ -331,7 +420,7 @@ class Prober:
 
     def _probe(self, t: Target, kind: str, now: float) -> None:
         self._seq = (self._seq + 1) & 0xFFFFFFFF
-        nonce = int.from_bytes(os.urandom(8), "big")
+        nonce = self._rng.getrandbits(64)
         p = self.chooser.pairs.get(t.name)
         choice = self.chooser.own_choice(p) if p is not None else None
         payload = self._payload(kind, REQUEST, self._seq, nonce, time.monotonic_ns(), choice)
@@ -341,11 +430,18 @@ class Prober:
         except OSError as e:
             log.debug("probe %s to %s: %s", kind, t.name, e)
         self._pending[self._seq] = (t.name, kind, now, nonce)
+        self._sent_ns[self._seq] = time.time_ns()
         self.sent += 1
 
     def _send(self, kind: str, peer_internal: bytes, mac: bytes | None, src_pod: bytes, dst_pod: bytes,
               payload: bytes) -> None:
-        inner = ipv4(src_pod, dst_pod, socket.IPPROTO_UDP, udp(self.port, self.port, payload))
+        hdr = self._headers.get((src_pod, dst_pod))
+        if hdr is None:  # every probe has the same length: the headers are built once per pair
+            hdr = ipv4(src_pod, dst_pod, socket.IPPROTO_UDP, udp(self.port, self.port, payload))[:28]
+            if len(self._headers) > 4 * len(self._targets) + 64:
+                self._headers.clear()
+            self._headers[(src_pod, dst_pod)] = hdr
+        inner = hdr + payload
         if kind == "direct":
             if mac is None:
                 return  # no neighbour: the probe is lost, as the rung's packets would be
@@ -358,21 +454,22 @@ class Prober:
 
     def _peer_mac(self, t: Target, now: float) -> bytes | None:
         """The MAC of the peer's private address on the private NIC, from the kernel's neighbour
-        table (the udp probes to that address keep the entry fresh). None when the peer is not an
-        on-link neighbour: then no direct packet could reach it either."""
-        mac, until = self._macs.get(t.name, (None, 0.0))
-        if now < until:
-            return mac
-        mac = arp_lookup(str(t.internal), self.private_if)
-        self._macs[t.name] = (mac, now + (5.0 if mac else 0.5))
-        return mac
+        table (read whole at most every ARP_REFRESH_S; the udp probes to that address keep the
+        entry fresh). None when the peer is not an on-link neighbour: then no direct packet could
+        reach it either."""
+        if now >= self._arp_until or (str(t.internal) not in self._arp and now >= self._arp_miss_until):
+            self._arp = arp_table(self.private_if)
+            self._arp_until = now + ARP_REFRESH_S
+            self._arp_miss_until = now + ARP_MISS_S
+        return self._arp.get(str(t.internal))
 
     def _drain_udp(self) -> None:
         while True:
             try:
-                data, (src, _) = self._udp.recvfrom(MAX_FRAME)
+                data, anc, _, (src, _) = self._udp.recvmsg(MAX_FRAME, ANC_SIZE)
             except (BlockingIOError, InterruptedError):
                 return
+            self._rx_ns = _rx_time(anc)
             off = VXLAN.size + ETH.size
             if len(data) < off + 28:
                 continue
@@ -383,9 +480,10 @@ class Prober:
     def _drain_pkt(self) -> None:
         while True:
             try:
-                frame, addr = self._pkt.recvfrom(MAX_FRAME)
+                frame, anc, _, addr = self._pkt.recvmsg(MAX_FRAME, ANC_SIZE)
             except (BlockingIOError, InterruptedError):
                 return
+            self._rx_ns = _rx_time(anc)
             if addr[2] == PACKET_OUTGOING or len(frame) < ETH.size + 28:
                 continue
             ip = frame[ETH.size:]
@@ -408,12 +506,20 @@ class Prober:
             return  # the outer source must be the node the probe says it is from
         now = time.monotonic()
         with self._lock:
-            self.received += 1
             t = self._by_internal.get(sender)
-            if t is None or src != t.probe_ip.packed:
-                return  # not a peer of ours: never answered, never counted
+            if t is None or src != t.probe_ip.packed or dst != self.probe_ip.packed:
+                return  # not a peer of ours, or not for us: never answered, never counted
+            self.received += 1
             if typ == REQUEST:
                 p = self.chooser.pairs.get(t.name)
+                if p is not None and kind in p.kinds:
+                    # The peer probes this kind: its probe is our evidence too, and our own next
+                    # probe of it waits (unless we are probing fast after a loss).
+                    self.chooser.reply(t.name, kind, None, now, bits_rungs(caps),
+                                       RUNGS[choice_i] if choice_i < len(RUNGS) else None)
+                    self._touched.add(t.name)
+                    if not p.kinds[kind].fast:
+                        self._postpone((t.name, kind), now + LISTEN_FACTOR * self.chooser.due(t.name, kind))
                 choice = self.chooser.own_choice(p) if p is not None else None
                 reply = self._payload(kind, REPLY, seq, nonce, t_ns, choice)
                 try:
@@ -428,9 +534,9 @@ class Prober:
             if typ != REPLY or pend is None or pend[0] != t.name or pend[1] != kind or pend[3] != nonce:
                 return
             del self._pending[seq]
-            rtt = now - pend[2]
+            sent_ns = self._sent_ns.pop(seq, None)
+            rtt = (self._rx_ns - sent_ns) / 1e9 if sent_ns is not None and self._rx_ns else now - pend[2]
             self.chooser.reply(t.name, kind, rtt, now, bits_rungs(caps),
                                RUNGS[choice_i] if choice_i < len(RUNGS) else None)
-            key = (t.name, kind)
-            at = self._next[key] = min(self._next.get(key, now), pend[2] + self.chooser.due(t.name, kind))
-            self._earliest = min(self._earliest, at)
+            self._touched.add(t.name)
+            self._schedule((t.name, kind), pend[2] + self.chooser.due(t.name, kind))
