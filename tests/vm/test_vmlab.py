@@ -1,7 +1,8 @@
 """The bounded VM smoke of `make test`: `meshctl lab up --kernel 6.1` builds a three-node lab inside
 a VM booting Debian 12's kernel; `lab check`, `lab status`, `status --lab-node`, `maps dump --node`
-and `node list`, typed on the host, run where the lab is (other labs may be up: every command names this one); kernel WireGuard carries the tunnel
-(the guest has the module); `lab down` stops the VM and leaves nothing behind."""
+and `node list`, typed on the host, run where the lab is (other labs may be up: every command names
+this one); kernel WireGuard carries the tunnel (the guest has the module); `lab down` stops the VM
+and leaves nothing behind."""
 
 from __future__ import annotations
 
