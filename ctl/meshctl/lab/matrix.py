@@ -5,7 +5,8 @@
 Each kernel boots once (lab/vm.py); each suite runs in it as `pytest -q tests/<suite>` from this
 checkout (the guest sees it read-only); the compiled-object cache is warmed on the host first so
 the guest never compiles the programs under emulation. The table gives, per kernel and suite,
-passed/failed/skipped and seconds; the exit status is 1 when any cell failed or timed out.
+passed/failed/skipped and seconds; the exit status is 1 when any cell failed or timed out. Each
+suite's whole output is kept in --logs (/tmp/meshctl-vmtest/<kernel>-<suite>.log).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from meshctl.lab import vm
 REPO = Path(__file__).resolve().parents[3]
 SUITES = ("datapath", "node", "lab")
 SUITE_TIMEOUT = 1800.0
+LOG_DIR = Path("/tmp/meshctl-vmtest")
 SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|error|errors|xfailed|xpassed|deselected)")
 
 
@@ -55,7 +57,7 @@ def parse_summary(output: str) -> dict[str, int]:
     return {kind: int(n) for n, kind in SUMMARY.findall(lines[-1])}
 
 
-def run_suite(machine: vm.VM, suite: str, timeout: float, echo: bool) -> Cell:
+def run_suite(machine: vm.VM, suite: str, timeout: float, echo: bool, log: Path | None = None) -> Cell:
     path = REPO / "tests" / suite
     if not path.is_dir():
         return Cell(note="no such suite")
@@ -66,6 +68,9 @@ def run_suite(machine: vm.VM, suite: str, timeout: float, echo: bool) -> Cell:
                           on_output=vm.echo if echo else None)
     except MeshError as e:
         return Cell(seconds=time.monotonic() - t0, note=f"error: {e}")
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(res.stdout + res.stderr)
     cell = Cell(rc=res.rc, counts=parse_summary(res.stdout), seconds=time.monotonic() - t0)
     if res.rc not in (0, 1, 5):
         cell.note = f"exit {res.rc}: {(res.stdout + res.stderr).strip().splitlines()[-1:] or ['']}"[:80]
@@ -87,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--suites", default=",".join(SUITES))
     ap.add_argument("--timeout", type=float, default=SUITE_TIMEOUT, help="seconds per suite")
     ap.add_argument("-v", "--verbose", action="store_true", help="echo the suites' output")
+    ap.add_argument("--logs", default=str(LOG_DIR), help="where each suite's output is kept (<kernel>-<suite>.log)")
     args = ap.parse_args(argv)
     kernels = [k for k in args.kernels.split(",") if k]
     suites = [s for s in args.suites.split(",") if s]
@@ -107,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             boots[k.series] = f"{k.series} (boot {machine.boot_seconds:.0f} s)"
             print(f"vmtest: {k.series} ({k.version}) booted in {machine.boot_seconds:.1f} s", file=sys.stderr)
             for s in suites:
-                cells[k.series, s] = run_suite(machine, s, args.timeout, args.verbose)
+                cells[k.series, s] = run_suite(machine, s, args.timeout, args.verbose,
+                                               Path(args.logs) / f"{k.series}-{s}.log")
                 print(f"vmtest: {k.series} {s}: {cells[k.series, s].text()}", file=sys.stderr)
         except MeshError as e:
             for s in suites:

@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from meshctl.errors import MeshError
 
@@ -230,20 +231,17 @@ class VM:
     def _save(self) -> None:
         (self.workdir / "vm.json").write_text(json.dumps(self.describe(), sort_keys=True))
 
-    def describe(self) -> dict[str, object]:
+    def describe(self) -> dict[str, Any]:
         """What `attach()` needs to find this VM again from another process."""
         return {"name": self.name, "series": self.kernel.series, "version": self.kernel.version,
                 "workdir": str(self.workdir), "pid": self.pid, "qemu_pid": self.qemu_pid, "accel": self.accel,
                 "boot_seconds": self.boot_seconds, "cpus": self.cpus, "memory": self.memory}
 
     @classmethod
-    def attach(cls, desc: dict[str, object]) -> VM:
+    def attach(cls, desc: dict[str, Any]) -> VM:
         """The VM described by `describe()` (started by another process)."""
-        vm = cls(kernel(str(desc["series"])), str(desc["name"]), Path(str(desc["workdir"])),
-                 accel_mode=str(desc["accel"]))
-        vm.pid = int(desc["pid"]) if desc.get("pid") else None  # type: ignore[call-overload]
-        vm.qemu_pid = int(desc["qemu_pid"]) if desc.get("qemu_pid") else None  # type: ignore[call-overload]
-        vm.boot_seconds = desc.get("boot_seconds")  # type: ignore[assignment]
+        vm = cls(kernel(desc["series"]), desc["name"], Path(desc["workdir"]), accel_mode=desc["accel"])
+        vm.pid, vm.qemu_pid, vm.boot_seconds = desc.get("pid"), desc.get("qemu_pid"), desc.get("boot_seconds")
         return vm
 
     def alive(self) -> bool:
