@@ -27,6 +27,7 @@ from meshctl.agent.config import AgentConfig
 from meshctl.agent.server import StatusServer
 from meshctl.agent.steps import (
     PODS_SETTLE_STEP_S,
+    CniStep,
     DatapathStep,
     NatStep,
     PassInput,
@@ -142,6 +143,7 @@ class Agent:
         # the pass
         self.steps: list[Step] = []
         self.datapath_step = DatapathStep(cfg)
+        self.cni_step = CniStep(cfg)
         self._wireguard: WireGuardStep | None = None
         self._applied: dict[str, Hashable] = {}
         self._full_due = 0.0
@@ -179,7 +181,7 @@ class Agent:
         secrets = self.backend if isinstance(self.backend, SecretSource) else None
         self._wireguard = WireGuardStep(self.cfg, private_key, secrets)
         self.steps = [self._wireguard, RoutesStep(self.cfg), SysctlsStep(self.cfg), NatStep(self.cfg),
-                      self.datapath_step]
+                      self.datapath_step, self.cni_step]
         self.server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy, self.ready)
         self.server.start()
         if self.remotes is None and self._remotes_factory is not None:
@@ -577,6 +579,7 @@ class Agent:
         st = dict(self._status)
         st["datapath"] = self._datapath_status()
         st["pods"] = self._pods_status()
+        st["cni"] = {"mode": self.cfg.cni, **({"warning": self.cni_step.warning} if self.cni_step.warning else {})}
         st["peers"] = self._peer_status(self._last_plan) if self._last_plan else []
         if self._last_view is not None:  # built on request: with thousands of nodes it is not free
             st["node_list"] = self._node_list(self._last_view)
