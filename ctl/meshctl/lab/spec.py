@@ -24,7 +24,7 @@ def _placeholder_key(i: int) -> str:
     """A distinct stand-in key per node (agents make the real ones; admission refuses shared keys)."""
     return base64.b64encode((i + 1).to_bytes(32, "big")).decode()
 
-LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend")
+LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend", "clustermesh")
 
 PUBLIC_NET = ipaddress.ip_network("198.51.100.0/24")
 
@@ -37,6 +37,9 @@ class LabOptions:
     fastpath: bool = True
     agent_args: tuple[str, ...] = ()
     backend: str = "etcd"  # or "kubernetes": agents use an in-process API server (meshctl.lab.kube)
+    # Several clusters: join them through each other's etcd (--clustermesh-dir); false leaves them
+    # apart, to be joined by hand (Kilo's way: each cluster's nodes as Peers of the other).
+    clustermesh: bool = True
 
 
 @dataclass(frozen=True)
@@ -101,8 +104,11 @@ def _options(d: Any) -> LabOptions:
     backend = d.get("backend", "etcd")
     if backend not in ("etcd", "kubernetes"):
         raise InputError("lab.backend", backend, "is not etcd or kubernetes")
+    cm = d.get("clustermesh", True)
+    if not isinstance(cm, bool):
+        raise InputError("lab.clustermesh", cm, "is not true or false")
     return LabOptions(pods_per_node=pods, lease_ttl=ttl, prefix=prefix, fastpath=fast, agent_args=tuple(args),
-                      backend=backend)
+                      backend=backend, clustermesh=cm)
 
 
 def check_prefix(prefix: Any, path: str) -> str:
