@@ -14,6 +14,7 @@ from typing import Any
 import click
 import yaml
 
+from meshctl.backends.base import ClusterState
 from meshctl.backends.file import load_topology, load_topology_checked
 from meshctl.cli import targets
 from meshctl.cli.agent import endpoint_list, etcd_options
@@ -90,7 +91,7 @@ class Source:
             click.echo(f"warning: rejected {r.name}: {r.reason}", err=True)
         return topo
 
-    def _etcd(self) -> Any:
+    def _etcd(self) -> ClusterState:
         from meshctl.backends.etcd import EtcdBackend, cluster_key, parse_record
         from meshctl.etcd import EtcdClient
         from meshctl.mesh import records
@@ -113,7 +114,7 @@ class Source:
         finally:
             client.close()
 
-    def _kube(self, node: str | None) -> Any:
+    def _kube(self, node: str | None) -> ClusterState:
         from meshctl.backends.kube.backend import backend_from_options
 
         be = backend_from_options(self.kubeconfig, self.api_server, node or "meshctl")
