@@ -40,6 +40,7 @@ from meshctl.backends.base import Backend, ClusterState
 from meshctl.errors import InputError, MeshError
 from meshctl.mesh import admit, records
 from meshctl.mesh.admit import Rejection
+from meshctl.mesh.checks import dead_tunnels, host_prefix_warnings
 from meshctl.mesh.model import IPNetwork, MeshSettings, Node, Topology, gc_paused
 from meshctl.mesh.plan import NodePlan, Remote, mesh_cidrs, plan_node
 from meshctl.mesh.render import node_rows
@@ -110,6 +111,7 @@ class _Memos:
     peer_static: tuple[object, list[dict[str, Any]]] | None = None
     live_peers: tuple[float, dict[str, dict[str, Any]]] = (0.0, {})
     node_rows: tuple[tuple[Topology, list[Remote], NodePlan], list[dict[str, Any]]] | None = None
+    warnings: tuple[Topology, list[str]] | None = None
 
 
 @dataclass
@@ -529,6 +531,7 @@ class Agent:
             "rejections": [{"name": r.name, "reason": r.reason} for r in rejections],
             "rejections_total": len(self._rejections_seen),
             "pod_interfaces": list(self._pod_ifs),
+            "warnings": self._warnings(topo),
             "last_reconcile": {"time": time.time(), "duration_s": round(dt, 6), "cpu_s": round(cpu, 6),
                                "applied": applied, "full": run.full, "reused": list(run.reused),
                                "errors": dict(run.errors), "steps_ms": dict(run.steps_ms)},
@@ -541,6 +544,20 @@ class Agent:
                 self._status["remotes"] = self.remotes.status()
             except Exception as e:  # noqa: BLE001
                 self._status["remotes"] = {"error": str(e)}
+
+    def _warnings(self, topo: Topology | None) -> list[str]:
+        """What is safe but cannot work, from this node's side (mesh.checks): its tunnels that can
+        never start, its own host-prefix internal address. Recomputed only for a new admitted view."""
+        if topo is None:
+            return list(self._status.get("warnings") or [])
+        memo = self._memo.warnings
+        if memo is None or memo[0] is not topo:
+            me = topo.node(self.cfg.node_name)
+            found = dead_tunnels(topo, only=self.cfg.node_name)
+            if me is not None:
+                found += ["internal_ip: " + w.split(": ", 1)[1] for w in host_prefix_warnings([me])]
+            memo = self._memo.warnings = (topo, found)
+        return memo[1]
 
     def _peer_status(self, plan: NodePlan) -> list[dict[str, Any]]:
         """The plan's peers (built once per plan: a leader's 10,000 allowed IPs as text cost

@@ -158,6 +158,8 @@ def format_status(st: dict[str, Any]) -> str:
             lines.append(f"WARNING: {pods['warning']}")
     if (st.get("cni") or {}).get("warning"):
         lines.append(f"WARNING: {st['cni']['warning']}")
+    for w in st.get("warnings") or []:
+        lines.append(f"WARNING: {w}")
     peers = st.get("peers") or []
     lines.append(f"peers ({len(peers)}):")
     now = time.time()

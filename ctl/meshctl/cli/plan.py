@@ -20,6 +20,7 @@ from meshctl.cli import targets
 from meshctl.cli.agent import endpoint_list, etcd_options
 from meshctl.errors import MISSING, InputError, MeshError
 from meshctl.mesh import fields
+from meshctl.mesh.checks import topology_warnings
 from meshctl.mesh.model import GRANULARITIES, Granularity, IPNetwork, Topology
 from meshctl.mesh.plan import Remote, plan_node
 from meshctl.mesh.render import (
@@ -89,6 +90,8 @@ class Source:
         topo, rejected = admit_local(state.topology())
         for r in [*state.rejections, *rejected]:
             click.echo(f"warning: rejected {r.name}: {r.reason}", err=True)
+        for w in topology_warnings(topo):
+            click.echo(f"warning: {self.backend}: {w}", err=True)
         return topo
 
     def _etcd(self) -> ClusterState:
