@@ -161,8 +161,13 @@ def test_list_pages_with_continue(api, http):
 
 def test_crd_registers_its_resource(api, http):
     # 01-crd-peers.yaml was created through the store by the fixture: Peers are served now
-    r = http.post("/apis/meshctl.io/v1alpha1/peers", json={"metadata": {"name": "p"}, "spec": {}})
+    r = http.post("/apis/meshctl.io/v1alpha1/peers", json={"metadata": {"name": "p"}, "spec": {
+        "publicKey": "A" * 43 + "=", "allowedIPs": ["10.5.0.1/32"]}})
     assert r.status_code == 201 and r.json()["kind"] == "Peer"
+    # ... and validated against its schema, as kube-apiserver does
+    r = http.post("/apis/meshctl.io/v1alpha1/peers", json={"metadata": {"name": "q"}, "spec": {}})
+    assert r.status_code == 422 and r.json()["message"] == \
+        'Peer.meshctl.io "q" is invalid: [spec.allowedIPs: Required value, spec.publicKey: Required value]'
     assert http.get("/apis/meshctl.io/v1alpha1/namespaces/x/peers").status_code == 404  # cluster-scoped
 
 

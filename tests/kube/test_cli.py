@@ -89,7 +89,7 @@ def test_the_daemonset_env_from_the_configmap_reaches_the_agent(monkeypatch):
                if "configMapKeyRef" in e.get("valueFrom", {})}
     assert from_cm, "the DaemonSet reads the private network from the ConfigMap"
     cm = by_kind("ConfigMap")["metadata"]["name"]
-    values = {"private_interface": "eth1", "internal_cidr": "10.10.0.0/16"}
+    values = {"private_interface": "eth1", "internal_cidr": "10.10.0.0/16", "cni": "install"}
     env = {}
     for name, ref in from_cm.items():
         assert ref["name"] == cm and ref["optional"] is True and ref["key"] in AGENT_KEYS
@@ -98,12 +98,13 @@ def test_the_daemonset_env_from_the_configmap_reaches_the_agent(monkeypatch):
     assert res.exit_code == 0, res.output
     assert cfg is not None
     assert cfg.private_interface == "eth1" and cfg.internal_cidr == ipaddress.ip_network("10.10.0.0/16")
+    assert cfg.cni == "install" and str(cfg.cni_conf_dir) == "/etc/cni/net.d"
     # ... and those keys in the ConfigMap do not break the mesh settings every agent reads from it
     cluster, mesh = settings_from_configmap({**by_kind("ConfigMap")["data"], **values})
     assert cluster.name == "default" and mesh.granularity == "location"
     # without them (optional refs, no env), the agent discovers
     res, cfg = parse(monkeypatch, expand(agent["args"], {"NODE_NAME": "node-1"}))
-    assert cfg is not None and cfg.private_interface is None and cfg.internal_cidr is None
+    assert cfg is not None and cfg.private_interface is None and cfg.internal_cidr is None and cfg.cni == "keep"
 
 
 def test_the_parser_does_catch_drift(monkeypatch):

@@ -72,6 +72,11 @@ def test_rejected_records_are_warnings_and_the_rest_plans(api: ApiServer, kclien
     assert r.exit_code == 0, r.output
     assert f"warning: rejected thief: nodes[3].public_key: {wg_key(1)!r} is already the key of node n1" in r.stderr
     assert "thief" not in r.stdout
+    # Live records get the file's warnings too: a node nobody can reach and a peer that never calls.
+    create_node(kclient, node_obj("n4", "10.42.4.0/24", key=4))
+    r = cli("plan", "--backend", "kubernetes", "--api-server", api.url, "--node", "n1", "-o", "json")
+    assert ("warning: kubernetes: node n4 and peer laptop: neither has an endpoint, so the WireGuard tunnel between "
+            "them can never start (give one an endpoint)") in r.stderr.splitlines()
 
 
 def test_unreachable_api_is_one_line() -> None:

@@ -85,6 +85,7 @@ def test_daemonset_runs_privileged_everywhere_with_a_separate_wireguard_go():
     assert f"--metrics-addr=0.0.0.0:{port}" in agent["args"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes[mounts["/sys/fs/bpf"]]["hostPath"]["path"] == "/sys/fs/bpf"
+    assert volumes[mounts["/etc/cni/net.d"]]["hostPath"]["path"] == "/etc/cni/net.d"  # --cni install writes there
 
 
 def test_rbac_allows_what_the_backend_does():

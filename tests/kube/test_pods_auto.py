@@ -80,6 +80,11 @@ def test_pods_added_later_get_the_fast_path_within_a_second(lab) -> None:
                           capture_output=True, text=True, timeout=30)
     assert text.returncode == 0, text.stderr
     assert "pod interfaces: 2 carry the fast path, 2 found (netlink): pod0,pod1" in text.stdout
+    from meshctl.etcd.nsconn import session
+
+    with session(a2["netns"]) as s:
+        metrics = s.get(f"http://{a2['metrics_addr']}/metrics", timeout=3).text
+    assert 'meshctl_pod_interfaces{state="fastpath"} 2.0' in metrics
 
     build.remove_pod(st["name"], "a2", pod["ip"])
     until(lambda: pods_of(a2)["fastpath"] == ["pod0"], 1.0)

@@ -203,3 +203,14 @@ def test_control_characters_in_a_field_name_stay_on_one_line(tmp_path: Path) -> 
     d = copy.deepcopy(KILO_CLASSIC)
     d["nodes"][0]["bad\nname"] = 1
     assert one_error(run_plan(tmp_path, d)) == "nodes[0].bad\\nname: 1 is not a known field"
+
+
+def test_an_agent_sees_only_its_own_dead_tunnels() -> None:
+    from meshctl.mesh.checks import dead_tunnels
+
+    d = doc_with(nodes__2__endpoint=None, nodes__3__endpoint=None)
+    d["mesh"]["granularity"] = "full"
+    topo = parse_topology(d)
+    why = "neither has an endpoint, so the WireGuard tunnel between them can never start (give one an endpoint)"
+    assert dead_tunnels(topo, only="d") == [f"nodes c and d: {why}", f"node d and peer p2: {why}"]
+    assert dead_tunnels(topo, only="a") == []

@@ -28,6 +28,7 @@ from meshctl.agent.paths import PathProbing
 from meshctl.agent.server import StatusServer
 from meshctl.agent.steps import (
     PODS_SETTLE_STEP_S,
+    CniStep,
     DatapathStep,
     NatStep,
     PassInput,
@@ -41,6 +42,7 @@ from meshctl.backends.base import Backend, ClusterState
 from meshctl.errors import InputError, MeshError
 from meshctl.mesh import admit, records
 from meshctl.mesh.admit import Rejection
+from meshctl.mesh.checks import dead_tunnels, host_prefix_warnings
 from meshctl.mesh.model import IPNetwork, MeshSettings, Node, PathState, Topology, gc_paused
 from meshctl.mesh.paths import ProbeTuning
 from meshctl.mesh.plan import NodePlan, Remote, mesh_cidrs, plan_node
@@ -112,6 +114,7 @@ class _Memos:
     peer_static: tuple[object, list[dict[str, Any]]] | None = None
     live_peers: tuple[float, dict[str, dict[str, Any]]] = (0.0, {})
     node_rows: tuple[tuple[Topology, list[Remote], NodePlan], list[dict[str, Any]]] | None = None
+    warnings: tuple[Topology, list[str]] | None = None
 
 
 @dataclass
@@ -145,6 +148,7 @@ class Agent:
         # the pass
         self.steps: list[Step] = []
         self.datapath_step = DatapathStep(cfg)
+        self.cni_step = CniStep(cfg)
         self._wireguard: WireGuardStep | None = None
         self._applied: dict[str, Hashable] = {}
         self._full_due = 0.0
@@ -185,7 +189,7 @@ class Agent:
         secrets = self.backend if isinstance(self.backend, SecretSource) else None
         self._wireguard = WireGuardStep(self.cfg, private_key, secrets)
         self.steps = [self._wireguard, RoutesStep(self.cfg), SysctlsStep(self.cfg), NatStep(self.cfg),
-                      self.tunnels_step, self.datapath_step]
+                      self.tunnels_step, self.datapath_step, self.cni_step]
         self.server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy, self.ready)
         self.server.start()
         if self.remotes is None and self._remotes_factory is not None:
@@ -537,6 +541,7 @@ class Agent:
             "rejections": [{"name": r.name, "reason": r.reason} for r in rejections],
             "rejections_total": len(self._rejections_seen),
             "pod_interfaces": list(self._pod_ifs),
+            "warnings": self._warnings(topo),
             "last_reconcile": {"time": time.time(), "duration_s": round(dt, 6), "cpu_s": round(cpu, 6),
                                "applied": applied, "full": run.full, "reused": list(run.reused),
                                "errors": dict(run.errors), "steps_ms": dict(run.steps_ms)},
@@ -549,6 +554,20 @@ class Agent:
                 self._status["remotes"] = self.remotes.status()
             except Exception as e:  # noqa: BLE001
                 self._status["remotes"] = {"error": str(e)}
+
+    def _warnings(self, topo: Topology | None) -> list[str]:
+        """What is safe but cannot work, from this node's side (mesh.checks): its tunnels that can
+        never start, its own host-prefix internal address. Recomputed only for a new admitted view."""
+        if topo is None:
+            return list(self._status.get("warnings") or [])
+        memo = self._memo.warnings
+        if memo is None or memo[0] is not topo:
+            me = topo.node(self.cfg.node_name)
+            found = dead_tunnels(topo, only=self.cfg.node_name)
+            if me is not None:
+                found += ["internal_ip: " + w.split(": ", 1)[1] for w in host_prefix_warnings([me])]
+            memo = self._memo.warnings = (topo, found)
+        return memo[1]
 
     def _peer_status(self, plan: NodePlan) -> list[dict[str, Any]]:
         """The plan's peers (built once per plan: a leader's 10,000 allowed IPs as text cost
@@ -592,6 +611,7 @@ class Agent:
         device = self._wireguard.device if self._wireguard is not None else None
         st["wireguard_mode"] = device.mode if device is not None else None  # kernel | wireguard-go
         st["pods"] = self._pods_status()
+        st["cni"] = {"mode": self.cfg.cni, **({"warning": self.cni_step.warning} if self.cni_step.warning else {})}
         st["peers"] = self._peer_status(self._last_plan) if self._last_plan else []
         if self._last_view is not None:  # built on request: with thousands of nodes it is not free
             st["node_list"] = self._node_list(self._last_view)

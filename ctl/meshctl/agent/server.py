@@ -44,6 +44,12 @@ class AgentCollector(Collector):
         yield g("meshctl_rejected_records", "Records currently rejected (bad or conflicting)",
                 value=len(st.get("rejections", [])))
         yield g("meshctl_routes", "Routes this agent installs", value=st.get("routes", 0))
+        pods = st.get("pods") or {}
+        pif = GaugeMetricFamily("meshctl_pod_interfaces", "Pod interfaces found on this node, and those the fast "
+                                "path is attached to", labels=["state"])
+        pif.add_metric(["found"], len(pods.get("found") or []))
+        pif.add_metric(["fastpath"], len(pods.get("fastpath") or []))
+        yield pif
         rec = st.get("reconcile", {})
         c = CounterMetricFamily("meshctl_reconciles", "Reconcile passes", labels=["result"])
         c.add_metric(["ok"], rec.get("ok_total", 0))

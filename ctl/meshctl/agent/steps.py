@@ -21,7 +21,7 @@ from meshctl.datapath import Datapath
 from meshctl.errors import MeshError
 from meshctl.mesh.model import IPNetwork, Node, Topology
 from meshctl.mesh.plan import ENCAP_KINDS, NodePlan
-from meshctl.node import discovery, nat, routes, sysctls, tunnels, wireguard
+from meshctl.node import cni, discovery, nat, routes, sysctls, tunnels, wireguard
 from meshctl.node.wireguard.psk import SecretSource, read_key
 
 log = logging.getLogger("meshctl.agent")
@@ -110,6 +110,32 @@ class WireGuardStep:
     def forget(self) -> None:
         if self.device is not None:
             self.device.forget()
+
+
+class CniStep:
+    """`--cni install`: the node's CNI config from its pod CIDR and the WireGuard MTU (node.cni);
+    with `--cni keep`, a warning when Kilo's config is still installed."""
+
+    name = "cni"
+
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.warning: str | None = None
+
+    def inputs(self, p: PassInput) -> Hashable:
+        return (p.me.pod_cidr, discovery.wg_mtu(self.cfg.private_interface))
+
+    def sync(self, p: PassInput) -> frozenset[str]:
+        if self.cfg.cni == "install":
+            cni.install(self.cfg.cni_conf_dir, p.me.pod_cidr, discovery.wg_mtu(self.cfg.private_interface))
+        else:
+            self.warning = cni.leftover_warning(self.cfg.cni_conf_dir)
+            if self.warning:
+                log.warning("cni: %s", self.warning)
+        return NOTHING
+
+    def forget(self) -> None:
+        pass
 
 
 class RoutesStep:

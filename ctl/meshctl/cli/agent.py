@@ -68,7 +68,12 @@ def endpoint_list(text: str) -> tuple[str, ...]:
 @click.option("--wg-interface", default=defaults.WG_INTERFACE, show_default=True)
 @click.option("--wg-run-dir", default=str(defaults.WG_RUN_DIR), show_default=True, type=click.Path(path_type=Path),
               help="Private /var/run/wireguard of this node's wireguard-go.")
-@click.option("--pod-interfaces", default=None, help="Glob of pod veth names to attach the fast path to.")
+@click.option("--pod-interfaces", default=None, help="Glob of pod interface names to attach the fast path to "
+              "(default: found by themselves: routed veths and the CNI bridge in the pod CIDR).")
+@click.option("--cni", default="keep", show_default=True, type=click.Choice(["keep", "install"]), envvar="MESHCTL_CNI",
+              help="install: write a bridge + host-local CNI config on the pod CIDR (clusters without a CNI); "
+              "keep: leave the cluster's CNI (flannel, Cilium) in charge.")
+@click.option("--cni-conf-dir", default="/etc/cni/net.d", show_default=True, type=click.Path(path_type=Path))
 @click.option("--metrics-addr", default=defaults.METRICS_ADDR, show_default=True)
 @click.option("--backend", default="etcd", show_default=True, type=click.Choice(["etcd", "file", "kubernetes"]))
 @click.option("--topology", "topology_file", default=None, help="Topology file for --backend file.")
@@ -180,6 +185,10 @@ def format_status(st: dict[str, Any]) -> str:
                      + (f": {','.join(pods['fastpath'])}" if pods.get("fastpath") else ""))
         if pods.get("warning"):
             lines.append(f"WARNING: {pods['warning']}")
+    if (st.get("cni") or {}).get("warning"):
+        lines.append(f"WARNING: {st['cni']['warning']}")
+    for w in st.get("warnings") or []:
+        lines.append(f"WARNING: {w}")
     peers = st.get("peers") or []
     lines.append(f"peers ({len(peers)}):")
     now = time.time()

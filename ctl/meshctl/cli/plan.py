@@ -14,11 +14,13 @@ from typing import Any
 import click
 import yaml
 
+from meshctl.backends.base import ClusterState
 from meshctl.backends.file import load_topology, load_topology_checked
 from meshctl.cli import targets
 from meshctl.cli.agent import endpoint_list, etcd_options
 from meshctl.errors import MISSING, InputError, MeshError
 from meshctl.mesh import fields
+from meshctl.mesh.checks import topology_warnings
 from meshctl.mesh.model import GRANULARITIES, Granularity, IPNetwork, Topology
 from meshctl.mesh.plan import Remote, plan_node
 from meshctl.mesh.render import (
@@ -88,9 +90,11 @@ class Source:
         topo, rejected = admit_local(state.topology())
         for r in [*state.rejections, *rejected]:
             click.echo(f"warning: rejected {r.name}: {r.reason}", err=True)
+        for w in topology_warnings(topo):
+            click.echo(f"warning: {self.backend}: {w}", err=True)
         return topo
 
-    def _etcd(self) -> Any:
+    def _etcd(self) -> ClusterState:
         from meshctl.backends.etcd import EtcdBackend, cluster_key, parse_record
         from meshctl.etcd import EtcdClient
         from meshctl.mesh import records
@@ -113,7 +117,7 @@ class Source:
         finally:
             client.close()
 
-    def _kube(self, node: str | None) -> Any:
+    def _kube(self, node: str | None) -> ClusterState:
         from meshctl.backends.kube.backend import backend_from_options
 
         be = backend_from_options(self.kubeconfig, self.api_server, node or "meshctl")

@@ -206,7 +206,7 @@ def etcd_client(cluster_state: dict[str, Any], who: str = "admin", *, timeout: f
 
 def _clustermesh_dirs(spec: LabSpec, st: dict[str, Any]) -> None:
     """Each cluster's agents get a directory with one file per OTHER cluster (Cilium's format)."""
-    if not spec.multi:
+    if not spec.multi or not spec.options.clustermesh:
         return
     for c in st["clusters"]:
         cm = Path(st["dir"]) / "clustermesh" / c["name"]

@@ -26,7 +26,7 @@ def _placeholder_key(i: int) -> str:
     return base64.b64encode((i + 1).to_bytes(32, "big")).decode()
 
 
-LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend", "fabrics")
+LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend", "fabrics", "clustermesh")
 
 PUBLIC_NET = ipaddress.ip_network("198.51.100.0/24")
 
@@ -40,6 +40,9 @@ class LabOptions:
     agent_args: tuple[str, ...] = ()
     backend: str = "etcd"  # or "kubernetes": agents use an in-process API server (meshctl.lab.kube)
     fabrics: tuple[Fabric, ...] = ()  # how each private subnet forwards (lab/fabric.py); l2 if unlisted
+    # Several clusters: join them through each other's etcd (--clustermesh-dir); false leaves them
+    # apart, to be joined by hand (Kilo's way: each cluster's nodes as Peers of the other).
+    clustermesh: bool = True
 
 
 @dataclass(frozen=True)
@@ -104,8 +107,11 @@ def _options(d: Any) -> LabOptions:
     backend = d.get("backend", "etcd")
     if backend not in ("etcd", "kubernetes"):
         raise InputError("lab.backend", backend, "is not etcd or kubernetes")
+    cm = d.get("clustermesh", True)
+    if not isinstance(cm, bool):
+        raise InputError("lab.clustermesh", cm, "is not true or false")
     return LabOptions(pods_per_node=pods, lease_ttl=ttl, prefix=prefix, fastpath=fast, agent_args=tuple(args),
-                      backend=backend, fabrics=parse_fabrics(d.get("fabrics")))
+                      backend=backend, fabrics=parse_fabrics(d.get("fabrics")), clustermesh=cm)
 
 
 def check_prefix(prefix: Any, path: str) -> str:

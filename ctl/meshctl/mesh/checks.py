@@ -56,10 +56,10 @@ def host_prefix_warnings(nodes: Sequence[Node], label: str = "nodes") -> list[st
     return out
 
 
-def dead_tunnels(topo: Topology) -> list[str]:
+def dead_tunnels(topo: Topology, only: str | None = None) -> list[str]:
     """WireGuard pairs in which neither side has an endpoint: neither can send the first handshake,
     so the tunnel never starts. Pairs that go direct (or use the private address as endpoint) are
-    not tunnels of this kind."""
+    not tunnels of this kind. `only`: just the pairs of that node (an agent's own view)."""
     gran, intra = topo.mesh.granularity, topo.mesh.intra_subnet
     leaders = [s.leader for s in segments(topo)] if topo.nodes else []
     blind = sorted((n for n in leaders if n.endpoint is None), key=lambda n: n.name)
@@ -67,13 +67,15 @@ def dead_tunnels(topo: Topology) -> list[str]:
     total = 0
     for i, a in enumerate(blind):
         for b in blind[i + 1:]:
+            if only is not None and only not in (a.name, b.name):
+                continue
             if gran != "location" and intra != "wireguard" and private_neighbours(a, b) and \
                     (gran == "full" or a.location == b.location):
                 continue  # direct, or WireGuard to the private address
             total += 1
             if len(pairs) < MAX_PAIRS_NAMED:
                 pairs.append(f"nodes {a.name} and {b.name}")
-        for p in topo.peers:
+        for p in topo.peers if only in (None, a.name) else ():
             if p.endpoint is None:
                 total += 1
                 if len(pairs) < MAX_PAIRS_NAMED:

@@ -50,7 +50,7 @@ DEFAULT_CONFIGMAP = "meshctl"
 # ConfigMap data keys: the mesh settings of records.MESH_FIELDS plus the cluster's identity, and
 # keys only the DaemonSet reads (into the agent's environment), which the mesh settings ignore.
 CLUSTER_KEYS = ("cluster_name", "cluster_id")
-AGENT_KEYS = ("private_interface", "internal_cidr")
+AGENT_KEYS = ("private_interface", "internal_cidr", "cni")
 
 
 def settings_from_configmap(data: Mapping[str, str] | None, where: str = "configmap") -> tuple[Cluster, MeshSettings]:

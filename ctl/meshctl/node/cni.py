@@ -1,0 +1,70 @@
+"""`--cni install`: a CNI config for clusters that have none (Kilo's `install-cni`), written by the
+agent from its own Node: the `bridge` plugin on `meshctl0` with `host-local` addresses from the
+node's pod CIDR, and the pods' MTU that of the WireGuard device (a pod's packet may take the tunnel).
+
+The default is `--cni keep`: flannel, Cilium or the distribution's CNI stays in charge and meshctl
+only routes between nodes. A Kilo leftover `10-kilo.conflist` would sort before ours and keep
+giving pods Kilo's bridge, so `install` moves it aside (`10-kilo.conflist.meshctl-disabled`, kept for
+a rollback); `keep` leaves it and the agent warns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from meshctl.mesh.model import IPNetwork
+
+log = logging.getLogger("meshctl.cni")
+
+CNI_MODES = ("keep", "install")
+CONF_NAME = "10-meshctl.conflist"
+BRIDGE = "meshctl0"
+KILO_LEFTOVER = "10-kilo.conflist"
+DISABLED_SUFFIX = ".meshctl-disabled"
+
+
+def conflist(pod_cidr: IPNetwork, mtu: int) -> dict[str, Any]:
+    """The CNI config list (pure): bridge + host-local on the pod CIDR, and portmap for hostPort."""
+    return {
+        "cniVersion": "0.4.0",
+        "name": "meshctl",
+        "plugins": [
+            {"type": "bridge", "bridge": BRIDGE, "isDefaultGateway": True, "forceAddress": True,
+             "hairpinMode": True, "mtu": mtu,
+             "ipam": {"type": "host-local", "ranges": [[{"subnet": str(pod_cidr)}]]}},
+            {"type": "portmap", "snat": True, "capabilities": {"portMappings": True}},
+        ],
+    }
+
+
+def install(conf_dir: Path, pod_cidr: IPNetwork, mtu: int) -> list[str]:
+    """Write the config if it differs (atomically: the kubelet may read it any moment) and move a
+    Kilo leftover aside; returns what was done, one line each."""
+    done = []
+    conf_dir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(conflist(pod_cidr, mtu), indent=2) + "\n"
+    path = conf_dir / CONF_NAME
+    if not path.exists() or path.read_text() != text:
+        tmp = conf_dir / f".{CONF_NAME}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, path)
+        done.append(f"wrote {path} (bridge {BRIDGE}, pods {pod_cidr}, MTU {mtu})")
+    kilo = conf_dir / KILO_LEFTOVER
+    if kilo.exists():
+        os.replace(kilo, conf_dir / (KILO_LEFTOVER + DISABLED_SUFFIX))
+        done.append(f"moved Kilo's {kilo} aside ({KILO_LEFTOVER + DISABLED_SUFFIX}): it would sort before ours")
+    for line in done:
+        log.info("cni: %s", line)
+    return done
+
+
+def leftover_warning(conf_dir: Path) -> str | None:
+    """With `--cni keep`: a Kilo config still installed gives pods Kilo's bridge, not the cluster's CNI."""
+    if (conf_dir / KILO_LEFTOVER).exists():
+        return (f"{conf_dir / KILO_LEFTOVER} (Kilo's CNI config) is still installed and sorts before other configs: "
+                f"remove it, or run with --cni install")
+    return None

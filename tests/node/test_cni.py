@@ -1,0 +1,41 @@
+"""`--cni install`: the config the kubelet reads (bridge + host-local on the pod CIDR, the
+WireGuard MTU), written atomically and only when it changes; a Kilo leftover moved aside; with
+`--cni keep` the leftover is a warning. The config is checked by the CNI plugins' own rules for
+the fields meshctl relies on."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from pathlib import Path
+
+from meshctl.node import cni
+
+
+def test_install_writes_the_bridge_config_and_moves_kilos_aside(tmp_path: Path) -> None:
+    (tmp_path / "10-kilo.conflist").write_text('{"name": "kilo"}')
+    (tmp_path / "20-other.conf").write_text("{}")
+    done = cni.install(tmp_path, ipaddress.ip_network("10.42.3.0/24"), 1420)
+    assert len(done) == 2 and "moved Kilo's" in done[1]
+    conf = json.loads((tmp_path / "10-meshctl.conflist").read_text())
+    bridge, portmap = conf["plugins"]
+    assert conf["cniVersion"] == "0.4.0" and conf["name"] == "meshctl"
+    assert bridge["type"] == "bridge" and bridge["bridge"] == "meshctl0" and bridge["mtu"] == 1420
+    assert bridge["isDefaultGateway"] is True
+    assert bridge["ipam"] == {"type": "host-local", "ranges": [[{"subnet": "10.42.3.0/24"}]]}
+    assert portmap["type"] == "portmap"
+    # Kilo's config no longer sorts first; ours is the first .conflist the kubelet finds.
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith((".conf", ".conflist"))) == \
+        ["10-meshctl.conflist", "20-other.conf"]
+    assert (tmp_path / "10-kilo.conflist.meshctl-disabled").read_text() == '{"name": "kilo"}'
+    before = (tmp_path / "10-meshctl.conflist").stat().st_mtime_ns
+    assert cni.install(tmp_path, ipaddress.ip_network("10.42.3.0/24"), 1420) == []  # unchanged: not rewritten
+    assert (tmp_path / "10-meshctl.conflist").stat().st_mtime_ns == before
+    assert cni.install(tmp_path, ipaddress.ip_network("10.42.3.0/24"), 1380)[0].endswith("MTU 1380)")
+
+
+def test_keep_warns_about_a_kilo_leftover(tmp_path: Path) -> None:
+    assert cni.leftover_warning(tmp_path) is None
+    (tmp_path / "10-kilo.conflist").write_text("{}")
+    w = cni.leftover_warning(tmp_path)
+    assert w is not None and "Kilo's CNI config" in w and "--cni install" in w
