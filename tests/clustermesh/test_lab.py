@@ -188,10 +188,13 @@ def test_hijacking_location_ips_from_cluster2_are_rejected_and_named(lab) -> Non
         assert "allowed_location_ips[0]: '10.42.1.0/24' overlaps local node a1's pod CIDR" in got["cluster2/evil1"]
         assert "'0.0.0.0/0' is a default route" in got["cluster2/evil2"]
         assert routes_in(lab, "a1") == before
-        g1 = {r["name"]: r["reason"] for r in status(lab, "g1")["rejections"]}
-        assert "'0.0.0.0/0' is a default route" in g1["evil2"], g1
-        assert "overlaps local node evil1's allowed location IP 10.42.1.0/24" in \
-            {r["name"]: r["reason"] for r in remote_status(lab, "g1")["rejections"]}["cluster1/a1"]
+        def g1_view() -> bool:
+            local = {r["name"]: r["reason"] for r in status(lab, "g1")["rejections"]}
+            remote = {r["name"]: r["reason"] for r in remote_status(lab, "g1")["rejections"]}
+            return ("'0.0.0.0/0' is a default route" in local.get("evil2", "")
+                    and "overlaps local node evil1's allowed location IP 10.42.1.0/24" in remote.get("cluster1/a1", ""))
+
+        assert wait_for(g1_view, timeout=10), (status(lab, "g1")["rejections"], remote_status(lab, "g1")["rejections"])
         pairs = [(a, b) for a in running for b in running if a != b
                  and not ("cluster1/a1" in (a, b) and "cluster2" in a + b)]
         bad = [r for r in probe.check(lab, count=2, pairs=pairs) if not r.ok]

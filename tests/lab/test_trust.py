@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from meshctl.backends.etcd import node_key
+from meshctl.etcd.nsconn import session
 from meshctl.lab import build, netns, probe
 from meshctl.lab import state as labstate
 from meshctl.lab.spec import parse_lab
@@ -132,6 +133,9 @@ def test_a_deleted_or_overwritten_record_is_restored_within_2s(lab: dict[str, An
         took[what] = time.monotonic() - t0
     st = status(lab, "a1")["own_record"]
     assert st["restored_total"] == restored_before + 2, st
+    a1 = node_of(lab, "a1")
+    metrics = session(a1["netns"]).get(f"http://{a1['metrics_addr']}/metrics", timeout=5).text
+    assert f"meshctl_own_record_restored_total {float(restored_before + 2)}" in metrics
     print(f"a1's record restored: deleted {took['deleted'] * 1000:.0f} ms, overwritten "
           f"{took['overwritten'] * 1000:.0f} ms")
     assert not all_reachable(lab)

@@ -89,6 +89,15 @@ class AgentCollector(Collector):
         yield rx
         yield tx
         yield hs
+        own = st.get("own_record")
+        if isinstance(own, dict):
+            r = CounterMetricFamily("meshctl_own_record_restored",
+                                    "Times this agent put its record back after someone else deleted or changed it")
+            r.add_metric([], own.get("restored_total", 0))
+            yield r
+        if isinstance(st.get("lapsed"), dict):
+            yield g("meshctl_lapsed_records", "Records kept through their lapse grace (their agents are away)",
+                    value=len(st["lapsed"]))
         yield from _clustermesh_metrics(st.get("remotes"))
         yield from _path_metrics(st)
 

@@ -85,11 +85,11 @@ class AuthAdmin:
     def __init__(self, client: EtcdClient) -> None:
         self.client = client
 
-    def _call(self, path: str, body: dict[str, object], exists: str = "already exists") -> None:
+    def _call(self, path: str, body: dict[str, object], *, may_exist: bool = True) -> None:
         try:
-            self.client._call(path, body)
+            self.client.call(path, body)
         except EtcdError as e:
-            if exists not in str(e):
+            if not (may_exist and "already exists" in str(e)):
                 raise
 
     def user(self, name: str, password_file: Path | None, roles: Iterable[str]) -> None:
@@ -113,7 +113,7 @@ class AuthAdmin:
             self._call("/v3/auth/role/grant", {"name": name, "perm": perm})
 
     def enable(self) -> None:
-        self._call("/v3/auth/enable", {}, exists="\x00")
+        self._call("/v3/auth/enable", {}, may_exist=False)
 
 
 def provision(client: EtcdClient, cluster: str, *, admin_password: Path, nodes: dict[str, Path],

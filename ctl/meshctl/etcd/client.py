@@ -14,6 +14,7 @@ import json
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -145,7 +146,7 @@ class EtcdClient:
     def _password(self) -> str:
         assert self._password_file is not None
         try:
-            return open(self._password_file).read().strip()  # noqa: SIM115 - a few bytes, read once per login
+            return Path(self._password_file).read_text().strip()
         except OSError as e:
             raise EtcdError(f"etcd password file {self._password_file}: {e.strerror}") from None
 
@@ -225,6 +226,10 @@ class EtcdClient:
                 raise err(f"etcd {path}: HTTP {r.status_code}: {str(msg).strip()[:200]}")
             return r
         raise EtcdError(f"etcd unreachable at {', '.join(self.endpoints)}: {_short(last)}")
+
+    def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Any other v3 gateway call (`/v3/auth/...`: the user and role API), as this identity."""
+        return self._call(path, body)
 
     def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         r = self._post(path, body)
