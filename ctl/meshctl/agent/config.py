@@ -47,6 +47,7 @@ class AgentConfig:
     lease_ttl: int = 10
     nat_prefix: str = "meshctl"
     resync_interval: float = 30.0
+    direct_wait: float = 20.0  # seconds a NATed peer may take to handshake before it is reported unreached
     # --backend kubernetes: how to reach the API (else $KUBECONFIG, else in-cluster) and which
     # Node label names the location when no location annotation does.
     kubeconfig: str | None = None
@@ -78,6 +79,8 @@ class AgentConfig:
             raise InputError("--kvstore-cert", self.kvstore_cert or "", "and --kvstore-key go together")
         if self.resync_interval <= 0:
             raise InputError("--resync-seconds", self.resync_interval, "must be > 0")
+        if self.direct_wait <= 0:
+            raise InputError("--direct-wait-seconds", self.direct_wait, "must be > 0")
         if self.lease_ttl < 2:
             raise InputError("--lease-ttl", self.lease_ttl, "is below 2 seconds")
         parse_addr(self.metrics_addr, "--metrics-addr")

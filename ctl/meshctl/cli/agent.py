@@ -77,6 +77,8 @@ def _endpoints(text: str) -> tuple[str, ...]:
               help="--backend kubernetes: Node label that names the location when no location annotation does.")
 @click.option("--resync-seconds", "resync_interval", default=30.0, type=float, show_default=True,
               help="Full reconcile period; with --backend kubernetes a Node not seen for twice this is not ready.")
+@click.option("--direct-wait-seconds", "direct_wait", default=20.0, type=float, show_default=True,
+              help="A peer behind NAT tried this long without a handshake is reported unreached (then relayed).")
 @click.option("--kvstore-endpoints", default="", callback=lambda _c, _p, val: _endpoints(val),
               help="--backend kubernetes: mirror the cluster's nodes into this etcd (comma-separated URLs) "
               "for the cluster mesh.")

@@ -1,4 +1,4 @@
-"""`meshctl` commands of the lab area: `lab up|check|down|status`."""
+"""`meshctl` commands of the lab area: `lab up|check|down|status|nat`."""
 
 from __future__ import annotations
 
@@ -61,6 +61,28 @@ def lab_check(lab_name: str | None, output: str, count: int) -> None:
         click.echo(probe.format_matrix(results))
     if any(not r.ok for r in results):
         sys.exit(1)
+
+
+@lab_group.command("nat")
+@click.argument("node")
+@click.option("--lab", "lab_name", default=None, help="Lab name (default: the only lab up).")
+@click.option("--rebind", is_flag=True, help="Give the node a new external port now (its NAT forgets its mappings).")
+def lab_nat(node: str, lab_name: str | None, rebind: bool) -> None:
+    """Show (or with --rebind, change) the NAT of a node listed in lab.nat."""
+    from meshctl.lab import build, state
+    from meshctl.lab import nat as labnat
+
+    st = state.resolve(lab_name)
+    cst, n = build.lookup(st, node)
+    if not n.get("nat"):
+        raise MeshError(f"lab node {node} is not behind a NAT (lab.nat)")
+    if rebind:
+        labnat.rebind(n, int(cst.get("port", 51820)))
+        state.save(st)
+    nat = n["nat"]
+    port = nat["port"] if nat["port"] is not None else "random per destination"
+    click.echo(f"{node}: {nat['kind']} NAT in {nat['router_ns']}, inside {nat['inside_ip']}, "
+               f"outside {nat['public_ip']} port {port}, rebinds {nat['rebinds']}")
 
 
 @lab_group.command("down")

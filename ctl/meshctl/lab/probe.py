@@ -2,7 +2,9 @@
 
 Pairs are pinged one at a time so counters move for one pair only. The path is what the packets
 did, not what the plan says: the source node's kilo0 TX rising means "tunnel"; its private NIC
-TX rising means "direct", or "via-leader" when its leader's kilo0 TX rose too. The source
+TX rising means "direct", or "via-leader" when its leader's kilo0 TX rose too. A tunnelled pair
+is "relay" when the WireGuard peer that carried the bytes is the relaying node the source agent
+names for the destination (per-peer TX counters read from wireguard-go), else "tunnel". The source
 agent's fast-path counters (datapath `direct`/`tunnel` actions) are reported next to it.
 """
 
@@ -20,6 +22,28 @@ from meshctl.errors import MeshError
 from meshctl.lab import netns
 
 WG = defaults.WG_INTERFACE
+
+
+def peer_tx(node: dict[str, Any]) -> dict[str, int]:
+    """TX bytes per WireGuard peer (public key) of a lab node, from its wireguard-go socket."""
+    from pathlib import Path
+
+    from meshctl.node.wireguard.uapi import UapiClient
+
+    try:
+        st = UapiClient(Path(node["wg_run_dir"]) / f"{WG}.sock", timeout=2.0).get(allowed_ips=False)
+    except MeshError:
+        return {}
+    return {k: p.tx_bytes for k, p in st.peers.items()}
+
+
+def _carrier(before: dict[str, int], after: dict[str, int], status: dict[str, Any] | None) -> str | None:
+    """The name of the peer whose TX bytes rose most between two readings."""
+    deltas = {k: n - before.get(k, 0) for k, n in after.items()}
+    if not deltas or max(deltas.values()) <= 0:
+        return None
+    key = max(deltas, key=lambda k: deltas[k])
+    return next((p.get("name") for p in (status or {}).get("peers") or [] if p.get("public_key") == key), None)
 
 
 @dataclass
@@ -108,6 +132,8 @@ def check(st: dict[str, Any], *, count: int = 5, pairs: list[tuple[str, str]] | 
         before = (link_tx(sn["netns"], WG), link_tx(sn["netns"], "priv"),
                   link_tx(leader_node["netns"], WG) if leader_node else None)
         fp_before = _fp_packets(agent_status(sn))
+        relay = (((s_st or {}).get("relays") or {}).get(dst_key) or {}).get("via")
+        tx_before = peer_tx(sn) if relay else {}
         sent, recv, rtt = ping(sn["pods"][0]["netns"], dn["pods"][0]["ip"], count=count)
         after = (link_tx(sn["netns"], WG), link_tx(sn["netns"], "priv"),
                  link_tx(leader_node["netns"], WG) if leader_node else None)
@@ -117,7 +143,7 @@ def check(st: dict[str, Any], *, count: int = 5, pairs: list[tuple[str, str]] | 
         if recv == 0:
             path = "none"
         elif delta[0] >= need:
-            path = "tunnel"
+            path = "relay" if relay and _carrier(tx_before, peer_tx(sn), s_st) == relay else "tunnel"
         elif delta[1] >= need and delta[2] >= need:
             path = "via-leader"
         elif delta[1] >= need:

@@ -20,7 +20,7 @@ from meshctl.mesh.model import IPNetwork, Topology
 from meshctl.mesh.records import parse_topology
 
 _PLACEHOLDER_KEY = base64.b64encode(bytes(32)).decode()
-LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend")
+LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend", "nat")
 
 PUBLIC_NET = ipaddress.ip_network("198.51.100.0/24")
 
@@ -33,6 +33,10 @@ class LabOptions:
     fastpath: bool = True
     agent_args: tuple[str, ...] = ()
     backend: str = "etcd"  # or "kubernetes": agents use an in-process API server (meshctl.lab.kube)
+    nat: tuple[tuple[str, str], ...] = ()  # (node, cone|symmetric): nodes behind a NAT router (lab/nat.py)
+
+    def nat_kind(self, node: str) -> str | None:
+        return dict(self.nat).get(node)
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,21 @@ def _options(d: Any) -> LabOptions:
     if backend not in ("etcd", "kubernetes"):
         raise InputError("lab.backend", backend, "is not etcd or kubernetes")
     return LabOptions(pods_per_node=pods, lease_ttl=ttl, prefix=prefix, fastpath=fast, agent_args=tuple(args),
-                      backend=backend)
+                      backend=backend, nat=_nat(d.get("nat")))
+
+
+def _nat(d: Any) -> tuple[tuple[str, str], ...]:
+    """`lab.nat: {NODE: cone|symmetric}` (node names are checked against the nodes later)."""
+    from meshctl.lab.nat import NAT_KINDS
+
+    if d is None:
+        return ()
+    if not isinstance(d, dict):
+        raise InputError("lab.nat", d, "is not a mapping of node name to cone|symmetric")
+    for node, kind in d.items():
+        if kind not in NAT_KINDS:
+            raise InputError(f"lab.nat.{node}", kind, f"is not one of {', '.join(NAT_KINDS)}")
+    return tuple(sorted((str(k), v) for k, v in d.items()))
 
 
 def check_prefix(prefix: Any, path: str) -> str:
@@ -130,6 +148,11 @@ def parse_lab(doc: Any, source: str = "") -> LabSpec:
     for i, cname in enumerate(names):
         if cname in names[:i]:
             raise InputError(f"clusters[{i}].cluster.name", cname, "is used by another cluster of the lab")
+    all_names = {n.name for c in clusters for n in c.nodes} | {f"{c.cluster.name}/{n.name}" for c in clusters
+                                                                for n in c.nodes}
+    for node, _ in opts.nat:
+        if node not in all_names:
+            raise InputError(f"lab.nat.{node}", node, "is not a node of the lab")
     total = sum(len(c.nodes) for c in clusters)
     if total == 0:
         raise InputError("nodes", [], "is empty: a lab needs at least one node")

@@ -110,6 +110,17 @@ class Node:
     allowed_location_ips: tuple[IPNetwork, ...] = ()
     wireguard_ip: IPInterface | None = None
     cluster: str = ""
+    # What this node's WireGuard saw (docs/nat.md): the endpoint each NATed peer's latest fresh
+    # handshake came from, by peer name (Kilo's `discovered-endpoints`), and the NATed peers it
+    # has tried for longer than the direct wait without any handshake. Claims about OTHER nodes:
+    # they route nothing until mesh.admit.confirmed_endpoints / mesh.plan agree with them.
+    discovered_endpoints: tuple[tuple[str, Endpoint], ...] = ()
+    unreached_peers: tuple[str, ...] = ()
+
+    @property
+    def reachable_endpoint(self) -> Endpoint | None:
+        """The configured endpoint when anyone on the internet can call it (a public one)."""
+        return self.endpoint if self.endpoint is not None and self.endpoint.is_public else None
 
     @property
     def qualified_name(self) -> str:

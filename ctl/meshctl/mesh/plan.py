@@ -28,6 +28,7 @@ from meshctl.mesh.model import (
     private_neighbours,
     sort_key_net,
 )
+from meshctl.mesh.nat import NatView, choose_relay, nat_view
 
 Dev = Literal["private", "wireguard"]
 Action = Literal["local", "direct", "tunnel"]
@@ -57,6 +58,11 @@ class PeerPlan:
     endpoint: str | None
     allowed_ips: tuple[IPNetwork, ...]
     persistent_keepalive: int
+    # The peer may sit behind NAT (no public endpoint of its own, or it keeps its mappings open):
+    # the endpoint WireGuard learned from its handshakes is kept over `endpoint` (docs/nat.md).
+    roaming: bool = False
+    # `endpoint` is one the mesh discovered (confirmed by other nodes' handshakes), not configured.
+    discovered: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,8 +88,10 @@ class NodePlan:
     peers: tuple[PeerPlan, ...]
     routes: tuple[Route, ...]
     fastpath: tuple[FastPathEntry, ...]
-    # How this node reaches every other node (qualified name -> local|direct|tunnel|via-leader).
+    # How this node reaches every other node (qualified name -> local|direct|tunnel|relay|via-leader).
     paths: dict[str, str] = field(default_factory=dict, compare=False)
+    # Nodes reached through a relay: qualified name -> (the relaying node, why).
+    relays: dict[str, tuple[str, str]] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -162,9 +170,10 @@ class _Builder:
         self.routes.setdefault(dst, Route(dst, via, dev))
 
     def peer(self, name: str, kind: PeerKind, key: str, endpoint: Endpoint | str | None,
-             allowed: list[IPNetwork], keepalive: int) -> None:
+             allowed: list[IPNetwork], keepalive: int, roaming: bool = False, discovered: bool = False) -> None:
         uniq = sorted(set(allowed), key=sort_key_net)
-        self.peers.append(PeerPlan(name, kind, key, str(endpoint) if endpoint else None, tuple(uniq), keepalive))
+        self.peers.append(PeerPlan(name, kind, key, str(endpoint) if endpoint else None, tuple(uniq), keepalive,
+                                   roaming, discovered))
 
 
 def segment_addresses(members: Sequence[Node], wg: IPInterface | None, exclude_internal_of: Node | None
@@ -206,6 +215,23 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
     b = _Builder()
     keepalive = me.persistent_keepalive
     paths: dict[str, str] = {me.qualified_name: "local"}
+    view = nat_view(topo.nodes)
+    relayed, extra = _relays(view, me, my_seg, segs, mesh.granularity, mesh.intra_subnet)
+    relays: dict[str, tuple[str, str]] = {}
+
+    def relay_or_none(s: Segment) -> IPInterface | None:
+        """Plan segment s as reached through its relay (a peer with s's WireGuard IP only, for the
+        direct attempt); returns the relay's WireGuard IP, None when s is reached directly."""
+        if s.key not in relayed:
+            return None
+        via, reason = relayed[s.key]
+        r = s.leader
+        b.peer(s.peer_name, "node" if mesh.granularity != "location" else "segment", r.public_key,
+               view.endpoint(r), [host_net(s.wireguard_ip)], keepalive, _roams(r), view.discovered(r))
+        for m in s.members:
+            paths[m.qualified_name] = "relay"
+            relays[m.qualified_name] = (via.leader.qualified_name, reason)
+        return via.wireguard_ip
 
     if mesh.granularity == "location":
         leads = my_seg.leader.name == me.name
@@ -221,16 +247,19 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
             if s is my_seg:
                 continue
             addrs = segment_addresses(s.members, None, None)
-            if leads:
-                b.peer(s.peer_name, "segment", s.leader.public_key, s.leader.endpoint,
-                       addrs + [host_net(s.wireguard_ip)], keepalive)
+            via = relay_or_none(s) if leads else None
+            if leads and via is None:
+                b.peer(s.peer_name, "segment", s.leader.public_key, view.endpoint(s.leader),
+                       addrs + [host_net(s.wireguard_ip)] + extra.get(s.key, []), keepalive, _roams(s.leader),
+                       view.discovered(s.leader))
             for dst in addrs:
                 if leads:
-                    b.route(dst, s.wireguard_ip.ip, "wireguard")
+                    b.route(dst, (via or s.wireguard_ip).ip, "wireguard")
                 else:
                     b.route(dst, leader_ip, "private")
-            for m in s.members:
-                paths[m.qualified_name] = "tunnel" if leads else "via-leader"
+            if via is None:
+                for m in s.members:
+                    paths[m.qualified_name] = "tunnel" if leads else "via-leader"
     else:
         leads = True
         for s in segs:
@@ -244,7 +273,7 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
                 b.route(r.pod_cidr, r.internal_ip.ip, "private")
                 paths[r.qualified_name] = "direct"
                 continue
-            ep: Endpoint | None = r.endpoint
+            ep: Endpoint | None = view.endpoint(r)
             if private_pair and mesh.intra_subnet == "wireguard-private":
                 assert r.internal_ip is not None
                 ep = Endpoint(str(r.internal_ip.ip), r.endpoint.port if r.endpoint else mesh.port)
@@ -252,10 +281,13 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
             if r.internal_ip is not None and not pn:
                 dsts.append(host_net(r.internal_ip))
             dsts.extend(r.allowed_location_ips)
-            b.peer(r.name, "node", r.public_key, ep, dsts + [host_net(wg_r)], keepalive)
+            via = relay_or_none(s)
+            if via is None:
+                b.peer(r.name, "node", r.public_key, ep, dsts + [host_net(wg_r)] + extra.get(s.key, []), keepalive,
+                       _roams(r), view.discovered(r) and ep == view.endpoint(r))
+                paths[r.qualified_name] = "tunnel"
             for dst in dsts:
-                b.route(dst, wg_r.ip, "wireguard")
-            paths[r.qualified_name] = "tunnel"
+                b.route(dst, (via or wg_r).ip, "wireguard")
 
     leader_ip = my_seg.leader.internal_ip.ip if my_seg.leader.internal_ip is not None else None
     for p in sorted(topo.peers, key=lambda p: p.name):
@@ -278,7 +310,49 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
         routes=routes,
         fastpath=fastpath,
         paths=paths,
+        relays=relays,
     )
+
+
+def _roams(r: Node) -> bool:
+    """r may sit behind NAT: no public endpoint of its own, or it keeps NAT mappings open."""
+    return r.reachable_endpoint is None or r.persistent_keepalive > 0
+
+
+def _relays(view: NatView, me: Node, my_seg: Segment, segs: Sequence[Segment], granularity: str,
+            intra_subnet: str) -> tuple[dict[str, tuple[Segment, str]], dict[str, list[IPNetwork]]]:
+    """The segments this node (when it leads) reaches through a relay: segment key -> (relaying
+    segment, why); and what each relaying segment's peer carries for them. Pairs that go over the
+    private network are never relayed; pairs without a relay candidate stay direct attempts."""
+    relayed: dict[str, tuple[Segment, str]] = {}
+    extra: dict[str, list[IPNetwork]] = {}
+    if my_seg.leader.name != me.name:
+        return relayed, extra
+
+    def over_private(r: Node) -> bool:  # the pair talks over the private network, not WireGuard
+        return granularity != "location" and private_neighbours(me, r) and intra_subnet == "direct" \
+            and (granularity == "full" or me.location == r.location)
+
+    candidates = {s.leader.name: s for s in segs
+                  if s.leader.reachable_endpoint is not None and s is not my_seg and not over_private(s.leader)}
+    for s in segs:
+        r = s.leader
+        if s is my_seg or over_private(r):
+            continue
+        reason = view.relay_reason(me, r)
+        if reason is None:
+            continue
+        via = choose_relay(view, me, r, [c.leader for c in candidates.values()])
+        if via is None:
+            continue
+        seg = candidates[via.name]
+        relayed[s.key] = (seg, reason)
+        pn = private_neighbours(me, r) if granularity != "location" else False
+        carried = segment_addresses(s.members, None, me if pn else None) if granularity == "location" else \
+            [r.pod_cidr, *([host_net(r.internal_ip)] if r.internal_ip is not None and not pn else []),
+             *r.allowed_location_ips]
+        extra.setdefault(seg.key, []).extend(carried)
+    return relayed, extra
 
 
 def _plan_remote(b: _Builder, me: Node, remote: Remote, leads: bool, leader_ip: IPAddress | None,
