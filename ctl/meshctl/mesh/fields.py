@@ -203,8 +203,9 @@ MAX_DISCOVERED = 4096  # entries in one record's discovered_endpoints / unreache
 
 
 def discovered_endpoints(value: Any, path: str, owner: str) -> tuple[tuple[str, Endpoint], ...]:
-    """`{peer name: "ip:port"}`: where `owner` saw each peer's latest handshake come from. Only IP
-    literals (a handshake has a source address, never a name) and never the owner itself."""
+    """`{peer: "ip:port"}`: where `owner` saw each peer's latest handshake come from. A peer is a
+    node name or its WireGuard public key (Kilo's annotation keys them so). Only IP literals (a
+    handshake has a source address, never a name) and never the owner itself."""
     if value is None:
         return ()
     d = mapping(value, path)
@@ -212,7 +213,10 @@ def discovered_endpoints(value: Any, path: str, owner: str) -> tuple[tuple[str, 
         raise InputError(path, f"{len(d)} entries", f"is more than {MAX_DISCOVERED} entries")
     out = []
     for name, ep_text in d.items():
-        node_name(name, f"{path}.{name}")
+        if not (isinstance(name, str) and len(name) == 44 and name.endswith("=")):
+            node_name(name, f"{path}.{name}")
+        else:
+            wg_key(name, f"{path}.{name}")
         if name == owner:
             raise InputError(f"{path}.{name}", ep_text, "is the node's own name (a node cannot discover itself)")
         ep = endpoint(ep_text, f"{path}.{name}")

@@ -73,11 +73,13 @@ def nat_view(nodes: Sequence[Node]) -> NatView:
     """Confirm discovered endpoints (quorum of distinct other reporters, public addresses only)
     and collect the handshake reports between admitted nodes."""
     names = {n.name for n in nodes}
+    by_key = {n.public_key: n.name for n in nodes}  # Kilo's annotation names peers by public key
     votes: dict[str, Counter[Endpoint]] = {}
     handshakes: set[tuple[str, str]] = set()
     unreached: set[tuple[str, str]] = set()
     for obs in nodes:
-        for peer, ep in obs.discovered_endpoints:
+        for claimed, ep in obs.discovered_endpoints:
+            peer = by_key.get(claimed, claimed)
             if peer not in names or peer == obs.name:
                 continue
             handshakes.add((obs.name, peer))
