@@ -145,6 +145,10 @@ def test_rebind_costs_at_most_two_seconds(nat_lab):
         labnat.rebind(node_of(st, "ca"), 51820)
         labstate.save(st)
         sent, received = ping.result(timeout=60)
-        assert sent == 800 and sent - received <= 200, (src, sent, received)  # <= 2 s of loss at 100 pps
+        # The time lost at the rate ping really kept (it paces itself below 100 pps under load):
+        # at most 2 s, and never more than 200 packets.
+        lost_s = (sent - received) * ping.elapsed / sent
+        print(f"rebind during {src}->ca: {sent - received} lost = {lost_s:.2f} s")
+        assert sent == 800 and sent - received <= 200 and lost_s <= 2.0, (src, sent, received, lost_s)
     assert outside(st, "ca") != old
     assert wait_for(lambda: peer_of(st, "pb", "ca")["endpoint"] == outside(st, "ca"), 20, 0.5)

@@ -155,6 +155,7 @@ def format_status(st: dict[str, Any]) -> str:
         lines.append(f"  {p.get('name')}  endpoint {p.get('live_endpoint') or p.get('endpoint') or '-'}  "
                      f"allowed {','.join(p.get('allowed_ips', []))}  rx {_bytes(p.get('rx_bytes', 0))}  "
                      f"tx {_bytes(p.get('tx_bytes', 0))}  handshake {age}")
+    lines += format_nat(st)
     last = st.get("last_reconcile") or {}
     if last:
         errs = last.get("errors") or {}
@@ -173,6 +174,20 @@ def format_status(st: dict[str, Any]) -> str:
     if st.get("remotes"):
         lines += format_clustermesh(st["remotes"], now)
     return "\n".join(lines)
+
+
+def format_nat(st: dict[str, Any]) -> list[str]:
+    """Relayed nodes (path `relay`: through which node, why) and what this node saw of its NATed
+    peers (docs/nat.md); nothing when there is neither."""
+    lines = []
+    for name, r in sorted((st.get("relays") or {}).items()):
+        lines.append(f"relay: {name} through {r.get('via')} ({r.get('reason')})")
+    seen = st.get("discovered_endpoints") or {}
+    if seen:
+        lines.append("discovered endpoints: " + ", ".join(f"{n} {ep}" for n, ep in sorted(seen.items())))
+    if st.get("unreached_peers"):
+        lines.append("unreached peers: " + ", ".join(st["unreached_peers"]))
+    return lines
 
 
 def format_clustermesh(cm: dict[str, Any], now: float) -> list[str]:
