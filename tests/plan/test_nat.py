@@ -173,3 +173,22 @@ def test_relay_choice_prefers_leaders_and_is_stable():
     assert plan_node(topo, "sa").relays["sb"][0] == "pb"
     reordered = parse_topology({**doc, "nodes": list(reversed(doc["nodes"]))})
     assert plan_node(reordered, "sb").relays["sa"][0] == "pb"
+
+
+def test_an_endpoint_routed_into_the_tunnel_is_left_out():
+    """A NATed node's configured endpoint is its inside address, which is also its internal
+    address, routed through WireGuard: used as the endpoint it would loop (or, for a relayed pair,
+    go through the relay). Left out: the NATed node calls (keepalive) and WireGuard learns."""
+    doc = copy.deepcopy(NAT_MESH)
+    for n in doc["nodes"][2:]:
+        n["internal_ip"] = n["endpoint"].split(":")[0] + "/24"
+    topo = parse_topology(doc)
+    pa = plan_node(topo, "pa")
+    assert peer(pa, "ca").endpoint is None and peer(pa, "pb").endpoint == "198.51.100.11:51820"
+    assert any(r.dst == ipaddress.ip_network("192.168.3.2/32") and r.dev == "wireguard" for r in pa.routes)
+    for n in doc["nodes"]:
+        if n["name"] in SETTLED:
+            n["discovered_endpoints"] = SETTLED[n["name"]]
+    sa = plan_node(parse_topology(doc), "sa")
+    assert sa.paths["sb"] == "relay" and peer(sa, "sb").endpoint is None
+    assert peer(sa, "ca").endpoint == CA_OUT  # a confirmed public endpoint stays

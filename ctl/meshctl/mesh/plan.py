@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from meshctl.errors import InputError
@@ -306,12 +306,32 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
         granularity=mesh.granularity,
         leader=my_seg.leader.name,
         wireguard_ip=my_seg.wireguard_ip if leads else None,
-        peers=tuple(sorted(b.peers, key=lambda p: p.name)),
+        peers=tuple(sorted((_no_loop(p, b.routes) for p in b.peers), key=lambda p: p.name)),
         routes=routes,
         fastpath=fastpath,
         paths=paths,
         relays=relays,
     )
+
+
+def _no_loop(p: PeerPlan, routes: dict[IPNetwork, Route]) -> PeerPlan:
+    """The peer without its endpoint when that address is routed into WireGuard by this plan: its
+    packets would enter the tunnel they carry (a loop, or a direct attempt through a relay). This
+    happens to a node behind NAT, whose configured endpoint is its inside address, which is also
+    its internal address; such a peer calls us (keepalive) and WireGuard learns where it is."""
+    if p.endpoint is None:
+        return p
+    host = p.endpoint.rpartition(":")[0].strip("[]")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return p  # a DNS name: resolved on the node
+    for plen in range(ip.max_prefixlen, -1, -1):
+        net = ipaddress.IPv4Network if ip.version == 4 else ipaddress.IPv6Network
+        r = routes.get(net((int(ip), plen), strict=False))
+        if r is not None and r.dev == "wireguard":
+            return replace(p, endpoint=None, discovered=False)
+    return p
 
 
 def _roams(r: Node) -> bool:
