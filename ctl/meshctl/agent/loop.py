@@ -284,8 +284,10 @@ class Agent:
         """Read WireGuard's handshakes (without allowed IPs); True when what this node would
         publish about its NATed peers changed (the next pass publishes it)."""
         device = self._wireguard.device if self._wireguard is not None else None
-        if device is None or self._last_plan is None:
-            return False
+        if device is None or self._last_plan is None or not self._observer.watches(self._last_plan):
+            changed = self._observed != ((), ())
+            self._observed = ((), ())
+            return changed
         try:
             seen = self._observer.observe(self._last_plan, device.show(allowed_ips=False))
         except Exception as e:  # noqa: BLE001 - observing must never stop the loop

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 
 from meshctl.mesh.model import Endpoint
-from meshctl.mesh.plan import NodePlan
+from meshctl.mesh.plan import NodePlan, PeerPlan
 from meshctl.node.wireguard import PeerStatus
 from meshctl.node.wireguard.state import handshake_fresh, parse_endpoint
 
@@ -27,6 +27,14 @@ class HandshakeObserver:
     def __init__(self, direct_wait: float) -> None:
         self.direct_wait = direct_wait
         self._tried: dict[str, tuple[str | None, float]] = {}
+        self._watched: tuple[object, bool] = (None, False)
+
+    def watches(self, plan: NodePlan) -> bool:
+        """The plan has a peer to observe (else WireGuard need not be read: a mesh without NAT
+        pays nothing). Remembered per plan object."""
+        if self._watched[0] is not plan.peers:
+            self._watched = (plan.peers, any(_observed(p) for p in plan.peers))
+        return self._watched[1]
 
     def observe(self, plan: NodePlan, live: Sequence[PeerStatus], *, now: float | None = None,
                 wall: float | None = None) -> Observation:
@@ -36,8 +44,7 @@ class HandshakeObserver:
         unreached: list[str] = []
         names = set()
         for p in plan.peers:
-            # Remote clusters' peers are named cluster/node and are not this cluster's records.
-            if not p.roaming or p.kind == "peer" or "/" in p.name:
+            if not _observed(p):
                 continue
             names.add(p.name)
             tried = self._tried.get(p.name)
@@ -52,3 +59,9 @@ class HandshakeObserver:
         for gone in set(self._tried) - names:
             del self._tried[gone]
         return tuple(sorted(discovered)), tuple(sorted(unreached))
+
+
+def _observed(p: PeerPlan) -> bool:
+    """A roaming node peer of this cluster (remote clusters' peers are named cluster/node and are
+    not this cluster's records; extra peers are not nodes)."""
+    return p.roaming and p.kind != "peer" and "/" not in p.name
