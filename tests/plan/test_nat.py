@@ -192,3 +192,14 @@ def test_an_endpoint_routed_into_the_tunnel_is_left_out():
     sa = plan_node(parse_topology(doc), "sa")
     assert sa.paths["sb"] == "relay" and peer(sa, "sb").endpoint is None
     assert peer(sa, "ca").endpoint == CA_OUT  # a confirmed public endpoint stays
+
+
+def test_a_public_node_is_never_relayed_even_when_reported_unreached():
+    """An idle NATed node without keepalive goes quiet; a public node reporting it unreached must
+    not send their pair through another public node (a relay cannot reach it better)."""
+    topo = mesh(SETTLED, unreached={"pa": ["ca"], "ca": ["pa"]})
+    assert plan_node(topo, "pa").paths["ca"] == "tunnel" and plan_node(topo, "ca").paths["pa"] == "tunnel"
+    # ... but pa is no longer a relay candidate for pairs with ca.
+    pa_lost_ca = {**SETTLED, "pa": {k: v for k, v in SETTLED["pa"].items() if k != "ca"}, "sa": {"ca": CA_OUT}}
+    topo2 = mesh(pa_lost_ca, unreached={"pa": ["ca"], "ca": ["cb"]})
+    assert plan_node(topo2, "ca").relays["cb"][0] == "pb"

@@ -10,8 +10,9 @@ on one node's word:
   credentials therefore cannot send anyone's traffic for X to an address X never handshook
   from; and a symmetric NAT, whose mapping differs per destination, never reaches the quorum,
   which is right: what one peer saw of it is useless to every other.
-- A pair (a, b) is relayed only by what a and b themselves say or lack: neither has a reachable
-  endpoint (public, confirmed, or a private neighbour's), or one of them reported the other
+- A pair (a, b) of nodes without public endpoints is relayed only by what a and b themselves say
+  or lack: neither has a reachable
+  endpoint (confirmed, or a private neighbour's), or one of them reported the other
   unreached; and never while either reports a handshake with the other (a direct path formed).
   A third node can only offer itself as relay by having a public endpoint, and it is chosen by
   a fixed order, not by its own claim.
@@ -58,8 +59,8 @@ class NatView:
     def relay_reason(self, a: Node, b: Node) -> str | None:
         """Why the pair (a, b) needs a relay, or None when it may (or does) go direct. Symmetric in
         a and b, so both ends decide the same."""
-        if self.direct_seen(a, b):
-            return None
+        if self.direct_seen(a, b) or a.reachable_endpoint is not None or b.reachable_endpoint is not None:
+            return None  # a public node is reached directly by anyone who can reach a relay
         x, y = sorted((a, b), key=lambda n: n.name)
         if not self.reachable(x, y) and not self.reachable(y, x):
             return f"neither {x.name} nor {y.name} has a reachable endpoint (both behind NAT, none confirmed)"

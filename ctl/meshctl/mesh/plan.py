@@ -277,10 +277,7 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
             if private_pair and mesh.intra_subnet == "wireguard-private":
                 assert r.internal_ip is not None
                 ep = Endpoint(str(r.internal_ip.ip), r.endpoint.port if r.endpoint else mesh.port)
-            dsts = [r.pod_cidr]
-            if r.internal_ip is not None and not pn:
-                dsts.append(host_net(r.internal_ip))
-            dsts.extend(r.allowed_location_ips)
+            dsts = _node_addresses(me, r)
             via = relay_or_none(s)
             if via is None:
                 b.peer(r.name, "node", r.public_key, ep, dsts + [host_net(wg_r)] + extra.get(s.key, []), keepalive,
@@ -334,6 +331,16 @@ def _no_loop(p: PeerPlan, routes: dict[IPNetwork, Route]) -> PeerPlan:
     return p
 
 
+def _node_addresses(me: Node, r: Node) -> list[IPNetwork]:
+    """What node r's peer carries for `me` in full/cross granularity (besides r's WireGuard IP):
+    its pod CIDR, its internal address unless the two are private neighbours, its location IPs."""
+    out = [r.pod_cidr]
+    if r.internal_ip is not None and not private_neighbours(me, r):
+        out.append(host_net(r.internal_ip))
+    out.extend(r.allowed_location_ips)
+    return out
+
+
 def _roams(r: Node) -> bool:
     """r may sit behind NAT: no public endpoint of its own, or it keeps NAT mappings open."""
     return r.reachable_endpoint is None or r.persistent_keepalive > 0
@@ -367,10 +374,7 @@ def _relays(view: NatView, me: Node, my_seg: Segment, segs: Sequence[Segment], g
             continue
         seg = candidates[via.name]
         relayed[s.key] = (seg, reason)
-        pn = private_neighbours(me, r) if granularity != "location" else False
-        carried = segment_addresses(s.members, None, me if pn else None) if granularity == "location" else \
-            [r.pod_cidr, *([host_net(r.internal_ip)] if r.internal_ip is not None and not pn else []),
-             *r.allowed_location_ips]
+        carried = segment_addresses(s.members, None, None) if granularity == "location" else _node_addresses(me, r)
         extra.setdefault(seg.key, []).extend(carried)
     return relayed, extra
 
