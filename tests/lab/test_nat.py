@@ -152,3 +152,16 @@ def test_rebind_costs_at_most_two_seconds(nat_lab):
         assert sent == 800 and sent - received <= 200 and lost_s <= 2.0, (src, sent, received, lost_s)
     assert outside(st, "ca") != old
     assert wait_for(lambda: peer_of(st, "pb", "ca")["endpoint"] == outside(st, "ca"), 20, 0.5)
+
+
+def test_relayed_pair_goes_direct_once_a_handshake_succeeds(nat_lab):
+    """sb's symmetric NAT is replaced by a cone: its endpoint gets confirmed, sa calls it there, the
+    handshake is reported and the pair leaves the relay."""
+    st = nat_lab
+    labnat.set_kind(node_of(st, "sb"), "cone", 51820)
+    labstate.save(st)
+    assert wait_for(lambda: status(st, "sa")["paths"].get("sb") == "tunnel"
+                    and status(st, "sb")["paths"].get("sa") == "tunnel", 60, 0.5), status(st, "sa")["relays"]
+    assert peer_of(st, "sa", "sb")["endpoint"] == outside(st, "sb")
+    r = probe.check(st, count=5, pairs=[("sa", "sb"), ("sb", "sa")])
+    assert all(x.ok and x.path == "tunnel" for x in r), r

@@ -90,7 +90,7 @@ def build_router(prefix: str, fab: str, node_netns: str, idx: int, kind: str, pu
     netns.run(node_netns, ["ip", "route", "add", str(public_net), "via", router_ip])
     netns.sysctl(rns, "net.ipv4.ip_forward", "1")
     nat = {"kind": kind, "router_ns": rns, "table": f"{prefix}nat", "inside_ip": node_ip, "router_ip": router_ip,
-           "public_ip": public_ip, "port": CONE_PORT_BASE + 100 * idx if kind == "cone" else None, "rebinds": 0}
+           "public_ip": public_ip, "port": cone_port(node_ip) if kind == "cone" else None, "rebinds": 0}
     _apply_rules(nat, wg_port)
     return nat
 
@@ -101,11 +101,16 @@ def _flush_mappings(router: str) -> None:
     netns.run(router, [sys.executable, "-c", code])
 
 
-def rebind(node: dict[str, Any], wg_port: int) -> dict[str, Any]:
-    """Give a NATed lab node a new external WireGuard port now; returns the node's NAT state."""
+def _nat_of(node: dict[str, Any]) -> dict[str, Any]:
     nat: dict[str, Any] | None = node.get("nat")
     if not nat:
         raise MeshError(f"lab node {node['name']} is not behind a NAT (lab.nat)")
+    return nat
+
+
+def rebind(node: dict[str, Any], wg_port: int) -> dict[str, Any]:
+    """Give a NATed lab node a new external WireGuard port now; returns the node's NAT state."""
+    nat = _nat_of(node)
     nat["rebinds"] += 1
     if nat["kind"] == "cone":
         nat["port"] += 1
@@ -114,10 +119,19 @@ def rebind(node: dict[str, Any], wg_port: int) -> dict[str, Any]:
     return nat
 
 
-def external_mappings(nat: dict[str, Any]) -> list[str]:
-    """The router's WireGuard mappings as `ip:port` seen outside (for tests and `lab nat`)."""
-    code = ("from pyroute2 import Conntrack\nimport socket\nct = Conntrack()\n"
-            f"for e in ct.dump_entries(mark={CT_MARK}):\n"
-            "    r = e.tuple_reply\n    print(f'{r.daddr}:{r.dport}')\nct.close()\n")
-    out = netns.run(nat["router_ns"], [sys.executable, "-c", code]).stdout
-    return sorted(set(out.split()))
+def set_kind(node: dict[str, Any], kind: str, wg_port: int) -> dict[str, Any]:
+    """Turn a NATed lab node's router into another kind now (a symmetric NAT replaced by a cone:
+    a relayed pair may then go direct); returns the node's NAT state."""
+    if kind not in NAT_KINDS:
+        raise MeshError(f"--kind: {kind!r} is not one of {', '.join(NAT_KINDS)}")
+    nat = _nat_of(node)
+    nat["kind"], nat["port"] = kind, (cone_port(nat["inside_ip"]) + nat["rebinds"] if kind == "cone" else None)
+    _apply_rules(nat, wg_port)
+    _flush_mappings(nat["router_ns"])
+    return nat
+
+
+def cone_port(inside_ip: str) -> int:
+    """The external port a cone NAT first gives the node behind it (from the node's inside address)."""
+    third_octet = int(ipaddress.ip_address(inside_ip)) >> 8 & 0xFF  # node i sits on 192.168.<i+1>.0/24
+    return CONE_PORT_BASE + 100 * (third_octet - 1)
