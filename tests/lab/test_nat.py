@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import time
 from importlib.resources import files
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from meshctl.backends.file import load_yaml
+from meshctl.errors import InputError
 from meshctl.lab import build, netns, probe
 from meshctl.lab import nat as labnat
 from meshctl.lab import state as labstate
@@ -165,3 +167,22 @@ def test_relayed_pair_goes_direct_once_a_handshake_succeeds(nat_lab):
     assert peer_of(st, "sa", "sb")["endpoint"] == outside(st, "sb")
     r = probe.check(st, count=5, pairs=[("sa", "sb"), ("sb", "sa")])
     assert all(x.ok and x.path == "tunnel" for x in r), r
+
+
+@pytest.mark.parametrize(("nat", "msg"), [
+    ({"ca": "full-cone"}, "lab.nat.ca: 'full-cone' is not one of cone, symmetric"),
+    ({"zz": "cone"}, "lab.nat.zz: 'zz' is not a node of the lab"),
+    (["ca"], "lab.nat: ['ca'] is not a mapping of node name to cone|symmetric"),
+])
+def test_bad_lab_nat_is_one_line_naming_the_field(nat, msg):
+    doc = load_yaml(str(files("meshctl") / "lab" / "labs" / "nat.yaml"))
+    doc["lab"]["nat"] = nat
+    with pytest.raises(InputError) as e:
+        parse_lab(doc)
+    assert str(e.value) == msg
+
+
+def test_lab_nat_on_a_node_without_nat_is_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "meshctl.cli", "lab", "nat", "x1", "--lab", "nt9"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr, r.stderr
