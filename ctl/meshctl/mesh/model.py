@@ -55,14 +55,15 @@ class Endpoint:
     host: str
     port: int
 
-    @property
+    # Cached (plans ask every peer's endpoint several times; records keep their Endpoint objects).
+    @functools.cached_property
     def ip(self) -> IPAddress | None:
         try:
             return ipaddress.ip_address(self.host)
         except ValueError:
             return None
 
-    @property
+    @functools.cached_property
     def is_public(self) -> bool:
         """A DNS name counts as public; an IP is public unless it lies in a private range."""
         ip = self.ip

@@ -59,7 +59,7 @@ class NatView:
     def relay_reason(self, a: Node, b: Node) -> str | None:
         """Why the pair (a, b) needs a relay, or None when it may (or does) go direct. Symmetric in
         a and b, so both ends decide the same."""
-        if self.direct_seen(a, b) or a.reachable_endpoint is not None or b.reachable_endpoint is not None:
+        if a.reachable_endpoint is not None or b.reachable_endpoint is not None or self.direct_seen(a, b):
             return None  # a public node is reached directly by anyone who can reach a relay
         x, y = sorted((a, b), key=lambda n: n.name)
         if not self.reachable(x, y) and not self.reachable(y, x):

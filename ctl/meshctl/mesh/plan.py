@@ -165,6 +165,7 @@ class _Builder:
     def __init__(self) -> None:
         self.routes: dict[IPNetwork, Route] = {}
         self.peers: list[PeerPlan] = []
+        self.private_endpoints: list[tuple[int, IPAddress]] = []  # (index in peers, address)
 
     def route(self, dst: IPNetwork, via: IPAddress | None, dev: Dev) -> None:
         self.routes.setdefault(dst, Route(dst, via, dev))
@@ -172,6 +173,8 @@ class _Builder:
     def peer(self, name: str, kind: PeerKind, key: str, endpoint: Endpoint | str | None,
              allowed: list[IPNetwork], keepalive: int, roaming: bool = False, discovered: bool = False) -> None:
         uniq = sorted(set(allowed), key=sort_key_net)
+        if isinstance(endpoint, Endpoint) and endpoint.ip is not None and not endpoint.is_public:
+            self.private_endpoints.append((len(self.peers), endpoint.ip))
         self.peers.append(PeerPlan(name, kind, key, str(endpoint) if endpoint else None, tuple(uniq), keepalive,
                                    roaming, discovered))
 
@@ -303,7 +306,7 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
         granularity=mesh.granularity,
         leader=my_seg.leader.name,
         wireguard_ip=my_seg.wireguard_ip if leads else None,
-        peers=tuple(sorted((_no_loop(p, b.routes) for p in b.peers), key=lambda p: p.name)),
+        peers=tuple(sorted(_no_loops(b), key=lambda p: p.name)),
         routes=routes,
         fastpath=fastpath,
         paths=paths,
@@ -311,24 +314,25 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
     )
 
 
-def _no_loop(p: PeerPlan, routes: dict[IPNetwork, Route]) -> PeerPlan:
-    """The peer without its endpoint when that address is routed into WireGuard by this plan: its
-    packets would enter the tunnel they carry (a loop, or a direct attempt through a relay). This
-    happens to a node behind NAT, whose configured endpoint is its inside address, which is also
-    its internal address; such a peer calls us (keepalive) and WireGuard learns where it is."""
-    if p.endpoint is None:
-        return p
-    host = p.endpoint.rpartition(":")[0].strip("[]")
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return p  # a DNS name: resolved on the node
-    for plen in range(ip.max_prefixlen, -1, -1):
+def _no_loops(b: _Builder) -> list[PeerPlan]:
+    """The peers, each without its endpoint when that address is routed into WireGuard by this
+    plan: its packets would enter the tunnel they carry (a loop, or a direct attempt through a
+    relay). This happens to a node behind NAT, whose configured endpoint is its inside address,
+    which is also its internal address; such a peer calls us (keepalive) and WireGuard learns where
+    it is. Only private endpoint addresses are looked up (mesh routes carry private ranges), and
+    only at the prefix lengths the WireGuard routes use: large plans stay as fast as before."""
+    if not b.private_endpoints:
+        return b.peers
+    plens = sorted({(r.dst.version, r.dst.prefixlen) for r in b.routes.values() if r.dev == "wireguard"})
+    out = list(b.peers)
+    for i, ip in b.private_endpoints:
         net = ipaddress.IPv4Network if ip.version == 4 else ipaddress.IPv6Network
-        r = routes.get(net((int(ip), plen), strict=False))
-        if r is not None and r.dev == "wireguard":
-            return replace(p, endpoint=None, discovered=False)
-    return p
+        for version, plen in plens:
+            r = b.routes.get(net((int(ip), plen), strict=False)) if version == ip.version else None
+            if r is not None and r.dev == "wireguard":
+                out[i] = replace(out[i], endpoint=None, discovered=False)
+                break
+    return out
 
 
 def _node_addresses(me: Node, r: Node) -> list[IPNetwork]:
@@ -360,15 +364,19 @@ def _relays(view: NatView, me: Node, my_seg: Segment, segs: Sequence[Segment], g
         return granularity != "location" and private_neighbours(me, r) and intra_subnet == "direct" \
             and (granularity == "full" or me.location == r.location)
 
+    wanted = []
+    for s in segs:
+        if s is my_seg:
+            continue
+        reason = view.relay_reason(me, s.leader)  # cheap, and None for almost every pair
+        if reason is not None and not over_private(s.leader):
+            wanted.append((s, reason))
+    if not wanted:
+        return relayed, extra
     candidates = {s.leader.name: s for s in segs
                   if s.leader.reachable_endpoint is not None and s is not my_seg and not over_private(s.leader)}
-    for s in segs:
+    for s, reason in wanted:
         r = s.leader
-        if s is my_seg or over_private(r):
-            continue
-        reason = view.relay_reason(me, r)
-        if reason is None:
-            continue
         via = choose_relay(view, me, r, [c.leader for c in candidates.values()])
         if via is None:
             continue
