@@ -258,3 +258,33 @@ def test_a_peer_added_again_starts_a_handshake_at_once(pair: Pair, lab: NodeLab)
     took = time.monotonic() - t0
     assert ok, "a's first ping after b took it back was lost"
     print(f"\nfirst ping after the peer came back: {took * 1000:.0f} ms")
+
+
+def test_roaming_peer_keeps_its_learned_endpoint_across_resyncs_and_restarts(pair: Pair, lab: NodeLab):
+    """Kilo #34: b configures a with an address b cannot reach (a's inside address behind NAT); a
+    calls b, b learns where a really is. No full resync (forget) and no agent restart (a new
+    WireGuard object) puts the configured endpoint back while the handshakes are fresh."""
+    from dataclasses import replace
+
+    unreachable = f"192.168.77.9:{PORT}"
+    a_at_b = replace(pair.peers_b()[0], endpoint=unreachable, roaming=True)
+    pair.up()
+    in_ns(pair.b, pair.wb.sync_peers, [a_at_b])
+    assert pair.ping(3)  # a calls b at b's real address; b learns a's
+    live = {p.name: p.endpoint for p in in_ns(pair.b, pair.wb.show)}
+    assert live["a"] == f"192.168.77.1:{PORT}"
+    for _ in range(3):
+        pair.wb.forget()
+        in_ns(pair.b, pair.wb.sync_peers, [a_at_b])
+    restarted = in_ns(pair.b, WireGuard, "kilo0", run_dir=str(lab.run_dir("b")))
+    in_ns(pair.b, restarted.sync_peers, [a_at_b])
+    assert {p.name: p.endpoint for p in in_ns(pair.b, restarted.show)}["a"] == f"192.168.77.1:{PORT}"
+    assert lab.sh(pair.b, "ping", "-c", "2", "-i", "0.2", "-W", "2", "10.4.0.1", check=False).returncode == 0
+    # A discovered endpoint the plan changes IS applied (the mesh saw the peer move); and a peer not
+    # marked roaming gets its configured endpoint on a restart, as before.
+    moved = replace(a_at_b, endpoint=f"192.168.77.8:{PORT}", discovered=True)
+    in_ns(pair.b, restarted.sync_peers, [moved])
+    assert {p.name: p.endpoint for p in in_ns(pair.b, restarted.show)}["a"] == f"192.168.77.8:{PORT}"
+    fixed = in_ns(pair.b, WireGuard, "kilo0", run_dir=str(lab.run_dir("b")))
+    in_ns(pair.b, fixed.sync_peers, [replace(a_at_b, roaming=False)])
+    assert {p.name: p.endpoint for p in in_ns(pair.b, fixed.show)}["a"] == unreachable

@@ -53,6 +53,8 @@ class AgentConfig:
     nat_prefix: str = "meshctl"
     resync_interval: float = 30.0
     path_hold: float = 10.0  # a private rung that delivers again is used only after this many seconds
+
+    direct_wait: float = 20.0  # seconds a NATed peer may take to handshake before it is reported unreached
     # --backend kubernetes: how to reach the API (else $KUBECONFIG, else in-cluster) and which
     # Node label names the location when no location annotation does.
     kubeconfig: str | None = None
@@ -96,6 +98,9 @@ class AgentConfig:
             raise InputError("--path-hold-seconds", self.path_hold, "is not seconds in 0..3600")
         if self.lapse_grace < 0:
             raise InputError("--lapse-grace", self.lapse_grace, "must be >= 0")
+
+        if self.direct_wait <= 0:
+            raise InputError("--direct-wait-seconds", self.direct_wait, "must be > 0")
         if self.lease_ttl < 2:
             raise InputError("--lease-ttl", self.lease_ttl, "is below 2 seconds")
         parse_addr(self.metrics_addr, "--metrics-addr")

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from meshctl.agent.config import AgentConfig
+from meshctl.agent.observe import HandshakeObserver, Observation
 from meshctl.agent.paths import PathProbing
 from meshctl.agent.server import StatusServer
 from meshctl.agent.steps import (
@@ -176,6 +177,9 @@ class Agent:
         self._ok_total = 0
         self._failed_total = 0
         self._public_key: str | None = None
+        self._observer = HandshakeObserver(cfg.direct_wait)
+        self._observed: Observation = ((), ())
+        self._full_total = 0
 
     # --- life cycle ------------------------------------------------------------------------
 
@@ -266,7 +270,8 @@ class Agent:
                 # While pod interfaces settle, pass again every few seconds so the local-pod map
                 # catches up with the routes a CNI adds a moment after the veth.
                 settling = now < self.datapath_step.settle_until and now - self._last_pass >= PODS_SETTLE_STEP_S
-                if ifs == self._pod_ifs and not due and not settling:
+                observed = self._observe()
+                if ifs == self._pod_ifs and not due and not settling and not observed:
                     continue
                 self._settle_pass = settling and ifs == self._pod_ifs and not due
             else:
@@ -325,6 +330,23 @@ class Agent:
 
     # --- one pass --------------------------------------------------------------------------
 
+    def _observe(self) -> bool:
+        """Read WireGuard's handshakes (without allowed IPs); True when what this node would
+        publish about its NATed peers changed (the next pass publishes it)."""
+        device = self._wireguard.device if self._wireguard is not None else None
+        if device is None or self._last_plan is None or not self._observer.watches(self._last_plan):
+            changed = self._observed != ((), ())
+            self._observed = ((), ())
+            return changed
+        try:
+            seen = self._observer.observe(self._last_plan, device.show(allowed_ips=False))
+        except Exception as e:  # noqa: BLE001 - observing must never stop the loop
+            log.debug("wireguard handshakes: %s", e)
+            return False
+        changed = seen != self._observed
+        self._observed = seen
+        return changed
+
     def discover(self, mesh: MeshSettings) -> Node:
         """This node's record from flags and interfaces (discovery with overrides)."""
         cfg = self.cfg
@@ -340,6 +362,7 @@ class Agent:
             name=cfg.node_name, pod_cidr=cfg.pod_cidr, public_key=self._public_key, location=cfg.location,
             internal_ip=internal, endpoint=endpoint, leader=cfg.leader,
             persistent_keepalive=cfg.persistent_keepalive, allowed_location_ips=cfg.allowed_location_ips,
+            discovered_endpoints=self._observed[0], unreached_peers=self._observed[1],
         )
 
     def reconcile(self) -> NodePlan | None:
@@ -474,6 +497,7 @@ class Agent:
         never stops the others."""
         full = self._pass.full = self._full_pass_due()
         if full:
+            self._full_total += 1
             for s in self.steps:
                 s.forget()
             self._applied.clear()
@@ -538,6 +562,9 @@ class Agent:
             "nodes": len(topo.nodes) if topo else self._status.get("nodes", 0),
             "routes": len(plan.routes) if plan else 0,
             "paths": dict(plan.paths) if plan else {},
+            "relays": {n: {"via": via, "reason": why} for n, (via, why) in plan.relays.items()} if plan else {},
+            "discovered_endpoints": {n: str(ep) for n, ep in self._observed[0]},
+            "unreached_peers": list(self._observed[1]),
             "rejections": [{"name": r.name, "reason": r.reason} for r in rejections],
             "rejections_total": len(self._rejections_seen),
             "pod_interfaces": list(self._pod_ifs),
@@ -545,7 +572,8 @@ class Agent:
             "last_reconcile": {"time": time.time(), "duration_s": round(dt, 6), "cpu_s": round(cpu, 6),
                                "applied": applied, "full": run.full, "reused": list(run.reused),
                                "errors": dict(run.errors), "steps_ms": dict(run.steps_ms)},
-            "reconcile": {"ok_total": self._ok_total, "failed_total": self._failed_total},
+            "reconcile": {"ok_total": self._ok_total, "failed_total": self._failed_total,
+                          "full_total": self._full_total},
             "errors_total": dict(self._errors),
             "pid": os.getpid(),
         }

@@ -86,6 +86,8 @@ def endpoint_list(text: str) -> tuple[str, ...]:
               help="Full reconcile period; with --backend kubernetes a Node not seen for twice this is not ready.")
 @click.option("--path-hold-seconds", "path_hold", default=10.0, type=float, show_default=True,
               help="intra_subnet auto: a private rung that delivers again is taken back after this long.")
+@click.option("--direct-wait-seconds", "direct_wait", default=20.0, type=float, show_default=True,
+              help="A peer behind NAT tried this long without a handshake is reported unreached (then relayed).")
 @click.option("--kvstore-endpoints", default="", callback=lambda _c, _p, val: endpoint_list(val),
               help="--backend kubernetes: mirror the cluster's nodes into this etcd (comma-separated URLs) "
               "for the cluster mesh.")
@@ -199,6 +201,7 @@ def format_status(st: dict[str, Any]) -> str:
                      f"allowed {','.join(p.get('allowed_ips', []))}  rx {_bytes(p.get('rx_bytes', 0))}  "
                      f"tx {_bytes(p.get('tx_bytes', 0))}  handshake {age}")
     lines += format_paths(st)
+    lines += format_nat(st)
     last = st.get("last_reconcile") or {}
     if last:
         errs = last.get("errors") or {}
@@ -223,6 +226,20 @@ def format_status(st: dict[str, Any]) -> str:
     if st.get("remotes"):
         lines += format_clustermesh(st["remotes"], now)
     return "\n".join(lines)
+
+
+def format_nat(st: dict[str, Any]) -> list[str]:
+    """Relayed nodes (path `relay`: through which node, why) and what this node saw of its NATed
+    peers (docs/nat.md); nothing when there is neither."""
+    lines = []
+    for name, r in sorted((st.get("relays") or {}).items()):
+        lines.append(f"relay: {name} through {r.get('via')} ({r.get('reason')})")
+    seen = st.get("discovered_endpoints") or {}
+    if seen:
+        lines.append("discovered endpoints: " + ", ".join(f"{n} {ep}" for n, ep in sorted(seen.items())))
+    if st.get("unreached_peers"):
+        lines.append("unreached peers: " + ", ".join(st["unreached_peers"]))
+    return lines
 
 
 def format_clustermesh(cm: dict[str, Any], now: float) -> list[str]:

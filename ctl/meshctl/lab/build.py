@@ -7,6 +7,8 @@ Layout (prefix P, e.g. `ml-`):
     P etcd-<cluster>   etcd on the public segment (198.51.100.250 downwards), TLS + client certs
     P <node>           node: `priv` (its internal address), `pub` (198.51.100.10 upwards), `pod<k>`
                        host ends of pod veths, kilo0 made by its agent
+    P <node>-nat       NAT router of a node listed in `lab.nat` (lab/nat.py): it holds the node's public
+                       address; the node's `pub` then has 192.168.<i>.2/24 behind it
     P <node>-p<k>      pod: `eth0` with one address of the node's pod CIDR, default via 169.254.1.1
                        (an address of the node's end); the node has a /32 route to it on `pod<k>`
 With several clusters node namespaces are `P<cluster>-<node>`. Nothing leaves these namespaces.
@@ -32,6 +34,7 @@ from meshctl.backends.etcd import write_topology
 from meshctl.errors import InputError, MeshError
 from meshctl.etcd import EtcdClient
 from meshctl.lab import fabric, netns, pki
+from meshctl.lab import nat as labnat
 from meshctl.lab import state as labstate
 from meshctl.lab.etcd_process import EtcdServer, stop_pid, stop_pids
 from meshctl.lab.spec import PUBLIC_NET, LabSpec
@@ -142,7 +145,7 @@ def _build(spec: LabSpec, st: dict[str, Any], progress: Progress) -> None:
         finally:
             client.close()
         st["clusters"].append({"name": cname, "id": topo.cluster.id, "etcd": access, "nodes": [],
-                               "mesh": {"granularity": topo.mesh.granularity}})
+                               "port": topo.mesh.port, "mesh": {"granularity": topo.mesh.granularity}})
         if spec.options.backend == "kubernetes":
             from meshctl.lab import kube as kubelab
 
@@ -229,10 +232,16 @@ def _node(spec: LabSpec, st: dict[str, Any], cst: dict[str, Any], topo: Topology
     pub_ip = PUBLIC_NET.network_address + 10 + idx
     if int(pub_ip) >= int(PUBLIC_NET.network_address) + 250 - len(spec.clusters):
         raise MeshError("too many lab nodes for the public segment")
-    netns.veth(fab, f"n{idx}u", ns, "pub")
-    netns.enslave(fab, f"n{idx}u", "bpub")
-    netns.addr(ns, "pub", f"{pub_ip}/{PUBLIC_NET.prefixlen}")
     node_args: list[str] = []
+    nat_kind = spec.options.nat_kind(n.name) or spec.options.nat_kind(f"{topo.cluster.name}/{n.name}")
+    nat = None
+    if nat_kind is not None:
+        nat = labnat.build_router(prefix, fab, ns, idx, nat_kind, str(pub_ip), PUBLIC_NET.prefixlen, topo.mesh.port,
+                                  lambda name: _ns(st, name))
+    else:
+        netns.veth(fab, f"n{idx}u", ns, "pub")
+        netns.enslave(fab, f"n{idx}u", "bpub")
+        netns.addr(ns, "pub", f"{pub_ip}/{PUBLIC_NET.prefixlen}")
     if n.internal_ip is not None:
         netns.veth(fab, f"n{idx}p", ns, "priv")
         netns.enslave(fab, f"n{idx}p", f"bpriv{subnets.index(n.internal_ip.network)}")
@@ -247,7 +256,7 @@ def _node(spec: LabSpec, st: dict[str, Any], cst: dict[str, Any], topo: Topology
         "allowed_location_ips": [str(a) for a in n.allowed_location_ips],
         "private_interface": "priv" if n.internal_ip is not None else None, "public_interface": "pub",
         "metrics_addr": METRICS_ADDR, "dir": str(nd), "state_dir": str(nd / "state"), "wg_run_dir": str(nd / "wg"),
-        "pods": pods, "pid": None, "agent_args": node_args,
+        "pods": pods, "pid": None, "agent_args": node_args, "nat": nat,
     })
     labstate.save(st)
 
@@ -340,7 +349,7 @@ def agent_argv(st: dict[str, Any], cst: dict[str, Any], node: dict[str, Any]) ->
 
 def start_agent(st: dict[str, Any], node_name: str, *, extra_args: tuple[str, ...] = ()) -> int:
     """Start (or restart) one node's agent inside its namespace; records its PID."""
-    cst, node = _lookup(st, node_name)
+    cst, node = lookup(st, node_name)
     if node.get("pid") and netns.pid_alive(node["pid"]):
         raise MeshError(f"the agent of {node_name} is already running (pid {node['pid']})")
     Path(node["dir"]).mkdir(parents=True, exist_ok=True)
@@ -363,7 +372,7 @@ def start_agent(st: dict[str, Any], node_name: str, *, extra_args: tuple[str, ..
 
 def stop_agent(st: dict[str, Any], node_name: str, *, kill: bool = False) -> None:
     """SIGTERM (or SIGKILL) one agent: its routes, WireGuard and maps stay."""
-    cst, node = _lookup(st, node_name)
+    cst, node = lookup(st, node_name)
     if node.get("pid"):
         stop_pid(node["pid"], 0 if kill else 10)
     node["pid"] = None
@@ -371,7 +380,7 @@ def stop_agent(st: dict[str, Any], node_name: str, *, kill: bool = False) -> Non
     labstate.save(st)
 
 
-def _lookup(st: dict[str, Any], node_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def lookup(st: dict[str, Any], node_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     for c in st["clusters"]:
         for n in c["nodes"]:
             if node_name in (n["name"], f"{c['name']}/{n['name']}"):
@@ -427,8 +436,10 @@ def _wait_datapaths(st: dict[str, Any], progress: Progress, deadline: float, hol
     kernel routes, but `lab check` right after `lab up` should show the paths users will get."""
     from meshctl.lab.probe import agent_status
 
+    # A node without a private interface has no fast path to load (tunnel-only: kernel routes).
     loading = [n for c in st["clusters"] for n in c["nodes"]
-               if n.get("pid") and n["name"] not in hold and f"{c['name']}/{n['name']}" not in hold]
+               if n.get("pid") and n.get("private_interface") and n["name"] not in hold
+               and f"{c['name']}/{n['name']}" not in hold]
     modes: dict[str, str] = {}
     while loading and time.monotonic() < deadline:
         for n in list(loading):

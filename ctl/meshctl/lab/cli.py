@@ -1,4 +1,4 @@
-"""`meshctl` commands of the lab area: `lab up|check|down|status`."""
+"""`meshctl` commands of the lab area: `lab up|check|down|status|nat`."""
 
 from __future__ import annotations
 
@@ -88,6 +88,32 @@ def lab_fabric(subnet: str, kind: str, loss: int, lab_name: str | None) -> None:
     click.echo(f"fabric {subnet}: {e['kind']}" + (f", {e['loss']}% loss" if e["loss"] else ""))
 
 
+@lab_group.command("nat")
+@click.argument("node")
+@click.option("--lab", "lab_name", default=None, help="Lab name (default: the only lab up).")
+@click.option("--rebind", is_flag=True, help="Give the node a new external port now (its NAT forgets its mappings).")
+@click.option("--kind", default=None, type=click.Choice(["cone", "symmetric"]), help="Turn the NAT into this kind now.")
+def lab_nat(node: str, lab_name: str | None, rebind: bool, kind: str | None) -> None:
+    """Show (or with --rebind, change) the NAT of a node listed in lab.nat."""
+    from meshctl.lab import build, state
+    from meshctl.lab import nat as labnat
+
+    st = state.resolve(lab_name)
+    cst, n = build.lookup(st, node)
+    if not n.get("nat"):
+        raise MeshError(f"lab node {node} is not behind a NAT (lab.nat)")
+    if kind:
+        labnat.set_kind(n, kind, int(cst.get("port", 51820)))
+    if rebind:
+        labnat.rebind(n, int(cst.get("port", 51820)))
+    if kind or rebind:
+        state.save(st)
+    nat = n["nat"]
+    port = nat["port"] if nat["port"] is not None else "random per destination"
+    click.echo(f"{node}: {nat['kind']} NAT in {nat['router_ns']}, inside {nat['inside_ip']}, "
+               f"outside {nat['public_ip']} port {port}, rebinds {nat['rebinds']}")
+
+
 @lab_group.command("down")
 @click.option("--lab", "lab_name", default=None, help="Lab name (default: every lab that is up).")
 @click.option("--prefix", default=None, help="Remove by prefix even without a state file (after a crash).")
@@ -137,6 +163,7 @@ def lab_status(lab_name: str | None, output: str) -> None:
                 "ready": bool(s and s.get("ready")), "granularity": s.get("granularity") if s else None,
                 "leader": s.get("leader") if s else None, "peers": len(s.get("peers", [])) if s else None,
                 "datapath": (s.get("datapath") or {}).get("mode") if s else None,
+                "nat": (n.get("nat") or {}).get("kind"),
             })
     if output == "json":
         click.echo(json.dumps({"name": st["name"], "prefix": st["prefix"], "source": st.get("source"),
@@ -152,7 +179,7 @@ def lab_status(lab_name: str | None, output: str) -> None:
         agent = f"{r['agent_pid']}" if r["agent_alive"] else "dead"
         click.echo(f"  {r['node']:<14} {r['netns']:<18} {r['internal_ip'] or '-':<16} {','.join(r['pods']):<14} "
                    f"{agent:<12} {r['granularity'] or '-':<9} {r['leader'] or '-':<8} {r['peers'] or 0!s:<5} "
-                   f"{r['datapath'] or '-'}")
+                   f"{r['datapath'] or '-'}" + (f"  behind a {r['nat']} NAT" if r["nat"] else ""))
     click.echo("  enter a node:  nsenter --net=/run/netns/<NETNS> bash   (ip route; wg show kilo0 needs the "
                "node's run dir)")
 

@@ -2,11 +2,12 @@
 
 Pairs are pinged one at a time so counters move for one pair only. The path is what the packets
 did, not what the plan says, named as the path ladder does: the source node's kilo0 TX rising
-means "tunnel", or "wireguard-private" when its WireGuard peer's endpoint is the destination's
-private address; its private NIC TX rising means "direct", "direct+vxlan"/"direct+ipip" when the
-fast path's encap counter (or the kernel's VXLAN device) rose too, or "via-leader" when its
-leader's kilo0 TX rose too. The source agent's fast-path counters (datapath `direct`/`tunnel`
-actions) are reported next to it.
+means "tunnel", "relay" when the WireGuard peer that carried the bytes is the relaying node the
+source agent names for the destination (per-peer TX counters), or "wireguard-private" when its
+WireGuard peer's endpoint is the destination's private address; its private NIC TX rising means
+"direct", "direct+vxlan"/"direct+ipip" when the fast path's encap counter (or the kernel's VXLAN
+device) rose too, or "via-leader" when its leader's kilo0 TX rose too. The source agent's
+fast-path counters (datapath `direct`/`tunnel` actions) are reported next to it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,28 @@ from meshctl.node.tunnels import VXLAN_DEV
 
 WG = defaults.WG_INTERFACE
 CELL = 28  # "ok wireguard-private 0.08ms"
+
+
+def peer_tx(node: dict[str, Any]) -> dict[str, int]:
+    """TX bytes per WireGuard peer (public key) of a lab node, from its wireguard-go socket."""
+    from pathlib import Path
+
+    from meshctl.node.wireguard.uapi import UapiClient
+
+    try:
+        st = UapiClient(Path(node["wg_run_dir"]) / f"{WG}.sock", timeout=2.0).get(allowed_ips=False)
+    except MeshError:
+        return {}
+    return {k: p.tx_bytes for k, p in st.peers.items()}
+
+
+def _carrier(before: dict[str, int], after: dict[str, int], status: dict[str, Any] | None) -> str | None:
+    """The name of the peer whose TX bytes rose most between two readings."""
+    deltas = {k: n - before.get(k, 0) for k, n in after.items()}
+    if not deltas or max(deltas.values()) <= 0:
+        return None
+    key = max(deltas, key=lambda k: deltas[k])
+    return next((p.get("name") for p in (status or {}).get("peers") or [] if p.get("public_key") == key), None)
 
 
 @dataclass
@@ -114,6 +137,8 @@ def check(st: dict[str, Any], *, count: int = 5, pairs: list[tuple[str, str]] | 
         before = (link_tx(sn["netns"], WG), link_tx(sn["netns"], "priv"),
                   link_tx(leader_node["netns"], WG) if leader_node else None, link_tx(sn["netns"], VXLAN_DEV))
         fp_before = _fp_packets(agent_status(sn))
+        relay = (((s_st or {}).get("relays") or {}).get(dst_key) or {}).get("via")
+        tx_before = peer_tx(sn) if relay else {}
         sent, recv, rtt = ping(sn["pods"][0]["netns"], dn["pods"][0]["ip"], count=count)
         after = (link_tx(sn["netns"], WG), link_tx(sn["netns"], "priv"),
                  link_tx(leader_node["netns"], WG) if leader_node else None, link_tx(sn["netns"], VXLAN_DEV))
@@ -125,7 +150,10 @@ def check(st: dict[str, Any], *, count: int = 5, pairs: list[tuple[str, str]] | 
         if recv == 0:
             path = "none"
         elif delta[0] >= need:
-            path = "wireguard-private" if _private_endpoint(s_now, dn) else "tunnel"
+            if relay and _carrier(tx_before, peer_tx(sn), s_st) == relay:
+                path = "relay"
+            else:
+                path = "wireguard-private" if _private_endpoint(s_now, dn) else "tunnel"
         elif delta[1] >= need and delta[2] >= need:
             path = "via-leader"
         elif delta[1] >= need and (fp.get("encap", 0) >= need or delta[3] >= need):

@@ -26,7 +26,8 @@ def _placeholder_key(i: int) -> str:
     return base64.b64encode((i + 1).to_bytes(32, "big")).decode()
 
 
-LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend", "fabrics", "clustermesh")
+LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend", "fabrics", "clustermesh",
+              "nat")
 
 PUBLIC_NET = ipaddress.ip_network("198.51.100.0/24")
 
@@ -43,6 +44,10 @@ class LabOptions:
     # Several clusters: join them through each other's etcd (--clustermesh-dir); false leaves them
     # apart, to be joined by hand (Kilo's way: each cluster's nodes as Peers of the other).
     clustermesh: bool = True
+    nat: tuple[tuple[str, str], ...] = ()  # (node, cone|symmetric): nodes behind a NAT router (lab/nat.py)
+
+    def nat_kind(self, node: str) -> str | None:
+        return dict(self.nat).get(node)
 
 
 @dataclass(frozen=True)
@@ -111,7 +116,21 @@ def _options(d: Any) -> LabOptions:
     if not isinstance(cm, bool):
         raise InputError("lab.clustermesh", cm, "is not true or false")
     return LabOptions(pods_per_node=pods, lease_ttl=ttl, prefix=prefix, fastpath=fast, agent_args=tuple(args),
-                      backend=backend, fabrics=parse_fabrics(d.get("fabrics")), clustermesh=cm)
+                      backend=backend, fabrics=parse_fabrics(d.get("fabrics")), clustermesh=cm, nat=_nat(d.get("nat")))
+
+
+def _nat(d: Any) -> tuple[tuple[str, str], ...]:
+    """`lab.nat: {NODE: cone|symmetric}` (node names are checked against the nodes later)."""
+    from meshctl.lab.nat import NAT_KINDS
+
+    if d is None:
+        return ()
+    if not isinstance(d, dict):
+        raise InputError("lab.nat", d, "is not a mapping of node name to cone|symmetric")
+    for node, kind in d.items():
+        if kind not in NAT_KINDS:
+            raise InputError(f"lab.nat.{node}", kind, f"is not one of {', '.join(NAT_KINDS)}")
+    return tuple(sorted((str(k), v) for k, v in d.items()))
 
 
 def check_prefix(prefix: Any, path: str) -> str:
@@ -143,6 +162,11 @@ def parse_lab(doc: Any, source: str = "") -> LabSpec:
     for i, cname in enumerate(names):
         if cname in names[:i]:
             raise InputError(f"clusters[{i}].cluster.name", cname, "is used by another cluster of the lab")
+    all_names = {n.name for c in clusters for n in c.nodes} | {f"{c.cluster.name}/{n.name}" for c in clusters
+                                                                for n in c.nodes}
+    for node, _ in opts.nat:
+        if node not in all_names:
+            raise InputError(f"lab.nat.{node}", node, "is not a node of the lab")
     total = sum(len(c.nodes) for c in clusters)
     if total == 0:
         raise InputError("nodes", [], "is empty: a lab needs at least one node")

@@ -226,3 +226,45 @@ def secret_key_ref(value: Any, path: str) -> KeyRef:
     if not isinstance(key, str) or not re.fullmatch(r"[-._A-Za-z0-9]{1,253}", key):
         raise InputError(f"{path}.secretKeyRef.key", key, "is not a Secret key name")
     return KeyRef("secret", name, key)
+
+
+MAX_DISCOVERED = 4096  # entries in one record's discovered_endpoints / unreached_peers
+
+
+def discovered_endpoints(value: Any, path: str, owner: str) -> tuple[tuple[str, Endpoint], ...]:
+    """`{peer: "ip:port"}`: where `owner` saw each peer's latest handshake come from. A peer is a
+    node name or its WireGuard public key (Kilo's annotation keys them so). Only IP literals (a
+    handshake has a source address, never a name) and never the owner itself."""
+    if value is None:
+        return ()
+    d = mapping(value, path)
+    if len(d) > MAX_DISCOVERED:
+        raise InputError(path, f"{len(d)} entries", f"is more than {MAX_DISCOVERED} entries")
+    out = []
+    for name, ep_text in d.items():
+        if not (isinstance(name, str) and len(name) == 44 and name.endswith("=")):
+            node_name(name, f"{path}.{name}")
+        else:
+            wg_key(name, f"{path}.{name}")
+        if name == owner:
+            raise InputError(f"{path}.{name}", ep_text, "is the node's own name (a node cannot discover itself)")
+        ep = endpoint(ep_text, f"{path}.{name}")
+        if ep.ip is None:
+            raise InputError(f"{path}.{name}", ep_text, "is not an IP address and port")
+        out.append((name, ep))
+    return tuple(sorted(out))
+
+
+def name_list(value: Any, path: str, owner: str) -> tuple[str, ...]:
+    """A list of node names other than `owner` (unreached_peers)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise InputError(path, value, "is not a list of node names")
+    if len(value) > MAX_DISCOVERED:
+        raise InputError(path, f"{len(value)} entries", f"is more than {MAX_DISCOVERED} entries")
+    for i, name in enumerate(value):
+        node_name(name, f"{path}[{i}]")
+        if name == owner:
+            raise InputError(f"{path}[{i}]", name, "is the node's own name")
+    return tuple(sorted(set(value)))

@@ -70,14 +70,15 @@ class Endpoint:
     host: str
     port: int
 
-    @property
+    # Cached (plans ask every peer's endpoint several times; records keep their Endpoint objects).
+    @functools.cached_property
     def ip(self) -> IPAddress | None:
         try:
             return ipaddress.ip_address(self.host)
         except ValueError:
             return None
 
-    @property
+    @functools.cached_property
     def is_public(self) -> bool:
         """A DNS name counts as public; an IP is public unless it lies in a private range."""
         ip = self.ip
@@ -131,6 +132,17 @@ class Node:
     allowed_location_ips: tuple[IPNetwork, ...] = ()
     wireguard_ip: IPInterface | None = None
     cluster: str = ""
+    # What this node's WireGuard saw (docs/nat.md): the endpoint each NATed peer's latest fresh
+    # handshake came from, by peer name (Kilo's `discovered-endpoints`), and the NATed peers it
+    # has tried for longer than the direct wait without any handshake. Claims about OTHER nodes:
+    # they route nothing until mesh.admit.confirmed_endpoints / mesh.plan agree with them.
+    discovered_endpoints: tuple[tuple[str, Endpoint], ...] = ()
+    unreached_peers: tuple[str, ...] = ()
+
+    @property
+    def reachable_endpoint(self) -> Endpoint | None:
+        """The configured endpoint when anyone on the internet can call it (a public one)."""
+        return self.endpoint if self.endpoint is not None and self.endpoint.is_public else None
 
     @property
     def qualified_name(self) -> str:

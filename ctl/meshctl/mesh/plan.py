@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from meshctl.errors import InputError
@@ -34,6 +34,7 @@ from meshctl.mesh.model import (
     private_neighbours,
     sort_key_net,
 )
+from meshctl.mesh.nat import NatView, choose_relay, nat_view
 
 Dev = Literal["private", "wireguard"]
 Action = Literal["local", "direct", "tunnel"]
@@ -66,6 +67,11 @@ class PeerPlan:
     allowed_ips: tuple[IPNetwork, ...]
     persistent_keepalive: int
     preshared_key: KeyRef | None = None  # where the key is (extra peers only); never the key
+    # The peer may sit behind NAT (no public endpoint of its own, or it keeps its mappings open):
+    # the endpoint WireGuard learned from its handshakes is kept over `endpoint` (docs/nat.md).
+    roaming: bool = False
+    # `endpoint` is one the mesh discovered (confirmed by other nodes' handshakes), not configured.
+    discovered: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,9 +123,11 @@ class NodePlan:
     peers: tuple[PeerPlan, ...]
     routes: tuple[Route, ...]
     fastpath: tuple[FastPathEntry, ...]
-    # How this node reaches every other node: qualified name -> local, via-leader or a rung of the
-    # path ladder (direct, direct+ipip, direct+vxlan, wireguard-private, tunnel).
+    # How this node reaches every other node: qualified name -> local, via-leader, relay or a rung
+    # of the path ladder (direct, direct+ipip, direct+vxlan, wireguard-private, tunnel).
     paths: dict[str, str] = field(default_factory=dict, compare=False)
+    # Nodes reached through a relay: qualified name -> (the relaying node, why).
+    relays: dict[str, tuple[str, str]] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -194,6 +202,7 @@ class _Builder:
         self.routes: dict[IPNetwork, Route] = {}
         self.encaps: dict[IPNetwork, Encap] = {}  # pod CIDRs on an encapsulated rung (no route)
         self.peers: list[PeerPlan] = []
+        self.private_endpoints: list[tuple[int, IPAddress]] = []  # (index in peers, address)
 
     def route(self, dst: IPNetwork, via: IPAddress | None, dev: Dev) -> None:
         if dst not in self.encaps:
@@ -209,10 +218,13 @@ class _Builder:
             self.encaps.setdefault(dst, Encap(kind, me.internal_ip.ip, to.internal_ip.ip))
 
     def peer(self, name: str, kind: PeerKind, key: str, endpoint: Endpoint | str | None,
-             allowed: list[IPNetwork], keepalive: int, psk: KeyRef | None = None) -> None:
+             allowed: list[IPNetwork], keepalive: int, psk: KeyRef | None = None, *, roaming: bool = False,
+             discovered: bool = False) -> None:
         uniq = sorted(set(allowed), key=sort_key_net)
+        if isinstance(endpoint, Endpoint) and endpoint.ip is not None and not endpoint.is_public:
+            self.private_endpoints.append((len(self.peers), endpoint.ip))
         self.peers.append(PeerPlan(name, kind, key, str(endpoint) if endpoint else None, tuple(uniq), keepalive,
-                                   psk))
+                                   preshared_key=psk, roaming=roaming, discovered=discovered))
 
 
 def segment_addresses(members: Sequence[Node], wg: IPInterface | None, exclude_internal_of: Node | None
@@ -322,6 +334,24 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
     b = _Builder()
     keepalive = me.persistent_keepalive
     paths: dict[str, str] = {me.qualified_name: "local"}
+    view = nat_view(topo.nodes)
+    relayed, extra = _relays(view, me, my_seg, segs, mesh.granularity, mesh.intra_subnet)
+    relays: dict[str, tuple[str, str]] = {}
+
+    def relay_or_none(s: Segment) -> IPInterface | None:
+        """Plan segment s as reached through its relay (a peer with s's WireGuard IP only, for the
+        direct attempt); returns the relay's WireGuard IP, None when s is reached directly."""
+        if s.key not in relayed:
+            return None
+        via, reason = relayed[s.key]
+        r = s.leader
+        b.peer(s.peer_name, "node" if mesh.granularity != "location" else "segment", r.public_key,
+               view.endpoint(r), [host_net(s.wireguard_ip)], keepalive, roaming=_roams(r),
+               discovered=view.discovered(r))
+        for m in s.members:
+            paths[m.qualified_name] = "relay"
+            relays[m.qualified_name] = (via.leader.qualified_name, reason)
+        return via.wireguard_ip
 
     if mesh.granularity == "location":
         leads = my_seg.leader.name == me.name
@@ -349,17 +379,20 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
             if s is my_seg:
                 continue
             addrs = segment_addresses(s.members, None, None)
-            if leads:
-                b.peer(s.peer_name, "segment", s.leader.public_key, s.leader.endpoint,
-                       addrs + [host_net(s.wireguard_ip)], keepalive)
+            via = relay_or_none(s) if leads else None
+            if leads and via is None:
+                b.peer(s.peer_name, "segment", s.leader.public_key, view.endpoint(s.leader),
+                       addrs + [host_net(s.wireguard_ip)] + extra.get(s.key, []), keepalive,
+                       roaming=_roams(s.leader), discovered=view.discovered(s.leader))
             pods = {m.pod_cidr for m in s.members}
             for dst in addrs:
                 if leads:
-                    b.route(dst, s.wireguard_ip.ip, "wireguard")
+                    b.route(dst, (via or s.wireguard_ip).ip, "wireguard")
                 else:
                     to_leader(dst, dst in pods)
-            for m in s.members:
-                paths[m.qualified_name] = "tunnel" if leads else "via-leader"
+            if via is None:
+                for m in s.members:
+                    paths[m.qualified_name] = "tunnel" if leads else "via-leader"
     else:
         leads = True
         for s in segs:
@@ -379,7 +412,7 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
             # any time and the other still accepts what arrives (make-before-break).
             private_ep = rung == "wireguard-private" or (
                 auto and "wireguard-private" in rungs and (working is None or "wireguard-private" in working))
-            ep: Endpoint | None = r.endpoint
+            ep: Endpoint | None = view.endpoint(r)
             if private_ep:
                 assert r.internal_ip is not None
                 ep = Endpoint(str(r.internal_ip.ip), r.endpoint.port if r.endpoint else mesh.port)
@@ -389,9 +422,12 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
             if r.internal_ip is not None and not private_neighbours(me, r) and len(rungs) == 1:
                 dsts.append(host_net(r.internal_ip))
             dsts.extend(r.allowed_location_ips)
-            b.peer(r.name, "node", r.public_key, ep, dsts + [host_net(wg_r)], keepalive)
+            via = relay_or_none(s)  # a relayed pair (both ends behind NAT): through a public node
+            if via is None:
+                b.peer(r.name, "node", r.public_key, ep, dsts + [host_net(wg_r)] + extra.get(s.key, []), keepalive,
+                       roaming=_roams(r), discovered=view.discovered(r) and ep == view.endpoint(r))
             for dst in dsts:
-                b.route(dst, wg_r.ip, "wireguard")
+                b.route(dst, (via or wg_r).ip, "wireguard")
 
     leader_ip = my_seg.leader.internal_ip.ip if my_seg.leader.internal_ip is not None else None
     for p in sorted(topo.peers, key=lambda p: p.name):
@@ -410,11 +446,85 @@ def _plan_node(topo: Topology, name: str, remotes: Sequence[Remote], granularity
         granularity=mesh.granularity,
         leader=my_seg.leader.name,
         wireguard_ip=my_seg.wireguard_ip if leads else None,
-        peers=tuple(sorted(b.peers, key=lambda p: p.name)),
+        peers=tuple(sorted(_no_loops(b), key=lambda p: p.name)),
         routes=routes,
         fastpath=fastpath,
         paths=paths,
+        relays=relays,
     )
+
+
+def _no_loops(b: _Builder) -> list[PeerPlan]:
+    """The peers, each without its endpoint when that address is routed into WireGuard by this
+    plan: its packets would enter the tunnel they carry (a loop, or a direct attempt through a
+    relay). This happens to a node behind NAT, whose configured endpoint is its inside address,
+    which is also its internal address; such a peer calls us (keepalive) and WireGuard learns where
+    it is. Only private endpoint addresses are looked up (mesh routes carry private ranges), and
+    only at the prefix lengths the WireGuard routes use: large plans stay as fast as before."""
+    if not b.private_endpoints:
+        return b.peers
+    plens = sorted({(r.dst.version, r.dst.prefixlen) for r in b.routes.values() if r.dev == "wireguard"})
+    out = list(b.peers)
+    for i, ip in b.private_endpoints:
+        net = ipaddress.IPv4Network if ip.version == 4 else ipaddress.IPv6Network
+        for version, plen in plens:
+            r = b.routes.get(net((int(ip), plen), strict=False)) if version == ip.version else None
+            if r is not None and r.dev == "wireguard":
+                out[i] = replace(out[i], endpoint=None, discovered=False)
+                break
+    return out
+
+
+def _node_addresses(me: Node, r: Node) -> list[IPNetwork]:
+    """What node r's peer carries for `me` in full/cross granularity (besides r's WireGuard IP):
+    its pod CIDR, its internal address unless the two are private neighbours, its location IPs."""
+    out = [r.pod_cidr]
+    if r.internal_ip is not None and not private_neighbours(me, r):
+        out.append(host_net(r.internal_ip))
+    out.extend(r.allowed_location_ips)
+    return out
+
+
+def _roams(r: Node) -> bool:
+    """r may sit behind NAT: no public endpoint of its own, or it keeps NAT mappings open."""
+    return r.reachable_endpoint is None or r.persistent_keepalive > 0
+
+
+def _relays(view: NatView, me: Node, my_seg: Segment, segs: Sequence[Segment], granularity: str,
+            intra_subnet: str) -> tuple[dict[str, tuple[Segment, str]], dict[str, list[IPNetwork]]]:
+    """The segments this node (when it leads) reaches through a relay: segment key -> (relaying
+    segment, why); and what each relaying segment's peer carries for them. Pairs that go over the
+    private network are never relayed; pairs without a relay candidate stay direct attempts."""
+    relayed: dict[str, tuple[Segment, str]] = {}
+    extra: dict[str, list[IPNetwork]] = {}
+    if my_seg.leader.name != me.name:
+        return relayed, extra
+
+    def over_private(r: Node) -> bool:  # the pair talks over the private network, not WireGuard
+        return granularity != "location" and private_neighbours(me, r) and intra_subnet == "direct" \
+            and (granularity == "full" or me.location == r.location)
+
+    wanted = []
+    for s in segs:
+        if s is my_seg:
+            continue
+        reason = view.relay_reason(me, s.leader)  # cheap, and None for almost every pair
+        if reason is not None and not over_private(s.leader):
+            wanted.append((s, reason))
+    if not wanted:
+        return relayed, extra
+    candidates = {s.leader.name: s for s in segs
+                  if s.leader.reachable_endpoint is not None and s is not my_seg and not over_private(s.leader)}
+    for s, reason in wanted:
+        r = s.leader
+        via = choose_relay(view, me, r, [c.leader for c in candidates.values()])
+        if via is None:
+            continue
+        seg = candidates[via.name]
+        relayed[s.key] = (seg, reason)
+        carried = segment_addresses(s.members, None, None) if granularity == "location" else _node_addresses(me, r)
+        extra.setdefault(seg.key, []).extend(carried)
+    return relayed, extra
 
 
 def _plan_remote(b: _Builder, me: Node, remote: Remote, leads: bool, leader_ip: IPAddress | None,

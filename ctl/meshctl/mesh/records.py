@@ -18,6 +18,7 @@ from meshctl.mesh.fields import (
     cidr_list,
     cluster_id,
     cluster_name,
+    discovered_endpoints,
     endpoint,
     granularity,
     interface,
@@ -25,6 +26,7 @@ from meshctl.mesh.fields import (
     key_file,
     location,
     mapping,
+    name_list,
     network,
     no_unknown_fields,
     node_name,
@@ -47,7 +49,7 @@ from meshctl.mesh.model import (
 
 NODE_FIELDS = (
     "name", "location", "internal_ip", "endpoint", "pod_cidr", "public_key", "leader",
-    "persistent_keepalive", "allowed_location_ips", "wireguard_ip",
+    "persistent_keepalive", "allowed_location_ips", "wireguard_ip", "discovered_endpoints", "unreached_peers",
 )
 
 
@@ -62,8 +64,9 @@ def parse_node(d: Any, path: str, *, cluster: str = "", default_port: int | None
         raise InputError(f"{p}pod_cidr", MISSING, "is required")
     if "public_key" not in d:
         raise InputError(f"{p}public_key", MISSING, "is required")
+    name = node_name(d["name"], f"{p}name")
     return Node(
-        name=node_name(d["name"], f"{p}name"),
+        name=name,
         location=location(d.get("location"), f"{p}location"),
         internal_ip=interface(d["internal_ip"], f"{p}internal_ip") if d.get("internal_ip") else None,
         endpoint=endpoint(d["endpoint"], f"{p}endpoint", default_port) if d.get("endpoint") else None,
@@ -74,6 +77,8 @@ def parse_node(d: Any, path: str, *, cluster: str = "", default_port: int | None
         allowed_location_ips=cidr_list(d.get("allowed_location_ips"), f"{p}allowed_location_ips"),
         wireguard_ip=interface(d["wireguard_ip"], f"{p}wireguard_ip") if d.get("wireguard_ip") else None,
         cluster=cluster,
+        discovered_endpoints=discovered_endpoints(d.get("discovered_endpoints"), f"{p}discovered_endpoints", name),
+        unreached_peers=name_list(d.get("unreached_peers"), f"{p}unreached_peers", name),
     )
 
 
@@ -94,6 +99,10 @@ def node_to_record(n: Node) -> dict[str, Any]:
         rec["allowed_location_ips"] = [str(c) for c in n.allowed_location_ips]
     if n.wireguard_ip is not None:
         rec["wireguard_ip"] = str(n.wireguard_ip)
+    if n.discovered_endpoints:
+        rec["discovered_endpoints"] = {name: str(ep) for name, ep in n.discovered_endpoints}
+    if n.unreached_peers:
+        rec["unreached_peers"] = list(n.unreached_peers)
     return rec
 
 

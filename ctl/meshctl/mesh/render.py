@@ -294,8 +294,10 @@ def peer_resource(p: WgPeer, api_version: str, name: str | None = None) -> dict[
 
 def node_rows(topo: Topology, remotes: Sequence[Remote], plan: NodePlan) -> list[dict[str, Any]]:
     """`meshctl node list` from one node's point of view: every local and remote node, its
-    addresses, its segment's WireGuard address (leaders only) and the path this node takes to it."""
+    addresses, its segment's WireGuard address (leaders only) and the path this node takes to it
+    (with the relaying node and why, for path `relay`)."""
     rows: list[dict[str, Any]] = []
+    relays = plan.relays
 
     def add(nodes: Sequence[Node], segs: Sequence[Segment], source: str, cluster: str) -> None:
         wg = {s.leader.name: s.wireguard_ip for s in segs}
@@ -306,6 +308,8 @@ def node_rows(topo: Topology, remotes: Sequence[Remote], plan: NodePlan) -> list
                 "endpoint": str(n.endpoint) if n.endpoint else None, "pod_cidr": str(n.pod_cidr),
                 "wireguard_ip": str(wg[n.name]) if n.name in wg else None,
                 "path": plan.paths.get(n.qualified_name, "none"),
+                "relay": relays[n.qualified_name][0] if n.qualified_name in relays else None,
+                "relay_reason": relays[n.qualified_name][1] if n.qualified_name in relays else None,
             })
 
     add(topo.nodes, segments(topo), "local", topo.cluster.name)
@@ -317,5 +321,5 @@ def node_rows(topo: Topology, remotes: Sequence[Remote], plan: NodePlan) -> list
 
 def node_rows_table(rows: Sequence[dict[str, Any]]) -> str:
     return table([(r["name"], r["source"], r["location"] or None, r["internal_ip"], r["pod_cidr"], r["wireguard_ip"],
-                   r["path"]) for r in rows],
-                 ["NAME", "SOURCE", "LOCATION", "INTERNAL", "POD CIDR", "WIREGUARD", "PATH"])
+                   r["path"], r.get("relay")) for r in rows],
+                 ["NAME", "SOURCE", "LOCATION", "INTERNAL", "POD CIDR", "WIREGUARD", "PATH", "RELAY"])

@@ -13,6 +13,7 @@ yet, or raises InputError naming the node, the annotation and the value.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,7 +34,11 @@ INTERNAL_IP = PREFIX + "internal-ip"
 WIREGUARD_IP = PREFIX + "wireguard-ip"
 LAST_SEEN = PREFIX + "last-seen"
 GRANULARITY = PREFIX + "granularity"
-AGENT_KEYS = (PUBLIC_KEY, ENDPOINT, INTERNAL_IP, WIREGUARD_IP, LAST_SEEN, GRANULARITY)
+DISCOVERED_ENDPOINTS = PREFIX + "discovered-endpoints"  # JSON {peer name: "ip:port"} (docs/nat.md)
+UNREACHED_PEERS = PREFIX + "unreached-peers"  # comma-separated peer names
+KILO_DISCOVERED_ENDPOINTS = KILO_PREFIX + "discovered-endpoints"  # Kilo's: {public key: {"IP", "Port"}}
+AGENT_KEYS = (PUBLIC_KEY, ENDPOINT, INTERNAL_IP, WIREGUARD_IP, LAST_SEEN, GRANULARITY, DISCOVERED_ENDPOINTS,
+              UNREACHED_PEERS)
 
 # Set by people; each is also read under Kilo's prefix.
 LOCATION = "location"
@@ -70,7 +75,7 @@ def _parsed(where: str, ann_name: str, parse: Any, value: Any) -> Any:
     try:
         return parse(value, "")
     except InputError as e:
-        raise InputError(f"{where}: {ann_name}", e.value, e.reason) from None
+        raise InputError(f"{where}: {ann_name}{e.path}", e.value, e.reason) from None
 
 
 def _leader(name: str, value: str) -> bool:
@@ -80,6 +85,26 @@ def _leader(name: str, value: str) -> bool:
     if value.strip().lower() == "false":
         return False
     raise InputError(name, value, "is not true, false or empty")
+
+
+def _discovered(ann: Mapping[str, str], where: str, owner: str) -> Any:
+    """meshctl's discovered-endpoints annotation, else Kilo's (keyed by public key, values Go's
+    JSON of a net.UDPAddr), as the record field; InputError names the annotation."""
+    name = DISCOVERED_ENDPOINTS if DISCOVERED_ENDPOINTS in ann else KILO_DISCOVERED_ENDPOINTS
+    if name not in ann:
+        return ()
+    try:
+        doc = json.loads(ann[name])
+    except ValueError:
+        raise InputError(f"{where}: {name}", ann[name], "is not JSON") from None
+    if name == KILO_DISCOVERED_ENDPOINTS and isinstance(doc, dict):
+        conv: dict[str, Any] = {}
+        for k, v in doc.items():
+            if not isinstance(v, dict) or not isinstance(v.get("IP"), str) or not isinstance(v.get("Port"), int):
+                raise InputError(f"{where}: {name}.{k}", v, "is not an address ({\"IP\": ..., \"Port\": ...})")
+            conv[k] = f"[{v['IP']}]:{v['Port']}" if ":" in v["IP"] else f"{v['IP']}:{v['Port']}"
+        doc = conv
+    return _parsed(where, name, lambda v, p: fields.discovered_endpoints(v, p, owner), doc)
 
 
 def parse_kube_node(obj: Mapping[str, Any], *, location_label: str = REGION_LABEL,
@@ -147,10 +172,13 @@ def parse_kube_node(obj: Mapping[str, Any], *, location_label: str = REGION_LABE
     gran = ann.get(GRANULARITY)
     if gran and gran not in GRANULARITIES:
         raise InputError(f"{where}: {GRANULARITY}", gran, f"is not one of {', '.join(GRANULARITIES)}")
+    unreached = ann.get(UNREACHED_PEERS, "")
     node = Node(
         name=node_name, pod_cidr=pod_cidr, public_key=key, location=location, internal_ip=internal_ip,
         endpoint=endpoint, leader=leader, persistent_keepalive=keepalive, allowed_location_ips=allowed,
-        wireguard_ip=wg,
+        wireguard_ip=wg, discovered_endpoints=_discovered(ann, where, node_name),
+        unreached_peers=field(UNREACHED_PEERS, lambda v, p: fields.name_list(v, p, node_name),
+                              [u.strip() for u in unreached.split(",") if u.strip()]),
     )
     return KubeNode(node, int(last_seen_text), str(meta.get("creationTimestamp") or ""))
 
@@ -165,6 +193,9 @@ def own_annotations(node: Node, granularity: str, now: float | None = None) -> d
         WIREGUARD_IP: str(node.wireguard_ip) if node.wireguard_ip is not None else None,
         LAST_SEEN: str(int(time.time() if now is None else now)),
         GRANULARITY: granularity,
+        DISCOVERED_ENDPOINTS: json.dumps({n: str(e) for n, e in node.discovered_endpoints}, sort_keys=True)
+        if node.discovered_endpoints else None,
+        UNREACHED_PEERS: ",".join(node.unreached_peers) or None,
     }
 
 

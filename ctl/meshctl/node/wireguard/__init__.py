@@ -34,7 +34,14 @@ from meshctl.mesh.plan import PeerPlan
 from meshctl.node.discovery import ifindex, interface_addresses, link_info, link_kind
 from meshctl.node.wireguard.genl import GenlClient
 from meshctl.node.wireguard.psk import NO_KEY
-from meshctl.node.wireguard.state import DevicePeer, DeviceState, PeerOp, format_endpoint, sorted_nets
+from meshctl.node.wireguard.state import (
+    DevicePeer,
+    DeviceState,
+    PeerOp,
+    format_endpoint,
+    handshake_fresh,
+    sorted_nets,
+)
 from meshctl.node.wireguard.uapi import DEFAULT_RUN_DIR, UapiClient, running_pid, spawn, stop
 
 __all__ = ["WireGuard", "PeerDiff", "PeerStatus", "resolve_endpoint"]
@@ -316,6 +323,7 @@ class WireGuard:
                 diff.removed.append(self._names.pop(pub, pub))
                 self._set_endpoints.pop(pub, None)
         kick: list[PeerOp] = []
+        live: dict[str, DevicePeer] | None = None  # read once, when a roaming peer's endpoint is in question
         for pub, p in desired.items():
             self._names[pub] = p.name
             have = known.get(pub)
@@ -338,13 +346,27 @@ class WireGuard:
                     kick += [PeerOp(pub, update_only=True, persistent_keepalive=1),
                              PeerOp(pub, update_only=True, persistent_keepalive=0)]
             else:
-                # An endpoint the peer roamed away from is not forced back unless the plan changed it.
-                set_ep = ep if ep is not None and ep != have.endpoint and ep != self._set_endpoints.get(pub) else None
-                ka = p.persistent_keepalive if p.persistent_keepalive != have.persistent_keepalive else None
+                set_ep = ep if ep is not None and ep != have.endpoint else None
+                if set_ep is not None and set_ep == self._set_endpoints.get(pub):
+                    # A peer that roamed away is not forced back unless the plan changed its endpoint:
+                    # a full resync (which forgets everything else) never does it.
+                    set_ep = None
+                elif set_ep is not None and p.roaming and (not p.discovered or pub not in self._set_endpoints):
+                    # A peer behind NAT: the endpoint its handshakes came from is kept while they are
+                    # fresh over what it configured (never reachable from here), and over a discovered
+                    # one this object did not see change (it just started: what it found works).
+                    if live is None:
+                        live = client.get(allowed_ips=False).peers
+                    now_peer = live.get(pub, have)
+                    if handshake_fresh(now_peer.last_handshake) and now_peer.endpoint is not None:
+                        set_ep = None
+                        have = replace(have, endpoint=now_peer.endpoint)
+                call_now = set_ep is not None and p.persistent_keepalive > 0
+                ka = p.persistent_keepalive if call_now or p.persistent_keepalive != have.persistent_keepalive else None
                 aips = sorted_nets(allowed) if allowed != have.allowed_ips else None
                 if set_ep is not None or ka is not None or aips is not None or psk is not None:
                     ops.append(PeerOp(pub, update_only=True, endpoint=set_ep, persistent_keepalive=ka,
-                                      allowed_ips=aips, preshared_key=psk))
+                                      allowed_ips=aips, preshared_key=psk, kick=call_now))
                     after[pub] = replace(have, endpoint=set_ep or have.endpoint, allowed_ips=allowed,
                                          persistent_keepalive=p.persistent_keepalive)
                     diff.updated.append(p.name)

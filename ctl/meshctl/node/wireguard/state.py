@@ -4,9 +4,20 @@ of wireguard-go), and the peer changes the applier sends. Keys are base64 here e
 from __future__ import annotations
 
 import ipaddress
+import time
 from dataclasses import dataclass, field
 
 from meshctl.mesh.model import IPNetwork, sort_key_net
+
+# A handshake younger than this still keys a session (WireGuard's REJECT_AFTER_TIME): the path it
+# came over works. Roaming endpoints are kept, and discovered endpoints published, only while fresh.
+HANDSHAKE_FRESH_S = 180.0
+
+
+def handshake_fresh(last_handshake: float | None, now: float | None = None) -> bool:
+    if not last_handshake:
+        return False
+    return (time.time() if now is None else now) - last_handshake < HANDSHAKE_FRESH_S
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,9 @@ class PeerOp:
     persistent_keepalive: int | None = None
     allowed_ips: tuple[IPNetwork, ...] | None = None  # replaces the peer's allowed IPs when given
     preshared_key: str | None = None  # base64; psk.NO_KEY removes it
+    # Turn the keepalive off and on again in the same change, which makes wireguard-go send a
+    # keepalive now: a peer given a new endpoint is called there at once, not at the next packet.
+    kick: bool = False
 
 
 def format_endpoint(ep: tuple[str, int]) -> str:

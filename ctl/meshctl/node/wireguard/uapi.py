@@ -132,6 +132,8 @@ class UapiClient:
             if op.endpoint is not None:
                 lines.append(f"endpoint={format_endpoint(op.endpoint)}")
             if op.persistent_keepalive is not None:
+                if op.kick and op.persistent_keepalive:
+                    lines.append("persistent_keepalive_interval=0")
                 lines.append(f"persistent_keepalive_interval={op.persistent_keepalive}")
             if op.preshared_key is not None:
                 lines.append(f"preshared_key={_hex(op.preshared_key)}")
