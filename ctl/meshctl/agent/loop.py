@@ -221,8 +221,6 @@ class Agent:
         """Leave routes, WireGuard and pinned maps in place; just stop watching and serving."""
         self.stop_event.set()
         self._wake.set()
-        if self.pod_watch is not None:
-            self.pod_watch.stop()
         # Closing a stream another thread reads can block on its socket: never wait long for it,
         # a restarting agent must be back before its lease runs out.
         closer = threading.Thread(target=self.backend.close, name="backend-close", daemon=True)
@@ -245,6 +243,8 @@ class Agent:
                 log.warning("closing the datapath: %s", e)
         if self.server is not None:
             self.server.stop()
+        if self.pod_watch is not None:
+            self.pod_watch.stop()
 
     def ready(self) -> bool:
         """A plan has been applied since the agent started (readiness, /readyz)."""

@@ -15,13 +15,14 @@ route, and a pod that goes takes its interface with it. `--pod-interfaces GLOB` 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import logging
+import os
 import select
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -93,6 +94,9 @@ class PodInterfaceWatcher:
         self._lock = threading.Lock()
         self._current: tuple[str, ...] = ()
         self._stop = threading.Event()
+        # Written by stop(): wakes the watcher's select at once (an agent restarting must be back
+        # before its lease runs out: its stop may not wait out a poll interval).
+        self._wake_r, self._wake_w = os.pipe()
         self._thread: threading.Thread | None = None
         self.errors = 0
 
@@ -114,8 +118,10 @@ class PodInterfaceWatcher:
 
     def stop(self) -> None:
         self._stop.set()
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
         if self._thread is not None:
-            self._thread.join(timeout=2)
+            self._thread.join(timeout=1)
 
     def refresh(self) -> bool:
         """Read the interfaces again; True when the set changed."""
@@ -135,19 +141,20 @@ class PodInterfaceWatcher:
         return True
 
     def _run(self, events: socket.socket) -> None:
-        last = time.monotonic()
         try:
             while not self._stop.is_set():
-                ready, _, _ = select.select([events], [], [], 0.5)
-                if not ready:
-                    if time.monotonic() - last >= RESCAN_S and self.refresh():
+                woke, _, _ = select.select([events.fileno(), self._wake_r], [], [], RESCAN_S)
+                if self._stop.is_set():
+                    break
+                if not woke:
+                    if self.refresh():
                         self._changed()
                     continue
                 # Drain the burst (a CNI makes the veth, addresses and routes in a few calls), then read once.
+                ready = True
                 while ready:
                     _drain(events)
-                    ready, _, _ = select.select([events], [], [], SETTLE_S)
-                last = time.monotonic()
+                    ready = bool(select.select([events], [], [], SETTLE_S)[0])
                 if self.refresh():
                     self._changed()
         except Exception as e:  # noqa: BLE001 - the agent keeps its last set
@@ -155,6 +162,9 @@ class PodInterfaceWatcher:
             log.error("pod interface watcher stopped: %s", e)
         finally:
             events.close()
+            for fd in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
 
 def _drain(sock: socket.socket) -> None:
