@@ -3,7 +3,8 @@ every eligible peer on every private rung this node can carry, and its verdicts 
 are the path-state the next plan reads. A change of a pair's rung wakes the loop at once: the pair
 leaves a dead rung without waiting for a reconcile pass.
 
-The fixed intra_subnet modes, IPv6 or no private interface: no prober, an empty path-state.
+The fixed intra_subnet modes: no prober, an empty path-state. `auto` where the prober cannot run
+(IPv6 private addresses, no private interface): no encapsulated rung, which nothing would verify.
 """
 
 from __future__ import annotations
@@ -19,6 +20,13 @@ from meshctl.mesh.plan import probe_ladders
 from meshctl.node.probe import Prober, Target, probe_address
 
 log = logging.getLogger("meshctl.agent")
+
+UNPROBED_RUNGS: frozenset[str] = frozenset({"direct", "wireguard-private"})
+
+
+def unprobed_state(ladders: dict[str, tuple[Rung, ...]]) -> PathState:
+    """The path-state where no probe runs: the rungs that need no encapsulation (none verified)."""
+    return {name: frozenset(r for r in lad if r in UNPROBED_RUNGS) for name, lad in ladders.items()}
 
 
 class EncapCarrier(Protocol):
@@ -42,6 +50,7 @@ class PathProbing:
         self.prober: Prober | None = None
         self._key: tuple[Any, ...] | None = None
         self._ladders_of: Topology | None = None
+        self._unprobed: PathState = {}
 
     def local_rungs(self) -> frozenset[Rung]:
         """Direct and WireGuard always; an encapsulated rung when something here carries it."""
@@ -62,7 +71,11 @@ class PathProbing:
         internal = me.internal_ip.ip if me is not None and me.internal_ip is not None else None
         if not ladders or probe_ip is None or not isinstance(internal, ipaddress.IPv4Address) or not self.private_if:
             self.stop()
+            # Nothing verifies the rungs here (IPv6, no private NIC): the unprobed ones a pair can
+            # take without an encapsulation this node may lack, as before the ladder.
+            self._unprobed = unprobed_state(ladders)
             return
+        self._unprobed = {}
         key = (internal, probe_ip)
         if self.prober is not None and self._key != key:
             self.stop()
@@ -73,6 +86,8 @@ class PathProbing:
                 p.start()
             except OSError as e:
                 log.warning("path probing off: %s", e)
+                p.stop()
+                self._unprobed = unprobed_state(ladders)
                 return
             self.prober, self._key = p, key
             log.info("probing %d peer(s) on the private rungs %s", len(ladders), sorted(p.chooser.local_rungs))
@@ -91,7 +106,7 @@ class PathProbing:
             self.prober.set_local_rungs(self.local_rungs())
 
     def state(self) -> PathState:
-        return self.prober.path_state() if self.prober is not None else {}
+        return self.prober.path_state() if self.prober is not None else dict(self._unprobed)
 
     def changes(self) -> list[Change]:
         return self.prober.changes() if self.prober is not None else []
