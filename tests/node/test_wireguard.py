@@ -253,11 +253,12 @@ def test_a_peer_added_again_starts_a_handshake_at_once(pair: Pair, lab: NodeLab)
     time.sleep(0.1)
     in_ns(pair.b, pair.wb.sync_peers, [])
     in_ns(pair.b, pair.wb.sync_peers, pair.peers_b())
+    # a pings until b answers: at once (a packet racing the handshake may be lost), not after 15 s.
     t0 = time.monotonic()
-    ok = lab.sh(pair.a, "ping", "-c", "1", "-W", "2", "10.4.0.2", check=False).returncode == 0
+    while lab.sh(pair.a, "ping", "-c", "1", "-W", "0.3", "10.4.0.2", check=False).returncode != 0:
+        assert time.monotonic() - t0 < 3, "a's pings were lost for 3 s after b took it back"
     took = time.monotonic() - t0
-    assert ok, "a's first ping after b took it back was lost"
-    print(f"\nfirst ping after the peer came back: {took * 1000:.0f} ms")
+    print(f"\nfirst answered ping after the peer came back: {took * 1000:.0f} ms")
 
 
 def test_roaming_peer_keeps_its_learned_endpoint_across_resyncs_and_restarts(pair: Pair, lab: NodeLab):
