@@ -22,7 +22,8 @@ def plan(*peers: PeerPlan) -> NodePlan:
 
 
 def peer(name: str, i: int, endpoint: str | None, roaming: bool = True, kind: str = "node") -> PeerPlan:
-    return PeerPlan(name, kind, key(i), endpoint, (ipaddress.ip_network(f"10.42.{i}.0/24"),), 0, roaming)  # type: ignore[arg-type]
+    return PeerPlan(name, kind, key(i), endpoint, (ipaddress.ip_network(f"10.42.{i}.0/24"),), 0,
+                    roaming=roaming)  # type: ignore[arg-type]
 
 
 def live(i: int, endpoint: str | None, handshake: float | None) -> PeerStatus:

@@ -43,6 +43,7 @@ LAB = {
     "lab": {"lease_ttl": 3},
 }
 KEY = "ZmFrZWtleWZha2VrZXlmYWtla2V5ZmFrZWtleWZha2U="  # 32 bytes, base64: a public key nobody holds
+KEY2 = "b3RoZXJrZXlvdGhlcmtleW90aGVya2V5b3RoZXJrZXk="  # another 32 bytes nobody holds
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +92,8 @@ def test_hijack_records_are_rejected_and_named_while_every_pair_works(lab: dict[
     evil = {
         "evil1": {"name": "evil1", "pod_cidr": "10.42.99.0/24", "public_key": KEY, "endpoint": "198.51.100.99:51820",
                   "allowed_location_ips": ["10.42.1.0/24"]},  # a1's pod CIDR
-        "evil2": {"name": "evil2", "pod_cidr": "10.42.98.0/24", "public_key": KEY, "endpoint": "198.51.100.98:51820",
+        # A key of its own: a second record with evil1's key would be refused as a duplicate key first.
+        "evil2": {"name": "evil2", "pod_cidr": "10.42.98.0/24", "public_key": KEY2, "endpoint": "198.51.100.98:51820",
                   "allowed_location_ips": ["0.0.0.0/0"]},  # every node's default route
     }
     for name, rec in evil.items():

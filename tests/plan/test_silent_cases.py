@@ -214,3 +214,24 @@ def test_an_agent_sees_only_its_own_dead_tunnels() -> None:
     why = "neither has an endpoint, so the WireGuard tunnel between them can never start (give one an endpoint)"
     assert dead_tunnels(topo, only="d") == [f"nodes c and d: {why}", f"node d and peer p2: {why}"]
     assert dead_tunnels(topo, only="a") == []
+
+
+def test_a_record_rejected_for_its_location_ips_frees_its_key() -> None:
+    """A node rejected late (its allowed location IPs) keeps no claim: a peer with the same key,
+    admitted after the nodes, is judged on its own fields, not refused as a duplicate of a record
+    that is not in."""
+    from meshctl.mesh.admit import Claims, admit_nodes, admit_peers
+    from meshctl.mesh.fields import network
+    from meshctl.mesh.model import Node, Peer
+
+    k = "ZmFrZWtleWZha2VrZXlmYWtla2V5ZmFrZWtleWZha2U="
+    a1 = Node(name="a1", pod_cidr=network("10.42.1.0/24", "p"), public_key="A" * 43 + "=")
+    bad = Node(name="evil1", pod_cidr=network("10.42.99.0/24", "p"), public_key=k,
+               allowed_location_ips=(network("10.42.1.0/24", "p"),))
+    claims = Claims()
+    admitted, rejected = admit_nodes([a1, bad], network("10.4.0.0/16", "s"), claims=claims)
+    assert [n.name for n in admitted] == ["a1"]
+    assert [r.name for r in rejected] == ["evil1"] and "overlaps a1's pod CIDR" in rejected[0].reason
+    peers, refused = admit_peers([Peer(name="laptop", public_key=k, allowed_ips=(network("10.5.0.1/32", "p"),))],
+                                 claims)
+    assert [p.name for p in peers] == ["laptop"] and not refused

@@ -63,7 +63,8 @@ class Source:
 
     def __init__(self, path: str | None, backend: str | None, kubeconfig: str | None, api_server: str | None,
                  lab_name: str | None, etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None,
-                 etcd_key: str | None, cluster_name: str, **_: Any) -> None:
+                 etcd_key: str | None, cluster_name: str, etcd_user: str | None = None,
+                 etcd_password_file: str | None = None, **_: Any) -> None:
         backend = backend or "file"
         if backend == "file" and not path:
             raise InputError("-f", MISSING, "is required (or --backend etcd|kubernetes)")
@@ -71,7 +72,7 @@ class Source:
             raise InputError("--backend", backend, "reads the live cluster: leave out -f")
         self.backend, self.path = backend, path
         self.kubeconfig, self.api_server, self.lab_name = kubeconfig, api_server, lab_name
-        self.etcd = (etcd_endpoints, etcd_ca, etcd_cert, etcd_key)
+        self.etcd = (etcd_endpoints, etcd_ca, etcd_cert, etcd_key, etcd_user, etcd_password_file)
         self.cluster_name = cluster_name
         self.name = Path(path).name if path else backend
 
@@ -100,12 +101,14 @@ class Source:
         from meshctl.mesh import records
         from meshctl.mesh.model import Cluster
 
-        endpoints, ca, cert, key = self.etcd
+        endpoints, ca, cert, key, user, password_file = self.etcd
         netns = None
         if self.lab_name is not None or not endpoints:
             acc = targets.lab("--etcd-endpoints").etcd(self.lab_name, self.cluster_name)
-            endpoints, ca, cert, key, netns = ",".join(acc.endpoints), acc.ca, acc.cert, acc.key, acc.netns
-        client = EtcdClient(list(endpoint_list(endpoints)), ca=ca, cert=cert, key=key, netns=netns)
+            endpoints, ca, cert, key, user, password_file, netns = (
+                ",".join(acc.endpoints), acc.ca, acc.cert, acc.key, acc.user, acc.password_file, acc.netns)
+        client = EtcdClient(list(endpoint_list(endpoints)), ca=ca, cert=cert, key=key, netns=netns, user=user,
+                            password_file=password_file)
         try:
             cluster = Cluster(self.cluster_name)
             kv = client.get(cluster_key(self.cluster_name))

@@ -166,7 +166,12 @@ def admit_nodes(
             out.append(n)
             continue
         rejected.append(Rejection(n.qualified_name, problem))
+        # Everything the rejected record claimed is free again: its pod CIDR, its key, its name.
         claims.remove(n.pod_span)
+        if claims.keys.get(n.public_key) == f"node {n.qualified_name}":
+            del claims.keys[n.public_key]
+        if not n.cluster:
+            claims.node_names.discard(n.name)
         if n.internal_ip is not None and internal_ips.get(n.internal_ip.ip) == n.qualified_name:
             del internal_ips[n.internal_ip.ip]
     return out, rejected
