@@ -1,4 +1,4 @@
-"""The agent's settings: one dataclass, filled from command-line flags (cli_agent) or by the lab.
+"""The agent's settings: one dataclass, filled from command-line flags (cli.agent) or by the lab.
 
 Parsing goes through meshctl.mesh.fields so a bad flag reads like a bad record:
 `--pod-cidr: '10.42.1.0/33' is not a CIDR`.

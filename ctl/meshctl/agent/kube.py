@@ -112,7 +112,7 @@ def make_backend(cfg: AgentConfig) -> KubeBackend:
     annotations (location, forced endpoint or internal address, leader, keepalive, location IPs)
     fill what the flags left unset, now and whenever the Node changes (OwnNodeSettings below). The
     cluster's identity is the flags' when they differ from the defaults, else the ConfigMap's.
-    With `cfg.kvstore_endpoints` the cluster's nodes are mirrored into that etcd (kube.kvstore).
+    With `cfg.kvstore_endpoints` the cluster's nodes are mirrored into that etcd (backends.kube.kvstore).
     """
 
     extra = dict(cfg.extra)
@@ -132,7 +132,7 @@ def make_backend(cfg: AgentConfig) -> KubeBackend:
     be.on_own_node = own
     if flag_cluster is None:
         st = be.snapshot()
-        if st.ready:  # the cluster mesh watcher needs the local identity (kube.backend reads the ConfigMap)
+        if st.ready:  # the cluster mesh watcher needs the local identity (backends.kube.backend reads the ConfigMap)
             cfg.cluster_name, cfg.cluster_id = st.cluster.name, st.cluster.id
     if cfg.kvstore_endpoints:
         from meshctl.backends.kube.kvstore import KvstoreMirror

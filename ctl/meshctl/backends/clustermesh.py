@@ -11,7 +11,7 @@
 Adding a file connects, removing it drains the cluster; the directory is polled (no inotify
 dependency) every `poll` seconds. A remote etcd that goes away keeps its last good view (routes
 stay, connections keep working) and the cluster is marked not ready while it reconnects with
-backoff. The records themselves are judged by the pure `clustermesh.admit_remotes`.
+backoff. The records themselves are judged by the pure `mesh.admit.admit_remotes`.
 """
 
 from __future__ import annotations
@@ -414,7 +414,7 @@ class RemoteClusters:
                 tuple(sorted(self._errors.items())))
 
     def admit(self, local: Topology) -> tuple[list[Remote], list[Rejection]]:
-        """The remote records that may join the local plan (clustermesh.admit_remotes), with the
+        """The remote records that may join the local plan (mesh.admit.admit_remotes), with the
         rejections recorded per cluster for status and metrics."""
         states = self.states()
         remotes, rejections = admit_remotes(local, [s.topology() for s in states])

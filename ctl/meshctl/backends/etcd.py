@@ -2,9 +2,9 @@
 
 Key layout (docs/agent.md):
     /meshctl/<cluster>/cluster        {"name", "id", "subnet"}     created if absent by the first agent
-    /meshctl/<cluster>/mesh           validate.mesh_to_record      changeable at run time
-    /meshctl/<cluster>/nodes/<name>   validate.node_to_record      attached to the agent's lease
-    /meshctl/<cluster>/peers/<name>   a peer record (validate.parse_peer)
+    /meshctl/<cluster>/mesh           records.mesh_to_record       changeable at run time
+    /meshctl/<cluster>/nodes/<name>   records.node_to_record       attached to the agent's lease
+    /meshctl/<cluster>/peers/<name>   a peer record (records.parse_peer)
 
 The watch thread mirrors the prefix into a dict; `snapshot()` parses from that mirror, caching each
 record's parse by its mod_revision, so a reconcile over 5,000 records costs only the changed ones.

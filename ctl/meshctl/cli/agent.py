@@ -19,7 +19,7 @@ from meshctl.mesh import admit, fields, records
 
 
 def _flag(parse: Any) -> Any:
-    """A click callback that runs one validate parser and names the flag on failure."""
+    """A click callback that runs one mesh.fields parser and names the flag on failure."""
 
     def cb(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         if value is None or value == "":

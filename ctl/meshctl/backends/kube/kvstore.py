@@ -1,8 +1,8 @@
 """`--kvstore`: a Kubernetes cluster's nodes mirrored into an etcd, so other clusters' agents can
-join it in a cluster mesh (they read it with `clustermesh_watch.RemoteClusters`, the same way
+join it in a cluster mesh (they read it with `backends.clustermesh.RemoteClusters`, the same way
 they read a cluster that runs the etcd backend).
 
-Layout: exactly that of `etcdbackend` (docs/agent.md):
+Layout: exactly that of `backends.etcd` (docs/agent.md):
 
     /meshctl/<cluster>/cluster        {"name", "id", "subnet"}       from the ConfigMap (or flags)
     /meshctl/<cluster>/mesh           records.mesh_to_record
