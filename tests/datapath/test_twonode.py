@@ -160,7 +160,11 @@ def test_dnat_service_works_with_the_fast_path_and_ct_invalid_drop(bed):
 
 def test_without_flow_tracking_the_service_breaks(bed):
     """The negative control of the test above: with a's egress tracker detached (and its flows
-    forgotten), the service's replies bypass a's reverse DNAT and the connection fails."""
+    forgotten), the service's replies bypass a's reverse DNAT and the connection fails.
+    Premise per kernel: the tracker is a tcx link where the kernel has tcx (>= 6.6) and a clsact
+    filter before; detached as what it is, the premise holds on 6.1 (clsact) as on 6.18 (tcx).
+    Detaching a tcx link on a clsact kernel removed nothing, which is why the service once
+    "worked" on 6.1."""
     pin_dir = f"{bed.pin_root}/a"
 
     def untrack():

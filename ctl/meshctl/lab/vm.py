@@ -361,9 +361,12 @@ def warm_bpf_cache() -> bool:
 
 
 def _guest_setup() -> None:
-    """What the lab needs that vng's init does not do: bpffs, and a kernel-headers link for bcc."""
+    """What the lab needs that vng's init does not do: bpffs, and /dev/net/tun for wireguard-go
+    (Debian builds tun as a module: loading it makes the device node)."""
     if not os.path.ismount("/sys/fs/bpf"):
         subprocess.run(["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"], check=False)
+    if not os.path.exists("/dev/net/tun"):
+        subprocess.run(["modprobe", "tun"], check=False, capture_output=True)
     for d in ("/run/netns", "/var/run/netns"):
         with contextlib.suppress(OSError):
             os.makedirs(d, exist_ok=True)
