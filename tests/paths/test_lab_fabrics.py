@@ -188,7 +188,14 @@ def test_without_the_fast_path_the_kernel_fallback_carries_vxlan_and_ipip_is_una
         {k: (rung(st, *k), rung(st, k[1], k[0])) for k in want}
     assert "direct+ipip" not in status(st, "v1")["path_probe"]["local_rungs"]  # no ipip device, no eBPF
     pairs = [(a, b) for a, b in want] + [(b, a) for a, b in want]
-    results = probe.check(st, count=2, pairs=pairs)
-    assert all(r.ok for r in results), [(r.src, r.dst) for r in results if not r.ok]
-    seen = {(r.src, r.dst): r.path for r in results}
+    # Without the fast path `lab up` has no maps to wait for: the agents may still be applying
+    # routes and handshaking when it returns, so the pairs get a bounded while to come up.
+    last: list[probe.PairResult] = []
+
+    def all_up() -> bool:
+        last[:] = probe.check(st, count=2, pairs=pairs)
+        return all(r.ok for r in last)
+
+    assert wait_for(all_up, 30), [(r.src, r.dst) for r in last if not r.ok]
+    seen = {(r.src, r.dst): r.path for r in last}
     assert seen[("v1", "v2")] == "direct+vxlan" and seen[("h2", "h1")] == "direct+vxlan"

@@ -192,8 +192,10 @@ class Agent:
         self._public_key = keys.public_key(private_key)
         secrets = self.backend if isinstance(self.backend, SecretSource) else None
         self._wireguard = WireGuardStep(self.cfg, private_key, secrets)
-        self.steps = [self._wireguard, RoutesStep(self.cfg), SysctlsStep(self.cfg), NatStep(self.cfg),
-                      self.tunnels_step, self.datapath_step, self.cni_step]
+        # Tunnels before routes: a pair leaving an encapsulated rung frees its pod CIDR's tunnel route
+        # before the route step installs the direct one (the other way, a tunnel route replaces it).
+        self.steps = [self._wireguard, self.tunnels_step, RoutesStep(self.cfg), SysctlsStep(self.cfg),
+                      NatStep(self.cfg), self.datapath_step, self.cni_step]
         self.server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy, self.ready)
         self.server.start()
         if self.remotes is None and self._remotes_factory is not None:

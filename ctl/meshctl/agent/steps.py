@@ -145,12 +145,15 @@ class RoutesStep:
 
     def __init__(self, cfg: AgentConfig) -> None:
         self.applier = routes.RouteApplier(cfg.private_interface, cfg.wg_interface)
+        self._skipped = False
 
-    def inputs(self, p: PassInput) -> Hashable:
-        return p.plan.routes
+    def inputs(self, p: PassInput) -> Hashable | None:
+        # A route another owner held last time (a tunnel route on its way out) is tried again on
+        # the next pass, not only at the next full resync.
+        return None if self._skipped else p.plan.routes
 
     def sync(self, p: PassInput) -> frozenset[str]:
-        self.applier.sync(p.plan.routes)
+        self._skipped = bool(self.applier.sync(p.plan.routes).skipped)
         return NOTHING
 
     def forget(self) -> None:
