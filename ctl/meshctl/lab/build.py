@@ -194,15 +194,21 @@ def _identities(spec: LabSpec, topo: Topology, ca: pki.CertFiles, pdir: Path) ->
     return out
 
 
-def etcd_client(cluster_state: dict[str, Any], who: str = "admin", *, timeout: float = 2.0) -> EtcdClient:
-    """A client of a lab cluster's etcd as one of its identities (`admin`, a node name,
-    `remote:<cluster>`, `meshctl:kvstore`), dialled from the etcd's namespace."""
+def etcd_identity(cluster_state: dict[str, Any], who: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """A lab cluster's etcd access and one of its identities (`admin`, a node name,
+    `remote:<cluster>`, `meshctl:kvstore`): user, password file, client certificate and key."""
     e = cluster_state["etcd"]
     ids = e.get("identities") or {}
     if who not in ids:
-        raise MeshError(f"cluster {cluster_state['name']} has no etcd identity {who!r} "
-                        f"(there are: {', '.join(sorted(ids)) or 'none'})")
-    i = ids[who]
+        raise InputError("--as", who, f"is not an etcd identity of cluster {cluster_state['name']} "
+                         f"(there are: {', '.join(sorted(ids)) or 'none'})")
+    return e, ids[who]
+
+
+def etcd_client(cluster_state: dict[str, Any], who: str = "admin", *, timeout: float = 2.0) -> EtcdClient:
+    """A client of a lab cluster's etcd as one of its identities (`admin`, a node name,
+    `remote:<cluster>`, `meshctl:kvstore`), dialled from the etcd's namespace."""
+    e, i = etcd_identity(cluster_state, who)
     return EtcdClient(e["endpoints"], ca=e["ca"], cert=i["cert"], key=i["key"], netns=e["netns"], timeout=timeout,
                       user=i["user"], password_file=i["password_file"])
 

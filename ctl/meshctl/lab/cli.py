@@ -233,12 +233,9 @@ def lab_etcdctl(who: str, lab_name: str | None, cluster_name: str | None, args: 
     cst = next((c for c in clusters if cluster_name in (None, c["name"])), None)
     if cst is None:
         raise MeshError(f"lab {st['name']} has no cluster {cluster_name}")
-    e = cst["etcd"]
-    ids = e.get("identities") or {}
-    if who not in ids:
-        raise MeshError(f"--as: {who!r} is not an etcd identity of cluster {cst['name']} "
-                        f"(there are: {', '.join(sorted(ids))})")
-    i = ids[who]
+    from meshctl.lab.build import etcd_identity
+
+    e, i = etcd_identity(cst, who)
     with open(i["password_file"]) as f:
         password = f.read().strip()
     # The password goes through the environment (ETCDCTL_USER), not the command line others can read.
