@@ -1,19 +1,10 @@
-"""Labs with every fabric kind for the path tests (prefix `pb<pid><n>-`), removed on exit."""
+"""Labs with every fabric kind for the path tests (the lab suite's `make_lab`: unique prefixes, removed on exit)."""
 
 from __future__ import annotations
 
-import itertools
-import os
-from collections.abc import Callable, Iterator
 from typing import Any
 
-import pytest
-
-from meshctl.lab import build
-from meshctl.lab import state as labstate
-from meshctl.lab.spec import parse_lab
-
-_counter = itertools.count()
+from tests.lab.conftest import make_lab, node_of  # noqa: F401 - the lab suite's fixtures serve here too
 
 # One pair of nodes on each fabric kind (and a third vpc node on the second subnet of network rack).
 FABRICS_DOC: dict[str, Any] = {
@@ -44,23 +35,3 @@ FABRICS_DOC: dict[str, Any] = {
         },
     },
 }
-
-
-@pytest.fixture
-def make_lab() -> Iterator[Callable[..., dict[str, Any]]]:
-    names: list[str] = []
-
-    def make(doc: dict[str, Any], **kw: Any) -> dict[str, Any]:
-        prefix = f"pb{os.getpid() % 10000}{next(_counter)}-"
-        names.append(labstate.lab_name(prefix))
-        return build.up(parse_lab(doc), prefix=prefix, **kw)
-
-    try:
-        yield make
-    finally:
-        for n in names:
-            build.down(n)
-
-
-def node_of(st: dict[str, Any], name: str) -> dict[str, Any]:
-    return next(n for c in st["clusters"] for n in c["nodes"] if n["name"] == name)

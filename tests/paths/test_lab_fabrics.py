@@ -53,14 +53,11 @@ def settled(st: dict[str, Any]) -> bool:
 
 @pytest.fixture(scope="module")
 def auto_lab(request) -> Any:
-    import os
-
     from meshctl.lab import build
     from meshctl.lab.spec import parse_lab
+    from tests.names import unique
 
-    from .conftest import _counter  # one prefix scheme for every lab of these tests
-
-    prefix = f"pb{os.getpid() % 10000}{next(_counter)}-"
+    prefix = unique("pb") + "-"  # one prefix scheme for every lab of the tests
     st = build.up(parse_lab(doc("auto")), prefix=prefix, wait=120)
     try:
         assert wait_for(lambda: settled(st), 30), {k: (rung(st, *k), rung(st, k[1], k[0])) for k in EXPECTED}
@@ -71,6 +68,10 @@ def auto_lab(request) -> Any:
 
 def test_every_pair_reachable_on_the_rung_its_fabric_allows(auto_lab) -> None:
     results = probe.check(auto_lab, count=2)
+    # A pair whose two pings met a WireGuard handshake (a rekey among 110 pairs) is checked once more.
+    again = {(r.src, r.dst): r for r in probe.check(auto_lab, count=3, pairs=[(r.src, r.dst) for r in results
+                                                                              if not r.ok])}
+    results = [again.get((r.src, r.dst), r) for r in results]
     bad = [(r.src, r.dst, r.path) for r in results if not r.ok]
     assert not bad, bad
     seen = {(r.src, r.dst): r.path for r in results}
