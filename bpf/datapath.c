@@ -145,15 +145,39 @@ static __always_inline int mc_too_big(struct __sk_buff *skb, const struct mc_pkt
     return mc_redirected(bpf_redirect(skb->ifindex, 0), MC_C_TOO_BIG, len);
 }
 
+#ifndef MC_HAVE_CHECK_MTU
+#define MC_HAVE_CHECK_MTU 1
+#endif
+
+/* Whether the packet, `overhead` bytes longer, fits the private NIC: 0 yes, 1 no (its MTU in *mtu),
+ * <0 error. With bpf_check_mtu (5.12+) the kernel answers for the route's device, GSO included.
+ * Without it the agent's copy of the NIC's MTU (MC_CFG_PRIVATE_MTU) is compared with the L3 length;
+ * a GSO packet always fits there, since adjust_room lowers gso_size by the overhead (encap.h). */
+static __always_inline long mc_fits(struct __sk_buff *skb, const struct mc_route_value *r, __u32 overhead,
+                                    __u32 *mtu)
+{
+#if MC_HAVE_CHECK_MTU
+    long ret = bpf_check_mtu(skb, r->ifindex, mtu, overhead, 0);
+    if (ret < 0)
+        return ret;
+    return ret != BPF_MTU_CHK_RET_SUCCESS;
+#else
+    *mtu = (__u32)mc_config(MC_CFG_PRIVATE_MTU);
+    if (*mtu == 0 || skb->gso_segs > 1)
+        return 0;
+    return skb->len - ETH_HLEN + overhead > *mtu;
+#endif
+}
+
 static __always_inline int mc_forward_encap(struct __sk_buff *skb, struct mc_pkt *p, const struct mc_route_value *r,
                                             __u32 len)
 {
     __u32 overhead = mc_encap_overhead(r->encap);
     __u32 mtu = 0;
-    long fits = bpf_check_mtu(skb, r->ifindex, &mtu, overhead, 0);
+    long fits = mc_fits(skb, r, overhead, &mtu);
     if (fits < 0)
         return mc_out(MC_C_ERROR, len, TC_ACT_SHOT);
-    if (fits != BPF_MTU_CHK_RET_SUCCESS)
+    if (fits)
         return mc_too_big(skb, p, mtu - overhead, len);
     if (mc_dec_ttl(p) < 0)
         return mc_out(MC_C_PASS, len, TC_ACT_OK);

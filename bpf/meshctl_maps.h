@@ -144,6 +144,8 @@ struct mc_counter {
 #define MC_CFG_CLSACT 3   /* 1: the loader fell back to clsact filters (no tcx) */
 #define MC_CFG_PRIVATE4 4 /* this node's private IPv4 (network order in the low 32 bits): the outer
                            * destination of encapsulated packets it accepts; 0 accepts none */
+#define MC_CFG_PRIVATE_MTU 5 /* the private NIC's MTU: what an encapsulated packet must fit when the
+                              * kernel has no bpf_check_mtu (before 5.12, MC_HAVE_CHECK_MTU 0) */
 #define MC_CONFIG_SLOTS 8
 
 #endif

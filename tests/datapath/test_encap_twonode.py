@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from meshctl.cli import main
-from meshctl.datapath import Datapath
+from meshctl.datapath import Datapath, features
 from meshctl.datapath.inns import in_netns
 from meshctl.lab import netns
 from meshctl.lab.testbed import PODS, FabricTestbed
@@ -149,6 +149,29 @@ def test_maps_dump_shows_each_entrys_encapsulation_and_outer_addresses(bed):
 @pytest.mark.parametrize("kind,mtu", [("vxlan", 1450), ("ipip", 1480)])
 def test_path_mtu_discovery_works_through_the_encapsulation(bed, kind, mtu):
     use(bed, kind, kind)
+    pmtu_and_throughput(bed, mtu)
+
+
+@pytest.mark.parametrize("kind,mtu", [("vxlan", 1450), ("ipip", 1480)])
+def test_without_bpf_check_mtu_the_private_nics_mtu_decides(bed, kind, mtu, monkeypatch):
+    """Kernels before 5.12 (Debian 11's 5.10) have no bpf_check_mtu: the programs are compiled
+    without it and compare with the private NIC's MTU the datapath wrote in config. Built here as
+    the feature probe would on such a kernel; the same path MTU discovery and TCP throughput."""
+    monkeypatch.setenv(features.WITHOUT_ENV, "check_mtu")
+    features.probe.cache_clear()
+    try:
+        assert not features.probe().helpers["check_mtu"] and "-DMC_HAVE_CHECK_MTU=0" in features.probe().cflags()
+        use(bed, kind, kind)
+        pmtu_and_throughput(bed, mtu)
+    finally:
+        monkeypatch.undo()
+        features.probe.cache_clear()
+        use(bed, None, None)
+
+
+def pmtu_and_throughput(bed: FabricTestbed, mtu: int) -> None:
+    """A DF ping that fits passes; one that does not gets "fragmentation needed" from the fast path
+    (counted as too_big) with the encapsulated path's MTU, as does IPv6; then TCP runs."""
     bed.sh("a-p1", ["ip", "route", "flush", "cache"])
     p = bed.sh("a-p1", ["ping", "-c", "2", "-i", "0.2", "-W", "2", "-M", "do", "-s", "1400", B4], check=False)
     assert p.returncode == 0, "a 1,400-byte ping with DF passes"

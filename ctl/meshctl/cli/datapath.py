@@ -207,7 +207,8 @@ def datapath_status(node: str | None, lab_name: str | None, pin_root: str | None
         if r.get("features"):
             f = r["features"]
             click.echo(f"  kernel features: tcx {'yes' if f['tcx'] else 'no (clsact filters)'}; "
-                       f"missing: {', '.join(f['missing']) or 'nothing'}")
+                       f"missing: {', '.join(f['missing']) or 'nothing'}"
+                       + (f"; fallbacks for: {', '.join(f['fallbacks'])}" if f.get("fallbacks") else ""))
         for lk in r["links"]:
             dev = f"{lk['ifname'] or '(gone)'}#{lk['ifindex']}"
             click.echo(f"  {lk['kind']} {lk['hook']:<12} {dev:<20} prog #{lk['prog_id']}")

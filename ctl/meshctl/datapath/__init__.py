@@ -206,6 +206,7 @@ class Datapath:
         if self._loaded is None:
             return
         self._loaded.maps.config_set(layout.CFG_PRIVATE4, layout.config_addr(private_ipv4(private_if)))
+        self._loaded.maps.config_set(layout.CFG_PRIVATE_MTU, links.mtu(private_if))
         pod_ifs = list(dict.fromkeys(pod_ifs))
         want: dict[tuple[str, int], str] = {}
         priv = links.ifindex(private_if)

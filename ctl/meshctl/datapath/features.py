@@ -25,10 +25,24 @@ HELPERS = {
     "map_lookup_elem": 1,
     "map_update_elem": 2,
     "ktime_get_ns": 5,
+    "skb_store_bytes": 9,
+    "redirect": 23,
+    "skb_load_bytes": 26,
+    "csum_diff": 28,
+    "get_hash_recalc": 34,
+    "skb_change_tail": 38,
     "skb_pull_data": 39,
+    "skb_adjust_room": 50,
     "redirect_neigh": 152,
     "redirect_peer": 155,
+    "check_mtu": 163,
 }
+# Helpers the programs can do without: absent, they are compiled with the setting at 0 and a
+# fallback (datapath.c says which). bpf_check_mtu came in 5.12: 5.10 compares with the NIC's MTU.
+OPTIONAL_HELPERS = {"check_mtu": "MC_HAVE_CHECK_MTU"}
+# Compile as if these optional helpers were absent (e.g. to build, on a newer host, the programs an
+# older kernel will load from the compiled-object cache): a comma-separated list of helper names.
+WITHOUT_ENV = "MESHCTL_BPF_WITHOUT"
 # the map types of meshctl_maps.h, by their BPF_MAP_TYPE_* number
 MAP_TYPES = {"hash": 1, "array": 2, "percpu_array": 6, "lru_hash": 9, "lpm_trie": 11}
 _RET0_EXIT = bytes([0xB7, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0])  # r0 = 0; exit
@@ -42,12 +56,20 @@ class Features:
 
     def missing(self) -> list[str]:
         """What the programs need and this kernel lacks (empty: they can load)."""
-        return ([f"helper bpf_{h}" for h, ok in self.helpers.items() if not ok]
+        return ([f"helper bpf_{h}" for h, ok in self.helpers.items() if not ok and h not in OPTIONAL_HELPERS]
                 + [f"map type {m}" for m, ok in self.map_types.items() if not ok])
+
+    def fallbacks(self) -> list[str]:
+        """The optional helpers this kernel lacks (the programs use their fallbacks)."""
+        return [f"helper bpf_{h}" for h in OPTIONAL_HELPERS if not self.helpers.get(h, False)]
+
+    def cflags(self) -> list[str]:
+        """The compiler settings the probe results decide (-DMC_HAVE_<HELPER>=0|1)."""
+        return [f"-D{macro}={int(self.helpers.get(h, False))}" for h, macro in sorted(OPTIONAL_HELPERS.items())]
 
     def as_dict(self) -> dict[str, object]:
         return {"tcx": self.tcx, "helpers": dict(self.helpers), "map_types": dict(self.map_types),
-                "missing": self.missing()}
+                "missing": self.missing(), "fallbacks": self.fallbacks()}
 
 
 def _probe_tcx(so: ctypes.CDLL) -> bool:
@@ -77,5 +99,8 @@ def probe() -> Features:
     so.libbpf_probe_bpf_map_type.argtypes = [ctypes.c_int, ctypes.c_void_p]
     so.libbpf_probe_bpf_map_type.restype = ctypes.c_int
     helpers = {h: so.libbpf_probe_bpf_helper(BPF_PROG_TYPE_SCHED_CLS, n, None) == 1 for h, n in HELPERS.items()}
+    for h in os.environ.get(WITHOUT_ENV, "").split(","):
+        if h.strip() in OPTIONAL_HELPERS:
+            helpers[h.strip()] = False
     maps = {m: so.libbpf_probe_bpf_map_type(n, None) == 1 for m, n in MAP_TYPES.items()}
     return Features(_probe_tcx(so), helpers, maps)

@@ -50,6 +50,7 @@ CFG_SOURCE_HASH = 1
 CFG_MARK = 2
 CFG_CLSACT = 3
 CFG_PRIVATE4 = 4
+CFG_PRIVATE_MTU = 5  # read by the programs only where the kernel has no bpf_check_mtu
 CONFIG_SLOTS = 8
 
 ROUTE_KEY = struct.Struct("<II16s")        # prefixlen (32 family bits + address bits), family, addr

@@ -43,12 +43,28 @@ class Attachment:
     kind: str         # "tcx" | "clsact"
 
 
+SIOCGIFMTU = 0x8921
+
+
 def ifindex(name: str) -> int:
     """The ifindex in the current netns, or MeshError naming the interface."""
     try:
         return socket.if_nametoindex(name)
     except OSError:
         raise MeshError(f"interface {name!r} does not exist in this network namespace") from None
+
+
+def mtu(name: str) -> int:
+    """The MTU of interface `name` in the current netns (SIOCGIFMTU), or MeshError naming it."""
+    import fcntl
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            ifr = fcntl.ioctl(s, SIOCGIFMTU, struct.pack("16si12x", name.encode(), 0))
+    except OSError:
+        raise MeshError(f"interface {name!r} does not exist in this network namespace") from None
+    return int(struct.unpack("16si12x", ifr)[1])
 
 
 def ifname(index: int) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
-from meshctl.datapath import layout, libbpf, objcache
+from meshctl.datapath import features, layout, libbpf, objcache
 from meshctl.datapath.maps import NodeMaps
 from meshctl.errors import MeshError
 
@@ -41,7 +41,7 @@ def source(pin_dir: str) -> tuple[Path, list[str], int]:
     include path) and a 63-bit hash of both with every header (stored in config: a change of any
     of them recompiles)."""
     d = bpf_dir()
-    cflags = [f"-I{d}", "-Wno-unused-function", *layout.cflags(pin_dir)]
+    cflags = [f"-I{d}", "-Wno-unused-function", *layout.cflags(pin_dir), *features.probe().cflags()]
     h = hashlib.sha256("\0".join(cflags).encode())
     for f in sorted(p for p in d.rglob("*") if p.suffix in (".c", ".h")):
         h.update(str(f.relative_to(d)).encode() + b"\0" + f.read_bytes())
@@ -143,7 +143,7 @@ def object_key() -> str:
     load-time settings except the pin directory, which the bytecode does not depend on (maps reach
     the instructions as descriptors)."""
     d = bpf_dir()
-    settings = [f for f in layout.cflags("") if not f.startswith("-DMC_PIN_DIR=")]
+    settings = [f for f in (*layout.cflags(""), *features.probe().cflags()) if not f.startswith("-DMC_PIN_DIR=")]
     files = sorted(f for f in d.rglob("*") if f.suffix in (".c", ".h"))
     return objcache.cache_key(["\0".join(settings).encode(),
                                *(str(f.relative_to(d)).encode() + b"\0" + f.read_bytes() for f in files)])

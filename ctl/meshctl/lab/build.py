@@ -73,11 +73,16 @@ def up(spec: LabSpec, *, prefix: str | None = None, progress: Progress = _quiet,
     st: dict[str, Any] = {"name": name, "prefix": prefix, "source": spec.source, "created": time.time(),
                           "namespaces": [], "pids": {}, "pin_root": f"/sys/fs/bpf/{prefix}lab", "clusters": [],
                           "dir": str(d), "fastpath": spec.options.fastpath, "lease_ttl": spec.options.lease_ttl,
-                          "agent_args": list(spec.options.agent_args)}
+                          "agent_args": list(spec.options.agent_args), "vms": spec.options.vms}
     labstate.save(st)
     t0 = time.monotonic()
     try:
-        _build(spec, st, progress)
+        if spec.options.vms:
+            from meshctl.lab import vmnodes
+
+            vmnodes.build(spec, st, progress)
+        else:
+            _build(spec, st, progress)
         if start_agents:
             start_all_agents(st, progress, hold)
             wait_converged(st, progress, wait, hold)
@@ -98,8 +103,30 @@ def _ns(st: dict[str, Any], name: str) -> str:
 
 def _build(spec: LabSpec, st: dict[str, Any], progress: Progress) -> None:
     """Build the fabric, each cluster's etcd (and API server) and its nodes, recording every name
-    in the state as it is made so `lab down` can remove a half-built lab; one sequence of steps
-    whose order matters, kept together."""
+    in the state as it is made so `lab down` can remove a half-built lab."""
+    subnets = build_control(spec, st, progress)
+    idx = 0
+    for ci, topo in enumerate(spec.clusters):
+        for n in topo.nodes:
+            _node(spec, st, st["clusters"][ci], topo, n, idx, subnets)
+            idx += 1
+        progress(f"cluster {topo.cluster.name}: {len(topo.nodes)} node(s), "
+                 f"{len(topo.nodes) * spec.options.pods_per_node} pod(s)")
+    apply_fabrics(st, progress)
+
+
+def apply_fabrics(st: dict[str, Any], progress: Progress) -> None:
+    """Write every private subnet's forwarding rules (once its nodes' ports are on the bridges)."""
+    fabric.apply_all(st)
+    labstate.save(st)
+    kinds = sorted({e["kind"] for e in st["fabrics"].values()})
+    progress(f"fabrics: {', '.join(kinds)}")
+
+
+def build_control(spec: LabSpec, st: dict[str, Any], progress: Progress) -> list[IPNetwork]:
+    """What every lab has whatever its nodes run in: the fabric namespace with its bridges and
+    routers, and each cluster's etcd (and API server) on the public segment; returns the private
+    subnets (bridge `bpriv<i>` is subnet i). One sequence of steps whose order matters, kept together."""
     prefix = st["prefix"]
     d = Path(st["dir"])
     fab = _ns(st, f"{prefix}fab")
@@ -161,17 +188,7 @@ def _build(spec: LabSpec, st: dict[str, Any], progress: Progress) -> None:
         labstate.save(st)
         progress(f"etcd {cname}: {srv.url} (mTLS) in {ens}")
     _clustermesh_dirs(spec, st)
-    idx = 0
-    for ci, topo in enumerate(spec.clusters):
-        for n in topo.nodes:
-            _node(spec, st, st["clusters"][ci], topo, n, idx, subnets)
-            idx += 1
-        progress(f"cluster {topo.cluster.name}: {len(topo.nodes)} node(s), "
-                 f"{len(topo.nodes) * spec.options.pods_per_node} pod(s)")
-    fabric.apply_all(st)
-    labstate.save(st)
-    kinds = sorted({e["kind"] for e in st["fabrics"].values()})
-    progress(f"fabrics: {', '.join(kinds)}")
+    return subnets
 
 
 def _identities(spec: LabSpec, topo: Topology, ca: pki.CertFiles, pdir: Path) -> dict[str, dict[str, str]]:
@@ -268,10 +285,16 @@ def _node(spec: LabSpec, st: dict[str, Any], cst: dict[str, Any], topo: Topology
 
 
 def _pod(st: dict[str, Any], ns: str, pod_cidr: IPNetwork, k: int) -> dict[str, Any]:
-    """Pod `k` of node namespace `ns`, wired as a routed CNI (Calico, ptp) does: a veth whose host
-    end `pod<k>` holds the gateway address and a /32 route to the pod's address. The route comes
-    last, so the moment it exists the pod can be reached (what the agent's pod watcher keys on)."""
-    pns = _ns(st, f"{ns}-p{k}")
+    """Pod `k` of node namespace `ns` (namespace `<ns>-p<k>`)."""
+    return wire_pod(st, ns, f"{ns}-p{k}", pod_cidr, k)
+
+
+def wire_pod(st: dict[str, Any], ns: str | None, pod_ns: str, pod_cidr: IPNetwork, k: int) -> dict[str, Any]:
+    """Pod `k` of the node in `ns` (None: this host, a VM node), in namespace `pod_ns`, wired as a
+    routed CNI (Calico, ptp) does: a veth whose host end `pod<k>` holds the gateway address and a /32
+    route to the pod's address. The route comes last, so the moment it exists the pod can be reached
+    (what the agent's pod watcher keys on)."""
+    pns = _ns(st, pod_ns)
     ip = pod_ip(pod_cidr, k)
     host_if = f"pod{k}"
     netns.veth(ns, host_if, pns, "eth0")
@@ -354,8 +377,12 @@ def agent_argv(st: dict[str, Any], cst: dict[str, Any], node: dict[str, Any]) ->
 
 
 def start_agent(st: dict[str, Any], node_name: str, *, extra_args: tuple[str, ...] = ()) -> int:
-    """Start (or restart) one node's agent inside its namespace; records its PID."""
+    """Start (or restart) one node's agent inside its namespace (or its VM); records its PID."""
     cst, node = lookup(st, node_name)
+    if node.get("vm"):
+        from meshctl.lab import vmnodes
+
+        return vmnodes.start_agent(st, cst, node, extra_args)
     if node.get("pid") and netns.pid_alive(node["pid"]):
         raise MeshError(f"the agent of {node_name} is already running (pid {node['pid']})")
     Path(node["dir"]).mkdir(parents=True, exist_ok=True)
@@ -379,11 +406,21 @@ def start_agent(st: dict[str, Any], node_name: str, *, extra_args: tuple[str, ..
 def stop_agent(st: dict[str, Any], node_name: str, *, kill: bool = False) -> None:
     """SIGTERM (or SIGKILL) one agent: its routes, WireGuard and maps stay."""
     cst, node = lookup(st, node_name)
+    if node.get("vm"):
+        from meshctl.lab import vmnodes
+
+        vmnodes.stop_agent(st, node, kill=kill)
+        return
     if node.get("pid"):
         stop_pid(node["pid"], 0 if kill else 10)
     node["pid"] = None
     st["pids"].pop(f"agent/{cst['name']}/{node['name']}", None)
     labstate.save(st)
+
+
+def agent_started(node: dict[str, Any]) -> bool:
+    """Whether the lab started this node's agent (here, or inside the node's VM)."""
+    return bool(node.get("pid") or node.get("guest_pid"))
 
 
 def lookup(st: dict[str, Any], node_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -395,14 +432,18 @@ def lookup(st: dict[str, Any], node_name: str) -> tuple[dict[str, Any], dict[str
 
 
 def start_all_agents(st: dict[str, Any], progress: Progress, hold: tuple[str, ...] = ()) -> None:
-    n = 0
-    for c in st["clusters"]:
-        for node in c["nodes"]:
-            if node["name"] in hold or f"{c['name']}/{node['name']}" in hold:
-                continue
-            start_agent(st, f"{c['name']}/{node['name']}")
-            n += 1
-    progress(f"started {n} agent(s)")
+    """Start every agent but those in `hold`; VM nodes' at once (each start is a round trip into a
+    slow guest)."""
+    todo = [f"{c['name']}/{node['name']}" for c in st["clusters"] for node in c["nodes"]
+            if node["name"] not in hold and f"{c['name']}/{node['name']}" not in hold]
+    if st.get("vms"):
+        from meshctl.lab.vmnodes import parallel
+
+        parallel(todo, lambda key: start_agent(st, key))
+    else:
+        for key in todo:
+            start_agent(st, key)
+    progress(f"started {len(todo)} agent(s)")
 
 
 def wait_converged(st: dict[str, Any], progress: Progress, timeout: float, hold: tuple[str, ...] = ()) -> None:
@@ -412,7 +453,7 @@ def wait_converged(st: dict[str, Any], progress: Progress, timeout: float, hold:
     deadline = time.monotonic() + timeout
     pending = {f"{c['name']}/{n['name']}": (c, n) for c in st["clusters"] for n in c["nodes"]
                if n["name"] not in hold and f"{c['name']}/{n['name']}" not in hold}
-    expect = {c["name"]: sum(1 for n in c["nodes"] if n.get("pid")) for c in st["clusters"]}
+    expect = {c["name"]: sum(1 for n in c["nodes"] if agent_started(n)) for c in st["clusters"]}
     last_reason: dict[str, str] = {}
     while pending and time.monotonic() < deadline:
         for key, (c, n) in list(pending.items()):
@@ -444,7 +485,7 @@ def _wait_datapaths(st: dict[str, Any], progress: Progress, deadline: float, hol
 
     # A node without a private interface has no fast path to load (tunnel-only: kernel routes).
     loading = [n for c in st["clusters"] for n in c["nodes"]
-               if n.get("pid") and n.get("private_interface") and n["name"] not in hold
+               if agent_started(n) and n.get("private_interface") and n["name"] not in hold
                and f"{c['name']}/{n['name']}" not in hold]
     modes: dict[str, str] = {}
     while loading and time.monotonic() < deadline:
@@ -497,7 +538,9 @@ def down(name: str, *, progress: Progress = _quiet) -> list[str]:
     prefix scan) and its run directory. Works after a crash; returns what could not be removed."""
     st = labstate.load(name) or {"name": name, "prefix": f"{name}-", "pids": {}, "namespaces": [], "clusters": []}
     prefix = st["prefix"]
-    problems: list[str] = []
+    from meshctl.lab import vmnodes
+
+    problems: list[str] = vmnodes.stop_vms(name, st, progress)  # a VM node's PIDs are its guest's
     pids = dict(st.get("pids", {}))
     for c in st.get("clusters", []):
         for n in c.get("nodes", []):

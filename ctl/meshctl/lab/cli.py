@@ -42,6 +42,8 @@ def lab_up(path: str | None, prefix: str | None, wait: float, kernel: str) -> No
         check_prefix(prefix, "--prefix")
     spec = load_lab(path)
     _require_root()
+    if kernel != "host" and spec.options.vms:
+        raise InputError("--kernel", kernel, "is for a lab in one VM; this lab has lab.vms (nodes[].kernel picks each)")
     if kernel != "host":
         from meshctl.lab import vmlab
 
@@ -155,11 +157,14 @@ def lab_status(lab_name: str | None, output: str) -> None:
     for c in st["clusters"]:
         for n in c["nodes"]:
             s = probe.agent_status(n, timeout=1.0)
+            in_vm = n.get("vm")
             rows.append({
                 "cluster": c["name"], "node": n["name"], "netns": n["netns"], "location": n["location"],
                 "internal_ip": n["internal_ip"], "public_ip": n["public_ip"], "pod_cidr": n["pod_cidr"],
-                "pods": [p["ip"] for p in n["pods"]], "agent_pid": n.get("pid"),
-                "agent_alive": bool(n.get("pid") and pid_alive(n["pid"])),
+                "pods": [p["ip"] for p in n["pods"]], "agent_pid": n.get("guest_pid") if in_vm else n.get("pid"),
+                # a VM node's agent PID is its guest's: alive is whether it answers
+                "agent_alive": bool(s) if in_vm else bool(n.get("pid") and pid_alive(n["pid"])),
+                "kernel": in_vm["version"] if in_vm else None, "wireguard": s.get("wireguard_mode") if s else None,
                 "ready": bool(s and s.get("ready")), "granularity": s.get("granularity") if s else None,
                 "leader": s.get("leader") if s else None, "peers": len(s.get("peers", [])) if s else None,
                 "datapath": (s.get("datapath") or {}).get("mode") if s else None,
@@ -173,15 +178,20 @@ def lab_status(lab_name: str | None, output: str) -> None:
     click.echo(f"lab {st['name']} (prefix {st['prefix']}) from {st.get('source')}")
     for c in st["clusters"]:
         click.echo(f"  etcd {c['name']}: {', '.join(c['etcd']['endpoints'])} (netns {c['etcd']['netns']})")
-    click.echo(f"  {'NODE':<14} {'NETNS':<18} {'INTERNAL':<16} {'PODS':<14} {'AGENT':<12} {'GRAN':<9} "
+    click.echo(f"  {'NODE':<14} {'NETNS/VM':<18} {'INTERNAL':<16} {'PODS':<14} {'AGENT':<12} {'GRAN':<9} "
                f"{'LEADER':<8} {'PEERS':<5} DATAPATH")
     for r in rows:
         agent = f"{r['agent_pid']}" if r["agent_alive"] else "dead"
-        click.echo(f"  {r['node']:<14} {r['netns']:<18} {r['internal_ip'] or '-':<16} {','.join(r['pods']):<14} "
+        where = r["netns"] or f"VM {r['kernel']}"
+        click.echo(f"  {r['node']:<14} {where:<18} {r['internal_ip'] or '-':<16} {','.join(r['pods']):<14} "
                    f"{agent:<12} {r['granularity'] or '-':<9} {r['leader'] or '-':<8} {r['peers'] or 0!s:<5} "
-                   f"{r['datapath'] or '-'}" + (f"  behind a {r['nat']} NAT" if r["nat"] else ""))
-    click.echo("  enter a node:  nsenter --net=/run/netns/<NETNS> bash   (ip route; wg show kilo0 needs the "
-               "node's run dir)")
+                   f"{r['datapath'] or '-'}" + (f"  behind a {r['nat']} NAT" if r["nat"] else "")
+                   + (f"  wireguard {r['wireguard']}" if r["kernel"] else ""))
+    if any(r["kernel"] for r in rows):
+        click.echo("  a node is a VM: `meshctl status --lab-node NODE` and `maps dump --node NODE` run inside it")
+    else:
+        click.echo("  enter a node:  nsenter --net=/run/netns/<NETNS> bash   (ip route; wg show kilo0 needs the "
+                   "node's run dir)")
 
 
 @lab_group.group("pod")

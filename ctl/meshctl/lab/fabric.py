@@ -159,7 +159,7 @@ def build_routers(st: dict[str, Any], fabrics: Sequence[Fabric], subnets: Sequen
         st["fabrics"][str(subnet)] = entry
 
 
-def node_address(ns: str, dev: str, internal_ip: Any, fabrics: Sequence[Fabric]) -> list[str]:
+def node_address(ns: str | None, dev: str, internal_ip: Any, fabrics: Sequence[Fabric]) -> list[str]:
     """Address a node's private NIC as its fabric does; return extra agent flags it needs."""
     f = fabric_of(fabrics, internal_ip.network)
     others = [o for o in fabrics if o.network and o.network == f.network and o.subnet != f.subnet]

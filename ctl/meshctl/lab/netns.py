@@ -2,7 +2,9 @@
 
 Everything made here carries a caller-chosen prefix so cleanup can find it, and nothing here
 touches the root namespace's own interfaces, addresses or routes: veth pairs are created inside
-a namespace and their ends moved to other namespaces, never left in the root namespace.
+a namespace and their ends moved to other namespaces, never left in the root namespace. A
+namespace of None means "here": only the lab's VM guests (lab/vmnodes.py) pass it, where the
+root namespace is the VM node's own.
 
 `ip netns exec` remounts /sys and hides /sys/fs/bpf (pinned maps), so commands that need the
 pinned objects run through `nsenter --net=/run/netns/NAME` instead (`run(..., keep_sys=True)`).
@@ -44,7 +46,7 @@ def list_prefixed(prefix: str) -> list[str]:
     return sorted(p.name for p in NETNS_DIR.iterdir() if p.name.startswith(prefix))
 
 
-def veth(ns_a: str, name_a: str, ns_b: str, name_b: str, *, mtu: int | None = None) -> None:
+def veth(ns_a: str | None, name_a: str, ns_b: str, name_b: str, *, mtu: int | None = None) -> None:
     """A veth pair from `ns_a/name_a` to `ns_b/name_b`, both up. Created inside `ns_a`."""
     run(ns_a, ["ip", "link", "add", name_a, "type", "veth", "peer", "name", name_b, "netns", ns_b])
     for ns, name in ((ns_a, name_a), (ns_b, name_b)):
@@ -53,20 +55,20 @@ def veth(ns_a: str, name_a: str, ns_b: str, name_b: str, *, mtu: int | None = No
         run(ns, ["ip", "link", "set", name, "up"])
 
 
-def bridge(ns: str, name: str) -> None:
+def bridge(ns: str | None, name: str) -> None:
     run(ns, ["ip", "link", "add", name, "type", "bridge"])
     run(ns, ["ip", "link", "set", name, "up"])
 
 
-def enslave(ns: str, port: str, br: str) -> None:
+def enslave(ns: str | None, port: str, br: str) -> None:
     run(ns, ["ip", "link", "set", port, "master", br])
 
 
-def addr(ns: str, dev: str, cidr: str) -> None:
+def addr(ns: str | None, dev: str, cidr: str) -> None:
     run(ns, ["ip", "addr", "add", cidr, "dev", dev])
 
 
-def sysctl(ns: str, key: str, value: str) -> None:
+def sysctl(ns: str | None, key: str, value: str) -> None:
     run(ns, ["sysctl", "-qw", f"{key}={value}"])
 
 

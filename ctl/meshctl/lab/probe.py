@@ -12,8 +12,10 @@ fast-path counters (datapath `direct`/`tunnel` actions) are reported next to it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import subprocess
 import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -29,12 +31,26 @@ WG = defaults.WG_INTERFACE
 CELL = 28  # "ok wireguard-private 0.08ms"
 
 
+def on_node(node: dict[str, Any], ns: str | None, argv: list[str], timeout: float = 30
+            ) -> subprocess.CompletedProcess[str]:
+    """Run `argv` in namespace `ns` of a lab node's machine: this host, or the node's VM (a
+    multi-VM lab's node, where None is the VM's own root namespace). Never raises on exit status."""
+    if node.get("vm"):
+        from meshctl.lab.vmnodes import guest_run
+
+        return guest_run(node, ns, argv, timeout=timeout)
+    return netns.run(ns, argv, check=False, timeout=timeout)
+
+
 def peer_tx(node: dict[str, Any]) -> dict[str, int]:
-    """TX bytes per WireGuard peer (public key) of a lab node, from its wireguard-go socket."""
+    """TX bytes per WireGuard peer (public key) of a lab node, from its wireguard-go socket (a VM
+    node's is inside its guest: none here)."""
     from pathlib import Path
 
     from meshctl.node.wireguard.uapi import UapiClient
 
+    if node.get("vm"):
+        return {}
     try:
         st = UapiClient(Path(node["wg_run_dir"]) / f"{WG}.sock", timeout=2.0).get(allowed_ips=False)
     except MeshError:
@@ -69,31 +85,37 @@ class PairResult:
 
 
 def agent_status(node: dict[str, Any], timeout: float = 2.0) -> dict[str, Any] | None:
+    """A lab agent's /status, dialled from its namespace (a VM node's from its etcd's, on the
+    public segment); None when it does not answer."""
     try:
-        return fetch_status(node["metrics_addr"], node["netns"], timeout=timeout)
+        return fetch_status(node["metrics_addr"], node.get("status_netns") or node["netns"], timeout=timeout)
     except MeshError:
         return None
 
 
-def link_tx(ns: str, dev: str) -> int | None:
-    """TX packets of `dev` in `ns` (None if it does not exist)."""
-    p = netns.run(ns, ["ip", "-j", "-s", "link", "show", "dev", dev], check=False)
+def link_tx(node: dict[str, Any]) -> dict[str, int]:
+    """TX packets of every link of a lab node, by name (one reading of them all)."""
+    p = on_node(node, node["netns"], ["ip", "-j", "-s", "link", "show"])
     if p.returncode != 0:
-        return None
-    try:
-        return int(json.loads(p.stdout)[0]["stats64"]["tx"]["packets"])
-    except (ValueError, KeyError, IndexError):
-        return None
+        return {}
+    out = {}
+    with contextlib.suppress(ValueError):
+        for link in json.loads(p.stdout):
+            with contextlib.suppress(KeyError, TypeError):
+                out[link["ifname"]] = int(link["stats64"]["tx"]["packets"])
+    return out
 
 
 _RTT = re.compile(r"= [\d.]+/([\d.]+)/")
 _RX = re.compile(r"(\d+) packets transmitted, (\d+) (?:packets )?received")
 
 
-def ping(ns: str, dst: str, count: int = 5, interval: float = 0.02, wait: float = 1.0) -> tuple[int, int, float | None]:
-    """(sent, received, average RTT ms) of `count` pings from namespace `ns`."""
-    p = netns.run(ns, ["ping", "-n", "-q", "-c", str(count), "-i", str(interval), "-W", str(wait), dst],
-                  check=False, timeout=count * interval + wait + 10)
+def ping(ns: str, dst: str, count: int = 5, interval: float = 0.02, wait: float = 1.0, *,
+         node: dict[str, Any] | None = None) -> tuple[int, int, float | None]:
+    """(sent, received, average RTT ms) of `count` pings from namespace `ns` (of `node`'s machine:
+    its VM in a multi-VM lab)."""
+    p = on_node(node or {}, ns, ["ping", "-n", "-q", "-c", str(count), "-i", str(interval), "-W", str(wait), dst],
+                timeout=count * interval + wait + 10)
     m = _RX.search(p.stdout)
     sent, recv = (int(m.group(1)), int(m.group(2))) if m else (count, 0)
     r = _RTT.search(p.stdout)
@@ -134,14 +156,12 @@ def check(st: dict[str, Any], *, count: int = 5, pairs: list[tuple[str, str]] | 
         leader_node = next((n for n in sc["nodes"] if n["name"] == leader and n["name"] != sn["name"]), None)
         dst_key = f"{dc['name']}/{dn['name']}" if dc is not sc else dn["name"]
         expected = ((s_st or {}).get("paths") or {}).get(dst_key)
-        before = (link_tx(sn["netns"], WG), link_tx(sn["netns"], "priv"),
-                  link_tx(leader_node["netns"], WG) if leader_node else None, link_tx(sn["netns"], VXLAN_DEV))
+        before = _tx(sn, leader_node)
         fp_before = _fp_packets(agent_status(sn))
         relay = (((s_st or {}).get("relays") or {}).get(dst_key) or {}).get("via")
         tx_before = peer_tx(sn) if relay else {}
-        sent, recv, rtt = ping(sn["pods"][0]["netns"], dn["pods"][0]["ip"], count=count)
-        after = (link_tx(sn["netns"], WG), link_tx(sn["netns"], "priv"),
-                 link_tx(leader_node["netns"], WG) if leader_node else None, link_tx(sn["netns"], VXLAN_DEV))
+        sent, recv, rtt = ping(sn["pods"][0]["netns"], dn["pods"][0]["ip"], count=count, node=sn)
+        after = _tx(sn, leader_node)
         s_now = agent_status(sn)
         fp_after = _fp_packets(s_now)
         delta = [(a - b) if a is not None and b is not None else 0 for a, b in zip(after, before, strict=True)]
@@ -165,6 +185,14 @@ def check(st: dict[str, Any], *, count: int = 5, pairs: list[tuple[str, str]] | 
             path = "unknown"
         out.append(PairResult(src, dst, recv > 0, path, rtt, sent, recv, expected, fp))
     return out
+
+
+def _tx(node: dict[str, Any], leader: dict[str, Any] | None) -> tuple[int | None, ...]:
+    """TX packets of the links that tell the paths apart: the node's kilo0, private NIC, its
+    leader's kilo0 and the node's VXLAN device (None where a link does not exist)."""
+    mine = link_tx(node)
+    theirs = link_tx(leader) if leader else {}
+    return mine.get(WG), mine.get("priv"), theirs.get(WG), mine.get(VXLAN_DEV)
 
 
 def _private_endpoint(status: dict[str, Any] | None, dst: dict[str, Any]) -> bool:

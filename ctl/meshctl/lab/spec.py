@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,8 @@ def _placeholder_key(i: int) -> str:
 
 
 LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend", "fabrics", "clustermesh",
-              "nat")
+              "nat", "vms")
+DEFAULT_NODE_KERNEL = "6.1"  # a VM node without `kernel`: Debian 12's
 
 PUBLIC_NET = ipaddress.ip_network("198.51.100.0/24")
 
@@ -45,9 +46,15 @@ class LabOptions:
     # apart, to be joined by hand (Kilo's way: each cluster's nodes as Peers of the other).
     clustermesh: bool = True
     nat: tuple[tuple[str, str], ...] = ()  # (node, cone|symmetric): nodes behind a NAT router (lab/nat.py)
+    # Every node its own VM (lab/vmnodes.py), booting the Debian kernel its `kernel` names.
+    vms: bool = False
+    kernels: tuple[tuple[str, str], ...] = ()  # ("<cluster>/<node>", series) from nodes[].kernel
 
     def nat_kind(self, node: str) -> str | None:
         return dict(self.nat).get(node)
+
+    def kernel_of(self, node: str, cluster: str) -> str:
+        return dict(self.kernels).get(f"{cluster}/{node}", DEFAULT_NODE_KERNEL)
 
 
 @dataclass(frozen=True)
@@ -66,12 +73,27 @@ class LabSpec:
         return sorted(nets, key=lambda n: (n.version, int(n.network_address), n.prefixlen))
 
 
-def _topology(doc: Any, path: str) -> Topology:
+def _kernel(value: Any, path: str) -> str:
+    """A node's kernel series. YAML reads 6.1 and 6.12 as numbers (accepted) and 5.10 as 5.1 (refused,
+    with the fix)."""
+    from meshctl.lab.vm import SERIES
+
+    text = value if isinstance(value, str) else repr(value) if isinstance(value, float) else None
+    if text in SERIES:
+        return text
+    if text == "5.1":
+        raise InputError(path, value, 'is 5.1 as YAML reads 5.10: quote the series ("5.10")')
+    raise InputError(path, value, f"is not a kernel series of the lab ({', '.join(SERIES)})")
+
+
+def _topology(doc: Any, path: str, kernels: dict[str, str] | None = None) -> Topology:
+    """One cluster's topology; lab-only node fields (`kernel`) go to `kernels` by `<cluster>/<node>`."""
     if not isinstance(doc, dict):
         raise InputError(path, doc, "is not a topology (a mapping with cluster, mesh, nodes, peers)")
     doc = dict(doc)
     doc.pop("lab", None)
     nodes = doc.get("nodes") or []
+    found: dict[str, str] = {}
     if isinstance(nodes, list):
         fixed = []
         for i, n in enumerate(nodes):
@@ -79,12 +101,18 @@ def _topology(doc: Any, path: str) -> Topology:
                 n = dict(n)
                 n["public_key"] = _placeholder_key(i)
                 n.pop("endpoint", None)
+                if "kernel" in n:
+                    where = f"{path}{'.' if path else ''}nodes[{i}].kernel"
+                    found[str(n.get("name"))] = _kernel(n.pop("kernel"), where)
             fixed.append(n)
         doc["nodes"] = fixed
     try:
-        return parse_topology(doc)
+        topo = parse_topology(doc)
     except InputError as e:
         raise e.prefixed(f"{path}." if path else "") from None
+    if kernels is not None:
+        kernels.update({f"{topo.cluster.name}/{k}": v for k, v in found.items()})
+    return topo
 
 
 def _options(d: Any) -> LabOptions:
@@ -115,8 +143,16 @@ def _options(d: Any) -> LabOptions:
     cm = d.get("clustermesh", True)
     if not isinstance(cm, bool):
         raise InputError("lab.clustermesh", cm, "is not true or false")
+    vms = d.get("vms", False)
+    if not isinstance(vms, bool):
+        raise InputError("lab.vms", vms, "is not true or false")
+    if vms and backend != "etcd":
+        raise InputError("lab.backend", backend, "is not available with lab.vms (VM nodes use etcd)")
+    if vms and d.get("nat"):
+        raise InputError("lab.nat", d["nat"], "is not available with lab.vms (NAT routers are namespace-lab only)")
     return LabOptions(pods_per_node=pods, lease_ttl=ttl, prefix=prefix, fastpath=fast, agent_args=tuple(args),
-                      backend=backend, fabrics=parse_fabrics(d.get("fabrics")), clustermesh=cm, nat=_nat(d.get("nat")))
+                      backend=backend, fabrics=parse_fabrics(d.get("fabrics")), clustermesh=cm, nat=_nat(d.get("nat")),
+                      vms=vms)
 
 
 def _nat(d: Any) -> tuple[tuple[str, str], ...]:
@@ -148,6 +184,7 @@ def parse_lab(doc: Any, source: str = "") -> LabSpec:
     if not isinstance(doc, dict):
         raise InputError("", doc, "is not a lab file (a topology, or clusters: [...], plus lab:)")
     opts = _options(doc.get("lab"))
+    kernels: dict[str, str] = {}
     if "clusters" in doc:
         for k in doc:
             if k not in ("clusters", "lab"):
@@ -155,9 +192,14 @@ def parse_lab(doc: Any, source: str = "") -> LabSpec:
         raw = doc["clusters"]
         if not isinstance(raw, list) or not raw:
             raise InputError("clusters", raw, "is not a non-empty list of topologies")
-        clusters = tuple(_topology(c, f"clusters[{i}]") for i, c in enumerate(raw))
+        clusters = tuple(_topology(c, f"clusters[{i}]", kernels) for i, c in enumerate(raw))
     else:
-        clusters = (_topology(doc, ""),)
+        clusters = (_topology(doc, "", kernels),)
+    if kernels and not opts.vms:
+        where = next(iter(kernels))
+        raise InputError(f"nodes.{where.split('/', 1)[1]}.kernel", kernels[where],
+                         "is for VM labs (lab.vms: true); `lab up --kernel` runs a whole lab in one VM")
+    opts = replace(opts, kernels=tuple(sorted(kernels.items())))
     names = [c.cluster.name for c in clusters]
     for i, cname in enumerate(names):
         if cname in names[:i]:

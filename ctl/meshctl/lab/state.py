@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +27,16 @@ def state_path(name: str) -> Path:
     return lab_dir(name) / "state.json"
 
 
+_SAVING = threading.Lock()  # a multi-VM lab saves from one thread per VM
+
+
 def save(state: dict[str, Any]) -> None:
     p = state_path(state["name"])
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
-    os.replace(tmp, p)
+    with _SAVING:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+        os.replace(tmp, p)
 
 
 def load(name: str) -> dict[str, Any] | None:
@@ -68,12 +73,13 @@ def all_nodes(st: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def find_node(lab: str | None, node: str) -> tuple[str, str]:
-    """(netns, metrics address) of a lab node, by name or `cluster/name`."""
+    """(netns to dial from, metrics address) of a lab node, by name or `cluster/name`: its own
+    namespace, or for a VM node the namespace on its public segment (its etcd's)."""
     st = resolve(lab)
     for c in st.get("clusters", []):
         for n in c.get("nodes", []):
             if node in (n["name"], f"{c['name']}/{n['name']}"):
-                return n["netns"], n["metrics_addr"]
+                return n.get("status_netns") or n["netns"], n["metrics_addr"]
     raise MeshError(f"lab {st['name']} has no node {node}")
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from meshctl.errors import MeshError
+from meshctl.node.shell import exec_prefix
 
 KERNEL_CACHE = Path(os.environ.get("MESHCTL_KERNELS", "/var/lib/meshctl/kernels"))
 SERIES = ("5.10", "6.1", "6.12")
@@ -159,7 +160,8 @@ class VM:
     command; `stop()` ends QEMU and vng by PID and removes the shared directory."""
 
     def __init__(self, k: Kernel, name: str, workdir: Path | None = None, cpus: int = VM_CPUS,
-                 memory: str = VM_MEMORY, rwdirs: Sequence[str] = (), accel_mode: str | None = None) -> None:
+                 memory: str = VM_MEMORY, rwdirs: Sequence[str] = (), accel_mode: str | None = None,
+                 netns: str | None = None, nics: Sequence[tuple[str, str]] = ()) -> None:
         self.kernel = k
         self.name = name
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"{name}-", dir="/run"))
@@ -167,6 +169,10 @@ class VM:
         self.memory = memory
         self.rwdirs = list(rwdirs)
         self.accel = accel_mode or accel(k)
+        # NICs: (tap, MAC) pairs; the taps exist in `netns` (a lab namespace: QEMU runs there to
+        # open them, so the guest's wires end on the lab's bridges and never in the host's namespace).
+        self.netns = netns
+        self.nics = list(nics)
         self.pid: int | None = None
         self.qemu_pid: int | None = None
         self.boot_seconds: float | None = None
@@ -180,14 +186,18 @@ class VM:
     def command(self) -> list[str]:
         """The vng command line that boots this VM with the guest server as its init's command."""
         serve = shlex.join([sys.executable, "-m", "meshctl.lab.vm", "serve", str(self.shared)])
+        qemu = [f"-pidfile {self.workdir / 'qemu.pid'}"]
+        for i, (tap, mac) in enumerate(self.nics):
+            qemu.append(f"-netdev tap,id=mn{i},ifname={tap},script=no,downscript=no "
+                        f"-device virtio-net-pci,netdev=mn{i},mac={mac}")
         cmd = [_vng(), "--run", str(self.kernel.image), "--force-9p", "--cpus", str(self.cpus),
                "--memory", self.memory, "--name", self.name, "--rwdir", str(self.shared), "--cwd", "/",
-               f"--qemu-opts=-pidfile {self.workdir / 'qemu.pid'}", "--exec", serve]
+               f"--qemu-opts={' '.join(qemu)}", "--exec", serve]
         if self.accel != "kvm":
             cmd.insert(3, "--disable-kvm")
         for d in self.rwdirs:
             cmd += ["--rwdir", d]
-        return cmd
+        return [*exec_prefix(self.netns), *cmd]
 
     def start(self, timeout: float = BOOT_TIMEOUT) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -235,7 +245,8 @@ class VM:
         """What `attach()` needs to find this VM again from another process."""
         return {"name": self.name, "series": self.kernel.series, "version": self.kernel.version,
                 "workdir": str(self.workdir), "pid": self.pid, "qemu_pid": self.qemu_pid, "accel": self.accel,
-                "boot_seconds": self.boot_seconds, "cpus": self.cpus, "memory": self.memory}
+                "boot_seconds": self.boot_seconds, "cpus": self.cpus, "memory": self.memory, "netns": self.netns,
+                "nics": [list(n) for n in self.nics]}
 
     @classmethod
     def attach(cls, desc: dict[str, Any]) -> VM:
@@ -336,10 +347,27 @@ def _alive(pid: int) -> bool:
         return False
 
 
+# The program variants the matrix's kernels load: this host's, and without bpf_check_mtu (5.10).
+BPF_VARIANTS = ("", "check_mtu")
+
+
 def warm_bpf_cache() -> bool:
-    """Compile the datapath once here, on the host, into the compiled-object cache that the guest
-    sees (/var/lib is shared read-only), so no guest runs bcc under emulation. False when this
-    host cannot compile (the guest's agents then compile, slowly, or fall back)."""
+    """Compile the datapath here, on the host, into the compiled-object cache that the guests see
+    (/var/lib is shared read-only), once per variant the matrix's kernels need, so no guest runs bcc
+    under emulation. Each variant compiles in a child (the feature probe is per process). False when
+    this host cannot compile (the guests' agents then compile, slowly, or fall back)."""
+    from meshctl.datapath.features import WITHOUT_ENV  # noqa: PLC0415 - only the VM paths need it
+
+    ok = True
+    for without in BPF_VARIANTS:
+        p = subprocess.run([sys.executable, "-m", "meshctl.lab.vm", "warm"], env=dict(_env(), **{WITHOUT_ENV: without}),
+                           capture_output=True, text=True, timeout=300)
+        ok = ok and p.returncode == 0
+    return ok
+
+
+def _warm_here() -> bool:
+    """warm_bpf_cache's child: compile and load once into the cache, unless it already holds these programs."""
     from meshctl.datapath import loader, objcache  # noqa: PLC0415 - only the VM paths need it
 
     if (objcache.cache_dir() / f"{loader.object_key()}.json").exists():
@@ -445,6 +473,8 @@ def main(argv: list[str]) -> int:
         except MeshError as e:
             print(str(e), file=sys.stderr)
             return 1
+    if argv == ["warm"]:
+        return 0 if _warm_here() else 1
     if argv == ["accel"]:
         print(accel())
         return 0

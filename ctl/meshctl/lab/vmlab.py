@@ -117,22 +117,52 @@ def _wants_lab(argv: list[str]) -> bool:
 
 
 def _named_lab(argv: list[str]) -> str | None:
+    return _option(argv, "--lab")
+
+
+def _option(argv: list[str], name: str) -> str | None:
     for i, a in enumerate(argv):
-        if a == "--lab" and i + 1 < len(argv):
+        if a == name and i + 1 < len(argv):
             return argv[i + 1]
-        if a.startswith("--lab="):
+        if a.startswith(f"{name}="):
             return a.split("=", 1)[1]
     return None
 
 
+def _forward_to_node_vm(argv: list[str], named: str | None) -> int | None:
+    """A multi-VM lab (lab.vms): `maps dump --node N` and `datapath status --node N` read pinned maps,
+    which live in N's VM, so they run there (against the guest's one-node lab state); every other
+    command runs here (the host's state reaches each agent over the public segment)."""
+    if argv[:2] not in (["maps", "dump"], ["datapath", "status"]):
+        return None
+    node = _option(argv, "--node")
+    if node is None:
+        return None
+    from meshctl.lab.vmnodes import machine_of
+
+    for name in [named] if named else labstate.labs_up():
+        st = labstate.load(name) if name else None
+        if not st or not st.get("vms"):
+            continue
+        for c in st["clusters"]:
+            for n in c["nodes"]:
+                if node in (n["name"], f"{c['name']}/{n['name']}"):
+                    return machine_of(n).run(meshctl_argv(*argv), on_output=vm.echo).rc
+    return None
+
+
 class Forwarder:
-    """cli.targets.Forwarder: commands about a VM lab run inside its VM."""
+    """cli.targets.Forwarder: commands about a VM lab run inside its VM (a multi-VM lab's node
+    commands inside that node's VM)."""
 
     def forward(self, argv: list[str]) -> int | None:
         if not _wants_lab(argv):
             return None
-        labs = vm_labs()
         named = _named_lab(argv)
+        rc = _forward_to_node_vm(argv, named)
+        if rc is not None:
+            return rc
+        labs = vm_labs()
         if named is not None:
             labs = [st for st in labs if st["name"] == named]
         if not labs:
