@@ -36,9 +36,14 @@ from meshctl.lab.testbed import PODS, PRIVATE, Testbed
 from meshctl.lab.testrun import PROTO_TCP, frame, ns_per_packet, run
 from meshctl.mesh.plan import FastPathEntry
 
-RUN = f"mdpb{os.getpid() % 10000}"
-PIN_ROOT = f"/sys/fs/bpf/{RUN}"
-WG = {"a": f"wg{RUN}a"[:15], "b": f"wg{RUN}b"[:15]}
+
+def run_names(tag: str) -> tuple[str, str, dict[str, str]]:
+    """A benchmark run's names: `tag` and this PID, its BPF pin root, its two nodes' WireGuard devices."""
+    run = f"{tag}{os.getpid() % 10000}"
+    return run, f"/sys/fs/bpf/{run}", {n: f"wg{run}{n}"[:15] for n in ("a", "b")}
+
+
+RUN, PIN_ROOT, WG = run_names("mdpb")
 WG_IP = {"a": "10.5.0.1", "b": "10.5.0.2"}
 WG_PORT = 51900
 

@@ -40,18 +40,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ctl"))
 
-from datapath import PINGPONG_SERVER, iperf, latency, spread  # noqa: E402  (bench/datapath.py)
+from datapath import PINGPONG_SERVER, WG_IP, WG_PORT, iperf, latency, run_names, spread  # noqa: E402  (bench/datapath.py)
 from meshctl.datapath import Datapath, libbpf, links, loader  # noqa: E402
 from meshctl.datapath.inns import in_netns  # noqa: E402
 from meshctl.datapath.layout import VXLAN_OVERHEAD  # noqa: E402
 from meshctl.lab import netns  # noqa: E402
 from meshctl.lab.testbed import PODS, FabricTestbed  # noqa: E402
 
-RUN = f"eab{os.getpid() % 10000}"
-PIN_ROOT = f"/sys/fs/bpf/{RUN}"
-WG = {"a": f"{RUN}wa"[:15], "b": f"{RUN}wb"[:15]}
-WG_IP = {"a": "10.5.0.1", "b": "10.5.0.2"}
-WG_PORT = 51900
+RUN, PIN_ROOT, WG = run_names("eab")
 PUBLIC = {"a": "203.0.113.1", "b": "203.0.113.2"}
 POD_NET = {"a": "10.42.1.0/24", "b": "10.42.2.0/24"}
 ORDER = ["kernel", "direct", "direct+vxlan", "direct+ipip", "direct+vxlan(md)", "kernel+vxlan", "wireguard-private",

@@ -29,19 +29,10 @@ from meshctl.backends.etcd import EtcdBackend, node_key, write_topology
 from meshctl.etcd.client import READ_CHUNK, EtcdClient, prefix_end, stream_lines
 from meshctl.lab import netns, pki
 from meshctl.lab.etcd_process import EtcdServer
+from meshctl.lab.waiting import wait_for
 from meshctl.mesh.model import Cluster, MeshSettings
 
 ADDR = "10.99.7.1"
-
-
-def wait_for(pred: Callable[[], object], timeout: float = 10.0, step: float = 0.05) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(step)
-    return pred()
 
 
 def watch_lines(c: EtcdClient, key: str, rev: int, reader: Callable[[object], Iterator[bytes]]) -> float:

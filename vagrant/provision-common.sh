@@ -4,11 +4,4 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends curl ca-certificates wireguard-tools iproute2 jq >/dev/null
-cat >/etc/sysctl.d/90-meshctl.conf <<'SYSCTL'
-net.ipv4.ip_forward = 1
-net.ipv4.conf.all.rp_filter = 2
-net.ipv4.conf.default.rp_filter = 2
-SYSCTL
-sysctl -q --system
-mkdir -p /sys/fs/bpf
-mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+bash /vagrant/vagrant/node-prep.sh  # shared with the multi-VM lab (ctl/meshctl/lab/vmnodes.py)

@@ -37,6 +37,19 @@ static __always_inline __u32 mc_encap_overhead(__u8 kind)
 }
 
 /* A node's VXLAN MAC: MC_VTEP_OUI, then its private IPv4 address. */
+/* BPF_F_ADJ_ROOM_ENCAP_L2_ETH (5.18) marks the inner protocol as Ethernet (ETH_P_TEB), which a NIC's
+ * VXLAN offload wants. An older kernel refuses the flag (EINVAL on every call), so it is left out
+ * there (MC_HAVE_ADJ_ROOM_L2_ETH 0, set by the feature probe): the inner protocol stays IP, and the
+ * kernel's GSO still segments right, since it skips the inner Ethernet by the inner MAC length. */
+#ifndef MC_HAVE_ADJ_ROOM_L2_ETH
+#define MC_HAVE_ADJ_ROOM_L2_ETH 1
+#endif
+#if MC_HAVE_ADJ_ROOM_L2_ETH
+#define MC_ADJ_ROOM_L2_ETH BPF_F_ADJ_ROOM_ENCAP_L2_ETH
+#else
+#define MC_ADJ_ROOM_L2_ETH 0
+#endif
+
 static __always_inline void mc_vtep_mac(__u8 *mac, __be32 addr)
 {
     mac[0] = (MC_VTEP_OUI >> 8) & 0xff;
@@ -71,7 +84,7 @@ static __always_inline int mc_encap(struct __sk_buff *skb, const struct mc_pkt *
         mc_vtep_mac(h.eth.h_source, src);
         mc_vtep_mac(h.eth.h_dest, dst);
         h.eth.h_proto = inner;
-        __u64 flags = BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH |
+        __u64 flags = BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP | MC_ADJ_ROOM_L2_ETH |
                       BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN);
         if (bpf_skb_adjust_room(skb, MC_VXLAN_OVERHEAD, BPF_ADJ_ROOM_MAC, flags) < 0)
             return -1;

@@ -153,14 +153,15 @@ def test_path_mtu_discovery_works_through_the_encapsulation(bed, kind, mtu):
 
 
 @pytest.mark.parametrize("kind,mtu", [("vxlan", 1450), ("ipip", 1480)])
-def test_without_bpf_check_mtu_the_private_nics_mtu_decides(bed, kind, mtu, monkeypatch):
-    """Kernels before 5.12 (Debian 11's 5.10) have no bpf_check_mtu: the programs are compiled
-    without it and compare with the private NIC's MTU the datapath wrote in config. Built here as
-    the feature probe would on such a kernel; the same path MTU discovery and TCP throughput."""
-    monkeypatch.setenv(features.WITHOUT_ENV, "check_mtu")
+def test_as_on_5_10_without_check_mtu_and_the_l2_eth_flag(bed, kind, mtu, monkeypatch):
+    """Debian 11's 5.10 has no bpf_check_mtu (5.12) and refuses BPF_F_ADJ_ROOM_ENCAP_L2_ETH (5.18):
+    the programs are compiled without both, compare with the private NIC's MTU the datapath wrote
+    in config, and leave the VXLAN inner protocol as IP. Built here as the feature probe does on
+    such a kernel: the same path MTU discovery, and TCP (GSO segments through VXLAN) runs."""
+    monkeypatch.setenv(features.WITHOUT_ENV, "check_mtu,adjust_room_encap_l2_eth")
     features.probe.cache_clear()
     try:
-        assert not features.probe().helpers["check_mtu"] and "-DMC_HAVE_CHECK_MTU=0" in features.probe().cflags()
+        assert features.probe().cflags() == ["-DMC_HAVE_ADJ_ROOM_L2_ETH=0", "-DMC_HAVE_CHECK_MTU=0"]
         use(bed, kind, kind)
         pmtu_and_throughput(bed, mtu)
     finally:

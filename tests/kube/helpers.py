@@ -10,10 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Node as KNode
 
 from meshctl.backends.kube import nodes as A
+from meshctl.lab import build, netns, state
+from meshctl.lab.spec import parse_lab
+from tests.names import unique
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,3 +76,19 @@ class Running:
         self.thread.join(10)
         assert not self.thread.is_alive(), "backend.run did not stop"
         self.backend.close()
+
+
+def lab_fixture(doc: dict[str, Any], wait: float = 120) -> Any:
+    """A pytest fixture that builds the lab `doc` (a Kubernetes-backend lab) under a unique prefix
+    and takes it down after the test, asserting nothing is left."""
+
+    @pytest.fixture
+    def lab() -> Any:
+        prefix = unique("k8") + "-"
+        try:
+            yield build.up(parse_lab(doc), prefix=prefix, wait=wait)
+        finally:
+            assert not build.down(state.lab_name(prefix))
+            assert not netns.list_prefixed(prefix)
+
+    return lab

@@ -5,7 +5,6 @@ takes its interface with it."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -13,8 +12,8 @@ import time
 import pytest
 
 from meshctl.agent.server import fetch_status
-from meshctl.lab import build, netns, probe, state
-from meshctl.lab.spec import parse_lab
+from meshctl.lab import build, probe
+from tests.kube.helpers import lab_fixture
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -29,15 +28,7 @@ LAB = {
 }
 
 
-@pytest.fixture
-def lab():
-    prefix = f"k8{os.getpid() % 10000}k-"
-    try:
-        yield build.up(parse_lab(LAB), prefix=prefix, wait=120)
-    finally:
-        problems = build.down(state.lab_name(prefix))
-        assert not problems
-        assert not netns.list_prefixed(prefix)
+lab = lab_fixture(LAB)
 
 
 def node(st: dict, name: str) -> dict:

@@ -6,15 +6,14 @@ the two clusters reach each other through WireGuard."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
 import pytest
 import yaml
 
-from meshctl.lab import build, netns, probe, state
-from meshctl.lab.spec import parse_lab
+from meshctl.lab import netns, probe
+from tests.kube.helpers import lab_fixture
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -30,15 +29,7 @@ LAB = {
 }
 
 
-@pytest.fixture
-def lab():
-    prefix = f"k8{os.getpid() % 10000}w-"
-    try:
-        yield build.up(parse_lab(LAB), prefix=prefix, wait=120)
-    finally:
-        problems = build.down(state.lab_name(prefix))
-        assert not problems
-        assert not netns.list_prefixed(prefix)
+lab = lab_fixture(LAB)
 
 
 def as_peer(kube: dict, node: str, service_cidr: str) -> dict:

@@ -629,7 +629,13 @@ class Agent:
             counters = {}
             log.debug("datapath counters: %s", e)
         # synced: the maps hold a plan (until then an ebpf datapath passes everything to the kernel)
-        return {"mode": dp.mode, "reason": dp.reason, "counters": counters, "synced": self.datapath_step.synced}
+        out = {"mode": dp.mode, "reason": dp.reason, "counters": counters, "synced": self.datapath_step.synced}
+        if dp.mode == "ebpf":
+            from meshctl.datapath.features import probe
+
+            # how the programs hook in and which helpers they do without here (older kernels)
+            out.update(attach="clsact" if dp.clsact else "tcx", fallbacks=probe().fallbacks())
+        return out
 
     def status(self) -> dict[str, Any]:
         """The /status JSON (also what the metrics collector reads)."""

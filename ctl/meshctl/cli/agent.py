@@ -178,8 +178,10 @@ def format_status(st: dict[str, Any]) -> str:
                  f" ({st.get('wireguard_mode') or 'no device'})  nodes {st.get('nodes')}  routes {st.get('routes')}")
     dp = st.get("datapath") or {}
     counters = "  ".join(f"{a} {p} pkts/{_bytes(b)}" for a, (p, b) in sorted((dp.get("counters") or {}).items()))
+    how = ", ".join([*([dp["attach"]] if dp.get("attach") else []),
+                     *(f"without {f.split(' ', 1)[-1]}" for f in dp.get("fallbacks") or [])])
     lines.append(f"datapath {dp.get('mode') or '-'}{' (' + dp['reason'] + ')' if dp.get('reason') else ''}"
-                 f"{'  ' + counters if counters else ''}")
+                 f"{' [' + how + ']' if how else ''}{'  ' + counters if counters else ''}")
     pods = st.get("pods")
     if pods is not None:
         lines.append(f"pod interfaces: {len(pods.get('fastpath') or [])} carry the fast path, "

@@ -198,6 +198,11 @@ class Datapath:
                 if a.prog_id != self._loaded.prog_ids[prog]:
                     links.attach_clsact(a.hook, a.ifname, prog_path(self.pin_dir, prog))
 
+    @property
+    def clsact(self) -> bool:
+        """Whether the programs are attached as clsact filters (no tcx before 6.6) rather than tcx links."""
+        return self._tc_fallback
+
     def attach(self, private_if: str, tunnel_if: str | None, pod_ifs: Iterable[str]) -> None:
         """Idempotent: from_pod (+ egress tracking) on each pod veth, from_private (+ egress
         tracking) on the private NIC, egress tracking on tunnel_if; detach pod veths no longer

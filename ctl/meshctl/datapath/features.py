@@ -37,12 +37,25 @@ HELPERS = {
     "redirect_peer": 155,
     "check_mtu": 163,
 }
-# Helpers the programs can do without: absent, they are compiled with the setting at 0 and a
-# fallback (datapath.c says which). bpf_check_mtu came in 5.12: 5.10 compares with the NIC's MTU.
-OPTIONAL_HELPERS = {"check_mtu": "MC_HAVE_CHECK_MTU"}
-# Compile as if these optional helpers were absent (e.g. to build, on a newer host, the programs an
-# older kernel will load from the compiled-object cache): a comma-separated list of helper names.
+# What the programs can do without: absent, they are compiled with the setting at 0 and a fallback
+# (the C says which). bpf_check_mtu came in 5.12: before it the NIC's MTU is compared. The VXLAN
+# flag BPF_F_ADJ_ROOM_ENCAP_L2_ETH came in 5.18 (an older kernel refuses the call, EINVAL, so every
+# VXLAN packet would be dropped): before it the inner protocol is left as IP, which the kernel's
+# GSO segments the same, only a NIC's VXLAN offload does not take it.
+OPTIONAL = {"check_mtu": "MC_HAVE_CHECK_MTU", "adjust_room_encap_l2_eth": "MC_HAVE_ADJ_ROOM_L2_ETH"}
+OPTIONAL_HELPERS = {"check_mtu"}
+FLAG_NAMES = {"adjust_room_encap_l2_eth": "BPF_F_ADJ_ROOM_ENCAP_L2_ETH"}  # as the kernel's headers spell them
+# Compile as if these optional features were absent (e.g. to build, on a newer host, the programs an
+# older kernel will load from the compiled-object cache): a comma-separated list of OPTIONAL names.
 WITHOUT_ENV = "MESHCTL_BPF_WITHOUT"
+# r2 = 50; r3 = BPF_ADJ_ROOM_MAC; r4 = ENCAP_L3_IPV4 | ENCAP_L4_UDP | ENCAP_L2_ETH | ENCAP_L2(14);
+# call bpf_skb_adjust_room; exit: returns the helper's answer (0, or -EINVAL for an unknown flag)
+_ADJ_ROOM_L2_ETH = bytes([0xB7, 0x02, 0, 0, 50, 0, 0, 0, 0xB7, 0x03, 0, 0, 1, 0, 0, 0,
+                          0x18, 0x04, 0, 0, 0x52, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x0E,
+                          0x85, 0, 0, 0, 50, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0])
+# Ethernet, IPv4 (UDP, 28 bytes), UDP: the smallest packet adjust_room takes in MAC mode
+_PROBE_PACKET = (b"\x02" * 6 + b"\x04" * 6 + b"\x08\x00" + bytes([0x45, 0, 0, 28, 0, 0, 0x40, 0, 64, 17, 0, 0,
+                 10, 0, 0, 1, 10, 0, 0, 2]) + bytes([0x30, 0x39, 0x12, 0xB5, 0, 8, 0, 0]))
 # the map types of meshctl_maps.h, by their BPF_MAP_TYPE_* number
 MAP_TYPES = {"hash": 1, "array": 2, "percpu_array": 6, "lru_hash": 9, "lpm_trie": 11}
 _RET0_EXIT = bytes([0xB7, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0])  # r0 = 0; exit
@@ -53,6 +66,11 @@ class Features:
     tcx: bool
     helpers: dict[str, bool] = field(default_factory=dict)
     map_types: dict[str, bool] = field(default_factory=dict)
+    flags: dict[str, bool] = field(default_factory=dict)  # helper flags the programs pass (OPTIONAL)
+
+    def has(self, name: str) -> bool:
+        """Whether an OPTIONAL feature (a helper or a flag) is there."""
+        return self.helpers.get(name, False) if name in OPTIONAL_HELPERS else self.flags.get(name, False)
 
     def missing(self) -> list[str]:
         """What the programs need and this kernel lacks (empty: they can load)."""
@@ -60,16 +78,34 @@ class Features:
                 + [f"map type {m}" for m, ok in self.map_types.items() if not ok])
 
     def fallbacks(self) -> list[str]:
-        """The optional helpers this kernel lacks (the programs use their fallbacks)."""
-        return [f"helper bpf_{h}" for h in OPTIONAL_HELPERS if not self.helpers.get(h, False)]
+        """The optional features this kernel lacks (the programs use their fallbacks)."""
+        return [f"helper bpf_{n}" if n in OPTIONAL_HELPERS else f"flag {FLAG_NAMES[n]}" for n in OPTIONAL
+                if not self.has(n)]
 
     def cflags(self) -> list[str]:
-        """The compiler settings the probe results decide (-DMC_HAVE_<HELPER>=0|1)."""
-        return [f"-D{macro}={int(self.helpers.get(h, False))}" for h, macro in sorted(OPTIONAL_HELPERS.items())]
+        """The compiler settings the probe results decide (-DMC_HAVE_<...>=0|1)."""
+        return [f"-D{macro}={int(self.has(n))}" for n, macro in sorted(OPTIONAL.items())]
 
     def as_dict(self) -> dict[str, object]:
         return {"tcx": self.tcx, "helpers": dict(self.helpers), "map_types": dict(self.map_types),
-                "missing": self.missing(), "fallbacks": self.fallbacks()}
+                "flags": dict(self.flags), "missing": self.missing(), "fallbacks": self.fallbacks()}
+
+
+def _probe_adjust_room_l2_eth(so: ctypes.CDLL) -> bool:
+    """Whether bpf_skb_adjust_room takes BPF_F_ADJ_ROOM_ENCAP_L2_ETH: a test run of one call with it
+    (the helper answers EINVAL at run time for a flag it does not know; loading proves nothing)."""
+    code = ctypes.create_string_buffer(_ADJ_ROOM_L2_ETH, len(_ADJ_ROOM_L2_ETH))
+    fd = so.bpf_prog_load(BPF_PROG_TYPE_SCHED_CLS, b"mc_probe", b"GPL", ctypes.addressof(code),
+                          len(_ADJ_ROOM_L2_ETH) // 8, None)
+    if fd < 0:
+        return False
+    try:
+        retval, _, _, _ = libbpf.test_run(fd, _PROBE_PACKET)
+        return retval == 0
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _probe_tcx(so: ctypes.CDLL) -> bool:
@@ -99,8 +135,13 @@ def probe() -> Features:
     so.libbpf_probe_bpf_map_type.argtypes = [ctypes.c_int, ctypes.c_void_p]
     so.libbpf_probe_bpf_map_type.restype = ctypes.c_int
     helpers = {h: so.libbpf_probe_bpf_helper(BPF_PROG_TYPE_SCHED_CLS, n, None) == 1 for h, n in HELPERS.items()}
-    for h in os.environ.get(WITHOUT_ENV, "").split(","):
-        if h.strip() in OPTIONAL_HELPERS:
-            helpers[h.strip()] = False
     maps = {m: so.libbpf_probe_bpf_map_type(n, None) == 1 for m, n in MAP_TYPES.items()}
-    return Features(_probe_tcx(so), helpers, maps)
+    tcx = _probe_tcx(so)  # also declares bpf_prog_load's signature
+    flags = {"adjust_room_encap_l2_eth": _probe_adjust_room_l2_eth(so)}
+    for name in os.environ.get(WITHOUT_ENV, "").split(","):
+        name = name.strip()
+        if name in OPTIONAL_HELPERS:
+            helpers[name] = False
+        elif name in OPTIONAL:
+            flags[name] = False
+    return Features(tcx, helpers, maps, flags)

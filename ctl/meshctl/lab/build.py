@@ -312,6 +312,8 @@ def add_pod(name: str | None, node: str, cluster: str | None = None) -> dict[str
     for c in st["clusters"]:
         for n in c["nodes"]:
             if n["name"] == node and cluster in (None, c["name"]):
+                if n.get("vm"):
+                    raise InputError("--node", node, "is a VM node (lab.vms): lab pod add works on namespace labs only")
                 k = max((int(p["host_if"].removeprefix("pod")) for p in n["pods"]), default=-1) + 1
                 if k >= 250:
                     raise MeshError(f"node {node} has no room for another pod")
@@ -329,6 +331,9 @@ def remove_pod(name: str | None, node: str, ip: str) -> None:
         for n in c["nodes"]:
             for p in list(n["pods"]):
                 if n["name"] == node and p["ip"] == ip:
+                    if n.get("vm"):
+                        raise InputError("--node", node, "is a VM node (lab.vms): lab pod remove works on namespace "
+                                         "labs only")
                     netns.delete(p["netns"])
                     n["pods"].remove(p)
                     st["namespaces"] = [x for x in st["namespaces"] if x != p["netns"]]

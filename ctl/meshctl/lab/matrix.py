@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -94,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-v", "--verbose", action="store_true", help="echo the suites' output")
     ap.add_argument("--logs", default=str(LOG_DIR), help="where each suite's output is kept (<kernel>-<suite>.log)")
     args = ap.parse_args(argv)
+    # SIGTERM ends the run like ^C: the `finally` below stops the VM that is up
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     kernels = [k for k in args.kernels.split(",") if k]
     suites = [s for s in args.suites.split(",") if s]
     try:

@@ -347,8 +347,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-# The program variants the matrix's kernels load: this host's, and without bpf_check_mtu (5.10).
-BPF_VARIANTS = ("", "check_mtu")
+# The program variants the matrix's kernels load: this host's, and 5.10's (no bpf_check_mtu, no
+# BPF_F_ADJ_ROOM_ENCAP_L2_ETH: meshctl.datapath.features.OPTIONAL).
+BPF_VARIANTS = ("", "check_mtu,adjust_room_encap_l2_eth")
 
 
 def warm_bpf_cache() -> bool:

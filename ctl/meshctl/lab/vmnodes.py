@@ -50,6 +50,8 @@ NODE_CPUS = 1
 NODE_MEMORY = "1G"
 METRICS_PORT = int(defaults.METRICS_ADDR.rsplit(":", 1)[1])
 GUEST_NODE_FILE = "node.json"
+# The node preparation the Vagrant VMs run too (sysctls, bpffs): one script for both labs.
+NODE_PREP = Path(__file__).resolve().parents[3] / "vagrant" / "node-prep.sh"
 MAC_PREFIX = "52:54:00:6d"  # QEMU's locally administered range; then node index and NIC
 
 
@@ -324,7 +326,7 @@ def guest_setup(bundle_path: str) -> None:
     if node["internal_ip"]:
         fabs = parse_fabrics(b["fabrics"])
         node["agent_args"] = fabric.node_address(None, "priv", ipaddress.ip_interface(node["internal_ip"]), fabs)
-    netns.sysctl(None, "net.ipv4.ip_forward", "1")
+    netns.sh(["bash", str(NODE_PREP)])
     os.makedirs(st["dir"], exist_ok=True)
     for pod in node["pods"]:
         k = int(pod["host_if"].removeprefix("pod"))

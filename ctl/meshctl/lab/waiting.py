@@ -1,0 +1,26 @@
+"""Polling helpers shared by the lab's tests and benchmarks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 10.0, step: float = 0.05) -> Any:
+    """pred()'s first truthy value within `timeout` s (else its last value, for the assertion)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(step)
+    return pred()
+
+
+def wait_until(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition", step: float = 0.05) -> Any:
+    """Like wait_for, but a timeout is an AssertionError naming `what`."""
+    got = wait_for(cond, timeout, step)
+    if not got:
+        raise AssertionError(f"timed out waiting for {what}")
+    return got
