@@ -20,7 +20,7 @@ test: setup lint
 	@bash scripts/kernels.sh $(SMOKE_KERNELS)
 	@$(PY) -m pytest -q -p no:cacheprovider tests
 
-# The datapath, node and lab suites inside each kernel of the matrix (TCG: tens of minutes).
+# The datapath, node, lab and paths suites inside each kernel of the matrix (TCG: hours).
 vmtest: kernels
 	@$(PY) -m meshctl.lab.matrix --kernels $(shell echo $(KERNELS) | tr ' ' ',')
 

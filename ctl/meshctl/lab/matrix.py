@@ -1,6 +1,6 @@
 """`make vmtest`: the test suites inside each kernel of the matrix, one VM at a time, and a table.
 
-`python -m meshctl.lab.matrix [--kernels 5.10,6.1,6.12] [--suites datapath,node,lab] [--timeout S]`
+`python -m meshctl.lab.matrix [--kernels 5.10,6.1,6.12] [--suites datapath,node,lab,paths] [--timeout S]`
 
 Each kernel boots once (lab/vm.py); each suite runs in it as `pytest -q tests/<suite>` from this
 checkout (the guest sees it read-only); the compiled-object cache is warmed on the host first so
@@ -23,7 +23,7 @@ from meshctl.errors import MeshError
 from meshctl.lab import vm
 
 REPO = Path(__file__).resolve().parents[3]
-SUITES = ("datapath", "node", "lab")
+SUITES = ("datapath", "node", "lab", "paths")  # paths: the issue-8 path ladder and fabrics
 SUITE_TIMEOUT = 1800.0
 LOG_DIR = Path("/tmp/meshctl-vmtest")
 SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|error|errors|xfailed|xpassed|deselected)")
