@@ -26,6 +26,7 @@ stays in the guest's own /run.
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import json
 import os
@@ -43,6 +44,7 @@ from meshctl.errors import MeshError
 from meshctl.lab import fabric, netns, vm
 from meshctl.lab import state as labstate
 from meshctl.lab.spec import PUBLIC_NET, LabSpec
+from meshctl.lab.waiting import wait_for
 
 Progress = Callable[[str], None]
 VM_ROOT = Path("/run/meshctl-vm")
@@ -100,43 +102,16 @@ def build(spec: LabSpec, st: dict[str, Any], progress: Progress) -> None:
     for ci, topo in enumerate(spec.clusters):
         cst = st["clusters"][ci]
         for n in topo.nodes:
-            pub_ip = PUBLIC_NET.network_address + 10 + idx
-            series = spec.options.kernel_of(n.name, topo.cluster.name)
-            key = f"{topo.cluster.name}-{n.name}" if spec.multi else n.name
-            nics = [(f"n{idx}u", _mac(idx, 0), "pub", "bpub")]
-            if n.internal_ip is not None:
-                nics.append((f"n{idx}p", _mac(idx, 1), "priv", f"bpriv{subnets.index(n.internal_ip.network)}"))
-            for tap, _, _, br in nics:
-                netns.run(fab, ["ip", "tuntap", "add", "mode", "tap", "name", tap])
-                netns.enslave(fab, tap, br)
-                netns.run(fab, ["ip", "link", "set", tap, "up"])
-            d = vm_dir(st["name"], key)
-            base = f"{st['prefix']}{key}"
-            cst["nodes"].append({
-                "name": n.name, "netns": None, "kernel": series, "location": n.location, "pod_cidr": str(n.pod_cidr),
-                "internal_ip": str(n.internal_ip) if n.internal_ip else None, "public_ip": str(pub_ip),
-                "leader": n.leader, "persistent_keepalive": n.persistent_keepalive,
-                "allowed_location_ips": [str(a) for a in n.allowed_location_ips],
-                "private_interface": "priv" if n.internal_ip is not None else None, "public_interface": "pub",
-                "metrics_addr": f"{pub_ip}:{METRICS_PORT}", "status_netns": cst["etcd"]["netns"],
-                "dir": str(d / "shared" / "node"), "state_dir": f"{labstate.lab_dir(st['name'])}/node/state",
-                "wg_run_dir": f"{labstate.lab_dir(st['name'])}/node/wg",
-                "pods": [_pod_entry(base, n.pod_cidr, k) for k in range(spec.options.pods_per_node)],
-                "pid": None, "guest_pid": None, "agent_args": [], "nat": None,
-                "nics": [{"tap": t, "mac": m, "name": r} for t, m, r, _ in nics],
-                "vm": {"name": f"{st['name']}-{key}", "series": series, "workdir": str(d), "pid": None,
-                       "qemu_pid": None, "accel": None},
-            })
+            cst["nodes"].append(_vm_node(spec, st, cst, topo.cluster.name, n, idx, subnets))
             idx += 1
         progress(f"cluster {topo.cluster.name}: {len(topo.nodes)} node VM(s): "
                  + ", ".join(f"{n['name']} ({n['kernel']})" for n in cst["nodes"]))
     labstate.save(st)
-    from meshctl.lab.build import apply_fabrics
-
-    apply_fabrics(st, progress)
+    labbuild.apply_fabrics(st, progress)
     nodes = [(c, n) for c in st["clusters"] for n in c["nodes"]]
     accel = vm.accel()
     progress(f"booting {len(nodes)} VM(s) ({accel}, {NODE_CPUS} vCPU, {NODE_MEMORY} each)")
+
     def boot(item: tuple[dict[str, Any], dict[str, Any]]) -> None:
         c, n = item
         machine = vm.VM(vm.kernel(n["kernel"]), n["vm"]["name"], workdir=Path(n["vm"]["workdir"]), cpus=NODE_CPUS,
@@ -152,6 +127,38 @@ def build(spec: LabSpec, st: dict[str, Any], progress: Progress) -> None:
         progress(f"node {n['name']}: NICs, {len(n['pods'])} pod(s) and its etcd identity in place")
 
     parallel(nodes, boot)
+
+
+def _vm_node(spec: LabSpec, st: dict[str, Any], cst: dict[str, Any], cluster: str, n: Any, idx: int,
+             subnets: list[Any]) -> dict[str, Any]:
+    """Node `idx`'s taps on the lab's bridges and its entry in the host's state (its VM to come)."""
+    fab = f"{st['prefix']}fab"
+    pub_ip = PUBLIC_NET.network_address + 10 + idx
+    series = spec.options.kernel_of(n.name, cluster)
+    key = f"{cluster}-{n.name}" if spec.multi else n.name
+    nics = [(f"n{idx}u", _mac(idx, 0), "pub", "bpub")]
+    if n.internal_ip is not None:
+        nics.append((f"n{idx}p", _mac(idx, 1), "priv", f"bpriv{subnets.index(n.internal_ip.network)}"))
+    for tap, _, _, br in nics:
+        netns.run(fab, ["ip", "tuntap", "add", "mode", "tap", "name", tap])
+        netns.enslave(fab, tap, br)
+        netns.run(fab, ["ip", "link", "set", tap, "up"])
+    d = vm_dir(st["name"], key)
+    guest_dir = labstate.lab_dir(st["name"]) / "node"  # in the guest's own /run: its key stays there
+    return {
+        "name": n.name, "netns": None, "kernel": series, "location": n.location, "pod_cidr": str(n.pod_cidr),
+        "internal_ip": str(n.internal_ip) if n.internal_ip else None, "public_ip": str(pub_ip),
+        "leader": n.leader, "persistent_keepalive": n.persistent_keepalive,
+        "allowed_location_ips": [str(a) for a in n.allowed_location_ips],
+        "private_interface": "priv" if n.internal_ip is not None else None, "public_interface": "pub",
+        "metrics_addr": f"{pub_ip}:{METRICS_PORT}", "status_netns": cst["etcd"]["netns"],
+        "dir": str(d / "shared" / "node"), "state_dir": str(guest_dir / "state"), "wg_run_dir": str(guest_dir / "wg"),
+        "pods": [_pod_entry(f"{st['prefix']}{key}", n.pod_cidr, k) for k in range(spec.options.pods_per_node)],
+        "pid": None, "guest_pid": None, "agent_args": [], "nat": None,
+        "nics": [{"tap": t, "mac": m, "name": r} for t, m, r, _ in nics],
+        "vm": {"name": f"{st['name']}-{key}", "series": series, "workdir": str(d), "pid": None, "qemu_pid": None,
+               "accel": None},
+    }
 
 
 def _record(st: dict[str, Any], node: dict[str, Any], machine: vm.VM) -> None:
@@ -290,12 +297,12 @@ def stop_vms(name: str, st: dict[str, Any] | None, progress: Progress) -> list[s
 # --- guest side --------------------------------------------------------------------------------
 
 
-def _nic_by_mac(mac: str) -> str:
+def _nic_by_mac(mac: str) -> str | None:
     for p in Path("/sys/class/net").iterdir():
         with contextlib.suppress(OSError):
             if (p / "address").read_text().strip().lower() == mac.lower():
                 return p.name
-    raise MeshError(f"no NIC with MAC {mac} in this VM")
+    return None
 
 
 def guest_setup(bundle_path: str) -> None:
@@ -308,16 +315,10 @@ def guest_setup(bundle_path: str) -> None:
     st = b["state"]
     node = st["clusters"][0]["nodes"][0]
     subprocess.run(["modprobe", "virtio_net"], check=False, capture_output=True)
-    deadline = time.monotonic() + 30
     for nic in node["nics"]:
-        while True:
-            try:
-                dev = _nic_by_mac(nic["mac"])
-                break
-            except MeshError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        dev = wait_for(functools.partial(_nic_by_mac, nic["mac"]), timeout=30, step=0.2)  # the driver may be probing
+        if not dev:
+            raise MeshError(f"no NIC with MAC {nic['mac']} in this VM")
         if dev != nic["name"]:
             netns.run(None, ["ip", "link", "set", "dev", dev, "down"])
             netns.run(None, ["ip", "link", "set", "dev", dev, "name", nic["name"]])
