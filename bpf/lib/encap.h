@@ -41,6 +41,9 @@ static __always_inline __u32 mc_encap_overhead(__u8 kind)
  * VXLAN offload wants. An older kernel refuses the flag (EINVAL on every call), so it is left out
  * there (MC_HAVE_ADJ_ROOM_L2_ETH 0, set by the feature probe): the inner protocol stays IP, and the
  * kernel's GSO still segments right, since it skips the inner Ethernet by the inner MAC length. */
+#ifndef MC_HAVE_ADJ_ROOM_DECAP_L3 /* the decapsulation flags (6.3), set by the feature probe */
+#define MC_HAVE_ADJ_ROOM_DECAP_L3 1
+#endif
 #ifndef MC_HAVE_ADJ_ROOM_L2_ETH
 #define MC_HAVE_ADJ_ROOM_L2_ETH 1
 #endif
@@ -140,10 +143,23 @@ static __always_inline int mc_decap(struct __sk_buff *skb, struct mc_pkt *p)
     }
     if (inner != bpf_htons(ETH_P_IP) && inner != bpf_htons(ETH_P_IPV6))
         return 0;
+#if MC_HAVE_ADJ_ROOM_DECAP_L3
     /* The flag names the IP version left after the pop; only a change of version needs it. */
     __u64 flags = inner == bpf_htons(ETH_P_IPV6) ? MC_ADJ_DECAP_L3_IPV6 : 0;
     if (bpf_skb_adjust_room(skb, -(__s32)len, BPF_ADJ_ROOM_MAC, flags) < 0)
         return -1;
+#else
+    /* Before 6.3 the pop cannot change the IP version: an IPv6 packet inside IPv4 is turned into
+     * an IPv6 skb first (bpf_skb_change_proto pushes the 20 bytes the IPv6 header is longer, right
+     * after the Ethernet header, and sets the protocol), then the pop takes those 20 bytes too. */
+    if (inner == bpf_htons(ETH_P_IPV6)) {
+        if (bpf_skb_change_proto(skb, bpf_htons(ETH_P_IPV6), 0) < 0)
+            return -1;
+        len += sizeof(struct ipv6hdr) - sizeof(struct iphdr);
+    }
+    if (bpf_skb_adjust_room(skb, -(__s32)len, BPF_ADJ_ROOM_MAC, 0) < 0)
+        return -1;
+#endif
     if (bpf_skb_store_bytes(skb, __builtin_offsetof(struct ethhdr, h_proto), &inner, sizeof(inner), 0) < 0)
         return -1;
     return mc_parse(skb, p) < 0 ? -1 : 1;

@@ -29,6 +29,7 @@ PLAN = [
     FastPathEntry(net("fd00:44::/64"), "direct", None, Encap("vxlan", ME, PEER)),
     FastPathEntry(net("fd00:45::/64"), "direct", None, Encap("ipip", ME, PEER)),
 ]
+SMALL_MTU = 1500
 LO = 1  # the loopback's ifindex in every network namespace: the "private NIC" of these runs
 
 
@@ -36,6 +37,9 @@ LO = 1  # the loopback's ifindex in every network namespace: the "private NIC" o
 def dp(unit_dp):
     unit_dp.sync(PLAN, "lo")
     unit_dp.maps.config_set(layout.CFG_PRIVATE4, layout.config_addr(PEER))  # decapsulate as the peer would
+    # the private NIC's MTU as attach() records it: what a kernel without bpf_check_mtu compares with
+    # (small_mtu_ns's loopback); a kernel with it asks the device itself
+    unit_dp.maps.config_set(layout.CFG_PRIVATE_MTU, SMALL_MTU)
     unit_dp.maps.pods.sync({layout.pod_key(ip("10.44.0.9")): layout.pod_value(LO),
                             layout.pod_key(ip("fd00:44::9")): layout.pod_value(LO)})
     return unit_dp
@@ -135,7 +139,7 @@ def small_mtu_ns():
     name = f"ea-mtu{os.getpid() % 10000}"
     netns.add(name)
     try:
-        netns.run(name, ["ip", "link", "set", "lo", "mtu", "1500", "up"])
+        netns.run(name, ["ip", "link", "set", "lo", "mtu", str(SMALL_MTU), "up"])
         yield name
     finally:
         netns.delete(name)

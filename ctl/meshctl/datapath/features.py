@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import struct
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -32,6 +33,7 @@ HELPERS = {
     "get_hash_recalc": 34,
     "skb_change_tail": 38,
     "skb_pull_data": 39,
+    "skb_change_proto": 31,
     "skb_adjust_room": 50,
     "redirect_neigh": 152,
     "redirect_peer": 155,
@@ -42,20 +44,38 @@ HELPERS = {
 # flag BPF_F_ADJ_ROOM_ENCAP_L2_ETH came in 5.18 (an older kernel refuses the call, EINVAL, so every
 # VXLAN packet would be dropped): before it the inner protocol is left as IP, which the kernel's
 # GSO segments the same, only a NIC's VXLAN offload does not take it.
-OPTIONAL = {"check_mtu": "MC_HAVE_CHECK_MTU", "adjust_room_encap_l2_eth": "MC_HAVE_ADJ_ROOM_L2_ETH"}
+# The decapsulation flags (6.3) let adjust_room change the IP version as it pops the outer header:
+# before them an IPv6 packet inside IPv4 is turned into IPv6 first with bpf_skb_change_proto.
+OPTIONAL = {"check_mtu": "MC_HAVE_CHECK_MTU", "adjust_room_encap_l2_eth": "MC_HAVE_ADJ_ROOM_L2_ETH",
+            "adjust_room_decap_l3": "MC_HAVE_ADJ_ROOM_DECAP_L3"}
 OPTIONAL_HELPERS = {"check_mtu"}
-FLAG_NAMES = {"adjust_room_encap_l2_eth": "BPF_F_ADJ_ROOM_ENCAP_L2_ETH"}  # as the kernel's headers spell them
+# as the kernel's headers spell them
+FLAG_NAMES = {"adjust_room_encap_l2_eth": "BPF_F_ADJ_ROOM_ENCAP_L2_ETH",
+              "adjust_room_decap_l3": "BPF_F_ADJ_ROOM_DECAP_L3_IPV4"}
+# bpf_skb_adjust_room calls the probes test-run: (room to add, or to take with a negative number; flags)
+_ADJ_ROOM_PROBES = {
+    # ENCAP_L3_IPV4 | ENCAP_L4_UDP | ENCAP_L2_ETH | ENCAP_L2(14)
+    "adjust_room_encap_l2_eth": (50, (1 << 1) | (1 << 4) | (1 << 6) | (14 << 56)),
+    "adjust_room_decap_l3": (-20, 1 << 7),  # DECAP_L3_IPV4
+}
 # Compile as if these optional features were absent (e.g. to build, on a newer host, the programs an
 # older kernel will load from the compiled-object cache): a comma-separated list of OPTIONAL names.
 WITHOUT_ENV = "MESHCTL_BPF_WITHOUT"
-# r2 = 50; r3 = BPF_ADJ_ROOM_MAC; r4 = ENCAP_L3_IPV4 | ENCAP_L4_UDP | ENCAP_L2_ETH | ENCAP_L2(14);
-# call bpf_skb_adjust_room; exit: returns the helper's answer (0, or -EINVAL for an unknown flag)
-_ADJ_ROOM_L2_ETH = bytes([0xB7, 0x02, 0, 0, 50, 0, 0, 0, 0xB7, 0x03, 0, 0, 1, 0, 0, 0,
-                          0x18, 0x04, 0, 0, 0x52, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x0E,
-                          0x85, 0, 0, 0, 50, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0])
-# Ethernet, IPv4 (UDP, 28 bytes), UDP: the smallest packet adjust_room takes in MAC mode
-_PROBE_PACKET = (b"\x02" * 6 + b"\x04" * 6 + b"\x08\x00" + bytes([0x45, 0, 0, 28, 0, 0, 0x40, 0, 64, 17, 0, 0,
-                 10, 0, 0, 1, 10, 0, 0, 2]) + bytes([0x30, 0x39, 0x12, 0xB5, 0, 8, 0, 0]))
+# Ethernet, IPv4 (UDP, 68 bytes), UDP and 40 bytes: enough for adjust_room to add or take 20-50 bytes
+_PROBE_PACKET = (b"\x02" * 6 + b"\x04" * 6 + b"\x08\x00" + bytes([0x45, 0, 0, 68, 0, 0, 0x40, 0, 64, 17, 0, 0,
+                 10, 0, 0, 1, 10, 0, 0, 2]) + bytes([0x30, 0x39, 0x12, 0xB5, 0, 48, 0, 0]) + bytes(40))
+
+
+def _adjust_room_prog(len_diff: int, flags: int) -> bytes:
+    """r2 = len_diff; r3 = BPF_ADJ_ROOM_MAC; r4 = flags (ld_imm64); call bpf_skb_adjust_room; exit:
+    the program returns the helper's answer (0, or -EINVAL for a flag this kernel does not know)."""
+    return b"".join([
+        struct.pack("<BBhi", 0xB7, 0x02, 0, len_diff),
+        struct.pack("<BBhi", 0xB7, 0x03, 0, 1),
+        struct.pack("<BBhI", 0x18, 0x04, 0, flags & 0xFFFFFFFF), struct.pack("<BBhI", 0, 0, 0, flags >> 32),
+        struct.pack("<BBhi", 0x85, 0, 0, HELPERS["skb_adjust_room"]),
+        struct.pack("<BBhi", 0x95, 0, 0, 0),
+    ])
 # the map types of meshctl_maps.h, by their BPF_MAP_TYPE_* number
 MAP_TYPES = {"hash": 1, "array": 2, "percpu_array": 6, "lru_hash": 9, "lpm_trie": 11}
 _RET0_EXIT = bytes([0xB7, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0])  # r0 = 0; exit
@@ -91,12 +111,12 @@ class Features:
                 "flags": dict(self.flags), "missing": self.missing(), "fallbacks": self.fallbacks()}
 
 
-def _probe_adjust_room_l2_eth(so: ctypes.CDLL) -> bool:
-    """Whether bpf_skb_adjust_room takes BPF_F_ADJ_ROOM_ENCAP_L2_ETH: a test run of one call with it
-    (the helper answers EINVAL at run time for a flag it does not know; loading proves nothing)."""
-    code = ctypes.create_string_buffer(_ADJ_ROOM_L2_ETH, len(_ADJ_ROOM_L2_ETH))
-    fd = so.bpf_prog_load(BPF_PROG_TYPE_SCHED_CLS, b"mc_probe", b"GPL", ctypes.addressof(code),
-                          len(_ADJ_ROOM_L2_ETH) // 8, None)
+def _probe_adjust_room(so: ctypes.CDLL, len_diff: int, flags: int) -> bool:
+    """Whether bpf_skb_adjust_room takes `flags`: a test run of one call with them (the helper
+    answers EINVAL at run time for a flag it does not know; loading proves nothing)."""
+    prog = _adjust_room_prog(len_diff, flags)
+    code = ctypes.create_string_buffer(prog, len(prog))
+    fd = so.bpf_prog_load(BPF_PROG_TYPE_SCHED_CLS, b"mc_probe", b"GPL", ctypes.addressof(code), len(prog) // 8, None)
     if fd < 0:
         return False
     try:
@@ -137,7 +157,7 @@ def probe() -> Features:
     helpers = {h: so.libbpf_probe_bpf_helper(BPF_PROG_TYPE_SCHED_CLS, n, None) == 1 for h, n in HELPERS.items()}
     maps = {m: so.libbpf_probe_bpf_map_type(n, None) == 1 for m, n in MAP_TYPES.items()}
     tcx = _probe_tcx(so)  # also declares bpf_prog_load's signature
-    flags = {"adjust_room_encap_l2_eth": _probe_adjust_room_l2_eth(so)}
+    flags = {name: _probe_adjust_room(so, diff, bits) for name, (diff, bits) in _ADJ_ROOM_PROBES.items()}
     for name in os.environ.get(WITHOUT_ENV, "").split(","):
         name = name.strip()
         if name in OPTIONAL_HELPERS:

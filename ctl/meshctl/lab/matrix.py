@@ -19,12 +19,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshctl.datapath.loader import COMPILE_TIMEOUT_ENV
 from meshctl.errors import MeshError
 from meshctl.lab import vm
 
 REPO = Path(__file__).resolve().parents[3]
 SUITES = ("datapath", "node", "lab", "paths")  # paths: the issue-8 path ladder and fabrics
 SUITE_TIMEOUT = 1800.0
+GUEST_COMPILE_TIMEOUT = 900
 LOG_DIR = Path("/tmp/meshctl-vmtest")
 SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|error|errors|xfailed|xpassed|deselected)")
 
@@ -65,7 +67,9 @@ def run_suite(machine: vm.VM, suite: str, timeout: float, echo: bool, log: Path 
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"tests/{suite}"]
     t0 = time.monotonic()
     try:
-        res = machine.run(argv, timeout=timeout, cwd=str(REPO), env={"PYTHONDONTWRITEBYTECODE": "1"},
+        # the suites that test compiling itself run bcc in the guest: minutes under emulation
+        res = machine.run(argv, timeout=timeout, cwd=str(REPO),
+                          env={"PYTHONDONTWRITEBYTECODE": "1", COMPILE_TIMEOUT_ENV: str(GUEST_COMPILE_TIMEOUT)},
                           on_output=vm.echo if echo else None)
     except MeshError as e:
         return Cell(seconds=time.monotonic() - t0, note=f"error: {e}")

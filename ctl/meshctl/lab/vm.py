@@ -347,9 +347,10 @@ def _alive(pid: int) -> bool:
         return False
 
 
-# The program variants the matrix's kernels load: this host's, and 5.10's (no bpf_check_mtu, no
-# BPF_F_ADJ_ROOM_ENCAP_L2_ETH: meshctl.datapath.features.OPTIONAL).
-BPF_VARIANTS = ("", "check_mtu,adjust_room_encap_l2_eth")
+# The program variants the matrix's kernels load (meshctl.datapath.features.OPTIONAL): this host's
+# and 6.12's (everything), 6.1's (no decapsulation flags: 6.3), 5.10's (no bpf_check_mtu: 5.12, no
+# BPF_F_ADJ_ROOM_ENCAP_L2_ETH: 5.18, no decapsulation flags).
+BPF_VARIANTS = ("", "adjust_room_decap_l3", "check_mtu,adjust_room_encap_l2_eth,adjust_room_decap_l3")
 
 
 def warm_bpf_cache() -> bool:
