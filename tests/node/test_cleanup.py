@@ -23,7 +23,7 @@ pytestmark = pytest.mark.root
 def cleanup(lab: NodeLab, ns: str, wg_if: str, *extra: str) -> subprocess.CompletedProcess[str]:
     return netns.run(ns, [sys.executable, "-m", "meshctl.cli", "cleanup", "--wg-interface", wg_if,
                           "--wg-run-dir", str(lab.run_dir("ours")), "--nat-prefix", f"{lab.prefix}nat", *extra],
-                     check=False, timeout=60)
+                     check=False, timeout=300)  # a hang guard: a CLI start under emulation takes a minute
 
 
 def links(ns: str) -> str:
