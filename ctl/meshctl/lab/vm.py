@@ -47,6 +47,7 @@ KVM_PROBE_TIMEOUT = 20.0
 ACCEL_FILE = Path("/run/meshctl-vm-accel.json")
 POLL = 0.05
 PANIC = b"Kernel panic"
+PANIC_CONTEXT = 12  # console lines kept in the error when a guest dies under a command
 
 
 @dataclass(frozen=True)
@@ -231,12 +232,13 @@ class VM:
         with contextlib.suppress(OSError, ValueError):
             self.qemu_pid = int((self.workdir / "qemu.pid").read_text().strip())
 
-    def _console_tail(self) -> str:
+    def _console_tail(self, n: int = 1) -> str:
+        """The console's last `n` lines (a panic's reason is a few lines above its end)."""
         try:
             lines = (self.workdir / "console.log").read_text(errors="replace").strip().splitlines()
         except OSError:
             return "no console output"
-        return lines[-1] if lines else "no console output"
+        return " | ".join(lines[-n:]) if lines else "no console output"
 
     def _save(self) -> None:
         (self.workdir / "vm.json").write_text(json.dumps(self.describe(), sort_keys=True))
@@ -289,7 +291,8 @@ class VM:
             while not rc_file.exists():
                 drain()
                 if not self.alive():
-                    raise MeshError(f"VM {self.name} stopped while running {shlex.join(argv)}")
+                    raise MeshError(f"VM {self.name} stopped while running {shlex.join(argv)} "
+                                    f"(console: {self._console_tail(PANIC_CONTEXT)})")
                 if deadline is not None and time.monotonic() > deadline:
                     raise MeshError(f"{shlex.join(argv)} did not finish in the VM within {timeout} s")
                 time.sleep(POLL)
