@@ -25,7 +25,7 @@ from meshctl.lab import vm
 
 REPO = Path(__file__).resolve().parents[3]
 SUITES = ("datapath", "node", "lab", "paths")  # paths: the issue-8 path ladder and fabrics
-SUITE_TIMEOUT = 1800.0
+SUITE_TIMEOUT = 3600.0  # a suite under emulation on a loaded 2-core machine: up to ~50 min
 GUEST_COMPILE_TIMEOUT = 900
 LOG_DIR = Path("/tmp/meshctl-vmtest")
 SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|error|errors|xfailed|xpassed|deselected)")
