@@ -256,6 +256,9 @@ def test_the_ipip_fallback_takes_what_the_kernel_has(bed):
         else:
             assert any(u.startswith("ipip 10.42.2.0/24: this kernel has no ipip device") for u in diff.unavailable)
             assert not diff.added
+        # a restarted agent's applier finds the same (its probe must not take our device for absence)
+        again = in_netns(bed.ns("a"), lambda: TunnelApplier("eth1").sync(v4))
+        assert not again.added and not again.removed and again.unavailable == diff.unavailable, again
     finally:
         in_netns(bed.ns("a"), lambda: TunnelApplier("eth1").sync([]))
 
