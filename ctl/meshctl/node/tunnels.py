@@ -27,6 +27,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -221,10 +222,7 @@ class TunnelApplier:
 
     def _sync_routes(self, dev: str, want: dict[IPNetwork, list[str]], kind: str, remote: dict[IPNetwork, IPAddress],
                      diff: TunnelDiff) -> None:
-        have: dict[IPNetwork, str | None] = {}
-        for r in _json(["ip", "-j", "-4", "route", "show", "dev", dev, "proto", str(RT_PROTO_TUNNEL)]):
-            gw = r.get("gateway") or (r.get("encap") or {}).get("dst")
-            have[ipaddress.ip_network(r["dst"])] = gw
+        have = _tunnel_routes(dev)
         for dst in sorted(have.keys() - want.keys(), key=sort_key_net):
             sh(["ip", "route", "del", str(dst), "dev", dev, "proto", str(RT_PROTO_TUNNEL)], check=False)
             diff.removed.append(f"{kind} {dst}")
@@ -237,6 +235,25 @@ class TunnelApplier:
                 diff.unavailable.append(f"{kind} {dst}: {e}")
                 continue
             diff.added.append(f"{kind} {dst} -> {remote[dst]}")
+
+
+_VIA = re.compile(r"\bvia (\S+)")
+_ENCAP_DST = re.compile(r"\bencap ip\b.*?\bdst (\S+)")
+
+
+def _tunnel_routes(dev: str) -> dict[IPNetwork, str | None]:
+    """Our routes through `dev`: prefix -> the peer they go to (`via` for VXLAN, the `encap ip` dst
+    for ipip). Read as text: `ip -j` prints a lightweight tunnel's `encap` twice (its type as a
+    string, then its fields), and which one a JSON reader keeps depends on the iproute2 version."""
+    p = sh(["ip", "-4", "route", "show", "dev", dev, "proto", str(RT_PROTO_TUNNEL)], check=False)
+    have: dict[IPNetwork, str | None] = {}
+    for line in p.stdout.splitlines() if p.returncode == 0 else []:
+        words = line.split()
+        if not words:
+            continue
+        m = _VIA.search(line) or _ENCAP_DST.search(line)
+        have[ipaddress.ip_network(words[0])] = m.group(1) if m else None
+    return have
 
 
 def _mtu(dev: str) -> int:
