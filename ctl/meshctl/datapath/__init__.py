@@ -186,7 +186,7 @@ class Datapath:
 
         for a in links.pinned_links(self.pin_dir):
             prog = links.HOOKS[a.hook][0]
-            if not a.ifname:
+            if a.gone:
                 links.detach_tcx(self.pin_dir, a.hook, a.ifindex)
             elif a.prog_id != self._loaded.prog_ids[prog]:
                 links.attach_tcx(self.pin_dir, a.hook, a.ifindex, self._loaded.progs[prog], self._loaded.prog_ids[prog])

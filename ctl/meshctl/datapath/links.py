@@ -38,9 +38,10 @@ _LINK_RE = re.compile(r"^link-([a-z]+-[a-z]+)-(\d+)$")
 class Attachment:
     hook: str
     ifindex: int
-    ifname: str       # "" when the interface is gone
+    ifname: str       # "" when the interface is gone (or not in this network namespace)
     prog_id: int
     kind: str         # "tcx" | "clsact"
+    gone: bool = False  # the kernel says its device is gone (a tcx link then reads ifindex 0)
 
 
 SIOCGIFMTU = 0x8921
@@ -94,9 +95,10 @@ def pinned_links(pin_dir: str) -> list[Attachment]:
         finally:
             os.close(fd)
         idx = int(m.group(2))
-        # A link whose device is gone reads ifindex 0 (defunct).
-        name = ifname(idx) if info.ifindex == idx else ""
-        out.append(Attachment(m.group(1), idx, name, info.prog_id, "tcx"))
+        # A link whose device is gone reads ifindex 0 (defunct). Whether it is gone is the kernel's
+        # answer, not a name lookup: from another namespace the device has no name here.
+        gone = info.ifindex != idx
+        out.append(Attachment(m.group(1), idx, "" if gone else ifname(idx), info.prog_id, "tcx", gone))
     return out
 
 
