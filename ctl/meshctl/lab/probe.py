@@ -24,6 +24,7 @@ from meshctl import defaults
 from meshctl.agent.server import fetch_status
 from meshctl.errors import MeshError
 from meshctl.lab import netns
+from meshctl.lab import state as labstate
 from meshctl.mesh.model import ENCAP_RUNGS
 from meshctl.node.tunnels import VXLAN_DEV
 
@@ -88,7 +89,7 @@ def agent_status(node: dict[str, Any], timeout: float = 2.0) -> dict[str, Any] |
     """A lab agent's /status, dialled from its namespace (a VM node's from its etcd's, on the
     public segment); None when it does not answer."""
     try:
-        return fetch_status(node["metrics_addr"], node.get("status_netns") or node["netns"], timeout=timeout)
+        return fetch_status(node["metrics_addr"], labstate.dial_netns(node), timeout=timeout)
     except MeshError:
         return None
 

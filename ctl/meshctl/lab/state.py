@@ -72,14 +72,21 @@ def all_nodes(st: dict[str, Any]) -> list[dict[str, Any]]:
     return [n for c in st.get("clusters", []) for n in c.get("nodes", [])]
 
 
-def find_node(lab: str | None, node: str) -> tuple[str, str]:
+def dial_netns(node: dict[str, Any]) -> str | None:
+    """The namespace a lab node's agent is dialled from: its own, or for a VM node the one on its
+    public segment (its etcd's)."""
+    ns: str | None = node.get("status_netns") or node["netns"]
+    return ns
+
+
+def find_node(lab: str | None, node: str) -> tuple[str | None, str]:
     """(netns to dial from, metrics address) of a lab node, by name or `cluster/name`: its own
     namespace, or for a VM node the namespace on its public segment (its etcd's)."""
     st = resolve(lab)
     for c in st.get("clusters", []):
         for n in c.get("nodes", []):
             if node in (n["name"], f"{c['name']}/{n['name']}"):
-                return n.get("status_netns") or n["netns"], n["metrics_addr"]
+                return dial_netns(n), n["metrics_addr"]
     raise MeshError(f"lab {st['name']} has no node {node}")
 
 
