@@ -387,7 +387,7 @@ def start_agent(st: dict[str, Any], node_name: str, *, extra_args: tuple[str, ..
     if node.get("vm"):
         from meshctl.lab import vmnodes
 
-        return vmnodes.start_agent(st, cst, node, extra_args)
+        return vmnodes.start_agent(st, node, extra_args)
     if node.get("pid") and netns.pid_alive(node["pid"]):
         raise MeshError(f"the agent of {node_name} is already running (pid {node['pid']})")
     Path(node["dir"]).mkdir(parents=True, exist_ok=True)

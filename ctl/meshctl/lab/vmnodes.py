@@ -250,8 +250,7 @@ def _setup_guest(st: dict[str, Any], cst: dict[str, Any], node: dict[str, Any], 
     _guest_python(node, "guest-setup", str(path))
 
 
-def start_agent(st: dict[str, Any], cst: dict[str, Any], node: dict[str, Any],
-                extra_args: tuple[str, ...] = ()) -> int:
+def start_agent(st: dict[str, Any], node: dict[str, Any], extra_args: tuple[str, ...] = ()) -> int:
     """Start the agent of a VM node inside its guest; its guest PID is kept as `guest_pid` (never
     as `pid`: the host must not signal a number that means another process here)."""
     pid = int(_guest_python(node, "guest-agent", "start", st["name"], node["name"], *extra_args).strip())
