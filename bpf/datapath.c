@@ -14,9 +14,10 @@
  * The kernel's routes stay the source of truth: any packet these programs do not recognise gets
  * TC_ACT_OK and the same treatment as with no program at all.
  *
- * Layout: this file holds the maps, their accessors and the programs; lib/ holds the parts
- * (pkt: parsing, flow: tracking, encap, icmp). Load-time settings arrive as cflags (see
- * meshctl_maps.h).
+ * Layout: meshctl_maps.h holds the map layouts; this file declares the maps and holds their
+ * accessors and the programs; lib/ holds the parts (features: what the kernel offers, common:
+ * header constants and shared helpers, pkt: parsing, flow: tracking, encap, icmp). Load-time
+ * settings arrive as cflags (see meshctl_maps.h and lib/features.h).
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/if_ether.h>
@@ -29,6 +30,7 @@
 #include <uapi/linux/udp.h>
 
 #include "meshctl_maps.h"
+#include "lib/features.h"
 #include "lib/common.h"
 
 BPF_TABLE_PINNED("lpm_trie", struct mc_route_key, struct mc_route_value, routes, MC_ROUTES_MAX,
@@ -144,10 +146,6 @@ static __always_inline int mc_too_big(struct __sk_buff *skb, const struct mc_pkt
     skb->mark |= MC_MARK; /* not a kernel flow: the pod veth's egress tracker skips it */
     return mc_redirected(bpf_redirect(skb->ifindex, 0), MC_C_TOO_BIG, len);
 }
-
-#ifndef MC_HAVE_CHECK_MTU
-#define MC_HAVE_CHECK_MTU 1
-#endif
 
 /* Whether the packet, `overhead` bytes longer, fits the private NIC: 0 yes, 1 no (its MTU in *mtu),
  * <0 error. With bpf_check_mtu (5.12+) the kernel answers for the route's device, GSO included.

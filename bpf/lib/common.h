@@ -1,16 +1,25 @@
-/* Constants and helper declarations every part of the programs uses. No maps here: bcc rewrites
- * map calls only in the main file, so datapath.c declares the maps and the small accessors that
- * these headers call (mc_route_lookup, mc_count, ...). */
+/* Constants and helper declarations every part of the programs uses: the one place for header
+ * field values that the UAPI headers the programs include do not define. No maps here: bcc
+ * rewrites map calls only in the main file, so datapath.c declares the maps and the small
+ * accessors that these headers call (mc_route_lookup, mc_count, ...). */
 #ifndef MC_LIB_COMMON_H
 #define MC_LIB_COMMON_H
 
+/* Address families of bpf_redir_neigh.nh_family (linux/socket.h, not UAPI). */
 #define MC_AF_INET 2
 #define MC_AF_INET6 10
 
-#define MC_IP_DF 0x4000          /* IPv4 frag_off: don't fragment (host order) */
-#define MC_IP_OFFSET 0x1fff      /* IPv4 frag_off: fragment offset (host order) */
+/* IPv4 header fields (net/ip.h, not UAPI). frag_off values are in host order: compare with
+ * bpf_htons(...). */
+#define MC_IP_DF 0x4000          /* frag_off: don't fragment */
+#define MC_IP_MF 0x2000          /* frag_off: more fragments */
+#define MC_IP_OFFSET 0x1fff      /* frag_off: fragment offset (8-byte units) */
+#define MC_IP_IHL_MIN 5          /* ihl (32-bit words) of a header without options: 20 bytes */
+#define MC_IP_HLEN_MAX 60        /* the longest header, options included (ihl 15) */
 #define MC_TTL_OUTER 64          /* TTL of the outer header we build */
-#define MC_IPPROTO_IPV6 41       /* IPv6 in IPv4 ("sit"): the ipip rung's carrier for IPv6 pods */
+
+/* Hop limit of the ICMPv6 errors we build (they go one hop, into the pod). */
+#define MC_ICMP6_HOP_LIMIT 255
 
 /* bcc 0.26 declares the old 3-argument form; the kernel's helper takes (ifindex, params, plen, flags). */
 static long (*mc_redirect_neigh)(__u32 ifindex, struct bpf_redir_neigh *params, int plen, __u64 flags) =
@@ -36,7 +45,7 @@ static __always_inline void mc_ip4_header(struct iphdr *ip, __u8 proto, __u16 to
                                           __be32 dst)
 {
     ip->version = 4;
-    ip->ihl = 5;
+    ip->ihl = MC_IP_IHL_MIN;
     ip->tos = tos;
     ip->tot_len = bpf_htons(tot_len);
     ip->id = 0;

@@ -3,17 +3,20 @@
  *
  * Both are built here with bpf_skb_adjust_room, not by a tunnel device: the packet leaves with one
  * redirect to the private NIC like a raw direct packet (no device, route lookup or netfilter pass
- * for the outer header), and the same code serves IPIP, for which this kernel has no device. The
+ * for the outer header), and the same code serves IPIP on a kernel that has no ipip device. The
  * receiving side decapsulates in from_private whatever sent it: this code or a kernel VXLAN device
- * of a node in kernel-routes mode (same port, VNI and MAC convention as datapath/tunnels). */
+ * of a node in kernel-routes mode (the same port, VNI and MAC convention: its fallback,
+ * meshctl.node.tunnels). */
 #ifndef MC_LIB_ENCAP_H
 #define MC_LIB_ENCAP_H
 
+/* The VXLAN header (RFC 7348); the kernel's names for its fields (net/vxlan.h) are not UAPI. */
 struct mc_vxlanhdr {
     __be32 flags;  /* MC_VXLAN_FLAG_VNI: the VNI field is valid */
-    __be32 vni;    /* VNI << 8 */
+    __be32 vni;    /* MC_VXLAN_VNI_FIELD */
 };
-#define MC_VXLAN_FLAG_VNI 0x08000000
+#define MC_VXLAN_FLAG_VNI 0x08000000          /* flags: the I bit (host order) */
+#define MC_VXLAN_VNI_FIELD (MC_VXLAN_VNI << 8) /* vni: the mesh's 24-bit VNI, then a reserved byte (host order) */
 
 /* What a VXLAN encapsulation puts between the outer Ethernet header and the pod's IP header. */
 struct mc_vxlan_outer {
@@ -36,23 +39,14 @@ static __always_inline __u32 mc_encap_overhead(__u8 kind)
     return kind == MC_ENCAP_VXLAN ? MC_VXLAN_OVERHEAD : MC_IPIP_OVERHEAD;
 }
 
-/* A node's VXLAN MAC: MC_VTEP_OUI, then its private IPv4 address. */
-/* BPF_F_ADJ_ROOM_ENCAP_L2_ETH (5.18) marks the inner protocol as Ethernet (ETH_P_TEB), which a NIC's
- * VXLAN offload wants. An older kernel refuses the flag (EINVAL on every call), so it is left out
- * there (MC_HAVE_ADJ_ROOM_L2_ETH 0, set by the feature probe): the inner protocol stays IP, and the
- * kernel's GSO still segments right, since it skips the inner Ethernet by the inner MAC length. */
-#ifndef MC_HAVE_ADJ_ROOM_DECAP_L3 /* the decapsulation flags (6.3), set by the feature probe */
-#define MC_HAVE_ADJ_ROOM_DECAP_L3 1
-#endif
-#ifndef MC_HAVE_ADJ_ROOM_L2_ETH
-#define MC_HAVE_ADJ_ROOM_L2_ETH 1
-#endif
+/* The inner-Ethernet flag of a VXLAN encapsulation, where the kernel takes it (lib/features.h). */
 #if MC_HAVE_ADJ_ROOM_L2_ETH
 #define MC_ADJ_ROOM_L2_ETH BPF_F_ADJ_ROOM_ENCAP_L2_ETH
 #else
 #define MC_ADJ_ROOM_L2_ETH 0
 #endif
 
+/* A node's VXLAN MAC: MC_VTEP_OUI, then its private IPv4 address. */
 static __always_inline void mc_vtep_mac(__u8 *mac, __be32 addr)
 {
     mac[0] = (MC_VTEP_OUI >> 8) & 0xff;
@@ -83,7 +77,7 @@ static __always_inline int mc_encap(struct __sk_buff *skb, const struct mc_pkt *
         h.udp.len = bpf_htons(tot - sizeof(struct iphdr));
         h.udp.check = 0; /* allowed over IPv4; segments of a GSO packet get their length from GSO */
         h.vx.flags = bpf_htonl(MC_VXLAN_FLAG_VNI);
-        h.vx.vni = bpf_htonl(MC_VXLAN_VNI << 8);
+        h.vx.vni = bpf_htonl(MC_VXLAN_VNI_FIELD);
         mc_vtep_mac(h.eth.h_source, src);
         mc_vtep_mac(h.eth.h_dest, dst);
         h.eth.h_proto = inner;
@@ -95,7 +89,8 @@ static __always_inline int mc_encap(struct __sk_buff *skb, const struct mc_pkt *
             return -1;
     } else {
         struct iphdr h = {};
-        __u8 proto = inner == bpf_htons(ETH_P_IP) ? IPPROTO_IPIP : MC_IPPROTO_IPV6;
+        /* IPv4 pods: IP-in-IP; IPv6 pods: IPv6 in IPv4 ("sit"). */
+        __u8 proto = inner == bpf_htons(ETH_P_IP) ? IPPROTO_IPIP : IPPROTO_IPV6;
         mc_ip4_header(&h, proto, inner_len + MC_IPIP_OVERHEAD, tos, src, dst);
         if (bpf_skb_adjust_room(skb, MC_IPIP_OVERHEAD, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4) < 0)
             return -1;
@@ -126,9 +121,10 @@ static __always_inline int mc_decap(struct __sk_buff *skb, struct mc_pkt *p)
     struct iphdr *ip = p->ip4;
     __u8 proto = ip->protocol;
     int vxlan = proto == IPPROTO_UDP && p->ports.dport == bpf_htons(MC_VXLAN_PORT);
-    if (!vxlan && proto != IPPROTO_IPIP && proto != MC_IPPROTO_IPV6)
+    if (!vxlan && proto != IPPROTO_IPIP && proto != IPPROTO_IPV6)
         return 0;
-    if (ip->ihl != 5 || (ip->frag_off & bpf_htons(MC_IP_OFFSET | 0x2000)) || ip->daddr != (__be32)mc_config(MC_CFG_PRIVATE4))
+    if (ip->ihl != MC_IP_IHL_MIN || (ip->frag_off & bpf_htons(MC_IP_OFFSET | MC_IP_MF)) ||
+        ip->daddr != (__be32)mc_config(MC_CFG_PRIVATE4))
         return 0;
     __be16 inner = proto == IPPROTO_IPIP ? bpf_htons(ETH_P_IP) : bpf_htons(ETH_P_IPV6);
     __u32 len = MC_IPIP_OVERHEAD;
@@ -136,7 +132,7 @@ static __always_inline int mc_decap(struct __sk_buff *skb, struct mc_pkt *p)
         struct mc_vxlan_inner v;
         if (bpf_skb_load_bytes(skb, p->l4_off + sizeof(struct udphdr), &v, sizeof(v)) < 0)
             return 0;
-        if (!(v.vx.flags & bpf_htonl(MC_VXLAN_FLAG_VNI)) || v.vx.vni != bpf_htonl(MC_VXLAN_VNI << 8))
+        if (!(v.vx.flags & bpf_htonl(MC_VXLAN_FLAG_VNI)) || v.vx.vni != bpf_htonl(MC_VXLAN_VNI_FIELD))
             return 0;
         inner = v.eth.h_proto;
         len = MC_VXLAN_OVERHEAD;

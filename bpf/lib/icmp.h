@@ -32,7 +32,7 @@ struct mc_icmp4_too_big {
  * is then unchanged, or changed only if a helper failed halfway: drop). `p` is stale afterwards. */
 static __always_inline int mc_icmp4_too_big(struct __sk_buff *skb, const struct mc_pkt *p, __u32 mtu, __be32 from)
 {
-    if (p->ip4->ihl != 5)
+    if (p->ip4->ihl != MC_IP_IHL_MIN)
         return -1;
     struct mc_icmp4_too_big m = {};
     /* One load for the header and the 8 bytes after it (they are adjacent in m). */
@@ -78,7 +78,7 @@ static __always_inline int mc_icmp6_too_big(struct __sk_buff *skb, const struct 
     m.ip6.version = 6;
     m.ip6.payload_len = bpf_htons(plen);
     m.ip6.nexthdr = IPPROTO_ICMPV6;
-    m.ip6.hop_limit = 255;
+    m.ip6.hop_limit = MC_ICMP6_HOP_LIMIT;
     m.ip6.saddr = p->ip6->daddr;
     m.ip6.daddr = p->ip6->saddr;
     m.icmp6.icmp6_type = ICMPV6_PKT_TOOBIG;

@@ -6,7 +6,7 @@
 #define MC_LIB_PKT_H
 
 /* Bytes the programs read from the linear part at most: Ethernet, IPv4 header with options, ports. */
-#define MC_PULL (ETH_HLEN + 60 + 4)
+#define MC_PULL (ETH_HLEN + MC_IP_HLEN_MAX + 4)
 
 /* Verifier: packet pointers kept in this struct on the stack keep the range mc_parse proved for
  * them, so the helpers below dereference p->ip4 / p->ip6 without checking data_end again. */
@@ -48,9 +48,10 @@ static __always_inline int mc_parse(struct __sk_buff *skb, struct mc_pkt *p)
     void *l4;
     if (eth->h_proto == bpf_htons(ETH_P_IP)) {
         struct iphdr *ip = (void *)(eth + 1);
-        if ((void *)(ip + 1) > end || ip->version != 4 || ip->ihl < 5)
+        if ((void *)(ip + 1) > end || ip->version != 4 || ip->ihl < MC_IP_IHL_MIN)
             return -1;
-        /* Verifier: the masked header length gives l4 a known upper bound (60) for the check below. */
+        /* Verifier: the masked header length gives l4 a known upper bound (MC_IP_HLEN_MAX) for the
+         * check below. */
         __u32 hl = (ip->ihl & 0xf) * 4;
         l4 = (void *)ip + hl;
         if (l4 > end)

@@ -1,9 +1,11 @@
-"""Where a command finds the node it is asked about, when that node is not this host.
+"""Where a command finds the node or etcd it is asked about, when that is not on this host.
 
-`status --lab-node`, `node list --lab-node`, `maps dump --node` and `node list` without etcd flags
-can talk to a node of the namespace lab. The CLI that ships knows nothing of the lab: the lab
-registers a `LabLocator` when it is installed (as a `meshctl.cli` plugin), and without it these
-flags fail with one line instead of importing lab code into the agent image.
+`status --lab-node`, `node list --lab-node`, `maps dump --node`, `datapath ... --node`, and
+`node list` or `--backend etcd` without etcd endpoints can talk to a node or an etcd of the
+namespace lab. The CLI that ships knows nothing of the lab: the lab registers a `LabLocator` (and
+a `Forwarder`, which runs commands about a lab inside a VM there) when it is installed (as a
+`meshctl.cli` plugin), and without it these flags fail with one line instead of importing lab code
+into the agent image.
 """
 
 from __future__ import annotations
