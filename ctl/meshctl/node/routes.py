@@ -7,18 +7,19 @@ one netlink call. A route that cannot be installed (its device is missing, its g
 reachable, a foreign route holds its destination) is skipped with a logged reason: one bad
 route never stops the others.
 
-Reading goes through `ip -j route show table T proto P` (the kernel filters; pyroute2's dump
-parser needs about a second for 5,000 routes). Up to BULK changes go one netlink request each
-through pyroute2; more (an agent's first start, a flush) go through one `ip -force -batch -`,
-whose failed lines are retried one by one so each failure still gets its reason.
+Reading goes through `ip -j route show table T proto P` (the kernel filters, and iproute2
+parses a large table far faster than pyroute2's dump parser). Up to BULK changes go one netlink
+request each through pyroute2; more (an agent's first start, a flush) go through one
+`ip -force -batch -`, whose failed lines are retried one by one so each failure still gets its
+reason.
 
 The applier remembers the routes it knows to be in the kernel after each sync (the dump, then
 its own changes), so a later sync diffs the plan against that memory: one route added is one
-netlink request, not a dump and parse of 10,000 routes (about 0.1 s from Python). The memory is
-dropped by `forget()` (the agent's periodic full resync, which thus repairs routes changed behind
-its back), after any change that fails, and when a device's ifindex, up-state or addresses
-changed: the kernel flushes the routes of a device that goes down or loses its last address
-without a netlink notification (kilo0 does when the node's WireGuard address moves).
+netlink request, not a dump and parse of every route. The memory is dropped by `forget()` (the
+agent's periodic full resync, which thus repairs routes changed behind its back), after any
+change that fails, and when a device's ifindex, up-state or addresses changed: the kernel
+flushes the routes of a device that goes down or loses its last address without a netlink
+notification (kilo0 does when the node's WireGuard address moves).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import ipaddress
 import json
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -67,6 +68,11 @@ class _Want:
     gateway: str | None
     onlink: bool
 
+    @property
+    def scope(self) -> int:
+        """A route through a gateway reaches the universe; one without is on the device's link."""
+        return RT_SCOPE_UNIVERSE if self.gateway else RT_SCOPE_LINK
+
 
 @dataclass(frozen=True)
 class _Have:
@@ -94,6 +100,61 @@ def _same(a: Route | None, b: Route | None) -> bool:
     return a is not None and b is not None and a.dev == b.dev and a.via == b.via
 
 
+def _desired(by_dst: Mapping[IPNetwork, Route], synced: Mapping[IPNetwork, Route],
+             devs: Mapping[str, tuple[str | None, int | None]]
+             ) -> tuple[dict[IPNetwork, _Want], int, list[tuple[IPNetwork, str]]]:
+    """(the kernel form of each plan route that needs a look, how many are exactly as last
+    synced, the (destination, reason) of each that cannot be installed: no device, or a
+    gateway of the other IP version)."""
+    desired: dict[IPNetwork, _Want] = {}
+    unchanged = 0
+    skips: list[tuple[IPNetwork, str]] = []
+    for dst, r in by_dst.items():
+        if _same(synced.get(dst), r):
+            unchanged += 1
+            continue
+        name, oif = devs[r.dev]
+        if oif is None or name is None:
+            skips.append((dst, f"{r.dev} device {name or '(none)'} is missing"))
+            continue
+        if r.via is not None and r.via.version != dst.version:
+            skips.append((dst, f"gateway {r.via} is of another IP version"))
+            continue
+        desired[dst] = _Want(name, str(r.via) if r.via is not None else None,
+                             r.dev == "wireguard" and r.via is not None)
+    return desired, unchanged, skips
+
+
+def _removals(have: Mapping[IPNetwork, _Have], synced: Mapping[IPNetwork, Route], by_dst: Mapping[IPNetwork, Route],
+              desired: Mapping[IPNetwork, _Want], unchanged: int) -> list[IPNetwork]:
+    """Our routes in the kernel that the plan no longer has, in address order. When every one is
+    accounted for (unchanged or desired) there is nothing to look for."""
+    if unchanged + sum(1 for d in desired if d in have) == len(have):
+        return []
+    return sorted((d for d in have if d not in desired and not _same(synced.get(d), by_dst.get(d))),
+                  key=sort_key_net)
+
+
+def _writes(have: Mapping[IPNetwork, _Have], desired: Mapping[IPNetwork, _Want]) -> list[tuple[IPNetwork, _Want]]:
+    """The desired routes the kernel does not hold as wanted, in address order."""
+    return sorted(((dst, want) for dst, want in desired.items()
+                   if (h := have.get(dst)) is None or h.want != want), key=lambda kv: sort_key_net(kv[0]))
+
+
+def _remember(have: dict[IPNetwork, _Have], synced: dict[IPNetwork, Route], done: Mapping[IPNetwork, _Want | None],
+              desired: Mapping[IPNetwork, _Want], by_dst: Mapping[IPNetwork, Route]) -> None:
+    """Update the memory after a fully applied sync: the kernel now holds `done`'s changes, and
+    each desired route was installed from its plan Route."""
+    for dst, change in done.items():
+        if change is None:
+            have.pop(dst, None)
+            synced.pop(dst, None)
+        else:
+            have[dst] = _Have(change, change.scope, None)
+    for dst in desired:
+        synced[dst] = by_dst[dst]
+
+
 class RouteApplier:
     """Keeps the routes of `table` that carry `proto` equal to the plan's."""
 
@@ -118,7 +179,7 @@ class RouteApplier:
 
     def _ours(self) -> dict[IPNetwork, _Have]:
         """Our routes, read with iproute2: the kernel filters by table and protocol, and `ip -j`
-        parses 5,000 routes in milliseconds where pyroute2's dump parser takes a second."""
+        parses a large table far faster than pyroute2's dump parser."""
         out: dict[IPNetwork, _Have] = {}
         for family in ("-4", "-6"):
             p = sh(["ip", "-j", family, "route", "show", "table", str(self.table), "proto", str(self.proto)])
@@ -135,7 +196,7 @@ class RouteApplier:
 
     def _spec(self, dst: IPNetwork, want: _Want, oif: int) -> dict[str, Any]:
         spec: dict[str, Any] = {"dst": str(dst), "table": self.table, "proto": self.proto, "oif": oif,
-                                "scope": RT_SCOPE_UNIVERSE if want.gateway else RT_SCOPE_LINK}
+                                "scope": want.scope}
         if want.gateway:
             spec["gateway"] = want.gateway
         if want.onlink:
@@ -156,10 +217,9 @@ class RouteApplier:
 
     def sync(self, routes: Sequence[Route]) -> RouteDiff:
         """Make our routes equal the plan's: delete, replace and add only what differs, skipping a
-        destination another owner holds. Long because deletes, writes and the memory update share one
-        netlink socket and one view of the kernel."""
+        destination another owner holds. Deletes, writes and the memory update share one netlink
+        socket and one view of the kernel."""
         diff = RouteDiff()
-        failed_any = False
         with IPRoute() as ipr:
             devs = {"private": (self.private_if, ifindex(ipr, self.private_if)),
                     "wireguard": (self.wg_if, ifindex(ipr, self.wg_if))}
@@ -169,80 +229,71 @@ class RouteApplier:
                 self._known, self._known_devs, self._synced = self._ours(), dev_ids, {}
             have, synced = self._known, self._synced
             by_dst = {r.dst: r for r in routes}
-            desired: dict[IPNetwork, _Want] = {}
-            unchanged = 0
-            for dst, r in by_dst.items():
-                if _same(synced.get(dst), r):
-                    unchanged += 1
-                    continue
-                name, oif = devs[r.dev]
-                if oif is None or name is None:
-                    self._skip(diff, dst, f"{r.dev} device {name or '(none)'} is missing")
-                    continue
-                if r.via is not None and r.via.version != dst.version:
-                    self._skip(diff, dst, f"gateway {r.via} is of another IP version")
-                    continue
-                desired[dst] = _Want(name, str(r.via) if r.via is not None else None,
-                                     r.dev == "wireguard" and r.via is not None)
-            removes: list[IPNetwork] = []
-            if unchanged + sum(1 for d in desired if d in have) != len(have):
-                removes = sorted((d for d in have if d not in desired and not _same(synced.get(d), by_dst.get(d))),
-                                 key=sort_key_net)
-            writes = sorted(((dst, want) for dst, want in desired.items()
-                             if (h := have.get(dst)) is None or h.want != want), key=lambda kv: sort_key_net(kv[0]))
+            desired, unchanged, skips = _desired(by_dst, synced, devs)
+            for dst, reason in skips:
+                self._skip(diff, dst, reason)
+            removes = _removals(have, synced, by_dst, desired, unchanged)
+            writes = _writes(have, desired)
             done: dict[IPNetwork, _Want | None] = {}  # what changed in the kernel: None = removed
             if len(removes) + len(writes) > BULK:
-                # Many changes (an agent's first start): one `ip -batch`; failures retried one by one below.
-                failed = self._batch(removes, writes, have)
-                for dst in removes:
-                    if dst not in failed:
-                        diff.removed.append(str(dst))
-                        done[dst] = None
-                for dst, want in writes:
-                    if dst not in failed:
-                        (diff.changed if dst in have else diff.added).append(str(dst))
-                        done[dst] = want
-                removes = [d for d in removes if d in failed]
-                writes = [(d, w) for d, w in writes if d in failed]
-            for dst in removes:
-                try:
-                    self._delete(ipr, dst, have[dst], index)
-                    diff.removed.append(str(dst))
-                    done[dst] = None
-                except NetlinkError as e:
-                    log.warning("route %s: delete failed: %s", dst, e.args[-1])
-                    failed_any = True
-            for dst, want in writes:
-                cur = have.get(dst)
-                try:
-                    oif = cast(int, index[want.dev])
-                    ipr.route("replace" if cur is not None else "add", **self._spec(dst, want, oif))
-                except NetlinkError as e:
-                    reason = "a route of another owner holds it" if e.code == 17 else str(e.args[-1])
-                    self._skip(diff, dst, reason)
-                    failed_any = True
-                    continue
-                (diff.changed if cur is not None else diff.added).append(str(dst))
-                done[dst] = want
+                removes, writes = self._apply_batch(removes, writes, have, diff, done)
+            failed_any = self._apply_each(ipr, removes, writes, have, index, diff, done)
         if failed_any:
             self.forget()  # the kernel said no somewhere: read it again next time
         else:
-            for dst, change in done.items():
-                if change is None:
-                    have.pop(dst, None)
-                    synced.pop(dst, None)
-                else:
-                    have[dst] = _Have(change, RT_SCOPE_UNIVERSE if change.gateway else RT_SCOPE_LINK, None)
-            for dst in desired:
-                synced[dst] = by_dst[dst]
+            _remember(have, synced, done, desired, by_dst)
         if diff:
             log.info("routes: added %d, changed %d, removed %d", len(diff.added), len(diff.changed), len(diff.removed))
         return diff
 
-    def _batch(self, removes: list[IPNetwork], writes: list[tuple[IPNetwork, _Want]], have: dict[IPNetwork, _Have]
-               ) -> set[IPNetwork]:
-        """Apply in one `ip -force -batch -` (thousands of routes in well under a second, where one
-        netlink request each takes about a millisecond); return the destinations that failed."""
+    def _apply_batch(self, removes: list[IPNetwork], writes: list[tuple[IPNetwork, _Want]],
+                     have: Mapping[IPNetwork, _Have], diff: RouteDiff, done: dict[IPNetwork, _Want | None]
+                     ) -> tuple[list[IPNetwork], list[tuple[IPNetwork, _Want]]]:
+        """Apply many changes (an agent's first start) in one `ip -batch`, recording in `diff` and
+        `done` what it did; return the removes and writes that failed, to be retried one by one."""
+        failed = self._batch(removes, writes, have)
+        for dst in removes:
+            if dst not in failed:
+                diff.removed.append(str(dst))
+                done[dst] = None
+        for dst, want in writes:
+            if dst not in failed:
+                (diff.changed if dst in have else diff.added).append(str(dst))
+                done[dst] = want
+        return [d for d in removes if d in failed], [(d, w) for d, w in writes if d in failed]
+
+    def _apply_each(self, ipr: IPRoute, removes: list[IPNetwork], writes: list[tuple[IPNetwork, _Want]],
+                    have: Mapping[IPNetwork, _Have], index: dict[str, int | None], diff: RouteDiff,
+                    done: dict[IPNetwork, _Want | None]) -> bool:
+        """Apply each change in its own netlink request, recording in `diff` and `done` what it did
+        (a write the kernel refuses is skipped with its reason); True if any failed."""
+        failed_any = False
+        for dst in removes:
+            try:
+                self._delete(ipr, dst, have[dst], index)
+                diff.removed.append(str(dst))
+                done[dst] = None
+            except NetlinkError as e:
+                log.warning("route %s: delete failed: %s", dst, e.args[-1])
+                failed_any = True
+        for dst, want in writes:
+            cur = have.get(dst)
+            try:
+                oif = cast(int, index[want.dev])
+                ipr.route("replace" if cur is not None else "add", **self._spec(dst, want, oif))
+            except NetlinkError as e:
+                reason = "a route of another owner holds it" if e.code == 17 else str(e.args[-1])
+                self._skip(diff, dst, reason)
+                failed_any = True
+                continue
+            (diff.changed if cur is not None else diff.added).append(str(dst))
+            done[dst] = want
+        return failed_any
+
+    def _batch(self, removes: list[IPNetwork], writes: list[tuple[IPNetwork, _Want]],
+               have: Mapping[IPNetwork, _Have]) -> set[IPNetwork]:
+        """Apply in one `ip -force -batch -` (one process for thousands of routes, where each
+        netlink request is a round trip of its own); return the destinations that failed."""
         tail = f"proto {self.proto} table {self.table}"
         lines: list[tuple[IPNetwork, str]] = []
         for dst in removes:

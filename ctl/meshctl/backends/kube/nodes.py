@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from meshctl import defaults
 from meshctl.errors import InputError
 from meshctl.mesh import fields
-from meshctl.mesh.model import GRANULARITIES, Node
+from meshctl.mesh.model import GRANULARITIES, Endpoint, IPInterface, IPNetwork, Node
 
 PREFIX = "meshctl.io/"
 KILO_PREFIX = "kilo.squat.ai/"
@@ -62,6 +62,9 @@ class KubeNode:
     created: str
 
 
+T = TypeVar("T")
+
+
 def _user(ann: Mapping[str, str], key: str) -> tuple[str, str] | None:
     """(annotation name, value) of a user-set annotation, meshctl's before Kilo's."""
     for name in (PREFIX + key, KILO_PREFIX + key):
@@ -70,8 +73,9 @@ def _user(ann: Mapping[str, str], key: str) -> tuple[str, str] | None:
     return None
 
 
-def _parsed(where: str, ann_name: str, parse: Any, value: Any) -> Any:
-    """`parse(value)` with an error naming the node and the annotation."""
+def _parsed(where: str, ann_name: str, parse: Callable[[Any, str], T], value: Any) -> T:
+    """`parse(value, path)` (a field parser of mesh/fields.py) with an error naming the node and
+    the annotation."""
     try:
         return parse(value, "")
     except InputError as e:
@@ -107,14 +111,91 @@ def _discovered(ann: Mapping[str, str], where: str, owner: str) -> Any:
     return _parsed(where, name, lambda v, p: fields.discovered_endpoints(v, p, owner), doc)
 
 
+def _node_name(where: str, name: str) -> str:
+    """The Node's name as a mesh node name; InputError names `metadata.name`."""
+    try:
+        return fields.node_name(name, "")
+    except InputError as e:
+        raise InputError(f"{where}: metadata.name", e.value, e.reason) from None
+
+
+def _last_seen(where: str, text: str) -> int:
+    """The agent's last-seen annotation: Unix time in whole seconds."""
+    if not fields.is_digits(text):
+        raise InputError(f"{where}: {LAST_SEEN}", text, "is not a Unix time in seconds")
+    return int(text)
+
+
+def _endpoint(ann: Mapping[str, str], where: str, default_port: int | None) -> Endpoint | None:
+    """The forced endpoint when a non-empty one is set, else the one the agent published, else None."""
+    def ep(value: Any, path: str) -> Endpoint:
+        return fields.endpoint(value, path, default_port)
+
+    forced = _user(ann, FORCE_ENDPOINT)
+    if forced and forced[1]:
+        return _parsed(where, forced[0], ep, forced[1])
+    if ann.get(ENDPOINT):
+        return _parsed(where, ENDPOINT, ep, ann[ENDPOINT])
+    return None
+
+
+def _internal_ip(ann: Mapping[str, str], where: str) -> IPInterface | None:
+    """The forced internal address when set, else the one the agent published, else None. A
+    forced value of "" or "-" is Kilo's way to say "this node has no private network"."""
+    forced = _user(ann, FORCE_INTERNAL_IP)
+    if forced and forced[1].strip() in ("", "-"):
+        return None
+    if forced:
+        return _parsed(where, forced[0], fields.interface, forced[1])
+    if ann.get(INTERNAL_IP):
+        return _parsed(where, INTERNAL_IP, fields.interface, ann[INTERNAL_IP])
+    return None
+
+
+def _location(ann: Mapping[str, str], labels: Mapping[str, str], location_label: str, where: str) -> str:
+    """The location annotation when set, else the location label (empty when neither is)."""
+    loc = _user(ann, LOCATION)
+    if loc:
+        return _parsed(where, loc[0], fields.location, loc[1])
+    return _parsed(where, f"label {location_label}", fields.location, labels.get(location_label, ""))
+
+
+def _leader_of(ann: Mapping[str, str], where: str) -> bool:
+    """Whether the leader annotation is set and not "false"."""
+    lead = _user(ann, LEADER)
+    if lead is None:
+        return False
+    ann_name, value = lead
+    return _parsed(where, ann_name, lambda v, _p: _leader(ann_name, v), value)
+
+
+def _user_parsed(ann: Mapping[str, str], where: str, key: str, parse: Callable[[Any, str], T], default: T) -> T:
+    """A user-set annotation parsed, meshctl's before Kilo's; `default` when neither is set."""
+    found = _user(ann, key)
+    return _parsed(where, found[0], parse, found[1]) if found else default
+
+
+def _check_granularity(ann: Mapping[str, str], where: str) -> None:
+    gran = ann.get(GRANULARITY)
+    if gran and gran not in GRANULARITIES:
+        raise InputError(f"{where}: {GRANULARITY}", gran, f"is not one of {', '.join(GRANULARITIES)}")
+
+
+def _unreached(ann: Mapping[str, str], where: str, owner: str) -> tuple[str, ...]:
+    """The comma-separated unreached-peers annotation as node names other than `owner`."""
+    names = [u.strip() for u in ann.get(UNREACHED_PEERS, "").split(",") if u.strip()]
+    return _parsed(where, UNREACHED_PEERS, lambda v, p: fields.name_list(v, p, owner), names)
+
+
 def parse_kube_node(obj: Mapping[str, Any], *, location_label: str = REGION_LABEL,
                     default_port: int | None = None) -> KubeNode | None:
     """The mesh record of a Kubernetes Node object (a dict as the API returns it).
 
     None when the node has no pod CIDR or its agent has not published a key and last-seen yet
     (not an error: it has not joined). InputError for a malformed value; its path names the node
-    and the annotation (`node b2: meshctl.io/endpoint: 'x:1:2' is not an endpoint...`).
-    Long because each annotation is read, with Kilo's fallback, in the order the docs list them.
+    and the annotation (`node b2: meshctl.io/endpoint: 'x:1:2' is not an endpoint...`). The
+    annotations are read, with Kilo's fallback, in the order the docs list them, so the first
+    malformed one in that order is the one reported.
     """
     meta = obj.get("metadata") or {}
     name = meta.get("name", "")
@@ -124,63 +205,26 @@ def parse_kube_node(obj: Mapping[str, Any], *, location_label: str = REGION_LABE
     pod_cidr_text = (obj.get("spec") or {}).get("podCIDR")
     if not pod_cidr_text or PUBLIC_KEY not in ann or LAST_SEEN not in ann:
         return None
-
-    def field(ann_name: str, parse: Any, value: Any) -> Any:
-        return _parsed(where, ann_name, parse, value)
-
-    try:
-        node_name = fields.node_name(name, "")
-    except InputError as e:
-        raise InputError(f"{where}: metadata.name", e.value, e.reason) from None
-    pod_cidr = field("spec.podCIDR", fields.cidr, pod_cidr_text)
-    key = field(PUBLIC_KEY, fields.wg_key, ann[PUBLIC_KEY])
-    last_seen_text = ann[LAST_SEEN]
-    if not fields.is_digits(last_seen_text):
-        raise InputError(f"{where}: {LAST_SEEN}", last_seen_text, "is not a Unix time in seconds")
-
-    def ep(value: Any, path: str) -> Any:
-        return fields.endpoint(value, path, default_port)
-
-    forced = _user(ann, FORCE_ENDPOINT)
-    if forced and forced[1]:
-        endpoint = field(forced[0], ep, forced[1])
-    elif ann.get(ENDPOINT):
-        endpoint = field(ENDPOINT, ep, ann[ENDPOINT])
-    else:
-        endpoint = None
-
-    forced = _user(ann, FORCE_INTERNAL_IP)
-    if forced and forced[1].strip() in ("", "-"):
-        internal_ip = None  # Kilo's way to say "this node has no private network"
-    elif forced:
-        internal_ip = field(forced[0], fields.interface, forced[1])
-    elif ann.get(INTERNAL_IP):
-        internal_ip = field(INTERNAL_IP, fields.interface, ann[INTERNAL_IP])
-    else:
-        internal_ip = None
-
-    loc = _user(ann, LOCATION)
-    location = field(loc[0], fields.location, loc[1]) if loc else \
-        field(f"label {location_label}", fields.location, labels.get(location_label, ""))
-    lead = _user(ann, LEADER)
-    leader = field(lead[0], lambda v, _p: _leader(lead[0], v), lead[1]) if lead else False
-    ka = _user(ann, PERSISTENT_KEEPALIVE)
-    keepalive = field(ka[0], fields.keepalive, ka[1]) if ka else 0
-    ali = _user(ann, ALLOWED_LOCATION_IPS)
-    allowed = field(ali[0], fields.cidr_list, ali[1]) if ali else ()
-    wg = field(WIREGUARD_IP, fields.interface, ann[WIREGUARD_IP]) if ann.get(WIREGUARD_IP) else None
-    gran = ann.get(GRANULARITY)
-    if gran and gran not in GRANULARITIES:
-        raise InputError(f"{where}: {GRANULARITY}", gran, f"is not one of {', '.join(GRANULARITIES)}")
-    unreached = ann.get(UNREACHED_PEERS, "")
+    node_name = _node_name(where, name)
+    pod_cidr = _parsed(where, "spec.podCIDR", fields.cidr, pod_cidr_text)
+    key = _parsed(where, PUBLIC_KEY, fields.wg_key, ann[PUBLIC_KEY])
+    last_seen = _last_seen(where, ann[LAST_SEEN])
+    endpoint = _endpoint(ann, where, default_port)
+    internal_ip = _internal_ip(ann, where)
+    location = _location(ann, labels, location_label, where)
+    leader = _leader_of(ann, where)
+    keepalive = _user_parsed(ann, where, PERSISTENT_KEEPALIVE, fields.keepalive, 0)
+    allowed: tuple[IPNetwork, ...] = _user_parsed(ann, where, ALLOWED_LOCATION_IPS, fields.cidr_list, ())
+    wg = _parsed(where, WIREGUARD_IP, fields.interface, ann[WIREGUARD_IP]) if ann.get(WIREGUARD_IP) else None
+    _check_granularity(ann, where)
+    discovered = _discovered(ann, where, node_name)
+    unreached = _unreached(ann, where, node_name)
     node = Node(
         name=node_name, pod_cidr=pod_cidr, public_key=key, location=location, internal_ip=internal_ip,
         endpoint=endpoint, leader=leader, persistent_keepalive=keepalive, allowed_location_ips=allowed,
-        wireguard_ip=wg, discovered_endpoints=_discovered(ann, where, node_name),
-        unreached_peers=field(UNREACHED_PEERS, lambda v, p: fields.name_list(v, p, node_name),
-                              [u.strip() for u in unreached.split(",") if u.strip()]),
+        wireguard_ip=wg, discovered_endpoints=discovered, unreached_peers=unreached,
     )
-    return KubeNode(node, int(last_seen_text), str(meta.get("creationTimestamp") or ""))
+    return KubeNode(node, last_seen, str(meta.get("creationTimestamp") or ""))
 
 
 def own_annotations(node: Node, granularity: str, now: float | None = None) -> dict[str, str | None]:
@@ -214,9 +258,7 @@ def settings_for_agent(obj: Mapping[str, Any], location_label: str = REGION_LABE
     pod = (obj.get("spec") or {}).get("podCIDR")
     if pod:
         out["pod_cidr"] = field("spec.podCIDR", fields.cidr, pod)
-    loc = _user(ann, LOCATION)
-    out["location"] = field(loc[0], fields.location, loc[1]) if loc else \
-        field(f"label {location_label}", fields.location, labels.get(location_label, ""))
+    out["location"] = _location(ann, labels, location_label, f"node {name}")
     if (fe := _user(ann, FORCE_ENDPOINT)) and fe[1]:
         out["endpoint"] = fe[1]
     if (fi := _user(ann, FORCE_INTERNAL_IP)) and fi[1].strip() not in ("", "-"):

@@ -8,10 +8,9 @@ resets the handshake or endpoint of another.
 
 The object remembers what it last applied (the device's key, port and ifindex; each peer's
 configuration as set), so a reconcile that changes one peer costs one peer's work, not a dump
-and parse of every peer's allowed IPs (about 0.1 s at 10,000 allowed IPs over UAPI). The memory
-is dropped by `forget()` (the agent calls it on its periodic full resync, which thus repairs
-drift made behind its back), after any failed change, and whenever the device's ifindex changes
-(wireguard-go restarted, device recreated).
+and parse of every peer's allowed IPs. The memory is dropped by `forget()` (the agent calls it
+on its periodic full resync, which thus repairs drift made behind its back), after any failed
+change, and whenever the device's ifindex changes (wireguard-go restarted, device recreated).
 """
 
 from __future__ import annotations
@@ -96,6 +95,121 @@ def resolve_endpoint(endpoint: str) -> tuple[str, int] | None:
         return None
     infos.sort(key=lambda i: i[0] != socket.AF_INET)
     return (str(ipaddress.ip_address(infos[0][4][0])), port) if infos else None
+
+
+@dataclass
+class _PeerChanges:
+    """What one peer sync sends to the device, and what the device holds once it is applied."""
+
+    diff: PeerDiff = field(default_factory=PeerDiff)
+    ops: list[PeerOp] = field(default_factory=list)
+    # Sent after `ops`: keepalive on and off again, which starts a handshake with an added peer.
+    kick: list[PeerOp] = field(default_factory=list)
+    after: dict[str, DevicePeer | None] = field(default_factory=dict)  # None: removed
+
+    def remove(self, pub: str, name: str) -> None:
+        self.ops.append(PeerOp(pub, remove=True))
+        self.after[pub] = None
+        self.diff.removed.append(name)
+
+    def add(self, change: _PeerChange) -> None:
+        self._record(change)
+        self.diff.added.append(change.name)
+        self.kick += change.kick
+
+    def update(self, change: _PeerChange | None) -> None:
+        if change is not None:
+            self._record(change)
+            self.diff.updated.append(change.name)
+
+    def _record(self, change: _PeerChange) -> None:
+        self.ops.append(change.op)
+        self.after[change.peer.public_key] = change.peer
+
+
+@dataclass(frozen=True)
+class _PeerChange:
+    """The change that adds or updates one peer, and what the device holds for it afterwards."""
+
+    name: str
+    op: PeerOp
+    peer: DevicePeer
+    kick: tuple[PeerOp, ...] = ()
+
+
+def _by_public_key(peers: Sequence[PeerPlan]) -> dict[str, PeerPlan]:
+    """`peers` by public key; a second peer with a key already taken is ignored, with a warning."""
+    desired: dict[str, PeerPlan] = {}
+    for p in peers:
+        if p.public_key in desired:
+            log.warning("peers %s and %s share a public key; %s ignored", desired[p.public_key].name, p.name,
+                        p.name)
+            continue
+        desired[p.public_key] = p
+    return desired
+
+
+def _removed(known: Mapping[str, DevicePeer], desired: Mapping[str, PeerPlan]) -> list[str]:
+    """The public keys the device holds that the plan no longer has."""
+    return [pub for pub in known if pub not in desired]
+
+
+def _psk_to_send(want: str | None, last_set: Mapping[str, str], pub: str) -> str | None:
+    """The pre-shared key to send for `pub`: the wanted one when it differs from the one last set,
+    NO_KEY to clear a key this object set and no longer wants, else None (nothing to send)."""
+    if want is None and pub in last_set:
+        return NO_KEY
+    return want if want != last_set.get(pub) else None
+
+
+def _added(pub: str, p: PeerPlan, ep: tuple[str, int] | None, psk: str | None) -> _PeerChange:
+    """The change that adds peer `p`; with a known endpoint and no keepalive, a kick that turns
+    the keepalive on (which sends one at once, starting a handshake) and off again."""
+    allowed = frozenset(p.allowed_ips)
+    op = PeerOp(pub, endpoint=ep, persistent_keepalive=p.persistent_keepalive,
+                allowed_ips=sorted_nets(allowed), preshared_key=psk)
+    kick: tuple[PeerOp, ...] = ()
+    if ep is not None and not p.persistent_keepalive:
+        kick = (PeerOp(pub, update_only=True, persistent_keepalive=1),
+                PeerOp(pub, update_only=True, persistent_keepalive=0))
+    return _PeerChange(p.name, op, DevicePeer(pub, ep, allowed, p.persistent_keepalive), kick)
+
+
+def _endpoint_to_set(p: PeerPlan, have: DevicePeer, ep: tuple[str, int] | None,
+                     last_set: tuple[str, int] | None) -> tuple[tuple[str, int] | None, bool]:
+    """(the endpoint to set on a peer the device holds, or None; whether that depends on the
+    endpoint its live handshakes come from).
+
+    A peer that roamed away is not forced back unless the plan changed its endpoint: a full
+    resync (which forgets everything else) never does it. A peer behind NAT keeps the endpoint
+    its fresh handshakes came from over what it configured (never reachable from here), and over
+    a discovered one this object did not see change (it just started: what it found works)."""
+    if ep is None or ep == have.endpoint or ep == last_set:
+        return None, False
+    return ep, p.roaming and (not p.discovered or last_set is None)
+
+
+def _roamed(have: DevicePeer, live: DevicePeer) -> DevicePeer | None:
+    """`have` with the endpoint of the peer's fresh handshakes (`live`), or None when there is none."""
+    if handshake_fresh(live.last_handshake) and live.endpoint is not None:
+        return replace(have, endpoint=live.endpoint)
+    return None
+
+
+def _updated(pub: str, p: PeerPlan, have: DevicePeer, set_ep: tuple[str, int] | None,
+             psk: str | None) -> _PeerChange | None:
+    """The change that makes the held peer `have` match `p`, and what the device then holds;
+    None when nothing differs. A new endpoint with a keepalive is called at once (`kick`)."""
+    allowed = frozenset(p.allowed_ips)
+    call_now = set_ep is not None and p.persistent_keepalive > 0
+    ka = p.persistent_keepalive if call_now or p.persistent_keepalive != have.persistent_keepalive else None
+    aips = sorted_nets(allowed) if allowed != have.allowed_ips else None
+    if set_ep is None and ka is None and aips is None and psk is None:
+        return None
+    op = PeerOp(pub, update_only=True, endpoint=set_ep, persistent_keepalive=ka,
+                allowed_ips=aips, preshared_key=psk, kick=call_now)
+    return _PeerChange(p.name, op, replace(have, endpoint=set_ep or have.endpoint, allowed_ips=allowed,
+                                           persistent_keepalive=p.persistent_keepalive))
 
 
 class WireGuard:
@@ -298,94 +412,71 @@ class WireGuard:
         nothing: first use, after `forget` or a failed change), so a peer whose PeerPlan is the one
         it was last synced from costs nothing, and one changed peer is one UAPI/netlink request.
         `preshared` maps public keys to pre-shared keys (base64); a key is sent when it differs from
-        the one this object last set (the device never reads keys back). Long because removes,
-        updates and adds go out in one device transaction."""
+        the one this object last set (the device never reads keys back). Removes, updates and adds
+        go out in one device request."""
         preshared = preshared or {}
         client = self._client()
         if self._known is None:
             self._known = dict(client.get().peers)
             self._applied.clear()
         known = self._known
-        diff = PeerDiff()
-        ops: list[PeerOp] = []
-        after: dict[str, DevicePeer | None] = {}  # what the device holds once `ops` are applied
-        desired: dict[str, PeerPlan] = {}
-        for p in peers:
-            if p.public_key in desired:
-                log.warning("peers %s and %s share a public key; %s ignored", desired[p.public_key].name, p.name,
-                            p.name)
-                continue
-            desired[p.public_key] = p
-        for pub in known:
-            if pub not in desired:
-                ops.append(PeerOp(pub, remove=True))
-                after[pub] = None
-                diff.removed.append(self._names.pop(pub, pub))
-                self._set_endpoints.pop(pub, None)
-        kick: list[PeerOp] = []
-        live: dict[str, DevicePeer] | None = None  # read once, when a roaming peer's endpoint is in question
+        desired = _by_public_key(peers)
+        changes = _PeerChanges()
+        for pub in _removed(known, desired):
+            changes.remove(pub, self._names.pop(pub, pub))
+            self._set_endpoints.pop(pub, None)
+        self._plan_desired(client, known, desired, preshared, changes)
+        if changes.ops:
+            self._send(client, changes)
+        self._remember(known, desired, preshared, changes.after)
+        return changes.diff
+
+    def _plan_desired(self, client: UapiClient | GenlClient, known: Mapping[str, DevicePeer],
+                      desired: Mapping[str, PeerPlan], preshared: Mapping[str, str], changes: _PeerChanges) -> None:
+        """Add to `changes` the adds and updates that make the device hold `desired`, resolving
+        endpoints and reading roaming peers' live endpoints (once) where a change depends on them."""
+        live: Mapping[str, DevicePeer] | None = None  # read once, when a roaming peer's endpoint is in question
         for pub, p in desired.items():
             self._names[pub] = p.name
             have = known.get(pub)
-            want_psk = preshared.get(pub)
-            # Sent when it changed; a key this object set and no longer wanted is cleared.
-            psk = want_psk if want_psk != self._psk.get(pub) else None
-            if want_psk is None and pub in self._psk:
-                psk = NO_KEY
+            psk = _psk_to_send(preshared.get(pub), self._psk, pub)
             if have is not None and self._applied.get(pub) == p and psk is None:
                 continue
             ep = resolve_endpoint(p.endpoint) if p.endpoint else None
-            allowed = frozenset(p.allowed_ips)
             if have is None:
-                ops.append(PeerOp(pub, endpoint=ep, persistent_keepalive=p.persistent_keepalive,
-                                  allowed_ips=sorted_nets(allowed), preshared_key=psk))
-                after[pub] = DevicePeer(pub, ep, allowed, p.persistent_keepalive)
-                diff.added.append(p.name)
-                if ep is not None and not p.persistent_keepalive:
-                    # Turning keepalive on sends one at once, which starts a handshake; then off again.
-                    kick += [PeerOp(pub, update_only=True, persistent_keepalive=1),
-                             PeerOp(pub, update_only=True, persistent_keepalive=0)]
+                changes.add(_added(pub, p, ep, psk))
             else:
-                set_ep = ep if ep is not None and ep != have.endpoint else None
-                if set_ep is not None and set_ep == self._set_endpoints.get(pub):
-                    # A peer that roamed away is not forced back unless the plan changed its endpoint:
-                    # a full resync (which forgets everything else) never does it.
-                    set_ep = None
-                elif set_ep is not None and p.roaming and (not p.discovered or pub not in self._set_endpoints):
-                    # A peer behind NAT: the endpoint its handshakes came from is kept while they are
-                    # fresh over what it configured (never reachable from here), and over a discovered
-                    # one this object did not see change (it just started: what it found works).
+                set_ep, ask_live = _endpoint_to_set(p, have, ep, self._set_endpoints.get(pub))
+                if ask_live:
                     if live is None:
                         live = client.get(allowed_ips=False).peers
-                    now_peer = live.get(pub, have)
-                    if handshake_fresh(now_peer.last_handshake) and now_peer.endpoint is not None:
-                        set_ep = None
-                        have = replace(have, endpoint=now_peer.endpoint)
-                call_now = set_ep is not None and p.persistent_keepalive > 0
-                ka = p.persistent_keepalive if call_now or p.persistent_keepalive != have.persistent_keepalive else None
-                aips = sorted_nets(allowed) if allowed != have.allowed_ips else None
-                if set_ep is not None or ka is not None or aips is not None or psk is not None:
-                    ops.append(PeerOp(pub, update_only=True, endpoint=set_ep, persistent_keepalive=ka,
-                                      allowed_ips=aips, preshared_key=psk, kick=call_now))
-                    after[pub] = replace(have, endpoint=set_ep or have.endpoint, allowed_ips=allowed,
-                                         persistent_keepalive=p.persistent_keepalive)
-                    diff.updated.append(p.name)
+                    roamed = _roamed(have, live.get(pub, have))
+                    if roamed is not None:
+                        set_ep, have = None, roamed
+                changes.update(_updated(pub, p, have, set_ep, psk))
             if ep is not None:
                 self._set_endpoints[pub] = ep
-        if ops:
-            try:
-                client.set(peers=ops)
-                # A peer added here may be one the other side still holds a session with (our
-                # device, or our view of it, was new): that side would go on sending with keys we
-                # no longer know until its rekey timeout (15 s). A handshake from us now replaces
-                # its session at once.
-                if kick:
-                    client.set(peers=kick)
-            except Exception:
-                self.forget()  # part of the change may have been applied: read the device next time
-                raise
-            log.info("%s peers: added %s, updated %s, removed %s", self.ifname,
-                     diff.added or "-", diff.updated or "-", diff.removed or "-")
+
+    def _send(self, client: UapiClient | GenlClient, changes: _PeerChanges) -> None:
+        """Apply `changes` to the device; on any failure forget what is known of it and re-raise."""
+        try:
+            client.set(peers=changes.ops)
+            # A peer added here may be one the other side still holds a session with (our
+            # device, or our view of it, was new): that side would go on sending with keys we
+            # no longer know until its rekey timeout. A handshake from us now replaces its
+            # session at once.
+            if changes.kick:
+                client.set(peers=changes.kick)
+        except Exception:
+            self.forget()  # part of the change may have been applied: read the device next time
+            raise
+        diff = changes.diff
+        log.info("%s peers: added %s, updated %s, removed %s", self.ifname,
+                 diff.added or "-", diff.updated or "-", diff.removed or "-")
+
+    def _remember(self, known: dict[str, DevicePeer], desired: Mapping[str, PeerPlan], preshared: Mapping[str, str],
+                  after: Mapping[str, DevicePeer | None]) -> None:
+        """Record what the device holds once a sync's changes are applied."""
         for pub, dp in after.items():
             if dp is None:
                 known.pop(pub, None)
@@ -399,7 +490,6 @@ class WireGuard:
             else:
                 self._psk.pop(pub, None)
         self._applied.update(desired)
-        return diff
 
     def state(self) -> DeviceState:
         return self._client().get()
