@@ -93,8 +93,10 @@ def test_the_metrics_read_the_status() -> None:
                  'meshctl_rejected_records 1.0', 'meshctl_routes 4.0', 'meshctl_pod_interfaces{state="fastpath"} 1.0',
                  'meshctl_reconciles_total{result="failed"} 1.0', 'meshctl_errors_total{part="nat"} 1.0',
                  'meshctl_rejections_total 1.0', 'meshctl_datapath_packets_total{action="direct"} 10.0',
-                 'meshctl_datapath_mode{mode="ebpf"} 1.0', 'meshctl_wireguard_peer_receive_bytes_total{peer="b1"} 10.0',
-                 'meshctl_wireguard_peer_handshake_age_seconds{peer="b2"} -1.0', 'meshctl_own_record_restored_total 1.0',
+                 'meshctl_datapath_mode{mode="ebpf"} 1.0',
+                 'meshctl_wireguard_peer_receive_bytes_total{peer="b1"} 10.0',
+                 'meshctl_wireguard_peer_handshake_age_seconds{peer="b2"} -1.0',
+                 'meshctl_own_record_restored_total 1.0',
                  'meshctl_lapsed_records 1.0', 'meshctl_clustermesh_remote_rejected_records{cluster="c2"} 1.0',
                  'meshctl_path_pairs{rung="tunnel"} 1.0', 'meshctl_path_probe_up{kind="direct",peer="a2"} 1.0',
                  'meshctl_path_changes_total{from="none",reason="direct became available",to="direct"} 1.0'):

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from meshctl.agent.config import AgentConfig
-from meshctl.agent.loop import ReconcileLoop, RemoteSource, pod_interfaces
+from meshctl.agent.loop import PassDriver, ReconcileLoop, RemoteSource, pod_interfaces
 from meshctl.agent.path_probing import PathProbing
 from meshctl.agent.reporting import ErrorCounts, LiveReader
 from meshctl.agent.server import StatusServer
@@ -43,6 +43,7 @@ LOOP_JOIN_WAIT_S = 2.0
 class _Running:
     """What start() made."""
 
+    passes: PassDriver
     loop: ReconcileLoop
     live: LiveReader
     server: StatusServer
@@ -84,12 +85,12 @@ class Agent:
             self.remotes = self._remotes_factory(self.wake)
         self.paths = PathProbing(self.cfg.private_interface, self.wake, ProbeTuning(hold=self.cfg.path_hold),
                                  carriers=(tunnels, datapath))
-        loop = ReconcileLoop(self.cfg, self.backend, self.remotes, runner, self.paths, wireguard,
-                             self._pod_interfaces, keys.public_key(private_key), self.errors, self._wake,
-                             self.stop_event, self._passed)
+        passes = PassDriver(self.cfg, self.backend, self.remotes, runner, self.paths, self._pod_interfaces,
+                            keys.public_key(private_key), self.errors, self._passed)
+        loop = ReconcileLoop(passes, wireguard, self._wake, self.stop_event, self.errors)
         live = LiveReader(self.cfg, self.backend, self.paths, wireguard, runner.reports, lambda: self.pod_watch)
         server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy, self.ready)
-        self._running = _Running(loop, live, server, datapath)
+        self._running = _Running(passes, loop, live, server, datapath)
         server.start()
         if self.remotes is not None:
             self.remotes.start()
@@ -177,7 +178,7 @@ class Agent:
 
     def ready(self) -> bool:
         """A plan has been applied since the agent started (readiness, /readyz)."""
-        return self._running is not None and self._running.loop.last_plan is not None
+        return self._running is not None and self._running.passes.last_plan is not None
 
     def healthy(self) -> bool:
         """The loop is alive (it ticks at least every resync interval)."""
@@ -189,6 +190,6 @@ class Agent:
         """The last pass's summary with the live parts read now (the /status document, the metrics)."""
         if self._running is None:
             raise RuntimeError("the agent has not started")
-        loop, live = self._running.loop, self._running.live
-        ready, reason, summary = loop.recorder.head
-        return AgentStatus(self.cfg.node_name, ready, reason, summary, live.read(loop.last_plan, loop.last_view))
+        passes, live = self._running.passes, self._running.live
+        ready, reason, summary = passes.recorder.head
+        return AgentStatus(self.cfg.node_name, ready, reason, summary, live.read(passes.last_plan, passes.last_view))

@@ -8,8 +8,9 @@ one pass) and every `resync_interval` to repair drift. Each step's failure is lo
 and never stops the others. When the backend is not ready (etcd away) nothing is applied:
 routes, WireGuard and maps stay as they are, which is what keeps traffic flowing.
 
-The loop drives its steps through a StepRunner and never reads or assigns a step's attributes;
-what it needs of WireGuard (the handshakes it observes) comes through the LivePeers protocol.
+`ReconcileLoop` is the thread (when to pass), `PassDriver` one pass. The pass drives its steps
+through a StepRunner and never reads or assigns a step's attributes; what the loop needs of
+WireGuard (the handshakes it observes) comes through the LivePeers protocol.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from meshctl.agent.config import AgentConfig
@@ -71,78 +73,64 @@ def pod_interfaces(pattern: str | None) -> list[str]:
     return sorted(n for n in local_interfaces() if fnmatch.fnmatchcase(n, pattern))
 
 
-class ReconcileLoop:
-    """The loop thread's tick and one pass. `pods` says where the fast path attaches for pods now;
-    `wake` set: pass now; `stop` set: return; `on_pass` is called with every pass's summary."""
+@dataclass(frozen=True)
+class PassCause:
+    """Why a pass runs and what the tick saw: `timer_pass`, the loop's own tick started it (not a
+    change); `settle_pass`, a step asked for it (Step.wants_pass); `observed`, what WireGuard's
+    handshakes say of this node's NATed peers (published in its record)."""
 
-    def __init__(self, cfg: AgentConfig, backend: Backend, remotes: RemoteSource | None, runner: StepRunner,
-                 paths: PathProbing, peers: LivePeers, pods: Callable[[], tuple[str, ...]], public_key: str,
-                 errors: ErrorCounts, wake: threading.Event, stop: threading.Event,
-                 on_pass: Callable[[PassSummary], None] | None = None) -> None:
-        self.cfg = cfg
-        self.backend = backend
-        self.remotes = remotes
-        self.runner = runner
-        self.paths = paths
+    timer_pass: bool = True
+    settle_pass: bool = False
+    observed: Observation = NOT_OBSERVED
+
+
+class ReconcileLoop:
+    """The loop thread: waits for a reason to pass (`wake` set, a step asking, pod interfaces or
+    NATed peers changed, the resync interval) and has `passes` run one; returns once `stop` is set."""
+
+    def __init__(self, passes: PassDriver, peers: LivePeers, wake: threading.Event, stop: threading.Event,
+                 errors: ErrorCounts) -> None:
+        self.passes = passes
         self.peers = peers
-        self.pods = pods
-        self.public_key = public_key
-        self.errors = errors
-        self.on_pass = on_pass
-        self.recorder = PassRecorder(cfg, errors)
-        self.memos = PureMemos()
         self.wake_event = wake
         self.stop_event = stop
+        self.errors = errors
         self.last_loop = time.monotonic()
-        self.last_plan: NodePlan | None = None
-        self.last_view: tuple[Topology, list[Remote], NodePlan] | None = None
-        self._last_pass = 0.0
-        self._pod_ifs: tuple[str, ...] = ()
-        self._observer = HandshakeObserver(cfg.direct_wait)
+        self._observer = HandshakeObserver(passes.cfg.direct_wait)
         self._observed: Observation = NOT_OBSERVED
-        self._published: Node | None = None
-        self._last_good: ClusterState | None = None
-        self._rejections: list[Rejection] = []
-        self._timer_pass = True  # the loop's own tick (not a change) started this pass
-        self._settle_pass = False  # a step asked for this pass (pod interfaces settling)
-
-    # --- the tick --------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Until stopped: pass when woken, when a step asks for it, when pod interfaces or what
-        WireGuard saw of NATed peers changed, and every resync interval."""
-        next_scan = 0.0
+        resync = self.passes.cfg.resync_interval
+        next_scan = last_pass = 0.0
         while not self.stop_event.is_set():
-            woke = self.wake_event.wait(timeout=min(POD_SCAN_S, self.cfg.resync_interval))
+            woke = self.wake_event.wait(timeout=min(POD_SCAN_S, resync))
             self.last_loop = time.monotonic()
             if self.stop_event.is_set():
                 return
+            settle = False
             if not woke:
                 now = time.monotonic()
-                same_ifs = self.pods() == self._pod_ifs
+                same_ifs = self.passes.pods() == self.passes.pod_ifs
                 due = now >= next_scan
-                settling = self.runner.wants_pass(now, self._last_pass)
+                settling = self.passes.runner.wants_pass(now, last_pass)
                 observed = self._observe()
                 if same_ifs and not due and not settling and not observed:
                     continue
-                self._settle_pass = settling and same_ifs and not due
-            else:
-                self._settle_pass = False
+                settle = settling and same_ifs and not due
             time.sleep(DEBOUNCE_S)
             self.wake_event.clear()
-            self._timer_pass = not woke
-            self._last_pass = time.monotonic()
+            last_pass = time.monotonic()
             try:
-                self.reconcile()
+                self.passes.reconcile(PassCause(timer_pass=not woke, settle_pass=settle, observed=self._observed))
             except Exception as e:  # noqa: BLE001 - the loop must survive anything
                 log.exception("reconcile failed: %s", e)
                 self.errors.count("reconcile")
-            next_scan = time.monotonic() + self.cfg.resync_interval
+            next_scan = time.monotonic() + resync
 
     def _observe(self) -> bool:
         """Read WireGuard's handshakes (without allowed IPs); True when what this node would
         publish about its NATed peers changed (the next pass publishes it)."""
-        plan = self.last_plan
+        plan = self.passes.last_plan
         try:
             live = self.peers.peers_now() if plan is not None and self._observer.watches(plan) else None
             seen = self._observer.observe(plan, live) if plan is not None and live is not None else NOT_OBSERVED
@@ -152,6 +140,34 @@ class ReconcileLoop:
         changed = seen != self._observed
         self._observed = seen
         return changed
+
+
+class PassDriver:
+    """One reconcile pass, and what the last passes left (the plan in force, the view it was
+    planned from, our published record, the backend's last good view). `pods` says where the fast
+    path attaches for pods now; `on_pass` is called with every pass's summary."""
+
+    def __init__(self, cfg: AgentConfig, backend: Backend, remotes: RemoteSource | None, runner: StepRunner,
+                 paths: PathProbing, pods: Callable[[], tuple[str, ...]], public_key: str, errors: ErrorCounts,
+                 on_pass: Callable[[PassSummary], None] | None = None) -> None:
+        self.cfg = cfg
+        self.backend = backend
+        self.remotes = remotes
+        self.runner = runner
+        self.paths = paths
+        self.pods = pods
+        self.public_key = public_key
+        self.errors = errors
+        self.on_pass = on_pass
+        self.recorder = PassRecorder(cfg, errors)
+        self.memos = PureMemos()
+        self.last_plan: NodePlan | None = None
+        self.last_view: tuple[Topology, list[Remote], NodePlan] | None = None
+        self.pod_ifs: tuple[str, ...] = ()  # the pod interfaces the last applied pass used
+        self._cause = PassCause()
+        self._published: Node | None = None
+        self._last_good: ClusterState | None = None
+        self._rejections: list[Rejection] = []
 
     # --- one pass --------------------------------------------------------------------------
 
@@ -168,15 +184,16 @@ class ReconcileLoop:
             name=cfg.node_name, pod_cidr=cfg.pod_cidr, public_key=self.public_key, location=cfg.location,
             internal_ip=internal, endpoint=endpoint, leader=cfg.leader,
             persistent_keepalive=cfg.persistent_keepalive, allowed_location_ips=cfg.allowed_location_ips,
-            discovered_endpoints=self._observed[0], unreached_peers=self._observed[1],
+            discovered_endpoints=self._cause.observed[0], unreached_peers=self._cause.observed[1],
         )
 
-    def reconcile(self) -> NodePlan | None:
+    def reconcile(self, cause: PassCause | None = None) -> NodePlan | None:
         """One pass; returns the plan applied (None when nothing was applied).
 
         The cyclic GC is paused for the pass (see model.gc_paused): the pass allocates many
         objects, all acyclic and freed by reference counting, and at thousands of records the
         collections those allocations trigger would cost more than the pass itself."""
+        self._cause = cause or PassCause()
         with gc_paused():
             return self._reconcile()
 
@@ -214,9 +231,9 @@ class ReconcileLoop:
             run.reused.append("plan")
         run.timed("plan", t)
         cidrs = self.memos.mesh_cidrs(topo, remotes)
-        self._pod_ifs = self.pods()
-        self.runner.run(PassInput(plan=plan, topo=topo, me=me, mesh_cidrs=cidrs, pod_ifs=self._pod_ifs,
-                                  timer_pass=self._timer_pass, settle_pass=self._settle_pass), run)
+        self.pod_ifs = self.pods()
+        self.runner.run(PassInput(plan=plan, topo=topo, me=me, mesh_cidrs=cidrs, pod_ifs=self.pod_ifs,
+                                  timer_pass=self._cause.timer_pass, settle_pass=self._cause.settle_pass), run)
         self.last_plan = plan
         self.last_view = (topo, remotes, plan)
         self._finish(run, state, plan, rejections, applied=True, topo=topo)
@@ -259,8 +276,8 @@ class ReconcileLoop:
         """Record the pass for the status and the metrics."""
         self._rejections = rejections
         summary = self.recorder.finish(run, PassOutcome(
-            state=state, plan=plan, rejections=rejections, applied=applied, topo=topo, observed=self._observed,
-            pod_ifs=self._pod_ifs, full_total=self.runner.full_total, remotes=self._remotes_status()))
+            state=state, plan=plan, rejections=rejections, applied=applied, topo=topo, observed=self._cause.observed,
+            pod_ifs=self.pod_ifs, full_total=self.runner.full_total, remotes=self._remotes_status()))
         if self.on_pass is not None:
             self.on_pass(summary)
 

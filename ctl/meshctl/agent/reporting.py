@@ -18,6 +18,7 @@ from meshctl.agent.observe import Observation
 from meshctl.agent.path_probing import PathProbing
 from meshctl.agent.status import (
     BackendBlocks,
+    CniStatus,
     DatapathStatus,
     LastReconcile,
     LiveStatus,
@@ -32,7 +33,7 @@ from meshctl.agent.status import (
     RemotesStatus,
     RungChanges,
 )
-from meshctl.agent.steps import CniStatus, DatapathReport, StepStatus, WireGuardReport
+from meshctl.agent.steps import DatapathReport, StepStatus, WireGuardReport
 from meshctl.backends.base import Backend, ClusterState
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.checks import dead_tunnels, host_prefix_warnings
