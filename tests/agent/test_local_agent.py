@@ -9,6 +9,7 @@ import requests
 from click.testing import CliRunner
 
 from meshctl.agent.server import StatusServer
+from meshctl.agent.status import AgentStatus
 from meshctl.cli import main
 
 
@@ -21,7 +22,8 @@ def free_port() -> int:
 def test_readyz_waits_for_the_first_plan_while_healthz_is_alive() -> None:
     applied = {"yes": False}
     port = free_port()
-    srv = StatusServer(f"127.0.0.1:{port}", lambda: {"node": "n1"}, lambda: True, lambda: applied["yes"])
+    starting = AgentStatus.from_json({"node": "n1", "ready": False, "reason": "starting"})
+    srv = StatusServer(f"127.0.0.1:{port}", lambda: starting, lambda: True, lambda: applied["yes"])
     srv.start()
     s = requests.Session()
     s.trust_env = False

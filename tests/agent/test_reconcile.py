@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from meshctl.agent import Agent, AgentConfig
+from meshctl.agent.status import PassSummary
 from meshctl.backends.etcd import EtcdBackend, node_key, write_topology
 from meshctl.lab import netns
 from meshctl.mesh.model import Cluster, MeshSettings
@@ -65,16 +66,14 @@ class AgentNode:
             endpoint="10.30.0.1", state_dir=tmp / "state", wg_run_dir=tmp / "run", metrics_addr="127.0.0.1:9736",
             fastpath=False, bpf_pin_root=f"/sys/fs/bpf/{self.prefix}", nat_prefix=self.prefix,
             cluster_name=CLUSTER, cluster_id=7, resync_interval=resync, etcd_endpoints=(srv.url,))
-        self.agent = Agent(self.cfg, EtcdBackend(srv.client(cert, timeout=10), Cluster(CLUSTER, 7), lease_ttl=10))
         # Every pass's summary, as the loop finishes it (status() only shows the last one).
         self.passes: list[dict[str, Any]] = []
-        finish = self.agent._finish
 
-        def recording_finish(*args: Any, **kw: Any) -> None:
-            finish(*args, **kw)
-            self.passes.append(self.agent._status["last_reconcile"] | {"nodes": self.agent._status.get("nodes")})
+        def record(summary: PassSummary) -> None:
+            self.passes.append(summary.last_reconcile.to_json() | {"nodes": summary.nodes})
 
-        self.agent._finish = recording_finish  # type: ignore[method-assign]
+        self.agent = Agent(self.cfg, EtcdBackend(srv.client(cert, timeout=10), Cluster(CLUSTER, 7), lease_ttl=10),
+                           on_pass=record)
         in_ns(ns, self.agent.start)
 
     def put(self, i: int, locations: int = 50, **changes: Any) -> None:

@@ -137,9 +137,10 @@ def test_cluster2_etcd_stopped_keeps_traffic_and_reports_not_ready(lab) -> None:
 
 
 def _status_text(st: dict[str, Any], node: str) -> str:
+    from meshctl.agent.status import AgentStatus
     from meshctl.cli.agent import format_status
 
-    return format_status(status(st, node))
+    return format_status(AgentStatus.from_json(status(st, node)))
 
 
 def test_an_overlapping_record_in_cluster2_is_rejected_and_cluster1_untouched(lab) -> None:

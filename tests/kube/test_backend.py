@@ -323,7 +323,7 @@ def test_bad_options_are_one_line_errors():
 
 def test_make_backend_fills_the_agent_config_from_its_node(api, kclient, monkeypatch):
     from meshctl.agent.config import AgentConfig
-    from meshctl.agent.kube import make_backend
+    from meshctl.agent.kube_backend import make_backend
 
     K = A.KILO_PREFIX
     create_node(kclient, node_obj("a1", "10.42.7.0/24", ann={K + "location": "gcp", K + "leader": "",
@@ -346,7 +346,7 @@ def test_own_annotations_changed_at_run_time_reach_the_agent_config(api, kclient
     import threading
 
     from meshctl.agent.config import AgentConfig
-    from meshctl.agent.kube import make_backend
+    from meshctl.agent.kube_backend import make_backend
 
     create_node(kclient, node_obj("a1", None, ann={A.PREFIX + "location": "a", A.PREFIX + "leader": ""}))
     # The Node gets its pod CIDR a moment after the agent starts: the agent waits for it.

@@ -1,7 +1,7 @@
 """The DaemonSet's command line against the real `meshctl agent` parser, so the manifest and the
 CLI can never drift apart: every flag it passes exists and means what the pod gives it (the
 mounted folders, the probed port, the sidecar's device), and the Kubernetes-only flags reach
-`meshctl.agent.kube.make_backend`.
+`meshctl.agent.kube_backend.make_backend`.
 
 The command runs for real up to `run_agent`, which is swapped for a function that keeps the
 AgentConfig: running the agent itself with the DaemonSet's settings would touch this machine's
@@ -124,7 +124,7 @@ def test_the_parser_does_catch_drift(monkeypatch):
 
 
 def test_kubernetes_flags_reach_make_backend(monkeypatch, api, kclient):
-    from meshctl.agent.kube import make_backend
+    from meshctl.agent.kube_backend import make_backend
 
     create_node(kclient, node_obj("node-1", "10.42.9.0/24", labels={"example.com/site": "lisbon"}))
     res, cfg = parse(monkeypatch, ["agent", "--backend=kubernetes", "--node-name=node-1", f"--api-server={api.url}",

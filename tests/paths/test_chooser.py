@@ -120,7 +120,7 @@ def test_a_kind_that_never_delivered_needs_no_hold() -> None:
 
 
 def test_without_probes_no_encapsulated_rung_is_assumed() -> None:
-    from meshctl.agent.paths import unprobed_state
+    from meshctl.agent.path_probing import unprobed_state
 
     state = unprobed_state({"b": LADDER, "c": LADDER[1:]})
     assert state == {"b": frozenset({"direct", "wireguard-private"}), "c": frozenset({"wireguard-private"})}

@@ -100,9 +100,10 @@ def test_status_node_list_and_metrics_name_the_rungs(auto_lab) -> None:
     assert 'meshctl_path_pairs{rung="tunnel"} 8.0' in text
     assert 'meshctl_path_probe_up{kind="direct",peer="v2"} 0.0' in text
     assert "meshctl_path_changes_total{" in text and "meshctl_path_probe_rtt_seconds{" in text
+    from meshctl.agent.status import AgentStatus
     from meshctl.cli.agent import format_status
 
-    out = format_status(s)
+    out = format_status(AgentStatus.from_json(s))
     assert "  v2  direct+ipip  probes: direct down" in out
 
 

@@ -1,8 +1,9 @@
-"""The per-node agent: configuration (`config`), the one reconcile loop (`loop`) that drives a
-list of steps (`steps`), its status/metrics HTTP server (`server`) and the wiring of `meshctl
-agent` (`run`)."""
+"""The per-node agent: configuration (`config`), its life cycle (`lifecycle`), the one reconcile
+loop (`loop`) that drives a list of steps (`steps`, run by `step_runner`) over memoised pure
+results (`memos`), its status (`status`, built by `reporting`), its status/metrics HTTP server
+(`server`) and the wiring of `meshctl agent` (`run`)."""
 
 from meshctl.agent.config import AgentConfig
-from meshctl.agent.loop import Agent
+from meshctl.agent.lifecycle import Agent
 
 __all__ = ["Agent", "AgentConfig"]

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from types import FrameType
 
 from meshctl.agent.config import AgentConfig
-from meshctl.agent.loop import Agent, RemoteSource
+from meshctl.agent.lifecycle import Agent
+from meshctl.agent.loop import RemoteSource
 from meshctl.backends.base import Backend
 from meshctl.backends.file import FileBackend
 from meshctl.errors import MeshError
@@ -38,7 +39,7 @@ def build_backend(cfg: AgentConfig) -> Backend:
         assert cfg.topology_file
         return FileBackend(cfg.topology_file)
     try:
-        from meshctl.agent.kube import make_backend
+        from meshctl.agent.kube_backend import make_backend
     except ImportError as e:
         raise MeshError(f"the kubernetes backend is not available: {e}") from None
     return make_backend(cfg)

@@ -1,9 +1,9 @@
 """The agent's HTTP face: Prometheus metrics on /metrics, /healthz and the /status JSON.
 
 One registry per agent (registering a metric twice in the global one raises), and one custom
-collector that reads the agent's last published status, so the loop only swaps a dict and a
-scrape never waits on the loop. Binds where --metrics-addr says (127.0.0.1 by default), never
-0.0.0.0 unless asked.
+collector that reads the agent's status (agent.status.AgentStatus: the last pass's summary, the
+live parts read on request), so a scrape never waits on the loop. Binds where --metrics-addr
+says (127.0.0.1 by default), never 0.0.0.0 unless asked.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -21,143 +21,159 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from meshctl.agent.config import parse_addr
+from meshctl.agent.status import (
+    AgentStatus,
+    DatapathStatus,
+    PassSummary,
+    PeerRow,
+    ProbeStatus,
+    RemotesStatus,
+    RungChanges,
+)
 
 log = logging.getLogger("meshctl.agent")
 
 
 class AgentCollector(Collector):
-    """Turns the status dict (see Agent.status) and the loop's counters into metric families."""
+    """Turns the agent's status (agent.status.AgentStatus) into metric families."""
 
-    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, status: Callable[[], AgentStatus]) -> None:
         self._status = status
 
     def collect(self) -> Iterator[Any]:
-        """One metric family after another, straight from the status dict: a flat list reads (and
-        greps) better than the same lines spread over helpers."""
         st = self._status()
-        g = GaugeMetricFamily
-        yield g("meshctl_nodes", "Nodes admitted into this agent's plan", value=st.get("nodes", 0))
-        yield g("meshctl_peers", "WireGuard peers in the plan", value=len(st.get("peers", [])))
-        yield g("meshctl_leader", "1 if this node leads its segment", value=1 if st.get("is_leader") else 0)
-        yield g("meshctl_backend_ready", "1 if the backend is reachable and synced",
-                value=1 if st.get("ready") else 0)
-        yield g("meshctl_rejected_records", "Records currently rejected (bad or conflicting)",
-                value=len(st.get("rejections", [])))
-        yield g("meshctl_routes", "Routes this agent installs", value=st.get("routes", 0))
-        pods = st.get("pods") or {}
+        live, summary = st.live, st.summary
+        yield from _plan_metrics(st)
         pif = GaugeMetricFamily("meshctl_pod_interfaces", "Pod interfaces found on this node, and those the fast "
                                 "path is attached to", labels=["state"])
-        pif.add_metric(["found"], len(pods.get("found") or []))
-        pif.add_metric(["fastpath"], len(pods.get("fastpath") or []))
+        pif.add_metric(["found"], len(live.pods.found))
+        pif.add_metric(["fastpath"], len(live.pods.fastpath))
         yield pif
-        rec = st.get("reconcile", {})
-        c = CounterMetricFamily("meshctl_reconciles", "Reconcile passes", labels=["result"])
-        c.add_metric(["ok"], rec.get("ok_total", 0))
-        c.add_metric(["failed"], rec.get("failed_total", 0))
-        yield c
-        errs = CounterMetricFamily("meshctl_errors", "Failures by part of the agent", labels=["part"])
-        for part, n in sorted(st.get("errors_total", {}).items()):
-            errs.add_metric([part], n)
-        yield errs
-        rej = CounterMetricFamily("meshctl_rejections", "Rejections seen (counted once per record version)")
-        rej.add_metric([], st.get("rejections_total", 0))
-        yield rej
-        dp = st.get("datapath", {})
-        pk = CounterMetricFamily("meshctl_datapath_packets", "Fast-path packets by action", labels=["action"])
-        by = CounterMetricFamily("meshctl_datapath_bytes", "Fast-path bytes by action", labels=["action"])
-        for action, (p, b) in sorted(dp.get("counters", {}).items()):
-            pk.add_metric([action], p)
-            by.add_metric([action], b)
-        yield pk
-        yield by
-        mode = g("meshctl_datapath_mode", "1 for the datapath mode in use", labels=["mode"])
-        if dp.get("mode"):
-            mode.add_metric([dp["mode"]], 1)
-        yield mode
-        rx = CounterMetricFamily("meshctl_wireguard_peer_receive_bytes", "Bytes received from a peer",
-                                 labels=["peer"])
-        tx = CounterMetricFamily("meshctl_wireguard_peer_transmit_bytes", "Bytes sent to a peer", labels=["peer"])
-        hs = g("meshctl_wireguard_peer_handshake_age_seconds", "Seconds since the last handshake (-1: none)",
-               labels=["peer"])
-        now = time.time()
-        for p in st.get("peers", []):
-            name = p.get("name", "")
-            rx.add_metric([name], p.get("rx_bytes", 0))
-            tx.add_metric([name], p.get("tx_bytes", 0))
-            last = p.get("last_handshake") or 0
-            hs.add_metric([name], now - last if last else -1)
-        yield rx
-        yield tx
-        yield hs
-        own = st.get("own_record")
-        if isinstance(own, dict):
+        yield from _pass_metrics(summary)
+        yield from _datapath_metrics(live.datapath)
+        yield from _peer_metrics(live.peers)
+        own = live.backend.own_record
+        if own is not None:
             r = CounterMetricFamily("meshctl_own_record_restored",
                                     "Times this agent put its record back after someone else deleted or changed it")
-            r.add_metric([], own.get("restored_total", 0))
+            r.add_metric([], own.restored_total)
             yield r
-        if isinstance(st.get("lapsed"), dict):
-            yield g("meshctl_lapsed_records", "Records kept through their lapse grace (their agents are away)",
-                    value=len(st["lapsed"]))
-        yield from _clustermesh_metrics(st.get("remotes"))
-        yield from _path_metrics(st)
+        if live.backend.lapsed is not None:
+            yield GaugeMetricFamily("meshctl_lapsed_records",
+                                    "Records kept through their lapse grace (their agents are away)",
+                                    value=len(live.backend.lapsed))
+        yield from _clustermesh_metrics(summary.remotes if summary else None)
+        yield from _path_metrics(summary.paths if summary else {}, live.path_changes, live.path_probe)
 
 
-def _path_metrics(st: dict[str, Any]) -> Any:
+def _plan_metrics(st: AgentStatus) -> Iterator[Any]:
+    """Nodes, peers, leadership, the backend, rejected records and routes of the plan in force."""
+    s, g = st.summary, GaugeMetricFamily
+    yield g("meshctl_nodes", "Nodes admitted into this agent's plan", value=s.nodes if s else 0)
+    yield g("meshctl_peers", "WireGuard peers in the plan", value=len(st.live.peers))
+    yield g("meshctl_leader", "1 if this node leads its segment", value=1 if s and s.is_leader else 0)
+    yield g("meshctl_backend_ready", "1 if the backend is reachable and synced", value=1 if st.ready else 0)
+    yield g("meshctl_rejected_records", "Records currently rejected (bad or conflicting)",
+            value=len(s.rejections) if s else 0)
+    yield g("meshctl_routes", "Routes this agent installs", value=s.routes if s else 0)
+
+
+def _pass_metrics(s: PassSummary | None) -> Iterator[Any]:
+    """Passes by result, failures by part of the agent, rejections seen."""
+    c = CounterMetricFamily("meshctl_reconciles", "Reconcile passes", labels=["result"])
+    c.add_metric(["ok"], s.reconcile.ok_total if s else 0)
+    c.add_metric(["failed"], s.reconcile.failed_total if s else 0)
+    yield c
+    errs = CounterMetricFamily("meshctl_errors", "Failures by part of the agent", labels=["part"])
+    for part, n in sorted((s.errors_total if s else {}).items()):
+        errs.add_metric([part], n)
+    yield errs
+    rej = CounterMetricFamily("meshctl_rejections", "Rejections seen (counted once per record version)")
+    rej.add_metric([], s.rejections_total if s else 0)
+    yield rej
+
+
+def _datapath_metrics(dp: DatapathStatus) -> Iterator[Any]:
+    pk = CounterMetricFamily("meshctl_datapath_packets", "Fast-path packets by action", labels=["action"])
+    by = CounterMetricFamily("meshctl_datapath_bytes", "Fast-path bytes by action", labels=["action"])
+    for action, (p, b) in sorted(dp.counters.items()):
+        pk.add_metric([action], p)
+        by.add_metric([action], b)
+    yield pk
+    yield by
+    mode = GaugeMetricFamily("meshctl_datapath_mode", "1 for the datapath mode in use", labels=["mode"])
+    if dp.mode:
+        mode.add_metric([dp.mode], 1)
+    yield mode
+
+
+def _peer_metrics(peers: Sequence[PeerRow]) -> Iterator[Any]:
+    rx = CounterMetricFamily("meshctl_wireguard_peer_receive_bytes", "Bytes received from a peer", labels=["peer"])
+    tx = CounterMetricFamily("meshctl_wireguard_peer_transmit_bytes", "Bytes sent to a peer", labels=["peer"])
+    hs = GaugeMetricFamily("meshctl_wireguard_peer_handshake_age_seconds",
+                           "Seconds since the last handshake (-1: none)", labels=["peer"])
+    now = time.time()
+    for p in peers:
+        live = p.live
+        rx.add_metric([p.name], live.rx_bytes if live else 0)
+        tx.add_metric([p.name], live.tx_bytes if live else 0)
+        last = live.last_handshake if live else 0
+        hs.add_metric([p.name], now - last if last else -1)
+    yield rx
+    yield tx
+    yield hs
+
+
+def _path_metrics(paths: dict[str, str], changes: Sequence[RungChanges], probe: ProbeStatus | None) -> Iterator[Any]:
     """Pairs per rung of the path ladder, rung changes with their reason, probe RTTs."""
     pairs = GaugeMetricFamily("meshctl_path_pairs", "Other nodes reached on each rung of the path ladder",
                               labels=["rung"])
     counts: dict[str, int] = {}
-    for rung in (st.get("paths") or {}).values():
+    for rung in paths.values():
         if rung != "local":
             counts[rung] = counts.get(rung, 0) + 1
     for rung, n in sorted(counts.items()):
         pairs.add_metric([rung], n)
     yield pairs
-    changes = CounterMetricFamily("meshctl_path_changes", "Rung changes of a pair, by rungs and reason",
-                                  labels=["from", "to", "reason"])
-    for c in st.get("path_changes") or []:
-        changes.add_metric([c["from"], c["to"], c["reason"]], c["count"])
-    yield changes
+    fam = CounterMetricFamily("meshctl_path_changes", "Rung changes of a pair, by rungs and reason",
+                              labels=["from", "to", "reason"])
+    for c in changes:
+        fam.add_metric([c.old, c.new, c.reason], c.count)
+    yield fam
     rtt = GaugeMetricFamily("meshctl_path_probe_rtt_seconds", "Smoothed probe round-trip time per peer and kind",
                             labels=["peer", "kind"])
     up = GaugeMetricFamily("meshctl_path_probe_up", "1 if the probes of a kind reach the peer, 0 if not",
                            labels=["peer", "kind"])
-    for peer, pair in sorted(((st.get("path_probe") or {}).get("pairs") or {}).items()):
-        for kind, h in sorted((pair.get("probes") or {}).items()):
-            if h.get("rtt_ms") is not None:
-                rtt.add_metric([peer, kind], h["rtt_ms"] / 1000)
-            if h.get("up") is not None:
-                up.add_metric([peer, kind], 1 if h["up"] else 0)
+    for peer, pair in sorted((probe.pairs if probe else {}).items()):
+        for kind, h in sorted(pair.probes.items()):
+            if h.rtt_ms is not None:
+                rtt.add_metric([peer, kind], h.rtt_ms / 1000)
+            if h.up is not None:
+                up.add_metric([peer, kind], 1 if h.up else 0)
     yield rtt
     yield up
 
 
-def _clustermesh_metrics(remotes: Any) -> Any:
+def _clustermesh_metrics(remotes: RemotesStatus | None) -> Iterator[Any]:
     """Per remote cluster: ready, nodes, rejected records, reconnects, last sync age."""
-    if not isinstance(remotes, dict) or not isinstance(remotes.get("clusters"), list):
+    if remotes is None or remotes.error is not None:
         return
-    fams: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
-        "ready": GaugeMetricFamily("meshctl_clustermesh_remote_ready", "1 if the remote cluster is ready",
-                                   labels=["cluster"]),
-        "nodes": GaugeMetricFamily("meshctl_clustermesh_remote_nodes", "Remote nodes in the plan",
-                                   labels=["cluster"]),
-        "rejected": GaugeMetricFamily("meshctl_clustermesh_remote_rejected_records",
-                                      "Remote records rejected (unparsable or unsafe)", labels=["cluster"]),
-        "reconnects": CounterMetricFamily("meshctl_clustermesh_remote_reconnects",
-                                          "Times the remote etcd connection was lost", labels=["cluster"]),
-        "last_sync_age": GaugeMetricFamily("meshctl_clustermesh_remote_last_sync_age_seconds",
-                                           "Seconds since the remote view was last known current (-1: never)",
-                                           labels=["cluster"]),
-    }
-    for c in remotes["clusters"]:
-        name = str(c.get("name", ""))
-        fams["ready"].add_metric([name], 1 if c.get("ready") else 0)
-        fams["nodes"].add_metric([name], c.get("nodes") or 0)
-        fams["rejected"].add_metric([name], c.get("rejected") or 0)
-        fams["reconnects"].add_metric([name], c.get("reconnects") or 0)
-        age = c.get("last_sync_age")
-        fams["last_sync_age"].add_metric([name], -1 if age is None else age)
-    yield from fams.values()
+    ready = GaugeMetricFamily("meshctl_clustermesh_remote_ready", "1 if the remote cluster is ready",
+                              labels=["cluster"])
+    nodes = GaugeMetricFamily("meshctl_clustermesh_remote_nodes", "Remote nodes in the plan", labels=["cluster"])
+    rejected = GaugeMetricFamily("meshctl_clustermesh_remote_rejected_records",
+                                 "Remote records rejected (unparsable or unsafe)", labels=["cluster"])
+    reconnects = CounterMetricFamily("meshctl_clustermesh_remote_reconnects",
+                                     "Times the remote etcd connection was lost", labels=["cluster"])
+    age = GaugeMetricFamily("meshctl_clustermesh_remote_last_sync_age_seconds",
+                            "Seconds since the remote view was last known current (-1: never)", labels=["cluster"])
+    for c in remotes.clusters:
+        ready.add_metric([c.name], 1 if c.ready else 0)
+        nodes.add_metric([c.name], c.nodes)
+        rejected.add_metric([c.name], c.rejected)
+        reconnects.add_metric([c.name], c.reconnects)
+        age.add_metric([c.name], -1 if c.last_sync_age is None else c.last_sync_age)
+    yield from (ready, nodes, rejected, reconnects, age)
 
 
 class StatusServer:
@@ -166,7 +182,7 @@ class StatusServer:
     a rolling update waits for it, so the next node's agent restarts only once this one carries
     traffic again)."""
 
-    def __init__(self, addr: str, status: Callable[[], dict[str, Any]], healthy: Callable[[], bool],
+    def __init__(self, addr: str, status: Callable[[], AgentStatus], healthy: Callable[[], bool],
                  ready: Callable[[], bool] = lambda: True) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(AgentCollector(status))
@@ -188,7 +204,7 @@ class StatusServer:
                     ok = ready()
                     self._send(200 if ok else 503, b"ready\n" if ok else b"no plan applied yet\n", "text/plain")
                 elif path == "/status":
-                    self._send(200, json.dumps(status_fn(), default=str).encode(), "application/json")
+                    self._send(200, json.dumps(status_fn().to_json(), default=str).encode(), "application/json")
                 else:
                     self._send(404, b"not found\n", "text/plain")
 
@@ -219,7 +235,8 @@ class StatusServer:
 
 
 def fetch_status(addr: str, netns: str | None = None, timeout: float = 3.0) -> dict[str, Any]:
-    """An agent's /status JSON over HTTP (dialled inside `netns` when given)."""
+    """An agent's /status document over HTTP (dialled inside `netns` when given), as JSON;
+    AgentStatus.from_json reads it."""
     import requests
 
     from meshctl.errors import MeshError

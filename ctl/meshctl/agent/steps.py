@@ -6,6 +6,11 @@ those of its last success, and on every full pass (and after a failure) makes it
 it remembers of the kernel, so drift made behind the agent's back is repaired. A step may
 disturb another's kernel state (a WireGuard device made anew loses its routes): `sync` returns
 the names of those steps, which then forget and run in the same pass.
+
+The loop reads nothing else of a step: what a step shows in the agent's status it returns from
+`status()` (a typed report, or None), and a step that needs a pass although nothing changed says
+so through `wants_pass`. What a step needs from outside the pass is handed to it by a typed
+method (the datapath step's `use`), never assigned to it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from meshctl.agent.config import AgentConfig
+from meshctl.agent.status import CniStatus, DatapathStatus
 from meshctl.datapath import Datapath
 from meshctl.errors import MeshError
 from meshctl.mesh.model import IPNetwork, Node, Topology
@@ -30,6 +36,25 @@ PODS_SETTLE_S = 10.0  # after pod interfaces change, re-read pod routes for this
 PODS_SETTLE_STEP_S = 2.0  # ... every this often
 
 NOTHING: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class WireGuardReport:
+    """The WireGuard device's implementation (kernel | wireguard-go); None before it exists."""
+
+    mode: str | None
+
+
+@dataclass(frozen=True)
+class DatapathReport:
+    """The fast path's status block, and the pod interfaces whose traffic it carries now (those
+    its programs are attached to, when the eBPF datapath is loaded)."""
+
+    datapath: DatapathStatus
+    carrying: tuple[str, ...]
+
+
+StepStatus = WireGuardReport | DatapathReport | CniStatus | None
 
 
 @dataclass(frozen=True)
@@ -68,9 +93,29 @@ class Step(Protocol):
         """Drop what the step remembers of the kernel, so its next sync reads the kernel again."""
         ...
 
+    def wants_pass(self, now: float, last_pass: float) -> bool:
+        """The step needs a pass at `now` (monotonic) although nothing changed since `last_pass`;
+        such a pass is a settle pass (PassInput.settle_pass)."""
+        ...
 
-class WireGuardStep:
-    """The WireGuard device (`cfg.wg_interface`) with the plan's address and peers."""
+    def status(self) -> StepStatus:
+        """What the step shows in the agent's status, read now; None: nothing."""
+        ...
+
+
+class Quiet:
+    """The part of a step with nothing to show and no pass of its own to ask for."""
+
+    def wants_pass(self, now: float, last_pass: float) -> bool:
+        return False
+
+    def status(self) -> StepStatus:
+        return None
+
+
+class WireGuardStep(Quiet):
+    """The WireGuard device (`cfg.wg_interface`) with the plan's address and peers. It also
+    answers what the device says of its peers now (`peers_now`, the LivePeers protocol)."""
 
     name = "wireguard"
 
@@ -78,16 +123,17 @@ class WireGuardStep:
         self.cfg = cfg
         self._private_key = private_key
         self._secrets = secrets
-        self.device: wireguard.WireGuard | None = None
+        self._device: wireguard.WireGuard | None = None
 
     def inputs(self, p: PassInput) -> Hashable:
         return (p.plan.peers, p.plan.wireguard_ip, p.topo.mesh.port, self.cfg.private_interface)
 
     def sync(self, p: PassInput) -> frozenset[str]:
-        if self.device is None:
-            self.device = wireguard.WireGuard(ifname=self.cfg.wg_interface, run_dir=str(self.cfg.wg_run_dir))
+        if self._device is None:
+            self._device = wireguard.WireGuard(ifname=self.cfg.wg_interface, run_dir=str(self.cfg.wg_run_dir))
+        device = self._device
         mtu = discovery.wg_mtu(self.cfg.private_interface)
-        remade = self.device.ensure_device(self._private_key, p.topo.mesh.port, p.plan.wireguard_ip, mtu)
+        remade = device.ensure_device(self._private_key, p.topo.mesh.port, p.plan.wireguard_ip, mtu)
         # Pre-shared keys are read on every run of the step (a full pass at the latest: a rotated
         # Secret reaches the device within the resync interval). A peer whose key cannot be read
         # stays out, the others are synced, and the step then fails naming it.
@@ -100,7 +146,7 @@ class WireGuardStep:
                 except MeshError as e:
                     unreadable.append(f"peer {peer.name}: {e}")
         peers = [x for x in p.plan.peers if x.preshared_key is None or x.public_key in keys]
-        self.device.sync_peers(peers, keys)
+        device.sync_peers(peers, keys)
         if unreadable:
             raise MeshError("; ".join(unreadable))
         # A device made anew or re-addressed has lost its routes (the kernel flushes them without
@@ -108,11 +154,19 @@ class WireGuardStep:
         return frozenset({RoutesStep.name}) if remade else NOTHING
 
     def forget(self) -> None:
-        if self.device is not None:
-            self.device.forget()
+        if self._device is not None:
+            self._device.forget()
+
+    def peers_now(self) -> list[wireguard.PeerStatus] | None:
+        """The device's peers as WireGuard reports them now (without allowed IPs, which are not
+        needed here and cost the most to read); None before the device exists."""
+        return self._device.show(allowed_ips=False) if self._device is not None else None
+
+    def status(self) -> WireGuardReport:
+        return WireGuardReport(self._device.mode if self._device is not None else None)
 
 
-class CniStep:
+class CniStep(Quiet):
     """`--cni install`: the node's CNI config from its pod CIDR and the WireGuard MTU (node.cni);
     with `--cni keep`, a warning when Kilo's config is still installed."""
 
@@ -120,7 +174,7 @@ class CniStep:
 
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
-        self.warning: str | None = None
+        self._warning: str | None = None
 
     def inputs(self, p: PassInput) -> Hashable:
         return (p.me.pod_cidr, discovery.wg_mtu(self.cfg.private_interface))
@@ -129,16 +183,19 @@ class CniStep:
         if self.cfg.cni == "install":
             cni.install(self.cfg.cni_conf_dir, p.me.pod_cidr, discovery.wg_mtu(self.cfg.private_interface))
         else:
-            self.warning = cni.leftover_warning(self.cfg.cni_conf_dir)
-            if self.warning:
-                log.warning("cni: %s", self.warning)
+            self._warning = cni.leftover_warning(self.cfg.cni_conf_dir)
+            if self._warning:
+                log.warning("cni: %s", self._warning)
         return NOTHING
 
     def forget(self) -> None:
         pass
 
+    def status(self) -> CniStatus:
+        return CniStatus(self.cfg.cni, self._warning or None)
 
-class RoutesStep:
+
+class RoutesStep(Quiet):
     """The plan's routes, tagged with the project's protocol number."""
 
     name = "routes"
@@ -160,7 +217,7 @@ class RoutesStep:
         self.applier.forget()
 
 
-class SysctlsStep:
+class SysctlsStep(Quiet):
     """Forwarding and rp_filter settings; set once per agent run (they are read back only then)."""
 
     name = "sysctls"
@@ -182,7 +239,7 @@ class SysctlsStep:
         pass
 
 
-class NatStep:
+class NatStep(Quiet):
     """Masquerade for traffic leaving the mesh, forwarding between the mesh's interfaces."""
 
     name = "nat"
@@ -203,7 +260,7 @@ class NatStep:
         self.applier.forget()
 
 
-class TunnelsStep:
+class TunnelsStep(Quiet):
     """The kernel fallback of encapsulated rungs: tunnel devices, fdb/neighbour entries and routes
     for the fast-path entries that carry an encapsulation (node/tunnels.py). Also says which
     encapsulations this node's kernel can carry (the path prober asks)."""
@@ -232,49 +289,70 @@ class TunnelsStep:
 class DatapathStep:
     """The fast path: programs attached to the private NIC and pod interfaces, the plan in its maps.
 
-    The datapath is loaded off the loop (compiling takes about a second, and a joining node must be
-    reachable through kernel routes before that): until `datapath` is set, the step does nothing.
-    A CNI adds a pod's route a moment after its veth, so for PODS_SETTLE_S after the pod
-    interfaces change the loop passes again every PODS_SETTLE_STEP_S and the step re-reads them."""
+    The datapath is loaded off the loop (compiling takes a while, and a joining node must be
+    reachable through kernel routes before that) and handed over with `use`; until then the step
+    does nothing. A CNI adds a pod's route a moment after its veth, so for PODS_SETTLE_S after the
+    pod interfaces change the step asks for a pass every PODS_SETTLE_STEP_S and re-reads them."""
 
     name = "datapath"
 
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
-        self.datapath: Datapath | None = None
-        self.synced = False  # the maps hold a plan (until then an ebpf datapath passes all to the kernel)
-        self.settle_until = 0.0
+        self._datapath: Datapath | None = None
+        self._synced = False  # the maps hold a plan (until then an ebpf datapath passes all to the kernel)
+        self._settle_until = 0.0
         self._attached: tuple[str, ...] | None = None
 
-    @property
-    def attached(self) -> tuple[str, ...]:
-        """The pod interfaces the programs are attached to now."""
-        return self._attached or ()
+    def use(self, datapath: Datapath) -> None:
+        """The loaded datapath: the next pass attaches it and fills its maps."""
+        self._datapath = datapath
 
-    def settling(self, pod_ifs: tuple[str, ...], settle_pass: bool) -> bool:
+    def _settling(self, pod_ifs: tuple[str, ...], settle_pass: bool) -> bool:
         return settle_pass or pod_ifs != self._attached
 
     def inputs(self, p: PassInput) -> Hashable | None:
-        if self.settling(p.pod_ifs, p.settle_pass):
+        if self._settling(p.pod_ifs, p.settle_pass):
             return None
-        return (p.plan.fastpath, p.pod_ifs, self.datapath is not None)
+        return (p.plan.fastpath, p.pod_ifs, self._datapath is not None)
 
     def sync(self, p: PassInput) -> frozenset[str]:
-        dp = self.datapath
+        dp = self._datapath
         if dp is None or not self.cfg.private_interface:
             return NOTHING
         if self._attached != p.pod_ifs:
-            self.settle_until = time.monotonic() + PODS_SETTLE_S
+            self._settle_until = time.monotonic() + PODS_SETTLE_S
         if self._attached != p.pod_ifs or p.timer_pass or p.settle_pass:
             dp.attach(self.cfg.private_interface, self.cfg.wg_interface, list(p.pod_ifs))  # re-reads pod routes
             self._attached = p.pod_ifs
         dp.sync(p.plan.fastpath, self.cfg.private_interface)
-        self.synced = True
+        self._synced = True
         return NOTHING
 
     def available(self, kind: str) -> bool:
         """The loaded eBPF fast path encapsulates (VXLAN, IP-in-IP) and decapsulates itself."""
-        return self.datapath is not None and self.datapath.mode == "ebpf" and kind in ENCAP_KINDS
+        return self._datapath is not None and self._datapath.mode == "ebpf" and kind in ENCAP_KINDS
 
     def forget(self) -> None:
         pass
+
+    def wants_pass(self, now: float, last_pass: float) -> bool:
+        return now < self._settle_until and now - last_pass >= PODS_SETTLE_STEP_S
+
+    def status(self) -> DatapathReport:
+        """The mode and counters read now; the pod interfaces carried when the eBPF datapath runs."""
+        dp = self._datapath
+        if dp is None:
+            return DatapathReport(DatapathStatus(None, "loading" if self.cfg.fastpath else "disabled"), ())
+        try:
+            counters = dp.counters()
+        except Exception as e:  # noqa: BLE001 - status must always answer
+            counters = {}
+            log.debug("datapath counters: %s", e)
+        if dp.mode != "ebpf":
+            return DatapathReport(DatapathStatus(dp.mode, dp.reason, counters, self._synced), ())
+        from meshctl.datapath.features import probe
+
+        # how the programs hook in, and which helpers they do without on this kernel
+        block = DatapathStatus(dp.mode, dp.reason, counters, self._synced, "clsact" if dp.clsact else "tcx",
+                               tuple(probe().fallbacks()))
+        return DatapathReport(block, self._attached or ())

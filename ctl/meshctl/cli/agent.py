@@ -13,6 +13,7 @@ import click
 from meshctl import defaults
 from meshctl.agent.config import AgentConfig
 from meshctl.agent.server import fetch_status
+from meshctl.agent.status import AgentStatus, BackendBlocks, DatapathStatus, PodsStatus, RemotesStatus
 from meshctl.cli import targets
 from meshctl.errors import InputError, MeshError
 from meshctl.mesh import admit, fields, records
@@ -132,11 +133,11 @@ def status_cmd(addr: str, lab_node: str | None, lab_name: str | None, output: st
     if lab_node:
         t = targets.lab().agent(lab_name, lab_node)
         netns, addr = t.netns, t.addr
-    st = fetch_status(addr, netns)
+    doc = fetch_status(addr, netns)
     if output == "json":
-        click.echo(json.dumps(st, indent=2, sort_keys=True))
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
-    click.echo(format_status(st))
+    click.echo(format_status(AgentStatus.from_json(doc)))
 
 
 def _bytes(n: float) -> str:
@@ -147,119 +148,130 @@ def _bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-def format_paths(st: dict[str, Any]) -> list[str]:
+def format_paths(st: AgentStatus) -> list[str]:
     """One line per other node: the rung this node takes to it and, where it probes the pair, each
     probe kind's verdict and RTT (intra_subnet auto)."""
-    paths = {k: v for k, v in (st.get("paths") or {}).items() if v != "local"}
+    paths = {k: v for k, v in (st.summary.paths if st.summary else {}).items() if v != "local"}
     if not paths:
         return []
-    probe = (st.get("path_probe") or {}).get("pairs") or {}
+    probed = st.live.path_probe.pairs if st.live.path_probe is not None else {}
     out = [f"paths ({len(paths)}):"]
     for name, rung in sorted(paths.items()):
-        kinds = (probe.get(name) or {}).get("probes") or {}
-        seen = "  ".join(f"{k} {'up' if v.get('up') else 'down' if v.get('up') is False else '?'}"
-                         + (f" {v['rtt_ms']:.2f} ms" if v.get("rtt_ms") is not None else "")
-                         for k, v in kinds.items())
+        pair = probed.get(name)
+        seen = "  ".join(f"{k} {'up' if v.up else 'down' if v.up is False else '?'}"
+                         + (f" {v.rtt_ms:.2f} ms" if v.rtt_ms is not None else "")
+                         for k, v in (pair.probes if pair else {}).items())
         out.append(f"  {name}  {rung}" + (f"  probes: {seen}" if seen else ""))
-    changes = st.get("path_changes") or []
+    changes = st.live.path_changes
     if changes:
-        out.append("rung changes: " + "; ".join(f"{c['from']} -> {c['to']} ({c['reason']}) x{c['count']}"
-                                                for c in changes))
+        out.append("rung changes: " + "; ".join(f"{c.old} -> {c.new} ({c.reason}) x{c.count}" for c in changes))
     return out
 
 
-def format_status(st: dict[str, Any]) -> str:
-    lines = []
-    ready = "ready" if st.get("ready") else f"NOT READY ({st.get('reason') or 'unknown'})"
-    lines.append(f"node {st.get('node')}  cluster {st.get('cluster')}  backend {st.get('backend')}: {ready}"
-                 f"  revision {st.get('revision')}")
-    lead = "this node" if st.get("is_leader") else st.get("leader")
-    lines.append(f"granularity {st.get('granularity')}  leader {lead}  wireguard ip {st.get('wireguard_ip') or '-'}"
-                 f" ({st.get('wireguard_mode') or 'no device'})  nodes {st.get('nodes')}  routes {st.get('routes')}")
-    dp = st.get("datapath") or {}
-    counters = "  ".join(f"{a} {p} pkts/{_bytes(b)}" for a, (p, b) in sorted((dp.get("counters") or {}).items()))
-    how = ", ".join([*([dp["attach"]] if dp.get("attach") else []),
-                     *(f"without {f.split(' ', 1)[-1]}" for f in dp.get("fallbacks") or [])])
-    lines.append(f"datapath {dp.get('mode') or '-'}{' (' + dp['reason'] + ')' if dp.get('reason') else ''}"
-                 f"{' [' + how + ']' if how else ''}{'  ' + counters if counters else ''}")
-    pods = st.get("pods")
-    if pods is not None:
-        lines.append(f"pod interfaces: {len(pods.get('fastpath') or [])} carry the fast path, "
-                     f"{len(pods.get('found') or [])} found ({pods.get('source')})"
-                     + (f": {','.join(pods['fastpath'])}" if pods.get("fastpath") else ""))
-        if pods.get("warning"):
-            lines.append(f"WARNING: {pods['warning']}")
-    if (st.get("cni") or {}).get("warning"):
-        lines.append(f"WARNING: {st['cni']['warning']}")
-    for w in st.get("warnings") or []:
+def format_status(st: AgentStatus) -> str:
+    """`meshctl status`: the agent's view in lines (status.AgentStatus, read off /status)."""
+    s, live, now = st.summary, st.live, time.time()
+    lines = _format_plan(st)
+    lines += _format_datapath(live.datapath, live.pods)
+    if live.cni.warning:
+        lines.append(f"WARNING: {live.cni.warning}")
+    for w in s.warnings if s else ():
         lines.append(f"WARNING: {w}")
-    peers = st.get("peers") or []
-    lines.append(f"peers ({len(peers)}):")
-    now = time.time()
-    for p in peers:
-        hs = p.get("last_handshake") or 0
+    lines.append(f"peers ({len(live.peers)}):")
+    for p in live.peers:
+        hs = p.live.last_handshake if p.live else 0
         age = f"{now - hs:.0f} s ago" if hs else "never"
-        lines.append(f"  {p.get('name')}  endpoint {p.get('live_endpoint') or p.get('endpoint') or '-'}  "
-                     f"allowed {','.join(p.get('allowed_ips', []))}  rx {_bytes(p.get('rx_bytes', 0))}  "
-                     f"tx {_bytes(p.get('tx_bytes', 0))}  handshake {age}")
+        lines.append(f"  {p.name}  endpoint {(p.live.live_endpoint if p.live else None) or p.endpoint or '-'}  "
+                     f"allowed {','.join(p.allowed_ips)}  rx {_bytes(p.live.rx_bytes if p.live else 0)}  "
+                     f"tx {_bytes(p.live.tx_bytes if p.live else 0)}  handshake {age}")
     lines += format_paths(st)
     lines += format_nat(st)
-    last = st.get("last_reconcile") or {}
-    if last:
-        errs = last.get("errors") or {}
-        ms = 1000 * last.get("duration_s", 0)
-        lines.append(f"last reconcile {now - last.get('time', now):.1f} s ago, {ms:.1f} ms"
-                     f", {'applied' if last.get('applied') else 'not applied'}"
-                     f"{', errors: ' + '; '.join(f'{k}: {e}' for k, e in errs.items()) if errs else ''}")
-    rej = st.get("rejections") or []
+    if s is not None:
+        last = s.last_reconcile
+        errs = "; ".join(f"{k}: {e}" for k, e in last.errors.items())
+        lines.append(f"last reconcile {now - last.time:.1f} s ago, {1000 * last.duration_s:.1f} ms"
+                     f", {'applied' if last.applied else 'not applied'}{', errors: ' + errs if errs else ''}")
+    rej = s.rejections if s else ()
     lines.append(f"rejected records ({len(rej)}):" if rej else "rejected records: none")
-    for r in rej:
-        lines.append(f"  {r.get('name')}: {r.get('reason')}")
-    own = st.get("own_record")
-    if own:
-        lines.append(f"own record restored: {own.get('restored_total', 0)} time(s)"
-                     + (f", last {own['last_restored']}" if own.get("last_restored") else ""))
-    if st.get("lapsed"):
-        lines.append("lapsed records kept: " + ", ".join(f"{n} ({s:.0f} s left)" for n, s in st["lapsed"].items()))
-    kv = st.get("kvstore")
-    if kv:
-        role = "writer" if kv.get("writing") else f"standby (writer: {kv.get('writer') or 'none'})"
-        lines.append(f"kvstore mirror: {role}" + (f"  error: {kv['error']}" if kv.get("error") else ""))
-    if st.get("remotes"):
-        lines += format_clustermesh(st["remotes"], now)
+    lines += [f"  {r.name}: {r.reason}" for r in rej]
+    lines += _format_backend(live.backend)
+    if s is not None and s.remotes is not None:
+        lines += format_clustermesh(s.remotes, now)
     return "\n".join(lines)
 
 
-def format_nat(st: dict[str, Any]) -> list[str]:
-    """Relayed nodes (path `relay`: through which node, why) and what this node saw of its NATed
-    peers (docs/nat.md); nothing when there is neither."""
-    lines = []
-    for name, r in sorted((st.get("relays") or {}).items()):
-        lines.append(f"relay: {name} through {r.get('via')} ({r.get('reason')})")
-    seen = st.get("discovered_endpoints") or {}
-    if seen:
-        lines.append("discovered endpoints: " + ", ".join(f"{n} {ep}" for n, ep in sorted(seen.items())))
-    if st.get("unreached_peers"):
-        lines.append("unreached peers: " + ", ".join(st["unreached_peers"]))
+def _format_plan(st: AgentStatus) -> list[str]:
+    """The first two lines: node, cluster, backend, readiness; the plan's shape."""
+    s = st.summary
+    ready = "ready" if st.ready else f"NOT READY ({st.reason or 'unknown'})"
+    lead = "this node" if s and s.is_leader else (s.leader if s else None)
+    wg_ip = (s.wireguard_ip if s else None) or "-"
+    return [f"node {st.node}  cluster {s.cluster if s else None}  backend {s.backend if s else None}: {ready}"
+            f"  revision {s.revision if s else None}",
+            f"granularity {s.granularity if s else None}  leader {lead}  wireguard ip {wg_ip}"
+            f" ({st.live.wireguard_mode or 'no device'})  nodes {s.nodes if s else None}"
+            f"  routes {s.routes if s else None}"]
+
+
+def _format_datapath(dp: DatapathStatus, pods: PodsStatus) -> list[str]:
+    """The fast path's mode, hook and counters; the pod interfaces it carries."""
+    counters = "  ".join(f"{a} {p} pkts/{_bytes(b)}" for a, (p, b) in sorted(dp.counters.items()))
+    how = ", ".join([*([dp.attach] if dp.attach else []),
+                     *(f"without {f.split(' ', 1)[-1]}" for f in dp.fallbacks or ())])
+    lines = [f"datapath {dp.mode or '-'}{' (' + dp.reason + ')' if dp.reason else ''}"
+             f"{' [' + how + ']' if how else ''}{'  ' + counters if counters else ''}",
+             f"pod interfaces: {len(pods.fastpath)} carry the fast path, {len(pods.found)} found ({pods.source})"
+             + (f": {','.join(pods.fastpath)}" if pods.fastpath else "")]
+    if pods.warning:
+        lines.append(f"WARNING: {pods.warning}")
     return lines
 
 
-def format_clustermesh(cm: dict[str, Any], now: float) -> list[str]:
+def _format_backend(b: BackendBlocks) -> list[str]:
+    """What the backend adds: the own record's restorations, lapsed records, the kvstore mirror."""
+    lines = []
+    own = b.own_record
+    if own is not None:
+        lines.append(f"own record restored: {own.restored_total} time(s)"
+                     + (f", last {own.last_restored}" if own.last_restored else ""))
+    if b.lapsed:
+        lines.append("lapsed records kept: " + ", ".join(f"{n} ({s:.0f} s left)" for n, s in b.lapsed.items()))
+    kv = b.kvstore
+    if kv:
+        role = "writer" if kv.writing else f"standby (writer: {kv.writer or 'none'})"
+        lines.append(f"kvstore mirror: {role}")
+    return lines
+
+
+def format_nat(st: AgentStatus) -> list[str]:
+    """Relayed nodes (path `relay`: through which node, why) and what this node saw of its NATed
+    peers (docs/nat.md); nothing when there is neither."""
+    s = st.summary
+    if s is None:
+        return []
+    lines = [f"relay: {name} through {r.via} ({r.reason})" for name, r in sorted(s.relays.items())]
+    if s.discovered_endpoints:
+        seen = sorted(s.discovered_endpoints.items())
+        lines.append("discovered endpoints: " + ", ".join(f"{n} {ep}" for n, ep in seen))
+    if s.unreached_peers:
+        lines.append("unreached peers: " + ", ".join(s.unreached_peers))
+    return lines
+
+
+def format_clustermesh(cm: RemotesStatus, now: float) -> list[str]:
     """The ClusterMesh block: `ClusterMesh: 1/1 remote clusters ready`, then one line a cluster."""
     from meshctl.backends.clustermesh import summary_line
 
-    if "clusters" not in cm:
-        return [f"ClusterMesh: {cm.get('error', 'unknown')}"]
-    lines = [summary_line(cm)]
-    for c in cm["clusters"]:
-        state = "ready" if c.get("ready") else f"NOT READY ({c.get('reason') or 'unknown'})"
-        eps = ", ".join(c.get("endpoints") or []) or "-"
-        change = f"{now - c['last_change']:.0f}s ago" if c.get("last_change") else "never"
-        lines.append(f"  {c.get('name')}  {state}  nodes {c.get('nodes', 0)}  rejected {c.get('rejected', 0)}  "
-                     f"endpoints {eps} ({'connected' if c.get('connected') else 'not connected'})  "
+    if cm.error is not None:
+        return [f"ClusterMesh: {cm.error}"]
+    lines = [summary_line(cm.to_json())]
+    for c in cm.clusters:
+        state = "ready" if c.ready else f"NOT READY ({c.reason or 'unknown'})"
+        change = f"{now - c.last_change:.0f}s ago" if c.last_change else "never"
+        lines.append(f"  {c.name}  {state}  nodes {c.nodes}  rejected {c.rejected}  "
+                     f"endpoints {', '.join(c.endpoints) or '-'} ({'connected' if c.connected else 'not connected'})  "
                      f"last change {change}")
-        for r in c.get("rejections") or []:
-            lines.append(f"    rejected {r.get('name')}: {r.get('reason')}")
+        lines += [f"    rejected {r.name}: {r.reason}" for r in c.rejections]
     return lines
 
 
@@ -325,10 +337,10 @@ def _node_list_from_agent(addr: str | None, lab_node: str | None, lab_name: str 
     if lab_node:
         t = targets.lab().agent(lab_name, lab_node)
         netns, addr = t.netns, t.addr
-    st = fetch_status(addr or defaults.METRICS_ADDR, netns)
-    rows = st.get("node_list")
-    if rows is None:
-        raise MeshError(f"the agent of {st.get('node')} has no plan yet")
+    st = AgentStatus.from_json(fetch_status(addr or defaults.METRICS_ADDR, netns))
+    if st.live.node_list is None:
+        raise MeshError(f"the agent of {st.node} has no plan yet")
+    rows = [r.to_json() for r in st.live.node_list]
     if output == "json":
         click.echo(json.dumps(rows, indent=2))
     else:

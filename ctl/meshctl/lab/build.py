@@ -453,7 +453,7 @@ def start_all_agents(st: dict[str, Any], progress: Progress, hold: tuple[str, ..
 
 def wait_converged(st: dict[str, Any], progress: Progress, timeout: float, hold: tuple[str, ...] = ()) -> None:
     """Until every running agent has applied a plan holding every running node of its cluster."""
-    from meshctl.lab.probe import agent_status
+    from meshctl.lab.probe import agent_view
 
     deadline = time.monotonic() + timeout
     pending = {f"{c['name']}/{n['name']}": (c, n) for c in st["clusters"] for n in c["nodes"]
@@ -464,17 +464,18 @@ def wait_converged(st: dict[str, Any], progress: Progress, timeout: float, hold:
         for key, (c, n) in list(pending.items()):
             if n.get("pid") and not netns.pid_alive(n["pid"]):
                 raise MeshError(f"the agent of {key} exited; see {n['dir']}/agent.log")
-            s = agent_status(n, timeout=0.5)
+            s = agent_view(n, timeout=0.5)
             if s is None:
                 last_reason[key] = "no status yet"
                 continue
-            last = s.get("last_reconcile") or {}
-            if s.get("ready") and last.get("applied") and s.get("nodes") == expect[c["name"]]:
+            summary = s.summary
+            if s.ready and summary and summary.last_reconcile.applied and summary.nodes == expect[c["name"]]:
                 pending.pop(key)
-                progress(f"agent {key}: {s.get('granularity')}, {len(s.get('peers', []))} peer(s), "
-                         f"datapath {s.get('datapath', {}).get('mode') or 'loading'}")
+                progress(f"agent {key}: {summary.granularity}, {len(s.live.peers)} peer(s), "
+                         f"datapath {s.live.datapath.mode or 'loading'}")
             else:
-                last_reason[key] = json.dumps(last.get("errors") or s.get("reason") or "converging")
+                errors = summary.last_reconcile.errors if summary else None
+                last_reason[key] = json.dumps(errors or s.reason or "converging")
         if pending:
             time.sleep(0.1)
     if pending:
@@ -486,7 +487,7 @@ def wait_converged(st: dict[str, Any], progress: Progress, timeout: float, hold:
 def _wait_datapaths(st: dict[str, Any], progress: Progress, deadline: float, hold: tuple[str, ...]) -> None:
     """Until every agent's fast path has loaded (or fallen back): traffic flows before that through
     kernel routes, but `lab check` right after `lab up` should show the paths users will get."""
-    from meshctl.lab.probe import agent_status
+    from meshctl.lab.probe import agent_view
 
     # A node without a private interface has no fast path to load (tunnel-only: kernel routes).
     loading = [n for c in st["clusters"] for n in c["nodes"]
@@ -495,9 +496,9 @@ def _wait_datapaths(st: dict[str, Any], progress: Progress, deadline: float, hol
     modes: dict[str, str] = {}
     while loading and time.monotonic() < deadline:
         for n in list(loading):
-            dp = (agent_status(n, timeout=0.5) or {}).get("datapath") or {}
-            mode = dp.get("mode")
-            if mode == "kernel-routes" or (mode == "ebpf" and dp.get("synced")):
+            s = agent_view(n, timeout=0.5)
+            mode = s.live.datapath.mode if s else None
+            if mode == "kernel-routes" or (mode == "ebpf" and s and s.live.datapath.synced):
                 modes[n["name"]] = mode
                 loading.remove(n)
         if loading:

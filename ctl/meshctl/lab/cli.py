@@ -156,7 +156,7 @@ def lab_status(lab_name: str | None, output: str) -> None:
     rows = []
     for c in st["clusters"]:
         for n in c["nodes"]:
-            s = probe.agent_status(n, timeout=1.0)
+            s = probe.agent_view(n, timeout=1.0)
             in_vm = n.get("vm")
             rows.append({
                 "cluster": c["name"], "node": n["name"], "netns": n["netns"], "location": n["location"],
@@ -164,10 +164,10 @@ def lab_status(lab_name: str | None, output: str) -> None:
                 "pods": [p["ip"] for p in n["pods"]], "agent_pid": n.get("guest_pid") if in_vm else n.get("pid"),
                 # a VM node's agent PID is its guest's: alive is whether it answers
                 "agent_alive": bool(s) if in_vm else bool(n.get("pid") and pid_alive(n["pid"])),
-                "kernel": in_vm["version"] if in_vm else None, "wireguard": s.get("wireguard_mode") if s else None,
-                "ready": bool(s and s.get("ready")), "granularity": s.get("granularity") if s else None,
-                "leader": s.get("leader") if s else None, "peers": len(s.get("peers", [])) if s else None,
-                "datapath": (s.get("datapath") or {}).get("mode") if s else None,
+                "kernel": in_vm["version"] if in_vm else None, "wireguard": s.live.wireguard_mode if s else None,
+                "ready": bool(s and s.ready), "granularity": s.summary.granularity if s and s.summary else None,
+                "leader": s.summary.leader if s and s.summary else None, "peers": len(s.live.peers) if s else None,
+                "datapath": s.live.datapath.mode if s else None,
                 "nat": (n.get("nat") or {}).get("kind"),
             })
     if output == "json":

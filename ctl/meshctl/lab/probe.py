@@ -22,6 +22,7 @@ from typing import Any
 
 from meshctl import defaults
 from meshctl.agent.server import fetch_status
+from meshctl.agent.status import AgentStatus
 from meshctl.errors import MeshError
 from meshctl.lab import netns
 from meshctl.lab import state as labstate
@@ -59,13 +60,13 @@ def peer_tx(node: dict[str, Any]) -> dict[str, int]:
     return {k: p.tx_bytes for k, p in st.peers.items()}
 
 
-def _carrier(before: dict[str, int], after: dict[str, int], status: dict[str, Any] | None) -> str | None:
+def _carrier(before: dict[str, int], after: dict[str, int], status: AgentStatus | None) -> str | None:
     """The name of the peer whose TX bytes rose most between two readings."""
     deltas = {k: n - before.get(k, 0) for k, n in after.items()}
     if not deltas or max(deltas.values()) <= 0:
         return None
     key = max(deltas, key=lambda k: deltas[k])
-    return next((p.get("name") for p in (status or {}).get("peers") or [] if p.get("public_key") == key), None)
+    return next((p.name for p in (status.live.peers if status else ()) if p.public_key == key), None)
 
 
 @dataclass
@@ -92,6 +93,12 @@ def agent_status(node: dict[str, Any], timeout: float = 2.0) -> dict[str, Any] |
         return fetch_status(node["metrics_addr"], labstate.dial_netns(node), timeout=timeout)
     except MeshError:
         return None
+
+
+def agent_view(node: dict[str, Any], timeout: float = 2.0) -> AgentStatus | None:
+    """A lab agent's status, read (agent.status.AgentStatus); None when it does not answer."""
+    doc = agent_status(node, timeout=timeout)
+    return AgentStatus.from_json(doc) if doc is not None else None
 
 
 def link_tx(node: dict[str, Any]) -> dict[str, int]:
@@ -126,7 +133,7 @@ def ping(ns: str, dst: str, count: int = 5, interval: float = 0.02, wait: float 
 def _fp_packets(st: dict[str, Any] | None) -> dict[str, int]:
     if not st:
         return {}
-    return {a: int(v[0]) for a, v in (st.get("datapath", {}).get("counters") or {}).items()}
+    return {a: p for a, (p, _) in AgentStatus.from_json(st).live.datapath.counters.items()}
 
 
 def check(st: dict[str, Any], *, count: int = 5, pairs: list[tuple[str, str]] | None = None) -> list[PairResult]:
@@ -139,13 +146,13 @@ def check(st: dict[str, Any], *, count: int = 5, pairs: list[tuple[str, str]] | 
             nodes.append((label, c, n))
     by_label = {lbl: (c, n) for lbl, c, n in nodes}
     todo = pairs if pairs is not None else [(a, b) for a, _, _ in nodes for b, _, _ in nodes if a != b]
-    statuses: dict[str, dict[str, Any] | None] = {}
+    statuses: dict[str, AgentStatus | None] = {}
     lock = threading.Lock()
 
-    def status_of(label: str) -> dict[str, Any] | None:
+    def status_of(label: str) -> AgentStatus | None:
         with lock:
             if label not in statuses:
-                statuses[label] = agent_status(by_label[label][1])
+                statuses[label] = agent_view(by_label[label][1])
             return statuses[label]
 
     out = []
@@ -153,18 +160,20 @@ def check(st: dict[str, Any], *, count: int = 5, pairs: list[tuple[str, str]] | 
         sc, sn = by_label[src]
         dc, dn = by_label[dst]
         s_st = status_of(src)
-        leader = (s_st or {}).get("leader")
+        summary = s_st.summary if s_st else None
+        leader = summary.leader if summary else None
         leader_node = next((n for n in sc["nodes"] if n["name"] == leader and n["name"] != sn["name"]), None)
         dst_key = f"{dc['name']}/{dn['name']}" if dc is not sc else dn["name"]
-        expected = ((s_st or {}).get("paths") or {}).get(dst_key)
+        expected = summary.paths.get(dst_key) if summary else None
         before = _tx(sn, leader_node)
         fp_before = _fp_packets(agent_status(sn))
-        relay = (((s_st or {}).get("relays") or {}).get(dst_key) or {}).get("via")
+        relay = summary.relays[dst_key].via if summary and dst_key in summary.relays else None
         tx_before = peer_tx(sn) if relay else {}
         sent, recv, rtt = ping(sn["pods"][0]["netns"], dn["pods"][0]["ip"], count=count, node=sn)
         after = _tx(sn, leader_node)
         s_now = agent_status(sn)
         fp_after = _fp_packets(s_now)
+        view_now = AgentStatus.from_json(s_now) if s_now is not None else None
         delta = [(a - b) if a is not None and b is not None else 0 for a, b in zip(after, before, strict=True)]
         fp = {a: n - fp_before.get(a, 0) for a, n in fp_after.items() if n != fp_before.get(a, 0)}
         need = max(1, sent - 1)
@@ -174,7 +183,7 @@ def check(st: dict[str, Any], *, count: int = 5, pairs: list[tuple[str, str]] | 
             if relay and _carrier(tx_before, peer_tx(sn), s_st) == relay:
                 path = "relay"
             else:
-                path = "wireguard-private" if _private_endpoint(s_now, dn) else "tunnel"
+                path = "wireguard-private" if _private_endpoint(view_now, dn) else "tunnel"
         elif delta[1] >= need and delta[2] >= need:
             path = "via-leader"
         elif delta[1] >= need and (fp.get("encap", 0) >= need or delta[3] >= need):
@@ -196,14 +205,14 @@ def _tx(node: dict[str, Any], leader: dict[str, Any] | None) -> tuple[int | None
     return mine.get(WG), mine.get("priv"), theirs.get(WG), mine.get(VXLAN_DEV)
 
 
-def _private_endpoint(status: dict[str, Any] | None, dst: dict[str, Any]) -> bool:
+def _private_endpoint(status: AgentStatus | None, dst: dict[str, Any]) -> bool:
     """The source's WireGuard peer for `dst` talks to dst's private address (wireguard-private)."""
     if not status or not dst.get("internal_ip"):
         return False
     ip = dst["internal_ip"].split("/")[0]
-    for p in status.get("peers") or []:
-        if p.get("name") == dst["name"]:
-            return bool(str(p.get("live_endpoint") or p.get("endpoint") or "").rsplit(":", 1)[0] == ip)
+    for p in status.live.peers:
+        if p.name == dst["name"]:
+            return bool(str((p.live.live_endpoint if p.live else None) or p.endpoint or "").rsplit(":", 1)[0] == ip)
     return False
 
 

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from meshctl.agent.status import ProbeStatus
 from meshctl.mesh.model import ENCAP_RUNGS, PathState, Rung, Topology
 from meshctl.mesh.paths import Change, ProbeTuning
 from meshctl.mesh.plan import probe_ladders
@@ -71,8 +72,8 @@ class PathProbing:
         internal = me.internal_ip.ip if me is not None and me.internal_ip is not None else None
         if not ladders or probe_ip is None or not isinstance(internal, ipaddress.IPv4Address) or not self.private_if:
             self.stop()
-            # Nothing verifies the rungs here (IPv6, no private NIC): the unprobed ones a pair can
-            # take without an encapsulation this node may lack, as before the ladder.
+            # Nothing verifies the rungs here (IPv6, no private NIC): a pair gets only the unprobed
+            # rungs, which need no encapsulation this node may lack.
             self._unprobed = unprobed_state(ladders)
             return
         self._unprobed = {}
@@ -111,8 +112,9 @@ class PathProbing:
     def changes(self) -> list[Change]:
         return self.prober.changes() if self.prober is not None else []
 
-    def status(self) -> dict[str, Any] | None:
-        return self.prober.status() if self.prober is not None else None
+    def status(self) -> ProbeStatus | None:
+        """The prober's counters and verdicts now; None when no prober runs."""
+        return ProbeStatus.from_json(self.prober.status()) if self.prober is not None else None
 
     def stop(self) -> None:
         if self.prober is not None:

@@ -1,0 +1,195 @@
+"""The agent's life cycle: what it makes at start (keys, steps, the loop, the status server, the
+watchers, the datapath loader) and how it stops. Stopping (SIGTERM) leaves routes, WireGuard and
+pinned maps in place; `meshctl cleanup` removes them."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from meshctl.agent.config import AgentConfig
+from meshctl.agent.loop import PassDriver, ReconcileLoop, RemoteSource, pod_interfaces
+from meshctl.agent.path_probing import PathProbing
+from meshctl.agent.reporting import ErrorCounts, LiveReader
+from meshctl.agent.server import StatusServer
+from meshctl.agent.status import AgentStatus, PassSummary
+from meshctl.agent.step_runner import StepRunner
+from meshctl.agent.steps import (
+    CniStep,
+    DatapathStep,
+    NatStep,
+    RoutesStep,
+    SysctlsStep,
+    TunnelsStep,
+    WireGuardStep,
+)
+from meshctl.backends.base import Backend
+from meshctl.datapath import Datapath
+from meshctl.mesh.paths import ProbeTuning
+from meshctl.node import keys
+from meshctl.node.pods import PodInterfaceWatcher
+from meshctl.node.wireguard.psk import SecretSource
+
+log = logging.getLogger("meshctl.agent")
+
+BACKEND_CLOSE_WAIT_S = 0.5  # a restarting agent must be back before its lease runs out
+LOOP_JOIN_WAIT_S = 2.0
+
+
+@dataclass
+class _Running:
+    """What start() made."""
+
+    passes: PassDriver
+    loop: ReconcileLoop
+    live: LiveReader
+    server: StatusServer
+    datapath_step: DatapathStep
+
+
+class Agent:
+    """One node's agent. `backend` gives records; `remotes` (or `remotes_factory`, called with the
+    agent's wake function) gives other clusters; `on_pass` is called with each pass's summary."""
+
+    def __init__(self, cfg: AgentConfig, backend: Backend, *, remotes: RemoteSource | None = None,
+                 remotes_factory: Callable[[Callable[[], None]], RemoteSource] | None = None,
+                 on_pass: Callable[[PassSummary], None] | None = None) -> None:
+        self.cfg = cfg
+        self.backend = backend
+        self.remotes = remotes
+        self._remotes_factory = remotes_factory
+        self._on_pass = on_pass
+        self.errors = ErrorCounts()
+        self.stop_event = threading.Event()
+        self._wake = threading.Event()
+        self.pod_watch: PodInterfaceWatcher | None = None
+        self.paths: PathProbing | None = None
+        self._running: _Running | None = None
+        self._datapath: Datapath | None = None
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        """Keys, the steps, the loop, the status server, the backend watch, the datapath loader."""
+        private_key = keys.load_or_create_private_key(self.cfg.state_dir)
+        secrets = self.backend if isinstance(self.backend, SecretSource) else None
+        wireguard, tunnels, datapath = WireGuardStep(self.cfg, private_key, secrets), TunnelsStep(self.cfg), \
+            DatapathStep(self.cfg)
+        # Tunnels before routes: a pair leaving an encapsulated rung frees its pod CIDR's tunnel route
+        # before the route step installs the direct one (the other way, a tunnel route replaces it).
+        runner = StepRunner([wireguard, tunnels, RoutesStep(self.cfg), SysctlsStep(self.cfg), NatStep(self.cfg),
+                             datapath, CniStep(self.cfg)], self.cfg.resync_interval)
+        if self.remotes is None and self._remotes_factory is not None:
+            self.remotes = self._remotes_factory(self.wake)
+        self.paths = PathProbing(self.cfg.private_interface, self.wake, ProbeTuning(hold=self.cfg.path_hold),
+                                 carriers=(tunnels, datapath))
+        passes = PassDriver(self.cfg, self.backend, self.remotes, runner, self.paths, self._pod_interfaces,
+                            keys.public_key(private_key), self.errors, self._passed)
+        loop = ReconcileLoop(passes, wireguard, self._wake, self.stop_event, self.errors)
+        live = LiveReader(self.cfg, self.backend, self.paths, wireguard, runner.reports, lambda: self.pod_watch)
+        server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy, self.ready)
+        self._running = _Running(passes, loop, live, server, datapath)
+        server.start()
+        if self.remotes is not None:
+            self.remotes.start()
+        self._watch_pods()
+        self._spawn("backend", lambda: self.backend.run(self.stop_event, self.wake))
+        self._spawn("reconcile", loop.run)
+        self._spawn("datapath-open", self._open_datapath)
+        self.wake()
+
+    def _watch_pods(self) -> None:
+        if self.cfg.pod_cidr is None:
+            return
+        try:
+            self.pod_watch = PodInterfaceWatcher(self.cfg.pod_cidr, self.wake).start()
+        except Exception as e:  # noqa: BLE001 - without it, --pod-interfaces still works
+            log.error("pod interface watcher: %s", e)
+            self.errors.count("pods")
+
+    def _spawn(self, name: str, fn: Callable[[], None]) -> None:
+        t = threading.Thread(target=fn, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _pod_interfaces(self) -> tuple[str, ...]:
+        """Where the fast path attaches for pods: --pod-interfaces when given, else what the
+        netlink watcher found."""
+        if self.cfg.pod_interfaces:
+            return tuple(pod_interfaces(self.cfg.pod_interfaces))
+        return self.pod_watch.current if self.pod_watch is not None else ()
+
+    def _open_datapath(self) -> None:
+        """Load the fast path off the loop (a joining node must be reachable through kernel routes
+        before it is compiled and loaded), then hand it to the datapath step."""
+        try:
+            dp = Datapath.open(self.cfg.node_name, pin_root=self.cfg.bpf_pin_root, enabled=self.cfg.fastpath)
+        except Exception as e:  # noqa: BLE001
+            log.error("datapath: %s", e)
+            self.errors.count("datapath")
+            return
+        log.info("datapath mode %s%s", dp.mode, f" ({dp.reason})" if dp.reason else "")
+        self._datapath = dp
+        if self._running is not None:
+            self._running.datapath_step.use(dp)
+        if self.paths is not None:
+            self.paths.refresh_rungs()  # a loaded fast path carries the encapsulated rungs itself
+        self.wake()
+
+    def _passed(self, summary: PassSummary) -> None:
+        if self._running is not None:
+            self._running.server.reconcile_seconds.observe(summary.last_reconcile.duration_s)
+        if self._on_pass is not None:
+            self._on_pass(summary)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Leave routes, WireGuard and pinned maps in place; just stop watching and serving."""
+        run = self._running
+        self.stop_event.set()
+        self._wake.set()
+        # Closing a stream another thread reads can block on its socket: never wait long for it.
+        closer = threading.Thread(target=self.backend.close, name="backend-close", daemon=True)
+        closer.start()
+        for t in self._threads:
+            if t.name == "reconcile":
+                t.join(timeout=LOOP_JOIN_WAIT_S)
+        closer.join(timeout=BACKEND_CLOSE_WAIT_S)
+        if self.remotes is not None:
+            try:
+                self.remotes.stop()
+            except Exception as e:  # noqa: BLE001 - stopping must go on
+                log.warning("stopping remote clusters: %s", e)
+        if self.paths is not None:
+            self.paths.stop()
+        if self._datapath is not None:
+            try:
+                self._datapath.close()
+            except Exception as e:  # noqa: BLE001
+                log.warning("closing the datapath: %s", e)
+        if run is not None:
+            run.server.stop()
+        if self.pod_watch is not None:
+            self.pod_watch.stop()
+
+    def ready(self) -> bool:
+        """A plan has been applied since the agent started (readiness, /readyz)."""
+        return self._running is not None and self._running.passes.last_plan is not None
+
+    def healthy(self) -> bool:
+        """The loop is alive (it ticks at least every resync interval)."""
+        if self._running is None:
+            return False
+        return time.monotonic() - self._running.loop.last_loop < max(3 * self.cfg.resync_interval, 10)
+
+    def status(self) -> AgentStatus:
+        """The last pass's summary with the live parts read now (the /status document, the metrics)."""
+        if self._running is None:
+            raise RuntimeError("the agent has not started")
+        passes, live = self._running.passes, self._running.live
+        ready, reason, summary = passes.recorder.head
+        return AgentStatus(self.cfg.node_name, ready, reason, summary, live.read(passes.last_plan, passes.last_view))

@@ -1,0 +1,72 @@
+"""The pure part of a pass (admission, the plan, the mesh CIDRs), kept while its inputs are the
+same objects: the backend hands out the same parsed Node for an unchanged record, so an identity
+check tells "nothing changed" where `==` would compare every field of every node."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from meshctl.backends.base import ClusterState
+from meshctl.mesh import admit
+from meshctl.mesh.admit import Rejection
+from meshctl.mesh.model import IPNetwork, Node, PathState, Topology
+from meshctl.mesh.plan import NodePlan, Remote, mesh_cidrs, plan_node
+
+
+def same_items(a: Sequence[object], b: Sequence[object]) -> bool:
+    """The same objects in the same order."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
+@dataclass(frozen=True)
+class _Admitted:
+    """The last local admission and what it was computed from (same objects = unchanged)."""
+
+    key: tuple[object, ...]
+    nodes: tuple[Node, ...]
+    peers: tuple[object, ...]
+    topo: Topology
+    rejections: list[Rejection]
+
+
+class PureMemos:
+    """Admission is redone only when a record, the mesh or our own record changed; the plan and
+    the mesh CIDRs only for a new admitted topology or new probe verdicts, and always with
+    remote clusters (their views are not memoised here)."""
+
+    def __init__(self) -> None:
+        self._admitted: _Admitted | None = None
+        self._plan: tuple[Topology, PathState, NodePlan] | None = None
+        self._cidrs: tuple[Topology, frozenset[IPNetwork]] | None = None
+
+    def admit_local(self, state: ClusterState, me: Node) -> tuple[Topology, list[Rejection], bool]:
+        """This cluster's admitted topology with our own record as discovered (the store may lag
+        behind), its rejections, and whether the last result was reused."""
+        key = (state.cluster, state.mesh, me)
+        memo = self._admitted
+        if memo is not None and memo.key == key and same_items(memo.nodes, state.nodes) \
+                and same_items(memo.peers, state.peers):
+            return memo.topo, memo.rejections, True
+        nodes = [me if n.name == me.name else n for n in state.nodes]
+        if all(n.name != me.name for n in nodes):
+            nodes.append(me)
+        topo, rejections = admit.admit_local(
+            Topology(cluster=state.cluster, mesh=state.mesh, nodes=tuple(nodes), peers=state.peers))
+        self._admitted = _Admitted(key, state.nodes, state.peers, topo, rejections)
+        return topo, rejections, False
+
+    def plan(self, topo: Topology, me: str, remotes: list[Remote], path_state: PathState) -> tuple[NodePlan, bool]:
+        """plan_node, and whether the last plan was reused."""
+        memo = self._plan
+        if not remotes and memo is not None and memo[0] is topo and memo[1] == path_state:
+            return memo[2], True
+        plan = plan_node(topo, me, remotes, path_state=path_state)
+        self._plan = None if remotes else (topo, path_state, plan)
+        return plan, False
+
+    def mesh_cidrs(self, topo: Topology, remotes: list[Remote]) -> frozenset[IPNetwork]:
+        memo = self._cidrs
+        if remotes or memo is None or memo[0] is not topo:
+            memo = self._cidrs = (topo, mesh_cidrs(topo, remotes))
+        return memo[1]

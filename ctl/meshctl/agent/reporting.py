@@ -1,0 +1,287 @@
+"""Building the agent's status (agent/status.py): `PassRecorder` turns each pass into its
+`PassSummary`; `LiveReader` reads the live parts on request. Both keep the pieces that cost the
+most (a leader's peers as text, the node list, the warnings) while the plan or view they came
+from is the same object, so a `/status` or `/metrics` scrape does not compete with the loop."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from meshctl.agent.config import AgentConfig
+from meshctl.agent.observe import Observation
+from meshctl.agent.path_probing import PathProbing
+from meshctl.agent.status import (
+    BackendBlocks,
+    CniStatus,
+    DatapathStatus,
+    LastReconcile,
+    LiveStatus,
+    NodeRow,
+    PassSummary,
+    PeerCounters,
+    PeerRow,
+    PodsStatus,
+    ReconcileTotals,
+    Rejected,
+    Relay,
+    RemotesStatus,
+    RungChanges,
+)
+from meshctl.agent.steps import DatapathReport, StepStatus, WireGuardReport
+from meshctl.backends.base import Backend, ClusterState
+from meshctl.mesh.admit import Rejection
+from meshctl.mesh.checks import dead_tunnels, host_prefix_warnings
+from meshctl.mesh.model import Topology
+from meshctl.mesh.paths import Change
+from meshctl.mesh.plan import NodePlan, Remote
+from meshctl.mesh.render import node_rows
+from meshctl.node.wireguard import PeerStatus
+
+log = logging.getLogger("meshctl.agent")
+
+LIVE_PEERS_TTL_S = 1.0  # /status and /metrics read WireGuard's counters at most this often
+REJECTIONS_SEEN_MAX = 10000  # distinct (record, reason) pairs remembered for rejections_total
+
+
+class LivePeers(Protocol):
+    """Where WireGuard's view of its peers comes from (the WireGuard step)."""
+
+    def peers_now(self) -> list[PeerStatus] | None:
+        """The device's peers now, without allowed IPs; None before the device exists."""
+        ...
+
+
+class PodInterfaces(Protocol):
+    """The netlink watcher of pod interfaces (node.pods.PodInterfaceWatcher)."""
+
+    @property
+    def current(self) -> tuple[str, ...]: ...
+
+
+class ErrorCounts:
+    """Failures by part of the agent since start (`errors_total`), counted from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+
+    def count(self, part: str) -> None:
+        with self._lock:
+            self._counts[part] = self._counts.get(part, 0) + 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+@dataclass
+class PassLog:
+    """What the pass being run records for status: step timings, reused results, errors."""
+
+    errors_total: ErrorCounts
+    t0: float = field(default_factory=time.monotonic)
+    cpu0: float = field(default_factory=time.thread_time)
+    steps_ms: dict[str, float] = field(default_factory=dict)
+    reused: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+    full: bool = False
+
+    def timed(self, part: str, since: float) -> None:
+        self.steps_ms[part] = round(1000 * (time.monotonic() - since), 2)
+
+    def fail(self, part: str, reason: str) -> None:
+        self.errors[part] = reason
+        self.errors_total.count(part)
+
+
+@dataclass(frozen=True)
+class PassOutcome:
+    """What a pass hands the recorder: the backend's view, the plan in force (None: none yet),
+    the rejections, whether this pass applied it, and the admitted topology (None when the pass
+    stopped before admission: the node count and warnings of the last one stay)."""
+
+    state: ClusterState
+    plan: NodePlan | None
+    rejections: list[Rejection]
+    applied: bool
+    topo: Topology | None
+    observed: Observation
+    pod_ifs: tuple[str, ...]
+    full_total: int
+    remotes: RemotesStatus | None
+
+
+class PassRecorder:
+    """Turns each pass into its PassSummary; counts passes and distinct rejections. `head`:
+    whether the backend was ready at the last pass (and why not), and that pass's summary (None
+    before the first), swapped as one value so a reader never sees halves of two passes."""
+
+    def __init__(self, cfg: AgentConfig, errors_total: ErrorCounts) -> None:
+        self.cfg = cfg
+        self.errors_total = errors_total
+        self.head: tuple[bool, str, PassSummary | None] = (False, "starting", None)
+        self._ok_total = 0
+        self._failed_total = 0
+        self._rejections_seen: set[tuple[str, str]] = set()
+        self._warnings: tuple[Topology, tuple[str, ...]] | None = None
+
+    def _log_rejections(self, rejections: list[Rejection]) -> None:
+        for r in rejections:
+            key = (r.name, r.reason)
+            if key not in self._rejections_seen:
+                self._rejections_seen.add(key)
+                log.warning("rejected %s: %s", r.name, r.reason)
+        if len(self._rejections_seen) > REJECTIONS_SEEN_MAX:
+            self._rejections_seen = {(r.name, r.reason) for r in rejections}
+
+    def finish(self, run: PassLog, out: PassOutcome) -> PassSummary:
+        """The summary of the pass `run` with outcome `out` (also kept in `head`)."""
+        dt, cpu = time.monotonic() - run.t0, time.thread_time() - run.cpu0
+        self._log_rejections(out.rejections)
+        if run.errors:
+            self._failed_total += 1
+        else:
+            self._ok_total += 1
+        plan, state, prev = out.plan, out.state, self.head[2]
+        summary = PassSummary(
+            cluster=state.cluster.name, backend=self.cfg.backend, revision=state.revision,
+            records=_int_or_none(state.extra.get("records")), granularity=plan.granularity if plan else None,
+            mesh=state.mesh, leader=plan.leader if plan else None,
+            is_leader=bool(plan and plan.leader == self.cfg.node_name),
+            wireguard_ip=str(plan.wireguard_ip) if plan and plan.wireguard_ip else None,
+            nodes=len(out.topo.nodes) if out.topo else (prev.nodes if prev else 0),
+            routes=len(plan.routes) if plan else 0, paths=dict(plan.paths) if plan else {},
+            relays={n: Relay(via, why) for n, (via, why) in plan.relays.items()} if plan else {},
+            discovered_endpoints={n: str(ep) for n, ep in out.observed[0]}, unreached_peers=tuple(out.observed[1]),
+            rejections=tuple(Rejected(r.name, r.reason) for r in out.rejections),
+            rejections_total=len(self._rejections_seen), pod_interfaces=out.pod_ifs,
+            warnings=self._warnings_of(out.topo, prev),
+            last_reconcile=LastReconcile(time.time(), round(dt, 6), round(cpu, 6), out.applied, run.full,
+                                         tuple(run.reused), dict(run.errors), dict(run.steps_ms)),
+            reconcile=ReconcileTotals(self._ok_total, self._failed_total, out.full_total),
+            errors_total=self.errors_total.snapshot(), pid=os.getpid(), remotes=out.remotes)
+        self.head = (state.ready, state.reason, summary)
+        return summary
+
+    def _warnings_of(self, topo: Topology | None, prev: PassSummary | None) -> tuple[str, ...]:
+        """What is safe but cannot work, from this node's side (mesh.checks): its tunnels that can
+        never start, its own host-prefix internal address. Recomputed only for a new admitted view."""
+        if topo is None:
+            return prev.warnings if prev else ()
+        memo = self._warnings
+        if memo is None or memo[0] is not topo:
+            me = topo.node(self.cfg.node_name)
+            found = dead_tunnels(topo, only=self.cfg.node_name)
+            if me is not None:
+                found += ["internal_ip: " + w.split(": ", 1)[1] for w in host_prefix_warnings([me])]
+            memo = self._warnings = (topo, tuple(found))
+        return memo[1]
+
+
+def _int_or_none(v: object) -> int | None:
+    return v if isinstance(v, int) else None
+
+
+View = tuple[Topology, list[Remote], NodePlan]
+
+
+class LiveReader:
+    """Reads the live parts of the status on request (LiveStatus)."""
+
+    def __init__(self, cfg: AgentConfig, backend: Backend, paths: PathProbing, peers: LivePeers | None,
+                 step_reports: Callable[[], Sequence[StepStatus]], pods: Callable[[], PodInterfaces | None]) -> None:
+        self.cfg = cfg
+        self.backend = backend
+        self.paths = paths
+        self.peers = peers
+        self.step_reports = step_reports
+        self.pods = pods
+        self._peer_rows: tuple[object, tuple[PeerRow, ...]] | None = None
+        self._live_peers: tuple[float, dict[str, PeerCounters]] = (0.0, {})
+        self._node_rows: tuple[View, tuple[NodeRow, ...]] | None = None
+
+    def read(self, plan: NodePlan | None, view: View | None) -> LiveStatus:
+        reports = self.step_reports()
+        dp = next((r for r in reports if isinstance(r, DatapathReport)), None)
+        wg = next((r for r in reports if isinstance(r, WireGuardReport)), None)
+        cni = next((r for r in reports if isinstance(r, CniStatus)), CniStatus(self.cfg.cni))
+        datapath = dp.datapath if dp is not None else \
+            DatapathStatus(None, "loading" if self.cfg.fastpath else "disabled")
+        return LiveStatus(
+            datapath=datapath,
+            # Live, not from the last pass: a rung change between passes is the point of probing.
+            path_probe=self.paths.status(), path_changes=change_counts(self.paths.changes()),
+            wireguard_mode=wg.mode if wg is not None else None,
+            pods=self._pods(datapath, dp.carrying if dp is not None else ()), cni=cni,
+            peers=self._peer_status(plan) if plan else (),
+            node_list=self._node_list(view) if view is not None else None,
+            backend=self._backend_blocks())
+
+    def _backend_blocks(self) -> BackendBlocks:
+        try:
+            return BackendBlocks.from_json(self.backend.status())
+        except Exception as e:  # noqa: BLE001 - status must always answer
+            return BackendBlocks(backend_error=str(e))
+
+    def _pods(self, dp: DatapathStatus, carrying: tuple[str, ...]) -> PodsStatus:
+        """How many pod interfaces carry the fast path, and a warning when this node has pods and
+        none do (the fast path silently off is the failure this exists to show)."""
+        watch = self.pods()
+        found = tuple(watch.current) if watch is not None else ()
+        warning = None
+        if found and not carrying:
+            why = "the fast path is not loaded" if dp.mode != "ebpf" else \
+                f"--pod-interfaces {self.cfg.pod_interfaces!r} matches none of them"
+            warning = f"{len(found)} pod interface(s) on this node and none carry the fast path: {why}"
+        return PodsStatus("flag" if self.cfg.pod_interfaces else "netlink", found, carrying, warning)
+
+    def _peer_status(self, plan: NodePlan) -> tuple[PeerRow, ...]:
+        """The plan's peers (built once per plan: a leader's allowed IPs as text are many) with
+        WireGuard's live counters (read at most every LIVE_PEERS_TTL_S, without allowed IPs)."""
+        rows = self._peer_rows
+        if rows is None or not (rows[0] is plan.peers or rows[0] == plan.peers):
+            rows = self._peer_rows = (plan.peers, tuple(
+                PeerRow(p.name, p.kind, p.public_key, p.endpoint, tuple(str(a) for a in p.allowed_ips))
+                for p in plan.peers))
+        at, live = self._live_peers
+        if self.peers is not None and time.monotonic() - at >= LIVE_PEERS_TTL_S:
+            try:
+                shown = self.peers.peers_now()
+                if shown is not None:
+                    live = peers_by_key(shown)
+            except Exception as e:  # noqa: BLE001 - status must always answer
+                shown = []  # keep the last counters until the next try
+                log.debug("wireguard show: %s", e)
+            if shown is not None:  # None: no device yet
+                self._live_peers = (time.monotonic(), live)
+        return tuple(PeerRow(r.name, r.kind, r.public_key, r.endpoint, r.allowed_ips, live.get(r.public_key))
+                     for r in rows[1])
+
+    def _node_list(self, view: View) -> tuple[NodeRow, ...]:
+        """render.node_rows of the last applied view, built once per view. The same admitted
+        topology and plan object also mean the same (empty) remotes: the plan is reused only
+        without remote clusters."""
+        cached = self._node_rows
+        if cached is None or cached[0][0] is not view[0] or cached[0][2] is not view[2]:
+            cached = self._node_rows = (view, tuple(NodeRow.from_json(r) for r in node_rows(*view)))
+        return cached[1]
+
+
+def change_counts(changes: Sequence[Change]) -> tuple[RungChanges, ...]:
+    """Rung changes since start, counted by (from, to, reason)."""
+    counts: dict[tuple[str, str, str], int] = {}
+    for c in changes:
+        key = (c.old or "none", c.new, c.reason)
+        counts[key] = counts.get(key, 0) + 1
+    return tuple(RungChanges(a, b, r, n) for (a, b, r), n in sorted(counts.items()))
+
+
+def peers_by_key(peers: list[PeerStatus]) -> dict[str, PeerCounters]:
+    """WireGuard's peers by public key: bytes each way, last handshake (0: none), live endpoint."""
+    return {p.public_key: PeerCounters(p.rx_bytes, p.tx_bytes, p.last_handshake or 0, p.endpoint) for p in peers}

@@ -1,0 +1,544 @@
+"""What an agent reports about itself: one `AgentStatus`, the value behind `/status`, the metrics
+and `meshctl status`.
+
+`PassSummary` is built once per reconcile pass (what the pass saw, decided and applied);
+`LiveStatus` is read on request (fast-path counters, WireGuard's counters, probe verdicts), since
+a rung change or a handshake between passes is what an operator asks about. `to_json()` is the
+`/status` document; `from_json()` reads one back (the CLI and the lab read an agent over HTTP).
+The JSON keys are a published interface (operators' scripts read them): a key is present or
+absent exactly as documented per field, and `from_json(x).to_json() == x` for any document an
+agent serves. `from_json` fills a missing key with its field's default, so a reader keeps
+working against an agent that does not serve every block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshctl.mesh.model import MeshSettings
+from meshctl.mesh.records import mesh_to_record, parse_mesh
+
+JSON = dict[str, Any]
+
+
+def _opt(d: JSON, key: str, value: object) -> None:
+    """Put `key` in `d` only when `value` is not None (blocks that are absent rather than null)."""
+    if value is not None:
+        d[key] = value
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A record left out of the plan, and why (`rejections`, and a remote cluster's)."""
+
+    name: str
+    reason: str
+
+    def to_json(self) -> JSON:
+        return {"name": self.name, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, d: JSON) -> Rejected:
+        return cls(str(d.get("name", "")), str(d.get("reason", "")))
+
+
+@dataclass(frozen=True)
+class Relay:
+    """A node reached through another (path `relay`): through which node, and why."""
+
+    via: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class LastReconcile:
+    """The last pass: when, how long (wall and CPU), whether it applied a plan, whether it was a
+    full pass, which pure results it reused, its errors by part and each part's time."""
+
+    time: float
+    duration_s: float
+    cpu_s: float
+    applied: bool
+    full: bool
+    reused: tuple[str, ...]
+    errors: dict[str, str]
+    steps_ms: dict[str, float]
+
+    def to_json(self) -> JSON:
+        return {"time": self.time, "duration_s": self.duration_s, "cpu_s": self.cpu_s, "applied": self.applied,
+                "full": self.full, "reused": list(self.reused), "errors": dict(self.errors),
+                "steps_ms": dict(self.steps_ms)}
+
+    @classmethod
+    def from_json(cls, d: JSON) -> LastReconcile:
+        return cls(d.get("time", 0.0), d.get("duration_s", 0.0), d.get("cpu_s", 0.0), bool(d.get("applied")),
+                   bool(d.get("full")), tuple(d.get("reused") or ()), dict(d.get("errors") or {}),
+                   dict(d.get("steps_ms") or {}))
+
+
+@dataclass(frozen=True)
+class ReconcileTotals:
+    """Passes since start: without errors, with errors, full passes."""
+
+    ok_total: int = 0
+    failed_total: int = 0
+    full_total: int = 0
+
+
+@dataclass(frozen=True)
+class RemoteCluster:
+    """One remote cluster of the cluster mesh as this agent sees it (backends.clustermesh)."""
+
+    name: str
+    ready: bool
+    reason: str | None
+    nodes: int
+    endpoints: tuple[str, ...]
+    connected: bool
+    last_change: float | None
+    reconnects: int
+    last_sync_age: float | None
+    rejected: int
+    rejections: tuple[Rejected, ...]
+
+    def to_json(self) -> JSON:
+        return {"name": self.name, "ready": self.ready, "reason": self.reason, "nodes": self.nodes,
+                "endpoints": list(self.endpoints), "connected": self.connected, "last_change": self.last_change,
+                "reconnects": self.reconnects, "last_sync_age": self.last_sync_age, "rejected": self.rejected,
+                "rejections": [r.to_json() for r in self.rejections]}
+
+    @classmethod
+    def from_json(cls, d: JSON) -> RemoteCluster:
+        return cls(str(d.get("name", "")), bool(d.get("ready")), d.get("reason"), d.get("nodes") or 0,
+                   tuple(d.get("endpoints") or ()), bool(d.get("connected")), d.get("last_change"),
+                   d.get("reconnects") or 0, d.get("last_sync_age"), d.get("rejected") or 0,
+                   tuple(Rejected.from_json(r) for r in d.get("rejections") or ()))
+
+
+@dataclass(frozen=True)
+class RemotesStatus:
+    """The ClusterMesh block: how many remote clusters are ready, and each. `error`: the watcher
+    could not say (then the block holds only that)."""
+
+    ready: int = 0
+    total: int = 0
+    clusters: tuple[RemoteCluster, ...] = ()
+    error: str | None = None
+
+    def to_json(self) -> JSON:
+        if self.error is not None:
+            return {"error": self.error}
+        return {"ready": self.ready, "total": self.total, "clusters": [c.to_json() for c in self.clusters]}
+
+    @classmethod
+    def from_json(cls, d: JSON) -> RemotesStatus:
+        if "clusters" not in d:
+            return cls(error=str(d.get("error", "unknown")))
+        return cls(d.get("ready", 0), d.get("total", 0), tuple(RemoteCluster.from_json(c) for c in d["clusters"]))
+
+
+@dataclass(frozen=True)
+class PassSummary:
+    """What the last reconcile pass recorded (built once per pass). `remotes` is None when the
+    agent has no cluster mesh (the key is then absent)."""
+
+    cluster: str
+    backend: str
+    revision: int
+    records: int | None
+    granularity: str | None
+    mesh: MeshSettings
+    leader: str | None
+    is_leader: bool
+    wireguard_ip: str | None
+    nodes: int
+    routes: int
+    paths: dict[str, str]
+    relays: dict[str, Relay]
+    discovered_endpoints: dict[str, str]
+    unreached_peers: tuple[str, ...]
+    rejections: tuple[Rejected, ...]
+    rejections_total: int
+    pod_interfaces: tuple[str, ...]
+    warnings: tuple[str, ...]
+    last_reconcile: LastReconcile
+    reconcile: ReconcileTotals
+    errors_total: dict[str, int]
+    pid: int
+    remotes: RemotesStatus | None = None
+
+    def to_json(self) -> JSON:
+        out: JSON = {
+            "cluster": self.cluster, "backend": self.backend, "revision": self.revision, "records": self.records,
+            "granularity": self.granularity, "mesh": mesh_to_record(self.mesh), "leader": self.leader,
+            "is_leader": self.is_leader, "wireguard_ip": self.wireguard_ip, "nodes": self.nodes,
+            "routes": self.routes, "paths": dict(self.paths),
+            "relays": {n: {"via": r.via, "reason": r.reason} for n, r in self.relays.items()},
+            "discovered_endpoints": dict(self.discovered_endpoints), "unreached_peers": list(self.unreached_peers),
+            "rejections": [r.to_json() for r in self.rejections], "rejections_total": self.rejections_total,
+            "pod_interfaces": list(self.pod_interfaces), "warnings": list(self.warnings),
+            "last_reconcile": self.last_reconcile.to_json(),
+            "reconcile": {"ok_total": self.reconcile.ok_total, "failed_total": self.reconcile.failed_total,
+                          "full_total": self.reconcile.full_total},
+            "errors_total": dict(self.errors_total), "pid": self.pid,
+        }
+        _opt(out, "remotes", self.remotes.to_json() if self.remotes is not None else None)
+        return out
+
+    @classmethod
+    def from_json(cls, d: JSON) -> PassSummary:
+        rec = d.get("reconcile") or {}
+        remotes = d.get("remotes")
+        return cls(
+            cluster=str(d.get("cluster", "")), backend=str(d.get("backend", "")), revision=d.get("revision", 0),
+            records=d.get("records"), granularity=d.get("granularity"),
+            mesh=parse_mesh(d.get("mesh"), "status.mesh"), leader=d.get("leader"),
+            is_leader=bool(d.get("is_leader")), wireguard_ip=d.get("wireguard_ip"), nodes=d.get("nodes", 0),
+            routes=d.get("routes", 0), paths=dict(d.get("paths") or {}),
+            relays={n: Relay(str(r.get("via", "")), str(r.get("reason", "")))
+                    for n, r in (d.get("relays") or {}).items()},
+            discovered_endpoints=dict(d.get("discovered_endpoints") or {}),
+            unreached_peers=tuple(d.get("unreached_peers") or ()),
+            rejections=tuple(Rejected.from_json(r) for r in d.get("rejections") or ()),
+            rejections_total=d.get("rejections_total", 0), pod_interfaces=tuple(d.get("pod_interfaces") or ()),
+            warnings=tuple(d.get("warnings") or ()),
+            last_reconcile=LastReconcile.from_json(d.get("last_reconcile") or {}),
+            reconcile=ReconcileTotals(rec.get("ok_total", 0), rec.get("failed_total", 0), rec.get("full_total", 0)),
+            errors_total=dict(d.get("errors_total") or {}), pid=d.get("pid", 0),
+            remotes=RemotesStatus.from_json(remotes) if isinstance(remotes, dict) else None,
+        )
+
+
+@dataclass(frozen=True)
+class DatapathStatus:
+    """The fast path: its mode (None while it loads or when disabled) and why, counters by action
+    as (packets, bytes). `synced` (the maps hold a plan) is None until a datapath is open; `attach`
+    (tcx or clsact) and `fallbacks` (helpers the programs do without on this kernel) are None
+    unless the mode is ebpf. A None field is an absent key."""
+
+    mode: str | None
+    reason: str | None
+    counters: dict[str, tuple[int, int]] = field(default_factory=dict)
+    synced: bool | None = None
+    attach: str | None = None
+    fallbacks: tuple[str, ...] | None = None
+
+    def to_json(self) -> JSON:
+        out: JSON = {"mode": self.mode, "reason": self.reason,
+                     "counters": {k: list(v) for k, v in self.counters.items()}}
+        _opt(out, "synced", self.synced)
+        _opt(out, "attach", self.attach)
+        _opt(out, "fallbacks", list(self.fallbacks) if self.fallbacks is not None else None)
+        return out
+
+    @classmethod
+    def from_json(cls, d: JSON) -> DatapathStatus:
+        fb = d.get("fallbacks")
+        counters = {k: (int(v[0]), int(v[1])) for k, v in (d.get("counters") or {}).items()}
+        return cls(d.get("mode"), d.get("reason"), counters, d.get("synced"), d.get("attach"),
+                   tuple(fb) if fb is not None else None)
+
+
+@dataclass(frozen=True)
+class ProbeVerdict:
+    """One probe kind towards one peer: up (None: no verdict yet), probes lost since the last
+    reply, smoothed RTT, and since when a down kind answers again."""
+
+    up: bool | None
+    lost: int
+    rtt_ms: float | None
+    recovering_since: float | None
+
+
+@dataclass(frozen=True)
+class PairProbe:
+    """A probed pair: the rung it takes, its ladder, the peer's own choice, each kind's verdict."""
+
+    rung: str | None
+    ladder: tuple[str, ...]
+    peer_choice: str | None
+    probes: dict[str, ProbeVerdict]
+
+    def to_json(self) -> JSON:
+        return {"rung": self.rung, "ladder": list(self.ladder), "peer_choice": self.peer_choice,
+                "probes": {k: {"up": v.up, "lost": v.lost, "rtt_ms": v.rtt_ms, "recovering_since": v.recovering_since}
+                           for k, v in self.probes.items()}}
+
+    @classmethod
+    def from_json(cls, d: JSON) -> PairProbe:
+        return cls(d.get("rung"), tuple(d.get("ladder") or ()), d.get("peer_choice"),
+                   {k: ProbeVerdict(v.get("up"), v.get("lost", 0), v.get("rtt_ms"), v.get("recovering_since"))
+                    for k, v in (d.get("probes") or {}).items()})
+
+
+@dataclass(frozen=True)
+class ProbeStatus:
+    """The path prober (intra_subnet auto): its port, the rungs this node carries, probes sent and
+    received, its CPU time, and every probed pair."""
+
+    port: int
+    local_rungs: tuple[str, ...]
+    sent: int
+    received: int
+    cpu_s: float
+    pairs: dict[str, PairProbe]
+
+    def to_json(self) -> JSON:
+        return {"port": self.port, "local_rungs": list(self.local_rungs), "sent": self.sent,
+                "received": self.received, "cpu_s": self.cpu_s,
+                "pairs": {n: p.to_json() for n, p in self.pairs.items()}}
+
+    @classmethod
+    def from_json(cls, d: JSON) -> ProbeStatus:
+        return cls(d.get("port", 0), tuple(d.get("local_rungs") or ()), d.get("sent", 0), d.get("received", 0),
+                   d.get("cpu_s", 0.0), {n: PairProbe.from_json(p) for n, p in (d.get("pairs") or {}).items()})
+
+
+@dataclass(frozen=True)
+class RungChanges:
+    """How often pairs moved from one rung to another for one reason, since start."""
+
+    old: str
+    new: str
+    reason: str
+    count: int
+
+    def to_json(self) -> JSON:
+        return {"from": self.old, "to": self.new, "reason": self.reason, "count": self.count}
+
+    @classmethod
+    def from_json(cls, d: JSON) -> RungChanges:
+        return cls(str(d.get("from", "")), str(d.get("to", "")), str(d.get("reason", "")), d.get("count", 0))
+
+
+@dataclass(frozen=True)
+class PodsStatus:
+    """Pod interfaces: how they are found (`flag` or `netlink`), which were found, which carry the
+    fast path, and a warning when there are pods and none carries it."""
+
+    source: str
+    found: tuple[str, ...]
+    fastpath: tuple[str, ...]
+    warning: str | None = None
+
+    def to_json(self) -> JSON:
+        out: JSON = {"source": self.source, "found": list(self.found), "fastpath": list(self.fastpath)}
+        _opt(out, "warning", self.warning)
+        return out
+
+    @classmethod
+    def from_json(cls, d: JSON) -> PodsStatus:
+        return cls(str(d.get("source", "")), tuple(d.get("found") or ()), tuple(d.get("fastpath") or ()),
+                   d.get("warning"))
+
+
+@dataclass(frozen=True)
+class CniStatus:
+    """`--cni` mode, and a warning when another CNI's config is left over (mode keep)."""
+
+    mode: str
+    warning: str | None = None
+
+    def to_json(self) -> JSON:
+        out: JSON = {"mode": self.mode}
+        _opt(out, "warning", self.warning)
+        return out
+
+    @classmethod
+    def from_json(cls, d: JSON) -> CniStatus:
+        return cls(str(d.get("mode", "")), d.get("warning"))
+
+
+@dataclass(frozen=True)
+class PeerCounters:
+    """What WireGuard says of a peer now: bytes each way, last handshake (0: none), live endpoint."""
+
+    rx_bytes: int
+    tx_bytes: int
+    last_handshake: float
+    live_endpoint: str | None
+
+
+@dataclass(frozen=True)
+class PeerRow:
+    """A WireGuard peer of the plan, with its live counters when the device knows the peer
+    (`live` None: the counter keys are absent)."""
+
+    name: str
+    kind: str
+    public_key: str
+    endpoint: str | None
+    allowed_ips: tuple[str, ...]
+    live: PeerCounters | None = None
+
+    def to_json(self) -> JSON:
+        out: JSON = {"name": self.name, "kind": self.kind, "public_key": self.public_key, "endpoint": self.endpoint,
+                     "allowed_ips": list(self.allowed_ips)}
+        if self.live is not None:
+            out.update(rx_bytes=self.live.rx_bytes, tx_bytes=self.live.tx_bytes,
+                       last_handshake=self.live.last_handshake, live_endpoint=self.live.live_endpoint)
+        return out
+
+    @classmethod
+    def from_json(cls, d: JSON) -> PeerRow:
+        live = PeerCounters(d.get("rx_bytes", 0), d.get("tx_bytes", 0), d.get("last_handshake") or 0,
+                            d.get("live_endpoint")) if "rx_bytes" in d else None
+        return cls(str(d.get("name", "")), str(d.get("kind", "")), str(d.get("public_key", "")), d.get("endpoint"),
+                   tuple(d.get("allowed_ips") or ()), live)
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    """`meshctl node list` from this node: a local or remote node, its addresses, its segment's
+    WireGuard address (leaders only), the path this node takes to it and the relay, if any."""
+
+    name: str
+    cluster: str
+    source: str
+    location: str
+    internal_ip: str | None
+    endpoint: str | None
+    pod_cidr: str
+    wireguard_ip: str | None
+    path: str
+    relay: str | None
+    relay_reason: str | None
+
+    def to_json(self) -> JSON:
+        return {"name": self.name, "cluster": self.cluster, "source": self.source, "location": self.location,
+                "internal_ip": self.internal_ip, "endpoint": self.endpoint, "pod_cidr": self.pod_cidr,
+                "wireguard_ip": self.wireguard_ip, "path": self.path, "relay": self.relay,
+                "relay_reason": self.relay_reason}
+
+    @classmethod
+    def from_json(cls, d: JSON) -> NodeRow:
+        return cls(str(d.get("name", "")), str(d.get("cluster", "")), str(d.get("source", "")),
+                   str(d.get("location") or ""), d.get("internal_ip"), d.get("endpoint"), str(d.get("pod_cidr", "")),
+                   d.get("wireguard_ip"), str(d.get("path", "none")), d.get("relay"), d.get("relay_reason"))
+
+
+@dataclass(frozen=True)
+class OwnRecord:
+    """How often this agent put its record back after someone else deleted or changed it."""
+
+    restored_total: int
+    last_restored: str | None
+
+
+@dataclass(frozen=True)
+class KvstoreStatus:
+    """The Kubernetes backend's mirror into the cluster-mesh etcd (--kvstore-endpoints)."""
+
+    writing: bool
+    writer: str | None
+    lease: int
+    puts: int = 0
+    deletes: int = 0
+    errors: int = 0
+    takeovers: int = 0
+
+    def to_json(self) -> JSON:
+        return {"writing": self.writing, "writer": self.writer, "lease": self.lease, "puts": self.puts,
+                "deletes": self.deletes, "errors": self.errors, "takeovers": self.takeovers}
+
+    @classmethod
+    def from_json(cls, d: JSON) -> KvstoreStatus:
+        return cls(bool(d.get("writing")), d.get("writer"), d.get("lease", 0), d.get("puts", 0),
+                   d.get("deletes", 0), d.get("errors", 0), d.get("takeovers", 0))
+
+
+@dataclass(frozen=True)
+class BackendBlocks:
+    """What the backend adds (backends.base.Backend.status), each absent unless it serves it:
+    `own_record` and `lapsed` (etcd), `kvstore` (Kubernetes with a mirror), `backend_error` when
+    the backend could not say."""
+
+    own_record: OwnRecord | None = None
+    lapsed: dict[str, float] | None = None
+    kvstore: KvstoreStatus | None = None
+    backend_error: str | None = None
+
+    def to_json(self) -> JSON:
+        out: JSON = {}
+        if self.own_record is not None:
+            out["own_record"] = {"restored_total": self.own_record.restored_total,
+                                 "last_restored": self.own_record.last_restored}
+        _opt(out, "lapsed", dict(self.lapsed) if self.lapsed is not None else None)
+        _opt(out, "kvstore", self.kvstore.to_json() if self.kvstore is not None else None)
+        _opt(out, "backend_error", self.backend_error)
+        return out
+
+    @classmethod
+    def from_json(cls, d: JSON) -> BackendBlocks:
+        own, lapsed, kv = d.get("own_record"), d.get("lapsed"), d.get("kvstore")
+        return cls(OwnRecord(own.get("restored_total", 0), own.get("last_restored")) if isinstance(own, dict) else None,
+                   dict(lapsed) if isinstance(lapsed, dict) else None,
+                   KvstoreStatus.from_json(kv) if isinstance(kv, dict) else None, d.get("backend_error"))
+
+
+@dataclass(frozen=True)
+class LiveStatus:
+    """The parts read on request. `path_probe` is None without a prober (the key is null);
+    `node_list` is None until a plan was applied (the key is absent)."""
+
+    datapath: DatapathStatus
+    path_probe: ProbeStatus | None
+    path_changes: tuple[RungChanges, ...]
+    wireguard_mode: str | None
+    pods: PodsStatus
+    cni: CniStatus
+    peers: tuple[PeerRow, ...]
+    node_list: tuple[NodeRow, ...] | None
+    backend: BackendBlocks
+
+    def to_json(self) -> JSON:
+        out: JSON = {
+            "datapath": self.datapath.to_json(),
+            "path_probe": self.path_probe.to_json() if self.path_probe is not None else None,
+            "path_changes": [c.to_json() for c in self.path_changes], "wireguard_mode": self.wireguard_mode,
+            "pods": self.pods.to_json(), "cni": self.cni.to_json(), "peers": [p.to_json() for p in self.peers],
+        }
+        _opt(out, "node_list", [r.to_json() for r in self.node_list] if self.node_list is not None else None)
+        out.update(self.backend.to_json())
+        return out
+
+    @classmethod
+    def from_json(cls, d: JSON) -> LiveStatus:
+        probe, rows = d.get("path_probe"), d.get("node_list")
+        return cls(DatapathStatus.from_json(d.get("datapath") or {}),
+                   ProbeStatus.from_json(probe) if isinstance(probe, dict) else None,
+                   tuple(RungChanges.from_json(c) for c in d.get("path_changes") or ()), d.get("wireguard_mode"),
+                   PodsStatus.from_json(d.get("pods") or {}), CniStatus.from_json(d.get("cni") or {}),
+                   tuple(PeerRow.from_json(p) for p in d.get("peers") or ()),
+                   tuple(NodeRow.from_json(r) for r in rows) if isinstance(rows, list) else None,
+                   BackendBlocks.from_json(d))
+
+
+@dataclass(frozen=True)
+class AgentStatus:
+    """An agent's status: its node, whether its backend is ready (and why not), the last pass
+    (None before the first: its keys are then absent) and the live parts."""
+
+    node: str
+    ready: bool
+    reason: str
+    summary: PassSummary | None
+    live: LiveStatus
+
+    def to_json(self) -> JSON:
+        out: JSON = {"node": self.node}
+        if self.summary is None:
+            out.update(ready=self.ready, reason=self.reason)
+        else:
+            s = self.summary.to_json()
+            out.update(cluster=s.pop("cluster"), backend=s.pop("backend"), ready=self.ready, reason=self.reason)
+            out.update(s)
+        out.update(self.live.to_json())
+        return out
+
+    @classmethod
+    def from_json(cls, d: JSON) -> AgentStatus:
+        summary = PassSummary.from_json(d) if "last_reconcile" in d else None
+        return cls(str(d.get("node", "")), bool(d.get("ready")), str(d.get("reason", "")), summary,
+                   LiveStatus.from_json(d))

@@ -1,0 +1,73 @@
+"""Running the steps of a pass (agent/steps.py) in order: which to skip, which to make forget,
+and when a pass is a full one. It holds the steps only as `Step`s: it reads nothing of a step
+but what the protocol answers."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Hashable, Sequence
+
+from meshctl.agent.reporting import PassLog
+from meshctl.agent.steps import PassInput, Step, StepStatus
+
+log = logging.getLogger("meshctl.agent")
+
+
+class StepRunner:
+    """The steps of every pass, the inputs of each one's last success, and the full-pass clock."""
+
+    def __init__(self, steps: Sequence[Step], resync_interval: float) -> None:
+        self.steps = list(steps)
+        self.resync_interval = resync_interval
+        self.full_total = 0
+        self._applied: dict[str, Hashable] = {}
+        self._full_due = 0.0
+
+    def wants_pass(self, now: float, last_pass: float) -> bool:
+        """A step asks for a pass although nothing changed (Step.wants_pass)."""
+        return any(s.wants_pass(now, last_pass) for s in self.steps)
+
+    def reports(self) -> list[StepStatus]:
+        """Every step's status report, read now."""
+        return [s.status() for s in self.steps]
+
+    def _full_pass_due(self, timer_pass: bool) -> bool:
+        """Full passes (every step reads the kernel again) come from the loop's own tick, so they do
+        not slow down the pass that applies a change, unless changes keep coming for two intervals."""
+        now = time.monotonic()
+        full = now >= self._full_due and (timer_pass or now >= self._full_due + self.resync_interval)
+        if full:
+            self._full_due = now + self.resync_interval
+        return full
+
+    def run(self, p: PassInput, run: PassLog) -> None:
+        """Run every step in order. A step whose inputs did not change since it last succeeded is
+        skipped, except on a full pass; a failing step is counted, logged and made to forget, and
+        never stops the others."""
+        full = run.full = self._full_pass_due(p.timer_pass)
+        if full:
+            self.full_total += 1
+            for s in self.steps:
+                s.forget()
+            self._applied.clear()
+        by_name = {s.name: s for s in self.steps}
+        for s in self.steps:
+            inputs = s.inputs(p)
+            if inputs is not None and not full and self._applied.get(s.name) == inputs:
+                run.steps_ms[s.name] = 0.0
+                continue
+            self._applied.pop(s.name, None)
+            t = time.monotonic()
+            try:
+                for other in s.sync(p):
+                    by_name[other].forget()
+                    self._applied.pop(other, None)
+                if inputs is not None:
+                    self._applied[s.name] = inputs
+            except Exception as e:  # noqa: BLE001 - one step's failure must not stop the others
+                run.fail(s.name, str(e) or type(e).__name__)
+                log.warning("%s: %s", s.name, run.errors[s.name])
+                s.forget()  # its memory of the kernel may be wrong now: read it next time
+            finally:
+                run.timed(s.name, t)

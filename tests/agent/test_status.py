@@ -1,0 +1,127 @@
+"""The /status document is a published interface: AgentStatus reads back every document an agent
+serves (`from_json(x).to_json() == x`), with exactly the keys the agent has always served, and
+the metrics and `meshctl status` read it by attribute."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from meshctl.agent.server import AgentCollector
+from meshctl.agent.status import AgentStatus
+from meshctl.cli.agent import format_status
+
+PROBE = {"port": 51821, "local_rungs": ["direct", "direct+vxlan", "wireguard-private"], "sent": 10, "received": 9,
+         "cpu_s": 0.012, "pairs": {"a2": {"rung": "direct", "ladder": ["direct", "wireguard-private"],
+                                          "peer_choice": None,
+                                          "probes": {"direct": {"up": True, "lost": 0, "rtt_ms": 0.123,
+                                                                "recovering_since": None}}}}}
+
+# Every key an agent serves, with values of the types it serves them in (one node, etcd backend,
+# a cluster mesh, the eBPF datapath, the prober running).
+FULL: dict[str, Any] = {
+    "node": "a1", "cluster": "c1", "backend": "etcd", "ready": True, "reason": "", "revision": 42, "records": 3,
+    "granularity": "location", "mesh": {"granularity": "location", "subnet": "10.4.0.0/16", "port": 51820,
+                                        "intra_subnet": "auto"},
+    "leader": "a1", "is_leader": True, "wireguard_ip": "10.4.0.1/16", "nodes": 3, "routes": 4,
+    "paths": {"a1": "local", "a2": "direct", "b1": "tunnel", "c2/g1": "relay"},
+    "relays": {"c2/g1": {"via": "b1", "reason": "unreached"}},
+    "discovered_endpoints": {"b1": "198.51.100.7:51820"}, "unreached_peers": ["b2"],
+    "rejections": [{"name": "x9", "reason": "overlaps a1"}], "rejections_total": 1, "pod_interfaces": ["veth1"],
+    "warnings": ["b1: never starts"],
+    "last_reconcile": {"time": 1700000000.5, "duration_s": 0.0012, "cpu_s": 0.001, "applied": True, "full": False,
+                       "reused": ["admission", "plan"], "errors": {"nat": "boom"},
+                       "steps_ms": {"snapshot": 0.1, "wireguard": 0.0}},
+    "reconcile": {"ok_total": 5, "failed_total": 1, "full_total": 2}, "errors_total": {"nat": 1}, "pid": 1234,
+    "remotes": {"ready": 1, "total": 1, "clusters": [{
+        "name": "c2", "ready": True, "reason": None, "nodes": 2, "endpoints": ["https://10.0.0.1:2379"],
+        "connected": True, "last_change": 1700000000.0, "reconnects": 0, "last_sync_age": 0.0, "rejected": 1,
+        "rejections": [{"name": "c2/bad", "reason": "no pod CIDR"}]}]},
+    "datapath": {"mode": "ebpf", "reason": None, "counters": {"direct": [10, 1000], "pass": [3, 300]},
+                 "synced": True, "attach": "tcx", "fallbacks": []},
+    "path_probe": PROBE,
+    "path_changes": [{"from": "none", "to": "direct", "reason": "direct became available", "count": 1}],
+    "wireguard_mode": "wireguard-go",
+    "pods": {"source": "netlink", "found": ["veth1"], "fastpath": ["veth1"]},
+    "cni": {"mode": "keep", "warning": "kilo's config is still installed"},
+    "peers": [{"name": "b1", "kind": "segment", "public_key": "K1", "endpoint": "198.51.100.7:51820",
+               "allowed_ips": ["10.4.0.2/32", "10.42.2.0/24"], "rx_bytes": 10, "tx_bytes": 20,
+               "last_handshake": 1700000000.0, "live_endpoint": "198.51.100.7:51820"},
+              {"name": "b2", "kind": "segment", "public_key": "K2", "endpoint": None, "allowed_ips": []}],
+    "node_list": [{"name": "a1", "cluster": "c1", "source": "local", "location": "loc-a", "internal_ip": "10.30.0.1/16",
+                   "endpoint": "10.30.0.1:51820", "pod_cidr": "10.42.1.0/24", "wireguard_ip": "10.4.0.1/16",
+                   "path": "local", "relay": None, "relay_reason": None}],
+    "own_record": {"restored_total": 1, "last_restored": "2026-01-01T00:00:00Z deleted"},
+    "lapsed": {"a3": 12.5},
+}
+
+# The keys the agent's one status literal and its live parts have always served.
+PASS_KEYS = {"node", "cluster", "backend", "ready", "reason", "revision", "records", "granularity", "mesh", "leader",
+             "is_leader", "wireguard_ip", "nodes", "routes", "paths", "relays", "discovered_endpoints",
+             "unreached_peers", "rejections", "rejections_total", "pod_interfaces", "warnings", "last_reconcile",
+             "reconcile", "errors_total", "pid"}
+LIVE_KEYS = {"datapath", "path_probe", "path_changes", "wireguard_mode", "pods", "cni", "peers"}
+
+
+def test_every_served_document_reads_back_to_itself() -> None:
+    assert AgentStatus.from_json(copy.deepcopy(FULL)).to_json() == FULL
+    assert set(FULL) == PASS_KEYS | LIVE_KEYS | {"remotes", "node_list", "own_record", "lapsed"}
+    starting = {"node": "a1", "ready": False, "reason": "starting",
+                "datapath": {"mode": None, "reason": "loading", "counters": {}}, "path_probe": None,
+                "path_changes": [], "wireguard_mode": None,
+                "pods": {"source": "netlink", "found": ["veth1"], "fastpath": [],
+                         "warning": "1 pod interface(s) on this node and none carry the fast path: the fast path "
+                                    "is not loaded"},
+                "cni": {"mode": "keep"}, "peers": []}
+    assert AgentStatus.from_json(copy.deepcopy(starting)).to_json() == starting
+    kube = {**starting, "kvstore": {"writing": True, "writer": "a1", "lease": 7, "puts": 3, "deletes": 0, "errors": 0,
+                                    "takeovers": 1}}
+    assert AgentStatus.from_json(copy.deepcopy(kube)).to_json() == kube
+    broken = {**starting, "backend_error": "etcd away", "remotes": {"error": "no such directory"}}
+    broken = {**broken, **{k: FULL[k] for k in PASS_KEYS if k not in broken}}
+    assert AgentStatus.from_json(copy.deepcopy(broken)).to_json() == broken
+
+
+def test_the_metrics_read_the_status() -> None:
+    st = AgentStatus.from_json(copy.deepcopy(FULL))
+    reg = CollectorRegistry()
+    reg.register(AgentCollector(lambda: st))
+    text = generate_latest(reg).decode()
+    for line in ('meshctl_nodes 3.0', 'meshctl_peers 2.0', 'meshctl_leader 1.0', 'meshctl_backend_ready 1.0',
+                 'meshctl_rejected_records 1.0', 'meshctl_routes 4.0', 'meshctl_pod_interfaces{state="fastpath"} 1.0',
+                 'meshctl_reconciles_total{result="failed"} 1.0', 'meshctl_errors_total{part="nat"} 1.0',
+                 'meshctl_rejections_total 1.0', 'meshctl_datapath_packets_total{action="direct"} 10.0',
+                 'meshctl_datapath_mode{mode="ebpf"} 1.0',
+                 'meshctl_wireguard_peer_receive_bytes_total{peer="b1"} 10.0',
+                 'meshctl_wireguard_peer_handshake_age_seconds{peer="b2"} -1.0',
+                 'meshctl_own_record_restored_total 1.0',
+                 'meshctl_lapsed_records 1.0', 'meshctl_clustermesh_remote_rejected_records{cluster="c2"} 1.0',
+                 'meshctl_path_pairs{rung="tunnel"} 1.0', 'meshctl_path_probe_up{kind="direct",peer="a2"} 1.0',
+                 'meshctl_path_changes_total{from="none",reason="direct became available",to="direct"} 1.0'):
+        assert line in text, line
+    empty = AgentStatus.from_json({"node": "a1", "ready": False, "reason": "starting"})
+    reg = CollectorRegistry()
+    reg.register(AgentCollector(lambda: empty))
+    assert "meshctl_nodes 0.0" in generate_latest(reg).decode()
+
+
+def test_meshctl_status_formats_the_status() -> None:
+    out = format_status(AgentStatus.from_json(copy.deepcopy(FULL))).splitlines()
+    assert out[0] == "node a1  cluster c1  backend etcd: ready  revision 42"
+    assert out[1] == ("granularity location  leader this node  wireguard ip 10.4.0.1/16 (wireguard-go)  nodes 3  "
+                      "routes 4")
+    assert out[2] == "datapath ebpf [tcx]  direct 10 pkts/1000 B  pass 3 pkts/300 B"
+    for line in ("pod interfaces: 1 carry the fast path, 1 found (netlink): veth1",
+                 "WARNING: kilo's config is still installed", "WARNING: b1: never starts", "peers (2):",
+                 "  a2  direct  probes: direct up 0.12 ms", "relay: c2/g1 through b1 (unreached)",
+                 "discovered endpoints: b1 198.51.100.7:51820", "unreached peers: b2",
+                 "rejected records (1):", "  x9: overlaps a1",
+                 "own record restored: 1 time(s), last 2026-01-01T00:00:00Z deleted",
+                 "lapsed records kept: a3 (12 s left)", "ClusterMesh: 1/1 remote clusters ready",
+                 "    rejected c2/bad: no pod CIDR"):
+        assert line in out, line
+    assert any(x.startswith("last reconcile ") and x.endswith(", applied, errors: nat: boom") for x in out)
+    starting = format_status(AgentStatus.from_json({"node": "a1", "ready": False, "reason": "starting"}))
+    assert starting.splitlines()[0] == "node a1  cluster None  backend None: NOT READY (starting)  revision None"
