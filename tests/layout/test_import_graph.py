@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.layout.code import PKG, find_circle, forbidden_imports, module_graph, room_graph
+from tests.layout.graph import PKG, find_circle, forbidden_imports, module_graph, room_graph
 
 PROCESS_STATE = ("gc", "threading", "os", "time", "signal", "meshctl.process")
 LAB = ("meshctl.lab",)

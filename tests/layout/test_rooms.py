@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.layout.code import PKG, ROOT, imports, module_name
+from tests.layout.graph import PKG, ROOT, imports, module_name
 
 PURE_STDLIB = {"__future__", "base64", "bisect", "collections", "collections.abc", "contextlib", "dataclasses",
                "functools", "ipaddress", "itertools", "re", "typing"}
