@@ -15,6 +15,7 @@ Graph = Mapping[str, Iterable[str]]
 
 
 def module_name(path: Path, pkg: Path = PKG) -> str:
+    """The dotted name `path` imports as (a package's `__init__.py` is the package)."""
     parts = list(path.relative_to(pkg.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
