@@ -62,6 +62,32 @@ def test_kv_txn_lease_watch_over_mtls(etcd_tls):
     c.abort_watch()
 
 
+def test_abort_watch_ends_a_blocked_watch_at_once(etcd_tls):
+    """A stopping agent closes its watch from another thread: the reader must not wait for its
+    idle timeout."""
+    srv, cert = etcd_tls
+    c = srv.client(cert)
+    rev = c.put("/t/idle/x", "1")
+    seen, ended = threading.Event(), threading.Event()
+
+    def watch():
+        try:
+            for _ in c.watch("/t/idle/", prefix=True, start_revision=rev, idle_timeout=30):
+                seen.set()
+        except EtcdError:
+            pass
+        ended.set()
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    assert seen.wait(5), "the watch delivered the first put"
+    time.sleep(0.2)  # the reader is now blocked on the idle stream
+    t0 = time.monotonic()
+    c.abort_watch()
+    assert ended.wait(5) and time.monotonic() - t0 < 5, "the watch ended long after abort_watch"
+    t.join(1)
+
+
 def test_client_cert_is_required(etcd_tls):
     srv, cert = etcd_tls
     no_cert = EtcdClient([srv.url], ca=str(cert.ca), netns=srv.netns, timeout=1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import socket
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
+import urllib3
 
 from meshctl.errors import MeshError
 from meshctl.etcd.nsconn import session
@@ -179,9 +181,15 @@ class EtcdClient:
         return s
 
     def abort_watch(self) -> None:
-        """Close the open watch stream from another thread (so a stopping agent need not wait)."""
+        """Close the open watch stream from another thread (so a stopping agent need not wait).
+        The socket is shut down first: that ends the reader's blocked read at once, where closing
+        the stream alone waits for that read to return (up to the watch's idle timeout)."""
         r = self._watch
         if r is not None:
+            conn = r.raw.connection if isinstance(r.raw, urllib3.HTTPResponse) else None
+            if conn is not None and conn.sock is not None:
+                with contextlib.suppress(OSError):
+                    conn.sock.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(Exception):
                 r.close()
 
