@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from meshctl.agent import Agent, AgentConfig
+from meshctl.agent.config import AgentConfig
+from meshctl.agent.lifecycle import Agent
 from meshctl.agent.status import PassSummary
 from meshctl.backends.etcd import EtcdBackend, node_key, write_topology
 from meshctl.lab import netns
