@@ -48,14 +48,15 @@ Obj = dict[str, Any]
 DEFAULT_NAMESPACE = "meshctl"
 DEFAULT_CONFIGMAP = "meshctl"
 # ConfigMap data keys: the mesh settings of records.MESH_FIELDS plus the cluster's identity, and
-# keys only the DaemonSet reads (into the agent's environment), which the mesh settings ignore.
+# AGENT_ENV_KEYS, which only the DaemonSet reads (into the agent's environment) and the mesh
+# settings ignore.
 CLUSTER_KEYS = ("cluster_name", "cluster_id")
-AGENT_KEYS = ("private_interface", "internal_cidr", "cni")
+AGENT_ENV_KEYS = ("private_interface", "internal_cidr", "cni")
 
 
 def settings_from_configmap(data: Mapping[str, str] | None, where: str = "configmap") -> tuple[Cluster, MeshSettings]:
     """Cluster identity and mesh settings from a ConfigMap's data (all values are strings)."""
-    data = {k: v for k, v in (data or {}).items() if k not in AGENT_KEYS}
+    data = {k: v for k, v in (data or {}).items() if k not in AGENT_ENV_KEYS}
     cname = data.pop("cluster_name", None)
     cid = data.pop("cluster_id", None)
     if cid is not None and not fields.is_digits(str(cid)):
@@ -303,14 +304,6 @@ class KubeBackend:
             raise MeshError(f"node {self.node_name!r}: {e.status.message}") from None
         except httpx.HTTPError as e:
             raise MeshError(f"reading node {self.node_name}: {e}") from None
-
-    def own_pod_cidr(self) -> str:
-        """spec.podCIDR of this agent's Node: the agent needs it to build the record it publishes."""
-        cidr = (self.own_object().get("spec") or {}).get("podCIDR")
-        if not cidr:
-            raise MeshError(f"node {self.node_name!r} has no spec.podCIDR yet (is the controller manager "
-                            "allocating node CIDRs?)")
-        return str(cidr)
 
     # --- internals ------------------------------------------------------------------------------
 

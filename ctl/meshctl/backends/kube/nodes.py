@@ -27,7 +27,7 @@ from meshctl.mesh.model import GRANULARITIES, Endpoint, IPInterface, IPNetwork, 
 PREFIX = "meshctl.io/"
 KILO_PREFIX = "kilo.squat.ai/"
 
-# Written by the agent.
+# Written by the agent (AGENT_ANNOTATIONS: every annotation it owns on its Node).
 PUBLIC_KEY = PREFIX + "public-key"
 ENDPOINT = PREFIX + "endpoint"
 INTERNAL_IP = PREFIX + "internal-ip"
@@ -37,8 +37,8 @@ GRANULARITY = PREFIX + "granularity"
 DISCOVERED_ENDPOINTS = PREFIX + "discovered-endpoints"  # JSON {peer name: "ip:port"} (docs/nat.md)
 UNREACHED_PEERS = PREFIX + "unreached-peers"  # comma-separated peer names
 KILO_DISCOVERED_ENDPOINTS = KILO_PREFIX + "discovered-endpoints"  # Kilo's: {public key: {"IP", "Port"}}
-AGENT_KEYS = (PUBLIC_KEY, ENDPOINT, INTERNAL_IP, WIREGUARD_IP, LAST_SEEN, GRANULARITY, DISCOVERED_ENDPOINTS,
-              UNREACHED_PEERS)
+AGENT_ANNOTATIONS = (PUBLIC_KEY, ENDPOINT, INTERNAL_IP, WIREGUARD_IP, LAST_SEEN, GRANULARITY,
+                     DISCOVERED_ENDPOINTS, UNREACHED_PEERS)
 
 # Set by people; each is also read under Kilo's prefix.
 LOCATION = "location"
