@@ -322,7 +322,8 @@ class DatapathStep:
         if self._attached != p.pod_ifs:
             self._settle_until = time.monotonic() + PODS_SETTLE_S
         if self._attached != p.pod_ifs or p.timer_pass or p.settle_pass:
-            dp.attach(self.cfg.private_interface, self.cfg.wg_interface, list(p.pod_ifs))  # re-reads pod routes
+            dp.attach(self.cfg.private_interface, self.cfg.wg_interface, p.pod_ifs,
+                      pods=discovery.pod_routes(p.pod_ifs), private4=discovery.private_ipv4(self.cfg.private_interface))
             self._attached = p.pod_ifs
         dp.sync(p.plan.fastpath, self.cfg.private_interface)
         self._synced = True

@@ -35,9 +35,10 @@ from typing import Any, cast
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
+from meshctl.datapath.links import ifindex_or_none
 from meshctl.mesh.model import IPNetwork, sort_key_net
 from meshctl.mesh.plan import Route
-from meshctl.node.discovery import ifindex, interface_addresses, link_info
+from meshctl.node.discovery import interface_addresses, link_info
 from meshctl.node.shell import sh
 
 # Routes the agent installs carry this protocol number so it removes only its own.
@@ -209,7 +210,7 @@ class RouteApplier:
         if have.metric is not None:
             spec["priority"] = have.metric
         if have.want.dev not in index:
-            index[have.want.dev] = ifindex(ipr, have.want.dev)
+            index[have.want.dev] = ifindex_or_none(have.want.dev)
         oif = index[have.want.dev]
         if oif is not None:
             spec["oif"] = oif
@@ -221,8 +222,8 @@ class RouteApplier:
         socket and one view of the kernel."""
         diff = RouteDiff()
         with IPRoute() as ipr:
-            devs = {"private": (self.private_if, ifindex(ipr, self.private_if)),
-                    "wireguard": (self.wg_if, ifindex(ipr, self.wg_if))}
+            devs = {"private": (self.private_if, ifindex_or_none(self.private_if)),
+                    "wireguard": (self.wg_if, ifindex_or_none(self.wg_if))}
             index: dict[str, int | None] = {name: oif for name, oif in devs.values() if name}
             dev_ids = (_dev_state(ipr, devs["private"][1]), _dev_state(ipr, devs["wireguard"][1]))
             if self._known is None or self._known_devs != dev_ids:
