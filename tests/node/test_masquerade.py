@@ -162,7 +162,7 @@ def test_set_members_are_diffed_against_memory_until_forget(lab: NodeLab):
     Many changes at once go through one `ipset restore`."""
     ns = lab.ns("nmem")
     nat = in_ns(ns, NatApplier, PREFIX + "m")
-    mesh = [N(f"10.60.{i}.0/24") for i in range(100)]  # > BULK: the first fill is one restore
+    mesh = [N(f"10.60.{i}.0/24") for i in range(100)]  # > RESTORE_OVER: the first fill is one restore
     try:
         assert in_ns(ns, nat.sync, [N("10.42.1.0/24")], mesh, ["pv"])
         sets = lab.sh(ns, "ipset", "list", f"{PREFIX}m-mesh4").stdout

@@ -20,6 +20,13 @@ T = TypeVar("T")
 CLONE_NEWNET = 0x40000000
 
 
+def join_netns(fd: int, ns: str) -> None:
+    """Move the calling thread into the network namespace open at `fd` (named `ns` in the error):
+    setns(2), or MeshError."""
+    if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+        raise MeshError(f"setns {ns}: {os.strerror(ctypes.get_errno())}")
+
+
 def in_netns(ns: str | None, fn: Callable[[], T]) -> T:
     """fn() run in /run/netns/<ns> (ns None: here), its result or its exception returned/raised here."""
     if ns is None:
@@ -34,10 +41,10 @@ def in_netns(ns: str | None, fn: Callable[[], T]) -> T:
             box["err"] = MeshError(f"network namespace {ns!r}: {e.strerror}")
             return
         try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.setns(fd, CLONE_NEWNET) != 0:
-                box["err"] = MeshError(f"setns {ns}: {os.strerror(ctypes.get_errno())}")
-                return
+            join_netns(fd, ns)
+        except MeshError as e:
+            box["err"] = e
+            return
         finally:
             os.close(fd)
         try:

@@ -49,7 +49,7 @@ from meshctl.node.shell import sh
 log = logging.getLogger(__name__)
 
 _PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,19}$")
-BULK = 32  # more member changes than this go through one `ipset restore`
+RESTORE_OVER = 32  # more member changes than this go through one `ipset restore`
 _FAMILIES = ((4, socket.AF_INET, "iptables"), (6, socket.AF_INET6, "ip6tables"))  # + "-legacy" / "-nft"
 IPTABLES_MODES = ("nft", "legacy")
 _HINT_CHAINS = (":KUBE-IPTABLES-HINT ", ":KUBE-KUBELET-CANARY ")
@@ -200,7 +200,7 @@ class NatApplier:
             ips.create(name, stype="hash:net", family=family, exclusive=False)
             have = set_members(name)
         dels, adds = sorted(have - want, key=sort_key_net), sorted(want - have, key=sort_key_net)
-        if len(dels) + len(adds) > BULK:
+        if len(dels) + len(adds) > RESTORE_OVER:
             # An agent's first fill: one `ipset restore` instead of one netlink request a member
             # (5,000 members: ~0.05 s instead of seconds).
             lines = [f"del {name} {n}" for n in dels] + [f"add {name} {n}" for n in adds]

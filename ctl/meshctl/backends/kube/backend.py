@@ -30,8 +30,9 @@ from lightkube.resources.core_v1 import ConfigMap, Secret
 from lightkube.resources.core_v1 import Node as KNode
 from lightkube.types import PatchType
 
+from meshctl import defaults
 from meshctl.backends.base import ClusterState
-from meshctl.backends.kube.nodes import REGION_LABEL, own_annotations, parse_kube_node
+from meshctl.backends.kube.nodes import own_annotations, parse_kube_node
 from meshctl.backends.kube.peers import KILO_PEERS, MESHCTL_PEERS, PeerResource, parse_peer_object
 from meshctl.errors import InputError, MeshError
 from meshctl.mesh import fields, records
@@ -79,7 +80,7 @@ def state_from_objects(
     *,
     now: float,
     max_age: float,
-    location_label: str = REGION_LABEL,
+    location_label: str = defaults.REGION_LABEL,
     own_name: str = "",
 ) -> ClusterState:
     """The pure part of `snapshot`: Kubernetes objects in, a ClusterState out. Never raises for a
@@ -156,7 +157,7 @@ class KubeBackend:
     of their plans once its last-seen is older than twice that.
     """
 
-    def __init__(self, config: KubeConfig, node_name: str, *, location_label: str = REGION_LABEL,
+    def __init__(self, config: KubeConfig, node_name: str, *, location_label: str = defaults.REGION_LABEL,
                  resync_seconds: float = 30.0, namespace: str = DEFAULT_NAMESPACE,
                  configmap: str = DEFAULT_CONFIGMAP, mesh: MeshSettings | None = None,
                  cluster: Cluster | None = None, peer_resources: Iterable[PeerResource] = (MESHCTL_PEERS, KILO_PEERS),
@@ -534,7 +535,7 @@ def kubeconfig_for(kubeconfig: str | None, api_server: str | None) -> KubeConfig
 
 
 def backend_from_options(kubeconfig: str | None, api_server: str | None, node_name: str,
-                         location_label: str = REGION_LABEL, resync_seconds: float = 30.0, *,
+                         location_label: str = defaults.REGION_LABEL, resync_seconds: float = 30.0, *,
                          namespace: str = DEFAULT_NAMESPACE, configmap: str = DEFAULT_CONFIGMAP,
                          mesh: MeshSettings | None = None, cluster: Cluster | None = None,
                          registry: Any = None, **extra: Any) -> KubeBackend:

@@ -49,9 +49,6 @@ PERSISTENT_KEEPALIVE = "persistent-keepalive"
 ALLOWED_LOCATION_IPS = "allowed-location-ips"
 USER_KEYS = (LOCATION, FORCE_ENDPOINT, FORCE_INTERNAL_IP, LEADER, PERSISTENT_KEEPALIVE, ALLOWED_LOCATION_IPS)
 
-REGION_LABEL = defaults.REGION_LABEL
-
-
 @dataclass(frozen=True)
 class KubeNode:
     """A Node as the mesh sees it: the record, when its agent last published, and the
@@ -187,7 +184,7 @@ def _unreached(ann: Mapping[str, str], where: str, owner: str) -> tuple[str, ...
     return _parsed(where, UNREACHED_PEERS, lambda v, p: fields.name_list(v, p, owner), names)
 
 
-def parse_kube_node(obj: Mapping[str, Any], *, location_label: str = REGION_LABEL,
+def parse_kube_node(obj: Mapping[str, Any], *, location_label: str = defaults.REGION_LABEL,
                     default_port: int | None = None) -> KubeNode | None:
     """The mesh record of a Kubernetes Node object (a dict as the API returns it).
 
@@ -243,7 +240,7 @@ def own_annotations(node: Node, granularity: str, now: float | None = None) -> d
     }
 
 
-def settings_for_agent(obj: Mapping[str, Any], location_label: str = REGION_LABEL) -> dict[str, Any]:
+def settings_for_agent(obj: Mapping[str, Any], location_label: str = defaults.REGION_LABEL) -> dict[str, Any]:
     """AgentConfig fields from the agent's own Node: its pod CIDR, location and user-set
     annotations, for the fields its flags left unset. InputError names annotation and value."""
     meta = obj.get("metadata") or {}
