@@ -14,6 +14,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import struct
 from functools import cache
 from typing import TypeVar
 
@@ -23,7 +24,7 @@ BPF_TCX_EGRESS = 47
 BPF_ANY = 0
 BPF_NOEXIST = 1
 LICENSE = b"GPL"  # the programs call GPL-only helpers
-INSN_SIZE = 8  # one eBPF instruction (struct bpf_insn)
+INSN = struct.Struct("<BBhi")  # struct bpf_insn: code, dst|src regs, off, imm
 
 
 class TestRunOpts(ctypes.Structure):
@@ -163,7 +164,7 @@ def prog_load(name: str, insns: bytes | bytearray) -> int:
     naming it when the kernel refuses it."""
     buf = ctypes.create_string_buffer(bytes(insns), len(insns))
     return _check(lib().bpf_prog_load(BPF_PROG_TYPE_SCHED_CLS, name.encode()[:15], LICENSE, ctypes.addressof(buf),
-                                      len(insns) // INSN_SIZE, None), f"BPF_PROG_LOAD {name}")
+                                      len(insns) // INSN.size, None), f"BPF_PROG_LOAD {name}")
 
 
 def map_create(name: str, map_type: int, key_size: int, value_size: int, max_entries: int, map_flags: int) -> int:

@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import os
-import struct
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,6 @@ log = logging.getLogger("meshctl.datapath")
 CACHE_DIR = "/var/lib/meshctl/bpf"
 BPF_PSEUDO_MAP_FD = 1
 LD_IMM64 = 0x18
-INSN = struct.Struct("<BBhi")  # code, dst|src regs, off, imm
 
 
 def cache_key(sources: Iterable[bytes]) -> str:
@@ -81,8 +79,8 @@ def store(key: str, b: Any, programs: Iterable[str], maps: Iterable[str]) -> boo
             return False
         code = ctypes.string_at(start, size)
         relocs = []
-        for idx in range(0, len(code) // INSN.size):
-            op, regs, _, imm = INSN.unpack_from(code, idx * INSN.size)
+        for idx in range(0, len(code) // libbpf.INSN.size):
+            op, regs, _, imm = libbpf.INSN.unpack_from(code, idx * libbpf.INSN.size)
             if op == LD_IMM64 and (regs >> 4) == BPF_PSEUDO_MAP_FD:
                 if imm not in fds:
                     return False
@@ -134,8 +132,8 @@ def load_and_pin(key: str, pin_dir: str, prog_paths: dict[str, str]) -> bool:
         for prog, spec in doc["programs"].items():
             code = bytearray(base64.b64decode(spec["insns"]))
             for idx, mname in spec["relocs"]:
-                op, regs, off, _ = INSN.unpack_from(code, idx * INSN.size)
-                INSN.pack_into(code, idx * INSN.size, op, regs, off, map_fds[mname])
+                op, regs, off, _ = libbpf.INSN.unpack_from(code, idx * libbpf.INSN.size)
+                libbpf.INSN.pack_into(code, idx * libbpf.INSN.size, op, regs, off, map_fds[mname])
             prog_fds[prog] = libbpf.prog_load(prog, code)
         for prog, fd in prog_fds.items():
             libbpf.unpin(prog_paths[prog])
