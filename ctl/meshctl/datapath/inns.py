@@ -12,12 +12,14 @@ import ctypes
 import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 from meshctl.errors import MeshError
 
 T = TypeVar("T")
 CLONE_NEWNET = 0x40000000
+NETNS_DIR = Path("/run/netns")  # where `ip netns` keeps its named namespaces
 
 
 def join_netns(fd: int, ns: str) -> None:
@@ -28,10 +30,11 @@ def join_netns(fd: int, ns: str) -> None:
 
 
 def in_netns(ns: str | None, fn: Callable[[], T]) -> T:
-    """fn() run in /run/netns/<ns> (ns None: here), its result or its exception returned/raised here."""
+    """fn() run in NETNS_DIR/<ns>, or in the namespace file `ns` when it is a path (ns None: here),
+    its result or its exception returned/raised here."""
     if ns is None:
         return fn()
-    path = ns if ns.startswith("/") else f"/run/netns/{ns}"
+    path = ns if ns.startswith("/") else str(NETNS_DIR / ns)
     box: dict[str, object] = {}
 
     def body() -> None:
