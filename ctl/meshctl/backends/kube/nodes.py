@@ -149,6 +149,12 @@ def _internal_ip(ann: Mapping[str, str], where: str) -> IPInterface | None:
     return None
 
 
+def _metadata(obj: Mapping[str, Any]) -> tuple[str, Mapping[str, str], Mapping[str, str]]:
+    """A Node object's name, annotations and labels (empty where absent)."""
+    meta = obj.get("metadata") or {}
+    return meta.get("name", ""), meta.get("annotations") or {}, meta.get("labels") or {}
+
+
 def _location(ann: Mapping[str, str], labels: Mapping[str, str], location_label: str, where: str) -> str:
     """The location annotation when set, else the location label (empty when neither is)."""
     loc = _user(ann, LOCATION)
@@ -194,10 +200,7 @@ def parse_kube_node(obj: Mapping[str, Any], *, location_label: str = defaults.RE
     annotations are read, with Kilo's fallback, in the order the docs list them, so the first
     malformed one in that order is the one reported.
     """
-    meta = obj.get("metadata") or {}
-    name = meta.get("name", "")
-    ann: Mapping[str, str] = meta.get("annotations") or {}
-    labels: Mapping[str, str] = meta.get("labels") or {}
+    name, ann, labels = _metadata(obj)
     where = f"node {name}"
     pod_cidr_text = (obj.get("spec") or {}).get("podCIDR")
     if not pod_cidr_text or PUBLIC_KEY not in ann or LAST_SEEN not in ann:
@@ -221,7 +224,8 @@ def parse_kube_node(obj: Mapping[str, Any], *, location_label: str = defaults.RE
         endpoint=endpoint, leader=leader, persistent_keepalive=keepalive, allowed_location_ips=allowed,
         wireguard_ip=wg, discovered_endpoints=discovered, unreached_peers=unreached,
     )
-    return KubeNode(node, last_seen, str(meta.get("creationTimestamp") or ""))
+    created = (obj.get("metadata") or {}).get("creationTimestamp") or ""
+    return KubeNode(node, last_seen, str(created))
 
 
 def own_annotations(node: Node, granularity: str, now: float | None = None) -> dict[str, str | None]:
@@ -243,10 +247,7 @@ def own_annotations(node: Node, granularity: str, now: float | None = None) -> d
 def settings_for_agent(obj: Mapping[str, Any], location_label: str = defaults.REGION_LABEL) -> dict[str, Any]:
     """AgentConfig fields from the agent's own Node: its pod CIDR, location and user-set
     annotations, for the fields its flags left unset. InputError names annotation and value."""
-    meta = obj.get("metadata") or {}
-    name = meta.get("name", "")
-    ann: Mapping[str, str] = meta.get("annotations") or {}
-    labels: Mapping[str, str] = meta.get("labels") or {}
+    name, ann, labels = _metadata(obj)
     out: dict[str, Any] = {}
 
     def field(ann_name: str, parse: Any, value: Any) -> Any:
