@@ -119,6 +119,14 @@ def _private(ip: IPAddress) -> bool:
     return not Endpoint(str(ip), 1).is_public
 
 
+def _given_interface(flag: str, name: str) -> int:
+    """The index of the interface a flag names, or InputError saying the node has none of that name."""
+    idx = links.ifindex_or_none(name)
+    if idx is None:
+        raise InputError(flag, name, "is not an interface of this node")
+    return idx
+
+
 def _default_route_ifindex(ipr: IPRoute) -> int | None:
     for family in (socket.AF_INET, socket.AF_INET6):
         for r in ipr.route("dump", family=family):
@@ -144,9 +152,7 @@ def discover_internal_ip(private_interface: str | None, internal_cidr: str | Non
     want = fields.cidr(internal_cidr, "--internal-cidr") if internal_cidr else None
     with IPRoute() as ipr:
         if private_interface:
-            idx = links.ifindex_or_none(private_interface)
-            if idx is None:
-                raise InputError("--private-interface", private_interface, "is not an interface of this node")
+            idx = _given_interface("--private-interface", private_interface)
             candidates = [(private_interface, a) for a in interface_addresses(ipr, idx)]
         else:
             candidates = []
@@ -176,14 +182,10 @@ def discover_endpoint(endpoint: str | None, public_interface: str | None, port: 
     if endpoint:
         return fields.endpoint(endpoint, "--endpoint", default_port=port)
     with IPRoute() as ipr:
-        if public_interface:
-            idx = links.ifindex_or_none(public_interface)
-            if idx is None:
-                raise InputError("--public-interface", public_interface, "is not an interface of this node")
-        else:
-            idx = _default_route_ifindex(ipr)
-            if idx is None:
-                return None
+        idx = _given_interface("--public-interface", public_interface) if public_interface else \
+            _default_route_ifindex(ipr)
+        if idx is None:
+            return None
         addrs = interface_addresses(ipr, idx)
     addrs.sort(key=lambda a: (_private(a.ip), a.version))
     return Endpoint(str(addrs[0].ip), port) if addrs else None
