@@ -35,6 +35,7 @@ from meshctl.lab import netns
 from meshctl.lab.testbed import PODS, PRIVATE, Testbed
 from meshctl.lab.testrun import PROTO_TCP, frame, ns_per_packet, run
 from meshctl.mesh.plan import FastPathEntry
+from meshctl.node import discovery
 
 
 def run_names(tag: str) -> tuple[str, str, dict[str, str]]:
@@ -97,7 +98,8 @@ class Modes:
         dp = Datapath.open(node, pin_root=PIN_ROOT)
         if dp.mode != "ebpf":
             raise SystemExit(f"datapath of {node}: {dp.reason}")
-        dp.attach("eth1", "kilo0" if node == "a" else None, ["vp1"])
+        dp.attach("eth1", "kilo0" if node == "a" else None, ["vp1"], pods=discovery.pod_routes(["vp1"]),
+                  private4=discovery.private_ipv4("eth1"))
         dp.sync(self.tb.fastpath(node), "eth1")
         dp.close()
 

@@ -46,6 +46,7 @@ from meshctl.datapath.inns import in_netns  # noqa: E402
 from meshctl.datapath.layout import VXLAN_OVERHEAD  # noqa: E402
 from meshctl.lab import netns  # noqa: E402
 from meshctl.lab.testbed import PODS, FabricTestbed  # noqa: E402
+from meshctl.node import discovery  # noqa: E402
 
 RUN, PIN_ROOT, WG = run_names("eab")
 PUBLIC = {"a": "203.0.113.1", "b": "203.0.113.2"}
@@ -107,7 +108,8 @@ class Paths:
     def _md_attach(self, node: str) -> None:
         """The shipped programs as in `direct` mode, but md_encap instead of from_pod on the pod veth."""
         with Datapath.open(node, pin_root=PIN_ROOT) as dp:
-            dp.attach("eth1", None, ["vp1"])
+            dp.attach("eth1", None, ["vp1"], pods=discovery.pod_routes(["vp1"]),
+                      private4=discovery.private_ipv4("eth1"))
             dp.sync(self.tb.fastpath(node, None), "eth1")
         vp1 = links.ifindex("vp1")
         links.detach_tcx(f"{PIN_ROOT}/{node}", "pod-in", vp1)
@@ -123,7 +125,8 @@ class Paths:
 
     def _fastpath(self, node: str, kind: str | None) -> None:
         with Datapath.open(node, pin_root=PIN_ROOT) as dp:
-            dp.attach("eth1", None, ["vp1"])
+            dp.attach("eth1", None, ["vp1"], pods=discovery.pod_routes(["vp1"]),
+                      private4=discovery.private_ipv4("eth1"))
             dp.sync(self.tb.fastpath(node, kind), "eth1")
 
     def set(self, mode: str) -> None:

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ctl"))
 from meshctl.datapath.inns import in_netns
 from meshctl.lab import netns
 from meshctl.mesh.model import RUNGS
-from meshctl.node.probe import Prober, Target
+from meshctl.node.prober import Prober, Target
 
 RUN = f"pbpr{os.getpid() % 10000}"
 LADDER = RUNGS  # an L2 pair: every rung

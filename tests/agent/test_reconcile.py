@@ -24,7 +24,7 @@ from meshctl.agent.status import PassSummary
 from meshctl.backends.etcd import EtcdBackend, node_key, write_topology
 from meshctl.lab import netns
 from meshctl.mesh.model import Cluster, MeshSettings
-from meshctl.node.nat import set_members
+from meshctl.node.masquerade import set_members
 from meshctl.node.wireguard.state import PeerOp
 from meshctl.node.wireguard.uapi import UapiClient
 from tests.names import unique
@@ -100,7 +100,7 @@ class AgentNode:
 
     def close(self) -> None:
         self.agent.stop()
-        from meshctl.node.nat import NatApplier
+        from meshctl.node.masquerade import NatApplier
         from meshctl.node.wireguard import WireGuard
 
         in_ns(self.ns, NatApplier(self.prefix).cleanup)

@@ -23,6 +23,7 @@ from meshctl.datapath.inns import in_netns
 from meshctl.lab import netns
 from meshctl.lab.testbed import PODS, FabricTestbed
 from meshctl.mesh.plan import Encap, FastPathEntry
+from meshctl.node import discovery
 from meshctl.node.tunnels import IPIP_DEV, TunnelApplier, kernel_has
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -55,7 +56,7 @@ def bed(pin_root):
 def _load(tb: FabricTestbed, node: str, kind: str | None) -> Datapath:
     dp = Datapath.open(node, pin_root=tb.pin_root)
     if dp.mode == "ebpf":
-        dp.attach("eth1", None, ["vp1"])
+        dp.attach("eth1", None, ["vp1"], pods=discovery.pod_routes(["vp1"]), private4=discovery.private_ipv4("eth1"))
         dp.sync(tb.fastpath(node, kind), "eth1")
     return dp
 
@@ -238,7 +239,7 @@ def test_unwrapped_packets_for_elsewhere_go_on_through_the_receivers_kernel(bed,
 
 def _load_entries(tb: FabricTestbed, node: str, entries) -> None:
     with Datapath.open(node, pin_root=tb.pin_root) as dp:
-        dp.attach("eth1", None, ["vp1"])
+        dp.attach("eth1", None, ["vp1"], pods=discovery.pod_routes(["vp1"]), private4=discovery.private_ipv4("eth1"))
         dp.sync(entries, "eth1")
 
 

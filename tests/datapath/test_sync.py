@@ -18,6 +18,7 @@ from meshctl.datapath.inns import in_netns
 from meshctl.lab import netns
 from meshctl.lab.testrun import frame, run
 from meshctl.mesh.plan import FastPathEntry
+from meshctl.node import discovery
 from tests.names import unique
 
 NH = ipaddress.ip_address("192.168.0.2")
@@ -27,6 +28,12 @@ def big_plan(n: int = 100_000, base: str = "10.0.0.0") -> list[FastPathEntry]:
     start = int(ipaddress.IPv4Address(base))
     return [FastPathEntry(ipaddress.IPv4Network((start + i * 32, 27)), "direct" if i % 2 else "tunnel",
                           NH if i % 2 else None) for i in range(n)]
+
+
+def _attach(dp: Datapath, private_if: str, pod_ifs: list[str]) -> None:
+    """Attach as the agent does: with the pod routes and private address read in this namespace."""
+    dp.attach(private_if, None, pod_ifs, pods=discovery.pod_routes(pod_ifs),
+              private4=discovery.private_ipv4(private_if))
 
 
 @pytest.fixture
@@ -124,7 +131,7 @@ def test_a_second_loader_process_sees_the_same_pinned_maps(pin_root, node):
 def test_restart_reopens_links_and_a_new_source_switches_them(pin_root, node, ns_with_veth):
     def agent():
         dp = Datapath.open(node, pin_root=pin_root)
-        dp.attach("p0", None, ["p1"])
+        _attach(dp, "p0", ["p1"])
         st = dp.status()
         dp.close()
         return st
@@ -146,7 +153,7 @@ def test_restart_reopens_links_and_a_new_source_switches_them(pin_root, node, ns
     # p1 no longer a pod veth: its links go, the private NIC's stay.
     def shrink():
         dp = Datapath.open(node, pin_root=pin_root)
-        dp.attach("p0", None, [])
+        _attach(dp, "p0", [])
         st = dp.status()
         dp.close()
         return st
@@ -158,7 +165,7 @@ def test_restart_reopens_links_and_a_new_source_switches_them(pin_root, node, ns
 def test_an_old_layout_is_migrated_not_misread(pin_root, node, ns_with_veth):
     def agent():
         dp = Datapath.open(node, pin_root=pin_root)
-        dp.attach("p0", None, ["p1"])
+        _attach(dp, "p0", ["p1"])
         dp.sync(big_plan(10), "p0")
         st = dp.status()
         dp.close()
@@ -185,7 +192,7 @@ def test_disabled_removes_the_fast_path(pin_root, node, ns_with_veth):
     def agent(enabled):
         dp = Datapath.open(node, pin_root=pin_root, enabled=enabled)
         if enabled:
-            dp.attach("p0", None, ["p1"])
+            _attach(dp, "p0", ["p1"])
         return dp.mode, dp.reason
 
     assert in_netns(ns_with_veth, lambda: agent(True)) == ("ebpf", "")
@@ -199,7 +206,7 @@ def test_clsact_fallback_attaches_and_unloads(pin_root, node, ns_with_veth):
     def agent():
         dp = Datapath.open(node, pin_root=pin_root)
         dp._tc_fallback = True  # as on a kernel without tcx
-        dp.attach("p0", None, ["p1"])
+        _attach(dp, "p0", ["p1"])
         dp.close()
         return links.clsact_attached("p0"), links.clsact_attached("p1")
 
@@ -213,10 +220,10 @@ def test_clsact_links_are_reported_switched_and_detached_like_tcx(pin_root, node
     def agent():
         dp = Datapath.open(node, pin_root=pin_root)
         dp._tc_fallback = True  # as on a kernel without tcx (5.10, 6.1)
-        dp.attach("p0", None, ["p1"])
+        _attach(dp, "p0", ["p1"])
         first = dp.status()
         reopened = Datapath.pinned(node, pin_root=pin_root).status()  # what `datapath status` shows
-        dp.attach("p0", None, [])  # the pod on p1 went away
+        _attach(dp, "p0", [])  # the pod on p1 went away
         after = dp.status()
         dp.close()
         return first, reopened, after

@@ -19,6 +19,7 @@ from meshctl.datapath import Datapath, features, layout, links
 from meshctl.datapath.inns import in_netns
 from meshctl.lab import netns
 from meshctl.lab.testbed import FAR_POD, PODS, SERVICE_IP, Testbed
+from meshctl.node import discovery
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -64,7 +65,8 @@ def _load(tb: Testbed, node: str) -> Datapath:
     """What the agent does in its node's netns."""
     dp = Datapath.open(node, pin_root=tb.pin_root)
     if dp.mode == "ebpf":
-        dp.attach("eth1", "kilo0" if node == "a" else None, ["vp1"])
+        dp.attach("eth1", "kilo0" if node == "a" else None, ["vp1"], pods=discovery.pod_routes(["vp1"]),
+                  private4=discovery.private_ipv4("eth1"))
         dp.sync(tb.fastpath(node), "eth1")
     return dp
 

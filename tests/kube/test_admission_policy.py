@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from meshctl.backends.kube.nodes import AGENT_KEYS, LOCATION, PREFIX
+from meshctl.backends.kube.nodes import AGENT_ANNOTATIONS, LOCATION, PREFIX
 
 from .helpers import MANIFESTS
 from .test_manifests import by_kind
@@ -138,4 +138,4 @@ def test_the_agent_changes_only_its_own_annotations_on_its_own_node(policy: Poli
 
 def test_the_policy_lists_exactly_the_keys_the_agent_writes(policy: Policy) -> None:
     keys = policy.variable(req(), node(), node(), "agentKeys")
-    assert sorted(str(k) for k in keys) == sorted(AGENT_KEYS)
+    assert sorted(str(k) for k in keys) == sorted(AGENT_ANNOTATIONS)

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from meshctl.agent.config import AgentConfig
-from meshctl.backends.kube.backend import AGENT_KEYS, settings_from_configmap
+from meshctl.backends.kube.backend import AGENT_ENV_KEYS, settings_from_configmap
 from meshctl.cli import main
 from tests.names import unique
 
@@ -92,7 +92,7 @@ def test_the_daemonset_env_from_the_configmap_reaches_the_agent(monkeypatch):
     values = {"private_interface": "eth1", "internal_cidr": "10.10.0.0/16", "cni": "install"}
     env = {}
     for name, ref in from_cm.items():
-        assert ref["name"] == cm and ref["optional"] is True and ref["key"] in AGENT_KEYS
+        assert ref["name"] == cm and ref["optional"] is True and ref["key"] in AGENT_ENV_KEYS
         env[name] = values[ref["key"]]
     res, cfg = parse(monkeypatch, expand(agent["args"], {"NODE_NAME": "node-1"}), env)
     assert res.exit_code == 0, res.output

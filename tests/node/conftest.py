@@ -4,52 +4,31 @@ network namespace, as the agent runs under `nsenter --net`), and wireguard-go cl
 
 from __future__ import annotations
 
-import ctypes
+import functools
 import os
 import shutil
 import subprocess
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
+from meshctl.datapath.inns import in_netns
 from meshctl.lab import netns
 from meshctl.node.wireguard.uapi import running_pid, stop
 from tests.names import unique
 
 T = TypeVar("T")
-CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(None, use_errno=True)
 
 pytestmark = pytest.mark.root
 
 
 def in_ns(ns: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run `fn` in a thread that has joined namespace `ns` (setns is per thread, and so are
-    netlink sockets, /proc/sys/net and the children that thread starts)."""
-    out: dict[str, Any] = {}
-
-    def target() -> None:
-        fd = os.open(netns.NETNS_DIR / ns, os.O_RDONLY)
-        try:
-            if _libc.setns(fd, CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns failed")
-        finally:
-            os.close(fd)
-        try:
-            out["result"] = fn(*args, **kwargs)
-        except BaseException as e:  # re-raised in the caller
-            out["error"] = e
-
-    t = threading.Thread(target=target, name=f"in-{ns}")
-    t.start()
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out["result"]
+    """`fn(*args, **kwargs)` run in a thread that has joined namespace `ns` (setns is per thread, and
+    so are netlink sockets, /proc/sys/net and the children that thread starts)."""
+    return in_netns(ns, functools.partial(fn, *args, **kwargs))
 
 
 class NodeLab:

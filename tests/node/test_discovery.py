@@ -1,16 +1,18 @@
 """Discovery from a node's own interfaces: internal address (and the /32 case that needs the
-override), endpoint, and kilo0's MTU."""
+override), endpoint, kilo0's MTU, and the pod routes and private address the fast path is told
+(the same answers iproute2 gives)."""
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 
 import pytest
 
 from meshctl.errors import InputError
 from meshctl.mesh.model import Endpoint
-from meshctl.node.discovery import discover_endpoint, discover_internal_ip, wg_mtu
+from meshctl.node.discovery import discover_endpoint, discover_internal_ip, pod_routes, private_ipv4, wg_mtu
 
 from .conftest import NodeLab, in_ns
 
@@ -67,3 +69,30 @@ def test_kilo0_mtu_is_the_private_nic_minus_overhead(node: str):
     assert in_ns(node, wg_mtu, "eth1") == 1420
     assert in_ns(node, wg_mtu, None) == 1420
     assert in_ns(node, wg_mtu, "eth9", 1450) == 1370
+
+
+def test_private_ipv4_is_the_primary_global_ipv4_address(node: str, lab: NodeLab):
+    lab.sh(node, "ip", "addr", "add", "10.20.0.9/24", "dev", "eth2")  # a secondary, after the primary
+    lab.sh(node, "ip", "addr", "add", "10.20.1.1/24", "dev", "eth2", "scope", "link")
+    lab.sh(node, "ip", "addr", "add", "fd00::4/64", "dev", "eth2")
+    assert in_ns(node, private_ipv4, "eth2") == ipaddress.ip_address("10.20.0.4")
+    assert in_ns(node, private_ipv4, "eth9") is None
+    out = json.loads(lab.sh(node, "ip", "-j", "-4", "addr", "show", "dev", "eth2", "scope", "global").stdout)
+    shown = [a["local"] for a in out[0]["addr_info"] if a]  # iproute2 prints {} for the link-scope one
+    assert shown == ["10.20.0.4", "10.20.0.9"]
+
+
+def test_pod_routes_are_the_unicast_host_routes_through_the_pod_interfaces(node: str, lab: NodeLab):
+    for dev in ("vp1", "vp2"):
+        lab.sh(node, "ip", "link", "add", dev, "type", "veth", "peer", "name", f"{dev}x")
+        lab.sh(node, "ip", "link", "set", dev, "up")
+    lab.sh(node, "ip", "addr", "add", "10.42.1.1", "peer", "10.42.1.9/32", "dev", "vp1")  # a proto kernel route
+    lab.sh(node, "ip", "route", "add", "10.42.1.5/32", "dev", "vp1")
+    lab.sh(node, "ip", "route", "add", "10.42.1.6/32", "dev", "vp2")
+    lab.sh(node, "ip", "route", "add", "10.42.2.0/24", "dev", "vp1")  # not a host route
+    lab.sh(node, "ip", "route", "add", "blackhole", "10.42.1.7/32")
+    lab.sh(node, "ip", "-6", "route", "add", "fd42::5/128", "dev", "vp1")
+    vp1 = int(json.loads(lab.sh(node, "ip", "-j", "link", "show", "dev", "vp1").stdout)[0]["ifindex"])
+    assert in_ns(node, pod_routes, ["vp1", "gone"]) == {ipaddress.ip_address("10.42.1.5"): vp1,
+                                                       ipaddress.ip_address("fd42::5"): vp1}
+    assert in_ns(node, pod_routes, []) == {}

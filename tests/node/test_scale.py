@@ -9,7 +9,7 @@ import time
 import pytest
 
 from meshctl.mesh.plan import Route
-from meshctl.node.nat import NatApplier
+from meshctl.node.masquerade import NatApplier
 from meshctl.node.routes import RouteApplier
 
 from .conftest import NodeLab, in_ns

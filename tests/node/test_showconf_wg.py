@@ -13,7 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 from meshctl.cli import main
-from meshctl.node.shell import NETNS_DIR
+from meshctl.datapath.inns import NETNS_DIR
 from meshctl.node.wireguard import uapi
 from tests.plan.fixtures import KILO_CLASSIC, key
 

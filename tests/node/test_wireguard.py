@@ -292,7 +292,7 @@ def test_roaming_peer_keeps_its_learned_endpoint_across_resyncs_and_restarts(pai
     assert {p.name: p.endpoint for p in in_ns(pair.b, restarted.show)}["a"] == f"192.168.77.1:{PORT}"
     assert lab.sh(pair.b, "ping", "-c", "2", "-i", "0.2", "-W", "2", "10.4.0.1", check=False).returncode == 0
     # A discovered endpoint the plan changes IS applied (the mesh saw the peer move); and a peer not
-    # marked roaming gets its configured endpoint on a restart, as before.
+    # marked roaming gets its configured endpoint after a restart too.
     moved = replace(a_at_b, endpoint=f"192.168.77.8:{PORT}", discovered=True)
     in_ns(pair.b, restarted.sync_peers, [moved])
     assert {p.name: p.endpoint for p in in_ns(pair.b, restarted.show)}["a"] == f"192.168.77.8:{PORT}"

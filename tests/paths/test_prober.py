@@ -10,7 +10,7 @@ from meshctl.datapath.inns import in_netns
 from meshctl.lab import fabric
 from meshctl.mesh.model import RUNGS
 from meshctl.mesh.paths import ProbeTuning
-from meshctl.node.probe import Prober, Target, probe_address
+from meshctl.node.prober import Prober, Target, probe_address
 from tests.waiting import wait_for
 
 from .conftest import FABRICS_DOC, node_of

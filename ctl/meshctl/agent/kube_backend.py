@@ -21,7 +21,8 @@ from typing import Any
 from meshctl.agent.config import AgentConfig
 from meshctl.backends.kube import backend_from_options
 from meshctl.backends.kube.backend import DEFAULT_CONFIGMAP, DEFAULT_NAMESPACE, KubeBackend
-from meshctl.backends.kube.nodes import REGION_LABEL, settings_for_agent
+from meshctl.backends.kube.nodes import settings_for_agent
+from meshctl.defaults import REGION_LABEL
 from meshctl.errors import InputError, MeshError
 from meshctl.mesh.model import Cluster
 

@@ -1,4 +1,4 @@
-"""Path probing as the agent runs it: under `intra_subnet: auto` a prober (node/probe.py) probes
+"""Path probing as the agent runs it: under `intra_subnet: auto` a prober (node/prober.py) probes
 every eligible peer on every private rung this node can carry, and its verdicts (mesh/paths.py)
 are the path-state the next plan reads. A change of a pair's rung wakes the loop at once: the pair
 leaves a dead rung without waiting for a reconcile pass.
@@ -18,7 +18,7 @@ from meshctl.agent.status import ProbeStatus
 from meshctl.mesh.model import ENCAP_RUNGS, PathState, Rung, Topology
 from meshctl.mesh.paths import Change, ProbeTuning
 from meshctl.mesh.plan import probe_ladders
-from meshctl.node.probe import Prober, Target, probe_address
+from meshctl.node.prober import Prober, Target, probe_address
 
 log = logging.getLogger("meshctl.agent")
 

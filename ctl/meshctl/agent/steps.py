@@ -27,7 +27,7 @@ from meshctl.datapath import Datapath
 from meshctl.errors import MeshError
 from meshctl.mesh.model import IPNetwork, Node, Topology
 from meshctl.mesh.plan import ENCAP_KINDS, NodePlan
-from meshctl.node import cni, discovery, nat, routes, sysctls, tunnels, wireguard
+from meshctl.node import cni, discovery, masquerade, routes, sysctls, tunnels, wireguard
 from meshctl.node.wireguard.psk import SecretSource, read_key
 
 log = logging.getLogger("meshctl.agent")
@@ -246,7 +246,7 @@ class NatStep(Quiet):
 
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
-        self.applier = nat.NatApplier(cfg.nat_prefix)
+        self.applier = masquerade.NatApplier(cfg.nat_prefix)
 
     def inputs(self, p: PassInput) -> Hashable:
         return (p.me.pod_cidr, p.mesh_cidrs, p.pod_ifs)
@@ -322,7 +322,8 @@ class DatapathStep:
         if self._attached != p.pod_ifs:
             self._settle_until = time.monotonic() + PODS_SETTLE_S
         if self._attached != p.pod_ifs or p.timer_pass or p.settle_pass:
-            dp.attach(self.cfg.private_interface, self.cfg.wg_interface, list(p.pod_ifs))  # re-reads pod routes
+            dp.attach(self.cfg.private_interface, self.cfg.wg_interface, p.pod_ifs,
+                      pods=discovery.pod_routes(p.pod_ifs), private4=discovery.private_ipv4(self.cfg.private_interface))
             self._attached = p.pod_ifs
         dp.sync(p.plan.fastpath, self.cfg.private_interface)
         self._synced = True

@@ -411,7 +411,7 @@ def cleanup_node(node_name: str | None, wg_interface: str, wg_run_dir: Path, pri
         RouteApplier(private_interface, wg_interface).flush()
 
     def nat() -> None:
-        from meshctl.node.nat import NatApplier
+        from meshctl.node.masquerade import NatApplier
 
         NatApplier(nat_prefix).cleanup()
 

@@ -21,6 +21,7 @@ from meshctl.cli import targets
 from meshctl.datapath import Datapath
 from meshctl.datapath.inns import in_netns
 from meshctl.errors import InputError, MeshError
+from meshctl.node import discovery
 
 T = TypeVar("T")
 
@@ -144,7 +145,8 @@ def datapath_load(node: str, lab_name: str | None, pin_root: str | None, netns: 
         try:
             if dp.mode != "ebpf":
                 raise MeshError(f"datapath: kernel-routes ({dp.reason})")
-            dp.attach(private_if, tunnel_if, pod_ifs)
+            dp.attach(private_if, tunnel_if, pod_ifs, pods=discovery.pod_routes(pod_ifs),
+                      private4=discovery.private_ipv4(private_if))
             st = dp.sync(entries, private_if) if entries is not None else None
             return {"status": dp.status(), "sync": st}
         finally:

@@ -1,7 +1,8 @@
 """The eBPF fast path of one node, as the agent drives it.
 
     dp = Datapath.open("a1")                 # load, or reopen what a previous agent pinned
-    dp.attach("eth1", "kilo0", ["veth-p1"])  # idempotent
+    dp.attach("eth1", "kilo0", ["veth-p1"],  # idempotent; pods and private4 as node.discovery reads them
+              pods=discovery.pod_routes(["veth-p1"]), private4=discovery.private_ipv4("eth1"))
     dp.sync(plan.fastpath, "eth1")           # diff against the pinned LPM map
     dp.counters(); dp.entries(); dp.close()  # close leaves everything pinned and running
 
@@ -13,13 +14,10 @@ kernel's routes stay the source of truth: with the programs unloaded, or where t
 from __future__ import annotations
 
 import contextlib
-import ipaddress
-import json
 import logging
 import os
 import shutil
-import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from meshctl import defaults
@@ -36,38 +34,6 @@ if TYPE_CHECKING:
 __all__ = ["Datapath", "SyncStats"]
 
 log = logging.getLogger("meshctl.datapath")
-
-
-
-def local_pods(pod_ifs: Iterable[str]) -> dict[IPAddress, int]:
-    """Pod address -> host veth ifindex, from the kernel's /32 and /128 routes through `pod_ifs`
-    (how the lab and most CNIs route pods), in the current netns."""
-    wanted = {}
-    for name in pod_ifs:
-        try:
-            wanted[name] = links.ifindex(name)
-        except MeshError:
-            continue
-    out: dict[IPAddress, int] = {}
-    if not wanted:
-        return out
-    for fam in ("-4", "-6"):
-        p = subprocess.run(["ip", "-j", fam, "route", "show", "table", "main"], capture_output=True, text=True)
-        if p.returncode != 0 or not p.stdout.strip():
-            continue
-        for r in json.loads(p.stdout):
-            dev, dst = r.get("dev"), r.get("dst", "")
-            if dev not in wanted or dst in ("default", "") or r.get("type", "unicast") != "unicast":
-                continue
-            if r.get("protocol") == "kernel":
-                continue  # the route of an address of the host side itself, not a pod
-            try:
-                net = ipaddress.ip_network(dst, strict=True)
-            except ValueError:
-                continue
-            if net.prefixlen == net.max_prefixlen:
-                out[net.network_address] = wanted[dev]
-    return out
 
 
 class Datapath:
@@ -203,14 +169,20 @@ class Datapath:
         """Whether the programs are attached as clsact filters (no tcx before 6.6) rather than tcx links."""
         return self._tc_fallback
 
-    def attach(self, private_if: str, tunnel_if: str | None, pod_ifs: Iterable[str]) -> None:
+    def attach(self, private_if: str, tunnel_if: str | None, pod_ifs: Iterable[str], *,
+               pods: Mapping[IPAddress, int], private4: IPAddress | None) -> None:
         """Idempotent: from_pod (+ egress tracking) on each pod veth, from_private (+ egress
         tracking) on the private NIC, egress tracking on tunnel_if; detach pod veths no longer
-        listed; refresh the local-pod map from the kernel's pod routes; record the private NIC's
-        IPv4 address as the one encapsulated packets must be addressed to."""
+        listed; make the local-pod map `pods` (pod address -> host veth ifindex); record
+        `private4`, the private NIC's IPv4 address, as the one encapsulated packets must be
+        addressed to.
+
+        The caller reads `pods` and `private4` from this namespace (node.discovery.pod_routes and
+        private_ipv4): the node's appliers build on the datapath's wire format, so the datapath
+        takes what it needs of the node as values and never imports node/."""
         if self._loaded is None:
             return
-        self._loaded.maps.config_set(layout.CFG_PRIVATE4, layout.config_addr(private_ipv4(private_if)))
+        self._loaded.maps.config_set(layout.CFG_PRIVATE4, layout.config_addr(private4))
         self._loaded.maps.config_set(layout.CFG_PRIVATE_MTU, links.mtu(private_if))
         pod_ifs = list(dict.fromkeys(pod_ifs))
         want: dict[tuple[str, int], str] = {}
@@ -218,14 +190,14 @@ class Datapath:
         want[("private-in", priv)] = private_if
         want[("private-out", priv)] = private_if
         if tunnel_if:
-            try:
-                want[("tunnel-out", links.ifindex(tunnel_if))] = tunnel_if
-            except MeshError:
+            tunnel = links.ifindex_or_none(tunnel_if)
+            if tunnel is not None:
+                want[("tunnel-out", tunnel)] = tunnel_if
+            else:
                 log.info("datapath: tunnel device %s not there yet", tunnel_if)
         for name in pod_ifs:
-            try:
-                idx = links.ifindex(name)
-            except MeshError:
+            idx = links.ifindex_or_none(name)
+            if idx is None:
                 continue  # the pod went away between listing and attaching
             want[("pod-in", idx)] = name
             want[("pod-out", idx)] = name
@@ -237,8 +209,7 @@ class Datapath:
                     links.detach_tcx(self.pin_dir, a.hook, a.ifindex)
                 else:
                     links.detach_clsact(a.hook, a.ifname)
-        self._loaded.maps.pods.sync({layout.pod_key(ip): layout.pod_value(idx)
-                                     for ip, idx in local_pods(pod_ifs).items()})
+        self._loaded.maps.pods.sync({layout.pod_key(ip): layout.pod_value(idx) for ip, idx in pods.items()})
 
     def _attach_one(self, hook: str, idx: int, name: str) -> None:
         assert self._loaded is not None
@@ -274,7 +245,7 @@ class Datapath:
             return SyncStats(0, 0, 0)
         desired = layout.route_table(entries, links.ifindex(private_if))
         # The first sync after open diffs against the pinned map itself; later ones against what
-        # this agent wrote (reading 100,000 entries back costs 0.2 s, more than the whole diff).
+        # this agent wrote (reading a large map back costs more than the whole diff).
         stats = self._loaded.maps.routes.sync(desired, self._routes_written)
         self._routes_written = desired
         return stats
@@ -352,18 +323,6 @@ class Datapath:
 
 def _str_or_none(x: object | None) -> str | None:
     return None if x is None else str(x)
-
-
-def private_ipv4(dev: str) -> IPAddress | None:
-    """The first global IPv4 address of `dev` (the node's private address), None without one."""
-    p = subprocess.run(["ip", "-j", "-4", "addr", "show", "dev", dev, "scope", "global"], capture_output=True,
-                       text=True)
-    if p.returncode != 0 or not p.stdout.strip():
-        return None
-    for link in json.loads(p.stdout):
-        for a in link.get("addr_info", []):
-            return ipaddress.ip_address(a["local"])
-    return None
 
 
 def _clsact_in_use(pin_dir: str) -> bool:

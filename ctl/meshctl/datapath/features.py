@@ -11,7 +11,6 @@ device), one without rejects the attach type itself (EINVAL).
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import struct
@@ -20,7 +19,6 @@ from functools import cache
 
 from meshctl.datapath import libbpf
 
-BPF_PROG_TYPE_SCHED_CLS = 3
 # the helpers datapath.c calls (besides the map helpers), by their BPF_FUNC_* number
 HELPERS = {
     "map_lookup_elem": 1,
@@ -78,6 +76,7 @@ def _adjust_room_prog(len_diff: int, flags: int) -> bytes:
     ])
 # the map types of meshctl_maps.h, by their BPF_MAP_TYPE_* number
 MAP_TYPES = {"hash": 1, "array": 2, "percpu_array": 6, "lru_hash": 9, "lpm_trie": 11}
+_PROBE_NAME = "mc_probe"
 _RET0_EXIT = bytes([0xB7, 0, 0, 0, 0, 0, 0, 0, 0x95, 0, 0, 0, 0, 0, 0, 0])  # r0 = 0; exit
 
 
@@ -111,13 +110,12 @@ class Features:
                 "flags": dict(self.flags), "missing": self.missing(), "fallbacks": self.fallbacks()}
 
 
-def _probe_adjust_room(so: ctypes.CDLL, len_diff: int, flags: int) -> bool:
+def _probe_adjust_room(len_diff: int, flags: int) -> bool:
     """Whether bpf_skb_adjust_room takes `flags`: a test run of one call with them (the helper
     answers EINVAL at run time for a flag it does not know; loading proves nothing)."""
-    prog = _adjust_room_prog(len_diff, flags)
-    code = ctypes.create_string_buffer(prog, len(prog))
-    fd = so.bpf_prog_load(BPF_PROG_TYPE_SCHED_CLS, b"mc_probe", b"GPL", ctypes.addressof(code), len(prog) // 8, None)
-    if fd < 0:
+    try:
+        fd = libbpf.prog_load(_PROBE_NAME, _adjust_room_prog(len_diff, flags))
+    except OSError:
         return False
     try:
         retval, _, _, _ = libbpf.test_run(fd, _PROBE_PACKET)
@@ -128,20 +126,18 @@ def _probe_adjust_room(so: ctypes.CDLL, len_diff: int, flags: int) -> bool:
         os.close(fd)
 
 
-def _probe_tcx(so: ctypes.CDLL) -> bool:
-    so.bpf_prog_load.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t,
-                                 ctypes.c_void_p]
-    so.bpf_prog_load.restype = ctypes.c_int
-    code = ctypes.create_string_buffer(_RET0_EXIT, len(_RET0_EXIT))
-    fd = so.bpf_prog_load(BPF_PROG_TYPE_SCHED_CLS, b"mc_probe", b"GPL", ctypes.addressof(code), 2, None)
-    if fd < 0:
+def _probe_tcx() -> bool:
+    try:
+        fd = libbpf.prog_load(_PROBE_NAME, _RET0_EXIT)
+    except OSError:
         return False
     try:
-        ret = so.bpf_link_create(fd, 0, libbpf.BPF_TCX_INGRESS, None)
-        if ret >= 0:  # cannot happen for ifindex 0; never leave a link behind
-            os.close(ret)
-            return True
-        return bool(-ret == errno.ENODEV)
+        link = libbpf.link_create(fd, 0, libbpf.BPF_TCX_INGRESS)
+    except OSError as e:
+        return e.errno == errno.ENODEV
+    else:  # cannot happen for ifindex 0; never leave a link behind
+        os.close(link)
+        return True
     finally:
         os.close(fd)
 
@@ -149,15 +145,10 @@ def _probe_tcx(so: ctypes.CDLL) -> bool:
 @cache
 def probe() -> Features:
     """The features of the running kernel (once per process: they do not change under us)."""
-    so = libbpf.lib()
-    so.libbpf_probe_bpf_helper.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-    so.libbpf_probe_bpf_helper.restype = ctypes.c_int
-    so.libbpf_probe_bpf_map_type.argtypes = [ctypes.c_int, ctypes.c_void_p]
-    so.libbpf_probe_bpf_map_type.restype = ctypes.c_int
-    helpers = {h: so.libbpf_probe_bpf_helper(BPF_PROG_TYPE_SCHED_CLS, n, None) == 1 for h, n in HELPERS.items()}
-    maps = {m: so.libbpf_probe_bpf_map_type(n, None) == 1 for m, n in MAP_TYPES.items()}
-    tcx = _probe_tcx(so)  # also declares bpf_prog_load's signature
-    flags = {name: _probe_adjust_room(so, diff, bits) for name, (diff, bits) in _ADJ_ROOM_PROBES.items()}
+    helpers = {h: libbpf.probe_helper(n) for h, n in HELPERS.items()}
+    maps = {m: libbpf.probe_map_type(n) for m, n in MAP_TYPES.items()}
+    tcx = _probe_tcx()
+    flags = {name: _probe_adjust_room(diff, bits) for name, (diff, bits) in _ADJ_ROOM_PROBES.items()}
     for name in os.environ.get(WITHOUT_ENV, "").split(","):
         name = name.strip()
         if name in OPTIONAL_HELPERS:

@@ -12,19 +12,29 @@ import ctypes
 import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 from meshctl.errors import MeshError
 
 T = TypeVar("T")
 CLONE_NEWNET = 0x40000000
+NETNS_DIR = Path("/run/netns")  # where `ip netns` keeps its named namespaces
+
+
+def join_netns(fd: int, ns: str) -> None:
+    """Move the calling thread into the network namespace open at `fd` (named `ns` in the error):
+    setns(2), or MeshError."""
+    if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+        raise MeshError(f"setns {ns}: {os.strerror(ctypes.get_errno())}")
 
 
 def in_netns(ns: str | None, fn: Callable[[], T]) -> T:
-    """fn() run in /run/netns/<ns> (ns None: here), its result or its exception returned/raised here."""
+    """fn() run in NETNS_DIR/<ns>, or in the namespace file `ns` when it is a path (ns None: here),
+    its result or its exception returned/raised here."""
     if ns is None:
         return fn()
-    path = ns if ns.startswith("/") else f"/run/netns/{ns}"
+    path = ns if ns.startswith("/") else str(NETNS_DIR / ns)
     box: dict[str, object] = {}
 
     def body() -> None:
@@ -34,10 +44,10 @@ def in_netns(ns: str | None, fn: Callable[[], T]) -> T:
             box["err"] = MeshError(f"network namespace {ns!r}: {e.strerror}")
             return
         try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.setns(fd, CLONE_NEWNET) != 0:
-                box["err"] = MeshError(f"setns {ns}: {os.strerror(ctypes.get_errno())}")
-                return
+            join_netns(fd, ns)
+        except MeshError as e:
+            box["err"] = e
+            return
         finally:
             os.close(fd)
         try:

@@ -183,12 +183,6 @@ def decode_pod(key: bytes, value: bytes) -> tuple[IPAddress, int]:
     return _addr(fam, addr), POD_VALUE.unpack(value)[0]
 
 
-def flow_key(proto: int, src: IPAddress, sport: int, dst: IPAddress, dport: int) -> bytes:
-    """A key of flows4 (IPv4) or flows6."""
-    st = FLOW4_KEY if src.version == 4 else FLOW6_KEY
-    return st.pack(src.packed, dst.packed, sport.to_bytes(2, "big"), dport.to_bytes(2, "big"), proto)
-
-
 def decode_flow(key: bytes) -> dict[str, object]:
     st = FLOW4_KEY if len(key) == FLOW4_KEY.size else FLOW6_KEY
     saddr, daddr, sport, dport, proto = st.unpack(key)

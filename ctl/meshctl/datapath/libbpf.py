@@ -14,13 +14,17 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import struct
 from functools import cache
 from typing import TypeVar
 
+BPF_PROG_TYPE_SCHED_CLS = 3  # every program here is a tc classifier (datapath.c's and the probes')
 BPF_TCX_INGRESS = 46
 BPF_TCX_EGRESS = 47
 BPF_ANY = 0
 BPF_NOEXIST = 1
+LICENSE = b"GPL"  # the programs call GPL-only helpers
+INSN = struct.Struct("<BBhi")  # struct bpf_insn: code, dst|src regs, off, imm
 
 
 class TestRunOpts(ctypes.Structure):
@@ -49,6 +53,23 @@ class BatchOpts(ctypes.Structure):
     """struct bpf_map_batch_opts."""
 
     _fields_ = [("sz", ctypes.c_size_t), ("elem_flags", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
+
+
+class MapCreateOpts(ctypes.Structure):
+    """struct bpf_map_create_opts (libbpf 1.x)."""
+
+    _fields_ = [
+        ("sz", ctypes.c_size_t),
+        ("btf_fd", ctypes.c_uint32),
+        ("btf_key_type_id", ctypes.c_uint32),
+        ("btf_value_type_id", ctypes.c_uint32),
+        ("btf_vmlinux_value_type_id", ctypes.c_uint32),
+        ("inner_map_fd", ctypes.c_uint32),
+        ("map_flags", ctypes.c_uint32),
+        ("map_extra", ctypes.c_uint64),
+        ("numa_node", ctypes.c_uint32),
+        ("map_ifindex", ctypes.c_uint32),
+    ]
 
 
 class MapInfo(ctypes.Structure):
@@ -105,7 +126,11 @@ def lib() -> ctypes.CDLL:
         "bpf_link_update": ([i, i, vp], i),
         "bpf_obj_get_info_by_fd": ([i, vp, ctypes.POINTER(u32)], i),
         "bpf_prog_test_run_opts": ([i, ctypes.POINTER(TestRunOpts)], i),
+        "bpf_prog_load": ([i, ctypes.c_char_p, ctypes.c_char_p, vp, ctypes.c_size_t, vp], i),
+        "bpf_map_create": ([i, ctypes.c_char_p, u32, u32, u32, ctypes.POINTER(MapCreateOpts)], i),
         "libbpf_num_possible_cpus": ([], i),
+        "libbpf_probe_bpf_helper": ([i, i, vp], i),
+        "libbpf_probe_bpf_map_type": ([i, vp], i),
     }
     for fn, (args, res) in sigs.items():
         f = getattr(so, fn)
@@ -132,6 +157,31 @@ def unpin(path: str) -> None:
     """Remove a pin; quiet when it is already gone. The object lives on while anything holds it."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def prog_load(name: str, insns: bytes | bytearray) -> int:
+    """A tc classifier from raw instructions (map fds already in place): its fd, or OSError
+    naming it when the kernel refuses it."""
+    buf = ctypes.create_string_buffer(bytes(insns), len(insns))
+    return _check(lib().bpf_prog_load(BPF_PROG_TYPE_SCHED_CLS, name.encode()[:15], LICENSE, ctypes.addressof(buf),
+                                      len(insns) // INSN.size, None), f"BPF_PROG_LOAD {name}")
+
+
+def map_create(name: str, map_type: int, key_size: int, value_size: int, max_entries: int, map_flags: int) -> int:
+    """A new map's fd, or OSError naming it."""
+    opts = MapCreateOpts(sz=ctypes.sizeof(MapCreateOpts), map_flags=map_flags)
+    return _check(lib().bpf_map_create(map_type, name.encode()[:15], key_size, value_size, max_entries,
+                                       ctypes.byref(opts)), f"bpf_map_create {name}")
+
+
+def probe_helper(helper: int) -> bool:
+    """Whether a tc classifier may call BPF_FUNC `helper` on this kernel (libbpf's probe)."""
+    return bool(lib().libbpf_probe_bpf_helper(BPF_PROG_TYPE_SCHED_CLS, helper, None) == 1)
+
+
+def probe_map_type(map_type: int) -> bool:
+    """Whether this kernel creates maps of BPF_MAP_TYPE `map_type` (libbpf's probe)."""
+    return bool(lib().libbpf_probe_bpf_map_type(map_type, None) == 1)
 
 
 def possible_cpus() -> int:

@@ -47,12 +47,28 @@ class Attachment:
 SIOCGIFMTU = 0x8921
 
 
-def ifindex(name: str) -> int:
-    """The ifindex in the current netns, or MeshError naming the interface."""
+def ifindex_or_none(name: str | None) -> int | None:
+    """The index of interface `name` in the calling thread's network namespace; None without a
+    name or without such an interface. The package's one interface-index lookup: a socket ioctl
+    answers for the caller's namespace, where /sys would answer for the one it was mounted in."""
+    if not name:
+        return None
     try:
         return socket.if_nametoindex(name)
     except OSError:
-        raise MeshError(f"interface {name!r} does not exist in this network namespace") from None
+        return None
+
+
+def ifindex(name: str) -> int:
+    """`ifindex_or_none`, or MeshError naming the interface."""
+    idx = ifindex_or_none(name)
+    if idx is None:
+        raise _no_such(name)
+    return idx
+
+
+def _no_such(name: str) -> MeshError:
+    return MeshError(f"interface {name!r} does not exist in this network namespace")
 
 
 def mtu(name: str) -> int:
@@ -64,7 +80,7 @@ def mtu(name: str) -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             ifr = fcntl.ioctl(s, SIOCGIFMTU, struct.pack("16si12x", name.encode(), 0))
     except OSError:
-        raise MeshError(f"interface {name!r} does not exist in this network namespace") from None
+        raise _no_such(name) from None
     return int(struct.unpack("16si12x", ifr)[1])
 
 

@@ -145,8 +145,3 @@ class NodeMaps:
                 by += b
             out[name] = (pk, by)
         return out
-
-    def reset_counters(self) -> None:
-        zero = bytes(((layout.COUNTER.size + 7) // 8 * 8) * self._ncpu)
-        for slot in range(len(layout.COUNTERS)):
-            libbpf.update(self.counters_map.fd, layout.U32.pack(slot), zero)

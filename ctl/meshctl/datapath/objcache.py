@@ -1,7 +1,7 @@
 """Compiled programs kept on disk, so a node loads them without running bcc/LLVM.
 
-bcc compiles `datapath.c` in about a second on a quick host, but under emulation (a TCG guest of the
-kernel matrix) one compile takes 20-50 s and five agents compiling at once take minutes. The
+A bcc compile of `datapath.c` costs LLVM's time on every node, and far more under emulation (a TCG
+guest of the kernel matrix) or with several agents compiling at once. The
 bytecode does not depend on the node: the pin directory only names where bcc opens the maps, and
 the instructions reach maps through file descriptors. So after a compile the bytecode is stored
 with its map relocations (instruction index -> map name) and each map's definition; a later load
@@ -11,7 +11,7 @@ programs with BPF_PROG_LOAD.
 The cache key is everything the bytecode depends on: the C sources, the kernel headers bcc
 compiled against (the real path of /lib/modules/<release>/build) and bcc's version. A kernel that
 refuses the cached programs (a helper it lacks) makes the load fail; the loader then compiles with
-bcc as before, which reports the verifier's reason.
+bcc, which reports the verifier's reason.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import os
-import struct
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -33,38 +32,8 @@ from meshctl.datapath import libbpf
 log = logging.getLogger("meshctl.datapath")
 
 CACHE_DIR = "/var/lib/meshctl/bpf"
-BPF_PROG_TYPE_SCHED_CLS = 3
 BPF_PSEUDO_MAP_FD = 1
 LD_IMM64 = 0x18
-INSN = struct.Struct("<BBhi")  # code, dst|src regs, off, imm
-LICENSE = b"GPL"
-
-
-class MapCreateOpts(ctypes.Structure):
-    """struct bpf_map_create_opts (libbpf 1.x)."""
-
-    _fields_ = [
-        ("sz", ctypes.c_size_t),
-        ("btf_fd", ctypes.c_uint32),
-        ("btf_key_type_id", ctypes.c_uint32),
-        ("btf_value_type_id", ctypes.c_uint32),
-        ("btf_vmlinux_value_type_id", ctypes.c_uint32),
-        ("inner_map_fd", ctypes.c_uint32),
-        ("map_flags", ctypes.c_uint32),
-        ("map_extra", ctypes.c_uint64),
-        ("numa_node", ctypes.c_uint32),
-        ("map_ifindex", ctypes.c_uint32),
-    ]
-
-
-def _lib() -> ctypes.CDLL:
-    so = libbpf.lib()
-    vp, u32, i = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int
-    so.bpf_map_create.argtypes = [i, ctypes.c_char_p, u32, u32, u32, ctypes.POINTER(MapCreateOpts)]
-    so.bpf_map_create.restype = i
-    so.bpf_prog_load.argtypes = [i, ctypes.c_char_p, ctypes.c_char_p, vp, ctypes.c_size_t, vp]
-    so.bpf_prog_load.restype = i
-    return so
 
 
 def cache_key(sources: Iterable[bytes]) -> str:
@@ -110,8 +79,8 @@ def store(key: str, b: Any, programs: Iterable[str], maps: Iterable[str]) -> boo
             return False
         code = ctypes.string_at(start, size)
         relocs = []
-        for idx in range(0, len(code) // INSN.size):
-            op, regs, _, imm = INSN.unpack_from(code, idx * INSN.size)
+        for idx in range(0, len(code) // libbpf.INSN.size):
+            op, regs, _, imm = libbpf.INSN.unpack_from(code, idx * libbpf.INSN.size)
             if op == LD_IMM64 and (regs >> 4) == BPF_PSEUDO_MAP_FD:
                 if imm not in fds:
                     return False
@@ -139,10 +108,7 @@ def _open_or_create_map(path: str, name: str, d: dict[str, int]) -> int:
             return fd
         os.close(fd)
         raise OSError(f"pinned map {path} differs from the cached definition")
-    opts = MapCreateOpts(sz=ctypes.sizeof(MapCreateOpts), map_flags=d["map_flags"])
-    ret = _lib().bpf_map_create(d["type"], name.encode()[:15], d["key_size"], d["value_size"], d["max_entries"],
-                                ctypes.byref(opts))
-    fd = libbpf._check(ret, f"bpf_map_create {name}")
+    fd = libbpf.map_create(name, d["type"], d["key_size"], d["value_size"], d["max_entries"], d["map_flags"])
     try:
         libbpf.obj_pin(fd, path)
     except OSError:
@@ -166,12 +132,9 @@ def load_and_pin(key: str, pin_dir: str, prog_paths: dict[str, str]) -> bool:
         for prog, spec in doc["programs"].items():
             code = bytearray(base64.b64decode(spec["insns"]))
             for idx, mname in spec["relocs"]:
-                op, regs, off, _ = INSN.unpack_from(code, idx * INSN.size)
-                INSN.pack_into(code, idx * INSN.size, op, regs, off, map_fds[mname])
-            buf = (ctypes.c_char * len(code)).from_buffer(code)
-            ret = _lib().bpf_prog_load(BPF_PROG_TYPE_SCHED_CLS, prog.encode()[:15], LICENSE, ctypes.addressof(buf),
-                                       len(code) // INSN.size, None)
-            prog_fds[prog] = libbpf._check(ret, f"BPF_PROG_LOAD {prog}")
+                op, regs, off, _ = libbpf.INSN.unpack_from(code, idx * libbpf.INSN.size)
+                libbpf.INSN.pack_into(code, idx * libbpf.INSN.size, op, regs, off, map_fds[mname])
+            prog_fds[prog] = libbpf.prog_load(prog, code)
         for prog, fd in prog_fds.items():
             libbpf.unpin(prog_paths[prog])
             libbpf.obj_pin(fd, prog_paths[prog])

@@ -9,7 +9,6 @@ root namespace and without `ip netns exec` subprocesses.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import socket
 import threading
@@ -23,25 +22,21 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.util.connection import create_connection
 from urllib3.util.timeout import _DEFAULT_TIMEOUT
 
+from meshctl.datapath.inns import NETNS_DIR, join_netns
 from meshctl.errors import MeshError
-from meshctl.node.shell import NETNS_DIR
 
-_CLONE_NEWNET = 0x40000000
 # name -> (the namespace's identity (st_dev, st_ino), the executor whose one thread lives in it)
 _executors: dict[str, tuple[tuple[int, int], ThreadPoolExecutor]] = {}
 _lock = threading.Lock()
 
 
 def _join(ns: str, ident: tuple[int, int]) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
     fd = os.open(NETNS_DIR / ns, os.O_RDONLY)
     try:
         st = os.fstat(fd)
         if (st.st_dev, st.st_ino) != ident:
             raise MeshError(f"network namespace {ns} changed while joining it")
-        if libc.setns(fd, _CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise MeshError(f"setns {ns}: {os.strerror(err)}")
+        join_netns(fd, ns)
     finally:
         os.close(fd)
 

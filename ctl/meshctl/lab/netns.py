@@ -73,10 +73,10 @@ def sysctl(ns: str | None, key: str, value: str) -> None:
 
 
 def ifindex(ns: str | None, dev: str) -> int:
-    """The ifindex of `dev` inside `ns` (sysfs would show the root namespace under nsenter)."""
-    import json
+    """The ifindex of `dev` inside `ns` (None: here), or MeshError naming it."""
+    from meshctl.datapath import links
+    from meshctl.datapath.inns import in_netns
 
-    out = run(ns, ["ip", "-j", "link", "show", "dev", dev]).stdout
-    return int(json.loads(out)[0]["ifindex"])
+    return in_netns(ns, lambda: links.ifindex(dev))
 
 

@@ -1,6 +1,8 @@
-"""What the node's own interfaces say: its internal address, its WireGuard endpoint and the MTU
-kilo0 can use. Reads the CURRENT network namespace through netlink (never /sys, which shows the
-namespace /sys was mounted in, not the caller's).
+"""What the node's own interfaces say: its internal address, its WireGuard endpoint, the MTU
+kilo0 can use, and the pod routes and private address the fast path is told. The package's one
+reader of this namespace's addresses and routes: it reads the CALLING THREAD's network namespace
+through netlink (never /sys, which shows the namespace /sys was mounted in, not the caller's), so
+it answers for a node's namespace when called from a thread that entered it (datapath.inns).
 
 The internal address carries its prefix because the prefix is the private subnet: two nodes are
 private neighbours when each address lies in the other's subnet. A /32 on the NIC (Hetzner's
@@ -13,29 +15,29 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from pyroute2 import IPRoute
 
-from meshctl.errors import InputError
+from meshctl.datapath import links
+from meshctl.errors import InputError, MeshError
 from meshctl.mesh import fields
-from meshctl.mesh.model import Endpoint, IPAddress, IPInterface, sort_key_net
+from meshctl.mesh.model import Endpoint, IPAddress, IPInterface, IPNetwork, sort_key_net
 
 log = logging.getLogger(__name__)
 
 # WireGuard adds 60 bytes over IPv4 and 80 over IPv6; 80 keeps kilo0 safe on either underlay.
 WG_OVERHEAD = 80
 _TUNNEL_KINDS = ("wireguard", "tun", "vxlan", "ipip", "gre", "sit")
+MAIN_TABLE = 254  # RT_TABLE_MAIN
+RTN_UNICAST = 1
+RTPROT_KERNEL = 2
+RT_SCOPE_UNIVERSE = 0
 
 
-# --- netlink helpers shared by the appliers ----------------------------------------------------
-
-
-def ifindex(ipr: IPRoute, name: str | None) -> int | None:
-    if not name:
-        return None
-    found = ipr.link_lookup(ifname=name)
-    return found[0] if found else None
+# --- netlink readers shared by the appliers and the fast path ----------------------------------
 
 
 def link_info(ipr: IPRoute, index: int) -> Any:
@@ -47,16 +49,66 @@ def link_kind(link: Any) -> str | None:
     return None if kind is None else str(kind)
 
 
-def interface_addresses(ipr: IPRoute, index: int) -> list[IPInterface]:
-    """Global-scope addresses of one interface, in the project's address order."""
+def _global_addresses(ipr: IPRoute, index: int, family: int = socket.AF_UNSPEC) -> list[IPInterface]:
+    """Global-scope addresses of one interface (no link-local, no host scope), in the kernel's
+    order: an IPv4 subnet's primary address before its secondaries."""
     out: list[IPInterface] = []
-    for a in ipr.get_addr(index=index):
-        if a["scope"] != 0:  # RT_SCOPE_UNIVERSE only: no link-local, no host
+    for a in ipr.get_addr(index=index, family=family):
+        if a["scope"] != RT_SCOPE_UNIVERSE:
             continue
         ip = a.get("IFA_LOCAL") or a.get("IFA_ADDRESS")
         if ip:
             out.append(ipaddress.ip_interface(f"{ip}/{a['prefixlen']}"))
-    return sorted(out, key=sort_key_net)
+    return out
+
+
+def interface_addresses(ipr: IPRoute, index: int) -> list[IPInterface]:
+    """Global-scope addresses of one interface, in the project's address order."""
+    return sorted(_global_addresses(ipr, index), key=sort_key_net)
+
+
+def private_ipv4(dev: str) -> IPAddress | None:
+    """The first global IPv4 address of `dev` in the kernel's order (the node's private address,
+    the one encapsulated packets are addressed to); None without one or without the device."""
+    idx = links.ifindex_or_none(dev)
+    if idx is None:
+        return None
+    with IPRoute() as ipr:
+        found = _global_addresses(ipr, idx, socket.AF_INET)
+    return found[0].ip if found else None
+
+
+@dataclass(frozen=True)
+class HostRoute:
+    """A main-table route to one address (/32, /128) through a device."""
+
+    oif: int
+    dst: IPNetwork
+    unicast: bool
+    by_kernel: bool  # proto kernel: the kernel's route for an address of the device's own
+
+
+def host_routes(ipr: IPRoute, family: int) -> list[HostRoute]:
+    """The main table's routes of `family` to a single address through a device, in the kernel's order."""
+    out = []
+    full = 32 if family == socket.AF_INET else 128
+    for r in ipr.get_routes(family=family, table=MAIN_TABLE):
+        dst, oif = r.get("RTA_DST"), r.get("RTA_OIF")
+        if dst and oif and r["dst_len"] == full:
+            out.append(HostRoute(int(oif), ipaddress.ip_network(f"{dst}/{full}"), r["type"] == RTN_UNICAST,
+                                 r["proto"] == RTPROT_KERNEL))
+    return out
+
+
+def pod_routes(pod_ifs: Iterable[str]) -> dict[IPAddress, int]:
+    """Pod address -> host veth ifindex: the unicast host routes through `pod_ifs` (how the lab and
+    most CNIs route pods), not counting the kernel's routes for the host side's own addresses."""
+    wanted = {idx for idx in map(links.ifindex_or_none, pod_ifs) if idx is not None}
+    if not wanted:
+        return {}
+    with IPRoute() as ipr:
+        return {r.dst.network_address: r.oif for family in (socket.AF_INET, socket.AF_INET6)
+                for r in host_routes(ipr, family) if r.oif in wanted and r.unicast and not r.by_kernel}
 
 
 def _is_host_prefix(i: IPInterface) -> bool:
@@ -67,10 +119,18 @@ def _private(ip: IPAddress) -> bool:
     return not Endpoint(str(ip), 1).is_public
 
 
+def _given_interface(flag: str, name: str) -> int:
+    """The index of the interface a flag names, or InputError saying the node has none of that name."""
+    idx = links.ifindex_or_none(name)
+    if idx is None:
+        raise InputError(flag, name, "is not an interface of this node")
+    return idx
+
+
 def _default_route_ifindex(ipr: IPRoute) -> int | None:
     for family in (socket.AF_INET, socket.AF_INET6):
         for r in ipr.route("dump", family=family):
-            if r["dst_len"] == 0 and r.get("table") == 254 and r.get("oif"):
+            if r["dst_len"] == 0 and r.get("table") == MAIN_TABLE and r.get("oif"):
                 return int(r.get("oif"))
     return None
 
@@ -92,9 +152,7 @@ def discover_internal_ip(private_interface: str | None, internal_cidr: str | Non
     want = fields.cidr(internal_cidr, "--internal-cidr") if internal_cidr else None
     with IPRoute() as ipr:
         if private_interface:
-            idx = ifindex(ipr, private_interface)
-            if idx is None:
-                raise InputError("--private-interface", private_interface, "is not an interface of this node")
+            idx = _given_interface("--private-interface", private_interface)
             candidates = [(private_interface, a) for a in interface_addresses(ipr, idx)]
         else:
             candidates = []
@@ -124,14 +182,10 @@ def discover_endpoint(endpoint: str | None, public_interface: str | None, port: 
     if endpoint:
         return fields.endpoint(endpoint, "--endpoint", default_port=port)
     with IPRoute() as ipr:
-        if public_interface:
-            idx = ifindex(ipr, public_interface)
-            if idx is None:
-                raise InputError("--public-interface", public_interface, "is not an interface of this node")
-        else:
-            idx = _default_route_ifindex(ipr)
-            if idx is None:
-                return None
+        idx = _given_interface("--public-interface", public_interface) if public_interface else \
+            _default_route_ifindex(ipr)
+        if idx is None:
+            return None
         addrs = interface_addresses(ipr, idx)
     addrs.sort(key=lambda a: (_private(a.ip), a.version))
     return Endpoint(str(addrs[0].ip), port) if addrs else None
@@ -141,10 +195,8 @@ def wg_mtu(private_if: str | None, default: int = 1500) -> int:
     """kilo0's MTU: the private NIC's MTU (else `default`) minus WireGuard's IPv6-safe overhead."""
     mtu = default
     if private_if:
-        with IPRoute() as ipr:
-            idx = ifindex(ipr, private_if)
-            if idx is not None:
-                mtu = int(link_info(ipr, idx).get("IFLA_MTU") or default)
-            else:
-                log.warning("private interface %s not found; kilo0 MTU from the default %d", private_if, default)
+        try:
+            mtu = links.mtu(private_if)
+        except MeshError:
+            log.warning("private interface %s not found; kilo0 MTU from the default %d", private_if, default)
     return mtu - WG_OVERHEAD

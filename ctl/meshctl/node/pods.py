@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from meshctl.mesh.model import IPNetwork
+from meshctl.node.discovery import host_routes
 
 log = logging.getLogger("meshctl.pods")
 
@@ -74,11 +75,7 @@ def read_pod_interfaces(pod_cidr: IPNetwork) -> tuple[str, ...]:
     with IPRoute() as ipr:
         links = [Link(m["index"], m.get("IFLA_IFNAME") or "", m.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")) or "")
                  for m in ipr.get_links()]
-        routes = []
-        for r in ipr.get_routes(family=family, table=254):
-            dst, oif = r.get("RTA_DST"), r.get("RTA_OIF")
-            if dst and oif and r["dst_len"] == pod_cidr.max_prefixlen:
-                routes.append((oif, ipaddress.ip_network(f"{dst}/{r['dst_len']}")))
+        routes = [(r.oif, r.dst) for r in host_routes(ipr, family)]
         addrs = [(a["index"], ipaddress.ip_interface(f"{a.get('IFA_ADDRESS')}/{a['prefixlen']}"))
                  for a in ipr.get_addr(family=family) if a.get("IFA_ADDRESS")]
     return pod_interfaces_of(links, routes, addrs, pod_cidr)

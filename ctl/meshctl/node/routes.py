@@ -8,8 +8,8 @@ reachable, a foreign route holds its destination) is skipped with a logged reaso
 route never stops the others.
 
 Reading goes through `ip -j route show table T proto P` (the kernel filters, and iproute2
-parses a large table far faster than pyroute2's dump parser). Up to BULK changes go one netlink
-request each through pyroute2; more (an agent's first start, a flush) go through one
+parses a large table far faster than pyroute2's dump parser). Up to BATCH_OVER changes go one
+netlink request each through pyroute2; more (an agent's first start, a flush) go through one
 `ip -force -batch -`, whose failed lines are retried one by one so each failure still gets its
 reason.
 
@@ -35,9 +35,10 @@ from typing import Any, cast
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
+from meshctl.datapath.links import ifindex_or_none
 from meshctl.mesh.model import IPNetwork, sort_key_net
 from meshctl.mesh.plan import Route
-from meshctl.node.discovery import ifindex, interface_addresses, link_info
+from meshctl.node.discovery import MAIN_TABLE, RT_SCOPE_UNIVERSE, interface_addresses, link_info
 from meshctl.node.shell import sh
 
 # Routes the agent installs carry this protocol number so it removes only its own.
@@ -46,8 +47,7 @@ RT_PROTO = 0x6D  # 109, unassigned in /etc/iproute2/rt_protos
 log = logging.getLogger(__name__)
 
 RTNH_F_ONLINK = 4
-BULK = 32  # more changes than this go through one `ip -batch`
-RT_SCOPE_UNIVERSE = 0
+BATCH_OVER = 32  # more changes than this go through one `ip -batch`
 RT_SCOPE_LINK = 253
 
 
@@ -158,7 +158,7 @@ def _remember(have: dict[IPNetwork, _Have], synced: dict[IPNetwork, Route], done
 class RouteApplier:
     """Keeps the routes of `table` that carry `proto` equal to the plan's."""
 
-    def __init__(self, private_if: str | None, wg_if: str, *, proto: int = RT_PROTO, table: int = 254):
+    def __init__(self, private_if: str | None, wg_if: str, *, proto: int = RT_PROTO, table: int = MAIN_TABLE):
         self.private_if = private_if
         self.wg_if = wg_if
         self.proto = proto
@@ -209,7 +209,7 @@ class RouteApplier:
         if have.metric is not None:
             spec["priority"] = have.metric
         if have.want.dev not in index:
-            index[have.want.dev] = ifindex(ipr, have.want.dev)
+            index[have.want.dev] = ifindex_or_none(have.want.dev)
         oif = index[have.want.dev]
         if oif is not None:
             spec["oif"] = oif
@@ -221,8 +221,8 @@ class RouteApplier:
         socket and one view of the kernel."""
         diff = RouteDiff()
         with IPRoute() as ipr:
-            devs = {"private": (self.private_if, ifindex(ipr, self.private_if)),
-                    "wireguard": (self.wg_if, ifindex(ipr, self.wg_if))}
+            devs = {"private": (self.private_if, ifindex_or_none(self.private_if)),
+                    "wireguard": (self.wg_if, ifindex_or_none(self.wg_if))}
             index: dict[str, int | None] = {name: oif for name, oif in devs.values() if name}
             dev_ids = (_dev_state(ipr, devs["private"][1]), _dev_state(ipr, devs["wireguard"][1]))
             if self._known is None or self._known_devs != dev_ids:
@@ -235,7 +235,7 @@ class RouteApplier:
             removes = _removals(have, synced, by_dst, desired, unchanged)
             writes = _writes(have, desired)
             done: dict[IPNetwork, _Want | None] = {}  # what changed in the kernel: None = removed
-            if len(removes) + len(writes) > BULK:
+            if len(removes) + len(writes) > BATCH_OVER:
                 removes, writes = self._apply_batch(removes, writes, have, diff, done)
             failed_any = self._apply_each(ipr, removes, writes, have, index, diff, done)
         if failed_any:
@@ -321,7 +321,7 @@ class RouteApplier:
         have = self._ours()
         todo = sorted(have, key=sort_key_net)
         n = 0
-        if len(todo) > BULK:
+        if len(todo) > BATCH_OVER:
             failed = self._batch(todo, [], have)
             n = len(todo) - len(failed)
             todo = [d for d in todo if d in failed]

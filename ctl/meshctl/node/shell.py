@@ -9,11 +9,9 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Sequence
-from pathlib import Path
 
+from meshctl.datapath.inns import NETNS_DIR
 from meshctl.errors import MeshError
-
-NETNS_DIR = Path("/run/netns")
 
 
 def sh(args: Sequence[str], *, check: bool = True, timeout: float = 30, input: str | None = None

@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from meshctl.datapath.layout import IPIP_OVERHEAD, VXLAN_PORT, VXLAN_VNI, vtep_mac
+from meshctl.datapath.links import ifindex_or_none
+from meshctl.datapath.links import mtu as device_mtu
 from meshctl.errors import MeshError
 from meshctl.mesh.model import IPAddress, IPNetwork, sort_key_net
 from meshctl.mesh.plan import FastPathEntry
@@ -164,7 +166,7 @@ class TunnelApplier:
     def _sync_vxlan(self, peers: dict[IPNetwork, _Peer], local: IPAddress | None, diff: TunnelDiff) -> None:
         dev = self.vxlan_dev
         if not peers or local is None:
-            if _json(["ip", "-j", "link", "show", "dev", dev]):
+            if ifindex_or_none(dev) is not None:
                 sh(["ip", "link", "del", dev])
                 diff.removed.append(f"vxlan device {dev}")
             return
@@ -202,7 +204,7 @@ class TunnelApplier:
 
     def _sync_ipip(self, peers: dict[IPNetwork, _Peer], local: IPAddress | None, diff: TunnelDiff) -> None:
         dev = self.ipip_dev
-        exists = bool(_json(["ip", "-j", "link", "show", "dev", dev]))
+        exists = ifindex_or_none(dev) is not None
         if not peers or local is None:
             if exists:
                 sh(["ip", "link", "del", dev])
@@ -257,6 +259,8 @@ def _tunnel_routes(dev: str) -> dict[IPNetwork, str | None]:
 
 
 def _mtu(dev: str) -> int:
-    links = _json(["ip", "-j", "link", "show", "dev", dev])
-    return int(links[0]["mtu"]) if links else 1500
+    try:
+        return device_mtu(dev)
+    except MeshError:
+        return 1500
 

@@ -30,8 +30,9 @@ from lightkube.resources.core_v1 import ConfigMap, Secret
 from lightkube.resources.core_v1 import Node as KNode
 from lightkube.types import PatchType
 
+from meshctl import defaults
 from meshctl.backends.base import ClusterState
-from meshctl.backends.kube.nodes import REGION_LABEL, own_annotations, parse_kube_node
+from meshctl.backends.kube.nodes import own_annotations, parse_kube_node
 from meshctl.backends.kube.peers import KILO_PEERS, MESHCTL_PEERS, PeerResource, parse_peer_object
 from meshctl.errors import InputError, MeshError
 from meshctl.mesh import fields, records
@@ -48,14 +49,15 @@ Obj = dict[str, Any]
 DEFAULT_NAMESPACE = "meshctl"
 DEFAULT_CONFIGMAP = "meshctl"
 # ConfigMap data keys: the mesh settings of records.MESH_FIELDS plus the cluster's identity, and
-# keys only the DaemonSet reads (into the agent's environment), which the mesh settings ignore.
+# AGENT_ENV_KEYS, which only the DaemonSet reads (into the agent's environment) and the mesh
+# settings ignore.
 CLUSTER_KEYS = ("cluster_name", "cluster_id")
-AGENT_KEYS = ("private_interface", "internal_cidr", "cni")
+AGENT_ENV_KEYS = ("private_interface", "internal_cidr", "cni")
 
 
 def settings_from_configmap(data: Mapping[str, str] | None, where: str = "configmap") -> tuple[Cluster, MeshSettings]:
     """Cluster identity and mesh settings from a ConfigMap's data (all values are strings)."""
-    data = {k: v for k, v in (data or {}).items() if k not in AGENT_KEYS}
+    data = {k: v for k, v in (data or {}).items() if k not in AGENT_ENV_KEYS}
     cname = data.pop("cluster_name", None)
     cid = data.pop("cluster_id", None)
     if cid is not None and not fields.is_digits(str(cid)):
@@ -78,7 +80,7 @@ def state_from_objects(
     *,
     now: float,
     max_age: float,
-    location_label: str = REGION_LABEL,
+    location_label: str = defaults.REGION_LABEL,
     own_name: str = "",
 ) -> ClusterState:
     """The pure part of `snapshot`: Kubernetes objects in, a ClusterState out. Never raises for a
@@ -155,7 +157,7 @@ class KubeBackend:
     of their plans once its last-seen is older than twice that.
     """
 
-    def __init__(self, config: KubeConfig, node_name: str, *, location_label: str = REGION_LABEL,
+    def __init__(self, config: KubeConfig, node_name: str, *, location_label: str = defaults.REGION_LABEL,
                  resync_seconds: float = 30.0, namespace: str = DEFAULT_NAMESPACE,
                  configmap: str = DEFAULT_CONFIGMAP, mesh: MeshSettings | None = None,
                  cluster: Cluster | None = None, peer_resources: Iterable[PeerResource] = (MESHCTL_PEERS, KILO_PEERS),
@@ -303,14 +305,6 @@ class KubeBackend:
             raise MeshError(f"node {self.node_name!r}: {e.status.message}") from None
         except httpx.HTTPError as e:
             raise MeshError(f"reading node {self.node_name}: {e}") from None
-
-    def own_pod_cidr(self) -> str:
-        """spec.podCIDR of this agent's Node: the agent needs it to build the record it publishes."""
-        cidr = (self.own_object().get("spec") or {}).get("podCIDR")
-        if not cidr:
-            raise MeshError(f"node {self.node_name!r} has no spec.podCIDR yet (is the controller manager "
-                            "allocating node CIDRs?)")
-        return str(cidr)
 
     # --- internals ------------------------------------------------------------------------------
 
@@ -541,7 +535,7 @@ def kubeconfig_for(kubeconfig: str | None, api_server: str | None) -> KubeConfig
 
 
 def backend_from_options(kubeconfig: str | None, api_server: str | None, node_name: str,
-                         location_label: str = REGION_LABEL, resync_seconds: float = 30.0, *,
+                         location_label: str = defaults.REGION_LABEL, resync_seconds: float = 30.0, *,
                          namespace: str = DEFAULT_NAMESPACE, configmap: str = DEFAULT_CONFIGMAP,
                          mesh: MeshSettings | None = None, cluster: Cluster | None = None,
                          registry: Any = None, **extra: Any) -> KubeBackend:

@@ -27,7 +27,7 @@ from meshctl.mesh.model import GRANULARITIES, Endpoint, IPInterface, IPNetwork, 
 PREFIX = "meshctl.io/"
 KILO_PREFIX = "kilo.squat.ai/"
 
-# Written by the agent.
+# Written by the agent (AGENT_ANNOTATIONS: every annotation it owns on its Node).
 PUBLIC_KEY = PREFIX + "public-key"
 ENDPOINT = PREFIX + "endpoint"
 INTERNAL_IP = PREFIX + "internal-ip"
@@ -37,8 +37,8 @@ GRANULARITY = PREFIX + "granularity"
 DISCOVERED_ENDPOINTS = PREFIX + "discovered-endpoints"  # JSON {peer name: "ip:port"} (docs/nat.md)
 UNREACHED_PEERS = PREFIX + "unreached-peers"  # comma-separated peer names
 KILO_DISCOVERED_ENDPOINTS = KILO_PREFIX + "discovered-endpoints"  # Kilo's: {public key: {"IP", "Port"}}
-AGENT_KEYS = (PUBLIC_KEY, ENDPOINT, INTERNAL_IP, WIREGUARD_IP, LAST_SEEN, GRANULARITY, DISCOVERED_ENDPOINTS,
-              UNREACHED_PEERS)
+AGENT_ANNOTATIONS = (PUBLIC_KEY, ENDPOINT, INTERNAL_IP, WIREGUARD_IP, LAST_SEEN, GRANULARITY,
+                     DISCOVERED_ENDPOINTS, UNREACHED_PEERS)
 
 # Set by people; each is also read under Kilo's prefix.
 LOCATION = "location"
@@ -48,9 +48,6 @@ LEADER = "leader"
 PERSISTENT_KEEPALIVE = "persistent-keepalive"
 ALLOWED_LOCATION_IPS = "allowed-location-ips"
 USER_KEYS = (LOCATION, FORCE_ENDPOINT, FORCE_INTERNAL_IP, LEADER, PERSISTENT_KEEPALIVE, ALLOWED_LOCATION_IPS)
-
-REGION_LABEL = defaults.REGION_LABEL
-
 
 @dataclass(frozen=True)
 class KubeNode:
@@ -152,6 +149,12 @@ def _internal_ip(ann: Mapping[str, str], where: str) -> IPInterface | None:
     return None
 
 
+def _metadata(obj: Mapping[str, Any]) -> tuple[str, Mapping[str, str], Mapping[str, str]]:
+    """A Node object's name, annotations and labels (empty where absent)."""
+    meta = obj.get("metadata") or {}
+    return meta.get("name", ""), meta.get("annotations") or {}, meta.get("labels") or {}
+
+
 def _location(ann: Mapping[str, str], labels: Mapping[str, str], location_label: str, where: str) -> str:
     """The location annotation when set, else the location label (empty when neither is)."""
     loc = _user(ann, LOCATION)
@@ -187,7 +190,7 @@ def _unreached(ann: Mapping[str, str], where: str, owner: str) -> tuple[str, ...
     return _parsed(where, UNREACHED_PEERS, lambda v, p: fields.name_list(v, p, owner), names)
 
 
-def parse_kube_node(obj: Mapping[str, Any], *, location_label: str = REGION_LABEL,
+def parse_kube_node(obj: Mapping[str, Any], *, location_label: str = defaults.REGION_LABEL,
                     default_port: int | None = None) -> KubeNode | None:
     """The mesh record of a Kubernetes Node object (a dict as the API returns it).
 
@@ -197,10 +200,7 @@ def parse_kube_node(obj: Mapping[str, Any], *, location_label: str = REGION_LABE
     annotations are read, with Kilo's fallback, in the order the docs list them, so the first
     malformed one in that order is the one reported.
     """
-    meta = obj.get("metadata") or {}
-    name = meta.get("name", "")
-    ann: Mapping[str, str] = meta.get("annotations") or {}
-    labels: Mapping[str, str] = meta.get("labels") or {}
+    name, ann, labels = _metadata(obj)
     where = f"node {name}"
     pod_cidr_text = (obj.get("spec") or {}).get("podCIDR")
     if not pod_cidr_text or PUBLIC_KEY not in ann or LAST_SEEN not in ann:
@@ -224,7 +224,8 @@ def parse_kube_node(obj: Mapping[str, Any], *, location_label: str = REGION_LABE
         endpoint=endpoint, leader=leader, persistent_keepalive=keepalive, allowed_location_ips=allowed,
         wireguard_ip=wg, discovered_endpoints=discovered, unreached_peers=unreached,
     )
-    return KubeNode(node, last_seen, str(meta.get("creationTimestamp") or ""))
+    created = (obj.get("metadata") or {}).get("creationTimestamp") or ""
+    return KubeNode(node, last_seen, str(created))
 
 
 def own_annotations(node: Node, granularity: str, now: float | None = None) -> dict[str, str | None]:
@@ -243,13 +244,10 @@ def own_annotations(node: Node, granularity: str, now: float | None = None) -> d
     }
 
 
-def settings_for_agent(obj: Mapping[str, Any], location_label: str = REGION_LABEL) -> dict[str, Any]:
+def settings_for_agent(obj: Mapping[str, Any], location_label: str = defaults.REGION_LABEL) -> dict[str, Any]:
     """AgentConfig fields from the agent's own Node: its pod CIDR, location and user-set
     annotations, for the fields its flags left unset. InputError names annotation and value."""
-    meta = obj.get("metadata") or {}
-    name = meta.get("name", "")
-    ann: Mapping[str, str] = meta.get("annotations") or {}
-    labels: Mapping[str, str] = meta.get("labels") or {}
+    name, ann, labels = _metadata(obj)
     out: dict[str, Any] = {}
 
     def field(ann_name: str, parse: Any, value: Any) -> Any:

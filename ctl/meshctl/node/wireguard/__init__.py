@@ -27,10 +27,11 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from meshctl import defaults
+from meshctl.datapath.links import ifindex_or_none
 from meshctl.errors import MeshError
 from meshctl.mesh.model import IPInterface, IPNetwork
 from meshctl.mesh.plan import PeerPlan
-from meshctl.node.discovery import ifindex, interface_addresses, link_info, link_kind
+from meshctl.node.discovery import interface_addresses, link_info, link_kind
 from meshctl.node.wireguard.genl import GenlClient
 from meshctl.node.wireguard.psk import NO_KEY
 from meshctl.node.wireguard.state import (
@@ -248,7 +249,7 @@ class WireGuard:
 
     def _detect_mode(self) -> str:
         with IPRoute() as ipr:
-            idx = ifindex(ipr, self.ifname)
+            idx = ifindex_or_none(self.ifname)
             if idx is not None:
                 return "kernel" if link_kind(link_info(ipr, idx)) == "wireguard" else "wireguard-go"
         # A new device: the kernel's when it can be had. The module is usually present but not
@@ -260,8 +261,7 @@ class WireGuard:
         return GenlClient(self.ifname) if self.mode == "kernel" else UapiClient(self.sock_path)
 
     def exists(self) -> bool:
-        with IPRoute() as ipr:
-            return ifindex(ipr, self.ifname) is not None
+        return ifindex_or_none(self.ifname) is not None
 
     def pid(self) -> int | None:
         """wireguard-go's pid (None in kernel mode or when it is not running)."""
@@ -309,7 +309,7 @@ class WireGuard:
         When this object last set the same key and port on the device that still has the same
         ifindex, the device's configuration is not read again (see `forget`)."""
         with IPRoute() as ipr:
-            idx = ifindex(ipr, self.ifname)
+            idx = ifindex_or_none(self.ifname)
             if idx is not None and self._known_dev == (idx, private_key, listen_port):
                 return self._ensure_link(ipr, idx, address, mtu)
         self.forget()
@@ -324,7 +324,7 @@ class WireGuard:
             log.info("%s: set %s", self.ifname, " and ".join(
                 n for n, v in (("private key", key), (f"listen port {listen_port}", port)) if v is not None))
         with IPRoute() as ipr:
-            idx = ifindex(ipr, self.ifname)
+            idx = ifindex_or_none(self.ifname)
             if idx is None:
                 raise MeshError(f"{self.ifname} disappeared while being configured")
             if created:
@@ -389,7 +389,7 @@ class WireGuard:
                 p.unlink(missing_ok=True)
         left = None
         with IPRoute() as ipr:
-            idx = ifindex(ipr, self.ifname)
+            idx = ifindex_or_none(self.ifname)
             if idx is not None and (force or self.created_here(idx)):
                 ipr.link("del", index=idx)
             elif idx is not None:

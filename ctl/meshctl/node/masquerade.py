@@ -49,7 +49,7 @@ from meshctl.node.shell import sh
 log = logging.getLogger(__name__)
 
 _PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,19}$")
-BULK = 32  # more member changes than this go through one `ipset restore`
+RESTORE_OVER = 32  # more member changes than this go through one `ipset restore`
 _FAMILIES = ((4, socket.AF_INET, "iptables"), (6, socket.AF_INET6, "ip6tables"))  # + "-legacy" / "-nft"
 IPTABLES_MODES = ("nft", "legacy")
 _HINT_CHAINS = (":KUBE-IPTABLES-HINT ", ":KUBE-KUBELET-CANARY ")
@@ -106,9 +106,9 @@ def _split_default(n: IPNetwork) -> list[IPNetwork]:
 
 
 def set_members(name: str) -> set[IPNetwork]:
-    """The members of a hash:net set. Read with `ipset save` (C, ~20 ms for 5,000 members) rather
-    than pyroute2's `IPSet.list`, whose parser takes about half a second for the same; writes go
-    through pyroute2. A missing set reads as empty."""
+    """The members of a hash:net set. Read with `ipset save` (parsed in C) rather than pyroute2's
+    `IPSet.list`, whose Python parser is far slower on large sets; writes go through pyroute2. A
+    missing set reads as empty."""
     p = sh(["ipset", "save", name], check=False)
     out: set[IPNetwork] = set()
     for line in p.stdout.splitlines():
@@ -200,9 +200,8 @@ class NatApplier:
             ips.create(name, stype="hash:net", family=family, exclusive=False)
             have = set_members(name)
         dels, adds = sorted(have - want, key=sort_key_net), sorted(want - have, key=sort_key_net)
-        if len(dels) + len(adds) > BULK:
-            # An agent's first fill: one `ipset restore` instead of one netlink request a member
-            # (5,000 members: ~0.05 s instead of seconds).
+        if len(dels) + len(adds) > RESTORE_OVER:
+            # An agent's first fill: one `ipset restore` instead of one netlink request a member.
             lines = [f"del {name} {n}" for n in dels] + [f"add {name} {n}" for n in adds]
             sh(["ipset", "restore", "-exist"], input="\n".join(lines) + "\n", timeout=120)
         else:
@@ -253,8 +252,8 @@ class NatApplier:
 
     def _split_mesh(self, mesh_in: frozenset[IPNetwork]) -> dict[int, set[IPNetwork]]:
         """The mesh CIDRs as set members per IP version (/0 as its halves). Derived from the last
-        call's by difference (set operations on stored hashes: ~1 ms at 5,000 CIDRs, where
-        rebuilding costs ~10 ms of Python); the result is remembered by `sync` on success only."""
+        call's by difference (set operations on stored hashes, cheaper than rebuilding); the result
+        is remembered by `sync` on success only."""
         last = self._split_memo
         self._split_memo = None
         if last is None:

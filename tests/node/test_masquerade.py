@@ -11,7 +11,7 @@ import time
 import pytest
 
 from meshctl.lab import netns
-from meshctl.node.nat import NatApplier
+from meshctl.node.masquerade import NatApplier
 from meshctl.node.sysctls import ensure_sysctls
 
 from .conftest import NodeLab, in_ns
@@ -162,7 +162,7 @@ def test_set_members_are_diffed_against_memory_until_forget(lab: NodeLab):
     Many changes at once go through one `ipset restore`."""
     ns = lab.ns("nmem")
     nat = in_ns(ns, NatApplier, PREFIX + "m")
-    mesh = [N(f"10.60.{i}.0/24") for i in range(100)]  # > BULK: the first fill is one restore
+    mesh = [N(f"10.60.{i}.0/24") for i in range(100)]  # > RESTORE_OVER: the first fill is one restore
     try:
         assert in_ns(ns, nat.sync, [N("10.42.1.0/24")], mesh, ["pv"])
         sets = lab.sh(ns, "ipset", "list", f"{PREFIX}m-mesh4").stdout
@@ -190,7 +190,7 @@ def test_set_members_are_diffed_against_memory_until_forget(lab: NodeLab):
 
 
 def test_choose_mode_as_iptables_wrappers_does() -> None:
-    from meshctl.node.nat import choose_mode
+    from meshctl.node.masquerade import choose_mode
 
     legacy = "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -j KUBE-FIREWALL\n-A KUBE-FIREWALL -j DROP\nCOMMIT\n"
     nft = "*filter\n-A INPUT -j ACCEPT\nCOMMIT\n"
