@@ -28,8 +28,9 @@ import yaml
 
 from convergence import measure_joins, passes, pct, rss_mb, synth_record
 from meshctl.backends.etcd import node_key
-from meshctl.lab import build, probe
-from meshctl.lab.spec import parse_lab
+from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces.spec import parse_lab
 
 LAB_FILE = Path(__file__).resolve().parents[1] / "ctl/meshctl/lab/labs/two-clusters.yaml"
 
@@ -48,11 +49,11 @@ def remote_joins(st: dict[str, Any], n: int) -> list[float]:
 
 
 def last_reconcile(node: dict[str, Any]) -> dict[str, Any]:
-    return (probe.agent_status(node, timeout=10) or {}).get("last_reconcile") or {}
+    return (labcheck.agent_status(node, timeout=10) or {}).get("last_reconcile") or {}
 
 
 def remote_nodes(node: dict[str, Any]) -> int:
-    s = probe.agent_status(node, timeout=10) or {}
+    s = labcheck.agent_status(node, timeout=10) or {}
     return sum(c.get("nodes", 0) for c in (s.get("remotes") or {}).get("clusters", []))
 
 
@@ -138,7 +139,7 @@ def main() -> None:
         for x in (n for c in st["clusters"] for n in c["nodes"]):
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and \
-                    ((probe.agent_status(x) or {}).get("datapath") or {}).get("mode") in (None, "loading"):
+                    ((labcheck.agent_status(x) or {}).get("datapath") or {}).get("mode") in (None, "loading"):
                 time.sleep(0.1)
         js = remote_joins(st, args.joins)
         print(f"remote join -> route on every cluster1 agent, over {len(js)} joins: median "

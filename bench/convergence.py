@@ -27,8 +27,10 @@ from typing import Any
 from meshctl.backends.etcd import node_key
 from meshctl.etcd import EtcdClient
 from meshctl.etcd.nsconn import session
-from meshctl.lab import build, netns, probe
-from meshctl.lab.spec import parse_lab
+from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces.spec import parse_lab
+from meshctl.lab.rigs import netns
 
 LAB = {
     "cluster": {"name": "default", "id": 1},
@@ -151,7 +153,7 @@ def scale(st: dict[str, Any], sizes: list[int], samples: int = 5) -> list[dict[s
         want = size + len(nodes)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            sts = [probe.agent_status(x, timeout=10) for x in nodes]
+            sts = [labcheck.agent_status(x, timeout=10) for x in nodes]
             if all(s and s.get("nodes") == want and (s.get("last_reconcile") or {}).get("applied") for s in sts):
                 break
             time.sleep(0.2)
@@ -185,7 +187,7 @@ def scale(st: dict[str, Any], sizes: list[int], samples: int = 5) -> list[dict[s
                             raise SystemExit(f"no pass for the {kind} of {name} within 30 s")
                         time.sleep(0.1)
                     for x in list(todo):
-                        s = probe.agent_status(x, timeout=10) or {}
+                        s = labcheck.agent_status(x, timeout=10) or {}
                         last = s.get("last_reconcile") or {}
                         if s.get("nodes") == want and last.get("applied"):
                             cpu = last.get("cpu_s", float("nan"))  # agents before cpu_s have none
@@ -223,7 +225,7 @@ def main() -> None:
     try:
         for x in st["clusters"][0]["nodes"]:  # let the fast path finish loading first
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not ((probe.agent_status(x) or {}).get("datapath") or {}).get("mode"):
+            while time.monotonic() < deadline and not ((labcheck.agent_status(x) or {}).get("datapath") or {}).get("mode"):
                 time.sleep(0.1)
         js = joins(st, args.joins)
         print(f"join convergence over {len(js)} joins (3 agents): median {1000 * statistics.median(js):.0f} ms, "

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ctl"))
 
-from meshctl.lab import vm  # noqa: E402
+from meshctl.lab.vms import vm  # noqa: E402
 
 GUEST = r"""
 import json, subprocess, sys, time

@@ -20,7 +20,7 @@ import pytest
 
 from meshctl.agent import Agent, AgentConfig
 from meshctl.backends.etcd import EtcdBackend, node_key, write_topology
-from meshctl.lab import netns
+from meshctl.lab.rigs import netns
 from meshctl.mesh.model import Cluster, MeshSettings
 from meshctl.node.nat import set_members
 from meshctl.node.wireguard.state import PeerOp

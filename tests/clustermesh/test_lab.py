@@ -15,10 +15,12 @@ import pytest
 import yaml
 
 from meshctl.backends.etcd import cluster_key, node_key
-from meshctl.lab import build, netns, probe
-from meshctl.lab import state as labstate
-from meshctl.lab.pki import make_ca
-from meshctl.lab.spec import parse_lab
+from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.namespaces.spec import parse_lab
+from meshctl.lab.rigs import netns
+from meshctl.lab.rigs.pki import make_ca
 from tests.lab.conftest import node_of, status, wait_for
 from tests.names import unique
 
@@ -51,21 +53,21 @@ def routes_in(st: dict[str, Any], node: str) -> dict[str, str]:
 
 
 def ping_ok(st: dict[str, Any], src: str, dst: str, count: int = 3) -> bool:
-    sent, recv, _ = probe.ping(node_of(st, src)["pods"][0]["netns"], node_of(st, dst)["pods"][0]["ip"], count=count,
+    sent, recv, _ = labcheck.ping(node_of(st, src)["pods"][0]["netns"], node_of(st, dst)["pods"][0]["ip"], count=count,
                                wait=0.5)
     return recv == sent
 
 
 def remote_status(st: dict[str, Any], node: str) -> dict[str, Any]:
     """The agent's view of cluster2 (empty while a restarted agent is not serving yet)."""
-    s = probe.agent_status(node_of(st, node)) or {}
+    s = labcheck.agent_status(node_of(st, node)) or {}
     clusters = (s.get("remotes") or {}).get("clusters") or [{}]
     return {"ready": False, "reason": "", "rejections": [], **clusters[0]}
 
 
 def test_pods_reach_each_other_across_clusters_direct_where_the_segment_is_shared(lab) -> None:
     running = [f"{c['name']}/{n['name']}" for c in lab["clusters"] for n in c["nodes"] if n["name"] != "g4"]
-    results = probe.check(lab, count=3, pairs=[(a, b) for a in running for b in running if a != b])
+    results = labcheck.check(lab, count=3, pairs=[(a, b) for a in running for b in running if a != b])
     assert len(results) == 30
     bad = [r for r in results if not r.ok]
     assert not bad, bad
@@ -126,7 +128,7 @@ def test_cluster2_etcd_stopped_keeps_traffic_and_reports_not_ready(lab) -> None:
         # an agent restarted while cluster2's etcd is away plans with the view it saved
         build.stop_agent(lab, "a1")
         build.start_agent(lab, "a1")
-        assert wait_for(lambda: (probe.agent_status(node_of(lab, "a1")) or {}).get("last_reconcile"), timeout=20)
+        assert wait_for(lambda: (labcheck.agent_status(node_of(lab, "a1")) or {}).get("last_reconcile"), timeout=20)
         assert "10.43.3.0/24" in routes_in(lab, "a1") and "10.43.1.0/24" in routes_in(lab, "a1")
         assert ping_ok(lab, "a1", "g3") and ping_ok(lab, "a1", "g1")
     finally:
@@ -197,12 +199,12 @@ def test_hijacking_location_ips_from_cluster2_are_rejected_and_named(lab) -> Non
         assert wait_for(g1_view, timeout=10), (status(lab, "g1")["rejections"], remote_status(lab, "g1")["rejections"])
         pairs = [(a, b) for a in running for b in running if a != b
                  and not ("cluster1/a1" in (a, b) and "cluster2" in a + b)]
-        bad = [r for r in probe.check(lab, count=2, pairs=pairs) if not r.ok]
+        bad = [r for r in labcheck.check(lab, count=2, pairs=pairs) if not r.ok]
         assert not bad, bad
     finally:
         for name in evil:
             kv.delete(node_key("cluster2", name))
-    bad = [r for r in probe.check(lab, count=2, pairs=[(a, b) for a in running for b in running if a != b]) if not r.ok]
+    bad = [r for r in labcheck.check(lab, count=2, pairs=[(a, b) for a in running for b in running if a != b]) if not r.ok]
     assert not bad, bad
 
 

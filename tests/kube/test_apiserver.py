@@ -13,7 +13,7 @@ import time
 import httpx2 as httpx
 import pytest
 
-from meshctl.lab.kube_apiserver import json_patch, merge_patch, strategic_merge_patch
+from meshctl.lab.rigs.kube_apiserver import json_patch, merge_patch, strategic_merge_patch
 
 from .helpers import ROOT, wait_for
 
@@ -174,7 +174,7 @@ def test_crd_registers_its_resource(api, http):
 def test_runs_as_a_module_and_writes_a_kubeconfig(tmp_path):
     kc = tmp_path / "kubeconfig"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "ctl")}
-    p = subprocess.Popen([sys.executable, "-m", "meshctl.lab.kube_apiserver", "--listen", "127.0.0.1:0",
+    p = subprocess.Popen([sys.executable, "-m", "meshctl.lab.rigs.kube_apiserver", "--listen", "127.0.0.1:0",
                           "--kubeconfig", str(kc), "--load", str(ROOT / "manifests")],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:

@@ -17,8 +17,10 @@ import pytest
 
 from meshctl.agent.server import fetch_status
 from meshctl.backends.kube import nodes as A
-from meshctl.lab import build, netns, probe, state
-from meshctl.lab.spec import load_lab
+from meshctl.lab.namespaces import build, state
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces.spec import load_lab
+from meshctl.lab.rigs import netns
 from tests.names import unique
 
 from .helpers import wait_for
@@ -73,11 +75,11 @@ def test_kubernetes_backend_lab_passes_the_pod_matrix(kube_lab):
         assert ann[A.INTERNAL_IP] == lab_node["internal_ip"]
         assert ann[A.GRANULARITY] == "location"
         assert ann[A.PREFIX + A.LOCATION] == lab_node["location"]  # the seeded user annotation is untouched
-    results = probe.check(st, count=3)
+    results = labcheck.check(st, count=3)
     n = len(cluster["nodes"])
     assert len(results) == n * (n - 1)
     bad = [r for r in results if not r.ok or r.path != r.expected]
-    assert not bad, probe.format_matrix(results)
+    assert not bad, labcheck.format_matrix(results)
     paths = {r.path for r in results}
     assert {"direct", "tunnel", "via-leader"} <= paths  # the lab exercises every kind of path
     # The pod CIDRs came from the Nodes' spec.podCIDR (the agents had no --pod-cidr) and /healthz
@@ -102,7 +104,7 @@ def test_kubernetes_backend_lab_passes_the_pod_matrix(kube_lab):
              what="a2 leading loc-a in both plans")
     assert fetch_status(by_name["a2"]["metrics_addr"], by_name["a2"]["netns"])["is_leader"]
     assert {n["name"]: n["pid"] for n in state.load(st["name"])["clusters"][0]["nodes"]} == pids  # no restart
-    results = wait_for(lambda: (r := probe.check(state.load(st["name"]), count=3, pairs=[("a1", "b1"), ("a2", "b1")]))
+    results = wait_for(lambda: (r := labcheck.check(state.load(st["name"]), count=3, pairs=[("a1", "b1"), ("a2", "b1")]))
                        and all(x.ok and x.path == x.expected for x in r) and r, timeout=20, poll=0.2,
                        what="traffic over the new leader")
     assert {(r.src, r.path) for r in results} == {("a1", "via-leader"), ("a2", "tunnel")}

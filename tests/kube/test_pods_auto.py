@@ -12,7 +12,8 @@ import time
 import pytest
 
 from meshctl.agent.server import fetch_status
-from meshctl.lab import build, probe
+from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces import check as labcheck
 from tests.kube.helpers import lab_fixture
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -61,10 +62,10 @@ def test_pods_added_later_get_the_fast_path_within_a_second(lab) -> None:
     print(f"new pod carried by the fast path {took * 1000:.0f} ms after its route")
 
     # Its packets to a1's pod take the fast path: counted as `direct` by a2's datapath.
-    before = probe._fp_packets(fetch_status(a2["metrics_addr"], a2["netns"])).get("direct", 0)
-    sent, recv, _ = probe.ping(pod["netns"], a1["pods"][0]["ip"], count=5)
+    before = labcheck._fp_packets(fetch_status(a2["metrics_addr"], a2["netns"])).get("direct", 0)
+    sent, recv, _ = labcheck.ping(pod["netns"], a1["pods"][0]["ip"], count=5)
     assert recv == sent == 5
-    after = probe._fp_packets(fetch_status(a2["metrics_addr"], a2["netns"])).get("direct", 0)
+    after = labcheck._fp_packets(fetch_status(a2["metrics_addr"], a2["netns"])).get("direct", 0)
     assert after - before >= 5
 
     text = subprocess.run([sys.executable, "-m", "meshctl.cli", "status", "--lab", st["name"], "--lab-node", "a2"],

@@ -12,7 +12,8 @@ import time
 import pytest
 import yaml
 
-from meshctl.lab import netns, probe
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.rigs import netns
 from tests.kube.helpers import lab_fixture
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -65,13 +66,13 @@ def test_as_peer_yaml_applied_in_the_other_cluster_connects_them(lab) -> None:
     a1, a2 = east["nodes"]
     deadline = time.monotonic() + 40
     while True:
-        sent, recv, _ = probe.ping(g1["pods"][0]["netns"], a2["pods"][0]["ip"], count=3)
+        sent, recv, _ = labcheck.ping(g1["pods"][0]["netns"], a2["pods"][0]["ip"], count=3)
         if recv == sent or time.monotonic() > deadline:
             break
         time.sleep(1)
     assert recv == sent, "west's pod never reached east's a2 pod through the Peer"
-    sent, recv, _ = probe.ping(a1["pods"][0]["netns"], g1["pods"][0]["ip"], count=3)
+    sent, recv, _ = labcheck.ping(a1["pods"][0]["netns"], g1["pods"][0]["ip"], count=3)
     assert recv == sent
-    st_g1 = probe.agent_status(g1)
+    st_g1 = labcheck.agent_status(g1)
     assert st_g1 is not None and any(p.get("name") == "east-a1" for p in st_g1["peers"])
     print(json.dumps({p["name"]: p.get("last_handshake") for p in st_g1["peers"]}))

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from meshctl.lab import build, probe
-from meshctl.lab import state as labstate
-from meshctl.lab.spec import parse_lab
+from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.namespaces.spec import parse_lab
 from tests.names import unique
 from tests.waiting import wait_for  # noqa: F401 - re-exported for the tests here
 
@@ -58,10 +59,10 @@ def node_of(st: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def status(st: dict[str, Any], name: str) -> dict[str, Any]:
-    s = probe.agent_status(node_of(st, name))
+    s = labcheck.agent_status(node_of(st, name))
     assert s is not None, f"no status from {name}"
     return s
 
 
-def pair(st: dict[str, Any], src: str, dst: str, count: int = 5) -> probe.PairResult:
-    return probe.check(st, count=count, pairs=[(src, dst)])[0]
+def pair(st: dict[str, Any], src: str, dst: str, count: int = 5) -> labcheck.PairResult:
+    return labcheck.check(st, count=count, pairs=[(src, dst)])[0]

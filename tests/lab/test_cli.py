@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from meshctl.errors import InputError
-from meshctl.lab import build, netns
-from meshctl.lab.spec import parse_lab
+from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces.spec import parse_lab
+from meshctl.lab.rigs import netns
 from tests.names import unique
 
 from .conftest import BASE, status

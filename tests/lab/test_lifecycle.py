@@ -14,7 +14,9 @@ import pytest
 from meshctl.backends.etcd import mesh_key, node_key
 from meshctl.etcd import EtcdClient
 from meshctl.etcd.nsconn import session
-from meshctl.lab import build, netns, probe
+from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.rigs import netns
 
 from .conftest import node_of, pair, status, topo, wait_for
 
@@ -93,7 +95,7 @@ def test_agent_restart_under_ping_loses_nothing(make_lab):
         build.stop_agent(st, n)            # SIGTERM: routes, WireGuard and maps stay
         time.sleep(0.3)
         build.start_agent(st, n)
-    assert wait_for(lambda: all(((probe.agent_status(node_of(st, n)) or {}).get("last_reconcile") or {}).get("applied")
+    assert wait_for(lambda: all(((labcheck.agent_status(node_of(st, n)) or {}).get("last_reconcile") or {}).get("applied")
                                 for n in ("a1", "a2", "b1")), timeout=10)
     for p in (direct, tunnel):
         sent, received = _loss(p)
@@ -112,7 +114,7 @@ def test_etcd_outage_keeps_routes_and_resyncs(make_lab):
     assert pair(st, "a2", "b1").ok and pair(st, "a1", "b1").path == "tunnel"
     time.sleep(1)
     build.start_etcd(st, "default")
-    assert wait_for(lambda: all((probe.agent_status(node_of(st, n)) or {}).get("ready") for n in ("a1", "a2", "b1")),
+    assert wait_for(lambda: all((labcheck.agent_status(node_of(st, n)) or {}).get("ready") for n in ("a1", "a2", "b1")),
                     timeout=15)
     etcd(st).put(mesh_key("default"), json.dumps({"granularity": "cross"}))
     assert wait_for(lambda: all(status(st, n)["granularity"] == "cross" for n in ("a1", "a2", "b1")), timeout=10)

@@ -16,10 +16,12 @@ import pytest
 
 from meshctl.backends.file import load_yaml
 from meshctl.errors import InputError
-from meshctl.lab import build, netns, probe
-from meshctl.lab import nat as labnat
-from meshctl.lab import state as labstate
-from meshctl.lab.spec import parse_lab
+from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces import nat_router as labnat
+from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.namespaces.spec import parse_lab
+from meshctl.lab.rigs import netns
 
 from .conftest import node_of, status, wait_for
 
@@ -95,19 +97,19 @@ class Ping:
 
 def test_every_pair_reachable_cone_direct_symmetric_relayed(nat_lab):
     st = nat_lab
-    results = probe.check(st, count=5)
+    results = labcheck.check(st, count=5)
     # A pair whose five pings all fell in a re-handshake on a loaded machine gets one more try.
     failed = [(r.src, r.dst) for r in results if not r.ok]
     if failed:
-        again = {(r.src, r.dst): r for r in probe.check(st, count=5, pairs=failed)}
+        again = {(r.src, r.dst): r for r in labcheck.check(st, count=5, pairs=failed)}
         results = [again.get((r.src, r.dst), r) for r in results]
-    assert all(r.ok for r in results), probe.format_matrix(results)
+    assert all(r.ok for r in results), labcheck.format_matrix(results)
     path = {(r.src, r.dst): r.path for r in results}
     for a in CONE:
         for b in [*CONE, *PUBLIC]:
             if a != b:
-                assert path[(a, b)] == "tunnel" and path[(b, a)] == "tunnel", probe.format_matrix(results)
-    assert path[SYMMETRIC] == "relay" and path[SYMMETRIC[::-1]] == "relay", probe.format_matrix(results)
+                assert path[(a, b)] == "tunnel" and path[(b, a)] == "tunnel", labcheck.format_matrix(results)
+    assert path[SYMMETRIC] == "relay" and path[SYMMETRIC[::-1]] == "relay", labcheck.format_matrix(results)
     # Direct to discovered endpoints: every node calls a cone node at its NAT's outside address,
     # which no record configured (the cone node itself publishes only its inside address).
     for a in CONE:
@@ -165,7 +167,7 @@ def test_relayed_pair_goes_direct_once_a_handshake_succeeds(nat_lab):
     assert wait_for(lambda: status(st, "sa")["paths"].get("sb") == "tunnel"
                     and status(st, "sb")["paths"].get("sa") == "tunnel", 60, 0.5), status(st, "sa")["relays"]
     assert peer_of(st, "sa", "sb")["endpoint"] == outside(st, "sb")
-    r = probe.check(st, count=5, pairs=[("sa", "sb"), ("sb", "sa")])
+    r = labcheck.check(st, count=5, pairs=[("sa", "sb"), ("sb", "sa")])
     assert all(x.ok and x.path == "tunnel" for x in r), r
 
 

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from meshctl.backends.etcd import mesh_key
-from meshctl.lab import build, netns
+from meshctl.lab.namespaces import build
+from meshctl.lab.rigs import netns
 
 from .conftest import node_of, pair, status, topo, wait_for
 

@@ -22,9 +22,11 @@ import pytest
 
 from meshctl.backends.etcd import node_key
 from meshctl.etcd.nsconn import session
-from meshctl.lab import build, netns, probe
-from meshctl.lab import state as labstate
-from meshctl.lab.spec import parse_lab
+from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.namespaces.spec import parse_lab
+from meshctl.lab.rigs import netns
 from tests.lab.conftest import node_of, status, wait_for
 from tests.names import unique
 
@@ -67,7 +69,7 @@ def etcdctl(st: dict[str, Any], who: str, *args: str) -> subprocess.CompletedPro
 
 
 def all_reachable(st: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(r.src, r.dst) for r in probe.check(st, count=3, pairs=PAIRS) if not r.ok]
+    return [(r.src, r.dst) for r in labcheck.check(st, count=3, pairs=PAIRS) if not r.ok]
 
 
 def test_b2s_identity_cannot_write_a1s_record(lab: dict[str, Any]) -> None:
@@ -163,8 +165,8 @@ def test_agent_restarts_of_2_10_and_30s_lose_nothing(lab: dict[str, Any]) -> Non
     and on the tunnel pair b2 -> a1 loses nothing."""
     # The path is read from interface counters: traffic of the previous test (handshakes) can blur
     # one reading, so ask again until it is clear.
-    assert wait_for(lambda: probe.check(lab, count=2, pairs=[("a2", "a1")])[0].path == "direct", timeout=10)
-    assert wait_for(lambda: probe.check(lab, count=2, pairs=[("b2", "a1")])[0].path == "tunnel", timeout=10)
+    assert wait_for(lambda: labcheck.check(lab, count=2, pairs=[("a2", "a1")])[0].path == "direct", timeout=10)
+    assert wait_for(lambda: labcheck.check(lab, count=2, pairs=[("b2", "a1")])[0].path == "tunnel", timeout=10)
     results = {}
     for down in (2, 10, 30):
         pings = {"direct": _ping(lab, "a2", "a1", down + 6), "tunnel": _ping(lab, "b2", "a1", down + 6)}
@@ -173,7 +175,7 @@ def test_agent_restarts_of_2_10_and_30s_lose_nothing(lab: dict[str, Any]) -> Non
         time.sleep(down)
         build.start_agent(lab, "a1")
         results[down] = {k: _sent_received(p) for k, p in pings.items()}
-        assert wait_for(lambda: (probe.agent_status(node_of(lab, "a1")) or {}).get("nodes") == 3, timeout=15)
+        assert wait_for(lambda: (labcheck.agent_status(node_of(lab, "a1")) or {}).get("nodes") == 3, timeout=15)
     print("restart losses: " + "; ".join(f"{d} s: " + ", ".join(f"{k} {s - r}/{s}" for k, (s, r) in v.items())
                                          for d, v in results.items()))
     for down, by_pair in results.items():

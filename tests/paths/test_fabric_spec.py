@@ -9,8 +9,8 @@ from click.testing import CliRunner
 
 from meshctl.cli import main
 from meshctl.errors import InputError
-from meshctl.lab import fabric
-from meshctl.lab.spec import parse_lab
+from meshctl.lab.namespaces import fabric
+from meshctl.lab.namespaces.spec import parse_lab
 
 from .conftest import FABRICS_DOC
 

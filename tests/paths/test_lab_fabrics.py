@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from meshctl.lab import fabric, netns, probe
-from meshctl.lab import state as labstate
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces import fabric
+from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.rigs import netns
 from tests.waiting import wait_for
 
 from .conftest import node_of
@@ -37,13 +39,13 @@ def doc(intra: str) -> dict[str, Any]:
 
 
 def status(st: dict[str, Any], name: str) -> dict[str, Any]:
-    s = probe.agent_status(node_of(st, name))
+    s = labcheck.agent_status(node_of(st, name))
     assert s is not None, f"no status from {name}"
     return s
 
 
 def rung(st: dict[str, Any], src: str, dst: str) -> str | None:
-    s = probe.agent_status(node_of(st, src), timeout=1.0) or {}
+    s = labcheck.agent_status(node_of(st, src), timeout=1.0) or {}
     return (s.get("paths") or {}).get(dst)
 
 
@@ -53,8 +55,8 @@ def settled(st: dict[str, Any]) -> bool:
 
 @pytest.fixture(scope="module")
 def auto_lab(request) -> Any:
-    from meshctl.lab import build
-    from meshctl.lab.spec import parse_lab
+    from meshctl.lab.namespaces import build
+    from meshctl.lab.namespaces.spec import parse_lab
     from tests.names import unique
 
     prefix = unique("pb") + "-"  # one prefix scheme for every lab of the tests
@@ -67,9 +69,9 @@ def auto_lab(request) -> Any:
 
 
 def test_every_pair_reachable_on_the_rung_its_fabric_allows(auto_lab) -> None:
-    results = probe.check(auto_lab, count=2)
+    results = labcheck.check(auto_lab, count=2)
     # A pair whose two pings met a WireGuard handshake (a rekey among 110 pairs) is checked once more.
-    again = {(r.src, r.dst): r for r in probe.check(auto_lab, count=3, pairs=[(r.src, r.dst) for r in results
+    again = {(r.src, r.dst): r for r in labcheck.check(auto_lab, count=3, pairs=[(r.src, r.dst) for r in results
                                                                               if not r.ok])}
     results = [again.get((r.src, r.dst), r) for r in results]
     bad = [(r.src, r.dst, r.path) for r in results if not r.ok]
@@ -80,7 +82,7 @@ def test_every_pair_reachable_on_the_rung_its_fabric_allows(auto_lab) -> None:
     odd = [k for (a, b) in EXPECTED for k in ((a, b), (b, a)) if seen[k] != EXPECTED.get(k, EXPECTED.get(k[::-1]))]
     if odd:
         assert wait_for(lambda: settled(auto_lab), HOLD_S + 20), odd
-        seen.update({(r.src, r.dst): r.path for r in probe.check(auto_lab, count=2, pairs=odd)})
+        seen.update({(r.src, r.dst): r.path for r in labcheck.check(auto_lab, count=2, pairs=odd)})
     for (a, b), want in EXPECTED.items():
         assert seen[(a, b)] == want and seen[(b, a)] == want, ((a, b), seen[(a, b)], seen[(b, a)])
     # Pairs no private network joins take the tunnel.
@@ -171,7 +173,7 @@ def test_random_loss_does_not_flap(auto_lab) -> None:
 def test_the_same_lab_with_intra_subnet_direct_loses_the_pairs_the_fabrics_drop(make_lab) -> None:
     st = make_lab(doc("direct"), wait=120)
     pairs = [(a, b) for a, b in EXPECTED] + [(b, a) for a, b in EXPECTED]
-    results = {(r.src, r.dst): r for r in probe.check(st, count=2, pairs=pairs)}
+    results = {(r.src, r.dst): r for r in labcheck.check(st, count=2, pairs=pairs)}
     failed = sorted({tuple(sorted(k)) for k, r in results.items() if not r.ok})
     # vpc and vpc-udp drop pod addresses, the hetzner nodes have no on-link route to each other,
     # the blackhole drops everything; v1-v3 are not neighbours: WireGuard, as before.
@@ -191,10 +193,10 @@ def test_without_the_fast_path_the_kernel_fallback_carries_vxlan_and_ipip_is_una
     pairs = [(a, b) for a, b in want] + [(b, a) for a, b in want]
     # Without the fast path `lab up` has no maps to wait for: the agents may still be applying
     # routes and handshaking when it returns, so the pairs get a bounded while to come up.
-    last: list[probe.PairResult] = []
+    last: list[labcheck.PairResult] = []
 
     def all_up() -> bool:
-        last[:] = probe.check(st, count=2, pairs=pairs)
+        last[:] = labcheck.check(st, count=2, pairs=pairs)
         return all(r.ok for r in last)
 
     assert wait_for(all_up, 30), [(r.src, r.dst) for r in last if not r.ok]

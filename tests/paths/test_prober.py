@@ -7,7 +7,7 @@ import ipaddress
 import time
 
 from meshctl.datapath.inns import in_netns
-from meshctl.lab import fabric
+from meshctl.lab.namespaces import fabric
 from meshctl.mesh.model import RUNGS
 from meshctl.mesh.paths import ProbeTuning
 from meshctl.node.probe import Prober, Target, probe_address

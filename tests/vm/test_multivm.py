@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from meshctl.lab import probe, vm, vmnodes
-from meshctl.lab import state as labstate
-from meshctl.lab.netns import list_prefixed
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.rigs.netns import list_prefixed
+from meshctl.lab.vms import vm, vmnodes
 
 PREFIX = f"mv{os.getpid() % 1000}t-"
 NAME = labstate.lab_name(PREFIX)
@@ -59,7 +60,7 @@ def lab():
 
 
 def test_every_pod_pair_answers_on_the_path_its_agent_planned(lab):
-    results = probe.check(lab, count=3)
+    results = labcheck.check(lab, count=3)
     assert len(results) == 6
     for r in results:
         assert r.ok, f"{r.src} -> {r.dst}: {r.received}/{r.sent}"
@@ -74,7 +75,7 @@ def test_each_node_runs_its_kernel_with_kernel_wireguard_and_the_fast_path(lab):
     for name, n in nodes(lab).items():
         release = vmnodes.guest_run(n, None, ["uname", "-r"]).stdout.strip()
         assert release.startswith(f"{KERNELS[name]}."), f"{name} runs {release}"
-        s = probe.agent_status(n, timeout=5)
+        s = labcheck.agent_status(n, timeout=5)
         assert s is not None, f"{name}'s agent answers on its public address"
         assert s["wireguard_mode"] == "kernel", f"{name}: {release} has WireGuard's module"
         dp = s["datapath"]

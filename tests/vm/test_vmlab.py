@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from meshctl.lab import state as labstate
-from meshctl.lab import vm, vmlab
+from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.vms import vm, vmlab
 
 PREFIX = f"vm{os.getpid() % 1000}s-"
 NAME = labstate.lab_name(PREFIX)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from meshctl.errors import MeshError
 from meshctl.etcd.client import EtcdClient
-from meshctl.lab.pki import CertFiles
+from meshctl.lab.rigs.pki import CertFiles
 from meshctl.node.shell import exec_prefix, pid_alive
 
 
