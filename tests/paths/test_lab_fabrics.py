@@ -17,6 +17,7 @@ import yaml
 from meshctl.lab.namespaces import check as labcheck
 from meshctl.lab.namespaces import fabric
 from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.namespaces.state import LabState
 from meshctl.lab.rigs import netns
 from tests.waiting import wait_for
 
@@ -38,18 +39,18 @@ def doc(intra: str) -> dict[str, Any]:
     return d
 
 
-def status(st: dict[str, Any], name: str) -> dict[str, Any]:
+def status(st: LabState, name: str) -> dict[str, Any]:
     s = labcheck.agent_status(node_of(st, name))
     assert s is not None, f"no status from {name}"
     return s
 
 
-def rung(st: dict[str, Any], src: str, dst: str) -> str | None:
+def rung(st: LabState, src: str, dst: str) -> str | None:
     s = labcheck.agent_status(node_of(st, src), timeout=1.0) or {}
     return (s.get("paths") or {}).get(dst)
 
 
-def settled(st: dict[str, Any]) -> bool:
+def settled(st: LabState) -> bool:
     return all(rung(st, a, b) == r and rung(st, b, a) == r for (a, b), r in EXPECTED.items())
 
 
@@ -97,7 +98,7 @@ def test_status_node_list_and_metrics_name_the_rungs(auto_lab) -> None:
     assert probes["direct"]["up"] is False and probes["ipip"]["up"] is True  # the vpc drops pod addresses
     assert probes["ipip"]["rtt_ms"] is not None and probes["ipip"]["rtt_ms"] < 100
     n = node_of(auto_lab, "v1")
-    text = netns.run(n["netns"], ["curl", "-s", f"http://{n['metrics_addr']}/metrics"]).stdout
+    text = netns.run(n.netns, ["curl", "-s", f"http://{n.metrics_addr}/metrics"]).stdout
     assert 'meshctl_path_pairs{rung="direct+ipip"} 2.0' in text
     assert 'meshctl_path_pairs{rung="tunnel"} 8.0' in text
     assert 'meshctl_path_probe_up{kind="direct",peer="v2"} 0.0' in text
@@ -110,16 +111,16 @@ def test_status_node_list_and_metrics_name_the_rungs(auto_lab) -> None:
 
 def test_big_df_ping_on_every_rung(auto_lab) -> None:
     for (a, b), _ in EXPECTED.items():
-        src = node_of(auto_lab, a)["pods"][0]["netns"]
-        dst = node_of(auto_lab, b)["pods"][0]["ip"]
+        src = node_of(auto_lab, a).pods[0].netns
+        dst = node_of(auto_lab, b).pods[0].ip
         p = netns.run(src, ["ping", "-n", "-q", "-c", "3", "-i", "0.05", "-W", "1", "-M", "do", "-s", "1372", dst],
                       check=False)
         assert " 0% packet loss" in p.stdout, (a, b, p.stdout, p.stderr)
 
 
-def _ping(st: dict[str, Any], src: str, dst: str, count: int) -> subprocess.Popen[str]:
-    pod = node_of(st, src)["pods"][0]["netns"]
-    ip = node_of(st, dst)["pods"][0]["ip"]
+def _ping(st: LabState, src: str, dst: str, count: int) -> subprocess.Popen[str]:
+    pod = node_of(st, src).pods[0].netns
+    ip = node_of(st, dst).pods[0].ip
     return subprocess.Popen([*netns.exec_prefix(pod), "ping", "-n", "-q", "-i", "0.01", "-W", "1", "-c", str(count),
                              ip], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
