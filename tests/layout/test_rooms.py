@@ -86,6 +86,6 @@ def test_the_checks_would_catch_a_lab_import(tmp_path: Path) -> None:
     f = PKG / "node" / "_probe_for_test.py"
     try:
         f.write_text("def x():\n    from ..lab import netns\n    return netns\n")
-        assert "meshctl.lab.rigs.netns" in imports(f)
+        assert "meshctl.lab.netns" in imports(f)
     finally:
         f.unlink()
