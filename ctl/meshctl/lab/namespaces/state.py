@@ -320,9 +320,9 @@ def save(state: LabState) -> None:
 def load(name: str) -> LabState | None:
     try:
         doc = json.loads(state_path(name).read_text())
-    except (OSError, ValueError):
+        return from_json(LabState, doc) if isinstance(doc, dict) else None
+    except (OSError, ValueError, TypeError, AttributeError):  # unreadable, or not a lab state
         return None
-    return from_json(LabState, doc) if isinstance(doc, dict) else None
 
 
 def labs_up() -> list[str]:

@@ -1,8 +1,8 @@
 """An in-process Kubernetes API server for tests and the namespace lab.
 
-No real API server installs on this machine (Debian, PyPI and npm were checked), so the Kubernetes
-backend is tested against this one. It speaks real HTTP and keeps the semantics the backend relies
-on, so a client that works here works against kube-apiserver:
+No real API server is available to the tests (none installs from Debian, PyPI or npm), so the
+Kubernetes backend is tested against this one. It speaks real HTTP and keeps the semantics the
+backend relies on, so a client that works here works against kube-apiserver:
 
 - one cluster-wide resourceVersion counter; every write bumps it, a no-op patch does not;
 - list returns the collection's resourceVersion; `limit`/`continue` page through a sorted list;
@@ -590,7 +590,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _watch(self, rt: ResourceType, ns: str | None, q: dict[str, str]) -> None:
         """Serve one watch stream: replay from resourceVersion (410 Gone when it is compacted), then
-        follow the store, with bookmarks and a timeout; one loop whose states are easier to follow
+        follow the store until the timeout; one loop whose states are easier to follow
         in one place than split."""
         store = self.server.store
         lsel, fsel = _selector(q.get("labelSelector")), _selector(q.get("fieldSelector"))

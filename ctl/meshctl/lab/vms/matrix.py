@@ -25,8 +25,8 @@ from meshctl.lab.namespaces.spec import KERNEL_SERIES
 from meshctl.lab.vms import vm
 
 REPO = Path(__file__).resolve().parents[4]
-SUITES = ("datapath", "node", "lab", "paths")  # paths: the issue-8 path ladder and fabrics
-SUITE_TIMEOUT = 3600.0  # a suite under emulation on a loaded 2-core machine: up to ~50 min
+SUITES = ("datapath", "node", "lab", "paths")  # paths: the path ladder and the fabrics
+SUITE_TIMEOUT = 3600.0  # seconds one suite may run under emulation
 GUEST_COMPILE_TIMEOUT = 900
 LOG_DIR = Path("/tmp/meshctl-vmtest")
 SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|error|errors|xfailed|xpassed|deselected)")
