@@ -34,8 +34,8 @@ ETCD = {"endpoints": ["https://198.51.100.250:2379"], "ca": "/ca.pem", "cert": "
                    "key": "/s.key", "log": "/etcd.log"}}
 NAMESPACE_LAB = {
     "name": "ml", "prefix": "ml-", "source": "/labs/default.yaml", "created": 1764600000.5, "namespaces": ["ml-fab"],
-    "pids": {"etcd/default": 99, "agent/default/a1": 4242}, "pin_root": "/sys/fs/bpf/ml-lab", "dir": "/run/meshctl-lab/ml",
-    "fastpath": True, "lease_ttl": 5, "agent_args": [], "vms": False,
+    "pids": {"etcd/default": 99, "agent/default/a1": 4242}, "pin_root": "/sys/fs/bpf/ml-lab",
+    "dir": "/run/meshctl-lab/ml", "fastpath": True, "lease_ttl": 5, "agent_args": [], "vms": False,
     "fabrics": {"10.10.1.0/24": {"index": 0, "kind": "vpc", "network": "n1", "loss": 0, "bridge": "bpriv0",
                                  "router": "ml-rt0", "addressing": "vpc"}},
     "clusters": [{"name": "default", "id": 1, "etcd": ETCD, "port": 51820, "mesh": {"granularity": "location"},
