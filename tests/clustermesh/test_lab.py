@@ -30,7 +30,7 @@ SHARED = {"a1", "a2", "g1", "g2"}  # the nodes on 10.10.1.0/24
 
 
 @pytest.fixture(scope="module")
-def lab() -> Iterator[dict[str, Any]]:
+def lab() -> Iterator[LabState]:
     doc = yaml.safe_load(LAB_FILE.read_text())
     doc = copy.deepcopy(doc)
     doc["clusters"][1]["nodes"].append(

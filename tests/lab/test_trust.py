@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -50,7 +49,7 @@ KEY2 = "b3RoZXJrZXlvdGhlcmtleW90aGVya2V5b3RoZXJrZXk="  # another 32 bytes nobody
 
 
 @pytest.fixture(scope="module")
-def lab() -> Iterator[dict[str, Any]]:
+def lab() -> Iterator[LabState]:
     prefix = unique("mtr") + "-"
     st = build.up(parse_lab(LAB), prefix=prefix, wait=120)
     try:
