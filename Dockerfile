@@ -17,8 +17,9 @@ WORKDIR /src
 COPY pyproject.toml README.md* ./
 COPY ctl ./ctl
 COPY bpf ./bpf
-# The lab (namespace rigs, the in-process API server, test PKI) is not part of the agent image: the
-# CLI loads it as a plugin and skips it when its package is gone.
+# The lab package (meshctl/lab: the namespace lab, the VM labs and the test rigs with the in-process
+# API server and test PKI) is not part of the agent image: the CLI loads it as a plugin and skips it
+# when its package is gone.
 RUN pip3 install --no-cache-dir --break-system-packages . \
  && rm -rf "$(python3 -c 'import meshctl, os; print(os.path.dirname(meshctl.__file__))')/lab" /src
 

@@ -22,7 +22,7 @@ test: setup lint
 
 # The datapath, node, lab and paths suites inside each kernel of the matrix (TCG: hours).
 vmtest: kernels
-	@$(PY) -m meshctl.lab.matrix --kernels $(shell echo $(KERNELS) | tr ' ' ',')
+	@$(PY) -m meshctl.lab.vms.matrix --kernels $(shell echo $(KERNELS) | tr ' ' ',')
 
 lint: setup
 	@$(VENV)/bin/ruff check ctl tests bench

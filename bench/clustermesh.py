@@ -28,31 +28,29 @@ import yaml
 
 from convergence import measure_joins, passes, pct, rss_mb, synth_record
 from meshctl.backends.etcd import node_key
-from meshctl.lab import build, probe
-from meshctl.lab.spec import parse_lab
+from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces.spec import parse_lab
+from meshctl.lab.namespaces.state import LabState, NodeState
 
 LAB_FILE = Path(__file__).resolve().parents[1] / "ctl/meshctl/lab/labs/two-clusters.yaml"
 
 
-def cluster(st: dict[str, Any], name: str) -> dict[str, Any]:
-    return next(c for c in st["clusters"] if c["name"] == name)
+def client(st: LabState, name: str):
+    return build.etcd_client(st.cluster(name), timeout=30)
 
 
-def client(st: dict[str, Any], name: str):
-    return build.etcd_client(next(c for c in st["clusters"] if c["name"] == name), timeout=30)
-
-
-def remote_joins(st: dict[str, Any], n: int) -> list[float]:
+def remote_joins(st: LabState, n: int) -> list[float]:
     """Records written to cluster2's etcd, routes watched on every cluster1 agent."""
-    return measure_joins(client(st, "cluster2"), "cluster2", cluster(st, "cluster1")["nodes"], n, second_octet=126)
+    return measure_joins(client(st, "cluster2"), "cluster2", st.cluster("cluster1").nodes, n, second_octet=126)
 
 
-def last_reconcile(node: dict[str, Any]) -> dict[str, Any]:
-    return (probe.agent_status(node, timeout=10) or {}).get("last_reconcile") or {}
+def last_reconcile(node: NodeState) -> dict[str, Any]:
+    return (labcheck.agent_status(node, timeout=10) or {}).get("last_reconcile") or {}
 
 
-def remote_nodes(node: dict[str, Any]) -> int:
-    s = probe.agent_status(node, timeout=10) or {}
+def remote_nodes(node: NodeState) -> int:
+    s = labcheck.agent_status(node, timeout=10) or {}
     return sum(c.get("nodes", 0) for c in (s.get("remotes") or {}).get("clusters", []))
 
 
@@ -60,7 +58,7 @@ STEPS: list[dict[str, float]] = [{}]  # steps_ms of the last measured pass
 CPU: list[float] = []  # the loop thread's CPU time of each measured pass
 
 
-def one_reconcile(st: dict[str, Any], node: dict[str, Any], write) -> float:
+def one_reconcile(st: LabState, node: NodeState, write) -> float:
     """Write, wait for the agent's next pass on /metrics (small), then read /status once: polling
     the megabytes of /status at 5,000 nodes would compete with the pass being measured."""
     before = passes(node)
@@ -78,9 +76,9 @@ def one_reconcile(st: dict[str, Any], node: dict[str, Any], write) -> float:
     raise SystemExit("no reconcile within 60 s")
 
 
-def scale(st: dict[str, Any], sizes: list[int]) -> list[dict[str, Any]]:
+def scale(st: LabState, sizes: list[int]) -> list[dict[str, Any]]:
     kv = client(st, "cluster2")
-    leader = next(n for n in cluster(st, "cluster1")["nodes"] if n["name"] == "a1")
+    leader = next(n for n in st.cluster("cluster1").nodes if n.name == "a1")
     touch_name, touch_rec = "s-touch", dict(synth_record(0)[1], name="s-touch", pod_cidr="10.125.0.0/24")
 
     def put(name: str, rec: dict[str, Any]) -> None:
@@ -120,7 +118,7 @@ def scale(st: dict[str, Any], sizes: list[int]) -> list[dict[str, Any]]:
                      "join_ms": round(1000 * statistics.median(join), 1),
                      "touch_cpu_ms": round(1000 * statistics.median(touch_cpu), 1),
                      "join_cpu_ms": round(1000 * statistics.median(join_cpu), 1),
-                     "rss_mb": round(rss_mb(leader["pid"]), 1)})
+                     "rss_mb": round(rss_mb(leader.pid), 1)})
     return rows
 
 
@@ -135,10 +133,10 @@ def main() -> None:
     t = time.monotonic()
     st = build.up(parse_lab(doc, str(LAB_FILE)), prefix=args.prefix)
     try:
-        for x in (n for c in st["clusters"] for n in c["nodes"]):
+        for _, x in st.nodes():
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and \
-                    ((probe.agent_status(x) or {}).get("datapath") or {}).get("mode") in (None, "loading"):
+                    ((labcheck.agent_status(x) or {}).get("datapath") or {}).get("mode") in (None, "loading"):
                 time.sleep(0.1)
         js = remote_joins(st, args.joins)
         print(f"remote join -> route on every cluster1 agent, over {len(js)} joins: median "
@@ -161,7 +159,7 @@ def main() -> None:
               f"CPU {last['touch_cpu_ms']:.0f} / "
               f"{last['join_cpu_ms']:.0f} ms; target < 500 ms")
     finally:
-        build.down(st["name"])
+        build.down(st.name)
         print(f"(total {time.monotonic() - t:.0f} s)")
 
 

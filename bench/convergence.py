@@ -27,8 +27,11 @@ from typing import Any
 from meshctl.backends.etcd import node_key
 from meshctl.etcd import EtcdClient
 from meshctl.etcd.nsconn import session
-from meshctl.lab import build, netns, probe
-from meshctl.lab.spec import parse_lab
+from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces.spec import parse_lab
+from meshctl.lab.namespaces.state import LabState, NodeState
+from meshctl.lab.rigs import netns
 
 LAB = {
     "cluster": {"name": "default", "id": 1},
@@ -80,8 +83,8 @@ class RouteWatch:
         self._p.wait(5)
 
 
-def client_for(st: dict[str, Any]) -> EtcdClient:
-    return build.etcd_client(st["clusters"][0], timeout=10)
+def client_for(st: LabState) -> EtcdClient:
+    return build.etcd_client(st.clusters[0], timeout=10)
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -89,15 +92,15 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
-def joins(st: dict[str, Any], n: int) -> list[float]:
-    return measure_joins(client_for(st), "default", st["clusters"][0]["nodes"], n)
+def joins(st: LabState, n: int) -> list[float]:
+    return measure_joins(client_for(st), "default", st.clusters[0].nodes, n)
 
 
-def measure_joins(c: EtcdClient, cluster: str, watchers: list[dict[str, Any]], n: int,
+def measure_joins(c: EtcdClient, cluster: str, watchers: list[NodeState], n: int,
                   second_octet: int = 127) -> list[float]:
     """Write `n` node records (one at a time) into `cluster`'s etcd; for each, the time until every
     watcher node has the route to its pod CIDR in its kernel table. Each record is deleted after."""
-    watches = [RouteWatch(x["netns"]) for x in watchers]
+    watches = [RouteWatch(x.netns) for x in watchers]
     time.sleep(0.3)
     out = []
     try:
@@ -130,17 +133,17 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def passes(node: dict[str, Any]) -> int:
+def passes(node: NodeState) -> int:
     """The agent's reconcile count, from /metrics (a few hundred bytes; /status is megabytes)."""
-    with session(node["netns"]) as s:
-        text = s.get(f"http://{node['metrics_addr']}/metrics", timeout=10).text
+    with session(node.netns) as s:
+        text = s.get(f"http://{node.metrics_addr}/metrics", timeout=10).text
     return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
                if line.startswith("meshctl_reconciles_total{"))
 
 
-def scale(st: dict[str, Any], sizes: list[int], samples: int = 5) -> list[dict[str, Any]]:
+def scale(st: LabState, sizes: list[int], samples: int = 5) -> list[dict[str, Any]]:
     c = client_for(st)
-    nodes = st["clusters"][0]["nodes"]
+    nodes = st.clusters[0].nodes
     written = 0
     rows = []
     for size in sizes:
@@ -151,7 +154,7 @@ def scale(st: dict[str, Any], sizes: list[int], samples: int = 5) -> list[dict[s
         want = size + len(nodes)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            sts = [probe.agent_status(x, timeout=10) for x in nodes]
+            sts = [labcheck.agent_status(x, timeout=10) for x in nodes]
             if all(s and s.get("nodes") == want and (s.get("last_reconcile") or {}).get("applied") for s in sts):
                 break
             time.sleep(0.2)
@@ -173,38 +176,38 @@ def scale(st: dict[str, Any], sizes: list[int], samples: int = 5) -> list[dict[s
                     name, rec = synth_record(written)
                     written += 1
                     want = size + len(nodes) + (written - size)
-                before = {x["name"]: passes(x) for x in nodes}
+                before = {x.name: passes(x) for x in nodes}
                 c.put(node_key("default", name), json.dumps(rec))
                 todo = list(nodes)
                 deadline = time.monotonic() + 30
                 while todo:
                     # Wait until every agent has made a pass, then read their /status: a status read
                     # (megabytes of JSON) must not compete with another agent's pass being measured.
-                    while any(passes(x) <= before[x["name"]] for x in todo):
+                    while any(passes(x) <= before[x.name] for x in todo):
                         if time.monotonic() > deadline:
                             raise SystemExit(f"no pass for the {kind} of {name} within 30 s")
                         time.sleep(0.1)
                     for x in list(todo):
-                        s = probe.agent_status(x, timeout=10) or {}
+                        s = labcheck.agent_status(x, timeout=10) or {}
                         last = s.get("last_reconcile") or {}
                         if s.get("nodes") == want and last.get("applied"):
                             cpu = last.get("cpu_s", float("nan"))  # agents before cpu_s have none
-                            durs.setdefault((kind, x["name"]), []).append((last["duration_s"], cpu))
+                            durs.setdefault((kind, x.name), []).append((last["duration_s"], cpu))
                             if kind == "join":
-                                steps[x["name"]] = last.get("steps_ms", {})
+                                steps[x.name] = last.get("steps_ms", {})
                             todo.remove(x)
                         else:  # that pass was another one (a pod scan, say): wait for the next
-                            before[x["name"]] = passes(x)
+                            before[x.name] = passes(x)
                 time.sleep(0.3)
         for x in nodes:
-            touch, join = durs[("touch", x["name"])], durs[("join", x["name"])]
-            rows.append({"records": size, "node": x["name"], "initial_convergence_s": round(converge, 2),
+            touch, join = durs[("touch", x.name)], durs[("join", x.name)]
+            rows.append({"records": size, "node": x.name, "initial_convergence_s": round(converge, 2),
                          "touch_ms": round(1000 * statistics.median(d for d, _ in touch), 1),
                          "touch_cpu_ms": round(1000 * statistics.median(c for _, c in touch), 1),
                          "reconcile_ms": round(1000 * statistics.median(d for d, _ in join), 1),
                          "reconcile_max_ms": round(1000 * max(d for d, _ in join), 1),
                          "reconcile_cpu_ms": round(1000 * statistics.median(c for _, c in join), 1),
-                         "rss_mb": round(rss_mb(x["pid"]), 1), "steps_ms": steps.get(x["name"], {})})
+                         "rss_mb": round(rss_mb(x.pid), 1), "steps_ms": steps.get(x.name, {})})
     return rows
 
 
@@ -221,9 +224,10 @@ def main() -> None:
     lab = {**LAB, "lab": {**LAB["lab"], "fastpath": not args.no_fastpath}}
     st = build.up(parse_lab(lab), prefix=args.prefix)
     try:
-        for x in st["clusters"][0]["nodes"]:  # let the fast path finish loading first
+        for x in st.clusters[0].nodes:  # let the fast path finish loading first
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not ((probe.agent_status(x) or {}).get("datapath") or {}).get("mode"):
+            while time.monotonic() < deadline and \
+                    not ((labcheck.agent_status(x) or {}).get("datapath") or {}).get("mode"):
                 time.sleep(0.1)
         js = joins(st, args.joins)
         print(f"join convergence over {len(js)} joins (3 agents): median {1000 * statistics.median(js):.0f} ms, "

@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ctl"))
 
 from meshctl.datapath import Datapath, links, loader
 from meshctl.datapath.inns import in_netns
-from meshctl.lab import netns
-from meshctl.lab.testbed import PODS, PRIVATE, Testbed
-from meshctl.lab.testrun import PROTO_TCP, frame, ns_per_packet, run
+from meshctl.lab.rigs import netns
+from meshctl.lab.rigs.testbed import PODS, PRIVATE, Testbed
+from meshctl.lab.rigs.testrun import PROTO_TCP, frame, ns_per_packet, run
 from meshctl.mesh.plan import FastPathEntry
 from meshctl.node import discovery
 

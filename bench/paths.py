@@ -44,8 +44,8 @@ from datapath import PINGPONG_SERVER, WG_IP, WG_PORT, iperf, latency, run_names,
 from meshctl.datapath import Datapath, libbpf, links, loader  # noqa: E402
 from meshctl.datapath.inns import in_netns  # noqa: E402
 from meshctl.datapath.layout import VXLAN_OVERHEAD  # noqa: E402
-from meshctl.lab import netns  # noqa: E402
-from meshctl.lab.testbed import PODS, FabricTestbed  # noqa: E402
+from meshctl.lab.rigs import netns  # noqa: E402
+from meshctl.lab.rigs.testbed import PODS, FabricTestbed  # noqa: E402
 from meshctl.node import discovery  # noqa: E402
 
 RUN, PIN_ROOT, WG = run_names("eab")

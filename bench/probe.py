@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ctl"))
 
 from meshctl.datapath.inns import in_netns
-from meshctl.lab import netns
+from meshctl.lab.rigs import netns
 from meshctl.mesh.model import RUNGS
 from meshctl.node.prober import Prober, Target
 

@@ -3,7 +3,7 @@ cache saves a node inside it.
 
     .venv/bin/python bench/vm.py [--kernels 5.10,6.1,6.12] [--rounds 2]
 
-Per kernel, one VM at a time (2 vCPUs, 3 GB, the accelerator lab/vm.py picks: TCG here):
+Per kernel, one VM at a time (2 vCPUs, 3 GB, the accelerator lab/vms/vm.py picks: TCG here):
 1. boot: from starting vng to the guest's command server answering (median of --rounds boots);
 2. inside one guest, side by side and alternating: loading the node's programs with bcc
    (`python -m meshctl.datapath.compile`, the baseline: what every agent did before the cache)
@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ctl"))
 
-from meshctl.lab import vm  # noqa: E402
+from meshctl.lab.namespaces.spec import KERNEL_SERIES  # noqa: E402
+from meshctl.lab.vms import vm  # noqa: E402
 
 GUEST = r"""
 import json, subprocess, sys, time
@@ -46,7 +47,7 @@ print(json.dumps(out))
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kernels", default=",".join(vm.SERIES))
+    ap.add_argument("--kernels", default=",".join(KERNEL_SERIES))
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     if not vm.warm_bpf_cache():

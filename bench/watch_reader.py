@@ -27,9 +27,9 @@ from pathlib import Path
 
 from meshctl.backends.etcd import EtcdBackend, node_key, write_topology
 from meshctl.etcd.client import READ_CHUNK, EtcdClient, prefix_end, stream_lines
-from meshctl.lab import netns, pki
-from meshctl.lab.etcd_process import EtcdServer
-from meshctl.lab.waiting import wait_for
+from meshctl.lab.rigs import netns, pki
+from meshctl.lab.rigs.etcd_process import EtcdServer
+from meshctl.lab.rigs.waiting import wait_for
 from meshctl.mesh.model import Cluster, MeshSettings
 
 ADDR = "10.99.7.1"

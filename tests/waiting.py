@@ -1,5 +1,5 @@
 """Polling helpers shared by the integration tests (they live with the lab, which the benchmarks use too)."""
 
-from meshctl.lab.waiting import wait_for, wait_until
+from meshctl.lab.rigs.waiting import wait_for, wait_until
 
 __all__ = ["wait_for", "wait_until"]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What a node needs before its agent starts, shared by the Vagrant VMs (provision-common.sh) and the
-# multi-VM lab's guests (ctl/meshctl/lab/vmnodes.py): forwarding, loose reverse-path filtering (a
+# multi-VM lab's guests (ctl/meshctl/lab/vms/vmnodes.py): forwarding, loose reverse-path filtering (a
 # reply may come back over another NIC than the request left by: the tunnel or the private NIC),
 # and bpffs for the pinned maps.
 set -euo pipefail

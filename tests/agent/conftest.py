@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from meshctl.lab import netns, pki
-from meshctl.lab.etcd_process import EtcdServer
+from meshctl.lab.rigs import netns, pki
+from meshctl.lab.rigs.etcd_process import EtcdServer
 from tests.names import unique
 from tests.waiting import wait_for  # noqa: F401 - re-exported for the tests here
 

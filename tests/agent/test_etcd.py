@@ -203,7 +203,7 @@ def test_connections_follow_a_namespace_recreated_under_the_same_name():
     import socket
 
     from meshctl.etcd import nsconn
-    from meshctl.lab import netns
+    from meshctl.lab.rigs import netns
     from tests.names import unique
 
     ns = unique("mac")

@@ -18,7 +18,7 @@ from meshctl.backends import etcd_identity as identity
 from meshctl.backends.etcd import EtcdBackend, mesh_key, node_key, withdraw_record, write_topology
 from meshctl.errors import InputError
 from meshctl.etcd import EtcdClient, PermissionDenied
-from meshctl.lab import pki
+from meshctl.lab.rigs import pki
 from meshctl.mesh import records
 from meshctl.mesh.model import Cluster, MeshSettings, Node
 

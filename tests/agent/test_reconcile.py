@@ -22,7 +22,7 @@ from meshctl.agent.config import AgentConfig
 from meshctl.agent.lifecycle import Agent
 from meshctl.agent.status import PassSummary
 from meshctl.backends.etcd import EtcdBackend, node_key, write_topology
-from meshctl.lab import netns
+from meshctl.lab.rigs import netns
 from meshctl.mesh.model import Cluster, MeshSettings
 from meshctl.node.masquerade import set_members
 from meshctl.node.wireguard.state import PeerOp

@@ -15,10 +15,13 @@ import pytest
 import yaml
 
 from meshctl.backends.etcd import cluster_key, node_key
-from meshctl.lab import build, netns, probe
-from meshctl.lab import state as labstate
-from meshctl.lab.pki import make_ca
-from meshctl.lab.spec import parse_lab
+from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.namespaces.spec import parse_lab
+from meshctl.lab.namespaces.state import LabState
+from meshctl.lab.rigs import netns
+from meshctl.lab.rigs.pki import make_ca
 from tests.lab.conftest import node_of, status, wait_for
 from tests.names import unique
 
@@ -27,7 +30,7 @@ SHARED = {"a1", "a2", "g1", "g2"}  # the nodes on 10.10.1.0/24
 
 
 @pytest.fixture(scope="module")
-def lab() -> Iterator[dict[str, Any]]:
+def lab() -> Iterator[LabState]:
     doc = yaml.safe_load(LAB_FILE.read_text())
     doc = copy.deepcopy(doc)
     doc["clusters"][1]["nodes"].append(
@@ -41,31 +44,31 @@ def lab() -> Iterator[dict[str, Any]]:
         build.down(labstate.lab_name(prefix))
 
 
-def etcd(st: dict[str, Any], cluster: str):
-    return build.etcd_client(next(c for c in st["clusters"] if c["name"] == cluster))
+def etcd(st: LabState, cluster: str):
+    return build.etcd_client(st.cluster(cluster))
 
 
-def routes_in(st: dict[str, Any], node: str) -> dict[str, str]:
-    out = netns.run(node_of(st, node)["netns"], ["ip", "-j", "route", "show", "proto", "109"]).stdout
+def routes_in(st: LabState, node: str) -> dict[str, str]:
+    out = netns.run(node_of(st, node).netns, ["ip", "-j", "route", "show", "proto", "109"]).stdout
     return {r["dst"]: r.get("gateway", r.get("dev")) for r in json.loads(out or "[]")}
 
 
-def ping_ok(st: dict[str, Any], src: str, dst: str, count: int = 3) -> bool:
-    sent, recv, _ = probe.ping(node_of(st, src)["pods"][0]["netns"], node_of(st, dst)["pods"][0]["ip"], count=count,
+def ping_ok(st: LabState, src: str, dst: str, count: int = 3) -> bool:
+    sent, recv, _ = labcheck.ping(node_of(st, src).pods[0].netns, node_of(st, dst).pods[0].ip, count=count,
                                wait=0.5)
     return recv == sent
 
 
-def remote_status(st: dict[str, Any], node: str) -> dict[str, Any]:
+def remote_status(st: LabState, node: str) -> dict[str, Any]:
     """The agent's view of cluster2 (empty while a restarted agent is not serving yet)."""
-    s = probe.agent_status(node_of(st, node)) or {}
+    s = labcheck.agent_status(node_of(st, node)) or {}
     clusters = (s.get("remotes") or {}).get("clusters") or [{}]
     return {"ready": False, "reason": "", "rejections": [], **clusters[0]}
 
 
 def test_pods_reach_each_other_across_clusters_direct_where_the_segment_is_shared(lab) -> None:
-    running = [f"{c['name']}/{n['name']}" for c in lab["clusters"] for n in c["nodes"] if n["name"] != "g4"]
-    results = probe.check(lab, count=3, pairs=[(a, b) for a in running for b in running if a != b])
+    running = [f"{c.name}/{n.name}" for c, n in lab.nodes() if n.name != "g4"]
+    results = labcheck.check(lab, count=3, pairs=[(a, b) for a in running for b in running if a != b])
     assert len(results) == 30
     bad = [r for r in results if not r.ok]
     assert not bad, bad
@@ -97,7 +100,7 @@ def test_status_and_node_list_show_the_remote_cluster(lab) -> None:
 
 
 def test_a_node_added_to_cluster2_is_reachable_from_cluster1_within_3s(lab) -> None:
-    pids = {n: node_of(lab, n)["pid"] for n in ("a1", "a2", "b1")}
+    pids = {n: node_of(lab, n).pid for n in ("a1", "a2", "b1")}
     build.start_agent(lab, "g4")
     t0 = time.monotonic()
     ok = wait_for(lambda: ping_ok(lab, "a1", "g4", count=1), timeout=6, step=0.05)
@@ -105,7 +108,7 @@ def test_a_node_added_to_cluster2_is_reachable_from_cluster1_within_3s(lab) -> N
     assert ok and took < 3, f"g4 reachable after {took:.2f} s"
     assert wait_for(lambda: ping_ok(lab, "a2", "g4", count=1), timeout=3)
     assert wait_for(lambda: ping_ok(lab, "g4", "b1", count=1), timeout=3)
-    assert {n: node_of(lab, n)["pid"] for n in pids} == pids  # nothing was done on cluster1
+    assert {n: node_of(lab, n).pid for n in pids} == pids  # nothing was done on cluster1
 
 
 def test_a_removed_node_is_drained(lab) -> None:
@@ -126,7 +129,7 @@ def test_cluster2_etcd_stopped_keeps_traffic_and_reports_not_ready(lab) -> None:
         # an agent restarted while cluster2's etcd is away plans with the view it saved
         build.stop_agent(lab, "a1")
         build.start_agent(lab, "a1")
-        assert wait_for(lambda: (probe.agent_status(node_of(lab, "a1")) or {}).get("last_reconcile"), timeout=20)
+        assert wait_for(lambda: (labcheck.agent_status(node_of(lab, "a1")) or {}).get("last_reconcile"), timeout=20)
         assert "10.43.3.0/24" in routes_in(lab, "a1") and "10.43.1.0/24" in routes_in(lab, "a1")
         assert ping_ok(lab, "a1", "g3") and ping_ok(lab, "a1", "g1")
     finally:
@@ -136,7 +139,7 @@ def test_cluster2_etcd_stopped_keeps_traffic_and_reports_not_ready(lab) -> None:
     assert remote_status(lab, "a2")["reconnects"] >= 1  # a2 kept running through the outage
 
 
-def _status_text(st: dict[str, Any], node: str) -> str:
+def _status_text(st: LabState, node: str) -> str:
     from meshctl.agent.status import AgentStatus
     from meshctl.cli.agent import format_status
 
@@ -176,7 +179,7 @@ def test_hijacking_location_ips_from_cluster2_are_rejected_and_named(lab) -> Non
         "evil2": {"name": "evil2", "pod_cidr": "10.43.92.0/24", "public_key": "C" * 43 + "=", "location": "gpu-b",
                   "allowed_location_ips": ["0.0.0.0/0"]},
     }
-    running = [f"{c['name']}/{n['name']}" for c in lab["clusters"] for n in c["nodes"] if n["name"] != "g4"]
+    running = [f"{c.name}/{n.name}" for c, n in lab.nodes() if n.name != "g4"]
     for name, rec in evil.items():
         kv.put(node_key("cluster2", name), json.dumps(rec))
     try:
@@ -198,12 +201,13 @@ def test_hijacking_location_ips_from_cluster2_are_rejected_and_named(lab) -> Non
         assert wait_for(g1_view, timeout=10), (status(lab, "g1")["rejections"], remote_status(lab, "g1")["rejections"])
         pairs = [(a, b) for a in running for b in running if a != b
                  and not ("cluster1/a1" in (a, b) and "cluster2" in a + b)]
-        bad = [r for r in probe.check(lab, count=2, pairs=pairs) if not r.ok]
+        bad = [r for r in labcheck.check(lab, count=2, pairs=pairs) if not r.ok]
         assert not bad, bad
     finally:
         for name in evil:
             kv.delete(node_key("cluster2", name))
-    bad = [r for r in probe.check(lab, count=2, pairs=[(a, b) for a in running for b in running if a != b]) if not r.ok]
+    pairs = [(a, b) for a in running for b in running if a != b]
+    bad = [r for r in labcheck.check(lab, count=2, pairs=pairs) if not r.ok]
     assert not bad, bad
 
 
@@ -213,12 +217,12 @@ def test_cluster1s_credentials_for_cluster2_only_read(lab) -> None:
     from meshctl.backends.clustermesh import parse_config
     from meshctl.etcd import EtcdClient, PermissionDenied
 
-    c1 = next(c for c in lab["clusters"] if c["name"] == "cluster1")
-    cfg = parse_config(Path(c1["clustermesh_dir"]) / "cluster2")
+    c1 = lab.cluster("cluster1")
+    cfg = parse_config(Path(c1.clustermesh_dir) / "cluster2")
     assert cfg.username == "remote:cluster1"
-    c2 = next(c for c in lab["clusters"] if c["name"] == "cluster2")
+    c2 = lab.cluster("cluster2")
     client = EtcdClient(list(cfg.endpoints), ca=cfg.ca_file, cert=cfg.cert_file, key=cfg.key_file,
-                        user=cfg.username, password_file=cfg.password_file, netns=c2["etcd"]["netns"])
+                        user=cfg.username, password_file=cfg.password_file, netns=c2.etcd.netns)
     assert client.get(node_key("cluster2", "g1")) is not None
     with pytest.raises(PermissionDenied):
         client.put(node_key("cluster2", "g1"), "{}")
@@ -228,8 +232,8 @@ def test_cluster1s_credentials_for_cluster2_only_read(lab) -> None:
 
 
 def test_a_wrong_ca_is_not_ready_with_the_reason_and_installs_nothing(lab, tmp_path: Path) -> None:
-    c1 = next(c for c in lab["clusters"] if c["name"] == "cluster1")
-    f = Path(c1["clustermesh_dir"]) / "cluster2"
+    c1 = lab.cluster("cluster1")
+    f = Path(c1.clustermesh_dir) / "cluster2"
     good = f.read_text()
     bad = yaml.safe_load(good)
     bad.pop("ca-file", None)

@@ -15,8 +15,8 @@ import yaml
 from meshctl.backends.clustermesh import RemoteClusters, config_name, parse_config, summary_line
 from meshctl.backends.etcd import cluster_key, node_key, write_topology
 from meshctl.errors import InputError
-from meshctl.lab.etcd_process import EtcdServer
-from meshctl.lab.pki import make_ca, make_cert
+from meshctl.lab.rigs.etcd_process import EtcdServer
+from meshctl.lab.rigs.pki import make_ca, make_cert
 from meshctl.mesh.model import Cluster
 from meshctl.mesh.records import node_to_record, parse_topology
 from tests.plan.fixtures import key

@@ -13,8 +13,8 @@ import pytest
 
 from meshctl.datapath import layout
 from meshctl.datapath.inns import in_netns
-from meshctl.lab import netns
-from meshctl.lab.testrun import PROTO_ICMP, PROTO_UDP, frame, ip_checksum, run
+from meshctl.lab.rigs import netns
+from meshctl.lab.rigs.testrun import PROTO_ICMP, PROTO_UDP, frame, ip_checksum, run
 from meshctl.mesh.plan import Encap, FastPathEntry
 
 net = ipaddress.ip_network

@@ -8,7 +8,7 @@ import ipaddress
 import pytest
 
 from meshctl.datapath import layout
-from meshctl.lab.testrun import PROTO_ICMP6, PROTO_UDP, frame, non_ip_frame, run
+from meshctl.lab.rigs.testrun import PROTO_ICMP6, PROTO_UDP, frame, non_ip_frame, run
 from meshctl.mesh.plan import FastPathEntry
 
 net = ipaddress.ip_network

@@ -15,8 +15,8 @@ import pytest
 
 from meshctl.datapath import Datapath, layout, links
 from meshctl.datapath.inns import in_netns
-from meshctl.lab import netns
-from meshctl.lab.testrun import frame, run
+from meshctl.lab.rigs import netns
+from meshctl.lab.rigs.testrun import frame, run
 from meshctl.mesh.plan import FastPathEntry
 from meshctl.node import discovery
 from tests.names import unique

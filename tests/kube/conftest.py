@@ -9,7 +9,7 @@ import pytest
 from lightkube import Client, KubeConfig
 from lightkube.config.models import Cluster, User
 
-from meshctl.lab.kube_apiserver import ApiServer, load_manifests
+from meshctl.lab.rigs.kube_apiserver import ApiServer, load_manifests
 
 from .helpers import MANIFESTS
 

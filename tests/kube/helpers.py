@@ -15,8 +15,9 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node as KNode
 
 from meshctl.backends.kube import nodes as A
-from meshctl.lab import build, netns, state
-from meshctl.lab.spec import parse_lab
+from meshctl.lab.namespaces import build, state
+from meshctl.lab.namespaces.spec import parse_lab
+from meshctl.lab.rigs import netns
 from tests.names import unique
 from tests.waiting import wait_until
 

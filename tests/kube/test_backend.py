@@ -168,7 +168,7 @@ def test_malformed_annotation_rejects_only_its_node(api, kclient):
     assert reg.get_sample_value("meshctl_kube_rejected_records") == 2
     # Fixing the annotation brings the node back.
     kclient.patch(KNode, "a2", {"metadata": {"annotations": {A.ENDPOINT: "198.51.100.2:51820"}}},
-                  patch_type=PatchType.STRATEGIC)
+                  patch_type=PatchType.MERGE)
     be._kinds[0].listed = False  # not running: make snapshot list again
     assert [n.name for n in be.snapshot().nodes] == ["a1", "a2", "a4"]
     assert reg.get_sample_value("meshctl_kube_rejected_records") == 1

@@ -159,7 +159,7 @@ def test_internal_cidr_names_the_private_interface(request):
     private routes and the fast path need. Checked in a namespace of this test's own."""
     import sys
 
-    from meshctl.lab import netns
+    from meshctl.lab.rigs import netns
 
     ns = unique("kc")
     netns.add(ns)

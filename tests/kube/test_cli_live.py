@@ -16,7 +16,7 @@ from lightkube.generic_resource import create_global_resource
 
 from meshctl.backends.kube.backend import backend_from_options
 from meshctl.cli import main
-from meshctl.lab.kube_apiserver import ApiServer, load_manifests
+from meshctl.lab.rigs.kube_apiserver import ApiServer, load_manifests
 
 from .helpers import MANIFESTS, create_node, node_obj, wg_key
 

@@ -24,8 +24,8 @@ from meshctl.backends.kube import nodes as A
 from meshctl.backends.kube.backend import backend_from_options
 from meshctl.backends.kube.kvstore import KvstoreMirror, mirror_records, record_changes, writer_key
 from meshctl.etcd import EtcdClient
-from meshctl.lab.etcd_process import EtcdServer
-from meshctl.lab.pki import CertFiles, make_ca, make_cert
+from meshctl.lab.rigs.etcd_process import EtcdServer
+from meshctl.lab.rigs.pki import CertFiles, make_ca, make_cert
 from meshctl.mesh import fields, records
 from meshctl.mesh.model import Cluster, MeshSettings, Node, Topology
 

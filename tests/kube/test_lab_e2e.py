@@ -17,8 +17,11 @@ import pytest
 
 from meshctl.agent.server import fetch_status
 from meshctl.backends.kube import nodes as A
-from meshctl.lab import build, netns, probe, state
-from meshctl.lab.spec import load_lab
+from meshctl.lab.namespaces import build, state
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces.spec import load_lab
+from meshctl.lab.namespaces.state import KubeAccess
+from meshctl.lab.rigs import netns
 from tests.names import unique
 
 from .helpers import wait_for
@@ -28,20 +31,20 @@ LAB = Path(__file__).resolve().parents[2] / "ctl" / "meshctl" / "lab" / "labs" /
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
-def api_get(kube: dict, path: str) -> dict:
+def api_get(kube: KubeAccess, path: str) -> dict:
     """GET from the lab's API server, from inside its namespace."""
-    code = (f"import json, urllib.request; print(urllib.request.urlopen({kube['url'] + path!r}, timeout=5)"
+    code = (f"import json, urllib.request; print(urllib.request.urlopen({kube.url + path!r}, timeout=5)"
             ".read().decode())")
-    return json.loads(netns.run(kube["netns"], [sys.executable, "-c", code]).stdout)
+    return json.loads(netns.run(kube.netns, [sys.executable, "-c", code]).stdout)
 
 
-def api_annotate(kube: dict, node: str, annotations: dict) -> None:
+def api_annotate(kube: KubeAccess, node: str, annotations: dict) -> None:
     """Merge-patch a Node's annotations, as `kubectl annotate` does, from inside the API's namespace."""
     body = json.dumps({"metadata": {"annotations": annotations}})
-    code = (f"import urllib.request; r = urllib.request.Request({kube['url'] + '/api/v1/nodes/' + node!r}, "
+    code = (f"import urllib.request; r = urllib.request.Request({kube.url + '/api/v1/nodes/' + node!r}, "
             f"data={body.encode()!r}, method='PATCH', headers={{'Content-Type': 'application/merge-patch+json'}}); "
             "urllib.request.urlopen(r, timeout=5).read()")
-    netns.run(kube["netns"], [sys.executable, "-c", code])
+    netns.run(kube.netns, [sys.executable, "-c", code])
 
 
 @pytest.fixture
@@ -61,48 +64,50 @@ def kube_lab():
 
 def test_kubernetes_backend_lab_passes_the_pod_matrix(kube_lab):
     st = kube_lab
-    (cluster,) = st["clusters"]
-    kube = cluster["kube"]
+    (cluster,) = st.clusters
+    kube = cluster.kube
+    assert kube is not None
     # The agents really use the API: each Node carries the annotations its agent patched in.
     nodes = {n["metadata"]["name"]: n for n in api_get(kube, "/api/v1/nodes")["items"]}
-    assert sorted(nodes) == sorted(n["name"] for n in cluster["nodes"])
-    for lab_node in cluster["nodes"]:
-        ann = nodes[lab_node["name"]]["metadata"]["annotations"]
+    assert sorted(nodes) == sorted(n.name for n in cluster.nodes)
+    for lab_node in cluster.nodes:
+        ann = nodes[lab_node.name]["metadata"]["annotations"]
         assert len(ann[A.PUBLIC_KEY]) == 44
-        assert ann[A.ENDPOINT] == f"{lab_node['public_ip']}:51820"
-        assert ann[A.INTERNAL_IP] == lab_node["internal_ip"]
+        assert ann[A.ENDPOINT] == f"{lab_node.public_ip}:51820"
+        assert ann[A.INTERNAL_IP] == lab_node.internal_ip
         assert ann[A.GRANULARITY] == "location"
-        assert ann[A.PREFIX + A.LOCATION] == lab_node["location"]  # the seeded user annotation is untouched
-    results = probe.check(st, count=3)
-    n = len(cluster["nodes"])
+        assert ann[A.PREFIX + A.LOCATION] == lab_node.location  # the seeded user annotation is untouched
+    results = labcheck.check(st, count=3)
+    n = len(cluster.nodes)
     assert len(results) == n * (n - 1)
     bad = [r for r in results if not r.ok or r.path != r.expected]
-    assert not bad, probe.format_matrix(results)
+    assert not bad, labcheck.format_matrix(results)
     paths = {r.path for r in results}
     assert {"direct", "tunnel", "via-leader"} <= paths  # the lab exercises every kind of path
     # The pod CIDRs came from the Nodes' spec.podCIDR (the agents had no --pod-cidr) and /healthz
     # answers on the metrics port the liveness probe uses.
-    by_name = {n["name"]: n for n in cluster["nodes"]}
-    for lab_node in cluster["nodes"]:
-        st_node = fetch_status(lab_node["metrics_addr"], lab_node["netns"])
-        assert st_node["ready"] and st_node["node"] == lab_node["name"]
-    code = f"import urllib.request; print(urllib.request.urlopen('http://{by_name['a2']['metrics_addr']}/healthz').status)"
-    assert netns.run(by_name["a2"]["netns"], [sys.executable, "-c", code]).stdout.strip() == "200"
+    by_name = {n.name: n for n in cluster.nodes}
+    for lab_node in cluster.nodes:
+        st_node = fetch_status(lab_node.metrics_addr, lab_node.netns)
+        assert st_node["ready"] and st_node["node"] == lab_node.name
+    code = f"import urllib.request; print(urllib.request.urlopen('http://{by_name['a2'].metrics_addr}/healthz').status)"
+    assert netns.run(by_name["a2"].netns, [sys.executable, "-c", code]).stdout.strip() == "200"
 
     # Move loc-a's leadership from a1 to a2 by annotation, as a person would: every agent's plan
     # follows (a2's own record included), with no restart, and traffic takes the new leader.
-    pids = {n["name"]: n["pid"] for n in cluster["nodes"]}
+    pids = {n.name: n.pid for n in cluster.nodes}
     api_annotate(kube, "a1", {A.PREFIX + A.LEADER: "false"})
     api_annotate(kube, "a2", {A.PREFIX + A.LEADER: "true"})
 
     def leaders() -> dict[str, str]:
-        return {n: fetch_status(by_name[n]["metrics_addr"], by_name[n]["netns"]).get("leader") for n in ("a1", "a2")}
+        return {n: fetch_status(by_name[n].metrics_addr, by_name[n].netns).get("leader") for n in ("a1", "a2")}
 
     wait_for(lambda: leaders() == {"a1": "a2", "a2": "a2"}, timeout=20, poll=0.2,
              what="a2 leading loc-a in both plans")
-    assert fetch_status(by_name["a2"]["metrics_addr"], by_name["a2"]["netns"])["is_leader"]
-    assert {n["name"]: n["pid"] for n in state.load(st["name"])["clusters"][0]["nodes"]} == pids  # no restart
-    results = wait_for(lambda: (r := probe.check(state.load(st["name"]), count=3, pairs=[("a1", "b1"), ("a2", "b1")]))
+    assert fetch_status(by_name["a2"].metrics_addr, by_name["a2"].netns)["is_leader"]
+    assert {n.name: n.pid for _, n in state.resolve(st.name).nodes()} == pids  # no restart
+    results = wait_for(lambda: (r := labcheck.check(state.resolve(st.name), count=3,
+                                                    pairs=[("a1", "b1"), ("a2", "b1")]))
                        and all(x.ok and x.path == x.expected for x in r) and r, timeout=20, poll=0.2,
                        what="traffic over the new leader")
     assert {(r.src, r.path) for r in results} == {("a1", "via-leader"), ("a2", "tunnel")}

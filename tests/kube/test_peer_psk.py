@@ -15,7 +15,7 @@ from meshctl.backends.kube.backend import backend_from_options
 from meshctl.backends.kube.peers import parse_peer_object
 from meshctl.cli import main
 from meshctl.errors import InputError
-from meshctl.lab.kube_apiserver import ApiServer
+from meshctl.lab.rigs.kube_apiserver import ApiServer
 from meshctl.mesh.model import KeyRef
 
 from .helpers import create_node, node_obj, wg_key

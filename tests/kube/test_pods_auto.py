@@ -12,7 +12,9 @@ import time
 import pytest
 
 from meshctl.agent.server import fetch_status
-from meshctl.lab import build, probe
+from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces.state import LabState, NodeState
 from tests.kube.helpers import lab_fixture
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -31,12 +33,12 @@ LAB = {
 lab = lab_fixture(LAB)
 
 
-def node(st: dict, name: str) -> dict:
-    return next(n for c in st["clusters"] for n in c["nodes"] if n["name"] == name)
+def node(st: LabState, name: str) -> NodeState:
+    return st.lookup(name)[1]
 
 
-def pods_of(n: dict) -> dict:
-    return fetch_status(n["metrics_addr"], n["netns"])["pods"]
+def pods_of(n: NodeState) -> dict:
+    return fetch_status(n.metrics_addr, n.netns)["pods"]
 
 
 def until(cond, timeout: float, poll: float = 0.02) -> float:
@@ -52,30 +54,30 @@ def test_pods_added_later_get_the_fast_path_within_a_second(lab) -> None:
     st = lab
     a1, a2 = node(st, "a1"), node(st, "a2")
     # The agents run without --pod-interfaces, and still carry the lab's first pods.
-    assert all("--pod-interfaces" not in build.agent_argv(st, st["clusters"][0], n) for n in (a1, a2))
+    assert all("--pod-interfaces" not in build.agent_argv(st, st.clusters[0], n) for n in (a1, a2))
     until(lambda: pods_of(a2)["fastpath"] == ["pod0"], 30)
     assert pods_of(a2)["source"] == "netlink" and "warning" not in pods_of(a2)
 
-    pod = build.add_pod(st["name"], "a2")
-    took = until(lambda: pod["host_if"] in pods_of(a2)["fastpath"], 1.0)
+    pod = build.add_pod(st.name, "a2")
+    took = until(lambda: pod.host_if in pods_of(a2)["fastpath"], 1.0)
     print(f"new pod carried by the fast path {took * 1000:.0f} ms after its route")
 
     # Its packets to a1's pod take the fast path: counted as `direct` by a2's datapath.
-    before = probe._fp_packets(fetch_status(a2["metrics_addr"], a2["netns"])).get("direct", 0)
-    sent, recv, _ = probe.ping(pod["netns"], a1["pods"][0]["ip"], count=5)
+    before = labcheck._fp_packets(fetch_status(a2.metrics_addr, a2.netns)).get("direct", 0)
+    sent, recv, _ = labcheck.ping(pod.netns, a1.pods[0].ip, count=5)
     assert recv == sent == 5
-    after = probe._fp_packets(fetch_status(a2["metrics_addr"], a2["netns"])).get("direct", 0)
+    after = labcheck._fp_packets(fetch_status(a2.metrics_addr, a2.netns)).get("direct", 0)
     assert after - before >= 5
 
-    text = subprocess.run([sys.executable, "-m", "meshctl.cli", "status", "--lab", st["name"], "--lab-node", "a2"],
+    text = subprocess.run([sys.executable, "-m", "meshctl.cli", "status", "--lab", st.name, "--lab-node", "a2"],
                           capture_output=True, text=True, timeout=30)
     assert text.returncode == 0, text.stderr
     assert "pod interfaces: 2 carry the fast path, 2 found (netlink): pod0,pod1" in text.stdout
     from meshctl.etcd.nsconn import session
 
-    with session(a2["netns"]) as s:
-        metrics = s.get(f"http://{a2['metrics_addr']}/metrics", timeout=3).text
+    with session(a2.netns) as s:
+        metrics = s.get(f"http://{a2.metrics_addr}/metrics", timeout=3).text
     assert 'meshctl_pod_interfaces{state="fastpath"} 2.0' in metrics
 
-    build.remove_pod(st["name"], "a2", pod["ip"])
+    build.remove_pod(st.name, "a2", pod.ip)
     until(lambda: pods_of(a2)["fastpath"] == ["pod0"], 1.0)

@@ -12,7 +12,9 @@ import time
 import pytest
 import yaml
 
-from meshctl.lab import netns, probe
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces.state import KubeAccess
+from meshctl.lab.rigs import netns
 from tests.kube.helpers import lab_fixture
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -32,46 +34,47 @@ LAB = {
 lab = lab_fixture(LAB)
 
 
-def as_peer(kube: dict, node: str, service_cidr: str) -> dict:
-    p = netns.run(kube["netns"], [sys.executable, "-m", "meshctl.cli", "showconf", "--backend", "kubernetes",
-                                  "--kubeconfig", kube["kubeconfig"], "node", node, "--as-peer", "-o", "yaml",
+def as_peer(kube: KubeAccess, node: str, service_cidr: str) -> dict:
+    p = netns.run(kube.netns, [sys.executable, "-m", "meshctl.cli", "showconf", "--backend", "kubernetes",
+                                  "--kubeconfig", kube.kubeconfig, "node", node, "--as-peer", "-o", "yaml",
                                   "--allowed-ips", service_cidr], timeout=60)
     return yaml.safe_load(p.stdout)
 
 
-def apply(kube: dict, obj: dict) -> int:
+def apply(kube: KubeAccess, obj: dict) -> int:
     """POST the Peer as `kubectl apply` would create it; an existing one (a segment's other member) is fine."""
     code = (f"import json, urllib.request, urllib.error\n"
-            f"r = urllib.request.Request({kube['url'] + '/apis/meshctl.io/v1alpha1/peers'!r}, "
+            f"r = urllib.request.Request({kube.url + '/apis/meshctl.io/v1alpha1/peers'!r}, "
             f"data={json.dumps(obj).encode()!r}, method='POST', headers={{'Content-Type': 'application/json'}})\n"
             f"try:\n    print(urllib.request.urlopen(r, timeout=5).status)\n"
             f"except urllib.error.HTTPError as e:\n    print(e.code)\n")
-    return int(netns.run(kube["netns"], [sys.executable, "-c", code]).stdout.strip())
+    return int(netns.run(kube.netns, [sys.executable, "-c", code]).stdout.strip())
 
 
 def test_as_peer_yaml_applied_in_the_other_cluster_connects_them(lab) -> None:
     st = lab
-    east, west = st["clusters"]
+    east, west = st.clusters
     created = {}
     for src, dst, svc in ((east, west, "10.96.0.0/16"), (west, east, "10.97.0.0/16")):
-        for n in src["nodes"]:
-            obj = as_peer(src["kube"], n["name"], svc)
-            code = apply(dst["kube"], obj)
+        assert src.kube is not None and dst.kube is not None
+        for n in src.nodes:
+            obj = as_peer(src.kube, n.name, svc)
+            code = apply(dst.kube, obj)
             assert code in (201, 409), code
-            created.setdefault(dst["name"], set()).add(obj["metadata"]["name"])
+            created.setdefault(dst.name, set()).add(obj["metadata"]["name"])
     # a2 does not lead loc-a: both east nodes give the one Peer of their segment, led by a1.
     assert created == {"west": {"east-a1"}, "east": {"west-g1"}}
-    g1 = next(n for n in west["nodes"] if n["name"] == "g1")
-    a1, a2 = east["nodes"]
+    g1 = next(n for n in west.nodes if n.name == "g1")
+    a1, a2 = east.nodes
     deadline = time.monotonic() + 40
     while True:
-        sent, recv, _ = probe.ping(g1["pods"][0]["netns"], a2["pods"][0]["ip"], count=3)
+        sent, recv, _ = labcheck.ping(g1.pods[0].netns, a2.pods[0].ip, count=3)
         if recv == sent or time.monotonic() > deadline:
             break
         time.sleep(1)
     assert recv == sent, "west's pod never reached east's a2 pod through the Peer"
-    sent, recv, _ = probe.ping(a1["pods"][0]["netns"], g1["pods"][0]["ip"], count=3)
+    sent, recv, _ = labcheck.ping(a1.pods[0].netns, g1.pods[0].ip, count=3)
     assert recv == sent
-    st_g1 = probe.agent_status(g1)
+    st_g1 = labcheck.agent_status(g1)
     assert st_g1 is not None and any(p.get("name") == "east-a1" for p in st_g1["peers"])
     print(json.dumps({p["name"]: p.get("last_handshake") for p in st_g1["peers"]}))

@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
-from meshctl.lab import build, probe
-from meshctl.lab import state as labstate
-from meshctl.lab.spec import parse_lab
+from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.namespaces.spec import parse_lab
+from meshctl.lab.namespaces.state import LabState, NodeState
 from tests.names import unique
 from tests.waiting import wait_for  # noqa: F401 - re-exported for the tests here
 
@@ -38,10 +40,10 @@ def topo(granularity: str = "location", intra: str = "direct", nodes: list[dict]
 
 
 @pytest.fixture
-def make_lab() -> Iterator[Callable[..., dict[str, Any]]]:
+def make_lab() -> Iterator[Callable[..., LabState]]:
     names: list[str] = []
 
-    def make(doc: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    def make(doc: dict[str, Any], **kw: Any) -> LabState:
         prefix = unique("mt") + "-"
         names.append(labstate.lab_name(prefix))
         return build.up(parse_lab(doc), prefix=prefix, **kw)
@@ -53,15 +55,15 @@ def make_lab() -> Iterator[Callable[..., dict[str, Any]]]:
             build.down(n)
 
 
-def node_of(st: dict[str, Any], name: str) -> dict[str, Any]:
-    return next(n for c in st["clusters"] for n in c["nodes"] if n["name"] == name)
+def node_of(st: LabState, name: str) -> NodeState:
+    return next(n for _, n in st.nodes() if n.name == name)
 
 
-def status(st: dict[str, Any], name: str) -> dict[str, Any]:
-    s = probe.agent_status(node_of(st, name))
+def status(st: LabState, name: str) -> dict[str, Any]:
+    s = labcheck.agent_status(node_of(st, name))
     assert s is not None, f"no status from {name}"
     return s
 
 
-def pair(st: dict[str, Any], src: str, dst: str, count: int = 5) -> probe.PairResult:
-    return probe.check(st, count=count, pairs=[(src, dst)])[0]
+def pair(st: LabState, src: str, dst: str, count: int = 5) -> labcheck.PairResult:
+    return labcheck.check(st, count=count, pairs=[(src, dst)])[0]

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from meshctl.errors import InputError
-from meshctl.lab import build, netns
-from meshctl.lab.spec import parse_lab
+from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces.spec import parse_lab
+from meshctl.lab.rigs import netns
 from tests.names import unique
 
 from .conftest import BASE, status
@@ -85,16 +86,16 @@ def test_two_cluster_lab_has_an_etcd_each_and_clustermesh_files():
     prefix = unique("mtm") + "-"
     try:
         st = build.up(parse_lab(doc), prefix=prefix)
-        assert [c["name"] for c in st["clusters"]] == ["one", "two"]
-        assert st["clusters"][0]["etcd"]["endpoints"] != st["clusters"][1]["etcd"]["endpoints"]
+        assert [c.name for c in st.clusters] == ["one", "two"]
+        assert st.clusters[0].etcd.endpoints != st.clusters[1].etcd.endpoints
         for c, other in (("one", "two"), ("two", "one")):
-            cm = Path(st["dir"]) / "clustermesh" / c
+            cm = Path(st.dir) / "clustermesh" / c
             assert sorted(p.name for p in cm.iterdir()) == [other]
             conf = yaml.safe_load((cm / other).read_text())
-            assert conf["endpoints"] == next(x for x in st["clusters"] if x["name"] == other)["etcd"]["endpoints"]
+            assert conf["endpoints"] == st.cluster(other).etcd.endpoints
             assert all(Path(conf[k]).exists() for k in ("ca-file", "cert-file", "key-file"))
         assert netns.exists(f"{prefix}one-x1") and netns.exists(f"{prefix}two-x1")
-        s = status({"clusters": st["clusters"]}, "x1")
+        s = status(st, "x1")
         assert s["ready"] and s["cluster"] == "one"
     finally:
         build.down(prefix.rstrip("-"))

@@ -14,20 +14,23 @@ import pytest
 from meshctl.backends.etcd import mesh_key, node_key
 from meshctl.etcd import EtcdClient
 from meshctl.etcd.nsconn import session
-from meshctl.lab import build, netns, probe
+from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces.state import LabState
+from meshctl.lab.rigs import netns
 
 from .conftest import node_of, pair, status, topo, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
-def etcd(st: dict) -> EtcdClient:
-    return build.etcd_client(st["clusters"][0])
+def etcd(st: LabState) -> EtcdClient:
+    return build.etcd_client(st.clusters[0])
 
 
-def reach(st: dict, src: str, dst: str) -> bool:
+def reach(st: LabState, src: str, dst: str) -> bool:
     s, d = node_of(st, src), node_of(st, dst)
-    p = netns.run(s["pods"][0]["netns"], ["ping", "-n", "-q", "-c", "1", "-W", "0.2", d["pods"][0]["ip"]], check=False)
+    p = netns.run(s.pods[0].netns, ["ping", "-n", "-q", "-c", "1", "-W", "0.2", d.pods[0].ip], check=False)
     return p.returncode == 0
 
 
@@ -51,28 +54,28 @@ def test_join_within_3s_and_leave_after_lease_and_grace(make_lab):
     build.stop_agent(st, "b1", kill=True)
     t1 = time.monotonic()
     assert wait_for(lambda: all(status(st, n)["nodes"] == 2 and "b1" not in status(st, n)["paths"]
-                                for n in ("a1", "a2")), timeout=st["lease_ttl"] + GRACE + 5)
+                                for n in ("a1", "a2")), timeout=st.lease_ttl + GRACE + 5)
     gone = time.monotonic() - t1
-    assert gone >= st["lease_ttl"] + GRACE - 1.5, f"gone after {gone:.1f} s, before lease and grace could expire"
+    assert gone >= st.lease_ttl + GRACE - 1.5, f"gone after {gone:.1f} s, before lease and grace could expire"
     assert etcd(st).get(node_key("default", "b1")) is None
 
     # `meshctl cleanup` removes what the agent made on b1.
     b1 = node_of(st, "b1")
-    cmd = [sys.executable, "-m", "meshctl.cli", "cleanup", "--node-name", "b1", "--wg-run-dir", b1["wg_run_dir"],
-           "--private-interface", "priv", "--bpf-pin-root", f"{st['pin_root']}/default",
-           "--nat-prefix", f"{st['prefix']}nat"]
-    p = netns.run(b1["netns"], cmd, check=False, timeout=60)
+    cmd = [sys.executable, "-m", "meshctl.cli", "cleanup", "--node-name", "b1", "--wg-run-dir", b1.wg_run_dir,
+           "--private-interface", "priv", "--bpf-pin-root", f"{st.pin_root}/default",
+           "--nat-prefix", f"{st.prefix}nat"]
+    p = netns.run(b1.netns, cmd, check=False, timeout=60)
     assert p.returncode == 0, p.stderr
-    links = netns.run(b1["netns"], ["ip", "-o", "link"]).stdout
+    links = netns.run(b1.netns, ["ip", "-o", "link"]).stdout
     assert "kilo0" not in links
-    assert "proto 109" not in netns.run(b1["netns"], ["ip", "route"]).stdout
+    assert "proto 109" not in netns.run(b1.netns, ["ip", "route"]).stdout
 
 
-def _ping_flood(st: dict, src: str, dst: str, seconds: float) -> subprocess.Popen[str]:
+def _ping_flood(st: LabState, src: str, dst: str, seconds: float) -> subprocess.Popen[str]:
     s, d = node_of(st, src), node_of(st, dst)
     n = int(seconds * 100)
-    return subprocess.Popen([*netns.exec_prefix(s["pods"][0]["netns"]), "ping", "-n", "-q", "-i", "0.01",
-                             "-c", str(n), "-W", "1", d["pods"][0]["ip"]], stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen([*netns.exec_prefix(s.pods[0].netns), "ping", "-n", "-q", "-i", "0.01",
+                             "-c", str(n), "-W", "1", d.pods[0].ip], stdout=subprocess.PIPE, text=True)
 
 
 def _loss(p: subprocess.Popen[str]) -> tuple[int, int]:
@@ -93,8 +96,8 @@ def test_agent_restart_under_ping_loses_nothing(make_lab):
         build.stop_agent(st, n)            # SIGTERM: routes, WireGuard and maps stay
         time.sleep(0.3)
         build.start_agent(st, n)
-    assert wait_for(lambda: all(((probe.agent_status(node_of(st, n)) or {}).get("last_reconcile") or {}).get("applied")
-                                for n in ("a1", "a2", "b1")), timeout=10)
+    assert wait_for(lambda: all(((labcheck.agent_status(node_of(st, n)) or {}).get("last_reconcile") or {})
+                                .get("applied") for n in ("a1", "a2", "b1")), timeout=10)
     for p in (direct, tunnel):
         sent, received = _loss(p)
         assert sent == received and sent >= 500, (sent, received)
@@ -112,7 +115,7 @@ def test_etcd_outage_keeps_routes_and_resyncs(make_lab):
     assert pair(st, "a2", "b1").ok and pair(st, "a1", "b1").path == "tunnel"
     time.sleep(1)
     build.start_etcd(st, "default")
-    assert wait_for(lambda: all((probe.agent_status(node_of(st, n)) or {}).get("ready") for n in ("a1", "a2", "b1")),
+    assert wait_for(lambda: all((labcheck.agent_status(node_of(st, n)) or {}).get("ready") for n in ("a1", "a2", "b1")),
                     timeout=15)
     etcd(st).put(mesh_key("default"), json.dumps({"granularity": "cross"}))
     assert wait_for(lambda: all(status(st, n)["granularity"] == "cross" for n in ("a1", "a2", "b1")), timeout=10)
@@ -147,13 +150,13 @@ def test_bad_records_are_rejected_and_named(make_lab):
         assert pair(st, src, dst).ok
     # The CLI names them; the metrics count them.
     a2 = node_of(st, "a2")
-    p = subprocess.run([sys.executable, "-m", "meshctl.cli", "status", "--lab", st["name"], "--lab-node", "a2"],
+    p = subprocess.run([sys.executable, "-m", "meshctl.cli", "status", "--lab", st.name, "--lab-node", "a2"],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stderr
     assert "rejected records (4)" in p.stdout and "overlap:" in p.stdout and "is not JSON" in p.stdout
-    with session(a2["netns"]) as s:
-        metrics = s.get(f"http://{a2['metrics_addr']}/metrics", timeout=3).text
-        assert s.get(f"http://{a2['metrics_addr']}/healthz", timeout=3).status_code == 200
+    with session(a2.netns) as s:
+        metrics = s.get(f"http://{a2.metrics_addr}/metrics", timeout=3).text
+        assert s.get(f"http://{a2.metrics_addr}/healthz", timeout=3).status_code == 200
     assert "meshctl_rejected_records 4.0" in metrics
     assert re.search(r"meshctl_rejections_total [4-9]", metrics)
     assert 'meshctl_reconciles_total{result="ok"}' in metrics

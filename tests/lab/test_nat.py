@@ -16,10 +16,13 @@ import pytest
 
 from meshctl.backends.file import load_yaml
 from meshctl.errors import InputError
-from meshctl.lab import build, netns, probe
-from meshctl.lab import nat as labnat
-from meshctl.lab import state as labstate
-from meshctl.lab.spec import parse_lab
+from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces import nat_router as labnat
+from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.namespaces.spec import parse_lab
+from meshctl.lab.namespaces.state import LabState
+from meshctl.lab.rigs import netns
 
 from .conftest import node_of, status, wait_for
 
@@ -30,17 +33,18 @@ SYMMETRIC = ("sa", "sb")
 PUBLIC = ("pa", "pb")
 
 
-def outside(st: dict[str, Any], name: str) -> str:
+def outside(st: LabState, name: str) -> str:
     """A cone node's endpoint as the internet sees it: its router's address and mapped port."""
-    nat = node_of(st, name)["nat"]
-    return f"{nat['public_ip']}:{nat['port']}"
+    nat = node_of(st, name).nat
+    assert nat is not None, f"{name} is not behind a NAT"
+    return f"{nat.public_ip}:{nat.port}"
 
 
-def peer_of(st: dict[str, Any], at: str, name: str) -> dict[str, Any]:
+def peer_of(st: LabState, at: str, name: str) -> dict[str, Any]:
     return next(p for p in status(st, at)["peers"] if p["name"] == name)
 
 
-def settled(st: dict[str, Any]) -> bool:
+def settled(st: LabState) -> bool:
     """Every cone endpoint confirmed (used by the other cone node), the symmetric pair relayed and
     every direct pair has shaken hands."""
     try:
@@ -71,11 +75,11 @@ def nat_lab():
 class Ping:
     """`ping -i 0.01` (100 pps) from the first pod of `src` to the first pod of `dst`, in the background."""
 
-    def __init__(self, st: dict[str, Any], src: str, dst: str, count: int) -> None:
+    def __init__(self, st: LabState, src: str, dst: str, count: int) -> None:
         self.t0 = time.monotonic()
         self.proc = subprocess.Popen(
-            [*netns.exec_prefix(node_of(st, src)["pods"][0]["netns"]), "ping", "-n", "-q", "-i", "0.01", "-W", "1",
-             "-c", str(count), node_of(st, dst)["pods"][0]["ip"]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            [*netns.exec_prefix(node_of(st, src).pods[0].netns), "ping", "-n", "-q", "-i", "0.01", "-W", "1",
+             "-c", str(count), node_of(st, dst).pods[0].ip], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True)
 
     def result(self, timeout: float) -> tuple[int, int]:
@@ -95,23 +99,23 @@ class Ping:
 
 def test_every_pair_reachable_cone_direct_symmetric_relayed(nat_lab):
     st = nat_lab
-    results = probe.check(st, count=5)
+    results = labcheck.check(st, count=5)
     # A pair whose five pings all fell in a re-handshake on a loaded machine gets one more try.
     failed = [(r.src, r.dst) for r in results if not r.ok]
     if failed:
-        again = {(r.src, r.dst): r for r in probe.check(st, count=5, pairs=failed)}
+        again = {(r.src, r.dst): r for r in labcheck.check(st, count=5, pairs=failed)}
         results = [again.get((r.src, r.dst), r) for r in results]
-    assert all(r.ok for r in results), probe.format_matrix(results)
+    assert all(r.ok for r in results), labcheck.format_matrix(results)
     path = {(r.src, r.dst): r.path for r in results}
     for a in CONE:
         for b in [*CONE, *PUBLIC]:
             if a != b:
-                assert path[(a, b)] == "tunnel" and path[(b, a)] == "tunnel", probe.format_matrix(results)
-    assert path[SYMMETRIC] == "relay" and path[SYMMETRIC[::-1]] == "relay", probe.format_matrix(results)
+                assert path[(a, b)] == "tunnel" and path[(b, a)] == "tunnel", labcheck.format_matrix(results)
+    assert path[SYMMETRIC] == "relay" and path[SYMMETRIC[::-1]] == "relay", labcheck.format_matrix(results)
     # Direct to discovered endpoints: every node calls a cone node at its NAT's outside address,
     # which no record configured (the cone node itself publishes only its inside address).
     for a in CONE:
-        assert node_of(st, a)["nat"]["public_ip"] not in str(status(st, a).get("node_list"))
+        assert node_of(st, a).nat.public_ip not in str(status(st, a).get("node_list"))
         for b in [x for x in (*CONE, *PUBLIC) if x != a]:
             assert peer_of(st, b, a)["endpoint"] == outside(st, a)
             assert peer_of(st, b, a)["live_endpoint"] == outside(st, a)
@@ -122,8 +126,8 @@ def test_every_pair_reachable_cone_direct_symmetric_relayed(nat_lab):
     row = next(r for r in status(st, "sa")["node_list"] if r["name"] == "sb")
     assert row["path"] == "relay" and row["relay"] == relay["via"]
     # The relay's peer on sa carries sb's pod CIDR; sa's own peer for sb only its WireGuard IP.
-    assert node_of(st, "sb")["pod_cidr"] in peer_of(st, "sa", relay["via"])["allowed_ips"]
-    assert node_of(st, "sb")["pod_cidr"] not in peer_of(st, "sa", "sb")["allowed_ips"]
+    assert node_of(st, "sb").pod_cidr in peer_of(st, "sa", relay["via"])["allowed_ips"]
+    assert node_of(st, "sb").pod_cidr not in peer_of(st, "sa", "sb")["allowed_ips"]
 
 
 def test_120s_ping_across_four_full_resyncs_loses_nothing(nat_lab):
@@ -165,7 +169,7 @@ def test_relayed_pair_goes_direct_once_a_handshake_succeeds(nat_lab):
     assert wait_for(lambda: status(st, "sa")["paths"].get("sb") == "tunnel"
                     and status(st, "sb")["paths"].get("sa") == "tunnel", 60, 0.5), status(st, "sa")["relays"]
     assert peer_of(st, "sa", "sb")["endpoint"] == outside(st, "sb")
-    r = probe.check(st, count=5, pairs=[("sa", "sb"), ("sb", "sa")])
+    r = labcheck.check(st, count=5, pairs=[("sa", "sb"), ("sb", "sa")])
     assert all(x.ok and x.path == "tunnel" for x in r), r
 
 

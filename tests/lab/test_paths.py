@@ -8,23 +8,25 @@ import json
 import pytest
 
 from meshctl.backends.etcd import mesh_key
-from meshctl.lab import build, netns
+from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces.state import LabState
+from meshctl.lab.rigs import netns
 
 from .conftest import node_of, pair, status, topo, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
-def wg_endpoints(st: dict, name: str) -> dict[str, str]:
+def wg_endpoints(st: LabState, name: str) -> dict[str, str]:
     """`wg show kilo0 endpoints` of a lab node, keyed by peer public key. wireguard-go's socket is
     in the node's run dir: bind it where `wg` looks, in a private mount namespace."""
     n = node_of(st, name)
-    script = f"mount --bind {n['wg_run_dir']} /var/run/wireguard && wg show kilo0 endpoints"
-    out = netns.run(n["netns"], ["unshare", "-m", "--propagation", "private", "sh", "-c", script]).stdout
+    script = f"mount --bind {n.wg_run_dir} /var/run/wireguard && wg show kilo0 endpoints"
+    out = netns.run(n.netns, ["unshare", "-m", "--propagation", "private", "sh", "-c", script]).stdout
     return dict(line.split("\t") for line in out.strip().splitlines())
 
 
-def fastpath_ok(st: dict, name: str) -> bool:
+def fastpath_ok(st: LabState, name: str) -> bool:
     return status(st, name)["datapath"]["mode"] == "ebpf"
 
 
@@ -58,7 +60,7 @@ def test_full_wireguard_private_uses_private_endpoints(make_lab):
     b1_key = next(p["public_key"] for p in status(st, "a1")["peers"] if p["name"] == "b1")
     eps = wg_endpoints(st, "a1")
     assert eps[a2_key] == "10.10.1.12:51820"        # same subnet: the private address
-    assert eps[b1_key] == f"{node_of(st, 'b1')['public_ip']}:51820"  # elsewhere: the public one
+    assert eps[b1_key] == f"{node_of(st, 'b1').public_ip}:51820"  # elsewhere: the public one
 
 
 def test_full_direct_bypasses_kilo0(make_lab):
@@ -70,12 +72,12 @@ def test_full_direct_bypasses_kilo0(make_lab):
 
 def test_granularity_change_in_etcd_converges_without_restart(make_lab):
     st = make_lab(topo("location"))
-    pids = {n: node_of(st, n)["pid"] for n in ("a1", "a2", "b1")}
+    pids = {n: node_of(st, n).pid for n in ("a1", "a2", "b1")}
     assert pair(st, "a2", "b1").path == "via-leader"
-    c = build.etcd_client(st["clusters"][0])
+    c = build.etcd_client(st.clusters[0])
     c.put(mesh_key("default"), json.dumps({"granularity": "cross"}))
     assert wait_for(lambda: all(status(st, n)["granularity"] == "cross" for n in pids), timeout=5)
     assert wait_for(lambda: pair(st, "a2", "b1", count=3).path == "tunnel", timeout=5)
     assert pair(st, "a2", "a1").path == "direct"
-    assert {n: node_of(st, n)["pid"] for n in pids} == pids
+    assert {n: node_of(st, n).pid for n in pids} == pids
     assert all(netns.pid_alive(p) for p in pids.values())

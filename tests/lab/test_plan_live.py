@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from meshctl.lab import build
-from meshctl.lab import state as labstate
-from meshctl.lab.spec import parse_lab
+from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.namespaces.spec import parse_lab
 
 from .conftest import topo
 

@@ -16,15 +16,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from meshctl.backends.etcd import node_key
 from meshctl.etcd.nsconn import session
-from meshctl.lab import build, netns, probe
-from meshctl.lab import state as labstate
-from meshctl.lab.spec import parse_lab
+from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.namespaces.spec import parse_lab
+from meshctl.lab.namespaces.state import LabState
+from meshctl.lab.rigs import netns
 from tests.lab.conftest import node_of, status, wait_for
 from tests.names import unique
 
@@ -47,7 +49,7 @@ KEY2 = "b3RoZXJrZXlvdGhlcmtleW90aGVya2V5b3RoZXJrZXk="  # another 32 bytes nobody
 
 
 @pytest.fixture(scope="module")
-def lab() -> Iterator[dict[str, Any]]:
+def lab() -> Iterator[LabState]:
     prefix = unique("mtr") + "-"
     st = build.up(parse_lab(LAB), prefix=prefix, wait=120)
     try:
@@ -57,20 +59,20 @@ def lab() -> Iterator[dict[str, Any]]:
         build.down(labstate.lab_name(prefix))
 
 
-def admin(st: dict[str, Any]):
-    return build.etcd_client(st["clusters"][0])
+def admin(st: LabState):
+    return build.etcd_client(st.clusters[0])
 
 
-def etcdctl(st: dict[str, Any], who: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "meshctl.cli", "lab", "etcdctl", "--lab", st["name"], "--as", who,
+def etcdctl(st: LabState, who: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "meshctl.cli", "lab", "etcdctl", "--lab", st.name, "--as", who,
                            "--", *args], capture_output=True, text=True, timeout=30)
 
 
-def all_reachable(st: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(r.src, r.dst) for r in probe.check(st, count=3, pairs=PAIRS) if not r.ok]
+def all_reachable(st: LabState) -> list[tuple[str, str]]:
+    return [(r.src, r.dst) for r in labcheck.check(st, count=3, pairs=PAIRS) if not r.ok]
 
 
-def test_b2s_identity_cannot_write_a1s_record(lab: dict[str, Any]) -> None:
+def test_b2s_identity_cannot_write_a1s_record(lab: LabState) -> None:
     key = node_key("default", "a1")
     before = admin(lab).get(key)
     assert before is not None
@@ -87,7 +89,7 @@ def test_b2s_identity_cannot_write_a1s_record(lab: dict[str, Any]) -> None:
     assert all(status(lab, n)["ready"] for n in RUNNING)
 
 
-def test_hijack_records_are_rejected_and_named_while_every_pair_works(lab: dict[str, Any]) -> None:
+def test_hijack_records_are_rejected_and_named_while_every_pair_works(lab: LabState) -> None:
     c = admin(lab)
     evil = {
         "evil1": {"name": "evil1", "pod_cidr": "10.42.99.0/24", "public_key": KEY, "endpoint": "198.51.100.99:51820",
@@ -108,7 +110,7 @@ def test_hijack_records_are_rejected_and_named_while_every_pair_works(lab: dict[
         assert "'0.0.0.0/0' is a default route" in reasons["evil2"], reasons
         assert not all_reachable(lab)
         for n in RUNNING:
-            routes = netns.run(node_of(lab, n)["netns"], ["ip", "route", "show", "proto", "109"]).stdout
+            routes = netns.run(node_of(lab, n).netns, ["ip", "route", "show", "proto", "109"]).stdout
             assert "default" not in routes and "10.42.99.0/24" not in routes, (n, routes)
     finally:
         for name in evil:
@@ -117,7 +119,7 @@ def test_hijack_records_are_rejected_and_named_while_every_pair_works(lab: dict[
     assert not all_reachable(lab)
 
 
-def test_a_deleted_or_overwritten_record_is_restored_within_2s(lab: dict[str, Any]) -> None:
+def test_a_deleted_or_overwritten_record_is_restored_within_2s(lab: LabState) -> None:
     c = admin(lab)
     key = node_key("default", "a1")
     good = c.get(key)
@@ -136,17 +138,17 @@ def test_a_deleted_or_overwritten_record_is_restored_within_2s(lab: dict[str, An
     st = status(lab, "a1")["own_record"]
     assert st["restored_total"] == restored_before + 2, st
     a1 = node_of(lab, "a1")
-    metrics = session(a1["netns"]).get(f"http://{a1['metrics_addr']}/metrics", timeout=5).text
+    metrics = session(a1.netns).get(f"http://{a1.metrics_addr}/metrics", timeout=5).text
     assert f"meshctl_own_record_restored_total {float(restored_before + 2)}" in metrics
     print(f"a1's record restored: deleted {took['deleted'] * 1000:.0f} ms, overwritten "
           f"{took['overwritten'] * 1000:.0f} ms")
     assert not all_reachable(lab)
 
 
-def _ping(st: dict[str, Any], src: str, dst: str, seconds: float) -> subprocess.Popen[str]:
+def _ping(st: LabState, src: str, dst: str, seconds: float) -> subprocess.Popen[str]:
     s, d = node_of(st, src), node_of(st, dst)
-    return subprocess.Popen([*netns.exec_prefix(s["pods"][0]["netns"]), "ping", "-n", "-q", "-i", "0.01",
-                             "-c", str(int(seconds * 100)), "-W", "1", d["pods"][0]["ip"]],
+    return subprocess.Popen([*netns.exec_prefix(s.pods[0].netns), "ping", "-n", "-q", "-i", "0.01",
+                             "-c", str(int(seconds * 100)), "-W", "1", d.pods[0].ip],
                             stdout=subprocess.PIPE, text=True)
 
 
@@ -157,14 +159,14 @@ def _sent_received(p: subprocess.Popen[str]) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def test_agent_restarts_of_2_10_and_30s_lose_nothing(lab: dict[str, Any]) -> None:
+def test_agent_restarts_of_2_10_and_30s_lose_nothing(lab: LabState) -> None:
     """a1's agent is stopped for 2, 10 and 30 s (its record's lease, 3 s, runs out in the longer
     ones): peers keep it through the lapse grace, so a 100 pps ping on the direct pair a2 -> a1
     and on the tunnel pair b2 -> a1 loses nothing."""
     # The path is read from interface counters: traffic of the previous test (handshakes) can blur
     # one reading, so ask again until it is clear.
-    assert wait_for(lambda: probe.check(lab, count=2, pairs=[("a2", "a1")])[0].path == "direct", timeout=10)
-    assert wait_for(lambda: probe.check(lab, count=2, pairs=[("b2", "a1")])[0].path == "tunnel", timeout=10)
+    assert wait_for(lambda: labcheck.check(lab, count=2, pairs=[("a2", "a1")])[0].path == "direct", timeout=10)
+    assert wait_for(lambda: labcheck.check(lab, count=2, pairs=[("b2", "a1")])[0].path == "tunnel", timeout=10)
     results = {}
     for down in (2, 10, 30):
         pings = {"direct": _ping(lab, "a2", "a1", down + 6), "tunnel": _ping(lab, "b2", "a1", down + 6)}
@@ -173,7 +175,7 @@ def test_agent_restarts_of_2_10_and_30s_lose_nothing(lab: dict[str, Any]) -> Non
         time.sleep(down)
         build.start_agent(lab, "a1")
         results[down] = {k: _sent_received(p) for k, p in pings.items()}
-        assert wait_for(lambda: (probe.agent_status(node_of(lab, "a1")) or {}).get("nodes") == 3, timeout=15)
+        assert wait_for(lambda: (labcheck.agent_status(node_of(lab, "a1")) or {}).get("nodes") == 3, timeout=15)
     print("restart losses: " + "; ".join(f"{d} s: " + ", ".join(f"{k} {s - r}/{s}" for k, (s, r) in v.items())
                                          for d, v in results.items()))
     for down, by_pair in results.items():
@@ -181,7 +183,7 @@ def test_agent_restarts_of_2_10_and_30s_lose_nothing(lab: dict[str, Any]) -> Non
             assert sent == received and sent >= (down + 5) * 100, (down, kind, sent, received)
 
 
-def _join_seconds(st: dict[str, Any], i: int) -> float:
+def _join_seconds(st: LabState, i: int) -> float:
     """From a new node's record appearing in etcd until every agent has a path to it (a join as
     the other nodes see it), then the record goes again."""
     c = admin(st)
@@ -198,7 +200,7 @@ def _join_seconds(st: dict[str, Any], i: int) -> float:
     return took
 
 
-def test_a_huge_record_delays_no_join(lab: dict[str, Any]) -> None:
+def test_a_huge_record_delays_no_join(lab: LabState) -> None:
     c = admin(lab)
     without = statistics.median(_join_seconds(lab, i) for i in range(1, 4))
     junk = node_key("default", "junk")

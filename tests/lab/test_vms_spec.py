@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from meshctl.errors import InputError
-from meshctl.lab.spec import DEFAULT_NODE_KERNEL, parse_lab
+from meshctl.lab.namespaces.spec import DEFAULT_NODE_KERNEL, parse_lab
 
 from .conftest import BASE
 

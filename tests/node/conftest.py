@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import pytest
 
 from meshctl.datapath.inns import in_netns
-from meshctl.lab import netns
+from meshctl.lab.rigs import netns
 from meshctl.node.wireguard.uapi import running_pid, stop
 from tests.names import unique
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from meshctl.lab import netns
+from meshctl.lab.rigs import netns
 from meshctl.node.keys import generate_private_key
 from meshctl.node.wireguard import WireGuard
 from meshctl.node.wireguard.uapi import running_pid, spawn, stop

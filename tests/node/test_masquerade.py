@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from meshctl.lab import netns
+from meshctl.lab.rigs import netns
 from meshctl.node.masquerade import NatApplier
 from meshctl.node.sysctls import ensure_sysctls
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from meshctl.lab import netns
+from meshctl.lab.rigs import netns
 from meshctl.mesh.plan import Route
 from meshctl.node.routes import RT_PROTO, RouteApplier
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from meshctl.lab import netns
+from meshctl.lab.rigs import netns
 from meshctl.mesh.plan import PeerPlan
 from meshctl.node.keys import generate_private_key, public_key
 from meshctl.node.wireguard import PeerStatus, WireGuard, resolve_endpoint

@@ -9,8 +9,9 @@ from click.testing import CliRunner
 
 from meshctl.cli import main
 from meshctl.errors import InputError
-from meshctl.lab import fabric
-from meshctl.lab.spec import parse_lab
+from meshctl.lab.namespaces import fabric
+from meshctl.lab.namespaces.spec import parse_lab
+from meshctl.lab.namespaces.state import FabricState, LabState
 
 from .conftest import FABRICS_DOC
 
@@ -53,9 +54,9 @@ def test_a_node_on_the_gateway_address_is_refused() -> None:
 
 
 def test_lab_fabric_refuses_what_it_cannot_build(tmp_path) -> None:
-    st = {"name": "pbx", "prefix": "pbx-", "clusters": [],
-          "fabrics": {"10.30.1.0/24": {"index": 0, "kind": "l2", "network": "", "loss": 0, "bridge": "bpriv0",
-                                       "router": None, "addressing": "l2"}}}
+    st = LabState(name="pbx", prefix="pbx-", dir=str(tmp_path),
+                  fabrics={"10.30.1.0/24": FabricState(index=0, kind="l2", network="", loss=0, bridge="bpriv0",
+                                                       router=None, addressing="l2")})
     for subnet, kind, loss, line in [
         ("10.30.9.0/24", "l2", 0, "SUBNET: '10.30.9.0/24' is not a private subnet of lab pbx (10.30.1.0/24)"),
         ("10.30.1.0/24", "cloud", 0, "KIND: 'cloud' is not one of"),

@@ -14,8 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from meshctl.lab import fabric, netns, probe
-from meshctl.lab import state as labstate
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces import fabric
+from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.namespaces.state import LabState
+from meshctl.lab.rigs import netns
 from tests.waiting import wait_for
 
 from .conftest import node_of
@@ -36,25 +39,25 @@ def doc(intra: str) -> dict[str, Any]:
     return d
 
 
-def status(st: dict[str, Any], name: str) -> dict[str, Any]:
-    s = probe.agent_status(node_of(st, name))
+def status(st: LabState, name: str) -> dict[str, Any]:
+    s = labcheck.agent_status(node_of(st, name))
     assert s is not None, f"no status from {name}"
     return s
 
 
-def rung(st: dict[str, Any], src: str, dst: str) -> str | None:
-    s = probe.agent_status(node_of(st, src), timeout=1.0) or {}
+def rung(st: LabState, src: str, dst: str) -> str | None:
+    s = labcheck.agent_status(node_of(st, src), timeout=1.0) or {}
     return (s.get("paths") or {}).get(dst)
 
 
-def settled(st: dict[str, Any]) -> bool:
+def settled(st: LabState) -> bool:
     return all(rung(st, a, b) == r and rung(st, b, a) == r for (a, b), r in EXPECTED.items())
 
 
 @pytest.fixture(scope="module")
 def auto_lab(request) -> Any:
-    from meshctl.lab import build
-    from meshctl.lab.spec import parse_lab
+    from meshctl.lab.namespaces import build
+    from meshctl.lab.namespaces.spec import parse_lab
     from tests.names import unique
 
     prefix = unique("pb") + "-"  # one prefix scheme for every lab of the tests
@@ -67,9 +70,9 @@ def auto_lab(request) -> Any:
 
 
 def test_every_pair_reachable_on_the_rung_its_fabric_allows(auto_lab) -> None:
-    results = probe.check(auto_lab, count=2)
+    results = labcheck.check(auto_lab, count=2)
     # A pair whose two pings met a WireGuard handshake (a rekey among 110 pairs) is checked once more.
-    again = {(r.src, r.dst): r for r in probe.check(auto_lab, count=3, pairs=[(r.src, r.dst) for r in results
+    again = {(r.src, r.dst): r for r in labcheck.check(auto_lab, count=3, pairs=[(r.src, r.dst) for r in results
                                                                               if not r.ok])}
     results = [again.get((r.src, r.dst), r) for r in results]
     bad = [(r.src, r.dst, r.path) for r in results if not r.ok]
@@ -80,7 +83,7 @@ def test_every_pair_reachable_on_the_rung_its_fabric_allows(auto_lab) -> None:
     odd = [k for (a, b) in EXPECTED for k in ((a, b), (b, a)) if seen[k] != EXPECTED.get(k, EXPECTED.get(k[::-1]))]
     if odd:
         assert wait_for(lambda: settled(auto_lab), HOLD_S + 20), odd
-        seen.update({(r.src, r.dst): r.path for r in probe.check(auto_lab, count=2, pairs=odd)})
+        seen.update({(r.src, r.dst): r.path for r in labcheck.check(auto_lab, count=2, pairs=odd)})
     for (a, b), want in EXPECTED.items():
         assert seen[(a, b)] == want and seen[(b, a)] == want, ((a, b), seen[(a, b)], seen[(b, a)])
     # Pairs no private network joins take the tunnel.
@@ -95,7 +98,7 @@ def test_status_node_list_and_metrics_name_the_rungs(auto_lab) -> None:
     assert probes["direct"]["up"] is False and probes["ipip"]["up"] is True  # the vpc drops pod addresses
     assert probes["ipip"]["rtt_ms"] is not None and probes["ipip"]["rtt_ms"] < 100
     n = node_of(auto_lab, "v1")
-    text = netns.run(n["netns"], ["curl", "-s", f"http://{n['metrics_addr']}/metrics"]).stdout
+    text = netns.run(n.netns, ["curl", "-s", f"http://{n.metrics_addr}/metrics"]).stdout
     assert 'meshctl_path_pairs{rung="direct+ipip"} 2.0' in text
     assert 'meshctl_path_pairs{rung="tunnel"} 8.0' in text
     assert 'meshctl_path_probe_up{kind="direct",peer="v2"} 0.0' in text
@@ -109,16 +112,16 @@ def test_status_node_list_and_metrics_name_the_rungs(auto_lab) -> None:
 
 def test_big_df_ping_on_every_rung(auto_lab) -> None:
     for (a, b), _ in EXPECTED.items():
-        src = node_of(auto_lab, a)["pods"][0]["netns"]
-        dst = node_of(auto_lab, b)["pods"][0]["ip"]
+        src = node_of(auto_lab, a).pods[0].netns
+        dst = node_of(auto_lab, b).pods[0].ip
         p = netns.run(src, ["ping", "-n", "-q", "-c", "3", "-i", "0.05", "-W", "1", "-M", "do", "-s", "1372", dst],
                       check=False)
         assert " 0% packet loss" in p.stdout, (a, b, p.stdout, p.stderr)
 
 
-def _ping(st: dict[str, Any], src: str, dst: str, count: int) -> subprocess.Popen[str]:
-    pod = node_of(st, src)["pods"][0]["netns"]
-    ip = node_of(st, dst)["pods"][0]["ip"]
+def _ping(st: LabState, src: str, dst: str, count: int) -> subprocess.Popen[str]:
+    pod = node_of(st, src).pods[0].netns
+    ip = node_of(st, dst).pods[0].ip
     return subprocess.Popen([*netns.exec_prefix(pod), "ping", "-n", "-q", "-i", "0.01", "-W", "1", "-c", str(count),
                              ip], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -172,7 +175,7 @@ def test_random_loss_does_not_flap(auto_lab) -> None:
 def test_the_same_lab_with_intra_subnet_direct_loses_the_pairs_the_fabrics_drop(make_lab) -> None:
     st = make_lab(doc("direct"), wait=120)
     pairs = [(a, b) for a, b in EXPECTED] + [(b, a) for a, b in EXPECTED]
-    results = {(r.src, r.dst): r for r in probe.check(st, count=2, pairs=pairs)}
+    results = {(r.src, r.dst): r for r in labcheck.check(st, count=2, pairs=pairs)}
     failed = sorted({tuple(sorted(k)) for k, r in results.items() if not r.ok})
     # vpc and vpc-udp drop pod addresses, the hetzner nodes have no on-link route to each other,
     # the blackhole drops everything; v1-v3 are not neighbours: WireGuard, as before.
@@ -192,10 +195,10 @@ def test_without_the_fast_path_the_kernel_fallback_carries_vxlan_and_ipip_is_una
     pairs = [(a, b) for a, b in want] + [(b, a) for a, b in want]
     # Without the fast path `lab up` has no maps to wait for: the agents may still be applying
     # routes and handshaking when it returns, so the pairs get a bounded while to come up.
-    last: list[probe.PairResult] = []
+    last: list[labcheck.PairResult] = []
 
     def all_up() -> bool:
-        last[:] = probe.check(st, count=2, pairs=pairs)
+        last[:] = labcheck.check(st, count=2, pairs=pairs)
         return all(r.ok for r in last)
 
     assert wait_for(all_up, 30), [(r.src, r.dst) for r in last if not r.ok]

@@ -7,7 +7,8 @@ import ipaddress
 import time
 
 from meshctl.datapath.inns import in_netns
-from meshctl.lab import fabric
+from meshctl.lab.namespaces import fabric
+from meshctl.lab.namespaces.state import LabState, NodeState
 from meshctl.mesh.model import RUNGS
 from meshctl.mesh.paths import ProbeTuning
 from meshctl.node.prober import Prober, Target, probe_address
@@ -21,26 +22,26 @@ PAIRS = [("l1", "l2"), ("v1", "v2"), ("v1", "v3"), ("u1", "u2"), ("h1", "h2"), (
 TUNING = ProbeTuning(interval=0.2, standby_interval=0.5, hold=2.0)
 
 
-def _target(n: dict, ladder) -> Target:
-    pod = ipaddress.ip_network(n["pod_cidr"])
-    return Target(n["name"], ipaddress.ip_interface(n["internal_ip"]).ip, probe_address(pod), ladder)
+def _target(n: NodeState, ladder) -> Target:
+    pod = ipaddress.ip_network(n.pod_cidr)
+    return Target(n.name, ipaddress.ip_interface(n.internal_ip).ip, probe_address(pod), ladder)
 
 
-def start_probers(st: dict, pairs, tuning=TUNING) -> dict[str, Prober]:
+def start_probers(st: LabState, pairs, tuning=TUNING) -> dict[str, Prober]:
     out: dict[str, Prober] = {}
-    peers: dict[str, list[tuple[dict, tuple]]] = {}
+    peers: dict[str, list[tuple[NodeState, tuple]]] = {}
     for a, b in pairs:
         na, nb = node_of(st, a), node_of(st, b)
-        ladder = LADDER_L2 if ipaddress.ip_interface(na["internal_ip"]).network == \
-            ipaddress.ip_interface(nb["internal_ip"]).network and not na["internal_ip"].startswith("10.0.") \
+        ladder = LADDER_L2 if ipaddress.ip_interface(na.internal_ip).network == \
+            ipaddress.ip_interface(nb.internal_ip).network and not na.internal_ip.startswith("10.0.") \
             else LADDER_ROUTED
         peers.setdefault(a, []).append((nb, ladder))
         peers.setdefault(b, []).append((na, ladder))
     for name, targets in peers.items():
         n = node_of(st, name)
-        p = Prober("priv", ipaddress.ip_interface(n["internal_ip"]).ip,
-                   probe_address(ipaddress.ip_network(n["pod_cidr"])), RUNGS[:-1], tuning=tuning)
-        in_netns(n["netns"], p.start)
+        p = Prober("priv", ipaddress.ip_interface(n.internal_ip).ip,
+                   probe_address(ipaddress.ip_network(n.pod_cidr)), RUNGS[:-1], tuning=tuning)
+        in_netns(n.netns, p.start)
         p.set_targets([_target(t, ladder) for t, ladder in targets])
         out[name] = p
     return out

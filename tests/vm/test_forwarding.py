@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from meshctl.lab.matrix import parse_summary
-from meshctl.lab.vmlab import _named_lab, _wants_lab
+from meshctl.lab.vms.matrix import parse_summary
+from meshctl.lab.vms.vmlab import _named_lab, _wants_lab
 
 
 @pytest.mark.parametrize("argv", [

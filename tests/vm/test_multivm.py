@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from meshctl.lab import probe, vm, vmnodes
-from meshctl.lab import state as labstate
-from meshctl.lab.netns import list_prefixed
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.namespaces.state import LabState, NodeState
+from meshctl.lab.rigs.netns import list_prefixed
+from meshctl.lab.vms import vm, vmnodes
 
 PREFIX = f"mv{os.getpid() % 1000}t-"
 NAME = labstate.lab_name(PREFIX)
@@ -36,8 +38,8 @@ def meshctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str
                           timeout=timeout)
 
 
-def nodes(st: dict) -> dict[str, dict]:
-    return {n["name"]: n for c in st["clusters"] for n in c["nodes"]}
+def nodes(st: LabState) -> dict[str, NodeState]:
+    return {n.name: n for _, n in st.nodes()}
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +61,7 @@ def lab():
 
 
 def test_every_pod_pair_answers_on_the_path_its_agent_planned(lab):
-    results = probe.check(lab, count=3)
+    results = labcheck.check(lab, count=3, run=vmnodes.on_node)
     assert len(results) == 6
     for r in results:
         assert r.ok, f"{r.src} -> {r.dst}: {r.received}/{r.sent}"
@@ -74,7 +76,7 @@ def test_each_node_runs_its_kernel_with_kernel_wireguard_and_the_fast_path(lab):
     for name, n in nodes(lab).items():
         release = vmnodes.guest_run(n, None, ["uname", "-r"]).stdout.strip()
         assert release.startswith(f"{KERNELS[name]}."), f"{name} runs {release}"
-        s = probe.agent_status(n, timeout=5)
+        s = labcheck.agent_status(n, timeout=5)
         assert s is not None, f"{name}'s agent answers on its public address"
         assert s["wireguard_mode"] == "kernel", f"{name}: {release} has WireGuard's module"
         dp = s["datapath"]
@@ -103,12 +105,12 @@ def test_node_commands_typed_on_the_host_answer_for_that_vm(lab):
 
 
 def test_lab_down_leaves_nothing_behind(lab):
-    pids = [p for n in nodes(lab).values() for p in (n["vm"]["pid"], n["vm"]["qemu_pid"]) if p]
+    pids = [p for n in nodes(lab).values() if n.vm for p in (n.vm.pid, n.vm.qemu_pid) if p]
     assert pids and all(vm._alive(p) for p in pids)
     down = meshctl("lab", "down", "--lab", NAME, timeout=180)
     assert down.returncode == 0, down.stderr
     assert not [p for p in pids if vm._alive(p)], "every VM process ended"
     assert not list_prefixed(PREFIX), "no namespace (the taps and bridges lived in the fabric's)"
-    assert not (vmnodes.VM_ROOT / NAME).exists() and not labstate.lab_dir(NAME).exists()
-    taps = [x["tap"] for n in nodes(lab).values() for x in n["nics"]]
+    assert not (vm.VM_ROOT / NAME).exists() and not labstate.lab_dir(NAME).exists()
+    taps = [x.tap for n in nodes(lab).values() for x in n.nics]
     assert taps and not [t for t in taps if Path(f"/sys/class/net/{t}").exists()], "no lab tap in the host's namespace"

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from meshctl.lab import vm
+from meshctl.lab.vms import vm
 
 SERIES = "6.1"
 

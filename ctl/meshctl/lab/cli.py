@@ -1,17 +1,33 @@
-"""`meshctl` commands of the lab area: `lab up|check|down|status|nat`."""
+"""`meshctl` commands of the lab area: `lab up|check|down|status|fabric|nat|pod|etcdctl`.
+
+This is where a lab's kind is decided: a namespace lab (lab/namespaces), a lab whose every node
+is a VM (lab.vms: lab/vms/vmnodes.py) or the namespace lab inside one VM (`--kernel`:
+lab/vms/vmlab.py). The rooms below never choose between each other.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
+from importlib.resources import files
+from typing import Any
 
 import click
 
 from meshctl.cli import targets
 from meshctl.cli.targets import AgentTarget, EtcdTarget, PinTarget
 from meshctl.errors import InputError, MeshError
-from meshctl.lab import state
+from meshctl.lab.namespaces import build, fabric, state
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces import nat_router as labnat
+from meshctl.lab.namespaces.spec import KERNEL_SERIES, check_prefix, load_lab
+from meshctl.lab.rigs import netns
+from meshctl.lab.vms import vmlab, vmnodes
+from meshctl.lab.vms.vmlab import Forwarder
+from meshctl.node.shell import pid_alive
 
 
 def _progress(msg: str) -> None:
@@ -27,16 +43,11 @@ def lab_group() -> None:
 @click.option("-f", "--file", "path", default=None, help="Lab or topology file (default: the shipped lab).")
 @click.option("--prefix", default=None, help="Name prefix of everything the lab makes (default: lab.prefix, ml-).")
 @click.option("--wait", default=60.0, show_default=True, help="Seconds to wait for the agents to converge.")
-@click.option("--kernel", default="host", show_default=True, type=click.Choice(["host", "5.10", "6.1", "6.12"]),
+@click.option("--kernel", default="host", show_default=True, type=click.Choice(["host", *KERNEL_SERIES]),
               help="Run the lab inside a VM booting this Debian kernel (make kernels fetches them); host: here.")
 def lab_up(path: str | None, prefix: str | None, wait: float, kernel: str) -> None:
     """Build the lab and start its agents."""
-    from meshctl.lab import build
-    from meshctl.lab.spec import check_prefix, load_lab
-
     if path is None:
-        from importlib.resources import files
-
         path = str(files("meshctl.lab") / "labs" / "default.yaml")
     if prefix is not None:
         check_prefix(prefix, "--prefix")
@@ -45,16 +56,16 @@ def lab_up(path: str | None, prefix: str | None, wait: float, kernel: str) -> No
     if kernel != "host" and spec.options.vms:
         raise InputError("--kernel", kernel, "is for a lab in one VM; this lab has lab.vms (nodes[].kernel picks each)")
     if kernel != "host":
-        from meshctl.lab import vmlab
-
         st = vmlab.up(spec, path, kernel, prefix=prefix, wait=wait, progress=_progress)
-        t = st["timings"]
-        click.echo(f"lab {st['name']} is up inside a VM (Debian {kernel}, {st['vm']['version']}, {st['vm']['accel']}): "
-                   f"VM booted in {t['boot_s']} s, lab built in {t['lab_s']} s; state in {st['dir']}/state.json")
+        t = st.timings or {}
+        d = st.vm
+        assert d is not None  # vmlab.up records its VM
+        click.echo(f"lab {st.name} is up inside a VM (Debian {kernel}, {d.version}, {d.accel}): "
+                   f"VM booted in {t['boot_s']} s, lab built in {t['lab_s']} s; state in {st.dir}/state.json")
         return
-    st = build.up(spec, prefix=prefix, progress=_progress, wait=wait)
-    click.echo(f"lab {st['name']} is up ({sum(len(c['nodes']) for c in st['clusters'])} nodes); "
-               f"state in {st['dir']}/state.json")
+    bring_up = vmnodes.up if spec.options.vms else build.up
+    st = bring_up(spec, prefix=prefix, progress=_progress, wait=wait)
+    click.echo(f"lab {st.name} is up ({len(st.nodes())} nodes); state in {st.dir}/state.json")
 
 
 @lab_group.command("check")
@@ -63,14 +74,12 @@ def lab_up(path: str | None, prefix: str | None, wait: float, kernel: str) -> No
 @click.option("--count", default=5, show_default=True, help="Pings per pair.")
 def lab_check(lab_name: str | None, output: str, count: int) -> None:
     """Ping every pod pair; print reachability, path (from counters) and RTT. Exit 1 if any fails."""
-    from meshctl.lab import probe, state
-
     st = state.resolve(lab_name)
-    results = probe.check(st, count=count)
+    results = labcheck.check(st, count=count, run=vmnodes.on_node if st.vms else labcheck.on_host)
     if output == "json":
-        click.echo(probe.results_json(results))
+        click.echo(labcheck.results_json(results))
     else:
-        click.echo(probe.format_matrix(results))
+        click.echo(labcheck.format_matrix(results))
     if any(not r.ok for r in results):
         sys.exit(1)
 
@@ -82,12 +91,10 @@ def lab_check(lab_name: str | None, output: str, count: int) -> None:
 @click.option("--lab", "lab_name", default=None, help="Lab name (default: the only lab up).")
 def lab_fabric(subnet: str, kind: str, loss: int, lab_name: str | None) -> None:
     """Turn a running private subnet into another fabric KIND (l2, vpc, vpc-udp, hetzner, blackhole)."""
-    from meshctl.lab import fabric
-
     _require_root()
     st = state.resolve(lab_name)
     e = fabric.change(st, subnet, kind, loss)
-    click.echo(f"fabric {subnet}: {e['kind']}" + (f", {e['loss']}% loss" if e["loss"] else ""))
+    click.echo(f"fabric {subnet}: {e.kind}" + (f", {e.loss}% loss" if e.loss else ""))
 
 
 @lab_group.command("nat")
@@ -97,23 +104,20 @@ def lab_fabric(subnet: str, kind: str, loss: int, lab_name: str | None) -> None:
 @click.option("--kind", default=None, type=click.Choice(["cone", "symmetric"]), help="Turn the NAT into this kind now.")
 def lab_nat(node: str, lab_name: str | None, rebind: bool, kind: str | None) -> None:
     """Show (or with --rebind, change) the NAT of a node listed in lab.nat."""
-    from meshctl.lab import build, state
-    from meshctl.lab import nat as labnat
-
     st = state.resolve(lab_name)
-    cst, n = build.lookup(st, node)
-    if not n.get("nat"):
+    cst, n = st.lookup(node)
+    if not n.nat:
         raise MeshError(f"lab node {node} is not behind a NAT (lab.nat)")
     if kind:
-        labnat.set_kind(n, kind, int(cst.get("port", 51820)))
+        labnat.set_kind(n, kind, cst.port)
     if rebind:
-        labnat.rebind(n, int(cst.get("port", 51820)))
+        labnat.rebind(n, cst.port)
     if kind or rebind:
         state.save(st)
-    nat = n["nat"]
-    port = nat["port"] if nat["port"] is not None else "random per destination"
-    click.echo(f"{node}: {nat['kind']} NAT in {nat['router_ns']}, inside {nat['inside_ip']}, "
-               f"outside {nat['public_ip']} port {port}, rebinds {nat['rebinds']}")
+    nat = n.nat
+    port = nat.port if nat.port is not None else "random per destination"
+    click.echo(f"{node}: {nat.kind} NAT in {nat.router_ns}, inside {nat.inside_ip}, "
+               f"outside {nat.public_ip} port {port}, rebinds {nat.rebinds}")
 
 
 @lab_group.command("down")
@@ -121,11 +125,7 @@ def lab_nat(node: str, lab_name: str | None, rebind: bool, kind: str | None) -> 
 @click.option("--prefix", default=None, help="Remove by prefix even without a state file (after a crash).")
 def lab_down(lab_name: str | None, prefix: str | None) -> None:
     """Remove a lab: agents, wireguard-go, etcd, pinned maps, namespaces. Safe to repeat."""
-    from meshctl.lab import build, state
-
     if prefix is not None:
-        from meshctl.lab.spec import check_prefix
-
         names = [state.lab_name(check_prefix(prefix, "--prefix"))]
     elif lab_name is not None:
         names = [lab_name]
@@ -134,12 +134,12 @@ def lab_down(lab_name: str | None, prefix: str | None) -> None:
     problems = []
     for name in names:
         st = state.load(name)
-        if st is not None and st.get("vm"):
-            from meshctl.lab import vmlab
-
+        if st is not None and st.vm:
             problems += vmlab.down(st, progress=_progress)
-            continue
-        problems += build.down(name, progress=_progress)
+        elif st is None or st.vms:  # without a state (a crash) its VMs are found by their directories
+            problems += vmnodes.down(name, progress=_progress)
+        else:
+            problems += build.down(name, progress=_progress)
     if problems:
         raise MeshError(f"lab down left {len(problems)} thing(s) behind")
 
@@ -149,35 +149,31 @@ def lab_down(lab_name: str | None, prefix: str | None) -> None:
 @click.option("-o", "output", default="text", type=click.Choice(["text", "json"]))
 def lab_status(lab_name: str | None, output: str) -> None:
     """Nodes, pods, agents (alive, converged) and etcd of a lab."""
-    from meshctl.lab import probe, state
-    from meshctl.node.shell import pid_alive
-
     st = state.resolve(lab_name)
-    rows = []
-    for c in st["clusters"]:
-        for n in c["nodes"]:
-            s = probe.agent_view(n, timeout=1.0)
-            in_vm = n.get("vm")
-            rows.append({
-                "cluster": c["name"], "node": n["name"], "netns": n["netns"], "location": n["location"],
-                "internal_ip": n["internal_ip"], "public_ip": n["public_ip"], "pod_cidr": n["pod_cidr"],
-                "pods": [p["ip"] for p in n["pods"]], "agent_pid": n.get("guest_pid") if in_vm else n.get("pid"),
-                # a VM node's agent PID is its guest's: alive is whether it answers
-                "agent_alive": bool(s) if in_vm else bool(n.get("pid") and pid_alive(n["pid"])),
-                "kernel": in_vm["version"] if in_vm else None, "wireguard": s.live.wireguard_mode if s else None,
-                "ready": bool(s and s.ready), "granularity": s.summary.granularity if s and s.summary else None,
-                "leader": s.summary.leader if s and s.summary else None, "peers": len(s.live.peers) if s else None,
-                "datapath": s.live.datapath.mode if s else None,
-                "nat": (n.get("nat") or {}).get("kind"),
-            })
+    rows: list[dict[str, Any]] = []
+    for c, n in st.nodes():
+        s = labcheck.agent_view(n, timeout=1.0)
+        in_vm = n.vm
+        rows.append({
+            "cluster": c.name, "node": n.name, "netns": n.netns, "location": n.location,
+            "internal_ip": n.internal_ip, "public_ip": n.public_ip, "pod_cidr": n.pod_cidr,
+            "pods": [p.ip for p in n.pods], "agent_pid": n.guest_pid if in_vm else n.pid,
+            # a VM node's agent PID is its guest's: alive is whether it answers
+            "agent_alive": bool(s) if in_vm else bool(n.pid and pid_alive(n.pid)),
+            "kernel": in_vm.version if in_vm else None, "wireguard": s.live.wireguard_mode if s else None,
+            "ready": bool(s and s.ready), "granularity": s.summary.granularity if s and s.summary else None,
+            "leader": s.summary.leader if s and s.summary else None, "peers": len(s.live.peers) if s else None,
+            "datapath": s.live.datapath.mode if s else None,
+            "nat": n.nat.kind if n.nat else None,
+        })
     if output == "json":
-        click.echo(json.dumps({"name": st["name"], "prefix": st["prefix"], "source": st.get("source"),
-                               "etcd": {c["name"]: c["etcd"]["endpoints"] for c in st["clusters"]},
+        click.echo(json.dumps({"name": st.name, "prefix": st.prefix, "source": st.source,
+                               "etcd": {c.name: c.etcd.endpoints for c in st.clusters},
                                "nodes": rows}, indent=1))
         return
-    click.echo(f"lab {st['name']} (prefix {st['prefix']}) from {st.get('source')}")
-    for c in st["clusters"]:
-        click.echo(f"  etcd {c['name']}: {', '.join(c['etcd']['endpoints'])} (netns {c['etcd']['netns']})")
+    click.echo(f"lab {st.name} (prefix {st.prefix}) from {st.source}")
+    for c in st.clusters:
+        click.echo(f"  etcd {c.name}: {', '.join(c.etcd.endpoints)} (netns {c.etcd.netns})")
     click.echo(f"  {'NODE':<14} {'NETNS/VM':<18} {'INTERNAL':<16} {'PODS':<14} {'AGENT':<12} {'GRAN':<9} "
                f"{'LEADER':<8} {'PEERS':<5} DATAPATH")
     for r in rows:
@@ -204,11 +200,9 @@ def pod_group() -> None:
 @click.option("--node", required=True, help="The lab node the pod runs on.")
 @click.option("--cluster", default=None, help="The node's cluster (labs with several).")
 def pod_add(lab_name: str | None, node: str, cluster: str | None) -> None:
-    from meshctl.lab import build
-
     _require_root()
     pod = build.add_pod(lab_name, node, cluster)
-    click.echo(f"pod {pod['ip']} on {node} ({pod['host_if']}, namespace {pod['netns']})")
+    click.echo(f"pod {pod.ip} on {node} ({pod.host_if}, namespace {pod.netns})")
 
 
 @pod_group.command("remove")
@@ -216,8 +210,6 @@ def pod_add(lab_name: str | None, node: str, cluster: str | None) -> None:
 @click.option("--node", required=True)
 @click.option("--ip", required=True, help="The pod's address.")
 def pod_remove(lab_name: str | None, node: str, ip: str) -> None:
-    from meshctl.lab import build
-
     _require_root()
     build.remove_pod(lab_name, node, ip)
     click.echo(f"removed pod {ip} from {node}")
@@ -233,31 +225,21 @@ def lab_etcdctl(who: str, lab_name: str | None, cluster_name: str | None, args: 
     """Run etcdctl against a lab cluster's etcd as one of its identities: `meshctl lab etcdctl
     --as b2 -- put /meshctl/default/nodes/a1 x` shows what b2's credentials may do. Exits with
     etcdctl's status."""
-    import os
-    import subprocess
-
-    from meshctl.lab import netns, state
-
     st = state.resolve(lab_name)
-    clusters = st.get("clusters", [])
-    cst = next((c for c in clusters if cluster_name in (None, c["name"])), None)
+    cst = next((c for c in st.clusters if cluster_name in (None, c.name)), None)
     if cst is None:
-        raise MeshError(f"lab {st['name']} has no cluster {cluster_name}")
-    from meshctl.lab.build import etcd_identity
-
-    e, i = etcd_identity(cst, who)
-    with open(i["password_file"]) as f:
+        raise MeshError(f"lab {st.name} has no cluster {cluster_name}")
+    e, i = build.etcd_identity(cst, who)
+    with open(i.password_file) as f:
         password = f.read().strip()
     # The password goes through the environment (ETCDCTL_USER), not the command line others can read.
-    env = dict(os.environ, ETCDCTL_API="3", ETCDCTL_USER=f"{i['user']}:{password}")
-    argv = [*netns.exec_prefix(e["netns"]), "etcdctl", "--endpoints", ",".join(e["endpoints"]), "--cacert", e["ca"],
-            "--cert", i["cert"], "--key", i["key"], *args]
+    env = dict(os.environ, ETCDCTL_API="3", ETCDCTL_USER=f"{i.user}:{password}")
+    argv = [*netns.exec_prefix(e.netns), "etcdctl", "--endpoints", ",".join(e.endpoints), "--cacert", e.ca,
+            "--cert", i.cert, "--key", i.key, *args]
     sys.exit(subprocess.run(argv, env=env, check=False).returncode)
 
 
 def _require_root() -> None:
-    import os
-
     if os.geteuid() != 0:
         raise MeshError("the lab needs root (network namespaces)")
 
@@ -270,13 +252,13 @@ class _Locator:
         return AgentTarget(ns, addr)
 
     def pins(self, lab: str | None, node: str) -> PinTarget | None:
-        found = []
+        found: list[tuple[str, PinTarget]] = []
         for name in [lab] if lab else state.labs_up():
             st = state.resolve(name)
-            for c in st.get("clusters", []):
-                for n in c.get("nodes", []):
-                    if node in (n["name"], f"{c['name']}/{n['name']}"):
-                        found.append((st["name"], PinTarget(f"{st['pin_root']}/{c['name']}", n["netns"], n["name"])))
+            for c, n in st.nodes():
+                # a VM node's pins are in its VM: the Forwarder runs the command there
+                if node in (n.name, f"{c.name}/{n.name}") and n.netns is not None:
+                    found.append((st.name, PinTarget(f"{st.pin_root}/{c.name}", n.netns, n.name)))
         if len(found) > 1:
             raise InputError("--node", node, f"is in several labs ({', '.join(f[0] for f in found)}): pass --lab")
         if not found and lab:
@@ -285,14 +267,11 @@ class _Locator:
 
     def etcd(self, lab: str | None, cluster: str | None) -> EtcdTarget:
         acc = state.etcd_access(lab, cluster)
-        return EtcdTarget(tuple(acc["endpoints"]), acc["ca"], acc["cert"], acc["key"], acc["netns"], acc.get("user"),
-                          acc.get("password_file"))
+        return EtcdTarget(tuple(acc.endpoints), acc.ca, acc.cert, acc.key, acc.netns, acc.user, acc.password_file)
 
 
 def register(main: click.Group) -> None:
     """The `meshctl.cli` plugin entry point: the `lab` commands, and lab nodes for --lab-node."""
-    from meshctl.lab.vmlab import Forwarder
-
     main.add_command(lab_group)
     targets.register_lab(_Locator())
     targets.register_forwarder(Forwarder())

@@ -19,12 +19,13 @@ import yaml
 
 from meshctl.backends.kube.nodes import ALLOWED_LOCATION_IPS, LEADER, LOCATION, PERSISTENT_KEEPALIVE, PREFIX
 from meshctl.errors import MeshError
-from meshctl.lab import netns
+from meshctl.lab.namespaces.state import ClusterState, KubeAccess
+from meshctl.lab.rigs import netns
 from meshctl.mesh.model import Topology
 from meshctl.mesh.records import mesh_to_record
 
 API_PORT = 6443
-MANIFESTS = Path(__file__).resolve().parents[3] / "manifests"
+MANIFESTS = Path(__file__).resolve().parents[4] / "manifests"
 
 
 def seed_objects(topo: Topology) -> list[dict[str, Any]]:
@@ -60,7 +61,7 @@ def seed_objects(topo: Topology) -> list[dict[str, Any]]:
     return out
 
 
-def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, timeout: float = 15.0) -> dict[str, Any]:
+def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, timeout: float = 15.0) -> KubeAccess:
     """Start the API server in namespace `ns` on `ip`, seeded for `topo`; returns its access
     (url, kubeconfig, netns, pid). The process is in its own session; stop it by pid."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -71,7 +72,7 @@ def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, timeout: float = 1
     log_path = run_dir / "apiserver.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log_path, "ab") as log:
-        p = subprocess.Popen([*netns.exec_prefix(ns), sys.executable, "-m", "meshctl.lab.kube_apiserver",
+        p = subprocess.Popen([*netns.exec_prefix(ns), sys.executable, "-m", "meshctl.lab.rigs.kube_apiserver",
                               "--listen", f"{ip}:{API_PORT}", "--load", str(seed), "--kubeconfig", str(kubeconfig)],
                              stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     deadline = time.monotonic() + timeout
@@ -83,7 +84,7 @@ def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, timeout: float = 1
             raise MeshError(f"the lab's API server in {ns} did not start: {tail[0]}")
         time.sleep(0.05)
     url = json.loads(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-    return {"url": url, "kubeconfig": str(kubeconfig), "netns": ns, "pid": p.pid}
+    return KubeAccess(url=url, kubeconfig=str(kubeconfig), netns=ns, pid=p.pid)
 
 
 # What a Kubernetes agent takes from its Node instead of flags: the pod CIDR (spec.podCIDR) and
@@ -113,7 +114,7 @@ def agent_argv(argv: list[str]) -> list[str]:
     return [*out, "--backend", "kubernetes"]
 
 
-def agent_env(cluster_state: dict[str, Any]) -> dict[str, str]:
-    """The environment that points an agent at its cluster's API server."""
-    kube = cluster_state.get("kube")
-    return {"KUBECONFIG": kube["kubeconfig"]} if kube else {}
+def agent_env(cluster_state: ClusterState) -> dict[str, str]:
+    """The environment that points an agent at its cluster's API server (none for an etcd cluster)."""
+    kube = cluster_state.kube
+    return {"KUBECONFIG": kube.kubeconfig} if kube else {}

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from meshctl.backends.file import load_yaml
 from meshctl.errors import InputError
-from meshctl.lab.fabric import Fabric, check_nodes, parse_fabrics
+from meshctl.lab.namespaces.fabric import Fabric, check_nodes, parse_fabrics
+from meshctl.lab.namespaces.nat_router import NAT_KINDS
 from meshctl.mesh.model import IPNetwork, Topology
 from meshctl.mesh.records import parse_topology
 
@@ -28,6 +30,8 @@ def _placeholder_key(i: int) -> str:
 
 LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend", "fabrics", "clustermesh",
               "nat", "vms")
+# The Debian kernel series a lab may boot (lab/vms: `nodes[].kernel`, `lab up --kernel`).
+KERNEL_SERIES = ("5.10", "6.1", "6.12")
 DEFAULT_NODE_KERNEL = "6.1"  # a VM node without `kernel`: Debian 12's
 
 PUBLIC_NET = ipaddress.ip_network("198.51.100.0/24")
@@ -40,13 +44,14 @@ class LabOptions:
     prefix: str = "ml-"
     fastpath: bool = True
     agent_args: tuple[str, ...] = ()
-    backend: str = "etcd"  # or "kubernetes": agents use an in-process API server (meshctl.lab.kube)
-    fabrics: tuple[Fabric, ...] = ()  # how each private subnet forwards (lab/fabric.py); l2 if unlisted
+    backend: str = "etcd"  # or "kubernetes": agents use an in-process API server (namespaces/kube_cluster.py)
+    fabrics: tuple[Fabric, ...] = ()  # how each private subnet forwards (namespaces/fabric.py); l2 if unlisted
     # Several clusters: join them through each other's etcd (--clustermesh-dir); false leaves them
     # apart, to be joined by hand (Kilo's way: each cluster's nodes as Peers of the other).
     clustermesh: bool = True
-    nat: tuple[tuple[str, str], ...] = ()  # (node, cone|symmetric): nodes behind a NAT router (lab/nat.py)
-    # Every node its own VM (lab/vmnodes.py), booting the Debian kernel its `kernel` names.
+    # (node, cone|symmetric): nodes behind a NAT router (namespaces/nat_router.py)
+    nat: tuple[tuple[str, str], ...] = ()
+    # Every node its own VM (lab/vms/vmnodes.py), booting the Debian kernel its `kernel` names.
     vms: bool = False
     kernels: tuple[tuple[str, str], ...] = ()  # ("<cluster>/<node>", series) from nodes[].kernel
 
@@ -76,14 +81,12 @@ class LabSpec:
 def _kernel(value: Any, path: str) -> str:
     """A node's kernel series. YAML reads 6.1 and 6.12 as numbers (accepted) and 5.10 as 5.1 (refused,
     with the fix)."""
-    from meshctl.lab.vm import SERIES
-
     text = value if isinstance(value, str) else repr(value) if isinstance(value, float) else None
-    if text in SERIES:
+    if text in KERNEL_SERIES:
         return text
     if text == "5.1":
         raise InputError(path, value, 'is 5.1 as YAML reads 5.10: quote the series ("5.10")')
-    raise InputError(path, value, f"is not a kernel series of the lab ({', '.join(SERIES)})")
+    raise InputError(path, value, f"is not a kernel series of the lab ({', '.join(KERNEL_SERIES)})")
 
 
 def _topology(doc: Any, path: str, kernels: dict[str, str] | None = None) -> Topology:
@@ -157,8 +160,6 @@ def _options(d: Any) -> LabOptions:
 
 def _nat(d: Any) -> tuple[tuple[str, str], ...]:
     """`lab.nat: {NODE: cone|symmetric}` (node names are checked against the nodes later)."""
-    from meshctl.lab.nat import NAT_KINDS
-
     if d is None:
         return ()
     if not isinstance(d, dict):
@@ -171,8 +172,6 @@ def _nat(d: Any) -> tuple[tuple[str, str], ...]:
 
 def check_prefix(prefix: Any, path: str) -> str:
     """Names are `<prefix><node>`: keep the prefix short, plain and ending in '-'."""
-    import re
-
     if not isinstance(prefix, str) or not re.fullmatch(r"[a-z][a-z0-9]{0,9}-", prefix):
         raise InputError(path, prefix, "is not a lab prefix (a letter, up to 9 more letters/digits, then '-')")
     return prefix

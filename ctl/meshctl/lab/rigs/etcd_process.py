@@ -17,7 +17,7 @@ from pathlib import Path
 
 from meshctl.errors import MeshError
 from meshctl.etcd.client import EtcdClient
-from meshctl.lab.pki import CertFiles
+from meshctl.lab.rigs.pki import CertFiles
 from meshctl.node.shell import exec_prefix, pid_alive
 
 
@@ -52,7 +52,7 @@ class EtcdServer:
             "--initial-cluster-state", "new", "--logger", "zap", "--log-level", "warn",
             "--heartbeat-interval", "50", "--election-timeout", "500",
             # Passwords here are 32 random bytes (backends/etcd_identity.py): bcrypt's cost guards
-            # guessable passwords and adds nothing to these, but costs every login ~60 ms of CPU.
+            # guessable passwords and adds nothing to these, but costs CPU on every login.
             "--bcrypt-cost", "4",
         ]
         if self.tls:

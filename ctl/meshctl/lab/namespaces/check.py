@@ -17,44 +17,45 @@ import json
 import re
 import subprocess
 import threading
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
 
 from meshctl import defaults
 from meshctl.agent.server import fetch_status
 from meshctl.agent.status import AgentStatus
 from meshctl.errors import MeshError
-from meshctl.lab import netns
-from meshctl.lab import state as labstate
+from meshctl.lab.namespaces.state import LabState, NodeState
+from meshctl.lab.rigs import netns
 from meshctl.mesh.model import ENCAP_RUNGS
 from meshctl.node.tunnels import VXLAN_DEV
+from meshctl.node.wireguard.uapi import UapiClient
 
 WG = defaults.WG_INTERFACE
 CELL = 28  # "ok wireguard-private 0.08ms"
 
 
-def on_node(node: dict[str, Any], ns: str | None, argv: list[str], timeout: float = 30
-            ) -> subprocess.CompletedProcess[str]:
-    """Run `argv` in namespace `ns` of a lab node's machine: this host, or the node's VM (a
-    multi-VM lab's node, where None is the VM's own root namespace). Never raises on exit status."""
-    if node.get("vm"):
-        from meshctl.lab.vmnodes import guest_run
+class NodeRunner(Protocol):
+    """Runs `argv` in namespace `ns` of a lab node's machine and never raises on exit status."""
 
-        return guest_run(node, ns, argv, timeout=timeout)
+    def __call__(self, node: NodeState | None, ns: str | None, argv: list[str], timeout: float = 30
+                 ) -> subprocess.CompletedProcess[str]: ...
+
+
+def on_host(node: NodeState | None, ns: str | None, argv: list[str], timeout: float = 30
+            ) -> subprocess.CompletedProcess[str]:
+    """A NodeRunner for namespace labs: every node's namespace is on this host. A VM-per-node lab
+    passes lab/vms/vmnodes.py's on_node instead (its nodes' namespaces are in their VMs)."""
     return netns.run(ns, argv, check=False, timeout=timeout)
 
 
-def peer_tx(node: dict[str, Any]) -> dict[str, int]:
+def peer_tx(node: NodeState) -> dict[str, int]:
     """TX bytes per WireGuard peer (public key) of a lab node, from its wireguard-go socket (a VM
     node's is inside its guest: none here)."""
-    from pathlib import Path
-
-    from meshctl.node.wireguard.uapi import UapiClient
-
-    if node.get("vm"):
+    if node.vm is not None:
         return {}
     try:
-        st = UapiClient(Path(node["wg_run_dir"]) / f"{WG}.sock", timeout=2.0).get(allowed_ips=False)
+        st = UapiClient(Path(node.wg_run_dir) / f"{WG}.sock", timeout=2.0).get(allowed_ips=False)
     except MeshError:
         return {}
     return {k: p.tx_bytes for k, p in st.peers.items()}
@@ -86,24 +87,24 @@ class PairResult:
         return {"src": self.src, "dst": self.dst, "ok": self.ok, "path": self.path, "rtt_ms": self.rtt_ms}
 
 
-def agent_status(node: dict[str, Any], timeout: float = 2.0) -> dict[str, Any] | None:
+def agent_status(node: NodeState, timeout: float = 2.0) -> dict[str, Any] | None:
     """A lab agent's /status, dialled from its namespace (a VM node's from its etcd's, on the
     public segment); None when it does not answer."""
     try:
-        return fetch_status(node["metrics_addr"], labstate.dial_netns(node), timeout=timeout)
+        return fetch_status(node.metrics_addr, node.dial_netns, timeout=timeout)
     except MeshError:
         return None
 
 
-def agent_view(node: dict[str, Any], timeout: float = 2.0) -> AgentStatus | None:
+def agent_view(node: NodeState, timeout: float = 2.0) -> AgentStatus | None:
     """A lab agent's status, read (agent.status.AgentStatus); None when it does not answer."""
     doc = agent_status(node, timeout=timeout)
     return AgentStatus.from_json(doc) if doc is not None else None
 
 
-def link_tx(node: dict[str, Any]) -> dict[str, int]:
+def link_tx(node: NodeState, run: NodeRunner = on_host) -> dict[str, int]:
     """TX packets of every link of a lab node, by name (one reading of them all)."""
-    p = on_node(node, node["netns"], ["ip", "-j", "-s", "link", "show"])
+    p = run(node, node.netns, ["ip", "-j", "-s", "link", "show"])
     if p.returncode != 0:
         return {}
     out = {}
@@ -119,11 +120,11 @@ _RX = re.compile(r"(\d+) packets transmitted, (\d+) (?:packets )?received")
 
 
 def ping(ns: str, dst: str, count: int = 5, interval: float = 0.02, wait: float = 1.0, *,
-         node: dict[str, Any] | None = None) -> tuple[int, int, float | None]:
+         node: NodeState | None = None, run: NodeRunner = on_host) -> tuple[int, int, float | None]:
     """(sent, received, average RTT ms) of `count` pings from namespace `ns` (of `node`'s machine:
     its VM in a multi-VM lab)."""
-    p = on_node(node or {}, ns, ["ping", "-n", "-q", "-c", str(count), "-i", str(interval), "-W", str(wait), dst],
-                timeout=count * interval + wait + 10)
+    p = run(node, ns, ["ping", "-n", "-q", "-c", str(count), "-i", str(interval), "-W", str(wait), dst],
+            timeout=count * interval + wait + 10)
     m = _RX.search(p.stdout)
     sent, recv = (int(m.group(1)), int(m.group(2))) if m else (count, 0)
     r = _RTT.search(p.stdout)
@@ -136,13 +137,15 @@ def _fp_packets(st: dict[str, Any] | None) -> dict[str, int]:
     return {a: p for a, (p, _) in AgentStatus.from_json(st).live.datapath.counters.items()}
 
 
-def check(st: dict[str, Any], *, count: int = 5, pairs: list[tuple[str, str]] | None = None) -> list[PairResult]:
-    """Ping every pod pair across nodes (first pod of each node) of every cluster of the lab."""
+def check(st: LabState, *, count: int = 5, pairs: list[tuple[str, str]] | None = None,
+          run: NodeRunner = on_host) -> list[PairResult]:
+    """Ping every pod pair across nodes (first pod of each node) of every cluster of the lab;
+    `run` reaches the nodes' machines."""
     nodes = []
-    multi = len(st["clusters"]) > 1
-    for c in st["clusters"]:
-        for n in c["nodes"]:
-            label = f"{c['name']}/{n['name']}" if multi else n["name"]
+    multi = len(st.clusters) > 1
+    for c in st.clusters:
+        for n in c.nodes:
+            label = f"{c.name}/{n.name}" if multi else n.name
             nodes.append((label, c, n))
     by_label = {lbl: (c, n) for lbl, c, n in nodes}
     todo = pairs if pairs is not None else [(a, b) for a, _, _ in nodes for b, _, _ in nodes if a != b]
@@ -162,15 +165,15 @@ def check(st: dict[str, Any], *, count: int = 5, pairs: list[tuple[str, str]] | 
         s_st = status_of(src)
         summary = s_st.summary if s_st else None
         leader = summary.leader if summary else None
-        leader_node = next((n for n in sc["nodes"] if n["name"] == leader and n["name"] != sn["name"]), None)
-        dst_key = f"{dc['name']}/{dn['name']}" if dc is not sc else dn["name"]
+        leader_node = next((n for n in sc.nodes if n.name == leader and n.name != sn.name), None)
+        dst_key = f"{dc.name}/{dn.name}" if dc is not sc else dn.name
         expected = summary.paths.get(dst_key) if summary else None
-        before = _tx(sn, leader_node)
+        before = _tx(sn, leader_node, run)
         fp_before = _fp_packets(agent_status(sn))
         relay = summary.relays[dst_key].via if summary and dst_key in summary.relays else None
         tx_before = peer_tx(sn) if relay else {}
-        sent, recv, rtt = ping(sn["pods"][0]["netns"], dn["pods"][0]["ip"], count=count, node=sn)
-        after = _tx(sn, leader_node)
+        sent, recv, rtt = ping(sn.pods[0].netns, dn.pods[0].ip, count=count, node=sn, run=run)
+        after = _tx(sn, leader_node, run)
         s_now = agent_status(sn)
         fp_after = _fp_packets(s_now)
         view_now = AgentStatus.from_json(s_now) if s_now is not None else None
@@ -197,21 +200,21 @@ def check(st: dict[str, Any], *, count: int = 5, pairs: list[tuple[str, str]] | 
     return out
 
 
-def _tx(node: dict[str, Any], leader: dict[str, Any] | None) -> tuple[int | None, ...]:
+def _tx(node: NodeState, leader: NodeState | None, run: NodeRunner) -> tuple[int | None, ...]:
     """TX packets of the links that tell the paths apart: the node's kilo0, private NIC, its
     leader's kilo0 and the node's VXLAN device (None where a link does not exist)."""
-    mine = link_tx(node)
-    theirs = link_tx(leader) if leader else {}
+    mine = link_tx(node, run)
+    theirs = link_tx(leader, run) if leader else {}
     return mine.get(WG), mine.get("priv"), theirs.get(WG), mine.get(VXLAN_DEV)
 
 
-def _private_endpoint(status: AgentStatus | None, dst: dict[str, Any]) -> bool:
+def _private_endpoint(status: AgentStatus | None, dst: NodeState) -> bool:
     """The source's WireGuard peer for `dst` talks to dst's private address (wireguard-private)."""
-    if not status or not dst.get("internal_ip"):
+    if not status or not dst.internal_ip:
         return False
-    ip = dst["internal_ip"].split("/")[0]
+    ip = dst.internal_ip.split("/")[0]
     for p in status.live.peers:
-        if p.name == dst["name"]:
+        if p.name == dst.name:
             return bool(str((p.live.live_endpoint if p.live else None) or p.endpoint or "").rsplit(":", 1)[0] == ip)
     return False
 
@@ -240,6 +243,3 @@ def format_matrix(results: list[PairResult]) -> str:
 def results_json(results: list[PairResult]) -> str:
     return json.dumps([r.public() for r in results], indent=1)
 
-
-def results_debug(results: list[PairResult]) -> list[dict[str, Any]]:
-    return [asdict(r) for r in results]

@@ -1,8 +1,8 @@
 """An in-process Kubernetes API server for tests and the namespace lab.
 
-No real API server installs on this machine (Debian, PyPI and npm were checked), so the Kubernetes
-backend is tested against this one. It speaks real HTTP and keeps the semantics the backend relies
-on, so a client that works here works against kube-apiserver:
+No real API server is available to the tests (none installs from Debian, PyPI or npm), so the
+Kubernetes backend is tested against this one. It speaks real HTTP and keeps the semantics the
+backend relies on, so a client that works here works against kube-apiserver:
 
 - one cluster-wide resourceVersion counter; every write bumps it, a no-op patch does not;
 - list returns the collection's resourceVersion; `limit`/`continue` page through a sorted list;
@@ -10,9 +10,8 @@ on, so a client that works here works against kube-apiserver:
   starts with synthetic ADDED events for what exists, with one it resumes right after it; a
   version older than the kept history gets an ERROR event carrying a 410 Gone Status, as
   kube-apiserver does after etcd compaction; `timeoutSeconds` ends the stream; no BOOKMARKs;
-- merge patch (RFC 7386), strategic merge patch (maps merge, `null` deletes, `$patch: replace|
-  delete` directives, lists replace) and JSON patch (RFC 6902); a patch or update carrying a stale
-  metadata.resourceVersion gets 409 Conflict;
+- merge patch (RFC 7386), the one kind the backend sends; other patch kinds get 415; a patch or
+  update carrying a stale metadata.resourceVersion gets 409 Conflict;
 - built-in Nodes, Namespaces, ConfigMaps and Events; a CustomResourceDefinition that is created
   registers its resource (so the Peer CRD of manifests/ is exercised, not assumed), and its
   custom objects are pruned and validated against the version's openAPIV3Schema as kube-apiserver
@@ -20,7 +19,7 @@ on, so a client that works here works against kube-apiserver:
   pattern, range, length and item-count violations answered with 422 Invalid naming each field.
 
 There is no authentication, no TLS and no admission: it binds where it is told (tests use
-127.0.0.1 or an address inside a lab namespace). `python -m meshctl.lab.kube_apiserver --listen ADDR`
+127.0.0.1 or an address inside a lab namespace). `python -m meshctl.lab.rigs.kube_apiserver --listen ADDR`
 runs it standalone and can write a kubeconfig for clients.
 """
 
@@ -32,6 +31,7 @@ import copy
 import json
 import re
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -42,6 +42,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+import yaml
 
 JSON = dict[str, Any]
 
@@ -97,96 +99,10 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return out
 
 
-def strategic_merge_patch(target: Any, patch: Any) -> Any:
-    """Strategic merge patch as far as it differs from a merge patch on maps: `$patch: replace`
-    replaces the map, `$patch: delete` removes it. Lists are replaced (no patchMergeKey data)."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    directive = patch.get("$patch")
-    if directive == "replace":
-        return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
-    if directive == "delete":
-        return None
-    if directive is not None:
-        raise ApiFailure(400, "BadRequest", f"unknown $patch directive {directive!r}")
-    out = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-            continue
-        merged = strategic_merge_patch(out.get(k), v)
-        if merged is None:
-            out.pop(k, None)
-        else:
-            out[k] = merged
-    return out
-
-
-def _pointer(path: str) -> list[str]:
-    if path == "":
-        return []
-    if not path.startswith("/"):
-        raise ApiFailure(422, "Invalid", f"json patch path {path!r} does not start with /")
-    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
-
-
-def json_patch(target: Any, ops: Any) -> Any:
-    """RFC 6902 add/remove/replace/test/copy/move. One branch per RFC operation, kept together like the RFC's table."""
-    if not isinstance(ops, list):
-        raise ApiFailure(400, "BadRequest", "a json patch is a list of operations")
-    doc = copy.deepcopy(target)
-
-    def parent(parts: list[str]) -> tuple[Any, str]:
-        cur = doc
-        for p in parts[:-1]:
-            cur = cur[int(p)] if isinstance(cur, list) else cur[p]
-        return cur, parts[-1]
-
-    def get(parts: list[str]) -> Any:
-        cur = doc
-        for p in parts:
-            cur = cur[int(p)] if isinstance(cur, list) else cur[p]
-        return cur
-
-    def remove(parts: list[str]) -> Any:
-        par, last = parent(parts)
-        return par.pop(int(last)) if isinstance(par, list) else par.pop(last)
-
-    def add(parts: list[str], value: Any) -> None:
-        par, last = parent(parts)
-        if isinstance(par, list):
-            par.insert(len(par) if last == "-" else int(last), value)
-        else:
-            par[last] = value
-
-    for op in ops:
-        try:
-            kind, parts = op["op"], _pointer(op["path"])
-            if kind == "add":
-                add(parts, copy.deepcopy(op["value"]))
-            elif kind == "remove":
-                remove(parts)
-            elif kind == "replace":
-                remove(parts)
-                add(parts, copy.deepcopy(op["value"]))
-            elif kind == "test":
-                if get(parts) != op["value"]:
-                    raise ApiFailure(422, "Invalid", f"json patch test failed at {op['path']}")
-            elif kind in ("copy", "move"):
-                src = _pointer(op["from"])
-                value = remove(src) if kind == "move" else copy.deepcopy(get(src))
-                add(parts, value)
-            else:
-                raise ApiFailure(400, "BadRequest", f"unknown json patch op {kind!r}")
-        except (KeyError, IndexError, ValueError, TypeError) as e:
-            raise ApiFailure(422, "Invalid", f"json patch operation {op!r} failed: {e}") from None
-    return doc
-
-
+# The patch kinds served: what the backend sends (lightkube PatchType.MERGE). Any other kind is
+# answered 415 Unsupported Media Type, as kube-apiserver answers one it does not know.
 PATCHERS = {
     "application/merge-patch+json": merge_patch,
-    "application/strategic-merge-patch+json": strategic_merge_patch,
-    "application/json-patch+json": json_patch,
 }
 
 
@@ -674,7 +590,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _watch(self, rt: ResourceType, ns: str | None, q: dict[str, str]) -> None:
         """Serve one watch stream: replay from resourceVersion (410 Gone when it is compacted), then
-        follow the store, with bookmarks and a timeout; one loop whose states are easier to follow
+        follow the store until the timeout; one loop whose states are easier to follow
         in one place than split."""
         store = self.server.store
         lsel, fsel = _selector(q.get("labelSelector")), _selector(q.get("fieldSelector"))
@@ -767,8 +683,6 @@ class ApiServer(ThreadingHTTPServer):
         self.requests: deque[tuple[str, str, str]] = deque(maxlen=10000)  # (method, path, content type)
         self._thread: threading.Thread | None = None
         if ":" in host:
-            import socket
-
             self.address_family = socket.AF_INET6
         super().__init__((host, port), _Handler)
 
@@ -811,8 +725,6 @@ def kubeconfig(url: str) -> JSON:
 def load_manifests(store: Store, paths: list[str]) -> int:
     """Create every object of the YAML files, or of a folder's *.yaml in name order, that this
     server serves (namespaced objects in their metadata.namespace); other kinds are skipped."""
-    import yaml
-
     files: list[Path] = []
     for path in map(Path, paths):
         files += sorted(path.glob("*.yaml")) if path.is_dir() else [path]
@@ -841,7 +753,7 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m meshctl.lab.kube_apiserver",
+    ap = argparse.ArgumentParser(prog="python -m meshctl.lab.rigs.kube_apiserver",
                                  description="An in-process Kubernetes API server for tests and the lab.")
     ap.add_argument("--listen", default="127.0.0.1:0", help="host:port to bind (port 0: any)")
     ap.add_argument("--load", action="append", default=[], help="YAML manifests to create at start")

@@ -3,7 +3,7 @@
 Everything made here carries a caller-chosen prefix so cleanup can find it, and nothing here
 touches the root namespace's own interfaces, addresses or routes: veth pairs are created inside
 a namespace and their ends moved to other namespaces, never left in the root namespace. A
-namespace of None means "here": only the lab's VM guests (lab/vmnodes.py) pass it, where the
+namespace of None means "here": only the lab's VM guests (lab/vms/vmnodes.py) pass it, where the
 root namespace is the VM node's own.
 
 `ip netns exec` remounts /sys and hides /sys/fs/bpf (pinned maps), so commands that need the

@@ -11,7 +11,7 @@ as they grow; its exit status is a file written last. No network, no port anyone
 The VM is stopped by the PIDs recorded at start (QEMU's pidfile and vng's own), and its directory
 is removed: nothing is left behind.
 
-`python -m meshctl.lab.vm serve DIR` is the guest side; `python -m meshctl.lab.vm run SERIES -- CMD`
+`python -m meshctl.lab.vms.vm serve DIR` is the guest side; `python -m meshctl.lab.vms.vm run SERIES -- CMD`
 boots, runs one command and stops (for the matrix and by hand).
 """
 
@@ -32,13 +32,16 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from meshctl.datapath import loader, objcache
+from meshctl.datapath.features import WITHOUT_ENV
 from meshctl.errors import MeshError
+from meshctl.lab.namespaces.spec import KERNEL_SERIES
+from meshctl.lab.namespaces.state import VmRecord, to_json
 from meshctl.node.shell import exec_prefix
 
 KERNEL_CACHE = Path(os.environ.get("MESHCTL_KERNELS", "/var/lib/meshctl/kernels"))
-SERIES = ("5.10", "6.1", "6.12")
+VM_ROOT = Path("/run/meshctl-vm")  # a lab's VMs' working directories: <VM_ROOT>/<lab>/...
 HOST = "host"
 VM_CPUS = 2
 VM_MEMORY = "3G"
@@ -62,8 +65,8 @@ class Kernel:
 
 def kernel(series: str) -> Kernel:
     """The cached kernel of `series`, or MeshError saying how to fetch it."""
-    if series not in SERIES:
-        raise MeshError(f"kernel: {series!r} is not one of {', '.join((HOST, *SERIES))}")
+    if series not in KERNEL_SERIES:
+        raise MeshError(f"kernel: {series!r} is not one of {', '.join((HOST, *KERNEL_SERIES))}")
     root = KERNEL_CACHE / series
     if not (root / ".complete").exists():
         raise MeshError(f"kernel {series} is not in {KERNEL_CACHE} (run: make kernels, or scripts/kernels.sh {series})")
@@ -138,7 +141,7 @@ def accel(k: Kernel | None = None) -> str:
         saved = json.loads(ACCEL_FILE.read_text())
         if saved.get("boot_id") == boot and saved.get("accel") in ("kvm", "tcg"):
             return str(saved["accel"])
-    k = k or next((kernel(s) for s in SERIES if (KERNEL_CACHE / s / ".complete").exists()), None)
+    k = k or next((kernel(s) for s in KERNEL_SERIES if (KERNEL_CACHE / s / ".complete").exists()), None)
     if k is None:
         raise MeshError(f"no kernel in {KERNEL_CACHE} to probe KVM with (run: make kernels)")
     result = "kvm" if kvm_probe(k) else "tcg"
@@ -186,7 +189,7 @@ class VM:
 
     def command(self) -> list[str]:
         """The vng command line that boots this VM with the guest server as its init's command."""
-        serve = shlex.join([sys.executable, "-m", "meshctl.lab.vm", "serve", str(self.shared)])
+        serve = shlex.join([sys.executable, "-m", "meshctl.lab.vms.vm", "serve", str(self.shared)])
         qemu = [f"-pidfile {self.workdir / 'qemu.pid'}"]
         for i, (tap, mac) in enumerate(self.nics):
             qemu.append(f"-netdev tap,id=mn{i},ifname={tap},script=no,downscript=no "
@@ -241,20 +244,20 @@ class VM:
         return " | ".join(lines[-n:]) if lines else "no console output"
 
     def _save(self) -> None:
-        (self.workdir / "vm.json").write_text(json.dumps(self.describe(), sort_keys=True))
+        (self.workdir / "vm.json").write_text(json.dumps(to_json(self.describe()), sort_keys=True))
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> VmRecord:
         """What `attach()` needs to find this VM again from another process."""
-        return {"name": self.name, "series": self.kernel.series, "version": self.kernel.version,
-                "workdir": str(self.workdir), "pid": self.pid, "qemu_pid": self.qemu_pid, "accel": self.accel,
-                "boot_seconds": self.boot_seconds, "cpus": self.cpus, "memory": self.memory, "netns": self.netns,
-                "nics": [list(n) for n in self.nics]}
+        return VmRecord(name=self.name, series=self.kernel.series, version=self.kernel.version,
+                        workdir=str(self.workdir), pid=self.pid, qemu_pid=self.qemu_pid, accel=self.accel,
+                        boot_seconds=self.boot_seconds, cpus=self.cpus, memory=self.memory, netns=self.netns,
+                        nics=[list(n) for n in self.nics])
 
     @classmethod
-    def attach(cls, desc: dict[str, Any]) -> VM:
+    def attach(cls, desc: VmRecord) -> VM:
         """The VM described by `describe()` (started by another process)."""
-        vm = cls(kernel(desc["series"]), desc["name"], Path(desc["workdir"]), accel_mode=desc["accel"])
-        vm.pid, vm.qemu_pid, vm.boot_seconds = desc.get("pid"), desc.get("qemu_pid"), desc.get("boot_seconds")
+        vm = cls(kernel(desc.series), desc.name, Path(desc.workdir), accel_mode=desc.accel)
+        vm.pid, vm.qemu_pid, vm.boot_seconds = desc.pid, desc.qemu_pid, desc.boot_seconds
         return vm
 
     def alive(self) -> bool:
@@ -361,20 +364,16 @@ def warm_bpf_cache() -> bool:
     (/var/lib is shared read-only), once per variant the matrix's kernels need, so no guest runs bcc
     under emulation. Each variant compiles in a child (the feature probe is per process). False when
     this host cannot compile (the guests' agents then compile, slowly, or fall back)."""
-    from meshctl.datapath.features import WITHOUT_ENV  # noqa: PLC0415 - only the VM paths need it
-
     ok = True
     for without in BPF_VARIANTS:
-        p = subprocess.run([sys.executable, "-m", "meshctl.lab.vm", "warm"], env=dict(_env(), **{WITHOUT_ENV: without}),
-                           capture_output=True, text=True, timeout=300)
+        p = subprocess.run([sys.executable, "-m", "meshctl.lab.vms.vm", "warm"],
+                           env=dict(_env(), **{WITHOUT_ENV: without}), capture_output=True, text=True, timeout=300)
         ok = ok and p.returncode == 0
     return ok
 
 
 def _warm_here() -> bool:
     """warm_bpf_cache's child: compile and load once into the cache, unless it already holds these programs."""
-    from meshctl.datapath import loader, objcache  # noqa: PLC0415 - only the VM paths need it
-
     if (objcache.cache_dir() / f"{loader.object_key()}.json").exists():
         return True
     pin_dir = f"/sys/fs/bpf/vm-warm-{os.getpid()}"
@@ -483,7 +482,7 @@ def main(argv: list[str]) -> int:
     if argv == ["accel"]:
         print(accel())
         return 0
-    print("usage: python -m meshctl.lab.vm serve DIR | run SERIES -- CMD... | accel", file=sys.stderr)
+    print("usage: python -m meshctl.lab.vms.vm serve DIR | run SERIES -- CMD... | accel", file=sys.stderr)
     return 2
 
 

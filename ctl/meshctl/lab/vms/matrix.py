@@ -1,8 +1,8 @@
 """`make vmtest`: the test suites inside each kernel of the matrix, one VM at a time, and a table.
 
-`python -m meshctl.lab.matrix [--kernels 5.10,6.1,6.12] [--suites datapath,node,lab,paths] [--timeout S]`
+`python -m meshctl.lab.vms.matrix [--kernels 5.10,6.1,6.12] [--suites datapath,node,lab,paths] [--timeout S]`
 
-Each kernel boots once (lab/vm.py); each suite runs in it as `pytest -q tests/<suite>` from this
+Each kernel boots once (vms/vm.py); each suite runs in it as `pytest -q tests/<suite>` from this
 checkout (the guest sees it read-only); the compiled-object cache is warmed on the host first so
 the guest never compiles the programs under emulation. The table gives, per kernel and suite,
 passed/failed/skipped and seconds; the exit status is 1 when any cell failed or timed out. Each
@@ -21,11 +21,12 @@ from pathlib import Path
 
 from meshctl.datapath.loader import COMPILE_TIMEOUT_ENV
 from meshctl.errors import MeshError
-from meshctl.lab import vm
+from meshctl.lab.namespaces.spec import KERNEL_SERIES
+from meshctl.lab.vms import vm
 
-REPO = Path(__file__).resolve().parents[3]
-SUITES = ("datapath", "node", "lab", "paths")  # paths: the issue-8 path ladder and fabrics
-SUITE_TIMEOUT = 3600.0  # a suite under emulation on a loaded 2-core machine: up to ~50 min
+REPO = Path(__file__).resolve().parents[4]
+SUITES = ("datapath", "node", "lab", "paths")  # paths: the path ladder and the fabrics
+SUITE_TIMEOUT = 3600.0  # seconds one suite may run under emulation
 GUEST_COMPILE_TIMEOUT = 900
 LOG_DIR = Path("/tmp/meshctl-vmtest")
 SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|error|errors|xfailed|xpassed|deselected)")
@@ -92,8 +93,8 @@ def table(kernels: list[str], suites: list[str], cells: dict[tuple[str, str], Ce
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m meshctl.lab.matrix")
-    ap.add_argument("--kernels", default=",".join(vm.SERIES))
+    ap = argparse.ArgumentParser(prog="python -m meshctl.lab.vms.matrix")
+    ap.add_argument("--kernels", default=",".join(KERNEL_SERIES))
     ap.add_argument("--suites", default=",".join(SUITES))
     ap.add_argument("--timeout", type=float, default=SUITE_TIMEOUT, help="seconds per suite")
     ap.add_argument("-v", "--verbose", action="store_true", help="echo the suites' output")

@@ -28,10 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshctl import defaults
+from meshctl.datapath.inns import in_netns
+from meshctl.datapath.layout import VXLAN_PORT
 from meshctl.errors import MeshError
-from meshctl.lab import netns
+from meshctl.lab.rigs import netns
 from meshctl.mesh.model import Endpoint, MeshSettings, Node, Topology
-from meshctl.mesh.plan import FastPathEntry, plan_node
+from meshctl.mesh.plan import Encap, FastPathEntry, plan_node
+from meshctl.node.tunnels import TunnelApplier
 
 WG = defaults.WG_INTERFACE
 
@@ -320,8 +323,6 @@ class FabricTestbed(Testbed):
                 netns.run(p("rtr"), ["ip", "route", "add", f"10.42.{i}.0/24", "via", addr[node]])
             self._node_and_pod(node, i, ipv6=ipv6)
         if self.fabric == "vpc":
-            from meshctl.datapath.layout import VXLAN_PORT
-
             netns.run(p("rtr"), ["nft", "-f", "-"], input=NFT_VPC.format(nodes=", ".join(addr.values()),
                                                                           vxlan_port=VXLAN_PORT))
         return self
@@ -332,8 +333,6 @@ class FabricTestbed(Testbed):
     def fastpath(self, node: str, kind: str | None = None) -> tuple[FastPathEntry, ...]:
         """Node `node`'s entries: its own pod CIDRs local, the other's direct, encapsulated as
         `kind` ("vxlan", "ipip") between the two private addresses, or raw (None)."""
-        from meshctl.mesh.plan import Encap
-
         other = "b" if node == "a" else "a"
         i, j = (1, 2) if node == "a" else (2, 1)
         net = ipaddress.ip_network
@@ -349,9 +348,6 @@ class FabricTestbed(Testbed):
     def route_pods(self, node: str, how: str) -> None:
         """The kernel's route to the other node's IPv4 pods: "raw" over the private network, or
         "vxlan" through the kernel fallback's VXLAN device (meshctl.tunnels)."""
-        from meshctl.datapath.inns import in_netns
-        from meshctl.node.tunnels import TunnelApplier
-
         other = "b" if node == "a" else "a"
         j = 2 if node == "a" else 1
         gw = VPC_GATEWAY[node] if self.fabric == "vpc" else self.private(other)

@@ -25,13 +25,17 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from meshctl.errors import InputError, MeshError
-from meshctl.lab.netns import addr, run, sysctl, veth
-from meshctl.mesh.model import IPNetwork
+from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.namespaces.state import FabricState, LabState
+from meshctl.lab.rigs.netns import addr, run, sysctl, veth
+from meshctl.mesh.fields import network as parse_network
+from meshctl.mesh.model import IPInterface, IPNetwork
 
 FABRIC_KINDS: tuple[str, ...] = ("l2", "vpc", "vpc-udp", "hetzner", "blackhole")
 ROUTED_KINDS: tuple[str, ...] = ("vpc", "vpc-udp", "hetzner")
@@ -68,10 +72,6 @@ def loss(value: Any, path: str) -> int:
 
 def parse_fabrics(d: Any, path: str = "lab.fabrics") -> tuple[Fabric, ...]:
     """`{subnet: kind}` or `{subnet: {kind, network, loss}}`."""
-    import re
-
-    from meshctl.mesh.fields import network as parse_network
-
     if d is None:
         return ()
     if not isinstance(d, Mapping):
@@ -134,19 +134,19 @@ def router_ns(prefix: str, fabrics: Sequence[Fabric], network: str) -> str:
     return f"{prefix}rt{networks(fabrics).index(network)}"
 
 
-def build_routers(st: dict[str, Any], fabrics: Sequence[Fabric], subnets: Sequence[IPNetwork],
-                  new_ns: Any) -> None:
+def build_routers(st: LabState, fabrics: Sequence[Fabric], subnets: Sequence[IPNetwork],
+                  new_ns: Callable[[str], str]) -> None:
     """One router namespace per network, with a leg on each of its subnets' bridges. Records the
-    fabrics and the nodes' addresses of each network in `st["fabrics"]` (for `change`)."""
-    prefix, fab = st["prefix"], f"{st['prefix']}fab"
-    st["fabrics"] = {}
+    fabrics and the nodes' addresses of each network in `st.fabrics` (for `change`)."""
+    prefix, fab = st.prefix, f"{st.prefix}fab"
+    st.fabrics = {}
     for i, subnet in enumerate(subnets):
         f = fabric_of(fabrics, subnet)
-        entry: dict[str, Any] = {"index": i, "kind": f.kind, "network": f.network, "loss": f.loss,
-                                 "bridge": f"bpriv{i}", "router": None, "addressing": f.kind}
+        entry = FabricState(index=i, kind=f.kind, network=f.network, loss=f.loss, bridge=f"bpriv{i}", router=None,
+                            addressing=f.kind)
         if f.network:
             rns = router_ns(prefix, fabrics, f.network)
-            if rns not in st["namespaces"]:
+            if rns not in st.namespaces:
                 new_ns(rns)
                 sysctl(rns, "net.ipv4.ip_forward", "1")
                 sysctl(rns, "net.ipv4.conf.all.send_redirects", "0")
@@ -155,11 +155,11 @@ def build_routers(st: dict[str, Any], fabrics: Sequence[Fabric], subnets: Sequen
             run(fab, ["ip", "link", "set", f"rt{i}", "master", f"bpriv{i}"])
             sysctl(rns, f"net.ipv4.conf.r{i}.send_redirects", "0")
             addr(rns, f"r{i}", f"{f.gateway}/{subnet.prefixlen}")
-            entry["router"] = rns
-        st["fabrics"][str(subnet)] = entry
+            entry.router = rns
+        st.fabrics[str(subnet)] = entry
 
 
-def node_address(ns: str | None, dev: str, internal_ip: Any, fabrics: Sequence[Fabric]) -> list[str]:
+def node_address(ns: str | None, dev: str, internal_ip: IPInterface, fabrics: Sequence[Fabric]) -> list[str]:
     """Address a node's private NIC as its fabric does; return extra agent flags it needs."""
     f = fabric_of(fabrics, internal_ip.network)
     others = [o for o in fabrics if o.network and o.network == f.network and o.subnet != f.subnet]
@@ -177,15 +177,15 @@ def node_address(ns: str | None, dev: str, internal_ip: Any, fabrics: Sequence[F
     return []
 
 
-def network_addresses(st: dict[str, Any], subnet: str) -> list[str]:
+def network_addresses(st: LabState, subnet: str) -> list[str]:
     """Node and router addresses of every subnet in `subnet`'s network (or of the subnet alone)."""
-    fabs = st["fabrics"]
-    net = fabs[subnet]["network"]
-    members = [s for s, e in fabs.items() if s == subnet or (net and e["network"] == net)]
-    out = {str(ipaddress.ip_interface(n["internal_ip"]).ip) for c in st["clusters"] for n in c["nodes"]
-           if n.get("internal_ip") and str(ipaddress.ip_interface(n["internal_ip"]).network) in members}
+    fabs = st.fabrics
+    net = fabs[subnet].network
+    members = [s for s, e in fabs.items() if s == subnet or (net and e.network == net)]
+    out = {str(ipaddress.ip_interface(n.internal_ip).ip) for _, n in st.nodes()
+           if n.internal_ip and str(ipaddress.ip_interface(n.internal_ip).network) in members}
     for s in members:
-        if fabs[s]["router"]:
+        if fabs[s].router:
             out.add(str(ipaddress.ip_network(s).network_address + 1))
     return sorted(out, key=lambda a: int(ipaddress.IPv4Address(a)))
 
@@ -206,19 +206,19 @@ def _ip_rules(kind_: str) -> list[str]:
     return rules
 
 
-def bridge_rules(entry: dict[str, Any], addresses: Sequence[str], ports: Sequence[str]) -> str:
+def bridge_rules(entry: FabricState, addresses: Sequence[str], ports: Sequence[str]) -> str:
     """The nft transaction that replaces the bridge table of one subnet (`ports`: its bridge's
     ports; this kernel's nft cannot match the bridge itself)."""
-    i, k = entry["index"], entry["kind"]
+    i, k = entry.index, entry.kind
     table = f"bridge fab{i}"
     port = f"rt{i}"
     names = ", ".join(f'"{p}"' for p in ports) or '"-"'
     body = [f"set nodes {{ type ipv4_addr; {_elements(addresses)} }}",
             "chain fabric {", "type filter hook forward priority 0; policy accept;",
             f"iifname != {{ {names} }} accept"]
-    if entry["loss"]:
-        body.append(f'iifname != "{port}" ether type ip {_loss_rule(entry["loss"])}')
-    if k == "hetzner" or (entry["addressing"] == "hetzner" and k != "l2"):
+    if entry.loss:
+        body.append(f'iifname != "{port}" ether type ip {_loss_rule(entry.loss)}')
+    if k == "hetzner" or (entry.addressing == "hetzner" and k != "l2"):
         body.append(f'iifname != "{port}" oifname != "{port}" drop')  # nodes meet only at the gateway
     for r in _ip_rules(k):
         body.append(f"ether type ip {r}")
@@ -228,15 +228,15 @@ def bridge_rules(entry: dict[str, Any], addresses: Sequence[str], ports: Sequenc
     return _replace(table, body)
 
 
-def router_rules(st: dict[str, Any], router: str) -> str:
+def router_rules(st: LabState, router: str) -> str:
     """The nft transaction that replaces a router's table: each leg filters as its subnet's kind."""
-    fabs = [(s, e) for s, e in st["fabrics"].items() if e["router"] == router]
+    fabs = [(s, e) for s, e in st.fabrics.items() if e.router == router]
     addresses = network_addresses(st, fabs[0][0])
     body = [f"set nodes {{ type ipv4_addr; {_elements(addresses)} }}",
             "chain fabric {", "type filter hook forward priority 0; policy accept;"]
     for _, e in fabs:
-        leg = f"r{e['index']}"
-        for r in _ip_rules(e["kind"]):
+        leg = f"r{e.index}"
+        for r in _ip_rules(e.kind):
             body.append(f'iifname "{leg}" meta nfproto ipv4 {r}')
             body.append(f'oifname "{leg}" meta nfproto ipv4 {r}')
     body.append("}")
@@ -252,46 +252,42 @@ def _replace(table: str, body: list[str]) -> str:
     return "\n".join([f"add table {table}", f"delete table {table}", f"table {table} {{", *body, "}"]) + "\n"
 
 
-def apply(st: dict[str, Any], subnet: str) -> None:
+def apply(st: LabState, subnet: str) -> None:
     """Write the rules of one subnet (its bridge, and its router's whole table)."""
-    e = st["fabrics"][subnet]
-    fab = f"{st['prefix']}fab"
-    out = run(fab, ["ip", "-j", "link", "show", "master", e["bridge"]]).stdout
+    e = st.fabrics[subnet]
+    fab = f"{st.prefix}fab"
+    out = run(fab, ["ip", "-j", "link", "show", "master", e.bridge]).stdout
     ports = sorted(link["ifname"] for link in json.loads(out or "[]"))
     run(fab, ["nft", "-f", "-"], input=bridge_rules(e, network_addresses(st, subnet), ports))
-    if e["router"]:
-        run(e["router"], ["nft", "-f", "-"], input=router_rules(st, e["router"]))
+    if e.router:
+        run(e.router, ["nft", "-f", "-"], input=router_rules(st, e.router))
 
 
-def apply_all(st: dict[str, Any]) -> None:
-    for subnet in st.get("fabrics", {}):
+def apply_all(st: LabState) -> None:
+    for subnet in st.fabrics:
         apply(st, subnet)
 
 
-def change(st: dict[str, Any], subnet: str, new_kind: str, loss_pct: int = 0) -> dict[str, Any]:
+def change(st: LabState, subnet: str, new_kind: str, loss_pct: int = 0) -> FabricState:
     """Turn a running subnet's fabric into `new_kind` with `loss_pct` loss (the tests' fault lever).
 
     A hetzner subnet keeps its nodes' /32 addressing: it may become blackhole (or hetzner again),
     and no other subnet may become hetzner (its nodes hold their subnet's prefix)."""
-    from meshctl.mesh.fields import network as parse_network
-
     key = str(parse_network(subnet, "SUBNET"))
-    fabs = st.get("fabrics") or {}
+    fabs = st.fabrics
     if key not in fabs:
-        raise InputError("SUBNET", subnet, f"is not a private subnet of lab {st['name']} "
+        raise InputError("SUBNET", subnet, f"is not a private subnet of lab {st.name} "
                          f"({', '.join(fabs) or 'none'})")
     kind(new_kind, "KIND")
     loss(loss_pct, "--loss")
-    e: dict[str, Any] = fabs[key]
-    if (e["addressing"] == "hetzner") != (new_kind == "hetzner") and new_kind != "blackhole":
-        raise InputError("KIND", new_kind, f"cannot replace {e['addressing']} addressing on a running fabric "
-                         f"({key} was built as {e['addressing']})")
-    e["kind"], e["loss"] = new_kind, loss_pct
+    e = fabs[key]
+    if (e.addressing == "hetzner") != (new_kind == "hetzner") and new_kind != "blackhole":
+        raise InputError("KIND", new_kind, f"cannot replace {e.addressing} addressing on a running fabric "
+                         f"({key} was built as {e.addressing})")
+    e.kind, e.loss = new_kind, loss_pct
     try:
         apply(st, key)
     except MeshError as err:
         raise MeshError(f"lab fabric {key}: {err}") from None
-    from meshctl.lab import state as labstate
-
     labstate.save(st)
     return e

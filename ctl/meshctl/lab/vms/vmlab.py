@@ -15,16 +15,16 @@ import contextlib
 import shutil
 import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 from meshctl.errors import MeshError
-from meshctl.lab import state as labstate
-from meshctl.lab import vm
-from meshctl.lab.spec import LabSpec
+from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.namespaces.spec import LabSpec
+from meshctl.lab.namespaces.state import LabState
+from meshctl.lab.namespaces.wiring import Progress
+from meshctl.lab.vms import vm
+from meshctl.lab.vms.vm import VM_ROOT
+from meshctl.lab.vms.vmnodes import machine_of
 
-VM_ROOT = Path("/run/meshctl-vm")
 GUEST_LAB_FILE = "lab.yaml"
 # lab commands that build or remove the lab are the host's own; the rest run where the lab is
 HOST_LAB_COMMANDS = ("up", "down")
@@ -35,18 +35,18 @@ def meshctl_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "meshctl.cli", *args]
 
 
-def vm_labs() -> list[dict[str, Any]]:
+def vm_labs() -> list[LabState]:
     """States of the labs that are up inside a VM."""
     out = []
     for name in labstate.labs_up():
         st = labstate.load(name)
-        if st and st.get("vm"):
+        if st and st.vm:
             out.append(st)
     return out
 
 
 def up(spec: LabSpec, path: str, series: str, *, prefix: str | None, wait: float,
-       progress: Callable[[str], None]) -> dict[str, Any]:
+       progress: Progress) -> LabState:
     """Boot the kernel, build the lab inside, return the host's state of it. On failure the VM is
     stopped and nothing is left."""
     prefix = prefix or spec.options.prefix
@@ -58,14 +58,14 @@ def up(spec: LabSpec, path: str, series: str, *, prefix: str | None, wait: float
     if not vm.warm_bpf_cache():
         progress("could not compile the datapath on the host: the guest's agents compile it (slow under TCG)")
     machine = vm.VM(k, f"{name}-vm", workdir=VM_ROOT / name)
-    st: dict[str, Any] = {"name": name, "prefix": prefix, "source": str(path), "kernel": series,
-                          "dir": str(labstate.lab_dir(name)), "vm": machine.describe()}
+    st = LabState(name=name, prefix=prefix, source=str(path), kernel=series, dir=str(labstate.lab_dir(name)),
+                  vm=machine.describe())
     labstate.save(st)
     try:
         progress(f"booting Debian's {k.series} kernel ({k.version}) in a VM ({machine.accel}, "
                  f"{machine.cpus} vCPUs, {machine.memory})")
         machine.start()
-        st["vm"] = machine.describe()
+        st.vm = machine.describe()
         labstate.save(st)
         progress(f"VM up in {machine.boot_seconds:.1f} s; building the lab inside")
         shutil.copyfile(path, machine.shared / GUEST_LAB_FILE)
@@ -76,8 +76,8 @@ def up(spec: LabSpec, path: str, series: str, *, prefix: str | None, wait: float
         res = machine.run(meshctl_argv(*argv), on_output=vm.echo)
         if res.rc != 0:
             raise MeshError(f"lab up inside the VM ({k.series}) failed (exit {res.rc})")
-        st["timings"] = {"boot_s": round(machine.boot_seconds or 0, 1), "lab_s": round(time.monotonic() - t1, 1),
-                         "total_s": round(time.monotonic() - t0, 1)}
+        st.timings = {"boot_s": round(machine.boot_seconds or 0, 1), "lab_s": round(time.monotonic() - t1, 1),
+                      "total_s": round(time.monotonic() - t0, 1)}
         labstate.save(st)
         return st
     except BaseException:
@@ -87,17 +87,19 @@ def up(spec: LabSpec, path: str, series: str, *, prefix: str | None, wait: float
         raise
 
 
-def down(st: dict[str, Any], progress: Callable[[str], None]) -> list[str]:
+def down(st: LabState, progress: Progress) -> list[str]:
     """Stop the lab's VM by its PIDs and remove the host's state; what is left, if anything."""
-    machine = vm.VM.attach(st["vm"])
+    if st.vm is None:
+        raise MeshError(f"lab {st.name} is not a lab in a VM")
+    machine = vm.VM.attach(st.vm)
     if machine.alive():
-        progress(f"stopping the VM of lab {st['name']} (qemu pid {machine.qemu_pid})")
+        progress(f"stopping the VM of lab {st.name} (qemu pid {machine.qemu_pid})")
     machine.stop()
     left = [f"VM process {p}" for p in (machine.pid, machine.qemu_pid) if p and vm._alive(p)]
     if machine.workdir.exists():
         left.append(str(machine.workdir))
     if not left:
-        shutil.rmtree(labstate.lab_dir(st["name"]), ignore_errors=True)
+        shutil.rmtree(labstate.lab_dir(st.name), ignore_errors=True)
     return left
 
 
@@ -138,16 +140,13 @@ def _forward_to_node_vm(argv: list[str], named: str | None) -> int | None:
     node = _option(argv, "--node")
     if node is None:
         return None
-    from meshctl.lab.vmnodes import machine_of
-
     for name in [named] if named else labstate.labs_up():
         st = labstate.load(name) if name else None
-        if not st or not st.get("vms"):
+        if not st or not st.vms:
             continue
-        for c in st["clusters"]:
-            for n in c["nodes"]:
-                if node in (n["name"], f"{c['name']}/{n['name']}"):
-                    return machine_of(n).run(meshctl_argv(*argv), on_output=vm.echo).rc
+        for c, n in st.nodes():
+            if node in (n.name, f"{c.name}/{n.name}"):
+                return machine_of(n).run(meshctl_argv(*argv), on_output=vm.echo).rc
     return None
 
 
@@ -164,17 +163,18 @@ class Forwarder:
             return rc
         labs = vm_labs()
         if named is not None:
-            labs = [st for st in labs if st["name"] == named]
+            labs = [st for st in labs if st.name == named]
         if not labs:
             return None
         if len(labs) > 1 or len(labstate.labs_up()) > 1 and named is None:
             raise MeshError(f"several labs are up ({', '.join(labstate.labs_up())}): pass --lab NAME")
         st = labs[0]
-        machine = vm.VM.attach(st["vm"])
+        d = st.vm
+        assert d is not None  # vm_labs() holds labs in a VM only
+        machine = vm.VM.attach(d)
         if not machine.alive():
-            raise MeshError(f"the VM of lab {st['name']} is not running (meshctl lab down --lab {st['name']})")
+            raise MeshError(f"the VM of lab {st.name} is not running (meshctl lab down --lab {st.name})")
         if argv[:2] == ["lab", "status"] and "json" not in argv:
-            d = st["vm"]
-            print(f"VM: Debian {d['series']} kernel {d['version']}, {d['accel']}, qemu pid {d['qemu_pid']}")
+            print(f"VM: Debian {d.series} kernel {d.version}, {d.accel}, qemu pid {d.qemu_pid}")
             sys.stdout.flush()
         return machine.run(meshctl_argv(*argv), on_output=vm.echo).rc

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import ipaddress
 import sys
-from typing import Any
+from collections.abc import Callable
 
 from meshctl.errors import MeshError
-from meshctl.lab import netns
+from meshctl.lab.namespaces.state import NatState, NodeState
+from meshctl.lab.rigs import netns
 
 NAT_KINDS: tuple[str, ...] = ("cone", "symmetric")
 INSIDE_NET = ipaddress.ip_network("192.168.0.0/16")  # node i's link to its router: 192.168.<i>.0/24
@@ -43,7 +44,7 @@ def inside_addresses(idx: int) -> tuple[str, str]:
     return str(base + 1), str(base + 2)
 
 
-def _ruleset(table: str, kind: str, node_ip: str, public_ip: str, wg_port: int, ext_port: int) -> str:
+def _ruleset(table: str, kind: str, node_ip: str, public_ip: str, wg_port: int, ext_port: int | None) -> str:
     udp_wg = f'oifname "pub" ip saddr {node_ip} udp sport {wg_port}'
     if kind == "cone":
         pre = f'iifname "pub" udp dport {ext_port} ct mark set {CT_MARK} dnat to {node_ip}:{wg_port}'
@@ -65,17 +66,17 @@ def _ruleset(table: str, kind: str, node_ip: str, public_ip: str, wg_port: int, 
 """
 
 
-def _apply_rules(nat: dict[str, Any], wg_port: int) -> None:
-    rs = _ruleset(nat["table"], nat["kind"], nat["inside_ip"], nat["public_ip"], wg_port, nat["port"])
-    ns = nat["router_ns"]
-    netns.run(ns, ["nft", "delete", "table", "ip", nat["table"]], check=False)
+def _apply_rules(nat: NatState, wg_port: int) -> None:
+    rs = _ruleset(nat.table, nat.kind, nat.inside_ip, nat.public_ip, wg_port, nat.port)
+    ns = nat.router_ns
+    netns.run(ns, ["nft", "delete", "table", "ip", nat.table], check=False)
     netns.run(ns, ["nft", "-f", "-"], input=rs)
 
 
 def build_router(prefix: str, fab: str, node_netns: str, idx: int, kind: str, public_ip: str,
-                 public_prefixlen: int, wg_port: int, add_ns: Any) -> dict[str, Any]:
+                 public_prefixlen: int, wg_port: int, add_ns: Callable[[str], str]) -> NatState:
     """Wire node `idx` (namespace `node_netns`) to the public bridge through a NAT router of `kind`;
-    `add_ns(name)` makes (and records) a namespace. Returns the state kept under node["nat"]."""
+    `add_ns(name)` makes (and records) a namespace. Returns the state kept as the node's `nat`."""
     if kind not in NAT_KINDS:
         raise MeshError(f"lab.nat: {kind!r} is not one of {', '.join(NAT_KINDS)}")
     rns = add_ns(router_ns(node_netns))
@@ -89,8 +90,8 @@ def build_router(prefix: str, fab: str, node_netns: str, idx: int, kind: str, pu
     public_net = ipaddress.ip_interface(f"{public_ip}/{public_prefixlen}").network
     netns.run(node_netns, ["ip", "route", "add", str(public_net), "via", router_ip])
     netns.sysctl(rns, "net.ipv4.ip_forward", "1")
-    nat = {"kind": kind, "router_ns": rns, "table": f"{prefix}nat", "inside_ip": node_ip, "router_ip": router_ip,
-           "public_ip": public_ip, "port": cone_port(node_ip) if kind == "cone" else None, "rebinds": 0}
+    nat = NatState(kind=kind, router_ns=rns, table=f"{prefix}nat", inside_ip=node_ip, router_ip=router_ip,
+                   public_ip=public_ip, port=cone_port(node_ip) if kind == "cone" else None, rebinds=0)
     _apply_rules(nat, wg_port)
     return nat
 
@@ -101,33 +102,32 @@ def _flush_mappings(router: str) -> None:
     netns.run(router, [sys.executable, "-c", code])
 
 
-def _nat_of(node: dict[str, Any]) -> dict[str, Any]:
-    nat: dict[str, Any] | None = node.get("nat")
-    if not nat:
-        raise MeshError(f"lab node {node['name']} is not behind a NAT (lab.nat)")
-    return nat
+def _nat_of(node: NodeState) -> NatState:
+    if node.nat is None:
+        raise MeshError(f"lab node {node.name} is not behind a NAT (lab.nat)")
+    return node.nat
 
 
-def rebind(node: dict[str, Any], wg_port: int) -> dict[str, Any]:
+def rebind(node: NodeState, wg_port: int) -> NatState:
     """Give a NATed lab node a new external WireGuard port now; returns the node's NAT state."""
     nat = _nat_of(node)
-    nat["rebinds"] += 1
-    if nat["kind"] == "cone":
-        nat["port"] += 1
+    nat.rebinds += 1
+    if nat.kind == "cone":
+        nat.port = (nat.port or cone_port(nat.inside_ip)) + 1
         _apply_rules(nat, wg_port)
-    _flush_mappings(nat["router_ns"])
+    _flush_mappings(nat.router_ns)
     return nat
 
 
-def set_kind(node: dict[str, Any], kind: str, wg_port: int) -> dict[str, Any]:
+def set_kind(node: NodeState, kind: str, wg_port: int) -> NatState:
     """Turn a NATed lab node's router into another kind now (a symmetric NAT replaced by a cone:
     a relayed pair may then go direct); returns the node's NAT state."""
     if kind not in NAT_KINDS:
         raise MeshError(f"--kind: {kind!r} is not one of {', '.join(NAT_KINDS)}")
     nat = _nat_of(node)
-    nat["kind"], nat["port"] = kind, (cone_port(nat["inside_ip"]) + nat["rebinds"] if kind == "cone" else None)
+    nat.kind, nat.port = kind, (cone_port(nat.inside_ip) + nat.rebinds if kind == "cone" else None)
     _apply_rules(nat, wg_port)
-    _flush_mappings(nat["router_ns"])
+    _flush_mappings(nat.router_ns)
     return nat
 
 

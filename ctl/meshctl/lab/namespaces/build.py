@@ -1,0 +1,532 @@
+"""`meshctl lab up` / `lab down`: namespaces, bridges, pods, etcd over mTLS and one agent per node.
+
+Layout (prefix P, e.g. `ml-`):
+    P fab              fabric: bridge `bpriv<i>` per private subnet, bridge `bpub` (198.51.100.0/24);
+                       each private subnet forwards as its `lab.fabrics` kind says (namespaces/fabric.py)
+    P rt<j>            router of routed network j (vpc, vpc-udp, hetzner fabrics)
+    P etcd-<cluster>   etcd on the public segment (198.51.100.250 downwards), TLS + client certs
+    P <node>           node: `priv` (its internal address), `pub` (198.51.100.10 upwards), `pod<k>`
+                       host ends of pod veths, kilo0 made by its agent
+    P <node>-nat       NAT router of a node listed in `lab.nat` (namespaces/nat_router.py): it holds the node's public
+                       address; the node's `pub` then has 192.168.<i>.2/24 behind it
+    P <node>-p<k>      pod: `eth0` with one address of the node's pod CIDR, default via 169.254.1.1
+                       (an address of the node's end); the node has a /32 route to it on `pod<k>`
+With several clusters node namespaces are `P<cluster>-<node>`. Nothing leaves these namespaces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from meshctl import defaults
+from meshctl.backends import etcd_identity as identity
+from meshctl.backends.etcd import write_topology
+from meshctl.errors import InputError, MeshError
+from meshctl.etcd import EtcdClient
+from meshctl.lab.namespaces import check, fabric, kube_cluster
+from meshctl.lab.namespaces import nat_router as labnat
+from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.namespaces.spec import PUBLIC_NET, LabSpec
+from meshctl.lab.namespaces.state import (
+    ClusterState,
+    EtcdAccess,
+    EtcdServerState,
+    Identity,
+    LabState,
+    NodeState,
+    PodState,
+)
+from meshctl.lab.namespaces.wiring import Progress, add_ns, quiet, wire_pod
+from meshctl.lab.rigs import netns, pki
+from meshctl.lab.rigs.etcd_process import EtcdServer, stop_pid, stop_pids
+from meshctl.mesh.model import IPNetwork, Node, Topology
+
+METRICS_ADDR = defaults.METRICS_ADDR
+ETCD_PORT = 2379
+# How a kind of lab is built, its agents started and the lab removed again (lab up undoes a failure).
+Build = Callable[[LabSpec, LabState, Progress], None]
+StartAgents = Callable[[LabState, Progress, tuple[str, ...]], None]
+Down = Callable[[str, Progress], list[str]]
+
+
+def node_ns(prefix: str, spec: LabSpec, cluster: str, node: str) -> str:
+    return f"{prefix}{cluster}-{node}" if spec.multi else f"{prefix}{node}"
+
+
+def up(spec: LabSpec, *, prefix: str | None = None, progress: Progress = quiet, wait: float = 60.0,
+       start_agents: bool = True, hold: tuple[str, ...] = ()) -> LabState:
+    """Build the namespace lab and start its agents (except the nodes in `hold`, to start later with
+    start_agent); returns the state (also in state.json). On failure everything made so far is
+    removed again. A lab with lab.vms is brought up by lab/vms/vmnodes.py."""
+    if spec.options.vms:
+        raise MeshError("this lab has lab.vms: every node is a VM (meshctl lab up brings it up)")
+    return up_with(spec, build_namespaces, start_all_agents, lambda name, p: down(name, progress=p), prefix=prefix,
+                   progress=progress, wait=wait, start_agents=start_agents, hold=hold)
+
+
+def up_with(spec: LabSpec, build: Build, start: StartAgents, remove: Down, *, prefix: str | None,
+            progress: Progress, wait: float, start_agents: bool, hold: tuple[str, ...]) -> LabState:
+    """Bring a lab up with `build`, its agents with `start`, and wait for them to converge; on any
+    failure `remove` takes away what was built."""
+    prefix = prefix or spec.options.prefix
+    name = labstate.lab_name(prefix)
+    if labstate.load(name) is not None or netns.list_prefixed(prefix):
+        raise MeshError(f"lab {name} (prefix {prefix}) is already up: run `meshctl lab down --lab {name}` first")
+    d = labstate.lab_dir(name)
+    d.mkdir(parents=True, exist_ok=True)
+    st = LabState(name=name, prefix=prefix, source=spec.source, created=time.time(),
+                  pin_root=f"/sys/fs/bpf/{prefix}lab", dir=str(d), fastpath=spec.options.fastpath,
+                  lease_ttl=spec.options.lease_ttl, agent_args=list(spec.options.agent_args), vms=spec.options.vms)
+    labstate.save(st)
+    t0 = time.monotonic()
+    try:
+        build(spec, st, progress)
+        if start_agents:
+            start(st, progress, hold)
+            wait_converged(st, progress, wait, hold)
+    except BaseException:
+        progress("lab up failed; removing what was built")
+        remove(name, quiet)
+        raise
+    progress(f"lab {name} up in {time.monotonic() - t0:.1f} s")
+    return st
+
+
+def build_namespaces(spec: LabSpec, st: LabState, progress: Progress) -> None:
+    """Build the fabric, each cluster's etcd (and API server) and its nodes, recording every name
+    in the state as it is made so `lab down` can remove a half-built lab."""
+    subnets = build_control(spec, st, progress)
+    idx = 0
+    for ci, topo in enumerate(spec.clusters):
+        for n in topo.nodes:
+            _node(spec, st, st.clusters[ci], topo, n, idx, subnets)
+            idx += 1
+        progress(f"cluster {topo.cluster.name}: {len(topo.nodes)} node(s), "
+                 f"{len(topo.nodes) * spec.options.pods_per_node} pod(s)")
+    apply_fabrics(st, progress)
+
+
+def apply_fabrics(st: LabState, progress: Progress) -> None:
+    """Write every private subnet's forwarding rules (once its nodes' ports are on the bridges)."""
+    fabric.apply_all(st)
+    labstate.save(st)
+    kinds = sorted({e.kind for e in st.fabrics.values()})
+    progress(f"fabrics: {', '.join(kinds)}")
+
+
+def build_control(spec: LabSpec, st: LabState, progress: Progress) -> list[IPNetwork]:
+    """What every lab has whatever its nodes run in: the fabric namespace with its bridges and
+    routers, and each cluster's etcd (and API server) on the public segment; returns the private
+    subnets (bridge `bpriv<i>` is subnet i). One sequence of steps whose order matters, kept together."""
+    prefix = st.prefix
+    d = Path(st.dir)
+    fab = add_ns(st, f"{prefix}fab")
+    netns.bridge(fab, "bpub")
+    subnets = spec.private_subnets()
+    for i, _ in enumerate(subnets):
+        netns.bridge(fab, f"bpriv{i}")
+    fabric.build_routers(st, spec.options.fabrics, subnets, lambda name: add_ns(st, name))
+    progress(f"fabric {fab}: {len(subnets)} private subnet(s), public segment {PUBLIC_NET}")
+    # etcd, one per cluster, on the public segment.
+    for ci, topo in enumerate(spec.clusters):
+        cname = topo.cluster.name
+        ens = add_ns(st, f"{prefix}etcd-{cname}")
+        ip = str(PUBLIC_NET.network_address + 250 - ci)
+        netns.veth(fab, f"e{ci}", ens, "pub")
+        netns.enslave(fab, f"e{ci}", "bpub")
+        netns.addr(ens, "pub", f"{ip}/{PUBLIC_NET.prefixlen}")
+        pdir = d / "pki" / cname
+        ca = pki.make_ca(pdir, f"meshctl-lab-{cname}")
+        server_cert = pki.make_cert(ca, pdir, "etcd", server=True, hosts=(ip, "127.0.0.1"))
+        ids = _identities(spec, topo, ca, pdir)
+        admin = ids["admin"]
+        admin_cert = pki.CertFiles(Path(admin.cert), Path(admin.key), ca.cert)
+        srv = EtcdServer(f"{prefix}{cname}", d / "etcd" / cname, host=ip, port=ETCD_PORT, netns=ens,
+                         tls=server_cert, log_file=d / f"etcd-{cname}.log")
+        pid = srv.start(client_tls=admin_cert)
+        st.pids[f"etcd/{cname}"] = pid
+        access = EtcdAccess(
+            endpoints=[srv.url], ca=str(ca.cert), cert=admin.cert, key=admin.key, user=admin.user,
+            password_file=admin.password_file, identities=ids, netns=ens, pid=pid,
+            server=EtcdServerState(name=srv.name, data_dir=str(srv.data_dir), host=ip, port=ETCD_PORT,
+                                   cert=str(server_cert.cert), key=str(server_cert.key), log=str(srv.log_file)))
+        client = srv.client(admin_cert)  # auth is still off: seed the cluster, then give out identities
+        try:
+            write_topology(client, topo.cluster, topo.mesh, topo.peers)
+            identity.provision(
+                client, cname, admin_password=Path(admin.password_file),
+                nodes={n.name: Path(ids[n.name].password_file) for n in topo.nodes},
+                readers={c.cluster.name: Path(ids[identity.remote_user(c.cluster.name)].password_file)
+                         for c in spec.clusters if c is not topo},
+                kvstore=Path(ids[identity.KVSTORE_USER].password_file) if identity.KVSTORE_USER in ids else None)
+        finally:
+            client.close()
+        cst = ClusterState(name=cname, id=topo.cluster.id, etcd=access, port=topo.mesh.port,
+                           mesh={"granularity": topo.mesh.granularity})
+        st.clusters.append(cst)
+        if spec.options.backend == "kubernetes":
+            kns = add_ns(st, f"{prefix}kube-{cname}")
+            kip = str(PUBLIC_NET.network_address + 240 - ci)
+            netns.veth(fab, f"k{ci}", kns, "pub")
+            netns.enslave(fab, f"k{ci}", "bpub")
+            netns.addr(kns, "pub", f"{kip}/{PUBLIC_NET.prefixlen}")
+            kube = kube_cluster.start(d / "kube" / cname, kns, kip, topo)
+            st.pids[f"kube/{cname}"] = kube.pid
+            cst.kube = kube
+            progress(f"kubernetes API {cname}: {kube.url} in {kns}")
+        labstate.save(st)
+        progress(f"etcd {cname}: {srv.url} (mTLS) in {ens}")
+    _clustermesh_dirs(spec, st)
+    return subnets
+
+
+def _identities(spec: LabSpec, topo: Topology, ca: pki.CertFiles, pdir: Path) -> dict[str, Identity]:
+    """Each identity of one cluster's etcd (docs/security.md): the operator (`admin`, etcd's root),
+    one per node (its node name), one per other cluster that reads this one, and the kvstore
+    mirror's with the Kubernetes backend. Each gets a password file (0600) and a client
+    certificate naming it in OU (the gateway refuses a CN once auth is on)."""
+    users = {"admin": identity.ADMIN_USER}
+    users.update({n.name: identity.node_user(n.name) for n in topo.nodes})
+    users.update({identity.remote_user(c.cluster.name): identity.remote_user(c.cluster.name)
+                  for c in spec.clusters if c is not topo})
+    if spec.options.backend == "kubernetes":
+        users[identity.KVSTORE_USER] = identity.KVSTORE_USER
+    out: dict[str, Identity] = {}
+    for name, user in users.items():
+        fname = name.replace(":", "-")
+        cert = pki.make_cert(ca, pdir, f"id-{fname}", common_name=False)
+        pw = identity.new_password(pdir / f"id-{fname}.password")
+        out[name] = Identity(user=user, password_file=str(pw), cert=str(cert.cert), key=str(cert.key))
+    return out
+
+
+def etcd_identity(cluster_state: ClusterState, who: str) -> tuple[EtcdAccess, Identity]:
+    """A lab cluster's etcd access and one of its identities (`admin`, a node name,
+    `remote:<cluster>`, `meshctl:kvstore`): user, password file, client certificate and key."""
+    e = cluster_state.etcd
+    if who not in e.identities:
+        raise InputError("--as", who, f"is not an etcd identity of cluster {cluster_state.name} "
+                         f"(there are: {', '.join(sorted(e.identities)) or 'none'})")
+    return e, e.identities[who]
+
+
+def etcd_client(cluster_state: ClusterState, who: str = "admin", *, timeout: float = 2.0) -> EtcdClient:
+    """A client of a lab cluster's etcd as one of its identities (`admin`, a node name,
+    `remote:<cluster>`, `meshctl:kvstore`), dialled from the etcd's namespace."""
+    e, i = etcd_identity(cluster_state, who)
+    return EtcdClient(e.endpoints, ca=e.ca, cert=i.cert, key=i.key, netns=e.netns, timeout=timeout,
+                      user=i.user, password_file=i.password_file)
+
+
+def _clustermesh_dirs(spec: LabSpec, st: LabState) -> None:
+    """Each cluster's agents get a directory with one file per OTHER cluster (Cilium's format)."""
+    if not spec.multi or not spec.options.clustermesh:
+        return
+    for c in st.clusters:
+        cm = Path(st.dir) / "clustermesh" / c.name
+        cm.mkdir(parents=True, exist_ok=True)
+        for other in st.clusters:
+            if other.name == c.name:
+                continue
+            e = other.etcd
+            i = e.identities[identity.remote_user(c.name)]  # the other cluster's read-only user for us
+            doc = {"endpoints": e.endpoints, "ca-file": e.ca, "cert-file": i.cert, "key-file": i.key,
+                   "username": i.user, "password-file": i.password_file}
+            (cm / other.name).write_text(json.dumps(doc, indent=1) + "\n")
+        c.clustermesh_dir = str(cm)
+
+
+def _node(spec: LabSpec, st: LabState, cst: ClusterState, topo: Topology, n: Node, idx: int,
+          subnets: list[IPNetwork]) -> None:
+    prefix, fab = st.prefix, f"{st.prefix}fab"
+    ns = add_ns(st, node_ns(prefix, spec, topo.cluster.name, n.name))
+    pub_ip = PUBLIC_NET.network_address + 10 + idx
+    if int(pub_ip) >= int(PUBLIC_NET.network_address) + 250 - len(spec.clusters):
+        raise MeshError("too many lab nodes for the public segment")
+    node_args: list[str] = []
+    nat_kind = spec.options.nat_kind(n.name) or spec.options.nat_kind(f"{topo.cluster.name}/{n.name}")
+    nat = None
+    if nat_kind is not None:
+        nat = labnat.build_router(prefix, fab, ns, idx, nat_kind, str(pub_ip), PUBLIC_NET.prefixlen, topo.mesh.port,
+                                  lambda name: add_ns(st, name))
+    else:
+        netns.veth(fab, f"n{idx}u", ns, "pub")
+        netns.enslave(fab, f"n{idx}u", "bpub")
+        netns.addr(ns, "pub", f"{pub_ip}/{PUBLIC_NET.prefixlen}")
+    if n.internal_ip is not None:
+        netns.veth(fab, f"n{idx}p", ns, "priv")
+        netns.enslave(fab, f"n{idx}p", f"bpriv{subnets.index(n.internal_ip.network)}")
+        node_args = fabric.node_address(ns, "priv", n.internal_ip, spec.options.fabrics)
+    netns.sysctl(ns, "net.ipv4.ip_forward", "1")
+    pods = [_pod(st, ns, n.pod_cidr, k) for k in range(spec.options.pods_per_node)]
+    nd = Path(st.dir) / "nodes" / (f"{topo.cluster.name}-{n.name}" if spec.multi else n.name)
+    cst.nodes.append(NodeState(
+        name=n.name, netns=ns, location=n.location, pod_cidr=str(n.pod_cidr),
+        internal_ip=str(n.internal_ip) if n.internal_ip else None, public_ip=str(pub_ip),
+        leader=n.leader, persistent_keepalive=n.persistent_keepalive,
+        allowed_location_ips=[str(a) for a in n.allowed_location_ips],
+        private_interface="priv" if n.internal_ip is not None else None, public_interface="pub",
+        metrics_addr=METRICS_ADDR, dir=str(nd), state_dir=str(nd / "state"), wg_run_dir=str(nd / "wg"),
+        pods=pods, pid=None, agent_args=node_args, nat=nat,
+    ))
+    labstate.save(st)
+
+
+def _pod(st: LabState, ns: str, pod_cidr: IPNetwork, k: int) -> PodState:
+    """Pod `k` of node namespace `ns` (namespace `<ns>-p<k>`)."""
+    return wire_pod(st, ns, f"{ns}-p{k}", pod_cidr, k)
+
+
+def _namespace_node(st: LabState, node: str, cluster: str | None = None) -> NodeState:
+    """A node of a running namespace lab by name (in `cluster`, if given)."""
+    for c, n in st.nodes():
+        if n.name == node and cluster in (None, c.name):
+            if n.vm is not None:
+                raise InputError("--node", node, "is a VM node (lab.vms): lab pod add and remove work on "
+                                 "namespace labs only")
+            return n
+    raise InputError("--node", node, "is not a node of the lab")
+
+
+def add_pod(name: str | None, node: str, cluster: str | None = None) -> PodState:
+    """A new pod on a running lab's node (`meshctl lab pod add`): the agents find it by themselves."""
+    st = labstate.resolve(name)
+    n = _namespace_node(st, node, cluster)
+    assert n.netns is not None
+    k = max((p.index for p in n.pods), default=-1) + 1
+    if k >= 250:
+        raise MeshError(f"node {node} has no room for another pod")
+    pod = _pod(st, n.netns, ipaddress.ip_network(n.pod_cidr), k)
+    n.pods.append(pod)
+    labstate.save(st)
+    return pod
+
+
+def remove_pod(name: str | None, node: str, ip: str) -> None:
+    """Take a pod away (its namespace and veth go, and with them the route)."""
+    st = labstate.resolve(name)
+    n = _namespace_node(st, node)
+    for p in list(n.pods):
+        if p.ip == ip:
+            netns.delete(p.netns)
+            n.pods.remove(p)
+            st.namespaces = [x for x in st.namespaces if x != p.netns]
+            labstate.save(st)
+            return
+    raise InputError("--ip", ip, f"is not a pod of lab node {node}")
+
+
+# --- agents ------------------------------------------------------------------------------------
+
+
+def agent_argv(st: LabState, cst: ClusterState, node: NodeState) -> list[str]:
+    e = cst.etcd
+    me = e.identities[node.name]  # the node's own etcd identity: it may write only its record
+    argv = [
+        sys.executable, "-m", "meshctl.cli", "agent", "--node-name", node.name, "--pod-cidr", node.pod_cidr,
+        "--public-interface", node.public_interface, "--state-dir", node.state_dir,
+        "--wg-run-dir", node.wg_run_dir, "--metrics-addr", node.metrics_addr,
+        "--backend", "etcd", "--etcd-endpoints", ",".join(e.endpoints), "--etcd-ca", e.ca,
+        "--etcd-cert", me.cert, "--etcd-key", me.key, "--etcd-user", me.user,
+        "--etcd-password-file", me.password_file, "--cluster-name", cst.name,
+        "--cluster-id", str(cst.id), "--bpf-pin-root", f"{st.pin_root}/{cst.name}",
+        "--lease-ttl", str(st.lease_ttl), "--nat-prefix", f"{st.prefix}nat",
+    ]
+    if node.location:
+        argv += ["--location", node.location]
+    if node.private_interface:
+        argv += ["--private-interface", node.private_interface]
+    if node.leader:
+        argv.append("--leader")
+    if node.persistent_keepalive:
+        argv += ["--persistent-keepalive", str(node.persistent_keepalive)]
+    if node.allowed_location_ips:
+        argv += ["--allowed-location-ips", ",".join(node.allowed_location_ips)]
+    if cst.clustermesh_dir:
+        argv += ["--clustermesh-dir", cst.clustermesh_dir]
+    if not st.fastpath:
+        argv.append("--no-fastpath")
+    argv += list(node.agent_args)
+    argv += list(st.agent_args)
+    if cst.kube:
+        argv = kube_cluster.agent_argv(argv)
+    return argv
+
+
+def start_agent(st: LabState, node_name: str, *, extra_args: tuple[str, ...] = ()) -> int:
+    """Start (or restart) one node's agent inside its namespace (None: here, as a VM node's guest
+    does); records its PID. A VM node's agent is started through its VM (lab/vms/vmnodes.py)."""
+    cst, node = st.lookup(node_name)
+    if node.vm is not None:
+        raise MeshError(f"{node_name} is a VM node: its agent runs in its VM")
+    if node.pid and netns.pid_alive(node.pid):
+        raise MeshError(f"the agent of {node_name} is already running (pid {node.pid})")
+    Path(node.dir).mkdir(parents=True, exist_ok=True)
+    log = open(Path(node.dir) / "agent.log", "ab")  # noqa: SIM115
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.update(kube_cluster.agent_env(cst))
+    try:
+        p = subprocess.Popen([*netns.exec_prefix(node.netns), *agent_argv(st, cst, node), *extra_args],
+                             stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+    finally:
+        log.close()
+    node.pid = p.pid
+    st.pids[f"agent/{cst.name}/{node.name}"] = p.pid
+    labstate.save(st)
+    return p.pid
+
+
+def stop_agent(st: LabState, node_name: str, *, kill: bool = False) -> None:
+    """SIGTERM (or SIGKILL) one agent: its routes, WireGuard and maps stay."""
+    cst, node = st.lookup(node_name)
+    if node.vm is not None:
+        raise MeshError(f"{node_name} is a VM node: its agent runs in its VM")
+    if node.pid:
+        stop_pid(node.pid, 0 if kill else 10)
+    node.pid = None
+    st.pids.pop(f"agent/{cst.name}/{node.name}", None)
+    labstate.save(st)
+
+
+def agents_to_start(st: LabState, hold: tuple[str, ...] = ()) -> list[str]:
+    """`cluster/node` of every node whose agent starts with the lab (all but those in `hold`)."""
+    return [f"{c.name}/{n.name}" for c, n in st.nodes() if n.name not in hold and f"{c.name}/{n.name}" not in hold]
+
+
+def start_all_agents(st: LabState, progress: Progress, hold: tuple[str, ...] = ()) -> None:
+    """Start every agent but those in `hold`."""
+    todo = agents_to_start(st, hold)
+    for key in todo:
+        start_agent(st, key)
+    progress(f"started {len(todo)} agent(s)")
+
+
+def wait_converged(st: LabState, progress: Progress, timeout: float, hold: tuple[str, ...] = ()) -> None:
+    """Until every running agent has applied a plan holding every running node of its cluster."""
+    deadline = time.monotonic() + timeout
+    pending = {f"{c.name}/{n.name}": (c, n) for c, n in st.nodes()
+               if n.name not in hold and f"{c.name}/{n.name}" not in hold}
+    expect = {c.name: sum(1 for n in c.nodes if n.agent_started) for c in st.clusters}
+    last_reason: dict[str, str] = {}
+    while pending and time.monotonic() < deadline:
+        for key, (c, n) in list(pending.items()):
+            if n.pid and not netns.pid_alive(n.pid):
+                raise MeshError(f"the agent of {key} exited; see {n.dir}/agent.log")
+            s = check.agent_view(n, timeout=0.5)
+            if s is None:
+                last_reason[key] = "no status yet"
+                continue
+            summary = s.summary
+            if s.ready and summary and summary.last_reconcile.applied and summary.nodes == expect[c.name]:
+                pending.pop(key)
+                progress(f"agent {key}: {summary.granularity}, {len(s.live.peers)} peer(s), "
+                         f"datapath {s.live.datapath.mode or 'loading'}")
+            else:
+                errors = summary.last_reconcile.errors if summary else None
+                last_reason[key] = json.dumps(errors or s.reason or "converging")
+        if pending:
+            time.sleep(0.1)
+    if pending:
+        raise MeshError("agents did not converge within "
+                        f"{timeout:.0f} s: " + "; ".join(f"{k}: {last_reason.get(k, '?')}" for k in pending))
+    _wait_datapaths(st, progress, deadline, hold)
+
+
+def _wait_datapaths(st: LabState, progress: Progress, deadline: float, hold: tuple[str, ...]) -> None:
+    """Until every agent's fast path has loaded (or fallen back): traffic flows before that through
+    kernel routes, but `lab check` right after `lab up` should show the paths users will get."""
+    # A node without a private interface has no fast path to load (tunnel-only: kernel routes).
+    loading = [n for c, n in st.nodes()
+               if n.agent_started and n.private_interface and n.name not in hold and f"{c.name}/{n.name}" not in hold]
+    modes: dict[str, str] = {}
+    while loading and time.monotonic() < deadline:
+        for n in list(loading):
+            s = check.agent_view(n, timeout=0.5)
+            mode = s.live.datapath.mode if s else None
+            if mode == "kernel-routes" or (mode == "ebpf" and s and s.live.datapath.synced):
+                modes[n.name] = mode
+                loading.remove(n)
+        if loading:
+            time.sleep(0.2)
+    if modes:
+        summary = ", ".join(f"{m} on {sum(1 for x in modes.values() if x == m)}" for m in sorted(set(modes.values())))
+        progress(f"datapath: {summary}" + (f"; still loading on {len(loading)}" if loading else ""))
+
+
+def etcd_server(st: LabState, cluster: str) -> tuple[EtcdServer, pki.CertFiles]:
+    """The lab etcd of `cluster` as an EtcdServer (to stop and start it in tests), and its client cert."""
+    e = st.cluster(cluster).etcd
+    s = e.server
+    if s is None:
+        raise MeshError(f"lab {st.name}: the etcd of {cluster} is not run by this host")
+    srv = EtcdServer(s.name, Path(s.data_dir), host=s.host, port=s.port, netns=e.netns,
+                     tls=pki.CertFiles(Path(s.cert), Path(s.key), Path(e.ca)), log_file=Path(s.log), pid=e.pid)
+    return srv, pki.CertFiles(Path(e.cert), Path(e.key), Path(e.ca))
+
+
+def stop_etcd(st: LabState, cluster: str) -> None:
+    srv, _ = etcd_server(st, cluster)
+    srv.stop()
+    st.cluster(cluster).etcd.pid = None
+    st.pids.pop(f"etcd/{cluster}", None)
+    labstate.save(st)
+
+
+def start_etcd(st: LabState, cluster: str) -> None:
+    srv, client = etcd_server(st, cluster)
+    pid = srv.start(client_tls=client)
+    st.cluster(cluster).etcd.pid = pid
+    st.pids[f"etcd/{cluster}"] = pid
+    labstate.save(st)
+
+
+# --- down --------------------------------------------------------------------------------------
+
+
+def down(name: str, *, progress: Progress = quiet) -> list[str]:
+    """Remove a namespace lab: its recorded processes, pinned maps, namespaces (from the state file
+    and by prefix scan) and its run directory. Works after a crash; returns what could not be
+    removed. A VM-per-node lab's VMs are stopped first by lab/vms/vmnodes.py."""
+    st = labstate.load(name) or LabState(name=name, prefix=f"{name}-", dir=str(labstate.lab_dir(name)))
+    prefix = st.prefix
+    problems: list[str] = []
+    pids = dict(st.pids)
+    for c, n in st.nodes():
+        if n.pid:
+            pids[f"agent/{c.name}/{n.name}"] = n.pid
+    stop_pids([pid for what, pid in pids.items() if what.startswith("agent/")], 3)
+    # wireguard-go processes the agents started: their pid files live in the lab's directory.
+    d = labstate.lab_dir(name)
+    wg_pids = []
+    for pidfile in sorted(d.glob("nodes/*/wg/*.pid")) if d.exists() else []:
+        with contextlib.suppress(OSError, ValueError):
+            wg_pids.append(int(pidfile.read_text().strip()))
+    stop_pids(wg_pids, 3)
+    stop_pids([pid for what, pid in pids.items() if not what.startswith("agent/")], 5)
+    pin = Path(st.pin_root or f"/sys/fs/bpf/{prefix}lab")
+    if pin.exists():
+        shutil.rmtree(pin, ignore_errors=True)
+        if pin.exists():
+            problems.append(f"pinned objects left under {pin}")
+    spaces = sorted(set(st.namespaces) | set(netns.list_prefixed(prefix)))
+    for ns in spaces:
+        if not ns.startswith(prefix):
+            continue
+        netns.delete(ns)
+        if netns.exists(ns):
+            problems.append(f"namespace {ns} could not be deleted")
+    if d.exists():
+        shutil.rmtree(d, ignore_errors=True)
+    progress(f"lab {name} down: {len(spaces)} namespace(s), {len(pids)} process(es) removed")
+    for p in problems:
+        progress(f"warning: {p}")
+    return problems

@@ -1,0 +1,3 @@
+"""What the tests and benchmarks build on: network-namespace helpers, the two-node datapath
+testbed, BPF test runs, polling, an in-process Kubernetes API server, etcd processes and a
+throwaway PKI. Nothing here knows a lab; the namespace lab builds on these."""
