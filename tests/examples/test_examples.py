@@ -198,3 +198,40 @@ def test_path_state_moves_the_pair_as_the_example_says(state: Path) -> None:
     table = ok(run("plan", "-f", str(f), "--node", node, "--path-state", str(state))).stdout
     assert table_paths(table)[other] == rung
     assert table_paths(ok(run("plan", "-f", str(f), "--node", node)).stdout)[other] != rung
+
+
+def _commands(text: str, prefix: str) -> list[list[str]]:
+    """The `meshctl plan|graph|showconf -f examples/...` command lines of a text (continuations
+    joined, comments and redirections dropped), as argument lists after `meshctl`."""
+    joined = re.sub(r"\\\n#?\s*", " ", text)
+    out = []
+    for m in re.finditer(rf"^{re.escape(prefix)}(?:\.venv/bin/)?meshctl ((?:plan|graph|showconf) -f examples/[^#\n>]*)",
+                         joined, re.M):
+        out.append(m.group(1).split())
+    return out
+
+
+DOCUMENTED_COMMANDS = [pytest.param(f, "#   ", id=f.name) for f in FILES] + [
+    pytest.param(ROOT / "README.md", "", id="README.md"), pytest.param(ROOT / "README.md", "  ", id="README.md-install")]
+
+
+@pytest.mark.parametrize(("f", "prefix"), DOCUMENTED_COMMANDS)
+def test_the_commands_the_headers_and_readme_show_run(f: Path, prefix: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    cmds = _commands(f.read_text(), prefix)
+    assert cmds, f"{f.name}: no meshctl command on an example"
+    monkeypatch.chdir(ROOT)
+    for argv in cmds:
+        if "--render" in argv:
+            argv[argv.index("--render") + 1] = str(tmp_path / "out.svg")
+        r = run(*argv)
+        assert r.exit_code == 0, (argv, r.stderr)
+        assert r.stdout
+
+
+def test_no_doc_names_a_topology_file_that_does_not_exist() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "topo.yaml" not in readme
+    for doc_ in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *FILES):
+        for rel in re.findall(r"\bexamples/[\w./-]+\.yaml", doc_.read_text()):
+            assert (ROOT / rel).is_file(), f"{doc_.name} names {rel}"
