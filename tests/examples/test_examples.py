@@ -212,7 +212,9 @@ def _commands(text: str, prefix: str) -> list[list[str]]:
 
 
 DOCUMENTED_COMMANDS = [pytest.param(f, "#   ", id=f.name) for f in FILES] + [
-    pytest.param(ROOT / "README.md", "", id="README.md"), pytest.param(ROOT / "README.md", "  ", id="README.md-install")]
+    pytest.param(ROOT / "README.md", "", id="README.md"),
+    pytest.param(ROOT / "README.md", "  ", id="README.md-install"),
+]
 
 
 @pytest.mark.parametrize(("f", "prefix"), DOCUMENTED_COMMANDS)
