@@ -2,7 +2,7 @@
 # The meshctl agent image for the DaemonSet in manifests/ (two containers use it: the agent and
 # wireguard-go). Debian 12 like the development machines: python3-bpfcc is Debian's bcc for
 # /usr/bin/python3, so the package installs into the system Python, not a venv.
-# Build: docker build -t meshctl/meshctl:0.1.0 .   (no container engine runs on the dev machines)
+# Build: `make image` (docker or podman build -t meshctl/meshctl:VERSION .; IMAGE=... for your registry).
 FROM debian:bookworm-slim
 
 ARG DEBIAN_FRONTEND=noninteractive

@@ -7,8 +7,12 @@ LAB ?= ctl/meshctl/lab/labs/default.yaml
 KERNELS ?= 5.10 6.1 6.12
 # The kernels `make test` needs: its VM smoke boots 6.1, its multi-VM lab mixes all three.
 SMOKE_KERNELS := 5.10 6.1 6.12
+# The agent image (`make image`): tag it for your registry with IMAGE=registry.example.com/meshctl:TAG.
+VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= meshctl/meshctl:$(VERSION)
+ENGINE ?= $(firstword $(foreach e,docker podman,$(if $(shell command -v $(e) 2>/dev/null),$(e))))
 
-.PHONY: setup kernels test vmtest lab lab-down lint bench clean
+.PHONY: setup kernels test vmtest lab lab-down lint bench image clean
 
 setup:
 	@bash scripts/setup.sh
@@ -48,6 +52,11 @@ bench: setup
 	@cd bench && ../$(PY) convergence.py
 	@cd bench && ../$(PY) clustermesh.py
 	@$(PY) bench/watch_reader.py
+
+# Needs no venv and no root: only a container engine (docker or podman; ENGINE= picks one).
+image:
+	$(if $(ENGINE),,$(error make image: no container engine: install docker or podman, or set ENGINE))
+	$(ENGINE) build -t $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) build *.egg-info ctl/*.egg-info
