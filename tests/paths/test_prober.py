@@ -9,7 +9,7 @@ import time
 from meshctl.datapath.inns import in_netns
 from meshctl.lab import fabric
 from meshctl.mesh.model import RUNGS
-from meshctl.mesh.paths import ProbeTuning
+from meshctl.mesh.chooser import ProbeTuning
 from meshctl.node.probe import Prober, Target, probe_address
 from tests.waiting import wait_for
 

@@ -45,7 +45,7 @@ from meshctl.mesh import admit, records
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.checks import dead_tunnels, host_prefix_warnings
 from meshctl.mesh.model import IPNetwork, MeshSettings, Node, PathState, Topology, gc_paused
-from meshctl.mesh.paths import ProbeTuning
+from meshctl.mesh.chooser import ProbeTuning
 from meshctl.mesh.plan import NodePlan, Remote, mesh_cidrs, plan_node
 from meshctl.mesh.render import node_rows
 from meshctl.node import discovery, keys

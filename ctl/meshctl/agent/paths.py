@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from meshctl.mesh.model import ENCAP_RUNGS, PathState, Rung, Topology
-from meshctl.mesh.paths import Change, ProbeTuning
+from meshctl.mesh.chooser import Change, ProbeTuning
 from meshctl.mesh.plan import probe_ladders
 from meshctl.node.probe import Prober, Target, probe_address
 

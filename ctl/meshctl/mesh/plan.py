@@ -34,7 +34,7 @@ from meshctl.mesh.model import (
     private_neighbours,
     sort_key_net,
 )
-from meshctl.mesh.nat import NatView, choose_relay, nat_view
+from meshctl.mesh.natview import NatView, choose_relay, nat_view
 
 Dev = Literal["private", "wireguard"]
 Action = Literal["local", "direct", "tunnel"]

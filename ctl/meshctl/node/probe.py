@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshctl.mesh.model import RUNGS, PathState, Rung
-from meshctl.mesh.paths import PROBE_KINDS, Change, Chooser, ProbeTuning
+from meshctl.mesh.chooser import PROBE_KINDS, Change, Chooser, ProbeTuning
 
 log = logging.getLogger("meshctl.probe")
 
