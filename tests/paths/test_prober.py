@@ -8,8 +8,8 @@ import time
 
 from meshctl.datapath.inns import in_netns
 from meshctl.lab import fabric
-from meshctl.mesh.model import RUNGS
 from meshctl.mesh.chooser import ProbeTuning
+from meshctl.mesh.model import RUNGS
 from meshctl.node.probe import Prober, Target, probe_address
 from tests.waiting import wait_for
 

@@ -44,14 +44,16 @@ from meshctl.errors import InputError, MeshError
 from meshctl.mesh import admit, records
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.checks import dead_tunnels, host_prefix_warnings
-from meshctl.mesh.model import IPNetwork, MeshSettings, Node, PathState, Topology, gc_paused
 from meshctl.mesh.chooser import ProbeTuning
-from meshctl.mesh.plan import NodePlan, Remote, mesh_cidrs, plan_node
+from meshctl.mesh.model import IPNetwork, MeshSettings, Node, PathState, Topology
+from meshctl.mesh.plan import NodePlan, mesh_cidrs, plan_node
 from meshctl.mesh.render import node_rows
+from meshctl.mesh.segments import Remote
 from meshctl.node import discovery, keys
 from meshctl.node.pods import PodInterfaceWatcher
 from meshctl.node.wireguard import PeerStatus
 from meshctl.node.wireguard.psk import SecretSource
+from meshctl.process import gc_paused
 
 log = logging.getLogger("meshctl.agent")
 
@@ -370,7 +372,7 @@ class Agent:
     def reconcile(self) -> NodePlan | None:
         """One pass; returns the plan applied (None when nothing was applied).
 
-        The cyclic GC is paused for the pass (see model.gc_paused): at 5,000 records ~200,000
+        The cyclic GC is paused for the pass (see meshctl.process): at 5,000 records ~200,000
         objects are alive, and the collections a pass's allocations triggered took 15-60 ms of it
         (a full one ~100 ms); the data is acyclic and freed by reference counting anyway."""
         with gc_paused():

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from meshctl.mesh.model import IPNetwork, Node, Peer, Span, Topology, gc_paused, host_net, span
-from meshctl.mesh.plan import Remote, segments
+from meshctl.mesh.model import IPNetwork, Node, Peer, Span, Topology, host_net, span
+from meshctl.mesh.segments import Remote, segments
 
 
 def _overlap(a: tuple[int, int, int], b: tuple[int, int, int]) -> bool:
@@ -273,12 +273,6 @@ def as_remote(topo: Topology) -> Topology:
 
 
 def admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[Remote], list[Rejection]]:
-    """See `_admit_remotes`; the cyclic GC is paused while it runs (see model.gc_paused)."""
-    with gc_paused():
-        return _admit_remotes(local, remotes)
-
-
-def _admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[Remote], list[Rejection]]:
     """Remote clusters with the records that are safe to install here, and the rejections.
 
     A whole cluster is refused when its name or id collides with the local one or an earlier

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from meshctl.errors import InputError
 from meshctl.mesh.model import (
     Endpoint,
     IPInterface,
@@ -18,7 +19,8 @@ from meshctl.mesh.model import (
     private_neighbours,
     sort_key_net,
 )
-from meshctl.mesh.plan import Encap, NodePlan, Remote, Segment, segments
+from meshctl.mesh.plan import Encap, NodePlan, plan_node
+from meshctl.mesh.segments import Remote, Segment, segment_addresses, segments
 
 
 def plan_to_json(p: NodePlan) -> dict[str, Any]:
@@ -94,8 +96,6 @@ def graph_dot(topo: Topology) -> str:
     location granularity dashed arrows go from each segment's leader to its members (their way
     into the mesh), so no node looks cut off. The graph is labelled with the cluster and its
     WireGuard subnet, and carries a legend of the three edge kinds."""
-    from meshctl.mesh.plan import plan_node
-
     segs = segments(topo)
     wg_of = {}
     for s in segs:
@@ -200,16 +200,12 @@ def node_conf(topo: Topology, plan: NodePlan) -> WgConf:
 
 
 def _segment_peer(s: Segment, keepalive: int | None, extra: Sequence[IPNetwork] = ()) -> WgPeer:
-    from meshctl.mesh.plan import segment_addresses
-
     addrs = [*segment_addresses(s.members, s.wireguard_ip, None), *extra]
     return WgPeer(s.peer_name, s.leader.public_key, s.leader.endpoint, tuple(sorted(set(addrs), key=sort_key_net)),
                   keepalive)
 
 
 def _peer_of(topo: Topology, name: str) -> Peer:
-    from meshctl.errors import InputError
-
     peer = next((p for p in topo.peers if p.name == name), None)
     if peer is None:
         raise InputError("peer", name, "is not a peer of the topology")

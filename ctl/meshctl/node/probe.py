@@ -38,8 +38,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from meshctl.mesh.model import RUNGS, PathState, Rung
 from meshctl.mesh.chooser import PROBE_KINDS, Change, Chooser, ProbeTuning
+from meshctl.mesh.model import RUNGS, PathState, Rung
 
 log = logging.getLogger("meshctl.probe")
 
