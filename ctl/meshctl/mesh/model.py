@@ -233,9 +233,9 @@ def private_joined(a: Node, b: Node, private_networks: tuple[IPNetwork, ...]) ->
 
 def sort_key_net(n: IPNetwork | IPInterface | IPAddress) -> tuple[int, int, int]:
     """The project's one order for addresses and prefixes: IP version, address, prefix length."""
-    if isinstance(n, ipaddress.IPv4Network | ipaddress.IPv6Network):
+    if isinstance(n, IPNetwork):
         return (n.version, int(n.network_address), n.prefixlen)
-    if isinstance(n, ipaddress.IPv4Interface | ipaddress.IPv6Interface):
+    if isinstance(n, IPInterface):
         return (n.version, int(n.ip), n.network.prefixlen)
     return (n.version, int(n), n.max_prefixlen)
 
@@ -243,7 +243,7 @@ def sort_key_net(n: IPNetwork | IPInterface | IPAddress) -> tuple[int, int, int]
 @functools.lru_cache(maxsize=65536)
 def host_net(ip: IPAddress | IPInterface) -> IPNetwork:
     """The /32 (or /128) of an address (built from integers: string parsing dominated big plans)."""
-    addr = ip.ip if isinstance(ip, ipaddress.IPv4Interface | ipaddress.IPv6Interface) else ip
+    addr = ip.ip if isinstance(ip, IPInterface) else ip
     if addr.version == 4:
         return ipaddress.IPv4Network((int(addr), 32))
     return ipaddress.IPv6Network((int(addr), 128))

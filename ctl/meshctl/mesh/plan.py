@@ -16,7 +16,8 @@ import functools
 import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from itertools import chain
+from typing import Literal, NamedTuple
 
 from meshctl.errors import InputError
 from meshctl.mesh.ladder import choose_rung, member_rungs, pair_rungs
@@ -128,8 +129,7 @@ Claim = tuple[IPNetwork, Route | Encap]
 OfferedPeer = tuple[PeerPlan, IPAddress | None]
 
 
-@dataclass(frozen=True)
-class Share:
+class Share(NamedTuple):
     """One role's part of a node's plan, as values. `claims` are in the order the role decides
     them: across the whole plan the first claim on a destination wins. `paths` name how each node
     is reached, `relays` the relaying node and why, for nodes reached through a relay."""
@@ -144,7 +144,9 @@ class Share:
 class _Seat:
     """What every role of node `me` reads: its segment among all segments, the mesh settings, the
     probes' verdicts, what the records say about NAT, and the relays `me` uses when it leads
-    (segment key -> (relaying segment, why); relaying segment key -> what its peer also carries)."""
+    (segment key -> (relaying segment, why); relaying segment key -> what its peer also carries).
+    `leads`: `me` holds its segment's WireGuard identity (always, outside location granularity);
+    `leader_ip`: where a member sends what leaves its location (its leader's private address)."""
 
     me: Node
     my_seg: Segment
@@ -154,21 +156,9 @@ class _Seat:
     view: NatView
     relayed: dict[str, tuple[Segment, str]]
     extra: dict[str, list[IPNetwork]]
-
-    @property
-    def leads(self) -> bool:
-        """`me` holds its segment's WireGuard identity (always, outside location granularity)."""
-        return self.mesh.granularity != "location" or self.my_seg.leader.name == self.me.name
-
-    @property
-    def leader_ip(self) -> IPAddress | None:
-        """Where a member sends what leaves its location: its leader's private address."""
-        internal = self.my_seg.leader.internal_ip
-        return internal.ip if internal is not None else None
-
-    @property
-    def keepalive(self) -> int:
-        return self.me.persistent_keepalive
+    leads: bool
+    leader_ip: IPAddress | None
+    keepalive: int
 
 
 def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
@@ -181,15 +171,15 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
     seat = _seat(topo, name, path_state or {})
     shares = [Share(paths=((seat.me.qualified_name, "local"),)), *_own_cluster(seat),
               _extra_peers(seat, topo.peers), *_remote_shares(seat, remotes)]
-    peers, routes, encaps, paths, relays = _merge(shares)
+    peers, claimed, paths, relays = _merge(shares)
     return NodePlan(
         node=seat.me.name,
         granularity=seat.mesh.granularity,
         leader=seat.my_seg.leader.name,
         wireguard_ip=seat.my_seg.wireguard_ip if seat.leads else None,
         peers=tuple(sorted(peers, key=lambda p: p.name)),
-        routes=tuple(sorted(routes.values(), key=lambda r: sort_key_net(r.dst))),
-        fastpath=_fastpath(seat.me, topo, remotes, routes, encaps),
+        routes=tuple(sorted([c for c in claimed.values() if isinstance(c, Route)], key=lambda r: sort_key_net(r.dst))),
+        fastpath=_fastpath(seat.me, topo, remotes, claimed),
         paths=paths,
         relays=relays,
     )
@@ -206,7 +196,10 @@ def _seat(topo: Topology, name: str, state: PathState) -> _Seat:
         state = {}  # the fixed modes switch probing off: their rungs do not depend on it
     view = nat_view(topo.nodes)
     relayed, extra = _relays(view, me, my_seg, segs, mesh.granularity, mesh.intra_subnet)
-    return _Seat(me, my_seg, segs, mesh, state, view, relayed, extra)
+    leads = mesh.granularity != "location" or my_seg.leader.name == me.name
+    internal = my_seg.leader.internal_ip
+    return _Seat(me, my_seg, segs, mesh, state, view, relayed, extra, leads,
+                 internal.ip if internal is not None else None, me.persistent_keepalive)
 
 
 def _own_cluster(seat: _Seat) -> list[Share]:
@@ -218,33 +211,20 @@ def _own_cluster(seat: _Seat) -> list[Share]:
     return [_pair(seat, s) for s in seat.segs if s.leader.name != seat.me.name]
 
 
-def _merge(shares: Iterable[Share]) -> tuple[list[PeerPlan], dict[IPNetwork, Route], dict[IPNetwork, Encap],
-                                            dict[str, str], dict[str, tuple[str, str]]]:
+def _merge(shares: Sequence[Share]) -> tuple[list[PeerPlan], dict[IPNetwork, Route | Encap], dict[str, str],
+                                            dict[str, tuple[str, str]]]:
     """The shares joined in order: peers as they come; for each destination the first claim (a
     route, or an encapsulation) wins, which is deterministic because every role walks nodes and
     segments in sorted order; a later path for a node replaces an earlier one. Peers whose
     endpoint this plan routes into WireGuard lose it (`_no_loops`)."""
-    routes: dict[IPNetwork, Route] = {}
-    encaps: dict[IPNetwork, Encap] = {}  # pod CIDRs on an encapsulated rung (no route)
-    peers: list[PeerPlan] = []
-    private_endpoints: list[tuple[int, IPAddress]] = []  # (index in peers, address)
-    paths: dict[str, str] = {}
-    relays: dict[str, tuple[str, str]] = {}
-    for share in shares:
-        for dst, how in share.claims:
-            if dst in routes or dst in encaps:
-                continue
-            if isinstance(how, Route):
-                routes[dst] = how
-            else:
-                encaps[dst] = how
-        for peer, inside in share.peers:
-            if inside is not None:
-                private_endpoints.append((len(peers), inside))
-            peers.append(peer)
-        paths.update(share.paths)
-        relays.update(share.relays)
-    return _no_loops(peers, private_endpoints, routes), routes, encaps, paths, relays
+    # Built from the claims last to first, so the first claim on a destination is the one kept.
+    claimed: dict[IPNetwork, Route | Encap] = dict(reversed(list(chain.from_iterable(s.claims for s in shares))))
+    offered = list(chain.from_iterable(s.peers for s in shares))
+    private_endpoints = [(i, inside) for i, (_, inside) in enumerate(offered) if inside is not None]
+    peers = _no_loops([peer for peer, _ in offered], private_endpoints, claimed)
+    paths = dict(chain.from_iterable(s.paths for s in shares))
+    relays = dict(chain.from_iterable(s.relays for s in shares))
+    return peers, claimed, paths, relays
 
 
 # --- the pieces every role uses ----------------------------------------------------------------
@@ -273,7 +253,7 @@ def _private_claim(dst: IPNetwork, me: Node, to: Node, rung: Rung) -> Claim:
 
 
 def _into_wireguard(dsts: Iterable[IPNetwork], gateway: IPAddress) -> tuple[Claim, ...]:
-    return tuple((d, Route(d, gateway, "wireguard")) for d in dsts)
+    return tuple([(d, Route(d, gateway, "wireguard")) for d in dsts])
 
 
 def _roams(r: Node) -> bool:
@@ -380,7 +360,7 @@ def _pair(seat: _Seat, s: Segment) -> Share:
     dsts = _pair_destinations(me, r, rungs)
     if s.key in seat.relayed:  # a relayed pair (both ends behind NAT): through a public node
         relayed = _relayed(seat, s, "node", dsts)
-        return replace(relayed, claims=private + relayed.claims)
+        return relayed._replace(claims=private + relayed.claims)
     ep = _pair_endpoint(seat, r, rung, rungs, working)
     peer = _peer(r.name, "node", r.public_key, ep, dsts + [host_net(s.wireguard_ip)] + seat.extra.get(s.key, []),
                  seat.keepalive, roaming=_roams(r), discovered=seat.view.discovered(r) and ep == seat.view.endpoint(r))
@@ -431,7 +411,7 @@ def _extra_peers(seat: _Seat, peers: Sequence[Peer]) -> Share:
 
 
 def _no_loops(peers: list[PeerPlan], private_endpoints: Sequence[tuple[int, IPAddress]],
-              routes: dict[IPNetwork, Route]) -> list[PeerPlan]:
+              claimed: dict[IPNetwork, Route | Encap]) -> list[PeerPlan]:
     """The peers, each without its endpoint when that address (`private_endpoints`: index in
     `peers`, address) is routed into WireGuard by this plan: its packets would enter the tunnel
     they carry (a loop, or a direct attempt through a relay). This happens to a node behind NAT,
@@ -442,13 +422,14 @@ def _no_loops(peers: list[PeerPlan], private_endpoints: Sequence[tuple[int, IPAd
     not offered for the check: they keep the endpoint their cluster publishes."""
     if not private_endpoints:
         return peers
-    plens = sorted({(r.dst.version, r.dst.prefixlen) for r in routes.values() if r.dev == "wireguard"})
+    plens = sorted({(r.dst.version, r.dst.prefixlen) for r in claimed.values()
+                    if isinstance(r, Route) and r.dev == "wireguard"})
     out = list(peers)
     for i, ip in private_endpoints:
         net = ipaddress.IPv4Network if ip.version == 4 else ipaddress.IPv6Network
         for version, plen in plens:
-            r = routes.get(net((int(ip), plen), strict=False)) if version == ip.version else None
-            if r is not None and r.dev == "wireguard":
+            r = claimed.get(net((int(ip), plen), strict=False)) if version == ip.version else None
+            if isinstance(r, Route) and r.dev == "wireguard":
                 out[i] = replace(out[i], endpoint=None, discovered=False)
                 break
     return out
@@ -550,22 +531,20 @@ def _remote_segment(me: Node, wg_ip: IPInterface, leader: Node, members: tuple[N
     return Share(peers=peers, claims=tuple(claims), paths=tuple(paths))
 
 
-def _fastpath(me: Node, topo: Topology, remotes: Sequence[Remote], routes: dict[IPNetwork, Route],
-              encaps: dict[IPNetwork, Encap]) -> tuple[FastPathEntry, ...]:
-    """One entry per node pod CIDR: local for our own, direct (next hop) for a route on the
-    private NIC, tunnel for a route through WireGuard."""
+def _fastpath(me: Node, topo: Topology, remotes: Sequence[Remote], claimed: dict[IPNetwork, Route | Encap]
+              ) -> tuple[FastPathEntry, ...]:
+    """One entry per node pod CIDR: local for our own, direct (encapsulated, or to a next hop) for
+    an encapsulation or a route on the private NIC, tunnel for a route through WireGuard."""
     out = [FastPathEntry(me.pod_cidr, "local", None)]
     for n in [*topo.nodes, *(n for r in remotes for n in r.nodes)]:
         if n is me:
             continue
-        enc = encaps.get(n.pod_cidr)
-        if enc is not None:
-            out.append(FastPathEntry(n.pod_cidr, "direct", None, enc))
-            continue
-        r = routes.get(n.pod_cidr)
+        r = claimed.get(n.pod_cidr)
         if r is None:
             continue
-        if r.dev == "private":
+        if isinstance(r, Encap):
+            out.append(FastPathEntry(n.pod_cidr, "direct", None, r))
+        elif r.dev == "private":
             out.append(FastPathEntry(n.pod_cidr, "direct", r.via))
         else:
             out.append(FastPathEntry(n.pod_cidr, "tunnel", None))
