@@ -34,7 +34,7 @@ class Claims:
         self.node_names: set[str] = set()
         self._starts: list[tuple[int, int]] = []
         # (version, first, last, owner): an owner is a description, or a (prefix, node) pair
-        # described only when someone conflicts with it (formatting 5,000 addresses is not free).
+        # described only when someone conflicts with it (admitting thousands of records formats none).
         self._items: list[tuple[int, int, int, str | tuple[str, Node]]] = []
         self._defaults: dict[int, str] = {}
 

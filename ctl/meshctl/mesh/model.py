@@ -151,8 +151,8 @@ class Node:
         return f"{self.cluster}/{self.name}" if self.cluster else self.name
 
     def __hash__(self) -> int:
-        # Computed once per record: plans memoise per segment on tuples of thousands of nodes, and
-        # hashing every field of every node on every reconcile cost more than the plan itself.
+        # Computed once per record: plans memoise per segment on tuples of thousands of nodes, so
+        # the same records are hashed on every reconcile; their fields never change.
         h = self.__dict__.get("_hash")
         if h is None:
             h = hash(tuple(getattr(self, f) for f in _NODE_FIELDS))
@@ -242,7 +242,8 @@ def sort_key_net(n: IPNetwork | IPInterface | IPAddress) -> tuple[int, int, int]
 
 @functools.lru_cache(maxsize=65536)
 def host_net(ip: IPAddress | IPInterface) -> IPNetwork:
-    """The /32 (or /128) of an address (built from integers: string parsing dominated big plans)."""
+    """The /32 (or /128) of an address, built from integers (no string parsing: plans ask it for
+    every address they route)."""
     addr = ip.ip if isinstance(ip, IPInterface) else ip
     if addr.version == 4:
         return ipaddress.IPv4Network((int(addr), 32))

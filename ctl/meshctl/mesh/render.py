@@ -51,8 +51,8 @@ def plan_to_json(p: NodePlan) -> dict[str, Any]:
 
 
 def _encap_json(e: Encap | None) -> dict[str, Any]:
-    """The encapsulation keys of a fast-path entry (absent for raw ones, so plans without
-    encapsulated rungs read exactly as before)."""
+    """The encapsulation keys of a fast-path entry: none for a raw entry, whose JSON is its
+    prefix, action and next hop only."""
     if e is None:
         return {}
     return {"encap": e.kind, "outer_src": str(e.local), "outer_dst": str(e.remote)}
