@@ -132,7 +132,9 @@ OfferedPeer = tuple[PeerPlan, IPAddress | None]
 class Share(NamedTuple):
     """One role's part of a node's plan, as values. `claims` are in the order the role decides
     them: across the whole plan the first claim on a destination wins. `paths` name how each node
-    is reached, `relays` the relaying node and why, for nodes reached through a relay."""
+    is reached, `relays` the relaying node and why, for nodes reached through a relay. A named
+    tuple, which is immutable and the cheapest record to build: a full mesh of 10,000 nodes
+    builds one per pair on every plan."""
 
     peers: tuple[OfferedPeer, ...] = ()
     claims: tuple[Claim, ...] = ()
@@ -186,6 +188,7 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
 
 
 def _seat(topo: Topology, name: str, state: PathState) -> _Seat:
+    """Where node `name` sits in the topology, computed once for all its roles."""
     me = topo.node(name)
     if me is None:
         raise InputError("--node", name, "is not a node of the topology")
@@ -296,8 +299,8 @@ def _location_members(seat: _Seat) -> Share:
 def _location_member(seat: _Seat) -> Share:
     """A location member that does not lead: everything outside its location goes to its leader
     over the private network, every segment's WireGuard IP included. Pod CIDRs take the rung the
-    member uses to its leader; other addresses go on the direct rung, which every member pair has
-    when probing is off and which the leader forwards into WireGuard as they arrive."""
+    member uses to its leader; other addresses are routed raw to the leader's private address
+    (an encapsulation is carried by a fast-path entry, and those exist for pod CIDRs only)."""
     leader = seat.my_seg.leader
     rung: Rung = _member_rung(seat, leader) if leader.internal_ip is not None else "direct"
     claims = [_to_leader(seat, rung, host_net(s.wireguard_ip), False) for s in seat.segs]
