@@ -7,7 +7,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from meshctl.mesh.model import FIXED_RUNG, IPNetwork, Node, Rung, Topology, private_joined, private_neighbours
+from meshctl.mesh.model import (
+    ENCAP_KINDS,
+    ENCAP_RUNGS,
+    FIXED_RUNG,
+    RUNGS,
+    IPNetwork,
+    Node,
+    Rung,
+    Topology,
+    private_joined,
+    private_neighbours,
+)
+
+# The encapsulated rungs, cheapest first.
+_ENCAPSULATED: tuple[Rung, ...] = tuple(r for r in RUNGS if r in ENCAP_RUNGS)
 
 
 def pair_rungs(mesh_intra: str, granularity: str, private_networks: tuple[IPNetwork, ...], me: Node, r: Node
@@ -26,19 +40,18 @@ def pair_rungs(mesh_intra: str, granularity: str, private_networks: tuple[IPNetw
         return ("tunnel",)
     if mesh_intra != "auto":
         return (FIXED_RUNG[mesh_intra], "tunnel")
-    first: tuple[Rung, ...] = ("direct",) if private_neighbours(me, r) else ()
-    return (*first, "direct+ipip", "direct+vxlan", "wireguard-private", "tunnel")
+    return RUNGS if private_neighbours(me, r) else RUNGS[1:]  # `direct` only between neighbours
 
 
 def member_rungs(mesh_intra: str, me: Node, m: Node) -> tuple[Rung, ...]:
     """The rungs between two members of one location (location granularity): inside a location
     traffic is private (Kilo's rule) and there is no WireGuard between members, so the ladder
     stops at the encapsulated rungs; the fixed modes other than vxlan and ipip use `direct`."""
-    if mesh_intra in ("vxlan", "ipip"):
+    if mesh_intra in ENCAP_KINDS:
         return (FIXED_RUNG[mesh_intra],)
     if mesh_intra == "auto":
         first: tuple[Rung, ...] = ("direct",) if private_neighbours(me, m) else ()
-        return (*first, "direct+ipip", "direct+vxlan")
+        return (*first, *_ENCAPSULATED)
     return ("direct",)
 
 
