@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from meshctl.agent.status import ProbeStatus
+from meshctl.mesh.chooser import Change, ProbeTuning
+from meshctl.mesh.ladder import probe_ladders
 from meshctl.mesh.model import ENCAP_RUNGS, PathState, Rung, Topology
-from meshctl.mesh.paths import Change, ProbeTuning
-from meshctl.mesh.plan import probe_ladders
 from meshctl.node.prober import Prober, Target, probe_address
 
 log = logging.getLogger("meshctl.agent")
@@ -58,7 +58,7 @@ class PathProbing:
         out: set[Rung] = {"direct", "wireguard-private"}
         for rung, kind in ENCAP_RUNGS.items():
             if any(c.available(kind) for c in self.carriers):
-                out.add(rung)  # type: ignore[arg-type]
+                out.add(rung)
         return frozenset(out)
 
     def update(self, topo: Topology, name: str) -> None:
