@@ -19,9 +19,9 @@ import click
 from meshctl import defaults
 from meshctl.cli import targets
 from meshctl.datapath import Datapath
-from meshctl.datapath.inns import in_netns
 from meshctl.errors import InputError, MeshError
 from meshctl.node import discovery
+from meshctl.setns import in_netns
 
 T = TypeVar("T")
 
