@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The old option spellings (cli.options.DEPRECATED_OPTIONS) and the old `-o text` of tables still
 work for a release, each printing one deprecation line on stderr; one test per kind of alias, on
 real commands where one runs offline, and on a tiny command for what needs a value back."""

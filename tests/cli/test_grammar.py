@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The option walk: every command and option of `meshctl` against docs/cli.md and the grammar's
 rules (cli.options), and the walker itself on a tiny click group, so an undocumented option, a
 documented one that is gone, a deprecated name left visible or an `-o` without `--output` fail."""

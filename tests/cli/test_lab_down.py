@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`lab down` without --lab takes down the only lab up and refuses, naming them, when several are
 (so it never removes a lab someone else is using); --all takes every one. The other lab commands
 read an omitted --lab as "the only lab up" with the same kind of line."""
