@@ -12,10 +12,10 @@ import struct
 import pytest
 
 from meshctl.datapath import layout
-from meshctl.datapath.inns import in_netns
 from meshctl.lab.rigs import netns
 from meshctl.lab.rigs.testrun import PROTO_ICMP, PROTO_UDP, frame, ip_checksum, run
 from meshctl.mesh.plan import Encap, FastPathEntry
+from meshctl.setns import in_netns
 
 net = ipaddress.ip_network
 ip = ipaddress.ip_address

@@ -19,12 +19,12 @@ from click.testing import CliRunner
 
 from meshctl.cli import main
 from meshctl.datapath import Datapath, features
-from meshctl.datapath.inns import in_netns
 from meshctl.lab.rigs import netns
 from meshctl.lab.rigs.testbed import PODS, FabricTestbed
 from meshctl.mesh.plan import Encap, FastPathEntry
 from meshctl.node import discovery
 from meshctl.node.tunnels import IPIP_DEV, TunnelApplier, kernel_has
+from meshctl.setns import in_netns
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -14,11 +14,11 @@ import time
 import pytest
 
 from meshctl.datapath import Datapath, layout, links
-from meshctl.datapath.inns import in_netns
 from meshctl.lab.rigs import netns
 from meshctl.lab.rigs.testrun import frame, run
 from meshctl.mesh.plan import FastPathEntry
 from meshctl.node import discovery
+from meshctl.setns import in_netns
 from tests.names import unique
 
 NH = ipaddress.ip_address("192.168.0.2")

@@ -16,10 +16,10 @@ from click.testing import CliRunner
 
 from meshctl.cli import main
 from meshctl.datapath import Datapath, features, layout, links
-from meshctl.datapath.inns import in_netns
 from meshctl.lab.rigs import netns
 from meshctl.lab.rigs.testbed import FAR_POD, PODS, SERVICE_IP, Testbed
 from meshctl.node import discovery
+from meshctl.setns import in_netns
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ import pytest
 from meshctl.backends.kube import nodes as A
 from meshctl.errors import InputError
 from meshctl.mesh.model import Endpoint
-from meshctl.mesh.nat import nat_view
+from meshctl.mesh.natview import nat_view
 
 from .helpers import node_obj, wg_key
 

@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-from meshctl.datapath.inns import in_netns
 from meshctl.lab.rigs import netns
 from meshctl.node.wireguard.uapi import running_pid, stop
+from meshctl.setns import in_netns
 from tests.names import unique
 
 T = TypeVar("T")

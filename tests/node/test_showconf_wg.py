@@ -13,8 +13,8 @@ import yaml
 from click.testing import CliRunner
 
 from meshctl.cli import main
-from meshctl.datapath.inns import NETNS_DIR
 from meshctl.node.wireguard import uapi
+from meshctl.setns import NETNS_DIR
 from tests.plan.fixtures import KILO_CLASSIC, key
 
 from .conftest import NodeLab, in_ns

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from meshctl.mesh.paths import Chooser, ProbeTuning
+from meshctl.mesh.chooser import Chooser, ProbeTuning
 
 LADDER = ("direct", "direct+ipip", "direct+vxlan", "wireguard-private", "tunnel")
 ALL = frozenset(LADDER[:-1])

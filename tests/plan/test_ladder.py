@@ -9,7 +9,8 @@ import yaml
 from click.testing import CliRunner
 
 from meshctl.cli import main
-from meshctl.mesh.plan import Encap, choose_rung, plan_node
+from meshctl.mesh.ladder import choose_rung
+from meshctl.mesh.plan import Encap, plan_node
 from meshctl.mesh.render import plan_to_json
 
 from .fixtures import CROSS_TWO_SUBNETS, KILO_CLASSIC, topo

@@ -13,7 +13,7 @@ import pytest
 
 from meshctl.errors import InputError
 from meshctl.mesh.model import Endpoint
-from meshctl.mesh.nat import DISCOVERY_QUORUM, nat_view
+from meshctl.mesh.natview import DISCOVERY_QUORUM, nat_view
 from meshctl.mesh.plan import plan_node
 from meshctl.mesh.records import node_to_record, parse_node, parse_topology
 

@@ -7,9 +7,10 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshctl.mesh.plan import plan_node, segments
+from meshctl.mesh.plan import plan_node
 from meshctl.mesh.records import parse_topology
 from meshctl.mesh.render import plan_to_json
+from meshctl.mesh.segments import segments
 
 from .fixtures import key
 

@@ -28,7 +28,7 @@ from meshctl.agent.steps import (
 )
 from meshctl.backends.base import Backend
 from meshctl.datapath import Datapath
-from meshctl.mesh.paths import ProbeTuning
+from meshctl.mesh.chooser import ProbeTuning
 from meshctl.node import keys
 from meshctl.node.pods import PodInterfaceWatcher
 from meshctl.node.wireguard.psk import SecretSource

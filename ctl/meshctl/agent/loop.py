@@ -35,9 +35,11 @@ from meshctl.agent.steps import PassInput
 from meshctl.backends.base import Backend, ClusterState
 from meshctl.errors import InputError, MeshError
 from meshctl.mesh.admit import Rejection
-from meshctl.mesh.model import MeshSettings, Node, Topology, gc_paused
-from meshctl.mesh.plan import NodePlan, Remote
+from meshctl.mesh.model import MeshSettings, Node, Topology
+from meshctl.mesh.plan import NodePlan
+from meshctl.mesh.segments import Remote
 from meshctl.node import discovery
+from meshctl.process import gc_paused
 
 log = logging.getLogger("meshctl.agent")
 
@@ -190,7 +192,7 @@ class PassDriver:
     def reconcile(self, cause: PassCause | None = None) -> NodePlan | None:
         """One pass; returns the plan applied (None when nothing was applied).
 
-        The cyclic GC is paused for the pass (see model.gc_paused): the pass allocates many
+        The cyclic GC is paused for the pass (see meshctl.process): the pass allocates many
         objects, all acyclic and freed by reference counting, so a collection those allocations
         trigger frees nothing yet walks every live object (with thousands of records, many)."""
         self._cause = cause or PassCause()

@@ -11,7 +11,8 @@ from meshctl.backends.base import ClusterState
 from meshctl.mesh import admit
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.model import IPNetwork, Node, PathState, Topology
-from meshctl.mesh.plan import NodePlan, Remote, mesh_cidrs, plan_node
+from meshctl.mesh.plan import NodePlan, mesh_cidrs, plan_node
+from meshctl.mesh.segments import Remote
 
 
 def same_items(a: Sequence[object], b: Sequence[object]) -> bool:

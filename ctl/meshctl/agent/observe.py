@@ -4,7 +4,7 @@ For every peer the plan marks as roaming (it may sit behind NAT), the agent repo
 endpoint its latest fresh handshake came from (`discovered_endpoints`, Kilo's
 `discovered-endpoints`), or, once the peer has been tried at the same planned endpoint for longer
 than the direct wait without any handshake, that it is unreached (`unreached_peers`). Other
-nodes' plans confirm the endpoints (mesh.nat: quorum of two) and decide relays from them.
+nodes' plans confirm the endpoints (mesh.natview: quorum of two) and decide relays from them.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Path probing as the agent runs it: under `intra_subnet: auto` a prober (node/prober.py) probes
-every eligible peer on every private rung this node can carry, and its verdicts (mesh/paths.py)
+every eligible peer on every private rung this node can carry, and its verdicts (mesh/chooser.py)
 are the path-state the next plan reads. A change of a pair's rung wakes the loop at once: the pair
 leaves a dead rung without waiting for a reconcile pass.
 
@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from meshctl.agent.status import ProbeStatus
+from meshctl.mesh.chooser import Change, ProbeTuning
+from meshctl.mesh.ladder import probe_ladders
 from meshctl.mesh.model import ENCAP_RUNGS, PathState, Rung, Topology
-from meshctl.mesh.paths import Change, ProbeTuning
-from meshctl.mesh.plan import probe_ladders
 from meshctl.node.prober import Prober, Target, probe_address
 
 log = logging.getLogger("meshctl.agent")
@@ -58,7 +58,7 @@ class PathProbing:
         out: set[Rung] = {"direct", "wireguard-private"}
         for rung, kind in ENCAP_RUNGS.items():
             if any(c.available(kind) for c in self.carriers):
-                out.add(rung)  # type: ignore[arg-type]
+                out.add(rung)
         return frozenset(out)
 
     def update(self, topo: Topology, name: str) -> None:

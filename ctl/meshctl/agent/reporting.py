@@ -37,10 +37,11 @@ from meshctl.agent.steps import DatapathReport, StepStatus, WireGuardReport
 from meshctl.backends.base import Backend, ClusterState
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.checks import dead_tunnels, host_prefix_warnings
+from meshctl.mesh.chooser import Change
 from meshctl.mesh.model import Topology
-from meshctl.mesh.paths import Change
-from meshctl.mesh.plan import NodePlan, Remote
+from meshctl.mesh.plan import NodePlan
 from meshctl.mesh.render import node_rows
+from meshctl.mesh.segments import Remote
 from meshctl.node.wireguard import PeerStatus
 
 log = logging.getLogger("meshctl.agent")

@@ -25,8 +25,8 @@ from meshctl.agent.config import AgentConfig
 from meshctl.agent.status import CniStatus, DatapathStatus
 from meshctl.datapath import Datapath
 from meshctl.errors import MeshError
-from meshctl.mesh.model import IPNetwork, Node, Topology
-from meshctl.mesh.plan import ENCAP_KINDS, NodePlan
+from meshctl.mesh.model import ENCAP_KINDS, IPNetwork, Node, Topology
+from meshctl.mesh.plan import NodePlan
 from meshctl.node import cni, discovery, masquerade, routes, sysctls, tunnels, wireguard
 from meshctl.node.wireguard.psk import SecretSource, read_key
 

@@ -42,7 +42,8 @@ from meshctl.etcd import EtcdClient, EtcdError, KeyValue
 from meshctl.mesh import fields
 from meshctl.mesh.admit import Rejection, admit_remotes
 from meshctl.mesh.model import Cluster, Topology
-from meshctl.mesh.plan import Remote
+from meshctl.mesh.segments import Remote
+from meshctl.process import gc_paused
 
 log = logging.getLogger("meshctl.clustermesh")
 
@@ -431,7 +432,8 @@ class RemoteClusters:
         """The remote records that may join the local plan (mesh.admit.admit_remotes), with the
         rejections recorded per cluster for status and metrics."""
         states = self.states()
-        remotes, rejections = admit_remotes(local, [s.topology() for s in states])
+        with gc_paused():
+            remotes, rejections = admit_remotes(local, [s.topology() for s in states])
         per: dict[str, list[Rejection]] = {}
         for rej in rejections:
             per.setdefault(rej.name.split("/", 1)[0], []).append(rej)

@@ -20,9 +20,9 @@ from meshctl import defaults
 from meshctl.cli import targets
 from meshctl.cli.options import file_option, lab_option, node_option, option, output_option, pin_root_option
 from meshctl.datapath import Datapath
-from meshctl.datapath.inns import in_netns
 from meshctl.errors import InputError, MeshError
 from meshctl.node import discovery
+from meshctl.setns import in_netns
 
 T = TypeVar("T")
 
@@ -136,11 +136,13 @@ def datapath_load(node: str, lab_name: str | None, pin_root: str | None, netns: 
     if topo_path:
         from meshctl.backends.file import load_topology
         from meshctl.mesh.plan import plan_node
+        from meshctl.process import gc_paused
 
         topo = load_topology(topo_path)
         if topo.node(node) is None:
             raise InputError("--node", node, f"is not a node in {os.path.basename(topo_path)}")
-        entries = plan_node(topo, node).fastpath
+        with gc_paused():
+            entries = plan_node(topo, node).fastpath
     [(name, root, ns)] = _where(node, lab_name, pin_root, netns)
 
     def load() -> dict[str, Any]:

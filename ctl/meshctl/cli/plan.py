@@ -23,7 +23,7 @@ from meshctl.errors import MISSING, InputError, MeshError
 from meshctl.mesh import fields
 from meshctl.mesh.checks import topology_warnings
 from meshctl.mesh.model import GRANULARITIES, Granularity, IPNetwork, Topology
-from meshctl.mesh.plan import Remote, plan_node
+from meshctl.mesh.plan import plan_node
 from meshctl.mesh.render import (
     SHOWCONF_FORMATS,
     conf_dict,
@@ -38,6 +38,8 @@ from meshctl.mesh.render import (
     plan_to_json,
     plan_to_table,
 )
+from meshctl.mesh.segments import Remote
+from meshctl.process import gc_paused
 
 BACKENDS = ("file", "etcd", "kubernetes")
 
@@ -166,7 +168,8 @@ def plan(node: str, granularity: Granularity | None, remotes: tuple[str, ...], p
             state = parse_path_state(load_yaml(path_state), "path_state")
         except InputError as e:
             raise e.prefixed(f"{Path(path_state).name}: ") from None
-    p = plan_node(topo, node, _load_remotes(topo, remotes), granularity=granularity, path_state=state)
+    with gc_paused():
+        p = plan_node(topo, node, _load_remotes(topo, remotes), granularity=granularity, path_state=state)
     if output == "json":
         click.echo(json.dumps(plan_to_json(p), indent=2))
     else:
@@ -186,7 +189,8 @@ def graph(granularity: Granularity | None, render_to: str | None, **source: Any)
     topo = Source(**source).load()
     if granularity:
         topo = replace(topo, mesh=replace(topo.mesh, granularity=granularity))
-    dot = graph_dot(topo)
+    with gc_paused():
+        dot = graph_dot(topo)
     if not render_to:
         click.echo(dot, nl=False)
         return
@@ -237,7 +241,8 @@ def showconf(kind: str, name: str, output: str, as_peer: bool, allowed_ips: tupl
         else:
             click.echo(peer_text(p), nl=False)
         return
-    conf = node_conf(topo, plan_node(topo, name)) if kind == "node" else peer_conf(topo, name)
+    with gc_paused():
+        conf = node_conf(topo, plan_node(topo, name)) if kind == "node" else peer_conf(topo, name)
     if output == "json":
         click.echo(json.dumps(conf_dict(conf), indent=2))
     elif output == "yaml":

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshctl.errors import MeshError
-from meshctl.mesh.model import IPAddress, IPNetwork
+from meshctl.mesh.model import ENCAP_KINDS, EncapKind, IPAddress, IPNetwork
 from meshctl.mesh.plan import Encap, FastPathEntry
 
 LAYOUT_VERSION = 2
@@ -31,7 +31,8 @@ FAMILY_V6 = 6
 
 ACTIONS = {"local": 1, "direct": 2, "tunnel": 3}
 ACTION_NAMES = {v: k for k, v in ACTIONS.items()}
-ENCAPS = {"vxlan": 1, "ipip": 2}  # MC_ENCAP_*; 0: raw
+# MC_ENCAP_*: the mesh's encapsulation kinds numbered from 1 in the order of their table (0: raw).
+ENCAPS: dict[EncapKind, int] = {kind: code for code, kind in enumerate(ENCAP_KINDS, start=1)}
 ENCAP_NAMES = {v: k for k, v in ENCAPS.items()}
 
 # Encapsulation on the wire (cflags of the programs, and the kernel-routes fallback's devices).

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from meshctl.mesh.model import IPNetwork, Node, Peer, Span, Topology, gc_paused, host_net, span
-from meshctl.mesh.plan import Remote, segments
+from meshctl.mesh.model import IPNetwork, Node, Peer, Span, Topology, host_net, span
+from meshctl.mesh.segments import Remote, segments
 
 
 def _overlap(a: tuple[int, int, int], b: tuple[int, int, int]) -> bool:
@@ -34,7 +34,7 @@ class Claims:
         self.node_names: set[str] = set()
         self._starts: list[tuple[int, int]] = []
         # (version, first, last, owner): an owner is a description, or a (prefix, node) pair
-        # described only when someone conflicts with it (formatting 5,000 addresses is not free).
+        # described only when someone conflicts with it (admitting thousands of records formats none).
         self._items: list[tuple[int, int, int, str | tuple[str, Node]]] = []
         self._defaults: dict[int, str] = {}
 
@@ -118,40 +118,8 @@ def admit_nodes(
     claims = claims if claims is not None else Claims()
     internal_ips = internal_ips if internal_ips is not None else {}
     hosts = hosts if hosts is not None else {}
-    names: set[str] = set()
-    admitted: list[tuple[int, Node]] = []
-    rejected: list[Rejection] = []
     subnet_span = span(subnet) if subnet is not None else None
-    for i, n in enumerate(nodes):
-        where = f"{label}[{i}]"
-        if n.name in names:
-            rejected.append(Rejection(n.qualified_name, f"{where}.name: {n.name!r} is a duplicate node name"))
-            continue
-        pod = n.pod_span
-        if subnet_span is not None and _overlap(pod, subnet_span):
-            rejected.append(Rejection(n.qualified_name, f"{where}.pod_cidr: {str(n.pod_cidr)!r} overlaps the "
-                                      f"WireGuard subnet {subnet}"))
-            continue
-        owner = claims.conflict(pod)
-        if owner is not None:
-            rejected.append(Rejection(n.qualified_name, f"{where}.pod_cidr: {str(n.pod_cidr)!r} overlaps {owner}"))
-            continue
-        taken = claims.key_taken(n.public_key, where)
-        if taken:
-            rejected.append(Rejection(n.qualified_name, taken))
-            continue
-        if n.internal_ip is not None and n.internal_ip.ip in internal_ips:
-            rejected.append(Rejection(n.qualified_name, f"{where}.internal_ip: {str(n.internal_ip)!r} is already "
-                                      f"used by {internal_ips[n.internal_ip.ip]}"))
-            continue
-        names.add(n.name)
-        claims.add(pod, ("", n))
-        claims.keys[n.public_key] = f"node {n.qualified_name}"
-        if not n.cluster:
-            claims.node_names.add(n.name)
-        if n.internal_ip is not None:
-            internal_ips[n.internal_ip.ip] = n.qualified_name
-        admitted.append((i, n))
+    admitted, rejected = _admit_identities(nodes, subnet, subnet_span, claims, internal_ips, label)
     add_hosts(hosts, (n for _, n in admitted))
     if not any(n.allowed_location_ips for _, n in admitted):
         return [n for _, n in admitted], rejected
@@ -166,15 +134,62 @@ def admit_nodes(
             out.append(n)
             continue
         rejected.append(Rejection(n.qualified_name, problem))
-        # Everything the rejected record claimed is free again: its pod CIDR, its key, its name.
-        claims.remove(n.pod_span)
-        if claims.keys.get(n.public_key) == f"node {n.qualified_name}":
-            del claims.keys[n.public_key]
-        if not n.cluster:
-            claims.node_names.discard(n.name)
-        if n.internal_ip is not None and internal_ips.get(n.internal_ip.ip) == n.qualified_name:
-            del internal_ips[n.internal_ip.ip]
+        _release(n, claims, internal_ips)
     return out, rejected
+
+
+def _admit_identities(nodes: Sequence[Node], subnet: IPNetwork | None, subnet_span: Span | None, claims: Claims,
+                      internal_ips: dict[Any, str], label: str) -> tuple[list[tuple[int, Node]], list[Rejection]]:
+    """The first pass of `admit_nodes`: each node's name, pod CIDR, key and internal address,
+    claimed in order; the admitted nodes come with their index in `nodes`."""
+    names: set[str] = set()
+    admitted: list[tuple[int, Node]] = []
+    rejected: list[Rejection] = []
+    for i, n in enumerate(nodes):
+        problem = _identity_problem(n, f"{label}[{i}]", names, subnet, subnet_span, claims, internal_ips)
+        if problem is not None:
+            rejected.append(Rejection(n.qualified_name, problem))
+            continue
+        names.add(n.name)
+        claims.add(n.pod_span, ("", n))
+        claims.keys[n.public_key] = f"node {n.qualified_name}"
+        if not n.cluster:
+            claims.node_names.add(n.name)
+        if n.internal_ip is not None:
+            internal_ips[n.internal_ip.ip] = n.qualified_name
+        admitted.append((i, n))
+    return admitted, rejected
+
+
+def _identity_problem(n: Node, where: str, names: set[str], subnet: IPNetwork | None, subnet_span: Span | None,
+                      claims: Claims, internal_ips: dict[Any, str]) -> str | None:
+    """Why node `n` may not join with its name, pod CIDR, key or internal address, or None."""
+    if n.name in names:
+        return f"{where}.name: {n.name!r} is a duplicate node name"
+    pod = n.pod_span
+    if subnet_span is not None and _overlap(pod, subnet_span):
+        return f"{where}.pod_cidr: {str(n.pod_cidr)!r} overlaps the WireGuard subnet {subnet}"
+    owner = claims.conflict(pod)
+    if owner is not None:
+        return f"{where}.pod_cidr: {str(n.pod_cidr)!r} overlaps {owner}"
+    taken = claims.key_taken(n.public_key, where)
+    if taken:
+        return taken
+    if n.internal_ip is not None and n.internal_ip.ip in internal_ips:
+        return f"{where}.internal_ip: {str(n.internal_ip)!r} is already used by {internal_ips[n.internal_ip.ip]}"
+    return None
+
+
+def _release(n: Node, claims: Claims, internal_ips: dict[Any, str]) -> None:
+    """Everything a record rejected after its first pass claimed is free again: its pod CIDR,
+    its key, its name and its internal address."""
+    claims.remove(n.pod_span)
+    if claims.keys.get(n.public_key) == f"node {n.qualified_name}":
+        del claims.keys[n.public_key]
+    if not n.cluster:
+        claims.node_names.discard(n.name)
+    if n.internal_ip is not None and internal_ips.get(n.internal_ip.ip) == n.qualified_name:
+        del internal_ips[n.internal_ip.ip]
 
 
 def add_hosts(hosts: dict[Any, str], nodes: Iterable[Node]) -> None:
@@ -273,12 +288,6 @@ def as_remote(topo: Topology) -> Topology:
 
 
 def admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[Remote], list[Rejection]]:
-    """See `_admit_remotes`; the cyclic GC is paused while it runs (see model.gc_paused)."""
-    with gc_paused():
-        return _admit_remotes(local, remotes)
-
-
-def _admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[Remote], list[Rejection]]:
     """Remote clusters with the records that are safe to install here, and the rejections.
 
     A whole cluster is refused when its name or id collides with the local one or an earlier
@@ -288,9 +297,32 @@ def _admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[R
     a local peer's or an earlier record's; when its internal address is a local node's; or when one
     of its allowed location IPs covers any of these, a node's address, or is a default route the
     local mesh does not allow. Sharing a private subnet is fine."""
+    claims, internal, hosts = _local_claims(local)
+    ids = {local.cluster.id: local.cluster.name}
+    out: list[Remote] = []
+    rejected: list[Rejection] = []
+    for remote in sorted(remotes, key=lambda t: t.cluster.name):
+        cname, cid = remote.cluster.name, remote.cluster.id
+        if cname in ids.values():
+            rejected.append(Rejection(cname, f"cluster.name: {cname!r} is already used"))
+            continue
+        if cid in ids:
+            rejected.append(Rejection(cname, f"cluster.id: {cid} is already used by cluster {ids[cid]}"))
+            continue
+        admitted, rej = _admit_cluster(as_remote(remote), claims, internal, hosts, local.mesh.allow_default_route)
+        rejected += rej
+        ids[cid] = cname
+        out.append(admitted)
+    return out, rejected
+
+
+def _local_claims(local: Topology) -> tuple[Claims, dict[Any, str], dict[Any, str]]:
+    """What the local cluster holds, that no remote record may take: its nodes' pod CIDRs, keys,
+    internal addresses, location IPs and endpoints, its peers' allowed IPs and keys, and its
+    WireGuard subnet (claims, internal addresses, host addresses)."""
     claims = Claims()
-    internal: dict[object, str] = {}
-    hosts: dict[object, str] = {}
+    internal: dict[Any, str] = {}
+    hosts: dict[Any, str] = {}
     for n in local.nodes:
         claims.add(n.pod_span, ("local node ", n))
         claims.keys[n.public_key] = f"local node {n.name}"
@@ -303,36 +335,31 @@ def _admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[R
         # A remote node routed over addresses a local peer holds would take that peer's traffic.
         claims.add_peer(p, "local peer")
     claims.add(local.mesh.subnet, f"the local WireGuard subnet {local.mesh.subnet}")
-    ids = {local.cluster.id: local.cluster.name}
-    out: list[Remote] = []
+    return claims, internal, hosts
+
+
+def _admit_cluster(remote: Topology, claims: Claims, internal: dict[Any, str], hosts: dict[Any, str],
+                   allow_default_route: bool) -> tuple[Remote, list[Rejection]]:
+    """One remote cluster (its nodes marked as its own) against everything admitted so far: a
+    record whose segment's WireGuard address is taken is rejected first, the rest go through
+    `admit_nodes`; the admitted records' segment addresses join `claims`."""
+    cname = remote.cluster.name
+    label = f"{cname}.nodes"
+    segs = tuple(segments(remote))
+    seg_wg = {m.name: s.wireguard_ip for s in segs for m in s.members}
     rejected: list[Rejection] = []
-    for remote in sorted(remotes, key=lambda t: t.cluster.name):
-        cname, cid = remote.cluster.name, remote.cluster.id
-        if cname in ids.values():
-            rejected.append(Rejection(cname, f"cluster.name: {cname!r} is already used"))
+    candidates = []
+    for n in remote.nodes:
+        owner = claims.conflict(host_net(seg_wg[n.name]))
+        if owner is not None:
+            rejected.append(Rejection(n.qualified_name, f"{label}.{n.name}.wireguard_ip: "
+                                      f"{str(seg_wg[n.name].ip)!r} overlaps {owner}"))
             continue
-        if cid in ids:
-            rejected.append(Rejection(cname, f"cluster.id: {cid} is already used by cluster {ids[cid]}"))
-            continue
-        remote = as_remote(remote)
-        label = f"{cname}.nodes"
-        segs = tuple(segments(remote))
-        seg_wg = {m.name: s.wireguard_ip for s in segs for m in s.members}
-        candidates = []
-        for n in remote.nodes:
-            owner = claims.conflict(host_net(seg_wg[n.name]))
-            if owner is not None:
-                rejected.append(Rejection(n.qualified_name, f"{label}.{n.name}.wireguard_ip: "
-                                          f"{str(seg_wg[n.name].ip)!r} overlaps {owner}"))
-                continue
-            candidates.append(n)
-        admitted, rej = admit_nodes(candidates, remote.mesh.subnet, claims=claims, internal_ips=internal,
-                                    hosts=hosts, allow_default_route=local.mesh.allow_default_route, label=label)
-        rejected += rej
-        for n in admitted:
-            wg = host_net(seg_wg[n.name])
-            if claims.conflict(wg) is None:
-                claims.add(wg, f"cluster {cname}'s WireGuard address {wg.network_address}")
-        ids[cid] = cname
-        out.append(Remote(remote, frozenset(n.name for n in admitted), segs))
-    return out, rejected
+        candidates.append(n)
+    admitted, rej = admit_nodes(candidates, remote.mesh.subnet, claims=claims, internal_ips=internal,
+                                hosts=hosts, allow_default_route=allow_default_route, label=label)
+    for n in admitted:
+        wg = host_net(seg_wg[n.name])
+        if claims.conflict(wg) is None:
+            claims.add(wg, f"cluster {cname}'s WireGuard address {wg.network_address}")
+    return Remote(remote, frozenset(n.name for n in admitted), segs), [*rejected, *rej]

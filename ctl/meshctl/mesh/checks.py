@@ -14,7 +14,7 @@ from typing import Any
 from meshctl.errors import InputError
 from meshctl.mesh.fields import endpoint
 from meshctl.mesh.model import Node, Topology, private_neighbours
-from meshctl.mesh.plan import segments
+from meshctl.mesh.segments import segments
 
 # How many unreachable pairs are named before the rest are counted.
 MAX_PAIRS_NAMED = 5

@@ -8,10 +8,7 @@ Addresses are `ipaddress` objects, never strings, so comparisons and overlap che
 from __future__ import annotations
 
 import functools
-import gc
 import ipaddress
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -22,7 +19,6 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Granularity = Literal["location", "full", "cross"]
 IntraSubnet = Literal["auto", "direct", "vxlan", "ipip", "wireguard-private", "wireguard"]
 GRANULARITIES: tuple[str, ...] = ("location", "full", "cross")
-INTRA_SUBNET_MODES: tuple[str, ...] = ("auto", "direct", "vxlan", "ipip", "wireguard-private", "wireguard")
 DEFAULT_INTRA_SUBNET: IntraSubnet = "auto"
 
 # The path ladder between two nodes, cheapest first (docs/mesh.md, "The path ladder"). The private
@@ -31,10 +27,16 @@ DEFAULT_INTRA_SUBNET: IntraSubnet = "auto"
 Rung = Literal["direct", "direct+ipip", "direct+vxlan", "wireguard-private", "tunnel"]
 RUNGS: tuple[Rung, ...] = ("direct", "direct+ipip", "direct+vxlan", "wireguard-private", "tunnel")
 PRIVATE_RUNGS: tuple[Rung, ...] = RUNGS[:-1]
-ENCAP_RUNGS: dict[str, str] = {"direct+vxlan": "vxlan", "direct+ipip": "ipip"}  # rung -> encapsulation kind
+# The encapsulations of the private network, the one table of them: each kind is carried by one
+# rung (rung -> kind) and is also the fixed intra_subnet mode that pins a pair to that rung. The
+# fast path's map codes of the kinds (datapath/layout.py) are keyed by this table.
+EncapKind = Literal["vxlan", "ipip"]
+ENCAP_RUNGS: dict[Rung, EncapKind] = {"direct+vxlan": "vxlan", "direct+ipip": "ipip"}
+ENCAP_KINDS: tuple[EncapKind, ...] = tuple(ENCAP_RUNGS.values())
 # What a fixed intra_subnet mode pins an eligible private pair to (auto: the ladder).
-FIXED_RUNG: dict[str, Rung] = {"direct": "direct", "vxlan": "direct+vxlan", "ipip": "direct+ipip",
+FIXED_RUNG: dict[str, Rung] = {"direct": "direct", **{kind: rung for rung, kind in ENCAP_RUNGS.items()},
                                "wireguard-private": "wireguard-private", "wireguard": "tunnel"}
+INTRA_SUBNET_MODES: tuple[str, ...] = ("auto", *FIXED_RUNG)
 # Probe results as the plan reads them: peer (qualified name) -> the private rungs that deliver.
 # A peer the mapping does not name is assumed to deliver on every rung (offline plans).
 PathState = dict[str, frozenset[str]]
@@ -149,8 +151,8 @@ class Node:
         return f"{self.cluster}/{self.name}" if self.cluster else self.name
 
     def __hash__(self) -> int:
-        # Computed once per record: plans memoise per segment on tuples of thousands of nodes, and
-        # hashing every field of every node on every reconcile cost more than the plan itself.
+        # Computed once per record: plans memoise per segment on tuples of thousands of nodes, so
+        # the same records are hashed on every reconcile; their fields never change.
         h = self.__dict__.get("_hash")
         if h is None:
             h = hash(tuple(getattr(self, f) for f in _NODE_FIELDS))
@@ -231,31 +233,18 @@ def private_joined(a: Node, b: Node, private_networks: tuple[IPNetwork, ...]) ->
 
 def sort_key_net(n: IPNetwork | IPInterface | IPAddress) -> tuple[int, int, int]:
     """The project's one order for addresses and prefixes: IP version, address, prefix length."""
-    if isinstance(n, ipaddress.IPv4Network | ipaddress.IPv6Network):
+    if isinstance(n, IPNetwork):
         return (n.version, int(n.network_address), n.prefixlen)
-    if isinstance(n, ipaddress.IPv4Interface | ipaddress.IPv6Interface):
+    if isinstance(n, IPInterface):
         return (n.version, int(n.ip), n.network.prefixlen)
     return (n.version, int(n), n.max_prefixlen)
 
 
 @functools.lru_cache(maxsize=65536)
 def host_net(ip: IPAddress | IPInterface) -> IPNetwork:
-    """The /32 (or /128) of an address (built from integers: string parsing dominated big plans)."""
-    addr = ip.ip if isinstance(ip, ipaddress.IPv4Interface | ipaddress.IPv6Interface) else ip
+    """The /32 (or /128) of an address, built from integers (no string parsing: plans ask it for
+    every address they route)."""
+    addr = ip.ip if isinstance(ip, IPInterface) else ip
     if addr.version == 4:
         return ipaddress.IPv4Network((int(addr), 32))
     return ipaddress.IPv6Network((int(addr), 128))
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC during a pure computation over many records: plans and admissions
-    allocate many small acyclic objects (addresses), and the collector's full passes over them
-    doubled the time of a 10,000-node plan."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from meshctl.errors import InputError
 from meshctl.mesh.model import (
     Endpoint,
     IPInterface,
@@ -18,7 +19,8 @@ from meshctl.mesh.model import (
     private_neighbours,
     sort_key_net,
 )
-from meshctl.mesh.plan import Encap, NodePlan, Remote, Segment, segments
+from meshctl.mesh.plan import Encap, NodePlan, plan_node
+from meshctl.mesh.segments import Remote, Segment, segment_addresses, segments
 
 
 def plan_to_json(p: NodePlan) -> dict[str, Any]:
@@ -49,8 +51,8 @@ def plan_to_json(p: NodePlan) -> dict[str, Any]:
 
 
 def _encap_json(e: Encap | None) -> dict[str, Any]:
-    """The encapsulation keys of a fast-path entry (absent for raw ones, so plans without
-    encapsulated rungs read exactly as before)."""
+    """The encapsulation keys of a fast-path entry: none for a raw entry, whose JSON is its
+    prefix, action and next hop only."""
     if e is None:
         return {}
     return {"encap": e.kind, "outer_src": str(e.local), "outer_dst": str(e.remote)}
@@ -94,20 +96,43 @@ def graph_dot(topo: Topology) -> str:
     location granularity dashed arrows go from each segment's leader to its members (their way
     into the mesh), so no node looks cut off. The graph is labelled with the cluster and its
     WireGuard subnet, and carries a legend of the three edge kinds."""
-    from meshctl.mesh.plan import plan_node
-
     segs = segments(topo)
-    wg_of = {}
-    for s in segs:
-        for m in s.members:
-            wg_of[m.name] = s.wireguard_ip if m.name == s.leader.name else None
     title = f"cluster {topo.cluster.name} ({topo.mesh.granularity}): WireGuard subnet {topo.mesh.subnet}"
     lines = [f"digraph {_dot_id(topo.cluster.name)} {{",
              f"  graph [compound=true, rankdir=LR, labelloc=t, label={_dot_id(title)}];",
              "  node [shape=box, style=rounded, fontname=Helvetica, fontsize=10];", "  edge [dir=none];"]
-    by_loc: dict[str, list] = {}
+    lines += _dot_locations(topo, segs)
+    for p in sorted(topo.peers, key=lambda p: p.name):
+        lines.append(f"  {_dot_id('peer:' + p.name)} [label=\"{p.name}\\npeer\\n"
+                     f"{', '.join(map(str, p.allowed_ips))}\", shape=ellipse];")
+    for a, b, style in sorted(_dot_edges(topo)):
+        lines.append(f"  {_dot_id(a)} -> {_dot_id(b)} [style={style}];")
+    if topo.mesh.granularity == "location":
+        for s in segs:
+            for m in s.members:
+                if m.name != s.leader.name:
+                    lines.append(f"  {_dot_id(s.leader.name)} -> {_dot_id(m.name)} [style=dashed, dir=forward];")
+    return "\n".join([*lines, *_DOT_LEGEND]) + "\n"
+
+
+_DOT_LEGEND = ("  subgraph cluster_legend {", '    label="legend"; fontsize=9;',
+               '    node [shape=plaintext, fontsize=9, label=""];',
+               '    legend_wg_a -> legend_wg_b [style=solid, label="WireGuard"];',
+               '    legend_direct_a -> legend_direct_b [style=dotted, label="direct (private network)"];',
+               '    legend_leader_a -> legend_leader_b [style=dashed, dir=forward, label="leader to member"];',
+               "  }", "}")
+
+
+def _dot_locations(topo: Topology, segs: Sequence[Segment]) -> list[str]:
+    """One subgraph per location, a box per node with its addresses (the WireGuard one on leaders)."""
+    wg_of = {}
+    for s in segs:
+        for m in s.members:
+            wg_of[m.name] = s.wireguard_ip if m.name == s.leader.name else None
+    by_loc: dict[str, list[Node]] = {}
     for n in sorted(topo.nodes, key=lambda n: n.name):
         by_loc.setdefault(n.location, []).append(n)
+    lines = []
     for i, (loc, members) in enumerate(sorted(by_loc.items())):
         lines.append(f"  subgraph cluster_{i} {{")
         lines.append(f"    label={_dot_id('location: ' + (loc or '(none)'))};")
@@ -120,9 +145,12 @@ def graph_dot(topo: Topology) -> str:
             ])
             lines.append(f"    {_dot_id(n.name)} [label=\"{label}\"];")
         lines.append("  }")
-    for p in sorted(topo.peers, key=lambda p: p.name):
-        lines.append(f"  {_dot_id('peer:' + p.name)} [label=\"{p.name}\\npeer\\n"
-                     f"{', '.join(map(str, p.allowed_ips))}\", shape=ellipse];")
+    return lines
+
+
+def _dot_edges(topo: Topology) -> set[tuple[str, str, str]]:
+    """The graph's links, read from every node's plan: (a, b, style) with a < b; solid for a
+    WireGuard peer, dotted for a pod CIDR routed straight to a private neighbour."""
     edges: set[tuple[str, str, str]] = set()
     for n in topo.nodes:
         plan = plan_node(topo, n.name)
@@ -138,20 +166,7 @@ def graph_dot(topo: Topology) -> str:
                         and private_neighbours(n, m):
                     a, b = sorted((n.name, m.name))
                     edges.add((a, b, "dotted"))
-    for a, b, style in sorted(edges):
-        lines.append(f"  {_dot_id(a)} -> {_dot_id(b)} [style={style}];")
-    if topo.mesh.granularity == "location":
-        for s in segs:
-            for m in s.members:
-                if m.name != s.leader.name:
-                    lines.append(f"  {_dot_id(s.leader.name)} -> {_dot_id(m.name)} [style=dashed, dir=forward];")
-    lines += ["  subgraph cluster_legend {", '    label="legend"; fontsize=9;',
-              '    node [shape=plaintext, fontsize=9, label=""];',
-              '    legend_wg_a -> legend_wg_b [style=solid, label="WireGuard"];',
-              '    legend_direct_a -> legend_direct_b [style=dotted, label="direct (private network)"];',
-              '    legend_leader_a -> legend_leader_b [style=dashed, dir=forward, label="leader to member"];',
-              "  }", "}"]
-    return "\n".join(lines) + "\n"
+    return edges
 
 
 PRIVATE_KEY_PLACEHOLDER = "# PrivateKey = <kept on the node, never printed>"
@@ -200,16 +215,12 @@ def node_conf(topo: Topology, plan: NodePlan) -> WgConf:
 
 
 def _segment_peer(s: Segment, keepalive: int | None, extra: Sequence[IPNetwork] = ()) -> WgPeer:
-    from meshctl.mesh.plan import segment_addresses
-
     addrs = [*segment_addresses(s.members, s.wireguard_ip, None), *extra]
     return WgPeer(s.peer_name, s.leader.public_key, s.leader.endpoint, tuple(sorted(set(addrs), key=sort_key_net)),
                   keepalive)
 
 
 def _peer_of(topo: Topology, name: str) -> Peer:
-    from meshctl.errors import InputError
-
     peer = next((p for p in topo.peers if p.name == name), None)
     if peer is None:
         raise InputError("peer", name, "is not a peer of the topology")

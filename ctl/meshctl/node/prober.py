@@ -1,5 +1,5 @@
 """The prober: sends probes shaped like each rung's traffic to every eligible peer, answers the
-peers' probes, and feeds what it sees to the pure chooser (mesh.paths.Chooser).
+peers' probes, and feeds what it sees to the pure chooser (mesh.chooser.Chooser).
 
 Probe kinds and their packets (all carry one 36-byte probe payload, UDP port PROBE_PORT):
 
@@ -38,8 +38,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from meshctl.mesh.chooser import PROBE_KINDS, Change, Chooser, ProbeTuning
 from meshctl.mesh.model import RUNGS, PathState, Rung
-from meshctl.mesh.paths import PROBE_KINDS, Change, Chooser, ProbeTuning
 
 log = logging.getLogger("meshctl.probe")
 
@@ -132,7 +132,7 @@ def _attach_filter(sock: socket.socket, code: bytes) -> None:
 
 @dataclass(frozen=True)
 class Target:
-    """A peer to probe: its plan name, private address, probe address and ladder (plan.pair_rungs)."""
+    """A peer to probe: its plan name, private address, probe address and ladder (mesh.ladder.pair_rungs)."""
 
     name: str
     internal: ipaddress.IPv4Address

@@ -10,8 +10,8 @@ import os
 import subprocess
 from collections.abc import Sequence
 
-from meshctl.datapath.inns import NETNS_DIR
 from meshctl.errors import MeshError
+from meshctl.setns import NETNS_DIR
 
 
 def sh(args: Sequence[str], *, check: bool = True, timeout: float = 30, input: str | None = None

@@ -40,7 +40,7 @@ from meshctl.errors import InputError
 from meshctl.etcd import EtcdClient, EtcdError
 from meshctl.mesh import admit, records
 from meshctl.mesh.model import Topology
-from meshctl.mesh.plan import segments
+from meshctl.mesh.segments import segments
 
 log = logging.getLogger("meshctl.kube.kvstore")
 

@@ -12,7 +12,9 @@ pinned objects run through `nsenter --net=/run/netns/NAME` instead (`run(..., ke
 
 from __future__ import annotations
 
+from meshctl.datapath import links
 from meshctl.node.shell import NETNS_DIR, exec_prefix, pid_alive, run, sh
+from meshctl.setns import in_netns
 
 __all__ = ["NETNS_DIR", "exec_prefix", "pid_alive", "run", "sh"]  # the lab's toolbox includes the shell helpers
 
@@ -74,9 +76,6 @@ def sysctl(ns: str | None, key: str, value: str) -> None:
 
 def ifindex(ns: str | None, dev: str) -> int:
     """The ifindex of `dev` inside `ns` (None: here), or MeshError naming it."""
-    from meshctl.datapath import links
-    from meshctl.datapath.inns import in_netns
-
     return in_netns(ns, lambda: links.ifindex(dev))
 
 

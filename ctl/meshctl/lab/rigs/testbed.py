@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshctl import defaults
-from meshctl.datapath.inns import in_netns
 from meshctl.datapath.layout import VXLAN_PORT
 from meshctl.errors import MeshError
 from meshctl.lab.rigs import netns
 from meshctl.mesh.model import Endpoint, MeshSettings, Node, Topology
 from meshctl.mesh.plan import Encap, FastPathEntry, plan_node
 from meshctl.node.tunnels import TunnelApplier
+from meshctl.setns import in_netns
 
 WG = defaults.WG_INTERFACE
 

@@ -100,7 +100,7 @@ class Chooser:
     # --- which peers --------------------------------------------------------------------------
 
     def set_peers(self, ladders: dict[str, Sequence[Rung]], now: float) -> None:
-        """The peers to probe and each pair's ladder (plan.pair_rungs). Peers no longer listed are
+        """The peers to probe and each pair's ladder (ladder.pair_rungs). Peers no longer listed are
         forgotten; a ladder that changed keeps what the probes already showed."""
         for name in [n for n in self.pairs if n not in ladders]:
             del self.pairs[name]
@@ -230,7 +230,7 @@ class Chooser:
     def path_state(self) -> PathState:
         """Peer -> the private rungs the plan may take, i.e. those that deliver, are available on
         both ends and are no cheaper than the agreed rung. Peers without a verdict are absent (the
-        plan then assumes every rung works, as it did before probing)."""
+        plan then assumes every rung works)."""
         out: PathState = {}
         for name, p in self.pairs.items():
             if p.rung is None:

@@ -1,0 +1,88 @@
+"""The path ladder of a pair of nodes (docs/mesh.md, "The path ladder"): which rungs the records
+allow between two nodes, cheapest first, and which one a pair takes given the probes' verdicts.
+Pure functions of records; the plan reads them, and so does the prober (which peers it probes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from meshctl.mesh.model import (
+    ENCAP_KINDS,
+    ENCAP_RUNGS,
+    FIXED_RUNG,
+    RUNGS,
+    IPNetwork,
+    Node,
+    Rung,
+    Topology,
+    private_joined,
+    private_neighbours,
+)
+
+# The encapsulated rungs, cheapest first.
+_ENCAPSULATED: tuple[Rung, ...] = tuple(r for r in RUNGS if r in ENCAP_RUNGS)
+
+
+def pair_rungs(mesh_intra: str, granularity: str, private_networks: tuple[IPNetwork, ...], me: Node, r: Node
+               ) -> tuple[Rung, ...]:
+    """The rungs node `me` may use towards `r` (full/cross granularity), cheapest first; the last
+    is always `tunnel`. The fixed modes direct and wireguard-private use their rung between
+    private neighbours only (wireguard never); vxlan, ipip and auto take every pair one routed
+    private network joins (private_joined). In cross granularity a private pair must share a
+    location."""
+    same_loc_ok = granularity == "full" or me.location == r.location
+    if mesh_intra in ("direct", "wireguard-private", "wireguard"):
+        if mesh_intra != "wireguard" and same_loc_ok and private_neighbours(me, r):
+            return (FIXED_RUNG[mesh_intra], "tunnel")
+        return ("tunnel",)
+    if not same_loc_ok or not private_joined(me, r, private_networks):
+        return ("tunnel",)
+    if mesh_intra != "auto":
+        return (FIXED_RUNG[mesh_intra], "tunnel")
+    return RUNGS if private_neighbours(me, r) else RUNGS[1:]  # `direct` only between neighbours
+
+
+def member_rungs(mesh_intra: str, me: Node, m: Node) -> tuple[Rung, ...]:
+    """The rungs between two members of one location (location granularity): inside a location
+    traffic is private (Kilo's rule) and there is no WireGuard between members, so the ladder
+    stops at the encapsulated rungs; the fixed modes other than vxlan and ipip use `direct`."""
+    if mesh_intra in ENCAP_KINDS:
+        return (FIXED_RUNG[mesh_intra],)
+    if mesh_intra == "auto":
+        first: tuple[Rung, ...] = ("direct",) if private_neighbours(me, m) else ()
+        return (*first, *_ENCAPSULATED)
+    return ("direct",)
+
+
+def choose_rung(rungs: Sequence[Rung], working: frozenset[str] | None) -> Rung:
+    """The cheapest rung that delivers (`working`: the probed private rungs; None: all of them).
+    `tunnel` always delivers; a ladder without it falls back to its first rung."""
+    if working is None:
+        return rungs[0]
+    for rung in rungs:
+        if rung == "tunnel" or rung in working:
+            return rung
+    return rungs[0]
+
+
+def probe_ladders(topo: Topology, name: str) -> dict[str, tuple[Rung, ...]]:
+    """The peers node `name` probes under `intra_subnet: auto`, with each pair's ladder: every
+    node whose ladder has a private rung (full/cross: pair_rungs; location: its own members)."""
+    mesh = topo.mesh
+    me = topo.node(name)
+    if me is None or mesh.intra_subnet != "auto" or me.internal_ip is None:
+        return {}
+    out: dict[str, tuple[Rung, ...]] = {}
+    for r in topo.nodes:
+        if r.name == me.name or r.internal_ip is None:
+            continue
+        if mesh.granularity == "location":
+            if r.location != me.location:
+                continue
+            ladder = member_rungs(mesh.intra_subnet, me, r)
+        else:
+            ladder = pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, me, r)
+        if any(rung != "tunnel" for rung in ladder):
+            out[r.qualified_name] = ladder
+    return out

@@ -1,0 +1,105 @@
+"""The mesh's shape: segments (the nodes that share one WireGuard identity), their leaders and
+WireGuard addresses, and other clusters as this node admitted them.
+
+Admission and the plan both read the shape, so it lives apart from both: admission checks a remote
+cluster's segment addresses before anything is planned, and the plan derives peers and routes from
+the same segments (docs/mesh.md).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from meshctl.errors import InputError
+from meshctl.mesh.model import IPInterface, IPNetwork, Node, Topology, host_net, private_neighbours
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Nodes that share one WireGuard identity: a location (location granularity) or one node."""
+
+    key: str
+    members: tuple[Node, ...]
+    leader: Node
+    wireguard_ip: IPInterface
+    cluster: str = ""
+
+    @property
+    def peer_name(self) -> str:
+        return self.leader.qualified_name
+
+
+@dataclass(frozen=True)
+class Remote:
+    """Another cluster as this node sees it: its whole topology as its cluster publishes it (its
+    segments, leaders and WireGuard addresses come from all of it, as its own plan gives them)
+    and the names of the records admitted here (only those get routes)."""
+
+    topology: Topology
+    admitted: frozenset[str]
+    segments: tuple[Segment, ...] = ()  # segments(topology), when the caller already has them
+
+    @property
+    def nodes(self) -> list[Node]:
+        return [n for n in self.topology.nodes if n.name in self.admitted]
+
+
+def segment_key(node: Node, granularity: str) -> str:
+    if granularity == "location" and node.internal_ip is not None:
+        return f"location:{node.location}"
+    return f"node:{node.name}"
+
+
+def choose_leader(members: Sequence[Node]) -> Node:
+    """By name: the first with `leader` and a public endpoint; else the first with `leader`;
+    else the first with a public endpoint; else the first."""
+    if len(members) == 1:
+        return members[0]
+    ordered = sorted(members, key=lambda n: n.name)
+
+    def public(n: Node) -> bool:
+        return n.endpoint is not None and n.endpoint.is_public
+
+    for pick in (lambda n: n.leader and public(n), lambda n: n.leader, public):
+        for n in ordered:
+            if pick(n):
+                return n
+    return ordered[0]
+
+
+def segments(topo: Topology) -> list[Segment]:
+    """The topology's segments, sorted by key; the i-th gets the subnet's address i+1."""
+    gran = topo.mesh.granularity
+    groups: dict[str, list[Node]] = {}
+    for n in topo.nodes:
+        groups.setdefault(segment_key(n, gran), []).append(n)
+    subnet = topo.mesh.subnet
+    if len(groups) + 1 >= subnet.num_addresses:
+        raise InputError("mesh.subnet", str(subnet), f"has no room for {len(groups)} segments")
+    iface = ipaddress.IPv4Interface if subnet.version == 4 else ipaddress.IPv6Interface
+    base = int(subnet.network_address)
+    out: list[Segment] = []
+    for i, key in enumerate(sorted(groups)):
+        members = tuple(sorted(groups[key], key=lambda n: n.name))
+        wg = iface((base + i + 1, subnet.prefixlen))
+        cluster = members[0].cluster
+        out.append(Segment(key, members, choose_leader(members), wg, cluster))
+    return out
+
+
+def segment_addresses(members: Sequence[Node], wg: IPInterface | None, exclude_internal_of: Node | None
+                      ) -> list[IPNetwork]:
+    """What a segment's peer carries: pod CIDRs, internal /32s, the WireGuard IP and location IPs.
+    The internal address of a private neighbour of `exclude_internal_of` is left out (that node
+    reaches it over the private network)."""
+    out: list[IPNetwork] = []
+    for m in members:
+        out.append(m.pod_cidr)
+        if m.internal_ip is not None and not (exclude_internal_of and private_neighbours(exclude_internal_of, m)):
+            out.append(host_net(m.internal_ip))
+        out.extend(m.allowed_location_ips)
+    if wg is not None:
+        out.append(host_net(wg))
+    return out
