@@ -131,7 +131,7 @@ def test_encapsulated_ping_and_tcp_take_the_fast_path_across_the_vpc(bed, kind):
 
 def test_maps_dump_shows_each_entrys_encapsulation_and_outer_addresses(bed):
     use(bed, "vxlan", "ipip")
-    where = ["--pin-root", bed.pin_root]
+    where = ["--bpf-pin-root", bed.pin_root]
     r = CliRunner().invoke(main, ["maps", "dump", "--node", "a", *where, "--netns", bed.ns("a"), "-o", "json"])
     assert r.exit_code == 0, r.output
     rows = {e["prefix"]: e for e in json.loads(r.stdout)["entries"]}

@@ -212,7 +212,7 @@ def test_agent_restarts_and_a_program_upgrade_drop_no_packet(bed):
 
 def test_cli_dump_and_status(bed):
     runner = CliRunner()
-    where = ["--node", "a", "--pin-root", bed.pin_root, "--netns", bed.ns("a")]
+    where = ["--node", "a", "--bpf-pin-root", bed.pin_root, "--netns", bed.ns("a")]
     r = runner.invoke(main, ["maps", "dump", *where, "-o", "json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
@@ -226,14 +226,14 @@ def test_cli_dump_and_status(bed):
     assert r.exit_code == 0 and "10.42.2.0/24" not in r.stdout and "direct" in r.stdout
     r = runner.invoke(main, ["datapath", "status", *where])
     assert r.exit_code == 0 and "datapath ebpf" in r.stdout and "pod-in" in r.stdout and "vp1" in r.stdout
-    r = runner.invoke(main, ["maps", "dump", "--node", "a", "--pin-root", bed.pin_root, "--netns", "mdp-none"])
+    r = runner.invoke(main, ["maps", "dump", "--node", "a", "--bpf-pin-root", bed.pin_root, "--netns", "mdp-none"])
     assert r.exit_code == 2 and r.stderr.strip() == "error: --netns: 'mdp-none' is not a network namespace"
-    r = runner.invoke(main, ["maps", "dump", "--node", "zz", "--pin-root", bed.pin_root])
+    r = runner.invoke(main, ["maps", "dump", "--node", "zz", "--bpf-pin-root", bed.pin_root])
     assert r.exit_code == 1 and r.stderr.startswith("error: nothing is pinned")
 
 
 def test_unloading_keeps_traffic_flowing_through_kernel_routes(bed):
-    r = CliRunner().invoke(main, ["datapath", "unload", "--node", "a", "--pin-root", bed.pin_root,
+    r = CliRunner().invoke(main, ["datapath", "unload", "--node", "a", "--bpf-pin-root", bed.pin_root,
                                   "--netns", bed.ns("a")])
     assert r.exit_code == 0, r.output
     in_netns(bed.ns("b"), lambda: Datapath.unload("b", pin_root=bed.pin_root))

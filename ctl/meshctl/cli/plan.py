@@ -18,6 +18,7 @@ from meshctl.backends.base import ClusterState
 from meshctl.backends.file import load_topology, load_topology_checked
 from meshctl.cli import targets
 from meshctl.cli.agent import endpoint_list, etcd_options
+from meshctl.cli.options import file_option, lab_option, output_option
 from meshctl.errors import MISSING, InputError, MeshError
 from meshctl.mesh import fields
 from meshctl.mesh.checks import topology_warnings
@@ -46,14 +47,13 @@ BACKENDS = ("file", "etcd", "kubernetes")
 def _source_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """Where the topology comes from: `-f FILE`, or the live store with the agent's flags."""
     for opt in reversed([
-        click.option("-f", "--file", "path", default=None, type=click.Path(dir_okay=False),
-                     help="Topology YAML (the default source)."),
+        file_option(type=click.Path(dir_okay=False), help="Topology YAML (the default source)."),
         click.option("--backend", default=None, type=click.Choice(BACKENDS),
                      help="Read the live cluster instead of a file: its etcd (--etcd-* flags, or the lab's etcd) "
                      "or its Kubernetes API (--kubeconfig, $KUBECONFIG, in-cluster)."),
         click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file."),
         click.option("--api-server", default=None, help="--backend kubernetes: API server URL without credentials."),
-        click.option("--lab", "lab_name", default=None, help="--backend etcd without --etcd-endpoints: a lab's etcd."),
+        lab_option("--backend etcd without --etcd-endpoints: a lab's etcd."),
         etcd_options,
     ]):
         f = opt(f)
@@ -151,7 +151,7 @@ def _load_remotes(local: Topology, paths: tuple[str, ...]) -> list[Remote]:
               help="Another cluster's topology file (cluster mesh); repeatable.")
 @click.option("--path-state", "path_state", type=click.Path(dir_okay=False),
               help="Probe results (YAML: node -> the private rungs that deliver); without it every rung works.")
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
+@output_option()
 def plan(node: str, granularity: Granularity | None, remotes: tuple[str, ...], path_state: str | None,
          output: str, **source: Any) -> None:
     """Print one node's WireGuard peers, routes and fast-path entries."""
@@ -211,8 +211,8 @@ def _cidrs(ctx: click.Context, param: click.Parameter, value: str | None) -> tup
 @_source_options
 @click.argument("kind", type=click.Choice(["node", "peer"]))
 @click.argument("name")
-@click.option("-o", "--output", default="wireguard", show_default=True, type=click.Choice(SHOWCONF_FORMATS),
-              help="wireguard: what `wg setconf` reads; wg-quick: with Address lines; json, yaml.")
+@output_option(SHOWCONF_FORMATS,
+               help="wireguard: what `wg setconf` reads; wg-quick: with Address lines; json, yaml.")
 @click.option("--as-peer", is_flag=True, help="Print NAME as a peer of others (with -o yaml|json: a Peer "
               "resource another cluster can apply).")
 @click.option("--allowed-ips", default=None, callback=_cidrs,

@@ -358,7 +358,7 @@ def agent_argv(st: LabState, cst: ClusterState, node: NodeState) -> list[str]:
     e = cst.etcd
     me = e.identities[node.name]  # the node's own etcd identity: it may write only its record
     argv = [
-        sys.executable, "-m", "meshctl.cli", "agent", "--node-name", node.name, "--pod-cidr", node.pod_cidr,
+        sys.executable, "-m", "meshctl.cli", "agent", "--node", node.name, "--pod-cidr", node.pod_cidr,
         "--public-interface", node.public_interface, "--state-dir", node.state_dir,
         "--wg-run-dir", node.wg_run_dir, "--metrics-addr", node.metrics_addr,
         "--backend", "etcd", "--etcd-endpoints", ",".join(e.endpoints), "--etcd-ca", e.ca,
