@@ -84,7 +84,7 @@ BAD = [
      "peers[0].allowed_ips[0]: '10.2.1.128/25' overlaps a's pod CIDR"),
     (mutate("peers.1.name", "p1"), "peers[1].name: 'p1' is a duplicate peer name"),
     (mutate("nodes.0.persistent_keepalive", -1), "nodes[0].persistent_keepalive: -1 is not a keepalive"),
-    (mutate("nodes.0.colour", "red"), "nodes[0].colour: 'red' is not a known field"),
+    (mutate("nodes.0.colour", "red"), "nodes[0].colour: is not a known field"),
     ("nodes: [\n  - {name: a", "is not valid YAML at line"),
     ("- just\n- a list\n", "is not a topology"),
 ]

@@ -7,12 +7,13 @@ and raises `InputError(path, value, reason)`, so every bad input reads the same 
 from __future__ import annotations
 
 import base64
+import difflib
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
-from meshctl.errors import InputError
+from meshctl.errors import MISSING, InputError
 from meshctl.mesh.model import (
     GRANULARITIES,
     Endpoint,
@@ -199,10 +200,22 @@ def mapping(value: Any, path: str) -> Mapping[str, Any]:
     return value
 
 
-def no_unknown_fields(d: Mapping[str, Any], known: Iterable[str], path: str) -> None:
+def no_unknown_fields(d: Mapping[Any, Any], known: Iterable[str], path: str) -> None:
+    """Refuse the first key of `d` not in `known`. The line names the key, never its value (a
+    misspelt `nodes:` would otherwise print the whole node list), and the nearest known field."""
+    names = tuple(known)
     for k in d:
-        if k not in known:
-            raise InputError(f"{path}.{k}" if path else str(k), d[k], "is not a known field")
+        if k not in names:
+            raise unknown_field(k, names, path)
+
+
+def unknown_field(key: Any, known: Iterable[str], path: str) -> InputError:
+    """`nodes[0].podcidr: is not a known field (did you mean pod_cidr?)`."""
+    by_lower = {k.lower(): k for k in known}  # `podCIDR` and `allowedips` find their field too
+    close = difflib.get_close_matches(str(key).lower(), list(by_lower), n=1, cutoff=0.6)
+    hint = f" (did you mean {by_lower[close[0]]}?)" if close else ""
+    where = f"{path}.{key}" if path else str(key)
+    return InputError(where, MISSING, f"is not a known field{hint}")
 
 
 def key_file(value: Any, path: str) -> KeyRef:

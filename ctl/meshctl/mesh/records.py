@@ -164,15 +164,22 @@ def mesh_to_record(m: MeshSettings) -> dict[str, Any]:
     return rec
 
 
+CLUSTER_FIELDS = ("name", "id")
+
+
 def parse_cluster(d: Any, path: str) -> Cluster:
     if d is None:
         return Cluster()
     d = mapping(d, path)
-    no_unknown_fields(d, ("name", "id"), path)
+    no_unknown_fields(d, CLUSTER_FIELDS, path)
     return Cluster(
         name=cluster_name(d.get("name", "default"), f"{path}.name"),
         id=cluster_id(d.get("id", 1), f"{path}.id"),
     )
+
+
+# `lab:` is the lab's own block (lab/namespaces/spec.py); a topology file may carry it and plan ignores it.
+TOPOLOGY_FIELDS = ("cluster", "mesh", "nodes", "peers", "lab")
 
 
 def parse_topology(doc: Any) -> Topology:
@@ -181,9 +188,7 @@ def parse_topology(doc: Any) -> Topology:
         doc = {}
     if not isinstance(doc, dict):
         raise InputError("", doc, "is not a topology (a mapping with cluster, mesh, nodes, peers)")
-    for k in doc:
-        if k not in ("cluster", "mesh", "nodes", "peers", "lab"):
-            raise InputError(str(k), doc[k], "is not a known field")
+    no_unknown_fields(doc, TOPOLOGY_FIELDS, "")
     cluster = parse_cluster(doc.get("cluster"), "cluster")
     mesh = parse_mesh(doc.get("mesh"), "mesh")
     raw_nodes = doc.get("nodes") or []

@@ -35,6 +35,7 @@ from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.state import FabricState, LabState
 from meshctl.lab.rigs.netns import addr, run, sysctl, veth
 from meshctl.mesh.fields import network as parse_network
+from meshctl.mesh.fields import no_unknown_fields
 from meshctl.mesh.model import IPInterface, IPNetwork
 
 FABRIC_KINDS: tuple[str, ...] = ("l2", "vpc", "vpc-udp", "hetzner", "blackhole")
@@ -86,9 +87,7 @@ def parse_fabrics(d: Any, path: str = "lab.fabrics") -> tuple[Fabric, ...]:
             val = {"kind": val}
         if not isinstance(val, Mapping):
             raise InputError(p, val, "is not a fabric kind or a mapping with kind, network, loss")
-        for k in val:
-            if k not in FABRIC_FIELDS:
-                raise InputError(f"{p}.{k}", val[k], "is not a known field")
+        no_unknown_fields(val, FABRIC_FIELDS, p)
         k = kind(val.get("kind", "l2"), f"{p}.kind")
         net = val.get("network", "")
         if net and k not in ROUTED_KINDS:
