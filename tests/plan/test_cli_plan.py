@@ -85,7 +85,7 @@ BAD = [
     (mutate("peers.1.name", "p1"), "peers[1].name: 'p1' is a duplicate peer name"),
     (mutate("nodes.0.persistent_keepalive", -1), "nodes[0].persistent_keepalive: -1 is not a keepalive"),
     (mutate("nodes.0.colour", "red"), "nodes[0].colour: is not a known field"),
-    ("nodes: [\n  - {name: a", "is not valid YAML at line"),
+    ("nodes: [\n  - {name: a", "topo.yaml:2:3: not valid YAML: "),
     ("- just\n- a list\n", "is not a topology"),
 ]
 

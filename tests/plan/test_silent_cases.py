@@ -84,7 +84,7 @@ def test_binary_file_is_one_line(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "Traceback" not in r.output
     assert r.stderr.strip().endswith("is not a text file (not UTF-8 at byte 0)")
     r = run_plan(tmp_path, b"nodes: [\x00\x01]\n")
-    assert r.exit_code == 2 and "is not valid YAML" in r.stderr
+    assert r.exit_code == 2 and "not valid YAML: " in r.stderr
 
 
 def test_missing_field_says_required_not_none(tmp_path: Path) -> None:
