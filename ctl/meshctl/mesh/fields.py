@@ -47,10 +47,18 @@ def cluster_name(value: Any, path: str) -> str:
     return value
 
 
+def integer(value: Any, path: str, low: int, high: int, reason: str) -> int:
+    """The one rule for every whole-number field: an int, or a string of ASCII digits (`"51820"`:
+    annotations and ConfigMaps carry only strings, and a quoted YAML number means the same), within
+    low..high; never a bool or a float. The error shows the value as written."""
+    n = int(value) if is_digits(value) else value
+    if isinstance(n, bool) or not isinstance(n, int) or not low <= n <= high:
+        raise InputError(path, value, reason)
+    return n
+
+
 def cluster_id(value: Any, path: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 255:
-        raise InputError(path, value, "is not a cluster id in 1..255")
-    return value
+    return integer(value, path, 1, 255, "is not a cluster id in 1..255")
 
 
 def granularity(value: Any, path: str) -> Granularity:
@@ -101,11 +109,7 @@ def interface(value: Any, path: str) -> IPInterface:
 
 
 def port(value: Any, path: str) -> int:
-    if is_digits(value):
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise InputError(path, value, "is not a port in 1..65535")
-    return value
+    return integer(value, path, 1, 65535, "is not a port in 1..65535")
 
 
 def endpoint(value: Any, path: str, default_port: int | None = None) -> Endpoint:
@@ -169,11 +173,7 @@ def _redact(value: Any) -> Any:
 def keepalive(value: Any, path: str) -> int:
     if value is None:
         return 0
-    if is_digits(value):
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
-        raise InputError(path, value, "is not a keepalive in seconds (0..65535)")
-    return value
+    return integer(value, path, 0, 65535, "is not a keepalive in seconds (0..65535)")
 
 
 def boolean(value: Any, path: str) -> bool:

@@ -60,13 +60,11 @@ def settings_from_configmap(data: Mapping[str, str] | None, where: str = "config
     data = {k: v for k, v in (data or {}).items() if k not in AGENT_ENV_KEYS}
     cname = data.pop("cluster_name", None)
     cid = data.pop("cluster_id", None)
-    if cid is not None and not fields.is_digits(str(cid)):
-        raise InputError(f"{where}.cluster_id", cid, "is not a cluster id in 1..255")
     ident: dict[str, str | int] = {}
     if cname is not None:
         ident["name"] = cname
     if cid is not None:
-        ident["id"] = int(cid)
+        ident["id"] = fields.cluster_id(cid, f"{where}.cluster_id")
     cluster = records.parse_cluster(ident,
                                      where)
     return cluster, records.parse_mesh(data, where)

@@ -34,8 +34,8 @@ from meshctl.errors import InputError, MeshError
 from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.state import FabricState, LabState
 from meshctl.lab.rigs.netns import addr, run, sysctl, veth
+from meshctl.mesh.fields import integer, no_unknown_fields
 from meshctl.mesh.fields import network as parse_network
-from meshctl.mesh.fields import no_unknown_fields
 from meshctl.mesh.model import IPInterface, IPNetwork
 
 FABRIC_KINDS: tuple[str, ...] = ("l2", "vpc", "vpc-udp", "hetzner", "blackhole")
@@ -66,9 +66,7 @@ def kind(value: Any, path: str) -> str:
 
 
 def loss(value: Any, path: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
-        raise InputError(path, value, "is not a loss percentage in 0..100")
-    return value
+    return integer(value, path, 0, 100, "is not a loss percentage in 0..100")
 
 
 def parse_fabrics(d: Any, path: str = "lab.fabrics") -> tuple[Fabric, ...]:

@@ -19,7 +19,7 @@ from meshctl.backends.file import load_yaml
 from meshctl.errors import InputError
 from meshctl.lab.namespaces.fabric import Fabric, check_nodes, parse_fabrics
 from meshctl.lab.namespaces.nat_router import NAT_KINDS
-from meshctl.mesh.fields import no_unknown_fields
+from meshctl.mesh.fields import integer, no_unknown_fields
 from meshctl.mesh.model import IPNetwork, Topology
 from meshctl.mesh.records import parse_topology
 
@@ -126,12 +126,8 @@ def _options(d: Any) -> LabOptions:
     if not isinstance(d, dict):
         raise InputError("lab", d, "is not a mapping")
     no_unknown_fields(d, LAB_FIELDS, "lab")
-    pods = d.get("pods_per_node", 1)
-    if isinstance(pods, bool) or not isinstance(pods, int) or not 1 <= pods <= 8:
-        raise InputError("lab.pods_per_node", pods, "is not a number in 1..8")
-    ttl = d.get("lease_ttl", 5)
-    if isinstance(ttl, bool) or not isinstance(ttl, int) or not 2 <= ttl <= 3600:
-        raise InputError("lab.lease_ttl", ttl, "is not seconds in 2..3600")
+    pods = integer(d.get("pods_per_node", 1), "lab.pods_per_node", 1, 8, "is not a number in 1..8")
+    ttl = integer(d.get("lease_ttl", 5), "lab.lease_ttl", 2, 3600, "is not seconds in 2..3600")
     prefix = d.get("prefix", "ml-")
     check_prefix(prefix, "lab.prefix")
     args = d.get("agent_args") or []
