@@ -112,6 +112,7 @@ def load_topology_checked(path: str | Path) -> tuple[Topology, list[str]]:
     from meshctl.mesh.checks import topology_warnings
 
     doc = load_yaml(path)
+    refuse_lab_file(doc, path)
     prefix = f"{Path(path).name}: "
     try:
         topo = parse_topology(doc)
@@ -119,6 +120,40 @@ def load_topology_checked(path: str | Path) -> tuple[Topology, list[str]]:
     except InputError as e:
         raise e.prefixed(prefix) from None
     return topo, [prefix + w for w in warnings]
+
+
+def _get(d: Any, *keys: str) -> Any:
+    """`d[k1][k2]...` of a document, or None where a level is missing or not a mapping."""
+    for k in keys:
+        d = d.get(k) if isinstance(d, dict) else None
+    return d
+
+
+def refuse_lab_file(doc: Any, path: str | Path) -> None:
+    """A lab file that cannot be a topology is one line saying why and what to run instead: its
+    nodes have no keys (the lab's agents make them), or it holds several clusters (a plan is of one).
+    A lab file whose nodes have keys is a topology file: its lab-only fields are ignored."""
+    if not isinstance(doc, dict):
+        return
+    lab = doc.get("lab")
+    prefix = lab.get("prefix") if isinstance(lab, dict) else None
+    name = prefix.rstrip("-") if isinstance(prefix, str) and prefix.rstrip("-") else "NAME"
+    up = f"run meshctl lab up -f {path}, then meshctl plan --backend etcd --lab {name}"
+    clusters = doc.get("clusters")
+    if isinstance(clusters, list):
+        first = clusters[0] if clusters and isinstance(clusters[0], dict) else {}
+        cname = _get(first, "cluster", "name") or "CLUSTER"
+        nodes = first.get("nodes")
+        node = _get(nodes[0], "name") if isinstance(nodes, list) and nodes else None
+        raise InputError(Path(path).name, MISSING, f"is a lab file of {len(clusters)} clusters (clusters: [...]) and a "
+                         f"topology file is one cluster; {up} --cluster-name {cname} --node {node or 'NODE'}")
+    nodes = doc.get("nodes")
+    if "lab" not in doc or not isinstance(nodes, list):
+        return
+    keyless = [n for n in nodes if isinstance(n, dict) and "public_key" not in n]
+    if keyless:
+        raise InputError(Path(path).name, MISSING, "is a lab file: nodes have no public_key (the lab's agents make "
+                         f"them); {up} --node {_get(keyless[0], 'name') or 'NODE'}")
 
 
 class FileBackend:

@@ -178,8 +178,17 @@ def parse_cluster(d: Any, path: str) -> Cluster:
     )
 
 
-# `lab:` is the lab's own block (lab/namespaces/spec.py); a topology file may carry it and plan ignores it.
+# A lab file is a topology file plus what only the lab reads (lab/namespaces/spec.py): the `lab:`
+# block and each node's `kernel`. A topology file may carry them; plan, graph and showconf ignore them.
 TOPOLOGY_FIELDS = ("cluster", "mesh", "nodes", "peers", "lab")
+LAB_NODE_FIELDS = ("kernel",)
+
+
+def _without_lab_fields(d: Any) -> Any:
+    """A node of a topology file with the lab-only fields left out (anything else as it is)."""
+    if not isinstance(d, dict) or not any(k in d for k in LAB_NODE_FIELDS):
+        return d
+    return {k: v for k, v in d.items() if k not in LAB_NODE_FIELDS}
 
 
 def parse_topology(doc: Any) -> Topology:
@@ -194,7 +203,8 @@ def parse_topology(doc: Any) -> Topology:
     raw_nodes = doc.get("nodes") or []
     if not isinstance(raw_nodes, list):
         raise InputError("nodes", raw_nodes, "is not a list")
-    nodes = [parse_node(d, f"nodes[{i}]", default_port=mesh.port) for i, d in enumerate(raw_nodes)]
+    nodes = [parse_node(_without_lab_fields(d), f"nodes[{i}]", default_port=mesh.port)
+             for i, d in enumerate(raw_nodes)]
     raw_peers = doc.get("peers") or []
     if not isinstance(raw_peers, list):
         raise InputError("peers", raw_peers, "is not a list")
