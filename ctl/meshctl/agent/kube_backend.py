@@ -111,8 +111,9 @@ def make_backend(cfg: AgentConfig) -> KubeBackend:
     The API: `cfg.kubeconfig` / `cfg.api_server` (flags), else $MESHCTL_API_SERVER, else the first
     file of $KUBECONFIG that exists, else ~/.kube/config, else in-cluster. The node's pod CIDR
     (waited for when the Node has none yet) and its user-set annotations (location, forced
-    endpoint or internal address, leader, keepalive, location IPs) fill what the flags left unset, now and whenever the Node changes (OwnNodeSettings below). The
-    cluster's identity is the flags' when they differ from the defaults, else the ConfigMap's.
+    endpoint or internal address, leader, keepalive, location IPs) fill what the flags left unset,
+    now and whenever the Node changes (OwnNodeSettings below). The cluster's identity is the
+    flags' when they differ from the defaults, else the ConfigMap's.
     With `cfg.kvstore_endpoints` the cluster's nodes are mirrored into that etcd (backends.kube.kvstore).
     """
 
