@@ -146,9 +146,9 @@ def test_kubernetes_flags_reach_make_backend(monkeypatch, api, kclient):
     res, cfg = parse(monkeypatch, ["agent", "--backend=kubernetes", "--node=node-1",
                                    "--kubeconfig=/nonexistent/kubeconfig"])
     assert cfg is not None
-    from meshctl.errors import MeshError
+    from meshctl.errors import InputError
 
-    with pytest.raises(MeshError, match="kubeconfig /nonexistent/kubeconfig"):
+    with pytest.raises(InputError, match="--kubeconfig: '/nonexistent/kubeconfig' is not a file"):
         make_backend(cfg)
 
 

@@ -106,7 +106,7 @@ class Source:
         endpoints, ca, cert, key, user, password_file = self.etcd
         netns = None
         if self.lab_name is not None or not endpoints:
-            acc = targets.lab("--etcd-endpoints").etcd(self.lab_name, self.cluster_name)
+            acc = _lab_etcd(self.lab_name, self.cluster_name)
             endpoints, ca, cert, key, user, password_file, netns = (
                 ",".join(acc.endpoints), acc.ca, acc.cert, acc.key, acc.user, acc.password_file, acc.netns)
         client = EtcdClient(list(endpoint_list(endpoints)), ca=ca, cert=cert, key=key, netns=netns, user=user,
@@ -130,6 +130,19 @@ class Source:
             return be.snapshot()
         finally:
             be.close()
+
+
+def _lab_etcd(lab_name: str | None, cluster_name: str) -> targets.EtcdTarget:
+    """A lab's etcd; without --lab and with no lab to find, the line says which flags reach a real one."""
+    try:
+        return targets.lab("--etcd-endpoints").etcd(lab_name, cluster_name)
+    except MeshError as e:
+        if lab_name is not None:
+            raise
+        raise InputError("--etcd-endpoints", MISSING, f"is not given and {str(e).removeprefix('--etcd-endpoints: ')}; "
+                         "a real etcd: --etcd-endpoints https://HOST:2379 --etcd-ca FILE --etcd-cert FILE "
+                         "--etcd-key FILE (or --etcd-user NAME --etcd-password-file FILE); "
+                         "a lab's: --lab NAME") from None
 
 
 def _load_remotes(local: Topology, paths: tuple[str, ...]) -> list[Remote]:
