@@ -81,8 +81,8 @@ def endpoint_list(text: str) -> tuple[str, ...]:
 @click.option("--metrics-addr", default=defaults.METRICS_ADDR, show_default=True)
 @click.option("--backend", default="etcd", show_default=True, type=click.Choice(["etcd", "file", "kubernetes"]))
 @file_option("topology_file", aliases=("--topology",), help="Topology file for --backend file.")
-@click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file (default: $KUBECONFIG, "
-              "else in-cluster).")
+@click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file (default: the first file "
+              "of $KUBECONFIG, else ~/.kube/config, else in-cluster).")
 @click.option("--api-server", default=None, help="--backend kubernetes: API server URL without credentials (tests).")
 @click.option("--location-label", default=defaults.REGION_LABEL, show_default=True,
               help="--backend kubernetes: Node label that names the location when no location annotation does.")
