@@ -50,7 +50,8 @@ def _source_options(f: Callable[..., Any]) -> Callable[..., Any]:
         file_option(type=click.Path(dir_okay=False), help="Topology YAML (the default source)."),
         click.option("--backend", default=None, type=click.Choice(BACKENDS),
                      help="Read the live cluster instead of a file: its etcd (--etcd-* flags, or the lab's etcd) "
-                     "or its Kubernetes API (--kubeconfig, the first file of $KUBECONFIG, ~/.kube/config, in-cluster)."),
+                     "or its Kubernetes API (--kubeconfig, the first file of $KUBECONFIG, ~/.kube/config, "
+                     "in-cluster)."),
         click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file."),
         click.option("--api-server", default=None, help="--backend kubernetes: API server URL without credentials."),
         lab_option("--backend etcd without --etcd-endpoints: a lab's etcd."),
