@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The two commands of the README: `make lab` and `make test`. Each installs what it needs.
 VENV := .venv
 PY := $(VENV)/bin/python

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Datapath benchmark: the eBPF fast path against plain kernel routing and wireguard-go.
 
     .venv/bin/python bench/datapath.py [--rounds 9] [--seconds 3] [--rr-rounds 30] [--json out.json]

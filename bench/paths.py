@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Path benchmark: every rung of the path ladder between two pods on two namespace nodes, side by
 side in one run.
 

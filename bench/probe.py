@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Path-probing benchmark: what probing costs one node with N eligible neighbours.
 
     .venv/bin/python bench/probe.py [--peers 100] [--seconds 20] [--json out.json]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Errors that reach a person: one line naming the field and the value."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """BPF_PROG_TEST_RUN of the encapsulated direct paths: what from_pod puts on the wire for
 direct+vxlan and direct+ipip (outer addresses, VNI, VTEP MACs, checksums, TTL), what from_private
 accepts and unwraps (every rung, only for this node), and ICMP "fragmentation needed" for a DF

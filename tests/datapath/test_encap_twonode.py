@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """direct+vxlan and direct+ipip through the fast path, between two namespace nodes joined by a
 routed private fabric that behaves like a VPC: it forwards only packets whose source and
 destination are node addresses, so raw pod-to-pod packets die there and encapsulated ones pass.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Map sync and the pinned lifecycle: 100,000 entries, one plan change touching one entry, a
 second loader process seeing the same maps, restarts that reopen instead of recompiling, layout
 migration, the off switch, and the kernel-routes fallback."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Two nodes in namespaces (pods, private bridge, a stand-in kilo0): same-subnet pod traffic takes
 the fast path, cross-location traffic goes to kilo0, a DNAT service keeps working next to
 `ct state invalid drop`, and unloading the programs leaves every path working through the kernel.

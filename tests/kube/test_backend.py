@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Kubernetes backend against the in-process API server: every path goes over real HTTP with
 lightkube, through list, watch and patch."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The DaemonSet's command line against the real `meshctl agent` parser, so the manifest and the
 CLI can never drift apart: every flag it passes exists and means what the pod gives it (the
 mounted folders, the probed port, the sidecar's device), and the Kubernetes-only flags reach

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The fast path on by itself in a cluster: the namespace lab with the kubernetes backend and no
 `--pod-interfaces`. A pod added after the agents start is carried by the fast path within 1 s of
 its route (its packets counted as `direct` by the datapath); `status` counts it; a pod that goes

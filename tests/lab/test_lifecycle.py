@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Must show: joining within 3 s, leaving after the lease, restarts losing no packet, etcd outages,
 bad records. Each test in its own lab."""
 

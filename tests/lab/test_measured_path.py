@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`lab check` names the path a pair's pings took from the counters that moved: one case per path."""
 
 from __future__ import annotations

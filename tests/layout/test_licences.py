@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every source file says its licence in its first lines (an SPDX identifier), and each identifier
 used has its text under LICENSES/: the Python control plane is Apache-2.0, the BPF programs are
 GPL-2.0-only OR BSD-2-Clause (the kernel loads them as "GPL", which GPL-only helpers need)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The agent image deletes the lab package after install (Dockerfile): the CLI must then work
 without it, list no `lab` commands, and turn lab-only flags into one clear line."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fixtures for the node appliers: namespaces named `mnd<pid>-...` made per test and removed on
 success and failure, a way to run applier code inside one (the appliers act on the current
 network namespace, as the agent runs under `nsenter --net`), and wireguard-go cleanup."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`meshctl showconf -o wireguard` is what `wg setconf` reads: loaded into a wireguard-go device in a
 namespace of this test, the device holds exactly the plan's peers. `-o wg-quick` is not (its
 Address lines are wg-quick's), and `--as-peer` output is a [Peer] that `wg addconf` takes."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`lab.fabrics` and `meshctl lab fabric`: every bad input is one line naming the field and value."""
 
 from __future__ import annotations

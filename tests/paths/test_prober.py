@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The prober over the lab's fabrics, for real: each fabric kind lets exactly the probe kinds
 through that its traffic would pass, and a fabric turned into a blackhole is noticed in time."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`meshctl plan`, `graph`, `showconf` through the CLI: output and every rejection."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every input that used to pass silently now gives one line: an error (exit 2) when it cannot be
 planned safely, a warning (exit 0, on stderr) when the plan is safe but part of it cannot work.
 The table in docs/mesh.md lists the same cases with the same messages."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which commands run where a VM lab is (pure: argv in, decision out), and how the matrix reads
 pytest's closing line."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The mixed-kernel multi-VM lab (`lab.vms`, the shipped labs/vms.yaml): a1 on Debian 12's 6.1,
 a2 on Debian 11's 5.10 (no tcx, no bpf_check_mtu), b1 on Debian 13's 6.12, each its own VM on taps
 of the lab's bridges, etcd on the host side. Every pod pair answers on the path its source agent

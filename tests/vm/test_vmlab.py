@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The bounded VM smoke of `make test`: `meshctl lab up --kernel 6.1` builds a three-node lab inside
 a VM booting Debian 12's kernel; `lab check`, `lab status`, `status --node`, `maps dump --node`
 and `node list`, typed on the host, run where the lab is (other labs may be up: every command names

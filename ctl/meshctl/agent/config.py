@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The agent's settings: one dataclass, filled from command-line flags (cli.agent) or by the lab.
 
 Parsing goes through meshctl.mesh.fields so a bad flag reads like a bad record:

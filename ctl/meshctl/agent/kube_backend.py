@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The agent's Kubernetes wiring: the backend from its flags (`make_backend`), and its own node
 settings from its Node object, kept current while the agent runs (`OwnNodeSettings`).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The file backend (`--backend file`) and topology files: the YAML that `meshctl plan`, `graph`,
 `showconf`, the lab and static setups read."""
 

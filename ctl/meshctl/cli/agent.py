@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`meshctl` commands of the agent area: `agent`, `status`, `node list`, `cleanup`."""
 
 from __future__ import annotations

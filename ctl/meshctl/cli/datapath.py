@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`meshctl` commands of the datapath area: `maps dump` and `datapath load|unload|status`.
 
 They read and change the pinned objects of one node. A lab node (`--node N` while a lab is up)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Commands that show the mesh: `plan`, `graph`, `showconf`. They read a topology file (`-f`) or,
 like Kilo's kgctl, the live cluster's store (`--backend etcd|kubernetes`): the same records the
 agents read, admitted the same way."""

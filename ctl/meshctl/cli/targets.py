@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Where a command finds the node or etcd it is asked about, when that is not on this host.
 
 `status --node`, `node list --node`, `maps dump --node`, `datapath ... --node`, and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """HTTP connections opened inside another network namespace, from any thread of this process.
 
 A socket belongs to the namespace it was created in, whatever thread later uses it. So one helper

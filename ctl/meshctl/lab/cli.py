@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`meshctl` commands of the lab area: `lab up|check|down|status|fabric|nat|pod|etcdctl`.
 
 This is where a lab's kind is decided: a namespace lab (lab/namespaces), a lab whose every node

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Field parsers shared by every input: topology files, etcd records, Kubernetes annotations,
 remote clusters and the agent's flags. Each parser takes the value and the path that names it
 and raises `InputError(path, value, reason)`, so every bad input reads the same way:

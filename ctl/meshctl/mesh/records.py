@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Records: the one JSON/YAML shape of nodes, peers, mesh settings and clusters that every
 backend stores and every topology file holds, parsed into the model and written back.
 

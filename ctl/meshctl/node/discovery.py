@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the node's own interfaces say: its internal address, its WireGuard endpoint, the MTU
 kilo0 can use, and the pod routes and private address the fast path is told. The package's one
 reader of this namespace's addresses and routes: it reads the CALLING THREAD's network namespace

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Kubernetes backend (`meshctl agent --backend kubernetes`): Nodes, Peer resources and the
 mesh ConfigMap through the API server, with lightkube as the client.
 

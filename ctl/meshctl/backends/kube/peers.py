@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The `Peer` custom resource: WireGuard peers that are not nodes (a laptop, a VPN gateway).
 
 Its spec has the shape of Kilo's `kilo.squat.ai/v1alpha1` Peer, so Kilo's Peers are read as they

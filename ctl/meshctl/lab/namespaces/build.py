@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`meshctl lab up` / `lab down`: namespaces, bridges, pods, etcd over mTLS and one agent per node.
 
 Layout (prefix P, e.g. `ml-`):

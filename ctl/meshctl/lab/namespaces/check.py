@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`meshctl lab check`: a pod-to-pod ping matrix with the path each pair took, read from counters.
 
 Pairs are pinged one at a time so counters move for one pair only. The path is what the packets

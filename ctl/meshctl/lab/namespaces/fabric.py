@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The lab's private fabrics: how each private subnet forwards, like the clouds users run on.
 
 `lab.fabrics` maps each private subnet (the network of the nodes' `internal_ip`) to a kind:

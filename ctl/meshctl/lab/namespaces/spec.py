@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Lab files: a topology file (cluster, mesh, nodes, peers) plus an optional `lab:` block, or
 several clusters under `clusters: [<topology>, ...]` sharing one `lab:` block.
 

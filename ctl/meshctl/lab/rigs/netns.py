@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Network-namespace primitives for the lab, the tests and the benchmarks.
 
 Everything made here carries a caller-chosen prefix so cleanup can find it, and nothing here

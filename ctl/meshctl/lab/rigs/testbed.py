@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A two-node namespace testbed for the datapath tests and bench/datapath.py.
 
     <p>lan            bridge br0: the private network 192.168.77.0/24 (fd77::/64)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`meshctl lab up --kernel 6.1`: the namespace lab inside one VM that boots that Debian kernel.
 
 The host keeps a small state file, /run/meshctl-lab/<lab>/state.json with a `vm` entry (the VM's

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The multi-VM lab (`lab: {vms: true}`): every node is its own VM booting the Debian kernel its
 `nodes[].kernel` names, so one mesh mixes 5.10, 6.1 and 6.12 nodes with the kernels' own WireGuard,
 tc hooks and verifiers. It is the runnable form of the Vagrant lab (vagrant/) on a machine without
