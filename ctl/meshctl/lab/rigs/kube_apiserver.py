@@ -483,6 +483,16 @@ def _parse_path(parts: list[str]) -> tuple[str, str, str | None, str, str | None
     return group, version, ns, rest[0], rest[1] if len(rest) == 2 else None
 
 
+def _watch_from(since: str | None) -> int:
+    """Where a watch starts: after resourceVersion `since`, or -1 (none given: list first)."""
+    if since in (None, "", "0"):
+        return -1
+    try:
+        return int(since)
+    except ValueError:
+        raise ApiFailure(400, "BadRequest", f"bad resourceVersion {since!r}") from None
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: ApiServer
@@ -591,67 +601,74 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _watch(self, rt: ResourceType, ns: str | None, q: dict[str, str]) -> None:
         """Serve one watch stream: replay from resourceVersion (410 Gone when it is compacted), then
-        follow the store until the timeout; one loop whose states are easier to follow
-        in one place than split."""
+        follow the store until the timeout, a store reset or the server's stop."""
         store = self.server.store
         lsel, fsel = _selector(q.get("labelSelector")), _selector(q.get("fieldSelector"))
-        timeout = float(q.get("timeoutSeconds") or 1800)
-        deadline = time.monotonic() + timeout
-        since = q.get("resourceVersion")
-        pos = -1
-        if since not in (None, "", "0"):
-            try:
-                pos = int(since)
-            except ValueError:
-                raise ApiFailure(400, "BadRequest", f"bad resourceVersion {since!r}") from None
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Transfer-Encoding", "chunked")
-        # The stream ends with the connection: say so, or a client reuses it for its next watch and
-        # meets a socket the server is closing.
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.close_connection = True
-        initial: list[JSON] = []
+        deadline = time.monotonic() + float(q.get("timeoutSeconds") or 1800)
+        pos = _watch_from(q.get("resourceVersion"))
+        self._open_stream()
+
+        def wanted(obj: JSON, namespace: str | None) -> bool:
+            return (ns is None or namespace == ns) and _matches(obj, lsel, fsel)
+
         with store.cond:
-            gen = store.generation
-            compacted = store.compacted
+            gen, compacted = store.generation, store.compacted
+            initial: list[JSON] = []
             if pos < 0:
                 pos = store.rv
                 initial = [copy.deepcopy(o) for (t, n, _), o in sorted(store.objects.items(), key=lambda kv: kv[0][1:])
-                           if t == rt and (ns is None or n == ns) and _matches(o, lsel, fsel)]
+                           if t == rt and wanted(o, n)]
         if pos < compacted:
-            gone = ApiFailure(410, "Expired", f"too old resource version: {pos} ({compacted})")
-            self._chunk({"type": "ERROR", "object": gone.status()})
+            self._gone(pos, compacted)
             self.wfile.write(b"0\r\n\r\n")
             return
         try:
             for o in initial:
                 self._chunk({"type": "ADDED", "object": o})
             while True:
-                with store.cond:
-                    pending = [] if store.held else [e for e in store.events if e.rv > pos]
-                    while not pending and store.generation == gen and not self.server.stopping:
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            break
-                        store.cond.wait(min(left, 1.0))
-                        pending = [] if store.held else [e for e in store.events if e.rv > pos]
-                    if pending and pending[0].rv > pos + 1 and pos < store.compacted:
-                        # Events we should have sent were dropped from the history while we waited.
-                        gone = ApiFailure(410, "Expired", f"too old resource version: {pos} ({store.compacted})")
-                        self._chunk({"type": "ERROR", "object": gone.status()})
-                        break
+                pending, expired = self._next_events(pos, gen, deadline)
+                if expired:
+                    self._gone(pos, store.compacted)
+                    break
                 for e in pending:
                     pos = e.rv
-                    if e.rt == rt and (ns is None or e.obj["metadata"].get("namespace") == ns) \
-                            and _matches(e.obj, lsel, fsel):
+                    if e.rt == rt and wanted(e.obj, e.obj["metadata"].get("namespace")):
                         self._chunk({"type": e.type, "object": e.obj})
                 if not pending:
                     break
             self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
             pass
+
+    def _open_stream(self) -> None:
+        """The headers of a chunked watch stream that ends with its connection: said so, or a
+        client reuses the connection for its next watch and meets a socket the server is closing."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+
+    def _next_events(self, pos: int, gen: int, deadline: float) -> tuple[list[_Event], bool]:
+        """The store's events after `pos`, waited for until some come, the deadline passes, the
+        store is reset (a new generation) or the server stops; True when events this stream should
+        have sent were dropped from the history meanwhile (the client must relist)."""
+        store = self.server.store
+        with store.cond:
+            pending = [] if store.held else [e for e in store.events if e.rv > pos]
+            while not pending and store.generation == gen and not self.server.stopping:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                store.cond.wait(min(left, 1.0))
+                pending = [] if store.held else [e for e in store.events if e.rv > pos]
+            expired = bool(pending) and pending[0].rv > pos + 1 and pos < store.compacted
+        return pending, expired
+
+    def _gone(self, pos: int, compacted: int) -> None:
+        gone = ApiFailure(410, "Expired", f"too old resource version: {pos} ({compacted})")
+        self._chunk({"type": "ERROR", "object": gone.status()})
 
     def do_GET(self) -> None:  # noqa: N802 - the base class's names
         self._dispatch("GET")
