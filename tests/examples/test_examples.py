@@ -55,8 +55,7 @@ EXPECTED: dict[str, Expect] = {
 PATH_STATE_EXPECTED: dict[str, tuple[str, str]] = {
     "digitalocean-vpc.fra1-1.yaml": ("fra1-2", "direct+ipip"),
 }
-# The /32 warning says every path is WireGuard while the plan encapsulates; the graph draws the
-# encapsulated pairs as WireGuard only. Both are another part of issue 25; these marks go with it.
+# The graph draws the encapsulated pairs as WireGuard only (another part of issue 25).
 CONTRADICTS_PLAN = {"hetzner-private-network.yaml"}
 
 
@@ -90,7 +89,7 @@ def by_name(files: list[Path]) -> list:
 
 
 def marked(f: Path) -> object:
-    reason = "the /32 warning and the graph contradict the plan (issue 25, shipped settings and graph)"
+    reason = "the graph contradicts the plan (issue 25, the graph draws what the plan decided)"
     marks = [pytest.mark.xfail(strict=True, reason=reason)] if f.name in CONTRADICTS_PLAN else []
     return pytest.param(f, id=f.name, marks=marks)
 
@@ -130,7 +129,7 @@ def _pod_cidr(f: Path, node: str) -> str:
     return next(n["pod_cidr"] for n in doc(f)["nodes"] if n["name"] == node)
 
 
-@pytest.mark.parametrize("f", [marked(f) for f in FILES])
+@pytest.mark.parametrize("f", by_name(FILES))
 def test_only_documented_warnings(f: Path) -> None:
     documented = DOCUMENTED_WARNING.findall(f.read_text().split("\ncluster:", 1)[0])
     for args in (["plan", "--node", node_names(f)[0]], ["graph"], ["showconf", "node", node_names(f)[0]]):
