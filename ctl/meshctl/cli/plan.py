@@ -182,8 +182,8 @@ def plan(node: str, granularity: Granularity | None, remotes: tuple[str, ...], p
 @click.option("--render", "render_to", type=click.Path(dir_okay=False),
               help="Render with Graphviz to this file (format from its suffix: svg, png, pdf).")
 def graph(granularity: Granularity | None, render_to: str | None, **source: Any) -> None:
-    """Print the mesh as Graphviz DOT (solid: WireGuard, dotted: direct private pairs, dashed: a
-    location's members to its leader)."""
+    """Print the mesh as Graphviz DOT, each pair on its planned rung (solid: WireGuard, dotted:
+    the private rungs, ipip and vxlan labelled; dashed: a location's leader to its members)."""
     from dataclasses import replace
 
     topo = Source(**source).load()

@@ -9,6 +9,9 @@ from typing import Any
 
 from meshctl.errors import InputError
 from meshctl.mesh.model import (
+    ENCAP_RUNGS,
+    PRIVATE_RUNGS,
+    RUNGS,
     Endpoint,
     IPInterface,
     IPNetwork,
@@ -16,7 +19,6 @@ from meshctl.mesh.model import (
     Node,
     Peer,
     Topology,
-    private_neighbours,
     sort_key_net,
 )
 from meshctl.mesh.plan import Encap, NodePlan, plan_node
@@ -91,11 +93,12 @@ def _dot_id(s: str) -> str:
 
 
 def graph_dot(topo: Topology) -> str:
-    """Graphviz DOT: one cluster subgraph per location; solid edges are WireGuard links (between
-    segment leaders, or between nodes in full/cross), dotted edges are direct private pairs, and in
-    location granularity dashed arrows go from each segment's leader to its members (their way
-    into the mesh), so no node looks cut off. The graph is labelled with the cluster and its
-    WireGuard subnet, and carries a legend of the three edge kinds."""
+    """Graphviz DOT: one cluster subgraph per location, and one edge per pair of nodes (or node
+    and peer) drawn as the plan carries it (EDGE_ATTRS: solid WireGuard, dotted private rungs,
+    the encapsulated ones coloured and labelled with their kind); in location granularity dashed
+    arrows go from each segment's leader to its members (their way into the mesh), so no node
+    looks cut off. The graph is labelled with the cluster and its WireGuard subnet, and carries a
+    legend of every edge kind."""
     segs = segments(topo)
     title = f"cluster {topo.cluster.name} ({topo.mesh.granularity}): WireGuard subnet {topo.mesh.subnet}"
     lines = [f"digraph {_dot_id(topo.cluster.name)} {{",
@@ -105,8 +108,8 @@ def graph_dot(topo: Topology) -> str:
     for p in sorted(topo.peers, key=lambda p: p.name):
         lines.append(f"  {_dot_id('peer:' + p.name)} [label=\"{p.name}\\npeer\\n"
                      f"{', '.join(map(str, p.allowed_ips))}\", shape=ellipse];")
-    for a, b, style in sorted(_dot_edges(topo)):
-        lines.append(f"  {_dot_id(a)} -> {_dot_id(b)} [style={style}];")
+    for (a, b), attrs in sorted(_dot_edges(topo).items()):
+        lines.append(f"  {_dot_id(a)} -> {_dot_id(b)} [{attrs}];")
     if topo.mesh.granularity == "location":
         for s in segs:
             for m in s.members:
@@ -115,10 +118,34 @@ def graph_dot(topo: Topology) -> str:
     return "\n".join([*lines, *_DOT_LEGEND]) + "\n"
 
 
+def _legend_attrs(attrs: str, label: str) -> str:
+    """An edge's attributes with the legend's label in place of its own."""
+    kept = [a for a in attrs.split(", ") if not a.startswith("label=")]
+    return ", ".join([*kept, f'label="{label}"'])
+
+
+# How an edge is drawn, by the pair's rung in the plan (docs/mesh.md, "graph"): WireGuard solid,
+# the private rungs dotted, each encapsulation in its own colour and labelled with its kind.
+_ENCAP_COLOUR: dict[str, str] = {"ipip": "blue", "vxlan": "darkgreen"}
+EDGE_ATTRS: dict[str, str] = {
+    "direct": "style=dotted",
+    **{rung: f'style=dotted, color={_ENCAP_COLOUR[kind]}, label="{kind}"' for rung, kind in ENCAP_RUNGS.items()},
+    "wireguard-private": 'style=solid, color=gray40, label="private endpoint"',
+    "tunnel": "style=solid",
+    "relay": "style=solid, color=orange",
+}
+# When the two ends of a pair report different rungs (they agree offline), the costlier is drawn.
+_EDGE_COST: tuple[str, ...] = (*RUNGS, "relay")
+_LEGEND_LABELS: dict[str, str] = {
+    "tunnel": "WireGuard (tunnel)", "wireguard-private": "WireGuard to the private address",
+    "direct": "direct (raw, private network)", "direct+ipip": "direct+ipip (IP-in-IP, private network)",
+    "direct+vxlan": "direct+vxlan (VXLAN, private network)",
+    "relay": "WireGuard through a relay",
+}
 _DOT_LEGEND = ("  subgraph cluster_legend {", '    label="legend"; fontsize=9;',
                '    node [shape=plaintext, fontsize=9, label=""];',
-               '    legend_wg_a -> legend_wg_b [style=solid, label="WireGuard"];',
-               '    legend_direct_a -> legend_direct_b [style=dotted, label="direct (private network)"];',
+               *(f'    legend_{i}_a -> legend_{i}_b [{_legend_attrs(EDGE_ATTRS[r], _LEGEND_LABELS[r])}];'
+                 for i, r in enumerate(_LEGEND_LABELS)),
                '    legend_leader_a -> legend_leader_b [style=dashed, dir=forward, label="leader to member"];',
                "  }", "}")
 
@@ -148,25 +175,33 @@ def _dot_locations(topo: Topology, segs: Sequence[Segment]) -> list[str]:
     return lines
 
 
-def _dot_edges(topo: Topology) -> set[tuple[str, str, str]]:
-    """The graph's links, read from every node's plan: (a, b, style) with a < b; solid for a
-    WireGuard peer, dotted for a pod CIDR routed straight to a private neighbour."""
-    edges: set[tuple[str, str, str]] = set()
+def _dot_edges(topo: Topology) -> dict[tuple[str, str], str]:
+    """The graph's links, read from every node's plan: (a, b) with a < b -> the edge's attributes.
+    A node's WireGuard peers are drawn on the rung its plan gives the pair (tunnel,
+    wireguard-private or relay; a pair whose private rung carries it, with WireGuard standing by,
+    on that rung), non-node peers as WireGuard, and the pairs on a private rung (a location's
+    members, or nodes no WireGuard peer joins) on that rung."""
+    rungs: dict[tuple[str, str], str] = {}
+    relays: dict[tuple[str, str], str] = {}
+
+    def add(n: str, other: str, rung: str) -> None:
+        pair = (min(n, other), max(n, other))
+        old = rungs.get(pair)
+        if old is None or _EDGE_COST.index(rung) > _EDGE_COST.index(old):
+            rungs[pair] = rung
+
     for n in topo.nodes:
         plan = plan_node(topo, n.name)
         for peer in plan.peers:
             other = ("peer:" + peer.name) if peer.kind == "peer" else peer.name
-            a, b = sorted((n.name, other))
-            edges.add((a, b, "solid"))
-        for r in plan.routes:
-            if r.dev != "private":
-                continue
-            for m in topo.nodes:
-                if m.pod_cidr == r.dst and m.internal_ip is not None and r.via == m.internal_ip.ip \
-                        and private_neighbours(n, m):
-                    a, b = sorted((n.name, m.name))
-                    edges.add((a, b, "dotted"))
-    return edges
+            add(n.name, other, plan.paths.get(peer.name, "tunnel") if peer.kind != "peer" else "tunnel")
+        for other, rung in plan.paths.items():
+            if rung in PRIVATE_RUNGS and rung != "wireguard-private":
+                add(n.name, other, rung)
+        for other, (via, _) in plan.relays.items():
+            relays[(min(n.name, other), max(n.name, other))] = via
+    return {pair: EDGE_ATTRS[rung] + (f', label="relay via {relays[pair]}"' if rung == "relay" and pair in relays
+                                      else "") for pair, rung in rungs.items()}
 
 
 PRIVATE_KEY_PLACEHOLDER = "# PrivateKey = <kept on the node, never printed>"
