@@ -18,6 +18,7 @@ from meshctl.backends.base import ClusterState
 from meshctl.backends.file import load_topology, load_topology_checked
 from meshctl.cli import targets
 from meshctl.cli.agent import endpoint_list, etcd_options
+from meshctl.cli.psk import with_preshared_keys
 from meshctl.errors import MISSING, InputError, MeshError
 from meshctl.mesh import fields
 from meshctl.mesh.checks import topology_warnings
@@ -242,7 +243,7 @@ def showconf(kind: str, name: str, output: str, as_peer: bool, allowed_ips: tupl
             click.echo(peer_text(p), nl=False)
         return
     with gc_paused():
-        conf = node_conf(topo, plan_node(topo, name)) if kind == "node" else peer_conf(topo, name)
+        conf = node_conf(topo, plan_node(topo, name)) if kind == "node" else with_preshared_keys(peer_conf(topo, name))
     if output == "json":
         click.echo(json.dumps(conf_dict(conf), indent=2))
     elif output == "yaml":

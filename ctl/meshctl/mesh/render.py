@@ -4,7 +4,7 @@ wg-quick configs. Pure functions of the plan."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from meshctl.errors import InputError
@@ -221,16 +221,26 @@ class WgPeer:
     allowed_ips: tuple[IPNetwork, ...]
     persistent_keepalive: int | None = None
     preshared_key: KeyRef | None = None
+    # Only in the config a peer itself uses (showconf peer): the key read from `preshared_key`
+    # where the shell could read it, else why not and where it is. Never in a repr or a log.
+    preshared_key_value: str | None = field(default=None, repr=False)
+    preshared_key_note: str | None = None
+
+
+# Why a peer's config leaves a node out (showconf peer).
+NO_REACHABLE_ENDPOINT = "no endpoint the peer can reach"
 
 
 @dataclass(frozen=True)
 class WgConf:
-    """A whole WireGuard config without its private key: [Interface] and its peers."""
+    """A whole WireGuard config without its private key: [Interface] and its peers; `left_out`:
+    the nodes it has no [Peer] for, because neither end could start a handshake."""
 
     listen_port: int | None
     addresses: tuple[IPInterface | IPNetwork, ...]
     peers: tuple[WgPeer, ...]
     note: str | None = None
+    left_out: tuple[str, ...] = ()
 
 
 def _endpoint_of(text: str | None) -> Endpoint | None:
@@ -249,10 +259,11 @@ def node_conf(topo: Topology, plan: NodePlan) -> WgConf:
     return WgConf(topo.mesh.port, (plan.wireguard_ip,) if plan.wireguard_ip else (), peers, note)
 
 
-def _segment_peer(s: Segment, keepalive: int | None, extra: Sequence[IPNetwork] = ()) -> WgPeer:
+def _segment_peer(s: Segment, keepalive: int | None, extra: Sequence[IPNetwork] = (),
+                  psk: KeyRef | None = None) -> WgPeer:
     addrs = [*segment_addresses(s.members, s.wireguard_ip, None), *extra]
     return WgPeer(s.peer_name, s.leader.public_key, s.leader.endpoint, tuple(sorted(set(addrs), key=sort_key_net)),
-                  keepalive)
+                  keepalive, psk)
 
 
 def _peer_of(topo: Topology, name: str) -> Peer:
@@ -264,9 +275,17 @@ def _peer_of(topo: Topology, name: str) -> Peer:
 
 def peer_conf(topo: Topology, name: str) -> WgConf:
     """The config a non-node peer uses to join the mesh: one [Peer] per segment leader, carrying
-    that segment's addresses (Kilo's `kgctl showconf peer`)."""
+    that segment's addresses and the peer's pre-shared key reference (Kilo's `kgctl showconf
+    peer`). A segment whose leader has no endpoint is left out when the peer has none either:
+    neither end could ever start the handshake (its nodes are named in `left_out`)."""
     peer = _peer_of(topo, name)
-    return WgConf(None, peer.allowed_ips, tuple(_segment_peer(s, peer.persistent_keepalive) for s in segments(topo)))
+    kept, left_out = [], []
+    for s in segments(topo):
+        if s.leader.endpoint is None and peer.endpoint is None:
+            left_out += [m.name for m in s.members]
+        else:
+            kept.append(_segment_peer(s, peer.persistent_keepalive, psk=peer.preshared_key))
+    return WgConf(None, peer.allowed_ips, tuple(kept), left_out=tuple(left_out))
 
 
 def node_as_peer(topo: Topology, name: str, extra: Sequence[IPNetwork] = ()) -> WgPeer:
@@ -286,7 +305,11 @@ def peer_as_peer(topo: Topology, name: str, extra: Sequence[IPNetwork] = ()) -> 
 
 def _peer_lines(p: WgPeer) -> list[str]:
     out = ["[Peer]", f"# {p.name}", f"PublicKey = {p.public_key}"]
-    if p.preshared_key:
+    if p.preshared_key_value is not None:
+        out.append(f"PresharedKey = {p.preshared_key_value}")
+    elif p.preshared_key_note is not None:
+        out.append(f"# PresharedKey: {p.preshared_key_note}")
+    elif p.preshared_key:
         out.append(f"# PresharedKey = <from {p.preshared_key}, never printed>")
     if p.endpoint is not None:
         out.append(f"Endpoint = {p.endpoint}")
@@ -305,6 +328,7 @@ def conf_text(conf: WgConf, fmt: str) -> str:
         out.append(f"{'' if fmt == 'wg-quick' else '# '}Address = {', '.join(map(str, conf.addresses))}")
     if conf.note:
         out.append(f"# Note: {conf.note}")
+    out += [f"# left out: {n} ({NO_REACHABLE_ENDPOINT})" for n in conf.left_out]
     for p in conf.peers:
         out += ["", *_peer_lines(p)]
     return "\n".join(out) + "\n"
@@ -315,14 +339,23 @@ def peer_text(p: WgPeer) -> str:
 
 
 def _peer_dict(p: WgPeer) -> dict[str, Any]:
+    """A [Peer] for programs: the pre-shared key itself only where it was read, else where it is."""
+    psk: dict[str, Any] = {}
+    if p.preshared_key_value is not None:
+        psk = {"preshared_key": p.preshared_key_value}
+    elif p.preshared_key is not None:
+        psk = {"preshared_key_from": str(p.preshared_key),
+               **({"preshared_key_note": p.preshared_key_note} if p.preshared_key_note else {})}
     return {"name": p.name, "public_key": p.public_key, "endpoint": str(p.endpoint) if p.endpoint else None,
-            "allowed_ips": [str(a) for a in p.allowed_ips], "persistent_keepalive": p.persistent_keepalive or 0}
+            "allowed_ips": [str(a) for a in p.allowed_ips], "persistent_keepalive": p.persistent_keepalive or 0,
+            **psk}
 
 
 def conf_dict(conf: WgConf) -> dict[str, Any]:
+    left_out = [{"name": n, "reason": NO_REACHABLE_ENDPOINT} for n in conf.left_out]
     return {"interface": {"listen_port": conf.listen_port, "addresses": [str(a) for a in conf.addresses],
                           **({"note": conf.note} if conf.note else {})},
-            "peers": [_peer_dict(p) for p in conf.peers]}
+            "peers": [_peer_dict(p) for p in conf.peers], **({"left_out": left_out} if left_out else {})}
 
 
 def peer_resource(p: WgPeer, api_version: str, name: str | None = None) -> dict[str, Any]:
