@@ -1,4 +1,5 @@
 # syntax=docker/dockerfile:1
+# SPDX-License-Identifier: Apache-2.0
 # The meshctl agent image for the DaemonSet in manifests/ (two containers use it: the agent and
 # wireguard-go). Debian 12 like the development machines: python3-bpfcc is Debian's bcc for
 # /usr/bin/python3, so the package installs into the system Python, not a venv.

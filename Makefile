@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The two commands of the README: `make lab` and `make test`. Each installs what it needs.
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -38,7 +39,7 @@ lab: setup
 	@echo
 	@echo "The lab is up. Look around:"
 	@echo "  $(MESHCTL) lab status                 # nodes, pods, agents"
-	@echo "  $(MESHCTL) status --lab-node a1       # one agent's view"
+	@echo "  $(MESHCTL) status --node a1       # one agent's view"
 	@echo "  $(MESHCTL) maps dump --node a1        # its fast-path map"
 	@echo "  $(MESHCTL) lab check                  # pod-to-pod matrix again"
 	@echo "Take it down with: $(MESHCTL) lab down   (or: make lab-down)"

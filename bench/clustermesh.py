@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Cluster mesh convergence and scale on the two-cluster lab (real agents, an etcd with mTLS per
 cluster, real WireGuard and fast path).
 

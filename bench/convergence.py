@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Agent convergence and scale, on a real lab (namespaces, etcd over mTLS, real agents).
 
 1. Join convergence: a node record appears in etcd; time until EVERY agent has installed the route

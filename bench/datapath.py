@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Datapath benchmark: the eBPF fast path against plain kernel routing and wireguard-go.
 
     .venv/bin/python bench/datapath.py [--rounds 9] [--seconds 3] [--rr-rounds 30] [--json out.json]
@@ -30,12 +31,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ctl"))
 
 from meshctl.datapath import Datapath, links, loader
-from meshctl.datapath.inns import in_netns
 from meshctl.lab.rigs import netns
 from meshctl.lab.rigs.testbed import PODS, PRIVATE, Testbed
 from meshctl.lab.rigs.testrun import PROTO_TCP, frame, ns_per_packet, run
 from meshctl.mesh.plan import FastPathEntry
 from meshctl.node import discovery
+from meshctl.setns import in_netns
 
 
 def run_names(tag: str) -> tuple[str, str, dict[str, str]]:

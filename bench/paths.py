@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Path benchmark: every rung of the path ladder between two pods on two namespace nodes, side by
 side in one run.
 
@@ -42,11 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ctl"))
 
 from datapath import PINGPONG_SERVER, WG_IP, WG_PORT, iperf, latency, run_names, spread  # noqa: E402  (bench/datapath.py)
 from meshctl.datapath import Datapath, libbpf, links, loader  # noqa: E402
-from meshctl.datapath.inns import in_netns  # noqa: E402
 from meshctl.datapath.layout import VXLAN_OVERHEAD  # noqa: E402
 from meshctl.lab.rigs import netns  # noqa: E402
 from meshctl.lab.rigs.testbed import PODS, FabricTestbed  # noqa: E402
 from meshctl.node import discovery  # noqa: E402
+from meshctl.setns import in_netns  # noqa: E402
 
 RUN, PIN_ROOT, WG = run_names("eab")
 PUBLIC = {"a": "203.0.113.1", "b": "203.0.113.2"}

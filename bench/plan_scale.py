@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Plan of one node in a large topology, for each granularity.
 
 Baseline: the same plan at 1,000 nodes; growth from 1k to 10k should be about 10x (linear).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Path-probing benchmark: what probing costs one node with N eligible neighbours.
 
     .venv/bin/python bench/probe.py [--peers 100] [--seconds 20] [--json out.json]
@@ -27,10 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ctl"))
 
-from meshctl.datapath.inns import in_netns
 from meshctl.lab.rigs import netns
 from meshctl.mesh.model import RUNGS
 from meshctl.node.prober import Prober, Target
+from meshctl.setns import in_netns
 
 RUN = f"pbpr{os.getpid() % 10000}"
 LADDER = RUNGS  # an L2 pair: every rung

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """VM benchmark: how long each kernel of the matrix takes to boot here, and what the compiled-object
 cache saves a node inside it.
 

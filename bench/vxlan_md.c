@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /* bench/paths.py's `direct+vxlan(md)` mode: another way to build direct+vxlan, for comparison with
  * the shipped one (bpf/lib/encap.h). On the pod veth's tc ingress, IPv4 packets for the other
  * node's pods get a tunnel key (bpf_skb_set_tunnel_key) and are redirected to a collect-metadata

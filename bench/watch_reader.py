@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The etcd watch stream reader on a huge record: a real etcd (mTLS, in a namespace of its own)
 holds a 1.4 MB value; a watch from before it delivers it as one ~1.9 MB JSON line. Timed side by
 side, same stream, same run:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /* meshctl fast path: three tc programs sharing the pinned maps of meshctl_maps.h.
  *
  *   from_pod      tc ingress of each host-side pod veth. LPM lookup of the destination; `direct`

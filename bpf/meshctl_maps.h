@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /* meshctl fast path: every pinned map's layout, in one place.
  *
  * ctl/meshctl/datapath/layout.py mirrors this file field by field (tests compare the two through

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Fetches the Debian kernels of the VM matrix (5.10, 6.1, 6.12) and unpacks each into
 # $MESHCTL_KERNELS/<series>/ (default /var/lib/meshctl/kernels; not under /var/cache, which
 # virtme-ng hides behind a tmpfs in the guest): boot/vmlinuz-* plus its module

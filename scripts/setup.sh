@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs everything `make test` and `make lab` need on a fresh Debian 12 machine (as root):
 # Debian packages, kernel headers wired for bcc, and the project venv with bcc importable.
 # (The VM kernels of the matrix come from scripts/kernels.sh: `make kernels`.)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Names for the namespaces, links and lab prefixes a test creates: unique within this test run
 (a counter) and between runs (the pid), so no fixture ever meets a namespace another one left."""
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The pod-to-pod matrix of `meshctl lab check`, on the VMs: one test pod per node, every pod pings
 # every other, and the path is read from counters: the source node's kilo0 TX rising means
 # "tunnel"; otherwise "direct" inside a location and "via-leader" across locations (the packets

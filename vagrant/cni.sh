@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # A bridge CNI config for this node's pod CIDR (k3s ships the bridge and host-local plugins).
 # meshctl then routes between the nodes' pod CIDRs: WireGuard across locations, the private
 # network inside one.

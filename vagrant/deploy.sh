@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # On the k3s server once every VM is up: each node's WireGuard endpoint on the "public" network
 # (the VMs' default route is the provider's NAT, the same address everywhere), then manifests/.
 # NODES="a1=192.168.56.11 ..." and IMAGE come from the Vagrantfile's trigger.

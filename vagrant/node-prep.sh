@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # What a node needs before its agent starts, shared by the Vagrant VMs (provision-common.sh) and the
 # multi-VM lab's guests (ctl/meshctl/lab/vms/vmnodes.py): forwarding, loose reverse-path filtering (a
 # reply may come back over another NIC than the request left by: the tunnel or the private NIC),

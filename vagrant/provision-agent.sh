@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # A k3s agent joining the server over the "public" network.
 set -euo pipefail
 if ! command -v k3s >/dev/null; then

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Every VM: packages, forwarding, the meshctl image if one was saved next to the Vagrantfile.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive

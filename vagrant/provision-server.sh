@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The k3s server (first VM of location a). No flannel: meshctl routes pods between nodes; each
 # node's pods sit on a plain bridge (cni.sh). The API is reached over the "public" network.
 set -euo pipefail

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /* Constants and helper declarations every part of the programs uses: the one place for header
  * field values that the UAPI headers the programs include do not define. No maps here: bcc
  * rewrites map calls only in the main file, so datapath.c declares the maps and the small

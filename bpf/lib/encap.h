@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /* Encapsulated direct paths: the pod packet wrapped in an outer IPv4 header between the two nodes'
  * private addresses, as VXLAN (UDP, passes every cloud fabric) or IP-in-IP (20 bytes cheaper).
  *

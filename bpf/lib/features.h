@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /* What the programs may assume of the kernel. Each optional feature is a setting: 1, the programs
  * use it; 0, they take the fallback named below. The loader's feature probe decides each one on the
  * running kernel and passes it as a cflag (-DMC_HAVE_<...>=0|1: ctl/meshctl/datapath/features.py,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /* Flow tracking for flows that left through the kernel (kube-proxy NAT, NodePort, ...): the egress
  * program records the tuple of their replies, and the forwarding programs hand those replies back
  * to the kernel (its conntrack and reverse NAT) instead of bypassing it. */

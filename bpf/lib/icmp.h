@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /* Path MTU discovery through the fast path: a packet that would be too big once encapsulated is
  * answered as a router would, with ICMP "fragmentation needed" carrying the MTU left for it, so
  * the pod's stack lowers its path MTU (and TCP its segment size) for that destination. */

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /* Packet parsing: the one place that validates packet pointers. mc_parse hands the others typed
  * header pointers whose bounds the verifier already knows; nothing else compares against
  * data_end. Any helper that changes the packet (adjust_room, change_tail, store_bytes, pull_data)

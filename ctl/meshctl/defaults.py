@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Defaults one node's agent and the commands that talk to it share, each defined once here: the
 agent's flags, `meshctl cleanup`, `status` and the Kubernetes backend all read them from this
 module, so a changed default cannot leave one side behind."""

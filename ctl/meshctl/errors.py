@@ -1,10 +1,12 @@
+# SPDX-License-Identifier: Apache-2.0
 """Errors that reach a person: one line naming the field and the value."""
 
 from __future__ import annotations
 
 
 class _Missing:
-    """The value of a field that is not there at all (`InputError(path, MISSING, "is required")`)."""
+    """The value of a field that is not there at all (`InputError(path, MISSING, "is required")`),
+    or one the line leaves out (an unknown key's value, which may be a whole node list)."""
 
     def __repr__(self) -> str:
         return "missing"

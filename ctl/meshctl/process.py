@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Process-wide state that the callers of the pure core own.
 
 `mesh/` computes plans and admissions as pure functions and never touches the interpreter's

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """An etcd with mTLS inside a namespace of this test run, and clients for it."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The etcd client and backend against a real etcd with client-cert auth (in a test namespace)."""
 
 from __future__ import annotations

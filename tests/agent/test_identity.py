@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Identities in a real etcd with auth on: a node writes only its own record, a remote cluster
 only reads, the operator does everything; an agent puts its record back when someone else deletes
 or changes it; a record whose lease ran out stays through the lapse grace, a withdrawn one does not."""

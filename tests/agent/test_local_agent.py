@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Talking to the local agent: /readyz apart from /healthz, and `status` / `node list` without
 flags saying in one line that no agent runs."""
 

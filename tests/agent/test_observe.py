@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What an agent publishes about its NATed peers (agent/observe.py): the endpoint of each fresh
 handshake, and peers tried at one planned endpoint past the direct wait without a handshake; a new
 planned endpoint is a new attempt with a new wait."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The agent's reconcile loop at scale, in-process, in a node namespace of this test run, over a real
 etcd (mTLS), real wireguard-go, real routes and ipsets: a join costs work in proportion to what
 changed, a pass with nothing new reuses admission and plan, and drift made behind the agent's back

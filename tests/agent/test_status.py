@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The /status document is a published interface: AgentStatus reads back every document an agent
 serves (`from_json(x).to_json() == x`), with exactly the keys the agent has always served, and
 the metrics and `meshctl status` read it by attribute."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The loop cannot see into its steps: the pass driver names no step class, and the step runner
 touches a step only through the Step protocol's members."""
 

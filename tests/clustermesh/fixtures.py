@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Two clusters: cluster1 (cpu location on 10.10.0.0/24, an edge node without a private network)
 and cluster2 (GPU machines on two private segments, gpu-a sharing cluster1's 10.10.0.0/24)."""
 

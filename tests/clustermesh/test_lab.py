@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The cluster-mesh lab end to end: the shipped two-cluster lab (plus a held-back node), real agents,
 an etcd with mTLS per cluster, real WireGuard and the fast path. One lab for the module; tests run
 in file order and each leaves the lab as it found it."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The cluster-mesh part of the plan: remote nodes, their segments, and what is refused."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """RemoteClusters against real etcd servers on loopback with TLS and client-certificate auth."""
 
 from __future__ import annotations

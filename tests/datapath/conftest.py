@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fixtures of the datapath tests: a pin root unique to this test run, and one loaded node.
 
 Everything pinned lives under /sys/fs/bpf/mdp<pid>/ and is removed at the end, pass or fail.

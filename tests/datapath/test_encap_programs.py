@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """BPF_PROG_TEST_RUN of the encapsulated direct paths: what from_pod puts on the wire for
 direct+vxlan and direct+ipip (outer addresses, VNI, VTEP MACs, checksums, TTL), what from_private
 accepts and unwraps (every rung, only for this node), and ICMP "fragmentation needed" for a DF
@@ -12,10 +13,10 @@ import struct
 import pytest
 
 from meshctl.datapath import layout
-from meshctl.datapath.inns import in_netns
 from meshctl.lab.rigs import netns
 from meshctl.lab.rigs.testrun import PROTO_ICMP, PROTO_UDP, frame, ip_checksum, run
 from meshctl.mesh.plan import Encap, FastPathEntry
+from meshctl.setns import in_netns
 
 net = ipaddress.ip_network
 ip = ipaddress.ip_address

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """direct+vxlan and direct+ipip through the fast path, between two namespace nodes joined by a
 routed private fabric that behaves like a VPC: it forwards only packets whose source and
 destination are node addresses, so raw pod-to-pod packets die there and encapsulated ones pass.
@@ -19,12 +20,12 @@ from click.testing import CliRunner
 
 from meshctl.cli import main
 from meshctl.datapath import Datapath, features
-from meshctl.datapath.inns import in_netns
 from meshctl.lab.rigs import netns
 from meshctl.lab.rigs.testbed import PODS, FabricTestbed
 from meshctl.mesh.plan import Encap, FastPathEntry
 from meshctl.node import discovery
 from meshctl.node.tunnels import IPIP_DEV, TunnelApplier, kernel_has
+from meshctl.setns import in_netns
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -131,7 +132,7 @@ def test_encapsulated_ping_and_tcp_take_the_fast_path_across_the_vpc(bed, kind):
 
 def test_maps_dump_shows_each_entrys_encapsulation_and_outer_addresses(bed):
     use(bed, "vxlan", "ipip")
-    where = ["--pin-root", bed.pin_root]
+    where = ["--bpf-pin-root", bed.pin_root]
     r = CliRunner().invoke(main, ["maps", "dump", "--node", "a", *where, "--netns", bed.ns("a"), "-o", "json"])
     assert r.exit_code == 0, r.output
     rows = {e["prefix"]: e for e in json.loads(r.stdout)["entries"]}

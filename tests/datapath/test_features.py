@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The load-time feature probe: what it finds on this kernel, that its adjust_room probes can say
 no, the settings each answer gives the compiler (the variants older kernels load), and that the
 C header of those settings names the same ones."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Python mirror (datapath/layout.py) agrees with bpf/meshctl_maps.h: constants by reading the
 header, struct sizes by what the kernel says of the maps bcc created from it."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The compiled-object cache: programs compiled once load on another node without bcc, are the
 same programs (same tag), and a cached object the kernel refuses falls back to compiling."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """BPF_PROG_TEST_RUN of each program on crafted frames: every action, longest prefix, IPv6,
 TTL 1, truncated and non-IP frames, flow tracking, and the counters each outcome moves."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Map sync and the pinned lifecycle: 100,000 entries, one plan change touching one entry, a
 second loader process seeing the same maps, restarts that reopen instead of recompiling, layout
 migration, the off switch, and the kernel-routes fallback."""
@@ -14,11 +15,11 @@ import time
 import pytest
 
 from meshctl.datapath import Datapath, layout, links
-from meshctl.datapath.inns import in_netns
 from meshctl.lab.rigs import netns
 from meshctl.lab.rigs.testrun import frame, run
 from meshctl.mesh.plan import FastPathEntry
 from meshctl.node import discovery
+from meshctl.setns import in_netns
 from tests.names import unique
 
 NH = ipaddress.ip_address("192.168.0.2")

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Two nodes in namespaces (pods, private bridge, a stand-in kilo0): same-subnet pod traffic takes
 the fast path, cross-location traffic goes to kilo0, a DNAT service keeps working next to
 `ct state invalid drop`, and unloading the programs leaves every path working through the kernel.
@@ -16,10 +17,10 @@ from click.testing import CliRunner
 
 from meshctl.cli import main
 from meshctl.datapath import Datapath, features, layout, links
-from meshctl.datapath.inns import in_netns
 from meshctl.lab.rigs import netns
 from meshctl.lab.rigs.testbed import FAR_POD, PODS, SERVICE_IP, Testbed
 from meshctl.node import discovery
+from meshctl.setns import in_netns
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -212,7 +213,7 @@ def test_agent_restarts_and_a_program_upgrade_drop_no_packet(bed):
 
 def test_cli_dump_and_status(bed):
     runner = CliRunner()
-    where = ["--node", "a", "--pin-root", bed.pin_root, "--netns", bed.ns("a")]
+    where = ["--node", "a", "--bpf-pin-root", bed.pin_root, "--netns", bed.ns("a")]
     r = runner.invoke(main, ["maps", "dump", *where, "-o", "json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
@@ -226,14 +227,14 @@ def test_cli_dump_and_status(bed):
     assert r.exit_code == 0 and "10.42.2.0/24" not in r.stdout and "direct" in r.stdout
     r = runner.invoke(main, ["datapath", "status", *where])
     assert r.exit_code == 0 and "datapath ebpf" in r.stdout and "pod-in" in r.stdout and "vp1" in r.stdout
-    r = runner.invoke(main, ["maps", "dump", "--node", "a", "--pin-root", bed.pin_root, "--netns", "mdp-none"])
+    r = runner.invoke(main, ["maps", "dump", "--node", "a", "--bpf-pin-root", bed.pin_root, "--netns", "mdp-none"])
     assert r.exit_code == 2 and r.stderr.strip() == "error: --netns: 'mdp-none' is not a network namespace"
-    r = runner.invoke(main, ["maps", "dump", "--node", "zz", "--pin-root", bed.pin_root])
+    r = runner.invoke(main, ["maps", "dump", "--node", "zz", "--bpf-pin-root", bed.pin_root])
     assert r.exit_code == 1 and r.stderr.startswith("error: nothing is pinned")
 
 
 def test_unloading_keeps_traffic_flowing_through_kernel_routes(bed):
-    r = CliRunner().invoke(main, ["datapath", "unload", "--node", "a", "--pin-root", bed.pin_root,
+    r = CliRunner().invoke(main, ["datapath", "unload", "--node", "a", "--bpf-pin-root", bed.pin_root,
                                   "--netns", bed.ns("a")])
     assert r.exit_code == 0, r.output
     in_netns(bed.ns("b"), lambda: Datapath.unload("b", pin_root=bed.pin_root))

@@ -147,8 +147,8 @@ def test_plan_against_a_cluster_api_without_root(home: Path, meshctl: Path) -> N
     """`--backend kubernetes` from the laptop: a kubeconfig naming the API server is all it needs."""
     from lightkube import Client, KubeConfig
     from lightkube.config.models import Cluster, User
-    from meshctl.lab.kube_apiserver import ApiServer, load_manifests
 
+    from meshctl.lab.rigs.kube_apiserver import ApiServer, load_manifests
     from tests.kube.helpers import MANIFESTS, create_node, node_obj
 
     srv = ApiServer("127.0.0.1", 0).start()

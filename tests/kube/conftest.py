@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fixtures for the Kubernetes tests: a real in-process API server on 127.0.0.1 with the Namespace
 and Peer CRD of manifests/ created through it, and a lightkube client of it."""
 

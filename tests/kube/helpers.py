@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Helpers for the Kubernetes tests: Node objects as kubelet and agents leave them, waiting, and a
 backend's `run` in a thread."""
 

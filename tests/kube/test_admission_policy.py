@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """manifests/admission-policy.yaml, offline: both objects pass the Kubernetes schemas, and the
 policy's CEL, evaluated here (cel-python), lets the agent change its own node's agent annotations
 and nothing else: not another node, not a person's annotation, not labels or spec, not without a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The in-process API server's semantics, over raw HTTP: what the backend relies on must behave as
 kube-apiserver does (resourceVersion, watch resume and 410, patches, conflicts, paging)."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Kubernetes backend against the in-process API server: every path goes over real HTTP with
 lightkube, through list, watch and patch."""
 
@@ -311,13 +312,13 @@ def test_unreachable_api_keeps_last_view_not_ready(api, kclient):
 
 
 def test_bad_options_are_one_line_errors():
-    from meshctl.errors import InputError, MeshError
+    from meshctl.errors import InputError
 
     with pytest.raises(InputError, match="--node: 'Not_A_Name' is not a DNS-1123 name"):
         backend_from_options(None, "http://127.0.0.1:1", "Not_A_Name")
     with pytest.raises(InputError, match="--resync: 0 must be > 0"):
         backend_from_options(None, "http://127.0.0.1:1", "a1", resync_seconds=0)
-    with pytest.raises(MeshError, match="kubeconfig /nonexistent"):
+    with pytest.raises(InputError, match="--kubeconfig: '/nonexistent' is not a file"):
         backend_from_options("/nonexistent", None, "a1")
 
 

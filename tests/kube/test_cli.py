@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The DaemonSet's command line against the real `meshctl agent` parser, so the manifest and the
 CLI can never drift apart: every flag it passes exists and means what the pod gives it (the
 mounted folders, the probed port, the sidecar's device), and the Kubernetes-only flags reach
@@ -139,9 +140,9 @@ def test_the_parser_does_catch_drift(monkeypatch):
     res, cfg = parse(monkeypatch, [*args, "--metrics-addr=9736"])
     assert res.exit_code == 2 and "--metrics-addr: '9736' is not host:port" in res.output
     # --pod-cidr may only be left out with the kubernetes backend
-    res, cfg = parse(monkeypatch, ["agent", "--node-name=n1", "--backend=etcd", "--etcd-endpoints=https://e:2379"])
+    res, cfg = parse(monkeypatch, ["agent", "--node=n1", "--backend=etcd", "--etcd-endpoints=https://e:2379"])
     assert res.exit_code == 2 and "--pod-cidr: '' is required with --backend etcd" in res.output
-    res, cfg = parse(monkeypatch, ["agent", "--node-name=n1", "--pod-cidr=10.42.0.0/24", "--backend=etcd",
+    res, cfg = parse(monkeypatch, ["agent", "--node=n1", "--pod-cidr=10.42.0.0/24", "--backend=etcd",
                                    "--etcd-endpoints=https://e:2379", "--kvstore-endpoints=https://k:2379"])
     assert res.exit_code == 2 and "--kvstore-endpoints: 'https://k:2379' is for --backend kubernetes" in res.output
     res, cfg = parse(monkeypatch, [*args, "--resync-seconds=0"])
@@ -152,7 +153,7 @@ def test_kubernetes_flags_reach_make_backend(monkeypatch, api, kclient):
     from meshctl.agent.kube_backend import make_backend
 
     create_node(kclient, node_obj("node-1", "10.42.9.0/24", labels={"example.com/site": "lisbon"}))
-    res, cfg = parse(monkeypatch, ["agent", "--backend=kubernetes", "--node-name=node-1", f"--api-server={api.url}",
+    res, cfg = parse(monkeypatch, ["agent", "--backend=kubernetes", "--node=node-1", f"--api-server={api.url}",
                                    "--location-label=example.com/site", "--resync-seconds=7.5",
                                    "--kvstore-endpoints=https://192.0.2.1:2379, https://192.0.2.2:2379",
                                    "--lease-ttl=4"])
@@ -168,12 +169,12 @@ def test_kubernetes_flags_reach_make_backend(monkeypatch, api, kclient):
     finally:
         be.close()
     # --kubeconfig: a file that is not there is a one-line error naming it
-    res, cfg = parse(monkeypatch, ["agent", "--backend=kubernetes", "--node-name=node-1",
+    res, cfg = parse(monkeypatch, ["agent", "--backend=kubernetes", "--node=node-1",
                                    "--kubeconfig=/nonexistent/kubeconfig"])
     assert cfg is not None
-    from meshctl.errors import MeshError
+    from meshctl.errors import InputError
 
-    with pytest.raises(MeshError, match="kubeconfig /nonexistent/kubeconfig"):
+    with pytest.raises(InputError, match="--kubeconfig: '/nonexistent/kubeconfig' is not a file"):
         make_backend(cfg)
 
 

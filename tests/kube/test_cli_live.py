@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`meshctl plan|graph|showconf --backend kubernetes`: the live cluster's Nodes and Peers, read
 through a real (in-process) API server, give the same plan as a topology file with the same
 records; `showconf node X --as-peer -o yaml` is a Peer a second cluster's API server accepts and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`--kvstore`: a Kubernetes cluster's nodes mirrored into a real etcd (mutual TLS), in the layout
 of the etcd backend, and read back by another cluster's watcher (clustermesh_watch.RemoteClusters)
 exactly as it reads an etcd-backed cluster. One agent writes; when it stops another takes over."""

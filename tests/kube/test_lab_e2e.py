@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """End to end: the shipped namespace lab with `backend: kubernetes`. Real agents in network
 namespaces run `--backend kubernetes` against the in-process API server (in its own namespace on
 the lab's public segment) the way the DaemonSet runs them (pod CIDR, location and leader from

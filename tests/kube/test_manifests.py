@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What a user installs: manifests/ against the Kubernetes JSON schemas (offline, with the schemas
 kubernetes-validate bundles), the Peer CRD's schema against the backend's own checks, the
 Dockerfile against the DaemonSet, and the Vagrantfile through `vagrant validate`."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Discovered endpoints on Kubernetes Nodes: meshctl's own annotations round-trip, Kilo's
 `kilo.squat.ai/discovered-endpoints` (keyed by public key, Go's net.UDPAddr JSON) is read too and
 confirmed against the nodes it names, and bad values name the node and the annotation."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Peer pre-shared keys by Secret reference, and the in-process API server pruning and validating
 Peers against the CRD's openAPIV3Schema as kube-apiserver does."""
 

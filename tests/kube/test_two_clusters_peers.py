@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Kilo's multi-cluster recipe on the namespace lab: two clusters with the kubernetes backend and no
 cluster mesh; each cluster's nodes, printed by `meshctl showconf --backend kubernetes node X
 --as-peer -o yaml --allowed-ips ...`, are applied as Peers in the other cluster's API, and pods of

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Labs for the integration tests: each test builds its own, named `mt<pid><n>-`, and removes it on
 success and failure."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The shipped default lab through the command line, as `make lab` runs it, and a two-cluster lab."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The lab's rooms keep their order, read from the code's own imports: rigs <- namespaces <- vms <-
 cli (an arrow points at what imports), so the namespace lab never reaches into the VM labs and the
 rigs know no lab; no import of the lab's own modules hides inside a function; no circle."""

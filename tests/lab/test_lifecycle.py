@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Must show: joining within 3 s, leaving after the lease, restarts losing no packet, etcd outages,
 bad records. Each test in its own lab."""
 
@@ -61,7 +62,7 @@ def test_join_within_3s_and_leave_after_lease_and_grace(make_lab):
 
     # `meshctl cleanup` removes what the agent made on b1.
     b1 = node_of(st, "b1")
-    cmd = [sys.executable, "-m", "meshctl.cli", "cleanup", "--node-name", "b1", "--wg-run-dir", b1.wg_run_dir,
+    cmd = [sys.executable, "-m", "meshctl.cli", "cleanup", "--node", "b1", "--wg-run-dir", b1.wg_run_dir,
            "--private-interface", "priv", "--bpf-pin-root", f"{st.pin_root}/default",
            "--nat-prefix", f"{st.prefix}nat"]
     p = netns.run(b1.netns, cmd, check=False, timeout=60)
@@ -150,7 +151,7 @@ def test_bad_records_are_rejected_and_named(make_lab):
         assert pair(st, src, dst).ok
     # The CLI names them; the metrics count them.
     a2 = node_of(st, "a2")
-    p = subprocess.run([sys.executable, "-m", "meshctl.cli", "status", "--lab", st.name, "--lab-node", "a2"],
+    p = subprocess.run([sys.executable, "-m", "meshctl.cli", "status", "--lab", st.name, "--node", "a2"],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stderr
     assert "rejected records (4)" in p.stdout and "overlap:" in p.stdout and "is not JSON" in p.stdout

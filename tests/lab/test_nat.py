@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Must show (issue 14): nodes behind NAT. One lab (lab/labs/nat.yaml): two public nodes, two behind
 cone NATs, two behind symmetric NATs, each in its own location. Cone pairs and cone<->public pairs
 go direct to discovered endpoints; symmetric<->symmetric pairs are relayed; a NAT rebind costs at

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Must show: the path pod traffic takes under each granularity, read from counters, each in its
 own lab; and a granularity change in etcd converging every agent without a restart."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`meshctl plan --backend etcd` against a running lab equals `meshctl plan -f` on the same
 topology, with keys and endpoints as the agents published them."""
 

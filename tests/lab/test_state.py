@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The lab state file as typed dataclasses: every shape a lab writes (a namespace lab, a lab in one
 VM, a VM-per-node lab, the one-node state in a node's VM) reads back, and what is saved is the same
 JSON object with the same keys. No namespace is made here."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Trust and self-healing in a real lab (namespaces, etcd with auth and one identity per node,
 WireGuard, the fast path): one node's credentials cannot take another node's record, hijacking
 records are rejected and named while every pair keeps working, a tampered record is back within

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`lab.vms` and `nodes[].kernel` as the lab file reader takes or refuses them (no VM boots here):
 each refusal is one error naming the field and the value."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The package read as code: which modules each file imports, and the module and room graphs those
 imports make. Every function takes the package folder, so the checks run on the real tree and on
 small synthetic trees alike (a check that is never seen to fail proves nothing)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The tree's imports, read from the code (function-level imports included), keep four promises:
 
 - no module import circle (a circle hidden in function bodies still makes each module need the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The package's rooms keep their promises, read from the code's own imports:
 
 - `mesh/` is pure: it imports only itself, `errors` and standard modules that do no I/O;
@@ -17,7 +18,7 @@ import pytest
 from tests.layout.graph import PKG, ROOT, imports, module_name
 
 PURE_STDLIB = {"__future__", "base64", "bisect", "collections", "collections.abc", "contextlib", "dataclasses",
-               "functools", "ipaddress", "itertools", "re", "typing"}
+               "difflib", "functools", "ipaddress", "itertools", "re", "typing"}
 
 MODULES = sorted(PKG.rglob("*.py"))
 

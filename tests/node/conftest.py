@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fixtures for the node appliers: namespaces named `mnd<pid>-...` made per test and removed on
 success and failure, a way to run applier code inside one (the appliers act on the current
 network namespace, as the agent runs under `nsenter --net`), and wireguard-go cleanup."""
@@ -15,9 +16,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-from meshctl.datapath.inns import in_netns
 from meshctl.lab.rigs import netns
 from meshctl.node.wireguard.uapi import running_pid, stop
+from meshctl.setns import in_netns
 from tests.names import unique
 
 T = TypeVar("T")

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`meshctl cleanup` removes what carries meshctl's marks and nothing else: next to a foreign
 `kilo0` (a WireGuard device someone else started) and a foreign veth, both stay and are named;
 routes of other protocols and other people's sets stay; `--force` removes a named device anyway."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`--cni install`: the config the kubelet reads (bridge + host-local on the pod CIDR, the
 WireGuard MTU), written atomically and only when it changes; a Kilo leftover moved aside; with
 `--cni keep` the leftover is a warning. The config is checked by the CNI plugins' own rules for

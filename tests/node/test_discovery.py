@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Discovery from a node's own interfaces: internal address (and the /32 case that needs the
 override), endpoint, kilo0's MTU, and the pod routes and private address the fast path is told
 (the same answers iproute2 gives)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The node's key pair: made once with mode 0600, reused, matching `wg pubkey`, never echoed."""
 
 from __future__ import annotations

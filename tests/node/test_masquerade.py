@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """NatApplier with real traffic: a pod behind a node reaches an outside host masqueraded, while a
 mesh destination sees the pod's own address; set members change in place (the rules and their
 counters stay); cleanup removes it all."""

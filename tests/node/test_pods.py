@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Pod interfaces found from netlink: which links count (pure), and the watcher in a namespace of
 this test seeing a routed veth and a CNI bridge come and go."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Pre-shared keys reach the WireGuard device (wireguard-go in a namespace of this test): set with
 the peer, changed when the key changes, cleared when the reference goes; key files must be 0600."""
 

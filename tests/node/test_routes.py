@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """RouteApplier in a real namespace: only routes with the project's protocol number are added,
 changed and removed; a foreign route survives; a missing device is skipped, not raised."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The appliers at 5,000 nodes: a reconcile that changes nothing, or one node, must stay well
 inside the agent's 0.5 s budget (the first install may take longer; it happens once)."""
 

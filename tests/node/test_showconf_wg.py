@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`meshctl showconf -o wireguard` is what `wg setconf` reads: loaded into a wireguard-go device in a
 namespace of this test, the device holds exactly the plan's peers. `-o wg-quick` is not (its
 Address lines are wg-quick's), and `--as-peer` output is a [Peer] that `wg addconf` takes."""
@@ -13,8 +14,8 @@ import yaml
 from click.testing import CliRunner
 
 from meshctl.cli import main
-from meshctl.datapath.inns import NETNS_DIR
 from meshctl.node.wireguard import uapi
+from meshctl.setns import NETNS_DIR
 from tests.plan.fixtures import KILO_CLASSIC, key
 
 from .conftest import NodeLab, in_ns

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ensure_sysctls in a real namespace: forwarding on, rp_filter loose on the mesh's interfaces,
 only what differs is written, and the root namespace is left alone."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kilo0 through wireguard-go in real namespaces: two nodes, each with its own UAPI run_dir, peers
 synced from PeerPlans, traffic through the tunnel, per-peer changes, restart and removal."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Labs with every fabric kind for the path tests (the lab suite's `make_lab`: unique prefixes, removed on exit)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The path chooser's rules on made-up clocks: leave a dead rung fast, come back after the hold,
 do not flap under random loss, agree with the peer."""
 

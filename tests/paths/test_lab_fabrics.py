@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The path ladder in a running lab with every fabric kind (lab/labs/fabrics.yaml): each pair on the
 rung its fabric allows, all pairs reachable; what `intra_subnet: direct` loses; a direct pair
 whose fabric turns into a blackhole under a 100 pps ping, and back; no flapping under 20 % loss."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The prober over the lab's fabrics, for real: each fabric kind lets exactly the probe kinds
 through that its traffic would pass, and a fabric turned into a blackhole is noticed in time."""
 
@@ -6,12 +7,12 @@ from __future__ import annotations
 import ipaddress
 import time
 
-from meshctl.datapath.inns import in_netns
 from meshctl.lab.namespaces import fabric
 from meshctl.lab.namespaces.state import LabState, NodeState
 from meshctl.mesh.chooser import ProbeTuning
 from meshctl.mesh.model import RUNGS
 from meshctl.node.prober import Prober, Target, probe_address
+from meshctl.setns import in_netns
 from tests.waiting import wait_for
 
 from .conftest import FABRICS_DOC, node_of

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Worked topologies for the plan tests, written as a user would write the YAML."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Writes the golden plan outputs: every topology under tests/plan/golden/*.yaml, every node, as
 `meshctl plan -o json` prints it. Run once with a known-good tree (`python -m tests.plan.make_golden`);
 tests/plan/test_golden.py compares the current code's output against these files byte for byte."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Admission of allowed_location_ips, locally and from remote clusters: every case is a table row
 naming what a record claims and what must become of it (admitted, or rejected with which words)."""
 

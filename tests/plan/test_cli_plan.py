@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`meshctl plan`, `graph`, `showconf` through the CLI: output and every rejection."""
 
 from __future__ import annotations
@@ -84,8 +85,8 @@ BAD = [
      "peers[0].allowed_ips[0]: '10.2.1.128/25' overlaps a's pod CIDR"),
     (mutate("peers.1.name", "p1"), "peers[1].name: 'p1' is a duplicate peer name"),
     (mutate("nodes.0.persistent_keepalive", -1), "nodes[0].persistent_keepalive: -1 is not a keepalive"),
-    (mutate("nodes.0.colour", "red"), "nodes[0].colour: 'red' is not a known field"),
-    ("nodes: [\n  - {name: a", "is not valid YAML at line"),
+    (mutate("nodes.0.colour", "red"), "nodes[0].colour: is not a known field"),
+    ("nodes: [\n  - {name: a", "topo.yaml:2:3: not valid YAML: "),
     ("- just\n- a list\n", "is not a topology"),
 ]
 

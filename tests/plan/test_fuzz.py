@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fuzzing every door bad input comes through: topology files (random bytes, random mutations of
 valid files, through the CLI as a person runs it), etcd records and Kubernetes objects (through the
 backends' own parsing and admission). The promise: an error line or a rejection, never a traceback."""

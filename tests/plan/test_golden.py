@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`meshctl plan -o json` for every node of every golden topology is byte-identical to the output
 recorded with a known-good tree (tests/plan/make_golden.py wrote them): regrouping the package or
 adding path rungs must not change any plan of the fixed intra_subnet modes."""

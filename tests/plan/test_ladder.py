@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The path ladder in the plan: which pairs may use which rung, and what each rung plans."""
 
 from __future__ import annotations

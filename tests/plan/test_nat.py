@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Nodes behind NAT in the pure core (docs/nat.md): discovered endpoints are parsed like every other
 field and used only when two other nodes confirm them; pairs that cannot reach each other are
 relayed through a public node, the same way on both ends, and go back to direct once they report

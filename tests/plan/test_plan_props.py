@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Properties of the plan over generated topologies (hypothesis)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Worked examples of the plan contract (docs/mesh.md), one table row per case. The expected
 values were worked out by hand from the contract, not printed by the code."""
 

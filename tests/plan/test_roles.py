@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Each role's share of a plan, case by case (a table per role, as in Kilo's pkg/mesh tests): what
 a location member, a location leader, one end of a full/cross pair and the holder of the extra
 peers contribute, and how `_merge` joins the shares."""

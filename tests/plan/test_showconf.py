@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`showconf -o wireguard|wg-quick|json|yaml`, `--as-peer`, `--allowed-ips`, and `graph`'s leader
 edges, legend and subnet label (the `wg setconf` run is tests/node/test_showconf_wg.py)."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every input that used to pass silently now gives one line: an error (exit 2) when it cannot be
 planned safely, a warning (exit 0, on stderr) when the plan is safe but part of it cannot work.
 The table in docs/mesh.md lists the same cases with the same messages."""
@@ -84,7 +85,7 @@ def test_binary_file_is_one_line(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "Traceback" not in r.output
     assert r.stderr.strip().endswith("is not a text file (not UTF-8 at byte 0)")
     r = run_plan(tmp_path, b"nodes: [\x00\x01]\n")
-    assert r.exit_code == 2 and "is not valid YAML" in r.stderr
+    assert r.exit_code == 2 and "not valid YAML: " in r.stderr
 
 
 def test_missing_field_says_required_not_none(tmp_path: Path) -> None:
@@ -268,7 +269,7 @@ def test_unicode_digits_are_not_numbers(tmp_path: Path) -> None:
 def test_control_characters_in_a_field_name_stay_on_one_line(tmp_path: Path) -> None:
     d = copy.deepcopy(KILO_CLASSIC)
     d["nodes"][0]["bad\nname"] = 1
-    assert one_error(run_plan(tmp_path, d)) == "nodes[0].bad\\nname: 1 is not a known field"
+    assert one_error(run_plan(tmp_path, d)) == "nodes[0].bad\\nname: is not a known field (did you mean name?)"
 
 
 def test_an_agent_sees_only_its_own_dead_tunnels() -> None:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which commands run where a VM lab is (pure: argv in, decision out), and how the matrix reads
 pytest's closing line."""
 
@@ -11,6 +12,7 @@ from meshctl.lab.vms.vmlab import _named_lab, _wants_lab
 
 @pytest.mark.parametrize("argv", [
     ["lab", "check"], ["lab", "status", "-o", "json"], ["lab", "check", "--lab", "vm1"],
+    ["status", "--node", "a1"], ["status", "--node=a1"], ["node", "list", "--node", "a1"],
     ["status", "--lab-node", "a1"], ["status", "--lab-node=a1"], ["node", "list", "--lab-node", "a1"],
     ["maps", "dump", "--node", "a1"], ["datapath", "status", "--node", "a1", "-o", "json"],
     ["node", "list"], ["node", "list", "--lab", "vm1", "-o", "json"],
@@ -22,7 +24,8 @@ def test_commands_about_a_lab_run_where_the_lab_is(argv):
 @pytest.mark.parametrize("argv", [
     [], ["lab", "up", "--kernel", "6.1"], ["lab", "down"], ["lab"], ["lab", "--help"],
     ["status"], ["status", "--addr", "127.0.0.1:9736"], ["plan", "-f", "t.yaml", "--node", "a1"],
-    ["maps", "dump", "--node", "a1", "--pin-root", "/sys/fs/bpf/x"], ["datapath", "status"],
+    ["maps", "dump", "--node", "a1", "--bpf-pin-root", "/sys/fs/bpf/x"], ["datapath", "status"],
+    ["maps", "dump", "--node", "a1", "--pin-root", "/sys/fs/bpf/x"],
     ["node", "list", "--etcd-endpoints", "https://10.0.0.1:2379"], ["node", "list", "--addr", "1.2.3.4:9736"],
 ])
 def test_commands_of_this_host_run_here(argv):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The mixed-kernel multi-VM lab (`lab.vms`, the shipped labs/vms.yaml): a1 on Debian 12's 6.1,
 a2 on Debian 11's 5.10 (no tcx, no bpf_check_mtu), b1 on Debian 13's 6.12, each its own VM on taps
 of the lab's bridges, etcd on the host side. Every pod pair answers on the path its source agent
@@ -90,7 +91,7 @@ def test_each_node_runs_its_kernel_with_kernel_wireguard_and_the_fast_path(lab):
 
 
 def test_node_commands_typed_on_the_host_answer_for_that_vm(lab):
-    st = meshctl("status", "--lab-node", "a2", "--lab", NAME)
+    st = meshctl("status", "--node", "a2", "--lab", NAME)
     assert st.returncode == 0, st.stderr
     assert "(kernel)" in st.stdout, st.stdout
     assert ("[clsact, without bpf_check_mtu, without BPF_F_ADJ_ROOM_ENCAP_L2_ETH, without "

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The VM room: a Debian kernel of the matrix boots over this machine's root, runs commands as the
 host asks (output, errors and exit status come back), has its kernel's modules (kernel WireGuard),
 and leaves no process or directory behind. One VM at a time: TCG here takes ~10 s to boot."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The agent's settings: one dataclass, filled from command-line flags (cli.agent) or by the lab.
 
 Parsing goes through meshctl.mesh.fields so a bad flag reads like a bad record:
@@ -76,7 +77,7 @@ class AgentConfig:
         if self.backend == "etcd" and not self.etcd_endpoints:
             raise InputError("--etcd-endpoints", "", "is required with --backend etcd")
         if self.backend == "file" and not self.topology_file:
-            raise InputError("--topology", "", "is required with --backend file")
+            raise InputError("-f", "", "is required with --backend file")
         if bool(self.etcd_cert) != bool(self.etcd_key):
             raise InputError("--etcd-cert", self.etcd_cert or "", "and --etcd-key go together")
         if bool(self.etcd_user) != bool(self.etcd_password_file):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The agent's Kubernetes wiring: the backend from its flags (`make_backend`), and its own node
 settings from its Node object, kept current while the agent runs (`OwnNodeSettings`).
 
@@ -108,11 +109,12 @@ def wait_for_pod_cidr(read: Any, name: str, timeout: float = 120.0, poll: float 
 def make_backend(cfg: AgentConfig) -> KubeBackend:
     """What `agent.run.build_backend` calls for `--backend kubernetes`, with an AgentConfig.
 
-    The API: `cfg.kubeconfig` / `cfg.api_server` (flags), else $KUBECONFIG / $MESHCTL_API_SERVER,
-    else in-cluster. The node's pod CIDR (waited for when the Node has none yet) and its user-set
-    annotations (location, forced endpoint or internal address, leader, keepalive, location IPs)
-    fill what the flags left unset, now and whenever the Node changes (OwnNodeSettings below). The
-    cluster's identity is the flags' when they differ from the defaults, else the ConfigMap's.
+    The API: `cfg.kubeconfig` / `cfg.api_server` (flags), else $MESHCTL_API_SERVER, else the first
+    file of $KUBECONFIG that exists, else ~/.kube/config, else in-cluster. The node's pod CIDR
+    (waited for when the Node has none yet) and its user-set annotations (location, forced
+    endpoint or internal address, leader, keepalive, location IPs) fill what the flags left unset,
+    now and whenever the Node changes (OwnNodeSettings below). The cluster's identity is the
+    flags' when they differ from the defaults, else the ConfigMap's.
     With `cfg.kvstore_endpoints` the cluster's nodes are mirrored into that etcd (backends.kube.kvstore).
     """
 
@@ -121,7 +123,7 @@ def make_backend(cfg: AgentConfig) -> KubeBackend:
     if (cfg.cluster_name, cfg.cluster_id) != ("default", 1):
         flag_cluster = Cluster(cfg.cluster_name, cfg.cluster_id)
     be = backend_from_options(
-        cfg.kubeconfig or extra.get("kubeconfig") or os.environ.get("KUBECONFIG"),
+        cfg.kubeconfig or extra.get("kubeconfig"),  # else $KUBECONFIG, as kubectl reads it (kubeconfig_for)
         cfg.api_server or extra.get("api_server") or os.environ.get("MESHCTL_API_SERVER"),
         cfg.node_name, cfg.location_label or extra.get("location_label", REGION_LABEL),
         float(cfg.resync_interval), cluster=flag_cluster,

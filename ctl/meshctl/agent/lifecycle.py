@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The agent's life cycle: what it makes at start (keys, steps, the loop, the status server, the
 watchers, the datapath loader) and how it stops. Stopping (SIGTERM) leaves routes, WireGuard and
 pinned maps in place; `meshctl cleanup` removes them."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The agent's ONE reconcile loop: it turns the backend's view into this node's state.
 
     backend.snapshot -> admit (mesh.admit, older records first; remote clusters after)

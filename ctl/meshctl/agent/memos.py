@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The pure part of a pass (admission, the plan, the mesh CIDRs), kept while its inputs are the
 same objects: the backend hands out the same parsed Node for an unchanged record, so an identity
 check tells "nothing changed" where `==` would compare every field of every node."""

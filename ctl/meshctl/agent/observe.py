@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What this node's WireGuard saw of its NATed peers, published in its own record (docs/nat.md).
 
 For every peer the plan marks as roaming (it may sit behind NAT), the agent reports either the

@@ -1,5 +1,6 @@
+# SPDX-License-Identifier: Apache-2.0
 """Path probing as the agent runs it: under `intra_subnet: auto` a prober (node/prober.py) probes
-every eligible peer on every private rung this node can carry, and its verdicts (mesh/paths.py)
+every eligible peer on every private rung this node can carry, and its verdicts (mesh/chooser.py)
 are the path-state the next plan reads. A change of a pair's rung wakes the loop at once: the pair
 leaves a dead rung without waiting for a reconcile pass.
 

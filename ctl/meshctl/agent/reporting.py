@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Building the agent's status (agent/status.py): `PassRecorder` turns each pass into its
 `PassSummary`; `LiveReader` reads the live parts on request. Both keep the pieces that cost the
 most (a leader's peers as text, the node list, the warnings) while the plan or view they came

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Wiring for `meshctl agent`: the backend the flags ask for, the cluster-mesh watcher, signals."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The agent's HTTP face: Prometheus metrics on /metrics, /healthz and the /status JSON.
 
 One registry per agent (registering a metric twice in the global one raises), and one custom

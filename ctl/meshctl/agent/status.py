@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What an agent reports about itself: one `AgentStatus`, the value behind `/status`, the metrics
 and `meshctl status`.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Running the steps of a pass (agent/steps.py) in order: which to skip, which to make forget,
 and when a pass is a full one. It holds the steps only as `Step`s: it reads nothing of a step
 but what the protocol answers."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The steps of one reconcile pass: each drives one applier of the node room (or the datapath)
 towards the plan, behind one protocol, so the loop holds a list of steps and times each.
 

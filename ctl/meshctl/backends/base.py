@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Where node records come from. Every backend (etcd, Kubernetes, a static file) gives the agent
 the same thing: a `ClusterState` snapshot and a wake-up when it may have changed.
 

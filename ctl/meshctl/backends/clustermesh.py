@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Cluster mesh, the imperative part: watch other clusters' etcd over mutual TLS.
 
 `--clustermesh-dir` holds one file per remote cluster, named after it, in Cilium's format

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The etcd backend: node records under `/meshctl/<cluster>/`, kept in memory by list + watch.
 
 Key layout (docs/agent.md):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Who may write what in a cluster's etcd: one identity per agent, one per reader cluster, one
 for the Kubernetes kvstore mirror, and the operator's.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`meshctl`: the command line. Each area keeps its commands in its own module; this file only
 wires them together and turns every expected error into one line and a non-zero exit."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`python -m meshctl.cli`."""
 
 from meshctl.cli import main

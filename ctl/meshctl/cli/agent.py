@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`meshctl` commands of the agent area: `agent`, `status`, `node list`, `cleanup`."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from meshctl.agent.config import AgentConfig
 from meshctl.agent.server import fetch_status
 from meshctl.agent.status import AgentStatus, BackendBlocks, DatapathStatus, PodsStatus, RemotesStatus
 from meshctl.cli import targets
+from meshctl.cli.options import TEXT_FORMATS, file_option, lab_option, node_option, output_option, pin_root_option
 from meshctl.errors import InputError, MeshError
 from meshctl.mesh import admit, fields, records
 
@@ -26,7 +28,8 @@ def _flag(parse: Any) -> Any:
     def cb(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         if value is None or value == "":
             return None
-        return parse(value, "--" + (param.name or "").replace("_", "-"))
+        flag = next((o for o in param.opts if o.startswith("--")), "--" + (param.name or "").replace("_", "-"))
+        return parse(value, flag)
 
     return cb
 
@@ -62,7 +65,8 @@ def endpoint_list(text: str) -> tuple[str, ...]:
 
 
 @click.command("agent")
-@click.option("--node-name", required=True, callback=_flag(fields.node_name), help="This node's name.")
+@node_option("node_name", aliases=("--node-name",), required=True, callback=_flag(fields.node_name),
+             help="This node's name.")
 @click.option("--pod-cidr", default=None, callback=_flag(fields.network),
               help="This node's pod CIDR (required, except with --backend kubernetes: the Node's spec.podCIDR).")
 @click.option("--location", default="", callback=_flag(fields.location), help="Location (e.g. a cloud region).")
@@ -90,9 +94,9 @@ def endpoint_list(text: str) -> tuple[str, ...]:
 @click.option("--cni-conf-dir", default="/etc/cni/net.d", show_default=True, type=click.Path(path_type=Path))
 @click.option("--metrics-addr", default=defaults.METRICS_ADDR, show_default=True)
 @click.option("--backend", default="etcd", show_default=True, type=click.Choice(["etcd", "file", "kubernetes"]))
-@click.option("--topology", "topology_file", default=None, help="Topology file for --backend file.")
-@click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file (default: $KUBECONFIG, "
-              "else in-cluster).")
+@file_option("topology_file", aliases=("--topology",), help="Topology file for --backend file.")
+@click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file (default: the first file "
+              "of $KUBECONFIG, else ~/.kube/config, else in-cluster).")
 @click.option("--api-server", default=None, help="--backend kubernetes: API server URL without credentials (tests).")
 @click.option("--location-label", default=defaults.REGION_LABEL, show_default=True,
               help="--backend kubernetes: Node label that names the location when no location annotation does.")
@@ -116,7 +120,7 @@ def endpoint_list(text: str) -> tuple[str, ...]:
               help="One file per remote cluster (endpoints, ca-file, cert-file, key-file).")
 @click.option("--no-fastpath", is_flag=True, callback=_no_fastpath,
               help=f"Kernel routes only, no eBPF (also {FASTPATH_ENV}=false: the ConfigMap key fastpath).")
-@click.option("--bpf-pin-root", default=defaults.PIN_ROOT, show_default=True)
+@pin_root_option("bpf_pin_root", aliases=(), default=defaults.PIN_ROOT, show_default=True)
 @click.option("--lease-ttl", default=10, type=int, show_default=True, help="Seconds a dead agent's record lives.")
 @click.option("--lapse-grace", default=60.0, type=float, show_default=True,
               help="Seconds peers keep a node whose record's lease ran out (its agent restarting).")
@@ -138,9 +142,9 @@ def agent_cmd(**kw: Any) -> None:
 
 @click.command("status")
 @click.option("--addr", default=defaults.METRICS_ADDR, show_default=True, help="The agent's --metrics-addr.")
-@click.option("--lab-node", default=None, help="Ask the agent of this lab node (inside its namespace).")
-@click.option("--lab", "lab_name", default=None, help="Lab name (default: the only lab up).")
-@click.option("-o", "output", default="text", type=click.Choice(["text", "json"]))
+@node_option("lab_node", aliases=("--lab-node",), help="Ask the agent of this lab node (inside its namespace).")
+@lab_option()
+@output_option(TEXT_FORMATS)
 def status_cmd(addr: str, lab_node: str | None, lab_name: str | None, output: str) -> None:
     """Print an agent's view: datapath mode, peers, last reconcile, rejected records."""
     netns = None
@@ -298,13 +302,13 @@ def node_group() -> None:
 @etcd_options
 @click.option("--addr", default=None, help="Ask the agent at this --metrics-addr: every local and remote node "
               "with the path from that node.")
-@click.option("--lab-node", default=None, help="Ask the agent of this lab node (inside its namespace).")
-@click.option("--lab", "lab_name", default=None, help="Lab name (default: the only lab up).")
-@click.option("-o", "output", default="text", type=click.Choice(["text", "json"]))
+@node_option("lab_node", aliases=("--lab-node",), help="Ask the agent of this lab node (inside its namespace).")
+@lab_option()
+@output_option(deprecated={"text": "table"})
 def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, etcd_key: str | None,
               etcd_user: str | None, etcd_password_file: str | None, cluster_name: str, addr: str | None,
               lab_node: str | None, lab_name: str | None, output: str) -> None:
-    """List nodes. From an agent (the local one by default, --addr, --lab-node): local and remote
+    """List nodes. From an agent (the local one by default, --addr, --node): local and remote
     nodes (`cluster2/g1`), their addresses, pod CIDRs, WireGuard addresses, source and the path from
     that node. From the store (etcd flags, or --lab: a lab's etcd): the records and what admission
     decided for each."""
@@ -362,11 +366,12 @@ def _node_list_from_agent(addr: str | None, lab_node: str | None, lab_name: str 
 
 
 @click.command("cleanup")
-@click.option("--node-name", default=None, callback=_flag(fields.node_name))
+@node_option("node_name", aliases=("--node-name",), callback=_flag(fields.node_name),
+             help="This node's name (its pinned maps and, with etcd flags, its record).")
 @click.option("--wg-interface", default=defaults.WG_INTERFACE, show_default=True)
 @click.option("--wg-run-dir", default=str(defaults.WG_RUN_DIR), show_default=True, type=click.Path(path_type=Path))
 @click.option("--private-interface", default=None)
-@click.option("--bpf-pin-root", default=defaults.PIN_ROOT, show_default=True)
+@pin_root_option("bpf_pin_root", aliases=(), default=defaults.PIN_ROOT, show_default=True)
 @click.option("--nat-prefix", default="meshctl", show_default=True)
 @click.option("--force", is_flag=True, help="Also remove a WireGuard device meshctl did not create.")
 @etcd_options

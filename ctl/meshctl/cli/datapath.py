@@ -1,8 +1,9 @@
+# SPDX-License-Identifier: Apache-2.0
 """`meshctl` commands of the datapath area: `maps dump` and `datapath load|unload|status`.
 
 They read and change the pinned objects of one node. A lab node (`--node N` while a lab is up)
 is found through the lab's state: its pin root and its network namespace (interface names are
-resolved there). Elsewhere `--pin-root` and `--netns` say where to look; by default the node's
+resolved there). Elsewhere `--bpf-pin-root` and `--netns` say where to look; by default the node's
 pins are under /sys/fs/bpf/meshctl and the current namespace is the node's.
 """
 
@@ -18,18 +19,19 @@ import click
 
 from meshctl import defaults
 from meshctl.cli import targets
+from meshctl.cli.options import file_option, lab_option, node_option, option, output_option, pin_root_option
 from meshctl.datapath import Datapath
-from meshctl.datapath.inns import in_netns
 from meshctl.errors import InputError, MeshError
 from meshctl.node import discovery
+from meshctl.setns import in_netns
 
 T = TypeVar("T")
 
-_node = click.option("--node", default=None, help="Node name (default: this host's name, or every pinned node).")
-_lab = click.option("--lab", "lab_name", default=None, help="Lab name, when several labs are up.")
-_pin = click.option("--pin-root", default=None, help=f"bpffs folder of the pins (default {defaults.PIN_ROOT}).")
+_node = node_option(help="Node name (default: this host's name, or every pinned node).")
+_lab = lab_option("Lab name, when several labs are up.")
+_pin = pin_root_option(default=None, help=f"bpffs folder of the pins (default {defaults.PIN_ROOT}).")
 _ns = click.option("--netns", default=None, help="Network namespace of the node (default: the lab's, or this one).")
-_out = click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
+_out = output_option()
 
 
 def _where(node: str | None, lab: str | None, pin_root: str | None, netns: str | None
@@ -117,14 +119,16 @@ def datapath() -> None:
 
 
 @datapath.command("load")
-@click.option("--node", required=True, help="Node name (its pins go under PIN_ROOT/NODE).")
+@node_option(required=True, help="Node name (its pins go under PIN_ROOT/NODE).")
 @_lab
 @_pin
 @_ns
-@click.option("--private-if", required=True, help="The private NIC.")
-@click.option("--tunnel-if", default=None, help="The WireGuard device (kilo0), if any.")
-@click.option("--pod-if", "pod_ifs", multiple=True, help="A host-side pod veth; repeatable.")
-@click.option("-f", "--file", "topo_path", type=click.Path(dir_okay=False), default=None,
+@option("--private-interface", "private_if", aliases=("--private-if",), required=True, help="The private NIC.")
+@option("--wg-interface", "tunnel_if", aliases=("--tunnel-if",), default=None,
+        help="The WireGuard device (kilo0), if any.")
+@option("--pod-interfaces", "pod_ifs", aliases=("--pod-if",), multiple=True,
+        help="A host-side pod veth; repeatable.")
+@file_option("topo_path", type=click.Path(dir_okay=False),
               help="Topology YAML: sync the node's fast-path entries from its plan.")
 def datapath_load(node: str, lab_name: str | None, pin_root: str | None, netns: str | None, private_if: str,
                   tunnel_if: str | None, pod_ifs: tuple[str, ...], topo_path: str | None) -> None:
@@ -164,7 +168,7 @@ def datapath_load(node: str, lab_name: str | None, pin_root: str | None, netns: 
 
 
 @datapath.command("unload")
-@click.option("--node", required=True)
+@node_option(required=True, help="Node name.")
 @_lab
 @_pin
 @_ns

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Commands that show the mesh: `plan`, `graph`, `showconf`. They read a topology file (`-f`) or,
 like Kilo's kgctl, the live cluster's store (`--backend etcd|kubernetes`): the same records the
 agents read, admitted the same way."""
@@ -18,6 +19,7 @@ from meshctl.backends.base import ClusterState
 from meshctl.backends.file import load_topology, load_topology_checked
 from meshctl.cli import targets
 from meshctl.cli.agent import endpoint_list, etcd_options
+from meshctl.cli.options import file_option, lab_option, output_option
 from meshctl.cli.psk import with_preshared_keys
 from meshctl.errors import MISSING, InputError, MeshError
 from meshctl.mesh import fields
@@ -47,14 +49,14 @@ BACKENDS = ("file", "etcd", "kubernetes")
 def _source_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """Where the topology comes from: `-f FILE`, or the live store with the agent's flags."""
     for opt in reversed([
-        click.option("-f", "--file", "path", default=None, type=click.Path(dir_okay=False),
-                     help="Topology YAML (the default source)."),
+        file_option(type=click.Path(dir_okay=False), help="Topology YAML (the default source)."),
         click.option("--backend", default=None, type=click.Choice(BACKENDS),
                      help="Read the live cluster instead of a file: its etcd (--etcd-* flags, or the lab's etcd) "
-                     "or its Kubernetes API (--kubeconfig, $KUBECONFIG, in-cluster)."),
+                     "or its Kubernetes API (--kubeconfig, the first file of $KUBECONFIG, ~/.kube/config, "
+                     "in-cluster)."),
         click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file."),
         click.option("--api-server", default=None, help="--backend kubernetes: API server URL without credentials."),
-        click.option("--lab", "lab_name", default=None, help="--backend etcd without --etcd-endpoints: a lab's etcd."),
+        lab_option("--backend etcd without --etcd-endpoints: a lab's etcd."),
         etcd_options,
     ]):
         f = opt(f)
@@ -107,7 +109,7 @@ class Source:
         endpoints, ca, cert, key, user, password_file = self.etcd
         netns = None
         if self.lab_name is not None or not endpoints:
-            acc = targets.lab("--etcd-endpoints").etcd(self.lab_name, self.cluster_name)
+            acc = _lab_etcd(self.lab_name, self.cluster_name)
             endpoints, ca, cert, key, user, password_file, netns = (
                 ",".join(acc.endpoints), acc.ca, acc.cert, acc.key, acc.user, acc.password_file, acc.netns)
         client = EtcdClient(list(endpoint_list(endpoints)), ca=ca, cert=cert, key=key, netns=netns, user=user,
@@ -133,6 +135,19 @@ class Source:
             be.close()
 
 
+def _lab_etcd(lab_name: str | None, cluster_name: str) -> targets.EtcdTarget:
+    """A lab's etcd; without --lab and with no lab to find, the line says which flags reach a real one."""
+    try:
+        return targets.lab("--etcd-endpoints").etcd(lab_name, cluster_name)
+    except MeshError as e:
+        if lab_name is not None:
+            raise
+        raise InputError("--etcd-endpoints", MISSING, f"is not given and {str(e).removeprefix('--etcd-endpoints: ')}; "
+                         "a real etcd: --etcd-endpoints https://HOST:2379 --etcd-ca FILE --etcd-cert FILE "
+                         "--etcd-key FILE (or --etcd-user NAME --etcd-password-file FILE); "
+                         "a lab's: --lab NAME") from None
+
+
 def _load_remotes(local: Topology, paths: tuple[str, ...]) -> list[Remote]:
     """Remote clusters' topology files, admitted against the local one (clustermesh rules)."""
     from meshctl.mesh.admit import admit_remotes, as_remote
@@ -152,7 +167,7 @@ def _load_remotes(local: Topology, paths: tuple[str, ...]) -> list[Remote]:
               help="Another cluster's topology file (cluster mesh); repeatable.")
 @click.option("--path-state", "path_state", type=click.Path(dir_okay=False),
               help="Probe results (YAML: node -> the private rungs that deliver); without it every rung works.")
-@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table")
+@output_option()
 def plan(node: str, granularity: Granularity | None, remotes: tuple[str, ...], path_state: str | None,
          output: str, **source: Any) -> None:
     """Print one node's WireGuard peers, routes and fast-path entries."""
@@ -212,8 +227,8 @@ def _cidrs(ctx: click.Context, param: click.Parameter, value: str | None) -> tup
 @_source_options
 @click.argument("kind", type=click.Choice(["node", "peer"]))
 @click.argument("name")
-@click.option("-o", "--output", default="wireguard", show_default=True, type=click.Choice(SHOWCONF_FORMATS),
-              help="wireguard: what `wg setconf` reads; wg-quick: with Address lines; json, yaml.")
+@output_option(SHOWCONF_FORMATS,
+               help="wireguard: what `wg setconf` reads; wg-quick: with Address lines; json, yaml.")
 @click.option("--as-peer", is_flag=True, help="Print NAME as a peer of others (with -o yaml|json: a Peer "
               "resource another cluster can apply).")
 @click.option("--allowed-ips", default=None, callback=_cidrs,

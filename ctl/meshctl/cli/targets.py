@@ -1,6 +1,7 @@
+# SPDX-License-Identifier: Apache-2.0
 """Where a command finds the node or etcd it is asked about, when that is not on this host.
 
-`status --lab-node`, `node list --lab-node`, `maps dump --node`, `datapath ... --node`, and
+`status --node`, `node list --node`, `maps dump --node`, `datapath ... --node`, and
 `node list` or `--backend etcd` without etcd endpoints can talk to a node or an etcd of the
 namespace lab. The CLI that ships knows nothing of the lab: the lab registers a `LabLocator` (and
 a `Forwarder`, which runs commands about a lab inside a VM there) when it is installed (as a
@@ -83,7 +84,7 @@ def register_lab(locator: LabLocator) -> None:
     _locator[:] = [locator]
 
 
-def lab(flag: str = "--lab-node") -> LabLocator:
+def lab(flag: str = "--node") -> LabLocator:
     """The registered lab locator; one clear line when this installation has no lab."""
     if not _locator:
         raise MeshError(f"{flag}: the lab is not part of this installation (the agent image leaves it out)")

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The eBPF fast path of one node, as the agent drives it.
 
     dp = Datapath.open("a1")                 # load, or reopen what a previous agent pinned

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`python -m meshctl.datapath.compile PIN_DIR`: compile the programs with bcc and pin them (and
 their maps) under PIN_DIR, then exit. The loader runs this as a child so the agent never holds
 bcc/LLVM in memory; errors are one line on stderr and exit status 1."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What this kernel offers the programs, probed at load (not guessed from the version).
 
 Each feature has a fallback: no tcx (before 6.6) -> clsact direct-action filters; a missing helper

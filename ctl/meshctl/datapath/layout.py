@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Python mirror of bpf/meshctl_maps.h: byte layouts of every pinned map, and their codecs.
 
 Keep this file and the header in step; tests/datapath compare them through the kernel's view of

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The few libbpf calls the datapath needs, through ctypes (libbpf.so.1 ships with bpftool/bcc).
 
 Why libbpf and not bcc for these: pinned maps and programs must be reopened by a restarted agent

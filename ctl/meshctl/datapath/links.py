@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Attach the programs to interfaces: tcx links pinned in bpffs (kernel >= 6.6), else clsact.
 
 A pinned tcx link survives the agent (a restart changes nothing on the wire); removing the pin

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Compile the programs with bcc, pin them and their maps, or reopen what is already pinned.
 
 An agent restart must not drop a packet: programs and maps stay pinned under

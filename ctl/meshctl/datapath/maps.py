@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The pinned maps of one node: open, check against the layout, read, and sync by diff.
 
 A sync compares the desired (key -> value) bytes with what the map holds and writes only the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Compiled programs kept on disk, so a node loads them without running bcc/LLVM.
 
 A bcc compile of `datapath.c` costs LLVM's time on every node, and far more under emulation (a TCG

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """etcd for meshctl: a small v3 client over the JSON gateway (`client`), a server process for the
 lab and tests (`process`), and a throwaway PKI for mTLS (`pki`)."""
 

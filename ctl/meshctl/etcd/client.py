@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A small etcd v3 client over etcd's JSON gateway (`/v3/...`), with mTLS.
 
 Why not a library: the gRPC clients pin old protobufs, and the gateway needs nothing but

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """HTTP connections opened inside another network namespace, from any thread of this process.
 
 A socket belongs to the namespace it was created in, whatever thread later uses it. So one helper
@@ -22,8 +23,8 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.util.connection import create_connection
 from urllib3.util.timeout import _DEFAULT_TIMEOUT
 
-from meshctl.datapath.inns import NETNS_DIR, join_netns
 from meshctl.errors import MeshError
+from meshctl.setns import NETNS_DIR, join_netns
 
 # name -> (the namespace's identity (st_dev, st_ino), the executor whose one thread lives in it)
 _executors: dict[str, tuple[tuple[int, int], ThreadPoolExecutor]] = {}

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`meshctl` commands of the lab area: `lab up|check|down|status|fabric|nat|pod|etcdctl`.
 
 This is where a lab's kind is decided: a namespace lab (lab/namespaces), a lab whose every node
@@ -18,6 +19,7 @@ from typing import Any
 import click
 
 from meshctl.cli import targets
+from meshctl.cli.options import file_option, lab_option, node_option, option, output_option
 from meshctl.cli.targets import AgentTarget, EtcdTarget, PinTarget
 from meshctl.errors import InputError, MeshError
 from meshctl.lab.namespaces import build, fabric, state
@@ -40,7 +42,7 @@ def lab_group() -> None:
 
 
 @lab_group.command("up")
-@click.option("-f", "--file", "path", default=None, help="Lab or topology file (default: the shipped lab).")
+@file_option(help="Lab or topology file (default: the shipped lab).")
 @click.option("--prefix", default=None, help="Name prefix of everything the lab makes (default: lab.prefix, ml-).")
 @click.option("--wait", default=60.0, show_default=True, help="Seconds to wait for the agents to converge.")
 @click.option("--kernel", default="host", show_default=True, type=click.Choice(["host", *KERNEL_SERIES]),
@@ -69,8 +71,8 @@ def lab_up(path: str | None, prefix: str | None, wait: float, kernel: str) -> No
 
 
 @lab_group.command("check")
-@click.option("--lab", "lab_name", default=None, help="Lab name (default: the only lab up).")
-@click.option("-o", "output", default="text", type=click.Choice(["text", "json"]))
+@lab_option()
+@output_option(deprecated={"text": "table"})
 @click.option("--count", default=5, show_default=True, help="Pings per pair.")
 def lab_check(lab_name: str | None, output: str, count: int) -> None:
     """Ping every pod pair; print reachability, path (from counters) and RTT. Exit 1 if any fails."""
@@ -88,7 +90,7 @@ def lab_check(lab_name: str | None, output: str, count: int) -> None:
 @click.argument("subnet")
 @click.argument("kind")
 @click.option("--loss", default=0, show_default=True, type=int, help="Percent of packets the fabric drops.")
-@click.option("--lab", "lab_name", default=None, help="Lab name (default: the only lab up).")
+@lab_option()
 def lab_fabric(subnet: str, kind: str, loss: int, lab_name: str | None) -> None:
     """Turn a running private subnet into another fabric KIND (l2, vpc, vpc-udp, hetzner, blackhole)."""
     _require_root()
@@ -99,7 +101,7 @@ def lab_fabric(subnet: str, kind: str, loss: int, lab_name: str | None) -> None:
 
 @lab_group.command("nat")
 @click.argument("node")
-@click.option("--lab", "lab_name", default=None, help="Lab name (default: the only lab up).")
+@lab_option()
 @click.option("--rebind", is_flag=True, help="Give the node a new external port now (its NAT forgets its mappings).")
 @click.option("--kind", default=None, type=click.Choice(["cone", "symmetric"]), help="Turn the NAT into this kind now.")
 def lab_nat(node: str, lab_name: str | None, rebind: bool, kind: str | None) -> None:
@@ -121,16 +123,13 @@ def lab_nat(node: str, lab_name: str | None, rebind: bool, kind: str | None) -> 
 
 
 @lab_group.command("down")
-@click.option("--lab", "lab_name", default=None, help="Lab name (default: every lab that is up).")
+@lab_option()
+@click.option("--all", "all_labs", is_flag=True, help="Take down every lab that is up.")
 @click.option("--prefix", default=None, help="Remove by prefix even without a state file (after a crash).")
-def lab_down(lab_name: str | None, prefix: str | None) -> None:
-    """Remove a lab: agents, wireguard-go, etcd, pinned maps, namespaces. Safe to repeat."""
-    if prefix is not None:
-        names = [state.lab_name(check_prefix(prefix, "--prefix"))]
-    elif lab_name is not None:
-        names = [lab_name]
-    else:
-        names = state.labs_up() or ["ml"]
+def lab_down(lab_name: str | None, all_labs: bool, prefix: str | None) -> None:
+    """Remove a lab (the only one up, --lab NAME, or --all): agents, wireguard-go, etcd, pinned
+    maps, namespaces. Safe to repeat."""
+    names = labs_to_take_down(lab_name, all_labs, prefix, state.labs_up())
     problems = []
     for name in names:
         st = state.load(name)
@@ -145,8 +144,8 @@ def lab_down(lab_name: str | None, prefix: str | None) -> None:
 
 
 @lab_group.command("status")
-@click.option("--lab", "lab_name", default=None)
-@click.option("-o", "output", default="text", type=click.Choice(["text", "json"]))
+@lab_option()
+@output_option(deprecated={"text": "table"})
 def lab_status(lab_name: str | None, output: str) -> None:
     """Nodes, pods, agents (alive, converged) and etcd of a lab."""
     st = state.resolve(lab_name)
@@ -184,7 +183,7 @@ def lab_status(lab_name: str | None, output: str) -> None:
                    f"{r['datapath'] or '-'}" + (f"  behind a {r['nat']} NAT" if r["nat"] else "")
                    + (f"  wireguard {r['wireguard']}" if r["kernel"] else ""))
     if any(r["kernel"] for r in rows):
-        click.echo("  a node is a VM: `meshctl status --lab-node NODE` and `maps dump --node NODE` run inside it")
+        click.echo("  a node is a VM: `meshctl status --node NODE` and `maps dump --node NODE` run inside it")
     else:
         click.echo("  enter a node:  nsenter --net=/run/netns/<NETNS> bash   (ip route; wg show kilo0 needs the "
                    "node's run dir)")
@@ -196,9 +195,10 @@ def pod_group() -> None:
 
 
 @pod_group.command("add")
-@click.option("--lab", "lab_name", default=None)
-@click.option("--node", required=True, help="The lab node the pod runs on.")
-@click.option("--cluster", default=None, help="The node's cluster (labs with several).")
+@lab_option()
+@node_option(required=True, help="The lab node the pod runs on.")
+@option("--cluster-name", "cluster", aliases=("--cluster",), default=None,
+        help="The node's cluster (labs with several).")
 def pod_add(lab_name: str | None, node: str, cluster: str | None) -> None:
     _require_root()
     pod = build.add_pod(lab_name, node, cluster)
@@ -206,8 +206,8 @@ def pod_add(lab_name: str | None, node: str, cluster: str | None) -> None:
 
 
 @pod_group.command("remove")
-@click.option("--lab", "lab_name", default=None)
-@click.option("--node", required=True)
+@lab_option()
+@node_option(required=True, help="The lab node the pod runs on.")
 @click.option("--ip", required=True, help="The pod's address.")
 def pod_remove(lab_name: str | None, node: str, ip: str) -> None:
     _require_root()
@@ -218,8 +218,8 @@ def pod_remove(lab_name: str | None, node: str, ip: str) -> None:
 @lab_group.command("etcdctl", context_settings={"ignore_unknown_options": True})
 @click.option("--as", "who", default="admin", show_default=True,
               help="Identity: admin, a node name, remote:<cluster> or meshctl:kvstore.")
-@click.option("--lab", "lab_name", default=None, help="Lab name (default: the only lab up).")
-@click.option("--cluster", "cluster_name", default=None, help="Cluster (default: the first).")
+@lab_option()
+@option("--cluster-name", "cluster_name", aliases=("--cluster",), default=None, help="Cluster (default: the first).")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def lab_etcdctl(who: str, lab_name: str | None, cluster_name: str | None, args: tuple[str, ...]) -> None:
     """Run etcdctl against a lab cluster's etcd as one of its identities: `meshctl lab etcdctl
@@ -239,13 +239,26 @@ def lab_etcdctl(who: str, lab_name: str | None, cluster_name: str | None, args: 
     sys.exit(subprocess.run(argv, env=env, check=False).returncode)
 
 
+def labs_to_take_down(lab_name: str | None, all_labs: bool, prefix: str | None, up: list[str]) -> list[str]:
+    """The labs `lab down` removes: the named one (or the prefix's), every one up with --all,
+    else the only one up; with several up and none named it refuses, naming them, so it never
+    takes down a lab someone else is using. With none up, the default lab's leftovers."""
+    if prefix is not None:
+        return [state.lab_name(check_prefix(prefix, "--prefix"))]
+    if lab_name is not None:
+        return [lab_name]
+    if len(up) > 1 and not all_labs:
+        raise MeshError(f"several labs are up ({', '.join(up)}): pass --lab NAME or --all")
+    return up or ["ml"]
+
+
 def _require_root() -> None:
     if os.geteuid() != 0:
         raise MeshError("the lab needs root (network namespaces)")
 
 
 class _Locator:
-    """Lab nodes and lab etcds for the shipped CLI's --lab-node/--lab flags (cli.targets)."""
+    """Lab nodes and lab etcds for the shipped CLI's --node/--lab flags (cli.targets)."""
 
     def agent(self, lab: str | None, node: str) -> AgentTarget:
         ns, addr = state.find_node(lab, node)
@@ -271,7 +284,7 @@ class _Locator:
 
 
 def register(main: click.Group) -> None:
-    """The `meshctl.cli` plugin entry point: the `lab` commands, and lab nodes for --lab-node."""
+    """The `meshctl.cli` plugin entry point: the `lab` commands, and lab nodes for --node."""
     main.add_command(lab_group)
     targets.register_lab(_Locator())
     targets.register_forwarder(Forwarder())

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Admission: which records may join this node's plan, local and remote, over one claims index.
 
 Checks between records never fail as a whole: they admit what is consistent and return the rest

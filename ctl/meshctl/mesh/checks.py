@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Warnings about a topology that is valid but will not do what its author most likely meant.
 
 Errors (`InputError`, rejections) are for input that cannot be planned safely; the lines here are

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The path chooser: probe observations in, one path-state per pair out. Pure (no I/O; time is an
 argument), so its rules are tested with made-up clocks and the plan stays a pure function of
 records and observations.

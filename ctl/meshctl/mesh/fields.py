@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Field parsers shared by every input: topology files, etcd records, Kubernetes annotations,
 remote clusters and the agent's flags. Each parser takes the value and the path that names it
 and raises `InputError(path, value, reason)`, so every bad input reads the same way:
@@ -7,12 +8,13 @@ and raises `InputError(path, value, reason)`, so every bad input reads the same 
 from __future__ import annotations
 
 import base64
+import difflib
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
-from meshctl.errors import InputError
+from meshctl.errors import MISSING, InputError
 from meshctl.mesh.model import (
     GRANULARITIES,
     Endpoint,
@@ -46,10 +48,18 @@ def cluster_name(value: Any, path: str) -> str:
     return value
 
 
+def integer(value: Any, path: str, low: int, high: int, reason: str) -> int:
+    """The one rule for every whole-number field: an int, or a string of ASCII digits (`"51820"`:
+    annotations and ConfigMaps carry only strings, and a quoted YAML number means the same), within
+    low..high; never a bool or a float. The error shows the value as written."""
+    n = int(value) if is_digits(value) else value
+    if isinstance(n, bool) or not isinstance(n, int) or not low <= n <= high:
+        raise InputError(path, value, reason)
+    return n
+
+
 def cluster_id(value: Any, path: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 255:
-        raise InputError(path, value, "is not a cluster id in 1..255")
-    return value
+    return integer(value, path, 1, 255, "is not a cluster id in 1..255")
 
 
 def granularity(value: Any, path: str) -> Granularity:
@@ -100,11 +110,7 @@ def interface(value: Any, path: str) -> IPInterface:
 
 
 def port(value: Any, path: str) -> int:
-    if is_digits(value):
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise InputError(path, value, "is not a port in 1..65535")
-    return value
+    return integer(value, path, 1, 65535, "is not a port in 1..65535")
 
 
 def endpoint(value: Any, path: str, default_port: int | None = None) -> Endpoint:
@@ -168,11 +174,7 @@ def _redact(value: Any) -> Any:
 def keepalive(value: Any, path: str) -> int:
     if value is None:
         return 0
-    if is_digits(value):
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
-        raise InputError(path, value, "is not a keepalive in seconds (0..65535)")
-    return value
+    return integer(value, path, 0, 65535, "is not a keepalive in seconds (0..65535)")
 
 
 def boolean(value: Any, path: str) -> bool:
@@ -199,10 +201,22 @@ def mapping(value: Any, path: str) -> Mapping[str, Any]:
     return value
 
 
-def no_unknown_fields(d: Mapping[str, Any], known: Iterable[str], path: str) -> None:
+def no_unknown_fields(d: Mapping[Any, Any], known: Iterable[str], path: str) -> None:
+    """Refuse the first key of `d` not in `known`. The line names the key, never its value (a
+    misspelt `nodes:` would otherwise print the whole node list), and the nearest known field."""
+    names = tuple(known)
     for k in d:
-        if k not in known:
-            raise InputError(f"{path}.{k}" if path else str(k), d[k], "is not a known field")
+        if k not in names:
+            raise unknown_field(k, names, path)
+
+
+def unknown_field(key: Any, known: Iterable[str], path: str) -> InputError:
+    """`nodes[0].podcidr: is not a known field (did you mean pod_cidr?)`."""
+    by_lower = {k.lower(): k for k in known}  # `podCIDR` and `allowedips` find their field too
+    close = difflib.get_close_matches(str(key).lower(), list(by_lower), n=1, cutoff=0.6)
+    hint = f" (did you mean {by_lower[close[0]]}?)" if close else ""
+    where = f"{path}.{key}" if path else str(key)
+    return InputError(where, MISSING, f"is not a known field{hint}")
 
 
 def key_file(value: Any, path: str) -> KeyRef:

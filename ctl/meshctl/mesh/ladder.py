@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The path ladder of a pair of nodes (docs/mesh.md, "The path ladder"): which rungs the records
 allow between two nodes, cheapest first, and which one a pair takes given the probes' verdicts.
 Pure functions of records; the plan reads them, and so does the prober (which peers it probes).

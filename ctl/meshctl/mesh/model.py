@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The mesh's data model: what every backend (topology file, etcd, Kubernetes, remote clusters)
 turns its input into, and what the pure planner reads.
 

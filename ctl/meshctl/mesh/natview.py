@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Nodes behind NAT, as the records tell it (docs/nat.md): which discovered endpoints are
 confirmed, which pairs of nodes cannot reach each other directly and which node relays for them.
 

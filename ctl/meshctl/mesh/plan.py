@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The mesh plan: a pure function from node records to one node's WireGuard peers, routes and
 fast-path entries. Nothing here touches the system; appliers consume a `NodePlan`.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Records: the one JSON/YAML shape of nodes, peers, mesh settings and clusters that every
 backend stores and every topology file holds, parsed into the model and written back.
 
@@ -164,15 +165,31 @@ def mesh_to_record(m: MeshSettings) -> dict[str, Any]:
     return rec
 
 
+CLUSTER_FIELDS = ("name", "id")
+
+
 def parse_cluster(d: Any, path: str) -> Cluster:
     if d is None:
         return Cluster()
     d = mapping(d, path)
-    no_unknown_fields(d, ("name", "id"), path)
+    no_unknown_fields(d, CLUSTER_FIELDS, path)
     return Cluster(
         name=cluster_name(d.get("name", "default"), f"{path}.name"),
         id=cluster_id(d.get("id", 1), f"{path}.id"),
     )
+
+
+# A lab file is a topology file plus what only the lab reads (lab/namespaces/spec.py): the `lab:`
+# block and each node's `kernel`. A topology file may carry them; plan, graph and showconf ignore them.
+TOPOLOGY_FIELDS = ("cluster", "mesh", "nodes", "peers", "lab")
+LAB_NODE_FIELDS = ("kernel",)
+
+
+def _without_lab_fields(d: Any) -> Any:
+    """A node of a topology file with the lab-only fields left out (anything else as it is)."""
+    if not isinstance(d, dict) or not any(k in d for k in LAB_NODE_FIELDS):
+        return d
+    return {k: v for k, v in d.items() if k not in LAB_NODE_FIELDS}
 
 
 def parse_topology(doc: Any) -> Topology:
@@ -181,15 +198,14 @@ def parse_topology(doc: Any) -> Topology:
         doc = {}
     if not isinstance(doc, dict):
         raise InputError("", doc, "is not a topology (a mapping with cluster, mesh, nodes, peers)")
-    for k in doc:
-        if k not in ("cluster", "mesh", "nodes", "peers", "lab"):
-            raise InputError(str(k), doc[k], "is not a known field")
+    no_unknown_fields(doc, TOPOLOGY_FIELDS, "")
     cluster = parse_cluster(doc.get("cluster"), "cluster")
     mesh = parse_mesh(doc.get("mesh"), "mesh")
     raw_nodes = doc.get("nodes") or []
     if not isinstance(raw_nodes, list):
         raise InputError("nodes", raw_nodes, "is not a list")
-    nodes = [parse_node(d, f"nodes[{i}]", default_port=mesh.port) for i, d in enumerate(raw_nodes)]
+    nodes = [parse_node(_without_lab_fields(d), f"nodes[{i}]", default_port=mesh.port)
+             for i, d in enumerate(raw_nodes)]
     raw_peers = doc.get("peers") or []
     if not isinstance(raw_peers, list):
         raise InputError("peers", raw_peers, "is not a list")

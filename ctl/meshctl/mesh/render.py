@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Plans and topologies as people and programs read them: JSON, tables, Graphviz DOT and
 wg-quick configs. Pure functions of the plan."""
 

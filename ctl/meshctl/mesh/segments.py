@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The mesh's shape: segments (the nodes that share one WireGuard identity), their leaders and
 WireGuard addresses, and other clusters as this node admitted them.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`--cni install`: a CNI config for clusters that have none (Kilo's `install-cni`), written by the
 agent from its own Node: the `bridge` plugin on `meshctl0` with `host-local` addresses from the
 node's pod CIDR, and the pods' MTU that of the WireGuard device (a pod's packet may take the tunnel).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The node's WireGuard key pair: made once into the state directory, reused on every later start.
 
 The private key lives only in `<state_dir>/private.key` (mode 0600, directory 0700) and in the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Masquerade and forwarding: fixed iptables rules that reference ipsets holding the mesh's CIDRs.
 
 Why ipset + iptables and not nftables sets: the mesh's CIDRs live in an ipset (pyroute2's

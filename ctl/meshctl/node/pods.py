@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Pod interfaces found by themselves: the host ends of pod interfaces, from netlink.
 
 A pod interface is where this node's pods enter the host, so the fast path attaches there:

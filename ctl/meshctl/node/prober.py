@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The prober: sends probes shaped like each rung's traffic to every eligible peer, answers the
 peers' probes, and feeds what it sees to the pure chooser (mesh.chooser.Chooser).
 

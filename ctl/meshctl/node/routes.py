@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The plan's routes in the kernel, tagged with the project's protocol number.
 
 Only routes carrying `proto` (RT_PROTO unless told) are ever changed or removed, so a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The one way this package runs a program: `sh` runs it and turns a failure into a one-line
 MeshError naming the command and its last line of stderr; `run` runs it inside a named network
 namespace. Namespaces are entered with `nsenter --net=/run/netns/NAME` rather than
@@ -10,8 +11,8 @@ import os
 import subprocess
 from collections.abc import Sequence
 
-from meshctl.datapath.inns import NETNS_DIR
 from meshctl.errors import MeshError
+from meshctl.setns import NETNS_DIR
 
 
 def sh(args: Sequence[str], *, check: bool = True, timeout: float = 30, input: str | None = None

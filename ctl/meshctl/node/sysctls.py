@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The kernel settings the mesh needs, set only where they differ.
 
 - Forwarding on: a node routes pod traffic for its pods and, as a location's leader, for its

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The kernel-route fallback of encapsulated direct entries: ordinary tunnel devices, for a node
 whose eBPF fast path is not loaded (or a peer that sends through its kernel).
 

@@ -1,5 +1,6 @@
+# SPDX-License-Identifier: Apache-2.0
 """Kubernetes: the node backend (annotations, Peer resources, the mesh ConfigMap) and the kvstore
-mirror. `backend_from_options` is what the agent's wiring (agent.kube) calls."""
+mirror. `backend_from_options` is what the agent's wiring (agent.kube_backend) calls."""
 
 from __future__ import annotations
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Kubernetes backend (`meshctl agent --backend kubernetes`): Nodes, Peer resources and the
 mesh ConfigMap through the API server, with lightkube as the client.
 
@@ -15,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx2 as httpx
@@ -34,7 +37,7 @@ from meshctl import defaults
 from meshctl.backends.base import ClusterState
 from meshctl.backends.kube.nodes import own_annotations, parse_kube_node
 from meshctl.backends.kube.peers import KILO_PEERS, MESHCTL_PEERS, PeerResource, parse_peer_object
-from meshctl.errors import InputError, MeshError
+from meshctl.errors import MISSING, InputError, MeshError
 from meshctl.mesh import fields, records
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.model import Cluster, MeshSettings, Node
@@ -65,13 +68,11 @@ def settings_from_configmap(data: Mapping[str, str] | None, where: str = "config
     data = {k: v for k, v in (data or {}).items() if k not in AGENT_ENV_KEYS}
     cname = data.pop("cluster_name", None)
     cid = data.pop("cluster_id", None)
-    if cid is not None and not fields.is_digits(str(cid)):
-        raise InputError(f"{where}.cluster_id", cid, "is not a cluster id in 1..255")
     ident: dict[str, str | int] = {}
     if cname is not None:
         ident["name"] = cname
     if cid is not None:
-        ident["id"] = int(cid)
+        ident["id"] = fields.cluster_id(cid, f"{where}.cluster_id")
     cluster = records.parse_cluster(ident,
                                      where)
     return cluster, records.parse_mesh(data, where)
@@ -526,17 +527,50 @@ class _Metrics:
             self.events.labels(k).set(v)
 
 
-def kubeconfig_for(kubeconfig: str | None, api_server: str | None) -> KubeConfig:
-    """--api-server URL (no credentials: the test server), a kubeconfig file, or from the
-    environment (in-cluster service account, KUBECONFIG or ~/.kube/config)."""
+# Where kubeconfigs are found, in kubectl's order after --kubeconfig: $KUBECONFIG when set (kubectl
+# then reads nothing else), else ~/.kube/config; in a pod, the service account. k3s keeps its own
+# at K3S_KUBECONFIG, which only root reads and kubectl does not look at: errors name it.
+DEFAULT_KUBECONFIG = "~/.kube/config"
+K3S_KUBECONFIG = "/etc/rancher/k3s/k3s.yaml"
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def find_kubeconfig(flag: str | None, env: Mapping[str, str]) -> Path | None:
+    """The kubeconfig file to read, as kubectl picks it: `--kubeconfig`, else the first file of
+    `$KUBECONFIG` (a colon-separated list) that exists, else ~/.kube/config if it exists; None
+    when there is none (in a pod: use the service account). kubectl merges every file of
+    $KUBECONFIG; one file is enough here (a context spread over several files is not read)."""
+    if flag:
+        if not Path(flag).expanduser().is_file():
+            raise InputError("--kubeconfig", flag, "is not a file")
+        return Path(flag).expanduser()
+    listed = env.get("KUBECONFIG", "")
+    if listed:
+        for part in listed.split(os.pathsep):
+            if part and Path(part).expanduser().is_file():
+                return Path(part).expanduser()
+        raise InputError("--kubeconfig", MISSING, f"is not given and $KUBECONFIG ({listed}) names no file that "
+                         f"exists; on k3s: --kubeconfig {K3S_KUBECONFIG}")
+    default = Path(DEFAULT_KUBECONFIG).expanduser()
+    return default if default.is_file() else None
+
+
+def kubeconfig_for(kubeconfig: str | None, api_server: str | None,
+                   env: Mapping[str, str] | None = None) -> KubeConfig:
+    """--api-server URL (no credentials: the test server), else the kubeconfig `find_kubeconfig`
+    picks, else the in-cluster service account; none of them is one line naming where it looked."""
     if api_server:
         return KubeConfig.from_one(cluster=KCluster(server=api_server), user=KUser())
+    path = find_kubeconfig(kubeconfig, os.environ if env is None else env)
+    if path is None and not Path(SERVICE_ACCOUNT_DIR, "token").is_file():
+        raise InputError("--kubeconfig", MISSING, f"is not given, $KUBECONFIG is not set, there is no "
+                         f"{DEFAULT_KUBECONFIG} and this is not a pod; on k3s: --kubeconfig {K3S_KUBECONFIG}")
     try:
-        if kubeconfig:
-            return KubeConfig.from_file(kubeconfig)
-        return KubeConfig.from_env()
+        if path is not None:
+            return KubeConfig.from_file(path)
+        return KubeConfig.from_service_account(SERVICE_ACCOUNT_DIR)
     except Exception as e:  # lightkube raises ConfigError, OSError or YAML errors here
-        raise MeshError(f"kubeconfig {kubeconfig or '(from the environment)'}: {e}") from None
+        raise MeshError(f"kubeconfig {path or SERVICE_ACCOUNT_DIR}: {e}") from None
 
 
 def backend_from_options(kubeconfig: str | None, api_server: str | None, node_name: str,

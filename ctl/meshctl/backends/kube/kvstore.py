@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`--kvstore`: a Kubernetes cluster's nodes mirrored into an etcd, so other clusters' agents can
 join it in a cluster mesh (they read it with `backends.clustermesh.RemoteClusters`, the same way
 they read a cluster that runs the etcd backend).

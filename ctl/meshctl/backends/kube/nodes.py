@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Kubernetes Node objects: meshctl's own annotation set and the user-set part of Kilo's, turned into `model.Node`.
 
 Two kinds of annotation live on a Node:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The `Peer` custom resource: WireGuard peers that are not nodes (a laptop, a VPN gateway).
 
 Its spec has the shape of Kilo's `kilo.squat.ai/v1alpha1` Peer, so Kilo's Peers are read as they
@@ -69,9 +70,7 @@ def parse_peer_object(obj: Mapping[str, Any]) -> Peer:
     spec = obj.get("spec")
     if not isinstance(spec, Mapping):
         raise InputError(f"{where}: spec", spec, "is not a mapping")
-    for k in spec:
-        if k not in SPEC_FIELDS:
-            raise InputError(f"{where}: spec.{k}", spec[k], "is not a known field")
+    fields.no_unknown_fields(spec, SPEC_FIELDS, f"{where}: spec")
     try:
         psk = fields.secret_key_ref(spec["presharedKey"], "spec.presharedKey") if spec.get("presharedKey") else None
         if "publicKey" not in spec:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`meshctl lab up` / `lab down`: namespaces, bridges, pods, etcd over mTLS and one agent per node.
 
 Layout (prefix P, e.g. `ml-`):
@@ -126,67 +127,93 @@ def apply_fabrics(st: LabState, progress: Progress) -> None:
 def build_control(spec: LabSpec, st: LabState, progress: Progress) -> list[IPNetwork]:
     """What every lab has whatever its nodes run in: the fabric namespace with its bridges and
     routers, and each cluster's etcd (and API server) on the public segment; returns the private
-    subnets (bridge `bpriv<i>` is subnet i). One sequence of steps whose order matters, kept together."""
-    prefix = st.prefix
-    d = Path(st.dir)
-    fab = add_ns(st, f"{prefix}fab")
+    subnets (bridge `bpriv<i>` is subnet i). The order matters: the fabric first, each cluster's
+    etcd seeded before its identities are given out, the state saved after each cluster."""
+    fab, subnets = _build_fabric(spec, st, progress)
+    for ci, topo in enumerate(spec.clusters):
+        cst = _start_etcd(spec, st, fab, ci, topo)
+        st.clusters.append(cst)
+        if spec.options.backend == "kubernetes":
+            _start_kube(st, fab, ci, topo, cst, progress)
+        labstate.save(st)
+        progress(f"etcd {cst.name}: {cst.etcd.endpoints[0]} (mTLS) in {cst.etcd.netns}")
+    _clustermesh_dirs(spec, st)
+    return subnets
+
+
+def _build_fabric(spec: LabSpec, st: LabState, progress: Progress) -> tuple[str, list[IPNetwork]]:
+    """The fabric namespace: the public bridge, one bridge per private subnet, and the routers
+    the fabrics ask for; returns its name and the private subnets."""
+    fab = add_ns(st, f"{st.prefix}fab")
     netns.bridge(fab, "bpub")
     subnets = spec.private_subnets()
     for i, _ in enumerate(subnets):
         netns.bridge(fab, f"bpriv{i}")
     fabric.build_routers(st, spec.options.fabrics, subnets, lambda name: add_ns(st, name))
     progress(f"fabric {fab}: {len(subnets)} private subnet(s), public segment {PUBLIC_NET}")
-    # etcd, one per cluster, on the public segment.
-    for ci, topo in enumerate(spec.clusters):
-        cname = topo.cluster.name
-        ens = add_ns(st, f"{prefix}etcd-{cname}")
-        ip = str(PUBLIC_NET.network_address + 250 - ci)
-        netns.veth(fab, f"e{ci}", ens, "pub")
-        netns.enslave(fab, f"e{ci}", "bpub")
-        netns.addr(ens, "pub", f"{ip}/{PUBLIC_NET.prefixlen}")
-        pdir = d / "pki" / cname
-        ca = pki.make_ca(pdir, f"meshctl-lab-{cname}")
-        server_cert = pki.make_cert(ca, pdir, "etcd", server=True, hosts=(ip, "127.0.0.1"))
-        ids = _identities(spec, topo, ca, pdir)
-        admin = ids["admin"]
-        admin_cert = pki.CertFiles(Path(admin.cert), Path(admin.key), ca.cert)
-        srv = EtcdServer(f"{prefix}{cname}", d / "etcd" / cname, host=ip, port=ETCD_PORT, netns=ens,
-                         tls=server_cert, log_file=d / f"etcd-{cname}.log")
-        pid = srv.start(client_tls=admin_cert)
-        st.pids[f"etcd/{cname}"] = pid
-        access = EtcdAccess(
-            endpoints=[srv.url], ca=str(ca.cert), cert=admin.cert, key=admin.key, user=admin.user,
-            password_file=admin.password_file, identities=ids, netns=ens, pid=pid,
-            server=EtcdServerState(name=srv.name, data_dir=str(srv.data_dir), host=ip, port=ETCD_PORT,
-                                   cert=str(server_cert.cert), key=str(server_cert.key), log=str(srv.log_file)))
-        client = srv.client(admin_cert)  # auth is still off: seed the cluster, then give out identities
-        try:
-            write_topology(client, topo.cluster, topo.mesh, topo.peers)
-            identity.provision(
-                client, cname, admin_password=Path(admin.password_file),
-                nodes={n.name: Path(ids[n.name].password_file) for n in topo.nodes},
-                readers={c.cluster.name: Path(ids[identity.remote_user(c.cluster.name)].password_file)
-                         for c in spec.clusters if c is not topo},
-                kvstore=Path(ids[identity.KVSTORE_USER].password_file) if identity.KVSTORE_USER in ids else None)
-        finally:
-            client.close()
-        cst = ClusterState(name=cname, id=topo.cluster.id, etcd=access, port=topo.mesh.port,
-                           mesh={"granularity": topo.mesh.granularity})
-        st.clusters.append(cst)
-        if spec.options.backend == "kubernetes":
-            kns = add_ns(st, f"{prefix}kube-{cname}")
-            kip = str(PUBLIC_NET.network_address + 240 - ci)
-            netns.veth(fab, f"k{ci}", kns, "pub")
-            netns.enslave(fab, f"k{ci}", "bpub")
-            netns.addr(kns, "pub", f"{kip}/{PUBLIC_NET.prefixlen}")
-            kube = kube_cluster.start(d / "kube" / cname, kns, kip, topo)
-            st.pids[f"kube/{cname}"] = kube.pid
-            cst.kube = kube
-            progress(f"kubernetes API {cname}: {kube.url} in {kns}")
-        labstate.save(st)
-        progress(f"etcd {cname}: {srv.url} (mTLS) in {ens}")
-    _clustermesh_dirs(spec, st)
-    return subnets
+    return fab, subnets
+
+
+def _on_public(st: LabState, fab: str, name: str, veth: str, ip: str) -> str:
+    """A namespace `name` with one NIC `pub` on the public bridge at `ip`."""
+    ns = add_ns(st, name)
+    netns.veth(fab, veth, ns, "pub")
+    netns.enslave(fab, veth, "bpub")
+    netns.addr(ns, "pub", f"{ip}/{PUBLIC_NET.prefixlen}")
+    return ns
+
+
+def _start_etcd(spec: LabSpec, st: LabState, fab: str, ci: int, topo: Topology) -> ClusterState:
+    """Cluster `ci`'s etcd on the public segment over mTLS, its PKI and identities made, seeded
+    with the cluster's settings while auth is still off, then its users provisioned."""
+    cname = topo.cluster.name
+    ip = str(PUBLIC_NET.network_address + 250 - ci)
+    ens = _on_public(st, fab, f"{st.prefix}etcd-{cname}", f"e{ci}", ip)
+    d = Path(st.dir)
+    pdir = d / "pki" / cname
+    ca = pki.make_ca(pdir, f"meshctl-lab-{cname}")
+    server_cert = pki.make_cert(ca, pdir, "etcd", server=True, hosts=(ip, "127.0.0.1"))
+    ids = _identities(spec, topo, ca, pdir)
+    admin = ids["admin"]
+    admin_cert = pki.CertFiles(Path(admin.cert), Path(admin.key), ca.cert)
+    srv = EtcdServer(f"{st.prefix}{cname}", d / "etcd" / cname, host=ip, port=ETCD_PORT, netns=ens,
+                     tls=server_cert, log_file=d / f"etcd-{cname}.log")
+    pid = srv.start(client_tls=admin_cert)
+    st.pids[f"etcd/{cname}"] = pid
+    access = EtcdAccess(
+        endpoints=[srv.url], ca=str(ca.cert), cert=admin.cert, key=admin.key, user=admin.user,
+        password_file=admin.password_file, identities=ids, netns=ens, pid=pid,
+        server=EtcdServerState(name=srv.name, data_dir=str(srv.data_dir), host=ip, port=ETCD_PORT,
+                               cert=str(server_cert.cert), key=str(server_cert.key), log=str(srv.log_file)))
+    _seed_etcd(srv.client(admin_cert), spec, topo, ids)
+    return ClusterState(name=cname, id=topo.cluster.id, etcd=access, port=topo.mesh.port,
+                        mesh={"granularity": topo.mesh.granularity})
+
+
+def _seed_etcd(client: EtcdClient, spec: LabSpec, topo: Topology, ids: dict[str, Identity]) -> None:
+    """The cluster's settings and peers written, then every identity's user provisioned (auth on)."""
+    cname = topo.cluster.name
+    try:
+        write_topology(client, topo.cluster, topo.mesh, topo.peers)
+        identity.provision(
+            client, cname, admin_password=Path(ids["admin"].password_file),
+            nodes={n.name: Path(ids[n.name].password_file) for n in topo.nodes},
+            readers={c.cluster.name: Path(ids[identity.remote_user(c.cluster.name)].password_file)
+                     for c in spec.clusters if c is not topo},
+            kvstore=Path(ids[identity.KVSTORE_USER].password_file) if identity.KVSTORE_USER in ids else None)
+    finally:
+        client.close()
+
+
+def _start_kube(st: LabState, fab: str, ci: int, topo: Topology, cst: ClusterState, progress: Progress) -> None:
+    """Cluster `ci`'s in-process API server on the public segment (the Kubernetes backend)."""
+    cname = topo.cluster.name
+    kip = str(PUBLIC_NET.network_address + 240 - ci)
+    kns = _on_public(st, fab, f"{st.prefix}kube-{cname}", f"k{ci}", kip)
+    kube = kube_cluster.start(Path(st.dir) / "kube" / cname, kns, kip, topo)
+    st.pids[f"kube/{cname}"] = kube.pid
+    cst.kube = kube
+    progress(f"kubernetes API {cname}: {kube.url} in {kns}")
 
 
 def _identities(spec: LabSpec, topo: Topology, ca: pki.CertFiles, pdir: Path) -> dict[str, Identity]:
@@ -332,7 +359,7 @@ def agent_argv(st: LabState, cst: ClusterState, node: NodeState) -> list[str]:
     e = cst.etcd
     me = e.identities[node.name]  # the node's own etcd identity: it may write only its record
     argv = [
-        sys.executable, "-m", "meshctl.cli", "agent", "--node-name", node.name, "--pod-cidr", node.pod_cidr,
+        sys.executable, "-m", "meshctl.cli", "agent", "--node", node.name, "--pod-cidr", node.pod_cidr,
         "--public-interface", node.public_interface, "--state-dir", node.state_dir,
         "--wg-run-dir", node.wg_run_dir, "--metrics-addr", node.metrics_addr,
         "--backend", "etcd", "--etcd-endpoints", ",".join(e.endpoints), "--etcd-ca", e.ca,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`meshctl lab check`: a pod-to-pod ping matrix with the path each pair took, read from counters.
 
 Pairs are pinged one at a time so counters move for one pair only. The path is what the packets
@@ -180,22 +181,10 @@ def check(st: LabState, *, count: int = 5, pairs: list[tuple[str, str]] | None =
         delta = [(a - b) if a is not None and b is not None else 0 for a, b in zip(after, before, strict=True)]
         fp = {a: n - fp_before.get(a, 0) for a, n in fp_after.items() if n != fp_before.get(a, 0)}
         need = max(1, sent - 1)
-        if recv == 0:
-            path = "none"
-        elif delta[0] >= need:
-            if relay and _carrier(tx_before, peer_tx(sn), s_st) == relay:
-                path = "relay"
-            else:
-                path = "wireguard-private" if _private_endpoint(view_now, dn) else "tunnel"
-        elif delta[1] >= need and delta[2] >= need:
-            path = "via-leader"
-        elif delta[1] >= need and (fp.get("encap", 0) >= need or delta[3] >= need):
-            # Encapsulated: by the fast path (its encap counter) or the kernel's VXLAN device.
-            path = expected if expected in ENCAP_RUNGS else ("direct+vxlan" if delta[3] >= need else "direct+encap")
-        elif delta[1] >= need:
-            path = "direct"
-        else:
-            path = "unknown"
+        path = "none" if recv == 0 else _measured_path(
+            delta, fp, need, expected,
+            relayed=bool(relay and delta[0] >= need and _carrier(tx_before, peer_tx(sn), s_st) == relay),
+            private_endpoint=_private_endpoint(view_now, dn))
         out.append(PairResult(src, dst, recv > 0, path, rtt, sent, recv, expected, fp))
     return out
 
@@ -206,6 +195,25 @@ def _tx(node: NodeState, leader: NodeState | None, run: NodeRunner) -> tuple[int
     mine = link_tx(node, run)
     theirs = link_tx(leader, run) if leader else {}
     return mine.get(WG), mine.get("priv"), theirs.get(WG), mine.get(VXLAN_DEV)
+
+
+def _measured_path(delta: list[int], fp: dict[str, int], need: int, expected: str | None, *,
+                   relayed: bool, private_endpoint: bool) -> str:
+    """The path a pair's pings took, read off counters: `delta` the packets sent meanwhile on
+    (kilo0, the private NIC, the leader's kilo0, the VXLAN device), `fp` the fast path's
+    counters that moved, `need` how many packets make a path; `expected` the rung the agent planned."""
+    if delta[0] >= need:
+        if relayed:
+            return "relay"
+        return "wireguard-private" if private_endpoint else "tunnel"
+    if delta[1] >= need and delta[2] >= need:
+        return "via-leader"
+    if delta[1] >= need and (fp.get("encap", 0) >= need or delta[3] >= need):
+        # Encapsulated: by the fast path (its encap counter) or the kernel's VXLAN device.
+        return expected if expected in ENCAP_RUNGS else ("direct+vxlan" if delta[3] >= need else "direct+encap")
+    if delta[1] >= need:
+        return "direct"
+    return "unknown"
 
 
 def _private_endpoint(status: AgentStatus | None, dst: NodeState) -> bool:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The lab's private fabrics: how each private subnet forwards, like the clouds users run on.
 
 `lab.fabrics` maps each private subnet (the network of the nodes' `internal_ip`) to a kind:
@@ -34,6 +35,7 @@ from meshctl.errors import InputError, MeshError
 from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.state import FabricState, LabState
 from meshctl.lab.rigs.netns import addr, run, sysctl, veth
+from meshctl.mesh.fields import integer, no_unknown_fields
 from meshctl.mesh.fields import network as parse_network
 from meshctl.mesh.model import IPInterface, IPNetwork
 
@@ -65,9 +67,7 @@ def kind(value: Any, path: str) -> str:
 
 
 def loss(value: Any, path: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
-        raise InputError(path, value, "is not a loss percentage in 0..100")
-    return value
+    return integer(value, path, 0, 100, "is not a loss percentage in 0..100")
 
 
 def parse_fabrics(d: Any, path: str = "lab.fabrics") -> tuple[Fabric, ...]:
@@ -86,9 +86,7 @@ def parse_fabrics(d: Any, path: str = "lab.fabrics") -> tuple[Fabric, ...]:
             val = {"kind": val}
         if not isinstance(val, Mapping):
             raise InputError(p, val, "is not a fabric kind or a mapping with kind, network, loss")
-        for k in val:
-            if k not in FABRIC_FIELDS:
-                raise InputError(f"{p}.{k}", val[k], "is not a known field")
+        no_unknown_fields(val, FABRIC_FIELDS, p)
         k = kind(val.get("kind", "l2"), f"{p}.kind")
         net = val.get("network", "")
         if net and k not in ROUTED_KINDS:

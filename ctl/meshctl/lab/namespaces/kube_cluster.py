@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The namespace lab with `lab: {backend: kubernetes}`: an in-process API server per cluster in its
 own namespace on the lab's public segment, seeded with what kubelet and an admin would have made
 (the CRD, the Namespace, the mesh ConfigMap, one Node per lab node with its pod CIDR and user-set

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """NAT routers for lab nodes (`lab.nat: {NODE: cone|symmetric}`) and `meshctl lab nat NODE --rebind`.
 
 A NATed node's `pub` interface does not sit on the public segment: it is wired to a router

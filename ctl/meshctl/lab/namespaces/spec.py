@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Lab files: a topology file (cluster, mesh, nodes, peers) plus an optional `lab:` block, or
 several clusters under `clusters: [<topology>, ...]` sharing one `lab:` block.
 
@@ -19,6 +20,7 @@ from meshctl.backends.file import load_yaml
 from meshctl.errors import InputError
 from meshctl.lab.namespaces.fabric import Fabric, check_nodes, parse_fabrics
 from meshctl.lab.namespaces.nat_router import NAT_KINDS
+from meshctl.mesh.fields import integer, no_unknown_fields
 from meshctl.mesh.model import IPNetwork, Topology
 from meshctl.mesh.records import parse_topology
 
@@ -30,6 +32,7 @@ def _placeholder_key(i: int) -> str:
 
 LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend", "fabrics", "clustermesh",
               "nat", "vms")
+MULTI_CLUSTER_FIELDS = ("clusters", "lab")  # a lab file of several clusters: nothing else at the top
 # The Debian kernel series a lab may boot (lab/vms: `nodes[].kernel`, `lab up --kernel`).
 KERNEL_SERIES = ("5.10", "6.1", "6.12")
 DEFAULT_NODE_KERNEL = "6.1"  # a VM node without `kernel`: Debian 12's
@@ -123,15 +126,9 @@ def _options(d: Any) -> LabOptions:
         return LabOptions()
     if not isinstance(d, dict):
         raise InputError("lab", d, "is not a mapping")
-    for k in d:
-        if k not in LAB_FIELDS:
-            raise InputError(f"lab.{k}", d[k], "is not a known field")
-    pods = d.get("pods_per_node", 1)
-    if isinstance(pods, bool) or not isinstance(pods, int) or not 1 <= pods <= 8:
-        raise InputError("lab.pods_per_node", pods, "is not a number in 1..8")
-    ttl = d.get("lease_ttl", 5)
-    if isinstance(ttl, bool) or not isinstance(ttl, int) or not 2 <= ttl <= 3600:
-        raise InputError("lab.lease_ttl", ttl, "is not seconds in 2..3600")
+    no_unknown_fields(d, LAB_FIELDS, "lab")
+    pods = integer(d.get("pods_per_node", 1), "lab.pods_per_node", 1, 8, "is not a number in 1..8")
+    ttl = integer(d.get("lease_ttl", 5), "lab.lease_ttl", 2, 3600, "is not seconds in 2..3600")
     prefix = d.get("prefix", "ml-")
     check_prefix(prefix, "lab.prefix")
     args = d.get("agent_args") or []
@@ -185,9 +182,7 @@ def parse_lab(doc: Any, source: str = "") -> LabSpec:
     opts = _options(doc.get("lab"))
     kernels: dict[str, str] = {}
     if "clusters" in doc:
-        for k in doc:
-            if k not in ("clusters", "lab"):
-                raise InputError(str(k), doc[k], "is not a known field next to clusters")
+        no_unknown_fields(doc, MULTI_CLUSTER_FIELDS, "")
         raw = doc["clusters"]
         if not isinstance(raw, list) or not raw:
             raise InputError("clusters", raw, "is not a non-empty list of topologies")

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A lab's state file, /run/meshctl-lab/<lab>/state.json: every name and PID the lab made, written
 as it goes (so `lab down` after a crash half-way still knows what to remove).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The pieces of a lab node that every lab wires the same way, whatever the node runs in (a
 namespace here, or a VM's root namespace): its pods' addresses and veths, and namespaces recorded
 in the lab state as they are made."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run an etcd server process for the lab, the tests and the benchmarks.
 
 One member, data on tmpfs, optionally inside a network namespace (started through nsenter so the

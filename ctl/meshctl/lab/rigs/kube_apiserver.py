@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """An in-process Kubernetes API server for tests and the namespace lab.
 
 No real API server is available to the tests (none installs from Debian, PyPI or npm), so the

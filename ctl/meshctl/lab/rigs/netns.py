@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Network-namespace primitives for the lab, the tests and the benchmarks.
 
 Everything made here carries a caller-chosen prefix so cleanup can find it, and nothing here
@@ -12,7 +13,9 @@ pinned objects run through `nsenter --net=/run/netns/NAME` instead (`run(..., ke
 
 from __future__ import annotations
 
+from meshctl.datapath import links
 from meshctl.node.shell import NETNS_DIR, exec_prefix, pid_alive, run, sh
+from meshctl.setns import in_netns
 
 __all__ = ["NETNS_DIR", "exec_prefix", "pid_alive", "run", "sh"]  # the lab's toolbox includes the shell helpers
 
@@ -74,9 +77,6 @@ def sysctl(ns: str | None, key: str, value: str) -> None:
 
 def ifindex(ns: str | None, dev: str) -> int:
     """The ifindex of `dev` inside `ns` (None: here), or MeshError naming it."""
-    from meshctl.datapath import links
-    from meshctl.datapath.inns import in_netns
-
     return in_netns(ns, lambda: links.ifindex(dev))
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A throwaway PKI for etcd with client-cert auth, made with the openssl CLI at run time.
 
 The lab and the tests need a CA, a server certificate whose SANs cover the addresses etcd listens

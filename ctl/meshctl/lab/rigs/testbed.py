@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A two-node namespace testbed for the datapath tests and bench/datapath.py.
 
     <p>lan            bridge br0: the private network 192.168.77.0/24 (fd77::/64)
@@ -28,13 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshctl import defaults
-from meshctl.datapath.inns import in_netns
 from meshctl.datapath.layout import VXLAN_PORT
 from meshctl.errors import MeshError
 from meshctl.lab.rigs import netns
 from meshctl.mesh.model import Endpoint, MeshSettings, Node, Topology
 from meshctl.mesh.plan import Encap, FastPathEntry, plan_node
 from meshctl.node.tunnels import TunnelApplier
+from meshctl.setns import in_netns
 
 WG = defaults.WG_INTERFACE
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """BPF_PROG_TEST_RUN harness: crafted frames in, program verdict, time and output frame out.
 
 Used by the unit tests of the programs and by bench/datapath.py (ns per packet per action).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Polling helpers shared by the lab's tests and benchmarks."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`make vmtest`: the test suites inside each kernel of the matrix, one VM at a time, and a table.
 
 `python -m meshctl.lab.vms.matrix [--kernels 5.10,6.1,6.12] [--suites datapath,node,lab,paths] [--timeout S]`

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Boot one of Debian's kernels in a VM over this machine's own root filesystem and run commands in it.
 
 virtme-ng (`vng`) boots the kernel unpacked by `scripts/kernels.sh` under QEMU; the guest sees the

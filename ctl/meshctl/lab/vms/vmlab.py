@@ -1,10 +1,11 @@
+# SPDX-License-Identifier: Apache-2.0
 """`meshctl lab up --kernel 6.1`: the namespace lab inside one VM that boots that Debian kernel.
 
 The host keeps a small state file, /run/meshctl-lab/<lab>/state.json with a `vm` entry (the VM's
 PIDs and shared directory), so `lab down` finds and stops the VM even after a crash. The lab itself
 is built by the same `meshctl lab up` inside the guest (the guest runs this checkout over the
 host's root filesystem). Every other command about that lab (`lab check`, `lab status`,
-`status --lab-node`, `maps dump --node`, `datapath status --node`, `node list`) is run inside the
+`status --node`, `maps dump --node`, `datapath status --node`, `node list`) is run inside the
 guest as it was typed, its output and exit status passed back: the commands behave the same
 whatever the lab runs in.
 """
@@ -109,10 +110,12 @@ def _wants_lab(argv: list[str]) -> bool:
         return False
     if argv[0] == "lab":
         return len(argv) > 1 and argv[1] not in HOST_LAB_COMMANDS and argv[1] not in ("--help", "-h")
-    if "--lab-node" in argv or any(a.startswith("--lab-node=") for a in argv):
+    node_flags = ("--node", "--lab-node")  # --lab-node: the deprecated spelling (cli.options)
+    if (argv[:1] == ["status"] or argv[:2] == ["node", "list"]) and any(_option(argv, f) for f in node_flags):
         return True
     if argv[:2] in (["maps", "dump"], ["datapath", "status"]):
-        return "--node" in argv and "--pin-root" not in argv and "--netns" not in argv
+        return _option(argv, "--node") is not None and not any(
+            _option(argv, flag) is not None for flag in ("--bpf-pin-root", "--pin-root", "--netns"))
     if argv[:2] == ["node", "list"]:
         return not any(a.startswith(("--etcd-endpoints", "--addr")) for a in argv)
     return False

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The multi-VM lab (`lab: {vms: true}`): every node is its own VM booting the Debian kernel its
 `nodes[].kernel` names, so one mesh mixes 5.10, 6.1 and 6.12 nodes with the kernels' own WireGuard,
 tc hooks and verifiers. It is the runnable form of the Vagrant lab (vagrant/) on a machine without
@@ -15,7 +16,7 @@ Layout (prefix P; everything on the host side lives in lab namespaces, as in the
 The host's state (/run/meshctl-lab/<lab>/state.json) holds every node with its VM; the host reaches
 each agent's /status on its public address from the cluster's etcd namespace and runs commands in
 a guest through the VM's shared directory (vms/vm.py). Each guest also gets its own one-node lab
-state, so `status --lab-node`, `maps dump --node` and `datapath status --node` forwarded into that
+state, so `status --node`, `maps dump --node` and `datapath status --node` forwarded into that
 VM (vms/vmlab.py) work there as they do in a namespace lab.
 
 A node's VM receives only its own etcd identity (CA, its client certificate, key and password file,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The WireGuard device (`kilo0`) and its peers, applied by diffing desired against actual.
 
 Two transports give the same view: the kernel module through pyroute2's generic netlink

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Kernel WireGuard through pyroute2's generic-netlink `WireGuard` class.
 
 Used only where the kernel has the wireguard module (this development machine has none, so this

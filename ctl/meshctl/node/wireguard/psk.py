@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Pre-shared keys: read from where a peer's record says they are (`KeyRef`), only to hand them to
 the device. Never logged, never in status or plans; a key file must be private (mode 0600)."""
 

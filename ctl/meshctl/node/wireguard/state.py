@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What a WireGuard device holds, in one shape for both transports (kernel genl and the UAPI socket
 of wireguard-go), and the peer changes the applier sends. Keys are base64 here everywhere."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """wireguard-go: starting it detached with a private UAPI directory, and its UAPI text protocol.
 
 wireguard-go always puts its control socket at /var/run/wireguard/IFNAME.sock, and that directory

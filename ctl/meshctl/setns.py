@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run a function inside a named network namespace, from this process.
 
 setns(2) changes the namespace of the calling thread only, so the function runs in a fresh

@@ -1,0 +1,126 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The CLI's one grammar (docs/cli.md): the shared option names, the output formats, and the
+old spellings kept as hidden, deprecated aliases.
+
+Every command declares its shared options through these factories, so a name means one thing
+everywhere (`--node` a node, `--lab` a lab, `-o/--output` a format) and an old spelling keeps
+working for a release: it parses exactly like the new name, stays out of `--help` and docs/cli.md,
+and prints one line on stderr (`meshctl: --lab-node is deprecated; use --node`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import click
+
+# The output vocabularies: tables (rows and columns) and prose (lines a person reads).
+TABLE_FORMATS = ("table", "json")
+TEXT_FORMATS = ("text", "json")
+
+# Old spelling -> the grammar's name. The deprecated names never appear in --help.
+DEPRECATED_OPTIONS: Mapping[str, str] = {
+    "--lab-node": "--node",
+    "--node-name": "--node",
+    "--pin-root": "--bpf-pin-root",
+    "--private-if": "--private-interface",
+    "--tunnel-if": "--wg-interface",
+    "--pod-if": "--pod-interfaces",
+    "--topology": "--file",
+    "--cluster": "--cluster-name",
+}
+
+FC = TypeVar("FC", bound=Callable[..., Any])
+
+
+def deprecation(old: str, new: str) -> None:
+    """The one stderr line an old spelling prints."""
+    click.echo(f"meshctl: {old} is deprecated; use {new}", err=True)
+
+
+class AliasedOption(click.Option):
+    """A click option with hidden old spellings: each parses into the same value as the option's
+    own names (so defaults, envvars and callbacks are shared) and prints one deprecation line."""
+
+    _MARK = "\0alias\0"
+
+    def __init__(self, *args: Any, aliases: Sequence[str] = (), **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.aliases = tuple(aliases)
+
+    def add_to_parser(self, parser: Any, ctx: click.Context) -> None:
+        super().add_to_parser(parser, ctx)
+        action = "append" if self.multiple else "store"
+        for alias in self.aliases:
+            parser.add_option(obj=self, opts=[alias], dest=f"{self.name}{self._MARK}{alias}", action=action,
+                              nargs=self.nargs)
+
+    def handle_parse_result(self, ctx: click.Context, opts: Mapping[str, Any], args: list[str]) -> Any:
+        merged = dict(opts)
+        for alias in self.aliases:
+            key = f"{self.name}{self._MARK}{alias}"
+            if key not in merged:
+                continue
+            deprecation(alias, self._canonical())
+            value = merged.pop(key)
+            if self.multiple:
+                merged[self.name or ""] = [*merged.get(self.name or "", []), *value]
+            else:
+                merged.setdefault(self.name or "", value)
+        return super().handle_parse_result(ctx, merged, args)
+
+    def _canonical(self) -> str:
+        return next((o for o in self.opts if o.startswith("--")), self.opts[0])
+
+
+class Formats(click.Choice):
+    """An `-o` vocabulary whose old values (`text` where the output is a table) still parse,
+    with one deprecation line, into the new value."""
+
+    def __init__(self, choices: Sequence[str], deprecated: Mapping[str, str] | None = None) -> None:
+        super().__init__(list(choices))
+        self.deprecated = dict(deprecated or {})
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value in self.deprecated:
+            deprecation(f"-o {value}", f"-o {self.deprecated[value]}")
+            value = self.deprecated[value]
+        return super().convert(value, param, ctx)
+
+
+def option(*decls: str, aliases: Sequence[str] = (), **kw: Any) -> Callable[[FC], FC]:
+    """`click.option` with hidden deprecated `aliases` (each must be listed in DEPRECATED_OPTIONS)."""
+    for a in aliases:
+        assert a in DEPRECATED_OPTIONS, f"{a} is not a known deprecated option"
+    return click.option(*decls, cls=AliasedOption, aliases=aliases, **kw)
+
+
+def node_option(dest: str = "node", aliases: Sequence[str] = (), **kw: Any) -> Callable[[FC], FC]:
+    """`--node NAME`: the node a command is about."""
+    kw.setdefault("default", None)
+    return option("--node", dest, aliases=aliases, **kw)
+
+
+def lab_option(help: str = "Lab name (default: the only lab up).") -> Callable[[FC], FC]:
+    """`--lab NAME`: the lab a command is about; omitted, the only lab that is up."""
+    return click.option("--lab", "lab_name", default=None, help=help)
+
+
+def output_option(formats: Sequence[str] = TABLE_FORMATS, default: str | None = None,
+                  deprecated: Mapping[str, str] | None = None, **kw: Any) -> Callable[[FC], FC]:
+    """`-o/--output FORMAT`: TABLE_FORMATS for tables, TEXT_FORMATS for prose, or a command's own
+    (showconf's config formats)."""
+    return click.option("-o", "--output", "output", type=Formats(formats, deprecated),
+                        default=default or formats[0], show_default=True, **kw)
+
+
+def file_option(dest: str = "path", aliases: Sequence[str] = (), **kw: Any) -> Callable[[FC], FC]:
+    """`-f/--file PATH`: a topology (or lab) file."""
+    kw.setdefault("default", None)
+    return option("-f", "--file", dest, aliases=aliases, **kw)
+
+
+def pin_root_option(dest: str = "pin_root", aliases: Sequence[str] = ("--pin-root",), **kw: Any) -> Callable[[FC], FC]:
+    """`--bpf-pin-root DIR`: the bpffs folder the fast path's objects are pinned under."""
+    return option("--bpf-pin-root", dest, aliases=aliases, **kw)
