@@ -55,9 +55,6 @@ EXPECTED: dict[str, Expect] = {
 PATH_STATE_EXPECTED: dict[str, tuple[str, str]] = {
     "digitalocean-vpc.fra1-1.yaml": ("fra1-2", "direct+ipip"),
 }
-# The /32 warning says every path is WireGuard while the plan encapsulates; the graph draws the
-# encapsulated pairs as WireGuard only. Both are another part of issue 25; these marks go with it.
-CONTRADICTS_PLAN = {"hetzner-private-network.yaml"}
 
 
 def run(*args: str) -> Result:
@@ -87,12 +84,6 @@ def table_paths(table: str) -> dict[str, str]:
 
 def by_name(files: list[Path]) -> list:
     return [pytest.param(f, id=f.name) for f in files]
-
-
-def marked(f: Path) -> object:
-    reason = "the /32 warning and the graph contradict the plan (issue 25, shipped settings and graph)"
-    marks = [pytest.mark.xfail(strict=True, reason=reason)] if f.name in CONTRADICTS_PLAN else []
-    return pytest.param(f, id=f.name, marks=marks)
 
 
 def test_every_example_is_expected_and_says_what_it_shows() -> None:
@@ -130,7 +121,7 @@ def _pod_cidr(f: Path, node: str) -> str:
     return next(n["pod_cidr"] for n in doc(f)["nodes"] if n["name"] == node)
 
 
-@pytest.mark.parametrize("f", [marked(f) for f in FILES])
+@pytest.mark.parametrize("f", by_name(FILES))
 def test_only_documented_warnings(f: Path) -> None:
     documented = DOCUMENTED_WARNING.findall(f.read_text().split("\ncluster:", 1)[0])
     for args in (["plan", "--node", node_names(f)[0]], ["graph"], ["showconf", "node", node_names(f)[0]]):
@@ -156,7 +147,7 @@ def test_graph_is_dot_graphviz_reads_and_renders(f: Path, tmp_path: Path) -> Non
     assert "<svg" in out.read_text()
 
 
-@pytest.mark.parametrize("f", [marked(f) for f in FILES])
+@pytest.mark.parametrize("f", by_name(FILES))
 def test_graph_draws_the_private_pairs_of_the_plan(f: Path) -> None:
     """A pair the plan keeps on the private network has an edge that is not WireGuard's (solid)."""
     dot = ok(run("graph", "-f", str(f))).stdout

@@ -90,7 +90,7 @@ def test_the_daemonset_env_from_the_configmap_reaches_the_agent(monkeypatch):
                if "configMapKeyRef" in e.get("valueFrom", {})}
     assert from_cm, "the DaemonSet reads the private network from the ConfigMap"
     cm = by_kind("ConfigMap")["metadata"]["name"]
-    values = {"private_interface": "eth1", "internal_cidr": "10.10.0.0/16", "cni": "install"}
+    values = {"private_interface": "eth1", "internal_cidr": "10.10.0.0/16", "cni": "install", "fastpath": "false"}
     env = {}
     for name, ref in from_cm.items():
         assert ref["name"] == cm and ref["optional"] is True and ref["key"] in AGENT_ENV_KEYS
@@ -100,12 +100,37 @@ def test_the_daemonset_env_from_the_configmap_reaches_the_agent(monkeypatch):
     assert cfg is not None
     assert cfg.private_interface == "eth1" and cfg.internal_cidr == ipaddress.ip_network("10.10.0.0/16")
     assert cfg.cni == "install" and str(cfg.cni_conf_dir) == "/etc/cni/net.d"
+    assert cfg.fastpath is False  # the ConfigMap's `fastpath: "false"`: docs/datapath.md's off switch
     # ... and those keys in the ConfigMap do not break the mesh settings every agent reads from it
     cluster, mesh = settings_from_configmap({**by_kind("ConfigMap")["data"], **values})
     assert cluster.name == "default" and mesh.granularity == "location"
     # without them (optional refs, no env), the agent discovers
     res, cfg = parse(monkeypatch, expand(agent["args"], {"NODE_NAME": "node-1"}))
     assert cfg is not None and cfg.private_interface is None and cfg.internal_cidr is None and cfg.cni == "keep"
+    assert cfg.fastpath is True
+
+
+@pytest.mark.parametrize(("value", "flag", "on"), [("false", False, False), ("False", False, False),
+                                                   ("true", False, True), ("", False, True), ("true", True, False)])
+def test_the_configmaps_fastpath_key_switches_the_fast_path(monkeypatch, value, flag, on):
+    cluster, mesh = settings_from_configmap({**by_kind("ConfigMap")["data"], "fastpath": value})
+    assert mesh.granularity == "location"  # accepted: not a mesh setting, not an unknown field
+    args = expand(container("agent")["args"], {"NODE_NAME": "node-1"}) + (["--no-fastpath"] if flag else [])
+    res, cfg = parse(monkeypatch, args, {"MESHCTL_FASTPATH": value})
+    assert res.exit_code == 0, res.output
+    assert cfg is not None and cfg.fastpath is on
+
+
+def test_a_bad_fastpath_value_is_a_one_line_rejection(monkeypatch):
+    from meshctl.errors import InputError
+
+    with pytest.raises(InputError) as e:
+        settings_from_configmap({"fastpath": "off"}, "configmap meshctl/meshctl")
+    assert str(e.value) == "configmap meshctl/meshctl.fastpath: 'off' is not true or false"
+    res, cfg = parse(monkeypatch, expand(container("agent")["args"], {"NODE_NAME": "node-1"}),
+                     {"MESHCTL_FASTPATH": "off"})
+    assert res.exit_code == 2 and cfg is None
+    assert res.stderr == "error: MESHCTL_FASTPATH: 'off' is not true or false\n"
 
 
 def test_the_parser_does_catch_drift(monkeypatch):

@@ -112,6 +112,28 @@ def test_configmap_settings_parse():
     cluster, mesh = settings_from_configmap(cm["data"])
     assert mesh.granularity == "location" and str(mesh.subnet) == "10.4.0.0/16" and mesh.port == 51820
     assert cluster.name == "default" and cluster.id == 1
+    assert mesh.intra_subnet == "auto"
+
+
+def _comment_above(key: str) -> list[str]:
+    """The comment lines directly above the ConfigMap's data key `key`, without their `#`."""
+    lines = (MANIFESTS / "03-configmap.yaml").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(f"  {key}:"))
+    above: list[str] = []
+    for line in reversed(lines[:at]):
+        if not line.strip().startswith("#"):
+            break
+        above.insert(0, line.strip().removeprefix("#").strip())
+    return above
+
+
+def test_configmap_intra_subnet_comment_names_every_accepted_mode():
+    from meshctl.mesh.model import INTRA_SUBNET_MODES
+
+    documented = [line.split(":", 1)[0] for line in _comment_above("intra_subnet") if ":" in line]
+    # one `mode: phrase` line per mode the parser accepts, and no mode it rejects
+    assert sorted(m for m in documented if " " not in m) == sorted(INTRA_SUBNET_MODES)
+    assert by_kind("ConfigMap")["data"]["intra_subnet"] == "auto"
 
 
 PEERS = [

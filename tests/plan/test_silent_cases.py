@@ -116,8 +116,74 @@ def test_endpoint_without_port_is_a_warning_and_uses_the_mesh_port(tmp_path: Pat
 def test_host_prefix_internal_ip_is_a_warning(tmp_path: Path) -> None:
     r = run_plan(tmp_path, doc_with(nodes__2__internal_ip="10.1.0.1/32"))
     assert warnings_of(r) == [
-        "nodes[2].internal_ip: '10.1.0.1/32' is a host address: c shares a private subnet with no node, so every "
-        "path to it is WireGuard (write the subnet's prefix, or run its agent with --internal-cidr)"]
+        "nodes[2].internal_ip: '10.1.0.1/32' is a host address: no private network joins c to another node, so "
+        "every path to it is WireGuard (list the routed network in mesh.private_networks, or write the subnet's "
+        "prefix if the nodes share one L2 subnet)"]
+
+
+def _host_addressed(granularity: str, intra_subnet: str, private_networks: list[str]) -> dict:
+    """Three /32 nodes in three locations (Hetzner), a private network named or not."""
+    d = doc_with(nodes__0__internal_ip="10.0.0.2/32", nodes__1__internal_ip="10.0.0.3/32",
+                 nodes__2__internal_ip="10.0.0.4/32", nodes__1__location="fsn")
+    d["mesh"] = {"granularity": granularity, "intra_subnet": intra_subnet, "private_networks": private_networks}
+    d["peers"] = d["peers"][:1]
+    return d
+
+
+def _paths(r) -> dict[str, str]:
+    section = r.stdout.split("\nPATHS\n", 1)[1].splitlines()[1:]
+    return dict(line.split()[:2] for line in section if line.strip())
+
+
+@pytest.mark.parametrize("intra", ["auto", "ipip", "vxlan"])
+def test_host_prefix_inside_private_networks_is_encapsulated_and_not_warned(tmp_path: Path, intra: str) -> None:
+    r = run_plan(tmp_path, _host_addressed("full", intra, ["10.0.0.0/16"]))
+    assert warnings_of(r) == []  # the plan uses the private network: nothing for the operator to do
+    rung = {"auto": "direct+ipip", "ipip": "direct+ipip", "vxlan": "direct+vxlan"}[intra]
+    assert _paths(r) == {"a": "local", "b": rung, "c": rung, "d": "tunnel"}
+
+
+def test_host_prefix_outside_private_networks_says_wireguard_as_the_plan_does(tmp_path: Path) -> None:
+    r = run_plan(tmp_path, _host_addressed("full", "auto", ["10.9.0.0/16"]))
+    assert _paths(r) == {"a": "local", "b": "tunnel", "c": "tunnel", "d": "tunnel"}
+    w = warnings_of(r)
+    assert len(w) == 3 and all("every path to it is WireGuard" in x for x in w)
+    assert w[0].startswith("nodes[0].internal_ip: '10.0.0.2/32' is a host address: no private network joins a ")
+
+
+def test_host_prefix_under_a_fixed_wireguard_mode_says_the_private_network_is_unused(tmp_path: Path) -> None:
+    r = run_plan(tmp_path, _host_addressed("full", "direct", ["10.0.0.0/16"]))
+    assert _paths(r)["b"] == "tunnel"
+    w = warnings_of(r)
+    assert w[0] == ("nodes[0].internal_ip: '10.0.0.2/32' is a host address: intra_subnet direct uses the private "
+                    "network only between private neighbours, so every path to a is WireGuard although a private "
+                    "network joins it to b (set intra_subnet: auto to use the private network)")
+    # `wireguard` asks for WireGuard everywhere: the plan does what was asked
+    assert warnings_of(run_plan(tmp_path, _host_addressed("full", "wireguard", ["10.0.0.0/16"]))) == []
+
+
+def test_host_prefix_location_members_raw_is_warned_and_encapsulated_is_not(tmp_path: Path) -> None:
+    d = _host_addressed("location", "direct", [])
+    d["nodes"][1]["location"] = "aws"  # a and b: one location of /32s
+    r = run_plan(tmp_path, d)
+    assert _paths(r)["b"] == "direct"
+    assert warnings_of(r)[:2] == [
+        f"nodes[{i}].internal_ip: '10.0.0.{i + 2}/32' is a host address: intra_subnet direct sends the pod packets "
+        f"between {n} and its location's members raw (rung direct), which a network handing out host addresses "
+        f"usually drops (set intra_subnet: auto, ipip or vxlan)" for i, n in enumerate("ab")]
+    d["mesh"]["intra_subnet"] = "auto"
+    r = run_plan(tmp_path, d)
+    assert _paths(r)["b"] == "direct+ipip"
+    assert [x for x in warnings_of(r) if x.startswith(("nodes[0]", "nodes[1]"))] == []
+
+
+def test_host_prefix_warning_of_one_node_is_that_nodes_only() -> None:
+    """An agent reports its own host-address warning (mesh.checks, `only`)."""
+    from meshctl.mesh.checks import host_prefix_warnings
+
+    topo = parse_topology(_host_addressed("full", "auto", ["10.9.0.0/16"]))
+    assert [w.split(":", 1)[0] for w in host_prefix_warnings(topo, only="b")] == ["nodes[1].internal_ip"]
+    assert host_prefix_warnings(parse_topology(_host_addressed("full", "auto", ["10.0.0.0/16"])), only="b") == []
 
 
 def test_full_mesh_pair_without_endpoints_is_a_warning(tmp_path: Path) -> None:

@@ -181,7 +181,8 @@ class PassRecorder:
             me = topo.node(self.cfg.node_name)
             found = dead_tunnels(topo, only=self.cfg.node_name)
             if me is not None:
-                found += ["internal_ip: " + w.split(": ", 1)[1] for w in host_prefix_warnings([me])]
+                found += ["internal_ip: " + w.split(": ", 1)[1]
+                          for w in host_prefix_warnings(topo, only=self.cfg.node_name)]
             memo = self._warnings = (topo, tuple(found))
         return memo[1]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,18 @@ def _flag(parse: Any) -> Any:
         return parse(value, flag)
 
     return cb
+
+
+# The agent's environment variable for the fast path's switch (the DaemonSet fills it from the
+# ConfigMap key `fastpath`): true or false; unset or empty: on. --no-fastpath wins.
+FASTPATH_ENV = "MESHCTL_FASTPATH"
+
+
+def _no_fastpath(ctx: click.Context, param: click.Parameter, flag: bool) -> bool:
+    """Whether the fast path is off (--no-fastpath's callback): by the flag, else by
+    FASTPATH_ENV (a bad value is an InputError naming the variable)."""
+    env = os.environ.get(FASTPATH_ENV, "")
+    return flag or (env != "" and not fields.boolean(env, FASTPATH_ENV))
 
 
 def etcd_options(f: Any) -> Any:
@@ -105,7 +118,8 @@ def endpoint_list(text: str) -> tuple[str, ...]:
 @click.option("--cluster-id", default=1, type=int, callback=_flag(fields.cluster_id), show_default=True)
 @click.option("--clustermesh-dir", default=None, type=click.Path(path_type=Path),
               help="One file per remote cluster (endpoints, ca-file, cert-file, key-file).")
-@click.option("--no-fastpath", is_flag=True, help="Kernel routes only, no eBPF.")
+@click.option("--no-fastpath", is_flag=True, callback=_no_fastpath,
+              help=f"Kernel routes only, no eBPF (also {FASTPATH_ENV}=false: the ConfigMap key fastpath).")
 @pin_root_option("bpf_pin_root", aliases=(), default=defaults.PIN_ROOT, show_default=True)
 @click.option("--lease-ttl", default=10, type=int, show_default=True, help="Seconds a dead agent's record lives.")
 @click.option("--lapse-grace", default=60.0, type=float, show_default=True,

@@ -20,6 +20,7 @@ from meshctl.backends.file import load_topology, load_topology_checked
 from meshctl.cli import targets
 from meshctl.cli.agent import endpoint_list, etcd_options
 from meshctl.cli.options import file_option, lab_option, output_option
+from meshctl.cli.psk import with_preshared_keys
 from meshctl.errors import MISSING, InputError, MeshError
 from meshctl.mesh import fields
 from meshctl.mesh.checks import topology_warnings
@@ -197,8 +198,8 @@ def plan(node: str, granularity: Granularity | None, remotes: tuple[str, ...], p
 @click.option("--render", "render_to", type=click.Path(dir_okay=False),
               help="Render with Graphviz to this file (format from its suffix: svg, png, pdf).")
 def graph(granularity: Granularity | None, render_to: str | None, **source: Any) -> None:
-    """Print the mesh as Graphviz DOT (solid: WireGuard, dotted: direct private pairs, dashed: a
-    location's members to its leader)."""
+    """Print the mesh as Graphviz DOT, each pair on its planned rung (solid: WireGuard, dotted:
+    the private rungs, ipip and vxlan labelled; dashed: a location's leader to its members)."""
     from dataclasses import replace
 
     topo = Source(**source).load()
@@ -257,7 +258,7 @@ def showconf(kind: str, name: str, output: str, as_peer: bool, allowed_ips: tupl
             click.echo(peer_text(p), nl=False)
         return
     with gc_paused():
-        conf = node_conf(topo, plan_node(topo, name)) if kind == "node" else peer_conf(topo, name)
+        conf = node_conf(topo, plan_node(topo, name)) if kind == "node" else with_preshared_keys(peer_conf(topo, name))
     if output == "json":
         click.echo(json.dumps(conf_dict(conf), indent=2))
     elif output == "yaml":

@@ -9,11 +9,12 @@ The table of every case and why it is a warning or an error is in docs/mesh.md.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from meshctl.errors import InputError
 from meshctl.mesh.fields import endpoint
+from meshctl.mesh.ladder import member_rungs, pair_rungs
 from meshctl.mesh.model import Node, Topology, private_neighbours
 from meshctl.mesh.segments import segments
 
@@ -24,7 +25,7 @@ MAX_PAIRS_NAMED = 5
 def topology_warnings(topo: Topology, doc: Any = None) -> list[str]:
     """Every warning for `topo`; `doc` is the parsed YAML it came from (for what parsing filled in)."""
     out = _endpoint_ports(topo, doc)
-    out += host_prefix_warnings(topo.nodes)
+    out += host_prefix_warnings(topo)
     out += dead_tunnels(topo)
     return out
 
@@ -44,17 +45,82 @@ def _endpoint_ports(topo: Topology, doc: Any) -> list[str]:
     return out
 
 
-def host_prefix_warnings(nodes: Sequence[Node], label: str = "nodes") -> list[str]:
-    """A /32 (/128) internal address says nothing about the private subnet, so the node is nobody's
-    private neighbour: every path to it goes through WireGuard."""
+def host_prefix_warnings(topo: Topology, only: str | None = None, label: str = "nodes") -> list[str]:
+    """What the plan does with each node whose internal address is a host address (/32, /128; a
+    Hetzner NIC), said only where the operator should act. A host address makes the node nobody's
+    private neighbour, so raw `direct` never joins it across nodes; a routed private network
+    (`mesh.private_networks`, or the node's location in `location` granularity) still joins it,
+    and then the ladder's encapsulated rungs carry its pairs and nothing is said. Warned: no
+    private network joins it (every path is WireGuard), a fixed mode that leaves such a join
+    unused, and location members that reach it raw (a fabric handing out /32s drops that).
+    `only`: that node's own warning (an agent's view)."""
+    mates = _join_candidates(topo)
     out = []
-    for i, n in enumerate(nodes):
+    for i, n in enumerate(topo.nodes):
         ip = n.internal_ip
-        if ip is not None and ip.network.prefixlen == ip.max_prefixlen:
-            out.append(f"{label}[{i}].internal_ip: {str(ip)!r} is a host address: {n.name} shares a private subnet "
-                       f"with no node, so every path to it is WireGuard (write the subnet's prefix, or run its agent "
-                       f"with --internal-cidr)")
+        if ip is None or ip.network.prefixlen != ip.max_prefixlen or only not in (None, n.name):
+            continue
+        head = f"{label}[{i}].internal_ip: {str(ip)!r} is a host address"
+        joined = next((m for m in mates(n) if m.name != n.name), None)
+        why = _host_prefix_why(topo, n, joined)
+        if why is not None:
+            out.append(f"{head}: {why}")
     return out
+
+
+def _join_candidates(topo: Topology) -> Callable[[Node], Iterator[Node]]:
+    """For a node, the nodes a routed private network joins it to (model.private_joined without
+    the neighbour rule, which a host address never meets), lazily: its location's, and in `full`
+    granularity also those inside one of `mesh.private_networks` with it. Indexed once, so a file
+    of thousands of /32 nodes is checked in linear time."""
+    mesh = topo.mesh
+    by_loc: dict[tuple[int, str], list[Node]] = {}
+    by_net: dict[int, list[Node]] = {}
+    nets_of: dict[str, list[int]] = {}
+    for m in topo.nodes:
+        ip = m.internal_ip
+        if ip is None:
+            continue
+        if m.location and not m.cluster:
+            by_loc.setdefault((ip.version, m.location), []).append(m)
+        if mesh.granularity == "full":
+            for k, net in enumerate(mesh.private_networks):
+                if net.version == ip.version and ip.ip in net:
+                    by_net.setdefault(k, []).append(m)
+                    nets_of.setdefault(m.name, []).append(k)
+
+    def mates(n: Node) -> Iterator[Node]:
+        assert n.internal_ip is not None
+        if n.location and not n.cluster:
+            yield from by_loc.get((n.internal_ip.version, n.location), [])
+        for k in nets_of.get(n.name, []):
+            yield from by_net[k]
+
+    return mates
+
+
+def _host_prefix_why(topo: Topology, n: Node, joined: Node | None) -> str | None:
+    """What the plan does with host-addressed node `n` and what the operator may do about it;
+    None when the plan already uses the private network well. `joined`: a node a routed private
+    network joins to `n` (every such node takes the same rung, so one stands for all)."""
+    mesh = topo.mesh
+    if joined is None:
+        return (f"no private network joins {n.name} to another node, so every path to it is WireGuard "
+                f"(list the routed network in mesh.private_networks, or write the subnet's prefix if "
+                f"the nodes share one L2 subnet)")
+    if mesh.granularity == "location":
+        rung = member_rungs(mesh.intra_subnet, n, joined)[0]
+        if rung == "direct":
+            return (f"intra_subnet {mesh.intra_subnet} sends the pod packets between {n.name} and its "
+                    f"location's members raw (rung direct), which a network handing out host addresses "
+                    f"usually drops (set intra_subnet: auto, ipip or vxlan)")
+        return None
+    rung = pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, n, joined)[0]
+    if rung == "tunnel" and mesh.intra_subnet != "wireguard":
+        return (f"intra_subnet {mesh.intra_subnet} uses the private network only between private "
+                f"neighbours, so every path to {n.name} is WireGuard although a private network "
+                f"joins it to {joined.name} (set intra_subnet: auto to use the private network)")
+    return None
 
 
 def dead_tunnels(topo: Topology, only: str | None = None) -> list[str]:

@@ -5,11 +5,14 @@ wg-quick configs. Pure functions of the plan."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from meshctl.errors import InputError
 from meshctl.mesh.model import (
+    ENCAP_RUNGS,
+    PRIVATE_RUNGS,
+    RUNGS,
     Endpoint,
     IPInterface,
     IPNetwork,
@@ -17,7 +20,6 @@ from meshctl.mesh.model import (
     Node,
     Peer,
     Topology,
-    private_neighbours,
     sort_key_net,
 )
 from meshctl.mesh.plan import Encap, NodePlan, plan_node
@@ -92,11 +94,12 @@ def _dot_id(s: str) -> str:
 
 
 def graph_dot(topo: Topology) -> str:
-    """Graphviz DOT: one cluster subgraph per location; solid edges are WireGuard links (between
-    segment leaders, or between nodes in full/cross), dotted edges are direct private pairs, and in
-    location granularity dashed arrows go from each segment's leader to its members (their way
-    into the mesh), so no node looks cut off. The graph is labelled with the cluster and its
-    WireGuard subnet, and carries a legend of the three edge kinds."""
+    """Graphviz DOT: one cluster subgraph per location, and one edge per pair of nodes (or node
+    and peer) drawn as the plan carries it (EDGE_ATTRS: solid WireGuard, dotted private rungs,
+    the encapsulated ones coloured and labelled with their kind); in location granularity dashed
+    arrows go from each segment's leader to its members (their way into the mesh), so no node
+    looks cut off. The graph is labelled with the cluster and its WireGuard subnet, and carries a
+    legend of every edge kind."""
     segs = segments(topo)
     title = f"cluster {topo.cluster.name} ({topo.mesh.granularity}): WireGuard subnet {topo.mesh.subnet}"
     lines = [f"digraph {_dot_id(topo.cluster.name)} {{",
@@ -106,8 +109,8 @@ def graph_dot(topo: Topology) -> str:
     for p in sorted(topo.peers, key=lambda p: p.name):
         lines.append(f"  {_dot_id('peer:' + p.name)} [label=\"{p.name}\\npeer\\n"
                      f"{', '.join(map(str, p.allowed_ips))}\", shape=ellipse];")
-    for a, b, style in sorted(_dot_edges(topo)):
-        lines.append(f"  {_dot_id(a)} -> {_dot_id(b)} [style={style}];")
+    for (a, b), attrs in sorted(_dot_edges(topo).items()):
+        lines.append(f"  {_dot_id(a)} -> {_dot_id(b)} [{attrs}];")
     if topo.mesh.granularity == "location":
         for s in segs:
             for m in s.members:
@@ -116,10 +119,34 @@ def graph_dot(topo: Topology) -> str:
     return "\n".join([*lines, *_DOT_LEGEND]) + "\n"
 
 
+def _legend_attrs(attrs: str, label: str) -> str:
+    """An edge's attributes with the legend's label in place of its own."""
+    kept = [a for a in attrs.split(", ") if not a.startswith("label=")]
+    return ", ".join([*kept, f'label="{label}"'])
+
+
+# How an edge is drawn, by the pair's rung in the plan (docs/mesh.md, "graph"): WireGuard solid,
+# the private rungs dotted, each encapsulation in its own colour and labelled with its kind.
+_ENCAP_COLOUR: dict[str, str] = {"ipip": "blue", "vxlan": "darkgreen"}
+EDGE_ATTRS: dict[str, str] = {
+    "direct": "style=dotted",
+    **{rung: f'style=dotted, color={_ENCAP_COLOUR[kind]}, label="{kind}"' for rung, kind in ENCAP_RUNGS.items()},
+    "wireguard-private": 'style=solid, color=gray40, label="private endpoint"',
+    "tunnel": "style=solid",
+    "relay": "style=solid, color=orange",
+}
+# When the two ends of a pair report different rungs (they agree offline), the costlier is drawn.
+_EDGE_COST: tuple[str, ...] = (*RUNGS, "relay")
+_LEGEND_LABELS: dict[str, str] = {
+    "tunnel": "WireGuard (tunnel)", "wireguard-private": "WireGuard to the private address",
+    "direct": "direct (raw, private network)", "direct+ipip": "direct+ipip (IP-in-IP, private network)",
+    "direct+vxlan": "direct+vxlan (VXLAN, private network)",
+    "relay": "WireGuard through a relay",
+}
 _DOT_LEGEND = ("  subgraph cluster_legend {", '    label="legend"; fontsize=9;',
                '    node [shape=plaintext, fontsize=9, label=""];',
-               '    legend_wg_a -> legend_wg_b [style=solid, label="WireGuard"];',
-               '    legend_direct_a -> legend_direct_b [style=dotted, label="direct (private network)"];',
+               *(f'    legend_{i}_a -> legend_{i}_b [{_legend_attrs(EDGE_ATTRS[r], _LEGEND_LABELS[r])}];'
+                 for i, r in enumerate(_LEGEND_LABELS)),
                '    legend_leader_a -> legend_leader_b [style=dashed, dir=forward, label="leader to member"];',
                "  }", "}")
 
@@ -149,25 +176,33 @@ def _dot_locations(topo: Topology, segs: Sequence[Segment]) -> list[str]:
     return lines
 
 
-def _dot_edges(topo: Topology) -> set[tuple[str, str, str]]:
-    """The graph's links, read from every node's plan: (a, b, style) with a < b; solid for a
-    WireGuard peer, dotted for a pod CIDR routed straight to a private neighbour."""
-    edges: set[tuple[str, str, str]] = set()
+def _dot_edges(topo: Topology) -> dict[tuple[str, str], str]:
+    """The graph's links, read from every node's plan: (a, b) with a < b -> the edge's attributes.
+    A node's WireGuard peers are drawn on the rung its plan gives the pair (tunnel,
+    wireguard-private or relay; a pair whose private rung carries it, with WireGuard standing by,
+    on that rung), non-node peers as WireGuard, and the pairs on a private rung (a location's
+    members, or nodes no WireGuard peer joins) on that rung."""
+    rungs: dict[tuple[str, str], str] = {}
+    relays: dict[tuple[str, str], str] = {}
+
+    def add(n: str, other: str, rung: str) -> None:
+        pair = (min(n, other), max(n, other))
+        old = rungs.get(pair)
+        if old is None or _EDGE_COST.index(rung) > _EDGE_COST.index(old):
+            rungs[pair] = rung
+
     for n in topo.nodes:
         plan = plan_node(topo, n.name)
         for peer in plan.peers:
             other = ("peer:" + peer.name) if peer.kind == "peer" else peer.name
-            a, b = sorted((n.name, other))
-            edges.add((a, b, "solid"))
-        for r in plan.routes:
-            if r.dev != "private":
-                continue
-            for m in topo.nodes:
-                if m.pod_cidr == r.dst and m.internal_ip is not None and r.via == m.internal_ip.ip \
-                        and private_neighbours(n, m):
-                    a, b = sorted((n.name, m.name))
-                    edges.add((a, b, "dotted"))
-    return edges
+            add(n.name, other, plan.paths.get(peer.name, "tunnel") if peer.kind != "peer" else "tunnel")
+        for other, rung in plan.paths.items():
+            if rung in PRIVATE_RUNGS and rung != "wireguard-private":
+                add(n.name, other, rung)
+        for other, (via, _) in plan.relays.items():
+            relays[(min(n.name, other), max(n.name, other))] = via
+    return {pair: EDGE_ATTRS[rung] + (f', label="relay via {relays[pair]}"' if rung == "relay" and pair in relays
+                                      else "") for pair, rung in rungs.items()}
 
 
 PRIVATE_KEY_PLACEHOLDER = "# PrivateKey = <kept on the node, never printed>"
@@ -187,16 +222,26 @@ class WgPeer:
     allowed_ips: tuple[IPNetwork, ...]
     persistent_keepalive: int | None = None
     preshared_key: KeyRef | None = None
+    # Only in the config a peer itself uses (showconf peer): the key read from `preshared_key`
+    # where the shell could read it, else why not and where it is. Never in a repr or a log.
+    preshared_key_value: str | None = field(default=None, repr=False)
+    preshared_key_note: str | None = None
+
+
+# Why a peer's config leaves a node out (showconf peer).
+NO_REACHABLE_ENDPOINT = "no endpoint the peer can reach"
 
 
 @dataclass(frozen=True)
 class WgConf:
-    """A whole WireGuard config without its private key: [Interface] and its peers."""
+    """A whole WireGuard config without its private key: [Interface] and its peers; `left_out`:
+    the nodes it has no [Peer] for, because neither end could start a handshake."""
 
     listen_port: int | None
     addresses: tuple[IPInterface | IPNetwork, ...]
     peers: tuple[WgPeer, ...]
     note: str | None = None
+    left_out: tuple[str, ...] = ()
 
 
 def _endpoint_of(text: str | None) -> Endpoint | None:
@@ -215,10 +260,11 @@ def node_conf(topo: Topology, plan: NodePlan) -> WgConf:
     return WgConf(topo.mesh.port, (plan.wireguard_ip,) if plan.wireguard_ip else (), peers, note)
 
 
-def _segment_peer(s: Segment, keepalive: int | None, extra: Sequence[IPNetwork] = ()) -> WgPeer:
+def _segment_peer(s: Segment, keepalive: int | None, extra: Sequence[IPNetwork] = (),
+                  psk: KeyRef | None = None) -> WgPeer:
     addrs = [*segment_addresses(s.members, s.wireguard_ip, None), *extra]
     return WgPeer(s.peer_name, s.leader.public_key, s.leader.endpoint, tuple(sorted(set(addrs), key=sort_key_net)),
-                  keepalive)
+                  keepalive, psk)
 
 
 def _peer_of(topo: Topology, name: str) -> Peer:
@@ -230,9 +276,17 @@ def _peer_of(topo: Topology, name: str) -> Peer:
 
 def peer_conf(topo: Topology, name: str) -> WgConf:
     """The config a non-node peer uses to join the mesh: one [Peer] per segment leader, carrying
-    that segment's addresses (Kilo's `kgctl showconf peer`)."""
+    that segment's addresses and the peer's pre-shared key reference (Kilo's `kgctl showconf
+    peer`). A segment whose leader has no endpoint is left out when the peer has none either:
+    neither end could ever start the handshake (its nodes are named in `left_out`)."""
     peer = _peer_of(topo, name)
-    return WgConf(None, peer.allowed_ips, tuple(_segment_peer(s, peer.persistent_keepalive) for s in segments(topo)))
+    kept, left_out = [], []
+    for s in segments(topo):
+        if s.leader.endpoint is None and peer.endpoint is None:
+            left_out += [m.name for m in s.members]
+        else:
+            kept.append(_segment_peer(s, peer.persistent_keepalive, psk=peer.preshared_key))
+    return WgConf(None, peer.allowed_ips, tuple(kept), left_out=tuple(left_out))
 
 
 def node_as_peer(topo: Topology, name: str, extra: Sequence[IPNetwork] = ()) -> WgPeer:
@@ -252,7 +306,11 @@ def peer_as_peer(topo: Topology, name: str, extra: Sequence[IPNetwork] = ()) -> 
 
 def _peer_lines(p: WgPeer) -> list[str]:
     out = ["[Peer]", f"# {p.name}", f"PublicKey = {p.public_key}"]
-    if p.preshared_key:
+    if p.preshared_key_value is not None:
+        out.append(f"PresharedKey = {p.preshared_key_value}")
+    elif p.preshared_key_note is not None:
+        out.append(f"# PresharedKey: {p.preshared_key_note}")
+    elif p.preshared_key:
         out.append(f"# PresharedKey = <from {p.preshared_key}, never printed>")
     if p.endpoint is not None:
         out.append(f"Endpoint = {p.endpoint}")
@@ -271,6 +329,7 @@ def conf_text(conf: WgConf, fmt: str) -> str:
         out.append(f"{'' if fmt == 'wg-quick' else '# '}Address = {', '.join(map(str, conf.addresses))}")
     if conf.note:
         out.append(f"# Note: {conf.note}")
+    out += [f"# left out: {n} ({NO_REACHABLE_ENDPOINT})" for n in conf.left_out]
     for p in conf.peers:
         out += ["", *_peer_lines(p)]
     return "\n".join(out) + "\n"
@@ -281,14 +340,23 @@ def peer_text(p: WgPeer) -> str:
 
 
 def _peer_dict(p: WgPeer) -> dict[str, Any]:
+    """A [Peer] for programs: the pre-shared key itself only where it was read, else where it is."""
+    psk: dict[str, Any] = {}
+    if p.preshared_key_value is not None:
+        psk = {"preshared_key": p.preshared_key_value}
+    elif p.preshared_key is not None:
+        psk = {"preshared_key_from": str(p.preshared_key),
+               **({"preshared_key_note": p.preshared_key_note} if p.preshared_key_note else {})}
     return {"name": p.name, "public_key": p.public_key, "endpoint": str(p.endpoint) if p.endpoint else None,
-            "allowed_ips": [str(a) for a in p.allowed_ips], "persistent_keepalive": p.persistent_keepalive or 0}
+            "allowed_ips": [str(a) for a in p.allowed_ips], "persistent_keepalive": p.persistent_keepalive or 0,
+            **psk}
 
 
 def conf_dict(conf: WgConf) -> dict[str, Any]:
+    left_out = [{"name": n, "reason": NO_REACHABLE_ENDPOINT} for n in conf.left_out]
     return {"interface": {"listen_port": conf.listen_port, "addresses": [str(a) for a in conf.addresses],
                           **({"note": conf.note} if conf.note else {})},
-            "peers": [_peer_dict(p) for p in conf.peers]}
+            "peers": [_peer_dict(p) for p in conf.peers], **({"left_out": left_out} if left_out else {})}
 
 
 def peer_resource(p: WgPeer, api_version: str, name: str | None = None) -> dict[str, Any]:

@@ -55,11 +55,16 @@ DEFAULT_CONFIGMAP = "meshctl"
 # AGENT_ENV_KEYS, which only the DaemonSet reads (into the agent's environment) and the mesh
 # settings ignore.
 CLUSTER_KEYS = ("cluster_name", "cluster_id")
-AGENT_ENV_KEYS = ("private_interface", "internal_cidr", "cni")
+AGENT_ENV_KEYS = ("private_interface", "internal_cidr", "cni", "fastpath")
 
 
 def settings_from_configmap(data: Mapping[str, str] | None, where: str = "configmap") -> tuple[Cluster, MeshSettings]:
-    """Cluster identity and mesh settings from a ConfigMap's data (all values are strings)."""
+    """Cluster identity and mesh settings from a ConfigMap's data (all values are strings). The
+    agent-environment keys are not mesh settings; `fastpath` is still checked here, so a bad
+    value is named on every agent and not only where the agent process starts."""
+    fastpath = (data or {}).get("fastpath", "")
+    if fastpath != "":
+        fields.boolean(fastpath, f"{where}.fastpath")
     data = {k: v for k, v in (data or {}).items() if k not in AGENT_ENV_KEYS}
     cname = data.pop("cluster_name", None)
     cid = data.pop("cluster_id", None)
