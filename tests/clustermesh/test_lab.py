@@ -71,6 +71,13 @@ def test_pods_reach_each_other_across_clusters_direct_where_the_segment_is_share
     running = [f"{c.name}/{n.name}" for c, n in lab.nodes() if n.name != "g4"]
     results = labcheck.check(lab, count=3, pairs=[(a, b) for a in running for b in running if a != b])
     assert len(results) == 30
+    # A tunnel's first packets may meet WireGuard's first handshake (wireguard-go retries it after
+    # 5 s when the two ends' initiations cross): a failed pair is checked once more after that.
+    failed = [(r.src, r.dst) for r in results if not r.ok]
+    if failed:
+        time.sleep(6)
+        again = {(r.src, r.dst): r for r in labcheck.check(lab, count=3, pairs=failed)}
+        results = [again.get((r.src, r.dst), r) for r in results]
     bad = [r for r in results if not r.ok]
     assert not bad, bad
     for r in results:

@@ -30,7 +30,7 @@ class PinTarget:
     """A node's pinned BPF objects: the pin root, its network namespace and its name there."""
 
     pin_root: str
-    netns: str
+    netns: str | None  # None: this namespace (a VM node, seen from inside its VM)
     name: str
 
 

@@ -269,8 +269,9 @@ class _Locator:
         for name in [lab] if lab else state.labs_up():
             st = state.resolve(name)
             for c, n in st.nodes():
-                # a VM node's pins are in its VM: the Forwarder runs the command there
-                if node in (n.name, f"{c.name}/{n.name}") and n.netns is not None:
+                # a VM node's pins are in its VM: the Forwarder runs the command there (inside,
+                # the guest's one-node state has no VM and the node is the root namespace)
+                if node in (n.name, f"{c.name}/{n.name}") and n.vm is None:
                     found.append((st.name, PinTarget(f"{st.pin_root}/{c.name}", n.netns, n.name)))
         if len(found) > 1:
             raise InputError("--node", node, f"is in several labs ({', '.join(f[0] for f in found)}): pass --lab")
