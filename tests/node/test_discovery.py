@@ -46,6 +46,18 @@ def test_host_prefix_on_the_nic_needs_the_force_override(node: str, caplog):
         in_ns(node, discover_internal_ip, None, None, "10.10.0.4")
 
 
+def test_host_prefix_inside_a_private_network_is_used(node: str, caplog):
+    """Hetzner: a /32 on the NIC inside `mesh.private_networks` is the node's internal address
+    (the plan joins it over that network); outside every listed network it is still skipped."""
+    caplog.set_level(logging.WARNING)
+    joined = [ipaddress.ip_network("10.10.0.0/16")]
+    assert in_ns(node, discover_internal_ip, "eth1", None, None, joined) == IF("10.10.0.4/32")
+    assert "host prefix" not in caplog.text
+    elsewhere = [ipaddress.ip_network("10.99.0.0/16")]
+    assert in_ns(node, discover_internal_ip, "eth1", None, None, elsewhere) is None
+    assert "mesh.private_networks" in caplog.text
+
+
 def test_internal_address_from_interface_cidr_or_default_route(node: str):
     assert in_ns(node, discover_internal_ip, "eth2", None, None) == IF("10.20.0.4/24")
     assert in_ns(node, discover_internal_ip, None, "10.20.0.0/16", None) == IF("10.20.0.4/24")

@@ -179,7 +179,7 @@ class PassDriver:
         cfg = self.cfg
         internal = discovery.discover_internal_ip(
             cfg.private_interface, str(cfg.internal_cidr) if cfg.internal_cidr else None,
-            str(cfg.force_internal_ip) if cfg.force_internal_ip else None)
+            str(cfg.force_internal_ip) if cfg.force_internal_ip else None, mesh.private_networks)
         endpoint = discovery.discover_endpoint(cfg.endpoint, cfg.public_interface, mesh.port)
         if cfg.pod_cidr is None:
             raise InputError("--pod-cidr", "", "is not known yet")

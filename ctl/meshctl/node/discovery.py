@@ -16,7 +16,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,14 +139,16 @@ def _default_route_ifindex(ipr: IPRoute) -> int | None:
 # --- discovery ---------------------------------------------------------------------------------
 
 
-def discover_internal_ip(private_interface: str | None, internal_cidr: str | None, force: str | None
-                         ) -> IPInterface | None:
+def discover_internal_ip(private_interface: str | None, internal_cidr: str | None, force: str | None,
+                         private_networks: Sequence[IPNetwork] = ()) -> IPInterface | None:
     """The node's internal address with the private subnet's prefix, or None (tunnel-only node).
 
     `force` (`--force-internal-ip`, with its prefix) wins; else the first usable address of
     `private_interface`; else the first address inside `internal_cidr` on any interface; else a
-    private address on the default-route interface. Host prefixes (/32, /128) are skipped with a
-    warning naming the override.
+    private address on the default-route interface. A host prefix (/32, /128) says nothing about
+    neighbours, so it is used only inside one of `private_networks` (`mesh.private_networks`: the
+    plan joins such nodes over that network, Hetzner's case); elsewhere it is skipped with a
+    warning naming the two ways to use it.
     """
     if force:
         return fields.interface(force, "--force-internal-ip")
@@ -168,9 +170,10 @@ def discover_internal_ip(private_interface: str | None, internal_cidr: str | Non
     elif not private_interface:
         candidates = [(n, a) for n, a in candidates if _private(a.ip)]
     for name, a in candidates:
-        if _is_host_prefix(a):
+        if _is_host_prefix(a) and not any(a.ip in net for net in private_networks if net.version == a.version):
             log.warning("internal address %s on %s is a host prefix and says nothing about the private subnet; "
-                        "pass --force-internal-ip %s/<subnet prefix> to use it", a, name, a.ip)
+                        "list its network in mesh.private_networks, or pass --force-internal-ip %s/<subnet prefix>, "
+                        "to use it", a, name, a.ip)
             continue
         return a
     return None
