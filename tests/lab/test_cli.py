@@ -17,7 +17,7 @@ from meshctl.lab.namespaces.spec import parse_lab
 from meshctl.lab.rigs import netns
 from tests.names import unique
 
-from .conftest import BASE, status
+from .conftest import BASE, status, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -62,6 +62,28 @@ def test_lab_down_by_prefix_after_a_crash():
     r = meshctl("lab", "down", "--prefix", prefix)
     assert r.returncode == 0, r.stderr
     assert not netns.list_prefixed(prefix)
+
+
+def test_sigterm_to_lab_up_removes_what_it_built():
+    """SIGTERM while the lab is being built (its first namespaces exist): `lab up` tears down what
+    it made, exits 143 and leaves no namespace, pin directory or state behind."""
+    prefix = unique("mts") + "-"
+    name = prefix.rstrip("-")
+    up = subprocess.Popen([sys.executable, "-m", "meshctl.cli", "lab", "up", "--prefix", prefix],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: netns.list_prefixed(prefix) or up.poll() is not None, timeout=60, step=0.05)
+        up.terminate()
+        _, err = up.communicate(timeout=120)
+        left = [*netns.list_prefixed(prefix), *(str(p) for p in (Path(f"/run/meshctl-lab/{name}"),
+                                                                 Path(f"/sys/fs/bpf/{prefix}lab")) if p.exists())]
+    finally:
+        if up.poll() is None:
+            up.kill()
+        meshctl("lab", "down", "--lab", name)  # only what the test itself left, should it fail
+    assert up.returncode == 143, err[-2000:]
+    assert "removing what was built" in err and "Traceback" not in err, err[-2000:]
+    assert not left, left
 
 
 def test_bad_lab_file_is_one_line(tmp_path):

@@ -6,8 +6,6 @@ whose fabric turns into a blackhole under a 100 pps ping, and back; no flapping 
 from __future__ import annotations
 
 import copy
-import re
-import subprocess
 import time
 from importlib.resources import files
 from typing import Any
@@ -20,6 +18,7 @@ from meshctl.lab.namespaces import fabric
 from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.state import LabState
 from meshctl.lab.rigs import netns
+from tests.pinging import PodPing
 from tests.waiting import wait_for
 
 from .conftest import node_of
@@ -120,41 +119,27 @@ def test_big_df_ping_on_every_rung(auto_lab) -> None:
         assert " 0% packet loss" in p.stdout, (a, b, p.stdout, p.stderr)
 
 
-def _ping(st: LabState, src: str, dst: str, count: int) -> subprocess.Popen[str]:
-    pod = node_of(st, src).pods[0].netns
-    ip = node_of(st, dst).pods[0].ip
-    return subprocess.Popen([*netns.exec_prefix(pod), "ping", "-n", "-q", "-i", "0.01", "-W", "1", "-c", str(count),
-                             ip], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _lost(p: subprocess.Popen[str]) -> int:
-    out, _ = p.communicate(timeout=120)
-    m = re.search(r"(\d+) packets transmitted, (\d+) (?:packets )?received", out)
-    assert m, out
-    return int(m.group(1)) - int(m.group(2))
-
-
 def test_blackhole_under_a_ping_and_back(auto_lab) -> None:
     st = auto_lab
     assert rung(st, "l1", "l2") == "direct"
-    ping = _ping(st, "l1", "l2", 800)  # 8 s at 100 pps
+    ping = PodPing(st, "l1", "l2", 8)
     time.sleep(1.0)
     t0 = time.monotonic()
     fabric.change(st, "10.30.1.0/24", "blackhole")
     assert wait_for(lambda: rung(st, "l1", "l2") == "tunnel" and rung(st, "l2", "l1") == "tunnel", 6, 0.05)
     moved = time.monotonic() - t0
-    lost = _lost(ping)
+    lost = len(ping.result().lost)
     assert lost <= 300, f"{lost} packets lost (at most 3 s of a 100 pps ping); moved after {moved:.2f} s"
     changes = status(st, "l1")["path_changes"]
     assert {"from": "direct", "to": "tunnel", "reason": "direct stopped delivering", "count": 1} in changes
 
-    ping = _ping(st, "l1", "l2", int((HOLD_S + 6) * 100))
+    ping = PodPing(st, "l1", "l2", HOLD_S + 6)
     time.sleep(0.5)
     t1 = time.monotonic()
     fabric.change(st, "10.30.1.0/24", "l2")
     assert wait_for(lambda: rung(st, "l1", "l2") == "direct" and rung(st, "l2", "l1") == "direct", HOLD_S + 5, 0.05)
     assert time.monotonic() - t1 >= HOLD_S
-    assert _lost(ping) == 0, "packets lost while the pair returned to direct"
+    assert not ping.result().lost, "packets lost while the pair returned to direct"
 
 
 def test_random_loss_does_not_flap(auto_lab) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -41,6 +42,13 @@ def lab_group() -> None:
     """A whole mesh on this machine: network namespaces, etcd, one agent per node."""
 
 
+def _term_tears_down(signum: int, frame: object) -> None:
+    """SIGTERM to `lab up` is a Ctrl-C: the bring-up's own failure path removes what it built, VMs
+    included. A second one during that teardown is ignored, so the teardown finishes."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
 @lab_group.command("up")
 @file_option(help="Lab or topology file (default: the shipped lab).")
 @click.option("--prefix", default=None, help="Name prefix of everything the lab makes (default: lab.prefix, ml-).")
@@ -55,6 +63,7 @@ def lab_up(path: str | None, prefix: str | None, wait: float, kernel: str) -> No
         check_prefix(prefix, "--prefix")
     spec = load_lab(path)
     _require_root()
+    signal.signal(signal.SIGTERM, _term_tears_down)
     if kernel != "host" and spec.options.vms:
         raise InputError("--kernel", kernel, "is for a lab in one VM; this lab has lab.vms (nodes[].kernel picks each)")
     if kernel != "host":

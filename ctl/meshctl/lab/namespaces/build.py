@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from meshctl import defaults
 from meshctl.backends import etcd_identity as identity
@@ -389,9 +390,23 @@ def agent_argv(st: LabState, cst: ClusterState, node: NodeState) -> list[str]:
     return argv
 
 
-def start_agent(st: LabState, node_name: str, *, extra_args: tuple[str, ...] = ()) -> int:
+class Spawner(Protocol):
+    """Starts an agent's command line with its output on `log`, in a session of its own; its PID."""
+
+    def __call__(self, argv: list[str], *, log: int, env: dict[str, str]) -> int: ...
+
+
+def popen_spawner(argv: list[str], *, log: int, env: dict[str, str]) -> int:
+    """The Spawner of the namespace lab: a new process."""
+    return subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+                            env=env).pid
+
+
+def start_agent(st: LabState, node_name: str, *, extra_args: tuple[str, ...] = (),
+                spawn: Spawner = popen_spawner) -> int:
     """Start (or restart) one node's agent inside its namespace (None: here, as a VM node's guest
-    does); records its PID. A VM node's agent is started through its VM (lab/vms/vmnodes.py)."""
+    does); records its PID. A VM node's agent is started through its VM (lab/vms/vmnodes.py), whose
+    guest forks it from an interpreter that has imported it already (`spawn`)."""
     cst, node = st.lookup(node_name)
     if node.vm is not None:
         raise MeshError(f"{node_name} is a VM node: its agent runs in its VM")
@@ -402,14 +417,14 @@ def start_agent(st: LabState, node_name: str, *, extra_args: tuple[str, ...] = (
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.update(kube_cluster.agent_env(cst))
     try:
-        p = subprocess.Popen([*netns.exec_prefix(node.netns), *agent_argv(st, cst, node), *extra_args],
-                             stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        argv = [*netns.exec_prefix(node.netns), *agent_argv(st, cst, node), *extra_args]
+        pid = spawn(argv, log=log.fileno(), env=env)
     finally:
         log.close()
-    node.pid = p.pid
-    st.pids[f"agent/{cst.name}/{node.name}"] = p.pid
+    node.pid = pid
+    st.pids[f"agent/{cst.name}/{node.name}"] = pid
     labstate.save(st)
-    return p.pid
+    return pid
 
 
 def stop_agent(st: LabState, node_name: str, *, kill: bool = False) -> None:

@@ -51,7 +51,7 @@ from meshctl.lab.namespaces.state import ClusterState, InVm, LabState, NicState,
 from meshctl.lab.namespaces.wiring import Progress, pod_entry, quiet, wire_pod
 from meshctl.lab.rigs import netns
 from meshctl.lab.rigs.waiting import wait_for
-from meshctl.lab.vms import vm
+from meshctl.lab.vms import vm, zygote
 from meshctl.lab.vms.vm import VM_ROOT
 from meshctl.mesh.model import IPNetwork, Node
 
@@ -369,11 +369,20 @@ def guest_setup(bundle_path: str) -> None:
     labstate.save(st)
 
 
+def _forked_agent(argv: list[str], *, log: int, env: dict[str, str]) -> int:
+    """build.Spawner in a guest: the agent forked from this interpreter, which (served by the guest's
+    warm server, lab/vms/zygote.py) has imported it already; a new process for any other command."""
+    warm = zygote.forkable(argv)
+    if warm is None:
+        return labbuild.popen_spawner(argv, log=log, env=env)
+    return zygote.spawn(*warm, stdout=log, stderr=log, env=env, new_session=True)
+
+
 def guest_agent(action: str, lab: str, node_name: str, extra: list[str]) -> None:
     """Start (printing its PID), stop or kill the agent of this VM's node."""
     st = labstate.resolve(lab)
     if action == "start":
-        print(labbuild.start_agent(st, node_name, extra_args=tuple(extra)))
+        print(labbuild.start_agent(st, node_name, extra_args=tuple(extra), spawn=_forked_agent))
     else:
         labbuild.stop_agent(st, node_name, kill=action == "kill")
 

@@ -1,0 +1,66 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A 100 pps ping between two lab pods, shared by the lab tests that count lost packets.
+
+It runs for a time, not a count (`ping -w`): on a loaded machine ping paces itself below 100 pps,
+and a count would stretch a 120 s ping to four minutes. Replies are read by sequence number, so a
+loss is a sequence number that never came back; the packets sent in the last second before the
+deadline may still be in flight when ping exits, and are not counted as lost."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+
+from meshctl.lab.namespaces.state import LabState
+from meshctl.lab.rigs import netns
+
+_SENT = re.compile(r"(\d+) packets transmitted")
+_SEQ = re.compile(r"icmp_seq=(\d+)")
+IN_FLIGHT_S = 1.0  # -W: how long ping waits for the last reply; what was sent in it may be in flight
+
+
+@dataclass(frozen=True)
+class PingResult:
+    sent: int
+    received: int
+    lost: tuple[int, ...]  # sequence numbers that never came back (those in flight at the end left out)
+    elapsed: float
+
+    @property
+    def pair(self) -> tuple[int, int]:
+        """(sent, received) in the window ping measured: the in-flight tail is neither."""
+        return self.sent, self.sent - len(self.lost)
+
+
+class PodPing:
+    """`ping -i 0.01 -w SECONDS` from the first pod of `src` to the first pod of `dst`, in the background."""
+
+    def __init__(self, st: LabState, src: str, dst: str, seconds: float, interval: float = 0.01) -> None:
+        by_name = {n.name: n for _, n in st.nodes()}
+        self.dst_ip = by_name[dst].pods[0].ip
+        self.seconds = seconds
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            [*netns.exec_prefix(by_name[src].pods[0].netns), "ping", "-n", "-i", str(interval), "-W",
+             str(int(IN_FLIGHT_S)), "-w", str(math.ceil(seconds)), self.dst_ip],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def result(self, timeout: float | None = None) -> PingResult:
+        """Wait for ping to end; kill it after `timeout` (default: its deadline plus 30 s)."""
+        try:
+            out, _ = self.proc.communicate(timeout=timeout or self.seconds + 30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        elapsed = time.monotonic() - self.t0
+        m = _SENT.search(out)
+        assert m, out[-2000:]
+        sent = int(m.group(1))
+        seen = {int(s) for s in _SEQ.findall(out)}
+        tail = math.ceil(sent / max(elapsed, 1e-3) * IN_FLIGHT_S) + 1
+        lost = tuple(s for s in range(1, max(sent - tail, 0) + 1) if s not in seen)
+        print(f"ping {self.dst_ip}: {sent} sent, {len(seen)} replies, {len(lost)} lost in {elapsed:.1f} s")
+        return PingResult(sent, len(seen), lost, elapsed)
