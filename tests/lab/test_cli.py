@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from importlib.resources import files
 from pathlib import Path
 
 import pytest
@@ -83,6 +85,26 @@ def test_sigterm_to_lab_up_removes_what_it_built():
         meshctl("lab", "down", "--lab", name)  # only what the test itself left, should it fail
     assert up.returncode == 143, err[-2000:]
     assert "removing what was built" in err and "Traceback" not in err, err[-2000:]
+    assert not left, left
+
+
+def test_an_agent_that_cannot_start_fails_lab_up_with_its_error(tmp_path):
+    """An agent flag that does not exist: `lab up` fails in seconds, naming the agent and the last
+    lines of its log (click's error), and removes what it built."""
+    prefix = unique("mtf") + "-"
+    spec = yaml.safe_load((files("meshctl.lab") / "labs" / "default.yaml").read_text())
+    spec["nodes"] = spec["nodes"][:2]
+    spec["lab"]["agent_args"] = ["--no-such-flag"]
+    f = tmp_path / "broken.yaml"
+    f.write_text(yaml.safe_dump(spec))
+    try:
+        up = meshctl("lab", "up", "-f", str(f), "--prefix", prefix, "--wait", "60", timeout=100)
+        left = netns.list_prefixed(prefix)
+    finally:
+        meshctl("lab", "down", "--lab", prefix.rstrip("-"))
+    assert up.returncode != 0 and "Traceback" not in up.stderr, up.stderr[-2000:]
+    last = up.stderr.strip().splitlines()[-1]
+    assert re.search(r"the agent of default/a[12] exited: .*No such option '--no-such-flag'", last), last
     assert not left, left
 
 

@@ -22,6 +22,7 @@ from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.state import LabState, NodeState
 from meshctl.lab.rigs.netns import list_prefixed
 from meshctl.lab.vms import vm, vmnodes
+from meshctl.node.shell import pid_alive
 
 PREFIX = f"mv{os.getpid() % 1000}t-"
 NAME = labstate.lab_name(PREFIX)
@@ -107,10 +108,10 @@ def test_node_commands_typed_on_the_host_answer_for_that_vm(lab):
 
 def test_lab_down_leaves_nothing_behind(lab):
     pids = [p for n in nodes(lab).values() if n.vm for p in (n.vm.pid, n.vm.qemu_pid) if p]
-    assert pids and all(vm._alive(p) for p in pids)
+    assert pids and all(pid_alive(p) for p in pids)
     down = meshctl("lab", "down", "--lab", NAME, timeout=180)
     assert down.returncode == 0, down.stderr
-    assert not [p for p in pids if vm._alive(p)], "every VM process ended"
+    assert not [p for p in pids if pid_alive(p)], "every VM process ended"
     assert not list_prefixed(PREFIX), "no namespace (the taps and bridges lived in the fabric's)"
     assert not (vm.VM_ROOT / NAME).exists() and not labstate.lab_dir(NAME).exists()
     taps = [x.tap for n in nodes(lab).values() for x in n.nics]

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from meshctl.lab.vms import vm
+from meshctl.node.shell import pid_alive
 
 SERIES = "6.1"
 
@@ -67,7 +68,7 @@ def test_stop_leaves_no_process_and_no_directory(guest):
     assert machine.qemu_pid, "QEMU's pid was recorded"
     assert all(os.path.exists(f"/proc/{p}") for p in pids)
     machine.stop()
-    assert not any(vm._alive(p) for p in pids)
+    assert not any(pid_alive(p) for p in pids)
     assert not machine.workdir.exists()
 
 

@@ -462,7 +462,7 @@ def wait_converged(st: LabState, progress: Progress, timeout: float, hold: tuple
     while pending and time.monotonic() < deadline:
         for key, (c, n) in list(pending.items()):
             if n.pid and not netns.pid_alive(n.pid):
-                raise MeshError(f"the agent of {key} exited; see {n.dir}/agent.log")
+                raise MeshError(f"the agent of {key} exited: {_log_tail(n)} (all of it: {n.dir}/agent.log)")
             s = check.agent_view(n, timeout=0.5)
             if s is None:
                 last_reason[key] = "no status yet"
@@ -478,9 +478,22 @@ def wait_converged(st: LabState, progress: Progress, timeout: float, hold: tuple
         if pending:
             time.sleep(0.1)
     if pending:
-        raise MeshError("agents did not converge within "
-                        f"{timeout:.0f} s: " + "; ".join(f"{k}: {last_reason.get(k, '?')}" for k in pending))
+        raise MeshError("agents did not converge within " f"{timeout:.0f} s: " + "; ".join(
+            f"{k}: {last_reason.get(k, '?')}, its log ends: {_log_tail(n)}" for k, (_, n) in pending.items()))
     _wait_datapaths(st, progress, deadline, hold)
+
+
+LOG_TAIL_LINES = 3  # of an agent's log, in the one-line error of a lab that did not come up
+
+
+def _log_tail(n: NodeState) -> str:
+    """The last lines of a node's agent log, joined into one line ("no log" without one)."""
+    try:
+        lines = (Path(n.dir) / "agent.log").read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "no log"
+    lines = [line.strip() for line in lines if line.strip()]
+    return " | ".join(lines[-LOG_TAIL_LINES:]) or "an empty log"
 
 
 def _wait_datapaths(st: LabState, progress: Progress, deadline: float, hold: tuple[str, ...]) -> None:

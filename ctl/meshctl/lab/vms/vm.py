@@ -40,7 +40,7 @@ from meshctl.errors import MeshError
 from meshctl.lab.namespaces.spec import KERNEL_SERIES
 from meshctl.lab.namespaces.state import VmRecord, to_json
 from meshctl.lab.vms import zygote
-from meshctl.node.shell import exec_prefix
+from meshctl.node.shell import exec_prefix, pid_alive
 
 KERNEL_CACHE = Path(os.environ.get("MESHCTL_KERNELS", "/var/lib/meshctl/kernels"))
 VM_ROOT = Path("/run/meshctl-vm")  # a lab's VMs' working directories: <VM_ROOT>/<lab>/...
@@ -268,7 +268,7 @@ class VM:
         return vm
 
     def alive(self) -> bool:
-        return any(_alive(p) for p in (self.pid, self.qemu_pid) if p)
+        return any(pid_alive(p) for p in (self.pid, self.qemu_pid) if p)
 
     def run(self, argv: Sequence[str], timeout: float | None = None, env: dict[str, str] | None = None,
             cwd: str = "/", on_output: Callable[[str, str], None] | None = None) -> Result:
@@ -321,7 +321,7 @@ class VM:
         """Power the guest off: QEMU and vng by their PIDs (TERM, then KILL), then the shared dir."""
         self._read_qemu_pid()
         for pid in (self.qemu_pid, self.pid):
-            if pid and _alive(pid):
+            if pid and pid_alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
@@ -329,7 +329,7 @@ class VM:
             self._reap()
             time.sleep(0.1)
         for pid in (self.qemu_pid, self.pid):
-            if pid and _alive(pid):
+            if pid and pid_alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         self._reap(wait=True)
@@ -349,15 +349,6 @@ class VM:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 # The program variants the matrix's kernels load (meshctl.datapath.features.OPTIONAL): this host's

@@ -25,6 +25,7 @@ from meshctl.lab.namespaces.wiring import Progress
 from meshctl.lab.vms import vm
 from meshctl.lab.vms.vm import VM_ROOT
 from meshctl.lab.vms.vmnodes import machine_of
+from meshctl.node.shell import pid_alive
 
 GUEST_LAB_FILE = "lab.yaml"
 # lab commands that build or remove the lab are the host's own; the rest run where the lab is
@@ -96,7 +97,7 @@ def down(st: LabState, progress: Progress) -> list[str]:
     if machine.alive():
         progress(f"stopping the VM of lab {st.name} (qemu pid {machine.qemu_pid})")
     machine.stop()
-    left = [f"VM process {p}" for p in (machine.pid, machine.qemu_pid) if p and vm._alive(p)]
+    left = [f"VM process {p}" for p in (machine.pid, machine.qemu_pid) if p and pid_alive(p)]
     if machine.workdir.exists():
         left.append(str(machine.workdir))
     if not left:

@@ -54,6 +54,7 @@ from meshctl.lab.rigs.waiting import wait_for
 from meshctl.lab.vms import vm, zygote
 from meshctl.lab.vms.vm import VM_ROOT
 from meshctl.mesh.model import IPNetwork, Node
+from meshctl.node.shell import pid_alive
 
 NODE_CPUS = 1
 NODE_MEMORY = "1G"
@@ -315,7 +316,7 @@ def stop_vms(name: str, st: LabState | None, progress: Progress) -> list[str]:
         if machine.alive():
             stopped += 1
         machine.stop()
-        left += [f"VM process {p}" for p in (machine.pid, machine.qemu_pid) if p and vm._alive(p)]
+        left += [f"VM process {p}" for p in (machine.pid, machine.qemu_pid) if p and pid_alive(p)]
     if root.exists():
         shutil.rmtree(root, ignore_errors=True)
     if stopped:
