@@ -4,10 +4,13 @@
 It runs for a time, not a count (`ping -w`): on a loaded machine ping paces itself below 100 pps,
 and a count would stretch a 120 s ping to four minutes. Replies are read by sequence number, so a
 loss is a sequence number that never came back; the packets sent in the last second before the
-deadline may still be in flight when ping exits, and are not counted as lost."""
+deadline may still be in flight when ping exits, and are not counted as lost. A ping counts as
+having covered its window when no reply is further than MAX_GAP_S from the next (or from its start
+or end): a loaded machine slows ping down, but a ping that stalled would hide what it missed."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import subprocess
@@ -18,8 +21,9 @@ from meshctl.lab.namespaces.state import LabState
 from meshctl.lab.rigs import netns
 
 _SENT = re.compile(r"(\d+) packets transmitted")
-_SEQ = re.compile(r"icmp_seq=(\d+)")
+_REPLY = re.compile(r"^\[(\d+\.\d+)\].*icmp_seq=(\d+)", re.M)
 IN_FLIGHT_S = 1.0  # -W: how long ping waits for the last reply; what was sent in it may be in flight
+MAX_GAP_S = 1.5  # below the shortest outage the tests ping across (2 s)
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,12 @@ class PingResult:
     received: int
     lost: tuple[int, ...]  # sequence numbers that never came back (those in flight at the end left out)
     elapsed: float
+    longest_gap: float  # seconds between two replies (or the start and the first, the last and the end)
+
+    @property
+    def covered(self) -> bool:
+        """Whether the ping kept sending through its whole window."""
+        return self.longest_gap <= MAX_GAP_S
 
     @property
     def pair(self) -> tuple[int, int]:
@@ -43,8 +53,9 @@ class PodPing:
         self.dst_ip = by_name[dst].pods[0].ip
         self.seconds = seconds
         self.t0 = time.monotonic()
+        self.wall0 = time.time()
         self.proc = subprocess.Popen(
-            [*netns.exec_prefix(by_name[src].pods[0].netns), "ping", "-n", "-i", str(interval), "-W",
+            [*netns.exec_prefix(by_name[src].pods[0].netns), "ping", "-n", "-D", "-i", str(interval), "-W",
              str(int(IN_FLIGHT_S)), "-w", str(math.ceil(seconds)), self.dst_ip],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -59,8 +70,11 @@ class PodPing:
         m = _SENT.search(out)
         assert m, out[-2000:]
         sent = int(m.group(1))
-        seen = {int(s) for s in _SEQ.findall(out)}
+        replies = {int(seq): float(ts) for ts, seq in _REPLY.findall(out)}
         tail = math.ceil(sent / max(elapsed, 1e-3) * IN_FLIGHT_S) + 1
-        lost = tuple(s for s in range(1, max(sent - tail, 0) + 1) if s not in seen)
-        print(f"ping {self.dst_ip}: {sent} sent, {len(seen)} replies, {len(lost)} lost in {elapsed:.1f} s")
-        return PingResult(sent, len(seen), lost, elapsed)
+        lost = tuple(s for s in range(1, max(sent - tail, 0) + 1) if s not in replies)
+        times = sorted([self.wall0, *replies.values(), self.wall0 + min(elapsed, self.seconds)])
+        gap = max(b - a for a, b in itertools.pairwise(times))
+        print(f"ping {self.dst_ip}: {sent} sent, {len(replies)} replies, {len(lost)} lost in {elapsed:.1f} s, "
+              f"longest gap {gap:.2f} s")
+        return PingResult(sent, len(replies), lost, elapsed, gap)
