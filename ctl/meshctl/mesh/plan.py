@@ -199,7 +199,7 @@ def _seat(topo: Topology, name: str, state: PathState) -> _Seat:
     if mesh.intra_subnet != "auto":
         state = {}  # the fixed modes switch probing off: their rungs do not depend on it
     view = nat_view(topo.nodes)
-    relayed, extra = _relays(view, me, my_seg, segs, mesh.granularity, mesh.intra_subnet)
+    relayed, extra = _relays(view, me, my_seg, segs, mesh)
     leads = mesh.granularity != "location" or my_seg.leader.name == me.name
     internal = my_seg.leader.internal_ip
     return _Seat(me, my_seg, segs, mesh, state, view, relayed, extra, leads,
@@ -452,17 +452,26 @@ def _node_addresses(me: Node, r: Node) -> list[IPNetwork]:
     return out
 
 
-def _over_private(me: Node, r: Node, granularity: str, intra_subnet: str) -> bool:
-    """The pair talks over the private network, not WireGuard (so it is never relayed)."""
-    return granularity != "location" and private_neighbours(me, r) and intra_subnet == "direct" \
-        and (granularity == "full" or me.location == r.location)
+# The fixed intra_subnet modes whose private rung has no WireGuard peer behind it.
+_PEERLESS_MODES = ("direct", *ENCAP_RUNGS.values())
 
 
-def _relays(view: NatView, me: Node, my_seg: Segment, segs: Sequence[Segment], granularity: str,
-            intra_subnet: str) -> tuple[dict[str, tuple[Segment, str]], dict[str, list[IPNetwork]]]:
+def _no_peer(mesh: MeshSettings, a: Node, b: Node) -> bool:
+    """Nodes a and b hold no WireGuard peer for each other: a fixed private rung (direct, ipip,
+    vxlan) carries their pair (`_pair`), so it is never relayed and neither relays for the other.
+    Symmetric in a and b (pair_rungs is)."""
+    return mesh.granularity != "location" and mesh.intra_subnet in _PEERLESS_MODES and \
+        pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, a, b)[0] != "tunnel"
+
+
+def _relays(view: NatView, me: Node, my_seg: Segment, segs: Sequence[Segment], mesh: MeshSettings
+            ) -> tuple[dict[str, tuple[Segment, str]], dict[str, list[IPNetwork]]]:
     """The segments this node (when it leads) reaches through a relay: segment key -> (relaying
-    segment, why); and what each relaying segment's peer carries for them. Pairs that go over the
-    private network are never relayed; pairs without a relay candidate stay direct attempts."""
+    segment, why); and what each relaying segment's peer carries for them. A pure function of
+    the pair's records, so both ends choose the same: pairs without a WireGuard peer are never
+    relayed, and a relay must hold a WireGuard peer for both ends (`_no_peer`), so a public
+    private neighbour of one end relays for neither. Pairs without a relay candidate stay
+    direct attempts at both ends."""
     relayed: dict[str, tuple[Segment, str]] = {}
     extra: dict[str, list[IPNetwork]] = {}
     if my_seg.leader.name != me.name:
@@ -472,20 +481,21 @@ def _relays(view: NatView, me: Node, my_seg: Segment, segs: Sequence[Segment], g
         if s is my_seg:
             continue
         reason = view.relay_reason(me, s.leader)  # cheap, and None for almost every pair
-        if reason is not None and not _over_private(me, s.leader, granularity, intra_subnet):
+        if reason is not None and not _no_peer(mesh, me, s.leader):
             wanted.append((s, reason))
     if not wanted:
         return relayed, extra
     candidates = {s.leader.name: s for s in segs if s.leader.reachable_endpoint is not None and s is not my_seg
-                  and not _over_private(me, s.leader, granularity, intra_subnet)}
+                  and not _no_peer(mesh, me, s.leader)}
     for s, reason in wanted:
         r = s.leader
-        via = choose_relay(view, me, r, [c.leader for c in candidates.values()])
+        via = choose_relay(view, me, r, [c.leader for c in candidates.values() if not _no_peer(mesh, r, c.leader)])
         if via is None:
             continue
         seg = candidates[via.name]
         relayed[s.key] = (seg, reason)
-        carried = segment_addresses(s.members, None, None) if granularity == "location" else _node_addresses(me, r)
+        carried = segment_addresses(s.members, None, None) if mesh.granularity == "location" \
+            else _node_addresses(me, r)
         extra.setdefault(seg.key, []).extend(carried)
     return relayed, extra
 
