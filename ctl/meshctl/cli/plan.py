@@ -23,7 +23,7 @@ from meshctl.cli.options import file_option, lab_option, output_option
 from meshctl.cli.psk import with_preshared_keys
 from meshctl.errors import MISSING, InputError, MeshError
 from meshctl.mesh import fields
-from meshctl.mesh.checks import topology_warnings
+from meshctl.mesh.checks import plan_warnings, topology_warnings
 from meshctl.mesh.model import GRANULARITIES, Granularity, IPNetwork, Topology
 from meshctl.mesh.plan import plan_node
 from meshctl.mesh.render import (
@@ -186,6 +186,8 @@ def plan(node: str, granularity: Granularity | None, remotes: tuple[str, ...], p
             raise e.prefixed(f"{Path(path_state).name}: ") from None
     with gc_paused():
         p = plan_node(topo, node, _load_remotes(topo, remotes), granularity=granularity, path_state=state)
+    for w in plan_warnings(topo, p):
+        click.echo(f"warning: {src.name}: {w}", err=True)
     if output == "json":
         click.echo(json.dumps(plan_to_json(p), indent=2))
     else:

@@ -110,8 +110,9 @@ def admit_nodes(
     label: str = "nodes",
 ) -> tuple[list[Node], list[Rejection]]:
     """Admit nodes in the given order (older records first); reject a node whose name repeats,
-    whose pod CIDR overlaps an admitted one or the WireGuard subnet, whose internal address is
-    taken, or one of whose allowed location IPs is unsafe (see `_location_ips_problem`).
+    whose pod CIDR overlaps an admitted one or the WireGuard subnet, whose internal subnet
+    overlaps the WireGuard subnet, whose internal address is taken, or one of whose allowed
+    location IPs is unsafe (see `_location_ips_problem`).
     `claims`, `internal_ips` and `hosts` may carry what other clusters already hold.
 
     Pod CIDRs are admitted first, location IPs after them: a location IP can never take a pod
@@ -176,6 +177,13 @@ def _identity_problem(n: Node, where: str, names: set[str], subnet: IPNetwork | 
     taken = claims.key_taken(n.public_key, where)
     if taken:
         return taken
+    if n.internal_ip is not None and subnet_span is not None and _overlap(span(n.internal_ip.network), subnet_span):
+        # Its private subnet would hold WireGuard addresses: a peer's endpoint could become an
+        # address of the tunnel itself, and private neighbours would be judged on tunnel addresses.
+        return f"{where}.internal_ip: {str(n.internal_ip)!r} overlaps the WireGuard subnet {subnet}"
+    ep = n.endpoint.ip if n.endpoint is not None else None
+    if ep is not None and subnet is not None and ep.version == subnet.version and ep in subnet:
+        return f"{where}.endpoint: {str(n.endpoint)!r} is an address of the WireGuard subnet {subnet}"
     if n.internal_ip is not None and n.internal_ip.ip in internal_ips:
         return f"{where}.internal_ip: {str(n.internal_ip)!r} is already used by {internal_ips[n.internal_ip.ip]}"
     return None
@@ -235,14 +243,21 @@ def _location_ips_problem(n: Node, where: str, subnet: IPNetwork | None, subnet_
     return None
 
 
-def admit_peers(peers: Sequence[Peer], claims: Claims, label: str = "peers") -> tuple[list[Peer], list[Rejection]]:
+def admit_peers(peers: Sequence[Peer], claims: Claims, label: str = "peers", subnet: IPNetwork | None = None
+                ) -> tuple[list[Peer], list[Rejection]]:
     """Reject extra peers whose names repeat or are a node's, whose key is a node's or another
-    peer's, or whose allowed IPs overlap a pod CIDR or an earlier peer's (WireGuard would route
-    the shared addresses to only one of them). Admitted peers' addresses and keys join `claims`."""
+    peer's, whose allowed IPs overlap a pod CIDR or an earlier peer's (WireGuard would route
+    the shared addresses to only one of them), or whose endpoint is an address of the WireGuard
+    `subnet` (the tunnel itself). Admitted peers' addresses and keys join `claims`."""
     names: set[str] = set()
     admitted: list[Peer] = []
     rejected: list[Rejection] = []
     for i, p in enumerate(peers):
+        ep = p.endpoint.ip if p.endpoint is not None else None
+        if ep is not None and subnet is not None and ep.version == subnet.version and ep in subnet:
+            rejected.append(Rejection(p.name, f"{label}[{i}].endpoint: {str(p.endpoint)!r} is an address of the "
+                                      f"WireGuard subnet {subnet}"))
+            continue
         if p.name in names:
             rejected.append(Rejection(p.name, f"{label}[{i}].name: {p.name!r} is a duplicate peer name"))
             continue
@@ -275,7 +290,7 @@ def admit_local(topo: Topology) -> tuple[Topology, list[Rejection]]:
     claims = Claims()
     nodes, rejected = admit_nodes(topo.nodes, topo.mesh.subnet, claims=claims,
                                   allow_default_route=topo.mesh.allow_default_route)
-    peers, rejected_peers = admit_peers(topo.peers, claims)
+    peers, rejected_peers = admit_peers(topo.peers, claims, subnet=topo.mesh.subnet)
     return replace(topo, nodes=tuple(nodes), peers=tuple(peers)), [*rejected, *rejected_peers]
 
 
@@ -351,6 +366,11 @@ def _admit_cluster(remote: Topology, claims: Claims, internal: dict[Any, str], h
     rejected: list[Rejection] = []
     candidates = []
     for n in remote.nodes:
+        held = internal.get(seg_wg[n.name].ip)
+        if held is not None:
+            rejected.append(Rejection(n.qualified_name, f"{label}.{n.name}.wireguard_ip: "
+                                      f"{str(seg_wg[n.name].ip)!r} is the internal address of {held}"))
+            continue
         owner = claims.conflict(host_net(seg_wg[n.name]))
         if owner is not None:
             rejected.append(Rejection(n.qualified_name, f"{label}.{n.name}.wireguard_ip: "
