@@ -64,6 +64,8 @@ def _check_node_fields(doc: dict[str, Any], plans: dict[str, NodePlan], warnings
                 assert peer is None or peer.endpoint is not None or _warned(warnings, f"{f}.endpoint"), f"{f}.endpoint"
         if n.name in lead:
             assert all(x.persistent_keepalive == n.persistent_keepalive for x in plans[n.name].peers)
+        if n.location and t.mesh.granularity == "location":
+            assert n.internal_ip is not None or _warned(warnings, f"{f}.location"), f"{f}.location"
         if n.leader and t.mesh.granularity == "location":
             assert plans[n.name].leader == n.name or _warned(warnings, f"{f}.leader"), f"{f}.leader"
         if n.wireguard_ip is not None:
@@ -83,7 +85,7 @@ def _check_peer_fields(doc: dict[str, Any], plans: dict[str, NodePlan], warnings
                 assert mine.endpoint == str(q.endpoint) or _warned(warnings, f"peers[{k}].endpoint")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(written_topologies())
 def test_every_field_shows_in_the_plan_or_in_a_warning(doc: dict[str, Any]) -> None:
     t = parse_topology(doc)

@@ -125,7 +125,7 @@ def check_symmetric(t: Topology) -> None:
             check_pair(t, plans, r, s)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(nat_topologies())
 def test_both_ends_of_every_pair_decide_the_same(doc: dict[str, Any]) -> None:
     check_symmetric(parse_topology(doc))

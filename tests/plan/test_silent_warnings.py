@@ -25,15 +25,20 @@ def kilo(**mesh: Any) -> dict[str, Any]:
     return d
 
 
-def test_peer_endpoint_inside_a_location_ip_is_left_out_with_a_warning(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("net", "endpoint"), [
+    pytest.param("192.168.178.0/24", "192.168.178.5:51820", id="a private location network"),
+    pytest.param("203.0.113.128/25", "203.0.113.200:51820", id="a public one: the endpoint is left out as well"),
+])
+def test_peer_endpoint_inside_a_location_ip_is_left_out_with_a_warning(tmp_path: Path, net: str,
+                                                                       endpoint: str) -> None:
     d = kilo()
-    d["nodes"][2]["allowed_location_ips"] = ["192.168.178.0/24"]
-    d["peers"][0]["endpoint"] = "192.168.178.5:51820"
+    d["nodes"][2]["allowed_location_ips"] = [net]
+    d["peers"][0]["endpoint"] = endpoint
     r = run_plan(tmp_path, d, "-o", "json")
     assert warnings_of(r) == [
-        "peers[0].endpoint: '192.168.178.5:51820' is left out of a's WireGuard peer p1: a routes 192.168.178.0/24 "
+        f"peers[0].endpoint: {endpoint!r} is left out of a's WireGuard peer p1: a routes {net} "
         "(c's allowed location IP) into WireGuard, so p1 is reached only after it calls a (persistent_keepalive)"]
-    assert '"endpoint": "192.168.178.5:51820"' not in r.stdout
+    assert f'"endpoint": "{endpoint}"' not in r.stdout
     assert warnings_of(run_plan(tmp_path, d, node="c")) == []  # c routes its own location IPs natively
 
 
@@ -61,6 +66,16 @@ def test_a_leader_hint_another_node_wins_over_is_a_warning(tmp_path: Path) -> No
     assert warnings_of(run_plan(tmp_path, d)) == [
         "nodes[1].leader: true is not used: a leads location aws (the first by name with leader and a public "
         "endpoint)"]
+
+
+def test_a_location_without_an_internal_address_is_a_warning(tmp_path: Path) -> None:
+    d = kilo()
+    d["nodes"][3]["location"] = "aws"
+    assert warnings_of(run_plan(tmp_path, d)) == [
+        "nodes[3].location: 'aws' is not used: d has no internal_ip, so it is a segment of its own (location "
+        "granularity groups nodes by their private network)"]
+    d["nodes"][3]["internal_ip"] = "10.0.1.4/16"
+    assert warnings_of(run_plan(tmp_path, d)) == []
 
 
 def test_a_wireguard_ip_other_than_the_segments_is_a_warning(tmp_path: Path) -> None:
@@ -131,3 +146,16 @@ def test_a_remote_wireguard_address_equal_to_a_local_internal_address_is_rejecte
     _, rejected = admit_remotes(local, [remote])
     assert [r.reason for r in rejected] == [
         "cluster2.nodes.g1.wireguard_ip: '10.14.0.1' is the internal address of local node c"]
+
+
+def test_a_remote_internal_address_inside_the_local_wireguard_subnet_is_rejected() -> None:
+    local = parse_topology(KILO_CLASSIC)
+    remote = parse_topology({"cluster": {"name": "cluster2", "id": 2}, "mesh": {"subnet": "10.14.0.0/16"},
+                             "nodes": [{"name": "g1", "pod_cidr": "10.12.1.0/24", "public_key": key(201),
+                                        "internal_ip": "10.4.0.3/24", "endpoint": "192.0.2.50:51820"},
+                                       {"name": "g2", "pod_cidr": "10.12.2.0/24", "public_key": key(202),
+                                        "endpoint": "192.0.2.51:51820"}]})
+    remotes, rejected = admit_remotes(local, [remote])
+    assert [r.reason for r in rejected] == [
+        "cluster2.nodes.g1.internal_ip: '10.4.0.3/24' is an address of the local WireGuard subnet 10.4.0.0/16"]
+    assert sorted(remotes[0].admitted) == ["g2"]

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from meshctl.mesh.model import IPNetwork, Node, Peer, Span, Topology, host_net, span
+from meshctl.mesh.model import IPNetwork, MeshSettings, Node, Peer, Span, Topology, host_net, span
 from meshctl.mesh.segments import Remote, segments
 
 
@@ -325,7 +325,7 @@ def admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[Re
         if cid in ids:
             rejected.append(Rejection(cname, f"cluster.id: {cid} is already used by cluster {ids[cid]}"))
             continue
-        admitted, rej = _admit_cluster(as_remote(remote), claims, internal, hosts, local.mesh.allow_default_route)
+        admitted, rej = _admit_cluster(as_remote(remote), claims, internal, hosts, local.mesh)
         rejected += rej
         ids[cid] = cname
         out.append(admitted)
@@ -355,10 +355,11 @@ def _local_claims(local: Topology) -> tuple[Claims, dict[Any, str], dict[Any, st
 
 
 def _admit_cluster(remote: Topology, claims: Claims, internal: dict[Any, str], hosts: dict[Any, str],
-                   allow_default_route: bool) -> tuple[Remote, list[Rejection]]:
+                   local: MeshSettings) -> tuple[Remote, list[Rejection]]:
     """One remote cluster (its nodes marked as its own) against everything admitted so far: a
-    record whose segment's WireGuard address is taken is rejected first, the rest go through
-    `admit_nodes`; the admitted records' segment addresses join `claims`."""
+    record whose segment's WireGuard address is taken or is an internal address, or whose
+    internal address is one of the `local` WireGuard subnet, is rejected first; the rest go
+    through `admit_nodes`; the admitted records' segment addresses join `claims`."""
     cname = remote.cluster.name
     label = f"{cname}.nodes"
     segs = tuple(segments(remote))
@@ -371,6 +372,11 @@ def _admit_cluster(remote: Topology, claims: Claims, internal: dict[Any, str], h
             rejected.append(Rejection(n.qualified_name, f"{label}.{n.name}.wireguard_ip: "
                                       f"{str(seg_wg[n.name].ip)!r} is the internal address of {held}"))
             continue
+        ip = n.internal_ip.ip if n.internal_ip is not None else None
+        if ip is not None and ip.version == local.subnet.version and ip in local.subnet:
+            rejected.append(Rejection(n.qualified_name, f"{label}.{n.name}.internal_ip: {str(n.internal_ip)!r} "
+                                      f"is an address of the local WireGuard subnet {local.subnet}"))
+            continue
         owner = claims.conflict(host_net(seg_wg[n.name]))
         if owner is not None:
             rejected.append(Rejection(n.qualified_name, f"{label}.{n.name}.wireguard_ip: "
@@ -378,7 +384,7 @@ def _admit_cluster(remote: Topology, claims: Claims, internal: dict[Any, str], h
             continue
         candidates.append(n)
     admitted, rej = admit_nodes(candidates, remote.mesh.subnet, claims=claims, internal_ips=internal,
-                                hosts=hosts, allow_default_route=allow_default_route, label=label)
+                                hosts=hosts, allow_default_route=local.allow_default_route, label=label)
     for n in admitted:
         wg = host_net(seg_wg[n.name])
         if claims.conflict(wg) is None:

@@ -33,8 +33,9 @@ def topology_warnings(topo: Topology, doc: Any = None) -> list[str]:
 
 
 def unused_fields(topo: Topology) -> list[str]:
-    """Fields the plan overrides or ignores: a `leader` hint another node's wins over, a
-    `wireguard_ip` other than the one the node's segment gets, reports naming no node."""
+    """Fields the plan overrides or ignores: the location of a node without an internal address
+    (location granularity), a `leader` hint another node's wins over, a `wireguard_ip` other than
+    the one the node's segment gets, reports naming no node."""
     segs = segments(topo) if topo.nodes else []
     seg_of = {m.name: s for s in segs for m in s.members}
     names = {n.name for n in topo.nodes}
@@ -42,6 +43,9 @@ def unused_fields(topo: Topology) -> list[str]:
     out = []
     for i, n in enumerate(topo.nodes):
         s = seg_of[n.name]
+        if topo.mesh.granularity == "location" and n.location and n.internal_ip is None:
+            out.append(f"nodes[{i}].location: {n.location!r} is not used: {n.name} has no internal_ip, so it is a "
+                       f"segment of its own (location granularity groups nodes by their private network)")
         if n.leader and s.leader.name != n.name:
             out.append(f"nodes[{i}].leader: true is not used: {s.leader.name} leads location {n.location} "
                        f"({_why_leads(s.leader)})")

@@ -407,8 +407,9 @@ def _extra_peers(seat: _Seat, peers: Sequence[Peer]) -> Share:
     claims: list[Claim] = []
     for p in sorted(peers, key=lambda p: p.name):
         if leads:
-            offered.append(_peer(p.name, "peer", p.public_key, p.endpoint, p.allowed_ips, seat.keepalive,
-                                 p.preshared_key))
+            peer, _ = _peer(p.name, "peer", p.public_key, p.endpoint, p.allowed_ips, seat.keepalive, p.preshared_key)
+            # Checked whatever its range: a node's location IPs may be public and hold a peer's endpoint.
+            offered.append((peer, p.endpoint.ip if p.endpoint is not None else None))
         claims.extend((a, Route(a, None, "wireguard") if leads else Route(a, seat.leader_ip, "private"))
                       for a in p.allowed_ips)
     return Share(peers=tuple(offered), claims=tuple(claims))
@@ -420,8 +421,9 @@ def _no_loops(peers: list[PeerPlan], private_endpoints: Sequence[tuple[int, IPAd
     `peers`, address) is routed into WireGuard by this plan: its packets would enter the tunnel
     they carry (a loop, or a direct attempt through a relay). This happens to a node behind NAT,
     whose configured endpoint is its inside address, which is also its internal address; such a
-    peer calls us (keepalive) and WireGuard learns where it is. Only private endpoint addresses
-    are looked up (mesh routes carry private ranges), and only at the prefix lengths the
+    peer calls us (keepalive) and WireGuard learns where it is. Only nodes' private endpoint
+    addresses are looked up (a public one is never inside a mesh route: admission keeps location
+    IPs off nodes' endpoints) and extra peers' endpoints, at the prefix lengths the
     WireGuard routes use, so the check stays linear in the peers. Remote segments' peers are
     not offered for the check: they keep the endpoint their cluster publishes."""
     if not private_endpoints:
