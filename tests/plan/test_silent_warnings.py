@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from meshctl.mesh.admit import admit_local, admit_remotes
 from meshctl.mesh.records import parse_topology
@@ -159,3 +160,22 @@ def test_a_remote_internal_address_inside_the_local_wireguard_subnet_is_rejected
     assert [r.reason for r in rejected] == [
         "cluster2.nodes.g1.internal_ip: '10.4.0.3/24' is an address of the local WireGuard subnet 10.4.0.0/16"]
     assert sorted(remotes[0].admitted) == ["g2"]
+
+
+def test_location_ips_of_a_remote_private_neighbour_are_not_routed_with_a_warning(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from meshctl.cli import main
+
+    (tmp_path / "topo.yaml").write_text(yaml.safe_dump(KILO_CLASSIC))
+    (tmp_path / "c2.yaml").write_text(yaml.safe_dump({
+        "cluster": {"name": "cluster2", "id": 2}, "mesh": {"subnet": "10.14.0.0/16"},
+        "nodes": [{"name": "g1", "pod_cidr": "10.12.1.0/24", "public_key": key(201), "internal_ip": "10.0.9.1/16",
+                   "endpoint": "192.0.2.50:51820", "allowed_location_ips": ["192.168.50.0/24"]},
+                  {"name": "g2", "pod_cidr": "10.12.2.0/24", "public_key": key(202), "endpoint": "192.0.2.51:51820",
+                   "allowed_location_ips": ["192.168.51.0/24"]}]}))
+    r = CliRunner().invoke(main, ["plan", "-f", str(tmp_path / "topo.yaml"), "--node", "a",
+                                  "--remote", str(tmp_path / "c2.yaml")])
+    assert warnings_of(r) == [  # g2 is reached over WireGuard: its location IPs are routed
+        "cluster2.nodes[0].allowed_location_ips[0]: '192.168.50.0/24' is not routed on a: a reaches cluster2/g1 "
+        "over the private network, which takes only the pod CIDR"]

@@ -185,8 +185,9 @@ def plan(node: str, granularity: Granularity | None, remotes: tuple[str, ...], p
         except InputError as e:
             raise e.prefixed(f"{Path(path_state).name}: ") from None
     with gc_paused():
-        p = plan_node(topo, node, _load_remotes(topo, remotes), granularity=granularity, path_state=state)
-    for w in plan_warnings(topo, p):
+        admitted = _load_remotes(topo, remotes)
+        p = plan_node(topo, node, admitted, granularity=granularity, path_state=state)
+    for w in plan_warnings(topo, p, admitted):
         click.echo(f"warning: {src.name}: {w}", err=True)
     if output == "json":
         click.echo(json.dumps(plan_to_json(p), indent=2))

@@ -9,7 +9,7 @@ The table of every case and why it is a warning or an error is in docs/mesh.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from meshctl.errors import InputError
@@ -17,7 +17,7 @@ from meshctl.mesh.fields import endpoint
 from meshctl.mesh.ladder import member_rungs, pair_rungs
 from meshctl.mesh.model import PRIVATE_RUNGS, IPNetwork, Node, Topology, host_net, private_neighbours
 from meshctl.mesh.plan import NodePlan
-from meshctl.mesh.segments import segments
+from meshctl.mesh.segments import Remote, segments
 
 # How many unreachable pairs are named before the rest are counted.
 MAX_PAIRS_NAMED = 5
@@ -193,11 +193,21 @@ def dead_tunnels(topo: Topology, only: str | None = None) -> list[str]:
     return out
 
 
-def plan_warnings(topo: Topology, p: NodePlan) -> list[str]:
-    """What node `p.node`'s plan leaves out of the records of `topo` (its own cluster), one line
-    each naming the field, the value and why: endpoints it cannot call, location IPs it does not
-    route. The plan is safe without them; the operator may not have meant it."""
-    return _dropped_endpoints(topo, p) + _unrouted_location_ips(topo, p)
+def plan_warnings(topo: Topology, p: NodePlan, remotes: Sequence[Remote] = ()) -> list[str]:
+    """What node `p.node`'s plan leaves out of the records of `topo` (its own cluster) and of the
+    admitted `remotes`, one line each naming the field, the value and why: endpoints it cannot
+    call, location IPs it does not route. The plan is safe without them; the operator may not
+    have meant it."""
+    out = _dropped_endpoints(topo, p) + _unrouted_location_ips(topo, p)
+    routed = {r.dst for r in p.routes}
+    for remote in remotes:
+        for i, n in enumerate(remote.topology.nodes):
+            for j, a in enumerate(n.allowed_location_ips if n.name in remote.admitted else ()):
+                if a not in routed:
+                    out.append(f"{remote.topology.cluster.name}.nodes[{i}].allowed_location_ips[{j}]: {str(a)!r} is "
+                               f"not routed on {p.node}: {p.node} reaches {n.qualified_name} over the private "
+                               f"network, which takes only the pod CIDR")
+    return out
 
 
 def _owner(topo: Topology, dst: IPNetwork) -> str:
