@@ -9,6 +9,7 @@ The table of every case and why it is a warning or an error is in docs/mesh.md.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -210,39 +211,44 @@ def plan_warnings(topo: Topology, p: NodePlan, remotes: Sequence[Remote] = ()) -
     return out
 
 
-def _owner(topo: Topology, dst: IPNetwork) -> str:
-    """What `dst`, a destination the plan routes, is in the records."""
-    for n in topo.nodes:
-        if n.pod_cidr == dst:
-            return f"{n.name}'s pod CIDR"
-        if dst in n.allowed_location_ips:
-            return f"{n.name}'s allowed location IP"
-        if n.internal_ip is not None and host_net(n.internal_ip) == dst:
-            return f"{n.name}'s internal address"
+def _owners(topo: Topology) -> dict[IPNetwork, str]:
+    """What each destination a plan may route is in the records (pod CIDRs, location IPs,
+    internal addresses, extra peers' allowed IPs), built once per warning pass."""
+    out: dict[IPNetwork, str] = {}
     for peer in topo.peers:
-        if dst in peer.allowed_ips:
-            return f"peer {peer.name}'s allowed IPs"
-    return "a WireGuard address" if dst.subnet_of(topo.mesh.subnet) else "a mesh route"  # type: ignore[arg-type]
+        out.update((a, f"peer {peer.name}'s allowed IPs") for a in peer.allowed_ips)
+    for n in topo.nodes:
+        if n.internal_ip is not None:
+            out[host_net(n.internal_ip)] = f"{n.name}'s internal address"
+        out.update((a, f"{n.name}'s allowed location IP") for a in n.allowed_location_ips)
+        out[n.pod_cidr] = f"{n.name}'s pod CIDR"
+    return out
 
 
 def _dropped_endpoints(topo: Topology, p: NodePlan) -> list[str]:
     """Peers that lost their endpoint because the plan routes its address into WireGuard (the
-    endpoint would be sent into the tunnel it carries): such a peer is reached only once it calls."""
+    endpoint would be sent into the tunnel it carries): such a peer is reached only once it calls.
+    The covering route is looked up at the prefix lengths the plan's WireGuard routes use."""
     nodes = {n.name: (f"nodes[{i}]", n.endpoint) for i, n in enumerate(topo.nodes)}
     peers = {q.name: (f"peers[{i}]", q.endpoint) for i, q in enumerate(topo.peers)}
+    wg = {r.dst for r in p.routes if r.dev == "wireguard"}
+    plens = sorted({(d.version, d.prefixlen) for d in wg}, key=lambda v: -v[1])
+    owners: dict[IPNetwork, str] | None = None
     out = []
     for peer in p.peers:
         where, ep = (peers if peer.kind == "peer" else nodes).get(peer.name, ("", None))
-        if peer.endpoint is not None or ep is None or ep.ip is None:
+        ip = ep.ip if ep is not None and peer.endpoint is None else None
+        if ep is None or ip is None:
             continue
-        ip = ep.ip
-        covering = [r.dst for r in p.routes if r.dev == "wireguard" and r.dst.version == ip.version and ip in r.dst]
-        if not covering:
+        net = ipaddress.IPv4Network if ip.version == 4 else ipaddress.IPv6Network
+        dst = next((d for v, plen in plens if v == ip.version for d in [net((int(ip), plen), strict=False)]
+                    if d in wg), None)
+        if dst is None:
             continue
-        dst = max(covering, key=lambda d: d.prefixlen)
+        owners = owners if owners is not None else _owners(topo)
         out.append(f"{where}.endpoint: {str(ep)!r} is left out of {p.node}'s WireGuard peer {peer.name}: {p.node} "
-                   f"routes {dst} ({_owner(topo, dst)}) into WireGuard, so {peer.name} is reached only after it "
-                   f"calls {p.node} (persistent_keepalive)")
+                   f"routes {dst} ({owners.get(dst, 'a mesh route')}) into WireGuard, so {peer.name} is reached "
+                   f"only after it calls {p.node} (persistent_keepalive)")
     return out
 
 
