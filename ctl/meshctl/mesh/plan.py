@@ -126,7 +126,7 @@ class NodePlan:
 # A destination and how it is reached: a route, or (a pod CIDR on an encapsulated rung) the
 # encapsulation its fast-path entry carries instead of a route.
 Claim = tuple[IPNetwork, Route | Encap]
-# A WireGuard peer, and the private address of its endpoint when `_no_loops` must check it.
+# A WireGuard peer, and the address of its endpoint when `_no_loops` must check it.
 OfferedPeer = tuple[PeerPlan, IPAddress | None]
 
 
@@ -224,8 +224,8 @@ def _merge(shares: Sequence[Share]) -> tuple[list[PeerPlan], dict[IPNetwork, Rou
     # Built from the claims last to first, so the first claim on a destination is the one kept.
     claimed: dict[IPNetwork, Route | Encap] = dict(reversed(list(chain.from_iterable(s.claims for s in shares))))
     offered = list(chain.from_iterable(s.peers for s in shares))
-    private_endpoints = [(i, inside) for i, (_, inside) in enumerate(offered) if inside is not None]
-    peers = _no_loops([peer for peer, _ in offered], private_endpoints, claimed)
+    checked = [(i, inside) for i, (_, inside) in enumerate(offered) if inside is not None]
+    peers = _no_loops([peer for peer, _ in offered], checked, claimed)
     paths = dict(chain.from_iterable(s.paths for s in shares))
     relays = dict(chain.from_iterable(s.relays for s in shares))
     return peers, claimed, paths, relays
@@ -415,9 +415,9 @@ def _extra_peers(seat: _Seat, peers: Sequence[Peer]) -> Share:
     return Share(peers=tuple(offered), claims=tuple(claims))
 
 
-def _no_loops(peers: list[PeerPlan], private_endpoints: Sequence[tuple[int, IPAddress]],
+def _no_loops(peers: list[PeerPlan], checked: Sequence[tuple[int, IPAddress]],
               claimed: dict[IPNetwork, Route | Encap]) -> list[PeerPlan]:
-    """The peers, each without its endpoint when that address (`private_endpoints`: index in
+    """The peers, each without its endpoint when that address (`checked`: index in
     `peers`, address) is routed into WireGuard by this plan: its packets would enter the tunnel
     they carry (a loop, or a direct attempt through a relay). This happens to a node behind NAT,
     whose configured endpoint is its inside address, which is also its internal address; such a
@@ -426,12 +426,12 @@ def _no_loops(peers: list[PeerPlan], private_endpoints: Sequence[tuple[int, IPAd
     IPs off nodes' endpoints) and extra peers' endpoints, at the prefix lengths the
     WireGuard routes use, so the check stays linear in the peers. Remote segments' peers are
     not offered for the check: they keep the endpoint their cluster publishes."""
-    if not private_endpoints:
+    if not checked:
         return peers
     plens = sorted({(r.dst.version, r.dst.prefixlen) for r in claimed.values()
                     if isinstance(r, Route) and r.dev == "wireguard"})
     out = list(peers)
-    for i, ip in private_endpoints:
+    for i, ip in checked:
         net = ipaddress.IPv4Network if ip.version == 4 else ipaddress.IPv6Network
         for version, plen in plens:
             r = claimed.get(net((int(ip), plen), strict=False)) if version == ip.version else None
