@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import copy
 import ipaddress
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
+from meshctl.cli import main
 from meshctl.mesh.admit import admit_local, admit_remotes
 from meshctl.mesh.records import parse_topology
 
@@ -41,6 +44,8 @@ def test_peer_endpoint_inside_a_location_ip_is_left_out_with_a_warning(tmp_path:
         "(c's allowed location IP) into WireGuard, so p1 is reached only after it calls a (persistent_keepalive)"]
     assert f'"endpoint": "{endpoint}"' not in r.stdout
     assert warnings_of(run_plan(tmp_path, d, node="c")) == []  # c routes its own location IPs natively
+    r = CliRunner().invoke(main, ["showconf", "node", "a", "-f", str(tmp_path / "topo.yaml")])
+    assert warnings_of(r)[0].startswith("peers[0].endpoint: ") and "Endpoint = " + endpoint not in r.stdout
 
 
 def test_node_endpoint_routed_into_wireguard_is_left_out_with_a_warning(tmp_path: Path) -> None:
@@ -127,8 +132,6 @@ def test_a_private_endpoint_equal_to_a_wireguard_address_is_an_error(tmp_path: P
 
 
 def test_a_record_overlapping_the_wireguard_subnet_is_rejected_alone() -> None:
-    from dataclasses import replace
-
     t = parse_topology(KILO_CLASSIC)
     bad = replace(t.nodes[2], internal_ip=ipaddress.ip_interface("10.4.0.2/24"))
     admitted, rejected = admit_local(replace(t, nodes=(t.nodes[0], t.nodes[1], bad, t.nodes[3])))
@@ -163,10 +166,6 @@ def test_a_remote_internal_address_inside_the_local_wireguard_subnet_is_rejected
 
 
 def test_location_ips_of_a_remote_private_neighbour_are_not_routed_with_a_warning(tmp_path: Path) -> None:
-    from click.testing import CliRunner
-
-    from meshctl.cli import main
-
     (tmp_path / "topo.yaml").write_text(yaml.safe_dump(KILO_CLASSIC))
     (tmp_path / "c2.yaml").write_text(yaml.safe_dump({
         "cluster": {"name": "cluster2", "id": 2}, "mesh": {"subnet": "10.14.0.0/16"},

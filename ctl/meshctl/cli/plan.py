@@ -261,7 +261,10 @@ def showconf(kind: str, name: str, output: str, as_peer: bool, allowed_ips: tupl
             click.echo(peer_text(p), nl=False)
         return
     with gc_paused():
-        conf = node_conf(topo, plan_node(topo, name)) if kind == "node" else with_preshared_keys(peer_conf(topo, name))
+        planned = plan_node(topo, name) if kind == "node" else None
+        conf = node_conf(topo, planned) if planned is not None else with_preshared_keys(peer_conf(topo, name))
+    for w in plan_warnings(topo, planned) if planned is not None else ():
+        click.echo(f"warning: {src.name}: {w}", err=True)
     if output == "json":
         click.echo(json.dumps(conf_dict(conf), indent=2))
     elif output == "yaml":
