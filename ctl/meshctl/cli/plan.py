@@ -23,7 +23,7 @@ from meshctl.cli.options import file_option, lab_option, output_option
 from meshctl.cli.psk import with_preshared_keys
 from meshctl.errors import MISSING, InputError, MeshError
 from meshctl.mesh import fields
-from meshctl.mesh.checks import topology_warnings
+from meshctl.mesh.checks import plan_warnings, topology_warnings
 from meshctl.mesh.model import GRANULARITIES, Granularity, IPNetwork, Topology
 from meshctl.mesh.plan import plan_node
 from meshctl.mesh.render import (
@@ -185,7 +185,10 @@ def plan(node: str, granularity: Granularity | None, remotes: tuple[str, ...], p
         except InputError as e:
             raise e.prefixed(f"{Path(path_state).name}: ") from None
     with gc_paused():
-        p = plan_node(topo, node, _load_remotes(topo, remotes), granularity=granularity, path_state=state)
+        admitted = _load_remotes(topo, remotes)
+        p = plan_node(topo, node, admitted, granularity=granularity, path_state=state)
+    for w in plan_warnings(topo, p, admitted):
+        click.echo(f"warning: {src.name}: {w}", err=True)
     if output == "json":
         click.echo(json.dumps(plan_to_json(p), indent=2))
     else:
@@ -258,7 +261,10 @@ def showconf(kind: str, name: str, output: str, as_peer: bool, allowed_ips: tupl
             click.echo(peer_text(p), nl=False)
         return
     with gc_paused():
-        conf = node_conf(topo, plan_node(topo, name)) if kind == "node" else with_preshared_keys(peer_conf(topo, name))
+        planned = plan_node(topo, name) if kind == "node" else None
+        conf = node_conf(topo, planned) if planned is not None else with_preshared_keys(peer_conf(topo, name))
+    for w in plan_warnings(topo, planned) if planned is not None else ():
+        click.echo(f"warning: {src.name}: {w}", err=True)
     if output == "json":
         click.echo(json.dumps(conf_dict(conf), indent=2))
     elif output == "yaml":

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from meshctl.mesh.model import IPNetwork, Node, Peer, Span, Topology, host_net, span
+from meshctl.mesh.model import IPNetwork, MeshSettings, Node, Peer, Span, Topology, host_net, span
 from meshctl.mesh.segments import Remote, segments
 
 
@@ -110,8 +110,9 @@ def admit_nodes(
     label: str = "nodes",
 ) -> tuple[list[Node], list[Rejection]]:
     """Admit nodes in the given order (older records first); reject a node whose name repeats,
-    whose pod CIDR overlaps an admitted one or the WireGuard subnet, whose internal address is
-    taken, or one of whose allowed location IPs is unsafe (see `_location_ips_problem`).
+    whose pod CIDR overlaps an admitted one or the WireGuard subnet, whose internal subnet
+    overlaps the WireGuard subnet, whose internal address is taken, or one of whose allowed
+    location IPs is unsafe (see `_location_ips_problem`).
     `claims`, `internal_ips` and `hosts` may carry what other clusters already hold.
 
     Pod CIDRs are admitted first, location IPs after them: a location IP can never take a pod
@@ -176,6 +177,13 @@ def _identity_problem(n: Node, where: str, names: set[str], subnet: IPNetwork | 
     taken = claims.key_taken(n.public_key, where)
     if taken:
         return taken
+    if n.internal_ip is not None and subnet_span is not None and _overlap(span(n.internal_ip.network), subnet_span):
+        # Its private subnet would hold WireGuard addresses: a peer's endpoint could become an
+        # address of the tunnel itself, and private neighbours would be judged on tunnel addresses.
+        return f"{where}.internal_ip: {str(n.internal_ip)!r} overlaps the WireGuard subnet {subnet}"
+    ep = n.endpoint.ip if n.endpoint is not None else None
+    if ep is not None and subnet is not None and ep.version == subnet.version and ep in subnet:
+        return f"{where}.endpoint: {str(n.endpoint)!r} is an address of the WireGuard subnet {subnet}"
     if n.internal_ip is not None and n.internal_ip.ip in internal_ips:
         return f"{where}.internal_ip: {str(n.internal_ip)!r} is already used by {internal_ips[n.internal_ip.ip]}"
     return None
@@ -235,14 +243,21 @@ def _location_ips_problem(n: Node, where: str, subnet: IPNetwork | None, subnet_
     return None
 
 
-def admit_peers(peers: Sequence[Peer], claims: Claims, label: str = "peers") -> tuple[list[Peer], list[Rejection]]:
+def admit_peers(peers: Sequence[Peer], claims: Claims, label: str = "peers", subnet: IPNetwork | None = None
+                ) -> tuple[list[Peer], list[Rejection]]:
     """Reject extra peers whose names repeat or are a node's, whose key is a node's or another
-    peer's, or whose allowed IPs overlap a pod CIDR or an earlier peer's (WireGuard would route
-    the shared addresses to only one of them). Admitted peers' addresses and keys join `claims`."""
+    peer's, whose allowed IPs overlap a pod CIDR or an earlier peer's (WireGuard would route
+    the shared addresses to only one of them), or whose endpoint is an address of the WireGuard
+    `subnet` (the tunnel itself). Admitted peers' addresses and keys join `claims`."""
     names: set[str] = set()
     admitted: list[Peer] = []
     rejected: list[Rejection] = []
     for i, p in enumerate(peers):
+        ep = p.endpoint.ip if p.endpoint is not None else None
+        if ep is not None and subnet is not None and ep.version == subnet.version and ep in subnet:
+            rejected.append(Rejection(p.name, f"{label}[{i}].endpoint: {str(p.endpoint)!r} is an address of the "
+                                      f"WireGuard subnet {subnet}"))
+            continue
         if p.name in names:
             rejected.append(Rejection(p.name, f"{label}[{i}].name: {p.name!r} is a duplicate peer name"))
             continue
@@ -275,7 +290,7 @@ def admit_local(topo: Topology) -> tuple[Topology, list[Rejection]]:
     claims = Claims()
     nodes, rejected = admit_nodes(topo.nodes, topo.mesh.subnet, claims=claims,
                                   allow_default_route=topo.mesh.allow_default_route)
-    peers, rejected_peers = admit_peers(topo.peers, claims)
+    peers, rejected_peers = admit_peers(topo.peers, claims, subnet=topo.mesh.subnet)
     return replace(topo, nodes=tuple(nodes), peers=tuple(peers)), [*rejected, *rejected_peers]
 
 
@@ -310,7 +325,7 @@ def admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[Re
         if cid in ids:
             rejected.append(Rejection(cname, f"cluster.id: {cid} is already used by cluster {ids[cid]}"))
             continue
-        admitted, rej = _admit_cluster(as_remote(remote), claims, internal, hosts, local.mesh.allow_default_route)
+        admitted, rej = _admit_cluster(as_remote(remote), claims, internal, hosts, local.mesh)
         rejected += rej
         ids[cid] = cname
         out.append(admitted)
@@ -340,10 +355,11 @@ def _local_claims(local: Topology) -> tuple[Claims, dict[Any, str], dict[Any, st
 
 
 def _admit_cluster(remote: Topology, claims: Claims, internal: dict[Any, str], hosts: dict[Any, str],
-                   allow_default_route: bool) -> tuple[Remote, list[Rejection]]:
+                   local: MeshSettings) -> tuple[Remote, list[Rejection]]:
     """One remote cluster (its nodes marked as its own) against everything admitted so far: a
-    record whose segment's WireGuard address is taken is rejected first, the rest go through
-    `admit_nodes`; the admitted records' segment addresses join `claims`."""
+    record whose segment's WireGuard address is taken or is an internal address, or whose
+    internal address is one of the `local` WireGuard subnet, is rejected first; the rest go
+    through `admit_nodes`; the admitted records' segment addresses join `claims`."""
     cname = remote.cluster.name
     label = f"{cname}.nodes"
     segs = tuple(segments(remote))
@@ -351,6 +367,16 @@ def _admit_cluster(remote: Topology, claims: Claims, internal: dict[Any, str], h
     rejected: list[Rejection] = []
     candidates = []
     for n in remote.nodes:
+        held = internal.get(seg_wg[n.name].ip)
+        if held is not None:
+            rejected.append(Rejection(n.qualified_name, f"{label}.{n.name}.wireguard_ip: "
+                                      f"{str(seg_wg[n.name].ip)!r} is the internal address of {held}"))
+            continue
+        ip = n.internal_ip.ip if n.internal_ip is not None else None
+        if ip is not None and ip.version == local.subnet.version and ip in local.subnet:
+            rejected.append(Rejection(n.qualified_name, f"{label}.{n.name}.internal_ip: {str(n.internal_ip)!r} "
+                                      f"is an address of the local WireGuard subnet {local.subnet}"))
+            continue
         owner = claims.conflict(host_net(seg_wg[n.name]))
         if owner is not None:
             rejected.append(Rejection(n.qualified_name, f"{label}.{n.name}.wireguard_ip: "
@@ -358,7 +384,7 @@ def _admit_cluster(remote: Topology, claims: Claims, internal: dict[Any, str], h
             continue
         candidates.append(n)
     admitted, rej = admit_nodes(candidates, remote.mesh.subnet, claims=claims, internal_ips=internal,
-                                hosts=hosts, allow_default_route=allow_default_route, label=label)
+                                hosts=hosts, allow_default_route=local.allow_default_route, label=label)
     for n in admitted:
         wg = host_net(seg_wg[n.name])
         if claims.conflict(wg) is None:

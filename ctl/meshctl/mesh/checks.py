@@ -9,14 +9,16 @@ The table of every case and why it is a warning or an error is in docs/mesh.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import ipaddress
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from meshctl.errors import InputError
 from meshctl.mesh.fields import endpoint
 from meshctl.mesh.ladder import member_rungs, pair_rungs
-from meshctl.mesh.model import Node, Topology, private_neighbours
-from meshctl.mesh.segments import segments
+from meshctl.mesh.model import PRIVATE_RUNGS, IPNetwork, Node, Topology, host_net, private_neighbours
+from meshctl.mesh.plan import NodePlan
+from meshctl.mesh.segments import Remote, segments
 
 # How many unreachable pairs are named before the rest are counted.
 MAX_PAIRS_NAMED = 5
@@ -27,7 +29,45 @@ def topology_warnings(topo: Topology, doc: Any = None) -> list[str]:
     out = _endpoint_ports(topo, doc)
     out += host_prefix_warnings(topo)
     out += dead_tunnels(topo)
+    out += unused_fields(topo)
     return out
+
+
+def unused_fields(topo: Topology) -> list[str]:
+    """Fields the plan overrides or ignores: the location of a node without an internal address
+    (location granularity), a `leader` hint another node's wins over, a `wireguard_ip` other than
+    the one the node's segment gets, reports naming no node."""
+    segs = segments(topo) if topo.nodes else []
+    seg_of = {m.name: s for s in segs for m in s.members}
+    names = {n.name for n in topo.nodes}
+    keys = {n.public_key for n in topo.nodes}
+    out = []
+    for i, n in enumerate(topo.nodes):
+        s = seg_of[n.name]
+        if topo.mesh.granularity == "location" and n.location and n.internal_ip is None:
+            out.append(f"nodes[{i}].location: {n.location!r} is not used: {n.name} has no internal_ip, so it is a "
+                       f"segment of its own (location granularity groups nodes by their private network)")
+        if n.leader and s.leader.name != n.name:
+            out.append(f"nodes[{i}].leader: true is not used: {s.leader.name} leads location {n.location} "
+                       f"({_why_leads(s.leader)})")
+        wg = s.wireguard_ip if s.leader.name == n.name else None
+        if n.wireguard_ip is not None and n.wireguard_ip != wg:
+            gets = f"{n.name} gets {wg}" if wg is not None else f"{n.name} does not lead {s.key} and gets none"
+            out.append(f"nodes[{i}].wireguard_ip: {str(n.wireguard_ip)!r} is not used: WireGuard addresses follow "
+                       f"the segments ({gets})")
+        out += [f"nodes[{i}].unreached_peers: {x!r} is not a node, so the report is ignored"
+                for x in n.unreached_peers if x not in names]
+        out += [f"nodes[{i}].discovered_endpoints.{x}: {str(ep)!r} is not about a node, so the report is ignored"
+                for x, ep in n.discovered_endpoints if x not in names and x not in keys]
+    return out
+
+
+def _why_leads(n: Node) -> str:
+    """Why `n` leads its location (segments.choose_leader's order)."""
+    public = n.endpoint is not None and n.endpoint.is_public
+    if n.leader:
+        return "the first by name with leader and a public endpoint" if public else "the first by name with leader"
+    return "the first by name with a public endpoint" if public else "the first by name"
 
 
 def _endpoint_ports(topo: Topology, doc: Any) -> list[str]:
@@ -151,4 +191,84 @@ def dead_tunnels(topo: Topology, only: str | None = None) -> list[str]:
     out = [f"{pair}: {why}" for pair in pairs]
     if total > len(pairs):
         out.append(f"{total - len(pairs)} more pairs: {why}")
+    return out
+
+
+def plan_warnings(topo: Topology, p: NodePlan, remotes: Sequence[Remote] = ()) -> list[str]:
+    """What node `p.node`'s plan leaves out of the records of `topo` (its own cluster) and of the
+    admitted `remotes`, one line each naming the field, the value and why: endpoints it cannot
+    call, location IPs it does not route. The plan is safe without them; the operator may not
+    have meant it."""
+    out = _dropped_endpoints(topo, p) + _unrouted_location_ips(topo, p)
+    routed = {r.dst for r in p.routes}
+    for remote in remotes:
+        for i, n in enumerate(remote.topology.nodes):
+            for j, a in enumerate(n.allowed_location_ips if n.name in remote.admitted else ()):
+                if a not in routed:
+                    out.append(f"{remote.topology.cluster.name}.nodes[{i}].allowed_location_ips[{j}]: {str(a)!r} is "
+                               f"not routed on {p.node}: {p.node} reaches {n.qualified_name} over the private "
+                               f"network, which takes only the pod CIDR")
+    return out
+
+
+def _owners(topo: Topology) -> dict[IPNetwork, str]:
+    """What each destination a plan may route is in the records (pod CIDRs, location IPs,
+    internal addresses, extra peers' allowed IPs), built once per warning pass."""
+    out: dict[IPNetwork, str] = {}
+    for peer in topo.peers:
+        out.update((a, f"peer {peer.name}'s allowed IPs") for a in peer.allowed_ips)
+    for n in topo.nodes:
+        if n.internal_ip is not None:
+            out[host_net(n.internal_ip)] = f"{n.name}'s internal address"
+        out.update((a, f"{n.name}'s allowed location IP") for a in n.allowed_location_ips)
+        out[n.pod_cidr] = f"{n.name}'s pod CIDR"
+    return out
+
+
+def _dropped_endpoints(topo: Topology, p: NodePlan) -> list[str]:
+    """Peers that lost their endpoint because the plan routes its address into WireGuard (the
+    endpoint would be sent into the tunnel it carries): such a peer is reached only once it calls.
+    The covering route is looked up at the prefix lengths the plan's WireGuard routes use."""
+    nodes = {n.name: (f"nodes[{i}]", n.endpoint) for i, n in enumerate(topo.nodes)}
+    peers = {q.name: (f"peers[{i}]", q.endpoint) for i, q in enumerate(topo.peers)}
+    wg = {r.dst for r in p.routes if r.dev == "wireguard"}
+    plens = sorted({(d.version, d.prefixlen) for d in wg}, key=lambda v: -v[1])
+    owners: dict[IPNetwork, str] | None = None
+    out = []
+    for peer in p.peers:
+        where, ep = (peers if peer.kind == "peer" else nodes).get(peer.name, ("", None))
+        ip = ep.ip if ep is not None and peer.endpoint is None else None
+        if ep is None or ip is None:
+            continue
+        net = ipaddress.IPv4Network if ip.version == 4 else ipaddress.IPv6Network
+        dst = next((d for v, plen in plens if v == ip.version for d in [net((int(ip), plen), strict=False)]
+                    if d in wg), None)
+        if dst is None:
+            continue
+        owners = owners if owners is not None else _owners(topo)
+        out.append(f"{where}.endpoint: {str(ep)!r} is left out of {p.node}'s WireGuard peer {peer.name}: {p.node} "
+                   f"routes {dst} ({owners.get(dst, 'a mesh route')}) into WireGuard, so {peer.name} is reached "
+                   f"only after it calls {p.node} (persistent_keepalive)")
+    return out
+
+
+def _unrouted_location_ips(topo: Topology, p: NodePlan) -> list[str]:
+    """Other nodes' allowed location IPs without a route in the plan (a location's own members
+    reach their location's networks natively, so those are not counted)."""
+    routed = {r.dst for r in p.routes}
+    me = topo.node(p.node)
+    out = []
+    for i, n in enumerate(topo.nodes):
+        if n.name == p.node or (p.granularity == "location" and me is not None and me.internal_ip is not None
+                                and n.internal_ip is not None and n.location == me.location):
+            continue
+        for j, a in enumerate(n.allowed_location_ips):
+            if a in routed:
+                continue
+            rung = p.paths.get(n.qualified_name, "")
+            why = "no role of the plan routes it"
+            if rung in PRIVATE_RUNGS:
+                why = (f"intra_subnet {topo.mesh.intra_subnet} carries {p.node} and {n.name} on rung {rung} "
+                       f"without WireGuard, which takes only the pod CIDR")
+            out.append(f"nodes[{i}].allowed_location_ips[{j}]: {str(a)!r} is not routed on {p.node}: {why}")
     return out

@@ -126,7 +126,7 @@ class NodePlan:
 # A destination and how it is reached: a route, or (a pod CIDR on an encapsulated rung) the
 # encapsulation its fast-path entry carries instead of a route.
 Claim = tuple[IPNetwork, Route | Encap]
-# A WireGuard peer, and the private address of its endpoint when `_no_loops` must check it.
+# A WireGuard peer, and the address of its endpoint when `_no_loops` must check it.
 OfferedPeer = tuple[PeerPlan, IPAddress | None]
 
 
@@ -199,7 +199,7 @@ def _seat(topo: Topology, name: str, state: PathState) -> _Seat:
     if mesh.intra_subnet != "auto":
         state = {}  # the fixed modes switch probing off: their rungs do not depend on it
     view = nat_view(topo.nodes)
-    relayed, extra = _relays(view, me, my_seg, segs, mesh.granularity, mesh.intra_subnet)
+    relayed, extra = _relays(view, me, my_seg, segs, mesh)
     leads = mesh.granularity != "location" or my_seg.leader.name == me.name
     internal = my_seg.leader.internal_ip
     return _Seat(me, my_seg, segs, mesh, state, view, relayed, extra, leads,
@@ -224,8 +224,8 @@ def _merge(shares: Sequence[Share]) -> tuple[list[PeerPlan], dict[IPNetwork, Rou
     # Built from the claims last to first, so the first claim on a destination is the one kept.
     claimed: dict[IPNetwork, Route | Encap] = dict(reversed(list(chain.from_iterable(s.claims for s in shares))))
     offered = list(chain.from_iterable(s.peers for s in shares))
-    private_endpoints = [(i, inside) for i, (_, inside) in enumerate(offered) if inside is not None]
-    peers = _no_loops([peer for peer, _ in offered], private_endpoints, claimed)
+    checked = [(i, inside) for i, (_, inside) in enumerate(offered) if inside is not None]
+    peers = _no_loops([peer for peer, _ in offered], checked, claimed)
     paths = dict(chain.from_iterable(s.paths for s in shares))
     relays = dict(chain.from_iterable(s.relays for s in shares))
     return peers, claimed, paths, relays
@@ -407,29 +407,31 @@ def _extra_peers(seat: _Seat, peers: Sequence[Peer]) -> Share:
     claims: list[Claim] = []
     for p in sorted(peers, key=lambda p: p.name):
         if leads:
-            offered.append(_peer(p.name, "peer", p.public_key, p.endpoint, p.allowed_ips, seat.keepalive,
-                                 p.preshared_key))
+            peer, _ = _peer(p.name, "peer", p.public_key, p.endpoint, p.allowed_ips, seat.keepalive, p.preshared_key)
+            # Checked whatever its range: a node's location IPs may be public and hold a peer's endpoint.
+            offered.append((peer, p.endpoint.ip if p.endpoint is not None else None))
         claims.extend((a, Route(a, None, "wireguard") if leads else Route(a, seat.leader_ip, "private"))
                       for a in p.allowed_ips)
     return Share(peers=tuple(offered), claims=tuple(claims))
 
 
-def _no_loops(peers: list[PeerPlan], private_endpoints: Sequence[tuple[int, IPAddress]],
+def _no_loops(peers: list[PeerPlan], checked: Sequence[tuple[int, IPAddress]],
               claimed: dict[IPNetwork, Route | Encap]) -> list[PeerPlan]:
-    """The peers, each without its endpoint when that address (`private_endpoints`: index in
+    """The peers, each without its endpoint when that address (`checked`: index in
     `peers`, address) is routed into WireGuard by this plan: its packets would enter the tunnel
     they carry (a loop, or a direct attempt through a relay). This happens to a node behind NAT,
     whose configured endpoint is its inside address, which is also its internal address; such a
-    peer calls us (keepalive) and WireGuard learns where it is. Only private endpoint addresses
-    are looked up (mesh routes carry private ranges), and only at the prefix lengths the
+    peer calls us (keepalive) and WireGuard learns where it is. Only nodes' private endpoint
+    addresses are looked up (a public one is never inside a mesh route: admission keeps location
+    IPs off nodes' endpoints) and extra peers' endpoints, at the prefix lengths the
     WireGuard routes use, so the check stays linear in the peers. Remote segments' peers are
     not offered for the check: they keep the endpoint their cluster publishes."""
-    if not private_endpoints:
+    if not checked:
         return peers
     plens = sorted({(r.dst.version, r.dst.prefixlen) for r in claimed.values()
                     if isinstance(r, Route) and r.dev == "wireguard"})
     out = list(peers)
-    for i, ip in private_endpoints:
+    for i, ip in checked:
         net = ipaddress.IPv4Network if ip.version == 4 else ipaddress.IPv6Network
         for version, plen in plens:
             r = claimed.get(net((int(ip), plen), strict=False)) if version == ip.version else None
@@ -452,17 +454,26 @@ def _node_addresses(me: Node, r: Node) -> list[IPNetwork]:
     return out
 
 
-def _over_private(me: Node, r: Node, granularity: str, intra_subnet: str) -> bool:
-    """The pair talks over the private network, not WireGuard (so it is never relayed)."""
-    return granularity != "location" and private_neighbours(me, r) and intra_subnet == "direct" \
-        and (granularity == "full" or me.location == r.location)
+# The fixed intra_subnet modes whose private rung has no WireGuard peer behind it.
+_PEERLESS_MODES = ("direct", *ENCAP_RUNGS.values())
 
 
-def _relays(view: NatView, me: Node, my_seg: Segment, segs: Sequence[Segment], granularity: str,
-            intra_subnet: str) -> tuple[dict[str, tuple[Segment, str]], dict[str, list[IPNetwork]]]:
+def _no_peer(mesh: MeshSettings, a: Node, b: Node) -> bool:
+    """Nodes a and b hold no WireGuard peer for each other: a fixed private rung (direct, ipip,
+    vxlan) carries their pair (`_pair`), so it is never relayed and neither relays for the other.
+    Symmetric in a and b (pair_rungs is)."""
+    return mesh.granularity != "location" and mesh.intra_subnet in _PEERLESS_MODES and \
+        pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, a, b)[0] != "tunnel"
+
+
+def _relays(view: NatView, me: Node, my_seg: Segment, segs: Sequence[Segment], mesh: MeshSettings
+            ) -> tuple[dict[str, tuple[Segment, str]], dict[str, list[IPNetwork]]]:
     """The segments this node (when it leads) reaches through a relay: segment key -> (relaying
-    segment, why); and what each relaying segment's peer carries for them. Pairs that go over the
-    private network are never relayed; pairs without a relay candidate stay direct attempts."""
+    segment, why); and what each relaying segment's peer carries for them. A pure function of
+    the pair's records, so both ends choose the same: pairs without a WireGuard peer are never
+    relayed, and a relay must hold a WireGuard peer for both ends (`_no_peer`), so a public
+    private neighbour of one end relays for neither. Pairs without a relay candidate stay
+    direct attempts at both ends."""
     relayed: dict[str, tuple[Segment, str]] = {}
     extra: dict[str, list[IPNetwork]] = {}
     if my_seg.leader.name != me.name:
@@ -472,20 +483,21 @@ def _relays(view: NatView, me: Node, my_seg: Segment, segs: Sequence[Segment], g
         if s is my_seg:
             continue
         reason = view.relay_reason(me, s.leader)  # cheap, and None for almost every pair
-        if reason is not None and not _over_private(me, s.leader, granularity, intra_subnet):
+        if reason is not None and not _no_peer(mesh, me, s.leader):
             wanted.append((s, reason))
     if not wanted:
         return relayed, extra
     candidates = {s.leader.name: s for s in segs if s.leader.reachable_endpoint is not None and s is not my_seg
-                  and not _over_private(me, s.leader, granularity, intra_subnet)}
+                  and not _no_peer(mesh, me, s.leader)}
     for s, reason in wanted:
         r = s.leader
-        via = choose_relay(view, me, r, [c.leader for c in candidates.values()])
+        via = choose_relay(view, me, r, [c.leader for c in candidates.values() if not _no_peer(mesh, r, c.leader)])
         if via is None:
             continue
         seg = candidates[via.name]
         relayed[s.key] = (seg, reason)
-        carried = segment_addresses(s.members, None, None) if granularity == "location" else _node_addresses(me, r)
+        carried = segment_addresses(s.members, None, None) if mesh.granularity == "location" \
+            else _node_addresses(me, r)
         extra.setdefault(seg.key, []).extend(carried)
     return relayed, extra
 

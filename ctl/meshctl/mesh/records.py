@@ -214,7 +214,7 @@ def parse_topology(doc: Any) -> Topology:
     _, rejected = admit.admit_nodes(nodes, mesh.subnet, claims=claims, allow_default_route=mesh.allow_default_route)
     if rejected:
         raise InputError.from_line(rejected[0].reason)
-    _, rejected_peers = admit.admit_peers(peers, claims)
+    _, rejected_peers = admit.admit_peers(peers, claims, subnet=mesh.subnet)
     if rejected_peers:
         raise InputError.from_line(rejected_peers[0].reason)
     return Topology(cluster=cluster, mesh=mesh, nodes=tuple(nodes), peers=tuple(peers))
