@@ -116,6 +116,7 @@ def set_(assignments: tuple[str, ...], dry_run: bool, output: str, **store: Any)
     """Change mesh settings (KEY as in a topology file's `mesh:` section): print per node the
     WireGuard peers, routes, fast-path entries and rungs that change, then write the settings."""
     changes = parse_assignments(assignments)
+    changed_settings(MeshSettings(), changes)  # each value judged before any store is asked
     src = _source(**store)
     state = src.state()
     after = changed_settings(state.mesh, changes)
