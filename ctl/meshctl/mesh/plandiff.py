@@ -101,8 +101,8 @@ def diff_node(node: str, before: NodePlan | None, after: NodePlan | None) -> Nod
         peers=_changes(before.peers if before else (), after.peers if after else (), lambda p: p.name),
         routes=_changes(before.routes if before else (), after.routes if after else (), lambda r: r.dst),
         fastpath=_changes(before.fastpath if before else (), after.fastpath if after else (), lambda e: e.prefix),
-        rungs=_field_changes(dict(sorted(before.paths.items())) if before else {},
-                             dict(sorted(after.paths.items())) if after else {}),
+        rungs=tuple(sorted(_field_changes(before.paths if before else {}, after.paths if after else {}),
+                           key=lambda r: r.key)),
     )
 
 
