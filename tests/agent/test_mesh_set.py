@@ -152,6 +152,10 @@ def test_dry_run_is_the_difference_of_plan_before_and_after(etcd: EtcdServer, tm
                                                              key=MESH_FIELDS.index)
         offline = CliRunner().invoke(main, ["plan", "-f", before_file, "--diff", after_file, "-o", "json"])
         assert json.loads(offline.stdout) == dry, change
+        text = meshctl(etcd, "mesh", "set", "--dry-run", *change).stdout
+        assert text == CliRunner().invoke(main, ["plan", "-f", before_file, "--diff", after_file]).stdout
+        assert [ln.split(":")[0] for ln in text.splitlines() if not ln.startswith(("  ", "mesh: "))] == \
+            [*sorted(names), "total"], "a summary line per node, then the total"
     c = etcd.client()
     try:
         kv = c.get(mesh_key("default"))
@@ -194,4 +198,5 @@ def test_settings_that_would_reject_a_node_are_refused(etcd: EtcdServer, tmp_pat
     seed(etcd, lab_doc("default"), tmp_path)
     r = meshctl(etcd, "mesh", "set", "subnet=10.42.0.0/16")
     assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1, r.output
-    assert r.stderr.startswith("error: mesh: 'subnet=10.42.0.0/16' would reject a1: ") and "WireGuard subnet" in r.stderr
+    assert r.stderr.startswith("error: mesh: 'subnet=10.42.0.0/16' would reject a1: ")
+    assert "overlaps the WireGuard subnet" in r.stderr

@@ -49,7 +49,8 @@ CASES = [
     ("a peer added", _with(nodes=[_node("c", 3, "10.32.0.3/24")]), (["c"], [], []), [FieldChange("c", None, "tunnel")]),
     ("a peer's allowed IPs changed", _with(b={"allowed_location_ips": ["172.16.9.0/24"]}), ([], [], ["b"]), []),
     # b joins a's private subnet: reached directly, so no longer a WireGuard peer
-    ("a rung change", _with(b={"internal_ip": "10.30.0.2/24"}), ([], ["b"], []), [FieldChange("b", "tunnel", "direct")]),
+    ("a rung change", _with(b={"internal_ip": "10.30.0.2/24"}), ([], ["b"], []),
+     [FieldChange("b", "tunnel", "direct")]),
 ]
 
 
