@@ -94,7 +94,7 @@ def diff_node(node: str, before: NodePlan | None, after: NodePlan | None) -> Nod
     """Node `node`'s plan `before` against `after` (None: the node has no plan on that side)."""
     fb, fa = _node_fields(before), _node_fields(after)
     if before is not None and after is not None:
-        fb.pop("plan"), fa.pop("plan")
+        del fb["plan"], fa["plan"]  # a node on both sides: only what its plans hold
     return NodeDiff(
         node=node,
         fields=_field_changes(fb, fa),
