@@ -117,3 +117,30 @@ def test_as_peer_yaml_applies_in_a_second_cluster(api: ApiServer, kclient: Clien
         c2._client._client.close()
     finally:
         other.stop()
+
+
+def test_mesh_set_writes_the_configmap_and_mesh_get_reads_it(api: ApiServer, kclient: Client, tmp_path: Path) -> None:
+    from lightkube.resources.core_v1 import ConfigMap
+
+    fill(kclient)
+    f = same_topology_file(tmp_path)
+    other = yaml.safe_load(Path(f).read_text())
+    other["mesh"] = {"granularity": "full", "port": 51999}
+    g = tmp_path / "full.yaml"
+    g.write_text(yaml.safe_dump(other))
+    live = ("--backend", "kubernetes", "--api-server", api.url)
+    dry = cli("mesh", "set", "--dry-run", "granularity=full", "port=51999", *live, "-o", "json")
+    assert dry.exit_code == 0, dry.output
+    assert json.loads(dry.stdout) == json.loads(cli("plan", "-f", f, "--diff", str(g), "-o", "json").stdout)
+    assert json.loads(cli("mesh", "get", *live, "-o", "json").stdout)["granularity"] == "location"  # nothing written
+    r = cli("mesh", "set", "granularity=full", "port=51999", *live)
+    assert r.exit_code == 0 and r.stdout.splitlines()[-1] == "wrote configmap meshctl/meshctl", r.output
+    assert kclient.get(ConfigMap, "meshctl", namespace="meshctl").data == {"granularity": "full", "port": "51999"}
+    got = json.loads(cli("mesh", "get", *live, "-o", "json").stdout)
+    assert (got["granularity"], got["port"], got["intra_subnet"]) == ("full", 51999, "auto")
+    r = cli("mesh", "set", "intra_subnet=vxlan", *live)  # a second write merges into the ConfigMap
+    assert r.exit_code == 0, r.output
+    assert kclient.get(ConfigMap, "meshctl", namespace="meshctl").data == {
+        "granularity": "full", "port": "51999", "intra_subnet": "vxlan"}
+    assert cli("mesh", "set", "granularity=full", "--lab", "x", *live).stderr == (
+        "error: --lab: 'x' reads a lab's etcd: leave out --backend kubernetes\n")

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import yaml
@@ -24,7 +24,7 @@ from meshctl.cli.psk import with_preshared_keys
 from meshctl.errors import MISSING, InputError, MeshError
 from meshctl.mesh import fields
 from meshctl.mesh.checks import plan_warnings, topology_warnings
-from meshctl.mesh.model import GRANULARITIES, Granularity, IPNetwork, Topology
+from meshctl.mesh.model import GRANULARITIES, Granularity, IPNetwork, PathState, Topology
 from meshctl.mesh.plan import plan_node
 from meshctl.mesh.render import (
     SHOWCONF_FORMATS,
@@ -43,7 +43,23 @@ from meshctl.mesh.render import (
 from meshctl.mesh.segments import Remote
 from meshctl.process import gc_paused
 
+if TYPE_CHECKING:
+    from meshctl.backends.kube.backend import KubeBackend
+    from meshctl.etcd import EtcdClient
+
 BACKENDS = ("file", "etcd", "kubernetes")
+
+
+def live_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """How to reach the live cluster's store: the Kubernetes API or an etcd (the agent's flags, or a lab's)."""
+    for opt in reversed([
+        click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file."),
+        click.option("--api-server", default=None, help="--backend kubernetes: API server URL without credentials."),
+        lab_option("--backend etcd without --etcd-endpoints: a lab's etcd."),
+        etcd_options,
+    ]):
+        f = opt(f)
+    return f
 
 
 def _source_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -54,10 +70,7 @@ def _source_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Read the live cluster instead of a file: its etcd (--etcd-* flags, or the lab's etcd) "
                      "or its Kubernetes API (--kubeconfig, the first file of $KUBECONFIG, ~/.kube/config, "
                      "in-cluster)."),
-        click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file."),
-        click.option("--api-server", default=None, help="--backend kubernetes: API server URL without credentials."),
-        lab_option("--backend etcd without --etcd-endpoints: a lab's etcd."),
-        etcd_options,
+        live_options,
     ]):
         f = opt(f)
     return f
@@ -90,9 +103,7 @@ class Source:
             return topo
         from meshctl.mesh.admit import admit_local
 
-        state = self._etcd() if self.backend == "etcd" else self._kube(node)
-        if not state.ready:
-            raise MeshError(f"{self.backend}: {state.reason or 'not ready'}")
+        state = self.state(node)
         topo, rejected = admit_local(state.topology())
         for r in [*state.rejections, *rejected]:
             click.echo(f"warning: rejected {r.name}: {r.reason}", err=True)
@@ -100,11 +111,16 @@ class Source:
             click.echo(f"warning: {self.backend}: {w}", err=True)
         return topo
 
-    def _etcd(self) -> ClusterState:
-        from meshctl.backends.etcd import EtcdBackend, cluster_key, parse_record
+    def state(self, node: str | None = None) -> ClusterState:
+        """The live store's records as the agents read them (not yet admitted)."""
+        state = self._etcd() if self.backend == "etcd" else self._kube(node)
+        if not state.ready:
+            raise MeshError(f"{self.backend}: {state.reason or 'not ready'}")
+        return state
+
+    def etcd_client(self) -> EtcdClient:
+        """A client of the cluster's etcd: from the --etcd-* flags, or the lab's (--lab, or no endpoints)."""
         from meshctl.etcd import EtcdClient
-        from meshctl.mesh import records
-        from meshctl.mesh.model import Cluster
 
         endpoints, ca, cert, key, user, password_file = self.etcd
         netns = None
@@ -112,8 +128,15 @@ class Source:
             acc = _lab_etcd(self.lab_name, self.cluster_name)
             endpoints, ca, cert, key, user, password_file, netns = (
                 ",".join(acc.endpoints), acc.ca, acc.cert, acc.key, acc.user, acc.password_file, acc.netns)
-        client = EtcdClient(list(endpoint_list(endpoints)), ca=ca, cert=cert, key=key, netns=netns, user=user,
-                            password_file=password_file)
+        return EtcdClient(list(endpoint_list(endpoints)), ca=ca, cert=cert, key=key, netns=netns, user=user,
+                          password_file=password_file)
+
+    def _etcd(self) -> ClusterState:
+        from meshctl.backends.etcd import EtcdBackend, cluster_key, parse_record
+        from meshctl.mesh import records
+        from meshctl.mesh.model import Cluster
+
+        client = self.etcd_client()
         try:
             cluster = Cluster(self.cluster_name)
             kv = client.get(cluster_key(self.cluster_name))
@@ -125,10 +148,14 @@ class Source:
         finally:
             client.close()
 
-    def _kube(self, node: str | None) -> ClusterState:
+    def kube_backend(self, node: str | None = None) -> KubeBackend:
+        """A Kubernetes backend of the cluster (--kubeconfig, --api-server); the caller closes it."""
         from meshctl.backends.kube.backend import backend_from_options
 
-        be = backend_from_options(self.kubeconfig, self.api_server, node or "meshctl")
+        return backend_from_options(self.kubeconfig, self.api_server, node or "meshctl")
+
+    def _kube(self, node: str | None) -> ClusterState:
+        be = self.kube_backend(node)
         try:
             return be.snapshot()
         finally:
@@ -161,29 +188,29 @@ def _load_remotes(local: Topology, paths: tuple[str, ...]) -> list[Remote]:
 
 @click.command()
 @_source_options
-@click.option("--node", required=True, help="The node whose plan to print.")
+@click.option("--node", default=None, help="The node whose plan to print (with --diff: only this node's diff).")
 @click.option("--granularity", type=click.Choice(GRANULARITIES), help="Override the file's granularity.")
 @click.option("--remote", "remotes", multiple=True, type=click.Path(dir_okay=False),
               help="Another cluster's topology file (cluster mesh); repeatable.")
 @click.option("--path-state", "path_state", type=click.Path(dir_okay=False),
               help="Probe results (YAML: node -> the private rungs that deliver); without it every rung works.")
+@click.option("--diff", "other", default=None, type=click.Path(dir_okay=False),
+              help="Another topology file: print what changes on every node from this topology to that one.")
 @output_option()
-def plan(node: str, granularity: Granularity | None, remotes: tuple[str, ...], path_state: str | None,
-         output: str, **source: Any) -> None:
-    """Print one node's WireGuard peers, routes and fast-path entries."""
-    from meshctl.backends.file import load_yaml
-    from meshctl.mesh.records import parse_path_state
-
+def plan(node: str | None, granularity: Granularity | None, remotes: tuple[str, ...], path_state: str | None,
+         other: str | None, output: str, **source: Any) -> None:
+    """Print one node's WireGuard peers, routes and fast-path entries; with --diff, what changes on
+    every node between two topologies."""
     src = Source(**source)
+    if other is not None:
+        _plan_diff(src, other, node, granularity, remotes, _path_state(path_state), output)
+        return
+    if node is None:
+        raise InputError("--node", MISSING, "is required (or --diff OTHER.yaml for every node)")
     topo = src.load(node)
     if topo.node(node) is None:
         raise InputError("--node", node, f"is not a node in {src.name}")
-    state = None
-    if path_state is not None:
-        try:
-            state = parse_path_state(load_yaml(path_state), "path_state")
-        except InputError as e:
-            raise e.prefixed(f"{Path(path_state).name}: ") from None
+    state = _path_state(path_state)
     with gc_paused():
         admitted = _load_remotes(topo, remotes)
         p = plan_node(topo, node, admitted, granularity=granularity, path_state=state)
@@ -193,6 +220,39 @@ def plan(node: str, granularity: Granularity | None, remotes: tuple[str, ...], p
         click.echo(json.dumps(plan_to_json(p), indent=2))
     else:
         click.echo(plan_to_table(p))
+
+
+def _path_state(path: str | None) -> PathState | None:
+    """A --path-state file's probe results (None without the flag)."""
+    from meshctl.backends.file import load_yaml
+    from meshctl.mesh.records import parse_path_state
+
+    if path is None:
+        return None
+    try:
+        return parse_path_state(load_yaml(path), "path_state")
+    except InputError as e:
+        raise e.prefixed(f"{Path(path).name}: ") from None
+
+
+def _plan_diff(src: Source, other: str, node: str | None, granularity: Granularity | None, remotes: tuple[str, ...],
+               state: PathState | None, output: str) -> None:
+    """`plan --diff OTHER.yaml`: every node's plan under the source topology against OTHER's
+    (mesh.plandiff), each side with the remote clusters admitted against it."""
+    from meshctl.mesh.plandiff import diff_json, diff_text, diff_topologies
+
+    if granularity is not None:
+        raise InputError("--granularity", granularity, "cannot be combined with --diff: write it in the files")
+    before = src.load(node)
+    after, warnings = load_topology_checked(other)
+    for w in warnings:
+        click.echo(f"warning: {w}", err=True)
+    if node is not None and before.node(node) is None and after.node(node) is None:
+        raise InputError("--node", node, f"is not a node in {src.name} or {Path(other).name}")
+    with gc_paused():
+        diff = diff_topologies(before, after, remotes=(_load_remotes(before, remotes), _load_remotes(after, remotes)),
+                               path_state=state, only=(node,) if node else ())
+    click.echo(json.dumps(diff_json(diff), indent=2) if output == "json" else diff_text(diff))
 
 
 @click.command()

@@ -22,7 +22,7 @@ from meshctl.mesh.model import (
     Topology,
     sort_key_net,
 )
-from meshctl.mesh.plan import Encap, NodePlan, plan_node
+from meshctl.mesh.plan import Encap, FastPathEntry, NodePlan, PeerPlan, Route, plan_node
 from meshctl.mesh.segments import Remote, Segment, segment_addresses, segments
 
 
@@ -32,25 +32,32 @@ def plan_to_json(p: NodePlan) -> dict[str, Any]:
         "granularity": p.granularity,
         "leader": p.leader,
         "wireguard_ip": str(p.wireguard_ip) if p.wireguard_ip else None,
-        "peers": [
-            {
-                "name": x.name,
-                "kind": x.kind,
-                "public_key": x.public_key,
-                "endpoint": x.endpoint,
-                "allowed_ips": [str(a) for a in x.allowed_ips],
-                "persistent_keepalive": x.persistent_keepalive,
-                **({"preshared_key": str(x.preshared_key)} if x.preshared_key else {}),
-            }
-            for x in p.peers
-        ],
-        "routes": [{"dst": str(r.dst), "via": str(r.via) if r.via else None, "dev": r.dev} for r in p.routes],
-        "fastpath": [
-            {"prefix": str(e.prefix), "action": e.action, "nexthop": str(e.nexthop) if e.nexthop else None,
-             **_encap_json(e.encap)}
-            for e in p.fastpath
-        ],
+        "peers": [peer_json(x) for x in p.peers],
+        "routes": [route_json(r) for r in p.routes],
+        "fastpath": [fastpath_json(e) for e in p.fastpath],
     }
+
+
+def peer_json(x: PeerPlan) -> dict[str, Any]:
+    """One WireGuard peer of a plan as `plan -o json` prints it."""
+    return {
+        "name": x.name,
+        "kind": x.kind,
+        "public_key": x.public_key,
+        "endpoint": x.endpoint,
+        "allowed_ips": [str(a) for a in x.allowed_ips],
+        "persistent_keepalive": x.persistent_keepalive,
+        **({"preshared_key": str(x.preshared_key)} if x.preshared_key else {}),
+    }
+
+
+def route_json(r: Route) -> dict[str, Any]:
+    return {"dst": str(r.dst), "via": str(r.via) if r.via else None, "dev": r.dev}
+
+
+def fastpath_json(e: FastPathEntry) -> dict[str, Any]:
+    return {"prefix": str(e.prefix), "action": e.action, "nexthop": str(e.nexthop) if e.nexthop else None,
+            **_encap_json(e.encap)}
 
 
 def _encap_json(e: Encap | None) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from lightkube import ApiError, AsyncClient, Client, KubeConfig
 from lightkube.config.models import Cluster as KCluster
 from lightkube.config.models import User as KUser
 from lightkube.generic_resource import create_global_resource
+from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Secret
 from lightkube.resources.core_v1 import Node as KNode
 from lightkube.types import PatchType
@@ -215,6 +216,24 @@ class KubeBackend:
             return base64.b64decode(data[key], validate=True)
         except ValueError:
             raise MeshError(f"secret {self.namespace}/{name} key {key!r} is not base64") from None
+
+    def write_settings(self, data: Mapping[str, str]) -> None:
+        """Merge `data` (ConfigMap keys, string values) into the mesh ConfigMap, creating it when
+        absent (`meshctl mesh set`): keys not in `data` are kept as they are."""
+        where = f"configmap {self.namespace}/{self.configmap}"
+        try:
+            try:
+                self._client.patch(ConfigMap, self.configmap, {"data": dict(data)}, namespace=self.namespace,
+                                   patch_type=PatchType.MERGE)
+            except ApiError as e:
+                if e.status.code != 404:
+                    raise
+                self._client.create(ConfigMap(metadata=ObjectMeta(name=self.configmap, namespace=self.namespace),
+                                              data=dict(data)))
+        except ApiError as e:
+            raise MeshError(f"{where}: {e.status.message}") from None
+        except httpx.HTTPError as e:
+            raise MeshError(f"{where}: {e}") from None
 
     # --- the Backend protocol ---------------------------------------------------------------
 
