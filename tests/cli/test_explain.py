@@ -100,7 +100,8 @@ def test_a_moved_rung_shows_its_move_and_the_lost_probes() -> None:
                 pairs={"l2": MOVED}, peers=[wg_peer("l2", ["10.4.0.2/32", "10.42.2.0/24"])])
     [h] = explain(src, "l1", "l2").hops
     assert (h.rung, h.interface, h.mtu) == ("tunnel", "kilo0", 1420)
-    assert h.reason.endswith("probes moved it direct -> tunnel: direct stopped delivering")
+    assert h.reason.endswith("probes moved it direct -> tunnel: direct stopped delivering "
+                             "(every private probe kind is down)")
     assert [(p.kind, p.up, p.lost) for p in h.probes][0] == ("direct", False, 12)
     assert h.wireguard is not None and (h.wireguard.peer, h.wireguard.handshake_age_s) == ("l2", 12.0)
     text = format_explanation(explain(src, "l1", "l2"), NOW)
@@ -198,6 +199,10 @@ def test_the_probe_line() -> None:
     lost = dataclasses.replace(e, probe=ProbeResult("l2", "direct", "direct", False, None, 0.5))
     assert "probe now (direct on direct): came back in 0.31 ms" in format_explanation(ok, NOW)
     assert "probe now (direct on direct): LOST (no answer within 0.5 s)" in format_explanation(lost, NOW)
+    tunnel = dataclasses.replace(explain(agent("l1", [L1, K2]), "l1", "k2"),
+                                 probe=ProbeResult("k2", "direct", "direct", False, None, 0.5))
+    assert "probe now (direct on direct, the cheapest private rung: tunnel itself is not probed): LOST" \
+        in format_explanation(tunnel, NOW)
     assert ok.to_json()["probe"] == {"peer": "l2", "rung": "direct", "kind": "direct", "answered": True,
                                      "rtt_ms": 0.31, "timeout_s": 0.5}
 

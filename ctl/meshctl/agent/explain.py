@@ -380,6 +380,18 @@ def joined(me: NodeRow, r: NodeRow, private_networks: tuple[Any, ...]) -> str | 
     return f"mesh.private_networks {net} holds both" if net is not None else None
 
 
+def _probe_reason(pair: PairProbe, rung: str) -> str:
+    """What the probes did to the pair's rung: the last move and its reason, and on the tunnel
+    whether every private probe kind is down."""
+    said = "the cheapest rung whose probes answer"
+    if pair.history:
+        m = pair.history[-1]
+        said = f"probes moved it {m.old or 'none'} -> {m.new}: {m.reason}"
+    if rung == "tunnel" and pair.probes and all(v.up is False for v in pair.probes.values()):
+        said += " (every private probe kind is down)"
+    return said
+
+
 def _why(st: AgentStatus, me: NodeRow, r: NodeRow, pair: PairProbe | None) -> str:
     """Why node `me` reaches `r` on `r.path`: what joins them privately (or not), the fixed
     intra_subnet or the probes that chose the rung, and NAT."""
@@ -397,11 +409,8 @@ def _why(st: AgentStatus, me: NodeRow, r: NodeRow, pair: PairProbe | None) -> st
         parts.append(join)
     if mesh.intra_subnet != "auto":
         parts.append(f"intra_subnet {mesh.intra_subnet} is fixed")
-    elif pair is not None and pair.history:
-        m = pair.history[-1]
-        parts.append(f"probes moved it {m.old or 'none'} -> {m.new}: {m.reason}")
     elif pair is not None:
-        parts.append("the cheapest rung whose probes answer")
+        parts.append(_probe_reason(pair, r.path))
     ep = s.discovered_endpoints.get(r.name)
     if ep:
         parts.append(f"behind NAT: endpoint {ep} learned from its handshakes")
@@ -434,11 +443,18 @@ def format_explanation(e: Explanation, now: float) -> str:
     if e.record:
         lines.append(f"  {e.record}")
     if e.probe is not None:
-        p = e.probe
-        lines.append(f"  probe now: {p.error}" if p.error else
-                     f"  probe now ({p.kind} on {p.rung}): came back in {_ms(p.rtt_ms)}" if p.answered else
-                     f"  probe now ({p.kind} on {p.rung}): LOST (no answer within {p.timeout_s:.1f} s)")
+        lines.append(_probe_line(e.probe, e.hops[0].rung if e.hops else None))
     return "\n".join(lines)
+
+
+def _probe_line(p: ProbeResult, chosen: str | None) -> str:
+    if p.error:
+        return f"  probe now: {p.error}"
+    what = f"{p.kind} on {p.rung}" + ("" if p.rung == chosen else
+                                     f", the cheapest private rung: {chosen} itself is not probed")
+    if p.answered:
+        return f"  probe now ({what}): came back in {_ms(p.rtt_ms)}"
+    return f"  probe now ({what}): LOST (no answer within {p.timeout_s:.1f} s)"
 
 
 def _end(p: PairEnd) -> str:

@@ -127,13 +127,21 @@ class PathProbing:
 
     def probe(self, peer: str, rung: str | None) -> ProbeResult:
         """One probe now towards `peer` of the kind that tests `rung` (the pair's rung), and
-        whether it came back. Only the private rungs are probed: `tunnel`, a relay or no prober
-        give a result with `error` saying so, and nothing is sent."""
+        whether it came back; for `tunnel`, of the pair's cheapest private rung (the result names
+        the rung probed). A relay, a pair without private rungs or no prober give a result with
+        `error` saying so, and nothing is sent."""
         timeout = self.tuning.timeout
         kind = RUNG_KIND.get(rung or "")
         if self.prober is None:
             return ProbeResult(peer, rung, kind, False, None, timeout,
                                "no path prober runs on this node (intra_subnet is not auto, or no private IPv4)")
+        if kind is None and rung == "tunnel":
+            # The tunnel is not probed (WireGuard's handshake is its evidence): the pair's cheapest
+            # private rung is, which says whether the private network delivers again.
+            pair = self.prober.status()["pairs"].get(peer) or {}
+            rung = next((r for r in pair.get("ladder", ()) if r in RUNG_KIND), None)
+            kind = RUNG_KIND.get(rung or "")
+            rung = rung or "tunnel"
         if kind is None:
             return ProbeResult(peer, rung, None, False, None, timeout,
                                f"rung {rung or 'none'} is not probed (only the private rungs are; "

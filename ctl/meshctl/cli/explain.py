@@ -59,6 +59,14 @@ def check_end(value: str, arg: str, pods: dict[str, str] | None, lab_nodes: tupl
     return value
 
 
+def _is_name(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+        return False
+    except ValueError:
+        return True
+
+
 class Agents:
     """The agents this command may ask: the one at `addr` (outside a lab), or any node of the lab."""
 
@@ -80,9 +88,10 @@ class Agents:
 
 def build(agents: Agents, src: str, dst: str, addresses: dict[str, str]) -> tuple[Explanation, AgentStatus]:
     """Ask the source's agent, then each agent the answer wants, until it wants no more."""
-    first = agents.status(None)
+    named = agents.lab is not None and src not in addresses and _is_name(src)
+    first = agents.status(src if named else None)  # a named source's own agent, else any to find it
     src_st = first
-    if agents.lab is not None:
+    if agents.lab is not None and not named:
         try:
             end = resolve(first, src, addresses.get(src))
         except NoPath:
@@ -133,7 +142,8 @@ def explain_cmd(src: str, dst: str, probe: bool, addr: str, lab_name: str | None
         click.echo(json.dumps(e.to_json(), indent=2, sort_keys=True))
     else:
         click.echo(format_explanation(e, time.time()))
-    if e.no_path is not None or (e.probe is not None and e.probe.error is None and not e.probe.answered):
+    lost = e.probe is not None and e.probe.error is None and not e.probe.answered and e.probe.rung == e.hops[0].rung
+    if e.no_path is not None or lost:
         sys.exit(1)
 
 

@@ -573,7 +573,7 @@ class Prober:
             sent_ns = self._sent_ns.pop(seq, None)
             rtt = (self._rx_ns - sent_ns) / 1e9 if sent_ns is not None and self._rx_ns else now - pend[2]
             tally = self._tally.setdefault((t.name, kind), [0, 0, 0.0, 0.0])
-            tally[1:] = [tally[1] + 1, rtt, now]
+            tally[1:] = [tally[1] + 1, max(0.0, rtt), now]  # kernel and user clocks may cross by microseconds
             waiter = self._waiters.pop(seq, None)
             if waiter is not None:
                 waiter[1][0] = rtt
