@@ -476,7 +476,8 @@ def _hop_lines(i: int, h: Hop, now: float) -> list[str]:
     head += (f", path MTU {h.mtu}" if h.mtu else "") + (" (from its record only)" if h.answered_by == "record" else "")
     out = [head, f"    why: {h.reason}"]
     for p in h.probes:
-        tally = f", {p.answered}/{p.sent} answered" if p.sent is not None else ""
+        tally = f", {p.answered}/{p.sent} answered" if p.sent is not None else \
+            ", none sent from here (the peer's probes are the evidence)" if p.up is not None else ""
         state = "up" if p.up else "DOWN" if p.up is False else "no verdict"
         out.append(f"    probe {p.kind} ({', '.join(p.rungs)}): {state}, rtt {_ms(p.rtt_ms)} "
                    f"(last {_ms(p.last_rtt_ms)}), lost {p.lost} in a row{tally}")

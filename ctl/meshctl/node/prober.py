@@ -459,13 +459,15 @@ class Prober:
         p = self.chooser.pairs.get(t.name)
         choice = self.chooser.own_choice(p) if p is not None else None
         payload = self._payload(kind, REQUEST, self._seq, nonce, time.monotonic_ns(), choice)
+        # Stamped before sending: on a fast fabric the kernel may receive the answer before the
+        # send returns, and its receive stamp must not precede this one.
+        self._sent_ns[self._seq] = time.time_ns()
         try:
             self._send(kind, t.internal.packed, self._peer_mac(t, now) if kind == "direct" else None,
                        self.probe_ip.packed, t.probe_ip.packed, payload)
         except OSError as e:
             log.debug("probe %s to %s: %s", kind, t.name, e)
         self._pending[self._seq] = (t.name, kind, now, nonce)
-        self._sent_ns[self._seq] = time.time_ns()
         self.sent += 1
         self._tally.setdefault((t.name, kind), [0, 0, 0.0, 0.0])[0] += 1
 
@@ -573,7 +575,7 @@ class Prober:
             sent_ns = self._sent_ns.pop(seq, None)
             rtt = (self._rx_ns - sent_ns) / 1e9 if sent_ns is not None and self._rx_ns else now - pend[2]
             tally = self._tally.setdefault((t.name, kind), [0, 0, 0.0, 0.0])
-            tally[1:] = [tally[1] + 1, max(0.0, rtt), now]  # kernel and user clocks may cross by microseconds
+            tally[1:] = [tally[1] + 1, rtt, now]
             waiter = self._waiters.pop(seq, None)
             if waiter is not None:
                 waiter[1][0] = rtt
