@@ -171,13 +171,13 @@ def test_blackhole_under_a_ping_and_back(auto_lab) -> None:
     assert _lost(ping) == 0, "packets lost while the pair returned to direct"
 
 
-def explained(st: LabState, src: str, dst: str) -> dict[str, Any]:
+def explained(st: LabState, src: str, dst: str, *flags: str) -> dict[str, Any]:
     """`meshctl explain --lab LAB SRC DST -o json`, run in this process."""
     from click.testing import CliRunner
 
     from meshctl.cli import main
 
-    r = CliRunner().invoke(main, ["explain", "--lab", st.name, src, dst, "-o", "json"])
+    r = CliRunner().invoke(main, ["explain", "--lab", st.name, src, dst, "-o", "json", *flags])
     assert r.exit_code == 0, (src, dst, r.output)
     out: dict[str, Any] = json.loads(r.output)
     return out
@@ -197,6 +197,9 @@ def test_explain_shows_a_blackholed_subnet_move_and_its_lost_probes(auto_lab) ->
                 ("direct", "tunnel", "direct stopped delivering")
 
         assert wait_for(moved, 6, 0.1)  # the failover time test_blackhole_under_a_ping_and_back allows
+        # --probe on the tunnel probes the rung the pair left: lost, and the pair still has its path
+        probe = explained(st, "l1", "l2", "--probe")["probe"]
+        assert (probe["rung"], probe["kind"], probe["answered"]) == ("direct", "direct", False), probe
     finally:
         fabric.change(st, "10.30.1.0/24", "l2")
     assert wait_for(lambda: rung(st, "l1", "l2") == "direct", HOLD_S + 5)
