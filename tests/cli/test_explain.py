@@ -89,7 +89,8 @@ def test_same_subnet_one_direct_hop_with_its_probe_mtu_and_both_ends() -> None:
     assert [(p.kind, p.up, p.sent, p.answered) for p in h.probes] == [("direct", True, 10, 10)]
     assert h.fastpath is not None and (h.fastpath.counter, h.fastpath.packets) == ("direct", 10)
     assert e.arrival is not None and e.arrival.entry is not None and e.arrival.entry.action == "local"
-    assert e.record == "l2: record from cluster c1's etcd backend"
+    assert e.record == "l2: record from cluster c1's etcd backend (location -, internal 10.30.1.12/24, " \
+                       "endpoint -, pod CIDR 10.42.2.0/24)"
     text = format_explanation(e, NOW)
     assert "hop 1: l1 -> l2 on priv, rung direct, path MTU 1500" in text
     assert "fast path at l1: 10.42.2.0/24 direct; counter direct 10 pkts/1000 B" in text
@@ -168,7 +169,7 @@ def test_cross_cluster_names_cluster_node_and_the_remote_etcd() -> None:
     assert e.dst is not None and (e.dst.node, e.dst.cluster, e.dst.source) == ("c2/g1", "c2", "remote")
     [h] = e.hops
     assert h.to == "c2/g1" and h.reason.startswith("c2/g1 is a node of cluster c2")
-    assert e.record == "c2/g1: record from cluster c2's etcd https://10.0.9.1:2379"
+    assert e.record is not None and e.record.startswith("c2/g1: record from cluster c2's etcd https://10.0.9.1:2379 (")
     assert e.arrival is not None and e.arrival.node == "g1" and e.arrival.counter == "local"
     assert explain(src, "a1", "c2/g1").hops[0].to == "c2/g1"
 

@@ -353,13 +353,16 @@ def _kind_probes(pair: PairProbe | None) -> tuple[KindProbe, ...]:
 
 
 def _record(st: AgentStatus, dst: PairEnd) -> str:
-    """Where the destination's record came from: this cluster's backend, or a remote etcd."""
+    """Where the destination's record came from (this cluster's backend, or a remote etcd) and
+    what it publishes."""
     s = st.summary
+    origin = f"cluster {dst.cluster}'s {s.backend if s else '?'} backend"
     if dst.source == "remote" and s is not None and s.remotes is not None:
         c = next((c for c in s.remotes.clusters if c.name == dst.cluster), None)
-        eps = ", ".join(c.endpoints) if c and c.endpoints else "?"
-        return f"{dst.node}: record from cluster {dst.cluster}'s etcd {eps}"
-    return f"{dst.node}: record from cluster {dst.cluster}'s {s.backend if s else '?'} backend"
+        origin = f"cluster {dst.cluster}'s etcd {', '.join(c.endpoints) if c and c.endpoints else '?'}"
+    r = _row(st, dst.node)
+    return f"{dst.node}: record from {origin} (location {r.location or '-'}, internal {r.internal_ip or '-'}, " \
+           f"endpoint {r.endpoint or '-'}, pod CIDR {r.pod_cidr})"
 
 
 # --- why this rung -------------------------------------------------------------------------------
