@@ -1,11 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """The path ladder in a running lab with every fabric kind (lab/labs/fabrics.yaml): each pair on the
 rung its fabric allows, all pairs reachable; what `intra_subnet: direct` loses; a direct pair
-whose fabric turns into a blackhole under a 100 pps ping, and back; no flapping under 20 % loss."""
+whose fabric turns into a blackhole under a 100 pps ping, and back; no flapping under 20 % loss;
+`meshctl explain` naming every pair's measured rung, and a blackhole's move and lost probes."""
 
 from __future__ import annotations
 
 import copy
+import json
 import time
 from importlib.resources import files
 from typing import Any
@@ -88,6 +90,18 @@ def test_every_pair_reachable_on_the_rung_its_fabric_allows(auto_lab) -> None:
         assert seen[(a, b)] == want and seen[(b, a)] == want, ((a, b), seen[(a, b)], seen[(b, a)])
     # Pairs no private network joins take the tunnel.
     assert seen[("l1", "v1")] == "tunnel" and seen[("u2", "h1")] == "tunnel"
+    # `meshctl explain` (its builder, on every agent's status read once) names each pair's measured rung.
+    assert explained_rungs(auto_lab, list(seen)) == {k: [v] for k, v in seen.items()}
+
+
+def explained_rungs(st: LabState, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
+    """The rungs of each pair's hops as explain.explain answers from the lab's agents."""
+    from meshctl.agent.explain import explain
+    from meshctl.agent.status import AgentStatus
+
+    views = {f"{c.name}/{n.name}": AgentStatus.from_json(status(st, n.name)) for c, n in st.nodes()}
+    by_name = {v.node: v for v in views.values()}
+    return {(a, b): [h.rung for h in explain(by_name[a], a, b, views).hops] for a, b in pairs}
 
 
 def test_status_node_list_and_metrics_name_the_rungs(auto_lab) -> None:
@@ -140,6 +154,40 @@ def test_blackhole_under_a_ping_and_back(auto_lab) -> None:
     assert wait_for(lambda: rung(st, "l1", "l2") == "direct" and rung(st, "l2", "l1") == "direct", HOLD_S + 5, 0.05)
     assert time.monotonic() - t1 >= HOLD_S
     assert not ping.result().lost, "packets lost while the pair returned to direct"
+
+
+def explained(st: LabState, src: str, dst: str, *flags: str) -> dict[str, Any]:
+    """`meshctl explain --lab LAB SRC DST -o json`, run in this process."""
+    from click.testing import CliRunner
+
+    from meshctl.cli import main
+
+    r = CliRunner().invoke(main, ["explain", "--lab", st.name, src, dst, "-o", "json", *flags])
+    assert r.exit_code == 0, (src, dst, r.output)
+    out: dict[str, Any] = json.loads(r.output)
+    return out
+
+
+def test_explain_shows_a_blackholed_subnet_move_and_its_lost_probes(auto_lab) -> None:
+    st = auto_lab
+    assert wait_for(lambda: rung(st, "l1", "l2") == "direct", HOLD_S + 5)
+    fabric.change(st, "10.30.1.0/24", "blackhole")
+    try:
+        def moved() -> bool:
+            [hop] = explained(st, node_of(st, "l1").pods[0].netns, "l2")["hops"]
+            probes = {p["kind"]: p for p in hop["probes"]}
+            last = hop["moves"][-1] if hop["moves"] else {}
+            return hop["rung"] == "tunnel" and probes["direct"]["up"] is False and probes["direct"]["lost"] > 0 \
+                and (last.get("from"), last.get("to"), last.get("reason")) == \
+                ("direct", "tunnel", "direct stopped delivering")
+
+        assert wait_for(moved, 6, 0.1)  # the failover time test_blackhole_under_a_ping_and_back allows
+        # --probe on the tunnel probes the rung the pair left: lost, and the pair still has its path
+        probe = explained(st, "l1", "l2", "--probe")["probe"]
+        assert (probe["rung"], probe["kind"], probe["answered"]) == ("direct", "direct", False), probe
+    finally:
+        fabric.change(st, "10.30.1.0/24", "l2")
+    assert wait_for(lambda: rung(st, "l1", "l2") == "direct", HOLD_S + 5)
 
 
 def test_random_loss_does_not_flap(auto_lab) -> None:

@@ -16,7 +16,7 @@ from meshctl.agent.loop import PassDriver, ReconcileLoop, RemoteSource, pod_inte
 from meshctl.agent.path_probing import PathProbing
 from meshctl.agent.reporting import ErrorCounts, LiveReader
 from meshctl.agent.server import StatusServer
-from meshctl.agent.status import AgentStatus, PassSummary
+from meshctl.agent.status import AgentStatus, PassSummary, ProbeResult
 from meshctl.agent.step_runner import StepRunner
 from meshctl.agent.steps import (
     CniStep,
@@ -90,7 +90,7 @@ class Agent:
                             keys.public_key(private_key), self.errors, self._passed)
         loop = ReconcileLoop(passes, wireguard, self._wake, self.stop_event, self.errors)
         live = LiveReader(self.cfg, self.backend, self.paths, wireguard, runner.reports, lambda: self.pod_watch)
-        server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy, self.ready)
+        server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy, self.ready, self.probe)
         self._running = _Running(passes, loop, live, server, datapath)
         server.start()
         if self.remotes is not None:
@@ -186,6 +186,14 @@ class Agent:
         if self._running is None:
             return False
         return time.monotonic() - self._running.loop.last_loop < max(3 * self.cfg.resync_interval, 10)
+
+    def probe(self, peer: str) -> ProbeResult:
+        """One probe now to `peer` on the rung the last pass chose for it (/probe)."""
+        summary = self._running.passes.recorder.head[2] if self._running is not None else None
+        rung = summary.paths.get(peer) if summary is not None else None
+        if self.paths is None or summary is None or rung is None:
+            return ProbeResult(peer, rung, None, False, None, 0.0, f"{peer} is not a node of this agent's plan")
+        return self.paths.probe(peer, rung)
 
     def status(self) -> AgentStatus:
         """The last pass's summary with the live parts read now (the /status document, the metrics)."""

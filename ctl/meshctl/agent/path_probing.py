@@ -10,18 +10,22 @@ The fixed intra_subnet modes: no prober, an empty path-state. `auto` where the p
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from meshctl.agent.status import ProbeStatus
-from meshctl.mesh.chooser import Change, ProbeTuning
+from meshctl.agent.status import ProbeResult, ProbeStatus, RungMove
+from meshctl.mesh.chooser import RUNG_KIND, Change, ProbeTuning
 from meshctl.mesh.ladder import probe_ladders
 from meshctl.mesh.model import ENCAP_RUNGS, PathState, Rung, Topology
 from meshctl.node.prober import Prober, Target, probe_address
 
 log = logging.getLogger("meshctl.agent")
+
+HISTORY_MOVES = 3  # the last moves of each pair the status carries
 
 UNPROBED_RUNGS: frozenset[str] = frozenset({"direct", "wireguard-private"})
 
@@ -114,11 +118,55 @@ class PathProbing:
         return self.prober.changes() if self.prober is not None else []
 
     def status(self) -> ProbeStatus | None:
-        """The prober's counters and verdicts now; None when no prober runs."""
-        return ProbeStatus.from_json(self.prober.status()) if self.prober is not None else None
+        """The prober's counters and verdicts now, each pair with its last moves; None when no
+        prober runs."""
+        if self.prober is None:
+            return None
+        return with_history(ProbeStatus.from_json(self.prober.status()), self.prober.changes(),
+                            time.time() - time.monotonic())
+
+    def probe(self, peer: str, rung: str | None) -> ProbeResult:
+        """One probe now towards `peer` of the kind that tests `rung` (the pair's rung), and
+        whether it came back; for `tunnel`, of the pair's cheapest private rung (the result names
+        the rung probed). A relay, a pair without private rungs or no prober give a result with
+        `error` saying so, and nothing is sent."""
+        timeout = self.tuning.timeout
+        kind = RUNG_KIND.get(rung or "")
+        if self.prober is None:
+            return ProbeResult(peer, rung, kind, False, None, timeout,
+                               "no path prober runs on this node (intra_subnet is not auto, or no private IPv4)")
+        if kind is None and rung == "tunnel":
+            # The tunnel is not probed (WireGuard's handshake is its evidence): the pair's cheapest
+            # private rung is, which says whether the private network delivers again.
+            pair = self.prober.status()["pairs"].get(peer) or {}
+            rung = next((r for r in pair.get("ladder", ()) if r in RUNG_KIND), None)
+            kind = RUNG_KIND.get(rung or "")
+            rung = rung or "tunnel"
+        if kind is None:
+            return ProbeResult(peer, rung, None, False, None, timeout,
+                               f"rung {rung or 'none'} is not probed (only the private rungs are; "
+                               "WireGuard's handshake is the tunnel's evidence)")
+        try:
+            rtt = self.prober.probe_once(peer, kind, timeout)
+        except KeyError:
+            return ProbeResult(peer, rung, kind, False, None, timeout, f"{peer} is not probed on {kind} from here")
+        return ProbeResult(peer, rung, kind, rtt is not None, round(rtt * 1000, 3) if rtt is not None else None,
+                           timeout)
 
     def stop(self) -> None:
         if self.prober is not None:
             self.prober.stop()
             self.prober = None
             self._key = None
+
+
+def with_history(st: ProbeStatus, changes: Sequence[Change], wall_offset: float) -> ProbeStatus:
+    """`st` with each pair's last HISTORY_MOVES rung changes (the chooser's times are monotonic:
+    `wall_offset` turns them into wall-clock times)."""
+    moves: dict[str, list[RungMove]] = {}
+    for c in changes:
+        if c.peer in st.pairs:
+            moves.setdefault(c.peer, []).append(RungMove(c.old, c.new, c.reason, round(c.at + wall_offset, 3)))
+    pairs = {name: dataclasses.replace(p, history=tuple(moves.get(name, ())[-HISTORY_MOVES:]))
+             for name, p in st.pairs.items()}
+    return dataclasses.replace(st, pairs=pairs)

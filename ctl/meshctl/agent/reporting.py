@@ -6,6 +6,7 @@ from is the same object, so a `/status` or `/metrics` scrape does not compete wi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -21,6 +22,8 @@ from meshctl.agent.status import (
     BackendBlocks,
     CniStatus,
     DatapathStatus,
+    FastPathRow,
+    Interfaces,
     LastReconcile,
     LiveStatus,
     NodeRow,
@@ -36,13 +39,17 @@ from meshctl.agent.status import (
 )
 from meshctl.agent.steps import DatapathReport, StepStatus, WireGuardReport
 from meshctl.backends.base import Backend, ClusterState
+from meshctl.datapath import links
+from meshctl.datapath.layout import OVERHEAD
+from meshctl.errors import MeshError
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.checks import dead_tunnels, host_prefix_warnings
 from meshctl.mesh.chooser import Change
-from meshctl.mesh.model import Topology
-from meshctl.mesh.plan import NodePlan
+from meshctl.mesh.model import ENCAP_RUNGS, Topology
+from meshctl.mesh.plan import FastPathEntry, NodePlan
 from meshctl.mesh.render import node_rows
 from meshctl.mesh.segments import Remote
+from meshctl.node.discovery import WG_OVERHEAD
 from meshctl.node.wireguard import PeerStatus
 
 log = logging.getLogger("meshctl.agent")
@@ -167,7 +174,9 @@ class PassRecorder:
             last_reconcile=LastReconcile(time.time(), round(dt, 6), round(cpu, 6), out.applied, run.full,
                                          tuple(run.reused), dict(run.errors), dict(run.steps_ms)),
             reconcile=ReconcileTotals(self._ok_total, self._failed_total, out.full_total),
-            errors_total=self.errors_total.snapshot(), pid=os.getpid(), remotes=out.remotes)
+            errors_total=self.errors_total.snapshot(), pid=os.getpid(), remotes=out.remotes,
+            interfaces=Interfaces(self.cfg.private_interface, self.cfg.wg_interface),
+            path_mtu=rung_mtus(_mtu_of(self.cfg.private_interface)))
         self.head = (state.ready, state.reason, summary)
         return summary
 
@@ -185,6 +194,31 @@ class PassRecorder:
                           for w in host_prefix_warnings(topo, only=self.cfg.node_name)]
             memo = self._warnings = (topo, tuple(found))
         return memo[1]
+
+
+def rung_mtus(private_mtu: int | None) -> dict[str, int]:
+    """The largest packet each rung carries from a node whose private NIC has `private_mtu`
+    (None: no private NIC; then the WireGuard rungs as over a 1500-byte one): the NIC's MTU,
+    less each encapsulation's overhead, and WireGuard's device MTU for its two rungs."""
+    out: dict[str, int] = {}
+    if private_mtu is not None:
+        out["direct"] = private_mtu
+        out.update({rung: private_mtu - OVERHEAD[kind] for rung, kind in ENCAP_RUNGS.items()})
+    wg = (private_mtu or DEFAULT_MTU) - WG_OVERHEAD
+    out.update({"wireguard-private": wg, "tunnel": wg})
+    return out
+
+
+DEFAULT_MTU = 1500
+
+
+def _mtu_of(dev: str | None) -> int | None:
+    if not dev:
+        return None
+    try:
+        return links.mtu(dev)
+    except MeshError:
+        return None
 
 
 def _int_or_none(v: object) -> int | None:
@@ -263,8 +297,9 @@ class LiveReader:
                 log.debug("wireguard show: %s", e)
             if shown is not None:  # None: no device yet
                 self._live_peers = (time.monotonic(), live)
-        return tuple(PeerRow(r.name, r.kind, r.public_key, r.endpoint, r.allowed_ips, live.get(r.public_key))
-                     for r in rows[1])
+        now = time.time()
+        return tuple(PeerRow(r.name, r.kind, r.public_key, r.endpoint, r.allowed_ips,
+                             _aged(live.get(r.public_key), now)) for r in rows[1])
 
     def _node_list(self, view: View) -> tuple[NodeRow, ...]:
         """render.node_rows of the last applied view, built once per view. The same admitted
@@ -272,7 +307,10 @@ class LiveReader:
         without remote clusters."""
         cached = self._node_rows
         if cached is None or cached[0][0] is not view[0] or cached[0][2] is not view[2]:
-            cached = self._node_rows = (view, tuple(NodeRow.from_json(r) for r in node_rows(*view)))
+            entries = fastpath_rows(view[2].fastpath)
+            cached = self._node_rows = (view, tuple(
+                dataclasses.replace(row, fastpath=entries.get(row.pod_cidr))
+                for row in (NodeRow.from_json(r) for r in node_rows(*view))))
         return cached[1]
 
 
@@ -283,6 +321,20 @@ def change_counts(changes: Sequence[Change]) -> tuple[RungChanges, ...]:
         key = (c.old or "none", c.new, c.reason)
         counts[key] = counts.get(key, 0) + 1
     return tuple(RungChanges(a, b, r, n) for (a, b, r), n in sorted(counts.items()))
+
+
+def fastpath_rows(entries: Sequence[FastPathEntry]) -> dict[str, FastPathRow]:
+    """A plan's fast-path entries by pod CIDR, as the node list carries them."""
+    return {str(e.prefix): FastPathRow(str(e.prefix), e.action, str(e.nexthop) if e.nexthop else None,
+                                       e.encap.kind if e.encap else None, str(e.encap.local) if e.encap else None,
+                                       str(e.encap.remote) if e.encap else None) for e in entries}
+
+
+def _aged(c: PeerCounters | None, now: float) -> PeerCounters | None:
+    """`c` with its handshake's age at `now` (None without a handshake)."""
+    if c is None or not c.last_handshake:
+        return c
+    return dataclasses.replace(c, handshake_age_s=round(max(0.0, now - c.last_handshake), 3))
 
 
 def peers_by_key(peers: list[PeerStatus]) -> dict[str, PeerCounters]:

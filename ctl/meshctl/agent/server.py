@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs, quote, urlsplit
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -27,6 +28,7 @@ from meshctl.agent.status import (
     DatapathStatus,
     PassSummary,
     PeerRow,
+    ProbeResult,
     ProbeStatus,
     RemotesStatus,
     RungChanges,
@@ -181,10 +183,12 @@ class StatusServer:
     """Serves /metrics, /healthz, /readyz and /status on `addr` in a daemon thread. /healthz says the
     loop is alive (liveness: restart when it is not); /readyz says a plan has been applied (readiness:
     a rolling update waits for it, so the next node's agent restarts only once this one carries
-    traffic again)."""
+    traffic again). /probe?peer=NAME sends one probe to a peer on its rung now (`probe`; without
+    it, 404) and answers agent.status.ProbeResult."""
 
     def __init__(self, addr: str, status: Callable[[], AgentStatus], healthy: Callable[[], bool],
-                 ready: Callable[[], bool] = lambda: True) -> None:
+                 ready: Callable[[], bool] = lambda: True,
+                 probe: Callable[[str], ProbeResult] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(AgentCollector(status))
         self.reconcile_seconds = Histogram(
@@ -206,8 +210,18 @@ class StatusServer:
                     self._send(200 if ok else 503, b"ready\n" if ok else b"no plan applied yet\n", "text/plain")
                 elif path == "/status":
                     self._send(200, json.dumps(status_fn().to_json(), default=str).encode(), "application/json")
+                elif path == "/probe" and probe is not None:
+                    self._probe(probe)
                 else:
                     self._send(404, b"not found\n", "text/plain")
+
+            def _probe(self, fn: Callable[[str], ProbeResult]) -> None:
+                peer = parse_qs(urlsplit(self.path).query).get("peer", [""])[0]
+                if not peer:
+                    self._send(400, json.dumps({"error": "peer: missing (/probe?peer=NAME)"}).encode(),
+                               "application/json")
+                    return
+                self._send(200, json.dumps(fn(peer).to_json()).encode(), "application/json")
 
             def _send(self, code: int, body: bytes, ctype: str) -> None:
                 self.send_response(code)
@@ -238,6 +252,16 @@ class StatusServer:
 def fetch_status(addr: str, netns: str | None = None, timeout: float = 3.0) -> dict[str, Any]:
     """An agent's /status document over HTTP (dialled inside `netns` when given), as JSON;
     AgentStatus.from_json reads it."""
+    return _get_json(addr, "/status", netns, timeout)
+
+
+def fetch_probe(addr: str, peer: str, netns: str | None = None, timeout: float = 5.0) -> ProbeResult:
+    """Ask the agent at `addr` to probe `peer` once now (/probe): what came back."""
+    return ProbeResult.from_json(_get_json(addr, f"/probe?peer={quote(peer, safe='')}", netns, timeout))
+
+
+def _get_json(addr: str, path: str, netns: str | None, timeout: float) -> dict[str, Any]:
+    """A JSON document from an agent's HTTP face; MeshError (one line) when there is none."""
     import requests
 
     from meshctl.errors import MeshError
@@ -245,7 +269,7 @@ def fetch_status(addr: str, netns: str | None = None, timeout: float = 3.0) -> d
 
     try:
         with session(netns) as s:
-            r = s.get(f"http://{addr}/status", timeout=timeout)
+            r = s.get(f"http://{addr}{path}", timeout=timeout)
             r.raise_for_status()
             out: dict[str, Any] = r.json()
             return out
@@ -255,4 +279,4 @@ def fetch_status(addr: str, netns: str | None = None, timeout: float = 3.0) -> d
     except requests.Timeout:
         raise MeshError(f"the meshctl agent at {addr} did not answer within {timeout:.0f} s") from None
     except (requests.RequestException, ValueError) as e:
-        raise MeshError(f"no agent status at {addr}{f' in {netns}' if netns else ''}: {e}") from None
+        raise MeshError(f"no agent answer at {addr}{path}{f' in {netns}' if netns else ''}: {e}") from None

@@ -140,9 +140,27 @@ class RemotesStatus:
 
 
 @dataclass(frozen=True)
+class Interfaces:
+    """The devices this node's traffic leaves on: the private NIC (None: none known) and the
+    WireGuard device."""
+
+    private: str | None
+    wireguard: str
+
+    def to_json(self) -> JSON:
+        return {"private": self.private, "wireguard": self.wireguard}
+
+    @classmethod
+    def from_json(cls, d: JSON) -> Interfaces:
+        return cls(d.get("private"), str(d.get("wireguard", "")))
+
+
+@dataclass(frozen=True)
 class PassSummary:
     """What the last reconcile pass recorded (built once per pass). `remotes` is None when the
-    agent has no cluster mesh (the key is then absent)."""
+    agent has no cluster mesh (the key is then absent); `interfaces` and `path_mtu` (the largest
+    packet each rung carries from this node, by rung) are absent from an agent that does not
+    report them."""
 
     cluster: str
     backend: str
@@ -168,6 +186,8 @@ class PassSummary:
     errors_total: dict[str, int]
     pid: int
     remotes: RemotesStatus | None = None
+    interfaces: Interfaces | None = None
+    path_mtu: dict[str, int] | None = None
 
     def to_json(self) -> JSON:
         out: JSON = {
@@ -185,12 +205,14 @@ class PassSummary:
             "errors_total": dict(self.errors_total), "pid": self.pid,
         }
         _opt(out, "remotes", self.remotes.to_json() if self.remotes is not None else None)
+        _opt(out, "interfaces", self.interfaces.to_json() if self.interfaces is not None else None)
+        _opt(out, "path_mtu", dict(self.path_mtu) if self.path_mtu is not None else None)
         return out
 
     @classmethod
     def from_json(cls, d: JSON) -> PassSummary:
         rec = d.get("reconcile") or {}
-        remotes = d.get("remotes")
+        remotes, ifs, mtu = d.get("remotes"), d.get("interfaces"), d.get("path_mtu")
         return cls(
             cluster=str(d.get("cluster", "")), backend=str(d.get("backend", "")), revision=d.get("revision", 0),
             records=d.get("records"), granularity=d.get("granularity"),
@@ -208,6 +230,8 @@ class PassSummary:
             reconcile=ReconcileTotals(rec.get("ok_total", 0), rec.get("failed_total", 0), rec.get("full_total", 0)),
             errors_total=dict(d.get("errors_total") or {}), pid=d.get("pid", 0),
             remotes=RemotesStatus.from_json(remotes) if isinstance(remotes, dict) else None,
+            interfaces=Interfaces.from_json(ifs) if isinstance(ifs, dict) else None,
+            path_mtu=dict(mtu) if isinstance(mtu, dict) else None,
         )
 
 
@@ -244,33 +268,74 @@ class DatapathStatus:
 @dataclass(frozen=True)
 class ProbeVerdict:
     """One probe kind towards one peer: up (None: no verdict yet), probes lost since the last
-    reply, smoothed RTT, and since when a down kind answers again."""
+    reply, smoothed RTT, and since when a down kind answers again. The tally (probes of this
+    node sent and answered since the peer was first probed, the last answer's RTT and age) is
+    None, and its keys absent, from a prober that does not count."""
 
     up: bool | None
     lost: int
     rtt_ms: float | None
     recovering_since: float | None
+    sent: int | None = None
+    answered: int | None = None
+    last_rtt_ms: float | None = None
+    last_reply_age_s: float | None = None
+
+    def to_json(self) -> JSON:
+        out: JSON = {"up": self.up, "lost": self.lost, "rtt_ms": self.rtt_ms, "recovering_since": self.recovering_since}
+        for key in _TALLY_KEYS:
+            _opt(out, key, getattr(self, key))
+        return out
+
+    @classmethod
+    def from_json(cls, d: JSON) -> ProbeVerdict:
+        return cls(d.get("up"), d.get("lost", 0), d.get("rtt_ms"), d.get("recovering_since"),
+                   *(d.get(k) for k in _TALLY_KEYS))
+
+
+_TALLY_KEYS = ("sent", "answered", "last_rtt_ms", "last_reply_age_s")
+
+
+@dataclass(frozen=True)
+class RungMove:
+    """A pair's rung changed: from (None: the first choice), to, why, and when (wall clock)."""
+
+    old: str | None
+    new: str
+    reason: str
+    at: float
+
+    def to_json(self) -> JSON:
+        return {"from": self.old, "to": self.new, "reason": self.reason, "at": self.at}
+
+    @classmethod
+    def from_json(cls, d: JSON) -> RungMove:
+        return cls(d.get("from"), str(d.get("to", "")), str(d.get("reason", "")), d.get("at", 0.0))
 
 
 @dataclass(frozen=True)
 class PairProbe:
-    """A probed pair: the rung it takes, its ladder, the peer's own choice, each kind's verdict."""
+    """A probed pair: the rung it takes, its ladder, the peer's own choice, each kind's verdict,
+    and its last moves, oldest first (`history`: absent before the pair's first choice)."""
 
     rung: str | None
     ladder: tuple[str, ...]
     peer_choice: str | None
     probes: dict[str, ProbeVerdict]
+    history: tuple[RungMove, ...] = ()
 
     def to_json(self) -> JSON:
-        return {"rung": self.rung, "ladder": list(self.ladder), "peer_choice": self.peer_choice,
-                "probes": {k: {"up": v.up, "lost": v.lost, "rtt_ms": v.rtt_ms, "recovering_since": v.recovering_since}
-                           for k, v in self.probes.items()}}
+        out: JSON = {"rung": self.rung, "ladder": list(self.ladder), "peer_choice": self.peer_choice,
+                     "probes": {k: v.to_json() for k, v in self.probes.items()}}
+        if self.history:
+            out["history"] = [m.to_json() for m in self.history]
+        return out
 
     @classmethod
     def from_json(cls, d: JSON) -> PairProbe:
         return cls(d.get("rung"), tuple(d.get("ladder") or ()), d.get("peer_choice"),
-                   {k: ProbeVerdict(v.get("up"), v.get("lost", 0), v.get("rtt_ms"), v.get("recovering_since"))
-                    for k, v in (d.get("probes") or {}).items()})
+                   {k: ProbeVerdict.from_json(v) for k, v in (d.get("probes") or {}).items()},
+                   tuple(RungMove.from_json(m) for m in d.get("history") or ()))
 
 
 @dataclass(frozen=True)
@@ -353,12 +418,14 @@ class CniStatus:
 
 @dataclass(frozen=True)
 class PeerCounters:
-    """What WireGuard says of a peer now: bytes each way, last handshake (0: none), live endpoint."""
+    """What WireGuard says of a peer now: bytes each way, last handshake (0: none), live endpoint,
+    and the handshake's age when the status was read (None: no handshake, the key is absent)."""
 
     rx_bytes: int
     tx_bytes: int
     last_handshake: float
     live_endpoint: str | None
+    handshake_age_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -379,20 +446,48 @@ class PeerRow:
         if self.live is not None:
             out.update(rx_bytes=self.live.rx_bytes, tx_bytes=self.live.tx_bytes,
                        last_handshake=self.live.last_handshake, live_endpoint=self.live.live_endpoint)
+            _opt(out, "handshake_age_s", self.live.handshake_age_s)
         return out
 
     @classmethod
     def from_json(cls, d: JSON) -> PeerRow:
         live = PeerCounters(d.get("rx_bytes", 0), d.get("tx_bytes", 0), d.get("last_handshake") or 0,
-                            d.get("live_endpoint")) if "rx_bytes" in d else None
+                            d.get("live_endpoint"), d.get("handshake_age_s")) if "rx_bytes" in d else None
         return cls(str(d.get("name", "")), str(d.get("kind", "")), str(d.get("public_key", "")), d.get("endpoint"),
                    tuple(d.get("allowed_ips") or ()), live)
 
 
 @dataclass(frozen=True)
+class FastPathRow:
+    """The fast-path entry this node's plan holds for a node's pod CIDR: its action, private next
+    hop, and the encapsulation with its outer addresses (None for a raw entry)."""
+
+    prefix: str
+    action: str
+    nexthop: str | None
+    encap: str | None = None
+    outer_src: str | None = None
+    outer_dst: str | None = None
+
+    @property
+    def rung(self) -> str:
+        return self.action if self.encap is None else f"{self.action}+{self.encap}"
+
+    def to_json(self) -> JSON:
+        return {"prefix": self.prefix, "action": self.action, "nexthop": self.nexthop, "encap": self.encap,
+                "outer_src": self.outer_src, "outer_dst": self.outer_dst}
+
+    @classmethod
+    def from_json(cls, d: JSON) -> FastPathRow:
+        return cls(str(d.get("prefix", "")), str(d.get("action", "")), d.get("nexthop"), d.get("encap"),
+                   d.get("outer_src"), d.get("outer_dst"))
+
+
+@dataclass(frozen=True)
 class NodeRow:
     """`meshctl node list` from this node: a local or remote node, its addresses, its segment's
-    WireGuard address (leaders only), the path this node takes to it and the relay, if any."""
+    WireGuard address (leaders only), the path this node takes to it, the relay, if any, and the
+    fast-path entry for its pod CIDR (None, the key absent: the plan has none)."""
 
     name: str
     cluster: str
@@ -405,18 +500,23 @@ class NodeRow:
     path: str
     relay: str | None
     relay_reason: str | None
+    fastpath: FastPathRow | None = None
 
     def to_json(self) -> JSON:
-        return {"name": self.name, "cluster": self.cluster, "source": self.source, "location": self.location,
-                "internal_ip": self.internal_ip, "endpoint": self.endpoint, "pod_cidr": self.pod_cidr,
-                "wireguard_ip": self.wireguard_ip, "path": self.path, "relay": self.relay,
-                "relay_reason": self.relay_reason}
+        out: JSON = {"name": self.name, "cluster": self.cluster, "source": self.source, "location": self.location,
+                     "internal_ip": self.internal_ip, "endpoint": self.endpoint, "pod_cidr": self.pod_cidr,
+                     "wireguard_ip": self.wireguard_ip, "path": self.path, "relay": self.relay,
+                     "relay_reason": self.relay_reason}
+        _opt(out, "fastpath", self.fastpath.to_json() if self.fastpath is not None else None)
+        return out
 
     @classmethod
     def from_json(cls, d: JSON) -> NodeRow:
+        fp = d.get("fastpath")
         return cls(str(d.get("name", "")), str(d.get("cluster", "")), str(d.get("source", "")),
                    str(d.get("location") or ""), d.get("internal_ip"), d.get("endpoint"), str(d.get("pod_cidr", "")),
-                   d.get("wireguard_ip"), str(d.get("path", "none")), d.get("relay"), d.get("relay_reason"))
+                   d.get("wireguard_ip"), str(d.get("path", "none")), d.get("relay"), d.get("relay_reason"),
+                   FastPathRow.from_json(fp) if isinstance(fp, dict) else None)
 
 
 @dataclass(frozen=True)
@@ -543,3 +643,29 @@ class AgentStatus:
         summary = PassSummary.from_json(d) if "last_reconcile" in d else None
         return cls(str(d.get("node", "")), bool(d.get("ready")), str(d.get("reason", "")), summary,
                    LiveStatus.from_json(d))
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One probe sent on request (`/probe?peer=NAME`): towards which peer, on which rung and probe
+    kind, whether it came back and its round trip; `error` says why none was sent (then `kind`
+    may be None)."""
+
+    peer: str
+    rung: str | None
+    kind: str | None
+    answered: bool
+    rtt_ms: float | None
+    timeout_s: float
+    error: str | None = None
+
+    def to_json(self) -> JSON:
+        out: JSON = {"peer": self.peer, "rung": self.rung, "kind": self.kind, "answered": self.answered,
+                     "rtt_ms": self.rtt_ms, "timeout_s": self.timeout_s}
+        _opt(out, "error", self.error)
+        return out
+
+    @classmethod
+    def from_json(cls, d: JSON) -> ProbeResult:
+        return cls(str(d.get("peer", "")), d.get("rung"), d.get("kind"), bool(d.get("answered")), d.get("rtt_ms"),
+                   d.get("timeout_s", 0.0), d.get("error"))

@@ -58,6 +58,14 @@ class LabLocator(Protocol):
 
     def etcd(self, lab: str | None, cluster: str | None) -> EtcdTarget: ...
 
+    def nodes(self, lab: str | None) -> tuple[str, ...]:
+        """Every node of the lab as `cluster/node`."""
+        ...
+
+    def pods(self, lab: str | None) -> dict[str, str]:
+        """The lab's pods by name (their namespace's, with and without the lab's prefix): address."""
+        ...
+
 
 class Forwarder(Protocol):
     """Runs a whole command where the lab lives (a lab inside a VM runs its commands there)."""

@@ -292,6 +292,17 @@ class _Locator:
         acc = state.etcd_access(lab, cluster)
         return EtcdTarget(tuple(acc.endpoints), acc.ca, acc.cert, acc.key, acc.netns, acc.user, acc.password_file)
 
+    def nodes(self, lab: str | None) -> tuple[str, ...]:
+        return tuple(f"{c.name}/{n.name}" for c, n in state.resolve(lab).nodes())
+
+    def pods(self, lab: str | None) -> dict[str, str]:
+        st = state.resolve(lab)
+        out: dict[str, str] = {}
+        for _, n in st.nodes():
+            for p in n.pods:
+                out[p.netns] = out[p.netns.removeprefix(st.prefix)] = p.ip
+        return out
+
 
 def register(main: click.Group) -> None:
     """The `meshctl.cli` plugin entry point: the `lab` commands, and lab nodes for --node."""

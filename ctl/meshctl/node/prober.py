@@ -211,6 +211,9 @@ class Prober:
         self._arp_until = 0.0  # the table is read again after this ...
         self._arp_miss_until = 0.0  # ... or, for a peer missing from it, after this
         self._sent_ns: dict[int, int] = {}  # seq -> wall-clock send time (kernel timestamps are wall-clock)
+        # (peer, kind) -> [sent, answered, last RTT s, monotonic time of the last answer] (status only)
+        self._tally: dict[tuple[str, str], list[float]] = {}
+        self._waiters: dict[int, tuple[threading.Event, list[float | None]]] = {}  # probe_once's, by seq
         self._rx_ns = 0  # the kernel's receive time of the packet being handled
         self._rng = random.Random(os.urandom(32))  # nonces: unguessable off-path, no syscall per probe
         self._headers: dict[tuple[bytes, bytes], bytes] = {}  # (src, dst) -> inner IPv4 + UDP headers
@@ -265,6 +268,7 @@ class Prober:
             self._by_internal = {t.internal.packed: t for t in targets}
             self.chooser.set_peers({t.name: t.ladder for t in targets}, time.monotonic())
             self._reschedule(time.monotonic(), spread=True)
+            self._tally = {k: v for k, v in self._tally.items() if k[0] in self._targets}
         os.write(self._wake_w, b"x")
 
     def set_local_rungs(self, rungs: Iterable[str]) -> None:
@@ -293,10 +297,40 @@ class Prober:
             return list(self.chooser.changes)
 
     def status(self) -> dict[str, Any]:
+        """The counters and every pair's verdicts, each kind with its tally (sent, answered, last
+        RTT and the last answer's age)."""
         with self._lock:
+            pairs = self.chooser.status()
+            now = time.monotonic()
+            for (peer, kind), (sent, answered, rtt, at) in self._tally.items():
+                probes = pairs.get(peer, {}).get("probes")
+                if isinstance(probes, dict) and kind in probes:
+                    probes[kind].update(sent=int(sent), answered=int(answered),
+                                        last_rtt_ms=round(rtt * 1000, 3) if answered else None,
+                                        last_reply_age_s=round(now - at, 3) if answered else None)
             return {"port": self.port, "local_rungs": sorted(self.chooser.local_rungs, key=RUNGS.index),
-                    "sent": self.sent, "received": self.received, "cpu_s": round(self.cpu_s, 3),
-                    "pairs": self.chooser.status()}
+                    "sent": self.sent, "received": self.received, "cpu_s": round(self.cpu_s, 3), "pairs": pairs}
+
+    def probe_once(self, peer: str, kind: str, timeout: float | None = None) -> float | None:
+        """Send one probe of `kind` to `peer` now and wait for its answer: the round trip in
+        seconds, or None when none came within `timeout` (default: the tuning's). It counts as
+        one of the pair's probes (the chooser sees it too). KeyError: the peer is not probed on
+        that kind."""
+        wait = self.chooser.tuning.timeout if timeout is None else timeout
+        done = threading.Event()
+        box: list[float | None] = [None]
+        with self._lock:
+            t, pair = self._targets.get(peer), self.chooser.pairs.get(peer)
+            if t is None or pair is None or kind not in pair.kinds:
+                raise KeyError(f"{peer} is not probed on {kind}")
+            self._probe(t, kind, time.monotonic())
+            seq = self._seq
+            self._waiters[seq] = (done, box)
+        os.write(self._wake_w, b"x")
+        done.wait(wait)
+        with self._lock:
+            self._waiters.pop(seq, None)
+        return box[0]
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -425,14 +459,17 @@ class Prober:
         p = self.chooser.pairs.get(t.name)
         choice = self.chooser.own_choice(p) if p is not None else None
         payload = self._payload(kind, REQUEST, self._seq, nonce, time.monotonic_ns(), choice)
+        # Stamped before sending: on a fast fabric the kernel may receive the answer before the
+        # send returns, and its receive stamp must not precede this one.
+        self._sent_ns[self._seq] = time.time_ns()
         try:
             self._send(kind, t.internal.packed, self._peer_mac(t, now) if kind == "direct" else None,
                        self.probe_ip.packed, t.probe_ip.packed, payload)
         except OSError as e:
             log.debug("probe %s to %s: %s", kind, t.name, e)
         self._pending[self._seq] = (t.name, kind, now, nonce)
-        self._sent_ns[self._seq] = time.time_ns()
         self.sent += 1
+        self._tally.setdefault((t.name, kind), [0, 0, 0.0, 0.0])[0] += 1
 
     def _send(self, kind: str, peer_internal: bytes, mac: bytes | None, src_pod: bytes, dst_pod: bytes,
               payload: bytes) -> None:
@@ -537,6 +574,12 @@ class Prober:
             del self._pending[seq]
             sent_ns = self._sent_ns.pop(seq, None)
             rtt = (self._rx_ns - sent_ns) / 1e9 if sent_ns is not None and self._rx_ns else now - pend[2]
+            tally = self._tally.setdefault((t.name, kind), [0, 0, 0.0, 0.0])
+            tally[1:] = [tally[1] + 1, rtt, now]
+            waiter = self._waiters.pop(seq, None)
+            if waiter is not None:
+                waiter[1][0] = rtt
+                waiter[0].set()
             self.chooser.reply(t.name, kind, rtt, now, bits_rungs(caps),
                                RUNGS[choice_i] if choice_i < len(RUNGS) else None)
             self._touched.add(t.name)
