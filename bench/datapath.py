@@ -2,6 +2,7 @@
 """Datapath benchmark: the eBPF fast path against plain kernel routing and wireguard-go.
 
     .venv/bin/python bench/datapath.py [--rounds 9] [--seconds 3] [--rr-rounds 30] [--json out.json]
+    .venv/bin/python bench/datapath.py --against REV [--rounds 9]   # 2. and 3. only, side by side
 
 1. Pod-to-pod TCP throughput (iperf3, one stream) and request/response latency (1-byte TCP
    ping-pong over one connection) between two namespace nodes on one private bridge, in three
@@ -10,7 +11,13 @@
    wireguard-go tunnel between the nodes). Medians and min..max over the rounds. The ping-pong
    client and server are pinned to CPU 0 (see traffic()); iperf3 is not.
 2. BPF_PROG_TEST_RUN ns/packet of each program outcome with 3 and with 100,000 routes.
-3. Map sync time: 100,000 entries into an empty map, a no-op resync, a one-entry change.
+3. Map sync time: 100,000 entries into an empty map, a no-op resync, a one-entry change; and the
+   kernel's batch update of the same 100,000 entries alone (the floor of the first).
+
+With --against REV, 2. and 3. are measured for this tree and for revision REV (`git archive` into
+a temporary directory) in two long-lived worker processes, one round each in turn (the order
+alternating), next to the calibration lines; the report gives each figure side by side, the
+direct decision at 100,000 entries over the bare LPM lookup, and sync over batch update alone.
 
 Runs as root; everything it makes is prefixed mdpb<pid>- and removed at the end, pass or fail.
 """
@@ -28,7 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ctl"))
+# A worker of --against imports the package of the tree it measures (TREE_ENV), not this one's.
+sys.path.insert(0, str(Path(os.environ.get("MDPB_TREE") or Path(__file__).resolve().parents[1]) / "ctl"))
 
 from meshctl.datapath import Datapath, links, loader
 from meshctl.lab.rigs import netns
@@ -38,10 +46,13 @@ from meshctl.mesh.plan import FastPathEntry
 from meshctl.node import discovery
 from meshctl.setns import in_netns
 
+TREE_ENV = "MDPB_TREE"  # the tree a worker of --against measures (read at the sys.path line above)
+RUN_ENV = "MDPB_RUN"  # a worker of --against takes its parent's run name (and so its pin root)
+
 
 def run_names(tag: str) -> tuple[str, str, dict[str, str]]:
     """A benchmark run's names: `tag` and this PID, its BPF pin root, its two nodes' WireGuard devices."""
-    run = f"{tag}{os.getpid() % 10000}"
+    run = os.environ.get(RUN_ENV) or f"{tag}{os.getpid() % 10000}"
     return run, f"/sys/fs/bpf/{run}", {n: f"wg{run}{n}"[:15] for n in ("a", "b")}
 
 
@@ -197,48 +208,74 @@ def traffic(tb: Testbed, rounds: int, seconds: int, tmp: Path, rr_rounds: int) -
 # --- BPF_PROG_TEST_RUN and sync -------------------------------------------------------------
 
 
-def prog_timings() -> dict:
-    out = {}
-    base = [FastPathEntry(ipaddress.ip_network("10.42.1.0/24"), "local", None),
-            FastPathEntry(ipaddress.ip_network("10.42.2.0/24"), "direct", ipaddress.ip_address("192.168.0.2")),
-            FastPathEntry(ipaddress.ip_network("10.42.9.0/24"), "tunnel", None)]
-    big = big_plan(100_000 - len(base))
-    dp = Datapath.open(f"{RUN}-progs", pin_root=PIN_ROOT)
-    try:
+BASE_PLAN = (("10.42.1.0/24", "local", None), ("10.42.2.0/24", "direct", "192.168.0.2"),
+             ("10.42.9.0/24", "tunnel", None))
+DIRECT_100K = "direct (from_pod)"
+
+
+class ProgRig:
+    """One tree's programs, loaded under `node`, and the frames of every outcome: measure(label)
+    syncs the plan of that label ("3 entries", "100,000 entries") and times each outcome."""
+
+    def __init__(self, node: str) -> None:
         from meshctl.datapath import layout
 
-        dp.maps.pods.sync({layout.pod_key(ipaddress.ip_address("10.42.1.5")): layout.pod_value(1)})
-        progs = dp.programs
-        flow_pkt = frame("10.42.1.5", "10.42.2.7", ttl=255, sport=1234, dport=80, proto=PROTO_TCP)
-        run(progs["flow_egress"], flow_pkt)  # the flow exists: the steady-state egress cost
-        deep_direct = next(e for e in reversed(big) if e.action == "direct").prefix.network_address + 5
-        deep_tunnel = next(e for e in reversed(big) if e.action == "tunnel").prefix.network_address + 5
-        for label, entries, direct_dst, tunnel_dst in (
-                ("3 entries", base, "10.42.2.7", "10.42.9.7"),
-                ("100,000 entries", base + big, str(deep_direct), str(deep_tunnel))):
-            dp.sync(entries, "lo")
-            cases = {
-                "direct (from_pod)": (progs["from_pod"], frame("10.42.1.5", direct_dst, ttl=255)),
-                "tunnel pass (from_pod)": (progs["from_pod"], frame("10.42.1.5", tunnel_dst, ttl=255)),
-                "local pass (from_pod)": (progs["from_pod"], frame("10.42.1.6", "10.42.1.9", ttl=255)),
-                "miss pass (from_pod)": (progs["from_pod"], frame("10.42.1.5", "8.8.8.8", ttl=255)),
-                "peer (from_private)": (progs["from_private"], frame("10.42.2.7", "10.42.1.5", ttl=255)),
-                "tracked flow (flow_egress)": (progs["flow_egress"], flow_pkt),
-            }
-            expect = {"direct (from_pod)": "redirect", "peer (from_private)": "redirect"}
-            row = {}
-            for name, (fd, pkt) in cases.items():
-                v = run(fd, pkt).verdict
-                if v != expect.get(name, "ok"):
-                    raise SystemExit(f"{label} {name}: verdict {v}")
-                row[name] = ns_per_packet(fd, pkt)
-            out[label] = row
+        self.node = node
+        self.base = [FastPathEntry(ipaddress.ip_network(n), a, ipaddress.ip_address(h) if h else None)
+                     for n, a, h in BASE_PLAN]
+        self.big = big_plan(100_000 - len(self.base))
+        self.dp = Datapath.open(node, pin_root=PIN_ROOT)
+        if self.dp.maps is None:
+            raise SystemExit(f"datapath of {node}: {self.dp.reason}")
+        self.dp.maps.pods.sync({layout.pod_key(ipaddress.ip_address("10.42.1.5")): layout.pod_value(1)})
+        self.progs = self.dp.programs
+        self.flow_pkt = frame("10.42.1.5", "10.42.2.7", ttl=255, sport=1234, dport=80, proto=PROTO_TCP)
+        run(self.progs["flow_egress"], self.flow_pkt)  # the flow exists: the steady-state egress cost
+        self.synced = ""
+
+    def cases(self, label: str) -> dict[str, tuple[int, bytes]]:
+        big = label != "3 entries"
+        direct_dst = str(next(e for e in reversed(self.big) if e.action == "direct").prefix.network_address + 5) \
+            if big else "10.42.2.7"
+        tunnel_dst = str(next(e for e in reversed(self.big) if e.action == "tunnel").prefix.network_address + 5) \
+            if big else "10.42.9.7"
+        pod, priv, egress = self.progs["from_pod"], self.progs["from_private"], self.progs["flow_egress"]
+        return {
+            DIRECT_100K: (pod, frame("10.42.1.5", direct_dst, ttl=255)),
+            "tunnel pass (from_pod)": (pod, frame("10.42.1.5", tunnel_dst, ttl=255)),
+            "local pass (from_pod)": (pod, frame("10.42.1.6", "10.42.1.9", ttl=255)),
+            "miss pass (from_pod)": (pod, frame("10.42.1.5", "8.8.8.8", ttl=255)),
+            "peer (from_private)": (priv, frame("10.42.2.7", "10.42.1.5", ttl=255)),
+            "tracked flow (flow_egress)": (egress, self.flow_pkt),
+        }
+
+    def measure(self, label: str, rounds: int = 15) -> dict[str, float]:
+        if self.synced != label:
+            self.dp.sync(self.base + self.big if label != "3 entries" else self.base, "lo")
+            self.synced = label
+        expect = {DIRECT_100K: "redirect", "peer (from_private)": "redirect"}
+        row = {}
+        for name, (fd, pkt) in self.cases(label).items():
+            v = run(fd, pkt).verdict
+            if v != expect.get(name, "ok"):
+                raise SystemExit(f"{label} {name}: verdict {v}")
+            row[name] = ns_per_packet(fd, pkt, rounds=rounds)
+        return row
+
+    def close(self) -> None:
+        self.dp.close()
+        Datapath.unload(self.node, pin_root=PIN_ROOT)
+
+
+def prog_timings() -> dict:
+    rig = ProgRig(f"{RUN}-progs")
+    try:
+        return {label: rig.measure(label) for label in ("3 entries", "100,000 entries")}
     finally:
-        dp.close()
-        Datapath.unload(f"{RUN}-progs", pin_root=PIN_ROOT)
-    return out
+        rig.close()
 
 
+BARE_LPM = "bare LPM hit, 8-byte key, 100k"
 CALIBRATION = b"""
 struct k8 { u32 prefixlen; u32 addr; };
 BPF_F_TABLE("lpm_trie", struct k8, u64, lpm8, 131072, BPF_F_NO_PREALLOC);
@@ -273,36 +310,158 @@ def calibration() -> dict:
         pkt = frame("10.42.1.5", dst, ttl=255)
         if run(lpm.fd, pkt).verdict != "1":  # 1: found
             raise SystemExit("calibration: the bare LPM lookup missed")
-        return {"no-op program (harness)": ns_per_packet(noop.fd, pkt),
-                "bare LPM hit, 8-byte key, 100k": ns_per_packet(lpm.fd, pkt)}
+        return {"no-op program (harness)": ns_per_packet(noop.fd, pkt), BARE_LPM: ns_per_packet(lpm.fd, pkt)}
     finally:
         b.cleanup()
+
+
+def sync_round(node: str, plan: list[FastPathEntry]) -> dict[str, float]:
+    """One round of the sync figures, wall seconds (and the process's CPU seconds of the first):
+    the plan into an empty map, a no-op resync, one entry changed, and the kernel's batch update of
+    the same 100,000 entries (encoded beforehand) into the emptied map alone."""
+    from meshctl.datapath import layout, libbpf
+
+    dp = Datapath.open(node, pin_root=PIN_ROOT)
+    try:
+        maps = dp.maps
+        assert maps is not None, dp.reason
+        out = {}
+        c, t = time.process_time(), time.perf_counter()
+        st = dp.sync(plan, "lo")
+        out["100k into empty map"], out["100k into empty map (cpu)"] = time.perf_counter() - t, time.process_time() - c
+        assert st.added == len(plan), st
+        t = time.perf_counter()
+        assert dp.sync(plan, "lo").total == 0
+        out["100k no-op resync"] = time.perf_counter() - t
+        changed = list(plan)
+        changed[123] = FastPathEntry(plan[123].prefix, "local", None)
+        t = time.perf_counter()
+        assert dp.sync(changed, "lo").total == 1
+        out["one entry changed"] = time.perf_counter() - t
+        dp.sync([], "lo")
+        table = layout.route_table(plan, links.ifindex("lo"))
+        keys, values = b"".join(table), b"".join(table.values())
+        c, t = time.process_time(), time.perf_counter()
+        libbpf.update_batch(maps.routes.fd, keys, values, len(table))
+        out["batch update alone"], out["batch update alone (cpu)"] = time.perf_counter() - t, time.process_time() - c
+        libbpf.delete_batch(maps.routes.fd, keys, len(table))
+        return out
+    finally:
+        dp.close()
 
 
 def sync_timings(reps: int = 5) -> dict:
     plan = big_plan(100_000)
     node = f"{RUN}-sync"
-    full, noop, one = [], [], []
     try:
-        for _ in range(reps):
-            dp = Datapath.open(node, pin_root=PIN_ROOT)
-            t = time.perf_counter()
-            st = dp.sync(plan, "lo")
-            full.append(time.perf_counter() - t)
-            assert st.added == 100_000, st
-            t = time.perf_counter()
-            assert dp.sync(plan, "lo").total == 0
-            noop.append(time.perf_counter() - t)
-            changed = list(plan)
-            changed[123] = FastPathEntry(plan[123].prefix, "local", None)
-            t = time.perf_counter()
-            assert dp.sync(changed, "lo").total == 1
-            one.append(time.perf_counter() - t)
-            dp.sync([], "lo")
-            dp.close()
+        rounds = [sync_round(node, plan) for _ in range(reps)]
     finally:
         Datapath.unload(node, pin_root=PIN_ROOT)
-    return {"100k into empty map": spread(full), "100k no-op resync": spread(noop), "one entry changed": spread(one)}
+    return {k: spread([r[k] for r in rounds]) for k in rounds[0]}
+
+
+# --- this tree against another revision -----------------------------------------------------
+
+
+def worker() -> None:
+    """--worker: one tree's programs and sync, one round per command read from stdin ("progs",
+    "sync", "quit"), each answered with one JSON line on stdout."""
+    tag = os.environ.get(TREE_ENV, "this")[-6:].replace("/", "-")
+    rig = ProgRig(f"{RUN}-p{tag}")
+    node, plan = f"{RUN}-s{tag}", big_plan(100_000)
+    try:
+        for line in sys.stdin:
+            cmd = line.strip()
+            if cmd == "quit":
+                break
+            res = rig.measure("100,000 entries", rounds=5) if cmd == "progs" else sync_round(node, plan)
+            print(json.dumps(res), flush=True)
+    finally:
+        rig.close()
+        Datapath.unload(node, pin_root=PIN_ROOT)
+
+
+class Worker:
+    """A worker process measuring `tree` (None: this one)."""
+
+    def __init__(self, tree: Path | None) -> None:
+        env = dict(os.environ, **{RUN_ENV: RUN}, **({TREE_ENV: str(tree)} if tree else {}))
+        self.proc = subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env)
+
+    def ask(self, cmd: str) -> dict[str, float]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"the worker of {cmd} ended (exit {self.proc.wait()})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.ask_quit()
+
+    def ask_quit(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("quit\n")
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def baseline_tree(rev: str, into: Path) -> Path:
+    """Revision `rev`'s ctl/ and bpf/ under `into`, its bpf/ reachable as the package meshctl.bpf."""
+    archive = subprocess.run(["git", "archive", rev, "ctl", "bpf"], cwd=Path(__file__).resolve().parents[1],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    (into / "ctl" / "meshctl" / "bpf").symlink_to(into / "bpf")
+    return into
+
+
+def versus(rev: str, rounds: int) -> dict:
+    """Side by side: calibration, the programs at 100,000 entries and the sync, one round of each
+    tree in turn (alternating which goes first), medians over `rounds`."""
+    out: dict[str, dict[str, list[dict[str, float]]]] = {"baseline": {"progs": [], "sync": []},
+                                                         "this tree": {"progs": [], "sync": []}}
+    calib: list[dict[str, float]] = []
+    with tempfile.TemporaryDirectory(prefix=f"{RUN}-rev-") as tmp:
+        workers = {"baseline": Worker(baseline_tree(rev, Path(tmp))), "this tree": Worker(None)}
+        try:
+            for r in range(rounds):
+                order = list(workers) if r % 2 == 0 else list(workers)[::-1]
+                calib.append(calibration())
+                for what in ("progs", "sync"):
+                    for name in order:
+                        out[name][what].append(workers[name].ask(what))
+                print(f"  round {r + 1}: direct " + ", ".join(
+                    f"{n} {out[n]['progs'][-1][DIRECT_100K]:.0f} ns" for n in workers) + ", bare LPM "
+                    f"{calib[-1][BARE_LPM]:.0f} ns; 100k sync " + ", ".join(
+                    f"{n} {out[n]['sync'][-1]['100k into empty map']:.3f} s" for n in workers), file=sys.stderr)
+        finally:
+            for w in workers.values():
+                w.close()
+    med = {k: statistics.median(c[k] for c in calib) for k in calib[0]}
+    return {"rev": rev, "rounds": rounds, "calibration": med,
+            "trees": {n: {what: {k: statistics.median(x[k] for x in xs) for k in xs[0]} for what, xs in d.items()}
+                      for n, d in out.items()}}
+
+
+def report_versus(res: dict) -> str:
+    t, cal = res["trees"], res["calibration"]
+    lines = [f"this tree against {res['rev']}: medians of {res['rounds']} alternating rounds",
+             "calibration: " + ", ".join(f"{k} {v:.0f} ns" for k, v in cal.items()), "",
+             f"{'BPF_PROG_TEST_RUN at 100,000 entries, ns/packet':<50}{'baseline':>10}{'this tree':>11}"]
+    for name in t["baseline"]["progs"]:
+        lines.append(f"{name:<50}{t['baseline']['progs'][name]:>10.0f}{t['this tree']['progs'][name]:>11.0f}")
+    lines.append(f"{'direct / bare LPM hit (goal <= 1.15x)':<50}" + "".join(
+        f"{t[n]['progs'][DIRECT_100K] / cal[BARE_LPM]:>{w}.2f}x" for n, w in (("baseline", 9), ("this tree", 10))))
+    lines += ["", f"{'map sync, s':<50}{'baseline':>10}{'this tree':>11}"]
+    for name in t["baseline"]["sync"]:
+        lines.append(f"{name:<50}{t['baseline']['sync'][name]:>10.3f}{t['this tree']['sync'][name]:>11.3f}")
+    lines.append(f"{'100k into empty map / batch update alone':<50}" + "".join(
+        f"{t[n]['sync']['100k into empty map'] / t[n]['sync']['batch update alone']:>{w}.2f}x"
+        for n, w in (("baseline", 9), ("this tree", 10))))
+    return "\n".join(lines)
 
 
 # --- report ---------------------------------------------------------------------------------
@@ -346,10 +505,24 @@ def main() -> None:
     ap.add_argument("--rr-rounds", type=int, default=30, help="request/response rounds (alternating)")
     ap.add_argument("--skip-traffic", action="store_true")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--against", metavar="REV", help="programs and sync only: this tree and REV side by side")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.worker:
+        return worker()
     loader.ensure_bpffs(PIN_ROOT)
     os.makedirs(PIN_ROOT, exist_ok=True)
     res: dict = {"load": os.getloadavg()}
+    if args.against:
+        try:
+            res["versus"] = versus(args.against, args.rounds)
+        finally:
+            subprocess.run(["rm", "-rf", PIN_ROOT], check=False)
+        print(report_versus(res["versus"]))
+        print(f"load average before/after: {res['load'][0]:.2f} / {os.getloadavg()[0]:.2f}")
+        if args.json:
+            args.json.write_text(json.dumps(res, indent=1))
+        return None
     tb = Testbed(f"{RUN}-")
     try:
         res["calibration"] = calibration()
