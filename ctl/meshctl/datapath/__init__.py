@@ -244,12 +244,11 @@ class Datapath:
         """Diff the plan's entries against the pinned LPM map; change only what differs."""
         if self._loaded is None:
             return SyncStats(0, 0, 0)
-        desired = Table.of(*layout.route_rows(entries, links.ifindex(private_if)))
+        desired = Table(*layout.route_rows(entries, links.ifindex(private_if)))
         # The first sync after open diffs against the pinned map itself (nothing to diff when it is
         # empty); later ones against what this agent wrote (reading a large map back costs more
         # than the whole diff).
-        stats = self._loaded.maps.routes.sync_table(desired, self._routes_written)
-        self._routes_written = desired
+        stats, self._routes_written = self._loaded.maps.routes.sync_table(desired, self._routes_written)
         return stats
 
     def counters(self) -> dict[str, tuple[int, int]]:

@@ -15,6 +15,7 @@ import errno
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from meshctl.datapath import layout, libbpf
 from meshctl.errors import MeshError
@@ -33,20 +34,20 @@ class SyncStats:
 
 @dataclass(frozen=True)
 class Table:
-    """A map's whole content: key i -> value i, keys distinct, in the order they are written; and
-    the same as a dict, for diffing. Build it with Table.of."""
+    """A map's whole content: key i -> value i, in the order they are written; a key listed twice
+    keeps its last value, as in a dict."""
 
     keys: list[bytes]
     values: list[bytes]
-    pairs: dict[bytes, bytes]
 
-    @classmethod
-    def of(cls, keys: list[bytes], values: list[bytes]) -> Table:
-        """From aligned lists; a key listed twice keeps its last value (as a dict would)."""
-        pairs = dict(zip(keys, values, strict=True))
-        if len(pairs) != len(keys):
-            keys, values = list(pairs), list(pairs.values())
-        return cls(keys, values, pairs)
+    @cached_property
+    def pairs(self) -> dict[bytes, bytes]:
+        return dict(zip(self.keys, self.values, strict=True))
+
+    def distinct(self) -> Table:
+        """The same content with every key listed once (this table when none repeats)."""
+        pairs = self.pairs
+        return self if len(pairs) == len(self.keys) else Table(list(pairs), list(pairs.values()))
 
 
 class Map:
@@ -104,21 +105,25 @@ class Map:
         self._update(list(put), list(put.values()))
         return SyncStats(added, len(put) - added, len(gone))
 
-    def sync_table(self, desired: Table, written: Table | None = None) -> SyncStats:
-        """Make the map hold exactly `desired`, as sync() does. `written`: the Table this map was
-        last synced to (None: read the map). The same keys in the same order as `written` (a plan
-        whose paths changed, or nothing) writes the changed values alone, found by comparing the
-        two value lists; an empty map takes `desired` in one batch."""
-        if written is not None and desired.keys == written.keys:
+    def sync_table(self, desired: Table, written: Table | None = None) -> tuple[SyncStats, Table]:
+        """Make the map hold exactly `desired`, as sync() does; returns the stats and the table now
+        in the map, every key once: pass it as `written` to the next sync_table (None: read the
+        map). The same keys in the same order as `written` (a plan whose paths changed, or none)
+        writes the changed values alone, found by comparing the two value lists; into an empty map
+        `desired` goes as one batch with no diff (its dict is built only when a later sync needs it)."""
+        if written is not None and desired.keys == written.keys:  # so desired's keys are distinct too
             if desired.values == written.values:
-                return SyncStats(0, 0, 0)
+                return SyncStats(0, 0, 0), written
             changed = [i for i, (new, old) in enumerate(zip(desired.values, written.values, strict=True)) if new != old]
             self._update([desired.keys[i] for i in changed], [desired.values[i] for i in changed])
-            return SyncStats(0, len(changed), 0)
+            return SyncStats(0, len(changed), 0), desired
         if written is None and self.empty():
+            if len(set(desired.keys)) != len(desired.keys):  # a set: cheaper than the dict, built only if needed
+                desired = desired.distinct()
             self._update(desired.keys, desired.values)
-            return SyncStats(len(desired.keys), 0, 0)
-        return self.sync(desired.pairs, written.pairs if written is not None else None)
+            return SyncStats(len(desired.keys), 0, 0), desired
+        desired = desired.distinct()
+        return self.sync(desired.pairs, written.pairs if written is not None else None), desired
 
     def _update(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
         if not keys:
