@@ -561,7 +561,7 @@ def report(res: dict) -> str:
         lines.append("")
         lines.append("map sync (s): median [min..max]")
         for name, s in res["sync"].items():
-            lines.append(f"{name:<24}{s['median']:>8.3f} [{s['min']:.3f}..{s['max']:.3f}]")
+            lines.append(f"{name:<40}{s['median']:>8.3f} [{s['min']:.3f}..{s['max']:.3f}]")
     return "\n".join(lines)
 
 
