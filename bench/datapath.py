@@ -2,6 +2,7 @@
 """Datapath benchmark: the eBPF fast path against plain kernel routing and wireguard-go.
 
     .venv/bin/python bench/datapath.py [--rounds 9] [--seconds 3] [--rr-rounds 30] [--json out.json]
+    .venv/bin/python bench/datapath.py --against REV [--rounds 9]   # 2. and 3. only, side by side
 
 1. Pod-to-pod TCP throughput (iperf3, one stream) and request/response latency (1-byte TCP
    ping-pong over one connection) between two namespace nodes on one private bridge, in three
@@ -10,7 +11,13 @@
    wireguard-go tunnel between the nodes). Medians and min..max over the rounds. The ping-pong
    client and server are pinned to CPU 0 (see traffic()); iperf3 is not.
 2. BPF_PROG_TEST_RUN ns/packet of each program outcome with 3 and with 100,000 routes.
-3. Map sync time: 100,000 entries into an empty map, a no-op resync, a one-entry change.
+3. Map sync time: 100,000 entries into an empty map, a no-op resync, a one-entry change; and the
+   kernel's batch update of the same 100,000 entries alone (the floor of the first).
+
+With --against REV, 2. and 3. are measured for this tree and for revision REV (`git archive` into
+a temporary directory) in two long-lived worker processes, one round each in turn (the order
+alternating), next to the calibration lines; the report gives each figure side by side, the
+direct decision at 100,000 entries over the bare LPM lookup, and sync over batch update alone.
 
 Runs as root; everything it makes is prefixed mdpb<pid>- and removed at the end, pass or fail.
 """
@@ -27,8 +34,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ctl"))
+# A worker of --against imports the package of the tree it measures (TREE_ENV), not this one's.
+sys.path.insert(0, str(Path(os.environ.get("MDPB_TREE") or Path(__file__).resolve().parents[1]) / "ctl"))
 
 from meshctl.datapath import Datapath, links, loader
 from meshctl.lab.rigs import netns
@@ -38,10 +47,13 @@ from meshctl.mesh.plan import FastPathEntry
 from meshctl.node import discovery
 from meshctl.setns import in_netns
 
+TREE_ENV = "MDPB_TREE"  # the tree a worker of --against measures (read at the sys.path line above)
+RUN_ENV = "MDPB_RUN"  # a worker of --against takes its parent's run name (and so its pin root)
+
 
 def run_names(tag: str) -> tuple[str, str, dict[str, str]]:
     """A benchmark run's names: `tag` and this PID, its BPF pin root, its two nodes' WireGuard devices."""
-    run = f"{tag}{os.getpid() % 10000}"
+    run = os.environ.get(RUN_ENV) or f"{tag}{os.getpid() % 10000}"
     return run, f"/sys/fs/bpf/{run}", {n: f"wg{run}{n}"[:15] for n in ("a", "b")}
 
 
@@ -197,51 +209,87 @@ def traffic(tb: Testbed, rounds: int, seconds: int, tmp: Path, rr_rounds: int) -
 # --- BPF_PROG_TEST_RUN and sync -------------------------------------------------------------
 
 
-def prog_timings() -> dict:
-    out = {}
-    base = [FastPathEntry(ipaddress.ip_network("10.42.1.0/24"), "local", None),
-            FastPathEntry(ipaddress.ip_network("10.42.2.0/24"), "direct", ipaddress.ip_address("192.168.0.2")),
-            FastPathEntry(ipaddress.ip_network("10.42.9.0/24"), "tunnel", None)]
-    big = big_plan(100_000 - len(base))
-    dp = Datapath.open(f"{RUN}-progs", pin_root=PIN_ROOT)
-    try:
+BASE_PLAN = (("10.42.1.0/24", "local", None), ("10.42.2.0/24", "direct", "192.168.0.2"),
+             ("10.42.9.0/24", "tunnel", None))
+DIRECT_100K = "direct (from_pod)"
+
+
+class ProgRig:
+    """One tree's programs, loaded under `node`, and the frames of every outcome: measure(label)
+    syncs the plan of that label ("3 entries", "100,000 entries") and times each outcome."""
+
+    def __init__(self, node: str) -> None:
         from meshctl.datapath import layout
 
-        dp.maps.pods.sync({layout.pod_key(ipaddress.ip_address("10.42.1.5")): layout.pod_value(1)})
-        progs = dp.programs
-        flow_pkt = frame("10.42.1.5", "10.42.2.7", ttl=255, sport=1234, dport=80, proto=PROTO_TCP)
-        run(progs["flow_egress"], flow_pkt)  # the flow exists: the steady-state egress cost
-        deep_direct = next(e for e in reversed(big) if e.action == "direct").prefix.network_address + 5
-        deep_tunnel = next(e for e in reversed(big) if e.action == "tunnel").prefix.network_address + 5
-        for label, entries, direct_dst, tunnel_dst in (
-                ("3 entries", base, "10.42.2.7", "10.42.9.7"),
-                ("100,000 entries", base + big, str(deep_direct), str(deep_tunnel))):
-            dp.sync(entries, "lo")
-            cases = {
-                "direct (from_pod)": (progs["from_pod"], frame("10.42.1.5", direct_dst, ttl=255)),
-                "tunnel pass (from_pod)": (progs["from_pod"], frame("10.42.1.5", tunnel_dst, ttl=255)),
-                "local pass (from_pod)": (progs["from_pod"], frame("10.42.1.6", "10.42.1.9", ttl=255)),
-                "miss pass (from_pod)": (progs["from_pod"], frame("10.42.1.5", "8.8.8.8", ttl=255)),
-                "peer (from_private)": (progs["from_private"], frame("10.42.2.7", "10.42.1.5", ttl=255)),
-                "tracked flow (flow_egress)": (progs["flow_egress"], flow_pkt),
-            }
-            expect = {"direct (from_pod)": "redirect", "peer (from_private)": "redirect"}
-            row = {}
-            for name, (fd, pkt) in cases.items():
-                v = run(fd, pkt).verdict
-                if v != expect.get(name, "ok"):
-                    raise SystemExit(f"{label} {name}: verdict {v}")
-                row[name] = ns_per_packet(fd, pkt)
-            out[label] = row
+        self.node = node
+        self.base = [FastPathEntry(ipaddress.ip_network(n), a, ipaddress.ip_address(h) if h else None)
+                     for n, a, h in BASE_PLAN]
+        self.big = big_plan(100_000 - len(self.base))
+        self.dp = Datapath.open(node, pin_root=PIN_ROOT)
+        if self.dp.maps is None:
+            raise SystemExit(f"datapath of {node}: {self.dp.reason}")
+        self.dp.maps.pods.sync({layout.pod_key(ipaddress.ip_address("10.42.1.5")): layout.pod_value(1)})
+        self.progs = self.dp.programs
+        self.flow_pkt = frame("10.42.1.5", "10.42.2.7", ttl=255, sport=1234, dport=80, proto=PROTO_TCP)
+        run(self.progs["flow_egress"], self.flow_pkt)  # the flow exists: the steady-state egress cost
+        self.synced = ""
+
+    def cases(self, label: str) -> dict[str, tuple[int, bytes]]:
+        big = label != "3 entries"
+        direct_dst = str(next(e for e in reversed(self.big) if e.action == "direct").prefix.network_address + 5) \
+            if big else "10.42.2.7"
+        tunnel_dst = str(next(e for e in reversed(self.big) if e.action == "tunnel").prefix.network_address + 5) \
+            if big else "10.42.9.7"
+        pod, priv, egress = self.progs["from_pod"], self.progs["from_private"], self.progs["flow_egress"]
+        return {
+            DIRECT_100K: (pod, frame("10.42.1.5", direct_dst, ttl=255)),
+            "tunnel pass (from_pod)": (pod, frame("10.42.1.5", tunnel_dst, ttl=255)),
+            "local pass (from_pod)": (pod, frame("10.42.1.6", "10.42.1.9", ttl=255)),
+            "miss pass (from_pod)": (pod, frame("10.42.1.5", "8.8.8.8", ttl=255)),
+            "peer (from_private)": (priv, frame("10.42.2.7", "10.42.1.5", ttl=255)),
+            "tracked flow (flow_egress)": (egress, self.flow_pkt),
+        }
+
+    def measure(self, label: str, rounds: int = 15) -> dict[str, float]:
+        if self.synced != label:
+            self.dp.sync(self.base + self.big if label != "3 entries" else self.base, "lo")
+            self.synced = label
+        expect = {DIRECT_100K: "redirect", "peer (from_private)": "redirect"}
+        row = {}
+        for name, (fd, pkt) in self.cases(label).items():
+            v = run(fd, pkt).verdict
+            if v != expect.get(name, "ok"):
+                raise SystemExit(f"{label} {name}: verdict {v}")
+            row[name] = ns_per_packet(fd, pkt, rounds=rounds)
+        return row
+
+    def close(self) -> None:
+        self.dp.close()
+        Datapath.unload(self.node, pin_root=PIN_ROOT)
+
+
+def prog_timings() -> dict:
+    rig = ProgRig(f"{RUN}-progs")
+    try:
+        return {label: rig.measure(label) for label in ("3 entries", "100,000 entries")}
     finally:
-        dp.close()
-        Datapath.unload(f"{RUN}-progs", pin_root=PIN_ROOT)
-    return out
+        rig.close()
 
 
+BARE_LPM = "bare LPM hit, 8-byte key, 100k"
+# The direct decision's irreducible parts, built up on the routes map's own key (see calibration()).
+LPM24 = "LPM hit, the routes map's 24-byte key, 100k"
+LPM24_FLOW = "  + flow LRU lookup (miss)"
+LPM24_FLOW_NEIGH = "  + bpf_redirect_neigh"
 CALIBRATION = b"""
 struct k8 { u32 prefixlen; u32 addr; };
+struct k24 { u32 prefixlen; u32 family; u32 addr[4]; };
+struct f4 { u32 saddr; u32 daddr; u32 ports; u8 proto; u8 pad[3]; };
 BPF_F_TABLE("lpm_trie", struct k8, u64, lpm8, 131072, BPF_F_NO_PREALLOC);
+BPF_F_TABLE("lpm_trie", struct k24, u64, lpm24, 131072, BPF_F_NO_PREALLOC);
+BPF_TABLE("lru_hash", struct f4, u64, flows, 65536);
+static long (*neigh)(u32 ifindex, struct bpf_redir_neigh *params, int plen, u64 flags) =
+    (void *)BPF_FUNC_redirect_neigh;
 int noop(struct __sk_buff *skb) { return 0; }
 int bare_lpm(struct __sk_buff *skb) {
     void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
@@ -249,60 +297,238 @@ int bare_lpm(struct __sk_buff *skb) {
     struct k8 k = {32, *(u32 *)(data + 30)};
     return lpm8.lookup(&k) ? 1 : 0;
 }
+static __always_inline u64 *lpm24_hit(struct __sk_buff *skb, struct f4 *f) {
+    void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+    if (data + 38 > end) return 0;
+    struct k24 k = {64, 4, {*(u32 *)(data + 30)}};
+    f->saddr = *(u32 *)(data + 26); f->daddr = k.addr[0]; f->ports = *(u32 *)(data + 34); f->proto = 6;
+    return lpm24.lookup(&k);
+}
+int lpm24_only(struct __sk_buff *skb) { struct f4 f = {}; return lpm24_hit(skb, &f) ? 1 : 0; }
+int lpm24_flow(struct __sk_buff *skb) {
+    struct f4 f = {};
+    if (!lpm24_hit(skb, &f)) return 0;
+    return flows.lookup(&f) ? 0 : 1;
+}
+int lpm24_flow_neigh(struct __sk_buff *skb) {
+    struct f4 f = {};
+    u64 *v = lpm24_hit(skb, &f);
+    if (!v || flows.lookup(&f)) return 0;
+    struct bpf_redir_neigh nh = {};
+    nh.nh_family = 2;
+    nh.ipv4_nh = (u32)*v;
+    return neigh(1, &nh, sizeof(nh), 0);
+}
 """
 
 
 def calibration() -> dict:
     """The machine's state during this run: the test-run harness alone (a no-op program) and a
-    bare LPM lookup (8-byte IPv4 key) at 100,000 entries. Under load both rise with ours."""
+    bare LPM lookup (8-byte IPv4 key) at 100,000 entries; under load both rise with ours. Then the
+    floor of the direct decision, part by part: the LPM hit on the routes map's 24-byte key, with
+    the flow LRU lookup every direct packet needs (a miss, one flow in the map), with the neighbour
+    redirect it ends in. The fast path adds to these its parsing, TTL and counter."""
     import socket
 
     from bcc import BPF
 
     b = BPF(text=CALIBRATION)
     try:
-        noop, lpm = b.load_func(b"noop", BPF.SCHED_CLS), b.load_func(b"bare_lpm", BPF.SCHED_CLS)
-        t = b[b"lpm8"]
         plan = big_plan(100_000)
-        keys = (t.Key * len(plan))()
-        for i, e in enumerate(plan):
-            keys[i].prefixlen, keys[i].addr = 27, socket.htonl(int(e.prefix.network_address))
-        vals = (t.Leaf * len(plan))()
-        t.items_update_batch(keys, vals)
-        dst = str(plan[-1].prefix.network_address + 5)
-        pkt = frame("10.42.1.5", dst, ttl=255)
-        if run(lpm.fd, pkt).verdict != "1":  # 1: found
-            raise SystemExit("calibration: the bare LPM lookup missed")
-        return {"no-op program (harness)": ns_per_packet(noop.fd, pkt),
-                "bare LPM hit, 8-byte key, 100k": ns_per_packet(lpm.fd, pkt)}
+        for name in (b"lpm8", b"lpm24"):
+            t = b[name]
+            keys = (t.Key * len(plan))()
+            for i, e in enumerate(plan):
+                addr = socket.htonl(int(e.prefix.network_address))
+                if name == b"lpm8":
+                    keys[i].prefixlen, keys[i].addr = 27, addr
+                else:
+                    keys[i].prefixlen, keys[i].family, keys[i].addr[0] = 32 + 27, 4, addr
+            t.items_update_batch(keys, (t.Leaf * len(plan))())
+        flows = b[b"flows"]
+        flows[flows.Key(1, 2, 3, 6)] = flows.Leaf(0)
+        pkt = frame("10.42.1.5", str(plan[-1].prefix.network_address + 5), ttl=255)
+        progs = {"no-op program (harness)": (b"noop", "ok"), BARE_LPM: (b"bare_lpm", "1"), LPM24: (b"lpm24_only", "1"),
+                 LPM24_FLOW: (b"lpm24_flow", "1"), LPM24_FLOW_NEIGH: (b"lpm24_flow_neigh", "redirect")}
+        out = {}
+        for label, (fn, want) in progs.items():
+            fd = b.load_func(fn, BPF.SCHED_CLS).fd
+            if run(fd, pkt).verdict != want:
+                raise SystemExit(f"calibration: {fn.decode()} did not take its path")
+            out[label] = ns_per_packet(fd, pkt)
+        return out
     finally:
         b.cleanup()
+
+
+def sync_round(node: str, plan: list[FastPathEntry]) -> dict[str, float]:
+    """One round of the sync figures, wall seconds (and the process's CPU seconds of the first, all
+    of it and without the batch call inside): the plan into an empty map, a no-op resync, one entry
+    changed, and the kernel's batch update of the same 100,000 entries (encoded beforehand) into
+    the emptied map alone."""
+    from meshctl.datapath import layout, libbpf
+
+    dp = Datapath.open(node, pin_root=PIN_ROOT)
+    try:
+        maps = dp.maps
+        assert maps is not None, dp.reason
+        out = {}
+        in_batch = [0.0]
+        batch = libbpf.update_batch
+
+        def timed_batch(*args: Any) -> None:
+            c = time.process_time()
+            batch(*args)
+            in_batch[0] += time.process_time() - c
+
+        libbpf.update_batch = timed_batch  # both trees' maps call it through the module
+        try:
+            c, t = time.process_time(), time.perf_counter()
+            st = dp.sync(plan, "lo")
+            out["100k into empty map"] = time.perf_counter() - t
+            out["100k into empty map (cpu)"] = time.process_time() - c
+        finally:
+            libbpf.update_batch = batch
+        out["  its own CPU (the batch call left out)"] = out["100k into empty map (cpu)"] - in_batch[0]
+        assert st.added == len(plan), st
+        t = time.perf_counter()
+        assert dp.sync(plan, "lo").total == 0
+        out["100k no-op resync"] = time.perf_counter() - t
+        changed = list(plan)
+        changed[123] = FastPathEntry(plan[123].prefix, "local", None)
+        t = time.perf_counter()
+        assert dp.sync(changed, "lo").total == 1
+        out["one entry changed"] = time.perf_counter() - t
+        dp.sync([], "lo")
+        table = layout.route_table(plan, links.ifindex("lo"))
+        keys, values = b"".join(table), b"".join(table.values())
+        c, t = time.process_time(), time.perf_counter()
+        libbpf.update_batch(maps.routes.fd, keys, values, len(table))
+        out["batch update alone"], out["batch update alone (cpu)"] = time.perf_counter() - t, time.process_time() - c
+        libbpf.delete_batch(maps.routes.fd, keys, len(table))
+        return out
+    finally:
+        dp.close()
 
 
 def sync_timings(reps: int = 5) -> dict:
     plan = big_plan(100_000)
     node = f"{RUN}-sync"
-    full, noop, one = [], [], []
     try:
-        for _ in range(reps):
-            dp = Datapath.open(node, pin_root=PIN_ROOT)
-            t = time.perf_counter()
-            st = dp.sync(plan, "lo")
-            full.append(time.perf_counter() - t)
-            assert st.added == 100_000, st
-            t = time.perf_counter()
-            assert dp.sync(plan, "lo").total == 0
-            noop.append(time.perf_counter() - t)
-            changed = list(plan)
-            changed[123] = FastPathEntry(plan[123].prefix, "local", None)
-            t = time.perf_counter()
-            assert dp.sync(changed, "lo").total == 1
-            one.append(time.perf_counter() - t)
-            dp.sync([], "lo")
-            dp.close()
+        rounds = [sync_round(node, plan) for _ in range(reps)]
     finally:
         Datapath.unload(node, pin_root=PIN_ROOT)
-    return {"100k into empty map": spread(full), "100k no-op resync": spread(noop), "one entry changed": spread(one)}
+    return {k: spread([r[k] for r in rounds]) for k in rounds[0]}
+
+
+# --- this tree against another revision -----------------------------------------------------
+
+
+def worker() -> None:
+    """--worker: one tree's programs and sync, one round per command read from stdin ("progs",
+    "sync", "quit"), each answered with one JSON line on stdout."""
+    tag = os.environ.get(TREE_ENV, "this")[-6:].replace("/", "-")
+    rig = ProgRig(f"{RUN}-p{tag}")
+    node, plan = f"{RUN}-s{tag}", big_plan(100_000)
+    try:
+        for line in sys.stdin:
+            cmd = line.strip()
+            if cmd == "quit":
+                break
+            res = rig.measure("100,000 entries", rounds=5) if cmd == "progs" else sync_round(node, plan)
+            print(json.dumps(res), flush=True)
+    finally:
+        rig.close()
+        Datapath.unload(node, pin_root=PIN_ROOT)
+
+
+class Worker:
+    """A worker process measuring `tree` (None: this one)."""
+
+    def __init__(self, tree: Path | None) -> None:
+        env = dict(os.environ, **{RUN_ENV: RUN}, **({TREE_ENV: str(tree)} if tree else {}))
+        self.proc = subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env)
+
+    def ask(self, cmd: str) -> dict[str, float]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"the worker of {cmd} ended (exit {self.proc.wait()})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.ask_quit()
+
+    def ask_quit(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("quit\n")
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def baseline_tree(rev: str, into: Path) -> Path:
+    """Revision `rev`'s ctl/ and bpf/ under `into`, its bpf/ reachable as the package meshctl.bpf."""
+    archive = subprocess.run(["git", "archive", rev, "ctl", "bpf"], cwd=Path(__file__).resolve().parents[1],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    (into / "ctl" / "meshctl" / "bpf").symlink_to(into / "bpf")
+    return into
+
+
+def versus(rev: str, rounds: int) -> dict:
+    """Side by side: calibration, the programs at 100,000 entries and the sync, one round of each
+    tree in turn (alternating which goes first), medians over `rounds`."""
+    out: dict[str, dict[str, list[dict[str, float]]]] = {"baseline": {"progs": [], "sync": []},
+                                                         "this tree": {"progs": [], "sync": []}}
+    calib: list[dict[str, float]] = []
+    with tempfile.TemporaryDirectory(prefix=f"{RUN}-rev-") as tmp:
+        workers = {"baseline": Worker(baseline_tree(rev, Path(tmp))), "this tree": Worker(None)}
+        try:
+            for r in range(rounds):
+                order = list(workers) if r % 2 == 0 else list(workers)[::-1]
+                calib.append(calibration())
+                for what in ("progs", "sync"):
+                    for name in order:
+                        out[name][what].append(workers[name].ask(what))
+                print(f"  round {r + 1}: direct " + ", ".join(
+                    f"{n} {out[n]['progs'][-1][DIRECT_100K]:.0f} ns" for n in workers) + ", bare LPM "
+                    f"{calib[-1][BARE_LPM]:.0f} ns; 100k sync " + ", ".join(
+                    f"{n} {out[n]['sync'][-1]['100k into empty map']:.3f} s" for n in workers), file=sys.stderr)
+        finally:
+            for w in workers.values():
+                w.close()
+    med = {k: statistics.median(c[k] for c in calib) for k in calib[0]}
+    return {"rev": rev, "rounds": rounds, "calibration": med,
+            "trees": {n: {what: {k: statistics.median(x[k] for x in xs) for k in xs[0]} for what, xs in d.items()}
+                      for n, d in out.items()}}
+
+
+def calibration_lines(cal: dict[str, float]) -> list[str]:
+    return ["calibration (same run), ns/packet:", *(f"  {k:<48}{v:>6.0f}" for k, v in cal.items())]
+
+
+def report_versus(res: dict) -> str:
+    t, cal = res["trees"], res["calibration"]
+    lines = [f"this tree against {res['rev']}: medians of {res['rounds']} alternating rounds",
+             *calibration_lines(cal), f"floor of the direct decision / bare LPM hit: "
+             f"{cal[LPM24_FLOW_NEIGH] / cal[BARE_LPM]:.2f}x", "",
+             f"{'BPF_PROG_TEST_RUN at 100,000 entries, ns/packet':<50}{'baseline':>10}{'this tree':>11}"]
+    for name in t["baseline"]["progs"]:
+        lines.append(f"{name:<50}{t['baseline']['progs'][name]:>10.0f}{t['this tree']['progs'][name]:>11.0f}")
+    lines.append(f"{'direct / bare LPM hit (goal <= 1.15x)':<50}" + "".join(
+        f"{t[n]['progs'][DIRECT_100K] / cal[BARE_LPM]:>{w}.2f}x" for n, w in (("baseline", 9), ("this tree", 10))))
+    lines += ["", f"{'map sync, s':<50}{'baseline':>10}{'this tree':>11}"]
+    for name in t["baseline"]["sync"]:
+        lines.append(f"{name:<50}{t['baseline']['sync'][name]:>10.3f}{t['this tree']['sync'][name]:>11.3f}")
+    # CPU time, not wall: on a shared machine the wall time of one syscall swings with the load.
+    lines.append(f"{'100k into empty map / batch update alone (cpu)':<50}" + "".join(
+        f"{t[n]['sync']['100k into empty map (cpu)'] / t[n]['sync']['batch update alone (cpu)']:>{w}.2f}x"
+        for n, w in (("baseline", 9), ("this tree", 10))))
+    return "\n".join(lines)
 
 
 # --- report ---------------------------------------------------------------------------------
@@ -330,12 +556,12 @@ def report(res: dict) -> str:
         for name in res["programs"][labels[0]]:
             lines.append(f"{name:<28}" + "".join(f"{res['programs'][lb][name]:>18.0f}" for lb in labels))
     if "calibration" in res:
-        lines.append("calibration (same run): " + ", ".join(f"{k} {v:.0f} ns" for k, v in res["calibration"].items()))
+        lines += calibration_lines(res["calibration"])
     if "sync" in res:
         lines.append("")
         lines.append("map sync (s): median [min..max]")
         for name, s in res["sync"].items():
-            lines.append(f"{name:<24}{s['median']:>8.3f} [{s['min']:.3f}..{s['max']:.3f}]")
+            lines.append(f"{name:<40}{s['median']:>8.3f} [{s['min']:.3f}..{s['max']:.3f}]")
     return "\n".join(lines)
 
 
@@ -346,10 +572,24 @@ def main() -> None:
     ap.add_argument("--rr-rounds", type=int, default=30, help="request/response rounds (alternating)")
     ap.add_argument("--skip-traffic", action="store_true")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--against", metavar="REV", help="programs and sync only: this tree and REV side by side")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.worker:
+        return worker()
     loader.ensure_bpffs(PIN_ROOT)
     os.makedirs(PIN_ROOT, exist_ok=True)
     res: dict = {"load": os.getloadavg()}
+    if args.against:
+        try:
+            res["versus"] = versus(args.against, args.rounds)
+        finally:
+            subprocess.run(["rm", "-rf", PIN_ROOT], check=False)
+        print(report_versus(res["versus"]))
+        print(f"load average before/after: {res['load'][0]:.2f} / {os.getloadavg()[0]:.2f}")
+        if args.json:
+            args.json.write_text(json.dumps(res, indent=1))
+        return None
     tb = Testbed(f"{RUN}-")
     try:
         res["calibration"] = calibration()

@@ -67,7 +67,8 @@ def test_100k_entries_load_and_route(pin_root, node):
     took = time.perf_counter() - t
     assert (stats.added, stats.changed, stats.deleted) == (100_000, 0, 0)
     assert took < 5, f"100k-entry sync took {took:.2f} s"
-    assert len(dp.maps.routes.items()) == 100_000
+    # Byte for byte what the plan encodes (the batch into the empty map wrote the plan's own rows).
+    assert dp.maps.routes.items() == layout.route_table(plan, links.ifindex("lo"))
     # The last entry (odd: direct) routes; the one before it (tunnel) passes.
     last = plan[-1].prefix
     assert run(dp.programs["from_pod"], frame("10.42.1.5", str(last.network_address + 3))).verdict == "redirect"
@@ -104,6 +105,25 @@ def test_one_plan_change_touches_one_entry(pin_root, node):
     st = dp2.sync(plan2, "lo")
     assert (st.added, st.changed, st.deleted) == (0, 1, 0)
     dp2.close()
+
+
+def test_a_prefix_listed_twice_keeps_its_last_entry(pin_root, node):
+    dp = Datapath.open(node, pin_root=pin_root)
+    plan = big_plan(100)
+    twice = [*plan, FastPathEntry(plan[3].prefix, "local", None)]
+    st = dp.sync(twice, "lo")
+    assert (st.added, st.changed, st.deleted) == (100, 0, 0)
+    assert layout.decode_route(*_route_of(dp, plan[3].prefix)).entry.action == "local"
+    assert dp.sync(twice, "lo").total == 0
+    st = dp.sync(plan, "lo")  # the same keys, one value back to the plan's
+    assert (st.added, st.changed, st.deleted) == (0, 1, 0)
+    assert dp.maps.routes.items() == layout.route_table(plan, links.ifindex("lo"))
+    dp.close()
+
+
+def _route_of(dp: Datapath, prefix: ipaddress.IPv4Network) -> tuple[bytes, bytes]:
+    key = layout.route_key(prefix)
+    return key, dp.maps.routes.items()[key]
 
 
 def test_a_second_loader_process_sees_the_same_pinned_maps(pin_root, node):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from meshctl import defaults
 from meshctl.datapath import layout, links
-from meshctl.datapath.maps import SyncStats
+from meshctl.datapath.maps import SyncStats, Table
 from meshctl.errors import MeshError
 from meshctl.mesh.model import IPAddress
 from meshctl.mesh.plan import FastPathEntry
@@ -50,7 +50,7 @@ class Datapath:
         self.reason = reason
         self._loaded = loaded
         self._tc_fallback = False
-        self._routes_written: dict[bytes, bytes] | None = None
+        self._routes_written: Table | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -244,11 +244,11 @@ class Datapath:
         """Diff the plan's entries against the pinned LPM map; change only what differs."""
         if self._loaded is None:
             return SyncStats(0, 0, 0)
-        desired = layout.route_table(entries, links.ifindex(private_if))
-        # The first sync after open diffs against the pinned map itself; later ones against what
-        # this agent wrote (reading a large map back costs more than the whole diff).
-        stats = self._loaded.maps.routes.sync(desired, self._routes_written)
-        self._routes_written = desired
+        desired = Table(*layout.route_rows(entries, links.ifindex(private_if)))
+        # The first sync after open diffs against the pinned map itself (nothing to diff when it is
+        # empty); later ones against what this agent wrote (reading a large map back costs more
+        # than the whole diff).
+        stats, self._routes_written = self._loaded.maps.routes.sync_table(desired, self._routes_written)
         return stats
 
     def counters(self) -> dict[str, tuple[int, int]]:

@@ -112,27 +112,37 @@ _ROUTE_KEY4 = struct.Struct("<III12x")  # the IPv4 form of ROUTE_KEY, address as
 
 
 def route_table(entries: Iterable[FastPathEntry], ifindex: int) -> dict[bytes, bytes]:
-    """The routes map the plan's entries call for (`ifindex`: the private NIC, for direct ones).
+    """The routes map the plan's entries call for (`ifindex`: the private NIC, for direct ones); a
+    prefix given twice keeps its last entry."""
+    return dict(zip(*route_rows(entries, ifindex), strict=True))
+
+
+def route_rows(entries: Iterable[FastPathEntry], ifindex: int) -> tuple[list[bytes], list[bytes]]:
+    """route_table as two aligned lists (key i -> value i, in the entries' order, a prefix given
+    twice listed twice): what a sync into an empty map hands the batch call as it is.
 
     Written for speed (the agent re-encodes the whole plan on each sync): it reads the ipaddress
     objects' slots (_version, _prefixlen, _ip: stable since Python 3.3) instead of their
-    properties, and encodes each distinct (action, next hop, encapsulation) value once."""
+    properties, appends to lists rather than filling a dict, and encodes each distinct (action,
+    next hop, encapsulation) value once."""
     k4, k6, htonl = _ROUTE_KEY4.pack, ROUTE_KEY.pack, socket.htonl
     values: dict[tuple[str, int, int, Encap | None], bytes] = {}
-    out: dict[bytes, bytes] = {}
+    keys: list[bytes] = []
+    vals: list[bytes] = []
+    add_key, add_value = keys.append, vals.append
     for e in entries:
         p: Any = e.prefix  # read through its slots, see above
         if p._version == 4:
-            key = k4(32 + p._prefixlen, FAMILY_V4, htonl(p.network_address._ip))
+            add_key(k4(32 + p._prefixlen, FAMILY_V4, htonl(p.network_address._ip)))
         else:
-            key = k6(32 + p._prefixlen, FAMILY_V6, p.network_address.packed)
+            add_key(k6(32 + p._prefixlen, FAMILY_V6, p.network_address.packed))
         nh: Any = e.nexthop
         vk = (e.action, 0, 0, e.encap) if nh is None else (e.action, nh._version, nh._ip, e.encap)
         v = values.get(vk)
         if v is None:
             v = values[vk] = route_value(e.action, ifindex if e.action == "direct" else 0, nh, e.encap)
-        out[key] = v
-    return out
+        add_value(v)
+    return keys, vals
 
 
 def route_value(action: str, ifindex: int, nexthop: IPAddress | None, encap: Encap | None = None) -> bytes:

@@ -247,6 +247,15 @@ def keys(fd: int, key_size: int) -> list[bytes]:
         cur = ctypes.create_string_buffer(nxt.raw, key_size)
 
 
+def empty(fd: int, key_size: int) -> bool:
+    """Whether the map holds no key: one get_next_key (any map type)."""
+    ret = lib().bpf_map_get_next_key(fd, None, ctypes.create_string_buffer(key_size))
+    if ret == -errno.ENOENT:
+        return True
+    _check(ret, "bpf_map_get_next_key")
+    return False
+
+
 def lookup_batch(fd: int, key_size: int, value_size: int, max_entries: int) -> list[tuple[bytes, bytes]]:
     """Every (key, value) in few syscalls. Raises OSError(EINVAL/ENOTSUPP) where the map type has
     no batch lookup; the caller then walks keys."""

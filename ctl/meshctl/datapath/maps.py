@@ -4,15 +4,18 @@
 A sync compares the desired (key -> value) bytes with what the map holds and writes only the
 difference, in batches where the kernel has them (it does for hash and LPM trie maps here), so a
 plan change that touches one entry makes one map update and a packet in flight never sees a
-half-written table.
+half-written table. A whole table (the routes map) is synced from a Table: into an empty map it
+goes as one batch with no diff at all, and against the table last written a resync that changes
+nothing costs one comparison of two lists.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from meshctl.datapath import layout, libbpf
 from meshctl.errors import MeshError
@@ -27,6 +30,24 @@ class SyncStats:
     @property
     def total(self) -> int:
         return self.added + self.changed + self.deleted
+
+
+@dataclass(frozen=True)
+class Table:
+    """A map's whole content: key i -> value i, in the order they are written; a key listed twice
+    keeps its last value, as in a dict."""
+
+    keys: list[bytes]
+    values: list[bytes]
+
+    @cached_property
+    def pairs(self) -> dict[bytes, bytes]:
+        return dict(zip(self.keys, self.values, strict=True))
+
+    def distinct(self) -> Table:
+        """The same content with every key listed once (this table when none repeats)."""
+        pairs = self.pairs
+        return self if len(pairs) == len(self.keys) else Table(list(pairs), list(pairs.values()))
 
 
 class Map:
@@ -49,7 +70,13 @@ class Map:
             os.close(self.fd)
             self.fd = -1
 
+    def empty(self) -> bool:
+        """Whether the map holds nothing: one get_next_key, no read of the entries."""
+        return libbpf.empty(self.fd, self.key_size)
+
     def items(self) -> dict[bytes, bytes]:
+        if self.empty():  # spares lookup_batch's buffers (sized for a full map) on an empty one
+            return {}
         try:
             pairs = libbpf.lookup_batch(self.fd, self.key_size, self.value_size, self.max_entries)
         except OSError as e:
@@ -75,18 +102,38 @@ class Map:
             put, gone, added = dict(desired), [], len(desired)
         # Deletions first: room for additions in a full map, and a removed prefix never shadows.
         self._delete(gone)
-        self._update(put)
+        self._update(list(put), list(put.values()))
         return SyncStats(added, len(put) - added, len(gone))
 
-    def _update(self, pairs: Mapping[bytes, bytes]) -> None:
-        if not pairs:
+    def sync_table(self, desired: Table, written: Table | None = None) -> tuple[SyncStats, Table]:
+        """Make the map hold exactly `desired`, as sync() does; returns the stats and the table now
+        in the map, every key once: pass it as `written` to the next sync_table (None: read the
+        map). The same keys in the same order as `written` (a plan whose paths changed, or none)
+        writes the changed values alone, found by comparing the two value lists; into an empty map
+        `desired` goes as one batch with no diff (its dict is built only when a later sync needs it)."""
+        if written is not None and desired.keys == written.keys:  # so desired's keys are distinct too
+            if desired.values == written.values:
+                return SyncStats(0, 0, 0), written
+            changed = [i for i, (new, old) in enumerate(zip(desired.values, written.values, strict=True)) if new != old]
+            self._update([desired.keys[i] for i in changed], [desired.values[i] for i in changed])
+            return SyncStats(0, len(changed), 0), desired
+        if written is None and self.empty():
+            if len(set(desired.keys)) != len(desired.keys):  # a set: cheaper than the dict, built only if needed
+                desired = desired.distinct()
+            self._update(desired.keys, desired.values)
+            return SyncStats(len(desired.keys), 0, 0), desired
+        desired = desired.distinct()
+        return self.sync(desired.pairs, written.pairs if written is not None else None), desired
+
+    def _update(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        if not keys:
             return
         try:
-            libbpf.update_batch(self.fd, b"".join(pairs.keys()), b"".join(pairs.values()), len(pairs))
+            libbpf.update_batch(self.fd, b"".join(keys), b"".join(values), len(keys))
         except OSError as e:
             if e.errno not in (errno.EINVAL, errno.ENOTSUP, 524):
                 raise
-            for k, v in pairs.items():
+            for k, v in zip(keys, values, strict=True):
                 libbpf.update(self.fd, k, v)
 
     def _delete(self, keys: list[bytes]) -> None:
