@@ -335,7 +335,7 @@ int flow_egress(struct __sk_buff *skb)
         return TC_ACT_OK;
     }
     struct mc_note n;
-    mc_note_init(&n, skb, MC_HOOK_EGRESS);
+    mc_note_init(&n, skb, MC_HOOK_FLOW_EGRESS);
     struct mc_pkt p = {};
     if (mc_parse(skb, &p) < 0) {
         mc_note_end(&n, MC_C_TRACKED, MC_R_NOT_IP);

@@ -171,12 +171,12 @@ struct mc_counter {
  * whose lock is held, so a crashed monitor's bit is cleared by the next monitor that starts or ends.
  * The programs loop over the MC_MON_SLOTS slots (a bounded, unrolled loop) for each event. */
 #define MC_MON_SLOTS 4
-#define MC_MON_RING_BYTES (256 * 1024) /* per slot; a power of two and a multiple of the page size */
+#define MC_MON_RING_BYTES (1024 * 1024) /* per slot; a power of two and a multiple of the page size */
 
 /* Where an event was seen (struct mc_event.hook). */
 #define MC_HOOK_FROM_POD 1     /* tc ingress of a pod veth */
 #define MC_HOOK_FROM_PRIVATE 2 /* tc ingress of the private NIC */
-#define MC_HOOK_EGRESS 3       /* tc egress (flow_egress): a packet leaving through the kernel */
+#define MC_HOOK_FLOW_EGRESS 3  /* tc egress: a packet leaving through the kernel */
 
 /* Event types (bit numbers of mc_mon_slot.types; `--type`). The event's type follows from its
  * outcome (MC_C_*) and whether it was decapsulated (mc_mon_type, lib/monitor.h). */

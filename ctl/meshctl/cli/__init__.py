@@ -54,9 +54,10 @@ def _register() -> None:
     (the agent image leaves the lab out) is skipped."""
     from meshctl.cli import agent as cli_agent
     from meshctl.cli import datapath as cli_datapath
+    from meshctl.cli import monitor as cli_monitor
     from meshctl.cli import plan as cli_plan
 
-    for mod in (cli_plan, cli_datapath, cli_agent):
+    for mod in (cli_plan, cli_datapath, cli_monitor, cli_agent):
         for cmd in mod.COMMANDS:
             main.add_command(cmd)
     for ep in entry_points(group=PLUGIN_GROUP):
