@@ -13,7 +13,7 @@
  *   MC_VXLAN_PORT      UDP destination port of VXLAN (host order)
  *   MC_VXLAN_VNI       VXLAN network identifier of the mesh
  *   MC_VTEP_OUI        first two bytes of a node's VXLAN MAC (the other four: its private IPv4)
- *   MC_PROBE_PORT      UDP port of the agents' path probes (optional: names probes in monitor events)
+ *   MC_PROBE_PORT      UDP port of the agents' path probes (names probes in monitor events)
  */
 #ifndef MESHCTL_MAPS_H
 #define MESHCTL_MAPS_H
@@ -21,8 +21,8 @@
 #define MC_LAYOUT_VERSION 2
 
 #if !defined(MC_PIN_DIR) || !defined(MC_LOADER_LAYOUT) || !defined(MC_MARK) || !defined(MC_VXLAN_PORT) || \
-    !defined(MC_VXLAN_VNI) || !defined(MC_VTEP_OUI)
-#error "load-time settings missing: the loader passes MC_PIN_DIR, MC_LOADER_LAYOUT, MC_MARK, MC_VXLAN_* and MC_VTEP_OUI"
+    !defined(MC_VXLAN_VNI) || !defined(MC_VTEP_OUI) || !defined(MC_PROBE_PORT)
+#error "load-time settings missing: the loader passes MC_PIN_DIR, MC_LOADER_LAYOUT, MC_MARK, MC_VXLAN_*, MC_VTEP_OUI and MC_PROBE_PORT"
 #endif
 #if MC_LOADER_LAYOUT != MC_LAYOUT_VERSION
 #error "datapath/layout.py and meshctl_maps.h disagree on the layout version"
@@ -171,7 +171,7 @@ struct mc_counter {
  * whose lock is held, so a crashed monitor's bit is cleared by the next monitor that starts or ends.
  * The programs loop over the MC_MON_SLOTS slots (a bounded, unrolled loop) for each event. */
 #define MC_MON_SLOTS 4
-#define MC_MON_RING_BYTES (1024 * 1024) /* per slot; a power of two and a multiple of the page size */
+#define MC_MON_RING_BYTES 1048576 /* per slot (1 MiB: ~8,000 events); a power of two, a multiple of the page size */
 
 /* Where an event was seen (struct mc_event.hook). */
 #define MC_HOOK_FROM_POD 1     /* tc ingress of a pod veth */

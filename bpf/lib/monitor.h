@@ -170,10 +170,8 @@ static __always_inline void mc_mon_emit(struct mc_note *n)
 {
     struct mc_event *ev = &n->ev;
     ev->type = mc_mon_type(ev);
-#ifdef MC_PROBE_PORT
     if (ev->reason == MC_R_NO_ENTRY && ev->proto == IPPROTO_UDP && ev->ports.dport == bpf_htons(MC_PROBE_PORT))
         ev->reason = MC_R_PROBE;
-#endif
     ev->ts_ns = bpf_ktime_get_ns();
 #pragma unroll
     for (__u32 i = 0; i < MC_MON_SLOTS; i++) {

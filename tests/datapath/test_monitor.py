@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -19,15 +20,20 @@ import pytest
 from click.testing import CliRunner
 
 from meshctl.cli import main
-from meshctl.datapath import Datapath, layout
+from meshctl.datapath import Datapath, layout, libbpf
+from meshctl.datapath import monitor as mon
 from meshctl.lab.rigs import netns
 from meshctl.lab.rigs.testbed import PODS, Testbed
+from meshctl.lab.rigs.testrun import PROTO_TCP, frame, run
 from meshctl.node import discovery
 from meshctl.setns import in_netns
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
+needs_tcpdump = pytest.mark.skipif(shutil.which("tcpdump") is None, reason="tcpdump is not installed")
 
 A4, B4 = PODS["a"][0], PODS["b"][0]
+BPF_MAP_TYPE_RINGBUF = 27
+RING_BYTES = layout.header_defines("MC_MON_")["RING_BYTES"][0]
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +99,9 @@ def stop_monitor(proc: subprocess.Popen) -> tuple[list[dict], dict]:
 
 def start_capture(tb: Testbed, path: str, expr: str) -> subprocess.Popen:
     """tcpdump of what node a's pod veth receives from the pod."""
-    proc = subprocess.Popen([*netns.exec_prefix(tb.ns("a")), "tcpdump", "-i", "vp1", "-Q", "in", "-n", "-s", "96",
-                             "-U", "--immediate-mode", "-w", path, expr], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    argv = ["tcpdump", "-i", "vp1", "-Q", "in", "-n", "-s", "96", "-U", "--immediate-mode", "-w", path, expr]
+    proc = subprocess.Popen([*netns.exec_prefix(tb.ns("a")), *argv], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     line = proc.stderr.readline()
     assert "listening" in line, line
@@ -115,6 +122,7 @@ def stop_capture(proc: subprocess.Popen, path: str) -> list[int]:
     return lengths
 
 
+@needs_tcpdump
 def test_events_for_a_pair_equal_what_tcpdump_captures(bed, tmp_path):
     pcap = str(tmp_path / "a.pcap")
     cap = start_capture(bed, pcap, f"src {A4} and dst {B4}")
@@ -136,6 +144,7 @@ def test_events_for_a_pair_equal_what_tcpdump_captures(bed, tmp_path):
     assert len(captured) > 20
 
 
+@needs_tcpdump
 def test_a_low_rate_counts_every_event_it_does_not_show(bed, tmp_path):
     pcap = str(tmp_path / "r.pcap")
     cap = start_capture(bed, pcap, f"icmp and src {A4} and dst {B4}")
@@ -183,3 +192,32 @@ def test_a_node_without_the_fast_path_says_so(pin_root):
     r = CliRunner().invoke(main, ["monitor", "--node", "nofastpath", "--bpf-pin-root", pin_root])
     assert r.exit_code == 1
     assert r.output.count("\n") == 1 and "fast path is off" in r.output
+
+
+def test_the_monitor_maps_are_the_layouts_and_a_miss_says_why(unit_dp):
+    """Without traffic: the compiled maps have the layout's sizes, and a test-run packet nobody
+    routes comes out of the ring as a `pass` event with reason `no_entry`, while a filter that
+    does not match it keeps it in the kernel."""
+    pin_dir = unit_dp.pin_dir
+    for name in layout.MONITOR_MAPS:
+        info = libbpf.map_info(fd := libbpf.obj_get(f"{pin_dir}/{name}"))
+        os.close(fd)
+        if name.startswith("mon_ring"):
+            assert (info.type, info.max_entries) == (BPF_MAP_TYPE_RINGBUF, RING_BYTES), name
+        else:
+            assert (info.key_size, info.value_size) == layout.MAP_SIZES[name], name
+    prog = unit_dp.programs["from_pod"]
+    miss = frame("10.42.1.5", "8.8.8.8", ttl=64, sport=1234, dport=80, proto=PROTO_TCP)
+    wide = mon.Session(pin_dir, mon.parse_filter(None, "8.8.0.0/16", "pass", "0"))
+    narrow = mon.Session(pin_dir, mon.parse_filter(None, "9.9.9.9", "all", "0"))
+    try:
+        assert run(prog, miss).verdict == "ok"
+        [raw] = wide.poll(100)
+        assert narrow.poll(100) == []
+    finally:
+        wide.close()
+        narrow.close()
+    ev = mon.decode_event(raw)
+    assert (ev["hook"], ev["type"], ev["decision"], ev["reason"]) == ("from_pod", "pass", "pass", "no_entry")
+    assert (ev["src"], ev["dst"], ev["proto"], ev["sport"], ev["dport"], ev["len"]) == (
+        "10.42.1.5", "8.8.8.8", "tcp", 1234, 80, len(miss))
