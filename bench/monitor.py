@@ -13,9 +13,14 @@ side by side, alternating round by round:
   monitor   this tree's programs with `meshctl monitor` attached on the sending node at the
             default rate, no filter (every packet an event, 1,000 a second let through)
 
-Switching a mode moves the tc links only. Prints each mode's medians and the ratios after/before
-and monitor/before (the goal for after: >= 0.99x throughput, <= 1.01x p50). Runs as root;
-everything it makes is prefixed mmb<pid>- and removed at the end, pass or fail.
+Switching a mode moves the tc links only. Then, less exposed to the machine's other work, the
+programs' own cost: BPF_PROG_TEST_RUN ns per packet of from_pod's direct decision, before and
+after, and after with a monitor slot claimed (rate 1,000: nearly every run is refused by the
+bucket and counted, the costliest steady state of the event path), alternating.
+
+Prints each mode's medians and the ratios after/before and monitor/before (the goal for after:
+>= 0.99x throughput). Runs as root; everything it makes is prefixed mmb<pid>- and removed at the
+end, pass or fail.
 """
 
 from __future__ import annotations
@@ -153,14 +158,51 @@ def measure(tb: Testbed, rounds: int, seconds: int, rr_rounds: int, tmp: Path) -
     return res
 
 
+def prog_costs(old: Path, rounds: int) -> dict[str, list[float]]:
+    """ns/packet of from_pod's direct decision under each mode (see the module doc)."""
+    import ipaddress
+
+    from meshctl.datapath import monitor as mon
+    from meshctl.lab.rigs.testrun import frame, ns_per_packet, run
+    from meshctl.mesh.plan import FastPathEntry
+
+    entries = [FastPathEntry(ipaddress.ip_network("10.42.2.0/24"), "direct", ipaddress.ip_address("192.168.0.2"))]
+    compile_old(old, f"{ROOTS['before']}/unit")
+    dps = {"before": Datapath.pinned("unit", pin_root=ROOTS["before"]),
+           "after": Datapath.open("unit", pin_root=ROOTS["after"])}
+    pkt = frame("10.42.1.5", "10.42.2.7", ttl=255)
+    out: dict[str, list[float]] = {m: [] for m in MODES}
+    try:
+        for dp in dps.values():
+            dp.sync(entries, "lo")
+        for r in range(rounds):
+            for m in MODES if r % 2 == 0 else MODES[::-1]:
+                fd = dps["before" if m == "before" else "after"].programs["from_pod"]
+                session = mon.Session(dps["after"].pin_dir, mon.parse_filter(None, None, "all", "1000")) \
+                    if m == "monitor" else None
+                try:
+                    assert run(fd, pkt).verdict == "redirect"
+                    out[m].append(ns_per_packet(fd, pkt))
+                finally:
+                    if session is not None:
+                        session.close()
+    finally:
+        for dp in dps.values():
+            dp.close()
+    return out
+
+
 def report(res: dict[str, dict[str, list[float]]], against: str) -> str:
-    med = {m: {k: statistics.median(v) for k, v in d.items()} for m, d in res.items()}
+    nan = float("nan")
+    med = {m: {k: statistics.median(d[k]) if d.get(k) else nan for k in ("gbps", "p50_us", "ns")}
+           for m, d in res.items()}
     lines = [f"same-subnet pod to pod, medians (before: {against}'s programs)",
-             f"  {'mode':<8} {'Gbit/s':>8} {'TCP_RR p50 us':>14}"]
-    lines += [f"  {m:<8} {med[m]['gbps']:8.2f} {med[m]['p50_us']:14.1f}" for m in MODES]
+             f"  {'mode':<8} {'Gbit/s':>8} {'TCP_RR p50 us':>14} {'from_pod ns':>12}"]
+    lines += [f"  {m:<8} {med[m]['gbps']:8.2f} {med[m]['p50_us']:14.1f} {med[m]['ns']:12.1f}" for m in MODES]
     for m in ("after", "monitor"):
         lines.append(f"  {m}/before: throughput {med[m]['gbps'] / med['before']['gbps']:.3f}x, "
-                     f"p50 {med[m]['p50_us'] / med['before']['p50_us']:.3f}x")
+                     f"p50 {med[m]['p50_us'] / med['before']['p50_us']:.3f}x, "
+                     f"from_pod {med[m]['ns'] / med['before']['ns']:.3f}x")
     return "\n".join(lines)
 
 
@@ -170,6 +212,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=int, default=2)
     ap.add_argument("--rr-rounds", type=int, default=12)
+    ap.add_argument("--skip-traffic", action="store_true", help="only the programs' test-run cost")
     args = ap.parse_args()
     tb = Testbed(f"{RUN}-")
     with tempfile.TemporaryDirectory(prefix=f"{RUN}-") as tmp:
@@ -181,16 +224,23 @@ def main() -> None:
             for r in ROOTS.values():
                 loader.ensure_bpffs(r)
                 os.makedirs(r, exist_ok=True)
-            tb.up(ipv6=False)
-            for node in ("a", "b"):
-                in_netns(tb.ns(node), lambda node=node: compile_old(old / "bpf", f"{ROOTS['before']}/{node}"))
-            res = measure(tb, args.rounds, args.seconds, args.rr_rounds, Path(tmp))
+            res: dict[str, dict[str, list[float]]] = {m: {} for m in MODES}
+            if not args.skip_traffic:
+                tb.up(ipv6=False)
+                for node in ("a", "b"):
+                    in_netns(tb.ns(node), lambda node=node: compile_old(old / "bpf", f"{ROOTS['before']}/{node}"))
+                res = measure(tb, args.rounds, args.seconds, args.rr_rounds, Path(tmp))
+            for m, ns in prog_costs(old / "bpf", args.rounds * 2).items():
+                res[m]["ns"] = ns
         finally:
             for node in ("a", "b"):
                 for r in ROOTS.values():
                     if netns.exists(tb.ns(node)):
                         with contextlib.suppress(Exception):
                             in_netns(tb.ns(node), lambda node=node, r=r: Datapath.unload(node, pin_root=r))
+            for r in ROOTS.values():
+                with contextlib.suppress(Exception):
+                    Datapath.unload("unit", pin_root=r)
             tb.down()
             for r in ROOTS.values():
                 subprocess.run(["rm", "-rf", r], check=False)
