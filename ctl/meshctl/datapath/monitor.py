@@ -103,6 +103,11 @@ def _addr(family: int, raw: bytes) -> str:
     return ""
 
 
+def _rung(action: str | None, encap: str | None) -> str | None:
+    """The entry's rung as the plan names it (FastPathEntry.rung)."""
+    return None if action is None else action if encap is None else f"{action}+{encap}"
+
+
 def decode_event(raw: bytes) -> dict[str, Any]:
     """One mc_event as plain values (names resolved from the header's tables; owners, interface
     names and wall time are the caller's: see `describe`)."""
@@ -120,6 +125,7 @@ def decode_event(raw: bytes) -> dict[str, Any]:
         "len": length, "type": TYPE_NAMES.get(type_, str(type_)),
         "decision": layout.COUNTERS[outcome] if outcome < len(layout.COUNTERS) else str(outcome),
         "action": layout.ACTION_NAMES.get(action) if action else None,
+        "rung": _rung(layout.ACTION_NAMES.get(action) if action else None, encap_name if action else None),
         "encap": encap_name, "decapsulated": bool(decap),
         "outer_src": _addr(layout.FAMILY_V4, osrc) if outer else None,
         "outer_dst": _addr(layout.FAMILY_V4, odst) if outer else None,
