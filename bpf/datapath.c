@@ -303,26 +303,26 @@ static __always_inline int mc_from_private(struct __sk_buff *skb, struct mc_note
     return mc_redirected(n, bpf_redirect_peer(ifindex, 0), MC_C_PEER);
 }
 
-/* The entry points: the gate (mc_note_init), the program's decision, and only with a monitor
- * attached the event (lib/monitor.h). */
-int from_pod(struct __sk_buff *skb)
+/* The tc ingress programs: the gate (mc_note_init), the program's decision, and only with a
+ * monitor attached the event (lib/monitor.h). `hook` is a constant: each program keeps one branch. */
+static __always_inline int mc_ingress(struct __sk_buff *skb, __u8 hook)
 {
     struct mc_note n;
-    mc_note_init(&n, skb, MC_HOOK_FROM_POD);
-    int verdict = mc_from_pod(skb, &n);
+    mc_note_init(&n, skb, hook);
+    int verdict = hook == MC_HOOK_FROM_POD ? mc_from_pod(skb, &n) : mc_from_private(skb, &n);
     if (n.slots)
         mc_mon_emit(&n);
     return verdict;
 }
 
+int from_pod(struct __sk_buff *skb)
+{
+    return mc_ingress(skb, MC_HOOK_FROM_POD);
+}
+
 int from_private(struct __sk_buff *skb)
 {
-    struct mc_note n;
-    mc_note_init(&n, skb, MC_HOOK_FROM_PRIVATE);
-    int verdict = mc_from_private(skb, &n);
-    if (n.slots)
-        mc_mon_emit(&n);
-    return verdict;
+    return mc_ingress(skb, MC_HOOK_FROM_PRIVATE);
 }
 
 /* Egress events carry MC_C_TRACKED, the program's one counter, whether or not the flow was new;

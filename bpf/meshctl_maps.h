@@ -158,8 +158,9 @@ struct mc_counter {
  *   config[MC_CFG_MONITOR]   the gate: a bitmask of claimed slots. Every program reads it first;
  *                            0 (no monitor) skips the whole event path: one array lookup per packet.
  *   mon_slots[i]             slot i's filter (source/destination prefix, a mask of event types)
- *                            and its token bucket (rate, credit, last refill). The CLI writes the
- *                            filter when it claims the slot; the programs write the bucket.
+ *                            and its token bucket (rate, and the bucket's state as one virtual
+ *                            clock). The CLI writes the filter when it claims the slot; the
+ *                            programs advance the clock, only for the events they let through.
  *   mon_ring<i>              slot i's own ring buffer (BPF_MAP_TYPE_RINGBUF): one reader each, so
  *                            two monitors never share a consumer position.
  *   mon_lost                 per-CPU array, MC_MON_LOST_KINDS counters per slot: events a slot's
@@ -219,9 +220,9 @@ struct mc_mon_prefix {
 struct mc_mon_slot {
     __u32 types;        /* bit MC_T_* set: events of that type are wanted */
     __u32 pad;
-    __u64 cost_ns;      /* credit one event costs: 1e9 / rate; 0: unlimited */
-    __u64 credit_ns;    /* the bucket: at most MC_MON_BURST_NS */
-    __u64 last_ns;      /* bpf_ktime_get_ns of the last refill */
+    __u64 cost_ns;      /* the bucket's time per event: 1e9 / rate; 0: unlimited */
+    __u64 tat_ns;       /* the bucket as a virtual clock: when it would be full again (GCRA) */
+    __u64 pad2;
     struct mc_mon_prefix src;
     struct mc_mon_prefix dst;
 };

@@ -144,24 +144,24 @@ static __always_inline int mc_mon_prefix_match(const struct mc_mon_prefix *f, __
     return 1;
 }
 
-/* The token bucket of a slot: 1 when an event may go out now. The bucket is shared by every CPU
- * and updated without a lock (5.10 has no atomic compare-and-exchange for programs): two CPUs
- * may race on a refill and let a few events too many or too few through, never lose count (the
- * caller counts what it refuses). */
+/* The token bucket of a slot: 1 when an event may go out now. The bucket is kept as the
+ * generic cell rate algorithm's virtual clock `tat` (the time the bucket would be full again):
+ * an event may go when tat - now leaves room for one more event's cost within the burst, and it
+ * advances tat by its cost. A refused event writes nothing, so a busy node's CPUs do not fight
+ * over the slot's cache line for events nobody sees. The clock is updated without a lock (5.10
+ * has no atomic compare-and-exchange for programs): two CPUs racing may let an event too many
+ * through, never lose count (the caller counts what it refuses). */
 static __always_inline int mc_mon_take(struct mc_mon_slot *s, __u64 now)
 {
     __u64 cost = s->cost_ns;
     if (cost == 0)
         return 1;
-    __u64 credit = s->credit_ns + (now - s->last_ns);
-    if (credit > MC_MON_BURST_NS)
-        credit = MC_MON_BURST_NS;
-    s->last_ns = now;
-    if (credit < cost) {
-        s->credit_ns = credit;
+    __u64 tat = s->tat_ns;
+    if (tat < now)
+        tat = now;
+    if (tat - now + cost > MC_MON_BURST_NS)
         return 0;
-    }
-    s->credit_ns = credit - cost;
+    s->tat_ns = tat + cost;
     return 1;
 }
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from typing import Any
 
 import click
@@ -24,6 +25,7 @@ from meshctl.mesh.model import IPNetwork
 from meshctl.setns import in_netns
 
 POLL_MS = 200  # how long one wait for events lasts (Ctrl-C is seen between waits at the latest)
+IFNAMES_REFRESH_S = 1.0  # an unknown ifindex re-reads the interface names at most this often
 
 
 def _target(node: str | None, lab_name: str | None, pin_root: str | None, netns: str | None
@@ -83,16 +85,18 @@ def _run(session: mon.Session, node: str, netns: str | None, owners: list[tuple[
     """Print events until `count` of them, or until SIGINT/SIGTERM (then also what was still in the
     ring); the number printed. The signals only set a flag: a batch is never cut in half."""
     ifnames = in_netns(netns, mon.interface_names)
+    refreshed = time.monotonic()
     offset = mon.clock_offset_ns()
     shown = 0
     stop: list[int] = []
 
     def show(raws: list[bytes]) -> bool:
-        nonlocal ifnames, shown
+        nonlocal ifnames, refreshed, shown
         for raw in raws:
             ev = mon.decode_event(raw)
-            if ev["ifindex"] not in ifnames or (ev["out_ifindex"] and ev["out_ifindex"] not in ifnames):
-                ifnames = in_netns(netns, mon.interface_names)
+            unknown = ev["ifindex"] not in ifnames or (ev["out_ifindex"] and ev["out_ifindex"] not in ifnames)
+            if unknown and time.monotonic() - refreshed > IFNAMES_REFRESH_S:  # a new interface
+                ifnames, refreshed = in_netns(netns, mon.interface_names), time.monotonic()
             e = mon.describe(ev, node, ifnames, owners, offset)
             if not mon.wanted(e, flt.type):
                 continue

@@ -91,7 +91,7 @@ MON_SLOTS = _MON["SLOTS"][0]
 MON_LOST_KINDS = _MON["LOST_KINDS"][0]
 MON_LOST_RATE = _MON["LOST_RATE"][0]
 MON_LOST_BUFFER = _MON["LOST_BUFFER"][0]
-# mc_mon_slot: types, pad, cost_ns, credit_ns, last_ns, then src and dst (family, prefixlen, addr)
+# mc_mon_slot: types, pad, cost_ns, tat_ns, pad, then src and dst (family, prefixlen, addr)
 MON_SLOT = struct.Struct("<IIQQQII16sII16s")
 MON_LOST = struct.Struct("<Q")
 # mc_event: ts_ns, ifindex, len, out_ifindex, mtu, hook, outcome, type, reason, family, proto,

@@ -90,7 +90,7 @@ def _prefix(net: IPNetwork | None) -> tuple[int, int, bytes]:
 
 
 def slot_value(f: Filter) -> bytes:
-    """mc_mon_slot for a filter: an empty bucket that fills to one second's events."""
+    """mc_mon_slot for a filter, its bucket full (one second's events: the virtual clock at 0)."""
     cost = 10**9 // f.rate if f.rate else 0
     return layout.MON_SLOT.pack(type_mask(f.type), 0, cost, 0, 0, *_prefix(f.src), *_prefix(f.dst))
 
