@@ -195,7 +195,7 @@ struct mc_counter {
 #define MC_R_NO_ENTRY 2     /* no routes entry (from_pod) / not a local pod address (from_private) */
 #define MC_R_TTL 3          /* TTL / hop limit <= 1: the kernel answers time exceeded */
 #define MC_R_TOO_BIG 4      /* larger than the path MTU once encapsulated */
-#define MC_R_FRAGMENT 5     /* an IPv4 fragment larger than the path MTU without DF: the kernel fragments */
+#define MC_R_FRAGMENT 5     /* larger than the path MTU, IPv4 without DF: left to the kernel to fragment */
 #define MC_R_KERNEL_FLOW 6  /* a reply of a flow that left through the kernel (NAT, NodePort) */
 #define MC_R_TUNNEL 7       /* a tunnel entry: WireGuard, through the kernel */
 #define MC_R_LOCAL 8        /* a local entry: the kernel delivers it */

@@ -74,7 +74,8 @@ def _owners(node: str, lab_name: str | None, pin_root: str | None, netns: str | 
             netns, addr = t.netns, t.addr
         doc = fetch_status(addr, netns, timeout=1.0)
     except (MeshError, OSError, ValueError) as e:
-        click.echo(f"meshctl: owners not resolved (the agent of {node} did not answer: {e})", err=True)
+        reason = str(e).split(" (")[0]  # the agent's address, without status's advice on --addr
+        click.echo(f"meshctl: addresses shown without owners ({reason})", err=True)
         return []
     rows = ((doc.get("live") or {}).get("node_list")) or []
     return mon.owners_from_node_list(rows)
