@@ -221,3 +221,18 @@ def test_the_monitor_maps_are_the_layouts_and_a_miss_says_why(unit_dp):
     assert (ev["hook"], ev["type"], ev["decision"], ev["reason"]) == ("from_pod", "pass", "pass", "no_entry")
     assert (ev["src"], ev["dst"], ev["proto"], ev["sport"], ev["dport"], ev["len"]) == (
         "10.42.1.5", "8.8.8.8", "tcp", 1234, 80, len(miss))
+
+
+def test_owners_name_pod_and_node_addresses_and_relay_narrows_tunnel_events():
+    rows = [{"name": "c", "cluster": "far", "pod_cidr": "10.42.9.0/24", "internal_ip": "172.20.0.9/24",
+             "path": "relay"},
+            {"name": "b", "cluster": "default", "pod_cidr": "10.42.2.0/24", "internal_ip": "192.168.77.2",
+             "path": "direct"}]
+    owners = mon.owners_from_node_list(rows)
+    base = {"ts_ns": 0, "ifindex": 1, "out_ifindex": None, "src": A4}
+    relayed = mon.describe({**base, "dst": "10.42.9.5", "type": "tunnel"}, "a", {1: "vp1"}, owners, 0)
+    direct = mon.describe({**base, "dst": "192.168.77.2", "type": "tunnel"}, "a", {1: "vp1"}, owners, 0)
+    assert (relayed["dst_owner"], relayed["type"], relayed["src_owner"]) == ("far/c", "relay", None)
+    assert (direct["dst_owner"], direct["type"]) == ("default/b", "tunnel")
+    assert mon.wanted(relayed, "relay") and not mon.wanted(direct, "relay") and mon.wanted(direct, "all")
+    assert mon.type_mask("relay") == mon.type_mask("tunnel")

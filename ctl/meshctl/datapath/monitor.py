@@ -35,7 +35,7 @@ TYPE_NAMES = {v: k for k, v in KERNEL_TYPES.items()}
 # `relay` is a tunnel event whose destination the plan reaches through a relay: the kernel selects
 # tunnel events, the owners (the agent's node list) narrow them.
 RELAY = "relay"
-TYPES = ("all", *KERNEL_TYPES, RELAY)
+TYPES = ("all", *(t for k in KERNEL_TYPES for t in ((k, RELAY) if k == "tunnel" else (k,))))  # relay after tunnel
 REASONS = {v: (name.lower(), text) for name, (v, text) in layout.header_defines("MC_R_").items()}
 PROTOCOLS = {socket.IPPROTO_TCP: "tcp", socket.IPPROTO_UDP: "udp", socket.IPPROTO_ICMP: "icmp",
              socket.IPPROTO_ICMPV6: "icmpv6", socket.IPPROTO_SCTP: "sctp"}
