@@ -28,6 +28,8 @@ from meshctl.lab.rigs.testrun import PROTO_TCP, frame, run
 from meshctl.node import discovery
 from meshctl.setns import in_netns
 
+from .conftest import unload_testbed
+
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 needs_tcpdump = pytest.mark.skipif(shutil.which("tcpdump") is None, reason="tcpdump is not installed")
 
@@ -48,10 +50,7 @@ def bed(pin_root):
         tb.wait_port("a-p1", B4, 5201)
         yield tb
     finally:
-        for node in ("a", "b"):
-            with contextlib.suppress(Exception):
-                in_netns(tb.ns(node), lambda node=node: Datapath.unload(node, pin_root=pin_root))
-        tb.down()
+        unload_testbed(tb, pin_root)
 
 
 def _load(tb: Testbed, node: str) -> None:
