@@ -17,7 +17,8 @@
  *
  * Layout: meshctl_maps.h holds the map layouts; this file declares the maps and holds their
  * accessors and the programs; lib/ holds the parts (features: what the kernel offers, common:
- * header constants and shared helpers, pkt: parsing, flow: tracking, encap, icmp). Load-time
+ * header constants and shared helpers, pkt: parsing, flow: tracking, encap, icmp, monitor: the
+ * events of `meshctl monitor`, behind one gate lookup per packet). Load-time
  * settings arrive as cflags (see meshctl_maps.h and lib/features.h).
  */
 #include <uapi/linux/bpf.h>
@@ -43,6 +44,29 @@ BPF_TABLE_PINNED("lru_hash", struct mc_flow6_key, struct mc_flow_value, flows6, 
                  MC_PIN_DIR "/flows6");
 BPF_TABLE_PINNED("percpu_array", __u32, struct mc_counter, counters, MC_COUNTERS, MC_PIN_DIR "/counters");
 BPF_TABLE_PINNED("array", __u32, __u64, config, MC_CONFIG_SLOTS, MC_PIN_DIR "/config");
+BPF_TABLE_PINNED("array", __u32, struct mc_mon_slot, mon_slots, MC_MON_SLOTS, MC_PIN_DIR "/mon_slots");
+BPF_TABLE_PINNED("percpu_array", __u32, __u64, mon_lost, MC_MON_SLOTS * MC_MON_LOST_KINDS, MC_PIN_DIR "/mon_lost");
+
+/* A pinned ring buffer: bcc 0.26's BPF_RINGBUF_OUTPUT with a pin path (bcc reads the section's
+ * "type:path" as BPF_TABLE_PINNED does). */
+#define MC_RINGBUF_PINNED(_name, _bytes, _pinned)                                                                     \
+    struct _name##_table_t {                                                                                         \
+        int key;                                                                                                     \
+        u32 leaf;                                                                                                    \
+        int (*ringbuf_output)(void *, u64, u64);                                                                     \
+        void *(*ringbuf_reserve)(u64);                                                                               \
+        void (*ringbuf_discard)(void *, u64);                                                                        \
+        void (*ringbuf_submit)(void *, u64);                                                                         \
+        u32 max_entries;                                                                                             \
+    };                                                                                                               \
+    __attribute__((section("maps/ringbuf:" _pinned))) struct _name##_table_t _name = {.max_entries = (_bytes)}
+MC_RINGBUF_PINNED(mon_ring0, MC_MON_RING_BYTES, MC_PIN_DIR "/mon_ring0");
+MC_RINGBUF_PINNED(mon_ring1, MC_MON_RING_BYTES, MC_PIN_DIR "/mon_ring1");
+MC_RINGBUF_PINNED(mon_ring2, MC_MON_RING_BYTES, MC_PIN_DIR "/mon_ring2");
+MC_RINGBUF_PINNED(mon_ring3, MC_MON_RING_BYTES, MC_PIN_DIR "/mon_ring3");
+#if MC_MON_SLOTS != 4
+#error "one mon_ring<i> per monitor slot: declare them above and in mc_mon_output"
+#endif
 
 /* Map accessors. bcc rewrites `map.lookup()` calls only in the main file, so lib/ reaches the
  * maps through these. */
@@ -92,24 +116,54 @@ static __always_inline __u64 mc_config(__u32 slot)
     return v ? *v : 0;
 }
 
+static __always_inline struct mc_mon_slot *mc_mon_slot(__u32 slot)
+{
+    return mon_slots.lookup(&slot);
+}
+
+static __always_inline void mc_mon_count_lost(__u32 slot, __u32 kind)
+{
+    __u32 k = slot * MC_MON_LOST_KINDS + kind;
+    __u64 *c = mon_lost.lookup(&k);
+    if (c)
+        *c += 1;
+}
+
+/* Copies the event into slot `slot`'s ring; <0 when it is full. */
+static __always_inline long mc_mon_output(__u32 slot, struct mc_event *ev)
+{
+    switch (slot) {
+    case 0:
+        return mon_ring0.ringbuf_output(ev, sizeof(*ev), 0);
+    case 1:
+        return mon_ring1.ringbuf_output(ev, sizeof(*ev), 0);
+    case 2:
+        return mon_ring2.ringbuf_output(ev, sizeof(*ev), 0);
+    default:
+        return mon_ring3.ringbuf_output(ev, sizeof(*ev), 0);
+    }
+}
+
 #include "lib/pkt.h"
+#include "lib/monitor.h"
 #include "lib/flow.h"
 #include "lib/encap.h"
 #include "lib/icmp.h"
 
-/* Counts an outcome and returns its tc verdict. */
-static __always_inline int mc_out(__u32 slot, __u32 len, int verdict)
+/* Counts an outcome, notes it (and why) for the monitor, and returns its tc verdict. */
+static __always_inline int mc_out(struct mc_note *n, __u32 slot, __u32 reason, int verdict)
 {
-    mc_count(slot, len);
+    mc_count(slot, n->len);
+    mc_note_end(n, slot, reason);
     return verdict;
 }
 
 /* The verdict after a redirect helper returned `ret`. */
-static __always_inline int mc_redirected(long ret, __u32 slot, __u32 len)
+static __always_inline int mc_redirected(struct mc_note *n, long ret, __u32 slot)
 {
     if (ret != TC_ACT_REDIRECT)
-        return mc_out(MC_C_ERROR, len, TC_ACT_SHOT);
-    return mc_out(slot, len, TC_ACT_REDIRECT);
+        return mc_out(n, MC_C_ERROR, MC_R_REDIRECT, TC_ACT_SHOT);
+    return mc_out(n, slot, MC_R_NONE, TC_ACT_REDIRECT);
 }
 
 /* Redirects to the private NIC through the entry's next hop, or (none) the kernel's route to the
@@ -133,19 +187,24 @@ static __always_inline long mc_redirect_private(const struct mc_route_value *r)
  * segments shrink). IPv4 with DF and IPv6 (never fragmented on the way): answered with ICMP
  * "fragmentation needed" / ICMPv6 "packet too big" into the pod. IPv4 without DF: the kernel's
  * routes decide (they fragment). */
-static __always_inline int mc_too_big(struct __sk_buff *skb, const struct mc_pkt *p, __u32 mtu, __u32 len)
+static __always_inline int mc_too_big(struct __sk_buff *skb, const struct mc_pkt *p, __u32 mtu, struct mc_note *n)
 {
     int ret;
+    mc_note_mtu(n, mtu);
     if (p->family == MC_FAMILY_V6)
         ret = mc_icmp6_too_big(skb, p, mtu);
     else if (p->ip4->frag_off & bpf_htons(MC_IP_DF))
         ret = mc_icmp4_too_big(skb, p, mtu, (__be32)mc_config(MC_CFG_PRIVATE4));
     else
-        return mc_out(MC_C_PASS, len, TC_ACT_OK);
+        return mc_out(n, MC_C_PASS, MC_R_FRAGMENT, TC_ACT_OK);
     if (ret < 0)
-        return mc_out(MC_C_ERROR, len, TC_ACT_SHOT);
+        return mc_out(n, MC_C_ERROR, MC_R_HELPER, TC_ACT_SHOT);
     skb->mark |= MC_MARK; /* not a kernel flow: the pod veth's egress tracker skips it */
-    return mc_redirected(bpf_redirect(skb->ifindex, 0), MC_C_TOO_BIG, len);
+    mc_note_out(n, skb->ifindex);
+    long redir = bpf_redirect(skb->ifindex, 0);
+    if (redir != TC_ACT_REDIRECT)
+        return mc_out(n, MC_C_ERROR, MC_R_REDIRECT, TC_ACT_SHOT);
+    return mc_out(n, MC_C_TOO_BIG, MC_R_TOO_BIG, TC_ACT_REDIRECT);
 }
 
 /* Whether the packet, `overhead` bytes longer, fits the private NIC: 0 yes, 1 no (its MTU in *mtu),
@@ -169,77 +228,105 @@ static __always_inline long mc_fits(struct __sk_buff *skb, const struct mc_route
 }
 
 static __always_inline int mc_forward_encap(struct __sk_buff *skb, struct mc_pkt *p, const struct mc_route_value *r,
-                                            __u32 len)
+                                            struct mc_note *n)
 {
     __u32 overhead = mc_encap_overhead(r->encap);
     __u32 mtu = 0;
     long fits = mc_fits(skb, r, overhead, &mtu);
     if (fits < 0)
-        return mc_out(MC_C_ERROR, len, TC_ACT_SHOT);
+        return mc_out(n, MC_C_ERROR, MC_R_HELPER, TC_ACT_SHOT);
     if (fits)
-        return mc_too_big(skb, p, mtu - overhead, len);
+        return mc_too_big(skb, p, mtu - overhead, n);
     if (mc_dec_ttl(p) < 0)
-        return mc_out(MC_C_PASS, len, TC_ACT_OK);
+        return mc_out(n, MC_C_PASS, MC_R_TTL, TC_ACT_OK);
     if (mc_encap(skb, p, r) < 0)
-        return mc_out(MC_C_ERROR, len, TC_ACT_SHOT);
+        return mc_out(n, MC_C_ERROR, MC_R_HELPER, TC_ACT_SHOT);
     skb->mark |= MC_MARK;
-    return mc_redirected(mc_redirect_private(r), MC_C_ENCAP, len);
+    return mc_redirected(n, mc_redirect_private(r), MC_C_ENCAP);
 }
 
-int from_pod(struct __sk_buff *skb)
+static __always_inline int mc_from_pod(struct __sk_buff *skb, struct mc_note *n)
 {
-    __u32 len = skb->len;
     struct mc_pkt p = {};
     if (mc_parse(skb, &p) < 0)
-        return mc_out(MC_C_PASS, len, TC_ACT_OK);
+        return mc_out(n, MC_C_PASS, MC_R_NOT_IP, TC_ACT_OK);
+    mc_note_pkt(n, &p);
     struct mc_route_key k = {};
     k.family = p.family;
     k.prefixlen = 32 + (p.family == MC_FAMILY_V4 ? 32 : 128);
     mc_daddr(&p, &k.addr);
     struct mc_route_value *r = mc_route_lookup(&k);
     if (!r)
-        return mc_out(MC_C_PASS, len, TC_ACT_OK);
+        return mc_out(n, MC_C_PASS, MC_R_NO_ENTRY, TC_ACT_OK);
+    mc_note_route(n, r);
     if (r->action == MC_ACT_TUNNEL)
-        return mc_out(MC_C_TUNNEL, len, TC_ACT_OK);
+        return mc_out(n, MC_C_TUNNEL, MC_R_TUNNEL, TC_ACT_OK);
     if (r->action != MC_ACT_DIRECT)
-        return mc_out(MC_C_LOCAL, len, TC_ACT_OK);
+        return mc_out(n, MC_C_LOCAL, MC_R_LOCAL, TC_ACT_OK);
     /* A reply of a flow that came into the pod through the kernel (NodePort, a NATed client)
      * goes back through the kernel. */
     if (mc_flow_is_kernel_reply(&p))
-        return mc_out(MC_C_FLOW, len, TC_ACT_OK);
+        return mc_out(n, MC_C_FLOW, MC_R_KERNEL_FLOW, TC_ACT_OK);
     if (r->encap != MC_ENCAP_NONE)
-        return mc_forward_encap(skb, &p, r, len);
+        return mc_forward_encap(skb, &p, r, n);
     if (mc_dec_ttl(&p) < 0)
-        return mc_out(MC_C_PASS, len, TC_ACT_OK);
+        return mc_out(n, MC_C_PASS, MC_R_TTL, TC_ACT_OK);
     skb->mark |= MC_MARK;
-    return mc_redirected(mc_redirect_private(r), MC_C_DIRECT, len);
+    return mc_redirected(n, mc_redirect_private(r), MC_C_DIRECT);
 }
 
-int from_private(struct __sk_buff *skb)
+static __always_inline int mc_from_private(struct __sk_buff *skb, struct mc_note *n)
 {
-    __u32 len = skb->len;
     struct mc_pkt p = {};
     if (mc_parse(skb, &p) < 0)
-        return mc_out(MC_C_PASS, len, TC_ACT_OK);
+        return mc_out(n, MC_C_PASS, MC_R_NOT_IP, TC_ACT_OK);
+    mc_note_pkt(n, &p);
     int decap = mc_decap(skb, &p);
     if (decap < 0)
-        return mc_out(MC_C_ERROR, len, TC_ACT_SHOT);
-    if (decap > 0)
-        mc_count(MC_C_DECAP, len);
+        return mc_out(n, MC_C_ERROR, MC_R_HELPER, TC_ACT_SHOT);
+    if (decap > 0) {
+        mc_count(MC_C_DECAP, n->len);
+        mc_note_decap(n, &p);
+    }
     struct mc_pod_key k = {};
     k.family = p.family;
     mc_daddr(&p, &k.addr);
     struct mc_pod_value *pod = mc_pod_lookup(&k);
     if (!pod)
-        return mc_out(MC_C_PASS, len, TC_ACT_OK);
+        return mc_out(n, MC_C_PASS, MC_R_NO_ENTRY, TC_ACT_OK);
     __u32 ifindex = pod->ifindex;
     if (mc_flow_is_kernel_reply(&p))
-        return mc_out(MC_C_FLOW, len, TC_ACT_OK);
+        return mc_out(n, MC_C_FLOW, MC_R_KERNEL_FLOW, TC_ACT_OK);
     if (mc_dec_ttl(&p) < 0)
-        return mc_out(MC_C_PASS, len, TC_ACT_OK);
-    return mc_redirected(bpf_redirect_peer(ifindex, 0), MC_C_PEER, len);
+        return mc_out(n, MC_C_PASS, MC_R_TTL, TC_ACT_OK);
+    mc_note_out(n, ifindex);
+    return mc_redirected(n, bpf_redirect_peer(ifindex, 0), MC_C_PEER);
 }
 
+/* The tc ingress programs: the gate (mc_note_init), the program's decision, and only with a
+ * monitor attached the event (lib/monitor.h). `hook` is a constant: each program keeps one branch. */
+static __always_inline int mc_ingress(struct __sk_buff *skb, __u8 hook)
+{
+    struct mc_note n;
+    mc_note_init(&n, skb, hook);
+    int verdict = hook == MC_HOOK_FROM_POD ? mc_from_pod(skb, &n) : mc_from_private(skb, &n);
+    if (n.slots)
+        mc_mon_emit(&n);
+    return verdict;
+}
+
+int from_pod(struct __sk_buff *skb)
+{
+    return mc_ingress(skb, MC_HOOK_FROM_POD);
+}
+
+int from_private(struct __sk_buff *skb)
+{
+    return mc_ingress(skb, MC_HOOK_FROM_PRIVATE);
+}
+
+/* Egress events carry MC_C_TRACKED, the program's one counter, whether or not the flow was new;
+ * packets from_pod redirected (marked) were reported at their ingress and make none. */
 int flow_egress(struct __sk_buff *skb)
 {
     if (skb->mark & MC_MARK) {
@@ -247,10 +334,18 @@ int flow_egress(struct __sk_buff *skb)
         skb->mark &= ~MC_MARK;
         return TC_ACT_OK;
     }
+    struct mc_note n;
+    mc_note_init(&n, skb, MC_HOOK_FLOW_EGRESS);
     struct mc_pkt p = {};
-    if (mc_parse(skb, &p) < 0)
-        return TC_ACT_OK;
-    if (mc_flow_track(&p))
-        mc_count(MC_C_TRACKED, skb->len);
+    if (mc_parse(skb, &p) < 0) {
+        mc_note_end(&n, MC_C_TRACKED, MC_R_NOT_IP);
+    } else {
+        mc_note_pkt(&n, &p);
+        mc_note_end(&n, MC_C_TRACKED, MC_R_EGRESS);
+        if (mc_flow_track(&p))
+            mc_count(MC_C_TRACKED, n.len);
+    }
+    if (n.slots)
+        mc_mon_emit(&n);
     return TC_ACT_OK;
 }

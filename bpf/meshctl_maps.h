@@ -13,6 +13,7 @@
  *   MC_VXLAN_PORT      UDP destination port of VXLAN (host order)
  *   MC_VXLAN_VNI       VXLAN network identifier of the mesh
  *   MC_VTEP_OUI        first two bytes of a node's VXLAN MAC (the other four: its private IPv4)
+ *   MC_PROBE_PORT      UDP port of the agents' path probes (names probes in monitor events)
  */
 #ifndef MESHCTL_MAPS_H
 #define MESHCTL_MAPS_H
@@ -20,8 +21,8 @@
 #define MC_LAYOUT_VERSION 2
 
 #if !defined(MC_PIN_DIR) || !defined(MC_LOADER_LAYOUT) || !defined(MC_MARK) || !defined(MC_VXLAN_PORT) || \
-    !defined(MC_VXLAN_VNI) || !defined(MC_VTEP_OUI)
-#error "load-time settings missing: the loader passes MC_PIN_DIR, MC_LOADER_LAYOUT, MC_MARK, MC_VXLAN_* and MC_VTEP_OUI"
+    !defined(MC_VXLAN_VNI) || !defined(MC_VTEP_OUI) || !defined(MC_PROBE_PORT)
+#error "load-time settings missing: the loader passes MC_PIN_DIR, MC_LOADER_LAYOUT, MC_MARK, MC_VXLAN_*, MC_VTEP_OUI and MC_PROBE_PORT"
 #endif
 #if MC_LOADER_LAYOUT != MC_LAYOUT_VERSION
 #error "datapath/layout.py and meshctl_maps.h disagree on the layout version"
@@ -147,6 +148,111 @@ struct mc_counter {
                            * destination of encapsulated packets it accepts; 0 accepts none */
 #define MC_CFG_PRIVATE_MTU 5 /* the private NIC's MTU: what an encapsulated packet must fit when the
                               * kernel has no bpf_check_mtu (before 5.12, MC_HAVE_CHECK_MTU 0) */
+#define MC_CFG_MONITOR 6 /* bit i set: monitor slot i is claimed (lib/monitor.h); 0: no event path at all */
 #define MC_CONFIG_SLOTS 8
+
+/* Monitor (`meshctl monitor`, lib/monitor.h, ctl/meshctl/datapath/monitor.py). New maps only: the
+ * layouts above are untouched, so adding them needs no layout bump (a loader of this source
+ * creates them next to the pinned maps it reopens).
+ *
+ *   config[MC_CFG_MONITOR]   the gate: a bitmask of claimed slots. Every program reads it first;
+ *                            0 (no monitor) skips the whole event path: one array lookup per packet.
+ *   mon_slots[i]             slot i's filter (source/destination prefix, a mask of event types)
+ *                            and its token bucket (rate, and the bucket's state as one virtual
+ *                            clock). The CLI writes the filter when it claims the slot; the
+ *                            programs advance the clock, only for the events they let through.
+ *   mon_ring<i>              slot i's own ring buffer (BPF_MAP_TYPE_RINGBUF): one reader each, so
+ *                            two monitors never share a consumer position.
+ *   mon_lost                 per-CPU array, MC_MON_LOST_KINDS counters per slot: events a slot's
+ *                            filter matched but that were lost to its rate or to its full ring.
+ *
+ * A slot is claimed by flock(2) on the directory <pin dir>/monitor/slot<i> (bpffs holds no regular
+ * files; a directory takes a lock), so a monitor that exits, is interrupted or crashes frees its
+ * slot with its descriptors. The gate is rewritten under flock of <pin dir>/monitor from the slots
+ * whose lock is held, so a crashed monitor's bit is cleared by the next monitor that starts or ends.
+ * The programs loop over the MC_MON_SLOTS slots (a bounded, unrolled loop) for each event. */
+#define MC_MON_SLOTS 4
+#define MC_MON_RING_BYTES 1048576 /* per slot (1 MiB: ~8,000 events); a power of two, a multiple of the page size */
+
+/* Where an event was seen (struct mc_event.hook). */
+#define MC_HOOK_FROM_POD 1     /* tc ingress of a pod veth */
+#define MC_HOOK_FROM_PRIVATE 2 /* tc ingress of the private NIC */
+#define MC_HOOK_FLOW_EGRESS 3  /* tc egress: a packet leaving through the kernel */
+
+/* Event types (bit numbers of mc_mon_slot.types; `--type`). The event's type follows from its
+ * outcome (MC_C_*) and whether it was decapsulated (mc_mon_type, lib/monitor.h). */
+#define MC_T_DROP 0
+#define MC_T_DIRECT 1
+#define MC_T_ENCAP 2
+#define MC_T_TUNNEL 3 /* `relay` is a tunnel event whose destination the plan reaches through a relay */
+#define MC_T_LOCAL 4
+#define MC_T_PASS 5
+#define MC_T_COUNT 6
+
+/* Why a packet was handed to the kernel or dropped (struct mc_event.reason); 0 for a forwarded one. */
+#define MC_R_NONE 0
+#define MC_R_NOT_IP 1       /* not IPv4/IPv6, or truncated or malformed */
+#define MC_R_NO_ENTRY 2     /* no routes entry (from_pod) / not a local pod address (from_private) */
+#define MC_R_TTL 3          /* TTL / hop limit <= 1: the kernel answers time exceeded */
+#define MC_R_TOO_BIG 4      /* larger than the path MTU once encapsulated */
+#define MC_R_FRAGMENT 5     /* larger than the path MTU, IPv4 without DF: left to the kernel to fragment */
+#define MC_R_KERNEL_FLOW 6  /* a reply of a flow that left through the kernel (NAT, NodePort) */
+#define MC_R_TUNNEL 7       /* a tunnel entry: WireGuard, through the kernel */
+#define MC_R_LOCAL 8        /* a local entry: the kernel delivers it */
+#define MC_R_HELPER 9       /* a helper failed (encapsulation, decapsulation, ICMP reply): dropped */
+#define MC_R_REDIRECT 10    /* the redirect helper refused (no such device or next hop): dropped */
+#define MC_R_EGRESS 11      /* left through the kernel (egress hook) */
+#define MC_R_PROBE 12       /* a path probe (UDP to the agent's probe port, MC_PROBE_PORT): the agent answers */
+
+/* mon_lost: counter index slot * MC_MON_LOST_KINDS + kind. */
+#define MC_MON_LOST_RATE 0
+#define MC_MON_LOST_BUFFER 1
+#define MC_MON_LOST_KINDS 2
+
+/* A monitor's address filter: family 0 matches everything; else the first `prefixlen` bits of
+ * the source (destination) must equal addr's. */
+struct mc_mon_prefix {
+    __u32 family;
+    __u32 prefixlen;
+    union mc_addr addr;
+};
+
+struct mc_mon_slot {
+    __u32 types;        /* bit MC_T_* set: events of that type are wanted */
+    __u32 pad;
+    __u64 cost_ns;      /* the bucket's time per event: 1e9 / rate; 0: unlimited */
+    __u64 tat_ns;       /* the bucket as a virtual clock: when it would be full again (GCRA) */
+    __u64 pad2;
+    struct mc_mon_prefix src;
+    struct mc_mon_prefix dst;
+};
+#define MC_MON_BURST_NS 1000000000ULL /* the bucket holds one second of events */
+
+/* One event in a slot's ring buffer. Addresses are the packet's as the hook saw it (the inner
+ * ones of an encapsulated packet); the outer ones are the entry's. */
+struct mc_event {
+    __u64 ts_ns;        /* bpf_ktime_get_ns (CLOCK_MONOTONIC) */
+    __u32 ifindex;      /* the interface the hook ran on */
+    __u32 len;          /* skb->len at the hook (the Ethernet frame, as a capture sees it) */
+    __u32 out_ifindex;  /* where it was redirected; 0: handed to the kernel or dropped */
+    __u32 mtu;          /* MC_R_TOO_BIG / MC_R_FRAGMENT: the MTU it did not fit */
+    __u8 hook;          /* MC_HOOK_* */
+    __u8 outcome;       /* MC_C_* (the counter this packet moved) */
+    __u8 type;          /* MC_T_* */
+    __u8 reason;        /* MC_R_* */
+    __u8 family;        /* MC_FAMILY_V4 / V6; 0: not IP */
+    __u8 proto;
+    __u8 action;        /* the routes entry's MC_ACT_*; 0: none looked up or found */
+    __u8 encap;         /* MC_ENCAP_* of the entry, or of the decapsulated packet */
+    __u8 nh_family;
+    __u8 decap;         /* 1: the packet arrived encapsulated and was unwrapped */
+    __u16 pad;
+    union mc_ports ports;
+    union mc_addr saddr;
+    union mc_addr daddr;
+    union mc_addr nexthop;
+    union mc_addr outer_src;
+    union mc_addr outer_dst;
+};
 
 #endif

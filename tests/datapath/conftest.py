@@ -13,6 +13,7 @@ import shutil
 import pytest
 
 from meshctl.datapath import Datapath
+from meshctl.setns import in_netns
 
 RUN = f"mdp{os.getpid() % 10000}"
 
@@ -43,3 +44,12 @@ def unit_dp(pin_root):
     finally:
         dp.close()
         Datapath.unload("unit", pin_root=pin_root)
+
+
+def unload_testbed(tb, pin_root: str, nodes: tuple[str, ...] = ("a", "b")) -> None:
+    """A testbed fixture's teardown: every node's fast path unloaded (whatever each one left
+    behind), then the testbed down."""
+    for node in nodes:
+        with contextlib.suppress(Exception):  # the namespace may not exist if up() failed early
+            in_netns(tb.ns(node), lambda node=node: Datapath.unload(node, pin_root=pin_root))
+    tb.down()

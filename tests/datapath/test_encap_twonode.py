@@ -27,6 +27,8 @@ from meshctl.node import discovery
 from meshctl.node.tunnels import IPIP_DEV, TunnelApplier, kernel_has
 from meshctl.setns import in_netns
 
+from .conftest import unload_testbed
+
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 A4, B4 = PODS["a"][0], PODS["b"][0]
@@ -48,10 +50,7 @@ def bed(pin_root):
             dp.close()
         yield tb
     finally:
-        for node in ("a", "b"):
-            with contextlib.suppress(Exception):
-                in_netns(tb.ns(node), lambda node=node: Datapath.unload(node, pin_root=pin_root))
-        tb.down()
+        unload_testbed(tb, pin_root)
 
 
 def _load(tb: FabricTestbed, node: str, kind: str | None) -> Datapath:

@@ -41,7 +41,8 @@ def test_load_time_settings_reach_the_c_as_cflags_only():
     flags = {f.split("=", 1)[0][2:]: f.split("=", 1)[1] for f in layout.cflags("/sys/fs/bpf/x/n1")}
     assert flags == {"MC_PIN_DIR": '"/sys/fs/bpf/x/n1"', "MC_LOADER_LAYOUT": str(layout.LAYOUT_VERSION),
                      "MC_MARK": hex(layout.MARK), "MC_VXLAN_PORT": str(layout.VXLAN_PORT),
-                     "MC_VXLAN_VNI": hex(layout.VXLAN_VNI), "MC_VTEP_OUI": hex(layout.VTEP_OUI)}
+                     "MC_VXLAN_VNI": hex(layout.VXLAN_VNI), "MC_VTEP_OUI": hex(layout.VTEP_OUI),
+                     "MC_PROBE_PORT": str(layout.PROBE_PORT)}
     text = (bpf_dir() / "meshctl_maps.h").read_text()
     for name in flags:
         assert f"!defined({name})" in text, name

@@ -56,9 +56,10 @@ def _register() -> None:
     from meshctl.cli import datapath as cli_datapath
     from meshctl.cli import explain as cli_explain
     from meshctl.cli import mesh_settings as cli_mesh
+    from meshctl.cli import monitor as cli_monitor
     from meshctl.cli import plan as cli_plan
 
-    for mod in (cli_plan, cli_mesh, cli_datapath, cli_agent, cli_explain):
+    for mod in (cli_plan, cli_mesh, cli_datapath, cli_monitor, cli_agent, cli_explain):
         for cmd in mod.COMMANDS:
             main.add_command(cmd)
     for ep in entry_points(group=PLUGIN_GROUP):

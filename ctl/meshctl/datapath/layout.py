@@ -10,15 +10,18 @@ here once and reach the C as cflags (`cflags()`).
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
+from importlib.resources import files
 from typing import Any
 
 from meshctl.errors import MeshError
 from meshctl.mesh.model import ENCAP_KINDS, EncapKind, IPAddress, IPNetwork
 from meshctl.mesh.plan import Encap, FastPathEntry
+from meshctl.node.prober import PROBE_PORT
 
 LAYOUT_VERSION = 2
 
@@ -66,6 +69,37 @@ FLOW_VALUE = struct.Struct("<Q")           # created_ns
 COUNTER = struct.Struct("<QQ")             # packets, bytes
 CONFIG_VALUE = struct.Struct("<Q")
 U32 = struct.Struct("<I")
+_DEFINE = re.compile(r"#define\s+(MC_\w+)\s+(\d+)\s*(?:/\*\s*(.*?)\s*(?:\*/)?)?$")
+
+
+def header_defines(prefix: str) -> dict[str, tuple[int, str]]:
+    """The integer #defines of meshctl_maps.h whose names start with `prefix`: name without the
+    prefix -> (value, the one-line comment after it). The monitor's tables (hooks, event types,
+    reasons, slots) are read from the header this way, so the C is their one definition."""
+    text = (files("meshctl.bpf") / "meshctl_maps.h").read_text()
+    out: dict[str, tuple[int, str]] = {}
+    for line in text.splitlines():
+        m = _DEFINE.match(line.strip())
+        if m and m.group(1).startswith(prefix):
+            out[m.group(1)[len(prefix):]] = (int(m.group(2)), m.group(3) or "")
+    return out
+
+
+_MON = header_defines("MC_MON_")
+CFG_MONITOR = header_defines("MC_CFG_")["MONITOR"][0]  # the gate: a bitmask of claimed monitor slots
+MON_SLOTS = _MON["SLOTS"][0]
+MON_LOST_KINDS = _MON["LOST_KINDS"][0]
+MON_LOST_RATE = _MON["LOST_RATE"][0]
+MON_LOST_BUFFER = _MON["LOST_BUFFER"][0]
+# mc_mon_slot: types, pad, cost_ns, tat_ns, pad, then src and dst (family, prefixlen, addr)
+MON_SLOT = struct.Struct("<IIQQQII16sII16s")
+MON_LOST = struct.Struct("<Q")
+# mc_event: ts_ns, ifindex, len, out_ifindex, mtu, hook, outcome, type, reason, family, proto,
+# action, encap, nh_family, decap, pad, sport, dport (network order), saddr, daddr, nexthop,
+# outer_src, outer_dst
+EVENT = struct.Struct("<QIIIIBBBBBBBBBBH2s2s16s16s16s16s16s")
+# The monitor's maps (ring buffers: one per slot, mon_ring<i>), pinned next to the others.
+MONITOR_MAPS = ("mon_slots", "mon_lost", *(f"mon_ring{i}" for i in range(MON_SLOTS)))
 
 # Map name (as pinned) -> (key size, value size), for checking a pinned map before trusting it.
 MAP_SIZES = {
@@ -75,13 +109,16 @@ MAP_SIZES = {
     "flows6": (FLOW6_KEY.size, FLOW_VALUE.size),
     "counters": (U32.size, COUNTER.size),
     "config": (U32.size, CONFIG_VALUE.size),
+    "mon_slots": (U32.size, MON_SLOT.size),
+    "mon_lost": (U32.size, MON_LOST.size),
 }
 
 
 def cflags(pin_dir: str) -> list[str]:
     """The load-time settings of the programs, as compiler flags (see meshctl_maps.h)."""
     return [f'-DMC_PIN_DIR="{pin_dir}"', f"-DMC_LOADER_LAYOUT={LAYOUT_VERSION}", f"-DMC_MARK={MARK:#x}",
-            f"-DMC_VXLAN_PORT={VXLAN_PORT}", f"-DMC_VXLAN_VNI={VXLAN_VNI:#x}", f"-DMC_VTEP_OUI={VTEP_OUI:#x}"]
+            f"-DMC_VXLAN_PORT={VXLAN_PORT}", f"-DMC_VXLAN_VNI={VXLAN_VNI:#x}", f"-DMC_VTEP_OUI={VTEP_OUI:#x}",
+            f"-DMC_PROBE_PORT={PROBE_PORT}"]
 
 
 def vtep_mac(private_ip: IPAddress) -> str:

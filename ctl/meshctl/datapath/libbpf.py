@@ -107,6 +107,10 @@ class LinkInfo(ctypes.Structure):
     ]
 
 
+# int (*ring_buffer_sample_fn)(void *ctx, void *data, size_t size)
+RingSampleFn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+
+
 @cache
 def lib() -> ctypes.CDLL:
     """libbpf, or OSError when it is not installed (the caller falls back to kernel routes)."""
@@ -132,6 +136,9 @@ def lib() -> ctypes.CDLL:
         "libbpf_num_possible_cpus": ([], i),
         "libbpf_probe_bpf_helper": ([i, i, vp], i),
         "libbpf_probe_bpf_map_type": ([i, vp], i),
+        "ring_buffer__new": ([i, RingSampleFn, vp, vp], vp),
+        "ring_buffer__poll": ([vp, i], i),
+        "ring_buffer__free": ([vp], None),
     }
     for fn, (args, res) in sigs.items():
         f = getattr(so, fn)
@@ -325,3 +332,39 @@ def test_run(prog_fd: int, data: bytes, repeat: int = 1, ctx: bytes = b"") -> tu
         opts.ctx_size_out = 256
     _check(lib().bpf_prog_test_run_opts(prog_fd, ctypes.byref(opts)), "bpf_prog_test_run_opts")
     return opts.retval, opts.duration, outb.raw[: opts.data_size_out], ctx_out.raw if ctx else b""
+
+
+class RingBuffer:
+    """A reader of one BPF_MAP_TYPE_RINGBUF map (libbpf's ring_buffer__new/poll): poll() returns
+    the records that arrived, each as bytes. The map fd stays the caller's."""
+
+    def __init__(self, map_fd: int) -> None:
+        self._got: list[bytes] = []
+
+        def sample(_ctx: int | None, data: int | None, size: int) -> int:
+            self._got.append(ctypes.string_at(data or 0, size))
+            return 0
+
+        self._cb = RingSampleFn(sample)  # kept: libbpf calls it for as long as the ring lives
+        ctypes.set_errno(0)
+        rb = lib().ring_buffer__new(map_fd, self._cb, None, None)
+        if not rb:
+            code = ctypes.get_errno() or errno.EINVAL
+            raise OSError(code, f"ring_buffer__new: {os.strerror(code)}")
+        self._rb: int | None = rb
+
+    def poll(self, timeout_ms: int) -> list[bytes]:
+        """The records that arrive within `timeout_ms` (0: only those waiting now). A signal ends
+        the wait early (the caller's handler then runs)."""
+        if self._rb is None:
+            return []
+        ret = lib().ring_buffer__poll(self._rb, timeout_ms)
+        if ret < 0 and ret != -errno.EINTR:
+            _check(ret, "ring_buffer__poll")
+        got, self._got = self._got, []
+        return got
+
+    def close(self) -> None:
+        if self._rb is not None:
+            lib().ring_buffer__free(self._rb)
+            self._rb = None

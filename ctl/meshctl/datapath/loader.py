@@ -83,7 +83,7 @@ def prog_path(pin_dir: str, name: str) -> str:
 
 def remove_maps_and_progs(pin_dir: str) -> None:
     """Unpin maps and programs (links keep running programs alive until they are switched)."""
-    for n in NodeMaps.NAMES:
+    for n in (*NodeMaps.NAMES, *layout.MONITOR_MAPS):
         libbpf.unpin(f"{pin_dir}/{n}")
     for p in PROGRAMS:
         libbpf.unpin(prog_path(pin_dir, p))
@@ -203,7 +203,7 @@ def compile_and_pin_here(pin_dir: str) -> None:
             # bpffs has no rename: a pin is replaced by unpin + pin (links hold the running program).
             libbpf.unpin(prog_path(pin_dir, name))
             libbpf.obj_pin(fn.fd, prog_path(pin_dir, name))
-        objcache.store(object_key(), b, PROGRAMS, NodeMaps.NAMES)
+        objcache.store(object_key(), b, PROGRAMS, (*NodeMaps.NAMES, *layout.MONITOR_MAPS))
     finally:
         b.cleanup()
 

@@ -114,7 +114,7 @@ def _wants_lab(argv: list[str]) -> bool:
     node_flags = ("--node", "--lab-node")  # --lab-node: the deprecated spelling (cli.options)
     if (argv[:1] == ["status"] or argv[:2] == ["node", "list"]) and any(_option(argv, f) for f in node_flags):
         return True
-    if argv[:2] in (["maps", "dump"], ["datapath", "status"]):
+    if argv[:2] in (["maps", "dump"], ["datapath", "status"]) or argv[:1] == ["monitor"]:
         return _option(argv, "--node") is not None and not any(
             _option(argv, flag) is not None for flag in ("--bpf-pin-root", "--pin-root", "--netns"))
     if argv[:2] == ["node", "list"]:
@@ -139,7 +139,7 @@ def _forward_to_node_vm(argv: list[str], named: str | None) -> int | None:
     """A multi-VM lab (lab.vms): `maps dump --node N` and `datapath status --node N` read pinned maps,
     which live in N's VM, so they run there (against the guest's one-node lab state); every other
     command runs here (the host's state reaches each agent over the public segment)."""
-    if argv[:2] not in (["maps", "dump"], ["datapath", "status"]):
+    if argv[:2] not in (["maps", "dump"], ["datapath", "status"]) and argv[:1] != ["monitor"]:
         return None
     node = _option(argv, "--node")
     if node is None:

@@ -1,0 +1,237 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`meshctl monitor` on the two-node namespace testbed: its events for a pod pair against tcpdump
+on the same interface (an independent observer), the rate limit's counted loss, two monitors at
+once (one killed), and bad input. The monitors run as processes, as a person runs them."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from meshctl.cli import main
+from meshctl.datapath import Datapath, layout, libbpf
+from meshctl.datapath import monitor as mon
+from meshctl.lab.rigs import netns
+from meshctl.lab.rigs.testbed import PODS, Testbed
+from meshctl.lab.rigs.testrun import PROTO_TCP, frame, run
+from meshctl.node import discovery
+from meshctl.setns import in_netns
+
+from .conftest import unload_testbed
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+needs_tcpdump = pytest.mark.skipif(shutil.which("tcpdump") is None, reason="tcpdump is not installed")
+
+A4, B4 = PODS["a"][0], PODS["b"][0]
+BPF_MAP_TYPE_RINGBUF = 27
+RING_BYTES = layout.header_defines("MC_MON_")["RING_BYTES"][0]
+
+
+@pytest.fixture(scope="module")
+def bed(pin_root):
+    tb = Testbed(f"mmo{os.getpid() % 10000}-")
+    try:
+        tb.up(ipv6=False)
+        tb.pin_root = pin_root
+        tb.spawn("b-p1", ["iperf3", "-s", "-p", "5201"])
+        for node in ("a", "b"):
+            in_netns(tb.ns(node), lambda node=node: _load(tb, node))
+        tb.wait_port("a-p1", B4, 5201)
+        yield tb
+    finally:
+        unload_testbed(tb, pin_root)
+
+
+def _load(tb: Testbed, node: str) -> None:
+    dp = Datapath.open(node, pin_root=tb.pin_root)
+    try:
+        assert dp.mode == "ebpf", dp.reason
+        dp.attach("eth1", "kilo0" if node == "a" else None, ["vp1"], pods=discovery.pod_routes(["vp1"]),
+                  private4=discovery.private_ipv4("eth1"))
+        dp.sync(tb.fastpath(node), "eth1")
+    finally:
+        dp.close()
+
+
+def gate(tb: Testbed) -> int:
+    def read() -> int:
+        with contextlib.closing(Datapath.pinned("a", pin_root=tb.pin_root)) as dp:
+            assert dp.maps is not None
+            return dp.maps.config_get(layout.CFG_MONITOR)
+
+    return in_netns(tb.ns("a"), read)
+
+
+def start_monitor(tb: Testbed, *args: str, slots: int = 1) -> subprocess.Popen:
+    """A `meshctl monitor -o json` of node a; returns once `slots` monitors hold the gate."""
+    argv = [sys.executable, "-m", "meshctl.cli", "monitor", "--node", "a", "--bpf-pin-root", tb.pin_root,
+            "--netns", tb.ns("a"), "-o", "json", *args]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while bin(gate(tb)).count("1") < slots:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the monitor did not claim a slot"
+        time.sleep(0.05)
+    return proc
+
+
+def stop_monitor(proc: subprocess.Popen) -> tuple[list[dict], dict]:
+    """Ctrl-C, then (events, summary)."""
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    docs = [json.loads(line) for line in out.splitlines()]
+    assert docs and docs[-1].get("summary"), out
+    return docs[:-1], docs[-1]
+
+
+def start_capture(tb: Testbed, path: str, expr: str) -> subprocess.Popen:
+    """tcpdump of what node a's pod veth receives from the pod."""
+    argv = ["tcpdump", "-i", "vp1", "-Q", "in", "-n", "-s", "96", "-U", "--immediate-mode", "-w", path, expr]
+    proc = subprocess.Popen([*netns.exec_prefix(tb.ns("a")), *argv], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    assert "listening" in line, line
+    return proc
+
+
+def stop_capture(proc: subprocess.Popen, path: str) -> list[int]:
+    """The length on the wire of each packet in the pcap."""
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=10)
+    data = Path(path).read_bytes()
+    off, lengths = 24, []
+    while off + 16 <= len(data):
+        _, _, incl, orig = struct.unpack_from("<IIII", data, off)
+        lengths.append(orig)
+        off += 16 + incl
+    return lengths
+
+
+@needs_tcpdump
+def test_events_for_a_pair_equal_what_tcpdump_captures(bed, tmp_path):
+    pcap = str(tmp_path / "a.pcap")
+    cap = start_capture(bed, pcap, f"src {A4} and dst {B4}")
+    mon = start_monitor(bed, "--from", A4, "--to", f"{B4}/32", "--rate", "0")
+    try:
+        bed.sh("a-p1", ["ping", "-c", "20", "-i", "0.01", B4])
+        bed.sh("a-p1", ["iperf3", "-c", B4, "-p", "5201", "-t", "1", "-b", "200M"])
+        time.sleep(0.3)
+    finally:
+        events, summary = stop_monitor(mon)
+        captured = stop_capture(cap, pcap)
+    assert {(e["hook"], e["interface"], e["src"], e["dst"]) for e in events} == {("from_pod", "vp1", A4, B4)}
+    assert {e["type"] for e in events} == {"direct"}
+    assert all(e["nexthop"] == "192.168.77.2" and e["out_interface"] == "eth1" for e in events)
+    assert {"icmp", "tcp"} <= {e["proto"] for e in events}
+    assert summary["lost"] == 0, summary
+    seen = [e["len"] for e in events]
+    assert (len(seen), sum(seen)) == (len(captured), sum(captured)), sorted(set(seen) ^ set(captured))
+    assert len(captured) > 20
+
+
+@needs_tcpdump
+def test_a_low_rate_counts_every_event_it_does_not_show(bed, tmp_path):
+    pcap = str(tmp_path / "r.pcap")
+    cap = start_capture(bed, pcap, f"icmp and src {A4} and dst {B4}")
+    mon = start_monitor(bed, "--to", B4, "--type", "direct", "--rate", "50")
+    try:
+        bed.sh("a-p1", ["ping", "-q", "-c", "300", "-i", "0.005", B4])
+    finally:
+        events, summary = stop_monitor(mon)
+        packets = len(stop_capture(cap, pcap))
+    icmp = [e for e in events if e["proto"] == "icmp"]
+    assert len(icmp) == len(events)
+    assert summary["lost_rate"] > 0 and summary["lost_buffer"] == 0
+    assert len(events) + summary["lost"] == packets == 300
+
+
+def test_two_monitors_at_once_and_killing_one_leaves_the_other(bed):
+    first = start_monitor(bed, "--to", B4, "--rate", "0")
+    second = start_monitor(bed, "--to", B4, "--type", "direct", "--rate", "0", slots=2)
+    bed.sh("a-p1", ["ping", "-c", "5", "-i", "0.01", B4])
+    first.kill()  # a crash: no cleanup of its own
+    first.communicate(timeout=10)
+    bed.sh("a-p1", ["ping", "-c", "5", "-i", "0.01", B4])
+    time.sleep(0.2)
+    events, summary = stop_monitor(second)
+    assert [e["proto"] for e in events].count("icmp") == 10
+    assert summary["lost"] == 0
+    assert gate(bed) == 0  # the last monitor out turns the event path off, the crashed one's bit too
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--from", "10.42.1.0/33"], "--from: '10.42.1.0/33'"),
+    (["--to", "pod-b"], "--to: 'pod-b'"),
+    (["--rate", "-1"], "--rate: '-1'"),
+    (["--type", "bogus"], "--type: 'bogus'"),
+    (["--count", "0"], "--count: '0'"),
+    (["--lab", "mmo-nosuchlab", "--node", "zz"], "--node: 'zz'"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, named):
+    r = CliRunner().invoke(main, ["monitor", *args])
+    assert r.exit_code == 2, r.output
+    assert r.output.count("\n") == 1 and named in r.output and "Traceback" not in r.output
+
+
+def test_a_node_without_the_fast_path_says_so(pin_root):
+    r = CliRunner().invoke(main, ["monitor", "--node", "nofastpath", "--bpf-pin-root", pin_root])
+    assert r.exit_code == 1
+    assert r.output.count("\n") == 1 and "fast path is off" in r.output
+
+
+def test_the_monitor_maps_are_the_layouts_and_a_miss_says_why(unit_dp):
+    """Without traffic: the compiled maps have the layout's sizes, and a test-run packet nobody
+    routes comes out of the ring as a `pass` event with reason `no_entry`, while a filter that
+    does not match it keeps it in the kernel."""
+    pin_dir = unit_dp.pin_dir
+    for name in layout.MONITOR_MAPS:
+        info = libbpf.map_info(fd := libbpf.obj_get(f"{pin_dir}/{name}"))
+        os.close(fd)
+        if name.startswith("mon_ring"):
+            assert (info.type, info.max_entries) == (BPF_MAP_TYPE_RINGBUF, RING_BYTES), name
+        else:
+            assert (info.key_size, info.value_size) == layout.MAP_SIZES[name], name
+    prog = unit_dp.programs["from_pod"]
+    miss = frame("10.42.1.5", "8.8.8.8", ttl=64, sport=1234, dport=80, proto=PROTO_TCP)
+    wide = mon.Session(pin_dir, mon.parse_filter(None, "8.8.0.0/16", "pass", "0"))
+    narrow = mon.Session(pin_dir, mon.parse_filter(None, "9.9.9.9", "all", "0"))
+    try:
+        assert run(prog, miss).verdict == "ok"
+        [raw] = wide.poll(100)
+        assert narrow.poll(100) == []
+    finally:
+        wide.close()
+        narrow.close()
+    ev = mon.decode_event(raw)
+    assert (ev["hook"], ev["type"], ev["decision"], ev["reason"]) == ("from_pod", "pass", "pass", "no_entry")
+    assert (ev["src"], ev["dst"], ev["proto"], ev["sport"], ev["dport"], ev["len"]) == (
+        "10.42.1.5", "8.8.8.8", "tcp", 1234, 80, len(miss))
+
+
+def test_owners_name_pod_and_node_addresses_and_relay_narrows_tunnel_events():
+    rows = [{"name": "c", "cluster": "far", "pod_cidr": "10.42.9.0/24", "internal_ip": "172.20.0.9/24",
+             "path": "relay"},
+            {"name": "b", "cluster": "default", "pod_cidr": "10.42.2.0/24", "internal_ip": "192.168.77.2",
+             "path": "direct"}]
+    owners = mon.owners_from_node_list(rows)
+    base = {"ts_ns": 0, "ifindex": 1, "out_ifindex": None, "src": A4}
+    relayed = mon.describe({**base, "dst": "10.42.9.5", "type": "tunnel"}, "a", {1: "vp1"}, owners, 0)
+    direct = mon.describe({**base, "dst": "192.168.77.2", "type": "tunnel"}, "a", {1: "vp1"}, owners, 0)
+    assert (relayed["dst_owner"], relayed["type"], relayed["src_owner"]) == ("far/c", "relay", None)
+    assert (direct["dst_owner"], direct["type"]) == ("default/b", "tunnel")
+    assert mon.wanted(relayed, "relay") and not mon.wanted(direct, "relay") and mon.wanted(direct, "all")
+    assert mon.type_mask("relay") == mon.type_mask("tunnel")
