@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any
 
+from meshctl.defaults import PROBE_PORT
 from meshctl.errors import MeshError
 from meshctl.mesh.model import ENCAP_KINDS, EncapKind, IPAddress, IPNetwork
 from meshctl.mesh.plan import Encap, FastPathEntry
-from meshctl.node.prober import PROBE_PORT
 
 LAYOUT_VERSION = 2
 

@@ -39,12 +39,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from meshctl.defaults import PROBE_PORT
 from meshctl.mesh.chooser import PROBE_KINDS, Change, Chooser, ProbeTuning
 from meshctl.mesh.model import RUNGS, PathState, Rung
 
 log = logging.getLogger("meshctl.probe")
 
-PROBE_PORT = 51871
 ETH_P_IP = 0x0800
 ETH_P_ALL = 0x0003
 IPPROTO_IPIP = 4
