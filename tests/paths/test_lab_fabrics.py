@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 import time
 from importlib.resources import files
 from typing import Any
@@ -168,6 +170,14 @@ def explained(st: LabState, src: str, dst: str, *flags: str) -> dict[str, Any]:
     return out
 
 
+def monitored(st: LabState, node: str, *flags: str) -> list[dict[str, Any]]:
+    """The events `meshctl monitor --lab LAB --node NODE FLAGS -o json` printed (its summary left out)."""
+    r = subprocess.run([sys.executable, "-m", "meshctl.cli", "monitor", "--lab", st.name, "--node", node, *flags,
+                        "-o", "json"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return [e for e in map(json.loads, r.stdout.splitlines()) if not e.get("summary")]
+
+
 def test_explain_shows_a_blackholed_subnet_move_and_its_lost_probes(auto_lab) -> None:
     st = auto_lab
     assert wait_for(lambda: rung(st, "l1", "l2") == "direct", HOLD_S + 5)
@@ -182,6 +192,12 @@ def test_explain_shows_a_blackholed_subnet_move_and_its_lost_probes(auto_lab) ->
                 ("direct", "tunnel", "direct stopped delivering")
 
         assert wait_for(moved, 6, 0.1)  # the failover time test_blackhole_under_a_ping_and_back allows
+        # monitor (docs/explain.md's worked example): the pair's packets now leave on the tunnel entry
+        ping = PodPing(st, "l1", "l2", 4, interval=0.2)
+        events = monitored(st, "l1", "--to", node_of(st, "l2").pods[0].ip, "--count", "3")
+        ping.result()
+        assert [(e["type"], e["src_owner"], e["dst_owner"]) for e in events] == \
+            [("tunnel", "default/l1", "default/l2")] * 3, events
         # --probe on the tunnel probes the rung the pair left: lost, and the pair still has its path
         probe = explained(st, "l1", "l2", "--probe")["probe"]
         assert (probe["rung"], probe["kind"], probe["answered"]) == ("direct", "direct", False), probe

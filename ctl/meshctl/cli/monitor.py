@@ -8,6 +8,7 @@ namespace. Owners of addresses come from the node's agent (its node list), when 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import click
 from meshctl import defaults
 from meshctl.cli import targets
 from meshctl.cli.options import TEXT_FORMATS, lab_option, node_option, output_option, pin_root_option
+from meshctl.datapath import Datapath
 from meshctl.datapath import monitor as mon
 from meshctl.errors import InputError, MeshError
 from meshctl.mesh.model import IPNetwork
@@ -61,7 +63,7 @@ def _positive(flag: str, value: str | None) -> int | None:
     return n
 
 
-def _owners(node: str, lab_name: str | None, pin_root: str | None, netns: str | None
+def _owners(node: str, lab_name: str | None, pin_root: str, netns: str | None, *, lab_pins: bool
             ) -> list[tuple[IPNetwork, mon.Owner]]:
     """Owners from the node's agent (its node list); none, with one line on stderr, when it does
     not answer: the events are complete without them."""
@@ -69,7 +71,7 @@ def _owners(node: str, lab_name: str | None, pin_root: str | None, netns: str | 
 
     addr = defaults.METRICS_ADDR
     try:
-        if targets.has_lab() and pin_root is None:
+        if targets.has_lab() and lab_pins:
             t = targets.lab().agent(lab_name, node)
             netns, addr = t.netns, t.addr
         doc = fetch_status(addr, netns, timeout=1.0)
@@ -77,8 +79,17 @@ def _owners(node: str, lab_name: str | None, pin_root: str | None, netns: str | 
         reason = str(e).split(" (")[0]  # the agent's address, without status's advice on --addr
         click.echo(f"meshctl: addresses shown without owners ({reason})", err=True)
         return []
-    rows = ((doc.get("live") or {}).get("node_list")) or []
-    return mon.owners_from_node_list(rows)
+    own = mon.Owner(f"{doc.get('cluster') or 'default'}/{doc.get('node') or node}", "local")
+    return [*mon.owners_from_node_list(doc.get("node_list") or []), *_local_pods(node, pin_root, own)]
+
+
+def _local_pods(node: str, pin_root: str, own: mon.Owner) -> list[tuple[IPNetwork, mon.Owner]]:
+    """This node's own pods (its fast path's pod map): the node list names only the others."""
+    dp = Datapath.pinned(node, pin_root=pin_root)
+    try:
+        return [(ipaddress.ip_network(ip), own) for ip in dp.pod_addresses()]
+    finally:
+        dp.close()
 
 
 def _run(session: mon.Session, node: str, netns: str | None, owners: list[tuple[IPNetwork, mon.Owner]],
@@ -141,7 +152,7 @@ def monitor_cmd(node: str | None, lab_name: str | None, pin_root: str | None, ne
     name, root, ns = _target(node, lab_name, pin_root, netns)
     session = mon.Session(f"{root}/{name}", flt)
     try:
-        owners = _owners(name, lab_name, pin_root, ns)
+        owners = _owners(name, lab_name, root, ns, lab_pins=pin_root is None)
         shown = _run(session, name, ns, owners, flt, limit, output)
         tail = session.stop()
         lost = session.lost()

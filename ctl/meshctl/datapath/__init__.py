@@ -274,6 +274,13 @@ class Datapath:
                          "outer_dst": str(e.encap.remote) if e.encap else None})
         return rows
 
+    def pod_addresses(self) -> list[IPAddress]:
+        """The local-pod map's addresses (no interface names: they need the node's namespace)."""
+        if self._loaded is None:
+            return []
+        return sorted((layout.decode_pod(k, v)[0] for k, v in self._loaded.maps.pods.items().items()),
+                      key=lambda ip: (ip.version, int(ip)))
+
     def pods(self) -> list[dict]:
         """The local-pod map: pod address and the host veth bpf_redirect_peer sends it to."""
         if self._loaded is None:
