@@ -18,6 +18,7 @@ import yaml
 
 from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.vms import vm
+from meshctl.node.shell import pid_alive
 
 PREFIX = f"vm{os.getpid() % 1000}s-"
 NAME = labstate.lab_name(PREFIX)
@@ -58,7 +59,7 @@ def vm_lab(tmp_path_factory):
 def test_the_lab_comes_up_inside_the_vm_and_every_pair_is_reachable(vm_lab):
     assert "inside a VM (Debian 6.1" in vm_lab.stdout
     st = labstate.load(NAME)
-    assert st is not None and st.vm is not None and st.vm.qemu_pid and vm._alive(st.vm.qemu_pid)
+    assert st is not None and st.vm is not None and st.vm.qemu_pid and pid_alive(st.vm.qemu_pid)
     print(f"\nVM lab up: {st.timings}")
     check = meshctl("lab", "check", "--lab", NAME, "-o", "json", "--count", "2")
     assert check.returncode == 0, check.stdout + check.stderr
@@ -95,6 +96,6 @@ def test_lab_down_stops_the_vm_and_leaves_nothing(vm_lab):
     pids = [st.vm.pid, st.vm.qemu_pid]
     down = meshctl("lab", "down", "--lab", NAME, timeout=120)
     assert down.returncode == 0, down.stderr
-    assert not any(vm._alive(p) for p in pids)
+    assert not any(pid_alive(p) for p in pids)
     assert not (vm.VM_ROOT / NAME).exists() and labstate.load(NAME) is None
     assert not Path(st.vm.workdir).exists()

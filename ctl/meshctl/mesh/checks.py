@@ -10,6 +10,7 @@ The table of every case and why it is a warning or an error is in docs/mesh.md.
 from __future__ import annotations
 
 import ipaddress
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -41,10 +42,13 @@ def unused_fields(topo: Topology) -> list[str]:
     seg_of = {m.name: s for s in segs for m in s.members}
     names = {n.name for n in topo.nodes}
     keys = {n.public_key for n in topo.nodes}
+    # A location one node holds alone is its segment either way (a Droplet without a VPC, its
+    # region label set as on every Kubernetes node): only a location shared with others is lost.
+    shared = Counter(n.location for n in topo.nodes if n.location)
     out = []
     for i, n in enumerate(topo.nodes):
         s = seg_of[n.name]
-        if topo.mesh.granularity == "location" and n.location and n.internal_ip is None:
+        if topo.mesh.granularity == "location" and n.internal_ip is None and shared[n.location] > 1:
             out.append(f"nodes[{i}].location: {n.location!r} is not used: {n.name} has no internal_ip, so it is a "
                        f"segment of its own (location granularity groups nodes by their private network)")
         if n.leader and s.leader.name != n.name:
