@@ -65,7 +65,9 @@ def _check_node_fields(doc: dict[str, Any], plans: dict[str, NodePlan], warnings
         if n.name in lead:
             assert all(x.persistent_keepalive == n.persistent_keepalive for x in plans[n.name].peers)
         if n.location and t.mesh.granularity == "location":
-            assert n.internal_ip is not None or _warned(warnings, f"{f}.location"), f"{f}.location"
+            # alone in its location, a node is that location's segment with or without internal_ip
+            alone = sum(1 for m in t.nodes if m.location == n.location) == 1
+            assert n.internal_ip is not None or alone or _warned(warnings, f"{f}.location"), f"{f}.location"
         if n.leader and t.mesh.granularity == "location":
             assert plans[n.name].leader == n.name or _warned(warnings, f"{f}.leader"), f"{f}.leader"
         if n.wireguard_ip is not None:

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from importlib.resources import files
 from pathlib import Path
 
@@ -104,6 +105,27 @@ def test_node_commands_typed_on_the_host_answer_for_that_vm(lab):
     assert [entries[p]["action"] for p in ("10.42.1.0/24", "10.42.2.0/24", "10.42.3.0/24")] == [
         "direct", "local", "direct"], entries
     assert entries["10.42.3.0/24"]["nexthop"] == entries["10.42.1.0/24"]["nexthop"] == "10.10.1.11", entries
+
+
+def test_monitor_typed_on_the_host_streams_the_events_of_a_vm_nodes_fast_path(lab):
+    """`monitor --node a2` runs inside a2's 5.10 guest (ring buffer, clsact): the pings of a lab
+    check from a1 arrive as events of a2's fast path, with their owners."""
+    a1_pod = nodes(lab)["a1"].pods[0].ip
+    mon = subprocess.Popen([sys.executable, "-m", "meshctl.cli", "monitor", "--node", "a2", "--lab", NAME, "--from",
+                            a1_pod, "--count", "2", "-o", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while mon.poll() is None and time.monotonic() < deadline:
+            labcheck.check(lab, count=3, pairs=[("a1", "a2")], run=vmnodes.on_node)
+        out, err = mon.communicate(timeout=30)
+    finally:
+        if mon.poll() is None:
+            mon.kill()
+    assert mon.returncode == 0, err[-2000:]
+    events = [e for e in map(json.loads, out.splitlines()) if not e.get("summary")]
+    assert len(events) == 2 and all(e["src"] == a1_pod and e["node"] == "a2" for e in events), events
+    assert all(e["src_owner"] == "default/a1" for e in events), events
 
 
 def test_lab_down_leaves_nothing_behind(lab):
