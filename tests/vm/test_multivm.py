@@ -125,7 +125,7 @@ def test_monitor_typed_on_the_host_streams_the_events_of_a_vm_nodes_fast_path(la
     assert mon.returncode == 0, err[-2000:]
     events = [e for e in map(json.loads, out.splitlines()) if not e.get("summary")]
     assert len(events) == 2 and all(e["src"] == a1_pod and e["node"] == "a2" for e in events), events
-    assert all(e["src_owner"] == "default/a1" for e in events), events
+    assert all(e["src_owner"] == "default/a1" for e in events), (events, err)
 
 
 def test_lab_down_leaves_nothing_behind(lab):

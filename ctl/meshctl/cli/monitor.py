@@ -63,6 +63,9 @@ def _positive(flag: str, value: str | None) -> int | None:
     return n
 
 
+OWNERS_TIMEOUT = 5.0  # seconds for the agent's node list, once at start (a guest under emulation is slow)
+
+
 def _owners(node: str, lab_name: str | None, pin_root: str, netns: str | None, *, lab_pins: bool
             ) -> list[tuple[IPNetwork, mon.Owner]]:
     """Owners from the node's agent (its node list); none, with one line on stderr, when it does
@@ -74,7 +77,7 @@ def _owners(node: str, lab_name: str | None, pin_root: str, netns: str | None, *
         if targets.has_lab() and lab_pins:
             t = targets.lab().agent(lab_name, node)
             netns, addr = t.netns, t.addr
-        doc = fetch_status(addr, netns, timeout=1.0)
+        doc = fetch_status(addr, netns, timeout=OWNERS_TIMEOUT)
     except (MeshError, OSError, ValueError) as e:
         reason = str(e).split(" (")[0]  # the agent's address, without status's advice on --addr
         click.echo(f"meshctl: addresses shown without owners ({reason})", err=True)
