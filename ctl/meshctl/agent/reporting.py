@@ -49,7 +49,7 @@ from meshctl.mesh.model import ENCAP_RUNGS, Topology
 from meshctl.mesh.plan import FastPathEntry, NodePlan
 from meshctl.mesh.render import node_rows
 from meshctl.mesh.segments import Remote
-from meshctl.node.discovery import WG_OVERHEAD
+from meshctl.node.discovery import DEFAULT_NIC_MTU, WG_OVERHEAD
 from meshctl.node.wireguard import PeerStatus
 
 log = logging.getLogger("meshctl.agent")
@@ -204,12 +204,9 @@ def rung_mtus(private_mtu: int | None) -> dict[str, int]:
     if private_mtu is not None:
         out["direct"] = private_mtu
         out.update({rung: private_mtu - OVERHEAD[kind] for rung, kind in ENCAP_RUNGS.items()})
-    wg = (private_mtu or DEFAULT_MTU) - WG_OVERHEAD
+    wg = (private_mtu or DEFAULT_NIC_MTU) - WG_OVERHEAD
     out.update({"wireguard-private": wg, "tunnel": wg})
     return out
-
-
-DEFAULT_MTU = 1500
 
 
 def _mtu_of(dev: str | None) -> int | None:

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 # WireGuard adds 60 bytes over IPv4 and 80 over IPv6; 80 keeps kilo0 safe on either underlay.
 WG_OVERHEAD = 80
+DEFAULT_NIC_MTU = 1500  # a NIC whose MTU cannot be read (or a node without a private one)
 _TUNNEL_KINDS = ("wireguard", "tun", "vxlan", "ipip", "gre", "sit")
 MAIN_TABLE = 254  # RT_TABLE_MAIN
 RTN_UNICAST = 1
@@ -195,7 +196,7 @@ def discover_endpoint(endpoint: str | None, public_interface: str | None, port: 
     return Endpoint(str(addrs[0].ip), port) if addrs else None
 
 
-def wg_mtu(private_if: str | None, default: int = 1500) -> int:
+def wg_mtu(private_if: str | None, default: int = DEFAULT_NIC_MTU) -> int:
     """kilo0's MTU: the private NIC's MTU (else `default`) minus WireGuard's IPv6-safe overhead."""
     mtu = default
     if private_if:
