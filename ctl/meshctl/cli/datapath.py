@@ -34,9 +34,10 @@ _ns = click.option("--netns", default=None, help="Network namespace of the node 
 _out = output_option()
 
 
-def _where(node: str | None, lab: str | None, pin_root: str | None, netns: str | None
-           ) -> list[tuple[str, str, str | None]]:
-    """The (node, pin root, netns) triples a command acts on."""
+def pinned_targets(node: str | None, lab: str | None, pin_root: str | None, netns: str | None, *,
+                   host_default: bool = True) -> list[tuple[str, str, str | None]]:
+    """The (node, pin root, netns) triples a command acts on: a lab node's, the named node's, or
+    every node pinned under the root (none pinned: this host's name, unless not `host_default`)."""
     if node is not None and not pin_root and (lab is not None or targets.has_lab()):
         found = targets.lab("--lab").pins(lab, node)
         if found:
@@ -44,7 +45,7 @@ def _where(node: str | None, lab: str | None, pin_root: str | None, netns: str |
     root = pin_root or defaults.PIN_ROOT
     if node is None:
         names = sorted(os.listdir(root)) if os.path.isdir(root) else []
-        if not names:
+        if not names and host_default:
             names = [socket.gethostname()]
         return [(n, root, netns) for n in names]
     return [(node, root, netns)]
@@ -94,7 +95,7 @@ def maps_dump(node: str | None, lab_name: str | None, pin_root: str | None, netn
               only_counters: bool) -> None:
     """Every LPM entry (prefix, action, next hop, interface, encapsulation and outer addresses), the
     local pods and the counters."""
-    dumps = [_read(n, root, ns, only_counters) for n, root, ns in _where(node, lab_name, pin_root, netns)]
+    dumps = [_read(n, root, ns, only_counters) for n, root, ns in pinned_targets(node, lab_name, pin_root, netns)]
     if output == "json":
         click.echo(json.dumps(dumps if node is None else dumps[0], indent=2))
         return
@@ -144,7 +145,7 @@ def datapath_load(node: str, lab_name: str | None, pin_root: str | None, netns: 
             raise InputError("--node", node, f"is not a node in {os.path.basename(topo_path)}")
         with gc_paused():
             entries = plan_node(topo, node).fastpath
-    [(name, root, ns)] = _where(node, lab_name, pin_root, netns)
+    [(name, root, ns)] = pinned_targets(node, lab_name, pin_root, netns)
 
     def load() -> dict[str, Any]:
         dp = Datapath.open(name, pin_root=root)
@@ -174,7 +175,7 @@ def datapath_load(node: str, lab_name: str | None, pin_root: str | None, netns: 
 @_ns
 def datapath_unload(node: str, lab_name: str | None, pin_root: str | None, netns: str | None) -> None:
     """Detach the programs and remove the node's pinned maps (traffic keeps the kernel's routes)."""
-    [(name, root, ns)] = _where(node, lab_name, pin_root, netns)
+    [(name, root, ns)] = pinned_targets(node, lab_name, pin_root, netns)
     _in(ns, lambda: Datapath.unload(name, pin_root=root))
     click.echo(f"{name}: unloaded (kernel routes)")
 
@@ -189,7 +190,7 @@ def datapath_status(node: str | None, lab_name: str | None, pin_root: str | None
                     output: str) -> None:
     """Mode, programs, links and map sizes of the pinned fast path."""
     rows: list[dict[str, Any]] = []
-    for name, root, ns in _where(node, lab_name, pin_root, netns):
+    for name, root, ns in pinned_targets(node, lab_name, pin_root, netns):
         if not os.path.isdir(f"{root}/{name}"):
             rows.append({"node": name, "mode": "kernel-routes", "reason": f"nothing pinned under {root}"})
             continue

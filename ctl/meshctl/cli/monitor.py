@@ -19,6 +19,7 @@ import click
 
 from meshctl import defaults
 from meshctl.cli import targets
+from meshctl.cli.datapath import pinned_targets
 from meshctl.cli.options import TEXT_FORMATS, lab_option, node_option, output_option, pin_root_option
 from meshctl.datapath import Datapath
 from meshctl.datapath import monitor as mon
@@ -33,19 +34,14 @@ IFNAMES_REFRESH_S = 1.0  # an unknown ifindex re-reads the interface names at mo
 def _target(node: str | None, lab_name: str | None, pin_root: str | None, netns: str | None
             ) -> tuple[str, str, str | None]:
     """(node, pin root, netns) of the node to monitor; InputError for a node no lab has."""
-    if node is not None and not pin_root and (lab_name is not None or targets.has_lab()):
-        try:
-            found = targets.lab("--lab").pins(lab_name, node)
-        except MeshError as e:
-            raise InputError("--node", node, f"is not a node of lab {lab_name} ({e})") from None
-        if found:
-            return found.name, found.pin_root, netns or found.netns
-    root = pin_root or defaults.PIN_ROOT
-    if node is None:
-        names = sorted(os.listdir(root)) if os.path.isdir(root) else []
-        if len(names) != 1:
-            raise InputError("--node", None, f"is required: {len(names)} nodes are pinned under {root}")
-        node = names[0]
+    try:
+        found = pinned_targets(node, lab_name, pin_root, netns, host_default=False)
+    except MeshError as e:  # only a lab's lookup of the node raises
+        raise InputError("--node", node, f"is not a node of lab {lab_name} ({e})") from None
+    if len(found) != 1:
+        raise InputError("--node", None, f"is required: {len(found)} nodes are pinned under "
+                         f"{pin_root or defaults.PIN_ROOT}")
+    node, root, netns = found[0]
     if netns is not None and not os.path.exists(netns if netns.startswith("/") else f"/run/netns/{netns}"):
         raise InputError("--netns", netns, "is not a network namespace")
     return node, root, netns
