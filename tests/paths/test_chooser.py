@@ -125,3 +125,26 @@ def test_without_probes_no_encapsulated_rung_is_assumed() -> None:
 
     state = unprobed_state({"b": LADDER, "c": LADDER[1:]})
     assert state == {"b": frozenset({"direct", "wireguard-private"}), "c": frozenset({"wireguard-private"})}
+
+
+def test_a_hold_the_peer_ends_later_is_still_the_reason_of_the_move_back() -> None:
+    """Every kind cut, then restored: the holds end together here, the peer's a little later and
+    one rung at a time. The pair steps back through the peer's choices; its last move, onto direct,
+    is still owed to direct's hold, not "became available" (one change used to clear every kind's hold)."""
+    s = Sim()
+    s.run(2)
+    s.cut = {"direct", "udp", "ipip"}
+    s.run(8)  # stand-by kinds are probed slowly: the last one is seen dead within a few seconds
+    assert s.c.pairs["b"].rung == "tunnel"
+    s.cut = set()
+    s.peer_choice = "tunnel"
+    s.run(T.hold + 1)
+    assert s.c.pairs["b"].rung == "tunnel"  # our holds are over; the peer's are not
+    s.peer_choice = "direct+vxlan"
+    s.run(6)  # the stand-by kind's probe must be fresh again
+    assert s.c.pairs["b"].rung == "direct+vxlan"
+    assert s.c.changes[-1].reason == "peer chose direct+vxlan"
+    s.peer_choice = "direct"
+    s.run(2)
+    assert s.c.pairs["b"].rung == "direct"
+    assert s.c.changes[-1].reason == "direct delivered for the hold time", s.c.changes[-3:]

@@ -59,7 +59,7 @@ class KindHealth:
     lost: int = 0                   # probes lost since the last reply
     candidate: float | None = None  # down, answering again since
     ever_up: bool = False           # has delivered at some time (only then does a return wait for the hold)
-    held: bool = False              # came back after the hold time (the reason of the pair's next change)
+    held: bool = False              # came back after the hold time (the reason of the next move onto it)
     rtt: float | None = None        # smoothed round-trip time, seconds
 
     @property
@@ -166,7 +166,7 @@ class Chooser:
             for h in p.kinds.values():
                 silent = now - h.since >= t.down_after and h.lost >= t.down_probes
                 if silent:
-                    h.candidate = None
+                    h.candidate, h.held = None, False
                     if h.up is not False:
                         h.up = False
                 elif h.up is False and h.candidate is not None and now - h.candidate >= t.hold:
@@ -176,8 +176,12 @@ class Chooser:
                 self.changes.append(Change(name, p.rung, new, self._reason(p, new, now), now))
                 p.rung = new
                 changed = True
-                for h in p.kinds.values():
-                    h.held = False
+                # Only the kind the pair moved onto has spent its hold as a reason: another kind's
+                # completed hold stays the reason of a later move to its rung (both ends' holds
+                # end apart, so the pair may stop on a costlier rung on its way back).
+                moved_onto = p.kinds.get(RUNG_KIND.get(new, ""))
+                if moved_onto is not None:
+                    moved_onto.held = False
         return changed
 
     def _reason(self, p: PairState, new: str, now: float) -> str:
