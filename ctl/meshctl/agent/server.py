@@ -9,6 +9,7 @@ says (127.0.0.1 by default), never 0.0.0.0 unless asked.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -224,11 +225,14 @@ class StatusServer:
                 self._send(200, json.dumps(fn(peer).to_json()).encode(), "application/json")
 
             def _send(self, code: int, body: bytes, ctype: str) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                # A client that gave up (a poll with a short timeout on a slow machine) is not the
+                # agent's error: its answer is dropped without a traceback in the log.
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.send_response(code)
+                    self.send_header("Content-Type", ctype)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
 
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
                 return

@@ -28,7 +28,7 @@ from meshctl.lab.namespaces import check as labcheck
 from meshctl.lab.namespaces import nat_router as labnat
 from meshctl.lab.namespaces.spec import KERNEL_SERIES, check_prefix, load_lab
 from meshctl.lab.rigs import netns
-from meshctl.lab.vms import vmlab, vmnodes
+from meshctl.lab.vms import vm, vmlab, vmnodes
 from meshctl.lab.vms.vmlab import Forwarder
 from meshctl.node.shell import pid_alive
 
@@ -52,10 +52,12 @@ def _term_tears_down(signum: int, frame: object) -> None:
 @lab_group.command("up")
 @file_option(help="Lab or topology file (default: the shipped lab).")
 @click.option("--prefix", default=None, help="Name prefix of everything the lab makes (default: lab.prefix, ml-).")
-@click.option("--wait", default=60.0, show_default=True, help="Seconds to wait for the agents to converge.")
+@click.option("--wait", type=float, default=None,
+              help=f"Seconds to wait for the agents to converge [default: {build.CONVERGE_WAIT:.0f}; "
+                   f"{vm.EMULATED_CONVERGE_WAIT:.0f} in a VM without KVM].")
 @click.option("--kernel", default="host", show_default=True, type=click.Choice(["host", *KERNEL_SERIES]),
               help="Run the lab inside a VM booting this Debian kernel (make kernels fetches them); host: here.")
-def lab_up(path: str | None, prefix: str | None, wait: float, kernel: str) -> None:
+def lab_up(path: str | None, prefix: str | None, wait: float | None, kernel: str) -> None:
     """Build the lab and start its agents."""
     if path is None:
         path = str(files("meshctl.lab") / "labs" / "default.yaml")
@@ -74,8 +76,11 @@ def lab_up(path: str | None, prefix: str | None, wait: float, kernel: str) -> No
         click.echo(f"lab {st.name} is up inside a VM (Debian {kernel}, {d.version}, {d.accel}): "
                    f"VM booted in {t['boot_s']} s, lab built in {t['lab_s']} s; state in {st.dir}/state.json")
         return
-    bring_up = vmnodes.up if spec.options.vms else build.up
-    st = bring_up(spec, prefix=prefix, progress=_progress, wait=wait)
+    if spec.options.vms:
+        st = vmnodes.up(spec, prefix=prefix, progress=_progress, wait=wait or vm.EMULATED_CONVERGE_WAIT)
+    else:
+        st = build.up(spec, prefix=prefix, progress=_progress, wait=wait or build.CONVERGE_WAIT,
+                      spawn=vmnodes.forked_spawner)
     click.echo(f"lab {st.name} is up ({len(st.nodes())} nodes); state in {st.dir}/state.json")
 
 

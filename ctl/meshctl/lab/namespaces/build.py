@@ -64,14 +64,22 @@ def node_ns(prefix: str, spec: LabSpec, cluster: str, node: str) -> str:
     return f"{prefix}{cluster}-{node}" if spec.multi else f"{prefix}{node}"
 
 
-def up(spec: LabSpec, *, prefix: str | None = None, progress: Progress = quiet, wait: float = 60.0,
-       start_agents: bool = True, hold: tuple[str, ...] = ()) -> LabState:
+CONVERGE_WAIT = 60.0  # s `lab up` waits for the agents to converge, unless told otherwise
+
+
+def up(spec: LabSpec, *, prefix: str | None = None, progress: Progress = quiet, wait: float = CONVERGE_WAIT,
+       start_agents: bool = True, hold: tuple[str, ...] = (), spawn: Spawner | None = None) -> LabState:
     """Build the namespace lab and start its agents (except the nodes in `hold`, to start later with
     start_agent); returns the state (also in state.json). On failure everything made so far is
-    removed again. A lab with lab.vms is brought up by lab/vms/vmnodes.py."""
+    removed again. `spawn` starts each agent (None: popen_spawner, a new process; inside a guest the
+    lab's CLI passes one that forks its warm interpreter). A lab with lab.vms is brought up by
+    lab/vms/vmnodes.py."""
     if spec.options.vms:
         raise MeshError("this lab has lab.vms: every node is a VM (meshctl lab up brings it up)")
-    return up_with(spec, build_namespaces, start_all_agents, lambda name, p: down(name, progress=p), prefix=prefix,
+    def start(st: LabState, p: Progress, held: tuple[str, ...]) -> None:
+        start_all_agents(st, p, held, spawn=spawn or popen_spawner)
+
+    return up_with(spec, build_namespaces, start, lambda name, p: down(name, progress=p), prefix=prefix,
                    progress=progress, wait=wait, start_agents=start_agents, hold=hold)
 
 
@@ -444,11 +452,12 @@ def agents_to_start(st: LabState, hold: tuple[str, ...] = ()) -> list[str]:
     return [f"{c.name}/{n.name}" for c, n in st.nodes() if n.name not in hold and f"{c.name}/{n.name}" not in hold]
 
 
-def start_all_agents(st: LabState, progress: Progress, hold: tuple[str, ...] = ()) -> None:
+def start_all_agents(st: LabState, progress: Progress, hold: tuple[str, ...] = (),
+                     spawn: Spawner = popen_spawner) -> None:
     """Start every agent but those in `hold`."""
     todo = agents_to_start(st, hold)
     for key in todo:
-        start_agent(st, key)
+        start_agent(st, key, spawn=spawn)
     progress(f"started {len(todo)} agent(s)")
 
 

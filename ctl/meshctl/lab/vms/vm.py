@@ -48,6 +48,12 @@ HOST = "host"
 VM_CPUS = 2
 VM_MEMORY = "3G"
 BOOT_TIMEOUT = 300.0
+# Under TCG a guest runs ~10-50x slower: five agents took 2-5 minutes to converge where the host
+# takes seconds, and an agent busy starting can miss renewing a 5 s lease (its record expires and
+# is published again, its peers churn). A lab in such a VM waits longer by default and gets a
+# longer lease unless its file sets one.
+EMULATED_CONVERGE_WAIT = 600.0
+EMULATED_LEASE_TTL = 30
 KVM_PROBE_TIMEOUT = 20.0
 ACCEL_FILE = Path("/run/meshctl-vm-accel.json")
 POLL = 0.05

@@ -16,8 +16,13 @@ import contextlib
 import shutil
 import sys
 import time
+from pathlib import Path
 
+import yaml
+
+from meshctl.backends.file import load_yaml
 from meshctl.errors import MeshError
+from meshctl.lab.namespaces import build as labbuild
 from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.spec import LabSpec
 from meshctl.lab.namespaces.state import LabState
@@ -47,10 +52,10 @@ def vm_labs() -> list[LabState]:
     return out
 
 
-def up(spec: LabSpec, path: str, series: str, *, prefix: str | None, wait: float,
+def up(spec: LabSpec, path: str, series: str, *, prefix: str | None, wait: float | None,
        progress: Progress) -> LabState:
-    """Boot the kernel, build the lab inside, return the host's state of it. On failure the VM is
-    stopped and nothing is left."""
+    """Boot the kernel, build the lab inside, return the host's state of it (`wait` None: the
+    default for the VM's accelerator). On failure the VM is stopped and nothing is left."""
     prefix = prefix or spec.options.prefix
     name = labstate.lab_name(prefix)
     if labstate.load(name) is not None:
@@ -70,7 +75,10 @@ def up(spec: LabSpec, path: str, series: str, *, prefix: str | None, wait: float
         st.vm = machine.describe()
         labstate.save(st)
         progress(f"VM up in {machine.boot_seconds:.1f} s; building the lab inside")
-        shutil.copyfile(path, machine.shared / GUEST_LAB_FILE)
+        emulated = machine.accel != "kvm"
+        _guest_lab_file(path, machine.shared / GUEST_LAB_FILE, emulated, progress)
+        if wait is None:
+            wait = vm.EMULATED_CONVERGE_WAIT if emulated else labbuild.CONVERGE_WAIT
         argv = ["lab", "up", "-f", str(machine.shared / GUEST_LAB_FILE), "--wait", str(wait)]
         if prefix:
             argv += ["--prefix", prefix]
@@ -87,6 +95,19 @@ def up(spec: LabSpec, path: str, series: str, *, prefix: str | None, wait: float
         with contextlib.suppress(OSError):
             shutil.rmtree(labstate.lab_dir(name))
         raise
+
+
+def _guest_lab_file(path: str, dest: Path, emulated: bool, progress: Progress) -> None:
+    """The lab file as the guest reads it: the user's, with lab.lease_ttl set to
+    vm.EMULATED_LEASE_TTL under emulation when the file leaves it unset (said in a progress line)."""
+    doc = load_yaml(path)
+    block = doc.get("lab") if isinstance(doc, dict) else None
+    if not emulated or not isinstance(doc, dict) or (isinstance(block, dict) and "lease_ttl" in block):
+        shutil.copyfile(path, dest)
+        return
+    doc["lab"] = {**(block if isinstance(block, dict) else {}), "lease_ttl": vm.EMULATED_LEASE_TTL}
+    dest.write_text(yaml.safe_dump(doc, sort_keys=False))
+    progress(f"lease TTL {vm.EMULATED_LEASE_TTL} s under emulation (lab.lease_ttl is not set)")
 
 
 def down(st: LabState, progress: Progress) -> list[str]:

@@ -97,7 +97,7 @@ def parallel(items: Sequence[T], fn: Callable[[T], object]) -> None:
 # --- host side ---------------------------------------------------------------------------------
 
 
-def up(spec: LabSpec, *, prefix: str | None = None, progress: Progress = quiet, wait: float = 60.0,
+def up(spec: LabSpec, *, prefix: str | None = None, progress: Progress = quiet, wait: float = labbuild.CONVERGE_WAIT,
        start_agents: bool = True, hold: tuple[str, ...] = ()) -> LabState:
     """Bring a lab.vms lab up: build_vms, every agent started in its VM, converged; on failure
     everything is removed again (VMs included)."""
@@ -370,20 +370,23 @@ def guest_setup(bundle_path: str) -> None:
     labstate.save(st)
 
 
-def _forked_agent(argv: list[str], *, log: int, env: dict[str, str]) -> int:
-    """build.Spawner in a guest: the agent forked from this interpreter, which (served by the guest's
-    warm server, lab/vms/zygote.py) has imported it already; a new process for any other command."""
-    warm = zygote.forkable(argv)
+def forked_spawner(argv: list[str], *, log: int, env: dict[str, str]) -> int:
+    """build.Spawner: in a guest, the agent forked from this interpreter, which (served by the
+    guest's warm server, lab/vms/zygote.py) has imported it already, inside its node's namespace
+    when the command names one; a new process for any other command, and anywhere outside a guest
+    (where no warm server ran, nothing is forkable)."""
+    netns_file, command = zygote.split_netns(argv)
+    warm = zygote.forkable(command) if zygote.warm_here() else None
     if warm is None:
         return labbuild.popen_spawner(argv, log=log, env=env)
-    return zygote.spawn(*warm, stdout=log, stderr=log, env=env, new_session=True)
+    return zygote.spawn(*warm, stdout=log, stderr=log, env=env, new_session=True, netns=netns_file)
 
 
 def guest_agent(action: str, lab: str, node_name: str, extra: list[str]) -> None:
     """Start (printing its PID), stop or kill the agent of this VM's node."""
     st = labstate.resolve(lab)
     if action == "start":
-        print(labbuild.start_agent(st, node_name, extra_args=tuple(extra), spawn=_forked_agent))
+        print(labbuild.start_agent(st, node_name, extra_args=tuple(extra), spawn=forked_spawner))
     else:
         labbuild.stop_agent(st, node_name, kill=action == "kill")
 

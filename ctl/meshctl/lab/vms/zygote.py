@@ -21,6 +21,8 @@ import traceback
 import warnings
 from collections.abc import Mapping, Sequence
 
+from meshctl.setns import join_netns
+
 # What the guest runs as `python -m`: the CLI (node commands, the agent) and the node's own set-up.
 WARM_MODULES = ("meshctl.cli", "meshctl.lab.vms.vmnodes")
 _WAIT_STEP = 0.05
@@ -47,6 +49,20 @@ def forkable(argv: Sequence[str]) -> tuple[str, list[str]] | None:
     if len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m" and argv[2] in WARM_MODULES:
         return argv[2], list(argv[3:])
     return None
+
+
+def warm_here() -> bool:
+    """Whether this process is a warm server (its imports done) or a child forked from one: only
+    there is forking a command cheaper, and known safe, than starting it."""
+    return _ready.is_set()
+
+
+def split_netns(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    """(namespace file, the command) of `nsenter --net=FILE -- COMMAND...` (node.shell.exec_prefix's
+    form), so a command bound for a lab node's namespace can be forked too; (None, argv) otherwise."""
+    if len(argv) >= 3 and argv[0] == "nsenter" and argv[1].startswith("--net=") and argv[2] == "--":
+        return argv[1].removeprefix("--net="), list(argv[3:])
+    return None, list(argv)
 
 
 def await_warm(timeout: float | None) -> None:
@@ -78,9 +94,10 @@ def _run_module_here(module: str, args: list[str]) -> int:
 
 
 def spawn(module: str, args: list[str], *, stdout: int, stderr: int, env: Mapping[str, str], cwd: str = "/",
-          new_session: bool = False) -> int:
+          new_session: bool = False, netns: str | None = None) -> int:
     """Fork a child that runs `python -m module args` with these descriptors, environment and
-    directory; its PID. The child never returns into the caller's code."""
+    directory, in the network namespace file `netns` (None: this one); its PID. The child never
+    returns into the caller's code."""
     pid = os.fork()
     if pid:
         return pid
@@ -88,6 +105,10 @@ def spawn(module: str, args: list[str], *, stdout: int, stderr: int, env: Mappin
     try:
         if new_session:
             os.setsid()
+        if netns is not None:
+            fd = os.open(netns, os.O_RDONLY)
+            join_netns(fd, netns)  # the child has one thread: the whole process moves
+            os.close(fd)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         null = os.open(os.devnull, os.O_RDONLY)
