@@ -10,6 +10,7 @@ in the background, and runs such a command in a forked child, where every import
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import os
 import runpy
@@ -101,6 +102,11 @@ def spawn(module: str, args: list[str], *, stdout: int, stderr: int, env: Mappin
     pid = os.fork()
     if pid:
         return pid
+    # The child closes every inherited descriptor above stderr, but the parent's Python objects
+    # that owned them are still here; were the collector to free one (garbage of the parent not yet
+    # collected at the fork), its finaliser would close the number again, by then the child's own
+    # socket (an agent's status listener vanished so). Frozen objects are never collected.
+    gc.freeze()
     code = 1
     try:
         if new_session:
