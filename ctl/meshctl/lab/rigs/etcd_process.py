@@ -23,6 +23,12 @@ from meshctl.node.shell import exec_prefix, pid_alive
 
 
 @dataclass
+# Bounds of the wait for a starting etcd. A healthy one answers in milliseconds; a TLS handshake
+# in a VM under TCG on a loaded host takes over a second, and a 0.5 s read never completed there.
+START_WAIT = 60.0
+HEALTH_TIMEOUT = 3.0
+
+
 class EtcdServer:
     """`host` is the address clients use (inside `netns` when given); `tls` makes the client URL
     https with client-cert auth; `peer_port` stays on 127.0.0.1 of the same namespace."""
@@ -61,7 +67,7 @@ class EtcdServer:
                      "--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"]
         return args
 
-    def start(self, *, client_tls: CertFiles | None = None, wait: float = 15.0) -> int:
+    def start(self, *, client_tls: CertFiles | None = None, wait: float = START_WAIT) -> int:
         """Start etcd and wait until it answers /health (with `client_tls` when TLS is on)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.data_dir, 0o700)
@@ -72,7 +78,7 @@ class EtcdServer:
         finally:
             log.close()
         self.pid = self._proc.pid
-        client = self.client(client_tls, timeout=0.5)
+        client = self.client(client_tls, timeout=HEALTH_TIMEOUT)
         deadline = time.monotonic() + wait
         try:
             while time.monotonic() < deadline:
