@@ -22,13 +22,13 @@ from meshctl.lab.rigs.pki import CertFiles
 from meshctl.node.shell import exec_prefix, pid_alive
 
 
-@dataclass
 # Bounds of the wait for a starting etcd. A healthy one answers in milliseconds; a TLS handshake
 # in a VM under TCG on a loaded host takes over a second, and a 0.5 s read never completed there.
 START_WAIT = 60.0
 HEALTH_TIMEOUT = 3.0
 
 
+@dataclass
 class EtcdServer:
     """`host` is the address clients use (inside `netns` when given); `tls` makes the client URL
     https with client-cert auth; `peer_port` stays on 127.0.0.1 of the same namespace."""
