@@ -21,7 +21,6 @@ from meshctl.etcd.client import EtcdClient
 from meshctl.lab.rigs.pki import CertFiles
 from meshctl.node.shell import exec_prefix, pid_alive
 
-
 # Bounds of the wait for a starting etcd. A healthy one answers in milliseconds; a TLS handshake
 # in a VM under TCG on a loaded host takes over a second, and a 0.5 s read never completed there.
 START_WAIT = 60.0
