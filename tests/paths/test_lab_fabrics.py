@@ -206,6 +206,44 @@ def test_explain_shows_a_blackholed_subnet_move_and_its_lost_probes(auto_lab) ->
     assert wait_for(lambda: rung(st, "l1", "l2") == "direct", HOLD_S + 5)
 
 
+def lab_seen(st: LabState) -> dict[str, Any]:
+    """Every node's published summary (agent.seen) of the lab, read from its etcd as `graph --live` does."""
+    from meshctl.cli.plan import Source
+
+    return Source(None, None, None, None, st.name, "", None, None, None, "default").seen()
+
+
+def seen_rung(st: LabState, src: str, dst: str) -> tuple[str | None, bool] | None:
+    s = lab_seen(st).get(src)
+    p = s.peers.get(dst) if s is not None else None
+    return (p.rung, p.fell_back) if p is not None else None
+
+
+def test_published_summaries_name_the_measured_rungs_and_a_blackholed_subnet_moves(auto_lab) -> None:
+    from meshctl.agent.seen import CHECK_INTERVAL_S
+
+    st = auto_lab
+    pairs = [k for (a, b) in EXPECTED for k in ((a, b), (b, a))]
+    want = {k: EXPECTED.get(k, EXPECTED.get(k[::-1])) for k in pairs}
+    assert wait_for(lambda: {k: (seen_rung(st, *k) or (None,))[0] for k in pairs} == want, 15), \
+        {k: seen_rung(st, *k) for k in pairs}
+    measured = {(r.src, r.dst): r.path for r in labcheck.check(st, count=2, pairs=pairs)}
+    assert {k: seen_rung(st, *k)[0] for k in pairs} == measured  # type: ignore[index]
+    t0 = time.monotonic()
+    fabric.change(st, "10.30.1.0/24", "blackhole")
+    try:
+        # The failover (6 s, as test_blackhole_under_a_ping_and_back allows) and one check of the
+        # publisher (its last write was long ago: the pair had settled).
+        assert wait_for(lambda: seen_rung(st, "l1", "l2") == ("tunnel", True)
+                        and seen_rung(st, "l2", "l1") == ("tunnel", True), 6 + 2 * CHECK_INTERVAL_S, 0.2), \
+            (seen_rung(st, "l1", "l2"), seen_rung(st, "l2", "l1"))
+        print(f"summaries show the blackholed pair on the tunnel {time.monotonic() - t0:.1f} s after the change")
+        assert (seen_rung(st, "u1", "u2") or (None,))[0] == "direct+vxlan", "another subnet's pair is untouched"
+    finally:
+        fabric.change(st, "10.30.1.0/24", "l2")
+    assert wait_for(lambda: seen_rung(st, "l1", "l2") == ("direct", False), HOLD_S + 15, 0.2)
+
+
 def test_random_loss_does_not_flap(auto_lab) -> None:
     st = auto_lab
     assert wait_for(lambda: rung(st, "l1", "l2") == "direct", HOLD_S + 5)

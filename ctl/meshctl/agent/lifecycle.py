@@ -15,6 +15,7 @@ from meshctl.agent.config import AgentConfig
 from meshctl.agent.loop import PassDriver, ReconcileLoop, RemoteSource, pod_interfaces
 from meshctl.agent.path_probing import PathProbing
 from meshctl.agent.reporting import ErrorCounts, LiveReader
+from meshctl.agent.seen import SeenStore, publish_loop
 from meshctl.agent.server import StatusServer
 from meshctl.agent.status import AgentStatus, PassSummary, ProbeResult
 from meshctl.agent.step_runner import StepRunner
@@ -99,6 +100,9 @@ class Agent:
         self._spawn("backend", lambda: self.backend.run(self.stop_event, self.wake))
         self._spawn("reconcile", loop.run)
         self._spawn("datapath-open", self._open_datapath)
+        if isinstance(self.backend, SeenStore):
+            store = self.backend
+            self._spawn("seen", lambda: publish_loop(store, self.status, self.cfg.cluster_name, self.stop_event))
         self.wake()
 
     def _watch_pods(self) -> None:

@@ -6,6 +6,8 @@ Key layout (docs/agent.md):
     /meshctl/<cluster>/mesh           records.mesh_to_record       changeable at run time
     /meshctl/<cluster>/nodes/<name>   records.node_to_record       attached to the agent's lease
     /meshctl/<cluster>/peers/<name>   a peer record (records.parse_peer)
+    /meshctl-seen/<cluster>/<name>    observed.NodeSeen            on the same lease; outside the
+                                      watched prefix, so no agent wakes for another's summary
 
 The watch thread mirrors the prefix into a dict; `snapshot()` parses from that mirror, caching each
 record's parse by its mod_revision, so a reconcile over 5,000 records costs only the changed ones.
@@ -25,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from meshctl.backends.base import ClusterState
-from meshctl.errors import InputError
+from meshctl.errors import InputError, MeshError
 from meshctl.etcd import Compacted, EtcdClient, EtcdError, KeyValue, WatchIdle
 from meshctl.mesh import records
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.model import Cluster, MeshSettings, Node, Peer
+from meshctl.mesh.observed import NodeSeen
 
 log = logging.getLogger("meshctl.etcd")
 
@@ -54,6 +57,38 @@ def mesh_key(cluster: str) -> str:
 
 def cluster_key(cluster: str) -> str:
     return f"{ROOT}/{cluster}/cluster"
+
+
+SEEN_ROOT = "/meshctl-seen"
+MAX_SEEN_BYTES = 1 << 20  # a summary of MAX_PEERS peers fits with room; a larger value is refused unread
+
+
+def seen_prefix(cluster: str) -> str:
+    return f"{SEEN_ROOT}/{cluster}/"
+
+
+def seen_key(cluster: str, name: str) -> str:
+    return f"{seen_prefix(cluster)}{name}"
+
+
+def read_seen(client: EtcdClient, cluster: str) -> tuple[dict[str, NodeSeen], list[str]]:
+    """Every node's summary of `cluster`, by node, and a line per summary refused: not JSON, too
+    large, or claiming another node or cluster than its key (a node's credentials write only its
+    own key, so a summary that names someone else was not written by them)."""
+    kvs, _ = client.range(seen_prefix(cluster), prefix=True)
+    seen: dict[str, NodeSeen] = {}
+    refused: list[str] = []
+    for kv in kvs:
+        name = kv.key.removeprefix(seen_prefix(cluster))
+        try:
+            s = NodeSeen.from_json(parse_record(kv, kv.key, MAX_SEEN_BYTES))
+            if s.node != name or s.cluster != cluster:
+                raise InputError(kv.key, f"{s.cluster}/{s.node}", "names another node than its key")
+        except (InputError, MeshError) as e:
+            refused.append(str(e))
+            continue
+        seen[name] = s
+    return seen, refused
 
 
 def cluster_record(cluster: Cluster, mesh: MeshSettings) -> dict[str, Any]:
@@ -89,11 +124,11 @@ def withdraw_record(client: EtcdClient, cluster: str, name: str) -> None:
     client.delete(key)
 
 
-def parse_record(kv: KeyValue, path: str) -> Any:
-    """The JSON of a record; a record larger than MAX_RECORD_BYTES is refused unread, so a huge
-    value costs no parsing (and delays no other record's admission)."""
-    if len(kv.value) > MAX_RECORD_BYTES:
-        raise InputError(path, f"{len(kv.value)} bytes", f"is larger than a record may be ({MAX_RECORD_BYTES} bytes)")
+def parse_record(kv: KeyValue, path: str, limit: int = MAX_RECORD_BYTES) -> Any:
+    """The JSON of a record; a record larger than `limit` is refused unread, so a huge value costs
+    no parsing (and delays no other record's admission)."""
+    if len(kv.value) > limit:
+        raise InputError(path, f"{len(kv.value)} bytes", f"is larger than a record may be ({limit} bytes)")
     try:
         return json.loads(kv.value)
     except (ValueError, UnicodeDecodeError):
@@ -156,6 +191,14 @@ class EtcdBackend:
             if value == self._published_value and self._lease:
                 return
             self._put_own(value)
+
+    def publish_seen(self, seen: NodeSeen) -> None:
+        """Put this node's summary (agent.seen.SeenStore) on the record's lease, so it goes with the
+        record; before the record has a lease there is nothing to describe yet, and nothing is written."""
+        if self._published is None or seen.node != self._published.name or not self._lease:
+            return
+        self.client.put(seen_key(self.cluster.name, seen.node), json.dumps(seen.to_json(), sort_keys=True),
+                        lease=self._lease)
 
     def _put_own(self, value: str) -> None:
         assert self._published is not None

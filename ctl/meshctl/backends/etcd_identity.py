@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshctl.backends.etcd import cluster_prefix, node_key
+from meshctl.backends.etcd import cluster_prefix, node_key, seen_key, seen_prefix
 from meshctl.errors import InputError
 from meshctl.etcd.client import EtcdClient, EtcdError, prefix_end
 
@@ -54,12 +54,14 @@ class Grant:
 
 
 def node_grants(cluster: str, node: str) -> tuple[Grant, ...]:
-    """A node writes its own record (and its lease rides on it) and reads its cluster."""
-    return (Grant("READWRITE", node_key(cluster, node)), Grant("READ", cluster_prefix(cluster), True))
+    """A node writes its own record and its own summary (its lease rides on both), and reads its
+    cluster and the other nodes' summaries."""
+    return (Grant("READWRITE", node_key(cluster, node)), Grant("READWRITE", seen_key(cluster, node)),
+            Grant("READ", cluster_prefix(cluster), True), Grant("READ", seen_prefix(cluster), True))
 
 
 def reader_grants(cluster: str) -> tuple[Grant, ...]:
-    return (Grant("READ", cluster_prefix(cluster), True),)
+    return (Grant("READ", cluster_prefix(cluster), True), Grant("READ", seen_prefix(cluster), True))
 
 
 def writer_grants(cluster: str) -> tuple[Grant, ...]:

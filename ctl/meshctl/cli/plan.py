@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,7 @@ from meshctl.process import gc_paused
 if TYPE_CHECKING:
     from meshctl.backends.kube.backend import KubeBackend
     from meshctl.etcd import EtcdClient
+    from meshctl.mesh.observed import NodeSeen
 
 BACKENDS = ("file", "etcd", "kubernetes")
 
@@ -55,7 +57,7 @@ def live_options(f: Callable[..., Any]) -> Callable[..., Any]:
     for opt in reversed([
         click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file."),
         click.option("--api-server", default=None, help="--backend kubernetes: API server URL without credentials."),
-        lab_option("--backend etcd without --etcd-endpoints: a lab's etcd."),
+        lab_option("A lab's etcd (implies --backend etcd; with --backend etcd, in place of --etcd-endpoints)."),
         etcd_options,
     ]):
         f = opt(f)
@@ -83,7 +85,7 @@ class Source:
                  lab_name: str | None, etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None,
                  etcd_key: str | None, cluster_name: str, etcd_user: str | None = None,
                  etcd_password_file: str | None = None, **_: Any) -> None:
-        backend = backend or "file"
+        backend = backend or ("etcd" if lab_name is not None and not path else "file")
         if backend == "file" and not path:
             raise InputError("-f", MISSING, "is required (or --backend etcd|kubernetes)")
         if backend != "file" and path:
@@ -117,6 +119,30 @@ class Source:
         if not state.ready:
             raise MeshError(f"{self.backend}: {state.reason or 'not ready'}")
         return state
+
+    def seen(self) -> dict[str, NodeSeen]:
+        """What each node of the cluster publishes it observes (agent.seen), by node; a summary
+        refused (not JSON, naming another node) is a `warning:` line, one that is older than
+        agent.seen.STALE_AFTER_S is dropped with one (it no longer says what the node sees)."""
+        from meshctl.agent.seen import STALE_AFTER_S
+        from meshctl.backends.etcd import read_seen
+
+        if self.backend != "etcd":
+            raise InputError("--live", self.backend if self.path is None else self.name,
+                             "needs the summaries the agents publish: use --backend etcd or --lab NAME")
+        client = self.etcd_client()
+        try:
+            seen, refused = read_seen(client, self.cluster_name)
+        finally:
+            client.close()
+        for line in refused:
+            click.echo(f"warning: etcd: {line}", err=True)
+        now = time.time()
+        for name, s in sorted(seen.items()):
+            if now - s.at > STALE_AFTER_S:
+                click.echo(f"warning: etcd: the summary of {name} is {now - s.at:.0f} s old: left out", err=True)
+                del seen[name]
+        return seen
 
     def etcd_client(self) -> EtcdClient:
         """A client of the cluster's etcd: from the --etcd-* flags, or the lab's (--lab, or no endpoints)."""
