@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Generated topologies of the size the graph must stay readable at (issue 20): `locations`
-locations of `per_location` nodes each, every location one private /24 of its own (10.100.0.0/24 up), pod CIDRs from 10.200.0.0/16 up, public
-endpoints, and a granularity. `python -m tests.plan.big_topologies DIR` writes the 50- and 500-node
-ones as topology files (the docs' pictures are drawn from them)."""
+locations of `per_location` nodes each, every location one private /24 of its own (10.100.0.0/24
+up), pod CIDRs from 10.200.0.0/16 up, public endpoints, and a granularity.
+`python -m tests.plan.big_topologies DIR` writes the 50- and 500-node ones as topology files (the
+docs' pictures are drawn from them)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,15 @@ from meshctl.cli.psk import with_preshared_keys
 from meshctl.errors import MISSING, InputError, MeshError
 from meshctl.mesh import fields
 from meshctl.mesh.checks import plan_warnings, topology_warnings
-from meshctl.mesh.graph import GRAPH_FORMATS, NODE_LEVEL_UP_TO, check_view, graph_model, model_dot, model_text
+from meshctl.mesh.graph import (
+    GRAPH_FORMATS,
+    NODE_LEVEL_UP_TO,
+    check_view,
+    graph_model,
+    model_dot,
+    model_text,
+    with_seen,
+)
 from meshctl.mesh.model import GRANULARITIES, Granularity, IPNetwork, PathState, Topology
 from meshctl.mesh.plan import plan_node
 from meshctl.mesh.render import (
@@ -292,10 +300,12 @@ def _plan_diff(src: Source, other: str, node: str | None, granularity: Granulari
 @node_option(help="Draw this node and its peers, with the path to each.")
 @click.option("--location", default=None, help="Draw this location's nodes, the other locations collapsed.")
 @output_option(GRAPH_FORMATS, help="dot: Graphviz DOT; text: the same view as lines; json: the whole graph model.")
+@click.option("--live", is_flag=True, help="Each pair on the rung its nodes use now, as they publish it "
+              "(--backend etcd or --lab): dashed where it fell back, red without a path.")
 @click.option("--render", "render_to", type=click.Path(dir_okay=False),
               help="Render with Graphviz to this file (format from its suffix: svg, png, pdf).")
 def graph(granularity: Granularity | None, remotes: tuple[str, ...], level: str | None, node: str | None,
-          location: str | None, output: str, render_to: str | None, **source: Any) -> None:
+          location: str | None, output: str, live: bool, render_to: str | None, **source: Any) -> None:
     """Print the mesh as Graphviz DOT (docs/graph.md): at a level, or one node or location; each
     pair on its planned rung (solid: WireGuard, dotted: the private rungs, ipip and vxlan labelled;
     dashed: a location's leader to its members), pairs counted per pair of locations where one
@@ -304,12 +314,15 @@ def graph(granularity: Granularity | None, remotes: tuple[str, ...], level: str 
 
     if render_to and output != "dot":
         raise InputError("--render", render_to, f"draws DOT: leave out -o {output}")
-    topo = Source(**source).load()
+    src = Source(**source)
+    topo = src.load()
     if granularity:
         topo = replace(topo, mesh=replace(topo.mesh, granularity=granularity))
     with gc_paused():
         model = graph_model(topo, _load_remotes(topo, remotes))
         check_view(model, level, node, location)
+        if live:
+            model = with_seen(model, src.seen())
         if output == "json":
             click.echo(json.dumps(model.to_json(), indent=2))
             return

@@ -335,6 +335,10 @@ class View:
     grouped: bool
     focus: str | None = None
 
+    def shows(self, box: str) -> bool:
+        """A node's view draws only its node and the boxes its edges reach; the others all."""
+        return self.focus is None or box == self.focus or any(box in (e.a, e.b) for e in self.edges)
+
     def box(self, model: GraphModel, name: str) -> str:
         return name if name in self.nodes or name.startswith("peer:") else "location:" + model.location_of(name)
 
@@ -425,11 +429,11 @@ def counts(pairs: Sequence[Pair]) -> str:
 
 
 def inside_line(model: GraphModel, loc: Location) -> str:
-    """How a location's members reach each other (one line)."""
+    """How a location's members reach each other (one line; a location of one node: none)."""
     members = frozenset(loc.nodes)
     inner = [p for p in model.pairs if p.a in members and p.b in members]
     if len(members) == 1:
-        return "1 node"
+        return ""
     if not inner:
         return "members: no pairs"
     via = f"; others through {', '.join(loc.leaders)}" if loc.leaders and model.granularity == "location" else ""
@@ -501,7 +505,7 @@ def _location_label(model: GraphModel, loc: Location, names: bool) -> str:
         more = len(loc.subnets) - _SUBNETS_SHOWN
         shown = _html(", ".join(loc.subnets[:_SUBNETS_SHOWN]))
         rows.append(f"subnets: {shown}" + (f" +{more} more" if more > 0 else ""))
-    rows.append(_html(inside_line(model, loc)))
+    rows += [_html(x) for x in (inside_line(model, loc),) if x]
     cols = max(1, min(_NAMES_PER_ROW, math.ceil(math.sqrt(len(loc.nodes)))))
     cells = [f"<TR><TD COLSPAN=\"{cols}\" BORDER=\"0\">{r}</TD></TR>" for r in rows]
     if names:
@@ -537,14 +541,15 @@ def model_dot(model: GraphModel, level: str | None = None, node: str | None = No
             drawn = [n for n in loc.nodes if n in v.nodes]
             if loc.key in v.expanded and drawn:
                 lines.append(f"  subgraph cluster_{i} {{" + (" style=solid;" if outer else ""))
-                lines.append(f"    label={_dot_id(f'location: {loc.title}; ' + inside_line(model, loc))};")
+                head = "; ".join(x for x in (f"location: {loc.title}", inside_line(model, loc)) if x)
+                lines.append(f"    label={_dot_id(head)};")
                 for name in drawn:
                     gn = model.node(name)
                     assert gn is not None
                     extra = ", penwidth=3" if name == v.focus else ""
                     lines.append(f"    {_dot_id(name)} [label=\"{_node_label(gn, detailed)}\"{extra}];")
                     anchors[name] = name
-                rest = len(loc.nodes) - len(drawn)
+                rest = len(loc.nodes) - len(drawn) if v.shows(box) else 0
                 if rest:
                     lines.append(f"    {_dot_id(box)} [label=\"{rest} more of {_esc(loc.title)}\"];")
                 anchors[box] = box if rest else drawn[0]
@@ -552,13 +557,13 @@ def model_dot(model: GraphModel, level: str | None = None, node: str | None = No
                     lines += _grid_lines([*drawn, *([box] if rest else [])], "    ")
                 lines.append("  }")
                 grid.append(drawn[0])
-            else:
+            elif v.shows(box):
                 lines.append(f"  {_dot_id(box)} [label={_location_label(model, loc, loc.key in v.expanded)}];")
                 anchors[box] = box
                 grid.append(box)
         if outer:
             lines.append("  }")
-    for p in model.peers:
+    for p in (p for p in model.peers if v.shows(p.id)):
         label = f"{_esc(p.name)}\\npeer\\n{', '.join(p.allowed_ips)}"
         lines.append(f"  {_dot_id(p.id)} [label=\"{label}\", shape=ellipse];")
         anchors[p.id] = p.id
@@ -621,7 +626,8 @@ def model_text(model: GraphModel, level: str | None = None, node: str | None = N
         name = loc.key if len(model.clusters) > 1 else loc.title
         lead = f", leader {', '.join(loc.leaders)}" if loc.leaders and model.granularity == "location" else ""
         subnets = f", subnets {', '.join(loc.subnets)}" if loc.subnets else ""
-        out.append(f"location {name}: {_count(len(loc.nodes), 'node')}{lead}{subnets}; {inside_line(model, loc)}")
+        inside = "; " + inside_line(model, loc) if len(loc.nodes) > 1 else ""
+        out.append(f"location {name}: {_count(len(loc.nodes), 'node')}{lead}{subnets}{inside}")
     for e in v.edges:
         out.append(f"{_text_end(model, e.a)} -- {_text_end(model, e.b)}: {counts(e.pairs)}"
                    + (f" (relay via {e.pairs[0].relay})" if len(e.pairs) == 1 and e.pairs[0].relay else ""))
