@@ -129,26 +129,34 @@ class Source:
         return state
 
     def seen(self) -> dict[str, NodeSeen]:
-        """What each node of the cluster publishes it observes (agent.seen), by node; a summary
-        refused (not JSON, naming another node) is a `warning:` line, one that is older than
-        agent.seen.STALE_AFTER_S is dropped with one (it no longer says what the node sees)."""
+        """What each node of the cluster publishes it observes (agent.seen; etcd or the Kubernetes
+        API), by node; a summary refused (not JSON, naming another node) is a `warning:` line, one
+        older than agent.seen.STALE_AFTER_S is dropped with one (it no longer says what the node sees)."""
         from meshctl.agent.seen import STALE_AFTER_S
         from meshctl.backends.etcd import read_seen
 
-        if self.backend != "etcd":
-            raise InputError("--live", self.backend if self.path is None else self.name,
-                             "needs the summaries the agents publish: use --backend etcd or --lab NAME")
-        client = self.etcd_client()
-        try:
-            seen, refused = read_seen(client, self.cluster_name)
-        finally:
-            client.close()
+        if self.backend == "kubernetes":
+            be = self.kube_backend()
+            try:
+                seen, refused = be.read_seen()
+            finally:
+                be.close()
+        elif self.backend == "etcd":
+            client = self.etcd_client()
+            try:
+                seen, refused = read_seen(client, self.cluster_name)
+            finally:
+                client.close()
+        else:
+            raise InputError("--live", self.name, "needs the summaries the agents publish: "
+                             "use --backend etcd|kubernetes or --lab NAME")
         for line in refused:
-            click.echo(f"warning: etcd: {line}", err=True)
+            click.echo(f"warning: {self.backend}: {line}", err=True)
         now = time.time()
         for name, s in sorted(seen.items()):
             if now - s.at > STALE_AFTER_S:
-                click.echo(f"warning: etcd: the summary of {name} is {now - s.at:.0f} s old: left out", err=True)
+                click.echo(f"warning: {self.backend}: the summary of {name} is {now - s.at:.0f} s old: left out",
+                           err=True)
                 del seen[name]
         return seen
 
