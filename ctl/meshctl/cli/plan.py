@@ -309,7 +309,7 @@ def _plan_diff(src: Source, other: str, node: str | None, granularity: Granulari
 @click.option("--location", default=None, help="Draw this location's nodes, the other locations collapsed.")
 @output_option(GRAPH_FORMATS, help="dot: Graphviz DOT; text: the same view as lines; json: the whole graph model.")
 @click.option("--live", is_flag=True, help="Each pair on the rung its nodes use now, as they publish it "
-              "(--backend etcd or --lab): dashed where it fell back, red without a path.")
+              "(--backend etcd|kubernetes, or --lab): dashed where it fell back, red without a path.")
 @click.option("--render", "render_to", type=click.Path(dir_okay=False),
               help="Render with Graphviz to this file (format from its suffix: svg, png, pdf).")
 def graph(granularity: Granularity | None, remotes: tuple[str, ...], level: str | None, node: str | None,
