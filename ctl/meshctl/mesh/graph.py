@@ -235,18 +235,21 @@ def graph_model(topo: Topology, remotes: Sequence[Remote] = ()) -> GraphModel:
         rungs[pair] = rung if old is None else (_costlier(old, rung) or rung)
 
     def read(t: Topology, rs: Sequence[Remote]) -> None:
+        # A name from `t`'s plans as the model calls it: another cluster's plans name their own
+        # nodes bare, the model by cluster (`cluster2/g1`); other names are already qualified.
+        names = {n.name: n.qualified_name for n in t.nodes}
         for n in t.nodes:
             me = n.qualified_name
             plan = plan_node(t, n.name, rs)
             for peer in plan.peers:
-                other = ("peer:" + peer.name) if peer.kind == "peer" else _qualified(t, peer.name)
+                other = ("peer:" + peer.name) if peer.kind == "peer" else names.get(peer.name, peer.name)
                 add(me, other, plan.paths.get(peer.name, "tunnel") if peer.kind != "peer" else "tunnel")
             for other, rung in plan.paths.items():
                 if rung in PRIVATE_RUNGS and rung != "wireguard-private":
-                    add(me, _qualified(t, other), rung)
+                    add(me, names.get(other, other), rung)
             for other, (relay, _) in plan.relays.items():
-                q = _qualified(t, other)
-                relays[(min(me, q), max(me, q))] = _qualified(t, relay)
+                q = names.get(other, other)
+                relays[(min(me, q), max(me, q))] = names.get(relay, relay)
             via[me] = sum(1 for p in plan.paths.values() if p == "via-leader")
 
     read(topo, remotes)
@@ -265,13 +268,6 @@ def graph_model(topo: Topology, remotes: Sequence[Remote] = ()) -> GraphModel:
     peers = tuple(GraphPeer(p.name, tuple(map(str, p.allowed_ips))) for p in sorted(topo.peers, key=lambda p: p.name))
     return GraphModel(topo.cluster.name, topo.mesh.granularity, str(topo.mesh.subnet),
                       (topo.cluster.name, *(r.topology.cluster.name for r in remotes)), gnodes, locs, peers, pairs)
-
-
-def _qualified(t: Topology, name: str) -> str:
-    """A name from `t`'s plans as the model calls it: a remote cluster's plans name their own
-    nodes bare, the model by cluster (`cluster2/g1`)."""
-    n = t.node(name)
-    return n.qualified_name if n is not None else name
 
 
 def _nodes_and_locations(all_nodes: Sequence[tuple[str, Node, Topology]], via: Mapping[str, int]
