@@ -160,6 +160,8 @@ def test_the_big_topologies_are_what_they_say() -> None:
     (["--location", "mars"], "error: --location: 'mars' is not a location of the mesh (locations: (none), aws, gcp)"),
     (["--node", "a", "--location", "aws"], "error: --location: 'aws' cannot be combined with --node"),
     (["-o", "text", "--render", "x.png"], "error: --render: 'x.png' draws DOT: leave out -o text"),
+    (["--live"], "error: --live: 't.yaml' needs the summaries the agents publish: use --backend etcd|kubernetes "
+                 "or --lab NAME"),
 ])
 def test_bad_view_is_one_line_and_exit_2(tmp_path: Path, args: list[str], line: str) -> None:
     f = tmp_path / "t.yaml"
