@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from meshctl.mesh.graph import EDGE_ATTRS, graph_dot
 from meshctl.mesh.model import ENCAP_RUNGS
 from meshctl.mesh.plan import plan_node
 from meshctl.mesh.records import parse_topology
-from meshctl.mesh.render import EDGE_ATTRS, graph_dot
 
 from .fixtures import CROSS_TWO_SUBNETS, KILO_CLASSIC
 from .test_nat import SETTLED, mesh

@@ -20,18 +20,26 @@ from meshctl.backends.base import ClusterState
 from meshctl.backends.file import load_topology, load_topology_checked
 from meshctl.cli import targets
 from meshctl.cli.agent import endpoint_list, etcd_options
-from meshctl.cli.options import file_option, lab_option, output_option
+from meshctl.cli.options import file_option, lab_option, node_option, output_option
 from meshctl.cli.psk import with_preshared_keys
 from meshctl.errors import MISSING, InputError, MeshError
 from meshctl.mesh import fields
 from meshctl.mesh.checks import plan_warnings, topology_warnings
+from meshctl.mesh.graph import (
+    GRAPH_FORMATS,
+    NODE_LEVEL_UP_TO,
+    check_view,
+    graph_model,
+    model_dot,
+    model_text,
+    with_seen,
+)
 from meshctl.mesh.model import GRANULARITIES, Granularity, IPNetwork, PathState, Topology
 from meshctl.mesh.plan import plan_node
 from meshctl.mesh.render import (
     SHOWCONF_FORMATS,
     conf_dict,
     conf_text,
-    graph_dot,
     node_as_peer,
     node_conf,
     peer_as_peer,
@@ -292,28 +300,59 @@ def _plan_diff(src: Source, other: str, node: str | None, granularity: Granulari
 @click.command()
 @_source_options
 @click.option("--granularity", type=click.Choice(GRANULARITIES), help="Override the file's granularity.")
+@click.option("--remote", "remotes", multiple=True, type=click.Path(dir_okay=False),
+              help="Another cluster's topology file (cluster mesh: each cluster an outer box); repeatable.")
+@click.option("--level", default=None, metavar="location|node",
+              help=f"location: a box per location, an edge per pair of locations; node: a box per node "
+              f"(default: node up to {NODE_LEVEL_UP_TO} nodes, location above).")
+@node_option(help="Draw this node and its peers, with the path to each.")
+@click.option("--location", default=None, help="Draw this location's nodes, the other locations collapsed.")
+@output_option(GRAPH_FORMATS, help="dot: Graphviz DOT; text: the same view as lines; json: the whole graph model.")
+@click.option("--live", is_flag=True, help="Each pair on the rung its nodes use now, as they publish it "
+              "(--backend etcd|kubernetes, or --lab): dashed where it fell back, red without a path.")
 @click.option("--render", "render_to", type=click.Path(dir_okay=False),
               help="Render with Graphviz to this file (format from its suffix: svg, png, pdf).")
-def graph(granularity: Granularity | None, render_to: str | None, **source: Any) -> None:
-    """Print the mesh as Graphviz DOT, each pair on its planned rung (solid: WireGuard, dotted:
-    the private rungs, ipip and vxlan labelled; dashed: a location's leader to its members)."""
+def graph(granularity: Granularity | None, remotes: tuple[str, ...], level: str | None, node: str | None,
+          location: str | None, output: str, live: bool, render_to: str | None, **source: Any) -> None:
+    """Print the mesh as Graphviz DOT (docs/graph.md): at a level, or one node or location; each
+    pair on its planned rung (solid: WireGuard, dotted: the private rungs, ipip and vxlan labelled;
+    dashed: a location's leader to its members), pairs counted per pair of locations where one
+    edge each would not be readable."""
     from dataclasses import replace
 
-    topo = Source(**source).load()
+    if render_to and output != "dot":
+        raise InputError("--render", render_to, f"draws DOT: leave out -o {output}")
+    src = Source(**source)
+    topo = src.load()
     if granularity:
         topo = replace(topo, mesh=replace(topo.mesh, granularity=granularity))
     with gc_paused():
-        dot = graph_dot(topo)
+        model = graph_model(topo, _load_remotes(topo, remotes))
+        check_view(model, level, node, location)
+        if live:
+            model = with_seen(model, src.seen())
+        if output == "json":
+            click.echo(json.dumps(model.to_json(), indent=2))
+            return
+        if output == "text":
+            click.echo(model_text(model, level, node, location), nl=False)
+            return
+        dot = model_dot(model, level, node, location)
     if not render_to:
         click.echo(dot, nl=False)
         return
+    _render(dot, render_to)
+
+
+def _render(dot: str, path: str) -> None:
+    """Graphviz's `dot` draws `dot` to `path`, in the format of its suffix (default svg)."""
     if shutil.which("dot") is None:
         raise MeshError("--render needs Graphviz's `dot` (apt-get install graphviz)")
-    fmt = Path(render_to).suffix.lstrip(".") or "svg"
-    p = subprocess.run(["dot", f"-T{fmt}", "-o", render_to], input=dot, text=True, capture_output=True)
+    fmt = Path(path).suffix.lstrip(".") or "svg"
+    p = subprocess.run(["dot", f"-T{fmt}", "-o", path], input=dot, text=True, capture_output=True)
     if p.returncode != 0:
         raise MeshError(f"dot -T{fmt}: {p.stderr.strip()}")
-    click.echo(f"wrote {render_to}")
+    click.echo(f"wrote {path}")
 
 
 def _cidrs(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[IPNetwork, ...]:

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Plans and topologies as people and programs read them: JSON, tables, Graphviz DOT and
-wg-quick configs. Pure functions of the plan."""
+"""Plans and topologies as people and programs read them: JSON, tables and wg-quick configs
+(the graph's DOT: mesh.graph). Pure functions of the plan."""
 
 from __future__ import annotations
 
@@ -10,9 +10,6 @@ from typing import Any
 
 from meshctl.errors import InputError
 from meshctl.mesh.model import (
-    ENCAP_RUNGS,
-    PRIVATE_RUNGS,
-    RUNGS,
     Endpoint,
     IPInterface,
     IPNetwork,
@@ -22,7 +19,7 @@ from meshctl.mesh.model import (
     Topology,
     sort_key_net,
 )
-from meshctl.mesh.plan import Encap, FastPathEntry, NodePlan, PeerPlan, Route, plan_node
+from meshctl.mesh.plan import Encap, FastPathEntry, NodePlan, PeerPlan, Route
 from meshctl.mesh.segments import Remote, Segment, segment_addresses, segments
 
 
@@ -94,122 +91,6 @@ def plan_to_table(p: NodePlan) -> str:
         out += ["", "PATHS"]
         out.append(table(sorted(p.paths.items()), ["NODE", "PATH"]))
     return "\n".join(out)
-
-
-def _dot_id(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def graph_dot(topo: Topology) -> str:
-    """Graphviz DOT: one cluster subgraph per location, and one edge per pair of nodes (or node
-    and peer) drawn as the plan carries it (EDGE_ATTRS: solid WireGuard, dotted private rungs,
-    the encapsulated ones coloured and labelled with their kind); in location granularity dashed
-    arrows go from each segment's leader to its members (their way into the mesh), so no node
-    looks cut off. The graph is labelled with the cluster and its WireGuard subnet, and carries a
-    legend of every edge kind."""
-    segs = segments(topo)
-    title = f"cluster {topo.cluster.name} ({topo.mesh.granularity}): WireGuard subnet {topo.mesh.subnet}"
-    lines = [f"digraph {_dot_id(topo.cluster.name)} {{",
-             f"  graph [compound=true, rankdir=LR, labelloc=t, label={_dot_id(title)}];",
-             "  node [shape=box, style=rounded, fontname=Helvetica, fontsize=10];", "  edge [dir=none];"]
-    lines += _dot_locations(topo, segs)
-    for p in sorted(topo.peers, key=lambda p: p.name):
-        lines.append(f"  {_dot_id('peer:' + p.name)} [label=\"{p.name}\\npeer\\n"
-                     f"{', '.join(map(str, p.allowed_ips))}\", shape=ellipse];")
-    for (a, b), attrs in sorted(_dot_edges(topo).items()):
-        lines.append(f"  {_dot_id(a)} -> {_dot_id(b)} [{attrs}];")
-    if topo.mesh.granularity == "location":
-        for s in segs:
-            for m in s.members:
-                if m.name != s.leader.name:
-                    lines.append(f"  {_dot_id(s.leader.name)} -> {_dot_id(m.name)} [style=dashed, dir=forward];")
-    return "\n".join([*lines, *_DOT_LEGEND]) + "\n"
-
-
-def _legend_attrs(attrs: str, label: str) -> str:
-    """An edge's attributes with the legend's label in place of its own."""
-    kept = [a for a in attrs.split(", ") if not a.startswith("label=")]
-    return ", ".join([*kept, f'label="{label}"'])
-
-
-# How an edge is drawn, by the pair's rung in the plan (docs/mesh.md, "graph"): WireGuard solid,
-# the private rungs dotted, each encapsulation in its own colour and labelled with its kind.
-_ENCAP_COLOUR: dict[str, str] = {"ipip": "blue", "vxlan": "darkgreen"}
-EDGE_ATTRS: dict[str, str] = {
-    "direct": "style=dotted",
-    **{rung: f'style=dotted, color={_ENCAP_COLOUR[kind]}, label="{kind}"' for rung, kind in ENCAP_RUNGS.items()},
-    "wireguard-private": 'style=solid, color=gray40, label="private endpoint"',
-    "tunnel": "style=solid",
-    "relay": "style=solid, color=orange",
-}
-# When the two ends of a pair report different rungs (they agree offline), the costlier is drawn.
-_EDGE_COST: tuple[str, ...] = (*RUNGS, "relay")
-_LEGEND_LABELS: dict[str, str] = {
-    "tunnel": "WireGuard (tunnel)", "wireguard-private": "WireGuard to the private address",
-    "direct": "direct (raw, private network)", "direct+ipip": "direct+ipip (IP-in-IP, private network)",
-    "direct+vxlan": "direct+vxlan (VXLAN, private network)",
-    "relay": "WireGuard through a relay",
-}
-_DOT_LEGEND = ("  subgraph cluster_legend {", '    label="legend"; fontsize=9;',
-               '    node [shape=plaintext, fontsize=9, label=""];',
-               *(f'    legend_{i}_a -> legend_{i}_b [{_legend_attrs(EDGE_ATTRS[r], _LEGEND_LABELS[r])}];'
-                 for i, r in enumerate(_LEGEND_LABELS)),
-               '    legend_leader_a -> legend_leader_b [style=dashed, dir=forward, label="leader to member"];',
-               "  }", "}")
-
-
-def _dot_locations(topo: Topology, segs: Sequence[Segment]) -> list[str]:
-    """One subgraph per location, a box per node with its addresses (the WireGuard one on leaders)."""
-    wg_of = {}
-    for s in segs:
-        for m in s.members:
-            wg_of[m.name] = s.wireguard_ip if m.name == s.leader.name else None
-    by_loc: dict[str, list[Node]] = {}
-    for n in sorted(topo.nodes, key=lambda n: n.name):
-        by_loc.setdefault(n.location, []).append(n)
-    lines = []
-    for i, (loc, members) in enumerate(sorted(by_loc.items())):
-        lines.append(f"  subgraph cluster_{i} {{")
-        lines.append(f"    label={_dot_id('location: ' + (loc or '(none)'))};")
-        for n in members:
-            label = "\\n".join([
-                n.name + (" (leader)" if any(s.leader.name == n.name and len(s.members) > 1 for s in segs) else ""),
-                f"location: {n.location or '-'}", f"pod: {n.pod_cidr}",
-                f"internal: {n.internal_ip or '-'}", f"wireguard: {wg_of.get(n.name) or '-'}",
-                f"endpoint: {n.endpoint or '-'}",
-            ])
-            lines.append(f"    {_dot_id(n.name)} [label=\"{label}\"];")
-        lines.append("  }")
-    return lines
-
-
-def _dot_edges(topo: Topology) -> dict[tuple[str, str], str]:
-    """The graph's links, read from every node's plan: (a, b) with a < b -> the edge's attributes.
-    A node's WireGuard peers are drawn on the rung its plan gives the pair (tunnel,
-    wireguard-private or relay; a pair whose private rung carries it, with WireGuard standing by,
-    on that rung), non-node peers as WireGuard, and the pairs on a private rung (a location's
-    members, or nodes no WireGuard peer joins) on that rung."""
-    rungs: dict[tuple[str, str], str] = {}
-    relays: dict[tuple[str, str], str] = {}
-
-    def add(n: str, other: str, rung: str) -> None:
-        pair = (min(n, other), max(n, other))
-        old = rungs.get(pair)
-        if old is None or _EDGE_COST.index(rung) > _EDGE_COST.index(old):
-            rungs[pair] = rung
-
-    for n in topo.nodes:
-        plan = plan_node(topo, n.name)
-        for peer in plan.peers:
-            other = ("peer:" + peer.name) if peer.kind == "peer" else peer.name
-            add(n.name, other, plan.paths.get(peer.name, "tunnel") if peer.kind != "peer" else "tunnel")
-        for other, rung in plan.paths.items():
-            if rung in PRIVATE_RUNGS and rung != "wireguard-private":
-                add(n.name, other, rung)
-        for other, (via, _) in plan.relays.items():
-            relays[(min(n.name, other), max(n.name, other))] = via
-    return {pair: EDGE_ATTRS[rung] + (f', label="relay via {relays[pair]}"' if rung == "relay" and pair in relays
-                                      else "") for pair, rung in rungs.items()}
 
 
 PRIVATE_KEY_PLACEHOLDER = "# PrivateKey = <kept on the node, never printed>"
