@@ -1,0 +1,192 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`meshctl ui`: the live map in a browser (docs/ui.md). The imperative shell around ui/server.py
+(HTTP and the page) and ui/view.py (what the panels say): it reads the topology and the agents'
+summaries through the same Source as `plan` and `graph`, draws the graph model once per topology
+(mesh.graph), colours it with what the agents see (at most once a FRESH_S, however many pages
+ask), and answers a pair's `explain` with what `meshctl explain` computes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import click
+
+from meshctl import defaults
+from meshctl.cli import targets
+from meshctl.cli.plan import Source, _source_options
+from meshctl.errors import InputError, MeshError
+from meshctl.mesh.graph import NODE_LEVEL_UP_TO, GraphModel, graph_model, with_seen
+from meshctl.mesh.model import Topology
+from meshctl.mesh.observed import NodeSeen, PeerSeen
+from meshctl.process import gc_paused
+from meshctl.ui import view
+from meshctl.ui.server import DEFAULT_LISTEN, JSON, Prepared, bind, is_loopback, parse_listen
+
+FRESH_S = 1.0  # a read of the backend this recent answers the next request too
+
+
+class Live:
+    """The page's Provider over a Source: the topology and summaries read at most once a FRESH_S,
+    the graph model drawn again only when the topology changed, and /api/graph serialised again
+    only when what it shows changed. While the backend fails, the last map is served with the
+    error beside it."""
+
+    def __init__(self, src: Source, lab_name: str | None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.src, self.lab_name, self._clock = src, lab_name, clock
+        self.live = src.backend == "etcd"
+        self._lock = threading.Lock()
+        self._warned: dict[str, None] = {}
+        src.warn = self._warn
+        self._topo: Topology | None = None
+        self._model: GraphModel | None = None
+        self._seen: dict[str, NodeSeen] = {}
+        self._shown: tuple[Mapping[str, Mapping[str, PeerSeen]], str | None] | None = None
+        self._prepared: Prepared | None = None
+        self._version = 0
+        self._read_at = float("-inf")
+        self._ok_at = 0.0
+        self._error: str | None = None
+
+    def _warn(self, line: str) -> None:
+        """Each warning once on stderr (the page polls: the same record would warn every time)."""
+        if line not in self._warned:
+            self._warned[line] = None
+            click.echo(f"warning: {line}", err=True)
+
+    def start(self) -> Topology:
+        """The first read: its errors are the command's (one line, before the page is served)."""
+        with self._lock:
+            self._read()
+        assert self._topo is not None
+        return self._topo
+
+    def _read(self) -> None:
+        """Read the backend once, and draw again what changed. Raises what the backend raises."""
+        self._read_at = self._clock()
+        topo = self.src.load()
+        seen = self.src.seen() if self.live else {}
+        if topo != self._topo or self._model is None:
+            with gc_paused():
+                self._model = graph_model(topo)
+            self._topo, self._shown = topo, None
+        self._seen, self._ok_at = seen, time.time()
+        shown = ({n: s.peers for n, s in seen.items()}, None)
+        if shown != self._shown:
+            self._shown = shown
+            self._error = None
+            self._prepare()
+        elif self._error is not None:
+            self._error = None
+            self._prepare()
+
+    def _fresh(self) -> None:
+        """Read again when the last read is older than FRESH_S; a failure is kept, not raised."""
+        if self._clock() - self._read_at < FRESH_S:
+            return
+        try:
+            self._read()
+        except (MeshError, InputError) as e:
+            if str(e) != self._error:
+                self._error = str(e)
+                self._prepare()
+
+    def _prepare(self) -> None:
+        assert self._model is not None
+        coloured = with_seen(self._model, self._seen) if self.live else self._model
+        self._version += 1
+        self._prepared = Prepared.of(view.graph_doc(coloured.to_json(), self._ok_at, self._error,
+                                                    list(self._warned)), self._version)
+
+    def _topology(self) -> Topology:
+        with self._lock:
+            self._fresh()
+            assert self._topo is not None
+            return self._topo
+
+    # --- the Provider ---------------------------------------------------------------------------
+
+    def meta(self) -> JSON:
+        why = None if self.src.backend != "file" else \
+            "explain reads the agents: a topology file has none (use --backend etcd|kubernetes or --lab)"
+        return view.meta(self.src.name, self.src.backend, self.lab_name, self.live, why, NODE_LEVEL_UP_TO)
+
+    def graph(self) -> Prepared:
+        with self._lock:
+            self._fresh()
+            assert self._prepared is not None
+            return self._prepared
+
+    def node(self, name: str) -> JSON:
+        topo = self._topology()
+        with self._lock:
+            seen = self._seen
+        return view.node_detail(topo, name, seen, self.live)
+
+    def search(self, query: str) -> JSON:
+        return {"query": query, "hits": [h.to_json() for h in view.search(self._topology(), query)]}
+
+    def explain(self, src: str, dst: str) -> JSON:
+        """`meshctl explain SRC DST`: with --lab its agents along the path, else the agent on
+        this host (cli.explain's builder, as the command runs it)."""
+        from meshctl.agent.explain import format_explanation
+        from meshctl.cli.explain import Agents, build, check_end
+
+        if self.src.backend == "file":
+            raise InputError("explain", f"{src} {dst}", "reads the agents: a topology file has none "
+                             "(use --backend etcd|kubernetes or --lab)")
+        pods = lab_nodes = None
+        if self.lab_name is not None:
+            loc = targets.lab("--lab")
+            pods, lab_nodes = loc.pods(self.lab_name), loc.nodes(self.lab_name)
+        src = check_end(src, "src", pods, lab_nodes)
+        dst = check_end(dst, "dst", pods, lab_nodes)
+        e, _ = build(Agents(defaults.METRICS_ADDR, self.lab_name), src, dst,
+                     {k: v for k, v in (pods or {}).items() if k in (src, dst)})
+        return {"src": src, "dst": dst, "explain": e.to_json(), "text": format_explanation(e, time.time())}
+
+
+def _check_lab(lab_name: str) -> None:
+    """A lab named with --lab must be up: one line, exit 2, before anything is served."""
+    try:
+        targets.lab("--lab").nodes(lab_name)
+    except MeshError as e:
+        if not targets.has_lab():
+            raise
+        why = str(e).removeprefix(f"lab {lab_name} ").removeprefix("is not up").strip()
+        raise InputError("--lab", lab_name, f"is not up {why}: bring it up with meshctl lab up -f FILE") from None
+
+
+@click.command("ui")
+@click.option("--listen", default=DEFAULT_LISTEN, show_default=True, metavar="HOST:PORT",
+              help="Where the page is served (loopback unless asked: the page has no login).")
+@_source_options
+def ui(listen: str, **source: Any) -> None:
+    """Serve the live map on a local web page: locations and clusters as groups, nodes inside,
+    each pair coloured by the rung its nodes use now; click a node for its record, peers and
+    paths, a pair for its `explain`; search a node or a pod address."""
+    parse_listen(listen)
+    src = Source(**source)
+    if source.get("lab_name") is not None:
+        _check_lab(source["lab_name"])
+    live = Live(src, source.get("lab_name"))
+    server = bind(listen, live)
+    try:
+        topo = live.start()
+        host = parse_listen(listen)[0]
+        if not is_loopback(host):
+            click.echo(f"warning: --listen {listen}: the page has no login; anyone who reaches this address "
+                       "sees the mesh", err=True)
+        what = "live, from the agents' summaries" if live.live else "the plan only (no summaries: etcd has them)"
+        click.echo(f"meshctl ui: {server.url} ({len(topo.nodes)} nodes from {src.name}, {what}); Ctrl-C stops",
+                   nl=True)
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+COMMANDS: list[click.Command] = [ui]
