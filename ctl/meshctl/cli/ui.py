@@ -168,6 +168,8 @@ def ui(listen: str, **source: Any) -> None:
     each pair coloured by the rung its nodes use now; click a node for its record, peers and
     paths, a pair for its `explain`; search a node or a pod address."""
     parse_listen(listen)
+    if source.get("lab_name") is not None and source.get("path"):
+        raise InputError("--lab", source["lab_name"], "reads a lab's etcd: leave out -f")
     src = Source(**source)
     if source.get("lab_name") is not None:
         _check_lab(source["lab_name"])

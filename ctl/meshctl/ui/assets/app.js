@@ -339,13 +339,15 @@ function draw() {
 
 // --- pan and zoom ----------------------------------------------------------------------------------
 
+// The whole map in the window, at the top, above the legend (which stays where it is).
 function fit(lay) {
   const svg = document.getElementById("map");
   const r = svg.getBoundingClientRect();
-  const w = lay.width, hgt = lay.height;
-  const scale = Math.min((r.width || 800) / w, (r.height || 600) / hgt, 1.6);
-  const vw = (r.width || 800) / scale, vh = (r.height || 600) / scale;
-  state.view = { x: (w - vw) / 2, y: (hgt - vh) / 2, w: vw, h: vh };
+  const legendH = document.getElementById("legend").offsetHeight + 16;
+  const W = r.width || 800, H = r.height || 600;
+  const scale = Math.min(W / lay.width, Math.max(H - legendH, H / 2) / lay.height, 1.6);
+  const vw = W / scale, vh = H / scale;
+  state.view = { x: (lay.width - vw) / 2, y: 0, w: vw, h: vh };
 }
 
 function applyView() {
@@ -440,8 +442,8 @@ async function pickNode(name) {
   const extra = d.extra_peers.length ? [h("h3", {}, "other WireGuard peers"),
     h("table", {}, ...d.extra_peers.map((p) => h("tr", {}, h("td", {}, p.peer), h("td", {}, p.allowed_ips.join(", ")))))] : [];
   panel(h("h2", {}, name),
-    h("p", {}, "location ", h("b", {}, d.location), d.leader === name ? " (its leader)" : " \u00b7 leader " + d.leader,
-      " \u00b7 granularity " + d.granularity),
+    h("p", {}, "location ", h("b", {}, d.location), d.granularity !== "location" ? "" :
+      d.leader === name ? " (its leader)" : " \u00b7 leader " + d.leader, " \u00b7 granularity " + d.granularity),
     h("h3", {}, "record"), record(d.record),
     h("h3", {}, "peers and paths (" + d.peers.length + ")"),
     h("p", { class: "muted" }, d.live ? "now: what " + name + " sees (else what the peer sees); there: what the peer " +
