@@ -14,6 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from meshctl.backends.kube.backend import SEEN_LABEL, seen_configmap
 from meshctl.backends.kube.nodes import AGENT_ANNOTATIONS, LOCATION, PREFIX
 
 from .helpers import MANIFESTS
@@ -25,13 +26,19 @@ VERSIONS = [kubernetes_validate.latest_version(), "1.30"]
 NODE_KEY = "authentication.kubernetes.io/node-name"
 
 
-def objects() -> dict[str, dict[str, Any]]:
-    return {d["kind"]: d for d in yaml.safe_load_all(POLICY_FILE.read_text()) if d}
+NODE_POLICY, SUMMARY_POLICY = "meshctl-agent-own-node", "meshctl-agent-own-summary"
+
+
+def objects(name: str = NODE_POLICY) -> dict[str, dict[str, Any]]:
+    """The policy `name` and its binding, by kind."""
+    return {d["kind"]: d for d in yaml.safe_load_all(POLICY_FILE.read_text()) if d and d["metadata"]["name"] == name}
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_the_policy_passes_the_schemas(version: str) -> None:
-    for d in objects().values():
+    docs = [d for d in yaml.safe_load_all(POLICY_FILE.read_text()) if d]
+    assert len(docs) == 4
+    for d in docs:
         kubernetes_validate.validate(d, version, strict=True)
     broken = copy.deepcopy(objects()["ValidatingAdmissionPolicy"])
     broken["spec"]["validations"][0]["expresion"] = "true"  # a typo is caught
@@ -39,8 +46,9 @@ def test_the_policy_passes_the_schemas(version: str) -> None:
         kubernetes_validate.validate(broken, version, strict=True)
 
 
-def test_binding_and_subject_match_the_other_manifests() -> None:
-    policy, binding = objects()["ValidatingAdmissionPolicy"], objects()["ValidatingAdmissionPolicyBinding"]
+@pytest.mark.parametrize("name", [NODE_POLICY, SUMMARY_POLICY])
+def test_binding_and_subject_match_the_other_manifests(name: str) -> None:
+    policy, binding = objects(name)["ValidatingAdmissionPolicy"], objects(name)["ValidatingAdmissionPolicyBinding"]
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"] and policy["spec"]["failurePolicy"] == "Fail"
     sa = by_kind("ServiceAccount")["metadata"]
@@ -52,12 +60,14 @@ def test_binding_and_subject_match_the_other_manifests() -> None:
 class Policy:
     """The policy's match condition, variables and validations, compiled with cel-python."""
 
-    def __init__(self) -> None:
-        spec = objects()["ValidatingAdmissionPolicy"]["spec"]
+    def __init__(self, name: str = NODE_POLICY) -> None:
+        spec = objects(name)["ValidatingAdmissionPolicy"]["spec"]
         self.env = celpy.Environment()
         self.match = [self._compile(c["expression"]) for c in spec["matchConditions"]]
         self.variables = [(v["name"], self._compile(v["expression"])) for v in spec["variables"]]
-        self.validations = [(self._compile(v["expression"]), v.get("message") or v["messageExpression"])
+        # (check, message): a messageExpression is compiled and evaluated like the API server does
+        self.validations = [(self._compile(v["expression"]),
+                             v["message"] if "message" in v else self._compile(v["messageExpression"]))
                             for v in spec["validations"]]
 
     def _compile(self, expr: str) -> Any:
@@ -82,7 +92,7 @@ class Policy:
             return None
         for prog, message in self.validations:
             if not bool(prog.evaluate(act)):
-                return message
+                return message if isinstance(message, str) else str(message.evaluate(act))
         return None
 
 
@@ -140,3 +150,26 @@ def test_the_agent_changes_only_its_own_annotations_on_its_own_node(policy: Poli
 def test_the_policy_lists_exactly_the_keys_the_agent_writes(policy: Policy) -> None:
     keys = policy.variable(req(), node(), node(), "agentKeys")
     assert sorted(str(k) for k in keys) == sorted(AGENT_ANNOTATIONS)
+
+
+def configmap(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "meshctl", "labels": {SEEN_LABEL: "true"}},
+            "data": {"seen": "{}"}}
+
+
+SUMMARY_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str | None]] = [
+    ("its own summary", req(), configmap(seen_configmap("a1")), None),
+    ("another node's summary", req("b2"), configmap(seen_configmap("a1")), "may write only configmap meshctl-seen-b2"),
+    ("the mesh settings", req(), configmap("meshctl"), "may write only configmap meshctl-seen-a1, not meshctl"),
+    ("a token without its node", req(None), configmap(seen_configmap("a1")), "names no node"),
+    ("not the agent", req(user="kubernetes-admin"), configmap("meshctl"), None),
+]
+
+
+@pytest.mark.parametrize("case,request_,obj,words", SUMMARY_CASES, ids=[c[0] for c in SUMMARY_CASES])
+def test_the_agent_writes_only_its_own_nodes_summary(case: str, request_: dict, obj: dict, words: str | None) -> None:
+    got = Policy(SUMMARY_POLICY).review(request_, obj, {})
+    if words is None:
+        assert got is None, (case, got)
+    else:
+        assert got is not None and words in got, (case, got)

@@ -32,7 +32,7 @@ from meshctl.etcd import Compacted, EtcdClient, EtcdError, KeyValue, WatchIdle
 from meshctl.mesh import records
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.model import Cluster, MeshSettings, Node, Peer
-from meshctl.mesh.observed import NodeSeen
+from meshctl.mesh.observed import MAX_SEEN_BYTES, NodeSeen
 
 log = logging.getLogger("meshctl.etcd")
 
@@ -60,7 +60,6 @@ def cluster_key(cluster: str) -> str:
 
 
 SEEN_ROOT = "/meshctl-seen"
-MAX_SEEN_BYTES = 1 << 20  # a summary of MAX_PEERS peers fits with room; a larger value is refused unread
 
 
 def seen_prefix(cluster: str) -> str:

@@ -130,26 +130,33 @@ class Source:
         return state
 
     def seen(self) -> dict[str, NodeSeen]:
-        """What each node of the cluster publishes it observes (agent.seen), by node; a summary
-        refused (not JSON, naming another node) is a `warning:` line, one that is older than
-        agent.seen.STALE_AFTER_S is dropped with one (it no longer says what the node sees)."""
+        """What each node of the cluster publishes it observes (agent.seen; etcd or the Kubernetes
+        API), by node; a summary refused (not JSON, naming another node) is a `warning:` line, one
+        older than agent.seen.STALE_AFTER_S is dropped with one (it no longer says what the node sees)."""
         from meshctl.agent.seen import STALE_AFTER_S
         from meshctl.backends.etcd import read_seen
 
-        if self.backend != "etcd":
-            raise InputError("--live", self.backend if self.path is None else self.name,
-                             "needs the summaries the agents publish: use --backend etcd or --lab NAME")
-        client = self.etcd_client()
-        try:
-            seen, refused = read_seen(client, self.cluster_name)
-        finally:
-            client.close()
+        if self.backend == "kubernetes":
+            be = self.kube_backend()
+            try:
+                seen, refused = be.read_seen()
+            finally:
+                be.close()
+        elif self.backend == "etcd":
+            client = self.etcd_client()
+            try:
+                seen, refused = read_seen(client, self.cluster_name)
+            finally:
+                client.close()
+        else:
+            raise InputError("--live", self.name, "needs the summaries the agents publish: "
+                             "use --backend etcd|kubernetes or --lab NAME")
         for line in refused:
-            self.warn(f"etcd: {line}")
+            self.warn(f"{self.backend}: {line}")
         now = time.time()
         for name, s in sorted(seen.items()):
             if now - s.at > STALE_AFTER_S:
-                self.warn(f"etcd: the summary of {name} is {now - s.at:.0f} s old: left out")
+                self.warn(f"{self.backend}: the summary of {name} is {now - s.at:.0f} s old: left out")
                 del seen[name]
         return seen
 
@@ -306,7 +313,7 @@ def _plan_diff(src: Source, other: str, node: str | None, granularity: Granulari
 @click.option("--location", default=None, help="Draw this location's nodes, the other locations collapsed.")
 @output_option(GRAPH_FORMATS, help="dot: Graphviz DOT; text: the same view as lines; json: the whole graph model.")
 @click.option("--live", is_flag=True, help="Each pair on the rung its nodes use now, as they publish it "
-              "(--backend etcd or --lab): dashed where it fell back, red without a path.")
+              "(--backend etcd|kubernetes, or --lab): dashed where it fell back, red without a path.")
 @click.option("--render", "render_to", type=click.Path(dir_okay=False),
               help="Render with Graphviz to this file (format from its suffix: svg, png, pdf).")
 def graph(granularity: Granularity | None, remotes: tuple[str, ...], level: str | None, node: str | None,

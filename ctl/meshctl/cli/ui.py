@@ -26,6 +26,7 @@ from meshctl.ui import view
 from meshctl.ui.server import DEFAULT_LISTEN, JSON, Prepared, bind, is_loopback, parse_listen
 
 FRESH_S = 1.0  # a read of the backend this recent answers the next request too
+LIVE_BACKENDS = ("etcd", "kubernetes")  # where the agents publish what they see (Source.seen)
 
 
 class Live:
@@ -36,7 +37,7 @@ class Live:
 
     def __init__(self, src: Source, lab_name: str | None, clock: Callable[[], float] = time.monotonic) -> None:
         self.src, self.lab_name, self._clock = src, lab_name, clock
-        self.live = src.backend == "etcd"
+        self.live = src.backend in LIVE_BACKENDS
         self._lock = threading.Lock()
         self._warned: dict[str, None] = {}
         src.warn = self._warn
@@ -181,7 +182,7 @@ def ui(listen: str, **source: Any) -> None:
         if not is_loopback(host):
             click.echo(f"warning: --listen {listen}: the page has no login; anyone who reaches this address "
                        "sees the mesh", err=True)
-        what = "live, from the agents' summaries" if live.live else "the plan only (no summaries: etcd has them)"
+        what = "live, from the agents' summaries" if live.live else "the plan only (a file has no summaries)"
         click.echo(f"meshctl ui: {server.url} ({len(topo.nodes)} nodes from {src.name}, {what}); Ctrl-C stops",
                    nl=True)
         server.serve_forever(poll_interval=0.5)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -37,6 +38,8 @@ MAX_EDGES = 60
 # Boxes per row of the grids a view lays out (locations, names in a location's box).
 _GRID = 4
 _NAMES_PER_ROW = 8
+# Edges with one label that most of a view's (and at least this many) edges share go unlabelled.
+_SHARED_LABEL_MIN = 6
 # The private subnets a location's box lists before it counts the rest.
 _SUBNETS_SHOWN = 3
 
@@ -475,15 +478,21 @@ def pair_attrs(p: Pair) -> str:
     return attrs
 
 
-def _edge_attrs(e: Edge, label_each: bool) -> str:
-    """One pair: pair_attrs (with its rung as label in a node's view); a group: the attributes of
-    its costliest pair, labelled with its counts."""
-    if len(e.pairs) == 1 and not label_each:
+def _edge_attrs(e: Edge, focus: bool) -> str:
+    """Between two nodes: pair_attrs (in a node's view labelled with its rung: the path to each
+    peer); to a location's box: the attributes of its costliest pair, labelled with its counts."""
+    grouped = "location:" in e.a + e.b
+    if not grouped and not focus:
         return pair_attrs(e.pairs[0])
     worst = max(e.pairs, key=lambda p: (_cost(p.rung), p.fell_back))
-    label = counts(e.pairs) if len(e.pairs) > 1 else _word(worst.rung) + (
+    label = counts(e.pairs) if grouped else _word(worst.rung) + (
         f" via {worst.relay}" if worst.relay else "")
     return _legend_attrs(pair_attrs(worst), _esc(label))
+
+
+def _label_of(attrs: str) -> str:
+    """The text of an attribute list's label."""
+    return attrs.split('label="', 1)[1].rsplit('"', 1)[0].replace('\\"', '"')
 
 
 def _node_label(n: GraphNode, detailed: bool) -> str:
@@ -521,14 +530,23 @@ def model_dot(model: GraphModel, level: str | None = None, node: str | None = No
     """The view as Graphviz DOT for `dot` (it draws clusters: a cluster mesh's clusters and the
     expanded locations are boxes around their boxes); boxes in a grid, the default font."""
     v = view(model, level, node, location)
+    drawn_edges = [(e, _edge_attrs(e, v.focus is not None)) for e in v.edges]
+    # Where most edges say the same (a complete mesh of locations: `2500 wireguard` each), the
+    # title says it once and those edges go unlabelled: a dense mesh stays readable.
+    tally = Counter(attrs for _, attrs in drawn_edges if 'label="' in attrs)
+    shared, n_shared = tally.most_common(1)[0] if tally else (None, 0)
+    if n_shared < _SHARED_LABEL_MIN or 2 * n_shared <= len(drawn_edges):
+        shared = None
     title = (f"cluster {model.cluster} ({model.granularity}): WireGuard subnet {model.subnet}; {v.title}"
-             + ("; live" if model.live else ""))
+             + (f"; each unlabelled edge: {_label_of(shared)}" if shared else "") + ("; live" if model.live else ""))
     lines = [f"digraph {_dot_id(model.cluster)} {{",
              f"  graph [compound=true, rankdir=LR, labelloc=t, fontname=Helvetica, label={_dot_id(title)}];",
              "  node [shape=box, style=rounded, fontname=Helvetica];", "  edge [dir=none, fontname=Helvetica];"]
     detailed = len(v.nodes) <= NODE_LEVEL_UP_TO
     # A small view lays itself out along its edges (today's picture); a large one in grids.
-    large = len(v.nodes) > NODE_LEVEL_UP_TO or len(model.locations) > _GRID
+    collapsed = any(v.shows("location:" + loc.key) and not (loc.key in v.expanded and set(loc.nodes) & v.nodes)
+                    for loc in model.locations)
+    large = collapsed or len(v.nodes) > NODE_LEVEL_UP_TO or len(model.locations) > _GRID
     anchors: dict[str, str] = {}  # a drawn box -> the DOT node an edge to it attaches to
     grid: list[str] = []  # the boxes of the top level, in the order of their grid
     for ci, cluster in enumerate(model.clusters):
@@ -569,11 +587,11 @@ def model_dot(model: GraphModel, level: str | None = None, node: str | None = No
         anchors[p.id] = p.id
     if large:
         lines += _grid_lines(grid, "  ", _GRID)
-    for e in v.edges:
+    for e, attrs in drawn_edges:
         a, b = anchors.get(e.a, e.a), anchors.get(e.b, e.b)
-        to_location = e.a.startswith("location:") or e.b.startswith("location:")
-        attrs = _edge_attrs(e, label_each=v.focus is not None or to_location)
-        if large or to_location:
+        if shared is not None and attrs == shared:
+            attrs = ", ".join(_attrs_without_label(attrs))
+        if large or e.a.startswith("location:") or e.b.startswith("location:"):
             attrs += ", constraint=false"
         lines.append(f"  {_dot_id(a)} -> {_dot_id(b)} [{attrs}];")
     if v.focus is None and model.granularity == "location":

@@ -19,6 +19,7 @@ from typing import Any
 from meshctl.errors import MeshError
 
 MAX_PEERS = 5000  # peers in one node's summary: the largest mesh the project serves
+MAX_SEEN_BYTES = 1 << 20  # a summary's JSON: MAX_PEERS peers fit with room; a larger one is refused unread
 MAX_NAME = 253  # characters of a peer's name ("cluster/node" for another cluster's node)
 JSON = dict[str, Any]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import os
 import threading
@@ -42,6 +43,7 @@ from meshctl.errors import MISSING, InputError, MeshError
 from meshctl.mesh import fields, records
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.model import Cluster, MeshSettings, Node
+from meshctl.mesh.observed import MAX_SEEN_BYTES, NodeSeen
 
 if TYPE_CHECKING:
     from meshctl.backends.kube.kvstore import KvstoreMirror
@@ -57,6 +59,14 @@ DEFAULT_CONFIGMAP = "meshctl"
 # settings ignore.
 CLUSTER_KEYS = ("cluster_name", "cluster_id")
 AGENT_ENV_KEYS = ("private_interface", "internal_cidr", "cni", "fastpath")
+# Node summaries (agent.seen): one ConfigMap per node, labelled, the JSON under one data key.
+SEEN_CONFIGMAP_PREFIX = "meshctl-seen-"
+SEEN_LABEL = "meshctl.io/seen"
+SEEN_DATA_KEY = "seen"
+
+
+def seen_configmap(node: str) -> str:
+    return f"{SEEN_CONFIGMAP_PREFIX}{node}"
 
 
 def settings_from_configmap(data: Mapping[str, str] | None, where: str = "configmap") -> tuple[Cluster, MeshSettings]:
@@ -220,16 +230,64 @@ class KubeBackend:
     def write_settings(self, data: Mapping[str, str]) -> None:
         """Merge `data` (ConfigMap keys, string values) into the mesh ConfigMap, creating it when
         absent (`meshctl mesh set`): keys not in `data` are kept as they are."""
-        where = f"configmap {self.namespace}/{self.configmap}"
+        self._merge_configmap(self.configmap, data)
+
+    def publish_seen(self, seen: NodeSeen) -> None:
+        """This node's summary (agent.seen.SeenStore) into the ConfigMap `meshctl-seen-<node>` of
+        the agent's namespace: outside the one ConfigMap agents watch, so no agent wakes for
+        another's summary; owned by the Node, so it goes when the Node goes. Which node may write
+        which summary is manifests/admission-policy.yaml's to enforce; readers check the name."""
+        if seen.node != self.node_name:
+            raise InputError("seen.node", seen.node, f"is not this agent's node ({self.node_name})")
+        self._merge_configmap(seen_configmap(seen.node), {SEEN_DATA_KEY: json.dumps(seen.to_json(), sort_keys=True)},
+                              labels={SEEN_LABEL: "true"})
+
+    def read_seen(self) -> tuple[dict[str, NodeSeen], list[str]]:
+        """Every node's summary in the agent's namespace, by node, and a line per summary refused
+        (not JSON, too large, or naming another node than its ConfigMap)."""
+        try:
+            items = list(self._client.list(ConfigMap, namespace=self.namespace, labels={SEEN_LABEL: "true"}))
+        except ApiError as e:
+            raise MeshError(f"configmaps of {self.namespace}: {e.status.message}") from None
+        except httpx.HTTPError as e:
+            raise MeshError(f"configmaps of {self.namespace}: {e}") from None
+        seen: dict[str, NodeSeen] = {}
+        refused: list[str] = []
+        for cm in items:
+            name = (cm.metadata.name if cm.metadata else None) or ""
+            where = f"configmap {self.namespace}/{name}"
+            text = (cm.data or {}).get(SEEN_DATA_KEY, "")
+            try:
+                if not name.startswith(SEEN_CONFIGMAP_PREFIX):
+                    raise InputError(where, name, f"is not named {SEEN_CONFIGMAP_PREFIX}<node>")
+                if len(text) > MAX_SEEN_BYTES:
+                    raise InputError(where, f"{len(text)} bytes", f"is larger than a summary may be ({MAX_SEEN_BYTES})")
+                try:
+                    doc = json.loads(text)
+                except ValueError:
+                    raise InputError(where, text[:40], "is not JSON") from None
+                s = NodeSeen.from_json(doc)
+                node = name.removeprefix(SEEN_CONFIGMAP_PREFIX)
+                if s.node != node:
+                    raise InputError(where, s.node, "names another node than its ConfigMap")
+            except (InputError, MeshError) as e:
+                refused.append(str(e))
+                continue
+            seen[node] = s
+        return seen, refused
+
+    def _merge_configmap(self, name: str, data: Mapping[str, str], labels: Mapping[str, str] | None = None) -> None:
+        """Merge `data` into ConfigMap `name` of the agent's namespace, creating it when absent."""
+        where = f"configmap {self.namespace}/{name}"
         try:
             try:
-                self._client.patch(ConfigMap, self.configmap, {"data": dict(data)}, namespace=self.namespace,
+                self._client.patch(ConfigMap, name, {"data": dict(data)}, namespace=self.namespace,
                                    patch_type=PatchType.MERGE)
             except ApiError as e:
                 if e.status.code != 404:
                     raise
-                self._client.create(ConfigMap(metadata=ObjectMeta(name=self.configmap, namespace=self.namespace),
-                                              data=dict(data)))
+                self._client.create(ConfigMap(metadata=ObjectMeta(name=name, namespace=self.namespace,
+                                                                  labels=dict(labels or {})), data=dict(data)))
         except ApiError as e:
             raise MeshError(f"{where}: {e.status.message}") from None
         except httpx.HTTPError as e:

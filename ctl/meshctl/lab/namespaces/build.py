@@ -461,6 +461,11 @@ def start_all_agents(st: LabState, progress: Progress, hold: tuple[str, ...] = (
     progress(f"started {len(todo)} agent(s)")
 
 
+# How long one status read of an agent may take while the lab waits for it: an agent under TCG
+# emulation answers in a second or two while it compiles, and an unanswered read counts as "no status".
+STATUS_POLL_TIMEOUT = 3.0
+
+
 def wait_converged(st: LabState, progress: Progress, timeout: float, hold: tuple[str, ...] = ()) -> None:
     """Until every running agent has applied a plan holding every running node of its cluster."""
     deadline = time.monotonic() + timeout
@@ -472,7 +477,7 @@ def wait_converged(st: LabState, progress: Progress, timeout: float, hold: tuple
         for key, (c, n) in list(pending.items()):
             if n.pid and not netns.pid_alive(n.pid):
                 raise MeshError(f"the agent of {key} exited: {_log_tail(n)} (all of it: {n.dir}/agent.log)")
-            s = check.agent_view(n, timeout=0.5)
+            s = check.agent_view(n, timeout=STATUS_POLL_TIMEOUT)
             if s is None:
                 last_reason[key] = "no status yet"
                 continue
@@ -514,7 +519,7 @@ def _wait_datapaths(st: LabState, progress: Progress, deadline: float, hold: tup
     modes: dict[str, str] = {}
     while loading and time.monotonic() < deadline:
         for n in list(loading):
-            s = check.agent_view(n, timeout=0.5)
+            s = check.agent_view(n, timeout=STATUS_POLL_TIMEOUT)
             mode = s.live.datapath.mode if s else None
             if mode == "kernel-routes" or (mode == "ebpf" and s and s.live.datapath.synced):
                 modes[n.name] = mode

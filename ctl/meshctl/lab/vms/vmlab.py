@@ -33,6 +33,9 @@ from meshctl.lab.vms.vmnodes import machine_of
 from meshctl.node.shell import pid_alive
 
 GUEST_LAB_FILE = "lab.yaml"
+# What the guest's `lab up` may take beyond its own --wait (building namespaces, etcd, certificates
+# under emulation): past it the host gives up on the guest, stops the VM, and says so.
+GUEST_BUILD_TIMEOUT = 600.0
 # lab commands that build or remove the lab are the host's own; the rest run where the lab is
 HOST_LAB_COMMANDS = ("up", "down")
 
@@ -83,9 +86,9 @@ def up(spec: LabSpec, path: str, series: str, *, prefix: str | None, wait: float
         if prefix:
             argv += ["--prefix", prefix]
         t1 = time.monotonic()
-        res = machine.run(meshctl_argv(*argv), on_output=vm.echo)
+        res = machine.run(meshctl_argv(*argv), timeout=wait + GUEST_BUILD_TIMEOUT, on_output=vm.echo)
         if res.rc != 0:
-            raise MeshError(f"lab up inside the VM ({k.series}) failed (exit {res.rc})")
+            raise MeshError(f"lab up inside the VM ({k.series}) failed (exit {res.rc}): {_last_error(res)}")
         st.timings = {"boot_s": round(machine.boot_seconds or 0, 1), "lab_s": round(time.monotonic() - t1, 1),
                       "total_s": round(time.monotonic() - t0, 1)}
         labstate.save(st)
@@ -95,6 +98,15 @@ def up(spec: LabSpec, path: str, series: str, *, prefix: str | None, wait: float
         with contextlib.suppress(OSError):
             shutil.rmtree(labstate.lab_dir(name))
         raise
+
+
+def _last_error(res: vm.Result) -> str:
+    """The guest's last word: the last line of its stderr (its one-line error), else of its stdout."""
+    for text in (res.stderr, res.stdout):
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if lines:
+            return lines[-1]
+    return "the guest printed nothing"
 
 
 def _guest_lab_file(path: str, dest: Path, emulated: bool, progress: Progress) -> None:

@@ -448,7 +448,7 @@ async function pickNode(name) {
     h("h3", {}, "peers and paths (" + d.peers.length + ")"),
     h("p", { class: "muted" }, d.live ? "now: what " + name + " sees (else what the peer sees); there: what the peer " +
       "sees of " + name + "; planned: the plan's path. Click a row to explain the pair." :
-      "the plan only: the agents' summaries are read from etcd (--backend etcd or --lab)"),
+      "the plan only: the agents' summaries are read from the cluster (--backend etcd|kubernetes or --lab)"),
     h("table", { id: "peers" }, h("tr", {}, h("th", {}, "peer"), h("th", {}, "now"), h("th", {}, "there"),
       h("th", {}, "planned"), h("th", {}, "rtt"), h("th", {}, "loss"), h("th", {}, "handshake")), ...rows),
     ...extra);

@@ -1,0 +1,60 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Node summaries (agent.seen) through a real (in-process) API server: each node's in a ConfigMap
+of its own, labelled, outside the one ConfigMap agents watch; rewritten in place; read back by
+`Source.seen()` as `graph --live --backend kubernetes` reads them; a summary naming another node
+than its ConfigMap, or not JSON, is a warning and the rest stand."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from lightkube import Client
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import ConfigMap
+
+from meshctl.backends.kube.backend import SEEN_LABEL, backend_from_options, seen_configmap
+from meshctl.cli.plan import Source
+from meshctl.errors import InputError
+from meshctl.lab.rigs.kube_apiserver import ApiServer
+from meshctl.mesh.observed import NodeSeen, PeerSeen
+
+
+def source(api: ApiServer) -> Source:
+    return Source(None, "kubernetes", None, api.url, None, "", None, None, None, "default")
+
+
+def test_summaries_live_in_a_configmap_per_node_and_a_forged_one_is_refused(
+        api: ApiServer, kclient: Client, capsys: pytest.CaptureFixture[str]) -> None:
+    now = time.time()
+    b1 = backend_from_options(None, api.url, "n1")
+    try:
+        b1.publish_seen(NodeSeen("n1", "default", now, {"n2": PeerSeen("direct", "direct", 0.4, 0.0)}))
+        b1.publish_seen(NodeSeen("n1", "default", now + 5, {"n2": PeerSeen("tunnel", "direct", 1.2, 0.0)}))
+        with pytest.raises(InputError, match="seen.node: 'n2' is not this agent's node"):
+            b1.publish_seen(NodeSeen("n2", "default", now))
+    finally:
+        b1.close()
+    cm = kclient.get(ConfigMap, seen_configmap("n1"), namespace="meshctl")
+    assert cm.metadata.labels == {SEEN_LABEL: "true"}
+    assert json.loads(cm.data["seen"])["peers"]["n2"]["rung"] == "tunnel", "rewritten in place"
+    # A ConfigMap named for n2 that says it is n1's, one that is not JSON, and one long stale.
+    for name, text in (("n2", json.dumps(NodeSeen("n1", "default", now).to_json())), ("n3", "{oops"),
+                       ("n4", json.dumps(NodeSeen("n4", "default", now - 3600).to_json()))):
+        kclient.create(ConfigMap(metadata=ObjectMeta(name=seen_configmap(name), namespace="meshctl",
+                                                     labels={SEEN_LABEL: "true"}), data={"seen": text}))
+    seen = source(api).seen()
+    assert set(seen) == {"n1"} and seen["n1"].peers["n2"] == PeerSeen("tunnel", "direct", 1.2, 0.0)
+    assert seen["n1"].peers["n2"].fell_back
+    err = capsys.readouterr().err.splitlines()
+    assert "warning: kubernetes: configmap meshctl/meshctl-seen-n2: 'n1' names another node than its ConfigMap" in err
+    assert "warning: kubernetes: configmap meshctl/meshctl-seen-n3: '{oops' is not JSON" in err
+    assert any(line.startswith("warning: kubernetes: the summary of n4 is 3600 s old: left out") for line in err), err
+
+
+def test_a_file_topology_has_no_summaries(tmp_path) -> None:
+    f = tmp_path / "t.yaml"
+    f.write_text("nodes: []\n")
+    with pytest.raises(InputError, match="--live: 't.yaml' needs the summaries the agents publish"):
+        Source(str(f), None, None, None, None, "", None, None, None, "default").seen()
