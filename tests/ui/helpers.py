@@ -82,9 +82,14 @@ class Page:
 
     page: Any
     console: list[tuple[str, str]] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
 
     def errors(self) -> list[tuple[str, str]]:
         return [(t, m) for t, m in self.console if t in ("error", "pageerror")]
+
+    def elsewhere(self, origin: str) -> list[str]:
+        """The requests the page made anywhere but `origin` (offline: none)."""
+        return [u for u in self.requests if not u.startswith(origin)]
 
     def nodes(self) -> set[str]:
         return set(self.page.eval_on_selector_all("svg#map g.node", "els => els.map(e => e.dataset.node)"))
@@ -109,6 +114,7 @@ def browser(url: str, width: int = 1400, height: int = 860) -> Iterator[Page]:
             out = Page(pg)
             pg.on("console", lambda m: out.console.append((m.type, m.text)))
             pg.on("pageerror", lambda e: out.console.append(("pageerror", str(e))))
+            pg.on("request", lambda r: out.requests.append(r.url))
             pg.goto(url)
             pg.wait_for_selector("svg#map g.loc")
             yield out

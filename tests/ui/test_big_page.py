@@ -62,6 +62,8 @@ def test_fifty_nodes_start_at_the_location_level_and_open_on_a_click(tmp_path: P
         pg.press("#q", "Enter")
         pg.wait_for_selector('g.node.found[data-node="n3-05"]')
         assert page.errors() == [], page.console
+        # offline: every file and answer came from the page's own server
+        assert page.elsewhere(ui.url) == [] and ui.url + "app.js" in page.requests
 
 
 @pytest.mark.slow
