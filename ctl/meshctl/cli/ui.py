@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -23,7 +23,9 @@ from meshctl.mesh.model import Topology
 from meshctl.mesh.observed import NodeSeen, PeerSeen
 from meshctl.process import gc_paused
 from meshctl.ui import view
-from meshctl.ui.server import DEFAULT_LISTEN, JSON, Prepared, bind, is_loopback, parse_listen
+
+if TYPE_CHECKING:  # the server (http.server) is imported when the command runs, not by every command
+    from meshctl.ui.server import JSON, Prepared
 
 FRESH_S = 1.0  # a read of the backend this recent answers the next request too
 LIVE_BACKENDS = ("etcd", "kubernetes")  # where the agents publish what they see (Source.seen)
@@ -95,6 +97,8 @@ class Live:
                 self._prepare()
 
     def _prepare(self) -> None:
+        from meshctl.ui.server import Prepared
+
         assert self._model is not None
         coloured = with_seen(self._model, self._seen) if self.live else self._model
         self._version += 1
@@ -161,13 +165,15 @@ def _check_lab(lab_name: str) -> None:
 
 
 @click.command("ui")
-@click.option("--listen", default=DEFAULT_LISTEN, show_default=True, metavar="HOST:PORT",
+@click.option("--listen", default=defaults.UI_LISTEN, show_default=True, metavar="HOST:PORT",
               help="Where the page is served (loopback unless asked: the page has no login).")
 @_source_options
 def ui(listen: str, **source: Any) -> None:
     """Serve the live map on a local web page: locations and clusters as groups, nodes inside,
     each pair coloured by the rung its nodes use now; click a node for its record, peers and
     paths, a pair for its `explain`; search a node or a pod address."""
+    from meshctl.ui.server import bind, is_loopback, parse_listen
+
     parse_listen(listen)
     if source.get("lab_name") is not None and source.get("path"):
         raise InputError("--lab", source["lab_name"], "reads a lab's etcd: leave out -f")

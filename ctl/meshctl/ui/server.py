@@ -28,10 +28,10 @@ from importlib.resources import files
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
+from meshctl.defaults import UI_LISTEN
 from meshctl.errors import InputError, MeshError
 
 JSON = dict[str, Any]
-DEFAULT_LISTEN = "127.0.0.1:8470"
 # The page's files, by the path the browser asks for: (file under assets/, content type).
 ASSETS: Mapping[str, tuple[str, str]] = {
     "/": ("index.html", "text/html; charset=utf-8"),
@@ -88,7 +88,7 @@ def parse_listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InputError("--listen", value, "is not HOST:PORT (e.g. 127.0.0.1:8470; a port from 1 to 65535)")
+        raise InputError("--listen", value, f"is not HOST:PORT (e.g. {UI_LISTEN}; a port from 1 to 65535)")
     return host, int(port)
 
 
