@@ -46,6 +46,12 @@ def default_lab() -> Iterator[Any]:
     yield from lab_up(lab_doc("default"))
 
 
+def now_in_panel(page: Any, peer: str) -> str:
+    """The `now` cell of the open node's row for `peer`."""
+    out: str = page.page.eval_on_selector(f'#peers tr[data-peer="{peer}"]', "r => r.cells[1].innerText")
+    return out
+
+
 def lab_nodes(st: Any) -> set[str]:
     return {n.name for _, n in st.nodes()}
 
@@ -84,6 +90,9 @@ def test_the_fabrics_lab_live_then_a_blackholed_pair_falls_back_within_10_s(fabr
         page.page.wait_for_selector('g.node.found[data-node="u2"]')
         assert page.page.inner_text("#panel h2") == "u2"
         # the blackhole: l1-l2 leave direct for the tunnel, dashed (it fell back), without a reload
+        page.page.click('g.node[data-node="l1"]')
+        page.page.wait_for_selector('#peers tr[data-peer="l2"] .chip')
+        assert now_in_panel(page, "l2") == "direct"
         version = page.page.get_attribute("body", "data-version")
         t0 = time.monotonic()
         fabric.change(st, "10.30.1.0/24", "blackhole")
@@ -95,6 +104,8 @@ def test_the_fabrics_lab_live_then_a_blackholed_pair_falls_back_within_10_s(fabr
             assert moved, (took, page.edge("l1", "l2"))
             print(f"the page shows l1-l2 on the tunnel, dashed, {took:.1f} s after the blackhole")
             assert page.page.get_attribute("body", "data-version") != version
+            # the open node's panel follows the map: its row for l2 says tunnel now, with no click
+            assert wait_for(lambda: now_in_panel(page, "l2") == "tunnel", 5, 0.1), now_in_panel(page, "l2")
             assert page.edge("u1", "u2")["stroke"] == RUNG_COLOURS[agent_rung(st, "u1", "u2")], "another subnet"
         finally:
             fabric.change(st, "10.30.1.0/24", "l2")

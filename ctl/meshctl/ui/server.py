@@ -18,6 +18,7 @@ import errno
 import gzip
 import ipaddress
 import json
+import secrets
 import socket
 import sys
 from collections.abc import Callable, Mapping
@@ -43,6 +44,7 @@ CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' 
        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 GZIP_OVER = 8192  # bytes: a larger answer is compressed when the browser accepts gzip
 LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
+_RUN = secrets.token_hex(4)  # this server process, in its answers' tags
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,9 @@ class Prepared:
 
     @classmethod
     def of(cls, doc: JSON, version: int) -> Prepared:
-        return cls(json.dumps(doc, separators=(",", ":")).encode(), f'"{version}"')
+        """`doc` as the `version`th answer of this server: its tag names this process too, so a
+        page that outlived a restarted server never keeps an old map for a new one's number."""
+        return cls(json.dumps(doc, separators=(",", ":")).encode(), f'"{_RUN}-{version}"')
 
 
 class Provider(Protocol):

@@ -404,6 +404,7 @@ function toggle(key) {
 }
 
 function panel(...kids) {
+  state.nodePanel = null; // what the panel shows now is not a node's (showNode sets it after)
   document.getElementById("panel").replaceChildren(...kids);
 }
 
@@ -415,18 +416,23 @@ function record(rec) {
 async function pickNode(name) {
   state.selected = { kind: "node", name };
   draw();
+  await showNode(name, false);
+}
+
+// The node's panel; `quiet` (a new map came while it is shown): redrawn in place, no "reading".
+async function showNode(name, quiet) {
   if (name.startsWith("peer:")) {
     const p = state.doc.model.peers.find((x) => "peer:" + x.name === name);
     panel(h("h2", {}, name.slice(5)), h("p", { class: "muted" }, "a WireGuard peer that is not a node"),
       record({ allowed_ips: p ? p.allowed_ips.join(", ") : "-" }));
     return;
   }
-  panel(h("h2", {}, name), h("p", { class: "muted" }, "reading\u2026"));
+  if (!quiet) panel(h("h2", {}, name), h("p", { class: "muted" }, "reading\u2026"));
   let d;
   try { d = await getJSON("/api/node?name=" + encodeURIComponent(name)); } catch (e) {
     panel(h("h2", {}, name), h("p", { class: "err" }, String(e.message))); return;
   }
-  if (!state.selected || state.selected.name !== name) return;
+  if (!state.selected || state.selected.name !== name || (quiet && state.nodePanel !== name)) return;
   const rows = d.peers.map((p) => {
     const here = p.here, there = p.there;
     const now = here ? chip(here.rung, here.fell_back) : there ? chip(there.rung, there.fell_back) :
@@ -452,6 +458,7 @@ async function pickNode(name) {
     h("table", { id: "peers" }, h("tr", {}, h("th", {}, "peer"), h("th", {}, "now"), h("th", {}, "there"),
       h("th", {}, "planned"), h("th", {}, "rtt"), h("th", {}, "loss"), h("th", {}, "handshake")), ...rows),
     ...extra);
+  state.nodePanel = name;
 }
 
 function pickEdge(key) {
@@ -569,6 +576,7 @@ async function poll() {
       state.doc = await r.json();
       state.etag = r.headers.get("ETag");
       draw();
+      if (state.nodePanel) showNode(state.nodePanel, true); // its peers' rungs changed too
     } else if (r.status !== 304) {
       throw new Error((await r.json()).error || r.statusText);
     }
