@@ -168,3 +168,25 @@ def test_bad_view_is_one_line_and_exit_2(tmp_path: Path, args: list[str], line: 
     assert r.exit_code == 2
     assert r.stderr == line + "\n"
     assert r.stdout == ""
+
+
+def test_remote_clusters_come_from_remote_and_a_shared_location_name_needs_its_cluster(tmp_path: Path) -> None:
+    import copy
+
+    c2 = copy.deepcopy(CLUSTER2)
+    for n in c2["nodes"]:
+        if n["location"] == "gpu-a":
+            n["location"] = "cpu"
+    (tmp_path / "c1.yaml").write_text(yaml.safe_dump(CLUSTER1))
+    (tmp_path / "c2.yaml").write_text(yaml.safe_dump(c2))
+    base = ["graph", "-f", str(tmp_path / "c1.yaml"), "--remote", str(tmp_path / "c2.yaml")]
+    r = CliRunner().invoke(main, [*base, "-o", "text", "--level", "location"])
+    assert r.exit_code == 0, r.stderr
+    assert "location cluster2/cpu: 2 nodes, leader cluster2/g1, subnets 10.10.0.0/24" in r.stdout
+    assert "location cluster1/cpu -- location cluster2/gpu-b: 1 wireguard (leaders)" in r.stdout
+    r = CliRunner().invoke(main, [*base, "--location", "cpu"])
+    assert r.exit_code == 2
+    assert r.stderr == ("error: --location: 'cpu' is a location of several clusters: name one of cluster1/cpu, "
+                        "cluster2/cpu\n")
+    r = CliRunner().invoke(main, [*base, "--location", "cluster2/cpu", "-o", "text"])
+    assert r.exit_code == 0 and "location cluster2/cpu expanded" in r.stdout.splitlines()[0]

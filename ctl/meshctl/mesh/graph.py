@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from meshctl.errors import InputError
-from meshctl.mesh.model import ENCAP_RUNGS, PRIVATE_RUNGS, RUNGS, Topology
-from meshctl.mesh.observed import NodeSeen
+from meshctl.mesh.model import ENCAP_RUNGS, PRIVATE_RUNGS, RUNGS, Node, Topology
+from meshctl.mesh.observed import NodeSeen, PeerSeen
 from meshctl.mesh.plan import plan_node
 from meshctl.mesh.segments import Remote, segments
 
@@ -169,8 +169,21 @@ class GraphModel:
     def _location_of(self) -> dict[str, str]:
         return {n: loc.key for loc in self.locations for n in loc.nodes}
 
+    @functools.cached_property
+    def _inner(self) -> dict[str, list[Pair]]:
+        out: dict[str, list[Pair]] = {}
+        for p in self.pairs:
+            loc = self._location_of.get(p.a)
+            if loc is not None and loc == self._location_of.get(p.b):
+                out.setdefault(loc, []).append(p)
+        return out
+
     def node(self, name: str) -> GraphNode | None:
         return self._by_name.get(name)
+
+    def inner_pairs(self, key: str) -> list[Pair]:
+        """The pairs between two members of location `key`."""
+        return self._inner.get(key, [])
 
     def location_of(self, name: str) -> str:
         """The key of the location node `name` is in (a peer is its own: `peer:NAME`)."""
@@ -178,8 +191,15 @@ class GraphModel:
 
     def find_location(self, text: str) -> Location | None:
         """A location by its key (`cluster/name`) or, when only one cluster has it, its name."""
-        hits = [loc for loc in self.locations if text in (loc.key, loc.name)]
+        hits = self.locations_named(text)
         return hits[0] if len(hits) == 1 else None
+
+    def name_of(self, loc: Location) -> str:
+        """How lines name a location: by name, by `cluster/name` in a cluster mesh."""
+        return loc.key if len(self.clusters) > 1 else loc.title
+
+    def locations_named(self, text: str) -> list[Location]:
+        return [loc for loc in self.locations if text in (loc.key, loc.name)]
 
     def to_json(self) -> dict[str, Any]:
         return {"cluster": self.cluster, "granularity": self.granularity, "subnet": self.subnet,
@@ -215,18 +235,21 @@ def graph_model(topo: Topology, remotes: Sequence[Remote] = ()) -> GraphModel:
         rungs[pair] = rung if old is None else (_costlier(old, rung) or rung)
 
     def read(t: Topology, rs: Sequence[Remote]) -> None:
+        # A name from `t`'s plans as the model calls it: another cluster's plans name their own
+        # nodes bare, the model by cluster (`cluster2/g1`); other names are already qualified.
+        names = {n.name: n.qualified_name for n in t.nodes}
         for n in t.nodes:
             me = n.qualified_name
             plan = plan_node(t, n.name, rs)
             for peer in plan.peers:
-                other = ("peer:" + peer.name) if peer.kind == "peer" else _qualified(t, peer.name)
+                other = ("peer:" + peer.name) if peer.kind == "peer" else names.get(peer.name, peer.name)
                 add(me, other, plan.paths.get(peer.name, "tunnel") if peer.kind != "peer" else "tunnel")
             for other, rung in plan.paths.items():
                 if rung in PRIVATE_RUNGS and rung != "wireguard-private":
-                    add(me, _qualified(t, other), rung)
+                    add(me, names.get(other, other), rung)
             for other, (relay, _) in plan.relays.items():
-                q = _qualified(t, other)
-                relays[(min(me, q), max(me, q))] = _qualified(t, relay)
+                q = names.get(other, other)
+                relays[(min(me, q), max(me, q))] = names.get(relay, relay)
             via[me] = sum(1 for p in plan.paths.values() if p == "via-leader")
 
     read(topo, remotes)
@@ -247,14 +270,7 @@ def graph_model(topo: Topology, remotes: Sequence[Remote] = ()) -> GraphModel:
                       (topo.cluster.name, *(r.topology.cluster.name for r in remotes)), gnodes, locs, peers, pairs)
 
 
-def _qualified(t: Topology, name: str) -> str:
-    """A name from `t`'s plans as the model calls it: a remote cluster's plans name their own
-    nodes bare, the model by cluster (`cluster2/g1`)."""
-    n = t.node(name)
-    return n.qualified_name if n is not None else name
-
-
-def _nodes_and_locations(all_nodes: Sequence[tuple[str, Any, Topology]], via: Mapping[str, int]
+def _nodes_and_locations(all_nodes: Sequence[tuple[str, Node, Topology]], via: Mapping[str, int]
                          ) -> tuple[tuple[GraphNode, ...], tuple[Location, ...]]:
     """Every node with its segment's WireGuard address (leaders only), and the locations."""
     wg: dict[str, str] = {}
@@ -290,7 +306,7 @@ def with_seen(model: GraphModel, seen: Mapping[str, NodeSeen]) -> GraphModel:
     agents publish, by node name): where both ends report, the costlier (no path, None, costs
     most); `fell_back` when an end that reports it left its first rung. A pair no end reports, or
     reports with a rung the graph does not know, keeps its plan's rung and `seen` False."""
-    def report(a: str, b: str) -> Any:
+    def report(a: str, b: str) -> PeerSeen | None:
         ns = seen.get(a)
         p = ns.peers.get(b) if ns is not None else None
         return p if p is not None and (p.rung is None or p.rung in EDGE_ATTRS) else None
@@ -328,22 +344,18 @@ class Edge:
 @dataclass(frozen=True)
 class View:
     """What one view draws: `nodes` drawn as their own boxes (the rest listed in their location's
-    box), `expanded` locations drawn as an outer box around their node boxes, the edges between
-    boxes, and `grouped` when pairs had to be counted per pair of locations."""
+    box), `expanded` locations drawn as an outer box around their node boxes, and the edges
+    between boxes; `focus` the node of a node's view."""
 
     title: str
     nodes: frozenset[str]
     expanded: frozenset[str]
     edges: tuple[Edge, ...]
-    grouped: bool
     focus: str | None = None
 
     def shows(self, box: str) -> bool:
         """A node's view draws only its node and the boxes its edges reach; the others all."""
         return self.focus is None or box == self.focus or any(box in (e.a, e.b) for e in self.edges)
-
-    def box(self, model: GraphModel, name: str) -> str:
-        return name if name in self.nodes or name.startswith("peer:") else "location:" + model.location_of(name)
 
 
 def check_view(model: GraphModel, level: str | None, node: str | None, location: str | None) -> None:
@@ -352,8 +364,11 @@ def check_view(model: GraphModel, level: str | None, node: str | None, location:
         raise InputError("--level", level, f"is not a level: {', '.join(LEVELS)}")
     if node is not None and model.node(node) is None:
         raise InputError("--node", node, "is not a node of the mesh")
+    if location is not None and len(model.locations_named(location)) > 1:
+        keys = ", ".join(loc.key for loc in model.locations_named(location))
+        raise InputError("--location", location, f"is a location of several clusters: name one of {keys}")
     if location is not None and model.find_location(location) is None:
-        known = ", ".join(loc.key if len(model.clusters) > 1 else loc.title for loc in model.locations[:10])
+        known = ", ".join(model.name_of(loc) for loc in model.locations[:10])
         raise InputError("--location", location, f"is not a location of the mesh (locations: {known})")
     if node is not None and location is not None:
         raise InputError("--location", location, "cannot be combined with --node")
@@ -380,23 +395,23 @@ def view(model: GraphModel, level: str | None = None, node: str | None = None, l
         gn = model.node(node)
         beyond = f"; {gn.via_leader} more through its leader" if gn is not None and gn.via_leader else ""
         return View(f"node {node} and its peers{beyond}", shown, frozenset(model.location_of(x) for x in shown),
-                    tuple(edges), own != every, focus=node)
+                    tuple(edges), focus=node)
     if location is not None:
         loc = model.find_location(location)
         assert loc is not None
         mine = frozenset(loc.nodes)
         fine = _grouped(model, model.pairs, mine)
         if len(fine) <= MAX_EDGES:
-            return View(f"location {loc.title} expanded", mine, frozenset({loc.key}), tuple(fine), False)
-        return View(f"location {loc.title} (too many pairs to draw one by one)", frozenset(), frozenset({loc.key}),
-                    tuple(_grouped(model, model.pairs, frozenset())), True)
+            return View(f"location {model.name_of(loc)} expanded", mine, frozenset({loc.key}), tuple(fine))
+        return View(f"location {model.name_of(loc)} (too many pairs to draw one by one)", frozenset(),
+                    frozenset({loc.key}), tuple(_grouped(model, model.pairs, frozenset())))
     if lvl == "node":
         fine = _grouped(model, model.pairs, every)
         if len(fine) <= MAX_EDGES:
-            return View("every node", every, all_locs, tuple(fine), False)
+            return View("every node", every, all_locs, tuple(fine))
         return View(f"every node ({len(model.pairs)} pairs counted per pair of locations)", frozenset(), all_locs,
-                    tuple(_grouped(model, model.pairs, frozenset())), True)
-    return View("locations", frozenset(), frozenset(), tuple(_grouped(model, model.pairs, frozenset())), False)
+                    tuple(_grouped(model, model.pairs, frozenset())))
+    return View("locations", frozenset(), frozenset(), tuple(_grouped(model, model.pairs, frozenset())))
 
 
 def _grouped(model: GraphModel, pairs: Iterable[Pair], own: frozenset[str]) -> list[Edge]:
@@ -433,10 +448,9 @@ def counts(pairs: Sequence[Pair]) -> str:
 
 def inside_line(model: GraphModel, loc: Location) -> str:
     """How a location's members reach each other (one line; a location of one node: none)."""
-    members = frozenset(loc.nodes)
-    inner = [p for p in model.pairs if p.a in members and p.b in members]
-    if len(members) == 1:
+    if len(loc.nodes) == 1:
         return ""
+    inner = model.inner_pairs(loc.key)
     if not inner:
         return "members: no pairs"
     via = f"; others through {', '.join(loc.leaders)}" if loc.leaders and model.granularity == "location" else ""
@@ -446,12 +460,13 @@ def inside_line(model: GraphModel, loc: Location) -> str:
 # --- DOT ---------------------------------------------------------------------------------------
 
 
-def _dot_id(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def _esc(s: str) -> str:
+    """Text inside a DOT string."""
     return s.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _dot_id(s: str) -> str:
+    return f'"{_esc(s)}"'
 
 
 def _html(s: str) -> str:
@@ -641,7 +656,7 @@ def model_text(model: GraphModel, level: str | None = None, node: str | None = N
     out = [f"cluster {model.cluster} ({model.granularity}), WireGuard subnet {model.subnet}: {v.title}"
            + (" (live)" if model.live else "")]
     for loc in model.locations:
-        name = loc.key if len(model.clusters) > 1 else loc.title
+        name = model.name_of(loc)
         lead = f", leader {', '.join(loc.leaders)}" if loc.leaders and model.granularity == "location" else ""
         subnets = f", subnets {', '.join(loc.subnets)}" if loc.subnets else ""
         inside = "; " + inside_line(model, loc) if len(loc.nodes) > 1 else ""
@@ -657,4 +672,4 @@ def _text_end(model: GraphModel, box: str) -> str:
     if key == box:
         return box
     loc = next(x for x in model.locations if x.key == key)
-    return f"location {loc.key if len(model.clusters) > 1 else loc.title}"
+    return f"location {model.name_of(loc)}"
