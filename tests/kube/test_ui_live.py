@@ -1,8 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """`meshctl ui --backend kubernetes`: the page's map is live from the summaries the agents write
 into the API (one ConfigMap a node), read through a real (in-process) API server: a pair is on the
-rung its node reports, and turns red once the node reports no path, without the page reloading
-anything but /api/graph."""
+rung its node reports, and the page turns it red by itself once the node reports no path."""
 
 from __future__ import annotations
 
@@ -15,7 +14,8 @@ from lightkube import Client
 from meshctl.backends.kube.backend import backend_from_options
 from meshctl.lab.rigs.kube_apiserver import ApiServer
 from meshctl.mesh.observed import NodeSeen, PeerSeen
-from tests.ui.helpers import served
+from meshctl.ui.view import NO_PATH_COLOUR, RUNG_COLOURS
+from tests.ui.helpers import browser, served
 from tests.waiting import wait_for
 
 from .test_cli_live import fill
@@ -44,8 +44,13 @@ def test_the_map_is_live_from_the_kubernetes_backend(api: ApiServer, kclient: Cl
         assert not leader["seen"], "no summary yet: the plan's rung"
         publish(api, other, {"n3": PeerSeen("tunnel", "tunnel", 0.9, 0.0)})
         assert wait_for(lambda: pair(ui.json("/api/graph"), other, "n3")["seen"], 10, 0.2)
-        publish(api, other, {"n3": PeerSeen(None, "tunnel")})
-        assert wait_for(lambda: pair(ui.json("/api/graph"), other, "n3")["rung"] is None, 10, 0.2)
+        with browser(ui.url) as page:
+            assert wait_for(lambda: (page.edge(other, "n3") or {}).get("stroke") == RUNG_COLOURS["tunnel"], 10, 0.2)
+            publish(api, other, {"n3": PeerSeen(None, "tunnel")})
+            assert wait_for(lambda: pair(ui.json("/api/graph"), other, "n3")["rung"] is None, 10, 0.2)
+            # the page turns the pair red by itself
+            assert wait_for(lambda: (page.edge(other, "n3") or {}).get("stroke") == NO_PATH_COLOUR, 10, 0.2)
+            assert page.edge(other, "n3")["rung"] == "none" and page.errors() == []
         node = ui.json(f"/api/node?name={other}")
         assert {p["peer"]: p["here"] for p in node["peers"]}["n3"] == {"rung": None, "first": "tunnel",
                                                                        "fell_back": False}
