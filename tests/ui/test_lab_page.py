@@ -56,7 +56,7 @@ def lab_nodes(st: Any) -> set[str]:
     return {n.name for _, n in st.nodes()}
 
 
-def test_the_fabrics_lab_live_then_a_blackholed_pair_falls_back_within_10_s(fabrics_lab: Any) -> None:
+def test_the_fabrics_lab_live_then_a_blackholed_pair_falls_back_within_10_s(fabrics_lab: Any, tmp_path: Path) -> None:
     from meshctl.lab.namespaces import fabric
 
     st = fabrics_lab
@@ -90,6 +90,7 @@ def test_the_fabrics_lab_live_then_a_blackholed_pair_falls_back_within_10_s(fabr
         page.page.wait_for_selector('g.node.found[data-node="u2"]')
         assert page.page.inner_text("#panel h2") == "u2"
         # the blackhole: l1-l2 leave direct for the tunnel, dashed (it fell back), without a reload
+        page.page.click("#fit")  # the search centred u2: the whole map again
         page.page.click('g.node[data-node="l1"]')
         page.page.wait_for_selector('#peers tr[data-peer="l2"] .chip')
         assert now_in_panel(page, "l2") == "direct"
@@ -106,6 +107,8 @@ def test_the_fabrics_lab_live_then_a_blackholed_pair_falls_back_within_10_s(fabr
             assert page.page.get_attribute("body", "data-version") != version
             # the open node's panel follows the map: its row for l2 says tunnel now, with no click
             assert wait_for(lambda: now_in_panel(page, "l2") == "tunnel", 5, 0.1), now_in_panel(page, "l2")
+            page.page.click("#fit")
+            page.page.screenshot(path=str(picture("ui-fabrics-fallback.png", tmp_path)))
             assert page.edge("u1", "u2")["stroke"] == RUNG_COLOURS[agent_rung(st, "u1", "u2")], "another subnet"
         finally:
             fabric.change(st, "10.30.1.0/24", "l2")

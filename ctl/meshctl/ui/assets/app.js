@@ -105,9 +105,14 @@ function layout(model, idx, expanded) {
     let ring = null;
     if (expanded.has(l.key)) {
       const k = l.nodes.length;
-      if (k >= 3 && k <= RING_UP_TO) {
+      if (k === 2) {
+        // side by side, far enough apart for their line to show
+        ring = { a: SIZE.nodeW / 2 + 40, b: 0, start: Math.PI };
+        w = Math.max(SIZE.locW, 2 * ring.a + SIZE.nodeW + 2 * SIZE.gap);
+        hgt = SIZE.head + SIZE.nodeH + 2 * SIZE.gap;
+      } else if (k >= 3 && k <= RING_UP_TO) {
         // a ring: the lines between its nodes are chords that pass no other node
-        ring = { a: Math.max(SIZE.nodeW, k * 27), b: Math.max(SIZE.nodeH * 1.5, k * 13) };
+        ring = { a: Math.max(SIZE.nodeW, k * 27), b: Math.max(SIZE.nodeH * 1.5, k * 13), start: -Math.PI / 2 };
         w = Math.max(SIZE.locW, 2 * ring.a + SIZE.nodeW + 2 * SIZE.gap);
         hgt = SIZE.head + 2 * ring.b + SIZE.nodeH + 2 * SIZE.gap;
       } else {
@@ -135,7 +140,7 @@ function layout(model, idx, expanded) {
       if (s.ring) {
         const ox = x + s.w / 2, oy = cy + SIZE.head + SIZE.gap + SIZE.nodeH / 2 + s.ring.b;
         l.nodes.forEach((n, i) => {
-          const t = -Math.PI / 2 + i * 2 * Math.PI / l.nodes.length;
+          const t = s.ring.start + i * 2 * Math.PI / l.nodes.length;
           nodePos.set(n, { x: ox + s.ring.a * Math.cos(t), y: oy + s.ring.b * Math.sin(t) });
         });
       } else if (s.cols) {
