@@ -46,7 +46,7 @@ class Live:
         self._topo: Topology | None = None
         self._model: GraphModel | None = None
         self._seen: dict[str, NodeSeen] = {}
-        self._shown: tuple[Mapping[str, Mapping[str, PeerSeen]], str | None] | None = None
+        self._shown: tuple[dict[str, Mapping[str, PeerSeen]], int] | None = None
         self._prepared: Prepared | None = None
         self._version = 0
         self._read_at = float("-inf")
@@ -76,13 +76,10 @@ class Live:
                 self._model = graph_model(topo)
             self._topo, self._shown = topo, None
         self._seen, self._ok_at = seen, time.time()
-        shown = ({n: s.peers for n, s in seen.items()}, None)
-        if shown != self._shown:
-            self._shown = shown
-            self._error = None
-            self._prepare()
-        elif self._error is not None:
-            self._error = None
+        shown = ({n: s.peers for n, s in seen.items()}, len(self._warned))  # what the answer holds
+        changed = shown != self._shown or self._error is not None
+        self._shown, self._error = shown, None
+        if changed:
             self._prepare()
 
     def _fresh(self) -> None:
