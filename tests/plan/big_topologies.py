@@ -27,7 +27,7 @@ def big_topology(locations: int, per_location: int, granularity: str = "cross") 
             n = loc * per_location + i
             nodes.append({"name": f"n{loc}-{i:02d}", "location": f"loc{loc}",
                           "internal_ip": f"10.{100 + loc}.0.{i + 1}/24",
-                          "endpoint": f"{100 + loc // 250}.{loc % 250}.{i // 250}.{i % 250 + 1}:51820",
+                          "endpoint": f"{20 + loc // 250}.{loc % 250}.{i // 250}.{i % 250 + 1}:51820",
                           "pod_cidr": f"10.{200 + n // 256}.{n % 256}.0/24",
                           "public_key": key(1000 + n)})
     return {"cluster": {"name": f"big{locations * per_location}", "id": 1},

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from meshctl.cli import main
 from meshctl.mesh.admit import admit_remotes, as_remote
-from meshctl.mesh.graph import MAX_EDGES, GraphModel, graph_model, model_dot, model_text, view
+from meshctl.mesh.graph import MAX_EDGES, GraphModel, counts, graph_model, model_dot, model_text, view, with_seen
 from meshctl.mesh.records import parse_topology
 from tests.clustermesh.fixtures import CLUSTER1, CLUSTER2
 
@@ -160,6 +160,8 @@ def test_the_big_topologies_are_what_they_say() -> None:
     (["--location", "mars"], "error: --location: 'mars' is not a location of the mesh (locations: (none), aws, gcp)"),
     (["--node", "a", "--location", "aws"], "error: --location: 'aws' cannot be combined with --node"),
     (["-o", "text", "--render", "x.png"], "error: --render: 'x.png' draws DOT: leave out -o text"),
+    (["--live"], "error: --live: 't.yaml' needs the summaries the agents publish: use --backend etcd|kubernetes "
+                 "or --lab NAME"),
 ])
 def test_bad_view_is_one_line_and_exit_2(tmp_path: Path, args: list[str], line: str) -> None:
     f = tmp_path / "t.yaml"
@@ -190,3 +192,39 @@ def test_remote_clusters_come_from_remote_and_a_shared_location_name_needs_its_c
                         "cluster2/cpu\n")
     r = CliRunner().invoke(main, [*base, "--location", "cluster2/cpu", "-o", "text"])
     assert r.exit_code == 0 and "location cluster2/cpu expanded" in r.stdout.splitlines()[0]
+
+
+@pytest.fixture(scope="module")
+def many_locations() -> GraphModel:
+    """100 locations of 5: 4,950 pairs of locations, too many edges for any picture."""
+    from .big_topologies import big_topology
+
+    return graph_model(parse_topology(big_topology(100, 5, "location")))
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz not installed")
+@pytest.mark.parametrize(("level", "location"), [("location", None), ("node", None), (None, "loc3")])
+def test_a_mesh_of_100_locations_leaves_its_common_edges_out_and_fits(many_locations: GraphModel, level: str | None,
+                                                                      location: str | None) -> None:
+    v = view(many_locations, level, location=location)
+    assert v.edges == () and len(v.hidden) == 4950
+    assert v.title.endswith("; not drawn: 4950 edges (4950 wireguard (leaders))")
+    p = subprocess.run(["dot", "-Tpng"], input=model_dot(many_locations, level, location=location).encode(),
+                       capture_output=True, timeout=120)
+    assert p.returncode == 0, p.stderr.decode()
+    w, h = png_size(p.stdout)
+    assert w <= PX and h <= PX, (w, h)
+    assert len(model_text(many_locations, level, location=location).splitlines()) == 1 + 100 + 4950
+
+
+def test_what_differs_from_the_common_edges_stays_drawn(many_locations: GraphModel) -> None:
+    from meshctl.mesh.observed import NodeSeen, PeerSeen
+
+    seen = {"n3-00": NodeSeen("n3-00", "big500", 1.0, {"n7-00": PeerSeen("relay", first="tunnel")}),
+            "n5-00": NodeSeen("n5-00", "big500", 1.0, {"n6-00": PeerSeen(None, first="tunnel")})}
+    v = view(with_seen(many_locations, seen), "location")
+    assert [(e.a, e.b, counts(e.pairs)) for e in v.edges] == [
+        ("location:big500/loc3", "location:big500/loc7", "1 relay (leaders) fell back"),
+        ("location:big500/loc5", "location:big500/loc6", "1 no path (leaders)"),
+    ]
+    assert len(v.hidden) == 4948

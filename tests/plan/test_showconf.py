@@ -86,7 +86,7 @@ def test_flag_errors_are_one_line(tmp_path: Path) -> None:
 
 def test_graph_has_leader_edges_legend_and_subnet(tmp_path: Path) -> None:
     dot = run(tmp_path, "graph").stdout
-    assert 'label="cluster cluster1 (location): WireGuard subnet 10.4.0.0/16"' in dot
+    assert 'label="cluster cluster1 (location): WireGuard subnet 10.4.0.0/16; every node"' in dot
     assert '"a" -> "b" [style=dashed, dir=forward];' in dot      # aws's leader to its member
     assert "subgraph cluster_legend" in dot and 'label="leader to member"' in dot
     full = {**KILO_CLASSIC, "mesh": {"granularity": "full"}}

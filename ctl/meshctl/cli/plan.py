@@ -345,10 +345,10 @@ def graph(granularity: Granularity | None, remotes: tuple[str, ...], level: str 
     if not render_to:
         click.echo(dot, nl=False)
         return
-    render(dot, render_to)
+    _render(dot, render_to)
 
 
-def render(dot: str, path: str) -> None:
+def _render(dot: str, path: str) -> None:
     """Graphviz's `dot` draws `dot` to `path`, in the format of its suffix (default svg)."""
     if shutil.which("dot") is None:
         raise MeshError("--render needs Graphviz's `dot` (apt-get install graphviz)")

@@ -345,13 +345,15 @@ class Edge:
 class View:
     """What one view draws: `nodes` drawn as their own boxes (the rest listed in their location's
     box), `expanded` locations drawn as an outer box around their node boxes, and the edges
-    between boxes; `focus` the node of a node's view."""
+    between boxes; `focus` the node of a node's view; `hidden` the edges past the bound, which
+    the title counts and the text lists."""
 
     title: str
     nodes: frozenset[str]
     expanded: frozenset[str]
     edges: tuple[Edge, ...]
     focus: str | None = None
+    hidden: tuple[Edge, ...] = ()
 
     def shows(self, box: str) -> bool:
         """A node's view draws only its node and the boxes its edges reach; the others all."""
@@ -376,7 +378,35 @@ def check_view(model: GraphModel, level: str | None, node: str | None, location:
 
 def view(model: GraphModel, level: str | None = None, node: str | None = None, location: str | None = None) -> View:
     """The view a level (default: by size), a node or a location asks for; one edge per pair
-    unless that draws more than MAX_EDGES edges, then one per pair of locations."""
+    unless that draws more than MAX_EDGES edges, then one per pair of locations; and if even those
+    are more (a full mesh of many locations), the most common kind of edge is left out and said
+    once in the title, and past MAX_EDGES the cheapest ones with it (`hidden`)."""
+    v = _view(model, level, node, location)
+    if len(v.edges) <= MAX_EDGES:
+        return v
+    shown, hidden = _bounded(v.edges)
+    note = f"; not drawn: {_count(len(hidden), 'edge')} ({counts([p for e in hidden for p in e.pairs])})"
+    return replace(v, title=v.title + note, edges=shown, hidden=hidden)
+
+
+def _edge_kind(e: Edge) -> tuple[str | None, bool, bool] | None:
+    """What every pair of an edge is on (rung, fell back, leaders); None when they differ."""
+    kinds = {(p.rung, p.fell_back, p.leaders) for p in e.pairs}
+    return next(iter(kinds)) if len(kinds) == 1 else None
+
+
+def _bounded(edges: Sequence[Edge]) -> tuple[tuple[Edge, ...], tuple[Edge, ...]]:
+    """At most MAX_EDGES edges to draw, and the others: the edges of the most common kind go
+    first, then the cheapest, so what differs from the rest (a relay, no path) stays drawn."""
+    tally = Counter(k for e in edges if (k := _edge_kind(e)) is not None)
+    background = tally.most_common(1)[0][0] if tally else None
+    rest = sorted((e for e in edges if background is None or _edge_kind(e) != background),
+                  key=lambda e: -max(_cost(p.rung) for p in e.pairs))
+    hidden = [e for e in edges if background is not None and _edge_kind(e) == background] + rest[MAX_EDGES:]
+    return tuple(sorted(rest[:MAX_EDGES], key=lambda e: (e.a, e.b))), tuple(hidden)
+
+
+def _view(model: GraphModel, level: str | None, node: str | None, location: str | None) -> View:
     check_view(model, level, node, location)
     lvl = level or default_level(model)
     every = frozenset(n.name for n in model.nodes)
@@ -529,7 +559,7 @@ def _location_label(model: GraphModel, loc: Location, names: bool) -> str:
         more = len(loc.subnets) - _SUBNETS_SHOWN
         shown = _html(", ".join(loc.subnets[:_SUBNETS_SHOWN]))
         rows.append(f"subnets: {shown}" + (f" +{more} more" if more > 0 else ""))
-    rows += [_html(x) for x in (inside_line(model, loc),) if x]
+    rows += [_html(x) for x in inside_line(model, loc).split("; ") if x]
     cols = max(1, min(_NAMES_PER_ROW, math.ceil(math.sqrt(len(loc.nodes)))))
     cells = [f"<TR><TD COLSPAN=\"{cols}\" BORDER=\"0\">{r}</TD></TR>" for r in rows]
     if names:
@@ -601,7 +631,10 @@ def model_dot(model: GraphModel, level: str | None = None, node: str | None = No
         lines.append(f"  {_dot_id(p.id)} [label=\"{label}\", shape=ellipse];")
         anchors[p.id] = p.id
     if large:
-        lines += _grid_lines(grid, "  ", _GRID)
+        # Columns for a square: a location's summary box is about twice as wide as tall, one that
+        # lists its nodes about square.
+        listing = any(loc.key in v.expanded and not set(loc.nodes) & v.nodes for loc in model.locations)
+        lines += _grid_lines(grid, "  ", max(_GRID, math.ceil(math.sqrt(len(grid) / (1 if listing else 2)))))
     for e, attrs in drawn_edges:
         a, b = anchors.get(e.a, e.a), anchors.get(e.b, e.b)
         if shared is not None and attrs == shared:
@@ -661,7 +694,7 @@ def model_text(model: GraphModel, level: str | None = None, node: str | None = N
         subnets = f", subnets {', '.join(loc.subnets)}" if loc.subnets else ""
         inside = "; " + inside_line(model, loc) if len(loc.nodes) > 1 else ""
         out.append(f"location {name}: {_count(len(loc.nodes), 'node')}{lead}{subnets}{inside}")
-    for e in v.edges:
+    for e in (*v.edges, *v.hidden):
         out.append(f"{_text_end(model, e.a)} -- {_text_end(model, e.b)}: {counts(e.pairs)}"
                    + (f" (relay via {e.pairs[0].relay})" if len(e.pairs) == 1 and e.pairs[0].relay else ""))
     return "\n".join(out) + "\n"
