@@ -51,6 +51,13 @@ def test_the_map_is_live_from_the_kubernetes_backend(api: ApiServer, kclient: Cl
             # the page turns the pair red by itself
             assert wait_for(lambda: (page.edge(other, "n3") or {}).get("stroke") == NO_PATH_COLOUR, 10, 0.2)
             assert page.edge(other, "n3")["rung"] == "none" and page.errors() == []
+            # closed, location fsn stands for its pairs: a pair inside it without a path reddens its box
+            page.page.click("#collapse-all")
+            assert page.page.locator("g.loc.broken").count() == 0
+            publish(api, "n2", {"n1": PeerSeen(None, "direct")})
+            assert wait_for(lambda: page.page.locator("g.loc.broken").count() == 1, 10, 0.2)
+            assert page.page.get_attribute("g.loc.broken", "data-loc").endswith("/fsn")
+            assert "1 no path" in page.page.text_content("g.loc.broken")
         node = ui.json(f"/api/node?name={other}")
         assert {p["peer"]: p["here"] for p in node["peers"]}["n3"] == {"rung": None, "first": "tunnel",
                                                                        "fell_back": False}
