@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The labs of the page's tests: each module brings its own up under a `ui<pid><n>-` prefix and
+"""The labs of the page's tests: each test brings its own up under a `ui<pid><n>-` prefix and
 takes it down on success and failure (one lab at a time)."""
 
 from __future__ import annotations

@@ -36,12 +36,13 @@ def agent_rung(st: Any, a: str, b: str) -> str | None:
     return (s.get("paths") or {}).get(b)
 
 
-@pytest.fixture(scope="module")
+# One test each: a lab is down again before the next comes up (one lab at a time).
+@pytest.fixture
 def fabrics_lab() -> Iterator[Any]:
     yield from lab_up(lab_doc("fabrics", path_hold_seconds=5))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def default_lab() -> Iterator[Any]:
     yield from lab_up(lab_doc("default"))
 
