@@ -92,3 +92,31 @@ def check_500(page: Page) -> None:
     assert took < DRAW_S
     assert len(page.nodes()) == 50
     assert page.errors() == [], page.console
+
+
+def test_two_clusters_are_two_groups(tmp_path: Path) -> None:
+    from tests.clustermesh.fixtures import CLUSTER1, CLUSTER2
+
+    (tmp_path / "c1.yaml").write_text(yaml.safe_dump(CLUSTER1))
+    (tmp_path / "c2.yaml").write_text(yaml.safe_dump(CLUSTER2))
+    with served("-f", str(tmp_path / "c1.yaml"), "--remote", str(tmp_path / "c2.yaml")) as ui, \
+            browser(ui.url) as page:
+        pg = page.page
+        clusters = pg.eval_on_selector_all("g.cluster", "cs => cs.map(c => c.dataset.cluster)")
+        assert clusters == ["cluster1", "cluster2"]
+        assert set(pg.eval_on_selector_all("g.loc", "ls => ls.map(l => l.dataset.loc)")) == {
+            "cluster1/cpu", "cluster1/edge", "cluster2/gpu-a", "cluster2/gpu-b"}
+        assert page.nodes() == {"c1", "c2", "e1", "cluster2/g1", "cluster2/g2", "cluster2/g3", "cluster2/g4"}
+        # each cluster's box holds its own locations
+        box = {c: pg.eval_on_selector(f'g.cluster[data-cluster="{c}"] rect', "r => r.getBBox().y + r.getBBox().height")
+               for c in clusters}
+        top = pg.eval_on_selector('g.loc[data-loc="cluster2/gpu-a"] rect.box', "r => r.getBBox().y")
+        assert box["cluster1"] < top < box["cluster2"]
+        # another cluster's node: its record and its own cluster's peers; the search box finds its pods
+        pg.click('g.node[data-node="cluster2/g3"]')
+        pg.wait_for_selector('#peers tr[data-peer="g4"]')
+        assert pg.inner_text("#panel h2") == "cluster2/g3"
+        pg.fill("#q", "10.43.2.9")
+        pg.press("#q", "Enter")
+        pg.wait_for_selector('g.node.found[data-node="cluster2/g2"]')
+        assert page.errors() == [], page.console

@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from meshctl import defaults
+from meshctl.backends.file import load_topology
 from meshctl.cli import targets
 from meshctl.cli.plan import Source, _source_options
 from meshctl.errors import InputError, MeshError
+from meshctl.mesh.admit import admit_remotes, as_remote
 from meshctl.mesh.graph import NODE_LEVEL_UP_TO, GraphModel, graph_model, with_seen
 from meshctl.mesh.model import Topology
 from meshctl.mesh.observed import NodeSeen, PeerSeen
+from meshctl.mesh.segments import Remote
 from meshctl.process import gc_paused
 from meshctl.ui import view
 
@@ -37,8 +40,11 @@ class Live:
     only when what it shows changed. While the backend fails, the last map is served with the
     error beside it."""
 
-    def __init__(self, src: Source, lab_name: str | None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, src: Source, lab_name: str | None, remotes: Sequence[Topology] = (),
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.src, self.lab_name, self._clock = src, lab_name, clock
+        self._remote_topos = tuple(as_remote(t) for t in remotes)
+        self._remotes: list[Remote] = []
         self.live = src.backend in LIVE_BACKENDS
         self._lock = threading.Lock()
         self._warned: dict[str, None] = {}
@@ -72,8 +78,12 @@ class Live:
         topo = self.src.load()
         seen = self.src.seen() if self.live else {}
         if topo != self._topo or self._model is None:
+            remotes, rejected = admit_remotes(topo, self._remote_topos)
+            for r in rejected:
+                self._warn(f"rejected {r.name}: {r.reason}")
             with gc_paused():
-                self._model = graph_model(topo)
+                self._model = graph_model(topo, remotes)
+            self._remotes = remotes
             self._topo, self._shown = topo, None
         self._seen, self._ok_at = seen, time.time()
         shown = ({n: s.peers for n, s in seen.items()}, len(self._warned))  # what the answer holds
@@ -124,11 +134,17 @@ class Live:
     def node(self, name: str) -> JSON:
         topo = self._topology()
         with self._lock:
-            seen = self._seen
+            seen, remotes = self._seen, self._remotes
+        cluster, _, bare = name.rpartition("/")
+        remote = next((r.topology for r in remotes if cluster and r.topology.cluster.name == cluster), None)
+        if remote is not None:  # another cluster's node: its record and its own cluster's plan
+            return view.node_detail(remote, bare, {}, False) | {"node": name}
         return view.node_detail(topo, name, seen, self.live)
 
     def search(self, query: str) -> JSON:
-        return {"query": query, "hits": [h.to_json() for h in view.search(self._topology(), query)]}
+        topo = self._topology()
+        hits = view.search(topo, query, [r.topology for r in self._remotes])
+        return {"query": query, "hits": [h.to_json() for h in hits]}
 
     def explain(self, src: str, dst: str) -> JSON:
         """`meshctl explain SRC DST`: with --lab its agents along the path, else the agent on
@@ -165,7 +181,10 @@ def _check_lab(lab_name: str) -> None:
 @click.option("--listen", default=defaults.UI_LISTEN, show_default=True, metavar="HOST:PORT",
               help="Where the page is served (loopback unless asked: the page has no login).")
 @_source_options
-def ui(listen: str, **source: Any) -> None:
+@click.option("--remote", "remotes", multiple=True, type=click.Path(dir_okay=False),
+              help="Another cluster's topology file (cluster mesh: each cluster a group of its own; read once); "
+              "repeatable.")
+def ui(listen: str, remotes: tuple[str, ...], **source: Any) -> None:
     """Serve the live map on a local web page: locations and clusters as groups, nodes inside,
     each pair coloured by the rung its nodes use now; click a node for its record, peers and
     paths, a pair for its `explain`; search a node or a pod address."""
@@ -177,7 +196,7 @@ def ui(listen: str, **source: Any) -> None:
     src = Source(**source)
     if source.get("lab_name") is not None:
         _check_lab(source["lab_name"])
-    live = Live(src, source.get("lab_name"))
+    live = Live(src, source.get("lab_name"), [load_topology(p) for p in remotes])
     server = bind(listen, live)
     try:
         topo = live.start()

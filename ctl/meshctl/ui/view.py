@@ -7,7 +7,7 @@ answers. Pure: no I/O, no clock; the server hands in what it read.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,29 +48,29 @@ def location_key(cluster: str, location: str) -> str:
     return f"{cluster}/{location}"
 
 
-def search(topo: Topology, query: str) -> list[Hit]:
-    """The nodes `query` finds: the node whose pod CIDR holds it (a pod address), the node whose
-    internal or WireGuard address it is, else the nodes whose name contains it (case-insensitive,
-    an exact name first). InputError for an empty or overlong query."""
+def search(topo: Topology, query: str, remotes: Sequence[Topology] = ()) -> list[Hit]:
+    """The nodes `query` finds, in `topo` and the other clusters' `remotes` (their nodes by
+    `cluster/node`): the node whose pod CIDR holds it (a pod address), the node whose internal or
+    WireGuard address it is, else the nodes whose name contains it (case-insensitive, an exact
+    name first). InputError for an empty or overlong query."""
     q = query.strip()
     if not q or len(q) > MAX_QUERY:
         raise InputError("q", query, f"is not a node name or an address (1 to {MAX_QUERY} characters)")
-    loc = {n.name: location_key(topo.cluster.name, n.location) for n in topo.nodes}
+    nodes = [(n.qualified_name, location_key(t.cluster.name, n.location), n) for t in (topo, *remotes) for n in t.nodes]
     try:
         ip = ipaddress.ip_address(q)
     except ValueError:
         ip = None
     if ip is not None:
-        hits = [Hit(n.name, loc[n.name], "pod", f"pod address {ip} is in {n.name}'s pod CIDR {n.pod_cidr}")
-                for n in topo.nodes if ip.version == n.pod_cidr.version and ip in n.pod_cidr]
-        hits += [Hit(n.name, loc[n.name], "address", f"{ip} is {n.name}'s {what} address")
-                 for n in topo.nodes for what, a in (("internal", n.internal_ip), ("WireGuard", n.wireguard_ip))
+        hits = [Hit(name, loc, "pod", f"pod address {ip} is in {name}'s pod CIDR {n.pod_cidr}")
+                for name, loc, n in nodes if ip.version == n.pod_cidr.version and ip in n.pod_cidr]
+        hits += [Hit(name, loc, "address", f"{ip} is {name}'s {what} address")
+                 for name, loc, n in nodes for what, a in (("internal", n.internal_ip), ("WireGuard", n.wireguard_ip))
                  if a is not None and a.ip == ip]
         return hits[:MAX_HITS]
     low = q.lower()
-    named = sorted((n for n in topo.nodes if low in n.name.lower()), key=lambda n: (n.name.lower() != low, n.name))
-    return [Hit(n.name, loc[n.name], "name", f"node {n.name} in location {n.location or '-'}")
-            for n in named[:MAX_HITS]]
+    named = sorted((x for x in nodes if low in x[0].lower()), key=lambda x: (x[2].name.lower() != low, x[0]))
+    return [Hit(name, loc, "name", f"node {name} in location {n.location or '-'}") for name, loc, n in named[:MAX_HITS]]
 
 
 def _peer_json(p: PeerSeen | None) -> JSON | None:
