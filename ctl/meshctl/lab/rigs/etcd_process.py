@@ -21,6 +21,11 @@ from meshctl.etcd.client import EtcdClient
 from meshctl.lab.rigs.pki import CertFiles
 from meshctl.node.shell import exec_prefix, pid_alive
 
+# Bounds of the wait for a starting etcd. A healthy one answers in milliseconds; a TLS handshake
+# in a VM under TCG on a loaded host takes over a second, and a 0.5 s read never completed there.
+START_WAIT = 60.0
+HEALTH_TIMEOUT = 3.0
+
 
 @dataclass
 class EtcdServer:
@@ -61,7 +66,7 @@ class EtcdServer:
                      "--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"]
         return args
 
-    def start(self, *, client_tls: CertFiles | None = None, wait: float = 15.0) -> int:
+    def start(self, *, client_tls: CertFiles | None = None, wait: float = START_WAIT) -> int:
         """Start etcd and wait until it answers /health (with `client_tls` when TLS is on)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.data_dir, 0o700)
@@ -72,7 +77,7 @@ class EtcdServer:
         finally:
             log.close()
         self.pid = self._proc.pid
-        client = self.client(client_tls, timeout=0.5)
+        client = self.client(client_tls, timeout=HEALTH_TIMEOUT)
         deadline = time.monotonic() + wait
         try:
             while time.monotonic() < deadline:
