@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(python3-venv python3-bpfcc bpftool linux-headers-amd64 etcd-server etcd-client
   wireguard-go wireguard-tools iperf3 nftables iproute2 ipset graphviz iputils-ping procps
   util-linux openssl ca-certificates iptables vagrant
-  qemu-system-x86 busybox-static cpio kmod file tcpdump)
+  qemu-system-x86 busybox-static cpio kmod file tcpdump chromium)
 VENV=.venv
 
 missing=()

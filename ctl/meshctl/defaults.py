@@ -12,5 +12,6 @@ STATE_DIR = Path("/var/lib/meshctl")  # keys (0600), the lease, saved remote vie
 WG_RUN_DIR = Path("/run/meshctl/wireguard")  # wireguard-go's private UAPI socket directory
 PIN_ROOT = "/sys/fs/bpf/meshctl"  # one folder per node under it: programs, maps, links
 METRICS_ADDR = "127.0.0.1:9736"  # /metrics, /healthz, /status; loopback unless asked
+UI_LISTEN = "127.0.0.1:8470"  # `meshctl ui`'s page; loopback unless asked (it has no login)
 PROBE_PORT = 51871  # UDP port of the path probes; the fast path names a probe by it in monitor events
 REGION_LABEL = "topology.kubernetes.io/region"  # the Node label that names a location

@@ -58,8 +58,9 @@ def _register() -> None:
     from meshctl.cli import mesh_settings as cli_mesh
     from meshctl.cli import monitor as cli_monitor
     from meshctl.cli import plan as cli_plan
+    from meshctl.cli import ui as cli_ui
 
-    for mod in (cli_plan, cli_mesh, cli_datapath, cli_monitor, cli_agent, cli_explain):
+    for mod in (cli_plan, cli_mesh, cli_datapath, cli_monitor, cli_agent, cli_explain, cli_ui):
         for cmd in mod.COMMANDS:
             main.add_command(cmd)
     for ep in entry_points(group=PLUGIN_GROUP):

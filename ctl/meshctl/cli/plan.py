@@ -103,22 +103,23 @@ class Source:
         self.etcd = (etcd_endpoints, etcd_ca, etcd_cert, etcd_key, etcd_user, etcd_password_file)
         self.cluster_name = cluster_name
         self.name = Path(path).name if path else backend
+        self.warn: Callable[[str], None] = _warn  # where `warning:` lines go (ui: each once, and to the page)
 
     def load(self, node: str | None = None) -> Topology:
         """The admitted topology; warnings and rejected records go to stderr as `warning:` lines."""
         if self.path:
             topo, warnings = load_topology_checked(self.path)
             for w in warnings:
-                click.echo(f"warning: {w}", err=True)
+                self.warn(w)
             return topo
         from meshctl.mesh.admit import admit_local
 
         state = self.state(node)
         topo, rejected = admit_local(state.topology())
         for r in [*state.rejections, *rejected]:
-            click.echo(f"warning: rejected {r.name}: {r.reason}", err=True)
+            self.warn(f"rejected {r.name}: {r.reason}")
         for w in topology_warnings(topo):
-            click.echo(f"warning: {self.backend}: {w}", err=True)
+            self.warn(f"{self.backend}: {w}")
         return topo
 
     def state(self, node: str | None = None) -> ClusterState:
@@ -151,12 +152,11 @@ class Source:
             raise InputError("--live", self.name, "needs the summaries the agents publish: "
                              "use --backend etcd|kubernetes or --lab NAME")
         for line in refused:
-            click.echo(f"warning: {self.backend}: {line}", err=True)
+            self.warn(f"{self.backend}: {line}")
         now = time.time()
         for name, s in sorted(seen.items()):
             if now - s.at > STALE_AFTER_S:
-                click.echo(f"warning: {self.backend}: the summary of {name} is {now - s.at:.0f} s old: left out",
-                           err=True)
+                self.warn(f"{self.backend}: the summary of {name} is {now - s.at:.0f} s old: left out")
                 del seen[name]
         return seen
 
@@ -202,6 +202,10 @@ class Source:
             return be.snapshot()
         finally:
             be.close()
+
+
+def _warn(line: str) -> None:
+    click.echo(f"warning: {line}", err=True)
 
 
 def _lab_etcd(lab_name: str | None, cluster_name: str) -> targets.EtcdTarget:
