@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from meshctl.cli.plan import Source
 from meshctl.lab.namespaces import check as labcheck
 from meshctl.lab.namespaces import fabric
 from meshctl.lab.namespaces import state as labstate
@@ -206,42 +207,53 @@ def test_explain_shows_a_blackholed_subnet_move_and_its_lost_probes(auto_lab) ->
     assert wait_for(lambda: rung(st, "l1", "l2") == "direct", HOLD_S + 5)
 
 
-def lab_seen(st: LabState) -> dict[str, Any]:
-    """Every node's published summary (agent.seen) of the lab, read from its etcd as `graph --live` does."""
-    from meshctl.cli.plan import Source
+def live_pairs(st: LabState) -> dict[frozenset[str], tuple[str | None, bool]]:
+    """`meshctl graph --live --lab LAB -o json`: each pair's (rung, fell back) as the agents publish it."""
+    from click.testing import CliRunner
 
-    return Source(None, None, None, None, st.name, "", None, None, None, "default").seen()
+    from meshctl.cli import main
+
+    r = CliRunner().invoke(main, ["graph", "--live", "--lab", st.name, "-o", "json"])
+    assert r.exit_code == 0, r.output
+    model = json.loads(r.stdout)
+    assert model["live"] is True
+    return {frozenset((p["a"], p["b"])): (p["rung"], p["fell_back"]) for p in model["pairs"]}
 
 
-def seen_rung(st: LabState, src: str, dst: str) -> tuple[str | None, bool] | None:
-    s = lab_seen(st).get(src)
-    p = s.peers.get(dst) if s is not None else None
-    return (p.rung, p.fell_back) if p is not None else None
-
-
-def test_published_summaries_name_the_measured_rungs_and_a_blackholed_subnet_moves(auto_lab) -> None:
+def test_graph_live_names_the_measured_rungs_and_a_blackholed_subnet_moves(auto_lab) -> None:
     from meshctl.agent.seen import CHECK_INTERVAL_S
 
     st = auto_lab
     pairs = [k for (a, b) in EXPECTED for k in ((a, b), (b, a))]
-    want = {k: EXPECTED.get(k, EXPECTED.get(k[::-1])) for k in pairs}
-    assert wait_for(lambda: {k: (seen_rung(st, *k) or (None,))[0] for k in pairs} == want, 15), \
-        {k: seen_rung(st, *k) for k in pairs}
+    want = {frozenset(k): r for k, r in EXPECTED.items()}
+
+    def drawn() -> dict[frozenset[str], str | None]:
+        live = live_pairs(st)
+        return {k: live.get(k, (None, False))[0] for k in want}
+
+    assert wait_for(lambda: drawn() == want, 15), drawn()
     measured = {(r.src, r.dst): r.path for r in labcheck.check(st, count=2, pairs=pairs)}
-    assert {k: seen_rung(st, *k)[0] for k in pairs} == measured  # type: ignore[index]
+    drawn_now = drawn()
+    assert {(a, b): drawn_now[frozenset((a, b))] for a, b in pairs} == measured
     t0 = time.monotonic()
     fabric.change(st, "10.30.1.0/24", "blackhole")
     try:
-        # The failover (6 s, as test_blackhole_under_a_ping_and_back allows) and one check of the
+        # The failover (6 s, as test_blackhole_under_a_ping_and_back allows) and two checks of the
         # publisher (its last write was long ago: the pair had settled).
-        assert wait_for(lambda: seen_rung(st, "l1", "l2") == ("tunnel", True)
-                        and seen_rung(st, "l2", "l1") == ("tunnel", True), 6 + 2 * CHECK_INTERVAL_S, 0.2), \
-            (seen_rung(st, "l1", "l2"), seen_rung(st, "l2", "l1"))
-        print(f"summaries show the blackholed pair on the tunnel {time.monotonic() - t0:.1f} s after the change")
-        assert (seen_rung(st, "u1", "u2") or (None,))[0] == "direct+vxlan", "another subnet's pair is untouched"
+        pair = frozenset(("l1", "l2"))
+        assert wait_for(lambda: live_pairs(st).get(pair) == ("tunnel", True), 6 + 2 * CHECK_INTERVAL_S, 0.2), \
+            live_pairs(st).get(pair)
+        print(f"graph --live shows the blackholed pair on the tunnel {time.monotonic() - t0:.1f} s after the change")
+        # The graph draws the costlier end: soon both ends say so, each in its own summary.
+        def ends() -> tuple[str | None, str | None]:
+            seen = Source(None, None, None, None, st.name, "", None, None, None, "default").seen()
+            return seen["l1"].peers["l2"].rung, seen["l2"].peers["l1"].rung
+
+        assert wait_for(lambda: ends() == ("tunnel", "tunnel"), 6 + 2 * CHECK_INTERVAL_S, 0.2), ends()
+        assert live_pairs(st)[frozenset(("u1", "u2"))][0] == "direct+vxlan", "another subnet's pair is untouched"
     finally:
         fabric.change(st, "10.30.1.0/24", "l2")
-    assert wait_for(lambda: seen_rung(st, "l1", "l2") == ("direct", False), HOLD_S + 15, 0.2)
+    assert wait_for(lambda: live_pairs(st).get(frozenset(("l1", "l2"))) == ("direct", False), HOLD_S + 15, 0.2)
 
 
 def test_random_loss_does_not_flap(auto_lab) -> None:
