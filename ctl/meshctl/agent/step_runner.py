@@ -1,7 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """Running the steps of a pass (agent/steps.py) in order: which to skip, which to make forget,
 and when a pass is a full one. It holds the steps only as `Step`s: it reads nothing of a step
-but what the protocol answers."""
+but what the protocol answers.
+
+Make before break: a pass first runs `sync` on every step (each adds or replaces what the plan
+wants), then `retire` on the steps that synced, in reverse order (each removes what the plan no
+longer wants). So the old state goes only once every new piece is in place: a route that moved
+to the WireGuard device is there before the old peer loses the address, a fast-path entry that
+moved to a kernel route is deleted only after the route exists."""
 
 from __future__ import annotations
 
@@ -43,9 +49,11 @@ class StepRunner:
         return full
 
     def run(self, p: PassInput, run: PassLog) -> None:
-        """Run every step in order. A step whose inputs did not change since it last succeeded is
-        skipped, except on a full pass; a failing step is counted, logged and made to forget, and
-        never stops the others."""
+        """Run every step's `sync` in order, then `retire` on those that synced, in reverse order.
+        A step whose inputs did not change since it last succeeded is skipped, except on a full
+        pass; a failing step is counted, logged and made to forget, and never stops the others (a
+        step whose sync failed does not retire: it removes nothing while its new state is not in
+        place)."""
         full = run.full = self._full_pass_due(p.timer_pass)
         if full:
             self.full_total += 1
@@ -53,6 +61,7 @@ class StepRunner:
                 s.forget()
             self._applied.clear()
         by_name = {s.name: s for s in self.steps}
+        synced: list[tuple[Step, Hashable | None]] = []
         for s in self.steps:
             inputs = s.inputs(p)
             if inputs is not None and not full and self._applied.get(s.name) == inputs:
@@ -64,11 +73,26 @@ class StepRunner:
                 for other in s.sync(p):
                     by_name[other].forget()
                     self._applied.pop(other, None)
+                synced.append((s, inputs))
+            except Exception as e:  # noqa: BLE001 - one step's failure must not stop the others
+                self._failed(s, run, e)
+            finally:
+                run.timed(s.name, t)
+        for s, inputs in reversed(synced):
+            t = time.monotonic()
+            try:
+                s.retire(p)
                 if inputs is not None:
                     self._applied[s.name] = inputs
             except Exception as e:  # noqa: BLE001 - one step's failure must not stop the others
-                run.fail(s.name, str(e) or type(e).__name__)
-                log.warning("%s: %s", s.name, run.errors[s.name])
-                s.forget()  # its memory of the kernel may be wrong now: read it next time
+                self._failed(s, run, e)
             finally:
                 run.timed(s.name, t)
+
+    @staticmethod
+    def _failed(s: Step, run: PassLog, e: Exception) -> None:
+        """Count and log a step's failure; make it forget (its memory of the kernel may be wrong
+        now: it reads the kernel next time)."""
+        run.fail(s.name, str(e) or type(e).__name__)
+        log.warning("%s: %s", s.name, run.errors[s.name])
+        s.forget()

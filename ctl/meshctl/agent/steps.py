@@ -8,6 +8,9 @@ it remembers of the kernel, so drift made behind the agent's back is repaired. A
 disturb another's kernel state (a WireGuard device made anew loses its routes): `sync` returns
 the names of those steps, which then forget and run in the same pass.
 
+Make before break: `sync` only adds and replaces; what the plan no longer wants goes in `retire`,
+which the runner calls on the steps that synced, in reverse order, once every step has synced.
+
 The loop reads nothing else of a step: what a step shows in the agent's status it returns from
 `status()` (a typed report, or None), and a step that needs a pass although nothing changed says
 so through `wants_pass`. What a step needs from outside the pass is handed to it by a typed
@@ -87,7 +90,13 @@ class Step(Protocol):
         ...
 
     def sync(self, p: PassInput) -> frozenset[str]:
-        """Make the node match `p`; return the names of steps whose kernel state this disturbed."""
+        """Put in place what `p` wants (add, replace), removing nothing it may still carry traffic
+        over; return the names of steps whose kernel state this disturbed."""
+        ...
+
+    def retire(self, p: PassInput) -> None:
+        """Remove what the last `sync` found `p` no longer wants (every step's new state is in
+        place by now)."""
         ...
 
     def forget(self) -> None:
@@ -112,6 +121,15 @@ class Quiet:
 
     def status(self) -> StepStatus:
         return None
+
+
+class Additive:
+    """The part of a step with nothing to retire: its sync removes nothing another step's new
+    state may still lean on (sysctls and the CNI config only add; the NAT sets add every member
+    before they delete one)."""
+
+    def retire(self, p: PassInput) -> None:
+        pass
 
 
 class WireGuardStep(Quiet):
@@ -147,12 +165,18 @@ class WireGuardStep(Quiet):
                 except MeshError as e:
                     unreadable.append(f"peer {peer.name}: {e}")
         peers = [x for x in p.plan.peers if x.preshared_key is None or x.public_key in keys]
-        device.sync_peers(peers, keys)
+        device.stage_peers(peers, keys)
         if unreadable:
             raise MeshError("; ".join(unreadable))
         # A device made anew or re-addressed has lost its routes (the kernel flushes them without
         # telling anyone): the route step must read the kernel again.
         return frozenset({RoutesStep.name}) if remade else NOTHING
+
+    def retire(self, p: PassInput) -> None:
+        """Peers and allowed IPs the plan dropped, then the old address (the new one is in)."""
+        if self._device is not None:
+            self._device.retire_peers()
+            self._device.retire_device()
 
     def forget(self) -> None:
         if self._device is not None:
@@ -167,7 +191,7 @@ class WireGuardStep(Quiet):
         return WireGuardReport(self._device.mode if self._device is not None else None)
 
 
-class CniStep(Quiet):
+class CniStep(Quiet, Additive):
     """`--cni install`: the node's CNI config from its pod CIDR and the WireGuard MTU (node.cni);
     with `--cni keep`, a warning when Kilo's config is still installed."""
 
@@ -211,14 +235,17 @@ class RoutesStep(Quiet):
         return None if self._skipped else p.plan.routes
 
     def sync(self, p: PassInput) -> frozenset[str]:
-        self._skipped = bool(self.applier.sync(p.plan.routes).skipped)
+        self._skipped = bool(self.applier.stage(p.plan.routes).skipped)
         return NOTHING
+
+    def retire(self, p: PassInput) -> None:
+        self.applier.retire()
 
     def forget(self) -> None:
         self.applier.forget()
 
 
-class SysctlsStep(Quiet):
+class SysctlsStep(Quiet, Additive):
     """Forwarding and rp_filter settings; set once per agent run (they are read back only then)."""
 
     name = "sysctls"
@@ -240,7 +267,7 @@ class SysctlsStep(Quiet):
         pass
 
 
-class NatStep(Quiet):
+class NatStep(Quiet, Additive):
     """Masquerade for traffic leaving the mesh, forwarding between the mesh's interfaces."""
 
     name = "nat"
@@ -279,8 +306,12 @@ class TunnelsStep(Quiet):
 
     def sync(self, p: PassInput) -> frozenset[str]:
         if self.applier is not None:
-            self.applier.sync(p.plan.fastpath)
+            self.applier.stage(p.plan.fastpath)
         return NOTHING
+
+    def retire(self, p: PassInput) -> None:
+        if self.applier is not None:
+            self.applier.retire()
 
     def forget(self) -> None:
         if self.applier is not None:
@@ -326,9 +357,14 @@ class DatapathStep:
             dp.attach(self.cfg.private_interface, self.cfg.wg_interface, p.pod_ifs,
                       pods=discovery.pod_routes(p.pod_ifs), private4=discovery.private_ipv4(self.cfg.private_interface))
             self._attached = p.pod_ifs
-        dp.sync(p.plan.fastpath, self.cfg.private_interface)
+        dp.stage(p.plan.fastpath, self.cfg.private_interface)
         self._synced = True
         return NOTHING
+
+    def retire(self, p: PassInput) -> None:
+        """The entries the plan dropped: their traffic's kernel routes are in place by now."""
+        if self._datapath is not None:
+            self._datapath.retire()
 
     def available(self, kind: str) -> bool:
         """The loaded eBPF fast path encapsulates (VXLAN, IP-in-IP) and decapsulates itself."""
