@@ -22,8 +22,9 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cross-mesh.yaml"
 class Recording:
     """A step that writes its calls to a shared journal; `fail` names the calls that raise."""
 
-    def __init__(self, name: str, journal: list[str], fail: frozenset[str] = frozenset()) -> None:
-        self.name, self.journal, self.fail = name, journal, fail
+    def __init__(self, name: str, journal: list[str], fail: frozenset[str] = frozenset(),
+                 disturbs: frozenset[str] = NOTHING) -> None:
+        self.name, self.journal, self.fail, self.disturbs = name, journal, fail, disturbs
 
     def _call(self, what: str) -> None:
         self.journal.append(f"{what} {self.name}")
@@ -37,8 +38,9 @@ class Recording:
         self._call("sync")
         return NOTHING
 
-    def retire(self, p: PassInput) -> None:
+    def retire(self, p: PassInput) -> frozenset[str]:
         self._call("retire")
+        return self.disturbs
 
     def forget(self) -> None:
         self.journal.append(f"forget {self.name}")
@@ -85,3 +87,14 @@ def test_a_failed_retire_is_counted_and_its_step_runs_again() -> None:
     journal.clear()
     runner.run(_input(), PassLog(ErrorCounts()))
     assert journal == ["sync wireguard", "retire wireguard", "forget wireguard"]
+
+
+def test_a_step_a_retire_disturbed_runs_again_in_the_same_pass() -> None:
+    """kilo0 left without an address (its retire) loses its routes: the route step forgets and
+    syncs and retires again after the retires, once."""
+    journal: list[str] = []
+    steps = [Recording("wireguard", journal, disturbs=frozenset({"routes"})), Recording("routes", journal)]
+    runner = StepRunner(steps, resync_interval=3600)
+    runner.run(_input(), PassLog(ErrorCounts()))
+    assert journal[2:] == ["sync wireguard", "sync routes", "retire routes", "retire wireguard",
+                           "forget routes", "sync routes", "retire routes"]

@@ -20,6 +20,7 @@ import pytest
 from meshctl.mesh.plan import PeerPlan, Route
 from meshctl.node.keys import generate_private_key, public_key
 from meshctl.node.routes import RouteApplier
+from meshctl.node.tunnels import RT_PROTO_TUNNEL
 from meshctl.node.wireguard import WireGuard
 from meshctl.node.wireguard.uapi import UapiClient
 
@@ -118,6 +119,23 @@ def test_a_broader_route_is_in_before_the_narrower_ones_go(lab: NodeLab, node: s
     gone = _deleted(events, "10.42.1.0/24") + _deleted(events, "10.42.2.0/24")
     assert add16 and len(gone) == 2 and add16[0] < min(gone), events
     assert in_ns(node, ra.retire).removed == []  # nothing twice
+
+
+def test_a_destination_of_the_tunnel_applier_is_taken_over_by_a_replace(lab: NodeLab, node: str) -> None:
+    """A pair leaving direct+vxlan: its route through the tunnel device (proto 110) becomes the
+    route applier's in one call; another owner's route on a destination stays."""
+    lab.sh(node, "ip", "route", "add", "10.42.5.0/24", "via", "10.20.0.5", "dev", "wg", "onlink", "proto",
+           str(RT_PROTO_TUNNEL))
+    lab.sh(node, "ip", "route", "add", "10.42.6.0/24", "via", "10.20.0.6", "dev", "wg", "onlink", "proto", "static")
+    mon = Monitor(lab, node, "route")
+    diff = in_ns(node, RouteApplier("pv", "wg").stage, [Route(N("10.42.5.0/24"), A("10.20.0.5"), "private"),
+                                                         Route(N("10.42.6.0/24"), A("10.20.0.6"), "private")])
+    assert diff.added == ["10.42.5.0/24"] and [x.split(":")[0] for x in diff.skipped] == ["10.42.6.0/24"]
+    shown = lab.sh(node, "ip", "route", "show", "10.42.5.0/24").stdout
+    assert "dev pv" in shown and "proto 109" in shown, shown
+    assert "proto static" in lab.sh(node, "ip", "route", "show", "10.42.6.0/24").stdout
+    events = mon.events()
+    assert not _deleted(events, "10.42.5.0/24"), events
 
 
 def _peer(name: str, key: str, *nets: str) -> PeerPlan:

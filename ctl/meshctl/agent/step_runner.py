@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 from meshctl.agent.reporting import PassLog
 from meshctl.agent.steps import PassInput, Step, StepStatus
@@ -67,27 +67,50 @@ class StepRunner:
             if inputs is not None and not full and self._applied.get(s.name) == inputs:
                 run.steps_ms[s.name] = 0.0
                 continue
-            self._applied.pop(s.name, None)
-            t = time.monotonic()
-            try:
-                for other in s.sync(p):
-                    by_name[other].forget()
-                    self._applied.pop(other, None)
+            if self._sync(s, p, run, by_name):
                 synced.append((s, inputs))
-            except Exception as e:  # noqa: BLE001 - one step's failure must not stop the others
-                self._failed(s, run, e)
-            finally:
-                run.timed(s.name, t)
-        for s, inputs in reversed(synced):
+        disturbed = self._retire(reversed(synced), p, run)
+        # A retire disturbed a step (kilo0 lost its last address and, with it, its routes): that
+        # step reads the kernel and runs again now, not at the next full pass. Once: what this
+        # second round disturbs is left to the next pass (its step was made to forget).
+        again = [(s, s.inputs(p)) for s in self.steps if s.name in disturbed]
+        for s, _ in again:
+            s.forget()
+        self._retire(reversed([(s, i) for s, i in again if self._sync(s, p, run, by_name)]), p, run)
+
+    def _sync(self, s: Step, p: PassInput, run: PassLog, by_name: Mapping[str, Step]) -> bool:
+        """Run one step's sync; True if it succeeded (the steps it disturbed forget)."""
+        self._applied.pop(s.name, None)
+        t = time.monotonic()
+        try:
+            for other in s.sync(p):
+                by_name[other].forget()
+                self._applied.pop(other, None)
+            return True
+        except Exception as e:  # noqa: BLE001 - one step's failure must not stop the others
+            self._failed(s, run, e)
+            return False
+        finally:
+            run.timed(s.name, t)
+
+    def _retire(self, steps: Iterable[tuple[Step, Hashable | None]], p: PassInput, run: PassLog) -> set[str]:
+        """Run each step's retire, recording its inputs as applied when it succeeds; the names of
+        the steps the retires disturbed (each made to forget)."""
+        disturbed: set[str] = set()
+        for s, inputs in steps:
             t = time.monotonic()
             try:
-                s.retire(p)
+                others = s.retire(p)
                 if inputs is not None:
                     self._applied[s.name] = inputs
+                for other in others:
+                    self._applied.pop(other, None)
+                disturbed |= others
             except Exception as e:  # noqa: BLE001 - one step's failure must not stop the others
                 self._failed(s, run, e)
             finally:
                 run.timed(s.name, t)
+        return disturbed
 
     @staticmethod
     def _failed(s: Step, run: PassLog, e: Exception) -> None:

@@ -9,7 +9,9 @@ disturb another's kernel state (a WireGuard device made anew loses its routes): 
 the names of those steps, which then forget and run in the same pass.
 
 Make before break: `sync` only adds and replaces; what the plan no longer wants goes in `retire`,
-which the runner calls on the steps that synced, in reverse order, once every step has synced.
+which the runner calls on the steps that synced, in reverse order, once every step has synced. A
+retire may disturb another step too (kilo0 losing its last address loses its routes): the steps
+it names forget, sync and retire again in the same pass.
 
 The loop reads nothing else of a step: what a step shows in the agent's status it returns from
 `status()` (a typed report, or None), and a step that needs a pass although nothing changed says
@@ -94,9 +96,9 @@ class Step(Protocol):
         over; return the names of steps whose kernel state this disturbed."""
         ...
 
-    def retire(self, p: PassInput) -> None:
+    def retire(self, p: PassInput) -> frozenset[str]:
         """Remove what the last `sync` found `p` no longer wants (every step's new state is in
-        place by now)."""
+        place by now); return the names of steps whose kernel state this disturbed."""
         ...
 
     def forget(self) -> None:
@@ -128,8 +130,8 @@ class Additive:
     state may still lean on (sysctls and the CNI config only add; the NAT sets add every member
     before they delete one)."""
 
-    def retire(self, p: PassInput) -> None:
-        pass
+    def retire(self, p: PassInput) -> frozenset[str]:
+        return NOTHING
 
 
 class WireGuardStep(Quiet):
@@ -172,11 +174,14 @@ class WireGuardStep(Quiet):
         # telling anyone): the route step must read the kernel again.
         return frozenset({RoutesStep.name}) if remade else NOTHING
 
-    def retire(self, p: PassInput) -> None:
-        """Peers and allowed IPs the plan dropped, then the old address (the new one is in)."""
-        if self._device is not None:
-            self._device.retire_peers()
-            self._device.retire_device()
+    def retire(self, p: PassInput) -> frozenset[str]:
+        """Peers and allowed IPs the plan dropped, then the old address (the new one is in). A
+        device left with no address has lost its routes: the route step must put them back."""
+        if self._device is None:
+            return NOTHING
+        self._device.retire_peers()
+        removed = self._device.retire_device()
+        return frozenset({RoutesStep.name}) if removed and p.plan.wireguard_ip is None else NOTHING
 
     def forget(self) -> None:
         if self._device is not None:
@@ -238,8 +243,9 @@ class RoutesStep(Quiet):
         self._skipped = bool(self.applier.stage(p.plan.routes).skipped)
         return NOTHING
 
-    def retire(self, p: PassInput) -> None:
+    def retire(self, p: PassInput) -> frozenset[str]:
         self.applier.retire()
+        return NOTHING
 
     def forget(self) -> None:
         self.applier.forget()
@@ -309,9 +315,10 @@ class TunnelsStep(Quiet):
             self.applier.stage(p.plan.fastpath)
         return NOTHING
 
-    def retire(self, p: PassInput) -> None:
+    def retire(self, p: PassInput) -> frozenset[str]:
         if self.applier is not None:
             self.applier.retire()
+        return NOTHING
 
     def forget(self) -> None:
         if self.applier is not None:
@@ -361,10 +368,11 @@ class DatapathStep:
         self._synced = True
         return NOTHING
 
-    def retire(self, p: PassInput) -> None:
+    def retire(self, p: PassInput) -> frozenset[str]:
         """The entries the plan dropped: their traffic's kernel routes are in place by now."""
         if self._datapath is not None:
             self._datapath.retire()
+        return NOTHING
 
     def available(self, kind: str) -> bool:
         """The loaded eBPF fast path encapsulates (VXLAN, IP-in-IP) and decapsulates itself."""

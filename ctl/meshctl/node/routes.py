@@ -18,7 +18,10 @@ Make before break: `stage` adds and replaces (a route that moves to another devi
 is one RTM_NEWROUTE with NLM_F_REPLACE, never a delete and an add), `retire` then deletes what
 the staged plan no longer has; `sync` is both in that order. The agent stages every applier
 before it retires any (agent/step_runner.py), so a destination whose route is replaced by a
-broader one (or by a fast-path entry) is never without one.
+broader one (or by a fast-path entry) is never without one. A destination the tunnel applier
+routes (a pair leaving an encapsulated rung: proto RT_PROTO_TUNNEL, node/tunnels.py) is taken
+over by a replace, as the tunnel applier takes one over from this applier; any other owner's
+route is left alone.
 
 The applier remembers the routes it knows to be in the kernel after each sync (the dump, then
 its own changes), so a later sync diffs the plan against that memory: one route added is one
@@ -47,6 +50,7 @@ from meshctl.mesh.model import IPNetwork, sort_key_net
 from meshctl.mesh.plan import Route
 from meshctl.node.discovery import MAIN_TABLE, RT_SCOPE_UNIVERSE, interface_addresses, link_info
 from meshctl.node.shell import sh
+from meshctl.node.tunnels import RT_PROTO_TUNNEL
 
 # Routes the agent installs carry this protocol number so it removes only its own.
 RT_PROTO = 0x6D  # 109, unassigned in /etc/iproute2/rt_protos
@@ -318,7 +322,13 @@ class RouteApplier:
             cur = have.get(dst)
             try:
                 oif = cast(int, index[want.dev])
-                ipr.route("replace" if cur is not None else "add", **self._spec(dst, want, oif))
+                spec = self._spec(dst, want, oif)
+                try:
+                    ipr.route("replace" if cur is not None else "add", **spec)
+                except NetlinkError as e:
+                    if cur is not None or e.code != 17 or not self._tunnel_holds(dst):
+                        raise
+                    ipr.route("replace", **spec)  # the tunnel applier's route: one call, no gap
             except NetlinkError as e:
                 reason = "a route of another owner holds it" if e.code == 17 else str(e.args[-1])
                 self._skip(diff, dst, reason)
@@ -327,6 +337,13 @@ class RouteApplier:
             (diff.changed if cur is not None else diff.added).append(str(dst))
             done[dst] = want
         return failed_any
+
+    def _tunnel_holds(self, dst: IPNetwork) -> bool:
+        """Whether the route of `dst` in our table is the tunnel applier's (proto RT_PROTO_TUNNEL)."""
+        family = "-4" if dst.version == 4 else "-6"
+        p = sh(["ip", "-j", family, "route", "show", "table", str(self.table), "exact", str(dst),
+                "proto", str(RT_PROTO_TUNNEL)], check=False)
+        return p.returncode == 0 and bool(json.loads(p.stdout or "[]"))
 
     def _batch(self, removes: list[IPNetwork], writes: list[tuple[IPNetwork, _Want]],
                have: Mapping[IPNetwork, _Have]) -> set[IPNetwork]:

@@ -280,7 +280,8 @@ class WireGuard:
         self._applied: dict[str, PeerPlan] = {}
         self._psk: dict[str, str] = {}  # public key -> the pre-shared key last set (never logged)
         self._desired: dict[str, PeerPlan] = {}  # the last stage's peers: what retire_peers keeps
-        self._address: IPInterface | None = None  # the last ensure_device's: what retire_device keeps
+        # The last ensure_device's address, what retire_device keeps ((None,): none; None: not staged)
+        self._address: tuple[IPInterface | None] | None = None
         if mode is None:
             mode = self._detect_mode()
         if mode not in ("kernel", "wireguard-go"):
@@ -345,8 +346,9 @@ class WireGuard:
 
     def ensure_device(self, private_key: str, listen_port: int, address: IPInterface | None, mtu: int) -> bool:
         """Create/start the device if missing, set key/port/address/MTU only where they differ,
-        bring it up. True if anything changed. `address` None removes the device's addresses
-        (a node that stops leading its location must drop the location's WireGuard IP).
+        bring it up. True if anything changed. A new `address` is added beside the old one, which
+        `retire_device` removes (make before break); so does `address` None (a node that stops
+        leading its location must drop the location's WireGuard IP).
 
         When this object last set the same key and port on the device that still has the same
         ifindex, the device's configuration is not read again (see `forget`)."""
@@ -384,10 +386,8 @@ class WireGuard:
             log.info("%s: mtu %s -> %d", self.ifname, link.get("IFLA_MTU"), mtu)
             changed = True
         have = interface_addresses(ipr, idx)
-        self._address = address
-        if address is None:  # nothing to make before the break: the addresses go now
-            changed = self._remove_addresses(ipr, idx, have, None) or changed
-        elif address not in have:
+        self._address = (address,)
+        if address is not None and address not in have:
             # A new address beside the old (retire_device removes that): with promote_secondaries,
             # removing the old primary then keeps the new one, and with it the device's routes.
             if address.version == 4:
@@ -412,14 +412,16 @@ class WireGuard:
 
     def retire_device(self) -> bool:
         """Remove the device's addresses other than the one the last `ensure_device` set (it is in
-        place by now); True if any was removed."""
+        place by now; with none, every address goes: a node that stops leading its location drops
+        the location's WireGuard IP, and the kernel then drops the routes through the device).
+        True if any was removed."""
         if self._address is None:
             return False
         with IPRoute() as ipr:
             idx = ifindex_or_none(self.ifname)
             if idx is None:
                 return False
-            return self._remove_addresses(ipr, idx, interface_addresses(ipr, idx), self._address)
+            return self._remove_addresses(ipr, idx, interface_addresses(ipr, idx), self._address[0])
 
     def forget(self) -> None:
         """Drop what this object remembers of the device: the next `ensure_device`/`sync_peers`
