@@ -83,6 +83,9 @@ def main() -> int:
     pairs_with_errors = sum(1 for r in results.values() if r.errors)
     kept_lost = sum(w.lost for w in ws if not w.moving)
     worst = max((w.lost for w in ws if w.moving), default=0)
+    print("\nlongest gap between replies per pair (ping backs off after an ICMP error: it sends less, and a gap "
+          "over 1.5 s hides losses):")
+    print(", ".join(f"{label} {r.longest_gap:.2f} s" for label, r in results.items()))
     print(f"\ntotal: {len(results)} pairs at {PPS} pps, {sent} sent, {lost} lost; {errors} ICMP errors on "
           f"{pairs_with_errors} pair(s); kept pairs lost {kept_lost}; worst moving window {worst} "
           f"({worst * INTERVAL:.2f} s; target <= {MOVING_LOSS_MAX})")
