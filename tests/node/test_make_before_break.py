@@ -167,6 +167,20 @@ def test_the_wireguard_address_moves_without_a_gap_and_keeps_the_routes(lab: Nod
     assert not in_ns(ns, wg.retire_device)  # nothing left to remove
 
 
+def test_the_new_address_is_put_back_if_it_went_with_the_old_primary(lab: NodeLab) -> None:
+    """Where promote_secondaries is off after all (set back behind the agent), removing the old
+    primary takes the new secondary along: retire_device adds it again."""
+    ns = lab.ns("mbs")
+    wg = in_ns(ns, WireGuard, "kilo0", run_dir=str(lab.run_dir("s")), mode="wireguard-go")
+    key = generate_private_key()
+    in_ns(ns, wg.ensure_device, key, PORT, ipaddress.ip_interface("10.4.0.1/16"), 1420)
+    in_ns(ns, wg.ensure_device, key, PORT, ipaddress.ip_interface("10.4.0.7/16"), 1420)
+    lab.sh(ns, "sysctl", "-qw", "net.ipv4.conf.kilo0.promote_secondaries=0")
+    assert in_ns(ns, wg.retire_device)
+    addrs = lab.sh(ns, "ip", "-4", "-o", "addr", "show", "dev", "kilo0").stdout
+    assert "10.4.0.7/16" in addrs and "10.4.0.1/16" not in addrs, addrs
+
+
 def test_allowed_ips_move_to_the_new_peer_before_the_old_one_lets_go(lab: NodeLab) -> None:
     """b gains c's 10.42.3.0/24; c loses 10.42.9.0/24 (no one takes it) and gains 10.42.8.0/24;
     d goes. After the stage every address either side covers is held by a peer (the moved one by

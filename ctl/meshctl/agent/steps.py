@@ -175,13 +175,14 @@ class WireGuardStep(Quiet):
         return frozenset({RoutesStep.name}) if remade else NOTHING
 
     def retire(self, p: PassInput) -> frozenset[str]:
-        """Peers and allowed IPs the plan dropped, then the old address (the new one is in). A
-        device left with no address has lost its routes: the route step must put them back."""
+        """Peers and allowed IPs the plan dropped, then the old address (the new one is in). After
+        an address went the route step reads the kernel again: a device left with no address has
+        lost its routes (and one whose new address went with the old primary lost them for a
+        moment)."""
         if self._device is None:
             return NOTHING
         self._device.retire_peers()
-        removed = self._device.retire_device()
-        return frozenset({RoutesStep.name}) if removed and p.plan.wireguard_ip is None else NOTHING
+        return frozenset({RoutesStep.name}) if self._device.retire_device() else NOTHING
 
     def forget(self) -> None:
         if self._device is not None:

@@ -391,7 +391,10 @@ class WireGuard:
             # A new address beside the old (retire_device removes that): with promote_secondaries,
             # removing the old primary then keeps the new one, and with it the device's routes.
             if address.version == 4:
-                promote_secondaries(self.ifname)
+                try:
+                    promote_secondaries(self.ifname)
+                except MeshError as e:  # retire_device puts the new address back if it went too
+                    log.warning("%s: %s", self.ifname, e)
             ipr.addr("add", index=idx, address=str(address.ip), prefixlen=address.network.prefixlen)
             log.info("%s: address %s", self.ifname, address)
             changed = True
@@ -417,11 +420,17 @@ class WireGuard:
         True if any was removed."""
         if self._address is None:
             return False
+        keep = self._address[0]
         with IPRoute() as ipr:
             idx = ifindex_or_none(self.ifname)
             if idx is None:
                 return False
-            return self._remove_addresses(ipr, idx, interface_addresses(ipr, idx), self._address[0])
+            removed = self._remove_addresses(ipr, idx, interface_addresses(ipr, idx), keep)
+            if removed and keep is not None and keep not in interface_addresses(ipr, idx):
+                # promote_secondaries could not be set: the old primary took the new address along
+                ipr.addr("add", index=idx, address=str(keep.ip), prefixlen=keep.network.prefixlen)
+                log.warning("%s: address %s went with the old primary; added again", self.ifname, keep)
+            return removed
 
     def forget(self) -> None:
         """Drop what this object remembers of the device: the next `ensure_device`/`sync_peers`
