@@ -6,13 +6,14 @@ pings it lost (and their seconds at 20 pps) and the ICMP errors ping saw, then a
 and the totals. Which pairs a switch moves comes from its own `mesh set -o json` diff
 (tests/live_switching.py).
 
-    .venv/bin/python bench/live_switch.py [--lab NAME] [--settle 4] [--switch KEY=VALUE ...]
+    .venv/bin/python bench/live_switch.py [--file default|nat] [--lab NAME] [--settle 4] [--switch KEY=VALUE ...]
 
 Without --lab it brings the default lab up under the prefix `mb-` and takes it down after. The
 default switches: granularity location -> full -> cross -> location, intra_subnet direct ->
 vxlan -> direct, under full with intra_subnet auto a private_networks change (the lab's private
 subnets are not routed to each other: the prober must keep those pairs on their tunnels) and back,
-then the WireGuard port and back.
+then the WireGuard port and back. `--file nat`: the NAT lab's pairs (a relay, tunnels to discovered
+endpoints) across the granularity switches and the port change.
 
 Targets (issue 24): 0 ICMP errors; 0 lost on pairs a switch keeps on their path; < 0.5 s (10
 pings) lost on a pair it moves. The figures before make before break were measured with this
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "ctl"))
 sys.path.insert(0, str(ROOT))
 
-from tests.live_switching import INTERVAL, MOVING_LOSS_MAX, PPS, Window, run, table  # noqa: E402
+from tests.live_switching import INTERVAL, MOVING_LOSS_MAX, NAT_PAIRS, PAIRS, PPS, Window, run, table  # noqa: E402
 
 from meshctl.lab.namespaces import build  # noqa: E402
 from meshctl.lab.namespaces import state as labstate  # noqa: E402
@@ -39,7 +40,9 @@ from meshctl.lab.namespaces.spec import load_lab  # noqa: E402
 SWITCHES = ["granularity=full", "granularity=cross", "granularity=location", "intra_subnet=vxlan",
             "intra_subnet=direct", "granularity=full", "intra_subnet=auto", "private_networks=10.10.0.0/16",
             "private_networks=", "intra_subnet=direct", "granularity=location", "port=51821", "port=51820"]
+NAT_SWITCHES = ["granularity=full", "granularity=cross", "granularity=location", "port=51821", "port=51820"]
 PREFIX = "mb-"
+LABS = {"default": (PAIRS, SWITCHES), "nat": (NAT_PAIRS, NAT_SWITCHES)}
 
 
 def summary(switches: list[str], ws: list[Window]) -> str:
@@ -59,18 +62,21 @@ def main() -> int:
     ap.add_argument("--lab", help="a lab that is up (default: bring the default lab up as mb)")
     ap.add_argument("--settle", type=float, default=4.0, help="seconds after each switch")
     ap.add_argument("--switch", action="append", help="KEY=VALUE for `mesh set`, in order (repeatable)")
+    ap.add_argument("--file", choices=sorted(LABS), default="default",
+                    help="which shipped lab and its pairs: default, or nat (relays, discovered endpoints)")
     args = ap.parse_args()
-    switches = args.switch or SWITCHES
+    pairs, default_switches = LABS[args.file]
+    switches = args.switch or default_switches
     name = args.lab
     if name is None:
-        build.up(load_lab(ROOT / "ctl" / "meshctl" / "lab" / "labs" / "default.yaml"), prefix=PREFIX)
+        build.up(load_lab(ROOT / "ctl" / "meshctl" / "lab" / "labs" / f"{args.file}.yaml"), prefix=PREFIX)
         name = labstate.lab_name(PREFIX)
     try:
         st = labstate.load(name)
         if st is None:
             print(f"error: lab {name} is not up", file=sys.stderr)
             return 2
-        _, results, ws = run(st, switches, settle=args.settle)
+        _, results, ws = run(st, switches, settle=args.settle, pairs=pairs)
     finally:
         if args.lab is None:
             build.down(name)

@@ -41,6 +41,15 @@ PAIRS: dict[str, tuple[str, str]] = {
     "tunnel a1-c1": ("a1", "c1"),
     "via leader b2-c1": ("b2", "c1"),
 }
+# The NAT lab's (ctl/meshctl/lab/labs/nat.yaml): public pa, pb; cone-NATed ca, cb; symmetric sa, sb,
+# each in a location of its own; sa and sb reach each other through the relay pa.
+NAT_PAIRS: dict[str, tuple[str, str]] = {
+    "relay sa-sb": ("sa", "sb"),
+    "tunnel ca-cb": ("ca", "cb"),
+    "tunnel pa-pb": ("pa", "pb"),
+    "tunnel pb-ca": ("pb", "ca"),
+}
+TRANSIT: dict[str, tuple[str, ...]] = {"relay sa-sb": ("pa",)}  # nodes on a pair's way outside its locations
 
 
 @dataclass(frozen=True)
@@ -87,15 +96,16 @@ def _touches(node_diff: Mapping[str, Any], cidrs: list[ipaddress.IPv4Network | i
     return any(r["node"] in others for r in node_diff["rungs"])
 
 
-def moving_pairs(diff: Mapping[str, Any], nodes: Mapping[str, NodeState], pairs: Mapping[str, tuple[str, str]]
-                 ) -> frozenset[str]:
+def moving_pairs(diff: Mapping[str, Any], nodes: Mapping[str, NodeState], pairs: Mapping[str, tuple[str, str]],
+                 transit: Mapping[str, tuple[str, ...]] = TRANSIT) -> frozenset[str]:
     """The pairs whose path the `mesh set -o json` diff changes (see the module docstring)."""
     by_node = {d["node"]: d for d in diff["nodes"]}
     moving = set()
     for label, (src, dst) in pairs.items():
         cidr = {n: [ipaddress.ip_network(nodes[n].pod_cidr)] for n in (src, dst)}
         locations = {nodes[src].location, nodes[dst].location}
-        on_way = {n for n, st in nodes.items() if st.location in locations} - {src, dst}
+        on_way = {n for n, st in nodes.items() if st.location in locations} | set(transit.get(label, ()))
+        on_way -= {src, dst}
         checks = [(src, cidr[dst], {dst}), (dst, cidr[src], {src})]
         checks += [(n, cidr[src] + cidr[dst], {src, dst}) for n in on_way]
         if any(n in by_node and _touches(by_node[n], c, o) for n, c, o in checks):
