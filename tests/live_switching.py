@@ -170,6 +170,12 @@ def windows(switches: list[Switch], results: Mapping[str, PingResult]) -> list[W
     return out
 
 
+def gap_window(switches: list[Switch], r: PingResult) -> str:
+    """The window a ping's longest gap began in: `quiet` or the switch before it."""
+    i = _index([s.at for s in switches], r.gap_at)
+    return "quiet" if i == 0 else switches[i - 1].assignment
+
+
 def _index(bounds: list[float], t: float) -> int:
     """0 before the first switch, i after the i-th."""
     return sum(1 for b in bounds if t >= b)

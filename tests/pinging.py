@@ -50,6 +50,7 @@ class PingResult:
     errors: tuple[str, ...] = ()  # ICMP errors and refused sends, as ping printed them
     lost_at: tuple[float, ...] = ()  # when each of `lost` was sent (wall clock, interpolated)
     errors_at: tuple[float, ...] = ()  # when each of `errors` was printed (wall clock)
+    gap_at: float = 0.0  # when the longest gap began (wall clock)
 
     @property
     def covered(self) -> bool:
@@ -97,11 +98,12 @@ class PodPing:
         tail = math.ceil(sent / max(elapsed, 1e-3) * IN_FLIGHT_S) + 1
         lost = tuple(s for s in range(1, max(sent - tail, 0) + 1) if s not in replies)
         times = sorted([self.wall0, *replies.values(), self.wall0 + min(elapsed, self.seconds)])
-        gap = max(b - a for a, b in itertools.pairwise(times))
+        gap, gap_at = max((b - a, a) for a, b in itertools.pairwise(times))
         errors, errors_at = self._errors(out)
         print(f"ping {self.dst_ip}: {sent} sent, {len(replies)} replies, {len(lost)} lost in {elapsed:.1f} s, "
               f"longest gap {gap:.2f} s" + (f"; {len(errors)} errors, the first: {errors[:3]}" if errors else ""))
-        return PingResult(sent, len(replies), lost, elapsed, gap, errors, self._lost_at(lost, replies), errors_at)
+        return PingResult(sent, len(replies), lost, elapsed, gap, errors, self._lost_at(lost, replies), errors_at,
+                          gap_at)
 
     def _errors(self, out: str) -> tuple[tuple[str, ...], tuple[float, ...]]:
         """ICMP errors ("Destination Host Unreachable") and refused sends ("ping: sendmsg: ..."),

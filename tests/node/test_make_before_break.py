@@ -208,3 +208,37 @@ def test_allowed_ips_move_to_the_new_peer_before_the_old_one_lets_go(lab: NodeLa
                       public_key(kc): {"10.42.8.0/24"}}
     # the object's memory is the device's: the same plan again sends nothing
     assert not in_ns(ns, wg.sync_peers, new)
+
+
+def test_a_peer_without_a_handshake_is_added_anew_by_the_lower_key_only(lab: NodeLab) -> None:
+    """Crossed handshakes, made deterministic: the lower-keyed end adds its peer first (whose end
+    does not know it yet: its greeting is dropped), so the peer has no handshake after the wait;
+    rescue adds it anew (a new greeting). The higher end, adding its peer later, does nothing of
+    the kind; its own greeting makes the handshake."""
+    from .test_wireguard import PORT as WG_PORT
+    from .test_wireguard import Pair
+
+    pair = Pair(lab)
+    nodes = {public_key(pair.ka): (pair.a, pair.wa, pair.ka, "192.168.77.1"),
+             public_key(pair.kb): (pair.b, pair.wb, pair.kb, "192.168.77.2")}
+    low, high = (nodes[k] for k in sorted(nodes))
+    for ns, wg, key, _ in (low, high):
+        in_ns(ns, wg.ensure_device, key, WG_PORT, None, 1420)
+
+    def peer_of(end: tuple) -> PeerPlan:
+        _, _, key, ip = end
+        return PeerPlan("high" if end is high else "low", "node", public_key(key), f"{ip}:{WG_PORT}", (), 0)
+
+    in_ns(low[0], low[1].stage_peers, [peer_of(high)])
+    assert in_ns(low[0], low[1].rescue, public_key(low[2]), wait=0.2) == ["high"]
+    assert in_ns(low[0], low[1].rescue, public_key(low[2])) == []  # not again within RESCUE_S
+    in_ns(high[0], high[1].stage_peers, [peer_of(low)])
+    assert in_ns(high[0], high[1].rescue, public_key(high[2]), wait=0.2) == []  # the higher end never does
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and not all(s.last_handshake for s in in_ns(low[0], low[1].show)):
+        time.sleep(0.05)
+    assert all(s.last_handshake for s in in_ns(low[0], low[1].show))
+    assert in_ns(low[0], low[1].rescue_due, time.monotonic()) is not None  # still watched ...
+    time.sleep(1.0)
+    assert in_ns(low[0], low[1].rescue, public_key(low[2])) == []  # ... until it sees the handshake
+    assert in_ns(low[0], low[1].rescue_due, time.monotonic()) is None

@@ -17,7 +17,7 @@ from meshctl.lab.namespaces import build
 from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.spec import parse_lab
 from meshctl.lab.namespaces.state import LabState
-from tests.live_switching import MOVING_LOSS_MAX, run, table
+from tests.live_switching import MOVING_LOSS_MAX, gap_window, run, table
 from tests.names import unique
 
 pytestmark = pytest.mark.root
@@ -40,9 +40,12 @@ def lab() -> Iterator[LabState]:
 
 
 def test_live_switches_break_nothing_that_stays_and_little_that_moves(lab: LabState) -> None:
-    _, results, windows = run(lab, SWITCHES, settle=SETTLE_S)
+    switches, results, windows = run(lab, SWITCHES, settle=SETTLE_S)
     print(table(windows))
-    assert all(r.covered for r in results.values()), {k: r.longest_gap for k, r in results.items()}
+    # a pair that answered nothing for a while lost nothing only if ping kept sending, and its
+    # replies came back in time: a tunnel that queued them through a handshake's retry did not
+    gaps = {k: (round(r.longest_gap, 2), gap_window(switches, r)) for k, r in results.items() if not r.covered}
+    assert gaps == {}, gaps
     # some switch moved pairs and some pairs kept their path: the assertions below test both kinds
     assert any(w.moving for w in windows) and any(not w.moving and w.switch != "quiet" for w in windows)
     assert [w for w in windows if w.errors] == []

@@ -34,12 +34,14 @@ from meshctl.errors import MeshError
 from meshctl.mesh.model import ENCAP_KINDS, IPNetwork, Node, Topology
 from meshctl.mesh.plan import NodePlan
 from meshctl.node import cni, discovery, masquerade, routes, sysctls, tunnels, wireguard
+from meshctl.node.keys import public_key
 from meshctl.node.wireguard.psk import SecretSource, read_key
 
 log = logging.getLogger("meshctl.agent")
 
 PODS_SETTLE_S = 10.0  # after pod interfaces change, re-read pod routes for this long ...
 PODS_SETTLE_STEP_S = 2.0  # ... every this often
+HANDSHAKE_WAIT_S = 0.2  # how long a pass that added WireGuard peers waits for their handshakes
 
 NOTHING: frozenset[str] = frozenset()
 
@@ -134,20 +136,32 @@ class Additive:
         return NOTHING
 
 
-class WireGuardStep(Quiet):
+class WireGuardStep:
     """The WireGuard device (`cfg.wg_interface`) with the plan's address and peers. It also
-    answers what the device says of its peers now (`peers_now`, the LivePeers protocol)."""
+    answers what the device says of its peers now (`peers_now`, the LivePeers protocol). A peer it
+    added that has no handshake a moment later (crossed handshakes) it adds anew on a pass of its
+    own (wireguard.WireGuard.rescue)."""
 
     name = "wireguard"
 
     def __init__(self, cfg: AgentConfig, private_key: str, secrets: SecretSource | None = None) -> None:
         self.cfg = cfg
         self._private_key = private_key
+        self._public_key = public_key(private_key)
         self._secrets = secrets
         self._device: wireguard.WireGuard | None = None
 
-    def inputs(self, p: PassInput) -> Hashable:
+    def _rescue_at(self) -> float | None:
+        return self._device.rescue_due(time.monotonic()) if self._device is not None else None
+
+    def inputs(self, p: PassInput) -> Hashable | None:
+        if self._rescue_at() is not None:
+            return None  # added peers still watched: run on every pass until rescue is done
         return (p.plan.peers, p.plan.wireguard_ip, p.topo.mesh.port, self.cfg.private_interface)
+
+    def wants_pass(self, now: float, last_pass: float) -> bool:
+        at = self._rescue_at()
+        return at is not None and now >= at and last_pass < at
 
     def sync(self, p: PassInput) -> frozenset[str]:
         if self._device is None:
@@ -182,7 +196,10 @@ class WireGuardStep(Quiet):
         if self._device is None:
             return NOTHING
         self._device.retire_peers()
-        return frozenset({RoutesStep.name}) if self._device.retire_device() else NOTHING
+        disturbed = frozenset({RoutesStep.name}) if self._device.retire_device() else NOTHING
+        # Last of every retire: the peers added this pass have had their handshakes started
+        self._device.rescue(self._public_key, wait=HANDSHAKE_WAIT_S)
+        return disturbed
 
     def forget(self) -> None:
         if self._device is not None:

@@ -14,6 +14,14 @@ what it no longer wants (the old address, peers, allowed IPs no other peer took)
 every applier's stage before any retire, so an address that moves between peers is never held
 by none.
 
+Crossed handshakes: two nodes that add each other in the same instant (a mesh re-plan reaches
+every agent at once) both start a handshake, each consumes the other's initiation as responder,
+and neither then has a session it may send on until WireGuard retries 5 s later (REKEY_TIMEOUT;
+wireguard-go logs "Failed to derive keypair ... handshakeZeroed"). So a peer added without a
+handshake a moment after its stage (the agent waits up to HANDSHAKE_WAIT_S in its retire, and
+looks again every RESCUE_S) is added anew by the end with the lower public key (`rescue`): a new
+peer may start a handshake at once, the other end answers it, and only one end does it.
+
 The object remembers what it last applied (the device's key, port and ifindex; each peer's
 configuration as set), so a reconcile that changes one peer costs one peer's work, not a dump
 and parse of every peer's allowed IPs. The memory is dropped by `forget()` (the agent calls it
@@ -27,6 +35,7 @@ import ipaddress
 import logging
 import os
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -56,6 +65,11 @@ from meshctl.node.wireguard.uapi import DEFAULT_RUN_DIR, UapiClient, running_pid
 __all__ = ["WireGuard", "PeerDiff", "PeerStatus", "resolve_endpoint"]
 
 log = logging.getLogger(__name__)
+
+RESCUE_S = 1.0  # a peer still without a handshake is added anew at most this often (crossed handshakes)
+RESCUE_UNTIL_S = 4.0  # ... until this long after it was added: WireGuard's own retry (5 s) is near
+RESCUE_MAX = 32  # a stage that adds more peers than this (an agent's first start) watches none
+HANDSHAKE_POLL_S = 0.02  # how often rescue(wait=...) reads the device for the handshakes it waits for
 
 
 @dataclass
@@ -118,6 +132,7 @@ class _PeerChanges:
     after: dict[str, DevicePeer | None] = field(default_factory=dict)  # None: removed
     # allowed IP -> the peer it is added to: the device takes it from any other peer that held it
     taken: dict[IPNetwork, str] = field(default_factory=dict)
+    added: list[str] = field(default_factory=list)  # the public keys of the peers added
 
     def remove(self, pub: str, name: str) -> None:
         self.ops.append(PeerOp(pub, remove=True))
@@ -127,6 +142,7 @@ class _PeerChanges:
     def add(self, change: _PeerChange) -> None:
         self._record(change)
         self.diff.added.append(change.name)
+        self.added.append(change.peer.public_key)
         self.kick += change.kick
 
     def update(self, change: _PeerChange | None) -> None:
@@ -282,6 +298,8 @@ class WireGuard:
         self._desired: dict[str, PeerPlan] = {}  # the last stage's peers: what retire_peers keeps
         # The last ensure_device's address, what retire_device keeps ((None,): none; None: not staged)
         self._address: tuple[IPInterface | None] | None = None
+        self._added_at: dict[str, float] = {}  # public key -> when stage_peers added it (monotonic)
+        self._watched: dict[str, float] = {}  # public key -> when rescue may add it anew (monotonic)
         if mode is None:
             mode = self._detect_mode()
         if mode not in ("kernel", "wireguard-go"):
@@ -439,6 +457,8 @@ class WireGuard:
         self._known = None
         self._applied.clear()
         self._psk.clear()
+        self._added_at.clear()
+        self._watched.clear()
 
     def _mark(self, idx: int) -> None:
         """Record that the link `idx` of this namespace is one meshctl created."""
@@ -512,7 +532,61 @@ class WireGuard:
         if changes.ops:
             self._send(client, changes)
         self._remember(known, desired, preshared, changes)
+        # Watched for a handshake: the added peers with an endpoint to call, when a re-plan added a
+        # few (an agent's first start adds every peer, and then no traffic waits on them).
+        watch = [pub for pub in changes.added if pub in self._set_endpoints]
+        if len(watch) <= RESCUE_MAX:
+            now = time.monotonic()
+            self._added_at.update(dict.fromkeys(watch, now))
+            self._watched.update(dict.fromkeys(watch, now))
         return changes.diff
+
+    def rescue_due(self, now: float) -> float | None:
+        """When the next `rescue` has work (monotonic), None when no added peer is watched."""
+        return min(self._watched.values()) + RESCUE_S if self._watched else None
+
+    def rescue(self, own_public_key: str, *, wait: float = 0.0) -> list[str]:
+        """Watch the peers `stage_peers` added until each has a handshake (up to `wait` seconds
+        now), and add anew each one that has none yet, at most once per RESCUE_S and only until
+        RESCUE_UNTIL_S after it was added; the names of those added anew. Only the end whose
+        public key is the lower does it (see the module docstring): the other stops watching."""
+        now = time.monotonic()
+        for pub in list(self._added_at):
+            if own_public_key > pub or now - self._added_at[pub] > RESCUE_UNTIL_S:
+                self._forget_watch(pub)
+        if not self._watched:
+            return []
+        client = self._client()
+        deadline = now + wait
+        while True:
+            live = client.get(allowed_ips=False).peers
+            for pub in list(self._watched):
+                peer = live.get(pub)
+                if peer is None or peer.last_handshake or pub not in self._applied:
+                    self._forget_watch(pub)
+            if not self._watched or time.monotonic() >= deadline:
+                break
+            time.sleep(HANDSHAKE_POLL_S)
+        now = time.monotonic()
+        again = [_added(pub, self._applied[pub], self._set_endpoints.get(pub), self._psk.get(pub))
+                 for pub, at in self._watched.items() if now >= at]
+        if not again:
+            return []
+        try:
+            client.set(peers=[op for c in again for op in (PeerOp(c.peer.public_key, remove=True), c.op)])
+            client.set(peers=[k for c in again for k in c.kick])
+        except Exception:
+            self.forget()
+            raise
+        for c in again:
+            self._watched[c.peer.public_key] = now + RESCUE_S
+        log.info("%s peers: added anew (no handshake yet: crossed handshakes?) %s", self.ifname,
+                 [c.name for c in again])
+        return [c.name for c in again]
+
+    def _forget_watch(self, pub: str) -> None:
+        self._added_at.pop(pub, None)
+        self._watched.pop(pub, None)
 
     def retire_peers(self) -> PeerDiff:
         """Remove the peers the last `stage_peers` did not want, and the allowed IPs a wanted peer
