@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A 100 pps ping between two lab pods, shared by the lab tests that count lost packets.
+"""A 100 pps ping between two lab pods (or slower: `interval`), shared by the lab tests that count
+lost packets.
 
 It runs for a time, not a count (`ping -w`): on a loaded machine ping paces itself below 100 pps,
 and a count would stretch a 120 s ping to four minutes. Replies are read by sequence number, so a
@@ -8,10 +9,17 @@ deadline may still be in flight when ping exits, and are not counted as lost.
 
 Each result also carries its longest gap between replies, and `covered` holds when no reply is
 further than MAX_GAP_S from the next (or from the start or end): a loaded machine slows ping
-down, but a ping that stalled would send nothing through an outage and lose nothing."""
+down, but a ping that stalled would send nothing through an outage and lose nothing.
+
+`errors` are the ICMP errors ping printed ("Destination Host Unreachable", "Destination Net
+Unreachable", ...) and the sends the kernel refused ("ping: sendmsg: ..."): what a connection
+being opened at that moment would fail on. `lost_at` and `errors_at` say when each happened
+(wall-clock seconds; a lost packet's send time is interpolated between the replies around it), so
+a caller can tell which of several changes in the ping's window it belongs to."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import re
@@ -25,6 +33,8 @@ from meshctl.lab.rigs import netns
 
 _SENT = re.compile(r"(\d+) packets transmitted")
 _REPLY = re.compile(r"^\[(\d+\.\d+)\] \d+ bytes from .*icmp_seq=(\d+)", re.M)
+_STAMP = re.compile(r"^\[(\d+\.\d+)\]")
+_ERROR = re.compile(r"(?:From \S+ icmp_seq=\d+ |ping: sendmsg: |ping: )(.*)")
 _SUMMARY = ("PING ", "--- ", "rtt ", "round-trip")
 IN_FLIGHT_S = 1.0  # -W: how long ping waits for the last reply; what was sent in it may be in flight
 MAX_GAP_S = 1.5  # below the shortest outage the tests ping across (2 s)
@@ -37,6 +47,10 @@ class PingResult:
     lost: tuple[int, ...]  # sequence numbers that never came back (those in flight at the end left out)
     elapsed: float
     longest_gap: float  # seconds between two replies (or the start and the first, the last and the end)
+    errors: tuple[str, ...] = ()  # ICMP errors and refused sends, as ping printed them
+    lost_at: tuple[float, ...] = ()  # when each of `lost` was sent (wall clock, interpolated)
+    errors_at: tuple[float, ...] = ()  # when each of `errors` was printed (wall clock)
+    gap_at: float = 0.0  # when the longest gap began (wall clock)
 
     @property
     def covered(self) -> bool:
@@ -50,12 +64,13 @@ class PingResult:
 
 
 class PodPing:
-    """`ping -i 0.01 -w SECONDS` from the first pod of `src` to the first pod of `dst`, in the background."""
+    """`ping -i INTERVAL -w SECONDS` from the first pod of `src` to the first pod of `dst`, in the background."""
 
     def __init__(self, st: LabState, src: str, dst: str, seconds: float, interval: float = 0.01) -> None:
         by_name = {n.name: n for _, n in st.nodes()}
         self.dst_ip = by_name[dst].pods[0].ip
         self.seconds = seconds
+        self.interval = interval
         self.t0 = time.monotonic()
         self.wall0 = time.time()
         # a file, not a pipe: a line a reply fills a pipe nobody drains in ~12 s, and ping then blocks
@@ -83,10 +98,41 @@ class PodPing:
         tail = math.ceil(sent / max(elapsed, 1e-3) * IN_FLIGHT_S) + 1
         lost = tuple(s for s in range(1, max(sent - tail, 0) + 1) if s not in replies)
         times = sorted([self.wall0, *replies.values(), self.wall0 + min(elapsed, self.seconds)])
-        gap = max(b - a for a, b in itertools.pairwise(times))
-        # ICMP errors ("Destination Host Unreachable") and refused sends ("ping: sendmsg: ...")
-        other = [line for line in out.splitlines() if line.strip() and not _REPLY.match(line)
-                 and not line.startswith(_SUMMARY) and not _SENT.search(line)]
+        gap, gap_at = max((b - a, a) for a, b in itertools.pairwise(times))
+        errors, errors_at = self._errors(out)
         print(f"ping {self.dst_ip}: {sent} sent, {len(replies)} replies, {len(lost)} lost in {elapsed:.1f} s, "
-              f"longest gap {gap:.2f} s" + (f"; {len(other)} other lines, the first: {other[:3]}" if other else ""))
-        return PingResult(sent, len(replies), lost, elapsed, gap)
+              f"longest gap {gap:.2f} s" + (f"; {len(errors)} errors, the first: {errors[:3]}" if errors else ""))
+        return PingResult(sent, len(replies), lost, elapsed, gap, errors, self._lost_at(lost, replies), errors_at,
+                          gap_at)
+
+    def _errors(self, out: str) -> tuple[tuple[str, ...], tuple[float, ...]]:
+        """ICMP errors ("Destination Host Unreachable") and refused sends ("ping: sendmsg: ..."),
+        each with the time of its line (a line without a timestamp: that of the line before)."""
+        errors: list[str] = []
+        at: list[float] = []
+        last = self.wall0
+        for line in out.splitlines():
+            stamp = _STAMP.match(line)
+            if stamp:
+                last = float(stamp.group(1))
+            if not line.strip() or _REPLY.match(line) or line.startswith(_SUMMARY) or _SENT.search(line):
+                continue
+            m = _ERROR.search(line)
+            errors.append(m.group(1) if m else line.strip())
+            at.append(last)
+        return tuple(errors), tuple(at)
+
+    def _lost_at(self, lost: tuple[int, ...], replies: dict[int, float]) -> tuple[float, ...]:
+        """When each lost sequence number was sent: between the replies before and after it, in
+        proportion (from the start at `interval` when no reply came before it)."""
+        seqs = sorted(replies)
+        out = []
+        for s in lost:
+            i = bisect.bisect_left(seqs, s)
+            before = (seqs[i - 1], replies[seqs[i - 1]]) if i > 0 else (0, self.wall0 - self.interval)
+            if i < len(seqs):
+                after = (seqs[i], replies[seqs[i]])
+                out.append(before[1] + (s - before[0]) * (after[1] - before[1]) / (after[0] - before[0]))
+            else:
+                out.append(before[1] + (s - before[0]) * self.interval)
+        return tuple(out)

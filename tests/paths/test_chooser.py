@@ -148,3 +148,21 @@ def test_a_hold_the_peer_ends_later_is_still_the_reason_of_the_move_back() -> No
     s.run(2)
     assert s.c.pairs["b"].rung == "direct"
     assert s.c.changes[-1].reason == "direct delivered for the hold time", s.c.changes[-3:]
+
+
+def test_a_newly_probed_pair_keeps_its_path_until_a_verdict() -> None:
+    """Make before break: a private_networks change makes b, c and d (reached by tunnel, a private
+    rung and a leader) eligible; until their probes give a verdict each keeps the path of the last
+    plan, and the plan chooses that path (choose_rung). A peer with a verdict keeps it; one the
+    last plan did not reach (a node joining) is left to the plan's assumption."""
+    from meshctl.agent.path_probing import keep_paths
+    from meshctl.mesh.ladder import choose_rung
+
+    ladders = {"b": LADDER, "c": LADDER, "d": LADDER, "e": LADDER, "f": LADDER}
+    verdicts = {"e": frozenset({"direct+vxlan"})}
+    previous = {"b": "tunnel", "c": "wireguard-private", "d": "via-leader", "e": "tunnel"}
+    held = keep_paths(verdicts, ladders, previous)
+    assert held == {"b": frozenset(), "c": frozenset({"wireguard-private"}), "d": frozenset(),
+                    "e": frozenset({"direct+vxlan"})}
+    assert [choose_rung(LADDER, held.get(n)) for n in "bcdef"] == \
+        ["tunnel", "wireguard-private", "tunnel", "direct+vxlan", "direct"]

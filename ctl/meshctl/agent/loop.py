@@ -225,7 +225,8 @@ class PassDriver:
         t = time.monotonic()
         try:
             self.paths.update(topo, me.name)
-            plan, reused = self.memos.plan(topo, me.name, remotes, self.paths.state())
+            previous = self.last_plan.paths if self.last_plan is not None else None
+            plan, reused = self.memos.plan(topo, me.name, remotes, self.paths.state(previous))
         except InputError as e:
             run.fail("plan", str(e))
             self._finish(run, state, self.last_plan, rejections, applied=False)

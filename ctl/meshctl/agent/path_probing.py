@@ -4,6 +4,11 @@ every eligible peer on every private rung this node can carry, and its verdicts 
 are the path-state the next plan reads. A change of a pair's rung wakes the loop at once: the pair
 leaves a dead rung without waiting for a reconcile pass.
 
+Make before break: a pair this node already reaches, newly probed (a change of
+`private_networks`, `intra_subnet` or granularity made it eligible), keeps the path it has until
+its probes give a verdict (`keep_paths`): it never moves onto a rung no probe has seen deliver. A
+node new to this one gets no such hold (its first probes come within a second).
+
 The fixed intra_subnet modes: no prober, an empty path-state. `auto` where the prober cannot run
 (IPv6 private addresses, no private interface): no encapsulated rung, which nothing would verify.
 """
@@ -14,13 +19,13 @@ import dataclasses
 import ipaddress
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from meshctl.agent.status import ProbeResult, ProbeStatus, RungMove
 from meshctl.mesh.chooser import RUNG_KIND, Change, ProbeTuning
 from meshctl.mesh.ladder import probe_ladders
-from meshctl.mesh.model import ENCAP_RUNGS, PathState, Rung, Topology
+from meshctl.mesh.model import ENCAP_RUNGS, PRIVATE_RUNGS, PathState, Rung, Topology
 from meshctl.node.prober import Prober, Target, probe_address
 
 log = logging.getLogger("meshctl.agent")
@@ -28,6 +33,18 @@ log = logging.getLogger("meshctl.agent")
 HISTORY_MOVES = 3  # the last moves of each pair the status carries
 
 UNPROBED_RUNGS: frozenset[str] = frozenset({"direct", "wireguard-private"})
+
+
+def keep_paths(state: PathState, ladders: Mapping[str, Sequence[Rung]], previous: Mapping[str, str]) -> PathState:
+    """`state` with every probed peer that has no verdict yet held on the path the last plan took
+    to it (`previous`: the last plan's `paths`): that private rung, or none (its tunnel, a leader
+    or a relay). A peer the last plan did not reach is left out (the plan assumes its rungs work)."""
+    out = dict(state)
+    for name in ladders:
+        was = previous.get(name)
+        if name not in out and was is not None:
+            out[name] = frozenset({was}) if was in PRIVATE_RUNGS else frozenset()
+    return out
 
 
 def unprobed_state(ladders: dict[str, tuple[Rung, ...]]) -> PathState:
@@ -57,6 +74,7 @@ class PathProbing:
         self._key: tuple[Any, ...] | None = None
         self._ladders_of: Topology | None = None
         self._unprobed: PathState = {}
+        self._ladders: dict[str, tuple[Rung, ...]] = {}  # the probed peers' ladders
 
     def local_rungs(self) -> frozenset[Rung]:
         """Direct and WireGuard always; an encapsulated rung when something here carries it."""
@@ -72,7 +90,7 @@ class PathProbing:
             return
         self._ladders_of = topo
         me = topo.node(name)
-        ladders = probe_ladders(topo, name)
+        ladders = self._ladders = probe_ladders(topo, name)
         probe_ip = probe_address(me.pod_cidr) if me is not None else None
         internal = me.internal_ip.ip if me is not None and me.internal_ip is not None else None
         if not ladders or probe_ip is None or not isinstance(internal, ipaddress.IPv4Address) or not self.private_if:
@@ -111,8 +129,13 @@ class PathProbing:
         if self.prober is not None:
             self.prober.set_local_rungs(self.local_rungs())
 
-    def state(self) -> PathState:
-        return self.prober.path_state() if self.prober is not None else dict(self._unprobed)
+    def state(self, previous: Mapping[str, str] | None = None) -> PathState:
+        """The plan's path-state; with `previous` (the last plan's paths), a probed peer without a
+        verdict keeps its path (keep_paths)."""
+        if self.prober is None:
+            return dict(self._unprobed)
+        st = self.prober.path_state()
+        return keep_paths(st, self._ladders, previous) if previous else st
 
     def changes(self) -> list[Change]:
         return self.prober.changes() if self.prober is not None else []

@@ -102,7 +102,8 @@ class PassLog:
     full: bool = False
 
     def timed(self, part: str, since: float) -> None:
-        self.steps_ms[part] = round(1000 * (time.monotonic() - since), 2)
+        """Add the time since `since` to `part`'s (a step is timed in its sync and its retire)."""
+        self.steps_ms[part] = round(self.steps_ms.get(part, 0.0) + 1000 * (time.monotonic() - since), 2)
 
     def fail(self, part: str, reason: str) -> None:
         self.errors[part] = reason

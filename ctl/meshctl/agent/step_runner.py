@@ -1,13 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
 """Running the steps of a pass (agent/steps.py) in order: which to skip, which to make forget,
 and when a pass is a full one. It holds the steps only as `Step`s: it reads nothing of a step
-but what the protocol answers."""
+but what the protocol answers.
+
+Make before break: a pass first runs `sync` on every step (each adds or replaces what the plan
+wants), then `retire` on the steps that synced, in reverse order (each removes what the plan no
+longer wants). So the old state goes only once every new piece is in place: a route that moved
+to the WireGuard device is there before the old peer loses the address, a fast-path entry that
+moved to a kernel route is deleted only after the route exists."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 from meshctl.agent.reporting import PassLog
 from meshctl.agent.steps import PassInput, Step, StepStatus
@@ -43,9 +49,11 @@ class StepRunner:
         return full
 
     def run(self, p: PassInput, run: PassLog) -> None:
-        """Run every step in order. A step whose inputs did not change since it last succeeded is
-        skipped, except on a full pass; a failing step is counted, logged and made to forget, and
-        never stops the others."""
+        """Run every step's `sync` in order, then `retire` on those that synced, in reverse order.
+        A step whose inputs did not change since it last succeeded is skipped, except on a full
+        pass; a failing step is counted, logged and made to forget, and never stops the others (a
+        step whose sync failed does not retire: it removes nothing while its new state is not in
+        place)."""
         full = run.full = self._full_pass_due(p.timer_pass)
         if full:
             self.full_total += 1
@@ -53,22 +61,61 @@ class StepRunner:
                 s.forget()
             self._applied.clear()
         by_name = {s.name: s for s in self.steps}
+        synced: list[tuple[Step, Hashable | None]] = []
         for s in self.steps:
             inputs = s.inputs(p)
             if inputs is not None and not full and self._applied.get(s.name) == inputs:
                 run.steps_ms[s.name] = 0.0
                 continue
-            self._applied.pop(s.name, None)
+            if self._sync(s, p, run, by_name):
+                synced.append((s, inputs))
+        disturbed = self._retire(reversed(synced), p, run)
+        # A retire disturbed a step (kilo0 lost its last address and, with it, its routes): that
+        # step reads the kernel and runs again now, not at the next full pass. Once: what this
+        # second round disturbs is left to the next pass (its step was made to forget).
+        again = [(s, s.inputs(p)) for s in self.steps if s.name in disturbed]
+        for s, _ in again:
+            s.forget()
+        self._retire(reversed([(s, i) for s, i in again if self._sync(s, p, run, by_name)]), p, run)
+
+    def _sync(self, s: Step, p: PassInput, run: PassLog, by_name: Mapping[str, Step]) -> bool:
+        """Run one step's sync; True if it succeeded (the steps it disturbed forget)."""
+        self._applied.pop(s.name, None)
+        t = time.monotonic()
+        try:
+            for other in s.sync(p):
+                by_name[other].forget()
+                self._applied.pop(other, None)
+            return True
+        except Exception as e:  # noqa: BLE001 - one step's failure must not stop the others
+            self._failed(s, run, e)
+            return False
+        finally:
+            run.timed(s.name, t)
+
+    def _retire(self, steps: Iterable[tuple[Step, Hashable | None]], p: PassInput, run: PassLog) -> set[str]:
+        """Run each step's retire, recording its inputs as applied when it succeeds; the names of
+        the steps the retires disturbed (each made to forget)."""
+        disturbed: set[str] = set()
+        for s, inputs in steps:
             t = time.monotonic()
             try:
-                for other in s.sync(p):
-                    by_name[other].forget()
-                    self._applied.pop(other, None)
+                others = s.retire(p)
                 if inputs is not None:
                     self._applied[s.name] = inputs
+                for other in others:
+                    self._applied.pop(other, None)
+                disturbed |= others
             except Exception as e:  # noqa: BLE001 - one step's failure must not stop the others
-                run.fail(s.name, str(e) or type(e).__name__)
-                log.warning("%s: %s", s.name, run.errors[s.name])
-                s.forget()  # its memory of the kernel may be wrong now: read it next time
+                self._failed(s, run, e)
             finally:
                 run.timed(s.name, t)
+        return disturbed
+
+    @staticmethod
+    def _failed(s: Step, run: PassLog, e: Exception) -> None:
+        """Count and log a step's failure; make it forget (its memory of the kernel may be wrong
+        now: it reads the kernel next time)."""
+        run.fail(s.name, str(e) or type(e).__name__)
+        log.warning("%s: %s", s.name, run.errors[s.name])
+        s.forget()

@@ -8,6 +8,11 @@ it remembers of the kernel, so drift made behind the agent's back is repaired. A
 disturb another's kernel state (a WireGuard device made anew loses its routes): `sync` returns
 the names of those steps, which then forget and run in the same pass.
 
+Make before break: `sync` only adds and replaces; what the plan no longer wants goes in `retire`,
+which the runner calls on the steps that synced, in reverse order, once every step has synced. A
+retire may disturb another step too (kilo0 losing its last address loses its routes): the steps
+it names forget, sync and retire again in the same pass.
+
 The loop reads nothing else of a step: what a step shows in the agent's status it returns from
 `status()` (a typed report, or None), and a step that needs a pass although nothing changed says
 so through `wants_pass`. What a step needs from outside the pass is handed to it by a typed
@@ -29,12 +34,14 @@ from meshctl.errors import MeshError
 from meshctl.mesh.model import ENCAP_KINDS, IPNetwork, Node, Topology
 from meshctl.mesh.plan import NodePlan
 from meshctl.node import cni, discovery, masquerade, routes, sysctls, tunnels, wireguard
+from meshctl.node.keys import public_key
 from meshctl.node.wireguard.psk import SecretSource, read_key
 
 log = logging.getLogger("meshctl.agent")
 
 PODS_SETTLE_S = 10.0  # after pod interfaces change, re-read pod routes for this long ...
 PODS_SETTLE_STEP_S = 2.0  # ... every this often
+HANDSHAKE_WAIT_S = 0.2  # how long a pass that added WireGuard peers waits for their handshakes
 
 NOTHING: frozenset[str] = frozenset()
 
@@ -87,7 +94,13 @@ class Step(Protocol):
         ...
 
     def sync(self, p: PassInput) -> frozenset[str]:
-        """Make the node match `p`; return the names of steps whose kernel state this disturbed."""
+        """Put in place what `p` wants (add, replace), removing nothing it may still carry traffic
+        over; return the names of steps whose kernel state this disturbed."""
+        ...
+
+    def retire(self, p: PassInput) -> frozenset[str]:
+        """Remove what the last `sync` found `p` no longer wants (every step's new state is in
+        place by now); return the names of steps whose kernel state this disturbed."""
         ...
 
     def forget(self) -> None:
@@ -114,20 +127,41 @@ class Quiet:
         return None
 
 
-class WireGuardStep(Quiet):
+class Additive:
+    """The part of a step with nothing to retire: its sync removes nothing another step's new
+    state may still lean on (sysctls and the CNI config only add; the NAT sets add every member
+    before they delete one)."""
+
+    def retire(self, p: PassInput) -> frozenset[str]:
+        return NOTHING
+
+
+class WireGuardStep:
     """The WireGuard device (`cfg.wg_interface`) with the plan's address and peers. It also
-    answers what the device says of its peers now (`peers_now`, the LivePeers protocol)."""
+    answers what the device says of its peers now (`peers_now`, the LivePeers protocol). A peer it
+    added that has no handshake a moment later (crossed handshakes) it adds anew on a pass of its
+    own (wireguard.WireGuard.rescue)."""
 
     name = "wireguard"
 
     def __init__(self, cfg: AgentConfig, private_key: str, secrets: SecretSource | None = None) -> None:
         self.cfg = cfg
         self._private_key = private_key
+        self._public_key = public_key(private_key)
         self._secrets = secrets
         self._device: wireguard.WireGuard | None = None
 
-    def inputs(self, p: PassInput) -> Hashable:
+    def _rescue_at(self) -> float | None:
+        return self._device.rescue_due(time.monotonic()) if self._device is not None else None
+
+    def inputs(self, p: PassInput) -> Hashable | None:
+        if self._rescue_at() is not None:
+            return None  # added peers still watched: run on every pass until rescue is done
         return (p.plan.peers, p.plan.wireguard_ip, p.topo.mesh.port, self.cfg.private_interface)
+
+    def wants_pass(self, now: float, last_pass: float) -> bool:
+        at = self._rescue_at()
+        return at is not None and now >= at and last_pass < at
 
     def sync(self, p: PassInput) -> frozenset[str]:
         if self._device is None:
@@ -147,12 +181,25 @@ class WireGuardStep(Quiet):
                 except MeshError as e:
                     unreadable.append(f"peer {peer.name}: {e}")
         peers = [x for x in p.plan.peers if x.preshared_key is None or x.public_key in keys]
-        device.sync_peers(peers, keys)
+        device.stage_peers(peers, keys)
         if unreadable:
             raise MeshError("; ".join(unreadable))
         # A device made anew or re-addressed has lost its routes (the kernel flushes them without
         # telling anyone): the route step must read the kernel again.
         return frozenset({RoutesStep.name}) if remade else NOTHING
+
+    def retire(self, p: PassInput) -> frozenset[str]:
+        """Peers and allowed IPs the plan dropped, then the old address (the new one is in). After
+        an address went the route step reads the kernel again: a device left with no address has
+        lost its routes (and one whose new address went with the old primary lost them for a
+        moment)."""
+        if self._device is None:
+            return NOTHING
+        self._device.retire_peers()
+        disturbed = frozenset({RoutesStep.name}) if self._device.retire_device() else NOTHING
+        # Last of every retire: the peers added this pass have had their handshakes started
+        self._device.rescue(self._public_key, wait=HANDSHAKE_WAIT_S)
+        return disturbed
 
     def forget(self) -> None:
         if self._device is not None:
@@ -167,7 +214,7 @@ class WireGuardStep(Quiet):
         return WireGuardReport(self._device.mode if self._device is not None else None)
 
 
-class CniStep(Quiet):
+class CniStep(Quiet, Additive):
     """`--cni install`: the node's CNI config from its pod CIDR and the WireGuard MTU (node.cni);
     with `--cni keep`, a warning when Kilo's config is still installed."""
 
@@ -211,14 +258,18 @@ class RoutesStep(Quiet):
         return None if self._skipped else p.plan.routes
 
     def sync(self, p: PassInput) -> frozenset[str]:
-        self._skipped = bool(self.applier.sync(p.plan.routes).skipped)
+        self._skipped = bool(self.applier.stage(p.plan.routes).skipped)
+        return NOTHING
+
+    def retire(self, p: PassInput) -> frozenset[str]:
+        self.applier.retire()
         return NOTHING
 
     def forget(self) -> None:
         self.applier.forget()
 
 
-class SysctlsStep(Quiet):
+class SysctlsStep(Quiet, Additive):
     """Forwarding and rp_filter settings; set once per agent run (they are read back only then)."""
 
     name = "sysctls"
@@ -240,7 +291,7 @@ class SysctlsStep(Quiet):
         pass
 
 
-class NatStep(Quiet):
+class NatStep(Quiet, Additive):
     """Masquerade for traffic leaving the mesh, forwarding between the mesh's interfaces."""
 
     name = "nat"
@@ -279,7 +330,12 @@ class TunnelsStep(Quiet):
 
     def sync(self, p: PassInput) -> frozenset[str]:
         if self.applier is not None:
-            self.applier.sync(p.plan.fastpath)
+            self.applier.stage(p.plan.fastpath)
+        return NOTHING
+
+    def retire(self, p: PassInput) -> frozenset[str]:
+        if self.applier is not None:
+            self.applier.retire()
         return NOTHING
 
     def forget(self) -> None:
@@ -326,8 +382,14 @@ class DatapathStep:
             dp.attach(self.cfg.private_interface, self.cfg.wg_interface, p.pod_ifs,
                       pods=discovery.pod_routes(p.pod_ifs), private4=discovery.private_ipv4(self.cfg.private_interface))
             self._attached = p.pod_ifs
-        dp.sync(p.plan.fastpath, self.cfg.private_interface)
+        dp.stage(p.plan.fastpath, self.cfg.private_interface)
         self._synced = True
+        return NOTHING
+
+    def retire(self, p: PassInput) -> frozenset[str]:
+        """The entries the plan dropped: their traffic's kernel routes are in place by now."""
+        if self._datapath is not None:
+            self._datapath.retire()
         return NOTHING
 
     def available(self, kind: str) -> bool:

@@ -51,6 +51,8 @@ class Datapath:
         self._loaded = loaded
         self._tc_fallback = False
         self._routes_written: Table | None = None
+        # Staged and not yet retired: the LPM keys the plan dropped and the table once they go.
+        self._retiring: tuple[list[bytes], Table] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -241,15 +243,36 @@ class Datapath:
     # --- maps -----------------------------------------------------------------------------
 
     def sync(self, entries: Sequence[FastPathEntry], private_if: str) -> SyncStats:
-        """Diff the plan's entries against the pinned LPM map; change only what differs."""
+        """Diff the plan's entries against the pinned LPM map; change only what differs (`stage`,
+        then `retire`)."""
+        stats = self.stage(entries, private_if)
+        self.retire()
+        return stats
+
+    def stage(self, entries: Sequence[FastPathEntry], private_if: str) -> SyncStats:
+        """Write the plan's entries that the LPM map lacks or holds otherwise; the entries the plan
+        no longer has stay until `retire` (make before break: the kernel routes that take over
+        their traffic are staged first). The stats count those as deleted already."""
         if self._loaded is None:
             return SyncStats(0, 0, 0)
         desired = Table(*layout.route_rows(entries, links.ifindex(private_if)))
+        routes = self._loaded.maps.routes
         # The first sync after open diffs against the pinned map itself (nothing to diff when it is
         # empty); later ones against what this agent wrote (reading a large map back costs more
-        # than the whole diff).
-        stats, self._routes_written = self._loaded.maps.routes.sync_table(desired, self._routes_written)
+        # than the whole diff). Until stale keys are retired the map holds more than it wrote:
+        # `_routes_written` is None then.
+        stats, table = routes.sync_table(desired, self._routes_written, retire=False)
+        self._retiring, self._routes_written = ((routes.stale, table), None) if routes.stale else (None, table)
         return stats
+
+    def retire(self) -> int:
+        """Delete the entries the last `stage` left for it; how many."""
+        if self._loaded is None or self._retiring is None:
+            return 0
+        stale, table = self._retiring
+        self._loaded.maps.routes.delete(stale)
+        self._retiring, self._routes_written = None, table
+        return len(stale)
 
     def counters(self) -> dict[str, tuple[int, int]]:
         """action -> (packets, bytes), summed over CPUs; {} in kernel-routes mode."""

@@ -4,7 +4,14 @@
 A sync compares the desired (key -> value) bytes with what the map holds and writes only the
 difference, in batches where the kernel has them (it does for hash and LPM trie maps here), so a
 plan change that touches one entry makes one map update and a packet in flight never sees a
-half-written table. A whole table (the routes map) is synced from a Table: into an empty map it
+half-written table.
+
+Make before break: new and changed entries are written before stale ones are deleted (each key's
+update is atomic in the kernel), so an address both the old and the new content cover always
+matches an entry: one whose /24 gives way to a /16 meets the /24 until the /16 is in. Only a map
+too full to take the additions first deletes first. The stale keys can also be left for a later
+`delete` (`retire=False`): the datapath deletes them once the kernel routes that take over
+their traffic are in place. A whole table (the routes map) is synced from a Table: into an empty map it
 goes as one batch with no diff at all, and against the table last written a resync that changes
 nothing costs one comparison of two lists.
 """
@@ -59,6 +66,7 @@ class Map:
         self.fd = libbpf.obj_get(path)
         info = libbpf.map_info(self.fd)
         self.key_size, self.value_size, self.max_entries = info.key_size, info.value_size, info.max_entries
+        self.stale: list[bytes] = []  # the keys the last sync with retire=False left in the map
         want = layout.MAP_SIZES[name]
         if (self.key_size, self.value_size) != want:
             os.close(self.fd)
@@ -89,9 +97,11 @@ class Map:
                     pairs.append((k, v))
         return dict(pairs)
 
-    def sync(self, desired: Mapping[bytes, bytes], current: Mapping[bytes, bytes] | None = None) -> SyncStats:
+    def sync(self, desired: Mapping[bytes, bytes], current: Mapping[bytes, bytes] | None = None,
+             *, retire: bool = True) -> SyncStats:
         """Make the map hold exactly `desired`, writing only what differs from `current` (what the
-        map holds: read from the kernel unless the caller knows it)."""
+        map holds: read from the kernel unless the caller knows it): updates first, then the
+        deletions; with `retire=False` the stale keys stay (`stale` names them)."""
         if current is None:
             current = self.items()
         if current:
@@ -100,17 +110,25 @@ class Map:
             added = len(put.keys() - current.keys())
         else:
             put, gone, added = dict(desired), [], len(desired)
-        # Deletions first: room for additions in a full map, and a removed prefix never shadows.
-        self._delete(gone)
+        if len(current) + added > self.max_entries:  # no room for the additions: the stale go first
+            self.delete(gone)
+            gone, retire = [], True
         self._update(list(put), list(put.values()))
+        self.stale = [] if retire else gone
+        if retire:
+            self.delete(gone)
         return SyncStats(added, len(put) - added, len(gone))
 
-    def sync_table(self, desired: Table, written: Table | None = None) -> tuple[SyncStats, Table]:
+    def sync_table(self, desired: Table, written: Table | None = None, *,
+                   retire: bool = True) -> tuple[SyncStats, Table]:
         """Make the map hold exactly `desired`, as sync() does; returns the stats and the table now
         in the map, every key once: pass it as `written` to the next sync_table (None: read the
         map). The same keys in the same order as `written` (a plan whose paths changed, or none)
         writes the changed values alone, found by comparing the two value lists; into an empty map
-        `desired` goes as one batch with no diff (its dict is built only when a later sync needs it)."""
+        `desired` goes as one batch with no diff (its dict is built only when a later sync needs it).
+        With `retire=False` the keys `desired` lacks stay in the map (`stale` names them) for a
+        later `delete`; the returned table is `desired` all the same."""
+        self.stale = []
         if written is not None and desired.keys == written.keys:  # so desired's keys are distinct too
             if desired.values == written.values:
                 return SyncStats(0, 0, 0), written
@@ -123,7 +141,7 @@ class Map:
             self._update(desired.keys, desired.values)
             return SyncStats(len(desired.keys), 0, 0), desired
         desired = desired.distinct()
-        return self.sync(desired.pairs, written.pairs if written is not None else None), desired
+        return self.sync(desired.pairs, written.pairs if written is not None else None, retire=retire), desired
 
     def _update(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
         if not keys:
@@ -136,7 +154,8 @@ class Map:
             for k, v in zip(keys, values, strict=True):
                 libbpf.update(self.fd, k, v)
 
-    def _delete(self, keys: list[bytes]) -> None:
+    def delete(self, keys: Sequence[bytes]) -> None:
+        """Delete `keys` (a key already gone is no error)."""
         if not keys:
             return
         try:

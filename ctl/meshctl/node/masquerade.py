@@ -201,15 +201,17 @@ class NatApplier:
             ips.create(name, stype="hash:net", family=family, exclusive=False)
             have = set_members(name)
         dels, adds = sorted(have - want, key=sort_key_net), sorted(want - have, key=sort_key_net)
+        # Additions first (make before break): an address both the old and the new members cover
+        # never leaves the set, so its traffic is never masqueraded while the mesh's CIDRs change.
         if len(dels) + len(adds) > RESTORE_OVER:
             # An agent's first fill: one `ipset restore` instead of one netlink request a member.
-            lines = [f"del {name} {n}" for n in dels] + [f"add {name} {n}" for n in adds]
+            lines = [f"add {name} {n}" for n in adds] + [f"del {name} {n}" for n in dels]
             sh(["ipset", "restore", "-exist"], input="\n".join(lines) + "\n", timeout=120)
         else:
-            for n in dels:
-                ips.delete(name, str(n), family=family, etype="net")
             for n in adds:
                 ips.add(name, str(n), family=family, etype="net")
+            for n in dels:
+                ips.delete(name, str(n), family=family, etype="net")
         if have != want:
             log.info("ipset %s: +%d -%d members", name, len(want - have), len(have - want))
         self._members[name] = want  # only once every change went through (a failure leaves it unknown)

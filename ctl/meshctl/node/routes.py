@@ -14,6 +14,15 @@ netlink request each through pyroute2; more (an agent's first start, a flush) go
 `ip -force -batch -`, whose failed lines are retried one by one so each failure still gets its
 reason.
 
+Make before break: `stage` adds and replaces (a route that moves to another device or gateway
+is one RTM_NEWROUTE with NLM_F_REPLACE, never a delete and an add), `retire` then deletes what
+the staged plan no longer has; `sync` is both in that order. The agent stages every applier
+before it retires any (agent/step_runner.py), so a destination whose route is replaced by a
+broader one (or by a fast-path entry) is never without one. A destination the tunnel applier
+routes (a pair leaving an encapsulated rung: proto RT_PROTO_TUNNEL, node/tunnels.py) is taken
+over by a replace, as the tunnel applier takes one over from this applier; any other owner's
+route is left alone.
+
 The applier remembers the routes it knows to be in the kernel after each sync (the dump, then
 its own changes), so a later sync diffs the plan against that memory: one route added is one
 netlink request, not a dump and parse of every route. The memory is dropped by `forget()` (the
@@ -41,6 +50,7 @@ from meshctl.mesh.model import IPNetwork, sort_key_net
 from meshctl.mesh.plan import Route
 from meshctl.node.discovery import MAIN_TABLE, RT_SCOPE_UNIVERSE, interface_addresses, link_info
 from meshctl.node.shell import sh
+from meshctl.node.tunnels import RT_PROTO_TUNNEL
 
 # Routes the agent installs carry this protocol number so it removes only its own.
 RT_PROTO = 0x6D  # 109, unassigned in /etc/iproute2/rt_protos
@@ -171,12 +181,15 @@ class RouteApplier:
         # The plan's Route each of those was installed from: an identical Route next time needs no
         # work at all (not even building its netlink form).
         self._synced: dict[IPNetwork, Route] = {}
+        # The destinations the last stage found the plan no longer has: retire deletes them.
+        self._retiring: list[IPNetwork] = []
 
     def forget(self) -> None:
         """Drop the memory of the kernel's routes: the next `sync` dumps them again."""
         self._known = None
         self._known_devs = None
         self._synced = {}
+        self._retiring = []
 
     def _ours(self) -> dict[IPNetwork, _Have]:
         """Our routes, read with iproute2: the kernel filters by table and protocol, and `ip -j`
@@ -217,9 +230,16 @@ class RouteApplier:
         ipr.route("del", **spec)
 
     def sync(self, routes: Sequence[Route]) -> RouteDiff:
-        """Make our routes equal the plan's: delete, replace and add only what differs, skipping a
-        destination another owner holds. Deletes, writes and the memory update share one netlink
-        socket and one view of the kernel."""
+        """Make our routes equal the plan's: `stage`, then `retire`; one diff of both."""
+        diff = self.stage(routes)
+        gone = self.retire()
+        diff.removed += gone.removed
+        return diff
+
+    def stage(self, routes: Sequence[Route]) -> RouteDiff:
+        """Add and replace what differs from the plan, skipping a destination another owner holds;
+        remove nothing (`retire` does, afterwards). The writes and the memory update share one
+        netlink socket and one view of the kernel."""
         diff = RouteDiff()
         with IPRoute() as ipr:
             devs = {"private": (self.private_if, ifindex_or_none(self.private_if)),
@@ -233,18 +253,39 @@ class RouteApplier:
             desired, unchanged, skips = _desired(by_dst, synced, devs)
             for dst, reason in skips:
                 self._skip(diff, dst, reason)
-            removes = _removals(have, synced, by_dst, desired, unchanged)
+            self._retiring = _removals(have, synced, by_dst, desired, unchanged)
             writes = _writes(have, desired)
-            done: dict[IPNetwork, _Want | None] = {}  # what changed in the kernel: None = removed
-            if len(removes) + len(writes) > BATCH_OVER:
-                removes, writes = self._apply_batch(removes, writes, have, diff, done)
-            failed_any = self._apply_each(ipr, removes, writes, have, index, diff, done)
+            done: dict[IPNetwork, _Want | None] = {}  # what changed in the kernel
+            if len(writes) > BATCH_OVER:
+                _, writes = self._apply_batch([], writes, have, diff, done)
+            failed_any = self._apply_each(ipr, [], writes, have, index, diff, done)
         if failed_any:
             self.forget()  # the kernel said no somewhere: read it again next time
         else:
             _remember(have, synced, done, desired, by_dst)
         if diff:
-            log.info("routes: added %d, changed %d, removed %d", len(diff.added), len(diff.changed), len(diff.removed))
+            log.info("routes: added %d, changed %d", len(diff.added), len(diff.changed))
+        return diff
+
+    def retire(self) -> RouteDiff:
+        """Delete our routes that the last `stage` found the plan no longer has (none after a
+        failed stage: the memory is gone, and the next stage finds them again)."""
+        diff = RouteDiff()
+        removes, self._retiring = self._retiring, []
+        if not removes or self._known is None:
+            return diff
+        have = self._known
+        done: dict[IPNetwork, _Want | None] = {}  # None = removed
+        with IPRoute() as ipr:
+            if len(removes) > BATCH_OVER:
+                removes, _ = self._apply_batch(removes, [], have, diff, done)
+            failed_any = self._apply_each(ipr, removes, [], have, {}, diff, done)
+        if failed_any:
+            self.forget()
+        else:
+            _remember(have, self._synced, done, {}, {})
+        if diff:
+            log.info("routes: removed %d", len(diff.removed))
         return diff
 
     def _apply_batch(self, removes: list[IPNetwork], writes: list[tuple[IPNetwork, _Want]],
@@ -281,7 +322,13 @@ class RouteApplier:
             cur = have.get(dst)
             try:
                 oif = cast(int, index[want.dev])
-                ipr.route("replace" if cur is not None else "add", **self._spec(dst, want, oif))
+                spec = self._spec(dst, want, oif)
+                try:
+                    ipr.route("replace" if cur is not None else "add", **spec)
+                except NetlinkError as e:
+                    if cur is not None or e.code != 17 or not self._tunnel_holds(dst):
+                        raise
+                    ipr.route("replace", **spec)  # the tunnel applier's route: one call, no gap
             except NetlinkError as e:
                 reason = "a route of another owner holds it" if e.code == 17 else str(e.args[-1])
                 self._skip(diff, dst, reason)
@@ -290,6 +337,13 @@ class RouteApplier:
             (diff.changed if cur is not None else diff.added).append(str(dst))
             done[dst] = want
         return failed_any
+
+    def _tunnel_holds(self, dst: IPNetwork) -> bool:
+        """Whether the route of `dst` in our table is the tunnel applier's (proto RT_PROTO_TUNNEL)."""
+        family = "-4" if dst.version == 4 else "-6"
+        p = sh(["ip", "-j", family, "route", "show", "table", str(self.table), "exact", str(dst),
+                "proto", str(RT_PROTO_TUNNEL)], check=False)
+        return p.returncode == 0 and bool(json.loads(p.stdout or "[]"))
 
     def _batch(self, removes: list[IPNetwork], writes: list[tuple[IPNetwork, _Want]],
                have: Mapping[IPNetwork, _Have]) -> set[IPNetwork]:

@@ -48,6 +48,24 @@ def _value(key: str) -> str:
     return "2" if key.endswith(".rp_filter") else "1"
 
 
+def _ensure(key: str, path: Path, value: str) -> bool | None:
+    """Write `value` to `path` unless it holds it; True if written, None when the interface is
+    not there (yet)."""
+    try:
+        current = path.read_text().strip()
+    except FileNotFoundError:
+        log.info("sysctl %s: no such interface yet, skipped", key)
+        return None
+    if current == value:
+        return False
+    try:
+        path.write_text(value + "\n")
+    except OSError as e:
+        raise MeshError(f"sysctl {key}={value}: {e.strerror}") from None
+    log.info("sysctl %s: %s -> %s", key, current, value)
+    return True
+
+
 def ensure_sysctls(private_if: str | None, wg_if: str | None, *, ipv6: bool = False) -> dict[str, str]:
     """Set forwarding and loose rp_filter; return the keys that changed with their new values.
 
@@ -58,17 +76,16 @@ def ensure_sysctls(private_if: str | None, wg_if: str | None, *, ipv6: bool = Fa
     changed: dict[str, str] = {}
     for key, path in desired_sysctls(private_if, wg_if, ipv6=ipv6).items():
         value = _value(key)
-        try:
-            current = path.read_text().strip()
-        except FileNotFoundError:
-            log.info("sysctl %s: no such interface yet, skipped", key)
-            continue
-        if current == value:
-            continue
-        try:
-            path.write_text(value + "\n")
-        except OSError as e:
-            raise MeshError(f"sysctl {key}={value}: {e.strerror}") from None
-        log.info("sysctl %s: %s -> %s", key, current, value)
-        changed[key] = value
+        if _ensure(key, path, value):
+            changed[key] = value
     return changed
+
+
+def promote_secondaries(ifname: str) -> bool:
+    """`net.ipv4.conf.IFNAME.promote_secondaries=1`: removing the device's primary IPv4 address
+    then promotes a secondary of the same subnet instead of deleting every secondary with it (and,
+    with the last address, every route through the device). A WireGuard address that moves is added
+    first and the old one removed after (make before break): without this, the removal would take
+    the new address along. True if it was written."""
+    key = conf_key("ipv4", ifname, "promote_secondaries")
+    return bool(_ensure(key, _conf_path("ipv4", ifname, "promote_secondaries"), "1"))

@@ -18,6 +18,10 @@ the programs hand it (replies of kernel-tracked flows such as NodePort and servi
 oversize packets without DF, TTL 1): there an ipip entry without an ipip device is carried over
 the VXLAN device instead, since every receiver accepts every rung (`TunnelDiff.substituted`).
 
+Make before break: `stage` creates devices and adds or replaces fdb entries, neighbours and routes;
+the removals it finds (entries, routes, a device no entry needs) wait for `retire`, which the agent
+calls once every other applier has staged too (`sync` does both).
+
 The applier compares desired with actual (read from the kernel with `ip -j`/`bridge -j`) and
 changes only what differs. Its routes carry RT_PROTO_TUNNEL, not RT_PROTO: the route applier
 owns RT_PROTO routes, this one the routes through its own devices.
@@ -101,6 +105,8 @@ class TunnelApplier:
         self.ipip_dev = ipip_dev
         self._has: dict[str, bool] = {}
         self._reported: frozenset[str] = frozenset()
+        # What the last stage found to remove: (command, what it removes), for retire.
+        self._retiring: list[tuple[list[str], str | None]] = []
 
     def forget(self) -> None:
         """Nothing is remembered between passes but which device kinds the kernel has."""
@@ -115,8 +121,31 @@ class TunnelApplier:
     # --- desired ---------------------------------------------------------------------------
 
     def sync(self, entries: Sequence[FastPathEntry], *, fastpath: bool = False) -> TunnelDiff:
-        """`fastpath`: the node's programs carry these entries (see the module docstring)."""
+        """`stage`, then `retire`: one diff of both."""
+        diff = self.stage(entries, fastpath=fastpath)
+        diff.removed += self.retire().removed
+        return diff
+
+    def retire(self) -> TunnelDiff:
+        """Remove what the last `stage` found the entries no longer need (nothing twice)."""
         diff = TunnelDiff()
+        todo, self._retiring = self._retiring, []
+        for argv, what in todo:
+            sh(argv, check=False)
+            if what is not None:
+                diff.removed.append(what)
+        if diff:
+            log.info("tunnels: removed %d", len(diff.removed))
+        return diff
+
+    def _retire(self, argv: list[str], what: str | None = None) -> None:
+        self._retiring.append((argv, what))
+
+    def stage(self, entries: Sequence[FastPathEntry], *, fastpath: bool = False) -> TunnelDiff:
+        """Add what the entries need; `fastpath`: the node's programs carry these entries (see the
+        module docstring)."""
+        diff = TunnelDiff()
+        self._retiring = []
         want: dict[str, dict[IPNetwork, _Peer]] = {"vxlan": {}, "ipip": {}}
         local: dict[str, IPAddress] = {}
         for e in entries:
@@ -140,7 +169,7 @@ class TunnelApplier:
         if self._has.get("ipip") or want["ipip"]:
             self._sync_ipip(want["ipip"], local.get("ipip"), diff)
         if diff:
-            log.info("tunnels: added %d, removed %d", len(diff.added), len(diff.removed))
+            log.info("tunnels: added %d", len(diff.added))
         reported = frozenset(diff.unavailable + diff.substituted)
         for u in sorted(reported - self._reported):  # once per change, not every pass
             log.warning("tunnels: %s", u)
@@ -168,8 +197,7 @@ class TunnelApplier:
         dev = self.vxlan_dev
         if not peers or local is None:
             if ifindex_or_none(dev) is not None:
-                sh(["ip", "link", "del", dev])
-                diff.removed.append(f"vxlan device {dev}")
+                self._retire(["ip", "link", "del", dev], f"vxlan device {dev}")
             return
         if not self._vxlan_ok(local):
             sh(["ip", "link", "del", dev], check=False)
@@ -187,17 +215,17 @@ class TunnelApplier:
         fdb = {(str(e["mac"]), str(e["dst"])) for e in _json(["bridge", "-j", "fdb", "show", "dev", dev])
                if e.get("dst") and e.get("state") == "permanent"}
         want_fdb = {(vtep_mac(r), str(r)) for r in remotes}
-        for mac, dst in fdb - want_fdb:
-            sh(["bridge", "fdb", "del", mac, "dev", dev, "dst", dst], check=False)
         for mac, dst in sorted(want_fdb - fdb):
             sh(["bridge", "fdb", "replace", mac, "dev", dev, "dst", dst, "self", "permanent"])
+        for mac, dst in sorted(fdb - want_fdb):
+            self._retire(["bridge", "fdb", "del", mac, "dev", dev, "dst", dst])
         neigh = {(str(n["dst"]), str(n.get("lladdr"))) for n in _json(["ip", "-j", "-4", "neigh", "show", "dev", dev])
                  if "PERMANENT" in n.get("state", [])}
         want_neigh = {(str(r), vtep_mac(r)) for r in remotes}
-        for ip, _ in neigh - want_neigh:
-            sh(["ip", "neigh", "del", ip, "dev", dev], check=False)
         for ip, mac in sorted(want_neigh - neigh):
             sh(["ip", "neigh", "replace", ip, "lladdr", mac, "dev", dev, "nud", "permanent"])
+        for ip in sorted({ip for ip, _ in neigh - want_neigh} - {ip for ip, _ in want_neigh}):
+            self._retire(["ip", "neigh", "del", ip, "dev", dev])
         self._sync_routes(dev, {p.prefix: ["via", str(p.remote), "dev", dev, "onlink"] for p in peers.values()},
                           "vxlan", {p.prefix: p.remote for p in peers.values()}, diff)
 
@@ -208,8 +236,7 @@ class TunnelApplier:
         exists = ifindex_or_none(dev) is not None
         if not peers or local is None:
             if exists:
-                sh(["ip", "link", "del", dev])
-                diff.removed.append(f"ipip device {dev}")
+                self._retire(["ip", "link", "del", dev], f"ipip device {dev}")
             return
         if not exists:
             sh(["ip", "link", "add", dev, "type", "ipip", "external"])
@@ -227,8 +254,7 @@ class TunnelApplier:
                      diff: TunnelDiff) -> None:
         have = _tunnel_routes(dev)
         for dst in sorted(have.keys() - want.keys(), key=sort_key_net):
-            sh(["ip", "route", "del", str(dst), "dev", dev, "proto", str(RT_PROTO_TUNNEL)], check=False)
-            diff.removed.append(f"{kind} {dst}")
+            self._retire(["ip", "route", "del", str(dst), "dev", dev, "proto", str(RT_PROTO_TUNNEL)], f"{kind} {dst}")
         for dst in sorted(want, key=sort_key_net):
             if have.get(dst) == str(remote[dst]):
                 continue

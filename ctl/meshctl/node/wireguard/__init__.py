@@ -7,6 +7,21 @@ where the kernel has no WireGuard (as on this project's development machine). Ev
 per-peer update (`update_only`, `replace_allowed_ips`, `remove`), so changing one peer never
 resets the handshake or endpoint of another.
 
+Make before break: `ensure_device` and `stage_peers` add what the plan wants (a new address
+beside the old one, new peers, allowed IPs added to the peer that gains them, which takes them
+from the peer that held them in the same call); `retire_device` and `retire_peers` then remove
+what it no longer wants (the old address, peers, allowed IPs no other peer took). The agent runs
+every applier's stage before any retire, so an address that moves between peers is never held
+by none.
+
+Crossed handshakes: two nodes that add each other in the same instant (a mesh re-plan reaches
+every agent at once) both start a handshake, each consumes the other's initiation as responder,
+and neither then has a session it may send on until WireGuard retries 5 s later (REKEY_TIMEOUT;
+wireguard-go logs "Failed to derive keypair ... handshakeZeroed"). So a peer added without a
+handshake a moment after its stage (the agent waits up to HANDSHAKE_WAIT_S in its retire, and
+looks again every RESCUE_S) is added anew by the end with the lower public key (`rescue`): a new
+peer may start a handshake at once, the other end answers it, and only one end does it.
+
 The object remembers what it last applied (the device's key, port and ifindex; each peer's
 configuration as set), so a reconcile that changes one peer costs one peer's work, not a dump
 and parse of every peer's allowed IPs. The memory is dropped by `forget()` (the agent calls it
@@ -20,6 +35,7 @@ import ipaddress
 import logging
 import os
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,6 +49,7 @@ from meshctl.errors import MeshError
 from meshctl.mesh.model import IPInterface, IPNetwork
 from meshctl.mesh.plan import PeerPlan
 from meshctl.node.discovery import interface_addresses, link_info, link_kind
+from meshctl.node.sysctls import promote_secondaries
 from meshctl.node.wireguard.genl import GenlClient
 from meshctl.node.wireguard.psk import NO_KEY
 from meshctl.node.wireguard.state import (
@@ -48,6 +65,11 @@ from meshctl.node.wireguard.uapi import DEFAULT_RUN_DIR, UapiClient, running_pid
 __all__ = ["WireGuard", "PeerDiff", "PeerStatus", "resolve_endpoint"]
 
 log = logging.getLogger(__name__)
+
+RESCUE_S = 1.0  # a peer still without a handshake is added anew at most this often (crossed handshakes)
+RESCUE_UNTIL_S = 4.0  # ... until this long after it was added: WireGuard's own retry (5 s) is near
+RESCUE_MAX = 32  # a stage that adds more peers than this (an agent's first start) watches none
+HANDSHAKE_POLL_S = 0.02  # how often rescue(wait=...) reads the device for the handshakes it waits for
 
 
 @dataclass
@@ -108,6 +130,9 @@ class _PeerChanges:
     # Sent after `ops`: keepalive on and off again, which starts a handshake with an added peer.
     kick: list[PeerOp] = field(default_factory=list)
     after: dict[str, DevicePeer | None] = field(default_factory=dict)  # None: removed
+    # allowed IP -> the peer it is added to: the device takes it from any other peer that held it
+    taken: dict[IPNetwork, str] = field(default_factory=dict)
+    added: list[str] = field(default_factory=list)  # the public keys of the peers added
 
     def remove(self, pub: str, name: str) -> None:
         self.ops.append(PeerOp(pub, remove=True))
@@ -117,6 +142,7 @@ class _PeerChanges:
     def add(self, change: _PeerChange) -> None:
         self._record(change)
         self.diff.added.append(change.name)
+        self.added.append(change.peer.public_key)
         self.kick += change.kick
 
     def update(self, change: _PeerChange | None) -> None:
@@ -127,6 +153,7 @@ class _PeerChanges:
     def _record(self, change: _PeerChange) -> None:
         self.ops.append(change.op)
         self.after[change.peer.public_key] = change.peer
+        self.taken.update(dict.fromkeys(change.gained, change.peer.public_key))
 
 
 @dataclass(frozen=True)
@@ -136,6 +163,7 @@ class _PeerChange:
     name: str
     op: PeerOp
     peer: DevicePeer
+    gained: frozenset[IPNetwork]  # the allowed IPs the op adds to the peer
     kick: tuple[PeerOp, ...] = ()
 
 
@@ -174,7 +202,7 @@ def _added(pub: str, p: PeerPlan, ep: tuple[str, int] | None, psk: str | None) -
     if ep is not None and not p.persistent_keepalive:
         kick = (PeerOp(pub, update_only=True, persistent_keepalive=1),
                 PeerOp(pub, update_only=True, persistent_keepalive=0))
-    return _PeerChange(p.name, op, DevicePeer(pub, ep, allowed, p.persistent_keepalive), kick)
+    return _PeerChange(p.name, op, DevicePeer(pub, ep, allowed, p.persistent_keepalive), allowed, kick)
 
 
 def _endpoint_to_set(p: PeerPlan, have: DevicePeer, ep: tuple[str, int] | None,
@@ -202,16 +230,43 @@ def _updated(pub: str, p: PeerPlan, have: DevicePeer, set_ep: tuple[str, int] | 
              psk: str | None) -> _PeerChange | None:
     """The change that makes the held peer `have` match `p`, and what the device then holds;
     None when nothing differs. A new endpoint with a keepalive is called at once (`kick`)."""
-    allowed = frozenset(p.allowed_ips)
+    gained = frozenset(p.allowed_ips) - have.allowed_ips
     call_now = set_ep is not None and p.persistent_keepalive > 0
     ka = p.persistent_keepalive if call_now or p.persistent_keepalive != have.persistent_keepalive else None
-    aips = sorted_nets(allowed) if allowed != have.allowed_ips else None
+    aips = sorted_nets(gained) if gained else None
     if set_ep is None and ka is None and aips is None and psk is None:
         return None
+    # Allowed IPs are only added here (the ones the peer loses go in retire_peers, after every
+    # other applier has staged): replacing the list would leave the peer without its kept ones
+    # for the moment between the device's removal and its additions.
     op = PeerOp(pub, update_only=True, endpoint=set_ep, persistent_keepalive=ka,
-                allowed_ips=aips, preshared_key=psk, kick=call_now)
-    return _PeerChange(p.name, op, replace(have, endpoint=set_ep or have.endpoint, allowed_ips=allowed,
-                                           persistent_keepalive=p.persistent_keepalive))
+                allowed_ips=aips, replace_allowed_ips=False, preshared_key=psk, kick=call_now)
+    return _PeerChange(p.name, op, replace(have, endpoint=set_ep or have.endpoint,
+                                           allowed_ips=have.allowed_ips | gained,
+                                           persistent_keepalive=p.persistent_keepalive), gained)
+
+
+def _moved(known: dict[str, DevicePeer], taken: Mapping[IPNetwork, str]) -> None:
+    """Take from every peer in `known` the allowed IPs `taken` gave another peer (allowed IP -> its
+    new peer): the device moves an allowed IP to the peer it is added to. One pass over `known`."""
+    if not taken:
+        return
+    for pub, held in list(known.items()):
+        lost = {n for n in held.allowed_ips & taken.keys() if taken[n] != pub}
+        if lost:
+            known[pub] = replace(held, allowed_ips=held.allowed_ips - lost)
+
+
+def _shrunk(known: Mapping[str, DevicePeer], desired: Mapping[str, PeerPlan]) -> dict[str, DevicePeer]:
+    """The peers that hold allowed IPs the plan no longer gives them, each as it is once its list
+    is the plan's."""
+    out: dict[str, DevicePeer] = {}
+    for pub, p in desired.items():
+        have = known.get(pub)
+        want = frozenset(p.allowed_ips)
+        if have is not None and have.allowed_ips - want:
+            out[pub] = replace(have, allowed_ips=want)
+    return out
 
 
 class WireGuard:
@@ -240,6 +295,11 @@ class WireGuard:
         self._known: dict[str, DevicePeer] | None = None
         self._applied: dict[str, PeerPlan] = {}
         self._psk: dict[str, str] = {}  # public key -> the pre-shared key last set (never logged)
+        self._desired: dict[str, PeerPlan] = {}  # the last stage's peers: what retire_peers keeps
+        # The last ensure_device's address, what retire_device keeps ((None,): none; None: not staged)
+        self._address: tuple[IPInterface | None] | None = None
+        self._added_at: dict[str, float] = {}  # public key -> when stage_peers added it (monotonic)
+        self._watched: dict[str, float] = {}  # public key -> when rescue may add it anew (monotonic)
         if mode is None:
             mode = self._detect_mode()
         if mode not in ("kernel", "wireguard-go"):
@@ -304,8 +364,9 @@ class WireGuard:
 
     def ensure_device(self, private_key: str, listen_port: int, address: IPInterface | None, mtu: int) -> bool:
         """Create/start the device if missing, set key/port/address/MTU only where they differ,
-        bring it up. True if anything changed. `address` None removes the device's addresses
-        (a node that stops leading its location must drop the location's WireGuard IP).
+        bring it up. True if anything changed. A new `address` is added beside the old one, which
+        `retire_device` removes (make before break); so does `address` None (a node that stops
+        leading its location must drop the location's WireGuard IP).
 
         When this object last set the same key and port on the device that still has the same
         ifindex, the device's configuration is not read again (see `forget`)."""
@@ -343,12 +404,15 @@ class WireGuard:
             log.info("%s: mtu %s -> %d", self.ifname, link.get("IFLA_MTU"), mtu)
             changed = True
         have = interface_addresses(ipr, idx)
-        for a in have:
-            if a != address:
-                ipr.addr("del", index=idx, address=str(a.ip), prefixlen=a.network.prefixlen)
-                log.info("%s: removed address %s", self.ifname, a)
-                changed = True
+        self._address = (address,)
         if address is not None and address not in have:
+            # A new address beside the old (retire_device removes that): with promote_secondaries,
+            # removing the old primary then keeps the new one, and with it the device's routes.
+            if address.version == 4:
+                try:
+                    promote_secondaries(self.ifname)
+                except MeshError as e:  # retire_device puts the new address back if it went too
+                    log.warning("%s: %s", self.ifname, e)
             ipr.addr("add", index=idx, address=str(address.ip), prefixlen=address.network.prefixlen)
             log.info("%s: address %s", self.ifname, address)
             changed = True
@@ -357,6 +421,35 @@ class WireGuard:
             changed = True
         return changed
 
+    def _remove_addresses(self, ipr: IPRoute, idx: int, have: Sequence[IPInterface], keep: IPInterface | None) -> bool:
+        """Remove every address in `have` but `keep`; True if any was."""
+        changed = False
+        for a in have:
+            if a != keep:
+                ipr.addr("del", index=idx, address=str(a.ip), prefixlen=a.network.prefixlen)
+                log.info("%s: removed address %s", self.ifname, a)
+                changed = True
+        return changed
+
+    def retire_device(self) -> bool:
+        """Remove the device's addresses other than the one the last `ensure_device` set (it is in
+        place by now; with none, every address goes: a node that stops leading its location drops
+        the location's WireGuard IP, and the kernel then drops the routes through the device).
+        True if any was removed."""
+        if self._address is None:
+            return False
+        keep = self._address[0]
+        with IPRoute() as ipr:
+            idx = ifindex_or_none(self.ifname)
+            if idx is None:
+                return False
+            removed = self._remove_addresses(ipr, idx, interface_addresses(ipr, idx), keep)
+            if removed and keep is not None and keep not in interface_addresses(ipr, idx):
+                # promote_secondaries could not be set: the old primary took the new address along
+                ipr.addr("add", index=idx, address=str(keep.ip), prefixlen=keep.network.prefixlen)
+                log.warning("%s: address %s went with the old primary; added again", self.ifname, keep)
+            return removed
+
     def forget(self) -> None:
         """Drop what this object remembers of the device: the next `ensure_device`/`sync_peers`
         reads it again and repairs whatever was changed behind our back."""
@@ -364,6 +457,8 @@ class WireGuard:
         self._known = None
         self._applied.clear()
         self._psk.clear()
+        self._added_at.clear()
+        self._watched.clear()
 
     def _mark(self, idx: int) -> None:
         """Record that the link `idx` of this namespace is one meshctl created."""
@@ -407,29 +502,113 @@ class WireGuard:
     # --- peers ---------------------------------------------------------------------------------
 
     def sync_peers(self, peers: Sequence[PeerPlan], preshared: Mapping[str, str] | None = None) -> PeerDiff:
-        """Make the device's peers exactly `peers`, touching only those that differ.
+        """Make the device's peers exactly `peers`: `stage_peers`, then `retire_peers`; one diff."""
+        diff = self.stage_peers(peers, preshared)
+        gone = self.retire_peers()
+        diff.removed += gone.removed
+        diff.updated += [n for n in gone.updated if n not in diff.updated]
+        return diff
+
+    def stage_peers(self, peers: Sequence[PeerPlan], preshared: Mapping[str, str] | None = None) -> PeerDiff:
+        """Add the peers of `peers` the device lacks and update those that differ, touching only
+        those; remove nothing (`retire_peers` does: peers the plan dropped, allowed IPs a peer
+        lost that no other peer took).
 
         Compared with what this object last applied (read from the device only when it knows
         nothing: first use, after `forget` or a failed change), so a peer whose PeerPlan is the one
         it was last synced from costs nothing, and one changed peer is one UAPI/netlink request.
         `preshared` maps public keys to pre-shared keys (base64); a key is sent when it differs from
-        the one this object last set (the device never reads keys back). Removes, updates and adds
-        go out in one device request."""
+        the one this object last set (the device never reads keys back). Updates and adds go out
+        in one device request."""
         preshared = preshared or {}
         client = self._client()
         if self._known is None:
             self._known = dict(client.get().peers)
             self._applied.clear()
         known = self._known
-        desired = _by_public_key(peers)
+        desired = self._desired = _by_public_key(peers)
+        changes = _PeerChanges()
+        self._plan_desired(client, known, desired, preshared, changes)
+        if changes.ops:
+            self._send(client, changes)
+        self._remember(known, desired, preshared, changes)
+        # Watched for a handshake: the added peers with an endpoint to call, when a re-plan added a
+        # few (an agent's first start adds every peer, and then no traffic waits on them).
+        watch = [pub for pub in changes.added if pub in self._set_endpoints]
+        if len(watch) <= RESCUE_MAX:
+            now = time.monotonic()
+            self._added_at.update(dict.fromkeys(watch, now))
+            self._watched.update(dict.fromkeys(watch, now))
+        return changes.diff
+
+    def rescue_due(self, now: float) -> float | None:
+        """When the next `rescue` has work (monotonic), None when no added peer is watched."""
+        return min(self._watched.values()) + RESCUE_S if self._watched else None
+
+    def rescue(self, own_public_key: str, *, wait: float = 0.0) -> list[str]:
+        """Watch the peers `stage_peers` added until each has a handshake (up to `wait` seconds
+        now), and add anew each one that has none yet, at most once per RESCUE_S and only until
+        RESCUE_UNTIL_S after it was added; the names of those added anew. Only the end whose
+        public key is the lower does it (see the module docstring): the other stops watching."""
+        now = time.monotonic()
+        for pub in list(self._added_at):
+            if own_public_key > pub or now - self._added_at[pub] > RESCUE_UNTIL_S:
+                self._forget_watch(pub)
+        if not self._watched:
+            return []
+        client = self._client()
+        deadline = now + wait
+        while True:
+            live = client.get(allowed_ips=False).peers
+            for pub in list(self._watched):
+                peer = live.get(pub)
+                if peer is None or peer.last_handshake or pub not in self._applied:
+                    self._forget_watch(pub)
+            if not self._watched or time.monotonic() >= deadline:
+                break
+            time.sleep(HANDSHAKE_POLL_S)
+        now = time.monotonic()
+        again = [_added(pub, self._applied[pub], self._set_endpoints.get(pub), self._psk.get(pub))
+                 for pub, at in self._watched.items() if now >= at]
+        if not again:
+            return []
+        try:
+            client.set(peers=[op for c in again for op in (PeerOp(c.peer.public_key, remove=True), c.op)])
+            client.set(peers=[k for c in again for k in c.kick])
+        except Exception:
+            self.forget()
+            raise
+        for c in again:
+            self._watched[c.peer.public_key] = now + RESCUE_S
+        log.info("%s peers: added anew (no handshake yet: crossed handshakes?) %s", self.ifname,
+                 [c.name for c in again])
+        return [c.name for c in again]
+
+    def _forget_watch(self, pub: str) -> None:
+        self._added_at.pop(pub, None)
+        self._watched.pop(pub, None)
+
+    def retire_peers(self) -> PeerDiff:
+        """Remove the peers the last `stage_peers` did not want, and the allowed IPs a wanted peer
+        holds beyond its plan's, in one device request. A peer's list can only be replaced whole
+        (neither wireguard-go nor the kernel's netlink before 6.15 removes one allowed IP), so a
+        peer that loses some is given its whole list again; the IPs that moved to another peer
+        were taken from it by the stage already."""
+        known = self._known
+        if known is None:  # forgotten since the stage: its next stage reads the device
+            return PeerDiff()
+        desired = self._desired
         changes = _PeerChanges()
         for pub in _removed(known, desired):
             changes.remove(pub, self._names.pop(pub, pub))
             self._set_endpoints.pop(pub, None)
-        self._plan_desired(client, known, desired, preshared, changes)
+        for pub, dp in _shrunk(known, desired).items():
+            changes.ops.append(PeerOp(pub, update_only=True, allowed_ips=sorted_nets(dp.allowed_ips)))
+            changes.after[pub] = dp
+            changes.diff.updated.append(desired[pub].name)
         if changes.ops:
-            self._send(client, changes)
-        self._remember(known, desired, preshared, changes.after)
+            self._send(self._client(), changes)
+        self._remember(known, desired, None, changes)
         return changes.diff
 
     def _plan_desired(self, client: UapiClient | GenlClient, known: Mapping[str, DevicePeer],
@@ -475,22 +654,27 @@ class WireGuard:
         log.info("%s peers: added %s, updated %s, removed %s", self.ifname,
                  diff.added or "-", diff.updated or "-", diff.removed or "-")
 
-    def _remember(self, known: dict[str, DevicePeer], desired: Mapping[str, PeerPlan], preshared: Mapping[str, str],
-                  after: Mapping[str, DevicePeer | None]) -> None:
-        """Record what the device holds once a sync's changes are applied."""
-        for pub, dp in after.items():
+    def _remember(self, known: dict[str, DevicePeer], desired: Mapping[str, PeerPlan],
+                  preshared: Mapping[str, str] | None, changes: _PeerChanges) -> None:
+        """Record what the device holds once a stage's or retire's changes are applied (`preshared`
+        None: no key was sent, the ones last set stand)."""
+        for pub, dp in changes.after.items():
             if dp is None:
                 known.pop(pub, None)
                 self._applied.pop(pub, None)
                 self._psk.pop(pub, None)
             else:
                 known[pub] = dp
-        for pub in desired:
-            if pub in preshared:
-                self._psk[pub] = preshared[pub]
-            else:
-                self._psk.pop(pub, None)
-        self._applied.update(desired)
+        _moved(known, changes.taken)
+        if preshared is not None:
+            for pub in desired:
+                if pub in preshared:
+                    self._psk[pub] = preshared[pub]
+                else:
+                    self._psk.pop(pub, None)
+        # A peer still holding allowed IPs it is to lose is not done until retire_peers
+        self._applied.update({pub: p for pub, p in desired.items()
+                              if pub in known and known[pub].allowed_ips == frozenset(p.allowed_ips)})
 
     def state(self) -> DeviceState:
         return self._client().get()

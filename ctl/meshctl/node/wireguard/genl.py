@@ -105,6 +105,6 @@ def _peer_dict(op: PeerOp) -> dict[str, Any]:
     if op.preshared_key is not None:
         d["preshared_key"] = op.preshared_key
     if op.allowed_ips is not None:
-        d["replace_allowed_ips"] = True
+        d["replace_allowed_ips"] = op.replace_allowed_ips
         d["allowed_ips"] = [str(n) for n in op.allowed_ips]
     return d

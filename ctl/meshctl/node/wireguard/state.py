@@ -53,7 +53,10 @@ class PeerOp:
     update_only: bool = False
     endpoint: tuple[str, int] | None = None
     persistent_keepalive: int | None = None
-    allowed_ips: tuple[IPNetwork, ...] | None = None  # replaces the peer's allowed IPs when given
+    allowed_ips: tuple[IPNetwork, ...] | None = None  # replaces the peer's allowed IPs when given ...
+    # ... unless False: then they are added to the peer's (and leave any other peer that held
+    # them, in the same device call): how an address moves between peers without a gap
+    replace_allowed_ips: bool = True
     preshared_key: str | None = None  # base64; psk.NO_KEY removes it
     # Turn the keepalive off and on again in the same change, which makes wireguard-go send a
     # keepalive now: a peer given a new endpoint is called there at once, not at the next packet.

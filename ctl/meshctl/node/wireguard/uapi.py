@@ -139,7 +139,8 @@ class UapiClient:
             if op.preshared_key is not None:
                 lines.append(f"preshared_key={_hex(op.preshared_key)}")
             if op.allowed_ips is not None:
-                lines.append("replace_allowed_ips=true")
+                if op.replace_allowed_ips:
+                    lines.append("replace_allowed_ips=true")
                 lines.extend(f"allowed_ip={n}" for n in op.allowed_ips)
         if len(lines) > 1:
             self._call("\n".join(lines) + "\n\n")
