@@ -36,7 +36,12 @@ from meshctl.node.wireguard.uapi import UapiClient
 WG = defaults.WG_INTERFACE
 CELL = 28  # "ok wireguard-private 0.08ms"
 PING_WAIT = 1.0  # s a ping waits for its reply
-RETRY_WAIT = 2.0  # s, in the second round of a pair that lost every ping (a handshake in progress)
+# The second round of a pair that lost every ping: its pings spread over 6 s, past WireGuard's
+# handshake retry (REKEY_TIMEOUT, 5 s): a first initiation lost, or two ends' initiations crossed
+# while each was adding the other, leaves a pair silent until that retry.
+RETRY_WAIT = 2.0  # s a ping of that round waits for its reply
+RETRY_COUNT = 7
+RETRY_INTERVAL = 1.0  # s
 
 
 class NodeRunner(Protocol):
@@ -162,7 +167,7 @@ def check(st: LabState, *, count: int = 5, pairs: list[tuple[str, str]] | None =
                 statuses[label] = agent_view(by_label[label][1])
             return statuses[label]
 
-    def measure(src: str, dst: str, wait: float) -> PairResult:
+    def measure(src: str, dst: str, wait: float, count: int = count, interval: float = 0.02) -> PairResult:
         sc, sn = by_label[src]
         dc, dn = by_label[dst]
         s_st = status_of(src)
@@ -175,7 +180,8 @@ def check(st: LabState, *, count: int = 5, pairs: list[tuple[str, str]] | None =
         fp_before = _fp_packets(agent_status(sn))
         relay = summary.relays[dst_key].via if summary and dst_key in summary.relays else None
         tx_before = peer_tx(sn) if relay else {}
-        sent, recv, rtt = ping(sn.pods[0].netns, dn.pods[0].ip, count=count, wait=wait, node=sn, run=run)
+        sent, recv, rtt = ping(sn.pods[0].netns, dn.pods[0].ip, count=count, interval=interval, wait=wait, node=sn,
+                               run=run)
         after = _tx(sn, leader_node, run)
         s_now = agent_status(sn)
         fp_after = _fp_packets(s_now)
@@ -196,7 +202,7 @@ def check(st: LabState, *, count: int = 5, pairs: list[tuple[str, str]] | None =
             # A pair's first packets over WireGuard wait for its handshake, which on a loaded
             # machine can outlast the reply wait: a pair counts as down only if a second, patient
             # round loses every ping too.
-            r = measure(src, dst, RETRY_WAIT)
+            r = measure(src, dst, RETRY_WAIT, RETRY_COUNT, RETRY_INTERVAL)
         out.append(r)
     return out
 
