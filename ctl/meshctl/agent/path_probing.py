@@ -114,6 +114,9 @@ class PathProbing:
                 self._unprobed = unprobed_state(ladders)
                 return
             self.prober, self._key = p, key
+            # The fast path may have finished loading while the prober started: its refresh_rungs
+            # then found no prober, and this one would never carry the encapsulations it brought.
+            self.refresh_rungs()
             log.info("probing %d peer(s) on the private rungs %s", len(ladders), sorted(p.chooser.local_rungs))
         targets = []
         for n in topo.nodes:
@@ -125,9 +128,11 @@ class PathProbing:
         self.prober.set_targets(targets)
 
     def refresh_rungs(self) -> None:
-        """The carriers may have changed (the fast path finished loading)."""
-        if self.prober is not None:
-            self.prober.set_local_rungs(self.local_rungs())
+        """The carriers may have changed (the fast path finished loading): the prober's rungs
+        follow (a no-op when they did not change)."""
+        prober = self.prober
+        if prober is not None and (rungs := self.local_rungs()) != prober.chooser.local_rungs:
+            prober.set_local_rungs(rungs)
 
     def state(self, previous: Mapping[str, str] | None = None) -> PathState:
         """The plan's path-state; with `previous` (the last plan's paths), a probed peer without a
