@@ -32,7 +32,7 @@ from meshctl.etcd import Compacted, EtcdClient, EtcdError, KeyValue, WatchIdle
 from meshctl.mesh import records
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.model import Cluster, MeshSettings, Node, Peer
-from meshctl.mesh.observed import MAX_SEEN_BYTES, NodeSeen
+from meshctl.mesh.observed import MAX_SEEN_BYTES, NodeSeen, summary_of
 
 log = logging.getLogger("meshctl.etcd")
 
@@ -80,9 +80,9 @@ def read_seen(client: EtcdClient, cluster: str) -> tuple[dict[str, NodeSeen], li
     for kv in kvs:
         name = kv.key.removeprefix(seen_prefix(cluster))
         try:
-            s = NodeSeen.from_json(parse_record(kv, kv.key, MAX_SEEN_BYTES))
-            if s.node != name or s.cluster != cluster:
-                raise InputError(kv.key, f"{s.cluster}/{s.node}", "names another node than its key")
+            s = summary_of(parse_record(kv, kv.key, MAX_SEEN_BYTES), kv.key, name, "its key")
+            if s.cluster != cluster:
+                raise InputError(kv.key, s.cluster, "names another cluster than its key")
         except (InputError, MeshError) as e:
             refused.append(str(e))
             continue

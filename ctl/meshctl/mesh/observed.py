@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshctl.errors import MeshError
+from meshctl.errors import InputError, MeshError
 
 MAX_PEERS = 5000  # peers in one node's summary: the largest mesh the project serves
 MAX_SEEN_BYTES = 1 << 20  # a summary's JSON: MAX_PEERS peers fit with room; a larger one is refused unread
@@ -90,6 +90,15 @@ class NodeSeen:
                 raise MeshError(f"summary of {node}: peer name {name!r} is not a name")
             out[name] = PeerSeen.from_json(p, f"summary of {node}: peer {name}")
         return cls(node, cluster, at, out)
+
+
+def summary_of(doc: object, where: str, node: str, owner: str) -> NodeSeen:
+    """The summary `doc` found at `where` (a key, a ConfigMap), which only `node`'s credentials may
+    write: refused when it is not a summary or names another node than `owner` says."""
+    s = NodeSeen.from_json(doc)
+    if s.node != node:
+        raise InputError(where, s.node, f"names another node than {owner}")
+    return s
 
 
 def _opt_str(d: Mapping[str, object], key: str, where: str) -> str | None:

@@ -43,7 +43,7 @@ from meshctl.errors import MISSING, InputError, MeshError
 from meshctl.mesh import fields, records
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.model import Cluster, MeshSettings, Node
-from meshctl.mesh.observed import MAX_SEEN_BYTES, NodeSeen
+from meshctl.mesh.observed import MAX_SEEN_BYTES, NodeSeen, summary_of
 
 if TYPE_CHECKING:
     from meshctl.backends.kube.kvstore import KvstoreMirror
@@ -266,10 +266,8 @@ class KubeBackend:
                     doc = json.loads(text)
                 except ValueError:
                     raise InputError(where, text[:40], "is not JSON") from None
-                s = NodeSeen.from_json(doc)
                 node = name.removeprefix(SEEN_CONFIGMAP_PREFIX)
-                if s.node != node:
-                    raise InputError(where, s.node, "names another node than its ConfigMap")
+                s = summary_of(doc, where, node, "its ConfigMap")
             except (InputError, MeshError) as e:
                 refused.append(str(e))
                 continue
