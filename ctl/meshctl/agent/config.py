@@ -14,6 +14,7 @@ from meshctl import defaults
 from meshctl.errors import InputError
 from meshctl.mesh import fields
 from meshctl.mesh.model import IPInterface, IPNetwork
+from meshctl.node.cni import CNI_MODES
 
 
 @dataclass
@@ -33,7 +34,7 @@ class AgentConfig:
     wg_interface: str = defaults.WG_INTERFACE
     wg_run_dir: Path = defaults.WG_RUN_DIR
     pod_interfaces: str | None = None
-    cni: str = "keep"  # or "install": write a bridge + host-local CNI config (node.cni)
+    cni: str = "keep"  # one of node.cni.CNI_MODES
     cni_conf_dir: Path = Path("/etc/cni/net.d")
     metrics_addr: str = defaults.METRICS_ADDR
     backend: str = "etcd"
@@ -91,8 +92,8 @@ class AgentConfig:
                              "is for --backend kubernetes (the etcd backend's records are already in etcd)")
         if bool(self.kvstore_cert) != bool(self.kvstore_key):
             raise InputError("--kvstore-cert", self.kvstore_cert or "", "and --kvstore-key go together")
-        if self.cni not in ("keep", "install"):
-            raise InputError("--cni", self.cni, "is not keep or install")
+        if self.cni not in CNI_MODES:
+            raise InputError("--cni", self.cni, f"is not one of {', '.join(CNI_MODES)}")
         if self.resync_interval <= 0:
             raise InputError("--resync-seconds", self.resync_interval, "must be > 0")
         if not 0 <= self.path_hold <= 3600:

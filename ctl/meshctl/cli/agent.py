@@ -20,6 +20,7 @@ from meshctl.cli import targets
 from meshctl.cli.options import TEXT_FORMATS, file_option, lab_option, node_option, output_option, pin_root_option
 from meshctl.errors import InputError, MeshError
 from meshctl.mesh import admit, fields, records
+from meshctl.node.cni import CNI_MODES
 
 
 def _flag(parse: Any) -> Any:
@@ -88,9 +89,9 @@ def endpoint_list(text: str) -> tuple[str, ...]:
               help="Private /var/run/wireguard of this node's wireguard-go.")
 @click.option("--pod-interfaces", default=None, help="Glob of pod interface names to attach the fast path to "
               "(default: found by themselves: routed veths and the CNI bridge in the pod CIDR).")
-@click.option("--cni", default="keep", show_default=True, type=click.Choice(["keep", "install"]), envvar="MESHCTL_CNI",
-              help="install: write a bridge + host-local CNI config on the pod CIDR (clusters without a CNI); "
-              "keep: leave the cluster's CNI (flannel, Cilium) in charge.")
+@click.option("--cni", default="keep", show_default=True, envvar="MESHCTL_CNI",
+              help=f"One of {', '.join(CNI_MODES)}. install: write a bridge + host-local CNI config on the pod "
+              "CIDR (clusters without a CNI); keep: leave the cluster's CNI in charge.")
 @click.option("--cni-conf-dir", default="/etc/cni/net.d", show_default=True, type=click.Path(path_type=Path))
 @click.option("--metrics-addr", default=defaults.METRICS_ADDR, show_default=True)
 @click.option("--backend", default="etcd", show_default=True, type=click.Choice(["etcd", "file", "kubernetes"]))
