@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`meshctl` commands of the lab area: `lab up|check|down|status|fabric|nat|pod|etcdctl`.
+"""`meshctl` commands of the lab area: `lab up|check|down|status|fabric|nat|pod|etcdctl|kubeconfig`.
 
 This is where a lab's kind is decided: a namespace lab (lab/namespaces), a lab whose every node
 is a VM (lab.vms: lab/vms/vmnodes.py) or the namespace lab inside one VM (`--kernel`:
@@ -251,6 +251,16 @@ def lab_etcdctl(who: str, lab_name: str | None, cluster_name: str | None, args: 
     argv = [*netns.exec_prefix(e.netns), "etcdctl", "--endpoints", ",".join(e.endpoints), "--cacert", e.ca,
             "--cert", i.cert, "--key", i.key, *args]
     sys.exit(subprocess.run(argv, env=env, check=False).returncode)
+
+
+@lab_group.command("kubeconfig")
+@lab_option()
+@option("--cluster", "cluster", default=None, help="Cluster (needed when the lab has several).")
+def lab_kubeconfig(lab_name: str | None, cluster: str | None) -> None:
+    """Print the path of a kubeconfig for a running lab's Kubernetes API server (lab.backend:
+    kubernetes), reachable from the host: `kubectl --kubeconfig "$(meshctl lab kubeconfig)" get
+    nodes -o wide`."""
+    click.echo(state.kube_access(lab_name, cluster).host_kubeconfig)
 
 
 def labs_to_take_down(lab_name: str | None, all_labs: bool, prefix: str | None, up: list[str]) -> list[str]:

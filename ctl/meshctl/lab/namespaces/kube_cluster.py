@@ -1,15 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """The namespace lab with `lab: {backend: kubernetes}`: an in-process API server per cluster in its
-own namespace on the lab's public segment, seeded with what kubelet and an admin would have made
-(the CRD, the Namespace, the mesh ConfigMap, one Node per lab node with its pod CIDR and user-set
-annotations, the Peers); the agents then run `--backend kubernetes` against it through a
-kubeconfig, publish their annotations by patch and watch each other.
+own namespace on the lab's public segment (and on 127.0.0.1 of the host, for the host's kubectl),
+holding what kubelet and an admin would have made: kubelet's Nodes (each with its pod CIDR and the
+user-set annotations) are there from the start; the CRD, the Namespace, the mesh ConfigMap and the
+Peers go in through this machine's `kubectl apply`, as an operator puts them in. The agents then
+run `--backend kubernetes` against it through a kubeconfig, publish their annotations by patch and
+watch each other.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -29,8 +32,8 @@ API_PORT = 6443
 MANIFESTS = Path(__file__).resolve().parents[4] / "manifests"
 
 
-def seed_objects(topo: Topology) -> list[dict[str, Any]]:
-    """The objects a cluster has before its agents start."""
+def operator_objects(topo: Topology) -> list[dict[str, Any]]:
+    """What an operator applies before the agents start: the Namespace, the CRD, the mesh ConfigMap."""
     out: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "meshctl"}}]
     crd = MANIFESTS / "01-crd-peers.yaml"
     out += [d for d in yaml.safe_load_all(crd.read_text()) if d]
@@ -38,6 +41,12 @@ def seed_objects(topo: Topology) -> list[dict[str, Any]]:
     data.update(cluster_name=topo.cluster.name, cluster_id=str(topo.cluster.id))
     out.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "meshctl", "namespace": "meshctl"},
                 "data": data})
+    return out
+
+
+def node_objects(topo: Topology) -> list[dict[str, Any]]:
+    """kubelet's Nodes: each lab node's pod CIDR and the annotations its user set."""
+    out: list[dict[str, Any]] = []
     for n in topo.nodes:
         ann: dict[str, str] = {}
         if n.location:
@@ -50,6 +59,12 @@ def seed_objects(topo: Topology) -> list[dict[str, Any]]:
             ann[PREFIX + ALLOWED_LOCATION_IPS] = ",".join(str(a) for a in n.allowed_location_ips)
         out.append({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n.name, "annotations": ann},
                     "spec": {"podCIDR": str(n.pod_cidr)}})
+    return out
+
+
+def peer_objects(topo: Topology) -> list[dict[str, Any]]:
+    """The Peers an operator applies (once the CRD is served)."""
+    out: list[dict[str, Any]] = []
     for p in topo.peers:
         spec: dict[str, Any] = {"allowedIPs": [str(a) for a in p.allowed_ips], "publicKey": p.public_key}
         if p.endpoint is not None:
@@ -66,15 +81,18 @@ def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, timeout: float = 1
     """Start the API server in namespace `ns` on `ip`, seeded for `topo`; returns its access
     (url, kubeconfig, netns, pid). The process is in its own session; stop it by pid."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    seed = run_dir / "seed.yaml"
-    seed.write_text(yaml.safe_dump_all(seed_objects(topo), sort_keys=False))
+    seed = run_dir / "nodes.yaml"
+    seed.write_text(yaml.safe_dump_all(node_objects(topo), sort_keys=False))
     kubeconfig = run_dir / "kubeconfig"
+    host_kubeconfig = run_dir / "kubeconfig.host"
     kubeconfig.unlink(missing_ok=True)
+    host_kubeconfig.unlink(missing_ok=True)
     log_path = run_dir / "apiserver.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log_path, "ab") as log:
         p = subprocess.Popen([*netns.exec_prefix(ns), sys.executable, "-m", "meshctl.lab.rigs.kube_apiserver",
-                              "--listen", f"{ip}:{API_PORT}", "--load", str(seed), "--kubeconfig", str(kubeconfig)],
+                              "--listen", f"{ip}:{API_PORT}", "--load", str(seed), "--kubeconfig", str(kubeconfig),
+                              "--host-listen", "127.0.0.1:0", "--host-kubeconfig", str(host_kubeconfig)],
                              stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     deadline = time.monotonic() + timeout
     while not kubeconfig.exists():
@@ -85,7 +103,31 @@ def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, timeout: float = 1
             raise MeshError(f"the lab's API server in {ns} did not start: {tail[0]}")
         time.sleep(0.05)
     url = json.loads(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-    return KubeAccess(url=url, kubeconfig=str(kubeconfig), netns=ns, pid=p.pid)
+    try:
+        # two applies: the Peers' kind is served only once the CRD is in
+        for name, objs in (("operator.yaml", operator_objects(topo)), ("peers.yaml", peer_objects(topo))):
+            if objs:
+                path = run_dir / name
+                path.write_text(yaml.safe_dump_all(objs, sort_keys=False))
+                kubectl(host_kubeconfig, run_dir, ["apply", "-f", str(path)])
+    except (MeshError, subprocess.TimeoutExpired) as e:
+        p.kill()
+        raise MeshError(f"the lab's API server in {ns}: {e}") from None
+    return KubeAccess(url=url, kubeconfig=str(kubeconfig), netns=ns, pid=p.pid, host_kubeconfig=str(host_kubeconfig))
+
+
+def kubectl(kubeconfig: Path, run_dir: Path, args: list[str], *, timeout: float = 60.0) -> str:
+    """Run this machine's kubectl against a lab API server (its discovery cache kept in the lab's
+    folder); its output, or MeshError with kubectl's last line."""
+    exe = shutil.which("kubectl")
+    if exe is None:
+        raise MeshError("kubectl is not installed: the Kubernetes lab applies its objects with it")
+    p = subprocess.run([exe, "--kubeconfig", str(kubeconfig), "--cache-dir", str(run_dir / "kubectl-cache"), *args],
+                       capture_output=True, text=True, timeout=timeout, check=False)
+    if p.returncode != 0:
+        last = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        raise MeshError(f"kubectl {' '.join(args)}: {last}")
+    return p.stdout
 
 
 # What a Kubernetes agent takes from its Node instead of flags: the pod CIDR (spec.podCIDR) and

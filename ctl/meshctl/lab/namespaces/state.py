@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
-from meshctl.errors import MeshError
+from meshctl.errors import MISSING, InputError, MeshError
+from meshctl.node.shell import pid_alive
 
 LAB_ROOT = Path("/run/meshctl-lab")
 DEFAULT_LEASE_TTL = 5
@@ -171,6 +172,9 @@ class KubeAccess:
     kubeconfig: str
     netns: str
     pid: int
+    # The same API server seen from the host's network namespace (127.0.0.1), for the host's
+    # kubectl (`meshctl lab kubeconfig`); empty for a lab made before it existed.
+    host_kubeconfig: str = ""
 
 
 @dataclass
@@ -363,3 +367,30 @@ def etcd_access(lab: str | None, cluster: str | None = None) -> EtcdAccess:
                 continue
             return c.etcd
     raise MeshError(f"lab {st.name} has no cluster {cluster}")
+
+
+def kube_access(lab: str | None, cluster: str | None = None) -> KubeAccess:
+    """The API server of a running lab's Kubernetes cluster: the named one, or the only one.
+    InputError (one line, exit 2) when the lab is not up, has no such cluster or several and
+    none named, or its API server is not running."""
+    try:
+        st = resolve(lab)
+    except MeshError as e:
+        raise InputError("--lab", lab if lab is not None else MISSING, str(e)) from None
+    kube = [c for c in st.clusters if c.kube is not None]
+    if not kube:
+        raise InputError("--lab", st.name, "has no Kubernetes API server (its lab.backend is etcd)")
+    if cluster is not None:
+        kube = [c for c in kube if c.name == cluster]
+        if not kube:
+            names = ", ".join(c.name for c in st.clusters)
+            raise InputError("--cluster", cluster, f"is not a Kubernetes cluster of lab {st.name} ({names})")
+    if len(kube) > 1:
+        raise InputError("--cluster", MISSING, f"lab {st.name} has {len(kube)} clusters "
+                         f"({', '.join(c.name for c in kube)}): pass --cluster")
+    access = kube[0].kube
+    assert access is not None
+    if not access.host_kubeconfig or not Path(access.host_kubeconfig).exists() or not pid_alive(access.pid):
+        raise InputError("--cluster", kube[0].name, f"has no API server running in lab {st.name}")
+    return access
+

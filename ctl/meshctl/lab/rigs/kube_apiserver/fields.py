@@ -132,6 +132,8 @@ def _set(obj: JSON, path: Path_, value: Any) -> None:
         if not isinstance(node.get(k), dict):
             node[k] = {}
         node = node[k]
+    if value == {} and isinstance(node.get(path[-1]), dict):
+        return  # an empty map applied claims the map, not its entries' removal
     node[path[-1]] = copy.deepcopy(value)
 
 
@@ -185,7 +187,7 @@ def server_side_apply(live: JSON | None, applied: JSON, manager: str, force: boo
     if LAST_APPLIED in live_annotations:
         # kube-apiserver keeps a client-side-apply annotation in step with applies, so a later
         # client-side apply diffs against what was applied last.
-        _set(base, ("metadata", "annotations", LAST_APPLIED), json.dumps(applied, sort_keys=True) + "\n")
+        _set(base, ("metadata", "annotations", LAST_APPLIED), json.dumps(applied, separators=(",", ":")) + "\n")
     old_mine = owners.get(mine_key)
     owners[mine_key] = (set(want), old_mine[1] if old_mine and old_mine[0] == set(want) else {})
     if old_mine and old_mine[0] == set(want):

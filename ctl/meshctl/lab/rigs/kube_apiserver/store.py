@@ -30,7 +30,7 @@ APPLY_PATCH = "application/apply-patch+yaml"
 PATCH_TYPES = ("application/merge-patch+json", "application/strategic-merge-patch+json",
                "application/json-patch+json", APPLY_PATCH)
 VALIDATION = ("Strict", "Warn", "Ignore")
-NAMESPACE_CLEANUP = 0.3  # seconds a deleted namespace stays Terminating before it and its objects go
+NAMESPACE_CLEANUP = 2.0  # seconds a deleted namespace stays Terminating before it and its objects go
 
 
 @dataclass

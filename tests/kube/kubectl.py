@@ -1,0 +1,60 @@
+# SPDX-License-Identifier: Apache-2.0
+"""This machine's kubectl (1.31+) against an API server: a kubeconfig and a discovery cache of the
+test's own, so runs never share cached discovery."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from meshctl.lab.rigs.kube_apiserver import kubeconfig
+
+
+@dataclass
+class Result:
+    rc: int
+    out: str
+    err: str
+
+
+class Kubectl:
+    """`k("get", "nodes")` runs kubectl against `url`; `check=True` fails the test on a non-zero exit."""
+
+    def __init__(self, url: str, folder: Path, config: Path | None = None) -> None:
+        exe = shutil.which("kubectl")
+        if exe is None:
+            pytest.fail("kubectl is not installed (this machine kind ships /usr/bin/kubectl)")
+        self.exe = exe
+        self.config = config or folder / "kubeconfig"
+        if config is None:
+            self.config.write_text(json.dumps(kubeconfig(url)))
+        self.cache = folder / "kubectl-cache"
+
+    def run(self, *args: str, stdin: str | None = None, check: bool = True) -> Result:
+        p = subprocess.run([self.exe, "--kubeconfig", str(self.config), "--cache-dir", str(self.cache), *args],
+                           input=stdin, capture_output=True, text=True, timeout=60, check=False)
+        if check and p.returncode != 0:
+            pytest.fail(f"kubectl {' '.join(args)} exited {p.returncode}: {p.stderr.strip()}")
+        return Result(p.returncode, p.stdout, p.stderr)
+
+    def __call__(self, *args: str, stdin: str | None = None) -> str:
+        return self.run(*args, stdin=stdin).out
+
+    def json(self, *args: str) -> dict:
+        return json.loads(self(*args, "-o", "json"))
+
+
+def table(text: str) -> list[dict[str, str]]:
+    """kubectl's table output as rows by column header (columns split at the header's starts)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    header = lines[0]
+    starts = [i for i, c in enumerate(header) if c != " " and (i == 0 or header[i - 1] == " " and
+                                                               (i < 2 or header[i - 2] == " "))]
+    names = [header[s:e].strip() for s, e in zip(starts, [*starts[1:], None], strict=True)]
+    return [{n: line[s:e].strip() for n, s, e in zip(names, starts, [*starts[1:], None], strict=True)}
+            for line in lines[1:]]
