@@ -14,7 +14,7 @@ import time
 import httpx2 as httpx
 import pytest
 
-from meshctl.lab.rigs.kube_apiserver import merge_patch
+from meshctl.lab.rigs.kube_apiserver import ApiFailure, json_patch, merge_patch, strategic_merge
 
 from .helpers import ROOT, wait_for
 
@@ -182,3 +182,59 @@ def test_runs_as_a_module_and_writes_a_kubeconfig(tmp_path):
     finally:
         p.terminate()
         assert p.wait(10) == 0
+
+
+SMP_CASES = [
+    pytest.param({"spec": {"containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "y"}]}},
+                 {"spec": {"containers": [{"name": "b", "image": "z"}]}},
+                 {"spec": {"containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "z"}]}},
+                 id="merge-key-list-merges-by-name"),
+    pytest.param({"spec": {"containers": [{"name": "a"}, {"name": "b"}]}},
+                 {"spec": {"containers": [{"name": "a", "$patch": "delete"}]}},
+                 {"spec": {"containers": [{"name": "b"}]}}, id="patch-delete-removes-an-element"),
+    pytest.param({"spec": {"containers": [{"name": "a"}, {"name": "b"}]}},
+                 {"spec": {"$setElementOrder/containers": [{"name": "b"}, {"name": "a"}],
+                           "containers": [{"name": "a", "image": "q"}]}},
+                 {"spec": {"containers": [{"name": "b"}, {"name": "a", "image": "q"}]}}, id="set-element-order"),
+    pytest.param({"spec": {"strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}}},
+                 {"spec": {"strategy": {"$retainKeys": ["type"], "type": "OnDelete"}}},
+                 {"spec": {"strategy": {"type": "OnDelete"}}}, id="retain-keys-drops-the-others"),
+    pytest.param({"metadata": {"finalizers": ["a", "b"]}}, {"metadata": {"$deleteFromPrimitiveList/finalizers": ["a"]}},
+                 {"metadata": {"finalizers": ["b"]}}, id="delete-from-primitive-list"),
+    pytest.param({"spec": {"tolerations": [{"key": "a"}]}}, {"spec": {"tolerations": [{"key": "b"}]}},
+                 {"spec": {"tolerations": [{"key": "b"}]}}, id="list-without-merge-key-replaces"),
+    pytest.param({"spec": {"ports": [{"port": 80, "name": "h"}]}}, {"spec": {"ports": [{"port": 443, "name": "s"}]}},
+                 {"spec": {"ports": [{"port": 80, "name": "h"}, {"port": 443, "name": "s"}]}},
+                 id="service-ports-merge-by-port"),
+]
+
+
+@pytest.mark.parametrize(("base", "patch", "want"), SMP_CASES)
+def test_strategic_merge_patch(base, patch, want):
+    kind = "Service" if "ports" in patch.get("spec", {}) else "DaemonSet"
+    assert strategic_merge(base, patch, kind) == want
+
+
+JSON_PATCH_CASES = [
+    pytest.param([{"op": "add", "path": "/a/c", "value": 3}], {"a": {"b": 1, "c": 3}}, id="add"),
+    pytest.param([{"op": "remove", "path": "/a/b"}], {"a": {}}, id="remove"),
+    pytest.param([{"op": "replace", "path": "/l/0", "value": 9}], {"a": {"b": 1}, "l": [9, 2]}, id="replace-in-list"),
+    pytest.param([{"op": "move", "from": "/a/b", "path": "/m"}], {"a": {}, "m": 1}, id="move"),
+    pytest.param([{"op": "add", "path": "/l/-", "value": 3}], {"a": {"b": 1}, "l": [1, 2, 3]}, id="append"),
+]
+
+
+@pytest.mark.parametrize(("ops", "want"), JSON_PATCH_CASES)
+def test_json_patch(ops, want):
+    base = {"a": {"b": 1}, "l": [1, 2]}
+    if "l" not in want:
+        base.pop("l")
+    assert json_patch(base, ops) == want
+
+
+def test_json_patch_test_op_and_missing_path_fail():
+    with pytest.raises(ApiFailure) as e:
+        json_patch({"a": 1}, [{"op": "test", "path": "/a", "value": 2}])
+    assert e.value.code == 422
+    with pytest.raises(ApiFailure):
+        json_patch({"a": 1}, [{"op": "remove", "path": "/zz"}])

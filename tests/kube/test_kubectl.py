@@ -222,6 +222,12 @@ def test_unknown_peer_field_fails_validation_like_kube_apiserver(api, k):
     k("apply", "--validate=false", "-f", "-", stdin=json.dumps(bad))
     got = api.store.get(api.store.by_kind("meshctl.io/v1alpha1", "Peer"), "", "laptop")
     assert "foo" not in got["spec"]
+    # --validate=warn: stored without the field, and kubectl shows the server's warning
+    bad["spec"]["persistentKeepalive"] = 5
+    r = k.run("apply", "--validate=warn", "-f", "-", stdin=json.dumps(bad))
+    assert 'Warning: unknown field "spec.foo"' in r.err, r.err
+    got = api.store.get(api.store.by_kind("meshctl.io/v1alpha1", "Peer"), "", "laptop")
+    assert got["spec"]["persistentKeepalive"] == 5 and "foo" not in got["spec"]
     # the schema is there for kubectl explain (OpenAPI v3)
     assert "allowedIPs\t<[]string> -required-" in k("explain", "peer.spec")
 

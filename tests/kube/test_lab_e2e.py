@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -25,7 +26,8 @@ from meshctl.lab.namespaces.state import KubeAccess
 from meshctl.lab.rigs import netns
 from tests.names import unique
 
-from .helpers import wait_for
+from .helpers import MANIFESTS, wait_for
+from .kubectl import Kubectl, table
 
 LAB = Path(__file__).resolve().parents[2] / "ctl" / "meshctl" / "lab" / "labs" / "default.yaml"
 
@@ -39,13 +41,13 @@ def api_get(kube: KubeAccess, path: str) -> dict:
     return json.loads(netns.run(kube.netns, [sys.executable, "-c", code]).stdout)
 
 
-def api_annotate(kube: KubeAccess, node: str, annotations: dict) -> None:
-    """Merge-patch a Node's annotations, as `kubectl annotate` does, from inside the API's namespace."""
-    body = json.dumps({"metadata": {"annotations": annotations}})
-    code = (f"import urllib.request; r = urllib.request.Request({kube.url + '/api/v1/nodes/' + node!r}, "
-            f"data={body.encode()!r}, method='PATCH', headers={{'Content-Type': 'application/merge-patch+json'}}); "
-            "urllib.request.urlopen(r, timeout=5).read()")
-    netns.run(kube.netns, [sys.executable, "-c", code])
+def lab_kubectl(lab: str, folder: Path) -> Kubectl:
+    """This machine's kubectl against the lab's API server from the host, through the kubeconfig
+    `meshctl lab kubeconfig` prints."""
+    r = subprocess.run([sys.executable, "-m", "meshctl.cli", "lab", "kubeconfig", "--lab", lab], capture_output=True,
+                       text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    return Kubectl("", folder, config=Path(r.stdout.strip()))
 
 
 @pytest.fixture
@@ -63,8 +65,9 @@ def kube_lab():
         assert not netns.list_prefixed(prefix)
 
 
-def test_kubernetes_backend_lab_passes_the_pod_matrix(kube_lab):
+def test_kubernetes_backend_lab_passes_the_pod_matrix(kube_lab, tmp_path):
     st = kube_lab
+    k = lab_kubectl(st.name, tmp_path)
     (cluster,) = st.clusters
     kube = cluster.kube
     assert kube is not None
@@ -78,6 +81,14 @@ def test_kubernetes_backend_lab_passes_the_pod_matrix(kube_lab):
         assert ann[A.INTERNAL_IP] == lab_node.internal_ip
         assert ann[A.GRANULARITY] == "location"
         assert ann[A.PREFIX + A.LOCATION] == lab_node.location  # the seeded user annotation is untouched
+    # The host's kubectl sees the same cluster: the Nodes, and what the lab applied with kubectl
+    # (the mesh ConfigMap, with its last-applied annotation).
+    rows = table(k("get", "nodes", "-o", "wide"))
+    assert sorted(r["NAME"] for r in rows) == sorted(n.name for n in cluster.nodes)
+    assert "INTERNAL-IP" in rows[0]
+    cm = k.json("get", "configmap", "meshctl", "-n", "meshctl")
+    assert "kubectl.kubernetes.io/last-applied-configuration" in cm["metadata"]["annotations"]
+    assert cm["data"]["granularity"] == "location"
     results = labcheck.check(st, count=3)
     n = len(cluster.nodes)
     assert len(results) == n * (n - 1)
@@ -97,8 +108,8 @@ def test_kubernetes_backend_lab_passes_the_pod_matrix(kube_lab):
     # Move loc-a's leadership from a1 to a2 by annotation, as a person would: every agent's plan
     # follows (a2's own record included), with no restart, and traffic takes the new leader.
     pids = {n.name: n.pid for n in cluster.nodes}
-    api_annotate(kube, "a1", {A.PREFIX + A.LEADER: "false"})
-    api_annotate(kube, "a2", {A.PREFIX + A.LEADER: "true"})
+    k("annotate", "--overwrite", "node", "a1", f"{A.PREFIX}{A.LEADER}=false")
+    k("annotate", "--overwrite", "node", "a2", f"{A.PREFIX}{A.LEADER}=true")
 
     def leaders() -> dict[str, str]:
         return {n: fetch_status(by_name[n].metrics_addr, by_name[n].netns).get("leader") for n in ("a1", "a2")}
@@ -112,3 +123,9 @@ def test_kubernetes_backend_lab_passes_the_pod_matrix(kube_lab):
                        and all(x.ok and x.path == x.expected for x in r) and r, timeout=20, poll=0.2,
                        what="traffic over the new leader")
     assert {(r.src, r.path) for r in results} == {("a1", "via-leader"), ("a2", "tunnel")}
+    # Last (it replaces the lab's mesh ConfigMap with manifests/' own): the whole install applies
+    # to the lab's API server with the host's kubectl, every kind of it, and Peers list.
+    out = k("apply", "-k", str(MANIFESTS))
+    assert "daemonset.apps/meshctl created" in out
+    assert "customresourcedefinition.apiextensions.k8s.io/peers.meshctl.io unchanged" in out  # the lab applied it
+    assert k.run("get", "peers").rc == 0

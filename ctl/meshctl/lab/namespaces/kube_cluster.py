@@ -24,7 +24,6 @@ import yaml
 from meshctl.backends.kube.nodes import ALLOWED_LOCATION_IPS, LEADER, LOCATION, PERSISTENT_KEEPALIVE, PREFIX
 from meshctl.errors import MeshError
 from meshctl.lab.namespaces.state import ClusterState, KubeAccess
-from meshctl.lab.rigs import netns
 from meshctl.mesh.model import Topology
 from meshctl.mesh.records import mesh_to_record
 
@@ -90,8 +89,9 @@ def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, timeout: float = 1
     log_path = run_dir / "apiserver.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log_path, "ab") as log:
-        p = subprocess.Popen([*netns.exec_prefix(ns), sys.executable, "-m", "meshctl.lab.rigs.kube_apiserver",
-                              "--listen", f"{ip}:{API_PORT}", "--load", str(seed), "--kubeconfig", str(kubeconfig),
+        p = subprocess.Popen([sys.executable, "-m", "meshctl.lab.rigs.kube_apiserver",
+                              "--netns", ns, "--listen", f"{ip}:{API_PORT}", "--load", str(seed),
+                              "--kubeconfig", str(kubeconfig),
                               "--host-listen", "127.0.0.1:0", "--host-kubeconfig", str(host_kubeconfig)],
                              stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     deadline = time.monotonic() + timeout

@@ -373,10 +373,12 @@ def kube_access(lab: str | None, cluster: str | None = None) -> KubeAccess:
     """The API server of a running lab's Kubernetes cluster: the named one, or the only one.
     InputError (one line, exit 2) when the lab is not up, has no such cluster or several and
     none named, or its API server is not running."""
+    if lab is not None and load(lab) is None:
+        raise InputError("--lab", lab, f"is not up (no {state_path(lab)})")
     try:
         st = resolve(lab)
     except MeshError as e:
-        raise InputError("--lab", lab if lab is not None else MISSING, str(e)) from None
+        raise InputError("--lab", MISSING, str(e)) from None
     kube = [c for c in st.clusters if c.kube is not None]
     if not kube:
         raise InputError("--lab", st.name, "has no Kubernetes API server (its lab.backend is etcd)")

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """`python -m meshctl.lab.rigs.kube_apiserver --listen ADDR`: the server standalone, with manifests
-loaded at start and kubeconfigs written for its clients. `--host-listen` serves the same store from
-the host's network namespace too, so a server started inside a lab namespace is reachable by the
-host's kubectl (`meshctl lab kubeconfig`)."""
+loaded at start and kubeconfigs written for its clients. With `--netns NS` the `--listen` socket is
+made inside network namespace NS (the process stays where it was started), and `--host-listen`
+serves the same store from the process's own namespace too: the lab's server is reachable by the
+agents in their namespaces and by the host's kubectl (`meshctl lab kubeconfig`)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ from meshctl.setns import in_netns
 from .http import ApiServer
 from .store import Store, load_manifests
 from .types import JSON
-
-HOST_NETNS = "/proc/1/ns/net"  # the host's network namespace, seen from any process of the host's PID namespace
 
 
 def kubeconfig(url: str) -> JSON:
@@ -45,17 +44,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--listen", default="127.0.0.1:0", help="host:port to bind (port 0: any)")
     ap.add_argument("--load", action="append", default=[], help="YAML manifests to create at start")
     ap.add_argument("--kubeconfig", help="write a kubeconfig for clients here")
-    ap.add_argument("--host-listen", help="also serve on host:port in the host's network namespace")
+    ap.add_argument("--netns", help="make the --listen socket in this network namespace (a name or a path)")
+    ap.add_argument("--host-listen", help="also serve on host:port in the process's own network namespace")
     ap.add_argument("--host-kubeconfig", help="write a kubeconfig for the --host-listen address here")
     ap.add_argument("--history", type=int, default=1000, help="watch events kept for resuming")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
     host, port = parse_listen(args.listen)
     store = Store(history=args.history)
-    servers = [ApiServer(host, port, store=store, verbose=args.verbose)]
+    servers = [in_netns(args.netns, lambda: ApiServer(host, port, store=store, verbose=args.verbose))]
     if args.host_listen:
         hhost, hport = parse_listen(args.host_listen)
-        servers.append(in_netns(HOST_NETNS, lambda: ApiServer(hhost, hport, store=store, verbose=args.verbose)))
+        servers.append(ApiServer(hhost, hport, store=store, verbose=args.verbose))
     load_manifests(store, args.load)
     if args.host_kubeconfig and args.host_listen:
         Path(args.host_kubeconfig).write_text(json.dumps(kubeconfig(servers[1].url)))

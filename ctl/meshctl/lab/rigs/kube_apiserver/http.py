@@ -52,6 +52,10 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: ApiServer
 
+    def setup(self) -> None:
+        super().setup()
+        self._warnings: list[str] = []  # this request's warnings, sent as Warning headers
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         if self.server.verbose:
             super().log_message(format, *args)
@@ -62,7 +66,7 @@ class _Handler(BaseHTTPRequestHandler):
         data = json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Type", ctype)
-        for w in getattr(self, "_warnings", []):
+        for w in self._warnings:
             self.send_header("Warning", '299 - ' + json.dumps(w))
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -78,7 +82,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiFailure(400, "BadRequest", "the body is not JSON") from None
 
     def _dispatch(self, method: str) -> None:
-        self._warnings: list[str] = []
+        self._warnings = []
         n = int(self.headers.get("Content-Length") or 0)
         self._raw = self.rfile.read(n) if n else b""  # read it all: the connection is kept alive
         try:

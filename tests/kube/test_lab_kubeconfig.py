@@ -1,0 +1,88 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`meshctl lab kubeconfig [--lab NAME] [--cluster C]`: the path of the host kubeconfig of a lab's
+API server, chosen from the lab's state file; a one-line error and exit 2 when the lab, the
+cluster or its API server is not there, or when two clusters leave the choice open. Two real
+in-process API servers stand for the clusters' (the lab e2e test runs the real lab)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from meshctl.lab.namespaces import state
+from meshctl.lab.namespaces.state import ClusterState, EtcdAccess, KubeAccess, LabState
+from meshctl.lab.rigs.kube_apiserver import ApiServer, kubeconfig
+from tests.names import unique
+
+from .kubectl import Kubectl
+
+pytestmark = [pytest.mark.root]
+
+
+def meshctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "meshctl.cli", "lab", "kubeconfig", *args], capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+@pytest.fixture
+def two_cluster_lab(tmp_path):
+    """A lab state naming two clusters whose API servers run (this process serves both)."""
+    if os.geteuid() != 0:
+        pytest.fail("needs root for the lab's state folder")
+    name = unique("ka")
+    servers = [ApiServer("127.0.0.1", 0).start() for _ in range(2)]
+    clusters = []
+    for i, srv in enumerate(servers):
+        cfg = tmp_path / f"kubeconfig-{i}"
+        cfg.write_text(json.dumps(kubeconfig(srv.url)))
+        kube = KubeAccess(url=srv.url, kubeconfig=str(cfg), netns="", pid=os.getpid(), host_kubeconfig=str(cfg))
+        clusters.append(ClusterState(name=f"c{i}", id=i + 1, etcd=EtcdAccess([], "", "", ""), port=51820, kube=kube))
+    st = LabState(name=name, prefix=name + "-", dir=str(tmp_path), clusters=clusters)
+    state.save(st)
+    try:
+        yield st, servers
+    finally:
+        for srv in servers:
+            srv.stop()
+        shutil.rmtree(state.lab_dir(name), ignore_errors=True)
+
+
+def test_kubeconfig_picks_the_cluster_and_kubectl_reaches_it(two_cluster_lab, tmp_path):
+    st, servers = two_cluster_lab
+    r = meshctl("--lab", st.name, "--cluster", "c1")
+    assert r.returncode == 0, r.stderr
+    path = Path(r.stdout.strip())
+    assert path == Path(st.clusters[1].kube.host_kubeconfig)
+    servers[1].store.create(servers[1].store.by_kind("v1", "Node"), "", {"metadata": {"name": "only-in-c1"}})
+    k = Kubectl("", tmp_path, config=path)
+    assert "only-in-c1" in k("get", "nodes")
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    pytest.param([], "has 2 clusters (c0, c1): pass --cluster", id="two-clusters-none-named"),
+    pytest.param(["--cluster", "zz"], "--cluster: 'zz' is not a Kubernetes cluster of lab", id="unknown-cluster"),
+])
+def test_kubeconfig_choice_errors(two_cluster_lab, args, words):
+    st, _ = two_cluster_lab
+    r = meshctl("--lab", st.name, *args)
+    assert r.returncode == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_kubeconfig_of_a_lab_that_is_not_up():
+    r = meshctl("--lab", unique("ka"))
+    assert r.returncode == 2 and "is not up" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_kubeconfig_of_a_stopped_api_server(two_cluster_lab):
+    st, _ = two_cluster_lab
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    st.clusters[0].kube.pid = int(dead.stdout)
+    state.save(st)
+    r = meshctl("--lab", st.name, "--cluster", "c0")
+    assert r.returncode == 2 and "has no API server running" in r.stderr, r.stderr
