@@ -269,3 +269,23 @@ def test_manifest_loader_and_kubectl_agree(bare, tmp_path):
     load_manifests(bare.store, [str(MANIFESTS / "01-crd-peers.yaml")])
     k = Kubectl(bare.url, tmp_path)
     assert "peers" in k("api-resources", "--api-group", "meshctl.io")
+
+
+def test_server_dry_run_and_diff_store_nothing(api, k):
+    rt = api.store.by_kind("meshctl.io/v1alpha1", "Peer")
+    assert k("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(PEER)).strip() == \
+        "peer.meshctl.io/laptop created (server dry run)"
+    assert not api.store.list(rt, None)[1]
+    k("apply", "-f", "-", stdin=json.dumps(PEER))
+    rv = api.store.rv
+    changed = json.loads(json.dumps(PEER))
+    changed["spec"]["persistentKeepalive"] = 99
+    r = k.run("diff", "-f", "-", stdin=json.dumps(changed), check=False)
+    assert r.rc == 1 and "-  persistentKeepalive: 25" in r.out and "+  persistentKeepalive: 99" in r.out, r.out + r.err
+    # server-side: the field is kubectl-client-side-apply's, a conflict (as on a real cluster) unless forced
+    r = k.run("diff", "--server-side", "-f", "-", stdin=json.dumps(changed), check=False)
+    assert r.rc > 1 and 'conflict with "kubectl-client-side-apply"' in r.err, r.err
+    r = k.run("diff", "--server-side", "--force-conflicts", "-f", "-", stdin=json.dumps(changed), check=False)
+    assert r.rc == 1 and "+  persistentKeepalive: 99" in r.out, r.out + r.err
+    k("delete", "--dry-run=server", "peer", "laptop")
+    assert api.store.rv == rv and api.store.get(rt, "", "laptop")["spec"]["persistentKeepalive"] == 25

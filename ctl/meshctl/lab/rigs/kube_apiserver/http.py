@@ -38,6 +38,13 @@ def _parse_path(parts: list[str]) -> tuple[str, str, str | None, str, str | None
     return group, version, ns, rest[0], rest[1] if len(rest) == 2 else None
 
 
+def _dry_run(q: dict[str, str]) -> bool:
+    """Whether a write is a dry run (`dryRun=All`, the one value kube-apiserver knows)."""
+    if q.get("dryRun") not in (None, "", "All"):
+        raise ApiFailure(400, "BadRequest", f"dryRun: Unsupported value: {q['dryRun']!r}: supported values: \"All\"")
+    return q.get("dryRun") == "All"
+
+
 def _watch_from(since: str | None) -> int:
     """Where a watch starts: after resourceVersion `since`, or -1 (none given: list first)."""
     if since in (None, "", "0"):
@@ -150,7 +157,7 @@ class _Handler(BaseHTTPRequestHandler):
         validation = q.get("fieldValidation") or "Warn"
         if validation not in VALIDATION:
             raise ApiFailure(400, "BadRequest", f"fieldValidation: Unsupported value: {validation!r}")
-        return Write(manager, validation, q.get("force") in ("true", "1"), self._warnings)
+        return Write(manager, validation, q.get("force") in ("true", "1"), self._warnings, _dry_run(q))
 
     def _answer(self, code: int, rt: ResourceType, obj: JSON, q: dict[str, str]) -> None:
         if tables.wants_table(self.headers.get("Accept") or ""):
@@ -189,7 +196,9 @@ class _Handler(BaseHTTPRequestHandler):
             body = self._raw if ctype == APPLY_PATCH else self._body() if ctype in PATCH_TYPES else None
             self._answer(200, rt, store.patch(rt, nsv, name, ctype, body, self._write(q)), q)
         elif method == "DELETE" and name is not None:
-            self._answer(200, rt, store.delete(rt, nsv, name), q)
+            opts = self._body()  # DeleteOptions: its dryRun is a list (kubectl puts it here, not in the query)
+            body_dry = isinstance(opts, dict) and opts.get("dryRun") == ["All"]
+            self._answer(200, rt, store.delete(rt, nsv, name, dry_run=_dry_run(q) or body_dry), q)
         else:
             raise ApiFailure(405, "MethodNotAllowed", f"{method} is not allowed here")
 

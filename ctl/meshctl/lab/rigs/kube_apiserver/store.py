@@ -36,12 +36,15 @@ NAMESPACE_CLEANUP = 2.0  # seconds a deleted namespace stays Terminating before 
 @dataclass
 class Write:
     """How one write is made: by which field manager, with which field validation (kube-apiserver's
-    default is Warn), forcing apply conflicts or not; the warnings it raises are collected here."""
+    default is Warn), forcing apply conflicts or not, for real or as a dry run (`dryRun=All`: the
+    answer is the object as it would be, nothing is stored: `kubectl diff`, `--dry-run=server`);
+    the warnings it raises are collected here."""
 
     manager: str | None = None
     validation: str = "Warn"
     force: bool = False
     warnings: list[str] = field(default_factory=list)
+    dry_run: bool = False
 
 
 # --- selectors -------------------------------------------------------------------------------
@@ -277,6 +280,8 @@ class Store:
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = fields.now()
             meta.pop("deletionTimestamp", None)
+            if w.dry_run:
+                return copy.deepcopy(obj)
             self._bump(obj)
             self.objects[key] = obj
             if rt.plural == CRD_PLURAL:
@@ -320,6 +325,8 @@ class Store:
             fields.record_update(old, new, w.manager, rt.api_version)
         if new == old:
             return copy.deepcopy(old)
+        if w.dry_run:
+            return copy.deepcopy(new)
         self._bump(new)
         self.objects[key] = new
         if rt.plural == CRD_PLURAL:
@@ -384,18 +391,20 @@ class Store:
             if live is None:
                 new.setdefault("metadata", {})["name"] = name
                 managed = new["metadata"].get("managedFields")
-                self.create(rt, ns, new, Write(None, w.validation, w.force, w.warnings))
-                stored = self.objects[key]
+                made = self.create(rt, ns, new, Write(None, w.validation, w.force, w.warnings, w.dry_run))
+                stored = made if w.dry_run else self.objects[key]
                 stored["metadata"]["managedFields"] = managed
                 return copy.deepcopy(stored)
             return self._replace(rt, ns, name, new, None, w, owned=True)
 
-    def delete(self, rt: ResourceType, ns: str, name: str) -> JSON:
+    def delete(self, rt: ResourceType, ns: str, name: str, *, dry_run: bool = False) -> JSON:
         with self.cond:
             key = (rt, ns if rt.namespaced else "", name)
             obj = self.objects.get(key)
             if obj is None:
                 raise not_found(rt, name)
+            if dry_run:
+                return copy.deepcopy(obj)
             if rt.plural == "namespaces":
                 return self._terminate(key)
             del self.objects[key]
