@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +48,20 @@ class Kubectl:
 
     def json(self, *args: str) -> dict:
         return json.loads(self(*args, "-o", "json"))
+
+
+def lab_kubeconfig(lab: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`meshctl lab kubeconfig --lab LAB ARGS...`."""
+    return subprocess.run([sys.executable, "-m", "meshctl.cli", "lab", "kubeconfig", "--lab", lab, *args],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def lab_kubectl(lab: str, folder: Path, *args: str) -> Kubectl:
+    """This machine's kubectl against a lab's API server from the host, through the kubeconfig
+    `meshctl lab kubeconfig` prints (ARGS: `--cluster C`)."""
+    r = lab_kubeconfig(lab, *args)
+    assert r.returncode == 0, r.stderr
+    return Kubectl("", folder, config=Path(r.stdout.strip()))
 
 
 def table(text: str) -> list[dict[str, str]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +26,7 @@ from meshctl.lab.rigs import netns
 from tests.names import unique
 
 from .helpers import MANIFESTS, wait_for
-from .kubectl import Kubectl, table
+from .kubectl import lab_kubectl, table
 
 LAB = Path(__file__).resolve().parents[2] / "ctl" / "meshctl" / "lab" / "labs" / "default.yaml"
 
@@ -39,15 +38,6 @@ def api_get(kube: KubeAccess, path: str) -> dict:
     code = (f"import json, urllib.request; print(urllib.request.urlopen({kube.url + path!r}, timeout=5)"
             ".read().decode())")
     return json.loads(netns.run(kube.netns, [sys.executable, "-c", code]).stdout)
-
-
-def lab_kubectl(lab: str, folder: Path) -> Kubectl:
-    """This machine's kubectl against the lab's API server from the host, through the kubeconfig
-    `meshctl lab kubeconfig` prints."""
-    r = subprocess.run([sys.executable, "-m", "meshctl.cli", "lab", "kubeconfig", "--lab", lab], capture_output=True,
-                       text=True, timeout=60, check=False)
-    assert r.returncode == 0, r.stderr
-    return Kubectl("", folder, config=Path(r.stdout.strip()))
 
 
 @pytest.fixture

@@ -20,14 +20,13 @@ from meshctl.lab.namespaces.state import ClusterState, EtcdAccess, KubeAccess, L
 from meshctl.lab.rigs.kube_apiserver import ApiServer, kubeconfig
 from tests.names import unique
 
-from .kubectl import Kubectl
+from .kubectl import Kubectl, lab_kubeconfig
 
 pytestmark = [pytest.mark.root]
 
 
 def meshctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "meshctl.cli", "lab", "kubeconfig", *args], capture_output=True,
-                          text=True, timeout=60, check=False)
+    return lab_kubeconfig(args[1], *args[2:])
 
 
 @pytest.fixture

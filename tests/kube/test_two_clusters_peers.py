@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Kilo's multi-cluster recipe on the namespace lab: two clusters with the kubernetes backend and no
 cluster mesh; each cluster's nodes, printed by `meshctl showconf --backend kubernetes node X
---as-peer -o yaml --allowed-ips ...`, are applied as Peers in the other cluster's API, and pods of
-the two clusters reach each other through WireGuard."""
+--as-peer -o yaml --allowed-ips ...`, are applied as Peers in the other cluster's API with this
+machine's kubectl (`meshctl lab kubeconfig --cluster C`), and pods of the two clusters reach each
+other through WireGuard."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from meshctl.lab.namespaces import check as labcheck
 from meshctl.lab.namespaces.state import KubeAccess
 from meshctl.lab.rigs import netns
 from tests.kube.helpers import lab_fixture
+from tests.kube.kubectl import lab_kubeconfig, lab_kubectl, table
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -42,27 +44,23 @@ def as_peer(kube: KubeAccess, node: str, service_cidr: str) -> dict:
     return yaml.safe_load(p.stdout)
 
 
-def apply(kube: KubeAccess, obj: dict) -> int:
-    """POST the Peer as `kubectl apply` would create it; an existing one (a segment's other member) is fine."""
-    code = (f"import json, urllib.request, urllib.error\n"
-            f"r = urllib.request.Request({kube.url + '/apis/meshctl.io/v1alpha1/peers'!r}, "
-            f"data={json.dumps(obj).encode()!r}, method='POST', headers={{'Content-Type': 'application/json'}})\n"
-            f"try:\n    print(urllib.request.urlopen(r, timeout=5).status)\n"
-            f"except urllib.error.HTTPError as e:\n    print(e.code)\n")
-    return int(netns.run(kube.netns, [sys.executable, "-c", code]).stdout.strip())
-
-
-def test_as_peer_yaml_applied_in_the_other_cluster_connects_them(lab) -> None:
+def test_as_peer_yaml_applied_in_the_other_cluster_connects_them(lab, tmp_path) -> None:
     st = lab
     east, west = st.clusters
+    r = lab_kubeconfig(st.name)  # two clusters: which one is for the caller to say
+    assert r.returncode == 2 and "pass --cluster" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     created = {}
     for src, dst, svc in ((east, west, "10.96.0.0/16"), (west, east, "10.97.0.0/16")):
         assert src.kube is not None and dst.kube is not None
+        k = lab_kubectl(st.name, tmp_path / dst.name, "--cluster", dst.name)
         for n in src.nodes:
             obj = as_peer(src.kube, n.name, svc)
-            code = apply(dst.kube, obj)
-            assert code in (201, 409), code
+            out = k("apply", "-f", "-", stdin=yaml.safe_dump(obj)).strip()
+            # a segment's other member gives the same Peer: applied again, it changes nothing
+            assert out in (f"peer.meshctl.io/{obj['metadata']['name']} created",
+                           f"peer.meshctl.io/{obj['metadata']['name']} unchanged"), out
             created.setdefault(dst.name, set()).add(obj["metadata"]["name"])
+        assert sorted(row["NAME"] for row in table(k("get", "peers"))) == sorted(created[dst.name])
     # a2 does not lead loc-a: both east nodes give the one Peer of their segment, led by a1.
     assert created == {"west": {"east-a1"}, "east": {"west-g1"}}
     g1 = next(n for n in west.nodes if n.name == "g1")
