@@ -289,3 +289,14 @@ def test_server_dry_run_and_diff_store_nothing(api, k):
     assert r.rc == 1 and "+  persistentKeepalive: 99" in r.out, r.out + r.err
     k("delete", "--dry-run=server", "peer", "laptop")
     assert api.store.rv == rv and api.store.get(rt, "", "laptop")["spec"]["persistentKeepalive"] == 25
+
+
+def test_crd_change_keeps_its_objects_and_discovery_follows(api, k):
+    k("apply", "-f", "-", stdin=json.dumps(PEER))
+    crd = yaml.safe_load((MANIFESTS / "01-crd-peers.yaml").read_text())
+    crd["spec"]["names"]["shortNames"] = ["mp2"]
+    crd["spec"]["names"]["categories"] = ["meshctl"]
+    k("apply", "-f", "-", stdin=json.dumps(crd))
+    assert table(k("get", "mp2"))[0]["NAME"] == "laptop"  # the new short name, the Peer still there
+    assert table(k("get", "meshctl"))[0]["NAME"] == "laptop"  # the category (one kind: plain names)
+    assert k.run("get", "mpeer", check=False).rc != 0

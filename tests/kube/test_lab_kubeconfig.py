@@ -85,3 +85,18 @@ def test_kubeconfig_of_a_stopped_api_server(two_cluster_lab):
     state.save(st)
     r = meshctl("--lab", st.name, "--cluster", "c0")
     assert r.returncode == 2 and "has no API server running" in r.stderr, r.stderr
+
+
+def test_kubeconfig_of_an_etcd_lab(tmp_path):
+    if os.geteuid() != 0:
+        pytest.fail("needs root for the lab's state folder")
+    name = unique("ka")
+    st = LabState(name=name, prefix=name + "-", dir=str(tmp_path),
+                  clusters=[ClusterState(name="default", id=1, etcd=EtcdAccess([], "", "", ""), port=51820)])
+    state.save(st)
+    try:
+        r = meshctl("--lab", name)
+        assert r.returncode == 2 and f"--lab: '{name}' has no Kubernetes API server (its lab.backend is etcd)" \
+            in r.stderr, r.stderr
+    finally:
+        shutil.rmtree(state.lab_dir(name), ignore_errors=True)

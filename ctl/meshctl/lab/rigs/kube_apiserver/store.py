@@ -183,11 +183,14 @@ class Store:
         for rt in gone:
             self.types.pop((rt.group, rt.version, rt.plural), None)
             self.custom.pop(rt, None)
-            if rt not in added:
-                for k in [k for k in self.objects if k[0].same_resource(rt)]:
-                    obj = self.objects.pop(k)
+            kept = next((a for a in added if a.same_resource(rt)), None)
+            for k in [k for k in self.objects if k[0] == rt]:
+                obj = self.objects.pop(k)
+                if kept is None:  # the version is no longer served: its objects go
                     self._bump(obj)
                     self._emit(k[0], "DELETED", obj)
+                else:  # the same resource with new names: its objects stay, under the new type
+                    self.objects[(kept, k[1], k[2])] = obj
         for rt, c in added.items():
             self.types[(rt.group, rt.version, rt.plural)] = rt
             self.custom[rt] = c
