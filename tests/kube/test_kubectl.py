@@ -300,3 +300,18 @@ def test_crd_change_keeps_its_objects_and_discovery_follows(api, k):
     assert table(k("get", "mp2"))[0]["NAME"] == "laptop"  # the new short name, the Peer still there
     assert table(k("get", "meshctl"))[0]["NAME"] == "laptop"  # the category (one kind: plain names)
     assert k.run("get", "mpeer", check=False).rc != 0
+
+
+@pytest.mark.parametrize(("doc", "field"), [
+    pytest.param({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "t", "namespace": "default"},
+                  "datta": {"a": "1"}}, "datta", id="configmap-typo"),
+    pytest.param({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "t", "namespace": "default"},
+                  "spec": {}, "sepc": {}}, "sepc", id="daemonset-typo"),
+])
+def test_unknown_top_level_field_of_a_builtin_kind_fails(api, k, doc, field):
+    r = k.run("apply", "-f", "-", stdin=json.dumps(doc), check=False)
+    assert r.rc == 1 and (f'{doc["kind"]} in version "v1" cannot be handled as a {doc["kind"]}: strict decoding '
+                          f'error: unknown field "{field}"') in r.err, r.err
+    k("apply", "--validate=false", "-f", "-", stdin=json.dumps(doc))  # dropped, as the decoder drops it
+    rt = api.store.by_kind(doc["apiVersion"], doc["kind"])
+    assert field not in api.store.get(rt, "default", "t")

@@ -4,7 +4,8 @@
 schemas of its kinds. A custom resource's schema is its CRD's openAPIV3Schema, so `kubectl explain`
 and kubectl's validation see it; every PATCH operation declares the `fieldValidation` parameter,
 which tells kubectl (1.27+) to leave field validation to the server (fieldValidation=Strict).
-Built-in kinds get an open schema (this server keeps no Go types to describe them)."""
+Built-in kinds get their top-level fields only (types.TOP_FIELDS: this server keeps no Go types to
+describe them further)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def _kind_schema(rt: ResourceType, custom: JSON | None) -> JSON:
         out = copy.deepcopy(custom)
     else:
         out = {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
-               "description": f"{rt.kind} ({rt.api_version}), stored as sent."}
+               "description": f"{rt.kind} ({rt.api_version}), stored as sent."}  # a kind without TOP_FIELDS
     props = out.setdefault("properties", {})
     props["apiVersion"] = {"type": "string", "description": "APIVersion defines the versioned schema of this object."}
     props["kind"] = {"type": "string", "description": "Kind is a string value representing the REST resource."}

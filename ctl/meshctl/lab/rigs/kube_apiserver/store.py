@@ -23,7 +23,7 @@ import yaml
 from . import fields
 from .patches import json_patch, merge_patch, strategic_merge
 from .schema import prune, unknown_fields, validate
-from .types import BUILTIN, CRD_PLURAL, JSON, ApiFailure, ResourceType, not_found
+from .types import BUILTIN, CRD_PLURAL, JSON, ApiFailure, ResourceType, builtin_schema, not_found
 
 # The patch kinds served (Content-Type of a PATCH); any other is answered 415 as kube-apiserver does.
 APPLY_PATCH = "application/apply-patch+yaml"
@@ -132,8 +132,11 @@ class Store:
 
     @property
     def schemas(self) -> dict[ResourceType, JSON]:
-        """openAPIV3Schema per custom resource that has one."""
-        return {rt: c.schema for rt, c in self.custom.items() if c.schema}
+        """The schema objects are checked against: a custom resource's openAPIV3Schema, a built-in
+        kind's top-level fields (types.TOP_FIELDS)."""
+        out = {rt: s for rt in self.served() if rt not in self.custom and (s := builtin_schema(rt)) is not None}
+        out.update({rt: c.schema for rt, c in self.custom.items() if c.schema})
+        return out
 
     # types
 

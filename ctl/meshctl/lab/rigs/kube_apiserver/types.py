@@ -74,6 +74,36 @@ BUILTIN = (
 
 CRD_PLURAL = "customresourcedefinitions"
 
+# The top-level fields of each built-in kind besides apiVersion, kind and metadata (their Go types'
+# JSON names): anything else is an unknown field, refused under fieldValidation=Strict and dropped
+# otherwise, as kube-apiserver's decoder does. Below the top level the server keeps what it gets.
+_SPEC_STATUS = ("spec", "status")
+TOP_FIELDS: dict[str, tuple[str, ...]] = {
+    **{k: _SPEC_STATUS for k in ("Node", "Namespace", "Service", "Pod", "DaemonSet", "Deployment", "Lease",
+                                 "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+                                 "CustomResourceDefinition")},
+    "ConfigMap": ("data", "binaryData", "immutable"),
+    "Secret": ("data", "stringData", "type", "immutable"),
+    "Event": ("involvedObject", "reason", "message", "source", "firstTimestamp", "lastTimestamp", "count", "type",
+              "eventTime", "series", "action", "related", "reportingComponent", "reportingInstance"),
+    "ServiceAccount": ("secrets", "imagePullSecrets", "automountServiceAccountToken"),
+    "ClusterRole": ("rules", "aggregationRule"),
+    "Role": ("rules",),
+    "ClusterRoleBinding": ("subjects", "roleRef"),
+    "RoleBinding": ("subjects", "roleRef"),
+    "EndpointSlice": ("addressType", "endpoints", "ports"),
+}
+
+
+def builtin_schema(rt: ResourceType) -> JSON | None:
+    """A built-in kind's schema as far as this server checks it: its top-level fields, each kept
+    whole."""
+    top = TOP_FIELDS.get(rt.kind)
+    if top is None or rt.group not in {b.group for b in BUILTIN if b.kind == rt.kind}:
+        return None
+    return {"type": "object", "description": f"{rt.kind} ({rt.api_version}).",
+            "properties": {f: {"x-kubernetes-preserve-unknown-fields": True} for f in top}}
+
 
 class ApiFailure(Exception):
     """An API error: becomes a Status object with this code and reason."""
