@@ -217,7 +217,7 @@ def datapath_status(node: str | None, lab_name: str | None, pin_root: str | None
     """Mode, programs, links and map sizes of the pinned fast path."""
     rows: list[dict[str, Any]] = []
     for name, root, ns in pinned_targets(node, lab_name, pin_root, netns):
-        if not os.path.isdir(f"{root}/{name}"):
+        if not os.path.exists(f"{root}/{name}/config"):  # never loaded, or on kernel routes since
             reason = f"nothing pinned under {root}"
             recorded = recorded_outcome(f"{root}/{name}")
             rows.append({"node": name, "mode": "kernel-routes", "reason": reason,

@@ -130,7 +130,7 @@ def write(path: Path, key: str, b: Any, programs: Iterable[str], maps: Iterable[
     fds: dict[int, str] = {}
     defs: dict[str, dict[str, int]] = {}
     for name in maps:
-        fd = b.get_table(name).get_fd()
+        fd = b.get_table(name.encode()).get_fd()
         info = libbpf.map_info(fd)
         fds[fd] = name
         defs[name] = {"type": info.type, "key_size": info.key_size, "value_size": info.value_size,
