@@ -15,6 +15,7 @@ import shutil
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -134,13 +135,13 @@ def test_a_node_without_headers_loads_the_shipped_objects_and_says_so(pin_root, 
         assert "  objects: shipped" in r.output.splitlines()
         # a restarted agent reopens the pins: the record of where they came from stays with them
         dp = Datapath.open(node, pin_root=pin_root)
-        assert (dp.objects, dp._loaded.compiled if dp._loaded else None) == ("shipped", False)
+        assert (dp.objects, dp.status()["compiled"]) == ("shipped", False)
         dp.close()
     finally:
         Datapath.unload(node, pin_root=pin_root)
 
 
-def _rewrite(shipped: Path, tmp_path: Path, change) -> Path:  # type: ignore[no-untyped-def]
+def _rewrite(shipped: Path, tmp_path: Path, change: Callable[[dict], None]) -> Path:
     """A copy of the shipped objects with this kernel's variant changed by `change(doc)`."""
     out = tmp_path / "altered"
     shutil.copytree(shipped, out)

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 from meshctl.datapath import features, layout, libbpf, objcache
 from meshctl.datapath.maps import NodeMaps
@@ -229,7 +230,7 @@ def _compile_and_pin(pin_dir: str) -> str:
     return OBJECTS_COMPILED
 
 
-def _bcc_compile(pin_dir: str, variant: Iterable[str] | None = None):  # type: ignore[no-untyped-def]
+def _bcc_compile(pin_dir: str, variant: Iterable[str] | None = None) -> Any:  # bcc's BPF: untyped
     """bcc's object for the programs of `variant` (this kernel's when None): compiled, maps created
     (or reopened) at their pinned paths under `pin_dir` by BPF_TABLE_PINNED, programs not loaded.
     The caller cleans it up."""
