@@ -54,10 +54,15 @@ bench: setup
 	@cd bench && ../$(PY) clustermesh.py
 	@$(PY) bench/watch_reader.py
 
-# Needs no venv and no root: only a container engine (docker or podman; ENGINE= picks one).
+# Needs no venv and no root: only a container engine (docker or podman; ENGINE= picks one). The
+# Dockerfile's build-objects step compiles with bcc, which creates BPF maps: docker's BuildKit runs it
+# with RUN --security=insecure, allowed by --allow security.insecure (the builder must permit that
+# entitlement, docs/datapath.md); podman gives the build the capabilities instead.
+IMAGE_BUILD_docker = buildx build --allow security.insecure
+IMAGE_BUILD_podman = build --cap-add=CAP_BPF,CAP_PERFMON,CAP_SYS_ADMIN --security-opt seccomp=unconfined
 image:
 	$(if $(ENGINE),,$(error make image: no container engine: install docker or podman, or set ENGINE))
-	$(ENGINE) build -t $(IMAGE) .
+	$(ENGINE) $(or $(IMAGE_BUILD_$(notdir $(ENGINE))),build) -t $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) build *.egg-info ctl/*.egg-info

@@ -149,6 +149,7 @@ struct mc_counter {
 #define MC_CFG_PRIVATE_MTU 5 /* the private NIC's MTU: what an encapsulated packet must fit when the
                               * kernel has no bpf_check_mtu (before 5.12, MC_HAVE_CHECK_MTU 0) */
 #define MC_CFG_MONITOR 6 /* bit i set: monitor slot i is claimed (lib/monitor.h); 0: no event path at all */
+#define MC_CFG_OBJECTS 7 /* where the loader took the programs from (shipped, compiled, cached); no program reads it */
 #define MC_CONFIG_SLOTS 8
 
 /* Monitor (`meshctl monitor`, lib/monitor.h, ctl/meshctl/datapath/monitor.py). New maps only: the

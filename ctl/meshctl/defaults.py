@@ -11,6 +11,9 @@ WG_INTERFACE = "kilo0"  # Kilo's name: a node migrating from Kilo keeps its inte
 STATE_DIR = Path("/var/lib/meshctl")  # keys (0600), the lease, saved remote views
 WG_RUN_DIR = Path("/run/meshctl/wireguard")  # wireguard-go's private UAPI socket directory
 PIN_ROOT = "/sys/fs/bpf/meshctl"  # one folder per node under it: programs, maps, links
+# Where each node's datapath outcome (`objects: ...`) is recorded for `datapath status` (bpffs holds
+# no plain files, and a node on kernel routes has nothing pinned to read it from).
+DATAPATH_RUN_DIR = Path("/run/meshctl/datapath")
 METRICS_ADDR = "127.0.0.1:9736"  # /metrics, /healthz, /status; loopback unless asked
 UI_LISTEN = "127.0.0.1:8470"  # `meshctl ui`'s page; loopback unless asked (it has no login)
 PROBE_PORT = 51871  # UDP port of the path probes; the fast path names a probe by it in monitor events

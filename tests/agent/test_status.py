@@ -41,7 +41,7 @@ FULL: dict[str, Any] = {
         "connected": True, "last_change": 1700000000.0, "reconnects": 0, "last_sync_age": 0.0, "rejected": 1,
         "rejections": [{"name": "c2/bad", "reason": "no pod CIDR"}]}]},
     "datapath": {"mode": "ebpf", "reason": None, "counters": {"direct": [10, 1000], "pass": [3, 300]},
-                 "synced": True, "attach": "tcx", "fallbacks": []},
+                 "synced": True, "attach": "tcx", "fallbacks": [], "objects": "shipped", "objects_refused": 1},
     "path_probe": PROBE,
     "path_changes": [{"from": "none", "to": "direct", "reason": "direct became available", "count": 1}],
     "wireguard_mode": "wireguard-go",
@@ -94,7 +94,7 @@ def test_the_metrics_read_the_status() -> None:
                  'meshctl_rejected_records 1.0', 'meshctl_routes 4.0', 'meshctl_pod_interfaces{state="fastpath"} 1.0',
                  'meshctl_reconciles_total{result="failed"} 1.0', 'meshctl_errors_total{part="nat"} 1.0',
                  'meshctl_rejections_total 1.0', 'meshctl_datapath_packets_total{action="direct"} 10.0',
-                 'meshctl_datapath_mode{mode="ebpf"} 1.0',
+                 'meshctl_datapath_mode{mode="ebpf"} 1.0', 'meshctl_datapath_objects_refused_total 1.0',
                  'meshctl_wireguard_peer_receive_bytes_total{peer="b1"} 10.0',
                  'meshctl_wireguard_peer_handshake_age_seconds{peer="b2"} -1.0',
                  'meshctl_own_record_restored_total 1.0',
@@ -114,6 +114,7 @@ def test_meshctl_status_formats_the_status() -> None:
     assert out[1] == ("granularity location  leader this node  wireguard ip 10.4.0.1/16 (wireguard-go)  nodes 3  "
                       "routes 4")
     assert out[2] == "datapath ebpf [tcx]  direct 10 pkts/1000 B  pass 3 pkts/300 B"
+    assert out[3] == "objects: shipped (1 refused for their map layout version)"
     for line in ("pod interfaces: 1 carry the fast path, 1 found (netlink): veth1",
                  "WARNING: kilo's config is still installed", "WARNING: b1: never starts", "peers (2):",
                  "  a2  direct  probes: direct up 0.12 ms", "relay: c2/g1 through b1 (unreached)",
@@ -126,3 +127,8 @@ def test_meshctl_status_formats_the_status() -> None:
     assert any(x.startswith("last reconcile ") and x.endswith(", applied, errors: nat: boom") for x in out)
     starting = format_status(AgentStatus.from_json({"node": "a1", "ready": False, "reason": "starting"}))
     assert starting.splitlines()[0] == "node a1  cluster None  backend None: NOT READY (starting)  revision None"
+    assert not [x for x in starting.splitlines() if x.startswith("objects:")], "no outcome before the datapath opens"
+    routes = copy.deepcopy(FULL)
+    routes["datapath"] = {"mode": "kernel-routes", "reason": "no kernel headers", "counters": {},
+                          "objects": "kernel routes: no kernel headers", "objects_refused": 0}
+    assert "objects: kernel routes: no kernel headers" in format_status(AgentStatus.from_json(routes)).splitlines()

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from meshctl.datapath import Datapath, libbpf, loader
+from meshctl.datapath import Datapath, layout, libbpf, loader, objcache
 
 
 def _tags(pin_dir: str) -> dict[str, bytes]:
@@ -72,12 +72,15 @@ def test_a_cached_object_the_kernel_refuses_is_compiled_again(pin_root, tmp_path
     cache.mkdir()
     entry = cache / f"{loader.object_key()}.json"
     # one instruction, `exit` without setting r0: the verifier refuses it
-    bad = {"maps": {}, "programs": {p: {"insns": "lQAAAAAAAAA=", "relocs": []} for p in loader.PROGRAMS}}
+    bad = {"layout": layout.LAYOUT_VERSION, "key": loader.object_key(), "maps": {},
+           "programs": {p: {"insns": "lQAAAAAAAAA=", "relocs": []} for p in loader.PROGRAMS}}
+    refused = objcache.refusals()
     entry.write_text(json.dumps(bad))
     try:
         dp = Datapath.open("oc-c", pin_root=pin_root)
         assert dp.mode == "ebpf", dp.reason
         dp.close()
         assert json.loads(entry.read_text()) != bad, "the compile replaced the refused object"
+        assert objcache.refusals() == refused, "the kernel refused it, not the layout check"
     finally:
         Datapath.unload("oc-c", pin_root=pin_root)

@@ -109,6 +109,10 @@ def _datapath_metrics(dp: DatapathStatus) -> Iterator[Any]:
     if dp.mode:
         mode.add_metric([dp.mode], 1)
     yield mode
+    refused = CounterMetricFamily("meshctl_datapath_objects_refused",
+                                  "Compiled objects refused for their map layout version")
+    refused.add_metric([], dp.objects_refused or 0)
+    yield refused
 
 
 def _peer_metrics(peers: Sequence[PeerRow]) -> Iterator[Any]:

@@ -235,12 +235,21 @@ class PassSummary:
         )
 
 
+def objects_line(objects: str, refused: int | None) -> str:
+    """The `objects: ...` line of `meshctl status` and `datapath status`: the outcome, and how many
+    compiled objects were refused for their map layout version (when any)."""
+    return f"objects: {objects}" + (f" ({refused} refused for their map layout version)" if refused else "")
+
+
 @dataclass(frozen=True)
 class DatapathStatus:
     """The fast path: its mode (None while it loads or when disabled) and why, counters by action
     as (packets, bytes). `synced` (the maps hold a plan) is None until a datapath is open; `attach`
     (tcx or clsact) and `fallbacks` (helpers the programs do without on this kernel) are None
-    unless the mode is ebpf. A None field is an absent key."""
+    unless the mode is ebpf. `objects` says which of the three outcomes the node has (programs
+    `shipped` with the image, `compiled (bcc)` here, or `kernel routes: <reason>`: Datapath.objects)
+    and `objects_refused` how many compiled objects were refused for their map layout version;
+    both None until a datapath is open. A None field is an absent key."""
 
     mode: str | None
     reason: str | None
@@ -248,6 +257,8 @@ class DatapathStatus:
     synced: bool | None = None
     attach: str | None = None
     fallbacks: tuple[str, ...] | None = None
+    objects: str | None = None
+    objects_refused: int | None = None
 
     def to_json(self) -> JSON:
         out: JSON = {"mode": self.mode, "reason": self.reason,
@@ -255,6 +266,8 @@ class DatapathStatus:
         _opt(out, "synced", self.synced)
         _opt(out, "attach", self.attach)
         _opt(out, "fallbacks", list(self.fallbacks) if self.fallbacks is not None else None)
+        _opt(out, "objects", self.objects)
+        _opt(out, "objects_refused", self.objects_refused)
         return out
 
     @classmethod
@@ -262,7 +275,7 @@ class DatapathStatus:
         fb = d.get("fallbacks")
         counters = {k: (int(v[0]), int(v[1])) for k, v in (d.get("counters") or {}).items()}
         return cls(d.get("mode"), d.get("reason"), counters, d.get("synced"), d.get("attach"),
-                   tuple(fb) if fb is not None else None)
+                   tuple(fb) if fb is not None else None, d.get("objects"), d.get("objects_refused"))
 
 
 @dataclass(frozen=True)

@@ -412,11 +412,14 @@ class DatapathStep:
         except Exception as e:  # noqa: BLE001 - status must always answer
             counters = {}
             log.debug("datapath counters: %s", e)
+        from meshctl.datapath.objcache import refusals
+
         if dp.mode != "ebpf":
-            return DatapathReport(DatapathStatus(dp.mode, dp.reason, counters, self._synced), ())
+            return DatapathReport(DatapathStatus(dp.mode, dp.reason, counters, self._synced,
+                                                 objects=dp.objects, objects_refused=refusals()), ())
         from meshctl.datapath.features import probe
 
-        # how the programs hook in, and which helpers they do without on this kernel
+        # how the programs hook in, which helpers they do without on this kernel, where they came from
         block = DatapathStatus(dp.mode, dp.reason, counters, self._synced, "clsact" if dp.clsact else "tcx",
-                               tuple(probe().fallbacks()))
+                               tuple(probe().fallbacks()), dp.objects, refusals())
         return DatapathReport(block, self._attached or ())

@@ -15,7 +15,7 @@ import click
 from meshctl import defaults
 from meshctl.agent.config import AgentConfig
 from meshctl.agent.server import fetch_status
-from meshctl.agent.status import AgentStatus, BackendBlocks, DatapathStatus, PodsStatus, RemotesStatus
+from meshctl.agent.status import AgentStatus, BackendBlocks, DatapathStatus, PodsStatus, RemotesStatus, objects_line
 from meshctl.cli import targets
 from meshctl.cli.options import TEXT_FORMATS, file_option, lab_option, node_option, output_option, pin_root_option
 from meshctl.errors import InputError, MeshError
@@ -239,6 +239,7 @@ def _format_datapath(dp: DatapathStatus, pods: PodsStatus) -> list[str]:
                      *(f"without {f.split(' ', 1)[-1]}" for f in dp.fallbacks or ())])
     lines = [f"datapath {dp.mode or '-'}{' (' + dp.reason + ')' if dp.reason else ''}"
              f"{' [' + how + ']' if how else ''}{'  ' + counters if counters else ''}",
+             *([objects_line(dp.objects, dp.objects_refused)] if dp.objects else []),
              f"pod interfaces: {len(pods.fastpath)} carry the fast path, {len(pods.found)} found ({pods.source})"
              + (f": {','.join(pods.fastpath)}" if pods.fastpath else "")]
     if pods.warning:

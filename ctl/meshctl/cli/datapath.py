@@ -9,6 +9,7 @@ pins are under /sys/fs/bpf/meshctl and the current namespace is the node's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -18,9 +19,10 @@ from typing import Any, TypeVar
 import click
 
 from meshctl import defaults
+from meshctl.agent.status import objects_line
 from meshctl.cli import targets
 from meshctl.cli.options import file_option, lab_option, node_option, option, output_option, pin_root_option
-from meshctl.datapath import Datapath
+from meshctl.datapath import Datapath, recorded_outcome
 from meshctl.errors import InputError, MeshError
 from meshctl.node import discovery
 from meshctl.setns import in_netns
@@ -161,8 +163,8 @@ def datapath_load(node: str, lab_name: str | None, pin_root: str | None, netns: 
 
     out = _in(ns, load)
     s = out["status"]
-    click.echo(f"{name}: ebpf, {'compiled' if s['compiled'] else 'reopened'}, {len(s['links'])} links, "
-               f"{s['routes']} routes, {s['pods']} local pods")
+    click.echo(f"{name}: ebpf, {'loaded' if s['compiled'] else 'reopened'}, objects: {s['objects']}, "
+               f"{len(s['links'])} links, {s['routes']} routes, {s['pods']} local pods")
     if out["sync"] is not None:
         st = out["sync"]
         click.echo(f"sync: {st.added} added, {st.changed} changed, {st.deleted} deleted")
@@ -180,6 +182,30 @@ def datapath_unload(node: str, lab_name: str | None, pin_root: str | None, netns
     click.echo(f"{name}: unloaded (kernel routes)")
 
 
+@datapath.command("build-objects")
+@option("--out", "out", required=True, type=click.Path(file_okay=False),
+        help="Folder to write the compiled objects to (the image's: /usr/lib/meshctl/bpf-objects).")
+@pin_root_option(default=defaults.PIN_ROOT, help="bpffs folder under which bcc's throwaway maps go "
+                 "(in build-<pid>, removed after).")
+def datapath_build_objects(out: str, pin_root: str) -> None:
+    """Compile with bcc the programs of every variant the feature probes can select, in the object
+    cache's format, for nodes without kernel headers (the image build runs it; needs CAP_BPF)."""
+    from pathlib import Path
+
+    from meshctl.datapath import loader
+
+    pin_dir = f"{pin_root}/build-{os.getpid()}"
+    loader.ensure_bpffs(pin_dir)
+    try:
+        written = loader.build_objects(Path(out), pin_dir)
+    finally:
+        with contextlib.suppress(OSError):
+            os.rmdir(pin_dir)
+    for path in written:
+        click.echo(f"wrote {path}")
+    click.echo(f"{len(written)} variants built into {out}")
+
+
 @datapath.command("status")
 @_node
 @_lab
@@ -191,8 +217,11 @@ def datapath_status(node: str | None, lab_name: str | None, pin_root: str | None
     """Mode, programs, links and map sizes of the pinned fast path."""
     rows: list[dict[str, Any]] = []
     for name, root, ns in pinned_targets(node, lab_name, pin_root, netns):
-        if not os.path.isdir(f"{root}/{name}"):
-            rows.append({"node": name, "mode": "kernel-routes", "reason": f"nothing pinned under {root}"})
+        if not os.path.exists(f"{root}/{name}/config"):  # never loaded, or on kernel routes since
+            reason = f"nothing pinned under {root}"
+            recorded = recorded_outcome(f"{root}/{name}")
+            rows.append({"node": name, "mode": "kernel-routes", "reason": reason,
+                         "objects": recorded or f"kernel routes: {reason}"})
             continue
 
         def st(name: str = name, root: str = root) -> dict[str, Any]:
@@ -208,6 +237,7 @@ def datapath_status(node: str | None, lab_name: str | None, pin_root: str | None
         return
     for r in rows:
         click.echo(f"node {r['node']}: datapath {r['mode']}{' (' + r['reason'] + ')' if r.get('reason') else ''}")
+        click.echo("  " + objects_line(r["objects"], r.get("objects_refused")))
         if r["mode"] != "ebpf":
             continue
         click.echo(f"  pins {r['pin_dir']} (layout {r['layout']}), {r['routes']} routes, {r['pods']} local pods, "

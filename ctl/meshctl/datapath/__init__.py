@@ -15,10 +15,12 @@ kernel's routes stay the source of truth: with the programs unloaded, or where t
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from meshctl import defaults
@@ -66,6 +68,12 @@ class Datapath:
             from meshctl.errors import InputError
 
             raise InputError("node", node, "is not a node name usable as a pin directory")
+        dp = cls._open(node, pin_root, enabled)
+        record_outcome(dp.pin_dir, dp.objects)
+        return dp
+
+    @classmethod
+    def _open(cls, node: str, pin_root: str, enabled: bool) -> Datapath:
         if not enabled:
             try:
                 cls.unload(node, pin_root=pin_root)
@@ -89,7 +97,7 @@ class Datapath:
         except (OSError, MeshError) as e:  # the old programs keep running: still a working node
             log.warning("datapath: could not switch the links of %s to the new programs: %s", node, e)
         if loaded.compiled:
-            log.info("datapath: %s compiled and pinned under %s", node, dp.pin_dir)
+            log.info("datapath: %s loaded (%s) and pinned under %s", node, loaded.objects, dp.pin_dir)
         return dp
 
     @classmethod
@@ -114,6 +122,15 @@ class Datapath:
                         reason)
         return cls(node, pin_root, "kernel-routes", reason)
 
+    @property
+    def objects(self) -> str:
+        """Which of the three outcomes this node has: where its programs came from (loader.
+        OBJECT_SOURCES: shipped, compiled (bcc), compiled (bcc, cached); "pinned" when a loader that
+        kept no record pinned them), or "kernel routes: <reason>"."""
+        if self._loaded is None:
+            return f"kernel routes: {self.reason}"
+        return self._loaded.objects or "pinned"
+
     def close(self) -> None:
         """Release our file descriptors; programs, links and maps stay pinned and running."""
         if self._loaded is not None:
@@ -132,6 +149,8 @@ class Datapath:
         from meshctl.datapath import loader
 
         pin_dir = f"{pin_root}/{node}"
+        with contextlib.suppress(FileNotFoundError):
+            outcome_path(pin_dir).unlink()
         links.detach_all(pin_dir)
         if _clsact_in_use(pin_dir):
             for a in links.clsact_links():
@@ -321,7 +340,10 @@ class Datapath:
 
     def status(self) -> dict:
         """What `meshctl datapath status` and the agent's status show."""
-        out: dict = {"node": self.node, "mode": self.mode, "reason": self.reason, "pin_dir": self.pin_dir}
+        from meshctl.datapath.objcache import refusals
+
+        out: dict = {"node": self.node, "mode": self.mode, "reason": self.reason, "pin_dir": self.pin_dir,
+                     "objects": self.objects, "objects_refused": refusals()}
         with contextlib.suppress(OSError):
             from meshctl.datapath.features import probe
 
@@ -350,6 +372,32 @@ class Datapath:
     def programs(self) -> dict[str, int]:
         """Program name -> fd (tests, benchmarks: BPF_PROG_TEST_RUN)."""
         return dict(self._loaded.progs) if self._loaded is not None else {}
+
+
+def outcome_path(pin_dir: str) -> Path:
+    """The file recording the datapath outcome of the node pinned at `pin_dir` (DATAPATH_RUN_DIR)."""
+    return defaults.DATAPATH_RUN_DIR / (pin_dir.strip("/").replace("/", "_") + ".json")
+
+
+def record_outcome(pin_dir: str, objects: str) -> None:
+    """Record `objects` (Datapath.objects) for `datapath status`; best effort (a read-only /run)."""
+    path = outcome_path(pin_dir)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"objects": objects}))
+        os.replace(tmp, path)
+    except OSError as e:
+        log.debug("datapath: cannot record the outcome at %s: %s", path, e)
+
+
+def recorded_outcome(pin_dir: str) -> str | None:
+    """What record_outcome wrote for `pin_dir`, None when nothing (or nothing readable)."""
+    try:
+        doc = json.loads(outcome_path(pin_dir).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc.get("objects") if isinstance(doc, dict) else None
 
 
 def _str_or_none(x: object | None) -> str | None:

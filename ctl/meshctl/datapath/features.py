@@ -15,8 +15,10 @@ from __future__ import annotations
 import errno
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
+from itertools import combinations
 
 from meshctl.datapath import libbpf
 
@@ -102,13 +104,35 @@ class Features:
         return [f"helper bpf_{n}" if n in OPTIONAL_HELPERS else f"flag {FLAG_NAMES[n]}" for n in OPTIONAL
                 if not self.has(n)]
 
+    def variant(self) -> frozenset[str]:
+        """The program variant this kernel selects: the OPTIONAL features it has."""
+        return frozenset(n for n in OPTIONAL if self.has(n))
+
     def cflags(self) -> list[str]:
         """The compiler settings the probe results decide (-DMC_HAVE_<...>=0|1)."""
-        return [f"-D{macro}={int(self.has(n))}" for n, macro in sorted(OPTIONAL.items())]
+        return variant_cflags(self.variant())
 
     def as_dict(self) -> dict[str, object]:
         return {"tcx": self.tcx, "helpers": dict(self.helpers), "map_types": dict(self.map_types),
                 "flags": dict(self.flags), "missing": self.missing(), "fallbacks": self.fallbacks()}
+
+
+def variant_cflags(present: Iterable[str]) -> list[str]:
+    """The compiler settings of the variant with the OPTIONAL features `present` (-DMC_HAVE_<...>=0|1)."""
+    have = set(present)
+    return [f"-D{macro}={int(n in have)}" for n, macro in sorted(OPTIONAL.items())]
+
+
+def variants() -> list[frozenset[str]]:
+    """Every variant a probe can select (each subset of OPTIONAL), fewest features first: what the
+    image ships compiled, so a node of any kernel finds its programs without compiling."""
+    names = sorted(OPTIONAL)
+    return [frozenset(c) for r in range(len(names) + 1) for c in combinations(names, r)]
+
+
+def variant_name(variant: Iterable[str]) -> str:
+    """A variant as a file name: its features joined by '+' in a stable order, 'base' for none."""
+    return "+".join(sorted(variant)) or "base"
 
 
 def _probe_adjust_room(len_diff: int, flags: int) -> bool:

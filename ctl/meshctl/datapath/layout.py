@@ -87,6 +87,7 @@ def header_defines(prefix: str) -> dict[str, tuple[int, str]]:
 
 _MON = header_defines("MC_MON_")
 CFG_MONITOR = header_defines("MC_CFG_")["MONITOR"][0]  # the gate: a bitmask of claimed monitor slots
+CFG_OBJECTS = header_defines("MC_CFG_")["OBJECTS"][0]  # the loader's record of where the programs came from
 MON_SLOTS = _MON["SLOTS"][0]
 MON_LOST_KINDS = _MON["LOST_KINDS"][0]
 MON_LOST_RATE = _MON["LOST_RATE"][0]

@@ -6,6 +6,11 @@ An agent restart must not drop a packet: programs and maps stay pinned under
 compiling. A changed source is compiled against the same pinned maps and the links are switched
 to the new programs atomically (bpf_link_update). Pinned maps of another layout version are
 unpinned and rebuilt (the old programs keep running on the old maps until their links switch).
+
+Where the programs come from, in order (`Loaded.objects` and config[CFG_OBJECTS] record which):
+what bcc compiled on this node before (the object cache), the objects the image ships for the
+variant the feature probes select (no headers needed), and a bcc compile where kernel headers
+exist. When none loads the caller runs the node on kernel routes.
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 from meshctl.datapath import features, layout, libbpf, objcache
 from meshctl.datapath.maps import NodeMaps
@@ -37,12 +44,25 @@ def bpf_dir() -> Path:
     return d
 
 
-def source(pin_dir: str) -> tuple[Path, list[str], int]:
-    """What bcc compiles for this node: the main source, its cflags (load-time settings and the
-    include path) and a 63-bit hash of both with every header (stored in config: a change of any
-    of them recompiles)."""
+# Where the loaded programs came from (Loaded.objects), and their codes in config[CFG_OBJECTS].
+OBJECTS_SHIPPED = "shipped"
+OBJECTS_COMPILED = "compiled (bcc)"
+OBJECTS_CACHED = "compiled (bcc, cached)"
+OBJECT_SOURCES = (OBJECTS_SHIPPED, OBJECTS_COMPILED, OBJECTS_CACHED)
+
+
+def _variant(variant: Iterable[str] | None) -> frozenset[str]:
+    """`variant`, or the one this kernel's probes select when None."""
+    return features.probe().variant() if variant is None else frozenset(variant)
+
+
+def source(pin_dir: str, variant: Iterable[str] | None = None) -> tuple[Path, list[str], int]:
+    """What bcc compiles: the main source, its cflags (load-time settings, the variant's feature
+    settings, this node's unless given, and the include path) and a 63-bit hash of both with every
+    header (stored in config: a change of any of them recompiles)."""
     d = bpf_dir()
-    cflags = [f"-I{d}", "-Wno-unused-function", *layout.cflags(pin_dir), *features.probe().cflags()]
+    cflags = [f"-I{d}", "-Wno-unused-function", *layout.cflags(pin_dir),
+              *features.variant_cflags(_variant(variant))]
     h = hashlib.sha256("\0".join(cflags).encode())
     for f in sorted(p for p in d.rglob("*") if p.suffix in (".c", ".h")):
         h.update(str(f.relative_to(d)).encode() + b"\0" + f.read_bytes())
@@ -94,8 +114,9 @@ class Loaded:
     maps: NodeMaps
     progs: dict[str, int]      # name -> fd
     prog_ids: dict[str, int]   # name -> kernel prog id
-    compiled: bool
+    compiled: bool             # loaded now (else reopened as a previous agent pinned them)
     migrated_from: int | None  # layout version replaced, if any
+    objects: str | None = None  # where the programs came from (OBJECT_SOURCES), None: not recorded
 
     def close(self) -> None:
         for fd in self.progs.values():
@@ -139,15 +160,30 @@ def used_clsact(pin_dir: str) -> bool:
     return bool(cfg and cfg[0] == 1)
 
 
-def object_key() -> str:
-    """The compiled-object cache key (meshctl.datapath.objcache): every source and header, and the
-    load-time settings except the pin directory, which the bytecode does not depend on (maps reach
-    the instructions as descriptors)."""
+def _key_sources(variant: Iterable[str] | None) -> list[bytes]:
+    """What a compiled object depends on: every source and header, and the load-time settings except
+    the pin directory, which the bytecode does not depend on (maps reach the instructions as
+    descriptors)."""
     d = bpf_dir()
-    settings = [f for f in (*layout.cflags(""), *features.probe().cflags()) if not f.startswith("-DMC_PIN_DIR=")]
+    settings = [f for f in (*layout.cflags(""), *features.variant_cflags(_variant(variant)))
+                if not f.startswith("-DMC_PIN_DIR=")]
     files = sorted(f for f in d.rglob("*") if f.suffix in (".c", ".h"))
-    return objcache.cache_key(["\0".join(settings).encode(),
-                               *(str(f.relative_to(d)).encode() + b"\0" + f.read_bytes() for f in files)])
+    return ["\0".join(settings).encode(), *(str(f.relative_to(d)).encode() + b"\0" + f.read_bytes() for f in files)]
+
+
+def object_key(variant: Iterable[str] | None = None) -> str:
+    """The compiled-object cache key of `variant` (this kernel's when None) compiled on this node."""
+    return objcache.cache_key(_key_sources(variant))
+
+
+def shipped_key(variant: Iterable[str] | None = None) -> str:
+    """The key a shipped object of `variant` (this kernel's when None) carries."""
+    return objcache.shipped_key(_key_sources(variant))
+
+
+def shipped_path(variant: Iterable[str] | None = None, directory: Path | None = None) -> Path:
+    """The shipped object of `variant` (this kernel's when None) in `directory` (objcache.shipped_dir())."""
+    return (directory or objcache.shipped_dir()) / f"{features.variant_name(_variant(variant))}.json"
 
 
 COMPILE_TIMEOUT_ENV = "MESHCTL_BPF_COMPILE_TIMEOUT"
@@ -163,15 +199,26 @@ def compile_timeout() -> float:
         return COMPILE_TIMEOUT
 
 
-def _compile_and_pin(pin_dir: str) -> None:
-    """Load the cached compiled programs when there are any for these sources and headers;
-    otherwise compile and pin in a child process: bcc brings LLVM (~140 MB resident) that the
-    agent should not keep for its lifetime. The child leaves pinned programs and maps; we reopen them."""
-    if objcache.load_and_pin(object_key(), pin_dir, {p: prog_path(pin_dir, p) for p in PROGRAMS}):
-        return
+def _compile_and_pin(pin_dir: str) -> str:
+    """Load the programs from the first source that works (see the module doc) and say which
+    (OBJECT_SOURCES). A compile runs in a child process: bcc brings LLVM (~140 MB resident) that
+    the agent should not keep for its lifetime; it leaves pinned programs and maps we reopen.
+    MeshError naming why when no source works."""
+    progs = {p: prog_path(pin_dir, p) for p in PROGRAMS}
+    if objcache.load_and_pin(objcache.cache_path(object_key()), object_key(), pin_dir, progs) is None:
+        return OBJECTS_CACHED
+    shipped = objcache.load_and_pin(shipped_path(), shipped_key(), pin_dir, progs)
+    if shipped is None:
+        return OBJECTS_SHIPPED
+    if not objcache.have_headers():
+        raise MeshError(f"no kernel headers at {objcache.headers_dir()} to compile with bcc, and no shipped "
+                        f"object loaded ({shipped})")
+    log.info("datapath: shipped objects not loaded (%s): compiling with bcc", shipped)
     pkg_root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), pkg_root) if p)
+    if objcache.HEADERS_ENV in env:
+        env["BCC_KERNEL_SOURCE"] = env[objcache.HEADERS_ENV]
     try:
         p = subprocess.run([sys.executable, "-m", "meshctl.datapath.compile", pin_dir], capture_output=True,
                            text=True, env=env, timeout=compile_timeout())
@@ -180,20 +227,54 @@ def _compile_and_pin(pin_dir: str) -> None:
     if p.returncode != 0:
         lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
         raise MeshError(lines[-1] if lines else f"the BPF compiler exited with {p.returncode}")
+    return OBJECTS_COMPILED
 
 
-def compile_and_pin_here(pin_dir: str) -> None:
-    """bcc compile in this process; maps are created (or reopened) at their pinned paths by
-    BPF_TABLE_PINNED; programs replace the old pins. (meshctl.datapath.compile runs this.)"""
-    main, cflags, _ = source(pin_dir)
+def _bcc_compile(pin_dir: str, variant: Iterable[str] | None = None) -> Any:  # bcc's BPF: untyped
+    """bcc's object for the programs of `variant` (this kernel's when None): compiled, maps created
+    (or reopened) at their pinned paths under `pin_dir` by BPF_TABLE_PINNED, programs not loaded.
+    The caller cleans it up."""
+    main, cflags, _ = source(pin_dir, variant)
     try:
         from bcc import BPF  # noqa: PLC0415 - optional dependency, checked at run time
     except ImportError as e:
         raise MeshError(f"bcc is not importable ({e})") from None
     try:
-        b = BPF(src_file=str(main).encode(), cflags=cflags)
+        return BPF(src_file=str(main).encode(), cflags=cflags)
     except Exception as e:  # bcc raises bare Exception on compile/load errors
         raise MeshError(f"bcc could not compile/load {SOURCE}: {_first_line(e)}") from None
+
+
+def build_objects(out: Path, pin_dir: str) -> list[Path]:
+    """Compile with bcc, into `out`, the programs of every variant the feature probes can select
+    (features.variants()), one file per variant in the object cache's format: what the image
+    ships. The programs are not loaded (a variant this host's kernel lacks a helper for compiles
+    all the same); bcc creates the maps, so this needs CAP_BPF and a bpffs, where `pin_dir` lies
+    (left empty). MeshError when one does not compile."""
+    written = []
+    os.makedirs(pin_dir, exist_ok=True)
+    try:
+        for variant in features.variants():
+            b = _bcc_compile(pin_dir, variant)
+            try:
+                path = shipped_path(variant, out)
+                if not objcache.write(path, shipped_key(variant), b, PROGRAMS, (*NodeMaps.NAMES, *layout.MONITOR_MAPS)):
+                    raise MeshError(f"cannot write the compiled programs of variant "
+                                    f"{features.variant_name(variant)} to {path}")
+            finally:
+                b.cleanup()
+            written.append(path)
+    finally:
+        remove_maps_and_progs(pin_dir)
+    return written
+
+
+def compile_and_pin_here(pin_dir: str) -> None:
+    """bcc compile in this process; maps are created (or reopened) at their pinned paths by
+    BPF_TABLE_PINNED; programs replace the old pins. (meshctl.datapath.compile runs this.)"""
+    from bcc import BPF  # noqa: PLC0415 - _bcc_compile checked it is there
+
+    b = _bcc_compile(pin_dir)
     try:
         for name in PROGRAMS:
             try:
@@ -235,7 +316,9 @@ def _open_pinned(pin_dir: str, compiled: bool, migrated: int | None) -> Loaded:
             os.close(fd)
         maps.close()
         raise
-    return Loaded(maps, progs, ids, compiled, migrated)
+    code = maps.config_get(layout.CFG_OBJECTS)
+    objects = OBJECT_SOURCES[code - 1] if 0 < code <= len(OBJECT_SOURCES) else None
+    return Loaded(maps, progs, ids, compiled, migrated, objects)
 
 
 def load(pin_dir: str) -> Loaded:
@@ -252,12 +335,14 @@ def load(pin_dir: str) -> Loaded:
         remove_maps_and_progs(pin_dir)
         migrated = pinned
     have_progs = all(os.path.exists(prog_path(pin_dir, p)) for p in PROGRAMS)
-    compiled = False
+    objects = None
     if not (pinned == layout.LAYOUT_VERSION and have_progs and pinned_hash == digest):
-        _compile_and_pin(pin_dir)
-        compiled = True
-    loaded = _open_pinned(pin_dir, compiled, migrated)
+        objects = _compile_and_pin(pin_dir)
+    loaded = _open_pinned(pin_dir, objects is not None, migrated)
     try:
+        if objects is not None:
+            loaded.maps.config_set(layout.CFG_OBJECTS, OBJECT_SOURCES.index(objects) + 1)
+            loaded.objects = objects
         loaded.maps.config_set(layout.CFG_SOURCE_HASH, digest)
         loaded.maps.config_set(layout.CFG_MARK, layout.MARK)
         loaded.maps.config_set(layout.CFG_LAYOUT, layout.LAYOUT_VERSION)
