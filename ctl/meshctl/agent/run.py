@@ -87,6 +87,12 @@ def remotes_factory(cfg: AgentConfig) -> Callable[[Callable[[], None]], RemoteSo
 def run_agent(cfg: AgentConfig) -> None:
     """Run until SIGTERM/SIGINT; leave the node's network state in place on the way out."""
     backend = build_backend(cfg)
+    if cfg.backend != "file":  # a topology file names its own cluster; nothing is published
+        from meshctl.agent.identity import check_identity
+        from meshctl.backends.etcd import EtcdBackend, cluster_key
+
+        check_identity(cfg.state_dir, Cluster(cfg.cluster_name, cfg.cluster_id),
+                       backend.client if isinstance(backend, EtcdBackend) else None, cluster_key(cfg.cluster_name))
     resolve_private_interface(cfg)
     agent = Agent(cfg, backend, remotes_factory=remotes_factory(cfg))
     done = threading.Event()

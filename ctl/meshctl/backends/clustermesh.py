@@ -41,7 +41,7 @@ from meshctl.backends.etcd import ROOT, EtcdBackend, cluster_key, parse_record
 from meshctl.errors import InputError, MeshError
 from meshctl.etcd import EtcdClient, EtcdError, KeyValue
 from meshctl.mesh import fields
-from meshctl.mesh.admit import Rejection, admit_remotes
+from meshctl.mesh.admit import Rejection, admit_remotes, identity_refusals
 from meshctl.mesh.model import Cluster, Topology
 from meshctl.mesh.segments import Remote
 from meshctl.process import gc_paused
@@ -385,19 +385,19 @@ class RemoteClusters:
             self._changed()
 
     def states(self) -> list[ClusterState]:
-        """Remote views to plan with: refused clusters (name or id collisions, no identity) are left
-        out; a cluster whose etcd went away keeps its last good view."""
+        """Remote views to plan with: refused clusters (name or id collisions, `identity_refusals`,
+        or no identity) are left out, every claimant of a shared id named in its status line; a
+        cluster whose etcd went away keeps its last good view."""
         with self._lock:
             remotes = sorted(self._remotes.values(), key=lambda r: r.cfg.name)
             errors = dict(self._errors)
         out: list[ClusterState] = []
         status: dict[str, dict[str, Any]] = {}
-        ids: dict[int, str] = {}
-        for r in remotes:
-            st, reason = r.state(self.local)
-            if st is not None and st.cluster.id in ids:
-                reason = f"cluster id {st.cluster.id} is already used by cluster {ids[st.cluster.id]}"
-                st = None
+        judged = [(r, *r.state(self.local)) for r in remotes]
+        clash = identity_refusals(self.local, [st.cluster for _, st, _ in judged if st is not None])
+        for r, st, reason in judged:
+            if st is not None and st.cluster.name in clash:
+                reason, st = clash[st.cluster.name], None
             snap = r.snapshot()
             if snap.ready:  # the watch is live: the view is current now
                 r.last_sync = time.time()
@@ -412,7 +412,6 @@ class RemoteClusters:
                 "reconnects": r.reconnects,
             }
             if st is not None:
-                ids[st.cluster.id] = st.cluster.name
                 out.append(st)
         for fname, err in errors.items():
             name = _cluster_of(fname)
