@@ -275,3 +275,27 @@ def test_a_duplicate_cluster_id_is_refused(lab) -> None:
         kv.put(cluster_key("cluster2"), json.dumps(rec))
     assert wait_for(lambda: remote_status(lab, "a1")["ready"], timeout=10)
     assert wait_for(lambda: ping_ok(lab, "a1", "g1", count=1), timeout=5)
+
+
+def test_a_changed_cluster_id_is_refused_at_start_and_traffic_goes_on(lab) -> None:
+    """a1 restarted with another --cluster-id exits with one line naming both ids and the procedure;
+    what it had installed stays, so its pods keep reaching cluster2 (no loss under ping)."""
+    before = routes_in(lab, "a1")
+    build.stop_agent(lab, "a1")
+    log = Path(node_of(lab, "a1").dir) / "agent.log"
+    start = log.stat().st_size
+    pid = build.start_agent(lab, "a1", extra_args=("--cluster-id", "9"))
+    try:
+        assert wait_for(lambda: not netns.pid_alive(pid), timeout=20)
+        text = log.read_bytes()[start:].decode(errors="replace")
+        lines = [ln for ln in text.splitlines() if "cluster_id: 9 differs from 1" in ln]
+        assert lines and "docs/clustermesh.md, 'Changing a cluster's name or id'" in lines[0], text[-2000:]
+        assert "Traceback" not in text
+        assert routes_in(lab, "a1") == before
+        sent, recv, _ = labcheck.ping(node_of(lab, "a1").pods[0].netns, node_of(lab, "g1").pods[0].ip,
+                                      count=10, wait=0.5)
+        assert recv == sent, f"lost {sent - recv}/{sent} while the agent was refused"
+    finally:
+        build.stop_agent(lab, "a1")
+        build.start_agent(lab, "a1")
+    assert wait_for(lambda: remote_status(lab, "a1")["ready"], timeout=20)
