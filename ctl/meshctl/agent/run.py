@@ -77,9 +77,11 @@ def remotes_factory(cfg: AgentConfig) -> Callable[[Callable[[], None]], RemoteSo
 
     def make(wake: Callable[[], None]) -> RemoteSource:
         from meshctl.backends.clustermesh import RemoteClusters
+        from meshctl.backends.clustermesh_cache import CacheUse
 
+        cache = CacheUse(cfg.cluster_name, lambda: etcd_client(cfg)) if cfg.clustermesh_cache else None
         return RemoteClusters(directory, Cluster(cfg.cluster_name, cfg.cluster_id), changed=wake,
-                              cache_dir=cfg.state_dir / "clustermesh")
+                              cache_dir=cfg.state_dir / "clustermesh", cache=cache)
 
     return make
 
