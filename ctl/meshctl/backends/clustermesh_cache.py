@@ -26,7 +26,6 @@ from meshctl.backends.etcd import cluster_key, cluster_prefix, mesh_key, node_ke
 from meshctl.etcd import EtcdClient
 
 CACHE_ROOT = "/meshctl-cache"
-CACHE_USER = "meshctl:clustermesh-cache"
 HEARTBEAT_SECONDS = 1.0   # how often the cache writes its status key
 HEARTBEAT_TTL = 3         # the status key's lease: a killed cache's key goes within this
 STALE_SECONDS = 10.0      # a status key older than this (a hung cache) is not trusted
