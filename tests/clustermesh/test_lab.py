@@ -275,3 +275,105 @@ def test_a_duplicate_cluster_id_is_refused(lab) -> None:
         kv.put(cluster_key("cluster2"), json.dumps(rec))
     assert wait_for(lambda: remote_status(lab, "a1")["ready"], timeout=10)
     assert wait_for(lambda: ping_ok(lab, "a1", "g1", count=1), timeout=5)
+
+
+def test_a_changed_cluster_id_is_refused_at_start_and_traffic_goes_on(lab) -> None:
+    """a1 restarted with another --cluster-id exits with one line naming both ids and the procedure;
+    what it had installed stays, so its pods keep reaching cluster2 (no loss under ping)."""
+    before = routes_in(lab, "a1")
+    build.stop_agent(lab, "a1")
+    log = Path(node_of(lab, "a1").dir) / "agent.log"
+    start = log.stat().st_size
+    pid = build.start_agent(lab, "a1", extra_args=("--cluster-id", "9"))
+    try:
+        assert wait_for(lambda: not netns.pid_alive(pid), timeout=20)
+        text = log.read_bytes()[start:].decode(errors="replace")
+        lines = [ln for ln in text.splitlines() if "cluster_id: 9 differs from 1" in ln]
+        assert lines and "docs/clustermesh.md, 'Changing a cluster's name or id'" in lines[0], text[-2000:]
+        assert "Traceback" not in text
+        assert routes_in(lab, "a1") == before
+        sent, recv, _ = labcheck.ping(node_of(lab, "a1").pods[0].netns, node_of(lab, "g1").pods[0].ip,
+                                      count=10, wait=0.5)
+        assert recv == sent, f"lost {sent - recv}/{sent} while the agent was refused"
+    finally:
+        build.stop_agent(lab, "a1")
+        build.start_agent(lab, "a1")
+    assert wait_for(lambda: remote_status(lab, "a1")["ready"], timeout=20)
+
+
+def _remote_connections(st: LabState, remote: str, sources: set[str]) -> dict[str, int]:
+    """Established TCP connections on `remote`'s etcd client port, by peer address in `sources`."""
+    e = st.cluster(remote).etcd
+    out = netns.run(e.netns, ["ss", "-Htn", "state", "established", f"( sport = :{e.server.port} )"]).stdout
+    got = {s: 0 for s in sources}
+    for line in out.splitlines():
+        peer = line.split()[-1].rsplit(":", 1)[0].strip("[]")
+        if peer in got:
+            got[peer] += 1
+    return got
+
+
+def test_with_the_cache_agents_follow_cluster2_through_it_and_fall_back_when_it_stops(lab) -> None:
+    import statistics
+
+    from tests.plan.fixtures import key
+
+    c1 = [n.name for n in lab.cluster("cluster1").nodes]
+    agents_ips = {node_of(lab, n).public_ip.split("/")[0]: n for n in c1}
+    cache_ip = lab.cluster("cluster1").etcd.server.host
+    build.start_cache(lab, "cluster1")
+    kv = etcd(lab, "cluster2")
+    joined: list[str] = []
+    try:
+        for n in c1:
+            build.stop_agent(lab, n)
+            build.start_agent(lab, n, extra_args=("--clustermesh-cache",))
+        for n in c1:
+            assert wait_for(lambda n=n: (labcheck.agent_status(node_of(lab, n)) or {}).get("remotes", {})
+                            .get("via") == "via cache" and remote_status(lab, n)["ready"], timeout=30), \
+                (labcheck.agent_status(node_of(lab, n)) or {}).get("remotes")
+        time.sleep(1.5)  # direct connections made while the cache's first heartbeat was pending are closed
+        conns = _remote_connections(lab, "cluster2", {*agents_ips, cache_ip})
+        print(f"connections on cluster2's etcd from cluster1: cache {conns[cache_ip]}, agents "
+              + ", ".join(f"{agents_ips[ip]} {k}" for ip, k in conns.items() if ip != cache_ip))
+        assert conns[cache_ip] >= 1 and all(k == 0 for ip, k in conns.items() if ip != cache_ip), conns
+        # remote joins reach every cluster1 agent's routes through the cache
+        took = []
+        for i in range(10):
+            name, cidr = f"j{i}", f"10.43.{60 + i}.0/24"
+            t0 = time.monotonic()
+            kv.put(node_key("cluster2", name), json.dumps(
+                {"name": name, "pod_cidr": cidr, "public_key": key(160 + i), "location": "gpu-b"}))
+            joined.append(name)
+            for n in c1:
+                assert wait_for(lambda n=n, c=cidr: c in routes_in(lab, n), timeout=5, step=0.01), (n, cidr)
+            took.append(time.monotonic() - t0)
+        took.sort()
+        p95 = took[int(0.95 * (len(took) - 1))]
+        print(f"remote join via the cache, route on all {len(c1)} cluster1 agents: "
+              f"median {statistics.median(took) * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms")
+        assert p95 < 1.0
+        before = {n: {d for d in routes_in(lab, n) if d.startswith("10.43.")} for n in c1}
+        # the cache stops: agents fall back to cluster2's etcd, no route withdrawn meanwhile
+        build.stop_cache(lab, "cluster1")
+        t0, withdrawn = time.monotonic(), []
+        while time.monotonic() - t0 < 8:
+            for n in c1:
+                gone = before[n] - set(routes_in(lab, n))
+                if gone:
+                    withdrawn.append((n, gone))
+            time.sleep(0.1)
+        assert not withdrawn, withdrawn
+        for n in c1:
+            assert wait_for(lambda n=n: (labcheck.agent_status(node_of(lab, n)) or {}).get("remotes", {})
+                            .get("via") == "direct (cache unhealthy: no heartbeat)", timeout=10)
+        assert ping_ok(lab, "a1", "g3") and ping_ok(lab, "b1", "g1")
+    finally:
+        build.stop_cache(lab, "cluster1")
+        for name in joined:
+            kv.delete(node_key("cluster2", name))
+        for n in c1:
+            build.stop_agent(lab, n)
+            build.start_agent(lab, n)
+    for n in c1:
+        assert wait_for(lambda n=n: remote_status(lab, n)["ready"], timeout=30)

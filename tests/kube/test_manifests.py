@@ -206,3 +206,23 @@ def test_vagrantfile_validates(tmp_path):
     for script in ("provision-common.sh", "provision-server.sh", "provision-agent.sh", "cni.sh", "deploy.sh",
                    "check.sh"):
         assert subprocess.run(["bash", "-n", str(cwd / script)]).returncode == 0, script
+
+
+def test_clustermesh_cache_deployment_args_parse_and_only_it_holds_the_remote_credentials():
+    from meshctl.cli.clustermesh import cache_cmd
+
+    dep = by_kind("Deployment")
+    assert dep["metadata"]["name"] == "meshctl-clustermesh-cache"
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["args"][:2] == ["clustermesh", "cache"]
+    env = {e["name"]: "1" if e["name"].endswith("_ID") else "x" for e in c["env"]}
+    args = [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env[m.group(1)], a) for a in c["args"][2:]]
+    ctx = cache_cmd.make_context("cache", args)   # the real parser: an unknown or bad flag raises
+    assert ctx.params["etcd_user"] == "meshctl:clustermesh-cache"
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    assert volumes[mounts[str(ctx.params["clustermesh_dir"])]]["secret"]["secretName"] == "meshctl-clustermesh"
+    # the agents' DaemonSet does not mount the remote clusters' credentials
+    ds = by_kind("DaemonSet")["spec"]["template"]["spec"]
+    assert all(v.get("secret", {}).get("secretName") != "meshctl-clustermesh" for v in ds["volumes"])
+    assert "05-clustermesh-cache.yaml" in (MANIFESTS / "kustomization.yaml").read_text()

@@ -48,6 +48,7 @@ class AgentConfig:
     cluster_name: str = "default"
     cluster_id: int = 1
     clustermesh_dir: Path | None = None
+    clustermesh_cache: bool = False  # read remote clusters from the cache in this cluster's etcd when healthy
     fastpath: bool = True
     bpf_pin_root: str = defaults.PIN_ROOT
     lease_ttl: int = 10
@@ -83,6 +84,8 @@ class AgentConfig:
             raise InputError("--etcd-cert", self.etcd_cert or "", "and --etcd-key go together")
         if bool(self.etcd_user) != bool(self.etcd_password_file):
             raise InputError("--etcd-user", self.etcd_user or "", "and --etcd-password-file go together")
+        if self.clustermesh_cache and (self.backend != "etcd" or self.clustermesh_dir is None):
+            raise InputError("--clustermesh-cache", True, "needs --backend etcd and --clustermesh-dir (the fallback)")
         if bool(self.kvstore_user) != bool(self.kvstore_password_file):
             raise InputError("--kvstore-user", self.kvstore_user or "", "and --kvstore-password-file go together")
         if self.pod_cidr is None and self.backend != "kubernetes":

@@ -77,9 +77,11 @@ def remotes_factory(cfg: AgentConfig) -> Callable[[Callable[[], None]], RemoteSo
 
     def make(wake: Callable[[], None]) -> RemoteSource:
         from meshctl.backends.clustermesh import RemoteClusters
+        from meshctl.backends.clustermesh_cache import CacheUse
 
+        cache = CacheUse(cfg.cluster_name, lambda: etcd_client(cfg)) if cfg.clustermesh_cache else None
         return RemoteClusters(directory, Cluster(cfg.cluster_name, cfg.cluster_id), changed=wake,
-                              cache_dir=cfg.state_dir / "clustermesh")
+                              cache_dir=cfg.state_dir / "clustermesh", cache=cache)
 
     return make
 
@@ -87,6 +89,12 @@ def remotes_factory(cfg: AgentConfig) -> Callable[[Callable[[], None]], RemoteSo
 def run_agent(cfg: AgentConfig) -> None:
     """Run until SIGTERM/SIGINT; leave the node's network state in place on the way out."""
     backend = build_backend(cfg)
+    if cfg.backend != "file":  # a topology file names its own cluster; nothing is published
+        from meshctl.agent.identity import check_identity
+        from meshctl.backends.etcd import EtcdBackend, cluster_key
+
+        check_identity(cfg.state_dir, Cluster(cfg.cluster_name, cfg.cluster_id),
+                       backend.client if isinstance(backend, EtcdBackend) else None, cluster_key(cfg.cluster_name))
     resolve_private_interface(cfg)
     agent = Agent(cfg, backend, remotes_factory=remotes_factory(cfg))
     done = threading.Event()

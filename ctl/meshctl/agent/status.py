@@ -126,17 +126,22 @@ class RemotesStatus:
     total: int = 0
     clusters: tuple[RemoteCluster, ...] = ()
     error: str | None = None
+    via: str | None = None  # with a cluster-mesh cache: `via cache` or `direct (cache unhealthy: ...)`
 
     def to_json(self) -> JSON:
         if self.error is not None:
             return {"error": self.error}
-        return {"ready": self.ready, "total": self.total, "clusters": [c.to_json() for c in self.clusters]}
+        out: JSON = {"ready": self.ready, "total": self.total, "clusters": [c.to_json() for c in self.clusters]}
+        if self.via is not None:
+            out["via"] = self.via
+        return out
 
     @classmethod
     def from_json(cls, d: JSON) -> RemotesStatus:
         if "clusters" not in d:
             return cls(error=str(d.get("error", "unknown")))
-        return cls(d.get("ready", 0), d.get("total", 0), tuple(RemoteCluster.from_json(c) for c in d["clusters"]))
+        return cls(d.get("ready", 0), d.get("total", 0), tuple(RemoteCluster.from_json(c) for c in d["clusters"]),
+                   via=d.get("via"))
 
 
 @dataclass(frozen=True)

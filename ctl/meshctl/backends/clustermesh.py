@@ -37,11 +37,12 @@ from typing import Any
 import yaml
 
 from meshctl.backends.base import ClusterState
-from meshctl.backends.etcd import ROOT, EtcdBackend, cluster_key, parse_record
+from meshctl.backends.clustermesh_cache import CacheUse, cache_health, cache_status_key, cached_cluster_prefix
+from meshctl.backends.etcd import ROOT, EtcdBackend, cluster_key, cluster_prefix, parse_record
 from meshctl.errors import InputError, MeshError
 from meshctl.etcd import EtcdClient, EtcdError, KeyValue
 from meshctl.mesh import fields
-from meshctl.mesh.admit import Rejection, admit_remotes
+from meshctl.mesh.admit import Rejection, admit_remotes, identity_refusals
 from meshctl.mesh.model import Cluster, Topology
 from meshctl.mesh.segments import Remote
 from meshctl.process import gc_paused
@@ -104,9 +105,14 @@ def config_fingerprint(cfg: RemoteConfig) -> str:
     return h.hexdigest()
 
 
-class _ReadOnlyEtcdBackend(EtcdBackend):
+class ReadOnlyEtcdBackend(EtcdBackend):
     """A remote cluster's records: the same mirror as the local backend, but it never writes
     (no lease, no cluster record) and it reads the cluster's published identity."""
+
+    def __init__(self, client: EtcdClient, cluster: Cluster, prefix: str | None = None) -> None:
+        super().__init__(client, cluster)
+        if prefix is not None:  # the same records mirrored elsewhere (a cluster's cache)
+            self.prefix = prefix
 
     def ensure_cluster(self) -> None:  # never write to another cluster's etcd
         pass
@@ -134,6 +140,11 @@ class _ReadOnlyEtcdBackend(EtcdBackend):
             self._ready = False
             self._reason = "not connected yet: planning with the view saved before the agent restarted"
 
+    def records(self) -> dict[str, bytes]:
+        """The raw values of the mirror, by the key they have in their own cluster's etcd."""
+        with self._lock:
+            return {cluster_prefix(self.cluster.name) + k[len(self.prefix):]: kv.value for k, kv in self._kvs.items()}
+
     def view_key(self) -> tuple[Any, ...]:
         """Changes whenever snapshot() could: lets callers reuse a snapshot of thousands of records."""
         with self._lock:
@@ -141,7 +152,7 @@ class _ReadOnlyEtcdBackend(EtcdBackend):
 
     def published_identity(self) -> dict[str, Any] | None:
         with self._lock:
-            kv = self._kvs.get(cluster_key(self.cluster.name))
+            kv = self._kvs.get(self.prefix + "cluster")  # cluster_key, or its copy in a cache
         if kv is None:
             return None
         try:
@@ -155,7 +166,7 @@ class RemoteCluster:
     """One remote cluster: its connection thread and its status."""
 
     def __init__(self, cfg: RemoteConfig, changed: Callable[[], None], previous: RemoteCluster | None = None,
-                 cache_file: Path | None = None) -> None:
+                 cache_file: Path | None = None, via: tuple[EtcdClient, str] | None = None) -> None:
         self.cfg = cfg
         # The last good view is saved here, so an agent restarted while this cluster's etcd is
         # away still plans with it (learned routes stay, as they do without a restart).
@@ -165,9 +176,12 @@ class RemoteCluster:
         # A changed file (a rotated certificate, a new endpoint) reconnects; until the new
         # connection has synced, the previous one's last view keeps the routes in place.
         self.previous = previous
-        self.client = EtcdClient(cfg.endpoints, ca=cfg.ca_file, cert=cfg.cert_file, key=cfg.key_file, timeout=2.0,
-                                 user=cfg.username, password_file=cfg.password_file)
-        self.backend = _ReadOnlyEtcdBackend(self.client, Cluster(name=cfg.name))
+        # `via`: read the cluster's records from another etcd under a prefix (the local cluster's
+        # cache, backends.clustermesh_cache) instead of from the cluster's own etcd.
+        self.client = via[0] if via is not None else EtcdClient(
+            cfg.endpoints, ca=cfg.ca_file, cert=cfg.cert_file, key=cfg.key_file, timeout=2.0,
+            user=cfg.username, password_file=cfg.password_file)
+        self.backend = ReadOnlyEtcdBackend(self.client, Cluster(name=cfg.name), via[1] if via is not None else None)
         self.backend.record_cluster = cfg.name
         self._changed = changed
         self._stop = threading.Event()
@@ -274,6 +288,14 @@ class RemoteCluster:
         st = replace(snap, cluster=Cluster(name=name, id=cid))
         return st, "" if snap.ready else (_tls_reason(snap.reason) or snap.reason or "not ready")
 
+    def records(self) -> dict[str, bytes]:
+        """The raw records of the view `state` plans with (the previous connection's until this
+        one has synced), by their key in the cluster's own etcd."""
+        snap = self.snapshot()
+        if snap.revision == 0 and not snap.ready and self.previous is not None:
+            return self.previous.records()
+        return self.backend.records()
+
     def _other_names(self) -> str:
         try:
             kvs, _ = self.client.range(f"{ROOT}/", prefix=True, keys_only=True)
@@ -297,7 +319,7 @@ class RemoteClusters:
     """Every remote cluster of `--clustermesh-dir`, for the agent's reconcile loop."""
 
     def __init__(self, directory: str | Path, local: Cluster, changed: Callable[[], None], *,
-                 poll: float = 0.5, cache_dir: str | Path | None = None) -> None:
+                 poll: float = 0.5, cache_dir: str | Path | None = None, cache: CacheUse | None = None) -> None:
         self.dir = Path(directory)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.local = local
@@ -310,6 +332,15 @@ class RemoteClusters:
         self._status: dict[str, dict[str, Any]] = {}
         self._status_key: tuple[Any, ...] | None = None
         self._rejections: dict[str, list[Rejection]] = {}
+        # With a cache (backends.clustermesh_cache): each cluster is read from the local etcd's
+        # cache prefix while the cache serves it; `_remotes` then holds only the direct
+        # connections of clusters the cache does not serve (fallback), each planning with the
+        # cached view until it has synced, so no route goes while switching.
+        self.cache = cache
+        self._cached: dict[str, RemoteCluster] = {}
+        self._health: dict[str, str] = {}          # cluster -> "" (served by the cache) or why not
+        self._health_client: EtcdClient | None = cache.connect() if cache is not None else None
+        self._configs: dict[str, RemoteConfig] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch_dir, name="clustermesh-dir", daemon=True)
 
@@ -320,8 +351,10 @@ class RemoteClusters:
     def stop(self) -> None:
         self._stop.set()
         with self._lock:
-            for r in self._remotes.values():
+            for r in [*self._remotes.values(), *self._cached.values()]:
                 r.stop()
+        if self._health_client is not None:
+            self._health_client.close()
 
     def _cache_file(self, name: str) -> Path | None:
         return self.cache_dir / f"{name}.json" if self.cache_dir is not None else None
@@ -330,6 +363,8 @@ class RemoteClusters:
         while not self._stop.wait(self.poll):
             try:
                 self._scan()
+                if self.cache is not None:
+                    self._follow_cache()
                 with self._lock:
                     remotes = list(self._remotes.values())
                 for r in remotes:
@@ -349,10 +384,11 @@ class RemoteClusters:
                 changed = True
                 self._errors.pop(fname, None)
                 name = _cluster_of(fname)
-                r = self._remotes.pop(name, None)
-                if r is not None:
-                    log.info("clustermesh: %s removed; draining its routes", name)
-                    r.stop()
+                self._configs.pop(name, None)
+                for r in (self._remotes.pop(name, None), self._cached.pop(name, None)):
+                    if r is not None:
+                        log.info("clustermesh: %s removed; draining its routes", name)
+                        r.stop()
                 cache = self._cache_file(name)
                 if cache is not None:
                     cache.unlink(missing_ok=True)
@@ -369,6 +405,11 @@ class RemoteClusters:
                     log.error("clustermesh: %s", e)
                     continue
                 self._errors.pop(fname, None)
+                self._configs[cfg.name] = cfg
+                if self.cache is not None:
+                    self._start_cached(cfg)
+                    if cfg.name not in self._remotes:
+                        continue  # the direct connection starts only if the cache does not serve it
                 old = self._remotes.pop(name, None)
                 if old is not None:
                     old.stop()
@@ -384,25 +425,86 @@ class RemoteClusters:
         if changed:
             self._changed()
 
-    def states(self) -> list[ClusterState]:
-        """Remote views to plan with: refused clusters (name or id collisions, no identity) are left
-        out; a cluster whose etcd went away keeps its last good view."""
+    def _start_cached(self, cfg: RemoteConfig) -> None:
+        """(Re)start the watch of `cfg`'s cluster in the local cache (lock held)."""
+        assert self.cache is not None
+        old = self._cached.pop(cfg.name, None)
+        if old is not None:
+            old.stop()
+        r = RemoteCluster(cfg, self._changed, via=(self.cache.connect(), cached_cluster_prefix(self.cache.local,
+                                                                                             cfg.name)))
+        self._cached[cfg.name] = r
+        r.start()
+
+    def _follow_cache(self) -> None:
+        """Read the cache's heartbeat; connect directly to each cluster it does not serve, and
+        drop the direct connection again once it does and its cached view has synced."""
+        assert self.cache is not None and self._health_client is not None
+        try:
+            kv = self._health_client.get(cache_status_key(self.cache.local))
+            raw, unreachable = (kv.value if kv is not None else None), ""
+        except EtcdError as e:
+            raw, unreachable = None, f"cannot read the heartbeat: {e}"
+        now = time.time()
+        changed = False
         with self._lock:
-            remotes = sorted(self._remotes.values(), key=lambda r: r.cfg.name)
+            for name, cfg in self._configs.items():
+                why = unreachable or cache_health(raw, now, name)
+                if self._health.get(name) != why:
+                    changed = True
+                    log.info("clustermesh %s: %s", name, "via cache" if not why else f"direct (cache unhealthy: {why})")
+                self._health[name] = why
+                cached = self._cached.get(name)
+                direct = self._remotes.get(name)
+                if why and direct is None:
+                    r = RemoteCluster(cfg, self._changed, previous=cached, cache_file=self._cache_file(name))
+                    self._remotes[name] = r
+                    r.start()
+                    changed = True
+                elif not why and direct is not None and cached is not None and cached.snapshot().ready:
+                    del self._remotes[name]
+                    direct.stop()
+                    changed = True
+        if changed:
+            self._changed()
+
+    def _source(self, name: str) -> RemoteCluster | None:
+        """The view a cluster is planned with: direct when connected directly, else the cache's."""
+        return self._remotes.get(name) or self._cached.get(name)
+
+    def records(self) -> dict[str, dict[str, bytes]]:
+        """Each configured cluster's raw records, as the view it is planned with holds them."""
+        with self._lock:
+            names = sorted(set(self._remotes) | set(self._cached))
+            srcs = [(n, self._source(n)) for n in names]
+        return {n: r.records() for n, r in srcs if r is not None}
+
+    def undecided(self) -> frozenset[str]:
+        """Configured clusters whose view is not known yet (connecting, no saved view)."""
+        with self._lock:
+            return frozenset(n for n, s in self._status.items() if s.get("undecided"))
+
+    def states(self) -> list[ClusterState]:
+        """Remote views to plan with: refused clusters (name or id collisions, `identity_refusals`,
+        or no identity) are left out, every claimant of a shared id named in its status line; a
+        cluster whose etcd went away keeps its last good view."""
+        with self._lock:
+            names = sorted(set(self._remotes) | set(self._cached))
+            remotes = [r for r in (self._source(n) for n in names) if r is not None]
             errors = dict(self._errors)
         out: list[ClusterState] = []
         status: dict[str, dict[str, Any]] = {}
-        ids: dict[int, str] = {}
-        for r in remotes:
-            st, reason = r.state(self.local)
-            if st is not None and st.cluster.id in ids:
-                reason = f"cluster id {st.cluster.id} is already used by cluster {ids[st.cluster.id]}"
-                st = None
+        judged = [(r, *r.state(self.local)) for r in remotes]
+        clash = identity_refusals(self.local, [st.cluster for _, st, _ in judged if st is not None])
+        for r, st, reason in judged:
+            if st is not None and st.cluster.name in clash:
+                reason, st = clash[st.cluster.name], None
             snap = r.snapshot()
             if snap.ready:  # the watch is live: the view is current now
                 r.last_sync = time.time()
             status[r.cfg.name] = {
                 "name": r.cfg.name, "ready": st is not None and not reason, "reason": reason,
+                "undecided": st is None and not snap.ready and r.cfg.name not in clash,
                 "nodes": len(st.nodes) if st is not None else 0,
                 "record_rejections": [{"name": x.name, "reason": x.reason} for x in snap.rejections],
                 "endpoints": list(r.cfg.endpoints),
@@ -412,7 +514,6 @@ class RemoteClusters:
                 "reconnects": r.reconnects,
             }
             if st is not None:
-                ids[st.cluster.id] = st.cluster.name
                 out.append(st)
         for fname, err in errors.items():
             name = _cluster_of(fname)
@@ -427,7 +528,8 @@ class RemoteClusters:
     def _views_key(self) -> tuple[Any, ...]:
         """Changes whenever a remote's view, connection or the file set does (call with _lock held)."""
         return (tuple((n, r.backend.view_key()) for n, r in sorted(self._remotes.items())),
-                tuple(sorted(self._errors.items())))
+                tuple((n, r.backend.view_key()) for n, r in sorted(self._cached.items())),
+                tuple(sorted(self._errors.items())), tuple(sorted(self._health.items())))
 
     def admit(self, local: Topology) -> tuple[list[Remote], list[Rejection]]:
         """The remote records that may join the local plan (mesh.admit.admit_remotes), with the
@@ -463,6 +565,7 @@ class RemoteClusters:
                                                         for r in admitted_out if r.name != c["name"]]
             if refused:
                 c["ready"], c["reason"] = False, refused
+            c.pop("undecided", None)
             synced = c.pop("last_sync")
             # while the view is current (connected) it is current now; else its age grows
             c["last_sync_age"] = 0.0 if c["connected"] else (round(now - synced, 3) if synced else None)
@@ -470,7 +573,12 @@ class RemoteClusters:
             c["rejections"] = rejections[:50]
             clusters.append(c)
         ready = sum(1 for c in clusters if c["ready"])
-        return {"ready": ready, "total": len(clusters), "clusters": clusters}
+        out: dict[str, Any] = {"ready": ready, "total": len(clusters), "clusters": clusters}
+        if self.cache is not None:
+            with self._lock:
+                health = dict(self._health)
+            out["via"] = via_line(health)
+        return out
 
 
 def _cluster_of(fname: str) -> str:
@@ -496,5 +604,20 @@ def config_name(fname: str) -> str | None:
     return name
 
 
+def via_line(health: dict[str, str]) -> str:
+    """How the clusters are followed: `via cache`, or `direct (cache unhealthy: <why>)` naming
+    each cluster the cache does not serve (`health`: cluster -> "" or why not)."""
+    bad = {n: why for n, why in sorted(health.items()) if why}
+    if health and not bad:
+        return "via cache"
+    if not bad:
+        return "direct (cache unhealthy: no heartbeat read yet)"
+    whys = set(bad.values())
+    if len(whys) == 1:
+        return f"direct (cache unhealthy: {whys.pop()})"
+    return "direct (cache unhealthy: " + "; ".join(f"{n}: {w}" for n, w in bad.items()) + ")"
+
+
 def summary_line(status: dict[str, Any]) -> str:
-    return f"ClusterMesh: {status['ready']}/{status['total']} remote clusters ready"
+    via = f", {status['via']}" if status.get("via") else ""
+    return f"ClusterMesh: {status['ready']}/{status['total']} remote clusters ready{via}"

@@ -417,7 +417,7 @@ class EtcdBackend:
                 item = self._parse_cached(kv, kv.key[len(nodes_p):], "node")
             elif kv.key.startswith(peers_p):
                 item = self._parse_cached(kv, kv.key[len(peers_p):], "peer")
-            elif kv.key == mesh_key(self.cluster.name):
+            elif kv.key == self.prefix + "mesh":  # mesh_key, also under a cache's prefix
                 mesh_seen = True
                 try:
                     mesh = records.parse_mesh(parse_record(kv, kv.key), kv.key)

@@ -6,6 +6,7 @@ for the Kubernetes kvstore mirror, and the operator's.
     node a1             a1                     write /meshctl/<c>/nodes/a1; read /meshctl/<c>/
     remote cluster2     remote:cluster2        read /meshctl/<c>/
     kvstore mirror      meshctl:kvstore        write and read /meshctl/<c>/
+    clustermesh cache   meshctl:clustermesh-cache  write and read /meshctl-cache/<c>/; read /meshctl/<c>/
     operator            root                   everything (etcd's own superuser, role root)
 
 Node users are named after their node (the name in the record key), so etcd itself answers "may
@@ -25,12 +26,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshctl.backends.clustermesh_cache import cache_prefix
 from meshctl.backends.etcd import cluster_prefix, node_key, seen_key, seen_prefix
 from meshctl.errors import InputError
 from meshctl.etcd.client import EtcdClient, EtcdError, prefix_end
 
 ADMIN_USER = "root"
 KVSTORE_USER = "meshctl:kvstore"
+CACHE_USER = "meshctl:clustermesh-cache"
 
 
 def remote_user(reader: str) -> str:
@@ -55,9 +58,15 @@ class Grant:
 
 def node_grants(cluster: str, node: str) -> tuple[Grant, ...]:
     """A node writes its own record and its own summary (its lease rides on both), and reads its
-    cluster and the other nodes' summaries."""
+    cluster, the other nodes' summaries and the cluster-mesh cache (which it cannot write)."""
     return (Grant("READWRITE", node_key(cluster, node)), Grant("READWRITE", seen_key(cluster, node)),
-            Grant("READ", cluster_prefix(cluster), True), Grant("READ", seen_prefix(cluster), True))
+            Grant("READ", cluster_prefix(cluster), True), Grant("READ", seen_prefix(cluster), True),
+            Grant("READ", cache_prefix(cluster), True))
+
+
+def cache_grants(cluster: str) -> tuple[Grant, ...]:
+    """The cluster-mesh cache writes its prefix and reads the local records it admits against."""
+    return (Grant("READWRITE", cache_prefix(cluster), True), Grant("READ", cluster_prefix(cluster), True))
 
 
 def reader_grants(cluster: str) -> tuple[Grant, ...]:
@@ -120,7 +129,7 @@ class AuthAdmin:
 
 
 def provision(client: EtcdClient, cluster: str, *, admin_password: Path, nodes: dict[str, Path],
-              readers: dict[str, Path], kvstore: Path | None) -> None:
+              readers: dict[str, Path], kvstore: Path | None, cache: Path | None = None) -> None:
     """Users and roles of one cluster's etcd, then auth on. `nodes` and `readers` map a node name or
     a reader cluster to its password file. Run as root once auth is on (adding a node later)."""
     admin = AuthAdmin(client)
@@ -136,4 +145,7 @@ def provision(client: EtcdClient, cluster: str, *, admin_password: Path, nodes: 
     if kvstore is not None:
         admin.role("kvstore", writer_grants(cluster))
         admin.user(KVSTORE_USER, kvstore, ["kvstore"])
+    if cache is not None:
+        admin.role("clustermesh-cache", cache_grants(cluster))
+        admin.user(CACHE_USER, cache, ["clustermesh-cache"])
     admin.enable()

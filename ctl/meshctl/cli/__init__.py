@@ -53,6 +53,7 @@ def _register() -> None:
     function that takes the main group (the lab is one). A plugin whose code is not installed
     (the agent image leaves the lab out) is skipped."""
     from meshctl.cli import agent as cli_agent
+    from meshctl.cli import clustermesh as cli_clustermesh
     from meshctl.cli import datapath as cli_datapath
     from meshctl.cli import explain as cli_explain
     from meshctl.cli import mesh_settings as cli_mesh
@@ -60,7 +61,7 @@ def _register() -> None:
     from meshctl.cli import plan as cli_plan
     from meshctl.cli import ui as cli_ui
 
-    for mod in (cli_plan, cli_mesh, cli_datapath, cli_monitor, cli_agent, cli_explain, cli_ui):
+    for mod in (cli_plan, cli_mesh, cli_datapath, cli_monitor, cli_agent, cli_clustermesh, cli_explain, cli_ui):
         for cmd in mod.COMMANDS:
             main.add_command(cmd)
     for ep in entry_points(group=PLUGIN_GROUP):

@@ -119,6 +119,9 @@ def endpoint_list(text: str) -> tuple[str, ...]:
 @click.option("--cluster-id", default=1, type=int, callback=_flag(fields.cluster_id), show_default=True)
 @click.option("--clustermesh-dir", default=None, type=click.Path(path_type=Path),
               help="One file per remote cluster (endpoints, ca-file, cert-file, key-file).")
+@click.option("--clustermesh-cache", is_flag=True,
+              help="Read remote clusters from the cluster's cache (`meshctl clustermesh cache`) in this "
+              "cluster's etcd while it is healthy; --clustermesh-dir's clusters directly when it is not.")
 @click.option("--no-fastpath", is_flag=True, callback=_no_fastpath,
               help=f"Kernel routes only, no eBPF (also {FASTPATH_ENV}=false: the ConfigMap key fastpath).")
 @pin_root_option("bpf_pin_root", aliases=(), default=defaults.PIN_ROOT, show_default=True)

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from meshctl.mesh.model import IPNetwork, MeshSettings, Node, Peer, Span, Topology, host_net, span
+from meshctl.mesh.model import Cluster, IPNetwork, MeshSettings, Node, Peer, Span, Topology, host_net, span
 from meshctl.mesh.segments import Remote, segments
 
 
@@ -306,30 +306,59 @@ def as_remote(topo: Topology) -> Topology:
 def admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[Remote], list[Rejection]]:
     """Remote clusters with the records that are safe to install here, and the rejections.
 
-    A whole cluster is refused when its name or id collides with the local one or an earlier
-    remote's. A record is rejected when its pod CIDR overlaps a local pod CIDR, the local
+    A whole cluster is refused when its name or id collides with the local one or another
+    remote's (`identity_refusals`). A record is rejected when its pod CIDR overlaps a local pod CIDR, the local
     WireGuard subnet or another cluster's records; when its segment's WireGuard address overlaps
     them; when it overlaps a local peer's allowed IPs; when its public key is already a local node's,
     a local peer's or an earlier record's; when its internal address is a local node's; or when one
     of its allowed location IPs covers any of these, a node's address, or is a default route the
     local mesh does not allow. Sharing a private subnet is fine."""
     claims, internal, hosts = _local_claims(local)
-    ids = {local.cluster.id: local.cluster.name}
+    refused = identity_refusals(local.cluster, [r.cluster for r in remotes])
     out: list[Remote] = []
     rejected: list[Rejection] = []
     for remote in sorted(remotes, key=lambda t: t.cluster.name):
-        cname, cid = remote.cluster.name, remote.cluster.id
-        if cname in ids.values():
-            rejected.append(Rejection(cname, f"cluster.name: {cname!r} is already used"))
-            continue
-        if cid in ids:
-            rejected.append(Rejection(cname, f"cluster.id: {cid} is already used by cluster {ids[cid]}"))
+        cname = remote.cluster.name
+        if cname in refused:
+            rejected.append(Rejection(cname, refused[cname]))
             continue
         admitted, rej = _admit_cluster(as_remote(remote), claims, internal, hosts, local.mesh)
         rejected += rej
-        ids[cid] = cname
         out.append(admitted)
     return out, rejected
+
+
+IDENTITY_DOC = "docs/clustermesh.md, 'Changing a cluster's name or id'"
+
+
+def identity_refusals(local: Cluster, remotes: Sequence[Cluster]) -> dict[str, str]:
+    """Remote cluster name -> why the whole cluster is refused, for identities that collide.
+
+    A remote that claims the local cluster's name or id is refused. Two (or more) remotes that
+    claim one id, or one name, are all refused, each line naming every claimant: admitting the
+    first in some order would route one cluster's pods by whichever happened to sort first, and
+    the other cluster's operators would see nothing wrong. Nothing is remembered: once the
+    claims differ again, the next call admits them (no restart)."""
+    by_id: dict[int, list[str]] = {}
+    by_name: dict[str, list[Cluster]] = {}
+    for c in remotes:
+        by_id.setdefault(c.id, []).append(c.name)
+        by_name.setdefault(c.name, []).append(c)
+    out: dict[str, str] = {}
+    for c in remotes:
+        if c.name == local.name:
+            out[c.name] = f"cluster.name: {c.name!r} is the local cluster's name"
+        elif c.id == local.id:
+            out[c.name] = f"cluster.id: {c.id} is already used by cluster {local.name}"
+        elif len(by_name[c.name]) > 1:
+            ids = ", ".join(str(x.id) for x in by_name[c.name])
+            out[c.name] = (f"cluster.name: {c.name!r} is claimed by {len(by_name[c.name])} clusters (ids {ids}): "
+                           f"none is admitted until one is renamed ({IDENTITY_DOC})")
+        elif len(by_id[c.id]) > 1:
+            names = ", ".join(sorted(by_id[c.id])[:-1]) + " and " + sorted(by_id[c.id])[-1]
+            out[c.name] = (f"cluster.id: {c.id} is claimed by {names}: none is admitted until one "
+                           f"changes its id ({IDENTITY_DOC})")
+    return out
 
 
 def _local_claims(local: Topology) -> tuple[Claims, dict[Any, str], dict[Any, str]]:

@@ -209,7 +209,8 @@ def _seed_etcd(client: EtcdClient, spec: LabSpec, topo: Topology, ids: dict[str,
             nodes={n.name: Path(ids[n.name].password_file) for n in topo.nodes},
             readers={c.cluster.name: Path(ids[identity.remote_user(c.cluster.name)].password_file)
                      for c in spec.clusters if c is not topo},
-            kvstore=Path(ids[identity.KVSTORE_USER].password_file) if identity.KVSTORE_USER in ids else None)
+            kvstore=Path(ids[identity.KVSTORE_USER].password_file) if identity.KVSTORE_USER in ids else None,
+            cache=Path(ids[identity.CACHE_USER].password_file) if identity.CACHE_USER in ids else None)
     finally:
         client.close()
 
@@ -236,6 +237,8 @@ def _identities(spec: LabSpec, topo: Topology, ca: pki.CertFiles, pdir: Path) ->
                   for c in spec.clusters if c is not topo})
     if spec.options.backend == "kubernetes":
         users[identity.KVSTORE_USER] = identity.KVSTORE_USER
+    if spec.multi and spec.options.clustermesh:  # the cluster-mesh cache's (start_cache)
+        users[identity.CACHE_USER] = identity.CACHE_USER
     out: dict[str, Identity] = {}
     for name, user in users.items():
         fname = name.replace(":", "-")
@@ -433,6 +436,35 @@ def start_agent(st: LabState, node_name: str, *, extra_args: tuple[str, ...] = (
     st.pids[f"agent/{cst.name}/{node.name}"] = pid
     labstate.save(st)
     return pid
+
+
+def start_cache(st: LabState, cluster: str) -> int:
+    """Start `meshctl clustermesh cache` of one cluster in its etcd's namespace (it reaches its own
+    etcd as meshctl:clustermesh-cache and the others with the cluster's clustermesh files)."""
+    cst = st.cluster(cluster)
+    if cst.clustermesh_dir is None:
+        raise MeshError(f"cluster {cluster} has no clustermesh directory: the lab has no cluster mesh")
+    e, i = etcd_identity(cst, identity.CACHE_USER)
+    d = Path(st.dir) / "cache" / cluster
+    d.mkdir(parents=True, exist_ok=True)
+    argv = [*netns.exec_prefix(e.netns), sys.executable, "-m", "meshctl.cli", "clustermesh", "cache",
+            "--etcd-endpoints", ",".join(e.endpoints), "--etcd-ca", e.ca, "--etcd-cert", i.cert, "--etcd-key", i.key,
+            "--etcd-user", i.user or "", "--etcd-password-file", i.password_file or "",
+            "--cluster-name", cst.name, "--cluster-id", str(cst.id), "--clustermesh-dir", cst.clustermesh_dir,
+            "--state-dir", str(d / "state")]
+    with open(d / "cache.log", "ab") as log:
+        pid = popen_spawner(argv, log=log.fileno(), env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    st.pids[f"cache/{cluster}"] = pid
+    labstate.save(st)
+    return pid
+
+
+def stop_cache(st: LabState, cluster: str) -> None:
+    """SIGTERM one cluster's cache: its mirrored records stay (agents keep their routes)."""
+    pid = st.pids.pop(f"cache/{cluster}", None)
+    if pid:
+        stop_pid(pid, 10)
+    labstate.save(st)
 
 
 def stop_agent(st: LabState, node_name: str, *, kill: bool = False) -> None:
