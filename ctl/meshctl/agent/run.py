@@ -69,8 +69,10 @@ def resolve_private_interface(cfg: AgentConfig) -> None:
     log.warning("no interface holds %s: no private interface", want.ip)
 
 
-def remotes_factory(cfg: AgentConfig) -> Callable[[Callable[[], None]], RemoteSource] | None:
-    """A function that makes the cluster-mesh watcher once the agent can be woken, or None."""
+def remotes_factory(cfg: AgentConfig, backend: Backend | None = None
+                    ) -> Callable[[Callable[[], None]], RemoteSource] | None:
+    """A function that makes the cluster-mesh watcher once the agent can be woken, or None. With
+    the Kubernetes backend and a kvstore, global services run beside it (agent.global_services)."""
     directory = cfg.clustermesh_dir
     if directory is None:
         return None
@@ -78,8 +80,15 @@ def remotes_factory(cfg: AgentConfig) -> Callable[[Callable[[], None]], RemoteSo
     def make(wake: Callable[[], None]) -> RemoteSource:
         from meshctl.backends.clustermesh import RemoteClusters
 
-        return RemoteClusters(directory, Cluster(cfg.cluster_name, cfg.cluster_id), changed=wake,
-                              cache_dir=cfg.state_dir / "clustermesh")
+        rc = RemoteClusters(directory, Cluster(cfg.cluster_name, cfg.cluster_id), changed=wake,
+                            cache_dir=cfg.state_dir / "clustermesh")
+        if cfg.backend == "kubernetes" and cfg.kvstore_endpoints:
+            from meshctl.agent.kube_backend import with_global_services
+            from meshctl.backends.kube.backend import KubeBackend
+
+            if isinstance(backend, KubeBackend):
+                return with_global_services(cfg, backend, rc)
+        return rc
 
     return make
 
@@ -88,7 +97,7 @@ def run_agent(cfg: AgentConfig) -> None:
     """Run until SIGTERM/SIGINT; leave the node's network state in place on the way out."""
     backend = build_backend(cfg)
     resolve_private_interface(cfg)
-    agent = Agent(cfg, backend, remotes_factory=remotes_factory(cfg))
+    agent = Agent(cfg, backend, remotes_factory=remotes_factory(cfg, backend))
     done = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -442,6 +442,12 @@ class RemoteClusters:
             self._rejections = per
         return remotes, rejections
 
+    def mirrors(self) -> dict[str, EtcdBackend]:
+        """Each remote cluster's mirror of its etcd, by name (agent.global_services reads its
+        service records from it)."""
+        with self._lock:
+            return {n: r.backend for n, r in self._remotes.items()}
+
     def status(self) -> dict[str, Any]:
         """The ClusterMesh block of `/status` (`ClusterMesh: 1/1 remote clusters ready`): per
         cluster, ready or why not, nodes, rejected records (unparsable ones and those refused by
@@ -497,4 +503,6 @@ def config_name(fname: str) -> str | None:
 
 
 def summary_line(status: dict[str, Any]) -> str:
-    return f"ClusterMesh: {status['ready']}/{status['total']} remote clusters ready"
+    """`ClusterMesh: 1/1 remote clusters ready, 2 global-services` (`services`: agent.global_services)."""
+    return (f"ClusterMesh: {status['ready']}/{status['total']} remote clusters ready, "
+            f"{len(status.get('services') or ())} global-services")
