@@ -1,0 +1,294 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Global services between two clusters, in process: each cluster has a real etcd (TLS) with its
+node records and an in-process API server that serves Services, EndpointSlices and Leases (and the
+MCS ServiceExport CRD, created through the API); each cluster runs the global-services step
+(agent.global_services) beside a real cluster-mesh watcher of the other's etcd, all over HTTP as
+against kube-apiserver. The tests write each cluster's own EndpointSlices, as the EndpointSlice
+controller would, and watch the other cluster's slices follow."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightkube import Client, KubeConfig
+from lightkube.config.models import Cluster as KCluster
+from lightkube.config.models import User
+
+from meshctl.agent.global_services import GlobalServices, MeshWithServices
+from meshctl.backends.clustermesh import RemoteClusters
+from meshctl.backends.etcd import service_key
+from meshctl.backends.kube.services import ENDPOINT_SLICES, SERVICES, KubeServiceApi, LeaseElector
+from meshctl.lab.rigs.kube_apiserver import ApiServer, ResourceType
+from meshctl.mesh.model import Cluster
+from meshctl.mesh.records import parse_topology
+from meshctl.mesh.services import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_NAME_LABEL
+
+from .fixtures import CLUSTER1, CLUSTER2
+from .test_watch import Remote
+
+# Until the lab's API server serves them itself (the kubectl helper's change), these types are
+# registered as kube-apiserver serves them: same group, version, plural and scope.
+BUILT_IN = (ResourceType("", "v1", "Service", "services", True),
+            ResourceType("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", True),
+            ResourceType("coordination.k8s.io", "v1", "Lease", "leases", True))
+SERVICE_EXPORT_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "serviceexports.multicluster.x-k8s.io"},
+    "spec": {"group": "multicluster.x-k8s.io", "scope": "Namespaced",
+             "names": {"kind": "ServiceExport", "plural": "serviceexports", "singular": "serviceexport"},
+             "versions": [{"name": "v1alpha1", "served": True, "storage": True}]},
+}
+
+
+def kube_client(api: ApiServer) -> Client:
+    return Client(KubeConfig.from_one(cluster=KCluster(server=api.url), user=User()), trust_env=False)
+
+
+def post(api: ApiServer, path: str, obj: dict[str, Any]) -> None:
+    import urllib.request
+
+    req = urllib.request.Request(api.url + path, data=json.dumps(obj).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        assert r.status == 201
+
+
+@dataclass
+class Side:
+    """One cluster: its etcd, API server, client, watcher of the other, and the step."""
+
+    name: str
+    doc: dict[str, Any]
+    etcd: Remote
+    api: ApiServer
+    kube: Client
+    mesh: MeshWithServices | None = None
+
+    def step(self) -> GlobalServices:
+        assert self.mesh is not None
+        return self.mesh.services
+
+    def service(self, name: str, **ann: str) -> None:
+        obj = SERVICES.from_dict({"apiVersion": "v1", "kind": "Service",
+                                  "metadata": {"name": name, "namespace": "default", "annotations": ann},
+                                  "spec": {"ports": [{"name": "http", "port": 80}]}})
+        try:
+            self.kube.create(obj, namespace="default")
+        except Exception:  # noqa: BLE001 - exists: replace its annotations
+            cur = self.kube.get(SERVICES, name, namespace="default")
+            cur["metadata"]["annotations"] = ann
+            self.kube.replace(cur)
+
+    def own_slice(self, name: str, service: str, addrs: list[tuple[str, bool]]) -> None:
+        """What the EndpointSlice controller would write for the cluster's own pods."""
+        obj = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"name": name, "namespace": "default",
+                            "labels": {SERVICE_NAME_LABEL: service,
+                                       MANAGED_BY_LABEL: "endpointslice-controller.k8s.io"}},
+               "addressType": "IPv4", "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+               "endpoints": [{"addresses": [a], "conditions": {"ready": r}, "zone": f"{self.name}-z"}
+                             for a, r in addrs]}
+        try:
+            cur = self.kube.get(ENDPOINT_SLICES, name, namespace="default")
+            obj["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
+            self.kube.replace(ENDPOINT_SLICES.from_dict(obj))
+        except Exception:  # noqa: BLE001 - not there yet
+            self.kube.create(ENDPOINT_SLICES.from_dict(obj), namespace="default")
+
+    def meshctl_slices(self, service: str) -> dict[str, list[str]]:
+        out = {}
+        for s in self.kube.list(ENDPOINT_SLICES, namespace="*", labels={MANAGED_BY_LABEL: MANAGED_BY,
+                                                                        SERVICE_NAME_LABEL: service}):
+            out[s["metadata"]["name"]] = sorted(a for e in s.get("endpoints") or () for a in e["addresses"])
+        return out
+
+
+def start_api() -> ApiServer:
+    api = ApiServer("127.0.0.1", 0).start()
+    for rt in BUILT_IN:
+        api.store.register(rt)
+    api.store.create(api.store.types[("", "v1", "namespaces")], "", {"metadata": {"name": "meshctl"}})
+    post(api, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", SERVICE_EXPORT_CRD)
+    return api
+
+
+def wire(side: Side, other: Side, tmp: Path, node: str) -> MeshWithServices:
+    """The other cluster's watcher and this cluster's step, as one agent of `side` runs them."""
+    d = tmp / f"cm-{side.name}-{node}"
+    d.mkdir()
+    (d / other.name).write_text(json.dumps(other.etcd.config()))
+    rc = RemoteClusters(d, Cluster(side.name, side.doc["cluster"]["id"]), lambda: None, poll=0.1)
+    api = KubeServiceApi(kube_client(side.api))
+    elector = LeaseElector(api, node, "meshctl", duration=3, renew_deadline=2, retry=0.5)
+    return MeshWithServices(rc, GlobalServices(lambda: side.name, api, elector, side.etcd.kv, rc))
+
+
+class Passes:
+    """The reconcile passes' part: admission of the remote records, every 0.1 s."""
+
+    def __init__(self, sides: list[tuple[MeshWithServices, dict[str, Any]]]) -> None:
+        self.sides = sides
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.1):
+            for mesh, doc in self.sides:
+                mesh.admit(parse_topology(doc))
+
+
+def clusters(tmp_path: Path, stepping: tuple[str, ...]) -> Iterator[tuple[Side, Side]]:
+    """Both clusters; the global-services step runs in the clusters named in `stepping` (a cluster
+    without it stands for one whose etcd holds whatever a test writes there)."""
+    sides = []
+    for doc in (CLUSTER1, CLUSTER2):
+        name = doc["cluster"]["name"]
+        etcd = Remote(tmp_path, name)
+        etcd.publish(doc)
+        api = start_api()
+        sides.append(Side(name, doc, etcd, api, kube_client(api)))
+    a, b = sides
+    a.mesh, b.mesh = wire(a, b, tmp_path, "c1"), wire(b, a, tmp_path, "g1")
+    running = [s for s in sides if s.name in stepping]
+    passes = Passes([(s.mesh, s.doc) for s in running if s.mesh is not None])
+    for s in running:
+        assert s.mesh is not None
+        s.mesh.start()
+    passes.thread.start()
+    try:
+        yield a, b
+    finally:
+        passes.stop.set()
+        passes.thread.join(5)
+        for s in sides:
+            if s in running and s.mesh is not None:
+                s.mesh.stop()
+            s.api.stop()
+            s.etcd.stop()
+
+
+@pytest.fixture
+def two(tmp_path: Path) -> Iterator[tuple[Side, Side]]:
+    yield from clusters(tmp_path, ("cluster1", "cluster2"))
+
+
+@pytest.fixture
+def only_cluster1(tmp_path: Path) -> Iterator[tuple[Side, Side]]:
+    yield from clusters(tmp_path, ("cluster1",))
+
+
+def wait(cond: Any, timeout: float = 10.0, what: str = "condition") -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if cond():
+            return time.monotonic() - t0
+        time.sleep(0.01)
+    raise AssertionError(f"{what} not met in {timeout} s")
+
+
+GLOBAL = {"service.cilium.io/global": "true"}
+
+
+def test_each_cluster_serves_the_others_ready_endpoints_and_follows_changes(two: tuple[Side, Side]) -> None:
+    c1, c2 = two
+    c1.service("web", **GLOBAL)
+    c2.service("web", **GLOBAL)
+    c1.own_slice("web-own", "web", [("10.42.1.5", True), ("10.42.2.5", False)])
+    c2.own_slice("web-own", "web", [("10.43.1.5", True), ("10.43.3.7", True)])
+    # A second slice of cluster1's own (another controller's): published, never touched.
+    c1.own_slice("web-other", "web", [("10.42.3.3", True)])
+    wait(lambda: c1.meshctl_slices("web") == {"web-cluster2-v4-0": ["10.43.1.5", "10.43.3.7"]}, what="c1 imports")
+    wait(lambda: c2.meshctl_slices("web") == {"web-cluster1-v4-0": ["10.42.1.5", "10.42.3.3"]},
+         what="c2 imports (ready only)")
+    rec = json.loads(c2.etcd.kv.get(service_key("cluster2", "default", "web")).value)
+    assert rec["ports"] == [{"name": "http", "port": 8080, "protocol": "TCP"}]
+    # Changes in cluster2 reach cluster1's slices: measured from the write to the slice.
+    lat = []
+    for i in range(6):
+        addrs = [("10.43.1.5", True), (f"10.43.2.{10 + i}", True)]
+        t0 = time.monotonic()
+        c2.own_slice("web-own", "web", addrs)
+        want = sorted(a for a, _ in addrs)
+        wait(lambda want=want: c1.meshctl_slices("web") == {"web-cluster2-v4-0": want}, what=f"change {i}")
+        lat.append(time.monotonic() - t0)
+    print(f"slice follow latency: median {statistics.median(lat) * 1000:.0f} ms, max {max(lat) * 1000:.0f} ms "
+          f"over {len(lat)} changes")
+    assert max(lat) < 1.0, lat
+    # The foreign slice is as it was written.
+    other = c1.kube.get(ENDPOINT_SLICES, "web-other", namespace="default")
+    assert [e["addresses"] for e in other["endpoints"]] == [["10.42.3.3"]]
+    # Status: one global service, cluster2's 2 endpoints here.
+    st = c1.step().status()
+    assert st["services"] == [{"namespace": "default", "name": "web", "shared": True, "affinity": "none",
+                               "exported": False, "local_endpoints": 2, "remote_endpoints": {"cluster2": 2}}]
+    assert st["services_leader"] == "c1"
+    # cluster2's Service no longer global: its record goes, and cluster1's slice with it.
+    t0 = time.monotonic()
+    c2.service("web")
+    wait(lambda: c1.meshctl_slices("web") == {}, what="slice removed")
+    print(f"slice removal after un-global: {(time.monotonic() - t0) * 1000:.0f} ms")
+    assert c2.etcd.kv.get(service_key("cluster2", "default", "web")) is None
+    # ... and cluster2, whose web is not global any more, imports nothing either.
+    wait(lambda: c2.meshctl_slices("web") == {}, what="cluster2's import removed")
+
+
+def test_an_endpoint_outside_the_pod_cidrs_is_rejected_alone_and_named(only_cluster1: tuple[Side, Side]) -> None:
+    c1, c2 = only_cluster1
+    c1.service("web", **GLOBAL)
+    c1.service("api", **{"meshctl.io/global": "true"})
+    c1.service("db", **GLOBAL)
+    # What cluster2's etcd holds (its elected agent would never write these two, but its etcd
+    # holds whatever its writers put there).
+    rec = {"cluster": "cluster2", "namespace": "default", "name": "web", "ports": [{"port": 80}],
+           "endpoints": [{"addresses": ["10.43.1.5"]}, {"addresses": ["10.99.0.5"]}]}
+    c2.etcd.kv.put(service_key("cluster2", "default", "web"), json.dumps(rec))
+    c2.etcd.kv.put(service_key("cluster2", "default", "api"), json.dumps({**rec, "name": "api", "cluster": "cluster3"}))
+    c2.etcd.kv.put(service_key("cluster2", "default", "db"), json.dumps(
+        {**rec, "name": "db", "endpoints": [{"addresses": ["10.43.2.9"]}]}))
+    wait(lambda: len(c1.step().status()["service_rejections"]) == 2, what="two rejections")
+    reasons = {r["name"]: r["reason"] for r in c1.step().status()["service_rejections"]}
+    assert reasons == {
+        "cluster2/services/default/web/10.99.0.5": "/meshctl/cluster2/services/default/web.endpoints[1]: "
+                                                   "'10.99.0.5' is in no pod CIDR of cluster cluster2's admitted nodes",
+        "cluster2/services/default/api": "/meshctl/cluster2/services/default/api.cluster: 'cluster3' is not its "
+                                         "key's 'cluster2'",
+    }
+    # Rejected alone: the good endpoint of web, and all of db, are served.
+    wait(lambda: c1.meshctl_slices("web") == {"web-cluster2-v4-0": ["10.43.1.5"]}, what="web's good endpoint")
+    wait(lambda: c1.meshctl_slices("db") == {"db-cluster2-v4-0": ["10.43.2.9"]}, what="db")
+    assert c1.meshctl_slices("api") == {}
+
+
+def test_one_elected_writer_per_cluster_and_a_takeover_when_it_leaves(two: tuple[Side, Side], tmp_path: Path) -> None:
+    c1, c2 = two
+    second = wire(c1, c2, tmp_path, "c2")  # a second agent of cluster1
+    second.start()
+    try:
+        c1.service("web", **GLOBAL)
+        c2.service("web", **GLOBAL)
+        c2.own_slice("web-own", "web", [("10.43.1.5", True)])
+        passes = Passes([(second, c1.doc)])
+        passes.thread.start()
+        wait(lambda: c1.meshctl_slices("web") == {"web-cluster2-v4-0": ["10.43.1.5"]}, what="import")
+        assert c1.step().elector.leading and not second.services.elector.leading
+        assert second.services.status()["services_leader"] == "c1"
+        assert second.services.stats["slice_writes"] == 0
+        assert c1.mesh is not None
+        t0 = time.monotonic()
+        c1.mesh.stop()  # releases the Lease
+        wait(lambda: second.services.elector.leading, what="takeover")
+        print(f"takeover after release: {(time.monotonic() - t0) * 1000:.0f} ms")
+        c2.own_slice("web-own", "web", [("10.43.1.6", True)])
+        wait(lambda: c1.meshctl_slices("web") == {"web-cluster2-v4-0": ["10.43.1.6"]}, what="the new writer writes")
+        c1.mesh = None  # stopped: the fixture leaves it
+        passes.stop.set()
+    finally:
+        second.stop()
