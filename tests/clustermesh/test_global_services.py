@@ -125,10 +125,13 @@ def wire(side: Side, other: Side, tmp: Path, node: str) -> MeshWithServices:
     d = tmp / f"cm-{side.name}-{node}"
     d.mkdir()
     (d / other.name).write_text(json.dumps(other.etcd.config()))
-    rc = RemoteClusters(d, Cluster(side.name, side.doc["cluster"]["id"]), lambda: None, poll=0.1)
+    kicks: list[Any] = []
+    rc = RemoteClusters(d, Cluster(side.name, side.doc["cluster"]["id"]), lambda: [k() for k in kicks], poll=0.1)
     api = KubeServiceApi(kube_client(side.api))
     elector = LeaseElector(api, node, "meshctl", duration=3, renew_deadline=2, retry=0.5)
-    return MeshWithServices(rc, GlobalServices(lambda: side.name, api, elector, side.etcd.kv, rc))
+    step = GlobalServices(lambda: side.name, api, elector, side.etcd.kv, rc)
+    kicks.append(step.kick)
+    return MeshWithServices(rc, step)
 
 
 class Passes:

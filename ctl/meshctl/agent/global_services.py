@@ -95,6 +95,11 @@ class GlobalServices:
         self._logged: set[str] = set()
         self.stats = {"record_puts": 0, "record_deletes": 0, "slice_writes": 0, "errors": 0}
         self.last_write: float | None = None
+        self._kick = threading.Event()
+
+    def kick(self) -> None:
+        """Run the next pass now (a remote mirror changed: its records reach the slices at once)."""
+        self._kick.set()
 
     # --- fed by the reconcile pass ------------------------------------------------------------
 
@@ -113,7 +118,10 @@ class GlobalServices:
                     self.stats["errors"] += 1
                     self._log(logging.WARNING, f"global services: {e}")
                     self._published = None
-                stop.wait(LEADER_INTERVAL_S if self.elector.leading else FOLLOWER_INTERVAL_S)
+                if stop.is_set():
+                    break
+                self._kick.wait(LEADER_INTERVAL_S if self.elector.leading else FOLLOWER_INTERVAL_S)
+                self._kick.clear()
         finally:
             self.elector.release()
 
@@ -197,7 +205,8 @@ class GlobalServices:
 class MeshWithServices:
     """The cluster-mesh watcher with global services beside it (agent.loop.RemoteSource): the
     pass's admission feeds the step, the step's view joins the ClusterMesh status block, and the
-    step's thread starts and stops with the watcher."""
+    step's thread starts and stops with the watcher. Build the watcher with `changed` calling
+    `kick` too (see agent.run.remotes_factory)."""
 
     def __init__(self, remotes: MirroredRemotes, services: GlobalServices) -> None:
         self.remotes = remotes
@@ -212,6 +221,7 @@ class MeshWithServices:
 
     def stop(self) -> None:
         self._stop.set()
+        self.services.kick()
         self._thread.join(5)
         self.remotes.stop()
 

@@ -80,14 +80,23 @@ def remotes_factory(cfg: AgentConfig, backend: Backend | None = None
     def make(wake: Callable[[], None]) -> RemoteSource:
         from meshctl.backends.clustermesh import RemoteClusters
 
-        rc = RemoteClusters(directory, Cluster(cfg.cluster_name, cfg.cluster_id), changed=wake,
+        kicks: list[Callable[[], None]] = []
+
+        def changed() -> None:  # a remote view changed: the pass, and the global-services step
+            wake()
+            for kick in kicks:
+                kick()
+
+        rc = RemoteClusters(directory, Cluster(cfg.cluster_name, cfg.cluster_id), changed=changed,
                             cache_dir=cfg.state_dir / "clustermesh")
         if cfg.backend == "kubernetes" and cfg.kvstore_endpoints:
             from meshctl.agent.kube_backend import with_global_services
             from meshctl.backends.kube.backend import KubeBackend
 
             if isinstance(backend, KubeBackend):
-                return with_global_services(cfg, backend, rc)
+                mesh = with_global_services(cfg, backend, rc)
+                kicks.append(mesh.services.kick)
+                return mesh
         return rc
 
     return make
