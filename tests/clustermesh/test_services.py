@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
+from meshctl.agent.global_services import remote_records
 from meshctl.backends.etcd import service_key, split_service_key
 from meshctl.backends.kube.services import next_lease
 from meshctl.errors import InputError
+from meshctl.etcd import KeyValue
 from meshctl.mesh.records import parse_topology
 from meshctl.mesh.services import (
     MANAGED_BY,
@@ -27,6 +29,7 @@ from meshctl.mesh.services import (
     local_services,
     service_settings,
     slice_changes,
+    slice_name,
 )
 
 from .fixtures import CLUSTER2
@@ -115,8 +118,24 @@ def record(cluster: str, name: str, addrs: list[str], *, ns: str = "default", **
     return json.dumps(d).encode()
 
 
+class Mirror:
+    """A remote cluster's mirror as the cluster-mesh watcher holds it."""
+
+    def __init__(self, kvs: list[KeyValue]) -> None:
+        self.kvs = kvs
+
+    def records_under(self, prefix: str) -> list[KeyValue]:
+        return [kv for kv in self.kvs if kv.key.startswith(prefix)]
+
+
 def rin(source: str, key_cluster: str, name: str, value: bytes) -> RecordIn:
-    return RecordIn(source, key_cluster, "default", name, service_key(key_cluster, "default", name), value)
+    """The record as the reader decodes it from `source`'s mirror (remote_records); a key under
+    another cluster's prefix, which no watcher mirrors, as if it had been."""
+    key = service_key(key_cluster, "default", name)
+    if key_cluster != source:
+        return RecordIn(source, key_cluster, "default", name, key, json.loads(value))
+    [r] = remote_records({source: Mirror([KeyValue(key, value, 1, 1)])}, {source})
+    return r
 
 
 C2_NODES = {"cluster2": parse_topology(CLUSTER2).nodes}  # pod CIDRs 10.43.1.0/24 .. 10.43.4.0/24
@@ -141,7 +160,7 @@ ADMIT = [
      {"cluster2/services/default/web": "/meshctl/cluster2/services/default/web: '{nope' is not JSON"}),
     ("too-large", [rin("cluster2", "cluster2", "web", b" " * (MAX_SERVICE_RECORD_BYTES + 1))], {},
      {"cluster2/services/default/web": f"/meshctl/cluster2/services/default/web: '{MAX_SERVICE_RECORD_BYTES + 1} "
-                                       f"bytes' is larger than a service record may be "
+                                       f"bytes' is larger than a record may be "
                                        f"({MAX_SERVICE_RECORD_BYTES} bytes)"}),
     ("bad-port", [rin("cluster2", "cluster2", "web", record("cluster2", "web", ["10.43.1.5"],
                                                            ports=[{"port": 70000}]))], {},
@@ -168,8 +187,7 @@ def test_service_keys_round_trip() -> None:
 
 
 def remote_web(addrs: list[str], cluster: str = "cluster2", name: str = "web") -> GlobalService:
-    rec = json.loads(record(cluster, name, addrs))
-    got, rej = admit_services([rin(cluster, cluster, name, json.dumps(rec).encode())],
+    got, rej = admit_services([rin(cluster, cluster, name, record(cluster, name, addrs))],
                               {cluster: parse_topology(CLUSTER2).nodes})
     assert not rej
     return got[0]
@@ -262,3 +280,11 @@ def test_next_lease_follows_client_go(current: Any, observed: float, now: float,
     assert got["spec"]["renewTime"].startswith("2023-11-14T22:13:20.000000")
     # the acquire time stays while we hold it, and is new when we take it
     assert (got["spec"]["acquireTime"] == "t0") == (current is not None and current["spec"]["holderIdentity"] == "a1")
+
+
+def test_long_slice_names_are_cut_with_a_stable_hash() -> None:
+    long = "a" * 60
+    names = {slice_name(long, "cluster2", 4, i) for i in range(3)}
+    assert len(names) == 3 and all(len(n) <= 63 for n in names)
+    assert slice_name(long, "cluster2", 4, 0) == slice_name(long, "cluster2", 4, 0)
+    assert slice_name("web", "cluster2", 6, 1) == "web-cluster2-v6-1"

@@ -19,16 +19,18 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
-from meshctl.backends.etcd import service_key, services_prefix, split_service_key
+from meshctl.backends.etcd import parse_record, service_key, services_prefix, split_service_key
 from meshctl.backends.kube.services import KubeServiceApi, LeaseElector
+from meshctl.errors import InputError
 from meshctl.etcd import EtcdClient, KeyValue
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.model import Topology
 from meshctl.mesh.segments import Remote
 from meshctl.mesh.services import (
+    MAX_SERVICE_RECORD_BYTES,
     GlobalService,
     LocalServices,
     RecordIn,
@@ -63,16 +65,22 @@ class MirroredRemotes(Protocol):
     def mirrors(self) -> Mapping[str, RecordMirror]: ...
 
 
-def remote_records(mirrors: Mapping[str, RecordMirror], admitted: Mapping[str, Remote]) -> list[RecordIn]:
-    """The service records of every admitted remote cluster, as its mirror holds them."""
+def remote_records(mirrors: Mapping[str, RecordMirror], admitted: Collection[str]) -> list[RecordIn]:
+    """The service records of every admitted remote cluster (by name), as its mirror holds them
+    (only its own prefix: the watcher mirrors nothing else), decoded under the size limit."""
     out = []
     for name, m in sorted(mirrors.items()):
         if name not in admitted:
             continue
         for kv in m.records_under(services_prefix(name)):
             parts = split_service_key(kv.key)
-            if parts is not None:
-                out.append(RecordIn(name, parts[0], parts[1], parts[2], kv.key, kv.value))
+            if parts is None:
+                continue
+            try:
+                doc, error = parse_record(kv, kv.key, MAX_SERVICE_RECORD_BYTES), None
+            except InputError as e:
+                doc, error = None, str(e)
+            out.append(RecordIn(name, parts[0], parts[1], parts[2], kv.key, doc, error))
     return out
 
 

@@ -19,9 +19,7 @@ stand), each named. Nothing here does I/O: the callers read Kubernetes and etcd.
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -207,17 +205,10 @@ def local_services(cluster: str, services: Sequence[Obj], exports: Sequence[Obj]
 # --- a reader's admission ---------------------------------------------------------------------
 
 
-def parse_service_record(raw: bytes, path: str, key_cluster: str, key_ns: str, key_name: str) -> GlobalService:
-    """One published record; InputError naming the field (too large, not JSON, a name that is not
-    its key's, a bad port or address)."""
-    if len(raw) > MAX_SERVICE_RECORD_BYTES:
-        raise InputError(path, f"{len(raw)} bytes", f"is larger than a service record may be "
-                         f"({MAX_SERVICE_RECORD_BYTES} bytes)")
-    try:
-        d = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise InputError(path, raw[:40].decode(errors="replace"), "is not JSON") from None
-    d = fields.mapping(d, path)
+def parse_service_record(doc: Any, path: str, key_cluster: str, key_ns: str, key_name: str) -> GlobalService:
+    """One published record (its JSON, decoded by the reader under MAX_SERVICE_RECORD_BYTES);
+    InputError naming the field (a name that is not its key's, a bad port or address)."""
+    d = fields.mapping(doc, path)
     for f, want in (("cluster", key_cluster), ("namespace", key_ns), ("name", key_name)):
         if d.get(f) != want:
             raise InputError(f"{path}.{f}", d.get(f), f"is not its key's {want!r}")
@@ -253,14 +244,16 @@ def in_pod_cidrs(address: IPAddress, node: Node) -> bool:
 @dataclass(frozen=True)
 class RecordIn:
     """A record as a reader found it: the cluster whose etcd it came from (its identity), the
-    cluster, namespace and name its key names, the key, and the value."""
+    cluster, namespace and name its key names, the key, and its decoded JSON, or `error`: why it
+    could not be decoded (too large, not JSON)."""
 
     source: str
     key_cluster: str
     namespace: str
     name: str
     key: str
-    value: bytes
+    doc: Any
+    error: str | None = None
 
 
 def admit_services(records: Iterable[RecordIn], nodes: Mapping[str, Sequence[Node]]
@@ -276,8 +269,11 @@ def admit_services(records: Iterable[RecordIn], nodes: Mapping[str, Sequence[Nod
             rejected.append(Rejection(label, f"{r.key}: cluster {r.source} cannot publish for cluster "
                                       f"{r.key_cluster}"))
             continue
+        if r.error is not None:
+            rejected.append(Rejection(label, r.error))
+            continue
         try:
-            svc = parse_service_record(r.value, r.key, r.key_cluster, r.namespace, r.name)
+            svc = parse_service_record(r.doc, r.key, r.key_cluster, r.namespace, r.name)
         except InputError as e:
             rejected.append(Rejection(label, str(e)))
             continue
@@ -301,8 +297,15 @@ def slice_name(service: str, cluster: str, family: int, index: int) -> str:
     name = f"{service}-{cluster}-v{family}-{index}"
     if len(name) <= 63:
         return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
-    return f"{name[:52]}-{digest}"
+    return f"{name[:52]}-{_fnv1a(name):010x}"[:63]
+
+
+def _fnv1a(text: str) -> int:
+    """A 40-bit FNV-1a hash: the same name always gets the same cut."""
+    h = 0xCBF29CE484222325
+    for b in text.encode():
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h >> 24
 
 
 def _hints(affinity: str, ep: ServiceEndpoint, local_zones: Sequence[str]) -> dict[str, Any] | None:
