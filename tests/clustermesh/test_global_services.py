@@ -114,7 +114,8 @@ class Side:
 def start_api() -> ApiServer:
     api = ApiServer("127.0.0.1", 0).start()
     for rt in BUILT_IN:
-        api.store.register(rt)
+        if (rt.group, rt.version, rt.plural) not in api.store.types:
+            api.store.register(rt)
     api.store.create(api.store.types[("", "v1", "namespaces")], "", {"metadata": {"name": "meshctl"}})
     post(api, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", SERVICE_EXPORT_CRD)
     return api
