@@ -296,3 +296,70 @@ def test_one_elected_writer_per_cluster_and_a_takeover_when_it_leaves(two: tuple
         passes.stop.set()
     finally:
         second.stop()
+
+
+def test_slices_go_when_the_remote_cluster_goes(two: tuple[Side, Side], tmp_path: Path) -> None:
+    c1, c2 = two
+    c1.service("web", **GLOBAL)
+    c2.service("web", **GLOBAL)
+    c2.own_slice("web-own", "web", [("10.43.1.5", True)])
+    wait(lambda: c1.meshctl_slices("web") == {"web-cluster2-v4-0": ["10.43.1.5"]}, what="import")
+    # cluster2's clustermesh file removed from cluster1's agent: its nodes drain, and its endpoints
+    # with them (they are admitted against its admitted nodes).
+    (tmp_path / "cm-cluster1-c1" / "cluster2").unlink()
+    t0 = time.monotonic()
+    wait(lambda: c1.meshctl_slices("web") == {}, what="slices gone with the cluster")
+    print(f"slices gone {(time.monotonic() - t0) * 1000:.0f} ms after the cluster's file went")
+    assert c1.step().status()["services"][0]["remote_endpoints"] == {}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Away(KubeServiceApi):
+    """An agent's API client that can lose the API server (a partition)."""
+
+    away = False
+
+    def get_lease(self, ns: str, name: str) -> dict[str, Any] | None:
+        if self.away:
+            raise ConnectionError("API server unreachable")
+        return super().get_lease(ns, name)
+
+
+def test_a_lease_not_renewed_is_taken_over_after_its_duration_and_the_old_holder_steps_down_first() -> None:
+    api = start_api()
+    try:
+        clock = Clock()
+        a_api = Away(kube_client(api))
+        a = LeaseElector(a_api, "a1", "meshctl", duration=15, renew_deadline=10, retry=2, clock=clock)
+        b = LeaseElector(KubeServiceApi(kube_client(api)), "a2", "meshctl", duration=15, renew_deadline=10, retry=2,
+                         clock=clock)
+        assert a.tick() and not b.tick() and b.holder == "a1"
+        for _ in range(5):  # a1 renews every retry: a2 never takes over
+            clock.t += 2
+            assert a.tick() and not b.tick()
+        renewed = clock.t
+        a_api.away = True  # a1 cannot renew any more
+        stepped_down = took_over = None
+        while took_over is None:
+            clock.t += 0.5
+            a_leads, b_leads = a.tick(), b.tick()
+            assert not (a_leads and b_leads), f"two leaders at +{clock.t - renewed} s"
+            if not a_leads and stepped_down is None:
+                stepped_down = clock.t - renewed
+            if b_leads:
+                took_over = clock.t - renewed
+        assert stepped_down is not None and 10 < stepped_down <= 12, stepped_down  # its renew deadline (+ a retry)
+        assert 15 <= took_over <= 17.5, took_over  # the whole lease unrenewed, by a2's clock (+ a retry)
+        assert b.holder == "a2" and b.transitions == 1
+        a_api.away = False
+        clock.t += 2
+        assert not a.tick() and a.holder == "a2"
+    finally:
+        api.stop()
