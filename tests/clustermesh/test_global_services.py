@@ -363,3 +363,26 @@ def test_a_lease_not_renewed_is_taken_over_after_its_duration_and_the_old_holder
         assert not a.tick() and a.holder == "a2"
     finally:
         api.stop()
+
+
+def test_an_agent_restarted_while_the_remote_etcd_is_away_keeps_the_slices(two: tuple[Side, Side],
+                                                                            tmp_path: Path) -> None:
+    c1, c2 = two
+    c1.service("web", **GLOBAL)
+    c2.service("web", **GLOBAL)
+    c2.own_slice("web-own", "web", [("10.43.1.5", True)])
+    wait(lambda: c1.meshctl_slices("web") == {"web-cluster2-v4-0": ["10.43.1.5"]}, what="import")
+    assert c1.mesh is not None
+    c1.mesh.stop()
+    c2.etcd.etcd.stop()  # cluster2's etcd away
+    restarted = wire(c1, c2, tmp_path, "c1-again")
+    c1.mesh = restarted  # the fixture stops it
+    passes = Passes([(restarted, c1.doc)])
+    restarted.start()
+    passes.thread.start()
+    try:
+        wait(lambda: restarted.services.elector.leading, what="the restarted agent leads")
+        time.sleep(1.5)  # several passes of the step
+        assert c1.meshctl_slices("web") == {"web-cluster2-v4-0": ["10.43.1.5"]}
+    finally:
+        passes.stop.set()

@@ -288,3 +288,10 @@ def test_long_slice_names_are_cut_with_a_stable_hash() -> None:
     assert len(names) == 3 and all(len(n) <= 63 for n in names)
     assert slice_name(long, "cluster2", 4, 0) == slice_name(long, "cluster2", 4, 0)
     assert slice_name("web", "cluster2", 6, 1) == "web-cluster2-v6-1"
+
+
+def test_slices_of_a_cluster_not_connected_yet_are_kept() -> None:
+    stale = eps_slice("web-cluster2-v4-0", "web", [("10.43.1.99", True, "")], managed=MANAGED_BY)
+    stale["metadata"]["labels"]["meshctl.io/source-cluster"] = "cluster2"
+    assert slice_changes([stale], {}).deletes == (("default", "web-cluster2-v4-0"),)
+    assert not slice_changes([stale], {}, keep={"cluster2"})

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
+from meshctl.backends.base import ClusterState
 from meshctl.backends.etcd import parse_record, service_key, services_prefix, split_service_key
 from meshctl.backends.kube.services import KubeServiceApi, LeaseElector
 from meshctl.errors import InputError
@@ -49,6 +50,8 @@ FULL_SYNC_S = 30.0
 
 class RecordMirror(Protocol):
     def records_under(self, prefix: str) -> list[KeyValue]: ...
+
+    def snapshot(self) -> ClusterState: ...
 
 
 class MirroredRemotes(Protocol):
@@ -84,6 +87,12 @@ def remote_records(mirrors: Mapping[str, RecordMirror], admitted: Collection[str
     return out
 
 
+def pending_clusters(mirrors: Mapping[str, RecordMirror], admitted: Collection[str]) -> set[str]:
+    """Configured remote clusters whose view has not arrived yet (never listed): their slices,
+    written before this agent started, stay until it does."""
+    return {n for n, m in mirrors.items() if n not in admitted and not m.snapshot().revision}
+
+
 class GlobalServices:
     """The step. `cluster` gives the local cluster's name (it may come from the ConfigMap)."""
 
@@ -96,7 +105,7 @@ class GlobalServices:
         self.remotes = remotes
         self.clock = clock
         self._lock = threading.Lock()
-        self._admitted: dict[str, Remote] = {}
+        self._admitted: dict[str, Remote] | None = None  # None until the first pass admitted
         self._published: dict[str, str] | None = None  # what our etcd holds, as last written or read
         self._full_due = 0.0
         self._status: dict[str, Any] = {"services": [], "service_rejections": [], "services_leader": None}
@@ -142,13 +151,14 @@ class GlobalServices:
         if leading:
             self._publish(cluster, local)
         with self._lock:
-            admitted = dict(self._admitted)
-        records = remote_records(self.remotes.mirrors(), admitted)
-        held = {name: r.nodes for name, r in admitted.items()}
+            admitted = dict(self._admitted) if self._admitted is not None else None
+        mirrors = self.remotes.mirrors()
+        records = remote_records(mirrors, admitted or {})
+        held = {name: r.nodes for name, r in (admitted or {}).items()}
         remote, rejected = admit_services(records, held)
         want = desired_slices(local, remote)
-        if leading:
-            changes = slice_changes(slices, want)
+        if leading and admitted is not None:  # before the first pass, nothing is known to be gone
+            changes = slice_changes(slices, want, keep=pending_clusters(mirrors, admitted))
             if changes:
                 n = self.api.apply(changes)
                 self.stats["slice_writes"] += n

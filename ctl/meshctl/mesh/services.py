@@ -20,7 +20,7 @@ stand), each named. Nothing here does I/O: the callers read Kubernetes and etcd.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -377,16 +377,21 @@ class SliceChanges:
         return bool(self.creates or self.updates or self.deletes)
 
 
-def slice_changes(have: Iterable[Obj], want: Mapping[tuple[str, str], dict[str, Any]]) -> SliceChanges:
+def slice_changes(have: Iterable[Obj], want: Mapping[tuple[str, str], dict[str, Any]],
+                  keep: Collection[str] = ()) -> SliceChanges:
     """What turns the slices there are into the desired ones, touching only slices meshctl wrote:
-    a desired name held by a slice someone else wrote is left alone (and not created)."""
+    a desired name held by a slice someone else wrote is left alone (and not created). Slices from
+    the clusters in `keep` (configured, but not connected yet: an agent that just started) stay as
+    they are until their cluster's view arrives."""
     ours: dict[tuple[str, str], Obj] = {}
     theirs: set[tuple[str, str]] = set()
     for s in have:
-        if managed_by_meshctl(s):
-            ours[ref_of(s)] = s
-        else:
+        if not managed_by_meshctl(s):
             theirs.add(ref_of(s))
+        elif (_meta(s).get("labels") or {}).get(SOURCE_CLUSTER_LABEL) in keep:
+            theirs.add(ref_of(s))  # not ours to change now
+        else:
+            ours[ref_of(s)] = s
     creates, updates = [], []
     for ref, obj in sorted(want.items()):
         if ref in theirs:
