@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,16 @@ from meshctl.backends.kube.services import ENDPOINT_SLICES, SERVICES, KubeServic
 from meshctl.lab.rigs.kube_apiserver import ApiServer, ResourceType
 from meshctl.mesh.model import Cluster
 from meshctl.mesh.records import parse_topology
-from meshctl.mesh.services import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_NAME_LABEL
+from meshctl.mesh.services import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    SERVICE_NAME_LABEL,
+    GlobalService,
+    ServiceEndpoint,
+    SliceChanges,
+    desired_slices,
+    local_services,
+)
 
 from .fixtures import CLUSTER1, CLUSTER2
 from .test_watch import Remote
@@ -386,3 +396,31 @@ def test_an_agent_restarted_while_the_remote_etcd_is_away_keeps_the_slices(two: 
         assert c1.meshctl_slices("web") == {"web-cluster2-v4-0": ["10.43.1.5"]}
     finally:
         passes.stop.set()
+
+
+def test_one_refused_slice_write_is_named_and_the_others_go_on() -> None:
+    api = start_api()
+    try:
+        k = KubeServiceApi(kube_client(api))
+        web = remote_service("default", "web", "10.43.1.5")
+        gone = remote_service("gone", "api", "10.43.2.9")  # its namespace does not exist (any more)
+        n, failed = k.apply(SliceChanges(creates=(gone, web)))
+        assert n == 1 and len(failed) == 1
+        assert failed[0].startswith("endpointslice gone/api-cluster2-v4-0: create: ") and "gone" in failed[0][40:]
+        assert [s["metadata"]["name"] for s in k.slices()] == ["web-cluster2-v4-0"]
+        # A delete of a slice someone else now labels is skipped; of a missing one, no failure.
+        theirs = {**web, "metadata": {**web["metadata"], "labels": {SERVICE_NAME_LABEL: "web"}}}
+        k.client.replace(ENDPOINT_SLICES.from_dict({**theirs, "metadata": {
+            **theirs["metadata"], "resourceVersion": k.slices()[0]["metadata"]["resourceVersion"]}}))
+        assert k.apply(SliceChanges(deletes=(("default", "web-cluster2-v4-0"), ("default", "nope")))) == (0, [])
+        assert [s["metadata"]["name"] for s in k.slices()] == ["web-cluster2-v4-0"]
+    finally:
+        api.stop()
+
+
+def remote_service(ns: str, name: str, addr: str) -> dict[str, Any]:
+    """The slice desired_slices gives for cluster2's one endpoint of ns/name, global here."""
+    local = local_services("cluster1", [{"metadata": {"name": name, "namespace": ns, "annotations": GLOBAL}}], [], [])
+    [obj] = desired_slices(local, [GlobalService("cluster2", ns, name, (), (ServiceEndpoint(ip_address(addr)),))]
+                           ).values()
+    return obj

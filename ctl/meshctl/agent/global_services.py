@@ -160,8 +160,11 @@ class GlobalServices:
         if leading and admitted is not None:  # before the first pass, nothing is known to be gone
             changes = slice_changes(slices, want, keep=pending_clusters(mirrors, admitted))
             if changes:
-                n = self.api.apply(changes)
+                n, failed = self.api.apply(changes)
                 self.stats["slice_writes"] += n
+                self.stats["errors"] += len(failed)
+                for f in failed:
+                    self._log(logging.WARNING, f"global services: {f}")
                 self.last_write = time.time()
                 log.info("global services: %d slice(s) created, %d replaced, %d deleted", len(changes.creates),
                          len(changes.updates), len(changes.deletes))

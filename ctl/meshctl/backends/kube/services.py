@@ -66,28 +66,33 @@ class KubeServiceApi:
     def slices(self) -> list[Obj]:
         return [_dict(o) for o in self.client.list(ENDPOINT_SLICES, namespace="*")]
 
-    def apply(self, changes: SliceChanges) -> int:
-        """Create, replace and delete meshctl's slices; returns how many writes were made. A delete
-        re-reads the slice first and leaves it if someone else's label is on it now."""
-        n = 0
-        for obj in changes.creates:
-            self.client.create(ENDPOINT_SLICES.from_dict(obj), namespace=obj["metadata"]["namespace"])
-            n += 1
-        for obj in changes.updates:
-            self.client.replace(ENDPOINT_SLICES.from_dict(obj))
-            n += 1
+    def apply(self, changes: SliceChanges) -> tuple[int, list[str]]:
+        """Create, replace and delete meshctl's slices, each on its own: one refused write (its
+        namespace gone, a conflict) is named in the second value and the others go on. A delete
+        re-reads the slice first and leaves it if someone else's label is on it now. Returns the
+        writes made and the failures."""
+        n, failed = 0, []
+        for verb, obj in [*(("create", o) for o in changes.creates), *(("replace", o) for o in changes.updates)]:
+            meta = obj["metadata"]
+            try:
+                if verb == "create":
+                    self.client.create(ENDPOINT_SLICES.from_dict(obj), namespace=meta["namespace"])
+                else:
+                    self.client.replace(ENDPOINT_SLICES.from_dict(obj))
+                n += 1
+            except ApiError as e:
+                failed.append(f"endpointslice {meta['namespace']}/{meta['name']}: {verb}: {e.status.message}")
         for ns, name in changes.deletes:
             try:
                 cur = _dict(self.client.get(ENDPOINT_SLICES, name, namespace=ns))
-            except ApiError as e:
-                if e.status.code == 404:
+                if ((cur.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY_LABEL) != MANAGED_BY:
                     continue
-                raise
-            if ((cur.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY_LABEL) != MANAGED_BY:
-                continue
-            self.client.delete(ENDPOINT_SLICES, name, namespace=ns)
-            n += 1
-        return n
+                self.client.delete(ENDPOINT_SLICES, name, namespace=ns)
+                n += 1
+            except ApiError as e:
+                if e.status.code != 404:
+                    failed.append(f"endpointslice {ns}/{name}: delete: {e.status.message}")
+        return n, failed
 
     # --- the Lease --------------------------------------------------------------------------
 
