@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
@@ -40,24 +41,19 @@ from meshctl.mesh.services import (
     desired_slices,
     local_services,
 )
+from tests.waiting import wait_until
 
-from .fixtures import CLUSTER1, CLUSTER2
+from .fixtures import CLUSTER1, CLUSTER2, SERVICE_EXPORT_CRD
 from .test_watch import Remote
+
+# Polled often: the waits time how fast the slices follow.
+wait = partial(wait_until, step=0.01)
 
 # Until the lab's API server serves them itself (the kubectl helper's change), these types are
 # registered as kube-apiserver serves them: same group, version, plural and scope.
 BUILT_IN = (ResourceType("", "v1", "Service", "services", True),
             ResourceType("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", True),
             ResourceType("coordination.k8s.io", "v1", "Lease", "leases", True))
-SERVICE_EXPORT_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-    "metadata": {"name": "serviceexports.multicluster.x-k8s.io"},
-    "spec": {"group": "multicluster.x-k8s.io", "scope": "Namespaced",
-             "names": {"kind": "ServiceExport", "plural": "serviceexports", "singular": "serviceexport"},
-             "versions": [{"name": "v1alpha1", "served": True, "storage": True}]},
-}
-
-
 def kube_client(api: ApiServer) -> Client:
     return Client(KubeConfig.from_one(cluster=KCluster(server=api.url), user=User()), trust_env=False)
 
@@ -197,15 +193,6 @@ def two(tmp_path: Path) -> Iterator[tuple[Side, Side]]:
 @pytest.fixture
 def only_cluster1(tmp_path: Path) -> Iterator[tuple[Side, Side]]:
     yield from clusters(tmp_path, ("cluster1",))
-
-
-def wait(cond: Any, timeout: float = 10.0, what: str = "condition") -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if cond():
-            return time.monotonic() - t0
-        time.sleep(0.01)
-    raise AssertionError(f"{what} not met in {timeout} s")
 
 
 GLOBAL = {"service.cilium.io/global": "true"}

@@ -14,6 +14,7 @@ import statistics
 import time
 import urllib.error
 import urllib.request
+from functools import partial
 from typing import Any
 
 import pytest
@@ -24,7 +25,12 @@ from meshctl.lab.namespaces import check as labcheck
 from meshctl.lab.namespaces.state import ClusterState, LabState
 from meshctl.mesh.services import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_NAME_LABEL
 from meshctl.setns import in_netns
+from tests.clustermesh.fixtures import SERVICE_EXPORT_CRD
 from tests.kube.helpers import lab_fixture
+from tests.waiting import wait_until
+
+# Polled often: the waits time how fast the slices follow.
+wait = partial(wait_until, step=0.02)
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -42,15 +48,6 @@ LAB = {
 
 lab = lab_fixture(LAB, wait=180)
 
-SERVICE_EXPORT_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-    "metadata": {"name": "serviceexports.multicluster.x-k8s.io"},
-    "spec": {"group": "multicluster.x-k8s.io", "scope": "Namespaced",
-             "names": {"kind": "ServiceExport", "plural": "serviceexports", "singular": "serviceexport"},
-             "versions": [{"name": "v1alpha1", "served": True, "storage": True,
-                           "schema": {"openAPIV3Schema": {"type": "object",
-                                                          "x-kubernetes-preserve-unknown-fields": True}}}]},
-}
 SLICES = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
 
 
@@ -103,15 +100,6 @@ def meshctl_slices(c: ClusterState, service: str) -> dict[str, list[str]]:
     assert code == 200, code
     return {s["metadata"]["name"]: sorted(a for e in s.get("endpoints") or () for a in e["addresses"])
             for s in doc.get("items") or ()}
-
-
-def wait(cond: Any, timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if cond():
-            return time.monotonic() - t0
-        time.sleep(0.02)
-    raise AssertionError(f"{what}: not within {timeout} s")
 
 
 def clustermesh_of(st: LabState, node: str) -> dict[str, Any]:
