@@ -39,7 +39,11 @@ FULL: dict[str, Any] = {
     "remotes": {"ready": 1, "total": 1, "clusters": [{
         "name": "c2", "ready": True, "reason": None, "nodes": 2, "endpoints": ["https://10.0.0.1:2379"],
         "connected": True, "last_change": 1700000000.0, "reconnects": 0, "last_sync_age": 0.0, "rejected": 1,
-        "rejections": [{"name": "c2/bad", "reason": "no pod CIDR"}]}]},
+        "rejections": [{"name": "c2/bad", "reason": "no pod CIDR"}]}],
+        "services": [{"namespace": "default", "name": "web", "shared": True, "affinity": "none", "exported": False,
+                      "local_endpoints": 2, "remote_endpoints": {"c2": 3}}],
+        "service_rejections": [{"name": "c2/services/default/web/10.99.0.5", "reason": "in no pod CIDR"}],
+        "services_leader": "a1"},
     "datapath": {"mode": "ebpf", "reason": None, "counters": {"direct": [10, 1000], "pass": [3, 300]},
                  "synced": True, "attach": "tcx", "fallbacks": [], "objects": "shipped", "objects_refused": 1},
     "path_probe": PROBE,
@@ -121,9 +125,14 @@ def test_meshctl_status_formats_the_status() -> None:
                  "discovered endpoints: b1 198.51.100.7:51820", "unreached peers: b2",
                  "rejected records (1):", "  x9: overlaps a1",
                  "own record restored: 1 time(s), last 2026-01-01T00:00:00Z deleted",
-                 "lapsed records kept: a3 (12 s left)", "ClusterMesh: 1/1 remote clusters ready",
+                 "lapsed records kept: a3 (12 s left)", "ClusterMesh: 1/1 remote clusters ready, 1 global-services",
+                 "  rejected service c2/services/default/web/10.99.0.5: in no pod CIDR",
                  "    rejected c2/bad: no pod CIDR"):
         assert line in out, line
+    assert not any("global services" in x for x in out)
+    verbose = format_status(AgentStatus.from_json(copy.deepcopy(FULL)), verbose=True).splitlines()
+    assert verbose[-2:] == ["  global services (published by a1):",
+                            "    default/web  local 2  remote c2 3  affinity none"]
     assert any(x.startswith("last reconcile ") and x.endswith(", applied, errors: nat: boom") for x in out)
     starting = format_status(AgentStatus.from_json({"node": "a1", "ready": False, "reason": "starting"}))
     assert starting.splitlines()[0] == "node a1  cluster None  backend None: NOT READY (starting)  revision None"

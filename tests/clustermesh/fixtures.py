@@ -35,3 +35,15 @@ CLUSTER2: dict[str, Any] = {
          "public_key": key(14)},
     ],
 }
+
+# The MCS ServiceExport CRD (multicluster.x-k8s.io/v1alpha1) as its project ships it, trimmed to
+# what the API server needs to serve it.
+SERVICE_EXPORT_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "serviceexports.multicluster.x-k8s.io"},
+    "spec": {"group": "multicluster.x-k8s.io", "scope": "Namespaced",
+             "names": {"kind": "ServiceExport", "plural": "serviceexports", "singular": "serviceexport"},
+             "versions": [{"name": "v1alpha1", "served": True, "storage": True,
+                           "schema": {"openAPIV3Schema": {"type": "object",
+                                                          "x-kubernetes-preserve-unknown-fields": True}}}]},
+}

@@ -171,7 +171,7 @@ def test_agents_read_the_cache_fall_back_when_it_stops_and_return(lab: Lab) -> N
     for rc in agents:
         wait_for(lambda rc=rc: nodes_of(rc) == G and rc.status().get("via") == "via cache" and not rc._remotes,
                  timeout=10)
-    assert summary_line(agents[0].status()) == "ClusterMesh: 1/1 remote clusters ready, via cache"
+    assert summary_line(agents[0].status()) == "ClusterMesh: 1/1 remote clusters ready, 0 global-services, via cache"
     # the agents hold no connection to cluster2's etcd: only the cache does
     assert lab.remote_connections() == before
     assert all(not rc._remotes for rc in agents)

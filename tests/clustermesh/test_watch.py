@@ -101,7 +101,7 @@ def test_file_added_connects_and_removed_drains(remote: Remote, watcher) -> None
     (d / "cluster2").write_text(yaml.safe_dump(remote.config()))
     wait_for(lambda: nodes_of(rc) == {"cluster2/g1", "cluster2/g2", "cluster2/g3", "cluster2/g4"})
     st = rc.status()
-    assert summary_line(st) == "ClusterMesh: 1/1 remote clusters ready"
+    assert summary_line(st) == "ClusterMesh: 1/1 remote clusters ready, 0 global-services"
     c = st["clusters"][0]
     assert c["ready"] and c["nodes"] == 4 and c["connected"] and c["endpoints"] == [remote.etcd.url]
     # a node added in the remote cluster reaches us by itself
@@ -127,7 +127,7 @@ def test_etcd_away_keeps_the_view_and_comes_back(remote: Remote, watcher) -> Non
     assert len(nodes_of(rc)) == 4, "routes learned from a cluster whose etcd went away must stay"
     st = rc.status()["clusters"][0]
     assert not st["ready"] and st["reason"] and not st["connected"]
-    assert summary_line(rc.status()) == "ClusterMesh: 0/1 remote clusters ready"
+    assert summary_line(rc.status()) == "ClusterMesh: 0/1 remote clusters ready, 0 global-services"
     remote.etcd.start(client_tls=remote.client_cert)
     wait_for(lambda: rc.status()["clusters"][0]["ready"], timeout=10)
     assert rc.status()["clusters"][0]["reconnects"] >= 1

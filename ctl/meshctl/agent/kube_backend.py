@@ -20,11 +20,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from meshctl.agent.config import AgentConfig
+from meshctl.agent.global_services import MeshWithServices, MirroredRemotes
 from meshctl.backends.kube import backend_from_options
 from meshctl.backends.kube.backend import DEFAULT_CONFIGMAP, DEFAULT_NAMESPACE, KubeBackend
 from meshctl.backends.kube.nodes import settings_for_agent
 from meshctl.defaults import REGION_LABEL
 from meshctl.errors import InputError, MeshError
+from meshctl.etcd import EtcdClient
 from meshctl.mesh.model import Cluster
 
 log = logging.getLogger("meshctl.kube")
@@ -139,10 +141,26 @@ def make_backend(cfg: AgentConfig) -> KubeBackend:
             cfg.cluster_name, cfg.cluster_id = st.cluster.name, st.cluster.id
     if cfg.kvstore_endpoints:
         from meshctl.backends.kube.kvstore import KvstoreMirror
-        from meshctl.etcd import EtcdClient
 
-        client = EtcdClient(list(cfg.kvstore_endpoints), ca=cfg.kvstore_ca, cert=cfg.kvstore_cert, key=cfg.kvstore_key,
-                            user=cfg.kvstore_user, password_file=cfg.kvstore_password_file)
-        be.mirror = KvstoreMirror(client, cfg.node_name, lease_ttl=cfg.lease_ttl,
+        be.mirror = KvstoreMirror(kvstore_client(cfg), cfg.node_name, lease_ttl=cfg.lease_ttl,
                                   full_sync_seconds=float(cfg.resync_interval))
     return be
+
+
+def kvstore_client(cfg: AgentConfig) -> EtcdClient:
+    """A client of the cluster's own etcd as the kvstore identity (--kvstore-*)."""
+    return EtcdClient(list(cfg.kvstore_endpoints), ca=cfg.kvstore_ca, cert=cfg.kvstore_cert, key=cfg.kvstore_key,
+                      user=cfg.kvstore_user, password_file=cfg.kvstore_password_file)
+
+
+def with_global_services(cfg: AgentConfig, be: KubeBackend, remotes: MirroredRemotes) -> MeshWithServices:
+    """The cluster-mesh watcher with the global-services step beside it (agent.global_services):
+    this agent is one candidate of the cluster's Lease; the elected one publishes to the cluster's
+    etcd (the kvstore identity may write its prefix) and writes the EndpointSlices."""
+    from meshctl.agent.global_services import GlobalServices
+    from meshctl.backends.kube.services import KubeServiceApi, LeaseElector
+
+    api = KubeServiceApi(be.client())
+    elector = LeaseElector(api, cfg.node_name, be.namespace)
+    return MeshWithServices(remotes, GlobalServices(lambda: cfg.cluster_name, api, elector, kvstore_client(cfg),
+                                                    remotes))

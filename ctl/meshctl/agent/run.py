@@ -69,8 +69,10 @@ def resolve_private_interface(cfg: AgentConfig) -> None:
     log.warning("no interface holds %s: no private interface", want.ip)
 
 
-def remotes_factory(cfg: AgentConfig) -> Callable[[Callable[[], None]], RemoteSource] | None:
-    """A function that makes the cluster-mesh watcher once the agent can be woken, or None."""
+def remotes_factory(cfg: AgentConfig, backend: Backend | None = None
+                    ) -> Callable[[Callable[[], None]], RemoteSource] | None:
+    """A function that makes the cluster-mesh watcher once the agent can be woken, or None. With
+    the Kubernetes backend and a kvstore, global services run beside it (agent.global_services)."""
     directory = cfg.clustermesh_dir
     if directory is None:
         return None
@@ -80,8 +82,24 @@ def remotes_factory(cfg: AgentConfig) -> Callable[[Callable[[], None]], RemoteSo
         from meshctl.backends.clustermesh_cache import CacheUse
 
         cache = CacheUse(cfg.cluster_name, lambda: etcd_client(cfg)) if cfg.clustermesh_cache else None
-        return RemoteClusters(directory, Cluster(cfg.cluster_name, cfg.cluster_id), changed=wake,
-                              cache_dir=cfg.state_dir / "clustermesh", cache=cache)
+        kicks: list[Callable[[], None]] = []
+
+        def changed() -> None:  # a remote view changed: the pass, and the global-services step
+            wake()
+            for kick in kicks:
+                kick()
+
+        rc = RemoteClusters(directory, Cluster(cfg.cluster_name, cfg.cluster_id), changed=changed,
+                            cache_dir=cfg.state_dir / "clustermesh", cache=cache)
+        if cfg.backend == "kubernetes" and cfg.kvstore_endpoints:
+            from meshctl.agent.kube_backend import with_global_services
+            from meshctl.backends.kube.backend import KubeBackend
+
+            if isinstance(backend, KubeBackend):
+                mesh = with_global_services(cfg, backend, rc)
+                kicks.append(mesh.services.kick)
+                return mesh
+        return rc
 
     return make
 
@@ -96,7 +114,7 @@ def run_agent(cfg: AgentConfig) -> None:
         check_identity(cfg.state_dir, Cluster(cfg.cluster_name, cfg.cluster_id),
                        backend.client if isinstance(backend, EtcdBackend) else None, cluster_key(cfg.cluster_name))
     resolve_private_interface(cfg)
-    agent = Agent(cfg, backend, remotes_factory=remotes_factory(cfg))
+    agent = Agent(cfg, backend, remotes_factory=remotes_factory(cfg, backend))
     done = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

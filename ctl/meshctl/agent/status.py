@@ -118,20 +118,52 @@ class RemoteCluster:
 
 
 @dataclass(frozen=True)
+class GlobalServiceStatus:
+    """One global Service of this cluster (agent.global_services): its settings, the ready
+    endpoints it publishes, and the endpoints each remote cluster gives it here."""
+
+    namespace: str
+    name: str
+    shared: bool
+    affinity: str
+    exported: bool
+    local_endpoints: int
+    remote_endpoints: dict[str, int]
+
+    def to_json(self) -> JSON:
+        return {"namespace": self.namespace, "name": self.name, "shared": self.shared, "affinity": self.affinity,
+                "exported": self.exported, "local_endpoints": self.local_endpoints,
+                "remote_endpoints": dict(self.remote_endpoints)}
+
+    @classmethod
+    def from_json(cls, d: JSON) -> GlobalServiceStatus:
+        return cls(str(d.get("namespace", "")), str(d.get("name", "")), bool(d.get("shared", True)),
+                   str(d.get("affinity", "none")), bool(d.get("exported")), d.get("local_endpoints") or 0,
+                   {str(k): int(v) for k, v in (d.get("remote_endpoints") or {}).items()})
+
+
+@dataclass(frozen=True)
 class RemotesStatus:
-    """The ClusterMesh block: how many remote clusters are ready, and each. `error`: the watcher
-    could not say (then the block holds only that)."""
+    """The ClusterMesh block: how many remote clusters are ready, and each; the global Services
+    (`services`, the rejected service records and who publishes). `error`: the watcher could not
+    say (then the block holds only that)."""
 
     ready: int = 0
     total: int = 0
     clusters: tuple[RemoteCluster, ...] = ()
     error: str | None = None
     via: str | None = None  # with a cluster-mesh cache: `via cache` or `direct (cache unhealthy: ...)`
+    services: tuple[GlobalServiceStatus, ...] = ()
+    service_rejections: tuple[Rejected, ...] = ()
+    services_leader: str | None = None
 
     def to_json(self) -> JSON:
         if self.error is not None:
             return {"error": self.error}
-        out: JSON = {"ready": self.ready, "total": self.total, "clusters": [c.to_json() for c in self.clusters]}
+        out: JSON = {"ready": self.ready, "total": self.total, "clusters": [c.to_json() for c in self.clusters],
+                     "services": [s.to_json() for s in self.services],
+                     "service_rejections": [r.to_json() for r in self.service_rejections],
+                     "services_leader": self.services_leader}
         if self.via is not None:
             out["via"] = self.via
         return out
@@ -141,7 +173,10 @@ class RemotesStatus:
         if "clusters" not in d:
             return cls(error=str(d.get("error", "unknown")))
         return cls(d.get("ready", 0), d.get("total", 0), tuple(RemoteCluster.from_json(c) for c in d["clusters"]),
-                   via=d.get("via"))
+                   via=d.get("via"),
+                   services=tuple(GlobalServiceStatus.from_json(s) for s in d.get("services") or ()),
+                   service_rejections=tuple(Rejected.from_json(r) for r in d.get("service_rejections") or ()),
+                   services_leader=d.get("services_leader"))
 
 
 @dataclass(frozen=True)

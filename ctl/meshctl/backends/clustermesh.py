@@ -544,6 +544,12 @@ class RemoteClusters:
             self._rejections = per
         return remotes, rejections
 
+    def mirrors(self) -> dict[str, EtcdBackend]:
+        """Each remote cluster's mirror of its etcd, by name (agent.global_services reads its
+        service records from it)."""
+        with self._lock:
+            return {n: r.backend for n, r in self._remotes.items()}
+
     def status(self) -> dict[str, Any]:
         """The ClusterMesh block of `/status` (`ClusterMesh: 1/1 remote clusters ready`): per
         cluster, ready or why not, nodes, rejected records (unparsable ones and those refused by
@@ -619,5 +625,8 @@ def via_line(health: dict[str, str]) -> str:
 
 
 def summary_line(status: dict[str, Any]) -> str:
+    """`ClusterMesh: 1/1 remote clusters ready, 2 global-services`, then `, via cache` or
+    `, direct (cache unhealthy: ...)` when a cache is configured (`services`: agent.global_services)."""
     via = f", {status['via']}" if status.get("via") else ""
-    return f"ClusterMesh: {status['ready']}/{status['total']} remote clusters ready{via}"
+    return (f"ClusterMesh: {status['ready']}/{status['total']} remote clusters ready, "
+            f"{len(status.get('services') or ())} global-services{via}")

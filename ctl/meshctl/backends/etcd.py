@@ -6,6 +6,8 @@ Key layout (docs/agent.md):
     /meshctl/<cluster>/mesh           records.mesh_to_record       changeable at run time
     /meshctl/<cluster>/nodes/<name>   records.node_to_record       attached to the agent's lease
     /meshctl/<cluster>/peers/<name>   a peer record (records.parse_peer)
+    /meshctl/<cluster>/services/<namespace>/<name>   a global Service's ready endpoints (mesh.services),
+                                      written by the cluster's elected agent (agent.global_services)
     /meshctl-seen/<cluster>/<name>    observed.NodeSeen            on the same lease; outside the
                                       watched prefix, so no agent wakes for another's summary
 
@@ -49,6 +51,23 @@ def node_key(cluster: str, name: str) -> str:
 
 def peer_key(cluster: str, name: str) -> str:
     return f"{ROOT}/{cluster}/peers/{name}"
+
+
+def services_prefix(cluster: str) -> str:
+    return f"{ROOT}/{cluster}/services/"
+
+
+def service_key(cluster: str, namespace: str, name: str) -> str:
+    """A global Service's published endpoints (mesh.services): one record per Service and cluster."""
+    return f"{services_prefix(cluster)}{namespace}/{name}"
+
+
+def split_service_key(key: str) -> tuple[str, str, str] | None:
+    """(cluster, namespace, name) of a service key, or None for any other key."""
+    parts = key.split("/")
+    if len(parts) != 6 or parts[0] != "" or f"/{parts[1]}" != ROOT or parts[3] != "services":
+        return None
+    return parts[2], parts[4], parts[5]
 
 
 def mesh_key(cluster: str) -> str:
@@ -463,6 +482,12 @@ class EtcdBackend:
             self._parsed = {k: x for k, x in self._parsed.items() if k in live}
         self._parsed[kv.key] = (kv.mod_revision, item)
         return item
+
+    def records_under(self, prefix: str) -> list[KeyValue]:
+        """The mirrored keys under `prefix` (e.g. services_prefix): what another reader of this
+        watch (agent.global_services) takes without a watch of its own."""
+        with self._lock:
+            return [kv for k, kv in self._kvs.items() if k.startswith(prefix)]
 
     def status(self) -> dict[str, Any]:
         """`own_record`: how often our record was put back after someone else deleted or changed

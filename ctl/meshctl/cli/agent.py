@@ -148,8 +148,9 @@ def agent_cmd(**kw: Any) -> None:
 @click.option("--addr", default=defaults.METRICS_ADDR, show_default=True, help="The agent's --metrics-addr.")
 @node_option("lab_node", aliases=("--lab-node",), help="Ask the agent of this lab node (inside its namespace).")
 @lab_option()
+@click.option("--verbose", is_flag=True, help="Also list the global Services (docs/clustermesh.md).")
 @output_option(TEXT_FORMATS)
-def status_cmd(addr: str, lab_node: str | None, lab_name: str | None, output: str) -> None:
+def status_cmd(addr: str, lab_node: str | None, lab_name: str | None, verbose: bool, output: str) -> None:
     """Print an agent's view: datapath mode, peers, last reconcile, rejected records."""
     netns = None
     if lab_node:
@@ -159,7 +160,7 @@ def status_cmd(addr: str, lab_node: str | None, lab_name: str | None, output: st
     if output == "json":
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
-    click.echo(format_status(AgentStatus.from_json(doc)))
+    click.echo(format_status(AgentStatus.from_json(doc), verbose=verbose))
 
 
 def _bytes(n: float) -> str:
@@ -190,8 +191,9 @@ def format_paths(st: AgentStatus) -> list[str]:
     return out
 
 
-def format_status(st: AgentStatus) -> str:
-    """`meshctl status`: the agent's view in lines (status.AgentStatus, read off /status)."""
+def format_status(st: AgentStatus, *, verbose: bool = False) -> str:
+    """`meshctl status`: the agent's view in lines (status.AgentStatus, read off /status); with
+    `verbose`, the global Services too."""
     s, live, now = st.summary, st.live, time.time()
     lines = _format_plan(st)
     lines += _format_datapath(live.datapath, live.pods)
@@ -218,7 +220,7 @@ def format_status(st: AgentStatus) -> str:
     lines += [f"  {r.name}: {r.reason}" for r in rej]
     lines += _format_backend(live.backend)
     if s is not None and s.remotes is not None:
-        lines += format_clustermesh(s.remotes, now)
+        lines += format_clustermesh(s.remotes, now, verbose=verbose)
     return "\n".join(lines)
 
 
@@ -281,8 +283,9 @@ def format_nat(st: AgentStatus) -> list[str]:
     return lines
 
 
-def format_clustermesh(cm: RemotesStatus, now: float) -> list[str]:
-    """The ClusterMesh block: `ClusterMesh: 1/1 remote clusters ready`, then one line a cluster."""
+def format_clustermesh(cm: RemotesStatus, now: float, *, verbose: bool = False) -> list[str]:
+    """The ClusterMesh block: `ClusterMesh: 1/1 remote clusters ready, 1 global-services`, then one
+    line a cluster, the rejected service records; with `verbose`, one line a global Service."""
     from meshctl.backends.clustermesh import summary_line
 
     if cm.error is not None:
@@ -295,6 +298,15 @@ def format_clustermesh(cm: RemotesStatus, now: float) -> list[str]:
                      f"endpoints {', '.join(c.endpoints) or '-'} ({'connected' if c.connected else 'not connected'})  "
                      f"last change {change}")
         lines += [f"    rejected {r.name}: {r.reason}" for r in c.rejections]
+    lines += [f"  rejected service {r.name}: {r.reason}" for r in cm.service_rejections]
+    if verbose:
+        if cm.services:
+            lines.append(f"  global services (published by {cm.services_leader or 'no elected agent'}):")
+        for g in cm.services:
+            remote = ", ".join(f"{c} {n}" for c, n in sorted(g.remote_endpoints.items())) or "none"
+            lines.append(f"    {g.namespace}/{g.name}  local {g.local_endpoints}"
+                         f"{'' if g.shared else ' (not shared)'}  remote {remote}  affinity {g.affinity}"
+                         f"{'  exported' if g.exported else ''}")
     return lines
 
 

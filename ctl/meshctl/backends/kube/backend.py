@@ -378,6 +378,10 @@ class KubeBackend:
 
     # --- helpers for the agent ----------------------------------------------------------------
 
+    def client(self) -> Client:
+        """A new client of the same API server and credentials (for another thread's reads)."""
+        return Client(self.config, trust_env=False, field_manager="meshctl")
+
     def own_object(self) -> Obj:
         """This agent's Node object, read now (for its pod CIDR and labels)."""
         try:

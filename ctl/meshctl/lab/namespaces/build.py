@@ -398,6 +398,13 @@ def agent_argv(st: LabState, cst: ClusterState, node: NodeState) -> list[str]:
     argv += list(st.agent_args)
     if cst.kube:
         argv = kube_cluster.agent_argv(argv)
+        if cst.clustermesh_dir and identity.KVSTORE_USER in e.identities:
+            # In a cluster mesh the cluster's nodes (and global services) go to its etcd as the
+            # kvstore identity, where the other clusters' agents read them.
+            kv = e.identities[identity.KVSTORE_USER]
+            argv += ["--kvstore-endpoints", ",".join(e.endpoints), "--kvstore-ca", e.ca, "--kvstore-cert", kv.cert,
+                     "--kvstore-key", kv.key, "--kvstore-user", kv.user, "--kvstore-password-file",
+                     kv.password_file]
     return argv
 
 

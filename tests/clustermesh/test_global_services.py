@@ -1,0 +1,413 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Global services between two clusters, in process: each cluster has a real etcd (TLS) with its
+node records and an in-process API server that serves Services, EndpointSlices and Leases (and the
+MCS ServiceExport CRD, created through the API); each cluster runs the global-services step
+(agent.global_services) beside a real cluster-mesh watcher of the other's etcd, all over HTTP as
+against kube-apiserver. The tests write each cluster's own EndpointSlices, as the EndpointSlice
+controller would, and watch the other cluster's slices follow."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from ipaddress import ip_address
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightkube import Client, KubeConfig
+from lightkube.config.models import Cluster as KCluster
+from lightkube.config.models import User
+
+from meshctl.agent.global_services import GlobalServices, MeshWithServices
+from meshctl.backends.clustermesh import RemoteClusters
+from meshctl.backends.etcd import service_key
+from meshctl.backends.kube.services import ENDPOINT_SLICES, SERVICES, KubeServiceApi, LeaseElector
+from meshctl.lab.rigs.kube_apiserver import ApiServer, ResourceType
+from meshctl.mesh.model import Cluster
+from meshctl.mesh.records import parse_topology
+from meshctl.mesh.services import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    SERVICE_NAME_LABEL,
+    GlobalService,
+    ServiceEndpoint,
+    SliceChanges,
+    desired_slices,
+    local_services,
+)
+from tests.waiting import wait_until
+
+from .fixtures import CLUSTER1, CLUSTER2, SERVICE_EXPORT_CRD
+from .test_watch import Remote
+
+# Polled often: the waits time how fast the slices follow.
+wait = partial(wait_until, step=0.01)
+
+# Until the lab's API server serves them itself (the kubectl helper's change), these types are
+# registered as kube-apiserver serves them: same group, version, plural and scope.
+BUILT_IN = (ResourceType("", "v1", "Service", "services", True),
+            ResourceType("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", True),
+            ResourceType("coordination.k8s.io", "v1", "Lease", "leases", True))
+def kube_client(api: ApiServer) -> Client:
+    return Client(KubeConfig.from_one(cluster=KCluster(server=api.url), user=User()), trust_env=False)
+
+
+def post(api: ApiServer, path: str, obj: dict[str, Any]) -> None:
+    import urllib.request
+
+    req = urllib.request.Request(api.url + path, data=json.dumps(obj).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        assert r.status == 201
+
+
+@dataclass
+class Side:
+    """One cluster: its etcd, API server, client, watcher of the other, and the step."""
+
+    name: str
+    doc: dict[str, Any]
+    etcd: Remote
+    api: ApiServer
+    kube: Client
+    mesh: MeshWithServices | None = None
+
+    def step(self) -> GlobalServices:
+        assert self.mesh is not None
+        return self.mesh.services
+
+    def service(self, name: str, **ann: str) -> None:
+        obj = SERVICES.from_dict({"apiVersion": "v1", "kind": "Service",
+                                  "metadata": {"name": name, "namespace": "default", "annotations": ann},
+                                  "spec": {"ports": [{"name": "http", "port": 80}]}})
+        try:
+            self.kube.create(obj, namespace="default")
+        except Exception:  # noqa: BLE001 - exists: replace its annotations
+            cur = self.kube.get(SERVICES, name, namespace="default")
+            cur["metadata"]["annotations"] = ann
+            self.kube.replace(cur)
+
+    def own_slice(self, name: str, service: str, addrs: list[tuple[str, bool]]) -> None:
+        """What the EndpointSlice controller would write for the cluster's own pods."""
+        obj = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"name": name, "namespace": "default",
+                            "labels": {SERVICE_NAME_LABEL: service,
+                                       MANAGED_BY_LABEL: "endpointslice-controller.k8s.io"}},
+               "addressType": "IPv4", "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+               "endpoints": [{"addresses": [a], "conditions": {"ready": r}, "zone": f"{self.name}-z"}
+                             for a, r in addrs]}
+        try:
+            cur = self.kube.get(ENDPOINT_SLICES, name, namespace="default")
+            obj["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
+            self.kube.replace(ENDPOINT_SLICES.from_dict(obj))
+        except Exception:  # noqa: BLE001 - not there yet
+            self.kube.create(ENDPOINT_SLICES.from_dict(obj), namespace="default")
+
+    def meshctl_slices(self, service: str) -> dict[str, list[str]]:
+        out = {}
+        for s in self.kube.list(ENDPOINT_SLICES, namespace="*", labels={MANAGED_BY_LABEL: MANAGED_BY,
+                                                                        SERVICE_NAME_LABEL: service}):
+            out[s["metadata"]["name"]] = sorted(a for e in s.get("endpoints") or () for a in e["addresses"])
+        return out
+
+
+def start_api() -> ApiServer:
+    api = ApiServer("127.0.0.1", 0).start()
+    for rt in BUILT_IN:
+        if (rt.group, rt.version, rt.plural) not in api.store.types:
+            api.store.register(rt)
+    api.store.create(api.store.types[("", "v1", "namespaces")], "", {"metadata": {"name": "meshctl"}})
+    post(api, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", SERVICE_EXPORT_CRD)
+    return api
+
+
+def wire(side: Side, other: Side, tmp: Path, node: str) -> MeshWithServices:
+    """The other cluster's watcher and this cluster's step, as one agent of `side` runs them."""
+    d = tmp / f"cm-{side.name}-{node}"
+    d.mkdir()
+    (d / other.name).write_text(json.dumps(other.etcd.config()))
+    kicks: list[Any] = []
+    rc = RemoteClusters(d, Cluster(side.name, side.doc["cluster"]["id"]), lambda: [k() for k in kicks], poll=0.1)
+    api = KubeServiceApi(kube_client(side.api))
+    elector = LeaseElector(api, node, "meshctl", duration=3, renew_deadline=2, retry=0.5)
+    step = GlobalServices(lambda: side.name, api, elector, side.etcd.kv, rc)
+    kicks.append(step.kick)
+    return MeshWithServices(rc, step)
+
+
+class Passes:
+    """The reconcile passes' part: admission of the remote records, every 0.1 s."""
+
+    def __init__(self, sides: list[tuple[MeshWithServices, dict[str, Any]]]) -> None:
+        self.sides = sides
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.1):
+            for mesh, doc in self.sides:
+                mesh.admit(parse_topology(doc))
+
+
+def clusters(tmp_path: Path, stepping: tuple[str, ...]) -> Iterator[tuple[Side, Side]]:
+    """Both clusters; the global-services step runs in the clusters named in `stepping` (a cluster
+    without it stands for one whose etcd holds whatever a test writes there)."""
+    sides = []
+    for doc in (CLUSTER1, CLUSTER2):
+        name = doc["cluster"]["name"]
+        etcd = Remote(tmp_path, name)
+        etcd.publish(doc)
+        api = start_api()
+        sides.append(Side(name, doc, etcd, api, kube_client(api)))
+    a, b = sides
+    a.mesh, b.mesh = wire(a, b, tmp_path, "c1"), wire(b, a, tmp_path, "g1")
+    running = [s for s in sides if s.name in stepping]
+    passes = Passes([(s.mesh, s.doc) for s in running if s.mesh is not None])
+    for s in running:
+        assert s.mesh is not None
+        s.mesh.start()
+    passes.thread.start()
+    try:
+        yield a, b
+    finally:
+        passes.stop.set()
+        passes.thread.join(5)
+        for s in sides:
+            if s in running and s.mesh is not None:
+                s.mesh.stop()
+            s.api.stop()
+            s.etcd.stop()
+
+
+@pytest.fixture
+def two(tmp_path: Path) -> Iterator[tuple[Side, Side]]:
+    yield from clusters(tmp_path, ("cluster1", "cluster2"))
+
+
+@pytest.fixture
+def only_cluster1(tmp_path: Path) -> Iterator[tuple[Side, Side]]:
+    yield from clusters(tmp_path, ("cluster1",))
+
+
+GLOBAL = {"service.cilium.io/global": "true"}
+
+
+def test_each_cluster_serves_the_others_ready_endpoints_and_follows_changes(two: tuple[Side, Side]) -> None:
+    c1, c2 = two
+    c1.service("web", **GLOBAL)
+    c2.service("web", **GLOBAL)
+    c1.own_slice("web-own", "web", [("10.42.1.5", True), ("10.42.2.5", False)])
+    c2.own_slice("web-own", "web", [("10.43.1.5", True), ("10.43.3.7", True)])
+    # A second slice of cluster1's own (another controller's): published, never touched.
+    c1.own_slice("web-other", "web", [("10.42.3.3", True)])
+    wait(lambda: c1.meshctl_slices("web") == {"web-cluster2-v4-0": ["10.43.1.5", "10.43.3.7"]}, what="c1 imports")
+    wait(lambda: c2.meshctl_slices("web") == {"web-cluster1-v4-0": ["10.42.1.5", "10.42.3.3"]},
+         what="c2 imports (ready only)")
+    rec = json.loads(c2.etcd.kv.get(service_key("cluster2", "default", "web")).value)
+    assert rec["ports"] == [{"name": "http", "port": 8080, "protocol": "TCP"}]
+    # Changes in cluster2 reach cluster1's slices: measured from the write to the slice.
+    lat = []
+    for i in range(6):
+        addrs = [("10.43.1.5", True), (f"10.43.2.{10 + i}", True)]
+        t0 = time.monotonic()
+        c2.own_slice("web-own", "web", addrs)
+        want = sorted(a for a, _ in addrs)
+        wait(lambda want=want: c1.meshctl_slices("web") == {"web-cluster2-v4-0": want}, what=f"change {i}")
+        lat.append(time.monotonic() - t0)
+    print(f"slice follow latency: median {statistics.median(lat) * 1000:.0f} ms, max {max(lat) * 1000:.0f} ms "
+          f"over {len(lat)} changes")
+    assert max(lat) < 1.0, lat
+    # The foreign slice is as it was written.
+    other = c1.kube.get(ENDPOINT_SLICES, "web-other", namespace="default")
+    assert [e["addresses"] for e in other["endpoints"]] == [["10.42.3.3"]]
+    # Status: one global service, cluster2's 2 endpoints here.
+    st = c1.step().status()
+    assert st["services"] == [{"namespace": "default", "name": "web", "shared": True, "affinity": "none",
+                               "exported": False, "local_endpoints": 2, "remote_endpoints": {"cluster2": 2}}]
+    assert st["services_leader"] == "c1"
+    # cluster2's Service no longer global: its record goes, and cluster1's slice with it.
+    t0 = time.monotonic()
+    c2.service("web")
+    wait(lambda: c1.meshctl_slices("web") == {}, what="slice removed")
+    print(f"slice removal after un-global: {(time.monotonic() - t0) * 1000:.0f} ms")
+    assert c2.etcd.kv.get(service_key("cluster2", "default", "web")) is None
+    # ... and cluster2, whose web is not global any more, imports nothing either.
+    wait(lambda: c2.meshctl_slices("web") == {}, what="cluster2's import removed")
+
+
+def test_an_endpoint_outside_the_pod_cidrs_is_rejected_alone_and_named(only_cluster1: tuple[Side, Side]) -> None:
+    c1, c2 = only_cluster1
+    c1.service("web", **GLOBAL)
+    c1.service("api", **{"meshctl.io/global": "true"})
+    c1.service("db", **GLOBAL)
+    # What cluster2's etcd holds (its elected agent would never write these two, but its etcd
+    # holds whatever its writers put there).
+    rec = {"cluster": "cluster2", "namespace": "default", "name": "web", "ports": [{"port": 80}],
+           "endpoints": [{"addresses": ["10.43.1.5"]}, {"addresses": ["10.99.0.5"]}]}
+    c2.etcd.kv.put(service_key("cluster2", "default", "web"), json.dumps(rec))
+    c2.etcd.kv.put(service_key("cluster2", "default", "api"), json.dumps({**rec, "name": "api", "cluster": "cluster3"}))
+    c2.etcd.kv.put(service_key("cluster2", "default", "db"), json.dumps(
+        {**rec, "name": "db", "endpoints": [{"addresses": ["10.43.2.9"]}]}))
+    wait(lambda: len(c1.step().status()["service_rejections"]) == 2, what="two rejections")
+    reasons = {r["name"]: r["reason"] for r in c1.step().status()["service_rejections"]}
+    assert reasons == {
+        "cluster2/services/default/web/10.99.0.5": "/meshctl/cluster2/services/default/web.endpoints[1]: "
+                                                   "'10.99.0.5' is in no pod CIDR of cluster cluster2's admitted nodes",
+        "cluster2/services/default/api": "/meshctl/cluster2/services/default/api.cluster: 'cluster3' is not its "
+                                         "key's 'cluster2'",
+    }
+    # Rejected alone: the good endpoint of web, and all of db, are served.
+    wait(lambda: c1.meshctl_slices("web") == {"web-cluster2-v4-0": ["10.43.1.5"]}, what="web's good endpoint")
+    wait(lambda: c1.meshctl_slices("db") == {"db-cluster2-v4-0": ["10.43.2.9"]}, what="db")
+    assert c1.meshctl_slices("api") == {}
+
+
+def test_one_elected_writer_per_cluster_and_a_takeover_when_it_leaves(two: tuple[Side, Side], tmp_path: Path) -> None:
+    c1, c2 = two
+    second = wire(c1, c2, tmp_path, "c2")  # a second agent of cluster1
+    second.start()
+    try:
+        c1.service("web", **GLOBAL)
+        c2.service("web", **GLOBAL)
+        c2.own_slice("web-own", "web", [("10.43.1.5", True)])
+        passes = Passes([(second, c1.doc)])
+        passes.thread.start()
+        wait(lambda: c1.meshctl_slices("web") == {"web-cluster2-v4-0": ["10.43.1.5"]}, what="import")
+        assert c1.step().elector.leading and not second.services.elector.leading
+        assert second.services.status()["services_leader"] == "c1"
+        assert second.services.stats["slice_writes"] == 0
+        assert c1.mesh is not None
+        t0 = time.monotonic()
+        c1.mesh.stop()  # releases the Lease
+        wait(lambda: second.services.elector.leading, what="takeover")
+        print(f"takeover after release: {(time.monotonic() - t0) * 1000:.0f} ms")
+        c2.own_slice("web-own", "web", [("10.43.1.6", True)])
+        wait(lambda: c1.meshctl_slices("web") == {"web-cluster2-v4-0": ["10.43.1.6"]}, what="the new writer writes")
+        c1.mesh = None  # stopped: the fixture leaves it
+        passes.stop.set()
+    finally:
+        second.stop()
+
+
+def test_slices_go_when_the_remote_cluster_goes(two: tuple[Side, Side], tmp_path: Path) -> None:
+    c1, c2 = two
+    c1.service("web", **GLOBAL)
+    c2.service("web", **GLOBAL)
+    c2.own_slice("web-own", "web", [("10.43.1.5", True)])
+    wait(lambda: c1.meshctl_slices("web") == {"web-cluster2-v4-0": ["10.43.1.5"]}, what="import")
+    # cluster2's clustermesh file removed from cluster1's agent: its nodes drain, and its endpoints
+    # with them (they are admitted against its admitted nodes).
+    (tmp_path / "cm-cluster1-c1" / "cluster2").unlink()
+    t0 = time.monotonic()
+    wait(lambda: c1.meshctl_slices("web") == {}, what="slices gone with the cluster")
+    print(f"slices gone {(time.monotonic() - t0) * 1000:.0f} ms after the cluster's file went")
+    assert c1.step().status()["services"][0]["remote_endpoints"] == {}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Away(KubeServiceApi):
+    """An agent's API client that can lose the API server (a partition)."""
+
+    away = False
+
+    def get_lease(self, ns: str, name: str) -> dict[str, Any] | None:
+        if self.away:
+            raise ConnectionError("API server unreachable")
+        return super().get_lease(ns, name)
+
+
+def test_a_lease_not_renewed_is_taken_over_after_its_duration_and_the_old_holder_steps_down_first() -> None:
+    api = start_api()
+    try:
+        clock = Clock()
+        a_api = Away(kube_client(api))
+        a = LeaseElector(a_api, "a1", "meshctl", duration=15, renew_deadline=10, retry=2, clock=clock)
+        b = LeaseElector(KubeServiceApi(kube_client(api)), "a2", "meshctl", duration=15, renew_deadline=10, retry=2,
+                         clock=clock)
+        assert a.tick() and not b.tick() and b.holder == "a1"
+        for _ in range(5):  # a1 renews every retry: a2 never takes over
+            clock.t += 2
+            assert a.tick() and not b.tick()
+        renewed = clock.t
+        a_api.away = True  # a1 cannot renew any more
+        stepped_down = took_over = None
+        while took_over is None:
+            clock.t += 0.5
+            a_leads, b_leads = a.tick(), b.tick()
+            assert not (a_leads and b_leads), f"two leaders at +{clock.t - renewed} s"
+            if not a_leads and stepped_down is None:
+                stepped_down = clock.t - renewed
+            if b_leads:
+                took_over = clock.t - renewed
+        assert stepped_down is not None and 10 < stepped_down <= 12, stepped_down  # its renew deadline (+ a retry)
+        assert 15 <= took_over <= 17.5, took_over  # the whole lease unrenewed, by a2's clock (+ a retry)
+        assert b.holder == "a2" and b.transitions == 1
+        a_api.away = False
+        clock.t += 2
+        assert not a.tick() and a.holder == "a2"
+    finally:
+        api.stop()
+
+
+def test_an_agent_restarted_while_the_remote_etcd_is_away_keeps_the_slices(two: tuple[Side, Side],
+                                                                            tmp_path: Path) -> None:
+    c1, c2 = two
+    c1.service("web", **GLOBAL)
+    c2.service("web", **GLOBAL)
+    c2.own_slice("web-own", "web", [("10.43.1.5", True)])
+    wait(lambda: c1.meshctl_slices("web") == {"web-cluster2-v4-0": ["10.43.1.5"]}, what="import")
+    assert c1.mesh is not None
+    c1.mesh.stop()
+    c2.etcd.etcd.stop()  # cluster2's etcd away
+    restarted = wire(c1, c2, tmp_path, "c1-again")
+    c1.mesh = restarted  # the fixture stops it
+    passes = Passes([(restarted, c1.doc)])
+    restarted.start()
+    passes.thread.start()
+    try:
+        wait(lambda: restarted.services.elector.leading, what="the restarted agent leads")
+        time.sleep(1.5)  # several passes of the step
+        assert c1.meshctl_slices("web") == {"web-cluster2-v4-0": ["10.43.1.5"]}
+    finally:
+        passes.stop.set()
+
+
+def test_one_refused_slice_write_is_named_and_the_others_go_on() -> None:
+    api = start_api()
+    try:
+        k = KubeServiceApi(kube_client(api))
+        web = remote_service("default", "web", "10.43.1.5")
+        gone = remote_service("gone", "api", "10.43.2.9")  # its namespace does not exist (any more)
+        n, failed = k.apply(SliceChanges(creates=(gone, web)))
+        assert n == 1 and len(failed) == 1
+        assert failed[0].startswith("endpointslice gone/api-cluster2-v4-0: create: ") and "gone" in failed[0][40:]
+        assert [s["metadata"]["name"] for s in k.slices()] == ["web-cluster2-v4-0"]
+        # A delete of a slice someone else now labels is skipped; of a missing one, no failure.
+        theirs = {**web, "metadata": {**web["metadata"], "labels": {SERVICE_NAME_LABEL: "web"}}}
+        k.client.replace(ENDPOINT_SLICES.from_dict({**theirs, "metadata": {
+            **theirs["metadata"], "resourceVersion": k.slices()[0]["metadata"]["resourceVersion"]}}))
+        assert k.apply(SliceChanges(deletes=(("default", "web-cluster2-v4-0"), ("default", "nope")))) == (0, [])
+        assert [s["metadata"]["name"] for s in k.slices()] == ["web-cluster2-v4-0"]
+    finally:
+        api.stop()
+
+
+def remote_service(ns: str, name: str, addr: str) -> dict[str, Any]:
+    """The slice desired_slices gives for cluster2's one endpoint of ns/name, global here."""
+    local = local_services("cluster1", [{"metadata": {"name": name, "namespace": ns, "annotations": GLOBAL}}], [], [])
+    [obj] = desired_slices(local, [GlobalService("cluster2", ns, name, (), (ServiceEndpoint(ip_address(addr)),))]
+                           ).values()
+    return obj
