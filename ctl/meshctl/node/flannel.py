@@ -95,9 +95,10 @@ def carried(topo: Topology, me_name: str, granularity: str) -> frozenset[str]:
 
 
 def hand_over(plan: NodePlan, topo: Topology) -> NodePlan:
-    """The plan with flannel carrying its nodes (pure): their pod CIDRs' routes and encapsulated
-    fast-path entries dropped (flannel.1 encapsulates already), their paths named `flannel`. A
-    raw direct fast-path entry stays: `intra_subnet` decides whether the fast path takes the pair."""
+    """The plan with flannel carrying its nodes (pure): their pod CIDRs' routes dropped, and their
+    fast-path entries but a raw direct one (flannel.1 encapsulates already, and WireGuard does not
+    carry them), their paths named `flannel`. A raw direct entry stays: `intra_subnet` decides
+    whether the fast path takes a same-subnet pair."""
     names = carried(topo, plan.node, plan.granularity)
     if not names:
         return plan
@@ -106,7 +107,8 @@ def hand_over(plan: NodePlan, topo: Topology) -> NodePlan:
     return replace(
         plan,
         routes=tuple(r for r in plan.routes if r.dst not in pods),
-        fastpath=tuple(e for e in plan.fastpath if not (e.prefix in pods and e.encap is not None)),
+        fastpath=tuple(e for e in plan.fastpath
+                       if e.prefix not in pods or (e.action == "direct" and e.encap is None)),
         paths={k: (FLANNEL_PATH if k in qualified else v) for k, v in plan.paths.items()},
     )
 

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,10 @@ API_PORT = 6443
 MANIFESTS = Path(__file__).resolve().parents[4] / "manifests"
 
 
-def seed_objects(topo: Topology) -> list[dict[str, Any]]:
-    """The objects a cluster has before its agents start."""
+def seed_objects(topo: Topology, node_annotations: Mapping[str, Mapping[str, str]] | None = None
+                 ) -> list[dict[str, Any]]:
+    """The objects a cluster has before its agents start; `node_annotations` are what another
+    component wrote on the Nodes (a CNI's, lab.cni), by node name."""
     out: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "meshctl"}}]
     crd = MANIFESTS / "01-crd-peers.yaml"
     out += [d for d in yaml.safe_load_all(crd.read_text()) if d]
@@ -48,6 +51,7 @@ def seed_objects(topo: Topology) -> list[dict[str, Any]]:
             ann[PREFIX + PERSISTENT_KEEPALIVE] = str(n.persistent_keepalive)
         if n.allowed_location_ips:
             ann[PREFIX + ALLOWED_LOCATION_IPS] = ",".join(str(a) for a in n.allowed_location_ips)
+        ann.update((node_annotations or {}).get(n.name, {}))
         out.append({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n.name, "annotations": ann},
                     "spec": {"podCIDR": str(n.pod_cidr)}})
     for p in topo.peers:
@@ -62,12 +66,13 @@ def seed_objects(topo: Topology) -> list[dict[str, Any]]:
     return out
 
 
-def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, timeout: float = 15.0) -> KubeAccess:
+def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, timeout: float = 15.0,
+          node_annotations: Mapping[str, Mapping[str, str]] | None = None) -> KubeAccess:
     """Start the API server in namespace `ns` on `ip`, seeded for `topo`; returns its access
     (url, kubeconfig, netns, pid). The process is in its own session; stop it by pid."""
     run_dir.mkdir(parents=True, exist_ok=True)
     seed = run_dir / "seed.yaml"
-    seed.write_text(yaml.safe_dump_all(seed_objects(topo), sort_keys=False))
+    seed.write_text(yaml.safe_dump_all(seed_objects(topo, node_annotations), sort_keys=False))
     kubeconfig = run_dir / "kubeconfig"
     kubeconfig.unlink(missing_ok=True)
     log_path = run_dir / "apiserver.log"
