@@ -27,9 +27,8 @@ from meshctl.lab.namespaces.spec import load_lab
 from meshctl.lab.namespaces.state import LabState, NodeState
 from meshctl.lab.rigs import netns
 from meshctl.node.flannel import FLANNEL_DEV
-from tests.live_switching import INTERVAL, PPS, Switch, table, warm_up, windows
+from tests.live_switching import PPS, run, table, warm_up
 from tests.names import unique
-from tests.pinging import PodPing
 from tests.waiting import wait_for
 
 LAB = Path(__file__).resolve().parents[2] / "ctl" / "meshctl" / "lab" / "labs" / "flannel.yaml"
@@ -184,25 +183,18 @@ def test_live_granularity_switch(lab) -> None:
     st, _ = lab
     kube_mesh_set(st, "granularity=location")
     time.sleep(4)
-    warm_up(st, list(PAIRS.values()))
-    settle, quiet = 6.0, 2.0
-    assignments = ["granularity=full", "granularity=cross", "granularity=location"]
-    seconds = quiet + settle * len(assignments) + 1
-    pings = {label: PodPing(st, s, d, seconds, interval=INTERVAL) for label, (s, d) in PAIRS.items()}
-    start = time.time()
-    switches = []
-    time.sleep(quiet)
-    for i, a in enumerate(assignments):
-        at = time.time()
+
+    def switch(a: str) -> frozenset[str]:
         kube_mesh_set(st, a)
-        switches.append(Switch(a, at, frozenset(MOVES[a])))
-        time.sleep(max(0.0, start + quiet + settle * (i + 1) - time.time()))
-    results = {label: p.result() for label, p in pings.items()}
-    ws = windows(switches, results)
+        return frozenset(MOVES[a])
+
+    _, _, ws = run(st, ["granularity=full", "granularity=cross", "granularity=location"], settle=6.0, pairs=PAIRS,
+                   switch=switch)
     print(table(ws))
     for w in ws:
         bound = MOVING_LOSS_MAX if w.moving else KEPT_LOSS_MAX
         assert w.lost <= bound, f"{w.pair} at {w.switch}: {w.lost} lost (bound {bound})"
+        assert w.moving or not w.errors, f"{w.pair} at {w.switch}: {w.errors[:3]}"
     # back at cross: the routes again
     kube_mesh_set(st, "granularity=cross")
     assert wait_for(lambda: FLANNEL_DEV in sh(nodes(st)["b1"], ["ip", "route", "get", "10.42.3.2"]), timeout=10)

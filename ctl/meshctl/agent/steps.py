@@ -287,7 +287,6 @@ class FlannelStep(Additive):
         self._routes = route_step.applier
         self._takeover: frozenset[IPNetwork] = frozenset()
         self._checked = 0.0
-        self.rewrites = 0  # flannel's rewrites of a route meshctl routes, replaced again
 
     def inputs(self, p: PassInput) -> Hashable | None:
         return None if self.enabled else ()  # reads flannel's routes on every pass
@@ -300,8 +299,7 @@ class FlannelStep(Additive):
         self._routes.take_over(fp.takeover)
         disturbed = NOTHING
         if again := self.applier.rewritten(fp.takeover):
-            self.rewrites += len(again)
-            log.info("flannel: rewrote %s; replacing again", ", ".join(map(str, again)))
+            log.info("flannel: its routes to %s in place of meshctl's: replacing them", ", ".join(map(str, again)))
             disturbed = frozenset({RoutesStep.name})
         if self.applier.restore(fp):
             disturbed = frozenset({RoutesStep.name})  # our routes there are gone: read them again
