@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from meshctl.backends.kube.flannel import BACKEND_DATA
 from meshctl.lab.namespaces import build
 from meshctl.lab.namespaces import check as labcheck
 from meshctl.lab.namespaces import state as labstate
@@ -27,6 +28,7 @@ from meshctl.lab.namespaces.spec import load_lab
 from meshctl.lab.namespaces.state import LabState, NodeState
 from meshctl.lab.rigs import netns
 from meshctl.node.flannel import FLANNEL_DEV
+from tests.kube.test_lab_e2e import api_annotate, api_get
 from tests.live_switching import PPS, run, table, warm_up
 from tests.names import unique
 from tests.waiting import wait_for
@@ -198,6 +200,34 @@ def test_live_granularity_switch(lab) -> None:
     # back at cross: the issue's routes again
     kube_mesh_set(st, "granularity=cross")
     assert wait_for(lambda: FLANNEL_DEV in sh(nodes(st)["b1"], ["ip", "route", "get", "10.42.3.2"]), timeout=10)
+
+
+def test_bad_flannel_annotation_rejects_that_node_alone(lab) -> None:
+    """b2's backend-data stops parsing: every other agent rejects b2 alone, naming the annotation,
+    and the pairs without b2 keep working; b2 comes back when its annotation parses again."""
+    st, _ = lab
+    kube = st.clusters[0].kube
+    assert kube is not None
+    n = nodes(st)
+    good = json.loads(api_get(kube, "/api/v1/nodes/b2")["metadata"]["annotations"][BACKEND_DATA])
+    api_annotate(kube, "b2", {BACKEND_DATA: "{VNI:1"})
+
+    def rejected(name: str) -> list[str]:
+        s = labcheck.agent_status(n[name]) or {}
+        return [r.get("reason", "") for r in s.get("rejections", []) if r.get("name") == "b2"]
+
+    try:
+        for name in ("a1", "a2", "b1"):
+            assert wait_for(lambda name=name: rejected(name), timeout=15), f"{name} did not reject b2"
+            assert f"node b2: {BACKEND_DATA}: '{{VNI:1' is not JSON" in rejected(name)[0]
+            assert (labcheck.agent_status(n[name]) or {}).get("rejections_total", 0) >= 1
+        for src, dst in (("a1", "a2"), ("a1", "b1"), ("b1", "a2")):
+            assert labcheck.check(st, count=3, pairs=[(src, dst)])[0].ok, f"{src}->{dst} broke"
+    finally:
+        api_annotate(kube, "b2", {BACKEND_DATA: json.dumps(good)})
+    assert wait_for(lambda: not rejected("a1") and "b2" in (labcheck.agent_status(n["a1"]) or {}).get("paths", {}),
+                    timeout=15)
+    warm_up(st, [("a1", "b2"), ("b1", "b2")])
 
 
 def test_flannel_state_untouched_after_the_agents_stop(lab) -> None:
