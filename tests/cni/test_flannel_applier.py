@@ -39,13 +39,7 @@ def node() -> Iterator[tuple[NodeLab, str]]:
     tmp = Path(tempfile.mkdtemp(prefix=prefix))
     lab = NodeLab(prefix, tmp)
     try:
-        ns = lab.ns("n")
-        for dev, peer in (("pv", "pvx"), ("wg", "wgx")):
-            lab.sh(ns, "ip", "link", "add", dev, "type", "veth", "peer", "name", peer)
-            lab.sh(ns, "ip", "link", "set", dev, "up")
-            lab.sh(ns, "ip", "link", "set", peer, "up")
-        lab.sh(ns, "ip", "addr", "add", "10.20.0.1/24", "dev", "pv")
-        lab.sh(ns, "ip", "addr", "add", "10.4.0.1/16", "dev", "wg")
+        ns = lab.route_node("n")
         lab.sh(ns, "ip", "link", "add", FLANNEL_DEV, "type", "vxlan", "id", "1", "local", "10.20.0.1", "dev", "pv",
                "dstport", "8472", "nolearning")
         lab.sh(ns, "ip", "link", "set", FLANNEL_DEV, "up")
