@@ -37,6 +37,7 @@ from meshctl.node.shell import sh
 log = logging.getLogger("meshctl.flannel")
 
 FLANNEL_DEV = "flannel.1"  # flannel's VXLAN device (VNI 1)
+FLANNEL_PROTO = "boot"  # flannel's routes: netlink's default protocol (RTPROT_BOOT)
 FLANNEL_PATH = "flannel"  # the plan's path name of a node whose pod traffic flannel carries
 VXLAN = "vxlan"
 HOST_GW = "host-gw"
@@ -152,14 +153,17 @@ class KernelRoute:
     proto: str
 
 
-def kernel_routes(dsts: Iterable[IPNetwork]) -> dict[IPNetwork, KernelRoute]:
-    """The main table's unicast routes for exactly `dsts` (one dump per IP version in use)."""
+def kernel_routes(dsts: Iterable[IPNetwork], proto: str | None = None) -> dict[IPNetwork, KernelRoute]:
+    """The main table's unicast routes for exactly `dsts` (one dump per IP version in use; only
+    those of protocol `proto` when given: the kernel filters, so a table of meshctl's thousands of
+    routes is not printed and parsed every second)."""
     want = set(dsts)
     out: dict[IPNetwork, KernelRoute] = {}
+    only = ["proto", proto] if proto is not None else []
     for family, version in (("-4", 4), ("-6", 6)):
         if not any(d.version == version for d in want):
             continue
-        p = sh(["ip", "-j", family, "route", "show", "table", "main"], check=False)
+        p = sh(["ip", "-j", family, "route", "show", "table", "main", *only], check=False)
         for r in json.loads(p.stdout or "[]"):
             if r.get("type", "unicast") != "unicast" or r.get("dst", "default") == "default":
                 continue
@@ -202,9 +206,9 @@ class FlannelApplier:
 
     def rewritten(self, takeover: Iterable[IPNetwork]) -> list[IPNetwork]:
         """The pod CIDRs meshctl routes whose route is flannel's again (flannel's resync re-adds
-        it): the route applier must replace them."""
+        it, protocol boot): the route applier must replace them."""
         dsts = sorted(takeover, key=sort_key_net)
         if not dsts:
             return []
-        have = kernel_routes(dsts)
-        return [d for d in dsts if (h := have.get(d)) is not None and h.proto != self.ours]
+        have = kernel_routes(dsts, FLANNEL_PROTO)
+        return [d for d in dsts if d in have]
