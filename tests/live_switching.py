@@ -18,7 +18,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,11 +133,26 @@ def warm_up(st: LabState, pairs: list[tuple[str, str]], tries: int = 5) -> None:
     raise AssertionError(f"pairs still losing pings after warm-up: {todo}")
 
 
-def run(st: LabState, assignments: list[str], *, settle: float, quiet: float = 2.0,
-        pairs: Mapping[str, tuple[str, str]] = PAIRS) -> tuple[list[Switch], dict[str, PingResult], list[Window]]:
-    """Ping every pair at PPS through `quiet` seconds, then each assignment in turn with `settle`
-    seconds after it; the switches, each pair's ping and every (pair, window) counted."""
+def lab_switch(st: LabState, pairs: Mapping[str, tuple[str, str]]) -> Callable[[str], frozenset[str]]:
+    """The switch of an etcd lab: `mesh set --lab`, the pairs moving read off its diff."""
     nodes = {n.name: n for _, n in st.nodes()}
+
+    def switch(a: str) -> frozenset[str]:
+        moving = set(moving_pairs(mesh_set(st.name, a), nodes, pairs))
+        if a.partition("=")[0] in ENDPOINT_SETTINGS:
+            moving |= {label for label, (src, dst) in pairs.items() if nodes[src].location != nodes[dst].location}
+        return frozenset(moving)
+
+    return switch
+
+
+def run(st: LabState, assignments: list[str], *, settle: float, quiet: float = 2.0,
+        pairs: Mapping[str, tuple[str, str]] = PAIRS, switch: Callable[[str], frozenset[str]] | None = None
+        ) -> tuple[list[Switch], dict[str, PingResult], list[Window]]:
+    """Ping every pair at PPS through `quiet` seconds, then each assignment in turn with `settle`
+    seconds after it; the switches, each pair's ping and every (pair, window) counted. `switch`
+    applies an assignment and says which pairs it moves (None: `lab_switch`)."""
+    apply = switch or lab_switch(st, pairs)
     warm_up(st, list(pairs.values()))
     seconds = quiet + settle * len(assignments) + 1
     pings = {label: PodPing(st, src, dst, seconds, interval=INTERVAL) for label, (src, dst) in pairs.items()}
@@ -146,10 +161,7 @@ def run(st: LabState, assignments: list[str], *, settle: float, quiet: float = 2
     time.sleep(quiet)
     for i, a in enumerate(assignments):
         at = time.time()
-        moving = moving_pairs(mesh_set(st.name, a), nodes, pairs)
-        if a.partition("=")[0] in ENDPOINT_SETTINGS:
-            moving |= {label for label, (src, dst) in pairs.items() if nodes[src].location != nodes[dst].location}
-        switches.append(Switch(a, at, frozenset(moving)))
+        switches.append(Switch(a, at, apply(a)))
         time.sleep(max(0.0, start + quiet + settle * (i + 1) - time.time()))
     results = {label: p.result() for label, p in pings.items()}
     return switches, results, windows(switches, results)

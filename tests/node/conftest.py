@@ -47,6 +47,18 @@ class NodeLab:
         self.namespaces.append(full)
         return full
 
+    def route_node(self, name: str) -> str:
+        """A namespace with a private NIC `pv` (10.20.0.1/24) and a stand-in `wg` device (a veth:
+        the kernel has no WireGuard module, and routes only need a device)."""
+        ns = self.ns(name)
+        for dev, peer in (("pv", "pvx"), ("wg", "wgx")):
+            self.sh(ns, "ip", "link", "add", dev, "type", "veth", "peer", "name", peer)
+            self.sh(ns, "ip", "link", "set", dev, "up")
+            self.sh(ns, "ip", "link", "set", peer, "up")
+        self.sh(ns, "ip", "addr", "add", "10.20.0.1/24", "dev", "pv")
+        self.sh(ns, "ip", "addr", "add", "10.4.0.1/16", "dev", "wg")
+        return ns
+
     def run_dir(self, name: str) -> Path:
         return self.tmp / f"run-{name}"
 

@@ -77,14 +77,7 @@ def _added(events: list[str], text: str) -> list[int]:
 @pytest.fixture
 def node(lab: NodeLab) -> str:
     """A node with a private NIC `pv` (10.20.0.1/24) and a stand-in `wg` device (a veth)."""
-    ns = lab.ns("mbb")
-    for dev, peer in (("pv", "pvx"), ("wg", "wgx")):
-        lab.sh(ns, "ip", "link", "add", dev, "type", "veth", "peer", "name", peer)
-        lab.sh(ns, "ip", "link", "set", dev, "up")
-        lab.sh(ns, "ip", "link", "set", peer, "up")
-    lab.sh(ns, "ip", "addr", "add", "10.20.0.1/24", "dev", "pv")
-    lab.sh(ns, "ip", "addr", "add", "10.4.0.1/16", "dev", "wg")
-    return ns
+    return lab.route_node("mbb")
 
 
 @pytest.mark.parametrize("n", [1, 40])  # one netlink request each; more than BATCH_OVER: `ip -batch`

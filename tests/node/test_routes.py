@@ -23,14 +23,7 @@ A = ipaddress.ip_address
 def node(lab: NodeLab) -> str:
     """A node with a private NIC `pv` (10.20.0.1/24) and a stand-in `wg` device (a veth: the kernel
     has no WireGuard module, and routes only need a device)."""
-    ns = lab.ns("rt")
-    for dev, peer in (("pv", "pvx"), ("wg", "wgx")):
-        lab.sh(ns, "ip", "link", "add", dev, "type", "veth", "peer", "name", peer)
-        lab.sh(ns, "ip", "link", "set", dev, "up")
-        lab.sh(ns, "ip", "link", "set", peer, "up")
-    netns.addr(ns, "pv", "10.20.0.1/24")
-    netns.addr(ns, "wg", "10.4.0.1/16")
-    return ns
+    return lab.route_node("rt")
 
 
 def routes(lab: NodeLab, ns: str) -> dict[str, dict]:

@@ -97,6 +97,8 @@ class AgentConfig:
             raise InputError("--kvstore-cert", self.kvstore_cert or "", "and --kvstore-key go together")
         if self.cni not in CNI_MODES:
             raise InputError("--cni", self.cni, f"is not one of {', '.join(CNI_MODES)}")
+        if self.cni == "flannel" and self.backend != "kubernetes":
+            raise InputError("--cni", self.cni, "needs --backend kubernetes (it reads flannel's Node annotations)")
         if self.resync_interval <= 0:
             raise InputError("--resync-seconds", self.resync_interval, "must be > 0")
         if not 0 <= self.path_hold <= 3600:

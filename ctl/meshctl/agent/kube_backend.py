@@ -130,6 +130,7 @@ def make_backend(cfg: AgentConfig) -> KubeBackend:
         cfg.node_name, cfg.location_label or extra.get("location_label", REGION_LABEL),
         float(cfg.resync_interval), cluster=flag_cluster,
         namespace=extra.get("namespace", DEFAULT_NAMESPACE), configmap=extra.get("configmap", DEFAULT_CONFIGMAP),
+        flannel=cfg.cni == "flannel",
     )
     own = OwnNodeSettings(cfg, be.location_label)
     obj = be.own_object() if cfg.pod_cidr else wait_for_pod_cidr(be.own_object, cfg.node_name)

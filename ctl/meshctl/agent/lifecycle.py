@@ -22,6 +22,7 @@ from meshctl.agent.step_runner import StepRunner
 from meshctl.agent.steps import (
     CniStep,
     DatapathStep,
+    FlannelStep,
     NatStep,
     RoutesStep,
     SysctlsStep,
@@ -81,8 +82,10 @@ class Agent:
             DatapathStep(self.cfg)
         # Tunnels before routes: a pair leaving an encapsulated rung frees its pod CIDR's tunnel route
         # before the route step installs the direct one (the other way, a tunnel route replaces it).
-        runner = StepRunner([wireguard, tunnels, RoutesStep(self.cfg), SysctlsStep(self.cfg), NatStep(self.cfg),
-                             datapath, CniStep(self.cfg)], self.cfg.resync_interval)
+        # flannel before routes: the routes flannel rewrote or got back are read again in the same pass.
+        route_step = RoutesStep(self.cfg)
+        runner = StepRunner([wireguard, tunnels, FlannelStep(self.cfg, route_step), route_step, SysctlsStep(self.cfg),
+                             NatStep(self.cfg), datapath, CniStep(self.cfg)], self.cfg.resync_interval)
         if self.remotes is None and self._remotes_factory is not None:
             self.remotes = self._remotes_factory(self.wake)
         self.paths = PathProbing(self.cfg.private_interface, self.wake, ProbeTuning(hold=self.cfg.path_hold),

@@ -39,7 +39,7 @@ from meshctl.mesh.admit import Rejection
 from meshctl.mesh.model import MeshSettings, Node, Topology
 from meshctl.mesh.plan import NodePlan
 from meshctl.mesh.segments import Remote
-from meshctl.node import discovery
+from meshctl.node import discovery, flannel
 from meshctl.process import gc_paused
 
 log = logging.getLogger("meshctl.agent")
@@ -234,10 +234,15 @@ class PassDriver:
         if reused:
             run.reused.append("plan")
         run.timed("plan", t)
+        leases: dict[str, flannel.FlannelLease] = {}
+        if self.cfg.cni == "flannel":  # flannel carries its nodes' pod traffic (node/flannel.py)
+            plan = flannel.hand_over(plan, topo)
+            leases = flannel.leases_of(state.extra.get("flannel"))
         cidrs = self.memos.mesh_cidrs(topo, remotes)
         self.pod_ifs = self.pods()
         self.runner.run(PassInput(plan=plan, topo=topo, me=me, mesh_cidrs=cidrs, pod_ifs=self.pod_ifs,
-                                  timer_pass=self._cause.timer_pass, settle_pass=self._cause.settle_pass), run)
+                                  timer_pass=self._cause.timer_pass, settle_pass=self._cause.settle_pass,
+                                  flannel=leases), run)
         self.last_plan = plan
         self.last_view = (topo, remotes, plan)
         self._finish(run, state, plan, rejections, applied=True, topo=topo)

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable
-from dataclasses import dataclass
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from meshctl.agent.config import AgentConfig
@@ -33,7 +33,7 @@ from meshctl.datapath import Datapath
 from meshctl.errors import MeshError
 from meshctl.mesh.model import ENCAP_KINDS, IPNetwork, Node, Topology
 from meshctl.mesh.plan import NodePlan
-from meshctl.node import cni, discovery, masquerade, routes, sysctls, tunnels, wireguard
+from meshctl.node import cni, discovery, flannel, masquerade, routes, sysctls, tunnels, wireguard
 from meshctl.node.keys import public_key
 from meshctl.node.wireguard.psk import SecretSource, read_key
 
@@ -70,7 +70,8 @@ class PassInput:
     """What one pass hands every step: the admitted view, this node's plan and why the pass runs.
 
     `timer_pass`: the loop's own tick started the pass (not a change); `settle_pass`: the pass
-    only re-reads pod routes while pod interfaces settle."""
+    only re-reads pod routes while pod interfaces settle. `flannel`: flannel's leases by node
+    name (`--cni flannel`, from the nodes' annotations)."""
 
     plan: NodePlan
     topo: Topology
@@ -79,6 +80,7 @@ class PassInput:
     pod_ifs: tuple[str, ...]
     timer_pass: bool = False
     settle_pass: bool = False
+    flannel: Mapping[str, flannel.FlannelLease] = field(default_factory=dict)
 
 
 class Step(Protocol):
@@ -267,6 +269,53 @@ class RoutesStep(Quiet):
 
     def forget(self) -> None:
         self.applier.forget()
+
+
+class FlannelStep(Additive):
+    """`--cni flannel` (node/flannel.py): flannel's routes to the nodes it carries written back
+    where they are missing or meshctl's (a live change of granularity), and the route step told to
+    take over flannel's routes to the nodes meshctl routes. flannel re-adds those on its own
+    resync: `wants_pass` looks every CHECK_S and the pass makes the route step replace them again.
+    Runs before the route step (what it disturbs runs in the same pass)."""
+
+    name = "flannel"
+    CHECK_S = 1.0
+
+    def __init__(self, cfg: AgentConfig, route_step: RoutesStep) -> None:
+        self.enabled = cfg.cni == "flannel"
+        self.applier = flannel.FlannelApplier(str(routes.RT_PROTO))
+        self._routes = route_step.applier
+        self._takeover: frozenset[IPNetwork] = frozenset()
+        self._checked = 0.0
+
+    def inputs(self, p: PassInput) -> Hashable | None:
+        return None if self.enabled else ()  # reads flannel's routes on every pass
+
+    def sync(self, p: PassInput) -> frozenset[str]:
+        if not self.enabled:
+            return NOTHING
+        fp = flannel.plan_flannel(p.plan, p.topo, p.flannel)
+        self._takeover = fp.takeover
+        self._routes.take_over(fp.takeover)
+        disturbed = NOTHING
+        if again := self.applier.rewritten(fp.takeover):
+            log.info("flannel: its routes to %s in place of meshctl's: replacing them", ", ".join(map(str, again)))
+            disturbed = frozenset({RoutesStep.name})
+        if self.applier.restore(fp):
+            disturbed = frozenset({RoutesStep.name})  # our routes there are gone: read them again
+        return disturbed
+
+    def forget(self) -> None:
+        pass
+
+    def wants_pass(self, now: float, last_pass: float) -> bool:
+        if not self._takeover or now - self._checked < self.CHECK_S:
+            return False
+        self._checked = now
+        return bool(self.applier.rewritten(self._takeover))
+
+    def status(self) -> StepStatus:
+        return None
 
 
 class SysctlsStep(Quiet, Additive):

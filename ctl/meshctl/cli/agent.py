@@ -91,7 +91,8 @@ def endpoint_list(text: str) -> tuple[str, ...]:
               "(default: found by themselves: routed veths and the CNI bridge in the pod CIDR).")
 @click.option("--cni", default="keep", show_default=True, envvar="MESHCTL_CNI",
               help=f"One of {', '.join(CNI_MODES)}. install: write a bridge + host-local CNI config on the pod "
-              "CIDR (clusters without a CNI); keep: leave the cluster's CNI in charge.")
+              "CIDR (clusters without a CNI); keep: leave the cluster's CNI in charge; flannel: flannel (VXLAN or "
+              "host-gw) carries pods inside a location, meshctl across (--backend kubernetes).")
 @click.option("--cni-conf-dir", default="/etc/cni/net.d", show_default=True, type=click.Path(path_type=Path))
 @click.option("--metrics-addr", default=defaults.METRICS_ADDR, show_default=True)
 @click.option("--backend", default="etcd", show_default=True, type=click.Choice(["etcd", "file", "kubernetes"]))

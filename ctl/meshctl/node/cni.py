@@ -6,7 +6,8 @@ node's pod CIDR, and the pods' MTU that of the WireGuard device (a pod's packet 
 The default is `--cni keep`: flannel, Cilium or the distribution's CNI stays in charge and meshctl
 only routes between nodes. A Kilo leftover `10-kilo.conflist` would sort before ours and keep
 giving pods Kilo's bridge, so `install` moves it aside (`10-kilo.conflist.meshctl-disabled`, kept for
-a rollback); `keep` leaves it and the agent warns.
+a rollback); `keep` leaves it and the agent warns. `--cni flannel` keeps flannel (VXLAN or
+host-gw) as the CNI and carrying the traffic inside a location (node/flannel.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from meshctl.mesh.model import IPNetwork
 
 log = logging.getLogger("meshctl.cni")
 
-CNI_MODES = ("keep", "install")
+CNI_MODES = ("keep", "install", "flannel")
 CONF_NAME = "10-meshctl.conflist"
 BRIDGE = "meshctl0"
 KILO_LEFTOVER = "10-kilo.conflist"

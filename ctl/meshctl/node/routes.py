@@ -20,8 +20,9 @@ the staged plan no longer has; `sync` is both in that order. The agent stages ev
 before it retires any (agent/step_runner.py), so a destination whose route is replaced by a
 broader one (or by a fast-path entry) is never without one. A destination the tunnel applier
 routes (a pair leaving an encapsulated rung: proto RT_PROTO_TUNNEL, node/tunnels.py) is taken
-over by a replace, as the tunnel applier takes one over from this applier; any other owner's
-route is left alone.
+over by a replace, as the tunnel applier takes one over from this applier, and so is a destination
+handed to `take_over` (flannel's route to a node meshctl routes itself, node/flannel.py); any
+other owner's route is left alone.
 
 The applier remembers the routes it knows to be in the kernel after each sync (the dump, then
 its own changes), so a later sync diffs the plan against that memory: one route added is one
@@ -183,6 +184,13 @@ class RouteApplier:
         self._synced: dict[IPNetwork, Route] = {}
         # The destinations the last stage found the plan no longer has: retire deletes them.
         self._retiring: list[IPNetwork] = []
+        # Destinations whose route of another owner a write replaces (take_over).
+        self._takeover: frozenset[IPNetwork] = frozenset()
+
+    def take_over(self, dsts: frozenset[IPNetwork]) -> None:
+        """From now on a plan route to one of `dsts` replaces another owner's route there (in one
+        call, never a gap): flannel's routes to the nodes meshctl routes (`--cni flannel`)."""
+        self._takeover = dsts
 
     def forget(self) -> None:
         """Drop the memory of the kernel's routes: the next `sync` dumps them again."""
@@ -326,9 +334,9 @@ class RouteApplier:
                 try:
                     ipr.route("replace" if cur is not None else "add", **spec)
                 except NetlinkError as e:
-                    if cur is not None or e.code != 17 or not self._tunnel_holds(dst):
+                    if cur is not None or e.code != 17 or not (dst in self._takeover or self._tunnel_holds(dst)):
                         raise
-                    ipr.route("replace", **spec)  # the tunnel applier's route: one call, no gap
+                    ipr.route("replace", **spec)  # the tunnel applier's or a taken-over route: no gap
             except NetlinkError as e:
                 reason = "a route of another owner holds it" if e.code == 17 else str(e.args[-1])
                 self._skip(diff, dst, reason)

@@ -37,6 +37,7 @@ from lightkube.types import PatchType
 
 from meshctl import defaults
 from meshctl.backends.base import ClusterState
+from meshctl.backends.kube.flannel import parse_flannel
 from meshctl.backends.kube.nodes import own_annotations, parse_kube_node
 from meshctl.backends.kube.peers import KILO_PEERS, MESHCTL_PEERS, PeerResource, parse_peer_object
 from meshctl.errors import MISSING, InputError, MeshError
@@ -44,6 +45,7 @@ from meshctl.mesh import fields, records
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.model import Cluster, MeshSettings, Node
 from meshctl.mesh.observed import MAX_SEEN_BYTES, NodeSeen, summary_of
+from meshctl.node.flannel import FlannelLease
 
 if TYPE_CHECKING:
     from meshctl.backends.kube.kvstore import KvstoreMirror
@@ -99,10 +101,14 @@ def state_from_objects(
     max_age: float,
     location_label: str = defaults.REGION_LABEL,
     own_name: str = "",
+    flannel: bool = False,
 ) -> ClusterState:
     """The pure part of `snapshot`: Kubernetes objects in, a ClusterState out. Never raises for a
-    bad object: it becomes a Rejection naming node (or peer), annotation and value."""
+    bad object: it becomes a Rejection naming node (or peer), annotation and value. With `flannel`
+    (`--cni flannel`) flannel's annotations are read too: a Node whose flannel annotation does not
+    parse is rejected alone, and `extra["flannel"]` maps node names to their FlannelLease."""
     parsed: list[tuple[str, str, Node]] = []
+    leases: dict[str, FlannelLease] = {}
     rejections: list[Rejection] = []
     pending: list[str] = []
     stale: list[str] = []
@@ -110,6 +116,7 @@ def state_from_objects(
         name = str((obj.get("metadata") or {}).get("name", ""))
         try:
             kn = parse_kube_node(obj, location_label=location_label, default_port=mesh.port)
+            lease = parse_flannel(name, (obj.get("metadata") or {}).get("annotations") or {}) if flannel else None
         except InputError as e:
             rejections.append(Rejection(name, str(e)))
             continue
@@ -119,6 +126,8 @@ def state_from_objects(
             stale.append(name)
         else:
             parsed.append((kn.created, name, kn.node))
+            if lease is not None:
+                leases[kn.node.name] = lease
     parsed.sort(key=lambda t: (t[0], t[1]))
     out_peers = []
     for obj in sorted(peers, key=lambda o: (str(o.get("apiVersion", "")) != MESHCTL_PEERS.api_version,
@@ -136,7 +145,7 @@ def state_from_objects(
             unique_peers.append(p)
     return ClusterState(
         cluster=cluster, mesh=mesh, nodes=tuple(n for _, _, n in parsed), peers=tuple(unique_peers),
-        rejections=tuple(rejections), extra={"pending": pending, "stale": stale},
+        rejections=tuple(rejections), extra={"pending": pending, "stale": stale, "flannel": leases},
     )
 
 
@@ -178,7 +187,8 @@ class KubeBackend:
                  resync_seconds: float = 30.0, namespace: str = DEFAULT_NAMESPACE,
                  configmap: str = DEFAULT_CONFIGMAP, mesh: MeshSettings | None = None,
                  cluster: Cluster | None = None, peer_resources: Iterable[PeerResource] = (MESHCTL_PEERS, KILO_PEERS),
-                 registry: Any = None, watch_timeout: int = 300, clock: Callable[[], float] = time.time) -> None:
+                 registry: Any = None, watch_timeout: int = 300, clock: Callable[[], float] = time.time,
+                 flannel: bool = False) -> None:
         self.config = config
         self.node_name = fields.node_name(node_name, "--node")
         self.location_label = location_label
@@ -187,6 +197,7 @@ class KubeBackend:
         self.configmap = configmap
         self.flag_mesh = mesh
         self.flag_cluster = cluster
+        self.flannel = flannel  # read flannel's Node annotations (--cni flannel)
         self.watch_timeout = watch_timeout
         self.clock = clock
         self._lock = threading.Lock()
@@ -342,7 +353,8 @@ class KubeBackend:
         if error:
             return self._offer(self._not_ready(error))
         state = state_from_objects(nodes, peers, cluster, mesh, now=self.clock(), max_age=2 * self.resync_seconds,
-                                   location_label=self.location_label, own_name=self.node_name)
+                                   location_label=self.location_label, own_name=self.node_name,
+                                   flannel=self.flannel)
         from dataclasses import replace
 
         state = replace(state, revision=revision)

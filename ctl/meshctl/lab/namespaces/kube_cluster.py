@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,10 @@ def operator_objects(topo: Topology) -> list[dict[str, Any]]:
     return out
 
 
-def node_objects(topo: Topology) -> list[dict[str, Any]]:
-    """kubelet's Nodes: each lab node's pod CIDR and the annotations its user set."""
+def node_objects(topo: Topology, node_annotations: Mapping[str, Mapping[str, str]] | None = None
+                 ) -> list[dict[str, Any]]:
+    """kubelet's Nodes: each lab node's pod CIDR and the annotations its user set; `node_annotations`
+    are what another component wrote on the Nodes (a CNI's, lab.cni), by node name."""
     out: list[dict[str, Any]] = []
     for n in topo.nodes:
         ann: dict[str, str] = {}
@@ -56,6 +59,7 @@ def node_objects(topo: Topology) -> list[dict[str, Any]]:
             ann[PREFIX + PERSISTENT_KEEPALIVE] = str(n.persistent_keepalive)
         if n.allowed_location_ips:
             ann[PREFIX + ALLOWED_LOCATION_IPS] = ",".join(str(a) for a in n.allowed_location_ips)
+        ann.update((node_annotations or {}).get(n.name, {}))
         out.append({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n.name, "annotations": ann},
                     "spec": {"podCIDR": str(n.pod_cidr)}})
     return out
@@ -76,12 +80,13 @@ def peer_objects(topo: Topology) -> list[dict[str, Any]]:
     return out
 
 
-def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, timeout: float = 15.0) -> KubeAccess:
+def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, timeout: float = 15.0,
+          node_annotations: Mapping[str, Mapping[str, str]] | None = None) -> KubeAccess:
     """Start the API server in namespace `ns` on `ip`, seeded for `topo`; returns its access
     (url, kubeconfig, netns, pid). The process is in its own session; stop it by pid."""
     run_dir.mkdir(parents=True, exist_ok=True)
     seed = run_dir / "nodes.yaml"
-    seed.write_text(yaml.safe_dump_all(node_objects(topo), sort_keys=False))
+    seed.write_text(yaml.safe_dump_all(node_objects(topo, node_annotations), sort_keys=False))
     kubeconfig = run_dir / "kubeconfig"
     host_kubeconfig = run_dir / "kubeconfig.host"
     kubeconfig.unlink(missing_ok=True)
@@ -131,7 +136,7 @@ def kubectl(kubeconfig: Path, run_dir: Path, args: list[str], *, timeout: float 
 
 
 # What a Kubernetes agent takes from its Node instead of flags: the pod CIDR (spec.podCIDR) and
-# the user-set annotations seed_objects writes. Dropping them makes the lab run the agents the way
+# the user-set annotations node_objects writes. Dropping them makes the lab run the agents the way
 # the DaemonSet does, so their own record follows the annotations, also when they change.
 _FROM_NODE = ("--pod-cidr", "--location", "--persistent-keepalive", "--allowed-location-ips")
 _FROM_NODE_FLAGS = ("--leader",)

@@ -31,7 +31,10 @@ def _placeholder_key(i: int) -> str:
 
 
 LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend", "fabrics", "clustermesh",
-              "nat", "vms")
+              "nat", "vms", "cni")
+# `lab.cni`: the CNI whose node state the lab reproduces (namespaces/cni_<name>.py; "" the lab's own
+# routed veths); each needs the Kubernetes backend (its state includes Node annotations or objects).
+LAB_CNIS = ("flannel",)
 MULTI_CLUSTER_FIELDS = ("clusters", "lab")  # a lab file of several clusters: nothing else at the top
 # The Debian kernel series a lab may boot (lab/vms: `nodes[].kernel`, `lab up --kernel`).
 KERNEL_SERIES = ("5.10", "6.1", "6.12")
@@ -57,6 +60,7 @@ class LabOptions:
     # Every node its own VM (lab/vms/vmnodes.py), booting the Debian kernel its `kernel` names.
     vms: bool = False
     kernels: tuple[tuple[str, str], ...] = ()  # ("<cluster>/<node>", series) from nodes[].kernel
+    cni: str = ""  # one of LAB_CNIS, or "": the lab's routed pod veths
 
     def nat_kind(self, node: str) -> str | None:
         return dict(self.nat).get(node)
@@ -150,9 +154,14 @@ def _options(d: Any) -> LabOptions:
         raise InputError("lab.backend", backend, "is not available with lab.vms (VM nodes use etcd)")
     if vms and d.get("nat"):
         raise InputError("lab.nat", d["nat"], "is not available with lab.vms (NAT routers are namespace-lab only)")
+    cni = d.get("cni", "")
+    if cni and cni not in LAB_CNIS:
+        raise InputError("lab.cni", cni, f"is not one of {', '.join(LAB_CNIS)}")
+    if cni and backend != "kubernetes":
+        raise InputError("lab.cni", cni, "needs lab.backend: kubernetes (the CNI's state includes Node objects)")
     return LabOptions(pods_per_node=pods, lease_ttl=ttl, prefix=prefix, fastpath=fast, agent_args=tuple(args),
                       backend=backend, fabrics=parse_fabrics(d.get("fabrics")), clustermesh=cm, nat=_nat(d.get("nat")),
-                      vms=vms)
+                      vms=vms, cni=cni)
 
 
 def _nat(d: Any) -> tuple[tuple[str, str], ...]:

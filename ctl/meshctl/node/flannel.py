@@ -1,0 +1,214 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`--cni flannel`: meshctl as an add-on beside flannel (Kilo's `--compatibility=flannel`).
+
+flannel stays the CNI: its VXLAN backend leaves on every node a `flannel.1` device (VNI 1, port
+8472, nolearning), for each other node an onlink route `<podcidr> via <podcidr's .0> dev flannel.1
+onlink` with a neighbour entry (that .0 -> the node's VtepMAC) and an fdb entry (VtepMAC -> the
+node's public-ip), and the `cni0` bridge holding the .1 of the node's pod CIDR; its host-gw
+backend leaves `<podcidr> via <public-ip>` instead. meshctl never changes `flannel.1`, `cni0`,
+or flannel's routes, neighbours and fdb entries to the nodes of its own location; it routes the
+other nodes itself, replacing flannel's routes to them.
+
+"Own location" follows the granularity (`carried`): `full` makes every node its own location (all
+of flannel's routes are replaced); `location` and `cross` leave flannel the nodes of the same
+location, as Kilo does. When a node becomes flannel's again (a live change of granularity),
+flannel does not re-add its route until its own resync, so `FlannelApplier` writes it back in
+flannel's form from the node's annotations: that gap is what broke Kilo's users moving from `full`
+to `cross`.
+
+The decision is pure (`hand_over`, `plan_flannel`: records + granularity in, values out); the
+applier reads the kernel and changes only what differs. flannel re-adding a route meshctl replaced
+is noticed by `rewritten` (the agent asks every second) and replaced again by the route applier.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from meshctl.mesh.model import IPAddress, IPNetwork, Topology, sort_key_net
+from meshctl.mesh.plan import NodePlan
+from meshctl.mesh.segments import segment_key
+from meshctl.node.shell import sh
+
+log = logging.getLogger("meshctl.flannel")
+
+FLANNEL_DEV = "flannel.1"  # flannel's VXLAN device (VNI 1)
+FLANNEL_PROTO = "boot"  # flannel's routes: netlink's default protocol (RTPROT_BOOT)
+FLANNEL_PATH = "flannel"  # the plan's path name of a node whose pod traffic flannel carries
+VXLAN = "vxlan"
+HOST_GW = "host-gw"
+# Backends whose route to a node meshctl can write back in flannel's form.
+RESTORABLE = (VXLAN, HOST_GW)
+
+
+@dataclass(frozen=True)
+class FlannelLease:
+    """What flannel's Node annotations say of one node (flannel.alpha.coreos.com/...):
+    `backend_type` (vxlan, host-gw, wireguard, ...), `public_ip`, and for VXLAN the VNI and the
+    VtepMAC of its `flannel.1`."""
+
+    backend_type: str
+    public_ip: IPAddress
+    vni: int | None = None
+    vtep_mac: str | None = None
+
+
+@dataclass(frozen=True)
+class FlannelRoute:
+    """A route in flannel's form: VXLAN `dst via <dst's .0> dev flannel.1 onlink`; host-gw
+    `dst via <public-ip>` (dev None: the kernel picks the device that reaches it)."""
+
+    dst: IPNetwork
+    via: IPAddress
+    dev: str | None
+    onlink: bool
+
+    def argv(self) -> list[str]:
+        out = [str(self.dst), "via", str(self.via)]
+        if self.dev is not None:
+            out += ["dev", self.dev]
+        return out + (["onlink"] if self.onlink else [])
+
+
+@dataclass(frozen=True)
+class FlannelPlan:
+    """What the flannel applier keeps: `own`, flannel's routes to the nodes it carries (written
+    back only where missing or meshctl's); `takeover`, the pod CIDRs meshctl routes itself, whose
+    flannel routes the route applier replaces."""
+
+    own: tuple[FlannelRoute, ...]
+    takeover: frozenset[IPNetwork]
+
+
+def carried(topo: Topology, me_name: str, granularity: str) -> frozenset[str]:
+    """The nodes whose pod traffic flannel carries for node `me_name`: none with `full` (every node
+    is its own location), else the other nodes of its location (a node without an internal
+    address is a location of its own, as in the plan's segments)."""
+    me = topo.node(me_name)
+    if me is None or granularity == "full":
+        return frozenset()
+    mine = segment_key(me, "location")
+    return frozenset(n.name for n in topo.nodes if n.name != me_name and segment_key(n, "location") == mine)
+
+
+def hand_over(plan: NodePlan, topo: Topology) -> NodePlan:
+    """The plan with flannel carrying its nodes (pure): their pod CIDRs' routes dropped, and their
+    fast-path entries but a raw direct one (flannel.1 encapsulates already, and WireGuard does not
+    carry them), their paths named `flannel`. A raw direct entry stays: `intra_subnet` decides
+    whether the fast path takes a same-subnet pair."""
+    names = carried(topo, plan.node, plan.granularity)
+    if not names:
+        return plan
+    pods = {n.pod_cidr for n in topo.nodes if n.name in names}
+    qualified = {n.qualified_name for n in topo.nodes if n.name in names}
+    return replace(
+        plan,
+        routes=tuple(r for r in plan.routes if r.dst not in pods),
+        fastpath=tuple(e for e in plan.fastpath
+                       if e.prefix not in pods or (e.action == "direct" and e.encap is None)),
+        paths={k: (FLANNEL_PATH if k in qualified else v) for k, v in plan.paths.items()},
+    )
+
+
+def leases_of(extra: object) -> dict[str, FlannelLease]:
+    """The leases a backend put in its state's `extra["flannel"]` (anything else: none)."""
+    if not isinstance(extra, Mapping):
+        return {}
+    return {str(k): v for k, v in extra.items() if isinstance(v, FlannelLease)}
+
+
+def flannel_route(dst: IPNetwork, lease: FlannelLease) -> FlannelRoute | None:
+    """flannel's route to a node's pod CIDR, from its lease (None: a backend meshctl cannot write)."""
+    if lease.backend_type == VXLAN:
+        return FlannelRoute(dst, dst.network_address, FLANNEL_DEV, True)
+    if lease.backend_type == HOST_GW:
+        return FlannelRoute(dst, lease.public_ip, None, False)
+    return None
+
+
+def plan_flannel(plan: NodePlan, topo: Topology, leases: Mapping[str, FlannelLease]) -> FlannelPlan:
+    """The flannel applier's share of a handed-over plan (pure)."""
+    names = carried(topo, plan.node, plan.granularity)
+    own: list[FlannelRoute] = []
+    for n in sorted(topo.nodes, key=lambda n: n.name):
+        lease = leases.get(n.name)
+        if n.name in names and lease is not None and (fr := flannel_route(n.pod_cidr, lease)) is not None:
+            own.append(fr)
+    others = {n.pod_cidr for n in topo.nodes if n.name != plan.node and n.name not in names}
+    return FlannelPlan(tuple(sorted(own, key=lambda r: sort_key_net(r.dst))),
+                       frozenset(r.dst for r in plan.routes if r.dst in others))
+
+
+@dataclass(frozen=True)
+class KernelRoute:
+    """A main-table route as the kernel holds it: gateway, device, onlink flag, protocol."""
+
+    via: str | None
+    dev: str | None
+    onlink: bool
+    proto: str
+
+
+def kernel_routes(dsts: Iterable[IPNetwork], proto: str | None = None) -> dict[IPNetwork, KernelRoute]:
+    """The main table's unicast routes for exactly `dsts` (one dump per IP version in use; only
+    those of protocol `proto` when given: the kernel filters, so a table of meshctl's thousands of
+    routes is not printed and parsed every second)."""
+    want = set(dsts)
+    out: dict[IPNetwork, KernelRoute] = {}
+    only = ["proto", proto] if proto is not None else []
+    for family, version in (("-4", 4), ("-6", 6)):
+        if not any(d.version == version for d in want):
+            continue
+        p = sh(["ip", "-j", family, "route", "show", "table", "main", *only], check=False)
+        for r in json.loads(p.stdout or "[]"):
+            if r.get("type", "unicast") != "unicast" or r.get("dst", "default") == "default":
+                continue
+            dst = ipaddress.ip_network(r["dst"], strict=False)
+            if dst in want:
+                out[dst] = KernelRoute(r.get("gateway"), r.get("dev"), "onlink" in r.get("flags", ()),
+                                       str(r.get("protocol", "boot")))
+    return out
+
+
+def _is_form(have: KernelRoute, fr: FlannelRoute) -> bool:
+    return have.via == str(fr.via) and (fr.dev is None or have.dev == fr.dev)
+
+
+class FlannelApplier:
+    """Keeps flannel's routes to the nodes it carries, and says where flannel rewrote a route
+    meshctl routes. `ours` is the route applier's protocol name as `ip -j` prints it (a number)."""
+
+    def __init__(self, ours: str) -> None:
+        self.ours = ours
+
+    def restore(self, fp: FlannelPlan) -> list[str]:
+        """Write flannel's form back where its route is missing or is meshctl's (one `replace`
+        each: never a gap); a route in any other form is flannel's and left alone. Returns the
+        destinations written."""
+        have = kernel_routes(r.dst for r in fp.own)
+        done: list[str] = []
+        for fr in fp.own:
+            h = have.get(fr.dst)
+            if h is not None and (h.proto != self.ours or _is_form(h, fr)):
+                continue
+            p = sh(["ip", "route", "replace", *fr.argv()], check=False)
+            if p.returncode != 0:
+                log.warning("flannel: route %s not restored: %s", fr.dst, (p.stderr or "").strip())
+                continue
+            done.append(str(fr.dst))
+        if done:
+            log.info("flannel: handed back to flannel: %s", ", ".join(done))
+        return done
+
+    def rewritten(self, takeover: Iterable[IPNetwork]) -> list[IPNetwork]:
+        """The pod CIDRs meshctl routes whose route is flannel's again (flannel's resync re-adds
+        it, protocol boot): the route applier must replace them."""
+        dsts = sorted(takeover, key=sort_key_net)
+        if not dsts:
+            return []
+        have = kernel_routes(dsts, FLANNEL_PROTO)
+        return [d for d in dsts if d in have]
