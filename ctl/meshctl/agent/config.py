@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshctl import defaults
+from meshctl.backends.kube.cni_ipam import CNI_KINDS
 from meshctl.errors import InputError
 from meshctl.mesh import fields
 from meshctl.mesh.model import IPInterface, IPNetwork
@@ -94,6 +95,9 @@ class AgentConfig:
             raise InputError("--kvstore-cert", self.kvstore_cert or "", "and --kvstore-key go together")
         if self.cni not in CNI_MODES:
             raise InputError("--cni", self.cni, f"is not one of {', '.join(CNI_MODES)}")
+        if self.cni in CNI_KINDS and self.backend != "kubernetes":
+            raise InputError("--cni", self.cni, "reads pod CIDRs from the CNI's objects in the Kubernetes API: "
+                             "it needs --backend kubernetes")
         if self.resync_interval <= 0:
             raise InputError("--resync-seconds", self.resync_interval, "must be > 0")
         if not 0 <= self.path_hold <= 3600:

@@ -21,7 +21,7 @@ from meshctl.mesh.model import IPNetwork
 
 log = logging.getLogger("meshctl.cni")
 
-CNI_MODES = ("keep", "install")
+CNI_MODES = ("keep", "install", "calico", "cilium")
 CONF_NAME = "10-meshctl.conflist"
 BRIDGE = "meshctl0"
 KILO_LEFTOVER = "10-kilo.conflist"
