@@ -15,7 +15,7 @@ from meshctl.backends.kube.cni_ipam import CNI_KINDS
 from meshctl.errors import InputError
 from meshctl.mesh import fields
 from meshctl.mesh.model import IPInterface, IPNetwork
-from meshctl.node.cni import CNI_MODES
+from meshctl.node.cni import CNI_MODES, FASTPATH_OFF
 
 
 @dataclass
@@ -111,6 +111,14 @@ class AgentConfig:
             raise InputError("--lease-ttl", self.lease_ttl, "is below 2 seconds")
         parse_addr(self.metrics_addr, "--metrics-addr")
         return self
+
+
+def fastpath_off(cfg: AgentConfig) -> str | None:
+    """Why the fast path does not load on this node (`disabled`: --no-fastpath; a CNI whose tc
+    programs it must not chain with: node.cni.FASTPATH_OFF), None when it loads."""
+    if not cfg.fastpath:
+        return "disabled"
+    return FASTPATH_OFF.get(cfg.cni)
 
 
 def parse_addr(value: str, path: str) -> tuple[str, int]:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from meshctl.agent.config import AgentConfig
+from meshctl.agent.config import AgentConfig, fastpath_off
 from meshctl.agent.observe import Observation
 from meshctl.agent.path_probing import PathProbing
 from meshctl.agent.status import (
@@ -247,7 +247,7 @@ class LiveReader:
         wg = next((r for r in reports if isinstance(r, WireGuardReport)), None)
         cni = next((r for r in reports if isinstance(r, CniStatus)), CniStatus(self.cfg.cni))
         datapath = dp.datapath if dp is not None else \
-            DatapathStatus(None, "loading" if self.cfg.fastpath else "disabled")
+            DatapathStatus(None, fastpath_off(self.cfg) or "loading")
         return LiveStatus(
             datapath=datapath,
             # Live, not from the last pass: a rung change between passes is the point of probing.
