@@ -37,6 +37,7 @@ from meshctl.etcd import EtcdClient
 from meshctl.lab.namespaces import check, fabric, kube_cluster
 from meshctl.lab.namespaces import nat_router as labnat
 from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.namespaces.cni_labs import CNI_LABS
 from meshctl.lab.namespaces.spec import PUBLIC_NET, LabSpec
 from meshctl.lab.namespaces.state import (
     ClusterState,
@@ -143,7 +144,7 @@ def build_control(spec: LabSpec, st: LabState, progress: Progress) -> list[IPNet
         cst = _start_etcd(spec, st, fab, ci, topo)
         st.clusters.append(cst)
         if spec.options.backend == "kubernetes":
-            _start_kube(st, fab, ci, topo, cst, progress)
+            _start_kube(st, fab, ci, topo, cst, progress, spec.options.cni)
         labstate.save(st)
         progress(f"etcd {cst.name}: {cst.etcd.endpoints[0]} (mTLS) in {cst.etcd.netns}")
     _clustermesh_dirs(spec, st)
@@ -214,12 +215,13 @@ def _seed_etcd(client: EtcdClient, spec: LabSpec, topo: Topology, ids: dict[str,
         client.close()
 
 
-def _start_kube(st: LabState, fab: str, ci: int, topo: Topology, cst: ClusterState, progress: Progress) -> None:
+def _start_kube(st: LabState, fab: str, ci: int, topo: Topology, cst: ClusterState, progress: Progress,
+                cni: str = "") -> None:
     """Cluster `ci`'s in-process API server on the public segment (the Kubernetes backend)."""
     cname = topo.cluster.name
     kip = str(PUBLIC_NET.network_address + 240 - ci)
     kns = _on_public(st, fab, f"{st.prefix}kube-{cname}", f"k{ci}", kip)
-    kube = kube_cluster.start(Path(st.dir) / "kube" / cname, kns, kip, topo)
+    kube = kube_cluster.start(Path(st.dir) / "kube" / cname, kns, kip, topo, cni=cni)
     st.pids[f"kube/{cname}"] = kube.pid
     cst.kube = kube
     progress(f"kubernetes API {cname}: {kube.url} in {kns}")
@@ -303,7 +305,9 @@ def _node(spec: LabSpec, st: LabState, cst: ClusterState, topo: Topology, n: Nod
         netns.enslave(fab, f"n{idx}p", f"bpriv{subnets.index(n.internal_ip.network)}")
         node_args = fabric.node_address(ns, "priv", n.internal_ip, spec.options.fabrics)
     netns.sysctl(ns, "net.ipv4.ip_forward", "1")
-    pods = [_pod(st, ns, n.pod_cidr, k) for k in range(spec.options.pods_per_node)]
+    cni = CNI_LABS.get(spec.options.cni)
+    pods = cni.wire_node(st, ns, n.pod_cidr, spec.options.pods_per_node) if cni else \
+        [_pod(st, ns, n.pod_cidr, k) for k in range(spec.options.pods_per_node)]
     nd = Path(st.dir) / "nodes" / (f"{topo.cluster.name}-{n.name}" if spec.multi else n.name)
     cst.nodes.append(NodeState(
         name=n.name, netns=ns, location=n.location, pod_cidr=str(n.pod_cidr),

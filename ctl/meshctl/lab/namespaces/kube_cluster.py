@@ -20,6 +20,7 @@ import yaml
 
 from meshctl.backends.kube.nodes import ALLOWED_LOCATION_IPS, LEADER, LOCATION, PERSISTENT_KEEPALIVE, PREFIX
 from meshctl.errors import MeshError
+from meshctl.lab.namespaces.cni_labs import CNI_LABS
 from meshctl.lab.namespaces.state import ClusterState, KubeAccess
 from meshctl.lab.rigs import netns
 from meshctl.mesh.model import Topology
@@ -29,8 +30,8 @@ API_PORT = 6443
 MANIFESTS = Path(__file__).resolve().parents[4] / "manifests"
 
 
-def seed_objects(topo: Topology) -> list[dict[str, Any]]:
-    """The objects a cluster has before its agents start."""
+def seed_objects(topo: Topology, cni: str = "") -> list[dict[str, Any]]:
+    """The objects a cluster has before its agents start (with `lab.cni`, the CNI's too)."""
     out: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "meshctl"}}]
     crd = MANIFESTS / "01-crd-peers.yaml"
     out += [d for d in yaml.safe_load_all(crd.read_text()) if d]
@@ -59,15 +60,17 @@ def seed_objects(topo: Topology) -> list[dict[str, Any]]:
             spec["persistentKeepalive"] = p.persistent_keepalive
         out.append({"apiVersion": "meshctl.io/v1alpha1", "kind": "Peer", "metadata": {"name": p.name},
                     "spec": spec})
+    if cni:
+        out += CNI_LABS[cni].seed(topo)
     return out
 
 
-def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, timeout: float = 15.0) -> KubeAccess:
+def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, timeout: float = 15.0, cni: str = "") -> KubeAccess:
     """Start the API server in namespace `ns` on `ip`, seeded for `topo`; returns its access
     (url, kubeconfig, netns, pid). The process is in its own session; stop it by pid."""
     run_dir.mkdir(parents=True, exist_ok=True)
     seed = run_dir / "seed.yaml"
-    seed.write_text(yaml.safe_dump_all(seed_objects(topo), sort_keys=False))
+    seed.write_text(yaml.safe_dump_all(seed_objects(topo, cni), sort_keys=False))
     kubeconfig = run_dir / "kubeconfig"
     kubeconfig.unlink(missing_ok=True)
     log_path = run_dir / "apiserver.log"

@@ -18,6 +18,7 @@ from typing import Any
 
 from meshctl.backends.file import load_yaml
 from meshctl.errors import InputError
+from meshctl.lab.namespaces.cni_labs import CNI_LABS
 from meshctl.lab.namespaces.fabric import Fabric, check_nodes, parse_fabrics
 from meshctl.lab.namespaces.nat_router import NAT_KINDS
 from meshctl.mesh.fields import integer, no_unknown_fields
@@ -31,7 +32,7 @@ def _placeholder_key(i: int) -> str:
 
 
 LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend", "fabrics", "clustermesh",
-              "nat", "vms")
+              "nat", "vms", "cni")
 MULTI_CLUSTER_FIELDS = ("clusters", "lab")  # a lab file of several clusters: nothing else at the top
 # The Debian kernel series a lab may boot (lab/vms: `nodes[].kernel`, `lab up --kernel`).
 KERNEL_SERIES = ("5.10", "6.1", "6.12")
@@ -57,6 +58,8 @@ class LabOptions:
     # Every node its own VM (lab/vms/vmnodes.py), booting the Debian kernel its `kernel` names.
     vms: bool = False
     kernels: tuple[tuple[str, str], ...] = ()  # ("<cluster>/<node>", series) from nodes[].kernel
+    # A reproduction of a CNI's node state (namespaces/cni_labs.py); "" wires pods the lab's way.
+    cni: str = ""
 
     def nat_kind(self, node: str) -> str | None:
         return dict(self.nat).get(node)
@@ -150,9 +153,16 @@ def _options(d: Any) -> LabOptions:
         raise InputError("lab.backend", backend, "is not available with lab.vms (VM nodes use etcd)")
     if vms and d.get("nat"):
         raise InputError("lab.nat", d["nat"], "is not available with lab.vms (NAT routers are namespace-lab only)")
+    cni = d.get("cni", "")
+    if cni:
+        if cni not in CNI_LABS:
+            raise InputError("lab.cni", cni, f"is not one of {', '.join(CNI_LABS)}")
+        if backend != "kubernetes":
+            raise InputError("lab.cni", cni, "needs lab.backend: kubernetes (the CNI's objects live in its API)")
+        args = [*args, "--cni", cni]
     return LabOptions(pods_per_node=pods, lease_ttl=ttl, prefix=prefix, fastpath=fast, agent_args=tuple(args),
                       backend=backend, fabrics=parse_fabrics(d.get("fabrics")), clustermesh=cm, nat=_nat(d.get("nat")),
-                      vms=vms)
+                      vms=vms, cni=cni)
 
 
 def _nat(d: Any) -> tuple[tuple[str, str], ...]:

@@ -1,0 +1,31 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`lab.cni`: which reproduction of a CNI's node state a lab builds (one module per CNI), the one
+switch spec, build and kube_cluster consult. Without `lab.cni` nodes are wired the lab's own way
+(namespaces/wiring.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from meshctl.lab.namespaces import cni_calico, cni_cilium
+from meshctl.lab.namespaces.state import LabState, NodeState, PodState
+from meshctl.mesh.model import IPNetwork, Topology
+
+
+class CniLab(Protocol):
+    """What a CNI's lab module provides."""
+
+    def seed(self, topo: Topology) -> list[dict[str, Any]]:
+        """The API objects (CRDs first) the CNI would have made before meshctl's agents start."""
+        ...
+
+    def wire_node(self, st: LabState, ns: str, pod_cidr: IPNetwork, count: int) -> list[PodState]:
+        """The node's devices and routes as the CNI leaves them, with `count` pods."""
+        ...
+
+    def cni_state(self, node: NodeState) -> dict[str, Any]:
+        """The CNI's own node state, to compare before and after the agents."""
+        ...
+
+
+CNI_LABS: dict[str, CniLab] = {"calico": cni_calico, "cilium": cni_cilium}
