@@ -160,7 +160,8 @@ def move_block(st: LabState, block: IPNetwork, src: str, dst: str) -> list[PodSt
         b.pods.append(new)
         moved.append(new)
     netns.run(a.netns, ["ip", "route", "del", "blackhole", str(block)])
-    netns.run(b.netns, ["ip", "route", "add", "blackhole", str(block), "proto", FELIX_PROTO])
+    # `replace`: dst routes the block to src until now (meshctl's route, proto 109), as Felix replaces it.
+    netns.run(b.netns, ["ip", "route", "replace", "blackhole", str(block), "proto", FELIX_PROTO])
     labstate.save(st)
     # Calico's order: the old affinity goes, the block is released, then the new node claims it.
     api(kube, "DELETE", _path(BLOCK_AFFINITIES, f"{src}-{block_name(block)}"))
