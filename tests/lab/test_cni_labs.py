@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from meshctl.agent.status import AgentStatus
+from meshctl.datapath import libbpf, links
 from meshctl.lab.namespaces import build, cni_calico
 from meshctl.lab.namespaces import check as labcheck
 from meshctl.lab.namespaces import state as labstate
@@ -24,6 +26,7 @@ from meshctl.lab.namespaces.spec import load_lab
 from meshctl.lab.namespaces.state import LabState
 from meshctl.lab.namespaces.wiring import quiet
 from meshctl.lab.rigs import netns
+from meshctl.setns import in_netns
 from tests.names import unique
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -141,3 +144,68 @@ def test_calico_block_moves_and_routes_follow_within_1s(cni_lab) -> None:
     assert follow is not None and follow < ROUTE_FOLLOW_S, follow
     assert back is not None and back - t_api < ROUTE_FOLLOW_S + 0.5  # reached again on its new node
     assert labcheck.ping(by["b2"].pods[0].netns, pod_ip, count=3, wait=3)[1] > 0  # the rest of the mesh reaches it
+
+
+REPRO = Path(__file__).resolve().parents[2] / "bench" / "repro_cilium_lxc.c"
+
+
+def _fastpath_packets(node: Any) -> dict[str, int]:
+    st = labcheck.agent_status(node)
+    return {a: p for a, (p, _) in (AgentStatus.from_json(st).live.datapath.counters.items() if st else ())}
+
+
+def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {a: n - before.get(a, 0) for a, n in after.items() if n != before.get(a, 0)}
+
+
+def _pings(src_ns: str, dst: str, count: int = 20) -> int:
+    return labcheck.ping(src_ns, dst, count=count, wait=2)[1]
+
+
+def test_tcx_chain_next_to_a_cilium_like_program(cni_lab) -> None:
+    """meshctl's from_pod and a reproduction of Cilium's from-container verdicts on one pod device,
+    in both orders: whichever runs first decides alone (neither returns TCX_NEXT), so meshctl first
+    bypasses Cilium's program and Cilium first leaves meshctl's idle: why `--cni cilium` keeps the
+    fast path off. The pod's traffic flows in both orders."""
+    from bcc import BPF
+
+    st, _ = cni_lab("calico")  # the fast path on routed pod veths, as it would be on lxc*
+    by = {n.name: n for _, n in st.nodes()}
+    a1 = by["a1"]
+    assert a1.netns is not None
+    pod = a1.pods[0]
+    dst = by["a2"].pods[0].ip  # same subnet: the fast path redirects it
+    ifindex = netns.ifindex(a1.netns, pod.host_if)
+    pin_dir = f"{st.pin_root}/default/a1"
+    assert os.path.exists(links.link_path(pin_dir, "pod-in", ifindex))
+    b = BPF(src_file=str(REPRO).encode())
+    fd = b.load_func(b"repro_from_container", BPF.SCHED_CLS).fd
+    seen = b.get_table(b"repro_seen")
+
+    def repro_count() -> int:
+        return int(seen[0].value)  # type: ignore[index]
+
+    link = in_netns(a1.netns, lambda: libbpf.link_create(fd, ifindex, libbpf.BPF_TCX_INGRESS))  # appended: 2nd
+    try:
+        fp0, r0 = _fastpath_packets(a1), repro_count()
+        assert _pings(pod.netns, dst) >= 18
+        meshctl_first = (_delta(_fastpath_packets(a1), fp0), repro_count() - r0)
+        # Cilium's first: meshctl's link goes while its agent is away and comes back after the
+        # reproduction when the agent starts again (tcx appends).
+        build.stop_agent(st, "a1")
+        libbpf.unpin(links.link_path(pin_dir, "pod-in", ifindex))
+        build.start_agent(st, "a1")
+        deadline = time.monotonic() + 60
+        while not os.path.exists(links.link_path(pin_dir, "pod-in", ifindex)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert os.path.exists(links.link_path(pin_dir, "pod-in", ifindex))
+        build.wait_converged(st, quiet, 60)
+        fp1, r1 = _fastpath_packets(a1), repro_count()
+        assert _pings(pod.netns, dst) >= 18
+        cilium_first = (_delta(_fastpath_packets(a1), fp1), repro_count() - r1)
+    finally:
+        os.close(link)
+    print(f"meshctl first: meshctl's counters +{meshctl_first[0]}, the reproduction saw {meshctl_first[1]}; "
+          f"reproduction first: meshctl's +{cilium_first[0]}, the reproduction saw {cilium_first[1]}")
+    assert meshctl_first[0].get("direct", 0) >= 18 and meshctl_first[1] == 0  # Cilium's program bypassed
+    assert "direct" not in cilium_first[0] and cilium_first[1] >= 18  # meshctl's from_pod never ran
