@@ -73,7 +73,8 @@ def unreachable_pod_pairs(st: LabState) -> list[str]:
         for pa in a.pods:
             for _, b in st.nodes():
                 for pb in b.pods if b is not a else ():
-                    if labcheck.ping(pa.netns, pb.ip, count=3, wait=3)[1] == 0:
+                    if labcheck.ping(pa.netns, pb.ip, count=2, wait=1)[1] == 0 and \
+                            labcheck.ping(pa.netns, pb.ip, count=3, wait=3)[1] == 0:  # a handshake's wait
                         out.append(f"{a.name}/{pa.ip} -> {b.name}/{pb.ip}")
     return out
 
@@ -85,15 +86,18 @@ def assert_cni_state_kept(st: LabState, cni: str, before: dict[str, Any]) -> Non
     assert after == before
 
 
-# Until a Node record carries several pod CIDRs (Node.pod_cidrs, another branch), a Calico node's
-# second block is not routed: strict, so the day it is, this xfail fails and goes.
-NEEDS_POD_CIDRS = pytest.mark.xfail(strict=True, reason="a node's second Calico block needs Node.pod_cidrs")
+def first_block_pairs(st: LabState, pairs: list[str]) -> list[str]:
+    """The pairs of `pairs` between nodes' first pods (both ends in a first block on Calico)."""
+    firsts = {n.pods[0].ip for _, n in st.nodes()}
+    return [p for p in pairs if all(end.split("/")[1] in firsts for end in p.split(" -> "))]
 
 
-@pytest.mark.parametrize("cni", [pytest.param("calico", marks=NEEDS_POD_CIDRS), "cilium"])
+@pytest.mark.parametrize("cni", ["calico", "cilium"])
 def test_cni_lab_reaches_every_pod_on_its_path_and_keeps_the_cnis_state(cni_lab, cni: str) -> None:
     st, before = cni_lab(cni)
-    assert unreachable_pod_pairs(st) == []
+    unreachable = unreachable_pod_pairs(st)
+    # Every pod of a Cilium node; a Calico node's first block (its second: the next test).
+    assert (first_block_pairs(st, unreachable) if cni == "calico" else unreachable) == []
     got = {(r.src, r.dst): r.path for r in labcheck.check(st)}
     assert got == PATHS
     if cni == "cilium":
@@ -101,6 +105,14 @@ def test_cni_lab_reaches_every_pod_on_its_path_and_keeps_the_cnis_state(cni_lab,
         assert view is not None and view.live.datapath.mode == "kernel-routes"
         assert (view.live.datapath.reason or "").startswith("--cni cilium: Cilium's tc programs")
     assert_cni_state_kept(st, cni, before)
+
+
+# Until a Node record carries several pod CIDRs (Node.pod_cidrs, another branch), a Calico node's
+# second block is not routed: strict, so the day it is, this xfail fails and goes.
+@pytest.mark.xfail(strict=True, reason="a node's second Calico block needs Node.pod_cidrs")
+def test_calico_lab_reaches_pods_in_every_block(cni_lab) -> None:
+    st, _ = cni_lab("calico")
+    assert unreachable_pod_pairs(st) == []
 
 
 def _route_to(ns: str, ip: str) -> str:
