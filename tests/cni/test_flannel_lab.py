@@ -10,7 +10,6 @@ the tests run in file order and the last stops the agents."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -21,14 +20,14 @@ from typing import Any
 import pytest
 
 from meshctl.backends.kube.flannel import BACKEND_DATA
-from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces import build, cni_flannel
 from meshctl.lab.namespaces import check as labcheck
 from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.spec import load_lab
 from meshctl.lab.namespaces.state import LabState, NodeState
 from meshctl.lab.rigs import netns
 from meshctl.node.flannel import FLANNEL_DEV
-from tests.kube.test_lab_e2e import api_annotate, api_get
+from tests.kube.kubectl import lab_kubectl
 from tests.live_switching import PPS, run, table, warm_up
 from tests.names import unique
 from tests.waiting import wait_for
@@ -65,18 +64,10 @@ def sh(node: NodeState, argv: list[str]) -> str:
 
 
 def flannel_state(node: NodeState, own: list[str]) -> dict[str, Any]:
-    """What flannel owns on a node: flannel.1 (its VXLAN settings, MAC, address), its fdb and
-    neighbour entries, cni0's addresses, and its routes to `own` (the pod CIDRs of its location)."""
-    link = json.loads(sh(node, ["ip", "-j", "-d", "link", "show", FLANNEL_DEV]))[0]
-    vx = link["linkinfo"]["info_data"]
-    return {
-        "flannel.1": (link["address"], link["mtu"], vx["id"], vx["port"], vx.get("learning"), vx.get("local")),
-        "addr": sh(node, ["ip", "-o", "addr", "show", "dev", FLANNEL_DEV]).split()[3],
-        "fdb": sorted(sh(node, ["bridge", "fdb", "show", "dev", FLANNEL_DEV]).splitlines()),
-        "neigh": sorted(sh(node, ["ip", "neigh", "show", "dev", FLANNEL_DEV]).splitlines()),
-        "cni0": sh(node, ["ip", "-o", "-4", "addr", "show", "dev", "cni0"]).split()[3],
-        "routes": [sh(node, ["ip", "route", "show", "exact", c]).strip() for c in own],
-    }
+    """What flannel owns on a node (cni_flannel.cni_state) and its routes to `own` (the pod CIDRs of
+    its location: the ones meshctl leaves to flannel)."""
+    return {**cni_flannel.cni_state(node),
+            "routes": [sh(node, ["ip", "route", "show", "exact", c]).strip() for c in own]}
 
 
 def nodes(st: LabState) -> dict[str, NodeState]:
@@ -202,15 +193,14 @@ def test_live_granularity_switch(lab) -> None:
     assert wait_for(lambda: FLANNEL_DEV in sh(nodes(st)["b1"], ["ip", "route", "get", "10.42.3.2"]), timeout=10)
 
 
-def test_bad_flannel_annotation_rejects_that_node_alone(lab) -> None:
+def test_bad_flannel_annotation_rejects_that_node_alone(lab, tmp_path) -> None:
     """b2's backend-data stops parsing: every other agent rejects b2 alone, naming the annotation,
     and the pairs without b2 keep working; b2 comes back when its annotation parses again."""
     st, _ = lab
-    kube = st.clusters[0].kube
-    assert kube is not None
+    k = lab_kubectl(st.name, tmp_path)
     n = nodes(st)
-    good = json.loads(api_get(kube, "/api/v1/nodes/b2")["metadata"]["annotations"][BACKEND_DATA])
-    api_annotate(kube, "b2", {BACKEND_DATA: "{VNI:1"})
+    good = k.json("get", "node", "b2")["metadata"]["annotations"][BACKEND_DATA]
+    k("annotate", "--overwrite", "node", "b2", f"{BACKEND_DATA}={{VNI:1")
 
     def rejected(name: str) -> list[str]:
         s = labcheck.agent_status(n[name]) or {}
@@ -224,7 +214,7 @@ def test_bad_flannel_annotation_rejects_that_node_alone(lab) -> None:
         for src, dst in (("a1", "a2"), ("a1", "b1"), ("b1", "a2")):
             assert labcheck.check(st, count=3, pairs=[(src, dst)])[0].ok, f"{src}->{dst} broke"
     finally:
-        api_annotate(kube, "b2", {BACKEND_DATA: json.dumps(good)})
+        k("annotate", "--overwrite", "node", "b2", f"{BACKEND_DATA}={good}")
     assert wait_for(lambda: not rejected("a1") and "b2" in (labcheck.agent_status(n["a1"]) or {}).get("paths", {}),
                     timeout=15)
     warm_up(st, [("a1", "b2"), ("b1", "b2")])

@@ -104,6 +104,11 @@ def test_rbac_allows_what_the_backend_does():
     for group in ("meshctl.io", "kilo.squat.ai"):
         for verb in ("list", "watch"):
             assert allowed(group, "peers", verb)
+    from meshctl.backends.kube.cni_ipam import CNI_KINDS
+
+    for kind in (k for kinds in CNI_KINDS.values() for k in kinds):  # --cni calico|cilium reads, never writes
+        assert all(allowed(kind.group, kind.plural, v) for v in ("list", "watch"))
+        assert not allowed(kind.group, kind.plural, "patch")
     assert not allowed("", "nodes", "update")  # patches only, never a full update
     role = by_kind("Role")
     assert any("configmaps" in r["resources"] and "watch" in r["verbs"] for r in role["rules"])

@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshctl import defaults
+from meshctl.backends.kube.cni_ipam import CNI_KINDS
 from meshctl.errors import InputError
 from meshctl.mesh import fields
 from meshctl.mesh.model import IPInterface, IPNetwork
-from meshctl.node.cni import CNI_MODES
+from meshctl.node.cni import CNI_MODES, FASTPATH_OFF
 
 
 @dataclass
@@ -99,6 +100,9 @@ class AgentConfig:
             raise InputError("--cni", self.cni, f"is not one of {', '.join(CNI_MODES)}")
         if self.cni == "flannel" and self.backend != "kubernetes":
             raise InputError("--cni", self.cni, "needs --backend kubernetes (it reads flannel's Node annotations)")
+        if self.cni in CNI_KINDS and self.backend != "kubernetes":
+            raise InputError("--cni", self.cni, "reads pod CIDRs from the CNI's objects in the Kubernetes API: "
+                             "it needs --backend kubernetes")
         if self.resync_interval <= 0:
             raise InputError("--resync-seconds", self.resync_interval, "must be > 0")
         if not 0 <= self.path_hold <= 3600:
@@ -112,6 +116,14 @@ class AgentConfig:
             raise InputError("--lease-ttl", self.lease_ttl, "is below 2 seconds")
         parse_addr(self.metrics_addr, "--metrics-addr")
         return self
+
+
+def fastpath_off(cfg: AgentConfig) -> str | None:
+    """Why the fast path does not load on this node (`disabled`: --no-fastpath; a CNI whose tc
+    programs it must not chain with: node.cni.FASTPATH_OFF), None when it loads."""
+    if not cfg.fastpath:
+        return "disabled"
+    return FASTPATH_OFF.get(cfg.cni)
 
 
 def parse_addr(value: str, path: str) -> tuple[str, int]:

@@ -23,11 +23,12 @@ from meshctl.agent.config import AgentConfig
 from meshctl.agent.global_services import MeshWithServices, MirroredRemotes
 from meshctl.backends.kube import backend_from_options
 from meshctl.backends.kube.backend import DEFAULT_CONFIGMAP, DEFAULT_NAMESPACE, KubeBackend
+from meshctl.backends.kube.cni_ipam import CNI_KINDS
 from meshctl.backends.kube.nodes import settings_for_agent
 from meshctl.defaults import REGION_LABEL
 from meshctl.errors import InputError, MeshError
 from meshctl.etcd import EtcdClient
-from meshctl.mesh.model import Cluster
+from meshctl.mesh.model import Cluster, IPNetwork
 
 log = logging.getLogger("meshctl.kube")
 
@@ -39,10 +40,11 @@ FIELDS = ("pod_cidr", "location", "endpoint", "force_internal_ip", "leader", "pe
 class OwnNodeSettings:
     """Applies a Node object to `cfg`'s FIELDS that were unset when this was made."""
 
-    def __init__(self, cfg: AgentConfig, location_label: str = REGION_LABEL) -> None:
+    def __init__(self, cfg: AgentConfig, location_label: str = REGION_LABEL, *, skip: tuple[str, ...] = ()) -> None:
         self.cfg = cfg
         self.location_label = location_label
-        self.flagged = frozenset(k for k in FIELDS if getattr(cfg, k, None))
+        # `skip`: fields another source owns (the pod CIDR with --cni calico|cilium: OwnPodCidrs).
+        self.flagged = frozenset(k for k in FIELDS if getattr(cfg, k, None) or k in skip)
         defaults = {f.name: f for f in dataclasses.fields(cfg)} if dataclasses.is_dataclass(cfg) else {}
         self.defaults = {k: _default(defaults[k]) if k in defaults else None for k in FIELDS}
         self._bad: str | None = None
@@ -108,6 +110,41 @@ def wait_for_pod_cidr(read: Any, name: str, timeout: float = 120.0, poll: float 
         time.sleep(poll)
 
 
+class OwnPodCidrs:
+    """`--cni calico|cilium`: this node's pod CIDRs as its CNI's IPAM gives them (the backend calls
+    it from `snapshot` whenever they change), into `cfg`. A node whose CNI takes its last block
+    keeps the previous CIDR: a pod CIDR never goes away under a running agent."""
+
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.cidrs: tuple[IPNetwork, ...] = ()
+
+    def __call__(self, cidrs: tuple[IPNetwork, ...]) -> None:
+        if not cidrs:
+            log.warning("own node: its CNI's IPAM gives it no pod CIDR now; keeping %s", self.cfg.pod_cidr)
+            return
+        if cidrs != self.cidrs:
+            log.info("own node: pod CIDRs %s (from %s's IPAM)", ",".join(str(c) for c in cidrs), self.cfg.cni)
+        self.cidrs = cidrs
+        # One CIDR per record until Node carries several (pod_cidrs): the first block.
+        self.cfg.pod_cidr = cidrs[0]
+
+
+def wait_for_own_pod_cidrs(be: KubeBackend, own: OwnPodCidrs, name: str, timeout: float = 120.0,
+                           poll: float = 0.5) -> None:
+    """Until the CNI's IPAM has given this node a pod CIDR (Calico claims a block with the node's
+    first pod; a CiliumNode gets its podCIDRs from the operator). MeshError after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not own.cidrs:
+        be.snapshot()
+        if own.cidrs:
+            return
+        if time.monotonic() >= deadline:
+            raise MeshError(f"node {name!r} has no pod CIDR in {be.cni}'s IPAM after {timeout:.0f} s "
+                            "(docs/kubernetes.md: Calico and Cilium)")
+        time.sleep(poll)
+
+
 def make_backend(cfg: AgentConfig) -> KubeBackend:
     """What `agent.run.build_backend` calls for `--backend kubernetes`, with an AgentConfig.
 
@@ -130,12 +167,17 @@ def make_backend(cfg: AgentConfig) -> KubeBackend:
         cfg.node_name, cfg.location_label or extra.get("location_label", REGION_LABEL),
         float(cfg.resync_interval), cluster=flag_cluster,
         namespace=extra.get("namespace", DEFAULT_NAMESPACE), configmap=extra.get("configmap", DEFAULT_CONFIGMAP),
-        flannel=cfg.cni == "flannel",
+        cni=cfg.cni,
     )
-    own = OwnNodeSettings(cfg, be.location_label)
-    obj = be.own_object() if cfg.pod_cidr else wait_for_pod_cidr(be.own_object, cfg.node_name)
+    ipam = cfg.cni in CNI_KINDS
+    own = OwnNodeSettings(cfg, be.location_label, skip=("pod_cidr",) if ipam else ())
+    obj = be.own_object() if cfg.pod_cidr or ipam else wait_for_pod_cidr(be.own_object, cfg.node_name)
     own(obj, strict=True)
     be.on_own_node = own
+    if ipam:
+        own_cidrs = OwnPodCidrs(cfg)
+        be.on_own_pod_cidrs = own_cidrs
+        wait_for_own_pod_cidrs(be, own_cidrs, cfg.node_name)
     if flag_cluster is None:
         st = be.snapshot()
         if st.ready:  # the cluster mesh watcher needs the local identity (backends.kube.backend reads the ConfigMap)

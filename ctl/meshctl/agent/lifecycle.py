@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from meshctl.agent.config import AgentConfig
+from meshctl.agent.config import AgentConfig, fastpath_off
 from meshctl.agent.loop import PassDriver, ReconcileLoop, RemoteSource, pod_interfaces
 from meshctl.agent.path_probing import PathProbing
 from meshctl.agent.reporting import ErrorCounts, LiveReader
@@ -133,7 +133,9 @@ class Agent:
         """Load the fast path off the loop (a joining node must be reachable through kernel routes
         before it is compiled and loaded), then hand it to the datapath step."""
         try:
-            dp = Datapath.open(self.cfg.node_name, pin_root=self.cfg.bpf_pin_root, enabled=self.cfg.fastpath)
+            off = fastpath_off(self.cfg)
+            dp = Datapath.open(self.cfg.node_name, pin_root=self.cfg.bpf_pin_root, enabled=off is None,
+                               why_off=off or "")
         except Exception as e:  # noqa: BLE001
             log.error("datapath: %s", e)
             self.errors.count("datapath")

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from meshctl.agent.config import AgentConfig
+from meshctl.agent.config import AgentConfig, fastpath_off
 from meshctl.agent.observe import Observation
 from meshctl.agent.path_probing import PathProbing
 from meshctl.agent.status import (
@@ -49,6 +49,7 @@ from meshctl.mesh.model import ENCAP_RUNGS, Topology
 from meshctl.mesh.plan import FastPathEntry, NodePlan
 from meshctl.mesh.render import node_rows
 from meshctl.mesh.segments import Remote
+from meshctl.node.cni import FASTPATH_OFF
 from meshctl.node.discovery import DEFAULT_NIC_MTU, WG_OVERHEAD
 from meshctl.node.wireguard import PeerStatus
 
@@ -247,7 +248,7 @@ class LiveReader:
         wg = next((r for r in reports if isinstance(r, WireGuardReport)), None)
         cni = next((r for r in reports if isinstance(r, CniStatus)), CniStatus(self.cfg.cni))
         datapath = dp.datapath if dp is not None else \
-            DatapathStatus(None, "loading" if self.cfg.fastpath else "disabled")
+            DatapathStatus(None, fastpath_off(self.cfg) or "loading")
         return LiveStatus(
             datapath=datapath,
             # Live, not from the last pass: a rung change between passes is the point of probing.
@@ -270,7 +271,7 @@ class LiveReader:
         watch = self.pods()
         found = tuple(watch.current) if watch is not None else ()
         warning = None
-        if found and not carrying:
+        if found and not carrying and self.cfg.cni not in FASTPATH_OFF:  # else the datapath line says why
             why = "the fast path is not loaded" if dp.mode != "ebpf" else \
                 f"--pod-interfaces {self.cfg.pod_interfaces!r} matches none of them"
             warning = f"{len(found)} pod interface(s) on this node and none carry the fast path: {why}"

@@ -27,7 +27,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from meshctl.agent.config import AgentConfig
+from meshctl.agent.config import AgentConfig, fastpath_off
 from meshctl.agent.status import CniStatus, DatapathStatus
 from meshctl.datapath import Datapath
 from meshctl.errors import MeshError
@@ -455,7 +455,7 @@ class DatapathStep:
         """The mode and counters read now; the pod interfaces carried when the eBPF datapath runs."""
         dp = self._datapath
         if dp is None:
-            return DatapathReport(DatapathStatus(None, "loading" if self.cfg.fastpath else "disabled"), ())
+            return DatapathReport(DatapathStatus(None, fastpath_off(self.cfg) or "loading"), ())
         try:
             counters = dp.counters()
         except Exception as e:  # noqa: BLE001 - status must always answer

@@ -59,27 +59,29 @@ class Datapath:
     # --- lifecycle ------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, node: str, *, pin_root: str = defaults.PIN_ROOT, enabled: bool = True) -> Datapath:
+    def open(cls, node: str, *, pin_root: str = defaults.PIN_ROOT, enabled: bool = True,
+             why_off: str = "") -> Datapath:
         """Load the programs or reopen the pinned ones (an agent restart drops no packet). Never
         raises for a missing bcc, headers or helper: then mode is "kernel-routes" and reason says
         why (logged once at WARNING). enabled=False removes whatever a previous agent left
-        attached for this node, so turning the fast path off really turns it off."""
+        attached for this node, so turning the fast path off really turns it off; `why_off` is then
+        the reason status gives (default "disabled")."""
         if not node or "/" in node or node in (".", ".."):
             from meshctl.errors import InputError
 
             raise InputError("node", node, "is not a node name usable as a pin directory")
-        dp = cls._open(node, pin_root, enabled)
+        dp = cls._open(node, pin_root, enabled, why_off)
         record_outcome(dp.pin_dir, dp.objects)
         return dp
 
     @classmethod
-    def _open(cls, node: str, pin_root: str, enabled: bool) -> Datapath:
+    def _open(cls, node: str, pin_root: str, enabled: bool, why_off: str) -> Datapath:
         if not enabled:
             try:
                 cls.unload(node, pin_root=pin_root)
             except (OSError, MeshError) as e:
                 log.warning("datapath: could not remove the pinned fast path of %s: %s", node, e)
-            return cls._fallback(node, pin_root, "disabled")
+            return cls._fallback(node, pin_root, why_off or "disabled")
         try:
             from meshctl.datapath import features, loader
 

@@ -3,6 +3,9 @@
 agent from its own Node: the `bridge` plugin on `meshctl0` with `host-local` addresses from the
 node's pod CIDR, and the pods' MTU that of the WireGuard device (a pod's packet may take the tunnel).
 
+`--cni calico` and `--cni cilium` keep the CNI in charge too and read the pod CIDRs from its IPAM
+(backends.kube.cni_ipam); beside Cilium the fast path stays off (FASTPATH_OFF).
+
 The default is `--cni keep`: flannel, Cilium or the distribution's CNI stays in charge and meshctl
 only routes between nodes. A Kilo leftover `10-kilo.conflist` would sort before ours and keep
 giving pods Kilo's bridge, so `install` moves it aside (`10-kilo.conflist.meshctl-disabled`, kept for
@@ -22,7 +25,14 @@ from meshctl.mesh.model import IPNetwork
 
 log = logging.getLogger("meshctl.cni")
 
-CNI_MODES = ("keep", "install", "flannel")
+CNI_MODES = ("keep", "install", "flannel", "calico", "cilium")
+# Why the fast path stays off beside a CNI whose own tc programs sit on the devices it would
+# attach to (docs/datapath.md, "Next to Cilium"): what `status` says on the datapath line.
+FASTPATH_OFF = {
+    "cilium": ("--cni cilium: Cilium's tc programs on lxc* and the native device end the tcx chain "
+               "(TC_ACT_OK or a redirect), so meshctl's would never run after them, or run first and "
+               "bypass Cilium's policy and conntrack; the fast path stays off on them (kernel routes)"),
+}
 CONF_NAME = "10-meshctl.conflist"
 BRIDGE = "meshctl0"
 KILO_LEFTOVER = "10-kilo.conflist"

@@ -37,6 +37,7 @@ from lightkube.types import PatchType
 
 from meshctl import defaults
 from meshctl.backends.base import ClusterState
+from meshctl.backends.kube.cni_ipam import CNI_KINDS, PodCidrs, pod_cidrs_for
 from meshctl.backends.kube.flannel import parse_flannel
 from meshctl.backends.kube.nodes import own_annotations, parse_kube_node
 from meshctl.backends.kube.peers import KILO_PEERS, MESHCTL_PEERS, PeerResource, parse_peer_object
@@ -102,20 +103,25 @@ def state_from_objects(
     location_label: str = defaults.REGION_LABEL,
     own_name: str = "",
     flannel: bool = False,
+    pod_cidrs: PodCidrs | None = None,
 ) -> ClusterState:
     """The pure part of `snapshot`: Kubernetes objects in, a ClusterState out. Never raises for a
     bad object: it becomes a Rejection naming node (or peer), annotation and value. With `flannel`
     (`--cni flannel`) flannel's annotations are read too: a Node whose flannel annotation does not
-    parse is rejected alone, and `extra["flannel"]` maps node names to their FlannelLease."""
+    parse is rejected alone, and `extra["flannel"]` maps node names to their FlannelLease.
+    `pod_cidrs` (`--cni calico|cilium`) gives each node's pod CIDRs from its CNI's IPAM instead of
+    `spec.podCIDR`; its rejections (a block claimed twice, an overlapping CiliumNode) are counted
+    with the rest, and a node without CIDRs there is pending."""
     parsed: list[tuple[str, str, Node]] = []
     leases: dict[str, FlannelLease] = {}
-    rejections: list[Rejection] = []
+    rejections: list[Rejection] = list(pod_cidrs.rejections) if pod_cidrs is not None else []
     pending: list[str] = []
     stale: list[str] = []
     for obj in nodes:
         name = str((obj.get("metadata") or {}).get("name", ""))
         try:
-            kn = parse_kube_node(obj, location_label=location_label, default_port=mesh.port)
+            kn = parse_kube_node(obj, location_label=location_label, default_port=mesh.port,
+                                 pod_cidrs=pod_cidrs.by_node.get(name, ()) if pod_cidrs is not None else None)
             lease = parse_flannel(name, (obj.get("metadata") or {}).get("annotations") or {}) if flannel else None
         except InputError as e:
             rejections.append(Rejection(name, str(e)))
@@ -188,7 +194,7 @@ class KubeBackend:
                  configmap: str = DEFAULT_CONFIGMAP, mesh: MeshSettings | None = None,
                  cluster: Cluster | None = None, peer_resources: Iterable[PeerResource] = (MESHCTL_PEERS, KILO_PEERS),
                  registry: Any = None, watch_timeout: int = 300, clock: Callable[[], float] = time.time,
-                 flannel: bool = False) -> None:
+                 cni: str = "keep") -> None:
         self.config = config
         self.node_name = fields.node_name(node_name, "--node")
         self.location_label = location_label
@@ -197,7 +203,6 @@ class KubeBackend:
         self.configmap = configmap
         self.flag_mesh = mesh
         self.flag_cluster = cluster
-        self.flannel = flannel  # read flannel's Node annotations (--cni flannel)
         self.watch_timeout = watch_timeout
         self.clock = clock
         self._lock = threading.Lock()
@@ -206,8 +211,19 @@ class KubeBackend:
         for pr in peer_resources:
             res = create_global_resource(pr.group, pr.version, pr.kind, pr.plural)
             self._kinds.append(_Kind(f"{pr.plural}.{pr.group}", res))
+        # --cni calico|cilium: the CNI's IPAM objects, watched like the rest (a block that moves is
+        # seen within one watch event); not Peers, so kept apart by name.
+        self.cni = cni
+        self._cni_kinds = frozenset(ck.name for ck in CNI_KINDS.get(cni, ()))
+        for ck in CNI_KINDS.get(cni, ()):
+            self._kinds.append(_Kind(ck.name, create_global_resource(ck.group, ck.version, ck.kind, ck.plural)))
         if mesh is None or cluster is None:
             self._kinds.append(_Kind("configmap", ConfigMap, namespace, {"metadata.name": configmap}))
+        # Called (on the reconcile thread, from snapshot) with this node's pod CIDRs from its CNI's
+        # IPAM whenever they changed (--cni calico|cilium): how its own record follows a moved block.
+        self.on_own_pod_cidrs: Callable[[tuple[Any, ...]], object] | None = None
+        self._own_cidrs: tuple[Any, ...] | None = None
+        self.pod_cidrs: PodCidrs | None = None  # the last snapshot's, for status and tests
         self._errors: dict[str, str] = {}  # kind -> why it cannot be read now
         self._last_good: ClusterState | None = None
         self._logged: set[str] = set()
@@ -338,7 +354,9 @@ class KubeBackend:
         with self._lock:
             error = "; ".join(self._errors.values())
             nodes = list(self._kinds[0].objects.values())
-            peers = [o for k in self._kinds[1:] if k.name != "configmap" for o in k.objects.values()]
+            peers = [o for k in self._kinds[1:] if k.name != "configmap" and k.name not in self._cni_kinds
+                     for o in k.objects.values()]
+            cni_objects = {k.name: list(k.objects.values()) for k in self._kinds if k.name in self._cni_kinds}
             revision = max((int(k.rv) for k in self._kinds if k.rv and k.rv.isdigit()), default=0)
             own = self._kinds[0].objects.get(("", self.node_name))
         if own is not None and self.on_own_node is not None:
@@ -352,9 +370,16 @@ class KubeBackend:
             return self._offer(self._not_ready(str(e)))
         if error:
             return self._offer(self._not_ready(error))
+        pod_cidrs = pod_cidrs_for(self.cni, cni_objects)
+        self.pod_cidrs = pod_cidrs
+        if pod_cidrs is not None:
+            mine = pod_cidrs.by_node.get(self.node_name, ())
+            if mine != self._own_cidrs and self.on_own_pod_cidrs is not None:
+                self._own_cidrs = mine
+                self.on_own_pod_cidrs(mine)
         state = state_from_objects(nodes, peers, cluster, mesh, now=self.clock(), max_age=2 * self.resync_seconds,
                                    location_label=self.location_label, own_name=self.node_name,
-                                   flannel=self.flannel)
+                                   flannel=self.cni == "flannel", pod_cidrs=pod_cidrs)
         from dataclasses import replace
 
         state = replace(state, revision=revision)

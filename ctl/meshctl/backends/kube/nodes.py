@@ -192,7 +192,8 @@ def _unreached(ann: Mapping[str, str], where: str, owner: str) -> tuple[str, ...
 
 
 def parse_kube_node(obj: Mapping[str, Any], *, location_label: str = defaults.REGION_LABEL,
-                    default_port: int | None = None) -> KubeNode | None:
+                    default_port: int | None = None,
+                    pod_cidrs: tuple[IPNetwork, ...] | None = None) -> KubeNode | None:
     """The mesh record of a Kubernetes Node object (a dict as the API returns it).
 
     None when the node has no pod CIDR or its agent has not published a key and last-seen yet
@@ -200,14 +201,18 @@ def parse_kube_node(obj: Mapping[str, Any], *, location_label: str = defaults.RE
     and the annotation (`node b2: meshctl.io/endpoint: 'x:1:2' is not an endpoint...`). The
     annotations are read, with Kilo's fallback, in the order the docs list them, so the first
     malformed one in that order is the one reported.
+
+    `pod_cidrs` given (`--cni calico|cilium`: the CNI's IPAM, backends.kube.cni_ipam) replaces
+    `spec.podCIDR`; an empty tuple means the CNI has given the node no pod CIDR yet (None).
     """
     name, ann, labels = _metadata(obj)
     where = f"node {name}"
     pod_cidr_text = (obj.get("spec") or {}).get("podCIDR")
-    if not pod_cidr_text or PUBLIC_KEY not in ann or LAST_SEEN not in ann:
+    has_cidr = bool(pod_cidrs) if pod_cidrs is not None else bool(pod_cidr_text)
+    if not has_cidr or PUBLIC_KEY not in ann or LAST_SEEN not in ann:
         return None
     node_name = _node_name(where, name)
-    pod_cidr = _parsed(where, "spec.podCIDR", fields.cidr, pod_cidr_text)
+    pod_cidr = pod_cidrs[0] if pod_cidrs else _parsed(where, "spec.podCIDR", fields.cidr, pod_cidr_text)
     key = _parsed(where, PUBLIC_KEY, fields.wg_key, ann[PUBLIC_KEY])
     last_seen = _last_seen(where, ann[LAST_SEEN])
     endpoint = _endpoint(ann, where, default_port)

@@ -34,9 +34,10 @@ from meshctl.backends import etcd_identity as identity
 from meshctl.backends.etcd import write_topology
 from meshctl.errors import InputError, MeshError
 from meshctl.etcd import EtcdClient
-from meshctl.lab.namespaces import check, cni_flannel, fabric, kube_cluster
+from meshctl.lab.namespaces import check, fabric, kube_cluster
 from meshctl.lab.namespaces import nat_router as labnat
 from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.namespaces.cni_labs import CNI_LABS
 from meshctl.lab.namespaces.spec import PUBLIC_NET, LabSpec
 from meshctl.lab.namespaces.state import (
     ClusterState,
@@ -47,7 +48,7 @@ from meshctl.lab.namespaces.state import (
     NodeState,
     PodState,
 )
-from meshctl.lab.namespaces.wiring import Progress, add_ns, quiet, wire_pod
+from meshctl.lab.namespaces.wiring import PRIVATE_NIC, Progress, add_ns, quiet, wire_pod
 from meshctl.lab.rigs import netns, pki
 from meshctl.lab.rigs.etcd_process import EtcdServer, stop_pid, stop_pids
 from meshctl.mesh.model import IPNetwork, Node, Topology
@@ -143,7 +144,7 @@ def build_control(spec: LabSpec, st: LabState, progress: Progress) -> list[IPNet
         cst = _start_etcd(spec, st, fab, ci, topo)
         st.clusters.append(cst)
         if spec.options.backend == "kubernetes":
-            _start_kube(st, fab, ci, topo, cst, progress, _cni_annotations(spec, topo))
+            _start_kube(st, fab, ci, topo, cst, progress, spec.options.cni)
         labstate.save(st)
         progress(f"etcd {cst.name}: {cst.etcd.endpoints[0]} (mTLS) in {cst.etcd.netns}")
     _clustermesh_dirs(spec, st)
@@ -215,28 +216,13 @@ def _seed_etcd(client: EtcdClient, spec: LabSpec, topo: Topology, ids: dict[str,
         client.close()
 
 
-def _cni_annotations(spec: LabSpec, topo: Topology) -> dict[str, dict[str, str]]:
-    """The Node annotations the lab's CNI (lab.cni) writes, by node name."""
-    if spec.options.cni == cni_flannel.NAME:
-        return cni_flannel.node_annotations(topo)
-    return {}
-
-
-def _cni_pods(spec: LabSpec, st: LabState, ns: str, topo: Topology, n: Node) -> tuple[list[PodState], list[str]]:
-    """The node's pods as the lab's CNI (lab.cni) wires them, and the agent flags that CNI asks for."""
-    k = spec.options.pods_per_node
-    if spec.options.cni == cni_flannel.NAME:
-        return cni_flannel.build_node(st, ns, topo, n, "priv", k), ["--cni", cni_flannel.NAME]
-    return [_pod(st, ns, n.pod_cidr, i) for i in range(k)], []
-
-
 def _start_kube(st: LabState, fab: str, ci: int, topo: Topology, cst: ClusterState, progress: Progress,
-                node_annotations: dict[str, dict[str, str]]) -> None:
+                cni: str = "") -> None:
     """Cluster `ci`'s in-process API server on the public segment (the Kubernetes backend)."""
     cname = topo.cluster.name
     kip = str(PUBLIC_NET.network_address + 240 - ci)
     kns = _on_public(st, fab, f"{st.prefix}kube-{cname}", f"k{ci}", kip)
-    kube = kube_cluster.start(Path(st.dir) / "kube" / cname, kns, kip, topo, node_annotations=node_annotations)
+    kube = kube_cluster.start(Path(st.dir) / "kube" / cname, kns, kip, topo, cni=cni)
     st.pids[f"kube/{cname}"] = kube.pid
     cst.kube = kube
     progress(f"kubernetes API {cname}: {kube.url} in {kns}")
@@ -318,20 +304,22 @@ def _node(spec: LabSpec, st: LabState, cst: ClusterState, topo: Topology, n: Nod
         netns.enslave(fab, f"n{idx}u", "bpub")
         netns.addr(ns, "pub", f"{pub_ip}/{PUBLIC_NET.prefixlen}")
     if n.internal_ip is not None:
-        netns.veth(fab, f"n{idx}p", ns, "priv")
+        netns.veth(fab, f"n{idx}p", ns, PRIVATE_NIC)
         netns.enslave(fab, f"n{idx}p", f"bpriv{subnets.index(n.internal_ip.network)}")
-        node_args = fabric.node_address(ns, "priv", n.internal_ip, spec.options.fabrics)
+        node_args = fabric.node_address(ns, PRIVATE_NIC, n.internal_ip, spec.options.fabrics)
     netns.sysctl(ns, "net.ipv4.ip_forward", "1")
-    pods, cni_args = _cni_pods(spec, st, ns, topo, n)
+    cni = CNI_LABS.get(spec.options.cni)
+    pods = cni.wire_node(st, ns, topo, n, spec.options.pods_per_node) if cni else \
+        [_pod(st, ns, n.pod_cidr, k) for k in range(spec.options.pods_per_node)]
     nd = Path(st.dir) / "nodes" / (f"{topo.cluster.name}-{n.name}" if spec.multi else n.name)
     cst.nodes.append(NodeState(
         name=n.name, netns=ns, location=n.location, pod_cidr=str(n.pod_cidr),
         internal_ip=str(n.internal_ip) if n.internal_ip else None, public_ip=str(pub_ip),
         leader=n.leader, persistent_keepalive=n.persistent_keepalive,
         allowed_location_ips=[str(a) for a in n.allowed_location_ips],
-        private_interface="priv" if n.internal_ip is not None else None, public_interface="pub",
+        private_interface=PRIVATE_NIC if n.internal_ip is not None else None, public_interface="pub",
         metrics_addr=METRICS_ADDR, dir=str(nd), state_dir=str(nd / "state"), wg_run_dir=str(nd / "wg"),
-        pods=pods, pid=None, agent_args=node_args + cni_args, nat=nat,
+        pods=pods, pid=None, agent_args=node_args, nat=nat,
     ))
     labstate.save(st)
 

@@ -18,11 +18,12 @@ On every node, with `public-ip` its internal address (flannel's `--iface` the pr
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from meshctl.backends.kube.flannel import BACKEND_DATA, BACKEND_TYPE, KUBE_SUBNET_MANAGER, PUBLIC_IP
 from meshctl.errors import InputError
-from meshctl.lab.namespaces.state import LabState, PodState
-from meshctl.lab.namespaces.wiring import add_ns, pod_entry
+from meshctl.lab.namespaces.state import LabState, NodeState, PodState
+from meshctl.lab.namespaces.wiring import PRIVATE_NIC, add_ns, pod_entry
 from meshctl.lab.rigs import netns
 from meshctl.mesh.model import IPNetwork, Node, Topology
 from meshctl.node.flannel import FLANNEL_DEV, VXLAN
@@ -64,11 +65,16 @@ def route_argv(n: Node) -> list[str]:
     return [str(n.pod_cidr), "via", gateway(n.pod_cidr), "dev", FLANNEL_DEV, "onlink"]
 
 
-def build_node(st: LabState, ns: str, topo: Topology, me: Node, dev: str, pods: int) -> list[PodState]:
-    """flannel.1 with its neighbours, fdb entries and routes to every other node; cni0 with the
-    node's `pods` pods. Call once the private NIC `dev` holds the node's internal address."""
+def seed(topo: Topology) -> list[dict[str, Any]]:
+    """None: flannel's kube subnet manager keeps its state in Node annotations (`node_annotations`)."""
+    return []
+
+
+def wire_node(st: LabState, ns: str, topo: Topology, me: Node, pods: int) -> list[PodState]:
+    """flannel.1 (over the private NIC) with its neighbours, fdb entries and routes to every other
+    node; cni0 with the node's `pods` pods. Call once the private NIC holds the node's internal address."""
     netns.run(ns, ["ip", "link", "add", FLANNEL_DEV, "type", "vxlan", "id", str(VNI), "local", public_ip(me),
-                   "dev", dev, "dstport", str(PORT), "nolearning"])
+                   "dev", PRIVATE_NIC, "dstport", str(PORT), "nolearning"])
     netns.run(ns, ["ip", "link", "set", FLANNEL_DEV, "address", vtep_mac(topo, me.name), "mtu", str(MTU), "up"])
     netns.addr(ns, FLANNEL_DEV, f"{gateway(me.pod_cidr)}/32")
     for n in topo.nodes:
@@ -94,3 +100,24 @@ def _pod(st: LabState, ns: str, pod_cidr: IPNetwork, k: int) -> PodState:
     netns.addr(pod.netns, "eth0", f"{pod.ip}/{pod_cidr.prefixlen}")
     netns.run(pod.netns, ["ip", "route", "add", "default", "via", str(pod_cidr.network_address + 1), "dev", "eth0"])
     return pod
+
+
+def cni_state(node: NodeState) -> dict[str, Any]:
+    """What flannel owns on a node, to compare before and after the agents: flannel.1 (its VXLAN
+    settings, MAC, address), its fdb and neighbour entries, and cni0's address. Not its routes:
+    meshctl replaces those to other locations by design (a test compares the ones it keeps)."""
+    assert node.netns is not None
+
+    def sh(argv: list[str]) -> str:
+        assert node.netns is not None
+        return netns.run(node.netns, argv).stdout
+
+    link = json.loads(sh(["ip", "-j", "-d", "link", "show", FLANNEL_DEV]))[0]
+    vx = link["linkinfo"]["info_data"]
+    return {
+        FLANNEL_DEV: (link["address"], link["mtu"], vx["id"], vx["port"], vx.get("learning"), vx.get("local")),
+        "addr": sh(["ip", "-o", "addr", "show", "dev", FLANNEL_DEV]).split()[3],
+        "fdb": sorted(sh(["bridge", "fdb", "show", "dev", FLANNEL_DEV]).splitlines()),
+        "neigh": sorted(sh(["ip", "neigh", "show", "dev", FLANNEL_DEV]).splitlines()),
+        BRIDGE: sh(["ip", "-o", "-4", "addr", "show", "dev", BRIDGE]).split()[3],
+    }

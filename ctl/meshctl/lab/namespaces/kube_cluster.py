@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import yaml
 
 from meshctl.backends.kube.nodes import ALLOWED_LOCATION_IPS, LEADER, LOCATION, PERSISTENT_KEEPALIVE, PREFIX
 from meshctl.errors import MeshError
+from meshctl.lab.namespaces.cni_labs import CNI_LABS
 from meshctl.lab.namespaces.state import ClusterState, KubeAccess
 from meshctl.mesh.model import Topology
 from meshctl.mesh.records import mesh_to_record
@@ -44,10 +44,12 @@ def operator_objects(topo: Topology) -> list[dict[str, Any]]:
     return out
 
 
-def node_objects(topo: Topology, node_annotations: Mapping[str, Mapping[str, str]] | None = None
-                 ) -> list[dict[str, Any]]:
-    """kubelet's Nodes: each lab node's pod CIDR and the annotations its user set; `node_annotations`
-    are what another component wrote on the Nodes (a CNI's, lab.cni), by node name."""
+def node_objects(topo: Topology, cni: str = "") -> list[dict[str, Any]]:
+    """What the cluster holds before anyone applies meshctl: kubelet's Nodes (each lab node's pod
+    CIDR and the annotations its user set) and, with `lab.cni`, what that CNI wrote (annotations on
+    the Nodes, its own objects)."""
+    cni_lab = CNI_LABS[cni] if cni else None
+    written = cni_lab.node_annotations(topo) if cni_lab is not None else {}
     out: list[dict[str, Any]] = []
     for n in topo.nodes:
         ann: dict[str, str] = {}
@@ -59,9 +61,11 @@ def node_objects(topo: Topology, node_annotations: Mapping[str, Mapping[str, str
             ann[PREFIX + PERSISTENT_KEEPALIVE] = str(n.persistent_keepalive)
         if n.allowed_location_ips:
             ann[PREFIX + ALLOWED_LOCATION_IPS] = ",".join(str(a) for a in n.allowed_location_ips)
-        ann.update((node_annotations or {}).get(n.name, {}))
+        ann.update(written.get(n.name, {}))
         out.append({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n.name, "annotations": ann},
                     "spec": {"podCIDR": str(n.pod_cidr)}})
+    if cni_lab is not None:
+        out += cni_lab.seed(topo)
     return out
 
 
@@ -80,13 +84,12 @@ def peer_objects(topo: Topology) -> list[dict[str, Any]]:
     return out
 
 
-def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, timeout: float = 15.0,
-          node_annotations: Mapping[str, Mapping[str, str]] | None = None) -> KubeAccess:
-    """Start the API server in namespace `ns` on `ip`, seeded for `topo`; returns its access
-    (url, kubeconfig, netns, pid). The process is in its own session; stop it by pid."""
+def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, timeout: float = 15.0, cni: str = "") -> KubeAccess:
+    """Start the API server in namespace `ns` on `ip`, seeded for `topo` (and `lab.cni`'s objects);
+    returns its access (url, kubeconfig, netns, pid). The process is in its own session; stop it by pid."""
     run_dir.mkdir(parents=True, exist_ok=True)
     seed = run_dir / "nodes.yaml"
-    seed.write_text(yaml.safe_dump_all(node_objects(topo, node_annotations), sort_keys=False))
+    seed.write_text(yaml.safe_dump_all(node_objects(topo, cni), sort_keys=False))
     kubeconfig = run_dir / "kubeconfig"
     host_kubeconfig = run_dir / "kubeconfig.host"
     kubeconfig.unlink(missing_ok=True)

@@ -18,6 +18,7 @@ from typing import Any
 
 from meshctl.backends.file import load_yaml
 from meshctl.errors import InputError
+from meshctl.lab.namespaces.cni_labs import CNI_LABS
 from meshctl.lab.namespaces.fabric import Fabric, check_nodes, parse_fabrics
 from meshctl.lab.namespaces.nat_router import NAT_KINDS
 from meshctl.mesh.fields import integer, no_unknown_fields
@@ -32,9 +33,6 @@ def _placeholder_key(i: int) -> str:
 
 LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend", "fabrics", "clustermesh",
               "nat", "vms", "cni")
-# `lab.cni`: the CNI whose node state the lab reproduces (namespaces/cni_<name>.py; "" the lab's own
-# routed veths); each needs the Kubernetes backend (its state includes Node annotations or objects).
-LAB_CNIS = ("flannel",)
 MULTI_CLUSTER_FIELDS = ("clusters", "lab")  # a lab file of several clusters: nothing else at the top
 # The Debian kernel series a lab may boot (lab/vms: `nodes[].kernel`, `lab up --kernel`).
 KERNEL_SERIES = ("5.10", "6.1", "6.12")
@@ -60,7 +58,8 @@ class LabOptions:
     # Every node its own VM (lab/vms/vmnodes.py), booting the Debian kernel its `kernel` names.
     vms: bool = False
     kernels: tuple[tuple[str, str], ...] = ()  # ("<cluster>/<node>", series) from nodes[].kernel
-    cni: str = ""  # one of LAB_CNIS, or "": the lab's routed pod veths
+    # A reproduction of a CNI's node state (namespaces/cni_labs.py); "" wires pods the lab's way.
+    cni: str = ""
 
     def nat_kind(self, node: str) -> str | None:
         return dict(self.nat).get(node)
@@ -155,10 +154,12 @@ def _options(d: Any) -> LabOptions:
     if vms and d.get("nat"):
         raise InputError("lab.nat", d["nat"], "is not available with lab.vms (NAT routers are namespace-lab only)")
     cni = d.get("cni", "")
-    if cni and cni not in LAB_CNIS:
-        raise InputError("lab.cni", cni, f"is not one of {', '.join(LAB_CNIS)}")
-    if cni and backend != "kubernetes":
-        raise InputError("lab.cni", cni, "needs lab.backend: kubernetes (the CNI's state includes Node objects)")
+    if cni:
+        if cni not in CNI_LABS:
+            raise InputError("lab.cni", cni, f"is not one of {', '.join(CNI_LABS)}")
+        if backend != "kubernetes":
+            raise InputError("lab.cni", cni, "needs lab.backend: kubernetes (the CNI's objects live in its API)")
+        args = [*args, "--cni", cni]
     return LabOptions(pods_per_node=pods, lease_ttl=ttl, prefix=prefix, fastpath=fast, agent_args=tuple(args),
                       backend=backend, fabrics=parse_fabrics(d.get("fabrics")), clustermesh=cm, nat=_nat(d.get("nat")),
                       vms=vms, cni=cni)

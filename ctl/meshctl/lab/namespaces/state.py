@@ -36,7 +36,7 @@ class PodState:
 
     @property
     def index(self) -> int:
-        return int(self.host_if.removeprefix("pod"))
+        return int(self.netns.rsplit("-p", 1)[1])  # `<node ns>-p<k>` (a CNI lab names host ends its own way)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from meshctl.mesh.model import IPNetwork
 
 Progress = Callable[[str], None]
 POD_GW = "169.254.1.1"
+PRIVATE_NIC = "priv"  # a lab node's private NIC (its internal address), in a namespace or a VM
 
 
 def quiet(_: str) -> None:

@@ -1,0 +1,228 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The CNI labs (`lab.cni: calico|cilium`, labs/calico.yaml and cilium.yaml): every pod pair
+reachable, each node pair on its path, the CNI's own node state untouched by the agents, and (Calico)
+a block moved between nodes while a pod in it is pinged: the routes follow within 1 s."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from meshctl.agent.status import AgentStatus
+from meshctl.datapath import libbpf, links
+from meshctl.lab.namespaces import build, cni_calico
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.namespaces.cni_labs import CNI_LABS
+from meshctl.lab.namespaces.spec import load_lab
+from meshctl.lab.namespaces.state import LabState
+from meshctl.lab.namespaces.wiring import quiet
+from meshctl.lab.rigs import netns
+from meshctl.setns import in_netns
+from tests.names import unique
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+LABS = Path(__file__).resolve().parents[2] / "ctl" / "meshctl" / "lab" / "labs"
+# Each node pair's path in both labs (location granularity, two locations of two nodes, a1 and b1
+# leading): the fast path (Calico) or the private NIC's kernel route (Cilium: the fast path stays
+# off) inside a location, kilo0 across, through the leader from a follower.
+PATHS = {
+    ("a1", "a2"): "direct", ("a2", "a1"): "direct", ("b1", "b2"): "direct", ("b2", "b1"): "direct",
+    ("a1", "b1"): "tunnel", ("a1", "b2"): "tunnel", ("b1", "a1"): "tunnel", ("b1", "a2"): "tunnel",
+    ("a2", "b1"): "via-leader", ("a2", "b2"): "via-leader", ("b2", "a1"): "via-leader", ("b2", "a2"): "via-leader",
+}
+ROUTE_FOLLOW_S = 1.0
+
+
+@pytest.fixture
+def cni_lab() -> Iterator[Callable[[str], tuple[LabState, dict[str, Any]]]]:
+    """Build a CNI lab (agents not started), record the CNI's node state, then start the agents."""
+    if os.geteuid() != 0:
+        pytest.fail("needs root for network namespaces")
+    names: list[str] = []
+
+    def make(cni: str) -> tuple[LabState, dict[str, Any]]:
+        prefix = unique("cc") + "-"
+        names.append(labstate.lab_name(prefix))
+        st = build.up(load_lab(LABS / f"{cni}.yaml"), prefix=prefix, start_agents=False)
+        before = {n.name: CNI_LABS[cni].cni_state(n) for _, n in st.nodes()}
+        build.start_all_agents(st, quiet)
+        build.wait_converged(st, quiet, 120)
+        return st, before
+
+    try:
+        yield make
+    finally:
+        for n in names:
+            assert not build.down(n)
+
+
+def unreachable_pod_pairs(st: LabState) -> list[str]:
+    """Every pod to every pod of the other nodes (all pods: a Calico node's pods sit in two blocks)."""
+    out = []
+    for _, a in st.nodes():
+        for pa in a.pods:
+            for _, b in st.nodes():
+                for pb in b.pods if b is not a else ():
+                    if labcheck.ping(pa.netns, pb.ip, count=2, wait=1)[1] == 0 and \
+                            labcheck.ping(pa.netns, pb.ip, count=3, wait=3)[1] == 0:  # a handshake's wait
+                        out.append(f"{a.name}/{pa.ip} -> {b.name}/{pb.ip}")
+    return out
+
+
+def assert_cni_state_kept(st: LabState, cni: str, before: dict[str, Any]) -> None:
+    for name in [n.name for _, n in st.nodes()]:
+        build.stop_agent(st, name)
+    after = {n.name: CNI_LABS[cni].cni_state(n) for _, n in st.nodes()}
+    assert after == before
+
+
+def first_block_pairs(st: LabState, pairs: list[str]) -> list[str]:
+    """The pairs of `pairs` between nodes' first pods (both ends in a first block on Calico)."""
+    firsts = {n.pods[0].ip for _, n in st.nodes()}
+    return [p for p in pairs if all(end.split("/")[1] in firsts for end in p.split(" -> "))]
+
+
+@pytest.mark.parametrize("cni", ["calico", "cilium"])
+def test_cni_lab_reaches_every_pod_on_its_path_and_keeps_the_cnis_state(cni_lab, cni: str) -> None:
+    st, before = cni_lab(cni)
+    unreachable = unreachable_pod_pairs(st)
+    # Every pod of a Cilium node; a Calico node's first block (its second: the next test).
+    assert (first_block_pairs(st, unreachable) if cni == "calico" else unreachable) == []
+    got = {(r.src, r.dst): r.path for r in labcheck.check(st)}
+    assert got == PATHS
+    if cni == "cilium":
+        view = labcheck.agent_view(next(n for _, n in st.nodes()))
+        assert view is not None and view.live.datapath.mode == "kernel-routes"
+        assert (view.live.datapath.reason or "").startswith("--cni cilium: Cilium's tc programs")
+    assert_cni_state_kept(st, cni, before)
+
+
+# Until a Node record carries several pod CIDRs (Node.pod_cidrs, another branch), a Calico node's
+# second block is not routed: strict, so the day it is, this xfail fails and goes.
+@pytest.mark.xfail(strict=True, reason="a node's second Calico block needs Node.pod_cidrs")
+def test_calico_lab_reaches_pods_in_every_block(cni_lab) -> None:
+    st, _ = cni_lab("calico")
+    assert unreachable_pod_pairs(st) == []
+
+
+def _route_to(ns: str, ip: str) -> str:
+    """`ip route get` (empty while no route covers `ip`: between the blackhole going and meshctl's route)."""
+    return netns.run(ns, ["ip", "-o", "route", "get", ip], check=False).stdout
+
+
+def test_calico_block_moves_and_routes_follow_within_1s(cni_lab) -> None:
+    st, _ = cni_lab("calico")
+    by = {n.name: n for _, n in st.nodes()}
+    block = ipaddress.ip_network("10.42.1.0/26")  # a1's first block, with its pod 0
+    pod_ip = by["a1"].pods[0].ip
+    assert ipaddress.ip_address(pod_ip) in block
+    a2_priv = str(ipaddress.ip_interface(by["a2"].internal_ip or "").ip)
+    # b1's pod pings the pod through the move, one echo at a time (ping itself exits on the
+    # "Net Unreachable" the moment between the blackhole going and meshctl's route coming).
+    stop = threading.Event()
+    replies: list[tuple[float, bool]] = []
+
+    def pinger() -> None:
+        while not stop.is_set():
+            t = time.monotonic()
+            replies.append((t, labcheck.ping(by["b1"].pods[0].netns, pod_ip, count=1, wait=0.2)[1] > 0))
+
+    thread = threading.Thread(target=pinger, daemon=True)
+    thread.start()
+    time.sleep(1)
+    t0 = time.monotonic()
+    cni_calico.move_block(st, block, "a1", "a2")
+    t_api = time.monotonic()
+    follow = None
+    while time.monotonic() - t_api < 5:
+        if re.search(rf"via {re.escape(a2_priv)} dev priv", _route_to(by["a1"].netns or "", pod_ip)):
+            follow = time.monotonic() - t_api
+            break
+        time.sleep(0.01)
+    time.sleep(2)
+    stop.set()
+    thread.join(timeout=5)
+    failed = [t for t, ok in replies if not ok and t >= t0]
+    back = next((t for t, ok in replies if ok and t > max(failed, default=t0)), None)
+    outage = (back - t0) if failed and back else 0.0
+    print(f"block {block} a1 -> a2: kernel move {t_api - t0:.3f} s; a1's route followed {follow} s after the "
+          f"objects; b1's pod: {len(failed)} of {len(replies)} echoes lost, reached again {outage:.3f} s after "
+          "the move began")
+    assert follow is not None and follow < ROUTE_FOLLOW_S, follow
+    assert back is not None and back - t_api < ROUTE_FOLLOW_S + 0.5  # reached again on its new node
+    assert labcheck.ping(by["b2"].pods[0].netns, pod_ip, count=3, wait=3)[1] > 0  # the rest of the mesh reaches it
+
+
+REPRO = Path(__file__).resolve().parents[2] / "bench" / "repro_cilium_lxc.c"
+
+
+def _fastpath_packets(node: Any) -> dict[str, int]:
+    st = labcheck.agent_status(node)
+    return {a: p for a, (p, _) in (AgentStatus.from_json(st).live.datapath.counters.items() if st else ())}
+
+
+def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {a: n - before.get(a, 0) for a, n in after.items() if n != before.get(a, 0)}
+
+
+def _pings(src_ns: str, dst: str, count: int = 20) -> int:
+    return labcheck.ping(src_ns, dst, count=count, wait=2)[1]
+
+
+def test_tcx_chain_next_to_a_cilium_like_program(cni_lab) -> None:
+    """meshctl's from_pod and a reproduction of Cilium's from-container verdicts on one pod device,
+    in both orders: whichever runs first decides alone (neither returns TCX_NEXT), so meshctl first
+    bypasses Cilium's program and Cilium first leaves meshctl's idle: why `--cni cilium` keeps the
+    fast path off. The pod's traffic flows in both orders."""
+    from bcc import BPF
+
+    st, _ = cni_lab("calico")  # the fast path on routed pod veths, as it would be on lxc*
+    by = {n.name: n for _, n in st.nodes()}
+    a1 = by["a1"]
+    assert a1.netns is not None
+    pod = a1.pods[0]
+    dst = by["a2"].pods[0].ip  # same subnet: the fast path redirects it
+    ifindex = netns.ifindex(a1.netns, pod.host_if)
+    pin_dir = f"{st.pin_root}/default/a1"
+    assert os.path.exists(links.link_path(pin_dir, "pod-in", ifindex))
+    b = BPF(src_file=str(REPRO).encode())
+    fd = b.load_func(b"repro_from_container", BPF.SCHED_CLS).fd
+    seen = b.get_table(b"repro_seen")
+
+    def repro_count() -> int:
+        return int(seen[0].value)  # type: ignore[index]
+
+    link = in_netns(a1.netns, lambda: libbpf.link_create(fd, ifindex, libbpf.BPF_TCX_INGRESS))  # appended: 2nd
+    try:
+        fp0, r0 = _fastpath_packets(a1), repro_count()
+        assert _pings(pod.netns, dst) >= 18
+        meshctl_first = (_delta(_fastpath_packets(a1), fp0), repro_count() - r0)
+        # Cilium's first: meshctl's link goes while its agent is away and comes back after the
+        # reproduction when the agent starts again (tcx appends).
+        build.stop_agent(st, "a1")
+        libbpf.unpin(links.link_path(pin_dir, "pod-in", ifindex))
+        build.start_agent(st, "a1")
+        deadline = time.monotonic() + 60
+        while not os.path.exists(links.link_path(pin_dir, "pod-in", ifindex)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert os.path.exists(links.link_path(pin_dir, "pod-in", ifindex))
+        build.wait_converged(st, quiet, 60)
+        fp1, r1 = _fastpath_packets(a1), repro_count()
+        assert _pings(pod.netns, dst) >= 18
+        cilium_first = (_delta(_fastpath_packets(a1), fp1), repro_count() - r1)
+    finally:
+        os.close(link)
+    print(f"meshctl first: meshctl's counters +{meshctl_first[0]}, the reproduction saw {meshctl_first[1]}; "
+          f"reproduction first: meshctl's +{cilium_first[0]}, the reproduction saw {cilium_first[1]}")
+    assert meshctl_first[0].get("direct", 0) >= 18 and meshctl_first[1] == 0  # Cilium's program bypassed
+    assert "direct" not in cilium_first[0] and cilium_first[1] >= 18  # meshctl's from_pod never ran
