@@ -165,6 +165,9 @@ class PassDriver:
         self.recorder = PassRecorder(cfg, errors)
         self.memos = PureMemos()
         self.last_plan: NodePlan | None = None
+        # The last plan's paths before `--cni flannel` renamed flannel's nodes: the probes' memory
+        # of which rung each pair took (keep_paths) is of rungs.
+        self._rung_paths: dict[str, str] | None = None
         self.last_view: tuple[Topology, list[Remote], NodePlan] | None = None
         self.pod_ifs: tuple[str, ...] = ()  # the pod interfaces the last applied pass used
         self._cause = PassCause()
@@ -225,7 +228,7 @@ class PassDriver:
         t = time.monotonic()
         try:
             self.paths.update(topo, me.name)
-            previous = self.last_plan.paths if self.last_plan is not None else None
+            previous = self._rung_paths
             plan, reused = self.memos.plan(topo, me.name, remotes, self.paths.state(previous))
         except InputError as e:
             run.fail("plan", str(e))
@@ -234,6 +237,7 @@ class PassDriver:
         if reused:
             run.reused.append("plan")
         run.timed("plan", t)
+        self._rung_paths = plan.paths
         leases: dict[str, flannel.FlannelLease] = {}
         if self.cfg.cni == "flannel":  # flannel carries its nodes' pod traffic (node/flannel.py)
             plan = flannel.hand_over(plan, topo)
