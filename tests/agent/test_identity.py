@@ -44,14 +44,16 @@ class AuthEtcd:
         self.ca = pki.make_ca(d)  # the fixture's CA (reused from its directory)
         self.ids: dict[str, tuple[str, Path, pki.CertFiles]] = {}
         for who, user in (("admin", identity.ADMIN_USER), ("n1", "n1"), ("n2", "n2"),
-                          ("c2", identity.remote_user("c2")), ("cache", identity.CACHE_USER)):
+                          ("c2", identity.remote_user("c2")), ("cache", identity.CACHE_USER),
+                          ("kvstore", identity.KVSTORE_USER)):
             c = pki.make_cert(self.ca, d, f"id-{who}", common_name=False)
             self.ids[who] = (user, identity.new_password(d / f"id-{who}.password"), c)
         plain = self.client("admin", auth=False)
         write_topology(plain, Cluster("c1", 1), MeshSettings())
         identity.provision(plain, "c1", admin_password=self.ids["admin"][1],
                            nodes={"n1": self.ids["n1"][1], "n2": self.ids["n2"][1]},
-                           readers={"c2": self.ids["c2"][1]}, kvstore=None, cache=self.ids["cache"][1])
+                           readers={"c2": self.ids["c2"][1]}, kvstore=self.ids["kvstore"][1],
+                           cache=self.ids["cache"][1])
 
     def client(self, who: str, *, auth: bool = True) -> EtcdClient:
         user, pw, c = self.ids[who]
@@ -93,15 +95,17 @@ def test_each_identity_may_do_only_its_part(auth_etcd: AuthEtcd) -> None:
 def test_the_clustermesh_cache_alone_writes_its_prefix_and_agents_read_it(auth_etcd: AuthEtcd) -> None:
     from meshctl.backends.clustermesh_cache import cache_status_key, cached_key
 
-    cache, n1 = auth_etcd.client("cache"), auth_etcd.client("n1")
+    cache, n1, kv = auth_etcd.client("cache"), auth_etcd.client("n1"), auth_etcd.client("kvstore")
     mirrored = cached_key("c1", node_key("c9", "g1"))
     cache.put(mirrored, "{}")
     cache.put(cache_status_key("c1"), "{}", lease=cache.lease_grant(3))
-    assert n1.get(mirrored) is not None and n1.get(cache_status_key("c1")) is not None
-    for attempt in (lambda: n1.put(mirrored, "{}"), lambda: n1.delete(mirrored),
-                    lambda: n1.put(cache_status_key("c1"), "{}")):
-        with pytest.raises(PermissionDenied):
-            attempt()
+    # node agents (etcd backend) and Kubernetes agents (their kvstore identity) read it, neither writes it
+    for reader in (n1, kv):
+        assert reader.get(mirrored) is not None and reader.get(cache_status_key("c1")) is not None
+        for attempt in (lambda r=reader: r.put(mirrored, "{}"), lambda r=reader: r.delete(mirrored),
+                        lambda r=reader: r.put(cache_status_key("c1"), "{}")):
+            with pytest.raises(PermissionDenied):
+                attempt()
     kvs, _ = cache.range("/meshctl/c1/", prefix=True)   # reads the local records it admits against
     assert any(kv.key == "/meshctl/c1/cluster" for kv in kvs)
     for attempt in (lambda: cache.put(node_key("c1", "n1"), "{}"), lambda: cache.put(cached_key("c2", "/x"), "{}")):

@@ -149,6 +149,26 @@ def test_the_parser_does_catch_drift(monkeypatch):
     assert res.exit_code == 2 and "--resync-seconds: 0.0 must be > 0" in res.output
 
 
+@pytest.mark.parametrize(("extra", "line"), [
+    pytest.param(["--backend=kubernetes", "--clustermesh-dir=/cm", "--clustermesh-cache"],
+                 "--clustermesh-cache: true reads the cache in this cluster's etcd: it needs --backend etcd, "
+                 "or --backend kubernetes with --kvstore-endpoints", id="kubernetes-without-kvstore"),
+    pytest.param(["--backend=kubernetes", "--kvstore-endpoints=https://k:2379", "--clustermesh-cache"],
+                 "--clustermesh-cache: true needs --clustermesh-dir (the fallback)", id="no-fallback"),
+    pytest.param(["--backend=kubernetes", "--kvstore-endpoints=https://k:2379", "--clustermesh-dir=/cm",
+                  "--clustermesh-cache"], "", id="kubernetes-with-kvstore"),
+    pytest.param(["--backend=etcd", "--etcd-endpoints=https://e:2379", "--pod-cidr=10.42.0.0/24",
+                  "--clustermesh-dir=/cm", "--clustermesh-cache"], "", id="etcd"),
+])
+def test_clustermesh_cache_needs_this_clusters_etcd_and_a_fallback(monkeypatch, extra, line):
+    res, cfg = parse(monkeypatch, ["agent", "--node=n1", *extra])
+    if line:
+        assert res.exit_code == 2 and cfg is None and line in res.output
+    else:
+        assert res.exit_code == 0, res.output
+        assert cfg is not None and cfg.clustermesh_cache
+
+
 def test_kubernetes_flags_reach_make_backend(monkeypatch, api, kclient):
     from meshctl.agent.kube_backend import make_backend
 

@@ -10,6 +10,7 @@ a pod reaches a remote endpoint's address."""
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
 import urllib.error
@@ -175,3 +176,34 @@ def test_global_services_across_two_kubernetes_clusters(lab: LabState) -> None:
     # cluster1's own slices were never touched.
     code, own = api(c1, "GET", f"{SLICES}/web-own")
     assert code == 200 and sorted(e["addresses"][0] for e in own["endpoints"]) == sorted([pods["a1"], pods["a2"]])
+
+
+def test_kubernetes_agents_follow_the_other_cluster_through_the_cache(lab: LabState) -> None:
+    """cluster1's cache mirrors cluster2 into cluster1's kvstore etcd; cluster1's Kubernetes agents,
+    restarted with --clustermesh-cache, read cluster2 there (status `via cache`, the global service
+    still counted) and route to cluster2's pods again."""
+    from meshctl.lab.namespaces import build
+
+    c1, c2 = lab.clusters
+    build.start_cache(lab, c1.name)
+    try:
+        for n in c1.nodes:
+            build.stop_agent(lab, n.name)
+            build.start_agent(lab, n.name, extra_args=("--clustermesh-cache",))
+        for n in c1.nodes:
+            wait(lambda n=n: clustermesh_of(lab, n.name).get("via") == "via cache"
+                 and all(x.get("ready") for x in clustermesh_of(lab, n.name).get("clusters") or [{}]),
+                 60, f"{n.name} via the cache")
+            doc = labcheck.agent_status(n)
+            assert doc is not None
+            text = format_status(AgentStatus.from_json(doc))
+            assert re.search(r"ClusterMesh: 1/1 remote clusters ready, \d+ global-services, via cache", text), text
+        a1 = lab.lookup("a1")[1]
+        for g in c2.nodes:
+            deadline = time.monotonic() + 30
+            while (ok := labcheck.ping(a1.pods[0].netns, g.pods[0].ip, count=2)[1] > 0) is False \
+                    and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert ok, f"a1's pod does not reach {g.name}'s pod through routes read from the cache"
+    finally:
+        build.stop_cache(lab, c1.name)

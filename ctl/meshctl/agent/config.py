@@ -85,8 +85,11 @@ class AgentConfig:
             raise InputError("--etcd-cert", self.etcd_cert or "", "and --etcd-key go together")
         if bool(self.etcd_user) != bool(self.etcd_password_file):
             raise InputError("--etcd-user", self.etcd_user or "", "and --etcd-password-file go together")
-        if self.clustermesh_cache and (self.backend != "etcd" or self.clustermesh_dir is None):
-            raise InputError("--clustermesh-cache", True, "needs --backend etcd and --clustermesh-dir (the fallback)")
+        if self.clustermesh_cache and self.clustermesh_dir is None:
+            raise InputError("--clustermesh-cache", True, "needs --clustermesh-dir (the fallback)")
+        if self.clustermesh_cache and not (self.backend == "etcd" or self.kvstore_endpoints):
+            raise InputError("--clustermesh-cache", True, "reads the cache in this cluster's etcd: it needs --backend "
+                             "etcd, or --backend kubernetes with --kvstore-endpoints")
         if bool(self.kvstore_user) != bool(self.kvstore_password_file):
             raise InputError("--kvstore-user", self.kvstore_user or "", "and --kvstore-password-file go together")
         if self.pod_cidr is None and self.backend != "kubernetes":

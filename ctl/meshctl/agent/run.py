@@ -28,6 +28,16 @@ def etcd_client(cfg: AgentConfig) -> EtcdClient:
                       user=cfg.etcd_user, password_file=cfg.etcd_password_file)
 
 
+def own_etcd_client(cfg: AgentConfig) -> EtcdClient:
+    """A client of this cluster's own etcd, where the cluster-mesh cache mirrors the remote
+    clusters: the backend's with --backend etcd, the kvstore's (--kvstore-*) with kubernetes."""
+    if cfg.backend == "kubernetes":
+        from meshctl.agent.kube_backend import kvstore_client
+
+        return kvstore_client(cfg)
+    return etcd_client(cfg)
+
+
 def build_backend(cfg: AgentConfig) -> Backend:
     """The backend named by --backend (kubernetes is imported only when asked for)."""
     cluster = Cluster(cfg.cluster_name, cfg.cluster_id)
@@ -81,7 +91,7 @@ def remotes_factory(cfg: AgentConfig, backend: Backend | None = None
         from meshctl.backends.clustermesh import RemoteClusters
         from meshctl.backends.clustermesh_cache import CacheUse
 
-        cache = CacheUse(cfg.cluster_name, lambda: etcd_client(cfg)) if cfg.clustermesh_cache else None
+        cache = CacheUse(cfg.cluster_name, lambda: own_etcd_client(cfg)) if cfg.clustermesh_cache else None
         kicks: list[Callable[[], None]] = []
 
         def changed() -> None:  # a remote view changed: the pass, and the global-services step

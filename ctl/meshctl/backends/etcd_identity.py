@@ -5,7 +5,7 @@ for the Kubernetes kvstore mirror, and the operator's.
     identity            etcd user              may
     node a1             a1                     write /meshctl/<c>/nodes/a1; read /meshctl/<c>/
     remote cluster2     remote:cluster2        read /meshctl/<c>/
-    kvstore mirror      meshctl:kvstore        write and read /meshctl/<c>/
+    kvstore mirror      meshctl:kvstore        write and read /meshctl/<c>/; read /meshctl-cache/<c>/
     clustermesh cache   meshctl:clustermesh-cache  write and read /meshctl-cache/<c>/; read /meshctl/<c>/
     operator            root                   everything (etcd's own superuser, role root)
 
@@ -73,8 +73,11 @@ def reader_grants(cluster: str) -> tuple[Grant, ...]:
     return (Grant("READ", cluster_prefix(cluster), True), Grant("READ", seen_prefix(cluster), True))
 
 
-def writer_grants(cluster: str) -> tuple[Grant, ...]:
-    return (Grant("READWRITE", cluster_prefix(cluster), True),)
+def kvstore_grants(cluster: str) -> tuple[Grant, ...]:
+    """The Kubernetes agents' identity in their cluster's etcd (the kvstore): it mirrors the
+    cluster's records and publishes its global services, and reads the cluster-mesh cache (which
+    it cannot write)."""
+    return (Grant("READWRITE", cluster_prefix(cluster), True), Grant("READ", cache_prefix(cluster), True))
 
 
 def new_password(path: Path) -> Path:
@@ -143,7 +146,7 @@ def provision(client: EtcdClient, cluster: str, *, admin_password: Path, nodes: 
         for reader, pw in readers.items():
             admin.user(remote_user(reader), pw, ["remote"])
     if kvstore is not None:
-        admin.role("kvstore", writer_grants(cluster))
+        admin.role("kvstore", kvstore_grants(cluster))
         admin.user(KVSTORE_USER, kvstore, ["kvstore"])
     if cache is not None:
         admin.role("clustermesh-cache", cache_grants(cluster))
