@@ -58,7 +58,7 @@ def lab_kubeconfig(lab: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def lab_kubectl(lab: str, folder: Path, *args: str) -> Kubectl:
     """This machine's kubectl against a lab's API server from the host, through the kubeconfig
-    `meshctl lab kubeconfig` prints (ARGS: `--cluster C`)."""
+    `meshctl lab kubeconfig` prints (ARGS: `--cluster-name C`)."""
     r = lab_kubeconfig(lab, *args)
     assert r.returncode == 0, r.stderr
     return Kubectl("", folder, config=Path(r.stdout.strip()))

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`meshctl lab kubeconfig [--lab NAME] [--cluster C]`: the path of the host kubeconfig of a lab's
+"""`meshctl lab kubeconfig [--lab NAME] [--cluster-name C]`: the path of the host kubeconfig of a lab's
 API server, chosen from the lab's state file; a one-line error and exit 2 when the lab, the
 cluster or its API server is not there, or when two clusters leave the choice open. Two real
 in-process API servers stand for the clusters' (the lab e2e test runs the real lab)."""
@@ -54,18 +54,23 @@ def two_cluster_lab(tmp_path):
 
 def test_kubeconfig_picks_the_cluster_and_kubectl_reaches_it(two_cluster_lab, tmp_path):
     st, servers = two_cluster_lab
-    r = meshctl("--lab", st.name, "--cluster", "c1")
+    r = meshctl("--lab", st.name, "--cluster-name", "c1")
     assert r.returncode == 0, r.stderr
     path = Path(r.stdout.strip())
     assert path == Path(st.clusters[1].kube.host_kubeconfig)
+    # issue 21's spelling: the same path on stdout, the grammar's deprecation line on stderr
+    old = meshctl("--lab", st.name, "--cluster", "c1")
+    assert old.returncode == 0 and Path(old.stdout.strip()) == path
+    assert old.stderr == "meshctl: --cluster is deprecated; use --cluster-name\n"
     servers[1].store.create(servers[1].store.by_kind("v1", "Node"), "", {"metadata": {"name": "only-in-c1"}})
     k = Kubectl("", tmp_path, config=path)
     assert "only-in-c1" in k("get", "nodes")
 
 
 @pytest.mark.parametrize(("args", "words"), [
-    pytest.param([], "has 2 clusters (c0, c1): pass --cluster", id="two-clusters-none-named"),
-    pytest.param(["--cluster", "zz"], "--cluster: 'zz' is not a Kubernetes cluster of lab", id="unknown-cluster"),
+    pytest.param([], "has 2 clusters (c0, c1): pass --cluster-name", id="two-clusters-none-named"),
+    pytest.param(["--cluster-name", "zz"], "--cluster-name: 'zz' is not a Kubernetes cluster of lab",
+                 id="unknown-cluster"),
 ])
 def test_kubeconfig_choice_errors(two_cluster_lab, args, words):
     st, _ = two_cluster_lab
@@ -83,7 +88,7 @@ def test_kubeconfig_of_a_stopped_api_server(two_cluster_lab):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     st.clusters[0].kube.pid = int(dead.stdout)
     state.save(st)
-    r = meshctl("--lab", st.name, "--cluster", "c0")
+    r = meshctl("--lab", st.name, "--cluster-name", "c0")
     assert r.returncode == 2 and "has no API server running" in r.stderr, r.stderr
 
 

@@ -2,7 +2,7 @@
 """Kilo's multi-cluster recipe on the namespace lab: two clusters with the kubernetes backend and no
 cluster mesh; each cluster's nodes, printed by `meshctl showconf --backend kubernetes node X
 --as-peer -o yaml --allowed-ips ...`, are applied as Peers in the other cluster's API with this
-machine's kubectl (`meshctl lab kubeconfig --cluster C`), and pods of the two clusters reach each
+machine's kubectl (`meshctl lab kubeconfig --cluster-name C`), and pods of the two clusters reach each
 other through WireGuard."""
 
 from __future__ import annotations
@@ -48,11 +48,11 @@ def test_as_peer_yaml_applied_in_the_other_cluster_connects_them(lab, tmp_path) 
     st = lab
     east, west = st.clusters
     r = lab_kubeconfig(st.name)  # two clusters: which one is for the caller to say
-    assert r.returncode == 2 and "pass --cluster" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode == 2 and "pass --cluster-name" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     created = {}
     for src, dst, svc in ((east, west, "10.96.0.0/16"), (west, east, "10.97.0.0/16")):
         assert src.kube is not None and dst.kube is not None
-        k = lab_kubectl(st.name, tmp_path / dst.name, "--cluster", dst.name)
+        k = lab_kubectl(st.name, tmp_path / dst.name, "--cluster-name", dst.name)
         for n in src.nodes:
             obj = as_peer(src.kube, n.name, svc)
             out = k("apply", "-f", "-", stdin=yaml.safe_dump(obj)).strip()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -216,9 +217,14 @@ def test_explain_shows_a_blackholed_subnet_move_and_its_lost_probes(auto_lab) ->
 
         assert wait_for(moved, 6, 0.1)  # the failover time test_blackhole_under_a_ping_and_back allows
         # monitor (docs/explain.md's worked example): the pair's packets now leave on the tunnel entry
-        ping = PodPing(st, "l1", "l2", 4, interval=0.2)
-        events = monitored(st, "l1", "--to", node_of(st, "l2").pods[0].ip, "--count", "3")
-        ping.result()
+        # pings for as long as the monitor may take to attach on a loaded machine; SIGINT (ping's
+        # summary) once it has its three events
+        ping = PodPing(st, "l1", "l2", 28, interval=0.2)
+        try:
+            events = monitored(st, "l1", "--to", node_of(st, "l2").pods[0].ip, "--count", "3")
+        finally:
+            ping.proc.send_signal(signal.SIGINT)
+            ping.result()
         assert [(e["type"], e["src_owner"], e["dst_owner"]) for e in events] == \
             [("tunnel", "default/l1", "default/l2")] * 3, events
         # --probe on the tunnel probes the rung the pair left: lost, and the pair still has its path

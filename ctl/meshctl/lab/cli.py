@@ -255,7 +255,8 @@ def lab_etcdctl(who: str, lab_name: str | None, cluster_name: str | None, args: 
 
 @lab_group.command("kubeconfig")
 @lab_option()
-@option("--cluster", "cluster", default=None, help="Cluster (needed when the lab has several).")
+@option("--cluster-name", "cluster", aliases=("--cluster",), default=None,
+        help="Cluster (needed when the lab has several).")
 def lab_kubeconfig(lab_name: str | None, cluster: str | None) -> None:
     """Print the path of a kubeconfig for a running lab's Kubernetes API server (lab.backend:
     kubernetes), reachable from the host: `kubectl --kubeconfig "$(meshctl lab kubeconfig)" get

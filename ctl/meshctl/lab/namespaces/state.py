@@ -386,13 +386,13 @@ def kube_access(lab: str | None, cluster: str | None = None) -> KubeAccess:
         kube = [c for c in kube if c.name == cluster]
         if not kube:
             names = ", ".join(c.name for c in st.clusters)
-            raise InputError("--cluster", cluster, f"is not a Kubernetes cluster of lab {st.name} ({names})")
+            raise InputError("--cluster-name", cluster, f"is not a Kubernetes cluster of lab {st.name} ({names})")
     if len(kube) > 1:
-        raise InputError("--cluster", MISSING, f"lab {st.name} has {len(kube)} clusters "
-                         f"({', '.join(c.name for c in kube)}): pass --cluster")
+        raise InputError("--cluster-name", MISSING, f"lab {st.name} has {len(kube)} clusters "
+                         f"({', '.join(c.name for c in kube)}): pass --cluster-name")
     access = kube[0].kube
     assert access is not None
     if not access.host_kubeconfig or not Path(access.host_kubeconfig).exists() or not pid_alive(access.pid):
-        raise InputError("--cluster", kube[0].name, f"has no API server running in lab {st.name}")
+        raise InputError("--cluster-name", kube[0].name, f"has no API server running in lab {st.name}")
     return access
 
