@@ -4,7 +4,7 @@ settings from its Node object, kept current while the agent runs (`OwnNodeSettin
 
 With `--backend kubernetes` the node's location, forced endpoint or internal address, leader
 preference, keepalive and location IPs are annotations people set (`kubectl annotate`), and the pod
-CIDR is the Node's `spec.podCIDR`. `OwnNodeSettings` copies them into the AgentConfig for every
+CIDR is the Node's `spec.podCIDRs` (or `spec.podCIDR`). `OwnNodeSettings` copies them into the AgentConfig for every
 field the flags left unset, at start and again whenever the Node changes (the backend calls it from
 `snapshot`, on the reconcile thread, right before the agent builds its own record), so an
 annotation changed at run time reaches the plan without a restart. Flags always win.
@@ -22,7 +22,7 @@ from typing import Any
 from meshctl.agent.config import AgentConfig
 from meshctl.backends.kube import backend_from_options
 from meshctl.backends.kube.backend import DEFAULT_CONFIGMAP, DEFAULT_NAMESPACE, KubeBackend
-from meshctl.backends.kube.nodes import settings_for_agent
+from meshctl.backends.kube.nodes import has_pod_cidr, settings_for_agent
 from meshctl.defaults import REGION_LABEL
 from meshctl.errors import InputError, MeshError
 from meshctl.mesh.model import Cluster
@@ -30,7 +30,7 @@ from meshctl.mesh.model import Cluster
 log = logging.getLogger("meshctl.kube")
 
 # AgentConfig fields a Node can supply (what nodes.settings_for_agent returns).
-FIELDS = ("pod_cidr", "location", "endpoint", "force_internal_ip", "leader", "persistent_keepalive",
+FIELDS = ("pod_cidrs", "location", "endpoint", "force_internal_ip", "leader", "persistent_keepalive",
           "allowed_location_ips")
 
 
@@ -63,8 +63,8 @@ class OwnNodeSettings:
             if k in self.flagged:
                 continue
             new = got.get(k, self.defaults[k])
-            if k == "pod_cidr" and new is None:
-                continue  # a pod CIDR never goes away under a running agent
+            if k == "pod_cidrs" and not new:
+                continue  # pod CIDRs never go away under a running agent
             old = getattr(self.cfg, k)
             if old != new:
                 setattr(self.cfg, k, new)
@@ -87,13 +87,14 @@ def _show(v: Any) -> Any:
 
 
 def wait_for_pod_cidr(read: Any, name: str, timeout: float = 120.0, poll: float = 2.0) -> Mapping[str, Any]:
-    """The Node object once it has a `spec.podCIDR` (the controller manager allocates it shortly
-    after the node registers; the DaemonSet's pod may start first). MeshError after `timeout`."""
+    """The Node object once it has a `spec.podCIDRs` or `spec.podCIDR` (the controller manager
+    allocates them shortly after the node registers; the DaemonSet's pod may start first).
+    MeshError after `timeout`."""
     deadline = time.monotonic() + timeout
     next_log = 0.0
     while True:
         obj: Mapping[str, Any] = read()
-        if (obj.get("spec") or {}).get("podCIDR"):
+        if has_pod_cidr(obj):
             return obj
         now = time.monotonic()
         if now >= deadline:
@@ -130,7 +131,7 @@ def make_backend(cfg: AgentConfig) -> KubeBackend:
         namespace=extra.get("namespace", DEFAULT_NAMESPACE), configmap=extra.get("configmap", DEFAULT_CONFIGMAP),
     )
     own = OwnNodeSettings(cfg, be.location_label)
-    obj = be.own_object() if cfg.pod_cidr else wait_for_pod_cidr(be.own_object, cfg.node_name)
+    obj = be.own_object() if cfg.pod_cidrs else wait_for_pod_cidr(be.own_object, cfg.node_name)
     own(obj, strict=True)
     be.on_own_node = own
     if flag_cluster is None:

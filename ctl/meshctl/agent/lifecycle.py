@@ -106,10 +106,10 @@ class Agent:
         self.wake()
 
     def _watch_pods(self) -> None:
-        if self.cfg.pod_cidr is None:
+        if not self.cfg.pod_cidrs:
             return
         try:
-            self.pod_watch = PodInterfaceWatcher(self.cfg.pod_cidr, self.wake).start()
+            self.pod_watch = PodInterfaceWatcher(self.cfg.pod_cidrs, self.wake).start()
         except Exception as e:  # noqa: BLE001 - without it, --pod-interfaces still works
             log.error("pod interface watcher: %s", e)
             self.errors.count("pods")

@@ -49,7 +49,7 @@ def seed_objects(topo: Topology) -> list[dict[str, Any]]:
         if n.allowed_location_ips:
             ann[PREFIX + ALLOWED_LOCATION_IPS] = ",".join(str(a) for a in n.allowed_location_ips)
         out.append({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n.name, "annotations": ann},
-                    "spec": {"podCIDR": str(n.pod_cidr)}})
+                    "spec": {"podCIDR": str(n.pod_cidrs[0]), "podCIDRs": [str(c) for c in n.pod_cidrs]}})
     for p in topo.peers:
         spec: dict[str, Any] = {"allowedIPs": [str(a) for a in p.allowed_ips], "publicKey": p.public_key}
         if p.endpoint is not None:
@@ -88,7 +88,7 @@ def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, timeout: float = 1
     return KubeAccess(url=url, kubeconfig=str(kubeconfig), netns=ns, pid=p.pid)
 
 
-# What a Kubernetes agent takes from its Node instead of flags: the pod CIDR (spec.podCIDR) and
+# What a Kubernetes agent takes from its Node instead of flags: the pod CIDRs (spec.podCIDRs) and
 # the user-set annotations seed_objects writes. Dropping them makes the lab run the agents the way
 # the DaemonSet does, so their own record follows the annotations, also when they change.
 _FROM_NODE = ("--pod-cidr", "--location", "--persistent-keepalive", "--allowed-location-ips")
