@@ -27,7 +27,7 @@ def test_which_links_are_pod_interfaces() -> None:
     addrs = [(4, IFACE("10.42.1.1/24")), (5, IFACE("172.17.0.1/16")), (3, IFACE("10.10.0.4/24"))]
     # cali1: a host route into the pod CIDR; cni0: the bridge with the pod gateway. Not: a veth
     # routing another node's pod CIDR or another CIDR, a bridge outside it, a non-veth with a /32.
-    assert pod_interfaces_of(links, routes, addrs, POD_CIDR) == ("cali1", "cni0")
+    assert pod_interfaces_of(links, routes, addrs, (POD_CIDR,)) == ("cali1", "cni0")
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def prefix() -> str:
 def test_watcher_follows_pods_as_they_come_and_go(lab: NodeLab) -> None:
     ns = lab.ns("pw")
     changed = threading.Event()
-    w = in_ns(ns, lambda: PodInterfaceWatcher(POD_CIDR, changed.set).start())
+    w = in_ns(ns, lambda: PodInterfaceWatcher((POD_CIDR,), changed.set).start())
     try:
         assert w.current == ()
         lab.sh(ns, "ip", "link", "add", "veth1", "type", "veth", "peer", "name", "veth1p")
