@@ -227,13 +227,12 @@ class CniStep(Quiet, Additive):
         self._warning: str | None = None
 
     def inputs(self, p: PassInput) -> Hashable:
-        return (p.me.pod_cidrs[0], discovery.wg_mtu(self.cfg.private_interface))
+        return (p.me.pod_cidrs, discovery.wg_mtu(self.cfg.private_interface))
 
     def sync(self, p: PassInput) -> frozenset[str]:
         if self.cfg.cni == "install":
-            # The bridge CNI config (node/cni.py) holds one host-local range: the node's first pod
-            # CIDR (its record's first family). Several ranges there are node/cni.py's to add.
-            cni.install(self.cfg.cni_conf_dir, p.me.pod_cidrs[0], discovery.wg_mtu(self.cfg.private_interface))
+            # host-local ranges of every pod CIDR, a range set per family (node/cni.py)
+            cni.install(self.cfg.cni_conf_dir, p.me.pod_cidrs, discovery.wg_mtu(self.cfg.private_interface))
         else:
             self._warning = cni.leftover_warning(self.cfg.cni_conf_dir)
             if self._warning:
