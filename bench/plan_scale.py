@@ -36,7 +36,7 @@ def make_topology(n: int, locations: int, granularity: str) -> Topology:
             internal_ip=ipaddress.ip_interface(f"172.{16 + loc // 256}.{loc % 256}.{idx + 1}/24")
             if idx < 250 else ipaddress.ip_interface(f"192.168.{loc}.{idx - 249}/24"),
             endpoint=Endpoint(f"198.{18 + i // 65536}.{(i // 256) % 256}.{i % 256}", 51820),
-            pod_cidr=ipaddress.ip_network(f"10.{128 + i // 256}.{i % 256}.0/24"),
+            pod_cidrs=(ipaddress.ip_network(f"10.{128 + i // 256}.{i % 256}.0/24"),),
             public_key=base64.b64encode(i.to_bytes(32, "big")).decode(),
         ))
     return Topology(mesh=MeshSettings(granularity=granularity), nodes=tuple(nodes))

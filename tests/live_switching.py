@@ -102,7 +102,7 @@ def moving_pairs(diff: Mapping[str, Any], nodes: Mapping[str, NodeState], pairs:
     by_node = {d["node"]: d for d in diff["nodes"]}
     moving = set()
     for label, (src, dst) in pairs.items():
-        cidr = {n: [ipaddress.ip_network(nodes[n].pod_cidr)] for n in (src, dst)}
+        cidr = {n: [ipaddress.ip_network(c) for c in nodes[n].pod_cidrs] for n in (src, dst)}
         locations = {nodes[src].location, nodes[dst].location}
         on_way = {n for n, st in nodes.items() if st.location in locations} | set(transit.get(label, ()))
         on_way -= {src, dst}

@@ -26,7 +26,7 @@ def test_fastpath_off(cni: str, fastpath: bool, want: str | None) -> None:
 @pytest.mark.parametrize("cni", ["calico", "cilium"])
 def test_ipam_modes_need_the_kubernetes_backend(cni: str) -> None:
     with pytest.raises(InputError) as e:
-        AgentConfig("a", backend="etcd", etcd_endpoints=("https://x:2379",), pod_cidr=ip_network("10.42.0.0/24"),
+        AgentConfig("a", backend="etcd", etcd_endpoints=("https://x:2379",), pod_cidrs=(ip_network("10.42.0.0/24"),),
                     cni=cni).check()
     assert str(e.value).startswith(f"--cni: '{cni}'")
     assert "--backend kubernetes" in str(e.value)

@@ -29,7 +29,7 @@ def key(i: int) -> str:
 def node(name: str, i: int, **kw) -> Node:
     import ipaddress
 
-    return Node(name=name, pod_cidr=ipaddress.ip_network(f"10.42.{i}.0/24"), public_key=key(i), **kw)
+    return Node(name=name, pod_cidrs=(ipaddress.ip_network(f"10.42.{i}.0/24"),), public_key=key(i), **kw)
 
 
 def test_kv_txn_lease_watch_over_mtls(etcd_tls):

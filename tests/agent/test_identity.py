@@ -31,7 +31,7 @@ pytestmark = pytest.mark.root
 def node(name: str, i: int) -> Node:
     import ipaddress
 
-    return Node(name=name, pod_cidr=ipaddress.ip_network(f"10.42.{i}.0/24"),
+    return Node(name=name, pod_cidrs=(ipaddress.ip_network(f"10.42.{i}.0/24"),),
                 public_key=base64.b64encode(i.to_bytes(32, "big")).decode())
 
 

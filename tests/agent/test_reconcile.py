@@ -64,7 +64,7 @@ class AgentNode:
         self.client = srv.client(cert, timeout=10)
         write_topology(self.client, Cluster(CLUSTER, 7), MeshSettings(granularity="location"))
         self.cfg = AgentConfig(
-            node_name="a1", pod_cidr=POD, location="loc-a", leader=True, private_interface="pv",
+            node_name="a1", pod_cidrs=(POD,), location="loc-a", leader=True, private_interface="pv",
             endpoint="10.30.0.1", state_dir=tmp / "state", wg_run_dir=tmp / "run", metrics_addr="127.0.0.1:9736",
             fastpath=False, bpf_pin_root=f"/sys/fs/bpf/{self.prefix}", nat_prefix=self.prefix,
             cluster_name=CLUSTER, cluster_id=7, resync_interval=resync, etcd_endpoints=(srv.url,))

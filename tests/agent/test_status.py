@@ -56,7 +56,7 @@ FULL: dict[str, Any] = {
                "last_handshake": 1700000000.0, "live_endpoint": "198.51.100.7:51820"},
               {"name": "b2", "kind": "segment", "public_key": "K2", "endpoint": None, "allowed_ips": []}],
     "node_list": [{"name": "a1", "cluster": "c1", "source": "local", "location": "loc-a", "internal_ip": "10.30.0.1/16",
-                   "endpoint": "10.30.0.1:51820", "pod_cidr": "10.42.1.0/24", "wireguard_ip": "10.4.0.1/16",
+                   "endpoint": "10.30.0.1:51820", "pod_cidrs": ["10.42.1.0/24"], "wireguard_ip": "10.4.0.1/16",
                    "path": "local", "relay": None, "relay_reason": None}],
     "own_record": {"restored_total": 1, "last_restored": "2026-01-01T00:00:00Z deleted"},
     "lapsed": {"a3": 12.5},

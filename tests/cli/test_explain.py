@@ -22,11 +22,11 @@ MTU = {"direct": 1500, "direct+ipip": 1480, "direct+vxlan": 1450, "wireguard-pri
 def row(name: str, internal: str | None, pod: str, path: str, *, cluster: str = "c1", source: str = "local",
         location: str = "", fastpath: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
     out = {"name": name, "cluster": cluster, "source": source, "location": location, "internal_ip": internal,
-           "endpoint": None, "pod_cidr": pod, "wireguard_ip": None, "path": path, "relay": kw.get("relay"),
+           "endpoint": None, "pod_cidrs": [pod], "wireguard_ip": None, "path": path, "relay": kw.get("relay"),
            "relay_reason": kw.get("relay_reason")}
     if fastpath is not None:
-        out["fastpath"] = {"prefix": pod, "nexthop": None, "encap": None, "outer_src": None, "outer_dst": None,
-                           **fastpath}
+        out["fastpath"] = [{"prefix": pod, "nexthop": None, "encap": None, "outer_src": None, "outer_dst": None,
+                            **fastpath}]
     return out
 
 
@@ -90,14 +90,14 @@ def test_same_subnet_one_direct_hop_with_its_probe_mtu_and_both_ends() -> None:
     assert h.fastpath is not None and (h.fastpath.counter, h.fastpath.packets) == ("direct", 10)
     assert e.arrival is not None and e.arrival.entry is not None and e.arrival.entry.action == "local"
     assert e.record == "l2: record from cluster c1's etcd backend (location -, internal 10.30.1.12/24, " \
-                       "endpoint -, pod CIDR 10.42.2.0/24)"
+                       "endpoint -, pod CIDRs 10.42.2.0/24)"
     text = format_explanation(e, NOW)
     assert "hop 1: l1 -> l2 on priv, rung direct, path MTU 1500" in text
     assert "fast path at l1: 10.42.2.0/24 direct; counter direct 10 pkts/1000 B" in text
 
 
 def test_a_moved_rung_shows_its_move_and_the_lost_probes() -> None:
-    src = agent("l1", [L1, {**L2, "path": "tunnel", "fastpath": {**L2["fastpath"], "action": "tunnel"}}],
+    src = agent("l1", [L1, {**L2, "path": "tunnel", "fastpath": [{**L2["fastpath"][0], "action": "tunnel"}]}],
                 pairs={"l2": MOVED}, peers=[wg_peer("l2", ["10.4.0.2/32", "10.42.2.0/24"])])
     [h] = explain(src, "l1", "l2").hops
     assert (h.rung, h.interface, h.mtu) == ("tunnel", "kilo0", 1420)
@@ -139,7 +139,7 @@ def test_via_leader_then_the_leaders_tunnel() -> None:
                                                                        ("a1", "b1", "?", "record")]
     assert e.wants == ("c1/a1",) and "leader a1 carries what leaves the location" in e.hops[0].reason
     leader = agent("a1", [row("a1", "10.10.1.11/24", "10.42.1.0/24", "local", location="loc-a"),
-                          {**b1, "path": "tunnel", "fastpath": {**b1["fastpath"], "action": "tunnel"}}],
+                          {**b1, "path": "tunnel", "fastpath": [{**b1["fastpath"][0], "action": "tunnel"}]}],
                    mesh={"granularity": "location"}, peers=[wg_peer("b1", ["10.42.3.0/24"])])
     e = explain(member, "a2", "b1", {"c1/a1": leader})
     assert [(h.node, h.to, h.rung) for h in e.hops] == [("a2", "a1", "direct"), ("a1", "b1", "tunnel")]
@@ -213,7 +213,7 @@ def test_the_new_status_blocks_read_back_to_themselves() -> None:
     doc = src.to_json()
     assert AgentStatus.from_json(copy.deepcopy(doc)).to_json() == doc
     assert doc["path_probe"]["pairs"]["l2"]["history"][-1]["to"] == "tunnel"
-    assert doc["node_list"][1]["fastpath"]["action"] == "direct" and doc["path_mtu"]["direct+vxlan"] == 1450
+    assert doc["node_list"][1]["fastpath"][0]["action"] == "direct" and doc["path_mtu"]["direct+vxlan"] == 1450
     assert doc["peers"][0]["handshake_age_s"] == 12.0 and doc["interfaces"] == {"private": "priv",
                                                                                 "wireguard": "kilo0"}
 

@@ -5,6 +5,8 @@ global, what a cluster publishes, what a reader admits, and the slices a cluster
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from ipaddress import ip_network
 from typing import Any
 
 import pytest
@@ -178,6 +180,28 @@ def test_admit_services(records: list[RecordIn], want: dict[str, list[str]], rej
     got, rej = admit_services(records, C2_NODES)
     assert {s.ref: [str(e.address) for e in s.endpoints] for s in got} == want
     assert {r.name: r.reason for r in rej} == rejected
+
+
+# cluster2's g1 dual stack, and g2 holding two IPv4 blocks (a CNI's IPAM, read from etcd).
+C2_MULTI = {"cluster2": tuple(
+    replace(n, pod_cidrs=(n.pod_cidrs[0], ip_network("fd00:43:1::/64"))) if n.name == "g1" else
+    replace(n, pod_cidrs=(n.pod_cidrs[0], ip_network("10.43.200.0/26"))) if n.name == "g2" else n
+    for n in C2_NODES["cluster2"])}
+
+ADMIT_MULTI = [
+    ("ipv6-endpoint-in-a-dual-stack-node", ["fd00:43:1::7"], ["fd00:43:1::7"]),
+    ("endpoint-in-a-nodes-second-block", ["10.43.200.9", "10.43.2.4"], ["10.43.200.9", "10.43.2.4"]),
+    ("outside-every-cidr-of-every-node", ["10.43.200.99", "fd00:43:2::1"], []),
+]
+
+
+@pytest.mark.parametrize(("addrs", "want"), [c[1:] for c in ADMIT_MULTI], ids=[c[0] for c in ADMIT_MULTI])
+def test_admit_services_uses_every_pod_cidr_of_a_node(addrs: list[str], want: list[str]) -> None:
+    """An endpoint is admitted inside ANY of a node's pod CIDRs (each family, each block), and
+    still nowhere else."""
+    got, rej = admit_services([rin("cluster2", "cluster2", "web", record("cluster2", "web", addrs))], C2_MULTI)
+    assert [str(e.address) for s in got for e in s.endpoints] == want
+    assert len(rej) == len(addrs) - len(want)
 
 
 def test_service_keys_round_trip() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -107,6 +108,24 @@ def test_host_gw_form() -> None:
     fp = plan_flannel(hand_over(plan_node(t, "a1"), t), t, leases)
     assert fp.own == (FlannelRoute(net("10.42.2.0/24"), ip("192.168.10.2"), None, False),)
     assert fp.own[0].argv() == ["10.42.2.0/24", "via", "192.168.10.2"]
+
+
+def test_dual_stack_nodes_hand_over_both_families_and_restore_the_lease_family() -> None:
+    """Nodes with an IPv4 and an IPv6 pod CIDR: flannel carries both of an own-location node's
+    CIDRs (meshctl routes neither), meshctl takes over both of the other location's, and flannel's
+    route is written back only for the family its lease annotations describe (IPv4 here)."""
+    dual = tuple(replace(n, pod_cidrs=(*n.pod_cidrs, net(f"fd00:42:{i}::/64")))
+                 for n, (_, _, i) in zip(topo("cross").nodes, SPEC, strict=True))
+    t = Topology(Cluster(), MeshSettings(granularity="cross"), dual, ())
+    raw = plan_node(t, "a1")
+    assert {net("10.42.2.0/24"), net("fd00:42:2::/64")} <= {r.dst for r in raw.routes}
+    plan = hand_over(raw, t)
+    dsts = {r.dst for r in plan.routes}
+    assert not dsts & {net("10.42.2.0/24"), net("fd00:42:2::/64")}
+    assert {net("10.42.3.0/24"), net("fd00:42:3::/64"), net("10.42.4.0/24"), net("fd00:42:4::/64")} <= dsts
+    fp = plan_flannel(plan, t, LEASES)
+    assert fp.own == (FlannelRoute(net("10.42.2.0/24"), ip("10.42.2.0"), FLANNEL_DEV, True),)
+    assert {net("10.42.3.0/24"), net("fd00:42:3::/64")} <= fp.takeover
 
 
 def _ann(**kw: str) -> dict[str, str]:

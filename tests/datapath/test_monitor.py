@@ -223,9 +223,9 @@ def test_the_monitor_maps_are_the_layouts_and_a_miss_says_why(unit_dp):
 
 
 def test_owners_name_pod_and_node_addresses_and_relay_narrows_tunnel_events():
-    rows = [{"name": "c", "cluster": "far", "pod_cidr": "10.42.9.0/24", "internal_ip": "172.20.0.9/24",
+    rows = [{"name": "c", "cluster": "far", "pod_cidrs": ["10.42.9.0/24"], "internal_ip": "172.20.0.9/24",
              "path": "relay"},
-            {"name": "b", "cluster": "default", "pod_cidr": "10.42.2.0/24", "internal_ip": "192.168.77.2",
+            {"name": "b", "cluster": "default", "pod_cidrs": ["10.42.2.0/24"], "internal_ip": "192.168.77.2",
              "path": "direct"}]
     owners = mon.owners_from_node_list(rows)
     base = {"ts_ns": 0, "ifindex": 1, "out_ifindex": None, "src": A4}

@@ -331,12 +331,12 @@ def test_make_backend_fills_the_agent_config_from_its_node(api, kclient, monkeyp
                                                              K + "force-endpoint": "198.51.100.3:51820",
                                                              A.PREFIX + "persistent-keepalive": "15"}))
     monkeypatch.setenv("MESHCTL_API_SERVER", api.url)
-    cfg = AgentConfig(node_name="a1", pod_cidr=None, backend="kubernetes", resync_interval=5.0)  # type: ignore[arg-type]
+    cfg = AgentConfig(node_name="a1", backend="kubernetes", resync_interval=5.0)
     be = make_backend(cfg)
     assert isinstance(be, KubeBackend) and be.resync_seconds == 5.0
-    assert cfg.pod_cidr == net("10.42.7.0/24") and cfg.location == "gcp" and cfg.leader
+    assert cfg.pod_cidrs == (net("10.42.7.0/24"),) and cfg.location == "gcp" and cfg.leader
     assert cfg.endpoint == "198.51.100.3:51820" and cfg.persistent_keepalive == 15
-    cfg2 = AgentConfig(node_name="a1", pod_cidr=net("10.42.7.0/24"), location="flag-wins", backend="kubernetes")
+    cfg2 = AgentConfig(node_name="a1", pod_cidrs=(net("10.42.7.0/24"),), location="flag-wins", backend="kubernetes")
     make_backend(cfg2)
     assert cfg2.location == "flag-wins"
 
@@ -356,7 +356,7 @@ def test_own_annotations_changed_at_run_time_reach_the_agent_config(api, kclient
     monkeypatch.setenv("MESHCTL_API_SERVER", api.url)
     cfg = AgentConfig(node_name="a1", backend="kubernetes", persistent_keepalive=9)  # keepalive set by flag
     be = make_backend(cfg)
-    assert cfg.pod_cidr == net("10.42.1.0/24") and cfg.location == "a" and cfg.leader
+    assert cfg.pod_cidrs == (net("10.42.1.0/24"),) and cfg.location == "a" and cfg.leader
 
     def annotate(ann: dict) -> None:
         kclient.patch(KNode, "a1", {"metadata": {"annotations": ann}}, patch_type=PatchType.MERGE)

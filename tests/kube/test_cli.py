@@ -61,7 +61,7 @@ def test_the_daemonset_args_parse_into_what_the_pod_provides(monkeypatch):
     assert res.exit_code == 0, res.output
     assert cfg is not None
     assert cfg.backend == "kubernetes" and cfg.node_name == "node-1"
-    assert cfg.pod_cidr is None  # the agent takes it from the Node's spec.podCIDR
+    assert cfg.pod_cidrs == ()  # the agent takes them from the Node's spec.podCIDRs
 
     mounts = {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}
     volumes = {v["name"]: v for v in pod_spec()["volumes"]}
@@ -183,7 +183,7 @@ def test_kubernetes_flags_reach_make_backend(monkeypatch, api, kclient):
     try:
         assert be.config.get().cluster.server == api.url
         assert be.location_label == "example.com/site" and be.resync_seconds == 7.5
-        assert cfg.pod_cidr == ipaddress.ip_network("10.42.9.0/24") and cfg.location == "lisbon"
+        assert cfg.pod_cidrs == (ipaddress.ip_network("10.42.9.0/24"),) and cfg.location == "lisbon"
         assert be.mirror is not None and be.mirror.client.endpoints == list(cfg.kvstore_endpoints)
         assert be.mirror.lease_ttl == 4
     finally:

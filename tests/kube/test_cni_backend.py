@@ -31,7 +31,7 @@ def crds(api: ApiServer, *kinds: CrdKind) -> None:
 
 
 def pod_cidrs(st) -> dict[str, tuple]:
-    return {n.name: n.pod_cidr for n in st.nodes}
+    return {n.name: n.pod_cidrs for n in st.nodes}
 
 
 def test_calico_block_claimed_by_two_nodes_is_rejected_alone_and_a_moved_block_is_watched(api, kclient, caplog):
@@ -46,7 +46,7 @@ def test_calico_block_claimed_by_two_nodes_is_rejected_alone_and_a_moved_block_i
     be = backend(api, "a", registry=reg, cni="calico")
     with caplog.at_level(logging.WARNING, logger="meshctl.kube"):
         st = be.snapshot()
-    assert pod_cidrs(st) == {"a": a0, "b": b0, "c": c0}  # every node goes on
+    assert pod_cidrs(st) == {"a": (a0,), "b": (b0,), "c": (c0,)}  # every node goes on; a0 alone is a's
     (r,) = st.rejections
     assert r.name == "block 10.42.0.64/26" and "claimed by nodes a, b" in r.reason
     assert reg.get_sample_value("meshctl_kube_rejected_records") == 1
@@ -64,6 +64,7 @@ def test_calico_block_claimed_by_two_nodes_is_rejected_alone_and_a_moved_block_i
         wait_for(lambda: be.pod_cidrs is not None and be.snapshot() and be.pod_cidrs.by_node.get("b") == (b0, c0),
                  timeout=1.0, what="b holding c's block within 1 s")
         took = time.monotonic() - t0
+        assert pod_cidrs(be.snapshot())["b"] == (b0, c0)  # both of b's blocks are its record's
     assert "c" not in be.pod_cidrs.by_node
     print(f"a moved block reached the snapshot {took:.3f} s after its objects changed")
 
@@ -80,7 +81,8 @@ def test_ciliumnode_overlapping_another_is_rejected_alone(api, kclient):
         time.sleep(0.01)  # creationTimestamp orders them (seconds: the name breaks a tie)
     reg = CollectorRegistry()
     st = backend(api, "a", registry=reg, cni="cilium").snapshot()
-    assert {n: str(c) for n, c in pod_cidrs(st).items()} == {"a": "10.0.0.0/24", "c": "10.0.2.0/24"}
+    assert {n: [str(c) for c in cs] for n, cs in pod_cidrs(st).items()} == {"a": ["10.0.0.0/24"],
+                                                                              "c": ["10.0.2.0/24"]}
     assert [r.name for r in st.rejections] == ["b"]
     assert "ciliumnode b: spec.ipam.podCIDRs '10.0.0.128/25' overlaps node a's pod CIDR" in st.rejections[0].reason
     assert reg.get_sample_value("meshctl_kube_rejected_records") == 1
@@ -99,4 +101,4 @@ def test_lab_seed_objects_are_what_the_readers_read() -> None:
     assert got.rejections == () and all(len(v) == cni_calico.BLOCKS_PER_NODE for v in got.by_node.values())
     topo = load_lab(f"{labs}/cilium.yaml").clusters[0]
     got = cilium_pod_cidrs([o for o in cni_cilium.seed(topo) if o["kind"] == "CiliumNode"])
-    assert {n: v[0] for n, v in got.by_node.items()} == {n.name: n.pod_cidr for n in topo.nodes}
+    assert dict(got.by_node) == {n.name: n.pod_cidrs for n in topo.nodes}

@@ -86,18 +86,11 @@ def assert_cni_state_kept(st: LabState, cni: str, before: dict[str, Any]) -> Non
     assert after == before
 
 
-def first_block_pairs(st: LabState, pairs: list[str]) -> list[str]:
-    """The pairs of `pairs` between nodes' first pods (both ends in a first block on Calico)."""
-    firsts = {n.pods[0].ip for _, n in st.nodes()}
-    return [p for p in pairs if all(end.split("/")[1] in firsts for end in p.split(" -> "))]
-
-
 @pytest.mark.parametrize("cni", ["calico", "cilium"])
 def test_cni_lab_reaches_every_pod_on_its_path_and_keeps_the_cnis_state(cni_lab, cni: str) -> None:
     st, before = cni_lab(cni)
     unreachable = unreachable_pod_pairs(st)
-    # Every pod of a Cilium node; a Calico node's first block (its second: the next test).
-    assert (first_block_pairs(st, unreachable) if cni == "calico" else unreachable) == []
+    assert unreachable == []  # every pod: a Calico node's in both its blocks
     got = {(r.src, r.dst): r.path for r in labcheck.check(st)}
     assert got == PATHS
     if cni == "cilium":
@@ -107,12 +100,24 @@ def test_cni_lab_reaches_every_pod_on_its_path_and_keeps_the_cnis_state(cni_lab,
     assert_cni_state_kept(st, cni, before)
 
 
-# Until a Node record carries several pod CIDRs (Node.pod_cidrs, another branch), a Calico node's
-# second block is not routed: strict, so the day it is, this xfail fails and goes.
-@pytest.mark.xfail(strict=True, reason="a node's second Calico block needs Node.pod_cidrs")
 def test_calico_lab_reaches_pods_in_every_block(cni_lab) -> None:
+    """Every block of a Calico node is its record's pod CIDR: each is routed (kilo0 across
+    locations, the private NIC inside one) and has its own fast-path entry on the other nodes."""
     st, _ = cni_lab("calico")
+    by = {n.name: n for _, n in st.nodes()}
+    blocks = {name: cni_calico.node_blocks(ipaddress.ip_network(n.pods_cidr)) for name, n in by.items()}
+    assert all(len(b) == cni_calico.BLOCKS_PER_NODE for b in blocks.values())
     assert unreachable_pod_pairs(st) == []
+    a1 = labcheck.agent_view(by["a1"])
+    assert a1 is not None
+    rows = {r.name: r for r in a1.live.node_list or ()}
+    for name, bs in blocks.items():
+        assert rows[name].pod_cidrs == tuple(str(b) for b in bs), name
+        if name != "a1":
+            assert [e.prefix for e in rows[name].fastpath] == [str(b) for b in bs], name
+            for b in bs:  # a1's kernel route to each block: the private NIC in loc-a, kilo0 across
+                dev = "priv" if by[name].location == by["a1"].location else "kilo0"
+                assert f"dev {dev}" in _route_to(by["a1"].netns or "", str(b.network_address + 2)), (name, b)
 
 
 def _route_to(ns: str, ip: str) -> str:

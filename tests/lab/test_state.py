@@ -14,7 +14,7 @@ from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.state import LabState, from_json, to_json
 
 NODE = {
-    "name": "a1", "netns": "ml-a1", "location": "loc-a", "pod_cidr": "10.42.1.0/24", "internal_ip": "10.10.1.11/24",
+    "name": "a1", "netns": "ml-a1", "location": "loc-a", "pod_cidrs": ["10.42.1.0/24"], "internal_ip": "10.10.1.11/24",
     "public_ip": "198.51.100.10", "leader": True, "persistent_keepalive": 0, "allowed_location_ips": [],
     "private_interface": "priv", "public_interface": "pub", "metrics_addr": "127.0.0.1:9736",
     "dir": "/run/meshctl-lab/ml/nodes/a1", "state_dir": "/run/meshctl-lab/ml/nodes/a1/state",

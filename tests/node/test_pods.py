@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from meshctl.node.pods import Link, PodInterfaceWatcher, pod_interfaces_of
+from tests.waiting import wait_for
 
 from .conftest import NodeLab, in_ns
 
@@ -27,7 +28,7 @@ def test_which_links_are_pod_interfaces() -> None:
     addrs = [(4, IFACE("10.42.1.1/24")), (5, IFACE("172.17.0.1/16")), (3, IFACE("10.10.0.4/24"))]
     # cali1: a host route into the pod CIDR; cni0: the bridge with the pod gateway. Not: a veth
     # routing another node's pod CIDR or another CIDR, a bridge outside it, a non-veth with a /32.
-    assert pod_interfaces_of(links, routes, addrs, POD_CIDR) == ("cali1", "cni0")
+    assert pod_interfaces_of(links, routes, addrs, (POD_CIDR,)) == ("cali1", "cni0")
 
 
 @pytest.fixture
@@ -38,7 +39,7 @@ def prefix() -> str:
 def test_watcher_follows_pods_as_they_come_and_go(lab: NodeLab) -> None:
     ns = lab.ns("pw")
     changed = threading.Event()
-    w = in_ns(ns, lambda: PodInterfaceWatcher(POD_CIDR, changed.set).start())
+    w = in_ns(ns, lambda: PodInterfaceWatcher((POD_CIDR,), changed.set).start())
     try:
         assert w.current == ()
         lab.sh(ns, "ip", "link", "add", "veth1", "type", "veth", "peer", "name", "veth1p")
@@ -55,3 +56,27 @@ def test_watcher_follows_pods_as_they_come_and_go(lab: NodeLab) -> None:
         assert changed.wait(1.0) and w.current == ("cni0",)
     finally:
         w.stop()
+
+
+def test_watcher_retargeted_to_a_new_block_finds_its_veths_at_once(lab: NodeLab) -> None:
+    """A Calico block claimed by (or moved to) this node under a running agent: its pods' veths
+    are pod interfaces as soon as the watcher is told the node's new blocks, not at the next
+    netlink event; told the same blocks again, it reads nothing."""
+    ns = lab.ns("pr")
+    first, second = N("10.42.1.0/26"), N("10.42.1.64/26")
+    w = in_ns(ns, lambda: PodInterfaceWatcher((first,), lambda: None).start())
+    try:
+        for dev, addr in (("cali1", "10.42.1.5/32"), ("cali2", "10.42.1.70/32")):
+            lab.sh(ns, "ip", "link", "add", dev, "type", "veth", "peer", "name", f"{dev}p")
+            lab.sh(ns, "ip", "link", "set", dev, "up")
+            lab.sh(ns, "ip", "route", "add", addr, "dev", dev)
+        assert wait_for(lambda: w.current == ("cali1",), timeout=2)  # cali2's address is in no block of the node
+        in_ns(ns, lambda: w.retarget((first, second)))
+        assert w.current == ("cali1", "cali2") and w.pod_cidrs == (first, second)
+        in_ns(ns, lambda: w.retarget((second,)))  # the first block moved away
+        assert w.current == ("cali2",)
+        in_ns(ns, lambda: w.retarget(()))  # no block at all: the last ones are kept
+        assert w.pod_cidrs == (second,)
+    finally:
+        w.stop()
+

@@ -24,8 +24,8 @@ TUNING = ProbeTuning(interval=0.2, standby_interval=0.5, hold=2.0)
 
 
 def _target(n: NodeState, ladder) -> Target:
-    pod = ipaddress.ip_network(n.pod_cidr)
-    return Target(n.name, ipaddress.ip_interface(n.internal_ip).ip, probe_address(pod), ladder)
+    pods = [ipaddress.ip_network(c) for c in n.pod_cidrs]
+    return Target(n.name, ipaddress.ip_interface(n.internal_ip).ip, probe_address(pods), ladder)
 
 
 def start_probers(st: LabState, pairs, tuning=TUNING) -> dict[str, Prober]:
@@ -41,7 +41,7 @@ def start_probers(st: LabState, pairs, tuning=TUNING) -> dict[str, Prober]:
     for name, targets in peers.items():
         n = node_of(st, name)
         p = Prober("priv", ipaddress.ip_interface(n.internal_ip).ip,
-                   probe_address(ipaddress.ip_network(n.pod_cidr)), RUNGS[:-1], tuning=tuning)
+                   probe_address([ipaddress.ip_network(c) for c in n.pod_cidrs]), RUNGS[:-1], tuning=tuning)
         in_netns(n.netns, p.start)
         p.set_targets([_target(t, ladder) for t, ladder in targets])
         out[name] = p

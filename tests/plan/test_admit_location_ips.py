@@ -101,7 +101,7 @@ def test_a_rejected_node_holds_nothing() -> None:
     claims = admit.Claims()
     internal: dict[Any, str] = {}
     admit.admit_nodes([A1, x], SUBNET, claims=claims, internal_ips=internal)
-    assert claims.conflict(x.pod_cidr) is None
+    assert claims.conflict(x.pod_cidrs[0]) is None
     assert x.internal_ip is not None and x.internal_ip.ip not in internal
 
 

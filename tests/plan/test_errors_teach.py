@@ -182,6 +182,15 @@ def test_etcd_outside_a_lab_names_the_flags_of_a_real_etcd(tmp_path: Path, monke
      "up -f {path}, then meshctl plan --backend etcd --lab nt --node pa"),
     ("vms.yaml", "a1", "is a lab file: nodes have no public_key (the lab's agents make them); run meshctl lab "
      "up -f {path}, then meshctl plan --backend etcd --lab mv --node a1"),
+    ("calico.yaml", "a1", "is a lab file: nodes have no public_key (the lab's agents make them); run meshctl lab "
+     'up -f {path}, then meshctl plan --backend kubernetes --kubeconfig "$(meshctl lab kubeconfig --lab cal)" '
+     "--node a1"),
+    ("cilium.yaml", "a1", "is a lab file: nodes have no public_key (the lab's agents make them); run meshctl lab "
+     'up -f {path}, then meshctl plan --backend kubernetes --kubeconfig "$(meshctl lab kubeconfig --lab cil)" '
+     "--node a1"),
+    ("flannel.yaml", "a1", "is a lab file: nodes have no public_key (the lab's agents make them); run meshctl lab "
+     'up -f {path}, then meshctl plan --backend kubernetes --kubeconfig "$(meshctl lab kubeconfig --lab fl)" '
+     "--node a1"),
     ("two-clusters.yaml", "a1", "is a lab file of 2 clusters (clusters: [...]) and a topology file is one "
      "cluster; run meshctl lab up -f {path}, then meshctl plan --backend etcd --lab mc --cluster-name cluster1 "
      "--node a1"),
@@ -193,7 +202,8 @@ def test_each_shipped_lab_file_says_why_it_does_not_plan(name: str, node: str, m
 
 def test_shipped_lab_files_are_all_covered() -> None:
     assert sorted(p.name for p in LABS.glob("*.yaml")) == [
-        "default.yaml", "fabrics.yaml", "nat.yaml", "two-clusters.yaml", "vms.yaml"]
+        "calico.yaml", "cilium.yaml", "default.yaml", "fabrics.yaml", "flannel.yaml", "nat.yaml", "two-clusters.yaml",
+        "vms.yaml"]
 
 
 def test_lab_file_with_keys_plans_its_lab_fields_ignored(tmp_path: Path) -> None:

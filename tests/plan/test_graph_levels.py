@@ -148,7 +148,7 @@ def test_every_view_renders_within_4000_px_in_the_default_font(big: GraphModel, 
 def test_the_big_topologies_are_what_they_say() -> None:
     t = parse_topology(sized(500, "cross"))
     assert len(t.nodes) == 500 and len({n.location for n in t.nodes}) == 10
-    assert len({n.pod_cidr for n in t.nodes}) == 500
+    assert len({c for n in t.nodes for c in n.pod_cidrs}) == 500
 
 
 # --- bad input -------------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ def _check_node_fields(doc: dict[str, Any], plans: dict[str, NodePlan], warnings
     for i, n in enumerate(t.nodes):
         f = f"nodes[{i}]"
         others = [p for name, p in plans.items() if name != n.name]
-        assert all(any(e.prefix == n.pod_cidr for e in p.fastpath) for p in others), f"{f}.pod_cidr"
+        assert all(any(e.prefix == c for e in p.fastpath) for p in others for c in n.pod_cidrs), f"{f}.pod_cidrs"
         for j, a in enumerate(n.allowed_location_ips):
             local = [p for p in others if t.mesh.granularity == "location" and n.internal_ip is not None
                      and p.leader == plans[n.name].leader]  # a location reaches its own networks natively

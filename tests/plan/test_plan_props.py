@@ -79,15 +79,17 @@ def test_one_route_and_one_entry_per_other_pod_cidr(doc) -> None:
         assert len(prefixes) == len(set(prefixes))
         for other in t.nodes:
             if other.name == me.name:
-                assert [e.action for e in p.fastpath if e.prefix == me.pod_cidr] == ["local"]
-                assert me.pod_cidr not in dsts
+                for c in me.pod_cidrs:
+                    assert [e.action for e in p.fastpath if e.prefix == c] == ["local"]
+                    assert c not in dsts
                 continue
-            assert dsts.count(other.pod_cidr) == 1
-            (entry,) = [e for e in p.fastpath if e.prefix == other.pod_cidr]
-            (route,) = [r for r in p.routes if r.dst == other.pod_cidr]
-            assert entry.action == ("direct" if route.dev == "private" else "tunnel")
-            if entry.action == "direct":
-                assert entry.nexthop == route.via
+            for c in other.pod_cidrs:
+                assert dsts.count(c) == 1
+                (entry,) = [e for e in p.fastpath if e.prefix == c]
+                (route,) = [r for r in p.routes if r.dst == c]
+                assert entry.action == ("direct" if route.dev == "private" else "tunnel")
+                if entry.action == "direct":
+                    assert entry.nexthop == route.via
 
 
 @settings(max_examples=150, deadline=None)

@@ -61,7 +61,7 @@ def nat_topologies(draw: Any) -> dict[str, Any]:
 
 def _sources(s: Segment) -> list[IPNetwork]:
     """What a segment's leader sends from into WireGuard: its members' pods and location IPs."""
-    return [a for m in s.members for a in (m.pod_cidr, *m.allowed_location_ips)]
+    return [a for m in s.members for a in (*m.pod_cidrs, *m.allowed_location_ips)]
 
 
 def _how(p: NodePlan, s: Segment) -> set[tuple[str, str]]:
@@ -96,11 +96,11 @@ def check_pair(t: Topology, plans: dict[str, NodePlan], s: Segment, r: Segment) 
     by_peer = {x.peer_name: x for x in segments(t)}
     a, b = plans[s.leader.name], plans[r.leader.name]
     assert _how(a, r) == _how(b, s), f"{s.leader.name} and {r.leader.name} decide differently"
-    for m in r.members:
-        if not _tunnelled(a, m.pod_cidr):
+    for pod in (c for m in r.members for c in m.pod_cidrs):
+        if not _tunnelled(a, pod):
             continue
-        first = _peer_for(a, m.pod_cidr)
-        assert first is not None, f"{s.leader.name} tunnels {m.pod_cidr} to no peer"
+        first = _peer_for(a, pod)
+        assert first is not None, f"{s.leader.name} tunnels {pod} to no peer"
         srcs = _sources(s)
         if first.name == r.peer_name:  # direct: r's leader receives from s's
             assert not _accepts(b, s.peer_name, [*srcs, host_net(s.wireguard_ip)]), \
@@ -109,8 +109,8 @@ def check_pair(t: Topology, plans: dict[str, NodePlan], s: Segment, r: Segment) 
         relay = by_peer[first.name]
         c = plans[relay.leader.name]
         assert not _accepts(c, s.peer_name, srcs), f"relay {first.name} drops what {s.leader.name} sends"
-        if _tunnelled(c, m.pod_cidr):
-            nxt = _peer_for(c, m.pod_cidr)
+        if _tunnelled(c, pod):
+            nxt = _peer_for(c, pod)
             assert nxt is not None and nxt.name == r.peer_name, f"relay {first.name} does not forward to {r.peer_name}"
             assert not _accepts(b, first.name, srcs), \
                 f"{r.leader.name}'s peer for relay {first.name} drops what {s.leader.name} sends"

@@ -119,7 +119,7 @@ def test_pair(mesh: dict[str, Any], state: PathState | None, other: str, peer_en
     st = seat("a", state, **mesh)
     s = next(s for s in st.segs if s.leader.name == other)
     share = _pair(st, s)
-    assert how(share, str(s.leader.pod_cidr)) == pod
+    assert how(share, str(s.leader.pod_cidrs[0])) == pod
     assert dict(share.paths) == {other: path}
     if peer_endpoint is None:
         assert not share.peers

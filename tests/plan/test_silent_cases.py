@@ -91,7 +91,7 @@ def test_binary_file_is_one_line(tmp_path: Path) -> None:
 def test_missing_field_says_required_not_none(tmp_path: Path) -> None:
     d = copy.deepcopy(KILO_CLASSIC)
     del d["nodes"][1]["pod_cidr"]
-    assert one_error(run_plan(tmp_path, d)) == "nodes[1].pod_cidr: is required"
+    assert one_error(run_plan(tmp_path, d)) == "nodes[1].pod_cidrs: is required"
     d = copy.deepcopy(KILO_CLASSIC)
     del d["peers"][0]["public_key"]
     assert one_error(run_plan(tmp_path, d)) == "peers[0].public_key: is required"
@@ -292,8 +292,8 @@ def test_a_record_rejected_for_its_location_ips_frees_its_key() -> None:
     from meshctl.mesh.model import Node, Peer
 
     k = "ZmFrZWtleWZha2VrZXlmYWtla2V5ZmFrZWtleWZha2U="
-    a1 = Node(name="a1", pod_cidr=network("10.42.1.0/24", "p"), public_key="A" * 43 + "=")
-    bad = Node(name="evil1", pod_cidr=network("10.42.99.0/24", "p"), public_key=k,
+    a1 = Node(name="a1", pod_cidrs=(network("10.42.1.0/24", "p"),), public_key="A" * 43 + "=")
+    bad = Node(name="evil1", pod_cidrs=(network("10.42.99.0/24", "p"),), public_key=k,
                allowed_location_ips=(network("10.42.1.0/24", "p"),))
     claims = Claims()
     admitted, rejected = admit_nodes([a1, bad], network("10.4.0.0/16", "s"), claims=claims)

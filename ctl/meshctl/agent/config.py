@@ -21,7 +21,7 @@ from meshctl.node.cni import CNI_MODES, FASTPATH_OFF
 @dataclass
 class AgentConfig:
     node_name: str
-    pod_cidr: IPNetwork | None = None  # with --backend kubernetes: the Node's spec.podCIDR
+    pod_cidrs: tuple[IPNetwork, ...] = ()  # with --backend kubernetes: the Node's spec.podCIDRs
     location: str = ""
     private_interface: str | None = None
     internal_cidr: IPNetwork | None = None
@@ -92,7 +92,7 @@ class AgentConfig:
                              "etcd, or --backend kubernetes with --kvstore-endpoints")
         if bool(self.kvstore_user) != bool(self.kvstore_password_file):
             raise InputError("--kvstore-user", self.kvstore_user or "", "and --kvstore-password-file go together")
-        if self.pod_cidr is None and self.backend != "kubernetes":
+        if not self.pod_cidrs and self.backend != "kubernetes":
             raise InputError("--pod-cidr", "", f"is required with --backend {self.backend}")
         if self.kvstore_endpoints and self.backend != "kubernetes":
             raise InputError("--kvstore-endpoints", ",".join(self.kvstore_endpoints),

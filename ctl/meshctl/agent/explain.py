@@ -192,7 +192,7 @@ def resolve(st: AgentStatus, given: str, address: str | None = None) -> PairEnd:
     ip = _address(address or given)
     rows = rows_of(st)
     if ip is not None:
-        row = next((r for r in rows if ip in ipaddress.ip_network(r.pod_cidr)), None)
+        row = next((r for r in rows if any(ip in ipaddress.ip_network(c) for c in r.pod_cidrs)), None)
         if row is None:
             raise NoPath(f"no node of {st.node}'s plan owns {address or given} (it is in no pod CIDR)")
         return PairEnd(given, str(ip), row.name, row.cluster, row.source)
@@ -278,13 +278,15 @@ def _hop(st: AgentStatus, dst_abs: str) -> tuple[Hop, str]:
         raise NoPath(f"{st.node} has no path to {r.name}")
     private = s.interfaces.private if s.interfaces else None
     wg_dev = s.interfaces.wireguard if s.interfaces else None
-    fp = _fastpath_end(st, r.fastpath)
+    # A hop follows the destination's first pod CIDR (its record's first family): one rung and
+    # one WireGuard peer carry all of a node's pod CIDRs (the plan gives a pair one rung).
+    fp = _fastpath_end(st, r.fastpath[0] if r.fastpath else None)
     if r.path == "via-leader":
         why = f"{st.node} is a member of location {_row(st, st.node).location or '-'}: its leader {s.leader} " \
               "carries what leaves the location"
         return Hop(st.node, s.leader or "-", private, "direct", why, mtu=_mtu(st, "direct"), fastpath=fp), \
             absolute(s.leader or "", own)
-    peer = _wg_peer(st, r.pod_cidr) if r.path in WIREGUARD_PATHS else None
+    peer = _wg_peer(st, r.pod_cidrs[0]) if r.path in WIREGUARD_PATHS and r.pod_cidrs else None
     nxt = absolute(peer.peer, own) if peer is not None else dst_abs
     pair = st.live.path_probe.pairs.get(r.name) if st.live.path_probe else None
     if r.path == "relay":
@@ -321,7 +323,7 @@ def _arrival(st: AgentStatus, rung: str) -> FastPathEnd:
     """The destination node's own entry, with the counter its arriving packets move (decap for
     an encapsulated rung)."""
     own = next((r for r in rows_of(st) if r.name == st.node), None)
-    end = _fastpath_end(st, own.fastpath if own else None)
+    end = _fastpath_end(st, own.fastpath[0] if own and own.fastpath else None)
     if rung in ("direct+ipip", "direct+vxlan"):
         pkts, nbytes = st.live.datapath.counters.get("decap", (None, None))
         end = FastPathEnd(end.node, end.mode, end.entry, "decap", pkts, nbytes)
@@ -362,7 +364,7 @@ def _record(st: AgentStatus, dst: PairEnd) -> str:
         origin = f"cluster {dst.cluster}'s etcd {', '.join(c.endpoints) if c and c.endpoints else '?'}"
     r = _row(st, dst.node)
     return f"{dst.node}: record from {origin} (location {r.location or '-'}, internal {r.internal_ip or '-'}, " \
-           f"endpoint {r.endpoint or '-'}, pod CIDR {r.pod_cidr})"
+           f"endpoint {r.endpoint or '-'}, pod CIDRs {', '.join(r.pod_cidrs)})"
 
 
 # --- why this rung -------------------------------------------------------------------------------

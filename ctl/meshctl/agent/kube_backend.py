@@ -4,7 +4,7 @@ settings from its Node object, kept current while the agent runs (`OwnNodeSettin
 
 With `--backend kubernetes` the node's location, forced endpoint or internal address, leader
 preference, keepalive and location IPs are annotations people set (`kubectl annotate`), and the pod
-CIDR is the Node's `spec.podCIDR`. `OwnNodeSettings` copies them into the AgentConfig for every
+CIDR is the Node's `spec.podCIDRs` (or `spec.podCIDR`). `OwnNodeSettings` copies them into the AgentConfig for every
 field the flags left unset, at start and again whenever the Node changes (the backend calls it from
 `snapshot`, on the reconcile thread, right before the agent builds its own record), so an
 annotation changed at run time reaches the plan without a restart. Flags always win.
@@ -24,7 +24,7 @@ from meshctl.agent.global_services import MeshWithServices, MirroredRemotes
 from meshctl.backends.kube import backend_from_options
 from meshctl.backends.kube.backend import DEFAULT_CONFIGMAP, DEFAULT_NAMESPACE, KubeBackend
 from meshctl.backends.kube.cni_ipam import CNI_KINDS
-from meshctl.backends.kube.nodes import settings_for_agent
+from meshctl.backends.kube.nodes import has_pod_cidr, settings_for_agent
 from meshctl.defaults import REGION_LABEL
 from meshctl.errors import InputError, MeshError
 from meshctl.etcd import EtcdClient
@@ -33,7 +33,7 @@ from meshctl.mesh.model import Cluster, IPNetwork
 log = logging.getLogger("meshctl.kube")
 
 # AgentConfig fields a Node can supply (what nodes.settings_for_agent returns).
-FIELDS = ("pod_cidr", "location", "endpoint", "force_internal_ip", "leader", "persistent_keepalive",
+FIELDS = ("pod_cidrs", "location", "endpoint", "force_internal_ip", "leader", "persistent_keepalive",
           "allowed_location_ips")
 
 
@@ -67,8 +67,8 @@ class OwnNodeSettings:
             if k in self.flagged:
                 continue
             new = got.get(k, self.defaults[k])
-            if k == "pod_cidr" and new is None:
-                continue  # a pod CIDR never goes away under a running agent
+            if k == "pod_cidrs" and not new:
+                continue  # pod CIDRs never go away under a running agent
             old = getattr(self.cfg, k)
             if old != new:
                 setattr(self.cfg, k, new)
@@ -91,13 +91,14 @@ def _show(v: Any) -> Any:
 
 
 def wait_for_pod_cidr(read: Any, name: str, timeout: float = 120.0, poll: float = 2.0) -> Mapping[str, Any]:
-    """The Node object once it has a `spec.podCIDR` (the controller manager allocates it shortly
-    after the node registers; the DaemonSet's pod may start first). MeshError after `timeout`."""
+    """The Node object once it has a `spec.podCIDRs` or `spec.podCIDR` (the controller manager
+    allocates them shortly after the node registers; the DaemonSet's pod may start first).
+    MeshError after `timeout`."""
     deadline = time.monotonic() + timeout
     next_log = 0.0
     while True:
         obj: Mapping[str, Any] = read()
-        if (obj.get("spec") or {}).get("podCIDR"):
+        if has_pod_cidr(obj):
             return obj
         now = time.monotonic()
         if now >= deadline:
@@ -121,13 +122,14 @@ class OwnPodCidrs:
 
     def __call__(self, cidrs: tuple[IPNetwork, ...]) -> None:
         if not cidrs:
-            log.warning("own node: its CNI's IPAM gives it no pod CIDR now; keeping %s", self.cfg.pod_cidr)
+            log.warning("own node: its CNI's IPAM gives it no pod CIDR now; keeping %s",
+                        ",".join(str(c) for c in self.cfg.pod_cidrs))
             return
         if cidrs != self.cidrs:
             log.info("own node: pod CIDRs %s (from %s's IPAM)", ",".join(str(c) for c in cidrs), self.cfg.cni)
         self.cidrs = cidrs
-        # One CIDR per record until Node carries several (pod_cidrs): the first block.
-        self.cfg.pod_cidr = cidrs[0]
+        # Every block is the node's: each one is routed and gets its fast-path entry.
+        self.cfg.pod_cidrs = cidrs
 
 
 def wait_for_own_pod_cidrs(be: KubeBackend, own: OwnPodCidrs, name: str, timeout: float = 120.0,
@@ -170,8 +172,8 @@ def make_backend(cfg: AgentConfig) -> KubeBackend:
         cni=cfg.cni,
     )
     ipam = cfg.cni in CNI_KINDS
-    own = OwnNodeSettings(cfg, be.location_label, skip=("pod_cidr",) if ipam else ())
-    obj = be.own_object() if cfg.pod_cidr or ipam else wait_for_pod_cidr(be.own_object, cfg.node_name)
+    own = OwnNodeSettings(cfg, be.location_label, skip=("pod_cidrs",) if ipam else ())
+    obj = be.own_object() if cfg.pod_cidrs or ipam else wait_for_pod_cidr(be.own_object, cfg.node_name)
     own(obj, strict=True)
     be.on_own_node = own
     if ipam:

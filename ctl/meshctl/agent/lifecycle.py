@@ -109,10 +109,10 @@ class Agent:
         self.wake()
 
     def _watch_pods(self) -> None:
-        if self.cfg.pod_cidr is None:
+        if not self.cfg.pod_cidrs:
             return
         try:
-            self.pod_watch = PodInterfaceWatcher(self.cfg.pod_cidr, self.wake).start()
+            self.pod_watch = PodInterfaceWatcher(self.cfg.pod_cidrs, self.wake).start()
         except Exception as e:  # noqa: BLE001 - without it, --pod-interfaces still works
             log.error("pod interface watcher: %s", e)
             self.errors.count("pods")
@@ -127,7 +127,10 @@ class Agent:
         netlink watcher found."""
         if self.cfg.pod_interfaces:
             return tuple(pod_interfaces(self.cfg.pod_interfaces))
-        return self.pod_watch.current if self.pod_watch is not None else ()
+        if self.pod_watch is None:
+            return ()
+        self.pod_watch.retarget(self.cfg.pod_cidrs)  # --cni calico|cilium: the IPAM's blocks change
+        return self.pod_watch.current
 
     def _open_datapath(self) -> None:
         """Load the fast path off the loop (a joining node must be reachable through kernel routes

@@ -184,10 +184,10 @@ class PassDriver:
             cfg.private_interface, str(cfg.internal_cidr) if cfg.internal_cidr else None,
             str(cfg.force_internal_ip) if cfg.force_internal_ip else None, mesh.private_networks)
         endpoint = discovery.discover_endpoint(cfg.endpoint, cfg.public_interface, mesh.port)
-        if cfg.pod_cidr is None:
+        if not cfg.pod_cidrs:
             raise InputError("--pod-cidr", "", "is not known yet")
         return Node(
-            name=cfg.node_name, pod_cidr=cfg.pod_cidr, public_key=self.public_key, location=cfg.location,
+            name=cfg.node_name, pod_cidrs=cfg.pod_cidrs, public_key=self.public_key, location=cfg.location,
             internal_ip=internal, endpoint=endpoint, leader=cfg.leader,
             persistent_keepalive=cfg.persistent_keepalive, allowed_location_ips=cfg.allowed_location_ips,
             discovered_endpoints=self._cause.observed[0], unreached_peers=self._cause.observed[1],

@@ -91,7 +91,7 @@ class PathProbing:
         self._ladders_of = topo
         me = topo.node(name)
         ladders = self._ladders = probe_ladders(topo, name)
-        probe_ip = probe_address(me.pod_cidr) if me is not None else None
+        probe_ip = probe_address(me.pod_cidrs) if me is not None else None
         internal = me.internal_ip.ip if me is not None and me.internal_ip is not None else None
         if not ladders or probe_ip is None or not isinstance(internal, ipaddress.IPv4Address) or not self.private_if:
             self.stop()
@@ -121,7 +121,7 @@ class PathProbing:
         targets = []
         for n in topo.nodes:
             lad = ladders.get(n.qualified_name)
-            pa = probe_address(n.pod_cidr)
+            pa = probe_address(n.pod_cidrs)
             if lad is None or pa is None or n.internal_ip is None or n.internal_ip.version != 4:
                 continue
             targets.append(Target(n.qualified_name, n.internal_ip.ip, pa, lad))

@@ -540,7 +540,8 @@ class FastPathRow:
 class NodeRow:
     """`meshctl node list` from this node: a local or remote node, its addresses, its segment's
     WireGuard address (leaders only), the path this node takes to it, the relay, if any, and the
-    fast-path entry for its pod CIDR (None, the key absent: the plan has none)."""
+    fast-path entries for its pod CIDRs (one per CIDR the plan has an entry for; empty, the key
+    absent: the plan has none)."""
 
     name: str
     cluster: str
@@ -548,28 +549,32 @@ class NodeRow:
     location: str
     internal_ip: str | None
     endpoint: str | None
-    pod_cidr: str
+    pod_cidrs: tuple[str, ...]
     wireguard_ip: str | None
     path: str
     relay: str | None
     relay_reason: str | None
-    fastpath: FastPathRow | None = None
+    fastpath: tuple[FastPathRow, ...] = ()
 
     def to_json(self) -> JSON:
         out: JSON = {"name": self.name, "cluster": self.cluster, "source": self.source, "location": self.location,
-                     "internal_ip": self.internal_ip, "endpoint": self.endpoint, "pod_cidr": self.pod_cidr,
+                     "internal_ip": self.internal_ip, "endpoint": self.endpoint,
+                     "pod_cidrs": list(self.pod_cidrs),
                      "wireguard_ip": self.wireguard_ip, "path": self.path, "relay": self.relay,
                      "relay_reason": self.relay_reason}
-        _opt(out, "fastpath", self.fastpath.to_json() if self.fastpath is not None else None)
+        _opt(out, "fastpath", [e.to_json() for e in self.fastpath] if self.fastpath else None)
         return out
 
     @classmethod
     def from_json(cls, d: JSON) -> NodeRow:
         fp = d.get("fastpath")
+        # An agent that predates pod_cidrs wrote one `pod_cidr` and one fast-path entry.
+        pods = d.get("pod_cidrs", [d["pod_cidr"]] if d.get("pod_cidr") else [])
+        entries = [fp] if isinstance(fp, dict) else fp if isinstance(fp, list) else []
         return cls(str(d.get("name", "")), str(d.get("cluster", "")), str(d.get("source", "")),
-                   str(d.get("location") or ""), d.get("internal_ip"), d.get("endpoint"), str(d.get("pod_cidr", "")),
+                   str(d.get("location") or ""), d.get("internal_ip"), d.get("endpoint"), tuple(str(c) for c in pods),
                    d.get("wireguard_ip"), str(d.get("path", "none")), d.get("relay"), d.get("relay_reason"),
-                   FastPathRow.from_json(fp) if isinstance(fp, dict) else None)
+                   tuple(FastPathRow.from_json(e) for e in entries if isinstance(e, dict)))
 
 
 @dataclass(frozen=True)

@@ -227,11 +227,12 @@ class CniStep(Quiet, Additive):
         self._warning: str | None = None
 
     def inputs(self, p: PassInput) -> Hashable:
-        return (p.me.pod_cidr, discovery.wg_mtu(self.cfg.private_interface))
+        return (p.me.pod_cidrs, discovery.wg_mtu(self.cfg.private_interface))
 
     def sync(self, p: PassInput) -> frozenset[str]:
         if self.cfg.cni == "install":
-            cni.install(self.cfg.cni_conf_dir, p.me.pod_cidr, discovery.wg_mtu(self.cfg.private_interface))
+            # host-local ranges of every pod CIDR, a range set per family (node/cni.py)
+            cni.install(self.cfg.cni_conf_dir, p.me.pod_cidrs, discovery.wg_mtu(self.cfg.private_interface))
         else:
             self._warning = cni.leftover_warning(self.cfg.cni_conf_dir)
             if self._warning:
@@ -350,11 +351,11 @@ class NatStep(Quiet, Additive):
         self.applier = masquerade.NatApplier(cfg.nat_prefix)
 
     def inputs(self, p: PassInput) -> Hashable:
-        return (p.me.pod_cidr, p.mesh_cidrs, p.pod_ifs)
+        return (p.me.pod_cidrs, p.mesh_cidrs, p.pod_ifs)
 
     def sync(self, p: PassInput) -> frozenset[str]:
         forward = [i for i in (self.cfg.private_interface, self.cfg.wg_interface) if i] + list(p.pod_ifs)
-        self.applier.sync([p.me.pod_cidr], p.mesh_cidrs, forward)
+        self.applier.sync(p.me.pod_cidrs, p.mesh_cidrs, forward)
         return NOTHING
 
     def forget(self) -> None:

@@ -470,7 +470,8 @@ class EtcdBackend:
         try:
             rec = parse_record(kv, kv.key)
             if kind == "node":
-                item = records.parse_node(rec, kv.key, default_port=self._last_mesh.port, cluster=self.record_cluster)
+                item = records.parse_node(rec, kv.key, default_port=self._last_mesh.port, cluster=self.record_cluster,
+                                           one_per_family=False)
             else:
                 item = records.parse_peer(rec, kv.key)
             if item.name != name:

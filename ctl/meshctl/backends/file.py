@@ -139,7 +139,11 @@ def refuse_lab_file(doc: Any, path: str | Path) -> None:
     lab = doc.get("lab")
     prefix = lab.get("prefix") if isinstance(lab, dict) else None
     name = prefix.rstrip("-") if isinstance(prefix, str) and prefix.rstrip("-") else "NAME"
-    up = f"run meshctl lab up -f {path}, then meshctl plan --backend etcd --lab {name}"
+    kube = isinstance(lab, dict) and lab.get("backend") == "kubernetes"
+    # A Kubernetes lab's records are its API server's Nodes; the others' are in the lab's etcd.
+    read = f'--backend kubernetes --kubeconfig "$(meshctl lab kubeconfig --lab {name})"' if kube else \
+        f"--backend etcd --lab {name}"
+    up = f"run meshctl lab up -f {path}, then meshctl plan {read}"
     clusters = doc.get("clusters")
     if isinstance(clusters, list):
         first = clusters[0] if clusters and isinstance(clusters[0], dict) else {}

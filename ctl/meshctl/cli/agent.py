@@ -68,8 +68,9 @@ def endpoint_list(text: str) -> tuple[str, ...]:
 @click.command("agent")
 @node_option("node_name", aliases=("--node-name",), required=True, callback=_flag(fields.node_name),
              help="This node's name.")
-@click.option("--pod-cidr", default=None, callback=_flag(fields.network),
-              help="This node's pod CIDR (required, except with --backend kubernetes: the Node's spec.podCIDR).")
+@click.option("--pod-cidr", "pod_cidrs", default=None, callback=_flag(fields.pod_cidrs),
+              help="This node's pod CIDRs, comma-separated, one per IP family (required, except with "
+                   "--backend kubernetes: the Node's spec.podCIDRs).")
 @click.option("--location", default="", callback=_flag(fields.location), help="Location (e.g. a cloud region).")
 @click.option("--private-interface", default=None, envvar="MESHCTL_PRIVATE_INTERFACE",
               help="NIC of the private network (internal address).")
@@ -137,6 +138,7 @@ def agent_cmd(**kw: Any) -> None:
     kw["etcd_endpoints"] = endpoint_list(kw["etcd_endpoints"])
     kw["fastpath"] = not kw.pop("no_fastpath")
     kw["allowed_location_ips"] = kw["allowed_location_ips"] or ()
+    kw["pod_cidrs"] = kw["pod_cidrs"] or ()
     kw["location"] = kw["location"] or ""
     kw["persistent_keepalive"] = kw["persistent_keepalive"] or 0
     cfg = AgentConfig(**kw).check()
@@ -352,16 +354,19 @@ def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, e
         client.close()
     admitted, rejected = admit.admit_nodes(list(st.nodes), st.mesh.subnet,
                                            allow_default_route=st.mesh.allow_default_route)
-    rows = [{"name": n.name, "status": "admitted", **records.node_to_record(n)} for n in admitted]
+    # Rows name every pod CIDR under one key whatever form the record is written in.
+    rows = [{"name": n.name, "status": "admitted",
+             **{k: v for k, v in records.node_to_record(n).items() if k != "pod_cidr"},
+             "pod_cidrs": [str(c) for c in n.pod_cidrs]} for n in admitted]
     rows += [{"name": r.name, "status": "rejected", "reason": r.reason} for r in [*st.rejections, *rejected]]
     if output == "json":
         click.echo(json.dumps(rows, indent=2))
         return
-    click.echo(f"{'NAME':<16} {'STATUS':<9} {'LOCATION':<10} {'INTERNAL':<18} {'ENDPOINT':<22} POD CIDR / REASON")
+    click.echo(f"{'NAME':<16} {'STATUS':<9} {'LOCATION':<10} {'INTERNAL':<18} {'ENDPOINT':<22} POD CIDRS / REASON")
     for r in rows:
         if r["status"] == "admitted":
             click.echo(f"{r['name']:<16} {'admitted':<9} {r.get('location', ''):<10} {r.get('internal_ip', '-'):<18} "
-                       f"{r.get('endpoint', '-'):<22} {r['pod_cidr']}")
+                       f"{r.get('endpoint', '-'):<22} {','.join(r['pod_cidrs'])}")
         else:
             click.echo(f"{r['name']:<16} {'rejected':<9} {r['reason']}")
 

@@ -150,8 +150,9 @@ def owners_from_node_list(rows: list[dict[str, Any]]) -> list[tuple[IPNetwork, O
     out: list[tuple[IPNetwork, Owner]] = []
     for r in rows:
         owner = Owner(f"{r.get('cluster') or 'default'}/{r.get('name')}", str(r.get("path") or ""))
-        with contextlib.suppress(ValueError):
-            out.append((ipaddress.ip_network(str(r.get("pod_cidr")), strict=False), owner))
+        for c in r.get("pod_cidrs") or ():
+            with contextlib.suppress(ValueError):
+                out.append((ipaddress.ip_network(str(c), strict=False), owner))
         with contextlib.suppress(ValueError):
             ip = ipaddress.ip_interface(str(r.get("internal_ip"))).ip
             out.append((ipaddress.ip_network(ip), owner))

@@ -169,7 +169,7 @@ def lab_status(lab_name: str | None, output: str) -> None:
         in_vm = n.vm
         rows.append({
             "cluster": c.name, "node": n.name, "netns": n.netns, "location": n.location,
-            "internal_ip": n.internal_ip, "public_ip": n.public_ip, "pod_cidr": n.pod_cidr,
+            "internal_ip": n.internal_ip, "public_ip": n.public_ip, "pod_cidrs": n.pod_cidrs,
             "pods": [p.ip for p in n.pods], "agent_pid": n.guest_pid if in_vm else n.pid,
             # a VM node's agent PID is its guest's: alive is whether it answers
             "agent_alive": bool(s) if in_vm else bool(n.pid and pid_alive(n.pid)),

@@ -51,7 +51,9 @@ class Claims:
                 if v == version and f <= last and first <= la:
                     if isinstance(owner, tuple):
                         prefix, node = owner
-                        return f"{prefix}{node.qualified_name}'s pod CIDR {node.pod_cidr}"
+                        held = next(c for c, sp in zip(node.pod_cidrs, node.pod_spans, strict=True)
+                                    if sp[0] == v and sp[1] == f)
+                        return f"{prefix}{node.qualified_name}'s pod CIDR {held}"
                     return owner
         return None
 
@@ -153,7 +155,8 @@ def _admit_identities(nodes: Sequence[Node], subnet: IPNetwork | None, subnet_sp
             rejected.append(Rejection(n.qualified_name, problem))
             continue
         names.add(n.name)
-        claims.add(n.pod_span, ("", n))
+        for sp in n.pod_spans:
+            claims.add(sp, ("", n))
         claims.keys[n.public_key] = f"node {n.qualified_name}"
         if not n.cluster:
             claims.node_names.add(n.name)
@@ -168,12 +171,9 @@ def _identity_problem(n: Node, where: str, names: set[str], subnet: IPNetwork | 
     """Why node `n` may not join with its name, pod CIDR, key or internal address, or None."""
     if n.name in names:
         return f"{where}.name: {n.name!r} is a duplicate node name"
-    pod = n.pod_span
-    if subnet_span is not None and _overlap(pod, subnet_span):
-        return f"{where}.pod_cidr: {str(n.pod_cidr)!r} overlaps the WireGuard subnet {subnet}"
-    owner = claims.conflict(pod)
-    if owner is not None:
-        return f"{where}.pod_cidr: {str(n.pod_cidr)!r} overlaps {owner}"
+    problem = _pod_cidrs_problem(n, where, subnet, subnet_span, claims)
+    if problem is not None:
+        return problem
     taken = claims.key_taken(n.public_key, where)
     if taken:
         return taken
@@ -189,10 +189,34 @@ def _identity_problem(n: Node, where: str, names: set[str], subnet: IPNetwork | 
     return None
 
 
+def pod_cidr_field(n: Node, i: int) -> str:
+    """The record field that holds `n`'s i-th pod CIDR (`pod_cidr` for the one-element form)."""
+    return "pod_cidr" if len(n.pod_cidrs) == 1 else f"pod_cidrs[{i}]"
+
+
+def _pod_cidrs_problem(n: Node, where: str, subnet: IPNetwork | None, subnet_span: Span | None,
+                       claims: Claims) -> str | None:
+    """Why one of `n`'s pod CIDRs may not be claimed: it overlaps the WireGuard subnet, another
+    of its own CIDRs (two blocks of one node would make one route the other's), or a claim."""
+    spans = n.pod_spans
+    for i, (c, sp) in enumerate(zip(n.pod_cidrs, spans, strict=True)):
+        field = f"{where}.{pod_cidr_field(n, i)}"
+        if subnet_span is not None and _overlap(sp, subnet_span):
+            return f"{field}: {str(c)!r} overlaps the WireGuard subnet {subnet}"
+        for j in range(i):
+            if _overlap(sp, spans[j]):
+                return f"{field}: {str(c)!r} overlaps the node's own pod CIDR {n.pod_cidrs[j]}"
+        owner = claims.conflict(sp)
+        if owner is not None:
+            return f"{field}: {str(c)!r} overlaps {owner}"
+    return None
+
+
 def _release(n: Node, claims: Claims, internal_ips: dict[Any, str]) -> None:
     """Everything a record rejected after its first pass claimed is free again: its pod CIDR,
     its key, its name and its internal address."""
-    claims.remove(n.pod_span)
+    for sp in n.pod_spans:
+        claims.remove(sp)
     if claims.keys.get(n.public_key) == f"node {n.qualified_name}":
         del claims.keys[n.public_key]
     if not n.cluster:
@@ -369,7 +393,8 @@ def _local_claims(local: Topology) -> tuple[Claims, dict[Any, str], dict[Any, st
     internal: dict[Any, str] = {}
     hosts: dict[Any, str] = {}
     for n in local.nodes:
-        claims.add(n.pod_span, ("local node ", n))
+        for sp in n.pod_spans:
+            claims.add(sp, ("local node ", n))
         claims.keys[n.public_key] = f"local node {n.name}"
         if n.internal_ip is not None:
             internal[n.internal_ip.ip] = f"local node {n.name}"

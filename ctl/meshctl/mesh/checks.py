@@ -225,7 +225,7 @@ def _owners(topo: Topology) -> dict[IPNetwork, str]:
         if n.internal_ip is not None:
             out[host_net(n.internal_ip)] = f"{n.name}'s internal address"
         out.update((a, f"{n.name}'s allowed location IP") for a in n.allowed_location_ips)
-        out[n.pod_cidr] = f"{n.name}'s pod CIDR"
+        out.update((c, f"{n.name}'s pod CIDR") for c in n.pod_cidrs)
     return out
 
 

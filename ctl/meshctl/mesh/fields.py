@@ -80,10 +80,18 @@ def cidr(value: Any, path: str) -> IPNetwork:
     """A network with its host bits zero."""
     if not isinstance(value, str) or "/" not in value:
         raise InputError(path, value, "is not a CIDR")
+    _no_zone(value, path)
     try:
         return ipaddress.ip_network(value, strict=False)
     except ValueError:
         raise InputError(path, value, "is not a CIDR") from None
+
+
+def _no_zone(value: str, path: str) -> None:
+    """IPv6 zone indexes (`fe80::1%eth0`) name an interface of one host: meaningless in a record
+    other nodes read, and `ipaddress` would keep them inside the address."""
+    if "%" in value:
+        raise InputError(path, value, "has a zone index (%...): write the address without it")
 
 
 def network(value: Any, path: str) -> IPNetwork:
@@ -100,6 +108,7 @@ def interface(value: Any, path: str) -> IPInterface:
     """An address with its prefix (`10.10.0.4/24`): the prefix is the private subnet."""
     if not isinstance(value, str) or "/" not in value:
         raise InputError(path, value, "is not an address with a prefix (like 10.10.0.4/24)")
+    _no_zone(value, path)
     try:
         iface = ipaddress.ip_interface(value)
     except ValueError:
@@ -193,6 +202,27 @@ def cidr_list(value: Any, path: str) -> tuple[IPNetwork, ...]:
     if not isinstance(value, list):
         raise InputError(path, value, "is not a list of CIDRs")
     return tuple(network(v, f"{path}[{i}]") for i, v in enumerate(value))
+
+
+def pod_cidrs(value: Any, path: str, one_per_family: bool = True) -> tuple[IPNetwork, ...]:
+    """A record's pod CIDRs: a non-empty list (or comma-separated string) of networks, at most
+    one per IP family when `one_per_family` (a person's record, a Kubernetes Node's podCIDRs:
+    one range per family); a CNI's IPAM may hand a node several blocks of one family."""
+    nets = cidr_list(value, path)
+    if not nets:
+        raise InputError(path, value, "is empty (a node needs a pod CIDR)")
+    return one_per_family_of(nets, path) if one_per_family else nets
+
+
+def one_per_family_of(nets: tuple[IPNetwork, ...], path: str) -> tuple[IPNetwork, ...]:
+    """`nets` when they hold at most one network per IP family; else InputError at the second."""
+    seen: dict[int, IPNetwork] = {}
+    for i, n in enumerate(nets):
+        if n.version in seen:
+            raise InputError(f"{path}[{i}]", str(n),
+                             f"is a second IPv{n.version} pod CIDR (after {seen[n.version]}): one per family")
+        seen[n.version] = n
+    return nets
 
 
 def mapping(value: Any, path: str) -> Mapping[str, Any]:

@@ -83,7 +83,7 @@ class GraphNode:
     cluster: str
     location: str
     leader: bool
-    pod_cidr: str
+    pod_cidrs: tuple[str, ...]
     internal_ip: str | None
     wireguard_ip: str | None
     endpoint: str | None
@@ -280,7 +280,8 @@ def _nodes_and_locations(all_nodes: Sequence[tuple[str, Node, Topology]], via: M
             wg[s.leader.qualified_name] = str(s.wireguard_ip)
             if len(s.members) > 1:
                 lead.add(s.leader.qualified_name)
-    made = [(cluster, n, GraphNode(n.qualified_name, cluster, n.location, n.qualified_name in lead, str(n.pod_cidr),
+    made = [(cluster, n, GraphNode(n.qualified_name, cluster, n.location, n.qualified_name in lead,
+                                   tuple(str(c) for c in n.pod_cidrs),
                                    str(n.internal_ip) if n.internal_ip else None, wg.get(n.qualified_name),
                                    str(n.endpoint) if n.endpoint else None, via.get(n.qualified_name, 0)))
             for cluster, n, _ in all_nodes]
@@ -544,7 +545,7 @@ def _node_label(n: GraphNode, detailed: bool) -> str:
     head = n.name + (" (leader)" if n.leader else "")
     if not detailed:
         return head
-    return "\\n".join([head, f"location: {n.location or '-'}", f"pod: {n.pod_cidr}",
+    return "\\n".join([head, f"location: {n.location or '-'}", f"pod: {', '.join(n.pod_cidrs)}",
                        f"internal: {n.internal_ip or '-'}", f"wireguard: {n.wireguard_ip or '-'}",
                        f"endpoint: {n.endpoint or '-'}"])
 

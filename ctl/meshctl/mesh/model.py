@@ -125,7 +125,9 @@ class Node:
     """
 
     name: str
-    pod_cidr: IPNetwork
+    # Every pod CIDR the node holds, in the order its source gave them (never empty): one per
+    # family from a record or a Kubernetes Node, any number from a CNI's IPAM (Calico's blocks).
+    pod_cidrs: tuple[IPNetwork, ...]
     public_key: str
     location: str = ""
     internal_ip: IPInterface | None = None
@@ -160,10 +162,14 @@ class Node:
             object.__setattr__(self, "_hash", h)
         return h
 
+    def __post_init__(self) -> None:
+        if not self.pod_cidrs:
+            raise ValueError(f"node {self.name!r} has no pod CIDR")
+
     @functools.cached_property
-    def pod_span(self) -> Span:
-        """The pod CIDR's span, computed once per record (overlap checks run every reconcile)."""
-        return span(self.pod_cidr)
+    def pod_spans(self) -> tuple[Span, ...]:
+        """The pod CIDRs' spans, computed once per record (overlap checks run every reconcile)."""
+        return tuple(span(c) for c in self.pod_cidrs)
 
 
 _NODE_FIELDS = tuple(f for f in Node.__dataclass_fields__)

@@ -292,7 +292,7 @@ def _location_members(seat: _Seat) -> Share:
     for m in seat.my_seg.members:
         if m.name != seat.me.name and m.internal_ip is not None:
             rung = _member_rung(seat, m)
-            claims.append(_private_claim(m.pod_cidr, seat.me, m, rung))
+            claims.extend(_private_claim(c, seat.me, m, rung) for c in m.pod_cidrs)
             paths.append((m.qualified_name, rung))
     return Share(claims=tuple(claims), paths=tuple(paths))
 
@@ -309,7 +309,7 @@ def _location_member(seat: _Seat) -> Share:
     for s in seat.segs:
         if s is seat.my_seg:
             continue
-        pods = {m.pod_cidr for m in s.members}
+        pods = {c for m in s.members for c in m.pod_cidrs}
         claims.extend(_to_leader(seat, rung, dst, dst in pods) for dst in segment_addresses(s.members, None, None))
         paths.extend((m.qualified_name, "via-leader") for m in s.members)
     return Share(claims=tuple(claims), paths=tuple(paths))
@@ -358,7 +358,7 @@ def _pair(seat: _Seat, s: Segment) -> Share:
     path = ((r.qualified_name, rung),)
     private: tuple[Claim, ...] = ()
     if rung != "tunnel" and rung != "wireguard-private":
-        private = (_private_claim(r.pod_cidr, me, r, rung),)
+        private = tuple(_private_claim(c, me, r, rung) for c in r.pod_cidrs)
         if mesh.intra_subnet != "auto":
             return Share(claims=private, paths=path)  # a fixed private rung carries everything: no peer
     dsts = _pair_destinations(me, r, rungs)
@@ -375,7 +375,7 @@ def _pair_destinations(me: Node, r: Node, rungs: Sequence[Rung]) -> list[IPNetwo
     """What the pair's WireGuard carries to r: its pod CIDR and location IPs, and its internal
     address only when no private network joins the pair (then the encapsulated rungs and
     WireGuard's private endpoint are sent to that address, which must stay on the private NIC)."""
-    dsts = [r.pod_cidr]
+    dsts = list(r.pod_cidrs)
     if r.internal_ip is not None and not private_neighbours(me, r) and len(rungs) == 1:
         dsts.append(host_net(r.internal_ip))
     dsts.extend(r.allowed_location_ips)
@@ -447,7 +447,7 @@ def _no_loops(peers: list[PeerPlan], checked: Sequence[tuple[int, IPAddress]],
 def _node_addresses(me: Node, r: Node) -> list[IPNetwork]:
     """What node r's peer carries for `me` in full/cross granularity (besides r's WireGuard IP):
     its pod CIDR, its internal address unless the two are private neighbours, its location IPs."""
-    out = [r.pod_cidr]
+    out = list(r.pod_cidrs)
     if r.internal_ip is not None and not private_neighbours(me, r):
         out.append(host_net(r.internal_ip))
     out.extend(r.allowed_location_ips)
@@ -529,7 +529,7 @@ def _remote_segment(me: Node, wg_ip: IPInterface, leader: Node, members: tuple[N
     claims: list[Claim] = []
     for m in direct:
         assert m.internal_ip is not None
-        claims.append((m.pod_cidr, Route(m.pod_cidr, m.internal_ip.ip, "private")))
+        claims.extend((c, Route(c, m.internal_ip.ip, "private")) for c in m.pod_cidrs)
     paths = [(m.qualified_name, "direct") for m in direct]
     if not rest:
         return Share(claims=tuple(claims), paths=tuple(paths))
@@ -551,19 +551,20 @@ def _fastpath(me: Node, topo: Topology, remotes: Sequence[Remote], claimed: dict
               ) -> tuple[FastPathEntry, ...]:
     """One entry per node pod CIDR: local for our own, direct (encapsulated, or to a next hop) for
     an encapsulation or a route on the private NIC, tunnel for a route through WireGuard."""
-    out = [FastPathEntry(me.pod_cidr, "local", None)]
+    out = [FastPathEntry(c, "local", None) for c in me.pod_cidrs]
     for n in [*topo.nodes, *(n for r in remotes for n in r.nodes)]:
         if n is me:
             continue
-        r = claimed.get(n.pod_cidr)
-        if r is None:
-            continue
-        if isinstance(r, Encap):
-            out.append(FastPathEntry(n.pod_cidr, "direct", None, r))
-        elif r.dev == "private":
-            out.append(FastPathEntry(n.pod_cidr, "direct", r.via))
-        else:
-            out.append(FastPathEntry(n.pod_cidr, "tunnel", None))
+        for c in n.pod_cidrs:
+            r = claimed.get(c)
+            if r is None:
+                continue
+            if isinstance(r, Encap):
+                out.append(FastPathEntry(c, "direct", None, r))
+            elif r.dev == "private":
+                out.append(FastPathEntry(c, "direct", r.via))
+            else:
+                out.append(FastPathEntry(c, "tunnel", None))
     return tuple(sorted(out, key=lambda e: sort_key_net(e.prefix)))
 
 
@@ -573,7 +574,7 @@ def mesh_cidrs(topo: Topology, remotes: list[Remote]) -> frozenset[IPNetwork]:
     list: the NAT applier diffs sets, so an order would only cost sorting thousands of networks."""
     out: set[IPNetwork] = {topo.mesh.subnet}
     for n in [*topo.nodes, *(n for r in remotes for n in r.nodes)]:
-        out.add(n.pod_cidr)
+        out.update(n.pod_cidrs)
         out.update(n.allowed_location_ips)
     for r in remotes:
         out.add(r.topology.mesh.subnet)

@@ -31,6 +31,7 @@ from meshctl.mesh.fields import (
     network,
     no_unknown_fields,
     node_name,
+    pod_cidrs,
     port,
     wg_key,
 )
@@ -41,6 +42,7 @@ from meshctl.mesh.model import (
     INTRA_SUBNET_MODES,
     PRIVATE_RUNGS,
     Cluster,
+    IPNetwork,
     MeshSettings,
     Node,
     PathState,
@@ -49,20 +51,22 @@ from meshctl.mesh.model import (
 )
 
 NODE_FIELDS = (
-    "name", "location", "internal_ip", "endpoint", "pod_cidr", "public_key", "leader",
+    "name", "location", "internal_ip", "endpoint", "pod_cidrs", "pod_cidr", "public_key", "leader",
     "persistent_keepalive", "allowed_location_ips", "wireguard_ip", "discovered_endpoints", "unreached_peers",
 )
 
 
-def parse_node(d: Any, path: str, *, cluster: str = "", default_port: int | None = None) -> Node:
-    """A node record as written in a topology file or published by an agent."""
+def parse_node(d: Any, path: str, *, cluster: str = "", default_port: int | None = None,
+               one_per_family: bool = True) -> Node:
+    """A node record as written in a topology file or published by an agent. `one_per_family`
+    holds its pod CIDRs to one per IP family (what a person or a Kubernetes Node gives); records
+    an agent publishes from its CNI's IPAM (several Calico blocks) are read with it False."""
     d = mapping(d, path)
     no_unknown_fields(d, NODE_FIELDS, path)
     p = f"{path}." if path else ""
     if "name" not in d:
         raise InputError(f"{p}name", MISSING, "is required")
-    if "pod_cidr" not in d:
-        raise InputError(f"{p}pod_cidr", MISSING, "is required")
+    pods = node_pod_cidrs(d, p, one_per_family)
     if "public_key" not in d:
         raise InputError(f"{p}public_key", MISSING, "is required")
     name = node_name(d["name"], f"{p}name")
@@ -71,7 +75,7 @@ def parse_node(d: Any, path: str, *, cluster: str = "", default_port: int | None
         location=location(d.get("location"), f"{p}location"),
         internal_ip=interface(d["internal_ip"], f"{p}internal_ip") if d.get("internal_ip") else None,
         endpoint=endpoint(d["endpoint"], f"{p}endpoint", default_port) if d.get("endpoint") else None,
-        pod_cidr=network(d["pod_cidr"], f"{p}pod_cidr"),
+        pod_cidrs=pods,
         public_key=wg_key(d["public_key"], f"{p}public_key"),
         leader=boolean(d.get("leader", False), f"{p}leader"),
         persistent_keepalive=keepalive(d.get("persistent_keepalive"), f"{p}persistent_keepalive"),
@@ -83,9 +87,27 @@ def parse_node(d: Any, path: str, *, cluster: str = "", default_port: int | None
     )
 
 
+def node_pod_cidrs(d: Any, p: str, one_per_family: bool = True) -> tuple[IPNetwork, ...]:
+    """A node record's pod CIDRs: `pod_cidrs` (a list, one per family unless told otherwise) or
+    `pod_cidr` (one CIDR, the one-element form records had before dual stack), never both."""
+    if "pod_cidrs" in d and "pod_cidr" in d:
+        raise InputError(f"{p}pod_cidr", d["pod_cidr"], "is given with pod_cidrs: write one of them")
+    if "pod_cidrs" in d:
+        return pod_cidrs(d["pod_cidrs"], f"{p}pod_cidrs", one_per_family)
+    if "pod_cidr" not in d:
+        raise InputError(f"{p}pod_cidrs", MISSING, "is required")
+    return (network(d["pod_cidr"], f"{p}pod_cidr"),)
+
+
 def node_to_record(n: Node) -> dict[str, Any]:
     """The JSON form of a node (the inverse of `parse_node`), as agents publish it."""
-    rec: dict[str, Any] = {"name": n.name, "pod_cidr": str(n.pod_cidr), "public_key": n.public_key}
+    rec: dict[str, Any] = {"name": n.name}
+    # One CIDR is written in the one-element form: agents that predate `pod_cidrs` keep reading it.
+    if len(n.pod_cidrs) == 1:
+        rec["pod_cidr"] = str(n.pod_cidrs[0])
+    else:
+        rec["pod_cidrs"] = [str(c) for c in n.pod_cidrs]
+    rec["public_key"] = n.public_key
     if n.location:
         rec["location"] = n.location
     if n.internal_ip is not None:

@@ -273,7 +273,7 @@ def node_rows(topo: Topology, remotes: Sequence[Remote], plan: NodePlan) -> list
             rows.append({
                 "name": n.qualified_name, "cluster": cluster, "source": source, "location": n.location,
                 "internal_ip": str(n.internal_ip) if n.internal_ip else None,
-                "endpoint": str(n.endpoint) if n.endpoint else None, "pod_cidr": str(n.pod_cidr),
+                "endpoint": str(n.endpoint) if n.endpoint else None, "pod_cidrs": [str(c) for c in n.pod_cidrs],
                 "wireguard_ip": str(wg[n.name]) if n.name in wg else None,
                 "path": plan.paths.get(n.qualified_name, "none"),
                 "relay": relays[n.qualified_name][0] if n.qualified_name in relays else None,
@@ -288,6 +288,7 @@ def node_rows(topo: Topology, remotes: Sequence[Remote], plan: NodePlan) -> list
 
 
 def node_rows_table(rows: Sequence[dict[str, Any]]) -> str:
-    return table([(r["name"], r["source"], r["location"] or None, r["internal_ip"], r["pod_cidr"], r["wireguard_ip"],
+    return table([(r["name"], r["source"], r["location"] or None, r["internal_ip"], ",".join(r["pod_cidrs"]),
+                   r["wireguard_ip"],
                    r["path"], r.get("relay")) for r in rows],
-                 ["NAME", "SOURCE", "LOCATION", "INTERNAL", "POD CIDR", "WIREGUARD", "PATH", "RELAY"])
+                 ["NAME", "SOURCE", "LOCATION", "INTERNAL", "POD CIDRS", "WIREGUARD", "PATH", "RELAY"])

@@ -97,7 +97,7 @@ def segment_addresses(members: Sequence[Node], wg: IPInterface | None, exclude_i
     reaches it over the private network)."""
     out: list[IPNetwork] = []
     for m in members:
-        out.append(m.pod_cidr)
+        out.extend(m.pod_cidrs)
         if m.internal_ip is not None and not (exclude_internal_of and private_neighbours(exclude_internal_of, m)):
             out.append(host_net(m.internal_ip))
         out.extend(m.allowed_location_ips)

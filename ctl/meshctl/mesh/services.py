@@ -235,10 +235,9 @@ def parse_service_record(doc: Any, path: str, key_cluster: str, key_ns: str, key
 
 
 def in_pod_cidrs(address: IPAddress, node: Node) -> bool:
-    """Whether `address` lies in a pod CIDR `node` holds (the one place that reads a node's pod
-    CIDRs for services)."""
-    net = node.pod_cidr
-    return address.version == net.version and address in net
+    """Whether `address` lies in one of the pod CIDRs `node` holds (every one: each family, each
+    of a Calico node's blocks); the one place that reads a node's pod CIDRs for services."""
+    return any(address.version == net.version and address in net for net in node.pod_cidrs)
 
 
 @dataclass(frozen=True)

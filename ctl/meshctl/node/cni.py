@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,32 +40,36 @@ KILO_LEFTOVER = "10-kilo.conflist"
 DISABLED_SUFFIX = ".meshctl-disabled"
 
 
-def conflist(pod_cidr: IPNetwork, mtu: int) -> dict[str, Any]:
-    """The CNI config list (pure): bridge + host-local on the pod CIDR, and portmap for hostPort."""
+def conflist(pod_cidrs: Sequence[IPNetwork], mtu: int) -> dict[str, Any]:
+    """The CNI config list (pure): bridge + host-local on the node's pod CIDRs, and portmap for
+    hostPort. host-local gives a pod one address per range set, so the sets are per IP family (a
+    dual-stack node's pods get an IPv4 and an IPv6 address), each set the family's CIDRs."""
+    ranges = [[{"subnet": str(c)} for c in pod_cidrs if c.version == v]
+              for v in sorted({c.version for c in pod_cidrs})]
     return {
         "cniVersion": "0.4.0",
         "name": "meshctl",
         "plugins": [
             {"type": "bridge", "bridge": BRIDGE, "isDefaultGateway": True, "forceAddress": True,
              "hairpinMode": True, "mtu": mtu,
-             "ipam": {"type": "host-local", "ranges": [[{"subnet": str(pod_cidr)}]]}},
+             "ipam": {"type": "host-local", "ranges": ranges}},
             {"type": "portmap", "snat": True, "capabilities": {"portMappings": True}},
         ],
     }
 
 
-def install(conf_dir: Path, pod_cidr: IPNetwork, mtu: int) -> list[str]:
+def install(conf_dir: Path, pod_cidrs: Sequence[IPNetwork], mtu: int) -> list[str]:
     """Write the config if it differs (atomically: the kubelet may read it any moment) and move a
     Kilo leftover aside; returns what was done, one line each."""
     done = []
     conf_dir.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(conflist(pod_cidr, mtu), indent=2) + "\n"
+    text = json.dumps(conflist(pod_cidrs, mtu), indent=2) + "\n"
     path = conf_dir / CONF_NAME
     if not path.exists() or path.read_text() != text:
         tmp = conf_dir / f".{CONF_NAME}.tmp"
         tmp.write_text(text)
         os.replace(tmp, path)
-        done.append(f"wrote {path} (bridge {BRIDGE}, pods {pod_cidr}, MTU {mtu})")
+        done.append(f"wrote {path} (bridge {BRIDGE}, pods {','.join(str(c) for c in pod_cidrs)}, MTU {mtu})")
     kilo = conf_dir / KILO_LEFTOVER
     if kilo.exists():
         os.replace(kilo, conf_dir / (KILO_LEFTOVER + DISABLED_SUFFIX))

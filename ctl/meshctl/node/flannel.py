@@ -103,7 +103,7 @@ def hand_over(plan: NodePlan, topo: Topology) -> NodePlan:
     names = carried(topo, plan.node, plan.granularity)
     if not names:
         return plan
-    pods = {n.pod_cidr for n in topo.nodes if n.name in names}
+    pods = {c for n in topo.nodes if n.name in names for c in n.pod_cidrs}
     qualified = {n.qualified_name for n in topo.nodes if n.name in names}
     return replace(
         plan,
@@ -122,7 +122,11 @@ def leases_of(extra: object) -> dict[str, FlannelLease]:
 
 
 def flannel_route(dst: IPNetwork, lease: FlannelLease) -> FlannelRoute | None:
-    """flannel's route to a node's pod CIDR, from its lease (None: a backend meshctl cannot write)."""
+    """flannel's route to a node's pod CIDR, from its lease (None: a backend meshctl cannot write,
+    or a CIDR of the family the lease does not describe: the annotations read here are flannel's
+    IPv4 ones, its IPv6 routes on `flannel-v6.1` stay flannel's own)."""
+    if dst.version != lease.public_ip.version:
+        return None
     if lease.backend_type == VXLAN:
         return FlannelRoute(dst, dst.network_address, FLANNEL_DEV, True)
     if lease.backend_type == HOST_GW:
@@ -136,9 +140,9 @@ def plan_flannel(plan: NodePlan, topo: Topology, leases: Mapping[str, FlannelLea
     own: list[FlannelRoute] = []
     for n in sorted(topo.nodes, key=lambda n: n.name):
         lease = leases.get(n.name)
-        if n.name in names and lease is not None and (fr := flannel_route(n.pod_cidr, lease)) is not None:
-            own.append(fr)
-    others = {n.pod_cidr for n in topo.nodes if n.name != plan.node and n.name not in names}
+        if n.name in names and lease is not None:
+            own += [fr for c in n.pod_cidrs if (fr := flannel_route(c, lease)) is not None]
+    others = {c for n in topo.nodes if n.name != plan.node and n.name not in names for c in n.pod_cidrs}
     return FlannelPlan(tuple(sorted(own, key=lambda r: sort_key_net(r.dst))),
                        frozenset(r.dst for r in plan.routes if r.dst in others))
 

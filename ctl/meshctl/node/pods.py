@@ -24,7 +24,7 @@ import os
 import select
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from meshctl.mesh.model import IPNetwork
@@ -51,43 +51,48 @@ class Link:
 
 def pod_interfaces_of(links: Iterable[Link], host_routes: Iterable[tuple[int, IPNetwork]],
                       addresses: Iterable[tuple[int, ipaddress.IPv4Interface | ipaddress.IPv6Interface]],
-                      pod_cidr: IPNetwork) -> tuple[str, ...]:
-    """The pod interfaces among `links` (sorted names): veths with a host route into `pod_cidr`
-    (`host_routes` are (oif, dst) pairs), and bridges holding an address inside it."""
+                      pod_cidrs: Sequence[IPNetwork]) -> tuple[str, ...]:
+    """The pod interfaces among `links` (sorted names): veths with a host route into one of
+    `pod_cidrs` (`host_routes` are (oif, dst) pairs), and bridges holding an address inside one."""
     by_index = {link.index: link for link in links}
     found: set[str] = set()
     for oif, dst in host_routes:
         link = by_index.get(oif)
         if link is not None and link.kind == "veth" and dst.prefixlen == dst.max_prefixlen and \
-                dst.version == pod_cidr.version and dst.subnet_of(pod_cidr):  # type: ignore[arg-type]
+                any(dst.version == c.version and dst.subnet_of(c) for c in pod_cidrs):  # type: ignore[arg-type]
             found.add(link.name)
     for index, addr in addresses:
         link = by_index.get(index)
-        if link is not None and link.kind == "bridge" and addr.version == pod_cidr.version and addr.ip in pod_cidr:
+        if link is not None and link.kind == "bridge" and \
+                any(addr.version == c.version and addr.ip in c for c in pod_cidrs):
             found.add(link.name)
     return tuple(sorted(found))
 
 
-def read_pod_interfaces(pod_cidr: IPNetwork) -> tuple[str, ...]:
-    """`pod_interfaces_of` over this network namespace's links, main-table routes and addresses."""
+def read_pod_interfaces(pod_cidrs: Sequence[IPNetwork]) -> tuple[str, ...]:
+    """`pod_interfaces_of` over this network namespace's links, main-table routes and addresses
+    (of each family `pod_cidrs` hold)."""
     from pyroute2 import IPRoute
 
-    family = socket.AF_INET if pod_cidr.version == 4 else socket.AF_INET6
+    routes: list[tuple[int, IPNetwork]] = []
+    addrs: list[tuple[int, ipaddress.IPv4Interface | ipaddress.IPv6Interface]] = []
     with IPRoute() as ipr:
         links = [Link(m["index"], m.get("IFLA_IFNAME") or "", m.get(("IFLA_LINKINFO", "IFLA_INFO_KIND")) or "")
                  for m in ipr.get_links()]
-        routes = [(r.oif, r.dst) for r in host_routes(ipr, family)]
-        addrs = [(a["index"], ipaddress.ip_interface(f"{a.get('IFA_ADDRESS')}/{a['prefixlen']}"))
-                 for a in ipr.get_addr(family=family) if a.get("IFA_ADDRESS")]
-    return pod_interfaces_of(links, routes, addrs, pod_cidr)
+        for version in sorted({c.version for c in pod_cidrs}):
+            family = socket.AF_INET if version == 4 else socket.AF_INET6
+            routes += [(r.oif, r.dst) for r in host_routes(ipr, family)]
+            addrs += [(a["index"], ipaddress.ip_interface(f"{a.get('IFA_ADDRESS')}/{a['prefixlen']}"))
+                      for a in ipr.get_addr(family=family) if a.get("IFA_ADDRESS")]
+    return pod_interfaces_of(links, routes, addrs, pod_cidrs)
 
 
 class PodInterfaceWatcher:
     """The current pod interfaces of this namespace, kept up to date from netlink events;
     `changed()` is called (on the watcher's thread) whenever the set changes."""
 
-    def __init__(self, pod_cidr: IPNetwork, changed: Callable[[], None]) -> None:
-        self.pod_cidr = pod_cidr
+    def __init__(self, pod_cidrs: Sequence[IPNetwork], changed: Callable[[], None]) -> None:
+        self.pod_cidrs = tuple(pod_cidrs)
         self._changed = changed
         self._lock = threading.Lock()
         self._current: tuple[str, ...] = ()
@@ -121,10 +126,20 @@ class PodInterfaceWatcher:
         if self._thread is not None:
             self._thread.join(timeout=1)
 
+    def retarget(self, pod_cidrs: Sequence[IPNetwork]) -> None:
+        """Follow this node's pod CIDRs as they change under a running agent (a Calico block
+        claimed or released): read the interfaces again at once when they differ, so a moved
+        block's pods get the fast path without waiting for the next netlink event."""
+        cidrs = tuple(pod_cidrs)
+        if not cidrs or cidrs == self.pod_cidrs:
+            return
+        self.pod_cidrs = cidrs
+        self.refresh()
+
     def refresh(self) -> bool:
         """Read the interfaces again; True when the set changed."""
         try:
-            now = read_pod_interfaces(self.pod_cidr)
+            now = read_pod_interfaces(self.pod_cidrs)
         except Exception as e:  # noqa: BLE001 - a netlink hiccup must not stop the watcher
             self.errors += 1
             log.warning("reading pod interfaces: %s", e)

@@ -69,9 +69,11 @@ SO_TIMESTAMPNS = 35  # receive timestamps from the kernel (RTTs stay exact while
 TIMESPEC = struct.Struct("@qq")  # a burst of answers from a hundred peers must not overflow the sockets
 
 
-def probe_address(pod_cidr: ipaddress.IPv4Network | ipaddress.IPv6Network) -> ipaddress.IPv4Address | None:
-    """A node's probe address: the first address of its pod CIDR (IPv4 only)."""
-    if pod_cidr.version != 4 or pod_cidr.num_addresses < 4:
+def probe_address(pod_cidrs: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> ipaddress.IPv4Address | None:
+    """A node's probe address: the first address of its first IPv4 pod CIDR (probes speak IPv4
+    only; a node with several IPv4 blocks is probed at the first its record lists)."""
+    pod_cidr = next((c for c in pod_cidrs if c.version == 4), None)
+    if pod_cidr is None or pod_cidr.num_addresses < 4:
         return None
     return ipaddress.IPv4Address(int(pod_cidr.network_address) + 1)
 

@@ -62,8 +62,8 @@ def search(topo: Topology, query: str, remotes: Sequence[Topology] = ()) -> list
     except ValueError:
         ip = None
     if ip is not None:
-        hits = [Hit(name, loc, "pod", f"pod address {ip} is in {name}'s pod CIDR {n.pod_cidr}")
-                for name, loc, n in nodes if ip.version == n.pod_cidr.version and ip in n.pod_cidr]
+        hits = [Hit(name, loc, "pod", f"pod address {ip} is in {name}'s pod CIDR {c}")
+                for name, loc, n in nodes for c in n.pod_cidrs if ip.version == c.version and ip in c]
         hits += [Hit(name, loc, "address", f"{ip} is {name}'s {what} address")
                  for name, loc, n in nodes for what, a in (("internal", n.internal_ip), ("WireGuard", n.wireguard_ip))
                  if a is not None and a.ip == ip]

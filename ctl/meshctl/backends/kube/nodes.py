@@ -203,16 +203,17 @@ def parse_kube_node(obj: Mapping[str, Any], *, location_label: str = defaults.RE
     malformed one in that order is the one reported.
 
     `pod_cidrs` given (`--cni calico|cilium`: the CNI's IPAM, backends.kube.cni_ipam) replaces
-    `spec.podCIDR`; an empty tuple means the CNI has given the node no pod CIDR yet (None).
+    `spec.podCIDRs`/`spec.podCIDR`: every CIDR given (all of a node's Calico blocks, any number
+    of one family) becomes the node's; an empty tuple means the CNI has given the node no pod
+    CIDR yet (None).
     """
     name, ann, labels = _metadata(obj)
     where = f"node {name}"
-    pod_cidr_text = (obj.get("spec") or {}).get("podCIDR")
-    has_cidr = bool(pod_cidrs) if pod_cidrs is not None else bool(pod_cidr_text)
+    has_cidr = bool(pod_cidrs) if pod_cidrs is not None else has_pod_cidr(obj)
     if not has_cidr or PUBLIC_KEY not in ann or LAST_SEEN not in ann:
         return None
     node_name = _node_name(where, name)
-    pod_cidr = pod_cidrs[0] if pod_cidrs else _parsed(where, "spec.podCIDR", fields.cidr, pod_cidr_text)
+    pods = pod_cidrs if pod_cidrs else spec_pod_cidrs(obj, where)
     key = _parsed(where, PUBLIC_KEY, fields.wg_key, ann[PUBLIC_KEY])
     last_seen = _last_seen(where, ann[LAST_SEEN])
     endpoint = _endpoint(ann, where, default_port)
@@ -226,12 +227,34 @@ def parse_kube_node(obj: Mapping[str, Any], *, location_label: str = defaults.RE
     discovered = _discovered(ann, where, node_name)
     unreached = _unreached(ann, where, node_name)
     node = Node(
-        name=node_name, pod_cidr=pod_cidr, public_key=key, location=location, internal_ip=internal_ip,
+        name=node_name, pod_cidrs=pods, public_key=key, location=location, internal_ip=internal_ip,
         endpoint=endpoint, leader=leader, persistent_keepalive=keepalive, allowed_location_ips=allowed,
         wireguard_ip=wg, discovered_endpoints=discovered, unreached_peers=unreached,
     )
     created = (obj.get("metadata") or {}).get("creationTimestamp") or ""
     return KubeNode(node, last_seen, str(created))
+
+
+def has_pod_cidr(obj: Mapping[str, Any]) -> bool:
+    """The Node has been given a pod CIDR (`spec.podCIDRs` or `spec.podCIDR`)."""
+    spec = obj.get("spec") or {}
+    return bool(spec.get("podCIDRs") or spec.get("podCIDR"))
+
+
+def spec_pod_cidrs(obj: Mapping[str, Any], where: str) -> tuple[IPNetwork, ...]:
+    """A Node's pod CIDRs: `spec.podCIDRs` (one per family, as the controller manager allocates
+    them), else `spec.podCIDR` (clusters and objects that predate dual stack); () for neither.
+    InputError names the node and the field."""
+    spec = obj.get("spec") or {}
+    listed = spec.get("podCIDRs")
+    if listed:
+        if not isinstance(listed, list):
+            raise InputError(f"{where}: spec.podCIDRs", listed, "is not a list of CIDRs")
+        nets = tuple(_parsed(where, f"spec.podCIDRs[{i}]", fields.cidr, v) for i, v in enumerate(listed))
+        return _parsed(where, "spec.podCIDRs", fields.one_per_family_of, nets)
+    if spec.get("podCIDR"):
+        return (_parsed(where, "spec.podCIDR", fields.cidr, spec["podCIDR"]),)
+    return ()
 
 
 def own_annotations(node: Node, granularity: str, now: float | None = None) -> dict[str, str | None]:
@@ -259,9 +282,8 @@ def settings_for_agent(obj: Mapping[str, Any], location_label: str = defaults.RE
     def field(ann_name: str, parse: Any, value: Any) -> Any:
         return _parsed(f"node {name}", ann_name, parse, value)
 
-    pod = (obj.get("spec") or {}).get("podCIDR")
-    if pod:
-        out["pod_cidr"] = field("spec.podCIDR", fields.cidr, pod)
+    if has_pod_cidr(obj):
+        out["pod_cidrs"] = spec_pod_cidrs(obj, f"node {name}")
     out["location"] = _location(ann, labels, location_label, f"node {name}")
     if (fe := _user(ann, FORCE_ENDPOINT)) and fe[1]:
         out["endpoint"] = fe[1]

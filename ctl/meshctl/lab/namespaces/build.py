@@ -310,10 +310,10 @@ def _node(spec: LabSpec, st: LabState, cst: ClusterState, topo: Topology, n: Nod
     netns.sysctl(ns, "net.ipv4.ip_forward", "1")
     cni = CNI_LABS.get(spec.options.cni)
     pods = cni.wire_node(st, ns, topo, n, spec.options.pods_per_node) if cni else \
-        [_pod(st, ns, n.pod_cidr, k) for k in range(spec.options.pods_per_node)]
+        [_pod(st, ns, n.pod_cidrs[0], k) for k in range(spec.options.pods_per_node)]  # NodeState.pods_cidr
     nd = Path(st.dir) / "nodes" / (f"{topo.cluster.name}-{n.name}" if spec.multi else n.name)
     cst.nodes.append(NodeState(
-        name=n.name, netns=ns, location=n.location, pod_cidr=str(n.pod_cidr),
+        name=n.name, netns=ns, location=n.location, pod_cidrs=[str(c) for c in n.pod_cidrs],
         internal_ip=str(n.internal_ip) if n.internal_ip else None, public_ip=str(pub_ip),
         leader=n.leader, persistent_keepalive=n.persistent_keepalive,
         allowed_location_ips=[str(a) for a in n.allowed_location_ips],
@@ -348,7 +348,7 @@ def add_pod(name: str | None, node: str, cluster: str | None = None) -> PodState
     k = max((p.index for p in n.pods), default=-1) + 1
     if k >= 250:
         raise MeshError(f"node {node} has no room for another pod")
-    pod = _pod(st, n.netns, ipaddress.ip_network(n.pod_cidr), k)
+    pod = _pod(st, n.netns, ipaddress.ip_network(n.pods_cidr), k)
     n.pods.append(pod)
     labstate.save(st)
     return pod
@@ -375,7 +375,7 @@ def agent_argv(st: LabState, cst: ClusterState, node: NodeState) -> list[str]:
     e = cst.etcd
     me = e.identities[node.name]  # the node's own etcd identity: it may write only its record
     argv = [
-        sys.executable, "-m", "meshctl.cli", "agent", "--node", node.name, "--pod-cidr", node.pod_cidr,
+        sys.executable, "-m", "meshctl.cli", "agent", "--node", node.name, "--pod-cidr", ",".join(node.pod_cidrs),
         "--public-interface", node.public_interface, "--state-dir", node.state_dir,
         "--wg-run-dir", node.wg_run_dir, "--metrics-addr", node.metrics_addr,
         "--backend", "etcd", "--etcd-endpoints", ",".join(e.endpoints), "--etcd-ca", e.ca,

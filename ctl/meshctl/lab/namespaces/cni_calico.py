@@ -86,7 +86,7 @@ def seed(topo: Topology) -> list[dict[str, Any]]:
     """The CRDs, then every node's block affinities and blocks."""
     out = [crd(BLOCK_AFFINITIES), crd(IPAM_BLOCKS)]
     for n in topo.nodes:
-        for b in node_blocks(n.pod_cidr):
+        for b in node_blocks(n.pod_cidrs[0]):
             out += [affinity_object(n.name, b), block_object(n.name, b)]
     return out
 
@@ -119,7 +119,7 @@ def node_annotations(topo: Topology) -> dict[str, dict[str, str]]:
 
 def wire_node(st: LabState, ns: str, topo: Topology, node: Node, count: int) -> list[PodState]:
     """A node's blackhole routes (one per block) and `count` pods across its blocks."""
-    pod_cidr = node.pod_cidr
+    pod_cidr = node.pod_cidrs[0]  # the lab builds pods of one family
     blocks = node_blocks(pod_cidr)
     for b in blocks:
         netns.run(ns, ["ip", "route", "add", "blackhole", str(b), "proto", FELIX_PROTO])

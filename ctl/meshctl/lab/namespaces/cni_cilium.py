@@ -46,8 +46,8 @@ def seed(topo: Topology) -> list[dict[str, Any]]:
     for n in topo.nodes:
         out.append({"apiVersion": f"{CILIUM_NODES.group}/{CILIUM_NODES.version}", "kind": CILIUM_NODES.kind,
                     "metadata": {"name": n.name},
-                    "spec": {"ipam": {"podCIDRs": [str(n.pod_cidr)]},
-                             "addresses": [{"type": "CiliumInternalIP", "ip": router_ip(n.pod_cidr)}]}})
+                    "spec": {"ipam": {"podCIDRs": [str(c) for c in n.pod_cidrs]},
+                             "addresses": [{"type": "CiliumInternalIP", "ip": router_ip(n.pod_cidrs[0])}]}})
     return out
 
 
@@ -79,7 +79,7 @@ def node_annotations(topo: Topology) -> dict[str, dict[str, str]]:
 
 def wire_node(st: LabState, ns: str, topo: Topology, node: Node, count: int) -> list[PodState]:
     """cilium_host/cilium_net with the router address and the pod CIDR route, then `count` pods."""
-    pod_cidr = node.pod_cidr
+    pod_cidr = node.pod_cidrs[0]  # the lab builds pods of one family
     router = router_ip(pod_cidr)
     netns.veth(ns, CILIUM_HOST, ns, CILIUM_NET)
     netns.addr(ns, CILIUM_HOST, f"{router}/32")

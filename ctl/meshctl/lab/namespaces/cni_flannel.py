@@ -62,7 +62,7 @@ def gateway(pod_cidr: IPNetwork) -> str:
 
 def route_argv(n: Node) -> list[str]:
     """flannel's route to node `n` (`ip route replace` arguments)."""
-    return [str(n.pod_cidr), "via", gateway(n.pod_cidr), "dev", FLANNEL_DEV, "onlink"]
+    return [str(n.pod_cidrs[0]), "via", gateway(n.pod_cidrs[0]), "dev", FLANNEL_DEV, "onlink"]
 
 
 def seed(topo: Topology) -> list[dict[str, Any]]:
@@ -76,18 +76,18 @@ def wire_node(st: LabState, ns: str, topo: Topology, me: Node, pods: int) -> lis
     netns.run(ns, ["ip", "link", "add", FLANNEL_DEV, "type", "vxlan", "id", str(VNI), "local", public_ip(me),
                    "dev", PRIVATE_NIC, "dstport", str(PORT), "nolearning"])
     netns.run(ns, ["ip", "link", "set", FLANNEL_DEV, "address", vtep_mac(topo, me.name), "mtu", str(MTU), "up"])
-    netns.addr(ns, FLANNEL_DEV, f"{gateway(me.pod_cidr)}/32")
+    netns.addr(ns, FLANNEL_DEV, f"{gateway(me.pod_cidrs[0])}/32")
     for n in topo.nodes:
         if n.name == me.name:
             continue
         mac = vtep_mac(topo, n.name)
-        netns.run(ns, ["ip", "neigh", "replace", gateway(n.pod_cidr), "lladdr", mac, "dev", FLANNEL_DEV,
+        netns.run(ns, ["ip", "neigh", "replace", gateway(n.pod_cidrs[0]), "lladdr", mac, "dev", FLANNEL_DEV,
                        "nud", "permanent"])
         netns.run(ns, ["bridge", "fdb", "append", mac, "dev", FLANNEL_DEV, "dst", public_ip(n)])
         netns.run(ns, ["ip", "route", "replace", *route_argv(n)])
     netns.bridge(ns, BRIDGE)
-    netns.addr(ns, BRIDGE, f"{me.pod_cidr.network_address + 1}/{me.pod_cidr.prefixlen}")
-    return [_pod(st, ns, me.pod_cidr, k) for k in range(pods)]
+    netns.addr(ns, BRIDGE, f"{me.pod_cidrs[0].network_address + 1}/{me.pod_cidrs[0].prefixlen}")
+    return [_pod(st, ns, me.pod_cidrs[0], k) for k in range(pods)]
 
 
 def _pod(st: LabState, ns: str, pod_cidr: IPNetwork, k: int) -> PodState:

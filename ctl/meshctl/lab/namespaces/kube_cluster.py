@@ -63,7 +63,7 @@ def node_objects(topo: Topology, cni: str = "") -> list[dict[str, Any]]:
             ann[PREFIX + ALLOWED_LOCATION_IPS] = ",".join(str(a) for a in n.allowed_location_ips)
         ann.update(written.get(n.name, {}))
         out.append({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n.name, "annotations": ann},
-                    "spec": {"podCIDR": str(n.pod_cidr)}})
+                    "spec": {"podCIDR": str(n.pod_cidrs[0]), "podCIDRs": [str(c) for c in n.pod_cidrs]}})
     if cni_lab is not None:
         out += cni_lab.seed(topo)
     return out
@@ -138,7 +138,7 @@ def kubectl(kubeconfig: Path, run_dir: Path, args: list[str], *, timeout: float 
     return p.stdout
 
 
-# What a Kubernetes agent takes from its Node instead of flags: the pod CIDR (spec.podCIDR) and
+# What a Kubernetes agent takes from its Node instead of flags: the pod CIDRs (spec.podCIDRs) and
 # the user-set annotations node_objects writes. Dropping them makes the lab run the agents the way
 # the DaemonSet does, so their own record follows the annotations, also when they change.
 _FROM_NODE = ("--pod-cidr", "--location", "--persistent-keepalive", "--allowed-location-ips")

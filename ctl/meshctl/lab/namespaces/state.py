@@ -89,7 +89,7 @@ class NodeState:
 
     name: str
     netns: str | None
-    pod_cidr: str
+    pod_cidrs: list[str]  # the node's pod CIDRs; its pods are wired in the first (`pods_cidr`)
     public_ip: str
     metrics_addr: str
     dir: str
@@ -117,6 +117,12 @@ class NodeState:
         """The namespace this node's agent is dialled from: its own, or for a VM node the one on
         its public segment (its etcd's)."""
         return self.status_netns or self.netns
+
+    @property
+    def pods_cidr(self) -> str:
+        """The pod CIDR the lab wires this node's pods in: the first its record lists (the lab
+        builds pods of one family)."""
+        return self.pod_cidrs[0]
 
     @property
     def agent_started(self) -> bool:

@@ -64,10 +64,10 @@ def topology() -> Topology:
     return Topology(
         mesh=MeshSettings(granularity="location"),
         nodes=(
-            Node("a", net("10.42.1.0/24"), key.replace("A", "B", 1), "near", iface("192.168.77.1/24"),
+            Node("a", (net("10.42.1.0/24"),), key.replace("A", "B", 1), "near", iface("192.168.77.1/24"),
                  Endpoint("203.0.113.1", 51820), leader=True),
-            Node("b", net("10.42.2.0/24"), key.replace("A", "C", 1), "near", iface("192.168.77.2/24")),
-            Node("c", net("10.42.9.0/24"), key.replace("A", "D", 1), "far", iface("172.20.0.9/24"),
+            Node("b", (net("10.42.2.0/24"),), key.replace("A", "C", 1), "near", iface("192.168.77.2/24")),
+            Node("c", (net("10.42.9.0/24"),), key.replace("A", "D", 1), "far", iface("172.20.0.9/24"),
                  Endpoint("203.0.113.9", 51820)),
         ),
     )

@@ -334,7 +334,7 @@ function draw() {
     el("text", { x: pos.x, y: pos.y + 4.5, "text-anchor": "middle" }, g,
       short((peer ? name.slice(5) : name) + (n && n.leader ? " \u2605" : ""), 16));
     const t = el("title", {}, g);
-    t.textContent = peer ? name : name + "\npod CIDR " + n.pod_cidr + (n.internal_ip ? "\ninternal " + n.internal_ip : "") +
+    t.textContent = peer ? name : name + "\npod CIDRs " + n.pod_cidrs.join(", ") + (n.internal_ip ? "\ninternal " + n.internal_ip : "") +
       (n.endpoint ? "\nendpoint " + n.endpoint : "") + (n.leader ? "\nleads its location" : "");
     g.addEventListener("click", (ev) => { ev.stopPropagation(); pickNode(name); });
   }
