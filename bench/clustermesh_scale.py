@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from convergence import SYNTH_BASE, measure_joins, passes, rss_mb, synth_record
+from convergence import SYNTH_BASE, measure_joins, rss_mb, synth_record
 from meshctl.mesh import records
 from meshctl.mesh.admit import admit_local, admit_remotes
 from meshctl.mesh.model import Cluster, MeshSettings, Topology
@@ -215,14 +215,13 @@ def bench_agent(sizes: list[int], joins: int, prefix: str) -> None:
             wait_until(lambda lasts=lasts: all(has_route(a1.netns, c) for c in lasts), f"a1 routes at {n}", 900)
             converge = time.monotonic() - t0
             time.sleep(3)
-            before = passes(a1)
             js = measure_joins(kv2, "cluster5", [a1], joins, settle=max(1.0, 2 * converge / 10), timeout=60)
             s = labcheck.agent_status(a1, timeout=60) or {}
             last = s.get("last_reconcile") or {}
             rows.append({"nodes": n, "converge": converge, "join_ms": 1000 * statistics.median(js),
                          "join_max_ms": 1000 * max(js), "pass_ms": 1000 * last.get("duration_s", float("nan")),
                          "cpu_ms": 1000 * last.get("cpu_s", float("nan")), "steps": last.get("steps_ms", {}),
-                         "passes": passes(a1) - before, "rss": rss_mb(a1.pid),
+                         "rss": rss_mb(a1.pid),
                          "remote": sum(c.get("nodes", 0) for c in (s.get("remotes") or {}).get("clusters", []))})
             print(f"   {n}: first converge {converge:.1f} s; last pass steps (ms) {last.get('steps_ms')}")
     finally:
