@@ -18,9 +18,9 @@ baseline it names, measured in the same run:
 3. watch load: watch traffic one remote etcd (cluster2's, loopback, mTLS) serves during 1,000
    joins written to it, with K real watchers (`RemoteClusters`, as agents run them) connected
    directly, versus through the cache (`ClusterMeshCache` watching it once, the K watchers on
-   cluster1's etcd). Counted by that etcd's /metrics (`etcd_network_client_grpc_sent_bytes_total`,
-   `etcd_debugging_mvcc_watch_stream_total`) and by `ss` (connections to its client port); events
-   delivered from the watchers' own counts (the mirror's revision steps).
+   cluster1's etcd). Counted by that etcd's /metrics (events: `etcd_debugging_mvcc_events_total`,
+   bytes: `etcd_network_client_grpc_sent_bytes_total`, streams:
+   `etcd_debugging_mvcc_watch_stream_total`) and by `ss` (connections to its client port).
 
     .venv/bin/python bench/clustermesh_scale.py [--parts plan,agent,watch] [--prefix sc-]
 """
