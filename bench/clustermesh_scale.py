@@ -12,7 +12,8 @@ baseline it names, measured in the same run:
 2. agent: the same records in real etcds (the lab's two-cluster lab, etcd with mTLS; cluster1's
    and cluster2's records in their own etcds, cluster3..cluster10 in cluster2's etcd process: 2
    etcd processes for 10 clusters), one real agent (cluster1's a1, fast path off) following the 9
-   remote clusters directly; time from writing one new remote record until its route is in a1's
+   remote clusters directly; time from writing one new remote record (convergence.measure_joins: a
+   node in a location of its own, in cluster5) until its route is in a1's
    kernel table (`ip monitor route`), the pass's own time, and a1's RSS. Baseline: 10 x 500.
    Goal at 50,000: < 1 s wall, < 500 MB RSS.
 3. watch load: watch traffic one remote etcd (cluster2's, loopback, mTLS) serves during 1,000
