@@ -98,9 +98,10 @@ def joins(st: LabState, n: int) -> list[float]:
 
 
 def measure_joins(c: EtcdClient, cluster: str, watchers: list[NodeState], n: int,
-                  second_octet: int = 127) -> list[float]:
+                  second_octet: int = 127, settle: float = 0.2, timeout: float = 10) -> list[float]:
     """Write `n` node records (one at a time) into `cluster`'s etcd; for each, the time until every
-    watcher node has the route to its pod CIDR in its kernel table. Each record is deleted after."""
+    watcher node has the route to its pod CIDR in its kernel table (at most `timeout` s). Each
+    record is deleted after, and the next written `settle` s later (the deletion's pass done)."""
     watches = [RouteWatch(x.netns) for x in watchers]
     time.sleep(0.3)
     out = []
@@ -112,14 +113,14 @@ def measure_joins(c: EtcdClient, cluster: str, watchers: list[NodeState], n: int
             t0 = time.monotonic()
             c.put(node_key(cluster, name), json.dumps(rec))
             dst = rec["pod_cidr"]
-            deadline = t0 + 10
+            deadline = t0 + timeout
             while time.monotonic() < deadline and not all(dst in w.seen for w in watches):
                 time.sleep(0.002)
             if not all(dst in w.seen for w in watches):
-                raise SystemExit(f"join {i}: not every agent installed {dst} within 10 s")
+                raise SystemExit(f"join {i}: not every agent installed {dst} within {timeout:.0f} s")
             out.append(max(w.seen[dst] for w in watches) - t0)
             c.delete(node_key(cluster, name))
-            time.sleep(0.2)
+            time.sleep(settle)
     finally:
         for w in watches:
             w.stop()
