@@ -17,6 +17,13 @@ from meshctl.mesh import fields
 from meshctl.mesh.model import IPInterface, IPNetwork
 from meshctl.node.cni import CNI_MODES, FASTPATH_OFF
 
+# The CNI modes that read the CNI's state from the Kubernetes API, and why they need its backend.
+KUBE_ONLY_CNI = {
+    "flannel": "needs --backend kubernetes (it reads flannel's Node annotations)",
+    **{cni: "reads pod CIDRs from the CNI's objects in the Kubernetes API: it needs --backend kubernetes"
+       for cni in CNI_KINDS},
+}
+
 
 @dataclass
 class AgentConfig:
@@ -101,11 +108,8 @@ class AgentConfig:
             raise InputError("--kvstore-cert", self.kvstore_cert or "", "and --kvstore-key go together")
         if self.cni not in CNI_MODES:
             raise InputError("--cni", self.cni, f"is not one of {', '.join(CNI_MODES)}")
-        if self.cni == "flannel" and self.backend != "kubernetes":
-            raise InputError("--cni", self.cni, "needs --backend kubernetes (it reads flannel's Node annotations)")
-        if self.cni in CNI_KINDS and self.backend != "kubernetes":
-            raise InputError("--cni", self.cni, "reads pod CIDRs from the CNI's objects in the Kubernetes API: "
-                             "it needs --backend kubernetes")
+        if self.cni in KUBE_ONLY_CNI and self.backend != "kubernetes":
+            raise InputError("--cni", self.cni, KUBE_ONLY_CNI[self.cni])
         if self.resync_interval <= 0:
             raise InputError("--resync-seconds", self.resync_interval, "must be > 0")
         if not 0 <= self.path_hold <= 3600:

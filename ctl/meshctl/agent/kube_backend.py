@@ -121,12 +121,12 @@ class OwnPodCidrs:
         self.cidrs: tuple[IPNetwork, ...] = ()
 
     def __call__(self, cidrs: tuple[IPNetwork, ...]) -> None:
+        # The backend calls only when they changed.
         if not cidrs:
             log.warning("own node: its CNI's IPAM gives it no pod CIDR now; keeping %s",
                         ",".join(str(c) for c in self.cfg.pod_cidrs))
             return
-        if cidrs != self.cidrs:
-            log.info("own node: pod CIDRs %s (from %s's IPAM)", ",".join(str(c) for c in cidrs), self.cfg.cni)
+        log.info("own node: pod CIDRs %s (from %s's IPAM)", ",".join(str(c) for c in cidrs), self.cfg.cni)
         self.cidrs = cidrs
         # Every block is the node's: each one is routed and gets its fast-path entry.
         self.cfg.pod_cidrs = cidrs

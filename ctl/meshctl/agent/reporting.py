@@ -49,7 +49,6 @@ from meshctl.mesh.model import ENCAP_RUNGS, Topology
 from meshctl.mesh.plan import FastPathEntry, NodePlan
 from meshctl.mesh.render import node_rows
 from meshctl.mesh.segments import Remote
-from meshctl.node.cni import FASTPATH_OFF
 from meshctl.node.discovery import DEFAULT_NIC_MTU, WG_OVERHEAD
 from meshctl.node.wireguard import PeerStatus
 
@@ -271,7 +270,7 @@ class LiveReader:
         watch = self.pods()
         found = tuple(watch.current) if watch is not None else ()
         warning = None
-        if found and not carrying and self.cfg.cni not in FASTPATH_OFF:  # else the datapath line says why
+        if found and not carrying and fastpath_off(self.cfg) is None:  # else the datapath line says why
             why = "the fast path is not loaded" if dp.mode != "ebpf" else \
                 f"--pod-interfaces {self.cfg.pod_interfaces!r} matches none of them"
             warning = f"{len(found)} pod interface(s) on this node and none carry the fast path: {why}"

@@ -44,7 +44,7 @@ from meshctl.backends.kube.peers import KILO_PEERS, MESHCTL_PEERS, PeerResource,
 from meshctl.errors import MISSING, InputError, MeshError
 from meshctl.mesh import fields, records
 from meshctl.mesh.admit import Rejection
-from meshctl.mesh.model import Cluster, MeshSettings, Node
+from meshctl.mesh.model import Cluster, IPNetwork, MeshSettings, Node
 from meshctl.mesh.observed import MAX_SEEN_BYTES, NodeSeen, summary_of
 from meshctl.node.flannel import FlannelLease
 
@@ -221,8 +221,8 @@ class KubeBackend:
             self._kinds.append(_Kind("configmap", ConfigMap, namespace, {"metadata.name": configmap}))
         # Called (on the reconcile thread, from snapshot) with this node's pod CIDRs from its CNI's
         # IPAM whenever they changed (--cni calico|cilium): how its own record follows a moved block.
-        self.on_own_pod_cidrs: Callable[[tuple[Any, ...]], object] | None = None
-        self._own_cidrs: tuple[Any, ...] | None = None
+        self.on_own_pod_cidrs: Callable[[tuple[IPNetwork, ...]], object] | None = None
+        self._own_cidrs: tuple[IPNetwork, ...] | None = None
         self.pod_cidrs: PodCidrs | None = None  # the last snapshot's, for status and tests
         self._errors: dict[str, str] = {}  # kind -> why it cannot be read now
         self._last_good: ClusterState | None = None

@@ -31,7 +31,7 @@ from meshctl.backends.kube.cni_ipam import BLOCK_AFFINITIES, IPAM_BLOCKS, CrdKin
 from meshctl.errors import MeshError
 from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.state import KubeAccess, LabState, NodeState, PodState
-from meshctl.lab.namespaces.wiring import POD_GW, add_ns
+from meshctl.lab.namespaces.wiring import POD_GW, route_pod, veth_pod
 from meshctl.lab.rigs import netns
 from meshctl.mesh.model import IPNetwork, Node, Topology
 from meshctl.setns import in_netns
@@ -97,18 +97,14 @@ def veth_name(pod_ns: str) -> str:
 
 
 def wire_pod(st: LabState, ns: str, pod_ns: str, ip: str) -> PodState:
-    """One pod as Calico's CNI plugin leaves it; the /32 route last (the agent's pod watcher keys on it)."""
+    """One pod as Calico's CNI plugin leaves it: the host end `cali*` with Calico's fixed MAC and
+    proxy ARP (it answers for the pods' gateway), routed with Felix's protocol."""
     pod = PodState(pod_ns, ip, veth_name(pod_ns))
-    add_ns(st, pod_ns)
-    netns.veth(ns, pod.host_if, pod_ns, "eth0")
+    veth_pod(st, ns, pod)
     netns.run(ns, ["ip", "link", "set", pod.host_if, "address", CALI_MAC])
     netns.sysctl(ns, f"net.ipv4.conf.{pod.host_if}.proxy_arp", "1")
     netns.sysctl(ns, f"net.ipv4.neigh.{pod.host_if}.proxy_delay", "0")
-    netns.addr(pod_ns, "eth0", f"{ip}/32")
-    netns.run(pod_ns, ["ip", "route", "add", POD_GW, "dev", "eth0", "scope", "link"])
-    netns.run(pod_ns, ["ip", "route", "add", "default", "via", POD_GW, "dev", "eth0"])
-    netns.run(pod_ns, ["ip", "neigh", "replace", POD_GW, "lladdr", CALI_MAC, "dev", "eth0", "nud", "permanent"])
-    netns.run(ns, ["ip", "route", "add", f"{ip}/32", "dev", pod.host_if, "proto", FELIX_PROTO])
+    route_pod(ns, pod, POD_GW, gateway_mac=CALI_MAC, proto=FELIX_PROTO)
     return pod
 
 

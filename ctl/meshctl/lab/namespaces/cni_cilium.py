@@ -26,7 +26,7 @@ from typing import Any
 from meshctl.backends.kube.cni_ipam import CILIUM_NODES
 from meshctl.lab.namespaces.cni_calico import crd
 from meshctl.lab.namespaces.state import LabState, NodeState, PodState
-from meshctl.lab.namespaces.wiring import add_ns, pod_ip
+from meshctl.lab.namespaces.wiring import pod_ip, route_pod, veth_pod
 from meshctl.lab.rigs import netns
 from meshctl.mesh.model import IPNetwork, Node, Topology
 
@@ -56,15 +56,11 @@ def veth_name(pod_ns: str) -> str:
 
 
 def wire_pod(st: LabState, ns: str, pod_ns: str, ip: str, router: str) -> PodState:
+    """One pod as Cilium leaves it: an `lxc*` host end, the pod's gateway the node's router
+    address, answered by the host end's own MAC."""
     pod = PodState(pod_ns, ip, veth_name(pod_ns))
-    add_ns(st, pod_ns)
-    netns.veth(ns, pod.host_if, pod_ns, "eth0")
-    mac = _mac(ns, pod.host_if)
-    netns.addr(pod_ns, "eth0", f"{ip}/32")
-    netns.run(pod_ns, ["ip", "route", "add", router, "dev", "eth0", "scope", "link"])
-    netns.run(pod_ns, ["ip", "route", "add", "default", "via", router, "dev", "eth0"])
-    netns.run(pod_ns, ["ip", "neigh", "replace", router, "lladdr", mac, "dev", "eth0", "nud", "permanent"])
-    netns.run(ns, ["ip", "route", "add", f"{ip}/32", "dev", pod.host_if])
+    veth_pod(st, ns, pod)
+    route_pod(ns, pod, router, gateway_mac=_mac(ns, pod.host_if))
     return pod
 
 

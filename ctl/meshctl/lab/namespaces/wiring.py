@@ -40,17 +40,34 @@ def add_ns(st: LabState, name: str) -> str:
     return name
 
 
-def wire_pod(st: LabState, ns: str | None, pod_ns: str, pod_cidr: IPNetwork, k: int) -> PodState:
-    """Pod `k` of the node in `ns` (None: this host, a VM node), in namespace `pod_ns`, wired as a
-    routed CNI (Calico, ptp) does: a veth whose host end `pod<k>` holds the gateway address and a /32
-    route to the pod's address. The route comes last, so the moment it exists the pod can be reached
-    (what the agent's pod watcher keys on)."""
-    pod = pod_entry(pod_ns, pod_cidr, k)
+def veth_pod(st: LabState, ns: str | None, pod: PodState) -> None:
+    """The pod's namespace (recorded) and its veth: `pod.host_if` in `ns`, `eth0` in the pod."""
     add_ns(st, pod.netns)
     netns.veth(ns, pod.host_if, pod.netns, "eth0")
-    netns.addr(ns, pod.host_if, f"{POD_GW}/32")  # the pod's gateway answers ARP on every pod veth
+
+
+def route_pod(ns: str | None, pod: PodState, gateway: str, *, gateway_mac: str | None = None,
+              proto: str | None = None) -> None:
+    """A routed pod's addressing, as routed CNIs (Calico, Cilium, ptp) leave it: the pod's /32 on
+    `eth0`, its default route via `gateway` on the link (with a permanent neighbour entry when the
+    CNI answers for the gateway with a fixed MAC), and the host's /32 route to it (`proto` the
+    CNI's routing protocol). The host route comes last, so the moment it exists the pod can be
+    reached (what the agent's pod watcher keys on)."""
     netns.addr(pod.netns, "eth0", f"{pod.ip}/32")
-    netns.run(pod.netns, ["ip", "route", "add", POD_GW, "dev", "eth0", "scope", "link"])
-    netns.run(pod.netns, ["ip", "route", "add", "default", "via", POD_GW, "dev", "eth0"])
-    netns.run(ns, ["ip", "route", "add", f"{pod.ip}/32", "dev", pod.host_if])
+    netns.run(pod.netns, ["ip", "route", "add", gateway, "dev", "eth0", "scope", "link"])
+    netns.run(pod.netns, ["ip", "route", "add", "default", "via", gateway, "dev", "eth0"])
+    if gateway_mac is not None:
+        netns.run(pod.netns, ["ip", "neigh", "replace", gateway, "lladdr", gateway_mac, "dev", "eth0",
+                              "nud", "permanent"])
+    netns.run(ns, ["ip", "route", "add", f"{pod.ip}/32", "dev", pod.host_if, *(["proto", proto] if proto else [])])
+
+
+def wire_pod(st: LabState, ns: str | None, pod_ns: str, pod_cidr: IPNetwork, k: int) -> PodState:
+    """Pod `k` of the node in `ns` (None: this host, a VM node), in namespace `pod_ns`, wired the
+    lab's own way: a routed veth whose host end `pod<k>` holds the gateway address (it answers ARP
+    on every pod veth)."""
+    pod = pod_entry(pod_ns, pod_cidr, k)
+    veth_pod(st, ns, pod)
+    netns.addr(ns, pod.host_if, f"{POD_GW}/32")
+    route_pod(ns, pod, POD_GW)
     return pod
