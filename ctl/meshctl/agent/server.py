@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, quote, urlsplit
 
@@ -34,8 +34,17 @@ from meshctl.agent.status import (
     RemotesStatus,
     RungChanges,
 )
+from meshctl.http_serving import CLIENT_GONE, HttpServer
 
 log = logging.getLogger("meshctl.agent")
+
+
+class StatusHttpServer(HttpServer):
+    """The agent's `/status`, `/metrics` and probe API: a port an agent restarting moments ago
+    held is taken again at once (reuse), unlike `meshctl ui`'s."""
+
+    name = "meshctl agent"
+    allow_reuse_address = True
 
 
 class AgentCollector(Collector):
@@ -231,7 +240,7 @@ class StatusServer:
             def _send(self, code: int, body: bytes, ctype: str) -> None:
                 # A client that gave up (a poll with a short timeout on a slow machine) is not the
                 # agent's error: its answer is dropped without a traceback in the log.
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                with contextlib.suppress(*CLIENT_GONE):
                     self.send_response(code)
                     self.send_header("Content-Type", ctype)
                     self.send_header("Content-Length", str(len(body)))
@@ -242,9 +251,7 @@ class StatusServer:
                 return
 
         host, port = parse_addr(addr, "--metrics-addr")
-        ThreadingHTTPServer.allow_reuse_address = True
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = StatusHttpServer((host, port), Handler)
         self.address = self.httpd.server_address
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1},
                                         name="status-http", daemon=True)

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """The web server of `meshctl ui`: the page and its assets (shipped in this package, so it works
-offline) and a small JSON API the page polls, on the standard library's ThreadingHTTPServer.
+offline) and a small JSON API the page polls, on the standard library's threaded HTTP server (meshctl.http_serving).
 
 The server knows nothing of where the mesh comes from: a `Provider` answers each API call (the
 CLI's is cli/ui.py, over the same Source as `plan` and `graph`). Its promises:
@@ -24,13 +24,14 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from importlib.resources import files
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from meshctl.defaults import UI_LISTEN
 from meshctl.errors import InputError, MeshError
+from meshctl.http_serving import CLIENT_GONE, HttpServer
 
 JSON = dict[str, Any]
 # The page's files, by the path the browser asks for: (file under assets/, content type).
@@ -113,10 +114,10 @@ def _host_of(header: str) -> str:
     return header.rpartition(":")[0] if header.count(":") == 1 else header
 
 
-class UiServer(ThreadingHTTPServer):
+class UiServer(HttpServer):
     """The page's server, bound to one address. `loopback_only`: requests must name a loopback Host."""
 
-    daemon_threads = True
+    name = "meshctl ui"
     allow_reuse_address = False  # a port another `meshctl ui` holds is in use, not shared
 
     def __init__(self, addr: tuple[str, int], provider: Provider, family: socket.AddressFamily) -> None:
@@ -235,7 +236,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header("Content-Encoding", "gzip")
             self.end_headers()
             self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):
+        except CLIENT_GONE:
             pass  # the browser went away (a reload): nothing to answer
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:

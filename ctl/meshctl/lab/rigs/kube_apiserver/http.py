@@ -11,9 +11,11 @@ import socket
 import threading
 import time
 from collections import deque
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from meshctl.http_serving import CLIENT_GONE, HttpServer
 
 from . import discovery, openapi, tables
 from .store import APPLY_PATCH, PATCH_TYPES, VALIDATION, Event, Store, Write, matches, selector
@@ -113,7 +115,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._resource(method, parts, q)
         except ApiFailure as e:
             self._send(e.code, e.status())
-        except (BrokenPipeError, ConnectionResetError):
+        except CLIENT_GONE:
             pass
 
     def _meta(self, parts: list[str]) -> bool:
@@ -270,7 +272,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if not pending:
                     break
             self.wfile.write(b"0\r\n\r\n")
-        except (BrokenPipeError, ConnectionResetError):
+        except CLIENT_GONE:
             pass
 
     def _open_stream(self) -> None:
@@ -319,11 +321,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch("DELETE")
 
 
-class ApiServer(ThreadingHTTPServer):
+class ApiServer(HttpServer):
     """The HTTP server around a `Store`. `start()` serves from a daemon thread; `url` is the
     address clients use; `stop()` ends every watch and closes the socket."""
 
-    daemon_threads = True
+    name = "lab API server"
     allow_reuse_address = True
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, store: Store | None = None,
