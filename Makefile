@@ -8,6 +8,9 @@ LAB ?= ctl/meshctl/lab/labs/default.yaml
 KERNELS ?= 5.10 6.1 6.12
 # The kernels `make test` needs: its VM smoke boots 6.1, its multi-VM lab mixes all three.
 SMOKE_KERNELS := 5.10 6.1 6.12
+# pytest-xdist workers of `make test`: one boots the VM tests (TCG) while the other runs the host
+# tests beside it; most host tests wait on agents and pings, not on the CPU.
+TEST_WORKERS ?= 2
 # The agent image (`make image`): tag it for your registry with IMAGE=registry.example.com/meshctl:TAG.
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= meshctl/meshctl:$(VERSION)
@@ -23,7 +26,7 @@ kernels: setup
 
 test: setup lint
 	@bash scripts/kernels.sh $(SMOKE_KERNELS)
-	@$(PY) -m pytest -q -p no:cacheprovider tests
+	@$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup tests
 
 # The datapath, node, lab and paths suites inside each kernel of the matrix (TCG: hours).
 vmtest: kernels

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from importlib.resources import files
 from typing import Any
 
@@ -31,6 +32,9 @@ from meshctl.lab.rigs import netns
 from meshctl.lab.vms import vm, vmlab, vmnodes
 from meshctl.lab.vms.vmlab import Forwarder
 from meshctl.node.shell import pid_alive
+
+# How long `lab status` waits for a VM node's agent (TCG guests answer slowly on a busy host).
+VM_STATUS_WAIT = 5.0
 
 
 def _progress(msg: str) -> None:
@@ -164,8 +168,12 @@ def lab_status(lab_name: str | None, output: str) -> None:
     """Nodes, pods, agents (alive, converged) and etcd of a lab."""
     st = state.resolve(lab_name)
     rows: list[dict[str, Any]] = []
-    for c, n in st.nodes():
-        s = labcheck.agent_view(n, timeout=1.0)
+    members = list(st.nodes())
+    # Every agent asked at once; a VM node's agent (under TCG on a busy host) gets longer to answer.
+    with ThreadPoolExecutor(max_workers=max(1, len(members))) as pool:
+        views = list(pool.map(lambda cn: labcheck.agent_view(cn[1], timeout=VM_STATUS_WAIT if cn[1].vm else 1.0),
+                              members))
+    for (c, n), s in zip(members, views, strict=True):
         in_vm = n.vm
         rows.append({
             "cluster": c.name, "node": n.name, "netns": n.netns, "location": n.location,
