@@ -15,9 +15,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from meshctl.errors import InputError
+from meshctl.mesh.admit import list_field
 from meshctl.mesh.fields import endpoint
 from meshctl.mesh.ladder import member_rungs, pair_rungs
-from meshctl.mesh.model import PRIVATE_RUNGS, IPNetwork, Node, Topology, host_net, private_neighbours
+from meshctl.mesh.model import FAMILIES, PRIVATE_RUNGS, IPNetwork, Node, Topology, host_net, private_neighbours
+from meshctl.mesh.natview import choose_relay, family_names, nat_view
 from meshctl.mesh.plan import NodePlan
 from meshctl.mesh.segments import Remote, segments
 
@@ -30,7 +32,33 @@ def topology_warnings(topo: Topology, doc: Any = None) -> list[str]:
     out = _endpoint_ports(topo, doc)
     out += host_prefix_warnings(topo)
     out += dead_tunnels(topo)
+    out += family_gaps(topo)
     out += unused_fields(topo)
+    return out
+
+
+def family_gaps(topo: Topology, only: str | None = None) -> list[str]:
+    """WireGuard identities (segment leaders) that share no IP family, an IPv4-only and an
+    IPv6-only node: neither can call the other, so the plan relays the pair through a node both
+    can call (natview.choose_relay: a public endpoint in each one's family), or, without such a
+    node, the pair can never talk. Named pairs first, then a count. `only`: that node's pairs."""
+    leaders = [s.leader for s in segments(topo)] if topo.nodes else []
+    ones = {f: sorted((n for n in leaders if n.families == {f}), key=lambda n: n.name) for f in FAMILIES}
+    pairs = [(a, b) for a in ones[4] for b in ones[6] if only in (None, a.name, b.name)]
+    if not pairs:
+        return []
+    view = nat_view(topo.nodes)
+    relays = [n for n in leaders if n.reachable_endpoint is not None]
+    out = []
+    for a, b in pairs[:MAX_PAIRS_NAMED]:
+        via = choose_relay(view, a, b, relays)
+        why = f"relayed through {via.name} (path relay)" if via is not None else \
+            "no node with a public endpoint in both families can relay for them, so they can never reach each " \
+            "other (give one an endpoint in the other's family)"
+        out.append(f"nodes {a.name} ({family_names(a)}) and {b.name} ({family_names(b)}) share no IP family: {why}")
+    if len(pairs) > MAX_PAIRS_NAMED:
+        out.append(f"{len(pairs) - MAX_PAIRS_NAMED} more pairs of an IPv4-only and an IPv6-only node share no IP "
+                   f"family (relayed where a node with both can relay)")
     return out
 
 
@@ -54,11 +82,16 @@ def unused_fields(topo: Topology) -> list[str]:
         if n.leader and s.leader.name != n.name:
             out.append(f"nodes[{i}].leader: true is not used: {s.leader.name} leads location {n.location} "
                        f"({_why_leads(s.leader)})")
-        wg = s.wireguard_ip if s.leader.name == n.name else None
-        if n.wireguard_ip is not None and n.wireguard_ip != wg:
-            gets = f"{n.name} gets {wg}" if wg is not None else f"{n.name} does not lead {s.key} and gets none"
-            out.append(f"nodes[{i}].wireguard_ip: {str(n.wireguard_ip)!r} is not used: WireGuard addresses follow "
-                       f"the segments ({gets})")
+        wgs = s.addresses if s.leader.name == n.name else ()
+        for j, a in enumerate(n.wireguard_ips):
+            if a in wgs:
+                continue
+            got = next((w for w in wgs if w.version == a.version), None)
+            gets = f"{n.name} gets {got}" if got is not None else \
+                f"the mesh has no IPv{a.version} WireGuard subnet (mesh.subnet6)" if wgs else \
+                f"{n.name} does not lead {s.key} and gets none"
+            out.append(f"nodes[{i}].{list_field(n.wireguard_ips, 'wireguard_ip', j)}: {str(a)!r} is not used: "
+                       f"WireGuard addresses follow the segments ({gets})")
         out += [f"nodes[{i}].unreached_peers: {x!r} is not a node, so the report is ignored"
                 for x in n.unreached_peers if x not in names]
         out += [f"nodes[{i}].discovered_endpoints.{x}: {str(ep)!r} is not about a node, so the report is ignored"
