@@ -128,6 +128,7 @@ def endpoint(value: Any, path: str, default_port: int | None = None) -> Endpoint
     """`host:port`, `[v6]:port` or `dns-name:port` (the port may be left out if a default is given)."""
     if not isinstance(value, str) or not value:
         raise InputError(path, value, "is not an endpoint (host:port, [v6]:port or name:port)")
+    _no_zone(value, path)
     host: str
     port_text: str | None
     if value.startswith("["):
