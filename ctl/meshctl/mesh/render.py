@@ -324,6 +324,7 @@ def node_rows_table(rows: Sequence[dict[str, Any]]) -> str:
     return table([(r["name"], r["source"], r["location"] or None, joined(r.get("internal_ips") or [])
                    or r["internal_ip"], ",".join(r["pod_cidrs"]),
                    joined(r.get("wireguard_ips") or []) or r["wireguard_ip"],
-                   path_text(r["path"], [(int(f.removeprefix("IPv")), rung) for f, rung in r.get("family_paths", {}).items()]),
+                   path_text(r["path"], [(int(f.removeprefix("IPv")), rung)
+                                         for f, rung in r.get("family_paths", {}).items()]),
                    r.get("relay")) for r in rows],
                  ["NAME", "SOURCE", "LOCATION", "INTERNAL", "POD CIDRS", "WIREGUARD", "PATH", "RELAY"])
