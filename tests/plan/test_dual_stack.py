@@ -373,3 +373,14 @@ def test_cli_plan_json_of_a_dual_stack_file(tmp_path: Path) -> None:
     assert out["wireguard_ip"] == "10.4.0.1/16" and out["wireguard_ips"] == ["10.4.0.1/16", "fd04::1/64"]
     assert {e["prefix"]: e["nexthop"] for e in out["fastpath"] if e["action"] == "direct"} == {
         "10.42.1.0/24": "10.0.0.2", "fd42:0:0:1::/64": "fd10::2"}
+
+
+def test_a_host_address_is_warned_about_in_its_own_family_only() -> None:
+    """A Hetzner-like node: an IPv4 /32 nothing joins, an IPv6 subnet shared with its neighbour.
+    The IPv4 address is warned about (every IPv4 pod path is WireGuard); the IPv6 one is not, and
+    the IPv6 pods go direct."""
+    doc = mesh_doc(node("a", 0, v4="10.0.1.1/32", v6="fd10::1/64"), node("b", 1, v4="10.0.2.1/32", v6="fd10::2/64"))
+    warned = topology_warnings(parse_topology(copy.deepcopy(doc)))
+    assert [w.split(":", 1)[0] for w in warned] == ["nodes[0].internal_ips[0]", "nodes[1].internal_ips[0]"]
+    assert all("no private network of IPv4 joins" in w and "so every IPv4 path to it is WireGuard" in w for w in warned)
+    assert rung_of(plan(doc, "a"), "b") == {4: "wireguard-private", 6: "direct"}

@@ -134,18 +134,18 @@ def host_prefix_warnings(topo: Topology, only: str | None = None, label: str = "
     mates = _join_candidates(topo)
     out = []
     for i, n in enumerate(topo.nodes):
-        ip = n.internal_ip
-        if ip is None or ip.network.prefixlen != ip.max_prefixlen or only not in (None, n.name):
-            continue
-        head = f"{label}[{i}].internal_ip: {str(ip)!r} is a host address"
-        joined = next((m for m in mates(n) if m.name != n.name), None)
-        why = _host_prefix_why(topo, n, joined)
-        if why is not None:
-            out.append(f"{head}: {why}")
+        for j, ip in enumerate(n.internal_ips):  # each family's address on its own
+            if ip.network.prefixlen != ip.max_prefixlen or only not in (None, n.name):
+                continue
+            head = f"{label}[{i}].{list_field(n.internal_ips, 'internal_ip', j)}: {str(ip)!r} is a host address"
+            joined = next((m for m in mates(n, ip.version) if m.name != n.name), None)
+            why = _host_prefix_why(topo, n, joined, ip.version)
+            if why is not None:
+                out.append(f"{head}: {why}")
     return out
 
 
-def _join_candidates(topo: Topology) -> Callable[[Node], Iterator[Node]]:
+def _join_candidates(topo: Topology) -> Callable[[Node, int], Iterator[Node]]:
     """For a node, the nodes a routed private network joins it to (model.private_joined without
     the neighbour rule, which a host address never meets), lazily: its location's, and in `full`
     granularity also those inside one of `mesh.private_networks` with it. Indexed once, so a file
@@ -155,47 +155,50 @@ def _join_candidates(topo: Topology) -> Callable[[Node], Iterator[Node]]:
     by_net: dict[int, list[Node]] = {}
     nets_of: dict[str, list[int]] = {}
     for m in topo.nodes:
-        ip = m.internal_ip
-        if ip is None:
-            continue
-        if m.location and not m.cluster:
-            by_loc.setdefault((ip.version, m.location), []).append(m)
-        if mesh.granularity == "full":
-            for k, net in enumerate(mesh.private_networks):
-                if net.version == ip.version and ip.ip in net:
-                    by_net.setdefault(k, []).append(m)
-                    nets_of.setdefault(m.name, []).append(k)
+        for ip in m.internal_ips:
+            if m.location and not m.cluster:
+                by_loc.setdefault((ip.version, m.location), []).append(m)
+            if mesh.granularity == "full":
+                for k, net in enumerate(mesh.private_networks):
+                    if net.version == ip.version and ip.ip in net:
+                        by_net.setdefault(k, []).append(m)
+                        nets_of.setdefault(m.name, []).append(k)
 
-    def mates(n: Node) -> Iterator[Node]:
-        assert n.internal_ip is not None
+    def mates(n: Node, family: int) -> Iterator[Node]:
+        """The nodes joined to n in IP version `family` (a network holds one family)."""
         if n.location and not n.cluster:
-            yield from by_loc.get((n.internal_ip.version, n.location), [])
+            yield from by_loc.get((family, n.location), [])
         for k in nets_of.get(n.name, []):
-            yield from by_net[k]
+            if mesh.private_networks[k].version == family:
+                yield from by_net[k]
 
     return mates
 
 
-def _host_prefix_why(topo: Topology, n: Node, joined: Node | None) -> str | None:
+def _host_prefix_why(topo: Topology, n: Node, joined: Node | None, family: int | None = None) -> str | None:
     """What the plan does with host-addressed node `n` and what the operator may do about it;
     None when the plan already uses the private network well. `joined`: a node a routed private
     network joins to `n` (every such node takes the same rung, so one stands for all)."""
     mesh = topo.mesh
+    # A dual-stack node's warning names the family: the other family's paths may be private.
+    fam = f"IPv{family}" if family is not None and len(n.internal_ips) > 1 else ""
+    of, every = (f" of {fam}", f"every {fam} path") if fam else ("", "every path")
     if joined is None:
-        return (f"no private network joins {n.name} to another node, so every path to it is WireGuard "
+        return (f"no private network{of} joins {n.name} to another node, so {every} to it is WireGuard "
                 f"(list the routed network in mesh.private_networks, or write the subnet's prefix if "
                 f"the nodes share one L2 subnet)")
     if mesh.granularity == "location":
-        rung = member_rungs(mesh.intra_subnet, n, joined)[0]
+        rung = member_rungs(mesh.intra_subnet, n, joined, family)[0]
         if rung == "direct":
             return (f"intra_subnet {mesh.intra_subnet} sends the pod packets between {n.name} and its "
                     f"location's members raw (rung direct), which a network handing out host addresses "
                     f"usually drops (set intra_subnet: auto, ipip or vxlan)")
         return None
-    rung = pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, n, joined)[0]
+    rung = pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, n, joined, family,
+                      cross_family=False)[0]
     if rung == "tunnel" and mesh.intra_subnet != "wireguard":
         return (f"intra_subnet {mesh.intra_subnet} uses the private network only between private "
-                f"neighbours, so every path to {n.name} is WireGuard although a private network "
+                f"neighbours, so {every} to {n.name} is WireGuard although a private network{of} "
                 f"joins it to {joined.name} (set intra_subnet: auto to use the private network)")
     return None
 
