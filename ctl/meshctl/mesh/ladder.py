@@ -43,10 +43,12 @@ def pair_rungs(mesh_intra: str, granularity: str, private_networks: tuple[IPNetw
             return ("tunnel",)
         fam = family if mesh_intra == "direct" or not cross_family else None
         return (FIXED_RUNG[mesh_intra], "tunnel") if private_neighbours(me, r, fam) else ("tunnel",)
-    if not same_loc_ok or not private_joined(me, r, private_networks):
+    if not same_loc_ok:
         return ("tunnel",)
     if not private_joined(me, r, private_networks, family):
-        return ("wireguard-private", "tunnel") if mesh_intra == "auto" and cross_family else ("tunnel",)
+        # Only another family's private network may join the pair: its endpoint, not this family's path.
+        other = family is not None and mesh_intra == "auto" and cross_family and private_joined(me, r, private_networks)
+        return ("wireguard-private", "tunnel") if other else ("tunnel",)
     if mesh_intra != "auto":
         return (FIXED_RUNG[mesh_intra], "tunnel")
     return RUNGS if private_neighbours(me, r, family) else RUNGS[1:]  # `direct` only between neighbours

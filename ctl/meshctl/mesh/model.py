@@ -94,7 +94,7 @@ class Endpoint:
             return True
         return not any(ip.version == n.version and ip in n for n in _NON_PUBLIC)
 
-    @property
+    @functools.cached_property
     def family(self) -> int:
         """The IP version of an address endpoint; 0 for a DNS name (reachable from either family:
         its resolver picks)."""
@@ -174,14 +174,24 @@ class Node:
     endpoints: tuple[Endpoint, ...] = ()
     wireguard_ips: tuple[IPInterface, ...] = ()
 
-    @property
+    # Cached, as the other derived fields: plans ask them for every pair on every reconcile.
+    @functools.cached_property
     def reachable_endpoint(self) -> Endpoint | None:
         """The first configured endpoint anyone on the internet can call (a public one)."""
         return next((e for e in self.endpoints if e.is_public), None)
 
+    @functools.cached_property
+    def _internal_by_family(self) -> dict[int, IPInterface]:
+        return {i.version: i for i in self.internal_ips}
+
     def internal(self, family: int) -> IPInterface | None:
         """The internal address of IP version `family`, or None."""
-        return next((i for i in self.internal_ips if i.version == family), None)
+        return self._internal_by_family.get(family)
+
+    @functools.cached_property
+    def pod_families(self) -> tuple[int, ...]:
+        """The IP families of the node's pod CIDRs, in the project's order."""
+        return tuple(f for f in FAMILIES if any(c.version == f for c in self.pod_cidrs))
 
     @functools.cached_property
     def families(self) -> frozenset[int]:
@@ -304,14 +314,14 @@ def private_joined(a: Node, b: Node, private_networks: tuple[IPNetwork, ...], fa
     """One routed private network of `family` (no family given: of some family) joins the two
     nodes' internal addresses: they are private neighbours, or in the same location (Kilo's rule
     for location members), or both inside one of `mesh.private_networks`."""
+    same_location = bool(a.location) and a.location == b.location and not a.cluster and not b.cluster
     for ia in a.internal_ips:
         if family is not None and ia.version != family:
             continue
         ib = b.internal(ia.version)
         if ib is None:
             continue
-        if (ia in ib.network and ib in ia.network) or \
-                (a.location and a.location == b.location and not a.cluster and not b.cluster):
+        if same_location or (ia in ib.network and ib in ia.network):
             return True
         if any(n.version == ia.version and ia.ip in n and ib.ip in n for n in private_networks):
             return True

@@ -42,8 +42,10 @@ class NatView:
         """Where a node speaking `families` calls r: r's public configured endpoint of such a
         family, else its confirmed discovered one, else whatever it configured of such a family (a
         private address only a neighbour can use), else None."""
-        fams = frozenset(families)
-        public = next((e for e in r.endpoints if e.is_public and (e.family == 0 or e.family in fams)), None)
+        fams = families if isinstance(families, frozenset) else frozenset(families)
+        public = r.reachable_endpoint  # the first public one: of a family `fams` holds almost always
+        if public is not None and public.family != 0 and public.family not in fams:
+            public = next((e for e in r.endpoints if e.is_public and (e.family == 0 or e.family in fams)), None)
         found = self.confirmed.get(r.name)
         return public or (found if found is not None and found.family in fams else None) or r.endpoint_for(fams)
 

@@ -286,12 +286,8 @@ def _of_family(ips: Iterable[IPAddress], family: int, default: IPAddress | None 
 def _into_wireguard(dsts: Iterable[IPNetwork], s: Segment) -> tuple[Claim, ...]:
     """`dsts` routed into WireGuard towards segment s: through s's WireGuard address of each
     destination's family, or (a family the mesh has no WireGuard subnet of) the device alone."""
-    return tuple([(d, Route(d, s.gateway(d.version), "wireguard")) for d in dsts])
-
-
-def _wg_hosts(s: Segment) -> list[IPNetwork]:
-    """The /32 (/128) of each of s's WireGuard addresses."""
-    return [host_net(a) for a in s.addresses]
+    gw = s.gateways()
+    return tuple([(d, Route(d, gw.get(d.version), "wireguard")) for d in dsts])
 
 
 def _roams(r: Node) -> bool:
@@ -304,7 +300,7 @@ def _relayed(seat: _Seat, s: Segment, kind: PeerKind, dsts: Iterable[IPNetwork])
     attempt), `dsts` routed to the relay's WireGuard IP, and s's members named as relayed."""
     via, reason = seat.relayed[s.key]
     r = s.leader
-    peer = _peer(s.peer_name, kind, r.public_key, seat.view.endpoint(r, seat.me.families), _wg_hosts(s),
+    peer = _peer(s.peer_name, kind, r.public_key, seat.view.endpoint(r, seat.me.families), s.hosts,
                  seat.keepalive, roaming=_roams(r), discovered=seat.view.discovered(r))
     return Share(peers=(peer,), claims=_into_wireguard(dsts, via),
                  paths=tuple((m.qualified_name, "relay") for m in s.members),
@@ -316,11 +312,6 @@ def _relayed(seat: _Seat, s: Segment, kind: PeerKind, dsts: Iterable[IPNetwork])
 
 def _member_rung(seat: _Seat, m: Node, family: int | None = None) -> Rung:
     return choose_rung(member_rungs(seat.mesh.intra_subnet, seat.me, m, family), seat.state.get(m.qualified_name))
-
-
-def _families(n: Node) -> tuple[int, ...]:
-    """The IP families of n's pod CIDRs, in the project's order."""
-    return tuple(f for f in FAMILIES if any(c.version == f for c in n.pod_cidrs))
 
 
 def _split(name: str, rungs: dict[int, Rung]) -> tuple[tuple[str, tuple[tuple[int, str], ...]], ...]:
@@ -336,7 +327,7 @@ def _location_members(seat: _Seat) -> Share:
     split: list[tuple[str, tuple[tuple[int, str], ...]]] = []
     for m in seat.my_seg.members:
         if m.name != seat.me.name and m.internal_ips:
-            rungs = {f: _member_rung(seat, m, f) for f in _families(m)}
+            rungs = {f: _member_rung(seat, m, f) for f in m.pod_families}
             claims.extend(_private_claim(c, seat.me, m, rungs[c.version]) for c in m.pod_cidrs)
             paths.append((m.qualified_name, cheapest(rungs.values())))
             split.extend(_split(m.qualified_name, rungs))
@@ -350,7 +341,7 @@ def _location_member(seat: _Seat) -> Share:
     (an encapsulation is carried by a fast-path entry, and those exist for pod CIDRs only)."""
     leader = seat.my_seg.leader
     rungs: dict[int, Rung] = {f: _member_rung(seat, leader, f) if leader.internal_ips else "direct" for f in FAMILIES}
-    claims = [_to_leader(seat, rungs[dst.version], dst, False) for s in seat.segs for dst in _wg_hosts(s)]
+    claims = [_to_leader(seat, rungs[dst.version], dst, False) for s in seat.segs for dst in s.hosts]
     paths: list[tuple[str, str]] = []
     for s in seat.segs:
         if s is seat.my_seg:
@@ -384,7 +375,7 @@ def _location_leader(seat: _Seat) -> list[Share]:
             continue
         r = s.leader
         peer = _peer(s.peer_name, "segment", r.public_key, seat.view.endpoint(r, seat.me.families),
-                     addrs + _wg_hosts(s) + seat.extra.get(s.key, []), seat.keepalive,
+                     addrs + s.hosts + seat.extra.get(s.key, []), seat.keepalive,
                      roaming=_roams(r), discovered=seat.view.discovered(r))
         out.append(Share(peers=(peer,), claims=_into_wireguard(addrs, s),
                          paths=tuple((m.qualified_name, "tunnel") for m in s.members)))
@@ -400,7 +391,7 @@ def _pair(seat: _Seat, s: Segment) -> Share:
     WireGuard peer with r's other addresses routed into it (directly, or through r's relay)."""
     me, r, mesh = seat.me, s.leader, seat.mesh
     ladders = {f: pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, me, r, f)
-               for f in _families(r)}
+               for f in r.pod_families}
     working = seat.state.get(r.qualified_name)
     rungs = {f: choose_rung(ladder, working) for f, ladder in ladders.items()}
     path = ((r.qualified_name, cheapest(rungs.values())),)
@@ -409,27 +400,32 @@ def _pair(seat: _Seat, s: Segment) -> Share:
                     if rungs[c.version] not in ("tunnel", "wireguard-private"))
     if mesh.intra_subnet != "auto" and len(private) == len(r.pod_cidrs):
         return Share(claims=private, paths=path, family_paths=split)  # fixed private rungs carry everything: no peer
-    dsts = _pair_destinations(seat, r)
+    dsts = _pair_destinations(seat, r, ladders)
     if s.key in seat.relayed:  # a relayed pair (both ends behind NAT, or no family shared): through a public node
         relayed = _relayed(seat, s, "node", dsts)
         return relayed._replace(claims=private + relayed.claims, family_paths=split)
     ep = _pair_endpoint(seat, r, rungs, ladders, working)
-    peer = _peer(r.name, "node", r.public_key, ep, dsts + _wg_hosts(s) + seat.extra.get(s.key, []),
+    peer = _peer(r.name, "node", r.public_key, ep, dsts + s.hosts + seat.extra.get(s.key, []),
                  seat.keepalive, roaming=_roams(r),
                  discovered=seat.view.discovered(r) and ep == seat.view.endpoint(r, me.families))
     return Share(peers=(peer,), claims=private + _into_wireguard(dsts, s), paths=path, family_paths=split)
 
 
-def _pair_destinations(seat: _Seat, r: Node) -> list[IPNetwork]:
+def _pair_destinations(seat: _Seat, r: Node, ladders: dict[int, tuple[Rung, ...]]) -> list[IPNetwork]:
     """What the pair's WireGuard carries to r: its pod CIDRs and location IPs, and each internal
     address whose family's private network does not join the pair (a joined family's address
-    carries the encapsulated rungs and WireGuard's private endpoint, so it stays on the private NIC)."""
+    carries the encapsulated rungs and WireGuard's private endpoint, so it stays on the private NIC).
+    `ladders`: the pair's ladder per pod family, which answers that unless only the other
+    family's join put wireguard-private on it."""
     me, mesh = seat.me, seat.mesh
     dsts = list(r.pod_cidrs)
-    dsts.extend(host_net(i) for i in r.internal_ips
-                if not private_neighbours(me, r, i.version) and
-                pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, me, r, i.version,
-                           cross_family=False) == ("tunnel",))
+    for i in r.internal_ips:
+        ladder = ladders.get(i.version)
+        if ladder is None or ladder == ("wireguard-private", "tunnel"):
+            ladder = pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, me, r, i.version,
+                                cross_family=False)
+        if ladder == ("tunnel",) and not private_neighbours(me, r, i.version):
+            dsts.append(host_net(i))
     dsts.extend(r.allowed_location_ips)
     return dsts
 
@@ -522,7 +518,7 @@ def _no_peer(mesh: MeshSettings, a: Node, b: Node) -> bool:
     relayed and neither relays for the other. Symmetric in a and b (pair_rungs is)."""
     return mesh.granularity != "location" and mesh.intra_subnet in _PEERLESS_MODES and \
         all(pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, a, b, f)[0] != "tunnel"
-            for f in {*_families(a), *_families(b)})
+            for f in {*a.pod_families, *b.pod_families})
 
 
 def _relays(view: NatView, me: Node, my_seg: Segment, segs: Sequence[Segment], mesh: MeshSettings
@@ -589,7 +585,7 @@ def _remote_segment(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, mem
     split: list[tuple[str, tuple[tuple[int, str], ...]]] = []
     rest = []
     for m in members:
-        rungs: dict[int, Rung] = {f: "direct" if private_neighbours(me, m, f) else "tunnel" for f in _families(m)}
+        rungs: dict[int, Rung] = {f: "direct" if private_neighbours(me, m, f) else "tunnel" for f in m.pod_families}
         claims.extend(_private_claim(c, me, m, "direct") for c in m.pod_cidrs if rungs[c.version] == "direct")
         if all(r == "direct" for r in rungs.values()):
             paths.append((m.qualified_name, "direct"))

@@ -47,10 +47,16 @@ class Segment:
         """The segment's WireGuard addresses, one per family of the mesh."""
         return self.wireguard_ips or (self.wireguard_ip,)
 
-    def gateway(self, family: int) -> IPAddress | None:
-        """The WireGuard address of `family` that routes into the segment's tunnel go through;
-        None when the mesh has no WireGuard subnet of that family (the route names the device only)."""
-        return next((a.ip for a in self.addresses if a.version == family), None)
+    @property
+    def hosts(self) -> list[IPNetwork]:
+        """The /32 (/128) of each WireGuard address (what peers allow and routes name)."""
+        return [host_net(a) for a in self.addresses]
+
+    def gateways(self) -> dict[int, IPAddress]:
+        """The WireGuard address of each family, that routes into the segment's tunnel go through;
+        a family the mesh has no WireGuard subnet of has none (the route names the device only).
+        Not cached: segments are built anew for every plan, and each asks this once."""
+        return {a.version: a.ip for a in self.addresses}
 
 
 @dataclass(frozen=True)
@@ -129,5 +135,5 @@ def segment_addresses(members: Sequence[Node], wg: Segment | None, exclude_inter
         out.extend(host_net(i) for i in m.internal_ips if i.version not in near)
         out.extend(m.allowed_location_ips)
     if wg is not None:
-        out.extend(host_net(a) for a in wg.addresses)
+        out.extend(wg.hosts)
     return out
