@@ -384,3 +384,18 @@ def test_a_host_address_is_warned_about_in_its_own_family_only() -> None:
     assert [w.split(":", 1)[0] for w in warned] == ["nodes[0].internal_ips[0]", "nodes[1].internal_ips[0]"]
     assert all("no private network of IPv4 joins" in w and "so every IPv4 path to it is WireGuard" in w for w in warned)
     assert rung_of(plan(doc, "a"), "b") == {4: "wireguard-private", 6: "direct"}
+
+
+def test_status_rows_carry_both_families_through_json() -> None:
+    """`meshctl status` and `node list` from an agent read the rows back from its JSON: the
+    dual-stack keys survive, and a single-family row has none of them (its JSON is unchanged)."""
+    from meshctl.agent.status import NodeRow
+
+    doc = mesh_doc(*V6_SHARED, node("c", 2, ep6=False), subnet6=True)
+    topo = parse_topology(copy.deepcopy(doc))
+    rows = {r["name"]: r for r in node_rows(topo, [], plan(doc, "a"))}
+    for name in ("b", "c"):
+        assert NodeRow.from_json(rows[name]).to_json() == {**rows[name]}
+    assert rows["b"]["endpoints"] == ["198.51.100.2:51820", "[2001:db8::2]:51820"]
+    assert "endpoints" not in rows["c"] and "internal_ips" not in rows["c"] and "family_paths" not in rows["c"]
+    assert rows["c"]["wireguard_ips"] == ["10.4.0.3/16", "fd04::3/64"]  # the mesh gives it both
