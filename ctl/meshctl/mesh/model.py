@@ -12,7 +12,7 @@ import functools
 import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
@@ -154,12 +154,12 @@ class Node:
     # element (None when empty), kept for readers of one address. Given alone they set the list;
     # given (as `replace` does) with a list, the one address replaces the list's address of its
     # family and goes first, and None empties the list.
-    internal_ip: IPInterface | None = field(default=cast(Any, _UNSET))
-    endpoint: Endpoint | None = field(default=cast(Any, _UNSET))
+    internal_ip: IPInterface | None = field(default=_UNSET)
+    endpoint: Endpoint | None = field(default=_UNSET)
     leader: bool = False
     persistent_keepalive: int = 0
     allowed_location_ips: tuple[IPNetwork, ...] = ()
-    wireguard_ip: IPInterface | None = field(default=cast(Any, _UNSET))
+    wireguard_ip: IPInterface | None = field(default=_UNSET)
     cluster: str = ""
     # What this node's WireGuard saw (docs/nat.md): the endpoint each NATed peer's latest fresh
     # handshake came from, by peer name (Kilo's `discovered-endpoints`), and the NATed peers it
