@@ -183,7 +183,7 @@ def test_set_writes_the_record_and_get_reads_it_back(etcd: EtcdServer, tmp_path:
     assert written.intra_subnet == "direct" and written.port == 51820  # the settings not given are kept
     got = meshctl(etcd, "mesh", "get", "-o", "json")
     assert got.exit_code == 0, got.output
-    assert json.loads(got.stdout) == {"granularity": "full", "subnet": "10.4.0.0/16", "port": 51820,
+    assert json.loads(got.stdout) == {"granularity": "full", "subnet": "10.4.0.0/16", "subnet6": None, "port": 51820,
                                       "intra_subnet": "direct", "private_networks": ["10.10.0.0/16"],
                                       "allow_default_route": False}
     assert "granularity          full" in meshctl(etcd, "mesh", "get").stdout.splitlines()

@@ -47,6 +47,10 @@ EXPECTED: dict[str, Expect] = {
     "cross-mesh.yaml": Expect(
         paths={("rack-1", "rack-2"): "direct", ("cloud-1", "cloud-2"): "direct", ("rack-1", "cloud-1"): "tunnel",
                ("rack-2", "cloud-2"): "tunnel", ("cloud-2", "rack-1"): "tunnel"}),
+    "dual-stack.yaml": Expect(
+        paths={("dc-1", "dc-2"): "direct", ("vpc-1", "vpc-2"): "IPv4 wireguard-private, IPv6 direct",
+               ("vpc-1", "v6-only"): "tunnel", ("v4-only", "v6-only"): "relay", ("v6-only", "v4-only"): "relay",
+               ("dc-1", "v4-only"): "tunnel", ("dc-1", "v6-only"): "tunnel"}),
     "laptop-peer.yaml": Expect(
         paths={("fsn1-1", "fsn1-2"): "direct", ("fsn1-1", "do-1"): "tunnel", ("do-1", "fsn1-2"): "tunnel"},
         peers=("laptop",)),
@@ -77,9 +81,10 @@ def node_names(f: Path) -> list[str]:
 
 
 def table_paths(table: str) -> dict[str, str]:
-    """The PATHS section of `plan -o table`: node -> rung."""
+    """The PATHS section of `plan -o table`: node -> rung (a dual-stack pair whose families differ:
+    `IPv4 wireguard-private, IPv6 direct`)."""
     section = table.split("\nPATHS\n", 1)[1].splitlines()[1:]
-    return dict(line.split()[:2] for line in section if line.strip())
+    return {name: path.strip() for name, path in (line.split(None, 1) for line in section if line.strip())}
 
 
 def by_name(files: list[Path]) -> list:
@@ -118,7 +123,9 @@ def test_plan_every_node_as_table_and_json(f: Path) -> None:
 
 
 def _pod_cidr(f: Path, node: str) -> str:
-    return next(n["pod_cidr"] for n in doc(f)["nodes"] if n["name"] == node)
+    """The node's first pod CIDR (`pod_cidr`, or the first of `pod_cidrs`)."""
+    n = next(n for n in doc(f)["nodes"] if n["name"] == node)
+    return n["pod_cidr"] if "pod_cidr" in n else n["pod_cidrs"][0]
 
 
 @pytest.mark.parametrize("f", by_name(FILES))

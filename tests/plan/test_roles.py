@@ -174,7 +174,7 @@ def test_remote_segment_share_is_memoised() -> None:
     st = seat("a")
     r = topo(KILO_CLASSIC).node("c")
     assert r is not None and r.internal_ip is not None
-    args = (st.me, ipaddress.ip_interface("10.5.0.1/16"), r, (r,), True, None, 0)
+    args = (st.me, (ipaddress.ip_interface("10.5.0.1/16"),), r, (r,), True, (), 0)
     first = _remote_segment(*args)
     assert _remote_segment(*args) is first
     [(peer, inside)] = first.peers

@@ -19,6 +19,7 @@ from typing import Any
 
 from meshctl.mesh.model import MeshSettings
 from meshctl.mesh.records import mesh_to_record, parse_mesh
+from meshctl.mesh.render import DUAL_KEYS
 
 JSON = dict[str, Any]
 
@@ -555,13 +556,15 @@ class NodeRow:
     relay: str | None
     relay_reason: str | None
     fastpath: tuple[FastPathRow, ...] = ()
+    # A dual-stack node's every address and each family's rung (render.dual_keys): absent for one.
+    dual: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_json(self) -> JSON:
         out: JSON = {"name": self.name, "cluster": self.cluster, "source": self.source, "location": self.location,
                      "internal_ip": self.internal_ip, "endpoint": self.endpoint,
                      "pod_cidrs": list(self.pod_cidrs),
                      "wireguard_ip": self.wireguard_ip, "path": self.path, "relay": self.relay,
-                     "relay_reason": self.relay_reason}
+                     "relay_reason": self.relay_reason, **self.dual}
         _opt(out, "fastpath", [e.to_json() for e in self.fastpath] if self.fastpath else None)
         return out
 
@@ -574,7 +577,8 @@ class NodeRow:
         return cls(str(d.get("name", "")), str(d.get("cluster", "")), str(d.get("source", "")),
                    str(d.get("location") or ""), d.get("internal_ip"), d.get("endpoint"), tuple(str(c) for c in pods),
                    d.get("wireguard_ip"), str(d.get("path", "none")), d.get("relay"), d.get("relay_reason"),
-                   tuple(FastPathRow.from_json(e) for e in entries if isinstance(e, dict)))
+                   tuple(FastPathRow.from_json(e) for e in entries if isinstance(e, dict)),
+                   {k: d[k] for k in DUAL_KEYS if k in d})
 
 
 @dataclass(frozen=True)

@@ -352,7 +352,7 @@ def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, e
         st = backend.load_once()
     finally:
         client.close()
-    admitted, rejected = admit.admit_nodes(list(st.nodes), st.mesh.subnet,
+    admitted, rejected = admit.admit_nodes(list(st.nodes), st.mesh.subnets,
                                            allow_default_route=st.mesh.allow_default_route)
     # Rows name every pod CIDR under one key whatever form the record is written in.
     rows = [{"name": n.name, "status": "admitted",
@@ -365,10 +365,16 @@ def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, e
     click.echo(f"{'NAME':<16} {'STATUS':<9} {'LOCATION':<10} {'INTERNAL':<18} {'ENDPOINT':<22} POD CIDRS / REASON")
     for r in rows:
         if r["status"] == "admitted":
-            click.echo(f"{r['name']:<16} {'admitted':<9} {r.get('location', ''):<10} {r.get('internal_ip', '-'):<18} "
-                       f"{r.get('endpoint', '-'):<22} {','.join(r['pod_cidrs'])}")
+            click.echo(f"{r['name']:<16} {'admitted':<9} {r.get('location', ''):<10} "
+                       f"{_one_or_all(r, 'internal_ip'):<18} {_one_or_all(r, 'endpoint'):<22} "
+                       f"{','.join(r['pod_cidrs'])}")
         else:
             click.echo(f"{r['name']:<16} {'rejected':<9} {r['reason']}")
+
+
+def _one_or_all(rec: dict[str, Any], one: str) -> str:
+    """A record's field in its one-element form, or its list form (`internal_ips`) comma-joined."""
+    return str(rec.get(one) or ",".join(rec.get(f"{one}s", [])) or "-")
 
 
 def _node_list_from_agent(addr: str | None, lab_node: str | None, lab_name: str | None, output: str) -> None:

@@ -16,7 +16,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from meshctl.mesh.model import Cluster, IPNetwork, MeshSettings, Node, Peer, Span, Topology, host_net, span
+from meshctl.mesh.model import (
+    Cluster,
+    IPInterface,
+    IPNetwork,
+    MeshSettings,
+    Node,
+    Peer,
+    Span,
+    Topology,
+    host_net,
+    span,
+)
 from meshctl.mesh.segments import Remote, segments
 
 
@@ -103,7 +114,7 @@ class Rejection:
 
 def admit_nodes(
     nodes: Sequence[Node],
-    subnet: IPNetwork | None,
+    subnet: IPNetwork | Sequence[IPNetwork] | None,
     *,
     claims: Claims | None = None,
     internal_ips: dict[Any, str] | None = None,
@@ -115,23 +126,24 @@ def admit_nodes(
     whose pod CIDR overlaps an admitted one or the WireGuard subnet, whose internal subnet
     overlaps the WireGuard subnet, whose internal address is taken, or one of whose allowed
     location IPs is unsafe (see `_location_ips_problem`).
-    `claims`, `internal_ips` and `hosts` may carry what other clusters already hold.
+    `claims`, `internal_ips` and `hosts` may carry what other clusters already hold. `subnet`:
+    the WireGuard subnet, or one per family (MeshSettings.subnets); every address of a record is
+    checked against each.
 
     Pod CIDRs are admitted first, location IPs after them: a location IP can never take a pod
     CIDR, whichever record is older."""
     claims = claims if claims is not None else Claims()
     internal_ips = internal_ips if internal_ips is not None else {}
     hosts = hosts if hosts is not None else {}
-    subnet_span = span(subnet) if subnet is not None else None
-    admitted, rejected = _admit_identities(nodes, subnet, subnet_span, claims, internal_ips, label)
+    subnets = _subnets(subnet)
+    admitted, rejected = _admit_identities(nodes, subnets, claims, internal_ips, label)
     add_hosts(hosts, (n for _, n in admitted))
     if not any(n.allowed_location_ips for _, n in admitted):
         return [n for _, n in admitted], rejected
     host_index = sorted((a.version, int(a), owner) for a, owner in hosts.items())
     out: list[Node] = []
     for i, n in admitted:
-        problem = _location_ips_problem(n, f"{label}[{i}]", subnet, subnet_span, claims, host_index,
-                                        allow_default_route)
+        problem = _location_ips_problem(n, f"{label}[{i}]", subnets, claims, host_index, allow_default_route)
         if problem is None:
             for a in n.allowed_location_ips:
                 claims.add(a, f"{n.qualified_name}'s allowed location IP {a}")
@@ -142,7 +154,13 @@ def admit_nodes(
     return out, rejected
 
 
-def _admit_identities(nodes: Sequence[Node], subnet: IPNetwork | None, subnet_span: Span | None, claims: Claims,
+def _subnets(subnet: IPNetwork | Sequence[IPNetwork] | None) -> tuple[tuple[IPNetwork, Span], ...]:
+    """The WireGuard subnets with their spans."""
+    nets = () if subnet is None else (subnet,) if isinstance(subnet, IPNetwork) else tuple(subnet)
+    return tuple((n, span(n)) for n in nets)
+
+
+def _admit_identities(nodes: Sequence[Node], subnets: tuple[tuple[IPNetwork, Span], ...], claims: Claims,
                       internal_ips: dict[Any, str], label: str) -> tuple[list[tuple[int, Node]], list[Rejection]]:
     """The first pass of `admit_nodes`: each node's name, pod CIDR, key and internal address,
     claimed in order; the admitted nodes come with their index in `nodes`."""
@@ -150,7 +168,7 @@ def _admit_identities(nodes: Sequence[Node], subnet: IPNetwork | None, subnet_sp
     admitted: list[tuple[int, Node]] = []
     rejected: list[Rejection] = []
     for i, n in enumerate(nodes):
-        problem = _identity_problem(n, f"{label}[{i}]", names, subnet, subnet_span, claims, internal_ips)
+        problem = _identity_problem(n, f"{label}[{i}]", names, subnets, claims, internal_ips)
         if problem is not None:
             rejected.append(Rejection(n.qualified_name, problem))
             continue
@@ -160,49 +178,65 @@ def _admit_identities(nodes: Sequence[Node], subnet: IPNetwork | None, subnet_sp
         claims.keys[n.public_key] = f"node {n.qualified_name}"
         if not n.cluster:
             claims.node_names.add(n.name)
-        if n.internal_ip is not None:
-            internal_ips[n.internal_ip.ip] = n.qualified_name
+        for ip in n.internal_ips:
+            internal_ips[ip.ip] = n.qualified_name
         admitted.append((i, n))
     return admitted, rejected
 
 
-def _identity_problem(n: Node, where: str, names: set[str], subnet: IPNetwork | None, subnet_span: Span | None,
+def _identity_problem(n: Node, where: str, names: set[str], subnets: tuple[tuple[IPNetwork, Span], ...],
                       claims: Claims, internal_ips: dict[Any, str]) -> str | None:
-    """Why node `n` may not join with its name, pod CIDR, key or internal address, or None."""
+    """Why node `n` may not join with its name, pod CIDRs, key, internal addresses or endpoints,
+    or None. Each address is judged on its own, in whichever family it is."""
     if n.name in names:
         return f"{where}.name: {n.name!r} is a duplicate node name"
-    problem = _pod_cidrs_problem(n, where, subnet, subnet_span, claims)
+    problem = _pod_cidrs_problem(n, where, subnets, claims)
     if problem is not None:
         return problem
     taken = claims.key_taken(n.public_key, where)
     if taken:
         return taken
-    if n.internal_ip is not None and subnet_span is not None and _overlap(span(n.internal_ip.network), subnet_span):
-        # Its private subnet would hold WireGuard addresses: a peer's endpoint could become an
-        # address of the tunnel itself, and private neighbours would be judged on tunnel addresses.
-        return f"{where}.internal_ip: {str(n.internal_ip)!r} overlaps the WireGuard subnet {subnet}"
-    ep = n.endpoint.ip if n.endpoint is not None else None
-    if ep is not None and subnet is not None and ep.version == subnet.version and ep in subnet:
-        return f"{where}.endpoint: {str(n.endpoint)!r} is an address of the WireGuard subnet {subnet}"
-    if n.internal_ip is not None and n.internal_ip.ip in internal_ips:
-        return f"{where}.internal_ip: {str(n.internal_ip)!r} is already used by {internal_ips[n.internal_ip.ip]}"
+    for i, ip in enumerate(n.internal_ips):
+        field = f"{where}.{list_field(n.internal_ips, 'internal_ip', i)}"
+        for subnet, subnet_span in subnets:
+            if _overlap(span(ip.network), subnet_span):
+                # Its private subnet would hold WireGuard addresses: a peer's endpoint could become an
+                # address of the tunnel itself, and private neighbours would be judged on tunnel addresses.
+                return f"{field}: {str(ip)!r} overlaps the WireGuard subnet {subnet}"
+    for i, e in enumerate(n.endpoints):
+        ep = e.ip
+        for subnet, _ in subnets:
+            if ep is not None and ep.version == subnet.version and ep in subnet:
+                return f"{where}.{list_field(n.endpoints, 'endpoint', i)}: {str(e)!r} is an address of the " \
+                       f"WireGuard subnet {subnet}"
+    for i, ip in enumerate(n.internal_ips):
+        if ip.ip in internal_ips:
+            return f"{where}.{list_field(n.internal_ips, 'internal_ip', i)}: {str(ip)!r} is already used by " \
+                   f"{internal_ips[ip.ip]}"
     return None
+
+
+def list_field(items: Sequence[object], one: str, i: int) -> str:
+    """The record field that holds the i-th of a list field (`one` for the one-element form:
+    `internal_ip`, else `internal_ips[1]`)."""
+    return one if len(items) == 1 else f"{one}s[{i}]"
 
 
 def pod_cidr_field(n: Node, i: int) -> str:
     """The record field that holds `n`'s i-th pod CIDR (`pod_cidr` for the one-element form)."""
-    return "pod_cidr" if len(n.pod_cidrs) == 1 else f"pod_cidrs[{i}]"
+    return list_field(n.pod_cidrs, "pod_cidr", i)
 
 
-def _pod_cidrs_problem(n: Node, where: str, subnet: IPNetwork | None, subnet_span: Span | None,
-                       claims: Claims) -> str | None:
-    """Why one of `n`'s pod CIDRs may not be claimed: it overlaps the WireGuard subnet, another
+def _pod_cidrs_problem(n: Node, where: str, subnets: tuple[tuple[IPNetwork, Span], ...], claims: Claims
+                       ) -> str | None:
+    """Why one of `n`'s pod CIDRs may not be claimed: it overlaps a WireGuard subnet, another
     of its own CIDRs (two blocks of one node would make one route the other's), or a claim."""
     spans = n.pod_spans
     for i, (c, sp) in enumerate(zip(n.pod_cidrs, spans, strict=True)):
         field = f"{where}.{pod_cidr_field(n, i)}"
-        if subnet_span is not None and _overlap(sp, subnet_span):
-            return f"{field}: {str(c)!r} overlaps the WireGuard subnet {subnet}"
+        for subnet, subnet_span in subnets:
+            if _overlap(sp, subnet_span):
+                return f"{field}: {str(c)!r} overlaps the WireGuard subnet {subnet}"
         for j in range(i):
             if _overlap(sp, spans[j]):
                 return f"{field}: {str(c)!r} overlaps the node's own pod CIDR {n.pod_cidrs[j]}"
@@ -221,21 +255,22 @@ def _release(n: Node, claims: Claims, internal_ips: dict[Any, str]) -> None:
         del claims.keys[n.public_key]
     if not n.cluster:
         claims.node_names.discard(n.name)
-    if n.internal_ip is not None and internal_ips.get(n.internal_ip.ip) == n.qualified_name:
-        del internal_ips[n.internal_ip.ip]
+    for ip in n.internal_ips:
+        if internal_ips.get(ip.ip) == n.qualified_name:
+            del internal_ips[ip.ip]
 
 
 def add_hosts(hosts: dict[Any, str], nodes: Iterable[Node]) -> None:
     """Record the addresses no location IP may cover: nodes' internal addresses and endpoints."""
     for n in nodes:
-        if n.internal_ip is not None:
-            hosts.setdefault(n.internal_ip.ip, f"{n.qualified_name}'s internal address")
-        ep = n.endpoint.ip if n.endpoint is not None else None
-        if ep is not None:
-            hosts.setdefault(ep, f"{n.qualified_name}'s endpoint")
+        for ip in n.internal_ips:
+            hosts.setdefault(ip.ip, f"{n.qualified_name}'s internal address")
+        for e in n.endpoints:
+            if e.ip is not None:
+                hosts.setdefault(e.ip, f"{n.qualified_name}'s endpoint")
 
 
-def _location_ips_problem(n: Node, where: str, subnet: IPNetwork | None, subnet_span: Span | None,
+def _location_ips_problem(n: Node, where: str, subnets: tuple[tuple[IPNetwork, Span], ...],
                           claims: Claims, hosts: list[tuple[int, int, str]], allow_default_route: bool) -> str | None:
     """Why one of `n`'s allowed location IPs may not route, or None. A location IP is routed to
     `n`'s tunnel on every node, so it may not cover any pod CIDR, the WireGuard subnet, any node's
@@ -253,8 +288,9 @@ def _location_ips_problem(n: Node, where: str, subnet: IPNetwork | None, subnet_
                 return f"{field} overlaps {owner}"
             mine.append(sp)
             continue
-        if subnet_span is not None and _overlap(sp, subnet_span):
-            return f"{field} overlaps the WireGuard subnet {subnet}"
+        for subnet, subnet_span in subnets:
+            if _overlap(sp, subnet_span):
+                return f"{field} overlaps the WireGuard subnet {subnet}"
         owner = claims.conflict(sp)
         if owner is not None:
             return f"{field} overlaps {owner}"
@@ -267,8 +303,8 @@ def _location_ips_problem(n: Node, where: str, subnet: IPNetwork | None, subnet_
     return None
 
 
-def admit_peers(peers: Sequence[Peer], claims: Claims, label: str = "peers", subnet: IPNetwork | None = None
-                ) -> tuple[list[Peer], list[Rejection]]:
+def admit_peers(peers: Sequence[Peer], claims: Claims, label: str = "peers",
+                subnet: IPNetwork | Sequence[IPNetwork] | None = None) -> tuple[list[Peer], list[Rejection]]:
     """Reject extra peers whose names repeat or are a node's, whose key is a node's or another
     peer's, whose allowed IPs overlap a pod CIDR or an earlier peer's (WireGuard would route
     the shared addresses to only one of them), or whose endpoint is an address of the WireGuard
@@ -276,11 +312,13 @@ def admit_peers(peers: Sequence[Peer], claims: Claims, label: str = "peers", sub
     names: set[str] = set()
     admitted: list[Peer] = []
     rejected: list[Rejection] = []
+    subnets = _subnets(subnet)
     for i, p in enumerate(peers):
         ep = p.endpoint.ip if p.endpoint is not None else None
-        if ep is not None and subnet is not None and ep.version == subnet.version and ep in subnet:
+        inside = next((s for s, _ in subnets if ep is not None and ep.version == s.version and ep in s), None)
+        if inside is not None:
             rejected.append(Rejection(p.name, f"{label}[{i}].endpoint: {str(p.endpoint)!r} is an address of the "
-                                      f"WireGuard subnet {subnet}"))
+                                      f"WireGuard subnet {inside}"))
             continue
         if p.name in names:
             rejected.append(Rejection(p.name, f"{label}[{i}].name: {p.name!r} is a duplicate peer name"))
@@ -312,9 +350,9 @@ def admit_local(topo: Topology) -> tuple[Topology, list[Rejection]]:
     topology a plan may use, and the rejections: what every agent and `meshctl plan --backend`
     decide alike."""
     claims = Claims()
-    nodes, rejected = admit_nodes(topo.nodes, topo.mesh.subnet, claims=claims,
+    nodes, rejected = admit_nodes(topo.nodes, topo.mesh.subnets, claims=claims,
                                   allow_default_route=topo.mesh.allow_default_route)
-    peers, rejected_peers = admit_peers(topo.peers, claims, subnet=topo.mesh.subnet)
+    peers, rejected_peers = admit_peers(topo.peers, claims, subnet=topo.mesh.subnets)
     return replace(topo, nodes=tuple(nodes), peers=tuple(peers)), [*rejected, *rejected_peers]
 
 
@@ -396,16 +434,38 @@ def _local_claims(local: Topology) -> tuple[Claims, dict[Any, str], dict[Any, st
         for sp in n.pod_spans:
             claims.add(sp, ("local node ", n))
         claims.keys[n.public_key] = f"local node {n.name}"
-        if n.internal_ip is not None:
-            internal[n.internal_ip.ip] = f"local node {n.name}"
+        for ip in n.internal_ips:
+            internal[ip.ip] = f"local node {n.name}"
         for a in n.allowed_location_ips:
             claims.add(a, f"local node {n.name}'s allowed location IP {a}")
     add_hosts(hosts, local.nodes)
     for p in local.peers:
         # A remote node routed over addresses a local peer holds would take that peer's traffic.
         claims.add_peer(p, "local peer")
-    claims.add(local.mesh.subnet, f"the local WireGuard subnet {local.mesh.subnet}")
+    for subnet in local.mesh.subnets:
+        claims.add(subnet, f"the local WireGuard subnet {subnet}")
     return claims, internal, hosts
+
+
+def _remote_problem(n: Node, label: str, wgs: Sequence[IPInterface], claims: Claims, internal: dict[Any, str],
+                    local: MeshSettings) -> str | None:
+    """Why remote node n may not join before `admit_nodes` judges it: one of its segment's
+    WireGuard addresses is an internal address or overlaps a claim, or one of its internal
+    addresses is an address of a local WireGuard subnet."""
+    for a in wgs:
+        held = internal.get(a.ip)
+        if held is not None:
+            return f"{label}.{n.name}.wireguard_ip: {str(a.ip)!r} is the internal address of {held}"
+    for i, ip in enumerate(n.internal_ips):
+        subnet = next((s for s in local.subnets if ip.version == s.version and ip.ip in s), None)
+        if subnet is not None:
+            return f"{label}.{n.name}.{list_field(n.internal_ips, 'internal_ip', i)}: {str(ip)!r} is an address " \
+                   f"of the local WireGuard subnet {subnet}"
+    for a in wgs:
+        owner = claims.conflict(host_net(a))
+        if owner is not None:
+            return f"{label}.{n.name}.wireguard_ip: {str(a.ip)!r} overlaps {owner}"
+    return None
 
 
 def _admit_cluster(remote: Topology, claims: Claims, internal: dict[Any, str], hosts: dict[Any, str],
@@ -417,30 +477,20 @@ def _admit_cluster(remote: Topology, claims: Claims, internal: dict[Any, str], h
     cname = remote.cluster.name
     label = f"{cname}.nodes"
     segs = tuple(segments(remote))
-    seg_wg = {m.name: s.wireguard_ip for s in segs for m in s.members}
+    seg_wg = {m.name: s.addresses for s in segs for m in s.members}
     rejected: list[Rejection] = []
     candidates = []
     for n in remote.nodes:
-        held = internal.get(seg_wg[n.name].ip)
-        if held is not None:
-            rejected.append(Rejection(n.qualified_name, f"{label}.{n.name}.wireguard_ip: "
-                                      f"{str(seg_wg[n.name].ip)!r} is the internal address of {held}"))
-            continue
-        ip = n.internal_ip.ip if n.internal_ip is not None else None
-        if ip is not None and ip.version == local.subnet.version and ip in local.subnet:
-            rejected.append(Rejection(n.qualified_name, f"{label}.{n.name}.internal_ip: {str(n.internal_ip)!r} "
-                                      f"is an address of the local WireGuard subnet {local.subnet}"))
-            continue
-        owner = claims.conflict(host_net(seg_wg[n.name]))
-        if owner is not None:
-            rejected.append(Rejection(n.qualified_name, f"{label}.{n.name}.wireguard_ip: "
-                                      f"{str(seg_wg[n.name].ip)!r} overlaps {owner}"))
+        problem = _remote_problem(n, label, seg_wg[n.name], claims, internal, local)
+        if problem is not None:
+            rejected.append(Rejection(n.qualified_name, problem))
             continue
         candidates.append(n)
-    admitted, rej = admit_nodes(candidates, remote.mesh.subnet, claims=claims, internal_ips=internal,
+    admitted, rej = admit_nodes(candidates, remote.mesh.subnets, claims=claims, internal_ips=internal,
                                 hosts=hosts, allow_default_route=local.allow_default_route, label=label)
     for n in admitted:
-        wg = host_net(seg_wg[n.name])
-        if claims.conflict(wg) is None:
-            claims.add(wg, f"cluster {cname}'s WireGuard address {wg.network_address}")
+        for a in seg_wg[n.name]:
+            wg = host_net(a)
+            if claims.conflict(wg) is None:
+                claims.add(wg, f"cluster {cname}'s WireGuard address {wg.network_address}")
     return Remote(remote, frozenset(n.name for n in admitted), segs), [*rejected, *rej]

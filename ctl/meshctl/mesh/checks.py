@@ -15,9 +15,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from meshctl.errors import InputError
+from meshctl.mesh.admit import list_field
 from meshctl.mesh.fields import endpoint
 from meshctl.mesh.ladder import member_rungs, pair_rungs
-from meshctl.mesh.model import PRIVATE_RUNGS, IPNetwork, Node, Topology, host_net, private_neighbours
+from meshctl.mesh.model import FAMILIES, PRIVATE_RUNGS, IPNetwork, Node, Topology, host_net, private_neighbours
+from meshctl.mesh.natview import choose_relay, family_names, nat_view
 from meshctl.mesh.plan import NodePlan
 from meshctl.mesh.segments import Remote, segments
 
@@ -30,7 +32,33 @@ def topology_warnings(topo: Topology, doc: Any = None) -> list[str]:
     out = _endpoint_ports(topo, doc)
     out += host_prefix_warnings(topo)
     out += dead_tunnels(topo)
+    out += family_gaps(topo)
     out += unused_fields(topo)
+    return out
+
+
+def family_gaps(topo: Topology, only: str | None = None) -> list[str]:
+    """WireGuard identities (segment leaders) that share no IP family, an IPv4-only and an
+    IPv6-only node: neither can call the other, so the plan relays the pair through a node both
+    can call (natview.choose_relay: a public endpoint in each one's family), or, without such a
+    node, the pair can never talk. Named pairs first, then a count. `only`: that node's pairs."""
+    leaders = [s.leader for s in segments(topo)] if topo.nodes else []
+    ones = {f: sorted((n for n in leaders if n.families == {f}), key=lambda n: n.name) for f in FAMILIES}
+    pairs = [(a, b) for a in ones[4] for b in ones[6] if only in (None, a.name, b.name)]
+    if not pairs:
+        return []
+    view = nat_view(topo.nodes)
+    relays = [n for n in leaders if n.reachable_endpoint is not None]
+    out = []
+    for a, b in pairs[:MAX_PAIRS_NAMED]:
+        via = choose_relay(view, a, b, relays)
+        why = f"relayed through {via.name} (path relay)" if via is not None else \
+            "no node with a public endpoint in both families can relay for them, so they can never reach each " \
+            "other (give one an endpoint in the other's family)"
+        out.append(f"nodes {a.name} ({family_names(a)}) and {b.name} ({family_names(b)}) share no IP family: {why}")
+    if len(pairs) > MAX_PAIRS_NAMED:
+        out.append(f"{len(pairs) - MAX_PAIRS_NAMED} more pairs of an IPv4-only and an IPv6-only node share no IP "
+                   f"family (relayed where a node with both can relay)")
     return out
 
 
@@ -54,11 +82,16 @@ def unused_fields(topo: Topology) -> list[str]:
         if n.leader and s.leader.name != n.name:
             out.append(f"nodes[{i}].leader: true is not used: {s.leader.name} leads location {n.location} "
                        f"({_why_leads(s.leader)})")
-        wg = s.wireguard_ip if s.leader.name == n.name else None
-        if n.wireguard_ip is not None and n.wireguard_ip != wg:
-            gets = f"{n.name} gets {wg}" if wg is not None else f"{n.name} does not lead {s.key} and gets none"
-            out.append(f"nodes[{i}].wireguard_ip: {str(n.wireguard_ip)!r} is not used: WireGuard addresses follow "
-                       f"the segments ({gets})")
+        wgs = s.addresses if s.leader.name == n.name else ()
+        for j, a in enumerate(n.wireguard_ips):
+            if a in wgs:
+                continue
+            got = next((w for w in wgs if w.version == a.version), None)
+            gets = f"{n.name} gets {got}" if got is not None else \
+                f"the mesh has no IPv{a.version} WireGuard subnet (mesh.subnet6)" if wgs else \
+                f"{n.name} does not lead {s.key} and gets none"
+            out.append(f"nodes[{i}].{list_field(n.wireguard_ips, 'wireguard_ip', j)}: {str(a)!r} is not used: "
+                       f"WireGuard addresses follow the segments ({gets})")
         out += [f"nodes[{i}].unreached_peers: {x!r} is not a node, so the report is ignored"
                 for x in n.unreached_peers if x not in names]
         out += [f"nodes[{i}].discovered_endpoints.{x}: {str(ep)!r} is not about a node, so the report is ignored"
@@ -101,18 +134,18 @@ def host_prefix_warnings(topo: Topology, only: str | None = None, label: str = "
     mates = _join_candidates(topo)
     out = []
     for i, n in enumerate(topo.nodes):
-        ip = n.internal_ip
-        if ip is None or ip.network.prefixlen != ip.max_prefixlen or only not in (None, n.name):
-            continue
-        head = f"{label}[{i}].internal_ip: {str(ip)!r} is a host address"
-        joined = next((m for m in mates(n) if m.name != n.name), None)
-        why = _host_prefix_why(topo, n, joined)
-        if why is not None:
-            out.append(f"{head}: {why}")
+        for j, ip in enumerate(n.internal_ips):  # each family's address on its own
+            if ip.network.prefixlen != ip.max_prefixlen or only not in (None, n.name):
+                continue
+            head = f"{label}[{i}].{list_field(n.internal_ips, 'internal_ip', j)}: {str(ip)!r} is a host address"
+            joined = next((m for m in mates(n, ip.version) if m.name != n.name), None)
+            why = _host_prefix_why(topo, n, joined, ip.version)
+            if why is not None:
+                out.append(f"{head}: {why}")
     return out
 
 
-def _join_candidates(topo: Topology) -> Callable[[Node], Iterator[Node]]:
+def _join_candidates(topo: Topology) -> Callable[[Node, int], Iterator[Node]]:
     """For a node, the nodes a routed private network joins it to (model.private_joined without
     the neighbour rule, which a host address never meets), lazily: its location's, and in `full`
     granularity also those inside one of `mesh.private_networks` with it. Indexed once, so a file
@@ -122,47 +155,50 @@ def _join_candidates(topo: Topology) -> Callable[[Node], Iterator[Node]]:
     by_net: dict[int, list[Node]] = {}
     nets_of: dict[str, list[int]] = {}
     for m in topo.nodes:
-        ip = m.internal_ip
-        if ip is None:
-            continue
-        if m.location and not m.cluster:
-            by_loc.setdefault((ip.version, m.location), []).append(m)
-        if mesh.granularity == "full":
-            for k, net in enumerate(mesh.private_networks):
-                if net.version == ip.version and ip.ip in net:
-                    by_net.setdefault(k, []).append(m)
-                    nets_of.setdefault(m.name, []).append(k)
+        for ip in m.internal_ips:
+            if m.location and not m.cluster:
+                by_loc.setdefault((ip.version, m.location), []).append(m)
+            if mesh.granularity == "full":
+                for k, net in enumerate(mesh.private_networks):
+                    if net.version == ip.version and ip.ip in net:
+                        by_net.setdefault(k, []).append(m)
+                        nets_of.setdefault(m.name, []).append(k)
 
-    def mates(n: Node) -> Iterator[Node]:
-        assert n.internal_ip is not None
+    def mates(n: Node, family: int) -> Iterator[Node]:
+        """The nodes joined to n in IP version `family` (a network holds one family)."""
         if n.location and not n.cluster:
-            yield from by_loc.get((n.internal_ip.version, n.location), [])
+            yield from by_loc.get((family, n.location), [])
         for k in nets_of.get(n.name, []):
-            yield from by_net[k]
+            if mesh.private_networks[k].version == family:
+                yield from by_net[k]
 
     return mates
 
 
-def _host_prefix_why(topo: Topology, n: Node, joined: Node | None) -> str | None:
+def _host_prefix_why(topo: Topology, n: Node, joined: Node | None, family: int | None = None) -> str | None:
     """What the plan does with host-addressed node `n` and what the operator may do about it;
     None when the plan already uses the private network well. `joined`: a node a routed private
     network joins to `n` (every such node takes the same rung, so one stands for all)."""
     mesh = topo.mesh
+    # A dual-stack node's warning names the family: the other family's paths may be private.
+    fam = f"IPv{family}" if family is not None and len(n.internal_ips) > 1 else ""
+    of, every = (f" of {fam}", f"every {fam} path") if fam else ("", "every path")
     if joined is None:
-        return (f"no private network joins {n.name} to another node, so every path to it is WireGuard "
+        return (f"no private network{of} joins {n.name} to another node, so {every} to it is WireGuard "
                 f"(list the routed network in mesh.private_networks, or write the subnet's prefix if "
                 f"the nodes share one L2 subnet)")
     if mesh.granularity == "location":
-        rung = member_rungs(mesh.intra_subnet, n, joined)[0]
+        rung = member_rungs(mesh.intra_subnet, n, joined, family)[0]
         if rung == "direct":
             return (f"intra_subnet {mesh.intra_subnet} sends the pod packets between {n.name} and its "
                     f"location's members raw (rung direct), which a network handing out host addresses "
                     f"usually drops (set intra_subnet: auto, ipip or vxlan)")
         return None
-    rung = pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, n, joined)[0]
+    rung = pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, n, joined, family,
+                      cross_family=False)[0]
     if rung == "tunnel" and mesh.intra_subnet != "wireguard":
         return (f"intra_subnet {mesh.intra_subnet} uses the private network only between private "
-                f"neighbours, so every path to {n.name} is WireGuard although a private network "
+                f"neighbours, so {every} to {n.name} is WireGuard although a private network{of} "
                 f"joins it to {joined.name} (set intra_subnet: auto to use the private network)")
     return None
 

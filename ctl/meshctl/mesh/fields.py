@@ -12,7 +12,7 @@ import difflib
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from meshctl.errors import MISSING, InputError
 from meshctl.mesh.model import (
@@ -23,6 +23,8 @@ from meshctl.mesh.model import (
     IPNetwork,
     KeyRef,
 )
+
+T = TypeVar("T", IPNetwork, IPInterface, Endpoint)
 
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$")
@@ -126,6 +128,7 @@ def endpoint(value: Any, path: str, default_port: int | None = None) -> Endpoint
     """`host:port`, `[v6]:port` or `dns-name:port` (the port may be left out if a default is given)."""
     if not isinstance(value, str) or not value:
         raise InputError(path, value, "is not an endpoint (host:port, [v6]:port or name:port)")
+    _no_zone(value, path)
     host: str
     port_text: str | None
     if value.startswith("["):
@@ -214,15 +217,41 @@ def pod_cidrs(value: Any, path: str, one_per_family: bool = True) -> tuple[IPNet
     return one_per_family_of(nets, path) if one_per_family else nets
 
 
-def one_per_family_of(nets: tuple[IPNetwork, ...], path: str) -> tuple[IPNetwork, ...]:
-    """`nets` when they hold at most one network per IP family; else InputError at the second."""
-    seen: dict[int, IPNetwork] = {}
+def one_per_family_of(nets: tuple[T, ...], path: str, what: str = "pod CIDR") -> tuple[T, ...]:
+    """`nets` when they hold at most one item per IP family; else InputError at the second (`what`
+    names the kind: pod CIDR, internal address, endpoint)."""
+    seen: dict[int, T] = {}
     for i, n in enumerate(nets):
-        if n.version in seen:
-            raise InputError(f"{path}[{i}]", str(n),
-                             f"is a second IPv{n.version} pod CIDR (after {seen[n.version]}): one per family")
-        seen[n.version] = n
+        fam = n.family if isinstance(n, Endpoint) else n.version
+        if fam in seen:
+            kind = f"IPv{fam}" if fam else "DNS-name"
+            raise InputError(f"{path}[{i}]", str(n), f"is a second {kind} {what} (after {seen[fam]}): one per family")
+        seen[fam] = n
     return nets
+
+
+def _items(value: Any, path: str, what: str) -> list[Any]:
+    """A list field as a list (a comma-separated string is read as one), never empty."""
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, list):
+        raise InputError(path, value, f"is not a list of {what}")
+    if not value:
+        raise InputError(path, value, "is empty (leave the field out for none)")
+    return value
+
+
+def interfaces(value: Any, path: str, what: str) -> tuple[IPInterface, ...]:
+    """`internal_ips` / `wireguard_ips`: addresses with their prefix, at most one per family."""
+    items = _items(value, path, "addresses with a prefix")
+    return one_per_family_of(tuple(interface(v, f"{path}[{i}]") for i, v in enumerate(items)), path, what)
+
+
+def endpoints(value: Any, path: str, default_port: int | None = None) -> tuple[Endpoint, ...]:
+    """`endpoints`: at most one IPv4, one IPv6 and one DNS-name endpoint."""
+    items = _items(value, path, "endpoints")
+    return one_per_family_of(tuple(endpoint(v, f"{path}[{i}]", default_port) for i, v in enumerate(items)),
+                             path, "endpoint")
 
 
 def mapping(value: Any, path: str) -> Mapping[str, Any]:

@@ -26,6 +26,7 @@ from meshctl.errors import InputError
 from meshctl.mesh.model import ENCAP_RUNGS, PRIVATE_RUNGS, RUNGS, Node, Topology
 from meshctl.mesh.observed import NodeSeen, PeerSeen
 from meshctl.mesh.plan import plan_node
+from meshctl.mesh.render import path_text
 from meshctl.mesh.segments import Remote, segments
 
 Level = Literal["location", "node"]
@@ -76,8 +77,9 @@ _LEGEND_LABELS: dict[str, str] = {
 @dataclass(frozen=True)
 class GraphNode:
     """A node: `name` as the plan calls it (`cluster2/g1` for another cluster's), its location and
-    addresses; `leader` when it leads a location of several members; `via_leader` how many nodes
-    it reaches only through its location's leader (location granularity)."""
+    addresses (each family's, comma-separated); `leader` when it leads a location of several
+    members; `via_leader` how many nodes it reaches only through its location's leader (location
+    granularity)."""
 
     name: str
     cluster: str
@@ -142,6 +144,9 @@ class Pair:
     leaders: bool = False
     seen: bool = False
     fell_back: bool = False
+    # A pair whose pod families take different rungs (`rung` the cheapest): each family's, as
+    # `plan`'s PATHS says it (`IPv4 wireguard-private, IPv6 direct`).
+    families: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -227,6 +232,7 @@ def graph_model(topo: Topology, remotes: Sequence[Remote] = ()) -> GraphModel:
     plans differ, the costlier. Another cluster's own pairs come from its own plans."""
     rungs: dict[tuple[str, str], str] = {}
     relays: dict[tuple[str, str], str] = {}
+    families: dict[tuple[str, str], str] = {}
     via: dict[str, int] = {}
 
     def add(n: str, other: str, rung: str) -> None:
@@ -247,6 +253,9 @@ def graph_model(topo: Topology, remotes: Sequence[Remote] = ()) -> GraphModel:
             for other, rung in plan.paths.items():
                 if rung in PRIVATE_RUNGS and rung != "wireguard-private":
                     add(me, names.get(other, other), rung)
+            for other, fams in plan.family_paths.items():
+                q = names.get(other, other)
+                families[(min(me, q), max(me, q))] = path_text("", fams)
             for other, (relay, _) in plan.relays.items():
                 q = names.get(other, other)
                 relays[(min(me, q), max(me, q))] = names.get(relay, relay)
@@ -263,10 +272,11 @@ def graph_model(topo: Topology, remotes: Sequence[Remote] = ()) -> GraphModel:
     # Location granularity: a pair of leaders of different locations carries their locations.
     lead = {n.name: (n.cluster, n.location) for n in gnodes if n.leader and topo.mesh.granularity == "location"}
     pairs = tuple(Pair(a, b, rung, relays.get((a, b)) if rung == "relay" else None,
-                       leaders=a in lead and b in lead and lead[a] != lead[b] and rung in _WIREGUARD_RUNGS)
+                       leaders=a in lead and b in lead and lead[a] != lead[b] and rung in _WIREGUARD_RUNGS,
+                       families=families.get((a, b)))
                   for (a, b), rung in sorted(rungs.items()) if a in known and b in known)
     peers = tuple(GraphPeer(p.name, tuple(map(str, p.allowed_ips))) for p in sorted(topo.peers, key=lambda p: p.name))
-    return GraphModel(topo.cluster.name, topo.mesh.granularity, str(topo.mesh.subnet),
+    return GraphModel(topo.cluster.name, topo.mesh.granularity, ", ".join(map(str, topo.mesh.subnets)),
                       (topo.cluster.name, *(r.topology.cluster.name for r in remotes)), gnodes, locs, peers, pairs)
 
 
@@ -277,20 +287,20 @@ def _nodes_and_locations(all_nodes: Sequence[tuple[str, Node, Topology]], via: M
     lead: set[str] = set()
     for t in {id(t): t for _, _, t in all_nodes}.values():
         for s in segments(t):
-            wg[s.leader.qualified_name] = str(s.wireguard_ip)
+            wg[s.leader.qualified_name] = ",".join(map(str, s.addresses))
             if len(s.members) > 1:
                 lead.add(s.leader.qualified_name)
     made = [(cluster, n, GraphNode(n.qualified_name, cluster, n.location, n.qualified_name in lead,
                                    tuple(str(c) for c in n.pod_cidrs),
-                                   str(n.internal_ip) if n.internal_ip else None, wg.get(n.qualified_name),
-                                   str(n.endpoint) if n.endpoint else None, via.get(n.qualified_name, 0)))
+                                   ",".join(map(str, n.internal_ips)) or None, wg.get(n.qualified_name),
+                                   ",".join(map(str, n.endpoints)) or None, via.get(n.qualified_name, 0)))
             for cluster, n, _ in all_nodes]
     by_loc: dict[tuple[str, str], list[GraphNode]] = {}
     subnets: dict[tuple[str, str], set[str]] = {}
     for cluster, n, g in made:
         by_loc.setdefault((cluster, n.location), []).append(g)
-        if n.internal_ip is not None:
-            subnets.setdefault((cluster, n.location), set()).add(str(n.internal_ip.network))
+        for ip in n.internal_ips:
+            subnets.setdefault((cluster, n.location), set()).add(str(ip.network))
     order = {c: i for i, c in enumerate(dict.fromkeys(c for c, _, _ in all_nodes))}
     locs = tuple(Location(c, loc, tuple(sorted(m.name for m in members)),
                           tuple(sorted(m.name for m in members if m.leader)), tuple(sorted(subnets.get((c, loc), ()))))
@@ -519,6 +529,8 @@ def pair_attrs(p: Pair) -> str:
     if p.rung is None:
         return NO_PATH_ATTRS
     attrs = EDGE_ATTRS[p.rung] + (f', label="relay via {_esc(p.relay)}"' if p.rung == "relay" and p.relay else "")
+    if p.families:
+        attrs = _legend_attrs(attrs, _esc(p.families))
     if p.fell_back:
         attrs = ", ".join([FELL_BACK_STYLE, *(a for a in attrs.split(", ") if not a.startswith("style="))])
     return attrs
@@ -697,7 +709,8 @@ def model_text(model: GraphModel, level: str | None = None, node: str | None = N
         out.append(f"location {name}: {_count(len(loc.nodes), 'node')}{lead}{subnets}{inside}")
     for e in (*v.edges, *v.hidden):
         out.append(f"{_text_end(model, e.a)} -- {_text_end(model, e.b)}: {counts(e.pairs)}"
-                   + (f" (relay via {e.pairs[0].relay})" if len(e.pairs) == 1 and e.pairs[0].relay else ""))
+                   + (f" (relay via {e.pairs[0].relay})" if len(e.pairs) == 1 and e.pairs[0].relay else "")
+                   + (f" ({e.pairs[0].families})" if len(e.pairs) == 1 and e.pairs[0].families else ""))
     return "\n".join(out) + "\n"
 
 

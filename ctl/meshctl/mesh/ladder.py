@@ -6,7 +6,7 @@ Pure functions of records; the plan reads them, and so does the prober (which pe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from meshctl.mesh.model import (
     ENCAP_KINDS,
@@ -25,35 +25,52 @@ from meshctl.mesh.model import (
 _ENCAPSULATED: tuple[Rung, ...] = tuple(r for r in RUNGS if r in ENCAP_RUNGS)
 
 
-def pair_rungs(mesh_intra: str, granularity: str, private_networks: tuple[IPNetwork, ...], me: Node, r: Node
-               ) -> tuple[Rung, ...]:
-    """The rungs node `me` may use towards `r` (full/cross granularity), cheapest first; the last
-    is always `tunnel`. The fixed modes direct and wireguard-private use their rung between
-    private neighbours only (wireguard never); vxlan, ipip and auto take every pair one routed
-    private network joins (private_joined). In cross granularity a private pair must share a
-    location."""
+def pair_rungs(mesh_intra: str, granularity: str, private_networks: tuple[IPNetwork, ...], me: Node, r: Node,
+               family: int | None = None, *, cross_family: bool = True) -> tuple[Rung, ...]:
+    """The rungs node `me` may use towards `r`'s pod CIDRs of IP version `family` (None: of any
+    family; full/cross granularity), cheapest first; the last is always `tunnel`. The fixed modes
+    direct and wireguard-private use their rung between private neighbours only (wireguard never);
+    vxlan, ipip and auto take every pair one routed private network joins (private_joined). In
+    cross granularity a private pair must share a location.
+
+    Per family (docs/mesh.md, "Dual stack"): `direct` and the encapsulated rungs carry a family's
+    pods over the private network of that family only (next hop and outer addresses of the
+    pod's family); `wireguard-private` is an endpoint, so a pair joined in either family may use
+    it for both (`cross_family`; False asks whether the family's own network joins the pair)."""
     same_loc_ok = granularity == "full" or me.location == r.location
     if mesh_intra in ("direct", "wireguard-private", "wireguard"):
-        if mesh_intra != "wireguard" and same_loc_ok and private_neighbours(me, r):
-            return (FIXED_RUNG[mesh_intra], "tunnel")
+        if mesh_intra == "wireguard" or not same_loc_ok:
+            return ("tunnel",)
+        fam = family if mesh_intra == "direct" or not cross_family else None
+        return (FIXED_RUNG[mesh_intra], "tunnel") if private_neighbours(me, r, fam) else ("tunnel",)
+    if not same_loc_ok:
         return ("tunnel",)
-    if not same_loc_ok or not private_joined(me, r, private_networks):
-        return ("tunnel",)
+    if not private_joined(me, r, private_networks, family):
+        # Only another family's private network may join the pair: its endpoint, not this family's path.
+        other = family is not None and mesh_intra == "auto" and cross_family and private_joined(me, r, private_networks)
+        return ("wireguard-private", "tunnel") if other else ("tunnel",)
     if mesh_intra != "auto":
         return (FIXED_RUNG[mesh_intra], "tunnel")
-    return RUNGS if private_neighbours(me, r) else RUNGS[1:]  # `direct` only between neighbours
+    return RUNGS if private_neighbours(me, r, family) else RUNGS[1:]  # `direct` only between neighbours
 
 
-def member_rungs(mesh_intra: str, me: Node, m: Node) -> tuple[Rung, ...]:
-    """The rungs between two members of one location (location granularity): inside a location
-    traffic is private (Kilo's rule) and there is no WireGuard between members, so the ladder
-    stops at the encapsulated rungs; the fixed modes other than vxlan and ipip use `direct`."""
+def member_rungs(mesh_intra: str, me: Node, m: Node, family: int | None = None) -> tuple[Rung, ...]:
+    """The rungs between two members of one location (location granularity) for `m`'s pods of IP
+    version `family` (None: any): inside a location traffic is private (Kilo's rule) and there is
+    no WireGuard between members, so the ladder stops at the encapsulated rungs; the fixed modes
+    other than vxlan and ipip use `direct`."""
     if mesh_intra in ENCAP_KINDS:
         return (FIXED_RUNG[mesh_intra],)
     if mesh_intra == "auto":
-        first: tuple[Rung, ...] = ("direct",) if private_neighbours(me, m) else ()
+        first: tuple[Rung, ...] = ("direct",) if private_neighbours(me, m, family) else ()
         return (*first, *_ENCAPSULATED)
     return ("direct",)
+
+
+def cheapest(rungs: Iterable[str]) -> str:
+    """The cheapest of a pair's per-family rungs (the one `paths` names: the private path the pair
+    uses at all, which the prober keeps probing and the graph draws)."""
+    return min(rungs, key=lambda r: RUNGS.index(r) if r in RUNGS else len(RUNGS))
 
 
 def choose_rung(rungs: Sequence[Rung], working: frozenset[str] | None) -> Rung:
@@ -72,11 +89,11 @@ def probe_ladders(topo: Topology, name: str) -> dict[str, tuple[Rung, ...]]:
     node whose ladder has a private rung (full/cross: pair_rungs; location: its own members)."""
     mesh = topo.mesh
     me = topo.node(name)
-    if me is None or mesh.intra_subnet != "auto" or me.internal_ip is None:
+    if me is None or mesh.intra_subnet != "auto" or not me.internal_ips:
         return {}
     out: dict[str, tuple[Rung, ...]] = {}
     for r in topo.nodes:
-        if r.name == me.name or r.internal_ip is None:
+        if r.name == me.name or not r.internal_ips:
             continue
         if mesh.granularity == "location":
             if r.location != me.location:

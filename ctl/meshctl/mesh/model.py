@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
@@ -44,6 +45,7 @@ PathState = dict[str, frozenset[str]]
 
 DEFAULT_SUBNET = ipaddress.ip_network("10.4.0.0/16")
 DEFAULT_PORT = 51820
+FAMILIES: tuple[int, ...] = (4, 6)  # IP versions, in the project's order
 
 # Ranges whose endpoints are not public (Kilo's notion, plus CGNAT and link-local).
 _NON_PUBLIC = tuple(
@@ -54,6 +56,9 @@ _NON_PUBLIC = tuple(
     )
 )
 
+
+# The default of a Node's one-address fields: "not given" (None means "none"), see Node.
+_UNSET: Any = object()
 
 Span = tuple[int, int, int]  # (IP version, first address, last address) as integers
 
@@ -89,6 +94,13 @@ class Endpoint:
             return True
         return not any(ip.version == n.version and ip in n for n in _NON_PUBLIC)
 
+    @functools.cached_property
+    def family(self) -> int:
+        """The IP version of an address endpoint; 0 for a DNS name (reachable from either family:
+        its resolver picks)."""
+        ip = self.ip
+        return ip.version if ip is not None else 0
+
     def __str__(self) -> str:
         ip = self.ip
         if ip is not None and ip.version == 6:
@@ -114,6 +126,14 @@ class MeshSettings:
     # A node's allowed_location_ips may hold a default route (0.0.0.0/0, ::/0: an exit node) only
     # when this is set; otherwise one record could pull every node's traffic into its tunnel.
     allow_default_route: bool = False
+    # The IPv6 WireGuard subnet of a dual-stack mesh (`subnet` is then IPv4): every segment gets an
+    # address in each subnet, so both families' routes into WireGuard have a gateway of their family.
+    subnet6: IPNetwork | None = None
+
+    @property
+    def subnets(self) -> tuple[IPNetwork, ...]:
+        """The WireGuard subnets, one per family the mesh has (`subnet` first)."""
+        return (self.subnet,) if self.subnet6 is None else (self.subnet, self.subnet6)
 
 
 @dataclass(frozen=True)
@@ -130,12 +150,16 @@ class Node:
     pod_cidrs: tuple[IPNetwork, ...]
     public_key: str
     location: str = ""
-    internal_ip: IPInterface | None = None
-    endpoint: Endpoint | None = None
+    # The one-address forms of `internal_ips`, `endpoints` and `wireguard_ips`: always their first
+    # element (None when empty), kept for readers of one address. Given alone they set the list;
+    # given (as `replace` does) with a list, the one address replaces the list's address of its
+    # family and goes first, and None empties the list.
+    internal_ip: IPInterface | None = field(default=_UNSET)
+    endpoint: Endpoint | None = field(default=_UNSET)
     leader: bool = False
     persistent_keepalive: int = 0
     allowed_location_ips: tuple[IPNetwork, ...] = ()
-    wireguard_ip: IPInterface | None = None
+    wireguard_ip: IPInterface | None = field(default=_UNSET)
     cluster: str = ""
     # What this node's WireGuard saw (docs/nat.md): the endpoint each NATed peer's latest fresh
     # handshake came from, by peer name (Kilo's `discovered-endpoints`), and the NATed peers it
@@ -143,11 +167,44 @@ class Node:
     # they route nothing until mesh.admit.confirmed_endpoints / mesh.plan agree with them.
     discovered_endpoints: tuple[tuple[str, Endpoint], ...] = ()
     unreached_peers: tuple[str, ...] = ()
+    # Dual stack: the node's private addresses (each with its subnet's prefix), its WireGuard
+    # endpoints and the WireGuard addresses its agent published, at most one per IP family each
+    # (a DNS-name endpoint counts as a family of its own), in the order the record gave them.
+    internal_ips: tuple[IPInterface, ...] = ()
+    endpoints: tuple[Endpoint, ...] = ()
+    wireguard_ips: tuple[IPInterface, ...] = ()
 
-    @property
+    # Cached, as the other derived fields: plans ask them for every pair on every reconcile.
+    @functools.cached_property
     def reachable_endpoint(self) -> Endpoint | None:
-        """The configured endpoint when anyone on the internet can call it (a public one)."""
-        return self.endpoint if self.endpoint is not None and self.endpoint.is_public else None
+        """The first configured endpoint anyone on the internet can call (a public one)."""
+        return next((e for e in self.endpoints if e.is_public), None)
+
+    @functools.cached_property
+    def _internal_by_family(self) -> dict[int, IPInterface]:
+        return {i.version: i for i in self.internal_ips}
+
+    def internal(self, family: int) -> IPInterface | None:
+        """The internal address of IP version `family`, or None."""
+        return self._internal_by_family.get(family)
+
+    @functools.cached_property
+    def pod_families(self) -> tuple[int, ...]:
+        """The IP families of the node's pod CIDRs, in the project's order."""
+        return tuple(f for f in FAMILIES if any(c.version == f for c in self.pod_cidrs))
+
+    @functools.cached_property
+    def families(self) -> frozenset[int]:
+        """The IP families the node's underlay speaks: those of its internal addresses and address
+        endpoints. A node whose records say nothing (no address, or a DNS-name endpoint) is taken
+        to speak both: nothing says it cannot."""
+        fams = {i.version for i in self.internal_ips} | {e.family for e in self.endpoints}
+        return frozenset(FAMILIES) if not fams or 0 in fams else frozenset(fams)
+
+    def endpoint_for(self, families: Iterable[int]) -> Endpoint | None:
+        """The first endpoint a node speaking `families` can call (a DNS name: any), or None."""
+        fams = set(families)
+        return next((e for e in self.endpoints if e.family == 0 or e.family in fams), None)
 
     @property
     def qualified_name(self) -> str:
@@ -165,6 +222,9 @@ class Node:
     def __post_init__(self) -> None:
         if not self.pod_cidrs:
             raise ValueError(f"node {self.name!r} has no pod CIDR")
+        for one, many in (("internal_ip", "internal_ips"), ("endpoint", "endpoints"),
+                          ("wireguard_ip", "wireguard_ips")):
+            _one_and_many(self, one, many)
 
     @functools.cached_property
     def pod_spans(self) -> tuple[Span, ...]:
@@ -173,6 +233,21 @@ class Node:
 
 
 _NODE_FIELDS = tuple(f for f in Node.__dataclass_fields__)
+
+
+def _family(x: IPInterface | Endpoint) -> int:
+    return x.family if isinstance(x, Endpoint) else x.version
+
+
+def _one_and_many(n: Node, one: str, many: str) -> None:
+    """Make `n.<one>` the first of `n.<many>` (see the fields' comment in Node)."""
+    first, items = getattr(n, one), getattr(n, many)
+    if first is _UNSET:
+        object.__setattr__(n, one, items[0] if items else None)
+    elif first is None:
+        object.__setattr__(n, many, ())
+    elif not items or items[0] != first:
+        object.__setattr__(n, many, (first, *(x for x in items if _family(x) != _family(first))))
 
 
 @dataclass(frozen=True)
@@ -217,25 +292,40 @@ class Topology:
         return None
 
 
-def private_neighbours(a: Node, b: Node) -> bool:
-    """Both have an internal address and each address lies inside the other's subnet."""
-    ia, ib = a.internal_ip, b.internal_ip
-    if ia is None or ib is None or ia.version != ib.version:
-        return False
-    # An interface is an address: `in` tests it without building `.ip` (a new object each time).
-    return ia in ib.network and ib in ia.network
+def shared_families(a: Node, b: Node) -> tuple[int, ...]:
+    """The IP families in which both nodes have an internal address."""
+    return tuple(f for f in FAMILIES if a.internal(f) is not None and b.internal(f) is not None)
 
 
-def private_joined(a: Node, b: Node, private_networks: tuple[IPNetwork, ...]) -> bool:
-    """One routed private network joins the two nodes' internal addresses: they are private
-    neighbours, or in the same location (Kilo's rule for location members), or both inside one
-    of `mesh.private_networks`."""
-    ia, ib = a.internal_ip, b.internal_ip
-    if ia is None or ib is None or ia.version != ib.version:
-        return False
-    if private_neighbours(a, b) or (a.location and a.location == b.location and not a.cluster and not b.cluster):
-        return True
-    return any(n.version == ia.version and ia.ip in n and ib.ip in n for n in private_networks)
+def private_neighbours(a: Node, b: Node, family: int | None = None) -> bool:
+    """Both have an internal address of `family` and each lies inside the other's subnet; with
+    no family given, in some family."""
+    for ia in a.internal_ips:
+        if family is not None and ia.version != family:
+            continue
+        ib = b.internal(ia.version)
+        # An interface is an address: `in` tests it without building `.ip` (a new object each time).
+        if ib is not None and ia in ib.network and ib in ia.network:
+            return True
+    return False
+
+
+def private_joined(a: Node, b: Node, private_networks: tuple[IPNetwork, ...], family: int | None = None) -> bool:
+    """One routed private network of `family` (no family given: of some family) joins the two
+    nodes' internal addresses: they are private neighbours, or in the same location (Kilo's rule
+    for location members), or both inside one of `mesh.private_networks`."""
+    same_location = bool(a.location) and a.location == b.location and not a.cluster and not b.cluster
+    for ia in a.internal_ips:
+        if family is not None and ia.version != family:
+            continue
+        ib = b.internal(ia.version)
+        if ib is None:
+            continue
+        if same_location or (ia in ib.network and ib in ia.network):
+            return True
+        if any(n.version == ia.version and ia.ip in n and ib.ip in n for n in private_networks):
+            return True
+    return False
 
 
 def sort_key_net(n: IPNetwork | IPInterface | IPAddress) -> tuple[int, int, int]:

@@ -22,10 +22,10 @@ on one node's word:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from meshctl.mesh.model import Endpoint, Node, private_neighbours
+from meshctl.mesh.model import FAMILIES, Endpoint, Node, private_neighbours
 
 DISCOVERY_QUORUM = 2
 
@@ -38,10 +38,16 @@ class NatView:
     handshakes: frozenset[tuple[str, str]]  # (observer, peer): the observer saw a fresh handshake
     unreached: frozenset[tuple[str, str]]  # (observer, peer): tried past the wait, no handshake
 
-    def endpoint(self, r: Node) -> Endpoint | None:
-        """Where to call r: its public configured endpoint, else its confirmed discovered one,
-        else whatever it configured (a private address only a neighbour can use), else None."""
-        return r.reachable_endpoint or self.confirmed.get(r.name) or r.endpoint
+    def endpoint(self, r: Node, families: Iterable[int] = FAMILIES) -> Endpoint | None:
+        """Where a node speaking `families` calls r: r's public configured endpoint of such a
+        family, else its confirmed discovered one, else whatever it configured of such a family (a
+        private address only a neighbour can use), else None."""
+        fams = families if isinstance(families, frozenset) else frozenset(families)
+        public = r.reachable_endpoint  # the first public one: of a family `fams` holds almost always
+        if public is not None and public.family != 0 and public.family not in fams:
+            public = next((e for e in r.endpoints if e.is_public and (e.family == 0 or e.family in fams)), None)
+        found = self.confirmed.get(r.name)
+        return public or (found if found is not None and found.family in fams else None) or r.endpoint_for(fams)
 
     def discovered(self, r: Node) -> bool:
         """r is called at an endpoint the mesh discovered (not one it configured)."""
@@ -60,6 +66,9 @@ class NatView:
     def relay_reason(self, a: Node, b: Node) -> str | None:
         """Why the pair (a, b) needs a relay, or None when it may (or does) go direct. Symmetric in
         a and b, so both ends decide the same."""
+        gap = family_gap(a, b)
+        if gap is not None:
+            return gap
         if a.reachable_endpoint is not None or b.reachable_endpoint is not None or self.direct_seen(a, b):
             return None  # a public node is reached directly by anyone who can reach a relay
         x, y = sorted((a, b), key=lambda n: n.name)
@@ -99,11 +108,32 @@ def nat_view(nodes: Sequence[Node]) -> NatView:
     return NatView(confirmed, frozenset(handshakes), frozenset(unreached - handshakes))
 
 
+def family_names(n: Node) -> str:
+    """`IPv4`, `IPv6` or `IPv4 and IPv6`: the families a node's underlay speaks."""
+    return " and ".join(f"IPv{f}" for f in sorted(n.families))
+
+
+def family_gap(a: Node, b: Node) -> str | None:
+    """Why a and b can never call each other for want of an IP family both speak (an IPv4-only
+    and an IPv6-only node), or None. Symmetric in a and b."""
+    if a.families & b.families:
+        return None
+    x, y = sorted((a, b), key=lambda n: n.name)
+    return f"{x.name} ({family_names(x)}) and {y.name} ({family_names(y)}) share no IP family"
+
+
 def choose_relay(view: NatView, a: Node, b: Node, candidates: Sequence[Node]) -> Node | None:
     """The node that relays for (a, b): the first of `candidates` (WireGuard identities with a
-    public endpoint) other than a and b that reports neither of them unreached, leaders first,
-    then by name. Independent of the order of a and b."""
+    public endpoint) other than a and b that both can call (an endpoint in a family each speaks)
+    and that reports neither of them unreached, leaders first, then by name. Independent of the
+    order of a and b."""
     ok = [c for c in candidates
           if c.name not in (a.name, b.name) and c.reachable_endpoint is not None
+          and _public_for(c, a) and _public_for(c, b)
           and (c.name, a.name) not in view.unreached and (c.name, b.name) not in view.unreached]
     return min(ok, key=lambda c: (not c.leader, c.name)) if ok else None
+
+
+def _public_for(c: Node, n: Node) -> bool:
+    """Node n can call c at a public endpoint of a family n speaks."""
+    return any(e.is_public and (e.family == 0 or e.family in n.families) for e in c.endpoints)

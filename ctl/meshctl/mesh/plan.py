@@ -21,9 +21,10 @@ from itertools import chain
 from typing import Literal, NamedTuple
 
 from meshctl.errors import InputError
-from meshctl.mesh.ladder import choose_rung, member_rungs, pair_rungs
+from meshctl.mesh.ladder import cheapest, choose_rung, member_rungs, pair_rungs
 from meshctl.mesh.model import (
     ENCAP_RUNGS,
+    FAMILIES,
     EncapKind,
     Endpoint,
     Granularity,
@@ -38,6 +39,7 @@ from meshctl.mesh.model import (
     Rung,
     Topology,
     host_net,
+    private_joined,
     private_neighbours,
     sort_key_net,
 )
@@ -119,6 +121,12 @@ class NodePlan:
     paths: dict[str, str] = field(default_factory=dict, compare=False)
     # Nodes reached through a relay: qualified name -> (the relaying node, why).
     relays: dict[str, tuple[str, str]] = field(default_factory=dict, compare=False)
+    # The segment's WireGuard addresses, one per WireGuard subnet of the mesh (`wireguard_ip` the
+    # first); empty for a non-leader.
+    wireguard_ips: tuple[IPInterface, ...] = ()
+    # Pairs whose pod families take different rungs (the v6 private network shared, the v4 one
+    # not): qualified name -> ((IP version, rung), ...); `paths` names the cheapest of them.
+    family_paths: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict, compare=False)
 
 
 # --- the shares of a plan ----------------------------------------------------------------------
@@ -141,6 +149,7 @@ class Share(NamedTuple):
     claims: tuple[Claim, ...] = ()
     paths: tuple[tuple[str, str], ...] = ()
     relays: tuple[tuple[str, tuple[str, str]], ...] = ()
+    family_paths: tuple[tuple[str, tuple[tuple[int, str], ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -149,7 +158,8 @@ class _Seat:
     probes' verdicts, what the records say about NAT, and the relays `me` uses when it leads
     (segment key -> (relaying segment, why); relaying segment key -> what its peer also carries).
     `leads`: `me` holds its segment's WireGuard identity (always, outside location granularity);
-    `leader_ip`: where a member sends what leaves its location (its leader's private address)."""
+    `leader_ip`: where a member sends what leaves its location (its leader's private address; the
+    leader's addresses of every family in `leader_ips`, see `to_leader`)."""
 
     me: Node
     my_seg: Segment
@@ -162,6 +172,11 @@ class _Seat:
     leads: bool
     leader_ip: IPAddress | None
     keepalive: int
+    leader_ips: tuple[IPAddress, ...] = ()
+
+    def to_leader(self, dst: IPNetwork) -> IPAddress | None:
+        """The own leader's private address of `dst`'s family (else its first one)."""
+        return _of_family(self.leader_ips, dst.version, self.leader_ip)
 
 
 def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
@@ -175,6 +190,7 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
     shares = [Share(paths=((seat.me.qualified_name, "local"),)), *_own_cluster(seat),
               _extra_peers(seat, topo.peers), *_remote_shares(seat, remotes)]
     peers, claimed, paths, relays = _merge(shares)
+    family_paths = dict(chain.from_iterable(s.family_paths for s in shares))
     return NodePlan(
         node=seat.me.name,
         granularity=seat.mesh.granularity,
@@ -185,6 +201,8 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
         fastpath=_fastpath(seat.me, topo, remotes, claimed),
         paths=paths,
         relays=relays,
+        wireguard_ips=seat.my_seg.addresses if seat.leads and seat.my_seg.wireguard_ips else (),
+        family_paths=family_paths,
     )
 
 
@@ -203,7 +221,8 @@ def _seat(topo: Topology, name: str, state: PathState) -> _Seat:
     leads = mesh.granularity != "location" or my_seg.leader.name == me.name
     internal = my_seg.leader.internal_ip
     return _Seat(me, my_seg, segs, mesh, state, view, relayed, extra, leads,
-                 internal.ip if internal is not None else None, me.persistent_keepalive)
+                 internal.ip if internal is not None else None, me.persistent_keepalive,
+                 tuple(i.ip for i in my_seg.leader.internal_ips))
 
 
 def _own_cluster(seat: _Seat) -> list[Share]:
@@ -247,17 +266,28 @@ def _peer(name: str, kind: PeerKind, key: str, endpoint: Endpoint | None, allowe
 
 
 def _private_claim(dst: IPNetwork, me: Node, to: Node, rung: Rung) -> Claim:
-    """`dst` over the private network to node `to`: routed to its private address on a direct
-    rung, wrapped on an encapsulated one."""
-    assert to.internal_ip is not None and me.internal_ip is not None
+    """`dst` over the private network to node `to`, in `dst`'s IP family: routed to `to`'s private
+    address on a direct rung, wrapped on an encapsulated one (outer addresses of that family).
+    A location member without an address of that family is routed to its first address (the route
+    applier leaves a gateway of another family out, and says so)."""
+    mine, theirs = me.internal(dst.version), to.internal(dst.version)
     kind = ENCAP_RUNGS.get(rung)
-    if kind is None:
-        return dst, Route(dst, to.internal_ip.ip, "private")
-    return dst, Encap(kind, me.internal_ip.ip, to.internal_ip.ip)
+    if kind is not None and mine is not None and theirs is not None:
+        return dst, Encap(kind, mine.ip, theirs.ip)
+    hop = theirs or to.internal_ip
+    assert hop is not None
+    return dst, Route(dst, hop.ip, "private")
 
 
-def _into_wireguard(dsts: Iterable[IPNetwork], gateway: IPAddress) -> tuple[Claim, ...]:
-    return tuple([(d, Route(d, gateway, "wireguard")) for d in dsts])
+def _of_family(ips: Iterable[IPAddress], family: int, default: IPAddress | None = None) -> IPAddress | None:
+    return next((a for a in ips if a.version == family), default)
+
+
+def _into_wireguard(dsts: Iterable[IPNetwork], s: Segment) -> tuple[Claim, ...]:
+    """`dsts` routed into WireGuard towards segment s: through s's WireGuard address of each
+    destination's family, or (a family the mesh has no WireGuard subnet of) the device alone."""
+    gw = s.gateways()
+    return tuple([(d, Route(d, gw.get(d.version), "wireguard")) for d in dsts])
 
 
 def _roams(r: Node) -> bool:
@@ -270,9 +300,9 @@ def _relayed(seat: _Seat, s: Segment, kind: PeerKind, dsts: Iterable[IPNetwork])
     attempt), `dsts` routed to the relay's WireGuard IP, and s's members named as relayed."""
     via, reason = seat.relayed[s.key]
     r = s.leader
-    peer = _peer(s.peer_name, kind, r.public_key, seat.view.endpoint(r), [host_net(s.wireguard_ip)], seat.keepalive,
-                 roaming=_roams(r), discovered=seat.view.discovered(r))
-    return Share(peers=(peer,), claims=_into_wireguard(dsts, via.wireguard_ip.ip),
+    peer = _peer(s.peer_name, kind, r.public_key, seat.view.endpoint(r, seat.me.families), s.hosts,
+                 seat.keepalive, roaming=_roams(r), discovered=seat.view.discovered(r))
+    return Share(peers=(peer,), claims=_into_wireguard(dsts, via),
                  paths=tuple((m.qualified_name, "relay") for m in s.members),
                  relays=tuple((m.qualified_name, (via.leader.qualified_name, reason)) for m in s.members))
 
@@ -280,21 +310,28 @@ def _relayed(seat: _Seat, s: Segment, kind: PeerKind, dsts: Iterable[IPNetwork])
 # --- location granularity ----------------------------------------------------------------------
 
 
-def _member_rung(seat: _Seat, m: Node) -> Rung:
-    return choose_rung(member_rungs(seat.mesh.intra_subnet, seat.me, m), seat.state.get(m.qualified_name))
+def _member_rung(seat: _Seat, m: Node, family: int | None = None) -> Rung:
+    return choose_rung(member_rungs(seat.mesh.intra_subnet, seat.me, m, family), seat.state.get(m.qualified_name))
+
+
+def _split(name: str, rungs: dict[int, Rung]) -> tuple[tuple[str, tuple[tuple[int, str], ...]], ...]:
+    """The family_paths entry of a pair whose families take different rungs (none otherwise)."""
+    return ((name, tuple(sorted(rungs.items()))),) if len(set(rungs.values())) > 1 else ()
 
 
 def _location_members(seat: _Seat) -> Share:
     """Every node of a location, leader or not: the other members' pod CIDRs over the private
-    network, each on the rung of its pair's ladder."""
+    network, each family's on the rung of its pair's ladder in that family."""
     claims: list[Claim] = []
     paths: list[tuple[str, str]] = []
+    split: list[tuple[str, tuple[tuple[int, str], ...]]] = []
     for m in seat.my_seg.members:
-        if m.name != seat.me.name and m.internal_ip is not None:
-            rung = _member_rung(seat, m)
-            claims.extend(_private_claim(c, seat.me, m, rung) for c in m.pod_cidrs)
-            paths.append((m.qualified_name, rung))
-    return Share(claims=tuple(claims), paths=tuple(paths))
+        if m.name != seat.me.name and m.internal_ips:
+            rungs = {f: _member_rung(seat, m, f) for f in m.pod_families}
+            claims.extend(_private_claim(c, seat.me, m, rungs[c.version]) for c in m.pod_cidrs)
+            paths.append((m.qualified_name, cheapest(rungs.values())))
+            split.extend(_split(m.qualified_name, rungs))
+    return Share(claims=tuple(claims), paths=tuple(paths), family_paths=tuple(split))
 
 
 def _location_member(seat: _Seat) -> Share:
@@ -303,14 +340,15 @@ def _location_member(seat: _Seat) -> Share:
     member uses to its leader; other addresses are routed raw to the leader's private address
     (an encapsulation is carried by a fast-path entry, and those exist for pod CIDRs only)."""
     leader = seat.my_seg.leader
-    rung: Rung = _member_rung(seat, leader) if leader.internal_ip is not None else "direct"
-    claims = [_to_leader(seat, rung, host_net(s.wireguard_ip), False) for s in seat.segs]
+    rungs: dict[int, Rung] = {f: _member_rung(seat, leader, f) if leader.internal_ips else "direct" for f in FAMILIES}
+    claims = [_to_leader(seat, rungs[dst.version], dst, False) for s in seat.segs for dst in s.hosts]
     paths: list[tuple[str, str]] = []
     for s in seat.segs:
         if s is seat.my_seg:
             continue
         pods = {c for m in s.members for c in m.pod_cidrs}
-        claims.extend(_to_leader(seat, rung, dst, dst in pods) for dst in segment_addresses(s.members, None, None))
+        claims.extend(_to_leader(seat, rungs[dst.version], dst, dst in pods)
+                      for dst in segment_addresses(s.members, None, None))
         paths.extend((m.qualified_name, "via-leader") for m in s.members)
     return Share(claims=tuple(claims), paths=tuple(paths))
 
@@ -318,8 +356,8 @@ def _location_member(seat: _Seat) -> Share:
 def _to_leader(seat: _Seat, rung: Rung, dst: IPNetwork, pod: bool) -> Claim:
     """`dst` from a member to its leader: a pod CIDR on the member's rung to the leader, anything
     else (and everything on a direct rung) routed to the leader's private address."""
-    if rung == "direct" or not pod or seat.me.internal_ip is None:
-        return dst, Route(dst, seat.leader_ip, "private")
+    if rung == "direct" or not pod or not seat.me.internal_ips:
+        return dst, Route(dst, seat.to_leader(dst), "private")
     return _private_claim(dst, seat.me, seat.my_seg.leader, rung)
 
 
@@ -336,10 +374,10 @@ def _location_leader(seat: _Seat) -> list[Share]:
             out.append(_relayed(seat, s, "segment", addrs))
             continue
         r = s.leader
-        peer = _peer(s.peer_name, "segment", r.public_key, seat.view.endpoint(r),
-                     addrs + [host_net(s.wireguard_ip)] + seat.extra.get(s.key, []), seat.keepalive,
+        peer = _peer(s.peer_name, "segment", r.public_key, seat.view.endpoint(r, seat.me.families),
+                     addrs + s.hosts + seat.extra.get(s.key, []), seat.keepalive,
                      roaming=_roams(r), discovered=seat.view.discovered(r))
-        out.append(Share(peers=(peer,), claims=_into_wireguard(addrs, s.wireguard_ip.ip),
+        out.append(Share(peers=(peer,), claims=_into_wireguard(addrs, s),
                          paths=tuple((m.qualified_name, "tunnel") for m in s.members)))
     return out
 
@@ -348,52 +386,68 @@ def _location_leader(seat: _Seat) -> list[Share]:
 
 
 def _pair(seat: _Seat, s: Segment) -> Share:
-    """One end of a full/cross pair with node r (s's only member): r's pod CIDR on the pair's
-    rung, and unless a fixed private rung carries the pair, a WireGuard peer with r's other
-    addresses routed into it (directly, or through r's relay)."""
+    """One end of a full/cross pair with node r (s's only member): each of r's pod CIDRs on the
+    rung of the pair's ladder in its family, and unless fixed private rungs carry every family, a
+    WireGuard peer with r's other addresses routed into it (directly, or through r's relay)."""
     me, r, mesh = seat.me, s.leader, seat.mesh
-    rungs = pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, me, r)
+    ladders = {f: pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, me, r, f)
+               for f in r.pod_families}
     working = seat.state.get(r.qualified_name)
-    rung = choose_rung(rungs, working)
-    path = ((r.qualified_name, rung),)
-    private: tuple[Claim, ...] = ()
-    if rung != "tunnel" and rung != "wireguard-private":
-        private = tuple(_private_claim(c, me, r, rung) for c in r.pod_cidrs)
-        if mesh.intra_subnet != "auto":
-            return Share(claims=private, paths=path)  # a fixed private rung carries everything: no peer
-    dsts = _pair_destinations(me, r, rungs)
-    if s.key in seat.relayed:  # a relayed pair (both ends behind NAT): through a public node
+    rungs = {f: choose_rung(ladder, working) for f, ladder in ladders.items()}
+    path = ((r.qualified_name, cheapest(rungs.values())),)
+    split = _split(r.qualified_name, rungs)
+    private = tuple(_private_claim(c, me, r, rungs[c.version]) for c in r.pod_cidrs
+                    if rungs[c.version] not in ("tunnel", "wireguard-private"))
+    if mesh.intra_subnet != "auto" and len(private) == len(r.pod_cidrs):
+        return Share(claims=private, paths=path, family_paths=split)  # fixed private rungs carry everything: no peer
+    dsts = _pair_destinations(seat, r, ladders)
+    if s.key in seat.relayed:  # a relayed pair (both ends behind NAT, or no family shared): through a public node
         relayed = _relayed(seat, s, "node", dsts)
-        return relayed._replace(claims=private + relayed.claims)
-    ep = _pair_endpoint(seat, r, rung, rungs, working)
-    peer = _peer(r.name, "node", r.public_key, ep, dsts + [host_net(s.wireguard_ip)] + seat.extra.get(s.key, []),
-                 seat.keepalive, roaming=_roams(r), discovered=seat.view.discovered(r) and ep == seat.view.endpoint(r))
-    return Share(peers=(peer,), claims=private + _into_wireguard(dsts, s.wireguard_ip.ip), paths=path)
+        return relayed._replace(claims=private + relayed.claims, family_paths=split)
+    ep = _pair_endpoint(seat, r, rungs, ladders, working)
+    peer = _peer(r.name, "node", r.public_key, ep, dsts + s.hosts + seat.extra.get(s.key, []),
+                 seat.keepalive, roaming=_roams(r),
+                 discovered=seat.view.discovered(r) and ep == seat.view.endpoint(r, me.families))
+    return Share(peers=(peer,), claims=private + _into_wireguard(dsts, s), paths=path, family_paths=split)
 
 
-def _pair_destinations(me: Node, r: Node, rungs: Sequence[Rung]) -> list[IPNetwork]:
-    """What the pair's WireGuard carries to r: its pod CIDR and location IPs, and its internal
-    address only when no private network joins the pair (then the encapsulated rungs and
-    WireGuard's private endpoint are sent to that address, which must stay on the private NIC)."""
+def _pair_destinations(seat: _Seat, r: Node, ladders: dict[int, tuple[Rung, ...]]) -> list[IPNetwork]:
+    """What the pair's WireGuard carries to r: its pod CIDRs and location IPs, and each internal
+    address whose family's private network does not join the pair (a joined family's address
+    carries the encapsulated rungs and WireGuard's private endpoint, so it stays on the private NIC).
+    `ladders`: the pair's ladder per pod family, which answers that unless only the other
+    family's join put wireguard-private on it."""
+    me, mesh = seat.me, seat.mesh
     dsts = list(r.pod_cidrs)
-    if r.internal_ip is not None and not private_neighbours(me, r) and len(rungs) == 1:
-        dsts.append(host_net(r.internal_ip))
+    for i in r.internal_ips:
+        ladder = ladders.get(i.version)
+        if ladder is None or ladder == ("wireguard-private", "tunnel"):
+            ladder = pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, me, r, i.version,
+                                cross_family=False)
+        if ladder == ("tunnel",) and not private_neighbours(me, r, i.version):
+            dsts.append(host_net(i))
     dsts.extend(r.allowed_location_ips)
     return dsts
 
 
-def _pair_endpoint(seat: _Seat, r: Node, rung: Rung, rungs: Sequence[Rung], working: frozenset[str] | None
-                   ) -> Endpoint | None:
-    """Where the pair's WireGuard peer is called: r's private address when the pair's rung is
+def _pair_endpoint(seat: _Seat, r: Node, rungs: dict[int, Rung], ladders: dict[int, tuple[Rung, ...]],
+                   working: frozenset[str] | None) -> Endpoint | None:
+    """Where the pair's WireGuard peer is called: r's private address when a family's rung is
     wireguard-private, or (auto) while that rung stands by, so either end may switch to it at any
     time and the other still accepts what arrives (make-before-break); else where the records
-    say r is reached."""
-    standby = seat.mesh.intra_subnet == "auto" and "wireguard-private" in rungs and (
+    say r is reached, in a family `me` speaks. The private address is r's first one of a family
+    whose private network joins the pair."""
+    mesh = seat.mesh
+    standby = mesh.intra_subnet == "auto" and any("wireguard-private" in ladder for ladder in ladders.values()) and (
         working is None or "wireguard-private" in working)
-    if rung != "wireguard-private" and not standby:
-        return seat.view.endpoint(r)
-    assert r.internal_ip is not None
-    return Endpoint(str(r.internal_ip.ip), r.endpoint.port if r.endpoint else seat.mesh.port)
+    if "wireguard-private" not in rungs.values() and not standby:
+        return seat.view.endpoint(r, seat.me.families)
+    fixed = mesh.intra_subnet != "auto"
+    joined = next((i for i in r.internal_ips
+                   if (private_neighbours(seat.me, r, i.version) if fixed else
+                       private_joined(seat.me, r, mesh.private_networks, i.version))), r.internal_ip)
+    assert joined is not None
+    return Endpoint(str(joined.ip), r.endpoint.port if r.endpoint else mesh.port)
 
 
 # --- every granularity -------------------------------------------------------------------------
@@ -410,7 +464,7 @@ def _extra_peers(seat: _Seat, peers: Sequence[Peer]) -> Share:
             peer, _ = _peer(p.name, "peer", p.public_key, p.endpoint, p.allowed_ips, seat.keepalive, p.preshared_key)
             # Checked whatever its range: a node's location IPs may be public and hold a peer's endpoint.
             offered.append((peer, p.endpoint.ip if p.endpoint is not None else None))
-        claims.extend((a, Route(a, None, "wireguard") if leads else Route(a, seat.leader_ip, "private"))
+        claims.extend((a, Route(a, None, "wireguard") if leads else Route(a, seat.to_leader(a), "private"))
                       for a in p.allowed_ips)
     return Share(peers=tuple(offered), claims=tuple(claims))
 
@@ -445,11 +499,11 @@ def _no_loops(peers: list[PeerPlan], checked: Sequence[tuple[int, IPAddress]],
 
 
 def _node_addresses(me: Node, r: Node) -> list[IPNetwork]:
-    """What node r's peer carries for `me` in full/cross granularity (besides r's WireGuard IP):
-    its pod CIDR, its internal address unless the two are private neighbours, its location IPs."""
+    """What node r's peer carries for `me` in full/cross granularity (besides r's WireGuard IPs):
+    its pod CIDRs, its internal addresses of the families the two are not private neighbours in,
+    its location IPs."""
     out = list(r.pod_cidrs)
-    if r.internal_ip is not None and not private_neighbours(me, r):
-        out.append(host_net(r.internal_ip))
+    out.extend(host_net(i) for i in r.internal_ips if not private_neighbours(me, r, i.version))
     out.extend(r.allowed_location_ips)
     return out
 
@@ -460,10 +514,11 @@ _PEERLESS_MODES = ("direct", *ENCAP_RUNGS.values())
 
 def _no_peer(mesh: MeshSettings, a: Node, b: Node) -> bool:
     """Nodes a and b hold no WireGuard peer for each other: a fixed private rung (direct, ipip,
-    vxlan) carries their pair (`_pair`), so it is never relayed and neither relays for the other.
-    Symmetric in a and b (pair_rungs is)."""
+    vxlan) carries their pair in every family of either's pod CIDRs (`_pair`), so it is never
+    relayed and neither relays for the other. Symmetric in a and b (pair_rungs is)."""
     return mesh.granularity != "location" and mesh.intra_subnet in _PEERLESS_MODES and \
-        pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, a, b)[0] != "tunnel"
+        all(pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, a, b, f)[0] != "tunnel"
+            for f in {*a.pod_families, *b.pod_families})
 
 
 def _relays(view: NatView, me: Node, my_seg: Segment, segs: Sequence[Segment], mesh: MeshSettings
@@ -511,40 +566,48 @@ def _remote_shares(seat: _Seat, remotes: Sequence[Remote]) -> list[Share]:
     for remote in sorted(remotes, key=lambda r: r.topology.cluster.name):
         for s in remote.segments or segments(remote.topology):
             members = tuple(m for m in s.members if m.name in remote.admitted)
-            out.append(_remote_segment(seat.me, s.wireguard_ip, s.leader, members, seat.leads, seat.leader_ip,
+            out.append(_remote_segment(seat.me, s.addresses, s.leader, members, seat.leads,
+                                       seat.leader_ips or ((seat.leader_ip,) if seat.leader_ip else ()),
                                        seat.keepalive))
     return out
 
 
 @functools.lru_cache(maxsize=4096)
-def _remote_segment(me: Node, wg_ip: IPInterface, leader: Node, members: tuple[Node, ...], leads: bool,
-                    leader_ip: IPAddress | None, keepalive: int) -> Share:
+def _remote_segment(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, members: tuple[Node, ...], leads: bool,
+                    leader_ips: tuple[IPAddress, ...], keepalive: int) -> Share:
     """One remote segment's share: its private neighbours of `me` go direct whatever the
-    granularities; the rest is one WireGuard peer reached at the segment's leader (a member
-    routes it to its own leader). Memoised (a pure function of its arguments): a remote change
-    recomputes only the segment it touches, so a reconcile with thousands of remote nodes
-    redoes only what changed."""
-    direct = [m for m in members if private_neighbours(me, m)]
-    rest = [m for m in members if not private_neighbours(me, m)]
+    granularities (each family's pod CIDRs where the two are neighbours in that family); the
+    rest is one WireGuard peer reached at the segment's leader (a member routes it to its own
+    leader). Memoised (a pure function of its arguments): a remote change recomputes only the
+    segment it touches, so a reconcile with thousands of remote nodes redoes only what changed."""
     claims: list[Claim] = []
-    for m in direct:
-        assert m.internal_ip is not None
-        claims.extend((c, Route(c, m.internal_ip.ip, "private")) for c in m.pod_cidrs)
-    paths = [(m.qualified_name, "direct") for m in direct]
+    paths: list[tuple[str, str]] = []
+    split: list[tuple[str, tuple[tuple[int, str], ...]]] = []
+    rest = []
+    for m in members:
+        rungs: dict[int, Rung] = {f: "direct" if private_neighbours(me, m, f) else "tunnel" for f in m.pod_families}
+        claims.extend(_private_claim(c, me, m, "direct") for c in m.pod_cidrs if rungs[c.version] == "direct")
+        if all(r == "direct" for r in rungs.values()):
+            paths.append((m.qualified_name, "direct"))
+            continue
+        rest.append(m)
+        split.extend(_split(m.qualified_name, rungs))
     if not rest:
         return Share(claims=tuple(claims), paths=tuple(paths))
-    wg = host_net(wg_ip)
+    wgs = [host_net(a) for a in wg_ips]
     addrs = segment_addresses(rest, None, me)
     peers: tuple[OfferedPeer, ...] = ()
     if leads:
-        peer, _ = _peer(leader.qualified_name, "segment", leader.public_key, leader.endpoint, addrs + [wg], keepalive)
+        ep = leader.endpoint_for(me.families) or leader.endpoint
+        peer, _ = _peer(leader.qualified_name, "segment", leader.public_key, ep, addrs + wgs, keepalive)
         peers = ((peer, None),)
-        claims.append((wg, Route(wg, None, "wireguard")))
-        claims.extend(_into_wireguard(addrs, wg_ip.ip))
+        claims.extend((wg, Route(wg, None, "wireguard")) for wg in wgs)
+        claims.extend((d, Route(d, _of_family((a.ip for a in wg_ips), d.version), "wireguard")) for d in addrs)
     else:
-        claims.extend((d, Route(d, leader_ip, "private")) for d in [wg, *addrs])
+        claims.extend((d, Route(d, _of_family(leader_ips, d.version, leader_ips[0] if leader_ips else None),
+                                "private")) for d in [*wgs, *addrs])
     paths += [(m.qualified_name, "tunnel" if leads else "via-leader") for m in rest]
-    return Share(peers=peers, claims=tuple(claims), paths=tuple(paths))
+    return Share(peers=peers, claims=tuple(claims), paths=tuple(paths), family_paths=tuple(split))
 
 
 def _fastpath(me: Node, topo: Topology, remotes: Sequence[Remote], claimed: dict[IPNetwork, Route | Encap]
@@ -572,12 +635,12 @@ def mesh_cidrs(topo: Topology, remotes: list[Remote]) -> frozenset[IPNetwork]:
     """Everything inside the mesh (never masqueraded): pod CIDRs, the WireGuard subnet, location
     IPs and extra peers' allowed IPs, of this cluster and admitted remote ones. A set, not a sorted
     list: the NAT applier diffs sets, so an order would only cost sorting thousands of networks."""
-    out: set[IPNetwork] = {topo.mesh.subnet}
+    out: set[IPNetwork] = set(topo.mesh.subnets)
     for n in [*topo.nodes, *(n for r in remotes for n in r.nodes)]:
         out.update(n.pod_cidrs)
         out.update(n.allowed_location_ips)
     for r in remotes:
-        out.add(r.topology.mesh.subnet)
+        out.update(r.topology.mesh.subnets)
     for p in topo.peers:
         out.update(p.allowed_ips)
     return frozenset(out)

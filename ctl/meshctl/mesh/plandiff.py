@@ -114,7 +114,8 @@ def diff_plans(before: Mapping[str, NodePlan], after: Mapping[str, NodePlan]) ->
 def settings_view(m: MeshSettings) -> dict[str, Any]:
     """Every mesh setting under its record key (records.MESH_FIELDS), as JSON values."""
     view: dict[str, Any] = {
-        "granularity": m.granularity, "subnet": str(m.subnet), "port": m.port, "intra_subnet": m.intra_subnet,
+        "granularity": m.granularity, "subnet": str(m.subnet),
+        "subnet6": str(m.subnet6) if m.subnet6 is not None else None, "port": m.port, "intra_subnet": m.intra_subnet,
         "private_networks": [str(n) for n in m.private_networks], "allow_default_route": m.allow_default_route,
     }
     assert tuple(view) == MESH_FIELDS
@@ -123,6 +124,8 @@ def settings_view(m: MeshSettings) -> dict[str, Any]:
 
 def setting_text(value: Any) -> str:
     """A setting's value as it is written after KEY= (lists comma-joined, booleans lower case)."""
+    if value is None:
+        return "-"
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, list):

@@ -10,7 +10,8 @@ conflict in it is an error, not a rejection.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from meshctl.errors import MISSING, InputError
 from meshctl.mesh import admit
@@ -21,8 +22,10 @@ from meshctl.mesh.fields import (
     cluster_name,
     discovered_endpoints,
     endpoint,
+    endpoints,
     granularity,
     interface,
+    interfaces,
     keepalive,
     key_file,
     location,
@@ -50,9 +53,12 @@ from meshctl.mesh.model import (
     Topology,
 )
 
+T = TypeVar("T")
+
 NODE_FIELDS = (
-    "name", "location", "internal_ip", "endpoint", "pod_cidrs", "pod_cidr", "public_key", "leader",
-    "persistent_keepalive", "allowed_location_ips", "wireguard_ip", "discovered_endpoints", "unreached_peers",
+    "name", "location", "internal_ip", "internal_ips", "endpoint", "endpoints", "pod_cidrs", "pod_cidr",
+    "public_key", "leader", "persistent_keepalive", "allowed_location_ips", "wireguard_ip", "wireguard_ips",
+    "discovered_endpoints", "unreached_peers",
 )
 
 
@@ -73,14 +79,17 @@ def parse_node(d: Any, path: str, *, cluster: str = "", default_port: int | None
     return Node(
         name=name,
         location=location(d.get("location"), f"{p}location"),
-        internal_ip=interface(d["internal_ip"], f"{p}internal_ip") if d.get("internal_ip") else None,
-        endpoint=endpoint(d["endpoint"], f"{p}endpoint", default_port) if d.get("endpoint") else None,
+        internal_ips=one_or_many(d, p, "internal_ip", lambda v, at: (interface(v, at),),
+                                 lambda v, at: interfaces(v, at, "internal address")),
+        endpoints=one_or_many(d, p, "endpoint", lambda v, at: (endpoint(v, at, default_port),),
+                              lambda v, at: endpoints(v, at, default_port)),
         pod_cidrs=pods,
         public_key=wg_key(d["public_key"], f"{p}public_key"),
         leader=boolean(d.get("leader", False), f"{p}leader"),
         persistent_keepalive=keepalive(d.get("persistent_keepalive"), f"{p}persistent_keepalive"),
         allowed_location_ips=cidr_list(d.get("allowed_location_ips"), f"{p}allowed_location_ips"),
-        wireguard_ip=interface(d["wireguard_ip"], f"{p}wireguard_ip") if d.get("wireguard_ip") else None,
+        wireguard_ips=one_or_many(d, p, "wireguard_ip", lambda v, at: (interface(v, at),),
+                                  lambda v, at: interfaces(v, at, "WireGuard address")),
         cluster=cluster,
         discovered_endpoints=discovered_endpoints(d.get("discovered_endpoints"), f"{p}discovered_endpoints", name),
         unreached_peers=name_list(d.get("unreached_peers"), f"{p}unreached_peers", name),
@@ -90,38 +99,53 @@ def parse_node(d: Any, path: str, *, cluster: str = "", default_port: int | None
 def node_pod_cidrs(d: Any, p: str, one_per_family: bool = True) -> tuple[IPNetwork, ...]:
     """A node record's pod CIDRs: `pod_cidrs` (a list, one per family unless told otherwise) or
     `pod_cidr` (one CIDR, the one-element form records had before dual stack), never both."""
-    if "pod_cidrs" in d and "pod_cidr" in d:
-        raise InputError(f"{p}pod_cidr", d["pod_cidr"], "is given with pod_cidrs: write one of them")
-    if "pod_cidrs" in d:
-        return pod_cidrs(d["pod_cidrs"], f"{p}pod_cidrs", one_per_family)
-    if "pod_cidr" not in d:
+    pods = one_or_many(d, p, "pod_cidr", lambda v, at: (network(v, at),),
+                       lambda v, at: pod_cidrs(v, at, one_per_family), optional=False)
+    if not pods:
         raise InputError(f"{p}pod_cidrs", MISSING, "is required")
-    return (network(d["pod_cidr"], f"{p}pod_cidr"),)
+    return pods
+
+
+def one_or_many(d: Any, p: str, one: str, parse_one: Callable[[Any, str], tuple[T, ...]],
+                parse_many: Callable[[Any, str], tuple[T, ...]], optional: bool = True) -> tuple[T, ...]:
+    """A field a record gives in its one-element form (`one`, e.g. `internal_ip`) or as a list
+    (`one` + "s", one per family), never both; empty when neither is given. An `optional` field
+    given empty (null, "") counts as not given; any other is parsed as it is."""
+    many = f"{one}s"
+    if many in d and one in d:
+        raise InputError(f"{p}{one}", d[one], f"is given with {many}: write one of them")
+    if many in d and (d[many] or not optional):
+        return parse_many(d[many], f"{p}{many}")
+    if one in d and (d[one] or not optional):
+        return parse_one(d[one], f"{p}{one}")
+    return ()
+
+
+def _one_or_list(rec: dict[str, Any], one: str, items: Sequence[object]) -> None:
+    """Write a list field in its one-element form when it holds one item (agents that predate the
+    list keep reading it), as the list when it holds more, not at all when empty."""
+    if len(items) == 1:
+        rec[one] = str(items[0])
+    elif items:
+        rec[f"{one}s"] = [str(x) for x in items]
 
 
 def node_to_record(n: Node) -> dict[str, Any]:
     """The JSON form of a node (the inverse of `parse_node`), as agents publish it."""
     rec: dict[str, Any] = {"name": n.name}
-    # One CIDR is written in the one-element form: agents that predate `pod_cidrs` keep reading it.
-    if len(n.pod_cidrs) == 1:
-        rec["pod_cidr"] = str(n.pod_cidrs[0])
-    else:
-        rec["pod_cidrs"] = [str(c) for c in n.pod_cidrs]
+    _one_or_list(rec, "pod_cidr", n.pod_cidrs)
     rec["public_key"] = n.public_key
     if n.location:
         rec["location"] = n.location
-    if n.internal_ip is not None:
-        rec["internal_ip"] = str(n.internal_ip)
-    if n.endpoint is not None:
-        rec["endpoint"] = str(n.endpoint)
+    _one_or_list(rec, "internal_ip", n.internal_ips)
+    _one_or_list(rec, "endpoint", n.endpoints)
     if n.leader:
         rec["leader"] = True
     if n.persistent_keepalive:
         rec["persistent_keepalive"] = n.persistent_keepalive
     if n.allowed_location_ips:
         rec["allowed_location_ips"] = [str(c) for c in n.allowed_location_ips]
-    if n.wireguard_ip is not None:
-        rec["wireguard_ip"] = str(n.wireguard_ip)
+    _one_or_list(rec, "wireguard_ip", n.wireguard_ips)
     if n.discovered_endpoints:
         rec["discovered_endpoints"] = {name: str(ep) for name, ep in n.discovered_endpoints}
     if n.unreached_peers:
@@ -156,7 +180,7 @@ def parse_peer(d: Any, path: str) -> Peer:
     )
 
 
-MESH_FIELDS = ("granularity", "subnet", "port", "intra_subnet", "private_networks", "allow_default_route")
+MESH_FIELDS = ("granularity", "subnet", "subnet6", "port", "intra_subnet", "private_networks", "allow_default_route")
 
 
 def parse_mesh(d: Any, path: str) -> MeshSettings:
@@ -168,18 +192,33 @@ def parse_mesh(d: Any, path: str) -> MeshSettings:
     intra = d.get("intra_subnet", DEFAULT_INTRA_SUBNET)
     if intra not in INTRA_SUBNET_MODES:
         raise InputError(f"{path}.intra_subnet", intra, f"is not one of {', '.join(INTRA_SUBNET_MODES)}")
-    subnet = network(d.get("subnet", str(DEFAULT_SUBNET)), f"{path}.subnet")
-    if subnet.num_addresses < 4:
-        raise InputError(f"{path}.subnet", d.get("subnet"), "is too small for a WireGuard subnet")
-    return MeshSettings(granularity=gran, subnet=subnet, port=port(d.get("port", DEFAULT_PORT), f"{path}.port"),
+    subnet = _wg_subnet(d.get("subnet", str(DEFAULT_SUBNET)), f"{path}.subnet")
+    subnet6 = _wg_subnet(d["subnet6"], f"{path}.subnet6") if d.get("subnet6") else None
+    if subnet6 is not None and subnet6.version != 6:
+        raise InputError(f"{path}.subnet6", d["subnet6"], "is not an IPv6 network (mesh.subnet6 is the IPv6 WireGuard "
+                         "subnet)")
+    if subnet6 is not None and subnet.version != 4:
+        raise InputError(f"{path}.subnet6", d["subnet6"], f"is given with the IPv6 mesh.subnet {subnet}: write the "
+                         "IPv4 WireGuard subnet in subnet, the IPv6 one in subnet6")
+    return MeshSettings(granularity=gran, subnet=subnet, subnet6=subnet6,
+                        port=port(d.get("port", DEFAULT_PORT), f"{path}.port"),
                         intra_subnet=intra,
                         private_networks=cidr_list(d.get("private_networks"), f"{path}.private_networks"),
                         allow_default_route=boolean(d.get("allow_default_route", False), f"{path}.allow_default_route"))
 
 
+def _wg_subnet(value: Any, path: str) -> IPNetwork:
+    subnet = network(value, path)
+    if subnet.num_addresses < 4:
+        raise InputError(path, value, "is too small for a WireGuard subnet")
+    return subnet
+
+
 def mesh_to_record(m: MeshSettings) -> dict[str, Any]:
     rec: dict[str, Any] = {"granularity": m.granularity, "subnet": str(m.subnet), "port": m.port,
                            "intra_subnet": m.intra_subnet}
+    if m.subnet6 is not None:  # written only when set, as allow_default_route
+        rec["subnet6"] = str(m.subnet6)
     if m.private_networks:
         rec["private_networks"] = [str(n) for n in m.private_networks]
     if m.allow_default_route:  # written only when set: agents that predate the field keep reading the record
@@ -233,10 +272,10 @@ def parse_topology(doc: Any) -> Topology:
         raise InputError("peers", raw_peers, "is not a list")
     peers = [parse_peer(d, f"peers[{i}]") for i, d in enumerate(raw_peers)]
     claims = admit.Claims()
-    _, rejected = admit.admit_nodes(nodes, mesh.subnet, claims=claims, allow_default_route=mesh.allow_default_route)
+    _, rejected = admit.admit_nodes(nodes, mesh.subnets, claims=claims, allow_default_route=mesh.allow_default_route)
     if rejected:
         raise InputError.from_line(rejected[0].reason)
-    _, rejected_peers = admit.admit_peers(peers, claims, subnet=mesh.subnet)
+    _, rejected_peers = admit.admit_peers(peers, claims, subnet=mesh.subnets)
     if rejected_peers:
         raise InputError.from_line(rejected_peers[0].reason)
     return Topology(cluster=cluster, mesh=mesh, nodes=tuple(nodes), peers=tuple(peers))

@@ -29,6 +29,8 @@ def plan_to_json(p: NodePlan) -> dict[str, Any]:
         "granularity": p.granularity,
         "leader": p.leader,
         "wireguard_ip": str(p.wireguard_ip) if p.wireguard_ip else None,
+        # Both families' addresses in a dual-stack mesh (mesh.subnet6); absent otherwise.
+        **({"wireguard_ips": [str(a) for a in p.wireguard_ips]} if p.wireguard_ips else {}),
         "peers": [peer_json(x) for x in p.peers],
         "routes": [route_json(r) for r in p.routes],
         "fastpath": [fastpath_json(e) for e in p.fastpath],
@@ -76,8 +78,19 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells)
 
 
+def joined(items: Sequence[object]) -> str | None:
+    """Addresses of both families as one cell (`10.0.0.4/24,fd10::4/64`), None for none."""
+    return ",".join(map(str, items)) or None
+
+
+def path_text(path: str, families: Sequence[tuple[int, str]] | None) -> str:
+    """A pair's path as tables show it: its rung, or each family's when they differ
+    (`IPv4 wireguard-private, IPv6 direct`)."""
+    return ", ".join(f"IPv{f} {rung}" for f, rung in families) if families else path
+
+
 def plan_to_table(p: NodePlan) -> str:
-    wg = str(p.wireguard_ip) if p.wireguard_ip else "- (not a leader)"
+    wg = joined(p.wireguard_ips or ([p.wireguard_ip] if p.wireguard_ip else [])) or "- (not a leader)"
     out = [f"node {p.node}  granularity {p.granularity}  leader {p.leader}  wireguard {wg}", ""]
     out.append(f"PEERS ({len(p.peers)})")
     out.append(table([(x.name, x.kind, x.endpoint, ",".join(map(str, x.allowed_ips)), x.persistent_keepalive or None)
@@ -89,7 +102,8 @@ def plan_to_table(p: NodePlan) -> str:
                      ["PREFIX", "ACTION", "NEXT HOP", "ENCAP"]))
     if p.paths:
         out += ["", "PATHS"]
-        out.append(table(sorted(p.paths.items()), ["NODE", "PATH"]))
+        out.append(table([(name, path_text(path, p.family_paths.get(name))) for name, path in sorted(p.paths.items())],
+                         ["NODE", "PATH"]))
     return "\n".join(out)
 
 
@@ -145,12 +159,13 @@ def node_conf(topo: Topology, plan: NodePlan) -> WgConf:
                          p.preshared_key) for p in plan.peers)
     note = None if plan.wireguard_ip is not None else \
         f"{plan.node} is not a segment leader: it reaches the mesh through {plan.leader}"
-    return WgConf(topo.mesh.port, (plan.wireguard_ip,) if plan.wireguard_ip else (), peers, note)
+    addresses = plan.wireguard_ips or ((plan.wireguard_ip,) if plan.wireguard_ip else ())
+    return WgConf(topo.mesh.port, addresses, peers, note)
 
 
 def _segment_peer(s: Segment, keepalive: int | None, extra: Sequence[IPNetwork] = (),
                   psk: KeyRef | None = None) -> WgPeer:
-    addrs = [*segment_addresses(s.members, s.wireguard_ip, None), *extra]
+    addrs = [*segment_addresses(s.members, s, None), *extra]
     return WgPeer(s.peer_name, s.leader.public_key, s.leader.endpoint, tuple(sorted(set(addrs), key=sort_key_net)),
                   keepalive, psk)
 
@@ -260,6 +275,22 @@ def peer_resource(p: WgPeer, api_version: str, name: str | None = None) -> dict[
     return {"apiVersion": api_version, "kind": "Peer", "metadata": {"name": name or p.name}, "spec": spec}
 
 
+# The keys a node row gains for a dual-stack node (dual_keys).
+DUAL_KEYS = ("internal_ips", "endpoints", "wireguard_ips", "family_paths")
+
+
+def dual_keys(internal_ips: Sequence[object], endpoints: Sequence[object], wireguard_ips: Sequence[object],
+              family_paths: Sequence[tuple[int, str]] | None) -> dict[str, Any]:
+    """A node row's keys of a dual-stack node, each only where it holds more than the one-address
+    key beside it says (`internal_ip` etc. keep the first address: readers of one address go on):
+    `internal_ips`, `endpoints`, `wireguard_ips` (lists) and `family_paths` ({"IPv4": rung, ...})."""
+    out: dict[str, Any] = {k: [str(x) for x in v] for k, v in zip(DUAL_KEYS, (internal_ips, endpoints, wireguard_ips),
+                                                                   strict=False) if len(v) > 1}
+    if family_paths:
+        out[DUAL_KEYS[3]] = {f"IPv{f}": rung for f, rung in family_paths}
+    return out
+
+
 def node_rows(topo: Topology, remotes: Sequence[Remote], plan: NodePlan) -> list[dict[str, Any]]:
     """`meshctl node list` from one node's point of view: every local and remote node, its
     addresses, its segment's WireGuard address (leaders only) and the path this node takes to it
@@ -268,16 +299,18 @@ def node_rows(topo: Topology, remotes: Sequence[Remote], plan: NodePlan) -> list
     relays = plan.relays
 
     def add(nodes: Sequence[Node], segs: Sequence[Segment], source: str, cluster: str) -> None:
-        wg = {s.leader.name: s.wireguard_ip for s in segs}
+        wg = {s.leader.name: s.addresses for s in segs}
         for n in nodes:
+            wgs = wg.get(n.name, ())
             rows.append({
                 "name": n.qualified_name, "cluster": cluster, "source": source, "location": n.location,
                 "internal_ip": str(n.internal_ip) if n.internal_ip else None,
                 "endpoint": str(n.endpoint) if n.endpoint else None, "pod_cidrs": [str(c) for c in n.pod_cidrs],
-                "wireguard_ip": str(wg[n.name]) if n.name in wg else None,
+                "wireguard_ip": str(wgs[0]) if wgs else None,
                 "path": plan.paths.get(n.qualified_name, "none"),
                 "relay": relays[n.qualified_name][0] if n.qualified_name in relays else None,
                 "relay_reason": relays[n.qualified_name][1] if n.qualified_name in relays else None,
+                **dual_keys(n.internal_ips, n.endpoints, wgs, plan.family_paths.get(n.qualified_name)),
             })
 
     add(topo.nodes, segments(topo), "local", topo.cluster.name)
@@ -288,7 +321,10 @@ def node_rows(topo: Topology, remotes: Sequence[Remote], plan: NodePlan) -> list
 
 
 def node_rows_table(rows: Sequence[dict[str, Any]]) -> str:
-    return table([(r["name"], r["source"], r["location"] or None, r["internal_ip"], ",".join(r["pod_cidrs"]),
-                   r["wireguard_ip"],
-                   r["path"], r.get("relay")) for r in rows],
+    return table([(r["name"], r["source"], r["location"] or None, joined(r.get("internal_ips") or [])
+                   or r["internal_ip"], ",".join(r["pod_cidrs"]),
+                   joined(r.get("wireguard_ips") or []) or r["wireguard_ip"],
+                   path_text(r["path"], [(int(f.removeprefix("IPv")), rung)
+                                         for f, rung in r.get("family_paths", {}).items()]),
+                   r.get("relay")) for r in rows],
                  ["NAME", "SOURCE", "LOCATION", "INTERNAL", "POD CIDRS", "WIREGUARD", "PATH", "RELAY"])

@@ -14,7 +14,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from meshctl.errors import InputError
-from meshctl.mesh.model import IPInterface, IPNetwork, Node, Topology, host_net, private_neighbours
+from meshctl.mesh.model import (
+    FAMILIES,
+    IPAddress,
+    IPInterface,
+    IPNetwork,
+    Node,
+    Topology,
+    host_net,
+    private_neighbours,
+)
 
 
 @dataclass(frozen=True)
@@ -26,10 +35,28 @@ class Segment:
     leader: Node
     wireguard_ip: IPInterface
     cluster: str = ""
+    # One WireGuard address per subnet of the mesh (`wireguard_ip` first); empty: just that one.
+    wireguard_ips: tuple[IPInterface, ...] = ()
 
     @property
     def peer_name(self) -> str:
         return self.leader.qualified_name
+
+    @property
+    def addresses(self) -> tuple[IPInterface, ...]:
+        """The segment's WireGuard addresses, one per family of the mesh."""
+        return self.wireguard_ips or (self.wireguard_ip,)
+
+    @property
+    def hosts(self) -> list[IPNetwork]:
+        """The /32 (/128) of each WireGuard address (what peers allow and routes name)."""
+        return [host_net(a) for a in self.addresses]
+
+    def gateways(self) -> dict[int, IPAddress]:
+        """The WireGuard address of each family, that routes into the segment's tunnel go through;
+        a family the mesh has no WireGuard subnet of has none (the route names the device only).
+        Not cached: segments are built anew for every plan, and each asks this once."""
+        return {a.version: a.ip for a in self.addresses}
 
 
 @dataclass(frozen=True)
@@ -48,7 +75,7 @@ class Remote:
 
 
 def segment_key(node: Node, granularity: str) -> str:
-    if granularity == "location" and node.internal_ip is not None:
+    if granularity == "location" and node.internal_ips:
         return f"location:{node.location}"
     return f"node:{node.name}"
 
@@ -76,31 +103,37 @@ def segments(topo: Topology) -> list[Segment]:
     groups: dict[str, list[Node]] = {}
     for n in topo.nodes:
         groups.setdefault(segment_key(n, gran), []).append(n)
-    subnet = topo.mesh.subnet
-    if len(groups) + 1 >= subnet.num_addresses:
-        raise InputError("mesh.subnet", str(subnet), f"has no room for {len(groups)} segments")
-    iface = ipaddress.IPv4Interface if subnet.version == 4 else ipaddress.IPv6Interface
-    base = int(subnet.network_address)
+    subnets = topo.mesh.subnets
+    for field, subnet in zip(("mesh.subnet", "mesh.subnet6"), subnets, strict=False):
+        if len(groups) + 1 >= subnet.num_addresses:
+            raise InputError(field, str(subnet), f"has no room for {len(groups)} segments")
     out: list[Segment] = []
     for i, key in enumerate(sorted(groups)):
         members = tuple(sorted(groups[key], key=lambda n: n.name))
-        wg = iface((base + i + 1, subnet.prefixlen))
+        wgs = tuple(_nth(subnet, i + 1) for subnet in subnets)
         cluster = members[0].cluster
-        out.append(Segment(key, members, choose_leader(members), wg, cluster))
+        out.append(Segment(key, members, choose_leader(members), wgs[0], cluster, wgs if len(wgs) > 1 else ()))
     return out
 
 
-def segment_addresses(members: Sequence[Node], wg: IPInterface | None, exclude_internal_of: Node | None
+def _nth(subnet: IPNetwork, i: int) -> IPInterface:
+    """The subnet's i-th address with the subnet's prefix."""
+    iface = ipaddress.IPv4Interface if subnet.version == 4 else ipaddress.IPv6Interface
+    return iface((int(subnet.network_address) + i, subnet.prefixlen))
+
+
+def segment_addresses(members: Sequence[Node], wg: Segment | None, exclude_internal_of: Node | None
                       ) -> list[IPNetwork]:
-    """What a segment's peer carries: pod CIDRs, internal /32s, the WireGuard IP and location IPs.
-    The internal address of a private neighbour of `exclude_internal_of` is left out (that node
-    reaches it over the private network)."""
+    """What a segment's peer carries: pod CIDRs, internal /32s (/128s), the WireGuard IPs of
+    `wg` and location IPs. The internal address of a family in which a member is a private
+    neighbour of `exclude_internal_of` is left out (that node reaches it over the private network),
+    and so is the pod CIDR of such a family (it goes direct)."""
     out: list[IPNetwork] = []
     for m in members:
-        out.extend(m.pod_cidrs)
-        if m.internal_ip is not None and not (exclude_internal_of and private_neighbours(exclude_internal_of, m)):
-            out.append(host_net(m.internal_ip))
+        near = {f for f in FAMILIES if exclude_internal_of and private_neighbours(exclude_internal_of, m, f)}
+        out.extend(c for c in m.pod_cidrs if c.version not in near)
+        out.extend(host_net(i) for i in m.internal_ips if i.version not in near)
         out.extend(m.allowed_location_ips)
     if wg is not None:
-        out.append(host_net(wg))
+        out.extend(wg.hosts)
     return out

@@ -58,9 +58,9 @@ def mirror_records(state: ClusterState) -> dict[str, str]:
     """What etcd should hold for `state`: the cluster and mesh records and one record per node
     that the cluster's own agents admit (admit.admit_nodes, in the state's order). A segment's
     leader carries the segment's WireGuard address, as its own agent's plan gives it."""
-    admitted, _ = admit.admit_nodes(state.nodes, state.mesh.subnet, allow_default_route=state.mesh.allow_default_route)
+    admitted, _ = admit.admit_nodes(state.nodes, state.mesh.subnets, allow_default_route=state.mesh.allow_default_route)
     try:
-        wg_of = {s.leader.name: s.wireguard_ip for s in segments(Topology(state.cluster, state.mesh,
+        wg_of = {s.leader.name: s.addresses for s in segments(Topology(state.cluster, state.mesh,
                                                                            tuple(admitted)))}
     except InputError:
         wg_of = {}  # a subnet too small for the segments: the records go out without addresses
@@ -70,7 +70,9 @@ def mirror_records(state: ClusterState) -> dict[str, str]:
         mesh_key(name): _dumps(records.mesh_to_record(state.mesh)),
     }
     for n in admitted:
-        out[node_key(name, n.name)] = _dumps(records.node_to_record(replace(n, wireguard_ip=wg_of.get(n.name))))
+        wgs = wg_of.get(n.name, ())
+        out[node_key(name, n.name)] = _dumps(records.node_to_record(
+            replace(n, wireguard_ip=wgs[0] if wgs else None, wireguard_ips=wgs)))
     return out
 
 

@@ -124,30 +124,47 @@ def _last_seen(where: str, text: str) -> int:
     return int(text)
 
 
-def _endpoint(ann: Mapping[str, str], where: str, default_port: int | None) -> Endpoint | None:
-    """The forced endpoint when a non-empty one is set, else the one the agent published, else None."""
-    def ep(value: Any, path: str) -> Endpoint:
-        return fields.endpoint(value, path, default_port)
+def _addresses(value: Any, path: str) -> tuple[IPInterface, ...]:
+    """An address annotation: one address with its prefix, or one per IP family comma-separated
+    (`10.0.0.4/24,fd10::4/64`, a dual-stack node)."""
+    if isinstance(value, str) and "," in value:
+        return fields.interfaces(value, path, "address")
+    return (fields.interface(value, path),)
+
+
+def _joined(items: tuple[object, ...]) -> str | None:
+    """What `_addresses` and `_endpoint` read: the items comma-separated (None for none)."""
+    return ",".join(map(str, items)) or None
+
+
+def _endpoint(ann: Mapping[str, str], where: str, default_port: int | None) -> tuple[Endpoint, ...]:
+    """The forced endpoints when a non-empty value is set, else the ones the agent published, else
+    none: one endpoint, or one per IP family comma-separated."""
+    def ep(value: Any, path: str) -> tuple[Endpoint, ...]:
+        if isinstance(value, str) and "," in value:
+            return fields.endpoints(value, path, default_port)
+        return (fields.endpoint(value, path, default_port),)
 
     forced = _user(ann, FORCE_ENDPOINT)
     if forced and forced[1]:
         return _parsed(where, forced[0], ep, forced[1])
     if ann.get(ENDPOINT):
         return _parsed(where, ENDPOINT, ep, ann[ENDPOINT])
-    return None
+    return ()
 
 
-def _internal_ip(ann: Mapping[str, str], where: str) -> IPInterface | None:
-    """The forced internal address when set, else the one the agent published, else None. A
-    forced value of "" or "-" is Kilo's way to say "this node has no private network"."""
+def _internal_ip(ann: Mapping[str, str], where: str) -> tuple[IPInterface, ...]:
+    """The forced internal addresses when set, else the ones the agent published, else none (one,
+    or one per family comma-separated). A forced value of "" or "-" is Kilo's way to say "this
+    node has no private network"."""
     forced = _user(ann, FORCE_INTERNAL_IP)
     if forced and forced[1].strip() in ("", "-"):
-        return None
+        return ()
     if forced:
-        return _parsed(where, forced[0], fields.interface, forced[1])
+        return _parsed(where, forced[0], _addresses, forced[1])
     if ann.get(INTERNAL_IP):
-        return _parsed(where, INTERNAL_IP, fields.interface, ann[INTERNAL_IP])
-    return None
+        return _parsed(where, INTERNAL_IP, _addresses, ann[INTERNAL_IP])
+    return ()
 
 
 def _metadata(obj: Mapping[str, Any]) -> tuple[str, Mapping[str, str], Mapping[str, str]]:
@@ -222,14 +239,14 @@ def parse_kube_node(obj: Mapping[str, Any], *, location_label: str = defaults.RE
     leader = _leader_of(ann, where)
     keepalive = _user_parsed(ann, where, PERSISTENT_KEEPALIVE, fields.keepalive, 0)
     allowed: tuple[IPNetwork, ...] = _user_parsed(ann, where, ALLOWED_LOCATION_IPS, fields.cidr_list, ())
-    wg = _parsed(where, WIREGUARD_IP, fields.interface, ann[WIREGUARD_IP]) if ann.get(WIREGUARD_IP) else None
+    wg = _parsed(where, WIREGUARD_IP, _addresses, ann[WIREGUARD_IP]) if ann.get(WIREGUARD_IP) else ()
     _check_granularity(ann, where)
     discovered = _discovered(ann, where, node_name)
     unreached = _unreached(ann, where, node_name)
     node = Node(
-        name=node_name, pod_cidrs=pods, public_key=key, location=location, internal_ip=internal_ip,
-        endpoint=endpoint, leader=leader, persistent_keepalive=keepalive, allowed_location_ips=allowed,
-        wireguard_ip=wg, discovered_endpoints=discovered, unreached_peers=unreached,
+        name=node_name, pod_cidrs=pods, public_key=key, location=location, internal_ips=internal_ip,
+        endpoints=endpoint, leader=leader, persistent_keepalive=keepalive, allowed_location_ips=allowed,
+        wireguard_ips=wg, discovered_endpoints=discovered, unreached_peers=unreached,
     )
     created = (obj.get("metadata") or {}).get("creationTimestamp") or ""
     return KubeNode(node, last_seen, str(created))
@@ -262,9 +279,9 @@ def own_annotations(node: Node, granularity: str, now: float | None = None) -> d
     is removed (None), so a stale endpoint does not linger."""
     return {
         PUBLIC_KEY: node.public_key,
-        ENDPOINT: str(node.endpoint) if node.endpoint is not None else None,
-        INTERNAL_IP: str(node.internal_ip) if node.internal_ip is not None else None,
-        WIREGUARD_IP: str(node.wireguard_ip) if node.wireguard_ip is not None else None,
+        ENDPOINT: _joined(node.endpoints),
+        INTERNAL_IP: _joined(node.internal_ips),
+        WIREGUARD_IP: _joined(node.wireguard_ips),
         LAST_SEEN: str(int(time.time() if now is None else now)),
         GRANULARITY: granularity,
         DISCOVERED_ENDPOINTS: json.dumps({n: str(e) for n, e in node.discovered_endpoints}, sort_keys=True)
