@@ -4,21 +4,31 @@ to the test run, and remove them on success and failure."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 VM_TESTS = "tests/vm/"
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`): each test file is
-    one group, so a module's lab or VM fixture is built once, on one worker; the VM tests are one
-    group and come first, so the worker that takes them spends the run booting TCG guests while
-    the other worker runs the host tests beside it. Without xdist the markers do nothing and only
-    the order changes (the VM tests first)."""
-    def group(item: pytest.Item) -> str:
-        path = item.nodeid.split("::", 1)[0]
-        return "vm" if path.startswith(VM_TESTS) else path
+def _is_vm(nodeid: str) -> bool:
+    return nodeid.startswith(VM_TESTS)
 
-    items.sort(key=lambda item: not item.nodeid.startswith(VM_TESTS))  # stable: the rest keep their order
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group(item)))
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The VM tests first (stable: the rest keep their order), so that under pytest-xdist the
+    worker that takes them boots TCG guests from the start while the other runs the host tests."""
+    items.sort(key=lambda item: not _is_vm(item.nodeid))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`make test`'s two xdist workers: each test file is one unit of work, so a module's lab or VM
+    fixture is built once, on one worker; all VM tests are one unit, so one worker boots guests
+    while the other runs the host tests beside it, and two TCG guests never compete for the 2 CPUs."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFileVmTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "vm" if _is_vm(nodeid) else nodeid.split("::", 1)[0]
+
+    return ByFileVmTogether(config, log)
