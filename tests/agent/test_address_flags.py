@@ -74,3 +74,24 @@ def test_a_bad_address_flag_is_one_line_and_exit_2(monkeypatch, case, extra, lin
     assert res.exit_code == 2 and cfg is None, (case, res.output)
     assert res.stderr.startswith(f"error: {line}"), (case, res.stderr)
     assert res.stderr.count("\n") == 1 and "Traceback" not in res.output, case
+
+
+def _node(ann: dict[str, str]) -> dict[str, Any]:
+    return {"metadata": {"name": "k1", "annotations": ann, "labels": {}}, "spec": {"podCIDR": "10.42.1.0/24"}}
+
+
+def test_the_force_annotations_take_one_value_per_family_too():
+    """--backend kubernetes: a Node's `meshctl.io/force-internal-ip` and `force-endpoint` stand in
+    for the flags the agent was not given, with the same lists and the same one-line errors."""
+    from meshctl.backends.kube.nodes import settings_for_agent
+    from meshctl.errors import InputError
+
+    got = settings_for_agent(_node({"meshctl.io/force-internal-ip": "10.0.0.4/24,fd10::4/64",
+                                    "meshctl.io/force-endpoint": "203.0.113.4,[2001:db8::4]:51999"}))
+    assert got["force_internal_ip"] == (IF("10.0.0.4/24"), IF("fd10::4/64"))
+    assert discover_endpoints(got["endpoint"], None, 51820) == (Endpoint("203.0.113.4", 51820),
+                                                                Endpoint("2001:db8::4", 51999))
+    with pytest.raises(InputError) as e:
+        settings_for_agent(_node({"meshctl.io/force-internal-ip": "fd10::4/64,fd10::5/64"}))
+    assert str(e.value) == ("node k1: meshctl.io/force-internal-ip[1]: 'fd10::5/64' is a second IPv6 internal "
+                            "address (after fd10::4/64): one per family")
