@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What the node's own interfaces say: its internal address, its WireGuard endpoint, the MTU
-kilo0 can use, and the pod routes and private address the fast path is told. The package's one
-reader of this namespace's addresses and routes: it reads the CALLING THREAD's network namespace
+"""What the node's own interfaces say: its internal addresses and WireGuard endpoints (one per IP
+family each), the MTU kilo0 can use, and the pod routes and private address the fast path is
+told. The package's one reader of this namespace's addresses and routes: it reads the CALLING THREAD's network namespace
 through netlink (never /sys, which shows the namespace /sys was mounted in, not the caller's), so
 it answers for a node's namespace when called from a thread that entered it (meshctl.setns).
 
