@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the node's own interfaces say: its internal addresses and WireGuard endpoints (one per IP
 family each), the MTU kilo0 can use, and the pod routes and private address the fast path is
-told. The package's one reader of this namespace's addresses and routes: it reads the CALLING THREAD's network namespace
-through netlink (never /sys, which shows the namespace /sys was mounted in, not the caller's), so
-it answers for a node's namespace when called from a thread that entered it (meshctl.setns).
+told. The package's one reader of this namespace's addresses and routes: it reads the CALLING
+THREAD's network namespace through netlink (never /sys, which shows the namespace /sys was mounted
+in, not the caller's), so it answers for a node's namespace when called from a thread that
+entered it (meshctl.setns).
 
 The internal address carries its prefix because the prefix is the private subnet: two nodes are
 private neighbours when each address lies in the other's subnet. A /32 on the NIC (Hetzner's
