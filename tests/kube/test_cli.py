@@ -98,7 +98,7 @@ def test_the_daemonset_env_from_the_configmap_reaches_the_agent(monkeypatch):
     res, cfg = parse(monkeypatch, expand(agent["args"], {"NODE_NAME": "node-1"}), env)
     assert res.exit_code == 0, res.output
     assert cfg is not None
-    assert cfg.private_interface == "eth1" and cfg.internal_cidr == ipaddress.ip_network("10.10.0.0/16")
+    assert cfg.private_interface == "eth1" and cfg.internal_cidr == (ipaddress.ip_network("10.10.0.0/16"),)
     assert cfg.cni == "install" and str(cfg.cni_conf_dir) == "/etc/cni/net.d"
     assert cfg.fastpath is False  # the ConfigMap's `fastpath: "false"`: docs/datapath.md's off switch
     # ... and those keys in the ConfigMap do not break the mesh settings every agent reads from it
@@ -106,7 +106,7 @@ def test_the_daemonset_env_from_the_configmap_reaches_the_agent(monkeypatch):
     assert cluster.name == "default" and mesh.granularity == "location"
     # without them (optional refs, no env), the agent discovers
     res, cfg = parse(monkeypatch, expand(agent["args"], {"NODE_NAME": "node-1"}))
-    assert cfg is not None and cfg.private_interface is None and cfg.internal_cidr is None and cfg.cni == "keep"
+    assert cfg is not None and cfg.private_interface is None and cfg.internal_cidr == () and cfg.cni == "keep"
     assert cfg.fastpath is True
 
 
@@ -221,9 +221,9 @@ def test_internal_cidr_names_the_private_interface(request):
             "import ipaddress, sys",
             "from meshctl.agent.config import AgentConfig",
             "from meshctl.agent.run import resolve_private_interface",
-            "for kw in (dict(internal_cidr=ipaddress.ip_network(sys.argv[1])),",
-            "           dict(force_internal_ip=ipaddress.ip_interface(sys.argv[2])),",
-            "           dict(private_interface='eth9', internal_cidr=ipaddress.ip_network(sys.argv[1]))):",
+            "for kw in (dict(internal_cidr=(ipaddress.ip_network(sys.argv[1]),)),",
+            "           dict(force_internal_ip=(ipaddress.ip_interface(sys.argv[2]),)),",
+            "           dict(private_interface='eth9', internal_cidr=(ipaddress.ip_network(sys.argv[1]),))):",
             "    c = AgentConfig(node_name='n', backend='kubernetes', **kw)",
             "    resolve_private_interface(c)",
             "    print(c.private_interface)",

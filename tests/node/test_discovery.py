@@ -13,11 +13,12 @@ import pytest
 
 from meshctl.errors import InputError
 from meshctl.mesh.model import Endpoint
-from meshctl.node.discovery import discover_endpoint, discover_internal_ip, pod_routes, private_ipv4, wg_mtu
+from meshctl.node.discovery import discover_endpoints, discover_internal_ips, pod_routes, private_ipv4, wg_mtu
 
 from .conftest import NodeLab, in_ns
 
 IF = ipaddress.ip_interface
+N = ipaddress.ip_network
 
 
 @pytest.fixture
@@ -39,11 +40,9 @@ def node(lab: NodeLab) -> str:
 
 def test_host_prefix_on_the_nic_needs_the_force_override(node: str, caplog):
     caplog.set_level(logging.WARNING)
-    assert in_ns(node, discover_internal_ip, "eth1", None, None) is None
+    assert in_ns(node, discover_internal_ips, "eth1", (), ()) == ()
     assert "--force-internal-ip 10.10.0.4/" in caplog.text
-    assert in_ns(node, discover_internal_ip, "eth1", None, "10.10.0.4/16") == IF("10.10.0.4/16")
-    with pytest.raises(InputError, match="--force-internal-ip"):
-        in_ns(node, discover_internal_ip, None, None, "10.10.0.4")
+    assert in_ns(node, discover_internal_ips, "eth1", (), (IF("10.10.0.4/16"),)) == (IF("10.10.0.4/16"),)
 
 
 def test_host_prefix_inside_a_private_network_is_used(node: str, caplog):
@@ -51,30 +50,100 @@ def test_host_prefix_inside_a_private_network_is_used(node: str, caplog):
     (the plan joins it over that network); outside every listed network it is still skipped."""
     caplog.set_level(logging.WARNING)
     joined = [ipaddress.ip_network("10.10.0.0/16")]
-    assert in_ns(node, discover_internal_ip, "eth1", None, None, joined) == IF("10.10.0.4/32")
+    assert in_ns(node, discover_internal_ips, "eth1", (), (), joined) == (IF("10.10.0.4/32"),)
     assert "host prefix" not in caplog.text
     elsewhere = [ipaddress.ip_network("10.99.0.0/16")]
-    assert in_ns(node, discover_internal_ip, "eth1", None, None, elsewhere) is None
+    assert in_ns(node, discover_internal_ips, "eth1", (), (), elsewhere) == ()
     assert "mesh.private_networks" in caplog.text
 
 
 def test_internal_address_from_interface_cidr_or_default_route(node: str):
-    assert in_ns(node, discover_internal_ip, "eth2", None, None) == IF("10.20.0.4/24")
-    assert in_ns(node, discover_internal_ip, None, "10.20.0.0/16", None) == IF("10.20.0.4/24")
-    assert in_ns(node, discover_internal_ip, None, "10.30.0.0/16", None) is None
-    assert in_ns(node, discover_internal_ip, None, None, None) == IF("10.20.0.4/24")  # private, default-route NIC
+    assert in_ns(node, discover_internal_ips, "eth2", (), ()) == (IF("10.20.0.4/24"),)
+    assert in_ns(node, discover_internal_ips, None, (N("10.20.0.0/16"),), ()) == (IF("10.20.0.4/24"),)
+    assert in_ns(node, discover_internal_ips, None, (N("10.30.0.0/16"),), ()) == ()
+    assert in_ns(node, discover_internal_ips, None, (), ()) == (IF("10.20.0.4/24"),)  # private, default-route NIC
     with pytest.raises(InputError, match="--private-interface: 'eth9'"):
-        in_ns(node, discover_internal_ip, "eth9", None, None)
+        in_ns(node, discover_internal_ips, "eth9", (), ())
 
 
 def test_endpoint_from_flag_or_interface(node: str):
-    assert discover_endpoint("198.51.100.7", None, 51820) == Endpoint("198.51.100.7", 51820)
-    assert discover_endpoint("[fd00::1]:5555", None, 51820) == Endpoint("fd00::1", 5555)
-    assert discover_endpoint("gw.example.com:1234", None, 51820) == Endpoint("gw.example.com", 1234)
+    assert discover_endpoints("198.51.100.7", None, 51820) == (Endpoint("198.51.100.7", 51820),)
+    assert discover_endpoints("[fd00::1]:5555", None, 51820) == (Endpoint("fd00::1", 5555),)
+    assert discover_endpoints("gw.example.com:1234", None, 51820) == (Endpoint("gw.example.com", 1234),)
+    assert discover_endpoints("198.51.100.7, [2001:db8::7]", None, 51820) == (
+        Endpoint("198.51.100.7", 51820), Endpoint("2001:db8::7", 51820))
     with pytest.raises(InputError, match="--endpoint"):
-        discover_endpoint("fd00::1:5555", None, 51820)
-    assert in_ns(node, discover_endpoint, None, "pu", 51820) == Endpoint("203.0.113.5", 51820)
-    assert in_ns(node, discover_endpoint, None, None, 51820) == Endpoint("10.20.0.4", 51820)
+        discover_endpoints("fd00::1:5555", None, 51820)
+    assert in_ns(node, discover_endpoints, None, "pu", 51820) == (Endpoint("203.0.113.5", 51820),)
+    assert in_ns(node, discover_endpoints, None, None, 51820) == (Endpoint("10.20.0.4", 51820),)
+
+
+# Stable IPv6 addresses that sort after the privacy addresses the kernel makes from their prefix
+# (a random interface id below ffff:ffff:ffff:fffe), so discovery must skip those to find them.
+PRIV6 = "fd10::ffff:ffff:ffff:fffe/64"
+PUB6 = "2001:db8:1::ffff:ffff:ffff:fffe/64"
+
+
+@pytest.fixture
+def dual(lab: NodeLab) -> str:
+    """A dual-stack node: a private NIC (veth `priv`, its peer in a namespace of its own, so the
+    link has a carrier and a link-local address) with an IPv4 and an IPv6 subnet, plus a
+    deprecated IPv6 address and the privacy (temporary) address the kernel makes beside PRIV6; a
+    public NIC with a public address of each family (and a temporary one), a private IPv6 one and
+    the default routes."""
+    ns, peer = lab.ns("dual"), lab.ns("dualp")
+    for dev, other in (("priv", "privx"), ("pub", "pubx")):
+        lab.sh(ns, "ip", "link", "add", dev, "type", "veth", "peer", "name", other, "netns", peer)
+        lab.sh(peer, "ip", "link", "set", other, "up")
+        lab.sh(ns, "ip", "link", "set", dev, "up")
+        lab.sh(ns, "sysctl", "-qw", f"net.ipv6.conf.{dev}.use_tempaddr=2")
+    lab.sh(ns, "ip", "addr", "add", "10.0.0.4/24", "dev", "priv")
+    lab.sh(ns, "ip", "addr", "add", PRIV6, "dev", "priv", "nodad", "mngtmpaddr")
+    lab.sh(ns, "ip", "addr", "add", "fd10::2/64", "dev", "priv", "nodad", "preferred_lft", "0")  # deprecated
+    lab.sh(ns, "ip", "addr", "add", "198.51.100.4/24", "dev", "pub")
+    lab.sh(ns, "ip", "addr", "add", PUB6, "dev", "pub", "nodad", "mngtmpaddr")
+    lab.sh(ns, "ip", "addr", "add", "fd99::4/64", "dev", "pub", "nodad")  # private: after the public one
+    lab.sh(ns, "ip", "route", "add", "default", "via", "198.51.100.1", "dev", "pub")
+    lab.sh(ns, "ip", "-6", "route", "add", "default", "via", "2001:db8:1::1", "dev", "pub")
+    for dev in ("priv", "pub"):
+        shown = lab.sh(ns, "ip", "-6", "addr", "show", "dev", dev).stdout
+        assert "temporary" in shown and "fe80::" in shown, shown  # there, for discovery to skip
+    return ns
+
+
+@pytest.mark.parametrize(("case", "private_interface", "cidrs", "want"), [
+    ("private NIC: the first of each family", "priv", (), ("10.0.0.4/24", PRIV6)),
+    ("one CIDR per family", None, ("fd10::/48", "10.0.0.0/8"), ("10.0.0.4/24", PRIV6)),
+    ("an IPv6 CIDR alone", None, ("fd10::/48",), (PRIV6,)),
+    ("nothing given: private addresses, default-route NIC first", None, (), ("10.0.0.4/24", "fd99::4/64")),
+])
+def test_internal_addresses_of_both_families(dual: str, case: str, private_interface: str | None,
+                                             cidrs: tuple[str, ...], want: tuple[str, ...]):
+    """One internal address per family, IPv4 first; never a link-local (fe80::/10), temporary or
+    deprecated one, though those sort first."""
+    got = in_ns(dual, discover_internal_ips, private_interface, tuple(map(N, cidrs)), ())
+    assert got == tuple(map(IF, want)), case
+
+
+def test_forced_internal_addresses_replace_discovery_in_every_family(dual: str):
+    forced = (IF("10.10.0.4/16"), IF("fd20::4/64"))
+    assert in_ns(dual, discover_internal_ips, "priv", (), forced) == forced
+    assert in_ns(dual, discover_internal_ips, "priv", (), forced[1:]) == forced[1:]
+
+
+def test_endpoints_of_both_families(dual: str, lab: NodeLab):
+    """The public NIC's public address of each family (the private fd99:: loses to the public one,
+    the temporary one is skipped); with the public one gone, the private one; a family the NIC has
+    no address of, none."""
+    pub6 = str(IF(PUB6).ip)
+    both = (Endpoint("198.51.100.4", 51820), Endpoint(pub6, 51820))
+    assert in_ns(dual, discover_endpoints, None, "pub", 51820) == both
+    assert in_ns(dual, discover_endpoints, None, None, 51820) == both  # the default-route NIC
+    lab.sh(dual, "ip", "addr", "del", "198.51.100.4/24", "dev", "pub")
+    assert in_ns(dual, discover_endpoints, None, "pub", 51820) == (Endpoint(pub6, 51820),)
+    lab.sh(dual, "ip", "addr", "del", PUB6, "dev", "pub")
+    lab.sh(dual, "ip", "-6", "addr", "flush", "dev", "pub", "temporary")
+    assert in_ns(dual, discover_endpoints, None, "pub", 51820) == (Endpoint("fd99::4", 51820),)
 
 
 def test_kilo0_mtu_is_the_private_nic_minus_overhead(node: str):

@@ -31,9 +31,10 @@ class AgentConfig:
     pod_cidrs: tuple[IPNetwork, ...] = ()  # with --backend kubernetes: the Node's spec.podCIDRs
     location: str = ""
     private_interface: str | None = None
-    internal_cidr: IPNetwork | None = None
-    force_internal_ip: IPInterface | None = None
-    endpoint: str | None = None
+    # One per IP family each (`--internal-cidr`, `--force-internal-ip`, `--endpoint` comma-separated).
+    internal_cidr: tuple[IPNetwork, ...] = ()
+    force_internal_ip: tuple[IPInterface, ...] = ()
+    endpoint: str | None = None  # host[:port] items, parsed by discovery (the default port is the mesh's)
     public_interface: str | None = None
     leader: bool = False
     persistent_keepalive: int = 0

@@ -180,15 +180,14 @@ class PassDriver:
     def discover(self, mesh: MeshSettings) -> Node:
         """This node's record from flags and interfaces (discovery with overrides)."""
         cfg = self.cfg
-        internal = discovery.discover_internal_ip(
-            cfg.private_interface, str(cfg.internal_cidr) if cfg.internal_cidr else None,
-            str(cfg.force_internal_ip) if cfg.force_internal_ip else None, mesh.private_networks)
-        endpoint = discovery.discover_endpoint(cfg.endpoint, cfg.public_interface, mesh.port)
+        internal = discovery.discover_internal_ips(cfg.private_interface, cfg.internal_cidr, cfg.force_internal_ip,
+                                                   mesh.private_networks)
+        endpoints = discovery.discover_endpoints(cfg.endpoint, cfg.public_interface, mesh.port)
         if not cfg.pod_cidrs:
             raise InputError("--pod-cidr", "", "is not known yet")
         return Node(
             name=cfg.node_name, pod_cidrs=cfg.pod_cidrs, public_key=self.public_key, location=cfg.location,
-            internal_ip=internal, endpoint=endpoint, leader=cfg.leader,
+            internal_ips=internal, endpoints=endpoints, leader=cfg.leader,
             persistent_keepalive=cfg.persistent_keepalive, allowed_location_ips=cfg.allowed_location_ips,
             discovered_endpoints=self._cause.observed[0], unreached_peers=self._cause.observed[1],
         )

@@ -164,8 +164,7 @@ class PassRecorder:
             records=_int_or_none(state.extra.get("records")), granularity=plan.granularity if plan else None,
             mesh=state.mesh, leader=plan.leader if plan else None,
             is_leader=bool(plan and plan.leader == self.cfg.node_name),
-            wireguard_ip=(",".join(map(str, plan.wireguard_ips)) or str(plan.wireguard_ip))
-            if plan and plan.wireguard_ip else None,
+            wireguard_ip=(",".join(map(str, plan.device_addresses)) or None) if plan else None,
             nodes=len(out.topo.nodes) if out.topo else (prev.nodes if prev else 0),
             routes=len(plan.routes) if plan else 0, paths=dict(plan.paths) if plan else {},
             relays={n: Relay(via, why) for n, (via, why) in plan.relays.items()} if plan else {},

@@ -58,18 +58,21 @@ def build_backend(cfg: AgentConfig) -> Backend:
 
 def resolve_private_interface(cfg: AgentConfig) -> None:
     """Without --private-interface, the NIC that holds the address --internal-cidr or
-    --force-internal-ip names becomes the private one: private routes and the fast path need a
-    device, and a DaemonSet passes one cluster-wide CIDR rather than per-node interface names."""
+    --force-internal-ip names (the first family's) becomes the private one: private routes and the
+    fast path need a device, and a DaemonSet passes one cluster-wide CIDR rather than per-node
+    interface names."""
     if cfg.private_interface or not (cfg.internal_cidr or cfg.force_internal_ip):
         return
     from pyroute2 import IPRoute
 
-    from meshctl.node.discovery import discover_internal_ip, interface_addresses
+    from meshctl.node.discovery import discover_internal_ips, interface_addresses
 
-    want = cfg.force_internal_ip or discover_internal_ip(None, str(cfg.internal_cidr), None)
-    if want is None:
-        log.warning("no address inside --internal-cidr %s on this node: no private interface", cfg.internal_cidr)
+    found = cfg.force_internal_ip or discover_internal_ips(None, cfg.internal_cidr, ())
+    if not found:
+        log.warning("no address inside --internal-cidr %s on this node: no private interface",
+                    ",".join(map(str, cfg.internal_cidr)))
         return
+    want = found[0]
     with IPRoute() as ipr:
         for link in ipr.get_links():
             if any(a.ip == want.ip for a in interface_addresses(ipr, link["index"])):

@@ -139,10 +139,10 @@ class Additive:
 
 
 class WireGuardStep:
-    """The WireGuard device (`cfg.wg_interface`) with the plan's address and peers. It also
-    answers what the device says of its peers now (`peers_now`, the LivePeers protocol). A peer it
-    added that has no handshake a moment later (crossed handshakes) it adds anew on a pass of its
-    own (wireguard.WireGuard.rescue)."""
+    """The WireGuard device (`cfg.wg_interface`) with the plan's addresses (one per WireGuard
+    subnet) and peers. It also answers what the device says of its peers now (`peers_now`, the
+    LivePeers protocol). A peer it added that has no handshake a moment later (crossed handshakes)
+    it adds anew on a pass of its own (wireguard.WireGuard.rescue)."""
 
     name = "wireguard"
 
@@ -159,7 +159,7 @@ class WireGuardStep:
     def inputs(self, p: PassInput) -> Hashable | None:
         if self._rescue_at() is not None:
             return None  # added peers still watched: run on every pass until rescue is done
-        return (p.plan.peers, p.plan.wireguard_ip, p.topo.mesh.port, self.cfg.private_interface)
+        return (p.plan.peers, p.plan.device_addresses, p.topo.mesh.port, self.cfg.private_interface)
 
     def wants_pass(self, now: float, last_pass: float) -> bool:
         at = self._rescue_at()
@@ -170,7 +170,7 @@ class WireGuardStep:
             self._device = wireguard.WireGuard(ifname=self.cfg.wg_interface, run_dir=str(self.cfg.wg_run_dir))
         device = self._device
         mtu = discovery.wg_mtu(self.cfg.private_interface)
-        remade = device.ensure_device(self._private_key, p.topo.mesh.port, p.plan.wireguard_ip, mtu)
+        remade = device.ensure_device(self._private_key, p.topo.mesh.port, p.plan.device_addresses, mtu)
         # Pre-shared keys are read on every run of the step (a full pass at the latest: a rotated
         # Secret reaches the device within the resync interval). A peer whose key cannot be read
         # stays out, the others are synced, and the step then fails naming it.

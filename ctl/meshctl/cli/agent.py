@@ -20,6 +20,7 @@ from meshctl.cli import targets
 from meshctl.cli.options import TEXT_FORMATS, file_option, lab_option, node_option, output_option, pin_root_option
 from meshctl.errors import InputError, MeshError
 from meshctl.mesh import admit, fields, records
+from meshctl.mesh.model import DEFAULT_PORT
 from meshctl.node.cni import CNI_MODES
 
 
@@ -33,6 +34,18 @@ def _flag(parse: Any) -> Any:
         return parse(value, flag)
 
     return cb
+
+
+def _per_family(parse: Any, what: str) -> Any:
+    """A list parser (mesh.fields) that also refuses a second item of one IP family."""
+    return lambda value, path: fields.one_per_family_of(parse(value, path), path, what)
+
+
+def _endpoints_text(value: str, path: str) -> str:
+    """`--endpoint` checked now (one per family, each host[:port]) and kept as text: discovery
+    parses it again with the mesh's port as the default, which is known only from the backend."""
+    fields.endpoints(value, path, default_port=DEFAULT_PORT)
+    return value
 
 
 # The agent's environment variable for the fast path's switch (the DaemonSet fills it from the
@@ -74,11 +87,16 @@ def endpoint_list(text: str) -> tuple[str, ...]:
 @click.option("--location", default="", callback=_flag(fields.location), help="Location (e.g. a cloud region).")
 @click.option("--private-interface", default=None, envvar="MESHCTL_PRIVATE_INTERFACE",
               help="NIC of the private network (internal address).")
-@click.option("--internal-cidr", default=None, callback=_flag(fields.network), envvar="MESHCTL_INTERNAL_CIDR",
-              help="Pick the internal address from any interface inside this CIDR (and its NIC as the private one).")
-@click.option("--force-internal-ip", default=None, callback=_flag(fields.interface),
-              help="Internal address with its subnet, e.g. 10.10.0.4/16 (for a /32 on the NIC).")
-@click.option("--endpoint", default=None, help="Public WireGuard endpoint host[:port] (default: discovered).")
+@click.option("--internal-cidr", default=None, callback=_flag(_per_family(fields.cidr_list, "internal CIDR")),
+              envvar="MESHCTL_INTERNAL_CIDR", help="Pick the internal addresses from any interface inside these "
+              "CIDRs, one per IP family, comma-separated (and the first one's NIC as the private one).")
+@click.option("--force-internal-ip", default=None,
+              callback=_flag(lambda v, at: fields.interfaces(v, at, "internal address")),
+              help="Internal addresses with their subnet, one per IP family, comma-separated, e.g. "
+              "10.10.0.4/16,fd10::4/64 (for a /32 on the NIC; replaces discovery in every family).")
+@click.option("--endpoint", default=None, callback=_flag(_endpoints_text),
+              help="Public WireGuard endpoints host[:port], one per IP family, comma-separated, e.g. "
+              "203.0.113.4,[2001:db8::4]:51820 (default: discovered in each family).")
 @click.option("--public-interface", default=None, help="NIC whose address is the endpoint.")
 @click.option("--leader", is_flag=True, help="Prefer this node as its location's leader.")
 @click.option("--persistent-keepalive", default=0, type=int, callback=_flag(fields.keepalive))
@@ -139,6 +157,8 @@ def agent_cmd(**kw: Any) -> None:
     kw["fastpath"] = not kw.pop("no_fastpath")
     kw["allowed_location_ips"] = kw["allowed_location_ips"] or ()
     kw["pod_cidrs"] = kw["pod_cidrs"] or ()
+    kw["internal_cidr"] = kw["internal_cidr"] or ()
+    kw["force_internal_ip"] = kw["force_internal_ip"] or ()
     kw["location"] = kw["location"] or ""
     kw["persistent_keepalive"] = kw["persistent_keepalive"] or 0
     cfg = AgentConfig(**kw).check()

@@ -128,6 +128,11 @@ class NodePlan:
     # not): qualified name -> ((IP version, rung), ...); `paths` names the cheapest of them.
     family_paths: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict, compare=False)
 
+    @property
+    def device_addresses(self) -> tuple[IPInterface, ...]:
+        """The WireGuard device's addresses: one per WireGuard subnet; none for a non-leader."""
+        return self.wireguard_ips or ((self.wireguard_ip,) if self.wireguard_ip else ())
+
 
 # --- the shares of a plan ----------------------------------------------------------------------
 

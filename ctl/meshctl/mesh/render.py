@@ -159,8 +159,7 @@ def node_conf(topo: Topology, plan: NodePlan) -> WgConf:
                          p.preshared_key) for p in plan.peers)
     note = None if plan.wireguard_ip is not None else \
         f"{plan.node} is not a segment leader: it reaches the mesh through {plan.leader}"
-    addresses = plan.wireguard_ips or ((plan.wireguard_ip,) if plan.wireguard_ip else ())
-    return WgConf(topo.mesh.port, addresses, peers, note)
+    return WgConf(topo.mesh.port, plan.device_addresses, peers, note)
 
 
 def _segment_peer(s: Segment, keepalive: int | None, extra: Sequence[IPNetwork] = (),

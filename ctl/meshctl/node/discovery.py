@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What the node's own interfaces say: its internal address, its WireGuard endpoint, the MTU
-kilo0 can use, and the pod routes and private address the fast path is told. The package's one
-reader of this namespace's addresses and routes: it reads the CALLING THREAD's network namespace
-through netlink (never /sys, which shows the namespace /sys was mounted in, not the caller's), so
-it answers for a node's namespace when called from a thread that entered it (meshctl.setns).
+"""What the node's own interfaces say: its internal addresses and WireGuard endpoints (one per IP
+family each), the MTU kilo0 can use, and the pod routes and private address the fast path is
+told. The package's one reader of this namespace's addresses and routes: it reads the CALLING
+THREAD's network namespace through netlink (never /sys, which shows the namespace /sys was mounted
+in, not the caller's), so it answers for a node's namespace when called from a thread that
+entered it (meshctl.setns).
 
 The internal address carries its prefix because the prefix is the private subnet: two nodes are
 private neighbours when each address lies in the other's subnet. A /32 on the NIC (Hetzner's
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyroute2 import IPRoute
+from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_DADFAILED, IFA_F_DEPRECATED, IFA_F_TEMPORARY
 
 from meshctl.datapath import links
 from meshctl.errors import InputError, MeshError
@@ -37,6 +39,10 @@ MAIN_TABLE = 254  # RT_TABLE_MAIN
 RTN_UNICAST = 1
 RTPROT_KERNEL = 2
 RT_SCOPE_UNIVERSE = 0
+# Address flags of addresses a node must not publish, by family: IPv6 privacy addresses (whose
+# flag bit, in IPv4, means secondary), deprecated ones and ones that failed DAD.
+_UNPUBLISHABLE = {socket.AF_INET: IFA_F_DEPRECATED | IFA_F_DADFAILED,
+                  socket.AF_INET6: IFA_F_DEPRECATED | IFA_F_DADFAILED | IFA_F_TEMPORARY}
 
 
 # --- netlink readers shared by the appliers and the fast path ----------------------------------
@@ -51,12 +57,16 @@ def link_kind(link: Any) -> str | None:
     return None if kind is None else str(kind)
 
 
-def _global_addresses(ipr: IPRoute, index: int, family: int = socket.AF_UNSPEC) -> list[IPInterface]:
+def _global_addresses(ipr: IPRoute, index: int, family: int = socket.AF_UNSPEC, *,
+                      publishable: bool = False) -> list[IPInterface]:
     """Global-scope addresses of one interface (no link-local, no host scope), in the kernel's
-    order: an IPv4 subnet's primary address before its secondaries."""
+    order: an IPv4 subnet's primary address before its secondaries. `publishable`: also none the
+    node must not publish (IPv6 privacy addresses, deprecated ones, ones that failed DAD)."""
     out: list[IPInterface] = []
     for a in ipr.get_addr(index=index, family=family):
         if a["scope"] != RT_SCOPE_UNIVERSE:
+            continue
+        if publishable and (a.get("IFA_FLAGS") or a["flags"]) & _UNPUBLISHABLE.get(a["family"], 0):
             continue
         ip = a.get("IFA_LOCAL") or a.get("IFA_ADDRESS")
         if ip:
@@ -64,9 +74,10 @@ def _global_addresses(ipr: IPRoute, index: int, family: int = socket.AF_UNSPEC) 
     return out
 
 
-def interface_addresses(ipr: IPRoute, index: int) -> list[IPInterface]:
-    """Global-scope addresses of one interface, in the project's address order."""
-    return sorted(_global_addresses(ipr, index), key=sort_key_net)
+def interface_addresses(ipr: IPRoute, index: int, *, publishable: bool = False) -> list[IPInterface]:
+    """Global-scope addresses of one interface, in the project's address order (`publishable`:
+    see _global_addresses)."""
+    return sorted(_global_addresses(ipr, index, publishable=publishable), key=sort_key_net)
 
 
 def private_ipv4(dev: str) -> IPAddress | None:
@@ -140,24 +151,27 @@ def _default_route_ifindex(ipr: IPRoute) -> int | None:
 # --- discovery ---------------------------------------------------------------------------------
 
 
-def discover_internal_ip(private_interface: str | None, internal_cidr: str | None, force: str | None,
-                         private_networks: Sequence[IPNetwork] = ()) -> IPInterface | None:
-    """The node's internal address with the private subnet's prefix, or None (tunnel-only node).
+def discover_internal_ips(private_interface: str | None, internal_cidrs: Sequence[IPNetwork],
+                          force: Sequence[IPInterface], private_networks: Sequence[IPNetwork] = ()
+                          ) -> tuple[IPInterface, ...]:
+    """The node's internal addresses, at most one per IP family (IPv4 first), each with its
+    private subnet's prefix; empty for a tunnel-only node.
 
-    `force` (`--force-internal-ip`, with its prefix) wins; else the first usable address of
-    `private_interface`; else the first address inside `internal_cidr` on any interface; else a
-    private address on the default-route interface. A host prefix (/32, /128) says nothing about
-    neighbours, so it is used only inside one of `private_networks` (`mesh.private_networks`: the
-    plan joins such nodes over that network, Hetzner's case); elsewhere it is skipped with a
-    warning naming the two ways to use it.
+    `force` (`--force-internal-ip`, one per family) wins whole; else the first usable address of
+    each family on `private_interface`; else, per CIDR of `internal_cidrs`, the first address inside
+    it on any interface; else each family's first private address, the default-route interface's
+    first. Usable: global scope, neither temporary (privacy) nor deprecated nor failed DAD (a node's
+    record must not change with an address the kernel rotates). A host prefix (/32, /128) says
+    nothing about neighbours, so it is used only inside one of `private_networks`
+    (`mesh.private_networks`: the plan joins such nodes over that network, Hetzner's case);
+    elsewhere it is skipped with a warning naming the two ways to use it.
     """
     if force:
-        return fields.interface(force, "--force-internal-ip")
-    want = fields.cidr(internal_cidr, "--internal-cidr") if internal_cidr else None
+        return tuple(force)
     with IPRoute() as ipr:
         if private_interface:
             idx = _given_interface("--private-interface", private_interface)
-            candidates = [(private_interface, a) for a in interface_addresses(ipr, idx)]
+            candidates = [(private_interface, a) for a in interface_addresses(ipr, idx, publishable=True)]
         else:
             candidates = []
             default_idx = _default_route_ifindex(ipr)
@@ -165,35 +179,44 @@ def discover_internal_ip(private_interface: str | None, internal_cidr: str | Non
                 name = link.get("ifname")
                 if name == "lo" or link_kind(link) in _TUNNEL_KINDS:
                     continue
-                candidates.extend((name, a) for a in interface_addresses(ipr, link["index"]))
-    if want is not None:
-        candidates = [(n, a) for n, a in candidates if a.version == want.version and a.ip in want]
+                candidates.extend((name, a) for a in interface_addresses(ipr, link["index"], publishable=True))
+    if internal_cidrs:
+        candidates = [(n, a) for n, a in candidates
+                      if any(a.version == w.version and a.ip in w for w in internal_cidrs)]
     elif not private_interface:
         candidates = [(n, a) for n, a in candidates if _private(a.ip)]
+    found: dict[int, IPInterface] = {}
     for name, a in candidates:
+        if a.version in found:
+            continue
         if _is_host_prefix(a) and not any(a.ip in net for net in private_networks if net.version == a.version):
             log.warning("internal address %s on %s is a host prefix and says nothing about the private subnet; "
                         "list its network in mesh.private_networks, or pass --force-internal-ip %s/<subnet prefix>, "
                         "to use it", a, name, a.ip)
             continue
-        return a
-    return None
+        found[a.version] = a
+    return tuple(found[f] for f in sorted(found))
 
 
-def discover_endpoint(endpoint: str | None, public_interface: str | None, port: int) -> Endpoint | None:
-    """The WireGuard endpoint to publish: `--endpoint` (port optional, default `port`), else the
-    first global address of `public_interface`, else the first global address of the default-route
-    interface (public addresses first). None when nothing fits: peers then wait for us to call."""
+def discover_endpoints(endpoint: str | None, public_interface: str | None, port: int) -> tuple[Endpoint, ...]:
+    """The WireGuard endpoints to publish, at most one per family: `--endpoint` (one per family,
+    comma-separated, port optional, default `port`), else the first usable global address of each
+    family on `public_interface`, else on the default-route interface. Public addresses go first
+    (the first endpoint is the one older readers see, and a public one can be called by anyone);
+    between equals IPv4 first. Empty when nothing fits: peers then wait for us to call."""
     if endpoint:
-        return fields.endpoint(endpoint, "--endpoint", default_port=port)
+        return fields.endpoints(endpoint, "--endpoint", default_port=port)
     with IPRoute() as ipr:
         idx = _given_interface("--public-interface", public_interface) if public_interface else \
             _default_route_ifindex(ipr)
         if idx is None:
-            return None
-        addrs = interface_addresses(ipr, idx)
+            return ()
+        addrs = interface_addresses(ipr, idx, publishable=True)
     addrs.sort(key=lambda a: (_private(a.ip), a.version))
-    return Endpoint(str(addrs[0].ip), port) if addrs else None
+    found: dict[int, Endpoint] = {}
+    for a in addrs:
+        found.setdefault(a.version, Endpoint(str(a.ip), port))
+    return tuple(found.values())
 
 
 def wg_mtu(private_if: str | None, default: int = DEFAULT_NIC_MTU) -> int:

@@ -269,6 +269,9 @@ def _shrunk(known: Mapping[str, DevicePeer], desired: Mapping[str, PeerPlan]) ->
     return out
 
 
+_INTERFACES = (ipaddress.IPv4Interface, ipaddress.IPv6Interface)
+
+
 class WireGuard:
     """One WireGuard device in the current network namespace.
 
@@ -296,8 +299,8 @@ class WireGuard:
         self._applied: dict[str, PeerPlan] = {}
         self._psk: dict[str, str] = {}  # public key -> the pre-shared key last set (never logged)
         self._desired: dict[str, PeerPlan] = {}  # the last stage's peers: what retire_peers keeps
-        # The last ensure_device's address, what retire_device keeps ((None,): none; None: not staged)
-        self._address: tuple[IPInterface | None] | None = None
+        # The last ensure_device's addresses, what retire_device keeps (empty: none; None: not staged)
+        self._address: tuple[IPInterface, ...] | None = None
         self._added_at: dict[str, float] = {}  # public key -> when stage_peers added it (monotonic)
         self._watched: dict[str, float] = {}  # public key -> when rescue may add it anew (monotonic)
         if mode is None:
@@ -362,11 +365,13 @@ class WireGuard:
         self._create()
         return True
 
-    def ensure_device(self, private_key: str, listen_port: int, address: IPInterface | None, mtu: int) -> bool:
-        """Create/start the device if missing, set key/port/address/MTU only where they differ,
-        bring it up. True if anything changed. A new `address` is added beside the old one, which
-        `retire_device` removes (make before break); so does `address` None (a node that stops
-        leading its location must drop the location's WireGuard IP).
+    def ensure_device(self, private_key: str, listen_port: int,
+                      address: IPInterface | Sequence[IPInterface] | None, mtu: int) -> bool:
+        """Create/start the device if missing, set key/port/addresses/MTU only where they differ,
+        bring it up. True if anything changed. `address`: one address, or one per IP family (the
+        plan's `wireguard_ips`). A new address is added beside the old one, which `retire_device`
+        removes (make before break); so does `address` None or empty (a node that stops leading
+        its location must drop the location's WireGuard IPs).
 
         When this object last set the same key and port on the device that still has the same
         ifindex, the device's configuration is not read again (see `forget`)."""
@@ -396,7 +401,9 @@ class WireGuard:
         self._known_dev, self._known = (idx, private_key, listen_port), dict(st.peers)
         return changed
 
-    def _ensure_link(self, ipr: IPRoute, idx: int, address: IPInterface | None, mtu: int) -> bool:
+    def _ensure_link(self, ipr: IPRoute, idx: int, address: IPInterface | Sequence[IPInterface] | None,
+                     mtu: int) -> bool:
+        wanted = () if address is None else (address,) if isinstance(address, _INTERFACES) else tuple(address)
         changed = False
         link = link_info(ipr, idx)
         if link.get("IFLA_MTU") != mtu:
@@ -404,28 +411,29 @@ class WireGuard:
             log.info("%s: mtu %s -> %d", self.ifname, link.get("IFLA_MTU"), mtu)
             changed = True
         have = interface_addresses(ipr, idx)
-        self._address = (address,)
-        if address is not None and address not in have:
+        self._address = wanted
+        for a in (a for a in wanted if a not in have):
             # A new address beside the old (retire_device removes that): with promote_secondaries,
             # removing the old primary then keeps the new one, and with it the device's routes.
-            if address.version == 4:
+            if a.version == 4:
                 try:
                     promote_secondaries(self.ifname)
                 except MeshError as e:  # retire_device puts the new address back if it went too
                     log.warning("%s: %s", self.ifname, e)
-            ipr.addr("add", index=idx, address=str(address.ip), prefixlen=address.network.prefixlen)
-            log.info("%s: address %s", self.ifname, address)
+            ipr.addr("add", index=idx, address=str(a.ip), prefixlen=a.network.prefixlen)
+            log.info("%s: address %s", self.ifname, a)
             changed = True
         if not link["flags"] & 1:  # IFF_UP
             ipr.link("set", index=idx, state="up")
             changed = True
         return changed
 
-    def _remove_addresses(self, ipr: IPRoute, idx: int, have: Sequence[IPInterface], keep: IPInterface | None) -> bool:
-        """Remove every address in `have` but `keep`; True if any was."""
+    def _remove_addresses(self, ipr: IPRoute, idx: int, have: Sequence[IPInterface], keep: Sequence[IPInterface]
+                          ) -> bool:
+        """Remove every address in `have` but those in `keep`; True if any was."""
         changed = False
         for a in have:
-            if a != keep:
+            if a not in keep:
                 ipr.addr("del", index=idx, address=str(a.ip), prefixlen=a.network.prefixlen)
                 log.info("%s: removed address %s", self.ifname, a)
                 changed = True
@@ -438,16 +446,17 @@ class WireGuard:
         True if any was removed."""
         if self._address is None:
             return False
-        keep = self._address[0]
+        keep = self._address
         with IPRoute() as ipr:
             idx = ifindex_or_none(self.ifname)
             if idx is None:
                 return False
             removed = self._remove_addresses(ipr, idx, interface_addresses(ipr, idx), keep)
-            if removed and keep is not None and keep not in interface_addresses(ipr, idx):
+            left = interface_addresses(ipr, idx) if removed else ()
+            for a in (a for a in keep if removed and a not in left):
                 # promote_secondaries could not be set: the old primary took the new address along
-                ipr.addr("add", index=idx, address=str(keep.ip), prefixlen=keep.network.prefixlen)
-                log.warning("%s: address %s went with the old primary; added again", self.ifname, keep)
+                ipr.addr("add", index=idx, address=str(a.ip), prefixlen=a.network.prefixlen)
+                log.warning("%s: address %s went with the old primary; added again", self.ifname, a)
             return removed
 
     def forget(self) -> None:
