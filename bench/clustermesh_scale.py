@@ -37,12 +37,14 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from convergence import SYNTH_BASE, measure_joins, rss_mb, synth_record
 from meshctl.mesh import records
-from meshctl.mesh.admit import admit_local, admit_remotes
+from meshctl.mesh.admit import admit_local
+from meshctl.mesh.admit_memo import RemoteAdmission
 from meshctl.mesh.model import Cluster, MeshSettings, Topology
 from meshctl.mesh.plan import _remote_segment, plan_node
 from meshctl.process import gc_paused
@@ -91,12 +93,21 @@ def topology(k: int, per: int, extra: int = 0) -> Topology:
     return Topology(cluster=Cluster(cluster_name(k), k + 1), mesh=mesh_of(k), nodes=tuple(nodes))
 
 
-def one_pass(local: Topology, remotes: list[Topology]) -> tuple[float, float, int]:
-    """The pure work of an agent's pass with remote clusters: admission, then the plan (gc paused,
-    as the agent runs both). Seconds of each, and the plan's routes."""
+def joined(topo: Topology, k: int, per: int, n: int) -> Topology:
+    """`topo` (cluster k) with its n-th joiner added last, its other records the same objects: the
+    backend's parse cache hands out the same Node for an unchanged record, newer records last."""
+    name, rec = joiner(k, per, n)
+    new = records.parse_node(rec, f"/meshctl/{cluster_name(k)}/nodes/{name}", cluster=cluster_name(k))
+    return replace(topo, nodes=(*topo.nodes, new))
+
+
+def one_pass(local: Topology, remotes: list[Topology], memo: RemoteAdmission) -> tuple[float, float, int]:
+    """The pure work of an agent's pass with remote clusters: admission (through the agent's
+    per-cluster memo; a new one for a cold pass), then the plan (gc paused, as the agent runs
+    both). Seconds of each, and the plan's routes."""
     with gc_paused():
         t0 = time.perf_counter()
-        admitted, rejected = admit_remotes(local, remotes)
+        admitted, rejected = memo.admit(local, remotes)
         t1 = time.perf_counter()
         plan = plan_node(local, ME, admitted)
         t2 = time.perf_counter()
@@ -117,12 +128,13 @@ def bench_plan(sizes: list[int], repeat: int, profile: bool) -> None:
         cold = []
         for _ in range(repeat):
             _remote_segment.cache_clear()
-            cold.append(one_pass(local, remotes))
+            cold.append(one_pass(local, remotes, RemoteAdmission()))
         joins = []
+        memo = RemoteAdmission()
         for j in range(repeat):
-            one_pass(local, remotes)  # the pass before: memo as an agent has it
-            remotes[4] = topology(5, per, extra=j + 1)  # one node more in cluster6
-            joins.append(one_pass(local, remotes))
+            one_pass(local, remotes, memo)  # the pass before: memo as an agent has it
+            remotes[4] = joined(remotes[4], 5, per, j)  # one node more in cluster6
+            joins.append(one_pass(local, remotes, memo))
         med = [statistics.median(x) for x in zip(*cold, strict=True)]
         jmed = [statistics.median(x) for x in zip(*joins, strict=True)]
         rows.append((n, med, jmed))
@@ -142,11 +154,12 @@ def bench_plan(sizes: list[int], repeat: int, profile: bool) -> None:
         per = n // CLUSTERS
         local, _ = admit_local(topology(0, per))
         remotes = [topology(k, per) for k in range(1, CLUSTERS)]
-        one_pass(local, remotes)
-        remotes[4] = topology(5, per, extra=repeat + 1)
+        memo = RemoteAdmission()
+        one_pass(local, remotes, memo)
+        remotes[4] = joined(remotes[4], 5, per, repeat)
         prof = cProfile.Profile()
         prof.enable()
-        one_pass(local, remotes)
+        one_pass(local, remotes, memo)
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(12)
 
