@@ -29,7 +29,7 @@ class StepRunner:
         self.resync_interval = resync_interval
         self.full_total = 0
         self._applied: dict[str, Hashable] = {}
-        self._full_due = 0.0
+        self._full_due = float("-inf")  # the first pass is a full one, however long ago the machine booted
 
     def wants_pass(self, now: float, last_pass: float) -> bool:
         """A step asks for a pass although nothing changed (Step.wants_pass)."""

@@ -26,7 +26,11 @@ other owner's route is left alone.
 
 The applier remembers the routes it knows to be in the kernel after each sync (the dump, then
 its own changes), so a later sync diffs the plan against that memory: one route added is one
-netlink request, not a dump and parse of every route. The memory is dropped by `forget()` (the
+netlink request, not a dump and parse of every route. A plan Route object it installed last time
+is unchanged by identity (plans hand out the same objects for what did not change), so a sync
+of 100,000 routes looks only at the few new objects. After `forget` the next sync dumps the
+kernel and compares it with the dropped memory: only destinations where the two differ (a route
+deleted or changed by hand) are diffed against the plan again. The memory is dropped by `forget()` (the
 agent's periodic full resync, which thus repairs routes changed behind its back), after any
 change that fails, and when a device's ifindex, up-state or addresses changed: the kernel
 flushes the routes of a device that goes down or loses its last address without a netlink
@@ -137,14 +141,29 @@ def _desired(by_dst: Mapping[IPNetwork, Route], synced: Mapping[IPNetwork, Route
     return desired, unchanged, skips
 
 
-def _removals(have: Mapping[IPNetwork, _Have], synced: Mapping[IPNetwork, Route], by_dst: Mapping[IPNetwork, Route],
+def _removals(have: Mapping[IPNetwork, _Have], synced: Mapping[IPNetwork, Route], routes: Sequence[Route],
               desired: Mapping[IPNetwork, _Want], unchanged: int) -> list[IPNetwork]:
     """Our routes in the kernel that the plan no longer has, in address order. When every one is
     accounted for (unchanged or desired) there is nothing to look for."""
     if unchanged + sum(1 for d in desired if d in have) == len(have):
         return []
+    by_dst = {r.dst: r for r in routes}
     return sorted((d for d in have if d not in desired and not _same(synced.get(d), by_dst.get(d))),
                   key=sort_key_net)
+
+
+def _still_synced(have: Mapping[IPNetwork, _Have], devs: tuple[Any, Any],
+                  believed: tuple[Mapping[IPNetwork, _Have], tuple[Any, Any] | None, dict[IPNetwork, Route]] | None
+                  ) -> dict[IPNetwork, Route]:
+    """The installed plan routes of a dropped memory that the kernel (`have`, dumped now) still
+    holds as that memory said: only the rest need a look. Nothing when the devices changed
+    since (the kernel flushes a device's routes without telling anyone)."""
+    if believed is None or believed[1] != devs:
+        return {}
+    known, _, synced = believed
+    drifted = {d for d, h in have.items() if (k := known.get(d)) is None or k.want != h.want or k.scope != h.scope}
+    drifted.update(d for d in known if d not in have)
+    return {d: r for d, r in synced.items() if d not in drifted}
 
 
 def _writes(have: Mapping[IPNetwork, _Have], desired: Mapping[IPNetwork, _Want]) -> list[tuple[IPNetwork, _Want]]:
@@ -182,6 +201,9 @@ class RouteApplier:
         # The plan's Route each of those was installed from: an identical Route next time needs no
         # work at all (not even building its netlink form).
         self._synced: dict[IPNetwork, Route] = {}
+        # The memory `forget` dropped: the next dump is checked against it, and only the
+        # destinations where the kernel differs from it are looked at again.
+        self._believed: tuple[dict[IPNetwork, _Have], tuple[Any, Any] | None, dict[IPNetwork, Route]] | None = None
         # The destinations the last stage found the plan no longer has: retire deletes them.
         self._retiring: list[IPNetwork] = []
         # Destinations whose route of another owner a write replaces (take_over).
@@ -193,7 +215,11 @@ class RouteApplier:
         self._takeover = dsts
 
     def forget(self) -> None:
-        """Drop the memory of the kernel's routes: the next `sync` dumps them again."""
+        """Drop the memory of the kernel's routes: the next `sync` dumps them again and compares
+        each with what this memory said (a route changed or deleted behind our back is put back;
+        the others are not looked at again)."""
+        if self._known is not None:
+            self._believed = (self._known, self._known_devs, self._synced)
         self._known = None
         self._known_devs = None
         self._synced = {}
@@ -255,13 +281,23 @@ class RouteApplier:
             index: dict[str, int | None] = {name: oif for name, oif in devs.values() if name}
             dev_ids = (_dev_state(ipr, devs["private"][1]), _dev_state(ipr, devs["wireguard"][1]))
             if self._known is None or self._known_devs != dev_ids:
-                self._known, self._known_devs, self._synced = self._ours(), dev_ids, {}
+                believed = self._believed if self._known is None else (self._known, self._known_devs, self._synced)
+                self._known, self._known_devs = self._ours(), dev_ids
+                self._synced = _still_synced(self._known, dev_ids, believed)
+                self._believed = None
             have, synced = self._known, self._synced
-            by_dst = {r.dst: r for r in routes}
-            desired, unchanged, skips = _desired(by_dst, synced, devs)
+            # A Route object installed last time is unchanged by identity (plans reuse the Route
+            # objects of what did not change): only the others are looked at, one by one.
+            installed = {id(r) for r in synced.values()}
+            fresh = {r.dst: r for r in routes if id(r) not in installed}
+            desired, unchanged, skips = _desired(fresh, synced, devs)
+            unchanged += len(routes) - len(fresh)
+            for dst, r in fresh.items():  # equal to what was installed: remember this object next time
+                if dst not in desired and _same(synced.get(dst), r):
+                    synced[dst] = r
             for dst, reason in skips:
                 self._skip(diff, dst, reason)
-            self._retiring = _removals(have, synced, by_dst, desired, unchanged)
+            self._retiring = _removals(have, synced, routes, desired, unchanged)
             writes = _writes(have, desired)
             done: dict[IPNetwork, _Want | None] = {}  # what changed in the kernel
             if len(writes) > BATCH_OVER:
@@ -270,7 +306,7 @@ class RouteApplier:
         if failed_any:
             self.forget()  # the kernel said no somewhere: read it again next time
         else:
-            _remember(have, synced, done, desired, by_dst)
+            _remember(have, synced, done, desired, fresh)
         if diff:
             log.info("routes: added %d, changed %d", len(diff.added), len(diff.changed))
         return diff
