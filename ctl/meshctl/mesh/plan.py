@@ -49,7 +49,7 @@ Action = Literal["local", "direct", "tunnel"]
 PeerKind = Literal["node", "segment", "peer"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PeerPlan:
     name: str
     kind: PeerKind
@@ -65,7 +65,7 @@ class PeerPlan:
     discovered: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Encap:
     """How a `direct` entry wraps the pod packet before it leaves on the private NIC: `kind` is the
     rung's encapsulation, `local` this node's private address (the outer source) and `remote` the
@@ -77,7 +77,7 @@ class Encap:
     remote: IPAddress
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Route:
     """A route the route applier installs. Encapsulated rungs have none: their pod CIDR's
     fast-path entry carries the encapsulation (the eBPF program, or the tunnel devices of the
@@ -88,7 +88,7 @@ class Route:
     dev: Dev
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FastPathEntry:
     """One decision per pod CIDR. `nexthop`: the private next hop of a raw direct entry (None:
     on-link); an encapsulated direct entry (`encap` set) leaves `nexthop` None unless the outer

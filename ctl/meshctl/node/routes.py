@@ -78,7 +78,7 @@ class RouteDiff:
         return bool(self.added or self.changed or self.removed)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Want:
     dev: str
     gateway: str | None
@@ -90,7 +90,7 @@ class _Want:
         return RT_SCOPE_UNIVERSE if self.gateway else RT_SCOPE_LINK
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Have:
     want: _Want
     scope: int
