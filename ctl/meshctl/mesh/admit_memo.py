@@ -5,13 +5,14 @@ all 50,000 records of ten clusters.
 
 Why the result stays exactly `admit_remotes`'s: clusters are admitted in name order, each against
 what the local cluster and the clusters before it hold (mesh.admit). Here each cluster keeps what
-it holds in a layer of its own (a `Claims` reading the earlier layers `below`, and its internal
-and host addresses), so admitting one cluster again needs no other cluster's work. A cluster whose
-records did not change gives the same result as long as no question it asks of the earlier layers
-gets another answer; every such question is about one of its own addresses or keys (its `Reach`).
-So an unchanged cluster is reused unless something an earlier layer holds changed (`Delta`: what
-a layer held before and not now, or now and not before) at an address or key within its reach.
-The local cluster is the first layer: a local change re-admits only the clusters it touches.
+it holds in a layer of its own (its `Claims`, admitted over a `base` index of the layers before
+it, and its internal and host addresses), so admitting one cluster again needs no other
+cluster's work. A cluster whose records did not change gives the same result as long as no
+question it asks of the earlier layers gets another answer; every such question is about one of
+its own addresses or keys (its `Reach`). So an unchanged cluster is reused unless something an
+earlier layer holds changed (`Delta`: what a layer held before and not now, or now and not
+before) at an address or key within its reach. The local cluster is the first layer: a local
+change re-admits only the clusters it touches.
 """
 
 from __future__ import annotations
