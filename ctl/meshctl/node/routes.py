@@ -39,11 +39,9 @@ notification (kilo0 does when the node's WireGuard address moves).
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import re
-import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -55,6 +53,7 @@ from meshctl.datapath.links import ifindex_or_none
 from meshctl.mesh.model import IPNetwork, sort_key_net
 from meshctl.mesh.plan import Route
 from meshctl.node.discovery import MAIN_TABLE, RT_SCOPE_UNIVERSE, interface_addresses, link_info
+from meshctl.node.prefixes import parse_prefix
 from meshctl.node.shell import sh
 from meshctl.node.tunnels import RT_PROTO_TUNNEL
 
@@ -99,15 +98,6 @@ class _Have:
 
 
 _SCOPES = {"link": RT_SCOPE_LINK, "host": 254}
-
-
-def _dump_net(dst: str, family: str) -> IPNetwork:
-    """A destination as `ip -j route` prints it (`10.4.0.5` for a host route) as a network, from
-    integers: ipaddress's string parser is two thirds of reading a 100,000-route table."""
-    addr, _, plen = dst.partition("/")
-    if family == "-4":
-        return ipaddress.IPv4Network((int.from_bytes(socket.inet_pton(socket.AF_INET, addr), "big"), int(plen or 32)))
-    return ipaddress.IPv6Network((int.from_bytes(socket.inet_pton(socket.AF_INET6, addr), "big"), int(plen or 128)))
 
 
 def _dev_state(ipr: IPRoute, idx: int | None) -> tuple[Any, ...] | None:
@@ -258,7 +248,7 @@ class RouteApplier:
                 have = forms.get(form)
                 if have is None:
                     have = forms[form] = _Have(_Want(*form[:3]), _SCOPES.get(form[3], RT_SCOPE_UNIVERSE), form[4])
-                net = self._dump_nets.get(dst) or _dump_net(dst, family)
+                net = self._dump_nets.get(dst) or parse_prefix(dst)
                 nets[dst] = net
                 out[net] = have
         self._dump_nets = nets
