@@ -29,7 +29,7 @@ class StepRunner:
         self.resync_interval = resync_interval
         self.full_total = 0
         self._applied: dict[str, Hashable] = {}
-        self._full_due = float("-inf")  # the first pass is a full one, however long ago the machine booted
+        self._full_due: float | None = None  # None: the first pass, always a full one
 
     def wants_pass(self, now: float, last_pass: float) -> bool:
         """A step asks for a pass although nothing changed (Step.wants_pass)."""
@@ -41,9 +41,11 @@ class StepRunner:
 
     def _full_pass_due(self, timer_pass: bool) -> bool:
         """Full passes (every step reads the kernel again) come from the loop's own tick, so they do
-        not slow down the pass that applies a change, unless changes keep coming for two intervals."""
+        not slow down the pass that applies a change, unless changes keep coming for two intervals.
+        The first pass is always full, however young the machine's monotonic clock is."""
         now = time.monotonic()
-        full = now >= self._full_due and (timer_pass or now >= self._full_due + self.resync_interval)
+        due = self._full_due
+        full = due is None or (now >= due and (timer_pass or now >= due + self.resync_interval))
         if full:
             self._full_due = now + self.resync_interval
         return full
