@@ -24,6 +24,10 @@ baseline it names, measured in the same run:
    `etcd_debugging_mvcc_watch_stream_total`) and by `ss` (connections to its client port).
 
     .venv/bin/python bench/clustermesh_scale.py [--parts plan,agent,watch] [--prefix sc-]
+
+A fourth part, `routes` (not in the default), times the route applier alone at the plan's size
+(100,000 routes in a namespace `<prefix>rt`): a sync of the same plan, one route added, and the
+full pass every resync interval (forget, dump, compare).
 """
 
 from __future__ import annotations
@@ -249,6 +253,52 @@ def bench_agent(sizes: list[int], joins: int, prefix: str) -> None:
     print(f"(part 2 total {time.monotonic() - t:.0f} s; goal at 50,000: join -> route < 1 s, RSS < 500 MB)")
 
 
+# --- routes: the route applier at 100,000 routes --------------------------------------------
+
+
+def bench_routes(n: int, prefix: str) -> None:
+    """The route step's work at the plan size of 50,000 nodes, in a namespace of its own: the
+    first sync, a sync of the same plan, one route added, and the full pass (forget, dump,
+    compare), twice (the second reads destinations the first dump already parsed)."""
+    import os
+    import subprocess
+
+    from meshctl.mesh.plan import Route
+    from meshctl.node.routes import RouteApplier
+    from meshctl.setns import in_netns
+
+    ns = f"{prefix}rt"
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        for cmd in (["link", "add", "pv", "type", "veth", "peer", "name", "wg"], ["link", "set", "pv", "up"],
+                    ["link", "set", "wg", "up"], ["addr", "add", "10.20.0.1/24", "dev", "pv"],
+                    ["addr", "add", "10.4.0.1/16", "dev", "wg"]):
+            subprocess.run(["ip", "-n", ns, *cmd], check=True)
+        gw = ipaddress.ip_address("10.4.0.5")
+        plan = [Route(ipaddress.ip_network((SYNTH_BASE + 128 * i, 25)), gw, "wireguard") for i in range(n)]
+        grown = [*plan, Route(ipaddress.ip_network("10.127.0.0/24"), gw, "wireguard")]
+
+        def timed(what: str, fn: Any) -> None:
+            t = time.perf_counter()
+            fn()
+            print(f"   {what:<44} {1000 * (time.perf_counter() - t):>7.0f} ms")
+
+        def run() -> None:
+            ra = RouteApplier("pv", "wg")
+            timed("first sync", lambda: ra.sync(plan))
+            timed("the same plan", lambda: ra.sync(plan))
+            timed("one route added", lambda: ra.sync(grown))
+            for what in ("full pass (forget, dump, compare)", "full pass again"):
+                ra.forget()
+                timed(what, lambda: ra.sync(grown))
+
+        print(f"routes: {n:,} routes through the stand-in wg device of {ns} (pid {os.getpid()})")
+        in_netns(ns, run)
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
 # --- 3. watch load on one remote etcd -------------------------------------------------------
 
 WATCH_METRICS = ("etcd_debugging_mvcc_events_total", "etcd_network_client_grpc_sent_bytes_total",
@@ -366,6 +416,7 @@ def main() -> None:
     ap.add_argument("--joins", type=int, default=1000, help="the joins of part 3")
     ap.add_argument("--agent-sizes", default="5000,50000")
     ap.add_argument("--agent-joins", type=int, default=5, help="the joins of part 2, per size")
+    ap.add_argument("--routes", type=int, default=100000, help="the routes of part `routes`")
     args = ap.parse_args()
     parts = args.parts.split(",")
     t = time.monotonic()
@@ -375,6 +426,8 @@ def main() -> None:
         bench_agent([int(s) for s in args.agent_sizes.split(",")], args.agent_joins, args.prefix)
     if "watch" in parts:
         bench_watch(args.watchers, args.joins)
+    if "routes" in parts:
+        bench_routes(args.routes, args.prefix)
     print(f"(total {time.monotonic() - t:.0f} s)")
 
 
