@@ -24,6 +24,10 @@ baseline it names, measured in the same run:
    `etcd_debugging_mvcc_watch_stream_total`) and by `ss` (connections to its client port).
 
     .venv/bin/python bench/clustermesh_scale.py [--parts plan,agent,watch] [--prefix sc-]
+
+A fourth part, `routes` (not in the default), times the route applier alone at the plan's size
+(100,000 routes in a namespace `<prefix>rt`): a sync of the same plan, one route added, and the
+full pass every resync interval (forget, dump, compare).
 """
 
 from __future__ import annotations
@@ -37,12 +41,14 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from convergence import SYNTH_BASE, measure_joins, rss_mb, synth_record
 from meshctl.mesh import records
-from meshctl.mesh.admit import admit_local, admit_remotes
+from meshctl.mesh.admit import admit_local
+from meshctl.mesh.admit_memo import RemoteAdmission
 from meshctl.mesh.model import Cluster, MeshSettings, Topology
 from meshctl.mesh.plan import _remote_segment, plan_node
 from meshctl.process import gc_paused
@@ -91,12 +97,21 @@ def topology(k: int, per: int, extra: int = 0) -> Topology:
     return Topology(cluster=Cluster(cluster_name(k), k + 1), mesh=mesh_of(k), nodes=tuple(nodes))
 
 
-def one_pass(local: Topology, remotes: list[Topology]) -> tuple[float, float, int]:
-    """The pure work of an agent's pass with remote clusters: admission, then the plan (gc paused,
-    as the agent runs both). Seconds of each, and the plan's routes."""
+def joined(topo: Topology, k: int, per: int, n: int) -> Topology:
+    """`topo` (cluster k) with its n-th joiner added last, its other records the same objects: the
+    backend's parse cache hands out the same Node for an unchanged record, newer records last."""
+    name, rec = joiner(k, per, n)
+    new = records.parse_node(rec, f"/meshctl/{cluster_name(k)}/nodes/{name}", cluster=cluster_name(k))
+    return replace(topo, nodes=(*topo.nodes, new))
+
+
+def one_pass(local: Topology, remotes: list[Topology], memo: RemoteAdmission) -> tuple[float, float, int]:
+    """The pure work of an agent's pass with remote clusters: admission (through the agent's
+    per-cluster memo; a new one for a cold pass), then the plan (gc paused, as the agent runs
+    both). Seconds of each, and the plan's routes."""
     with gc_paused():
         t0 = time.perf_counter()
-        admitted, rejected = admit_remotes(local, remotes)
+        admitted, rejected = memo.admit(local, remotes)
         t1 = time.perf_counter()
         plan = plan_node(local, ME, admitted)
         t2 = time.perf_counter()
@@ -117,12 +132,13 @@ def bench_plan(sizes: list[int], repeat: int, profile: bool) -> None:
         cold = []
         for _ in range(repeat):
             _remote_segment.cache_clear()
-            cold.append(one_pass(local, remotes))
+            cold.append(one_pass(local, remotes, RemoteAdmission()))
         joins = []
+        memo = RemoteAdmission()
         for j in range(repeat):
-            one_pass(local, remotes)  # the pass before: memo as an agent has it
-            remotes[4] = topology(5, per, extra=j + 1)  # one node more in cluster6
-            joins.append(one_pass(local, remotes))
+            one_pass(local, remotes, memo)  # the pass before: memo as an agent has it
+            remotes[4] = joined(remotes[4], 5, per, j)  # one node more in cluster6
+            joins.append(one_pass(local, remotes, memo))
         med = [statistics.median(x) for x in zip(*cold, strict=True)]
         jmed = [statistics.median(x) for x in zip(*joins, strict=True)]
         rows.append((n, med, jmed))
@@ -142,11 +158,12 @@ def bench_plan(sizes: list[int], repeat: int, profile: bool) -> None:
         per = n // CLUSTERS
         local, _ = admit_local(topology(0, per))
         remotes = [topology(k, per) for k in range(1, CLUSTERS)]
-        one_pass(local, remotes)
-        remotes[4] = topology(5, per, extra=repeat + 1)
+        memo = RemoteAdmission()
+        one_pass(local, remotes, memo)
+        remotes[4] = joined(remotes[4], 5, per, repeat)
         prof = cProfile.Profile()
         prof.enable()
-        one_pass(local, remotes)
+        one_pass(local, remotes, memo)
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(12)
 
@@ -234,6 +251,52 @@ def bench_agent(sizes: list[int], joins: int, prefix: str) -> None:
               f"{r['join_max_ms']:>4.0f} ms {r['pass_ms']:>7.0f} ms {r['cpu_ms']:>5.0f} {r['rss']:>6.0f} MB "
               f"{r['join_ms'] / rows[0]['join_ms']:>5.1f}x")
     print(f"(part 2 total {time.monotonic() - t:.0f} s; goal at 50,000: join -> route < 1 s, RSS < 500 MB)")
+
+
+# --- routes: the route applier at 100,000 routes --------------------------------------------
+
+
+def bench_routes(n: int, prefix: str) -> None:
+    """The route step's work at the plan size of 50,000 nodes, in a namespace of its own: the
+    first sync, a sync of the same plan, one route added, and the full pass (forget, dump,
+    compare), twice (the second reads destinations the first dump already parsed)."""
+    import os
+    import subprocess
+
+    from meshctl.mesh.plan import Route
+    from meshctl.node.routes import RouteApplier
+    from meshctl.setns import in_netns
+
+    ns = f"{prefix}rt"
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        for cmd in (["link", "add", "pv", "type", "veth", "peer", "name", "wg"], ["link", "set", "pv", "up"],
+                    ["link", "set", "wg", "up"], ["addr", "add", "10.20.0.1/24", "dev", "pv"],
+                    ["addr", "add", "10.4.0.1/16", "dev", "wg"]):
+            subprocess.run(["ip", "-n", ns, *cmd], check=True)
+        gw = ipaddress.ip_address("10.4.0.5")
+        plan = [Route(ipaddress.ip_network((SYNTH_BASE + 128 * i, 25)), gw, "wireguard") for i in range(n)]
+        grown = [*plan, Route(ipaddress.ip_network("10.127.0.0/24"), gw, "wireguard")]
+
+        def timed(what: str, fn: Any) -> None:
+            t = time.perf_counter()
+            fn()
+            print(f"   {what:<44} {1000 * (time.perf_counter() - t):>7.0f} ms")
+
+        def run() -> None:
+            ra = RouteApplier("pv", "wg")
+            timed("first sync", lambda: ra.sync(plan))
+            timed("the same plan", lambda: ra.sync(plan))
+            timed("one route added", lambda: ra.sync(grown))
+            for what in ("full pass (forget, dump, compare)", "full pass again"):
+                ra.forget()
+                timed(what, lambda: ra.sync(grown))
+
+        print(f"routes: {n:,} routes through the stand-in wg device of {ns} (pid {os.getpid()})")
+        in_netns(ns, run)
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 # --- 3. watch load on one remote etcd -------------------------------------------------------
@@ -353,6 +416,7 @@ def main() -> None:
     ap.add_argument("--joins", type=int, default=1000, help="the joins of part 3")
     ap.add_argument("--agent-sizes", default="5000,50000")
     ap.add_argument("--agent-joins", type=int, default=5, help="the joins of part 2, per size")
+    ap.add_argument("--routes", type=int, default=100000, help="the routes of part `routes`")
     args = ap.parse_args()
     parts = args.parts.split(",")
     t = time.monotonic()
@@ -362,6 +426,8 @@ def main() -> None:
         bench_agent([int(s) for s in args.agent_sizes.split(",")], args.agent_joins, args.prefix)
     if "watch" in parts:
         bench_watch(args.watchers, args.joins)
+    if "routes" in parts:
+        bench_routes(args.routes, args.prefix)
     print(f"(total {time.monotonic() - t:.0f} s)")
 
 

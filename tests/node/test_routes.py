@@ -170,3 +170,27 @@ def test_a_device_that_loses_its_address_gets_its_routes_back(lab: NodeLab, node
     assert "unreachable" in in_ns(ns, ra.sync, plan).skipped[0] and "10.42.2.0/24" not in routes(lab, ns)
     lab.sh(ns, "ip", "link", "set", "pv", "up")
     assert in_ns(ns, ra.sync, plan).added == ["10.42.2.0/24"]
+
+
+@pytest.mark.parametrize("by_hand,repaired", [
+    ("deleted", ["added"]),
+    ("gateway changed", ["changed"]),
+], ids=["a route deleted by hand", "a route's gateway changed by hand"])
+def test_a_full_pass_repairs_only_what_changed_behind_our_back(lab: NodeLab, node: str, by_hand: str,
+                                                              repaired: list[str]):
+    """After `forget` (the agent's full pass, every resync interval) the dump is compared with what
+    the applier believed: the route changed by hand is put back, the 300 others are untouched."""
+    ns = node
+    ra = in_ns(ns, RouteApplier, "pv", "wg")
+    plan = [Route(N(f"10.{50 + i // 250}.{i % 250}.0/24"), A("10.20.0.2"), "private") for i in range(300)]
+    assert len(in_ns(ns, ra.sync, plan).added) == 300
+    if by_hand == "deleted":
+        lab.sh(ns, "ip", "route", "del", "10.50.7.0/24", "proto", str(RT_PROTO))
+    else:
+        lab.sh(ns, "ip", "route", "replace", "10.50.7.0/24", "via", "10.20.0.9", "proto", str(RT_PROTO))
+    assert not in_ns(ns, ra.sync, plan)  # trusted memory: not noticed yet
+    in_ns(ns, ra.forget)
+    diff = in_ns(ns, ra.sync, plan)
+    got = {k: v for k, v in (("added", diff.added), ("changed", diff.changed), ("removed", diff.removed)) if v}
+    assert got == {repaired[0]: ["10.50.7.0/24"]}
+    assert routes(lab, ns)["10.50.7.0/24"]["gateway"] == "10.20.0.2"

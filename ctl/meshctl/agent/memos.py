@@ -34,13 +34,14 @@ class _Admitted:
 
 class PureMemos:
     """Admission is redone only when a record, the mesh or our own record changed; the plan and
-    the mesh CIDRs only for a new admitted topology or new probe verdicts, and always with
-    remote clusters (their views are not memoised here)."""
+    the mesh CIDRs only for a new admitted topology, new admitted remote clusters or new probe
+    verdicts. Remote admission hands out the same Remote object while a cluster's admission
+    stands (mesh.admit_memo), so "the same remotes" is an identity check too."""
 
     def __init__(self) -> None:
         self._admitted: _Admitted | None = None
-        self._plan: tuple[Topology, PathState, NodePlan] | None = None
-        self._cidrs: tuple[Topology, frozenset[IPNetwork]] | None = None
+        self._plan: tuple[Topology, list[Remote], PathState, NodePlan] | None = None
+        self._cidrs: tuple[Topology, list[Remote], frozenset[IPNetwork]] | None = None
 
     def admit_local(self, state: ClusterState, me: Node) -> tuple[Topology, list[Rejection], bool]:
         """This cluster's admitted topology with our own record as discovered (the store may lag
@@ -61,14 +62,14 @@ class PureMemos:
     def plan(self, topo: Topology, me: str, remotes: list[Remote], path_state: PathState) -> tuple[NodePlan, bool]:
         """plan_node, and whether the last plan was reused."""
         memo = self._plan
-        if not remotes and memo is not None and memo[0] is topo and memo[1] == path_state:
-            return memo[2], True
+        if memo is not None and memo[0] is topo and same_items(memo[1], remotes) and memo[2] == path_state:
+            return memo[3], True
         plan = plan_node(topo, me, remotes, path_state=path_state)
-        self._plan = None if remotes else (topo, path_state, plan)
+        self._plan = (topo, list(remotes), path_state, plan)
         return plan, False
 
     def mesh_cidrs(self, topo: Topology, remotes: list[Remote]) -> frozenset[IPNetwork]:
         memo = self._cidrs
-        if remotes or memo is None or memo[0] is not topo:
-            memo = self._cidrs = (topo, mesh_cidrs(topo, remotes))
-        return memo[1]
+        if memo is None or memo[0] is not topo or not same_items(memo[1], remotes):
+            memo = self._cidrs = (topo, list(remotes), mesh_cidrs(topo, remotes))
+        return memo[2]

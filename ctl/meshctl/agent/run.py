@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
+from meshctl.agent import memory
 from meshctl.agent.config import AgentConfig
 from meshctl.agent.lifecycle import Agent
 from meshctl.agent.loop import RemoteSource
@@ -119,6 +120,7 @@ def remotes_factory(cfg: AgentConfig, backend: Backend | None = None
 
 def run_agent(cfg: AgentConfig) -> None:
     """Run until SIGTERM/SIGINT; leave the node's network state in place on the way out."""
+    memory.cap_arenas()  # before any thread starts (agent/memory.py)
     backend = build_backend(cfg)
     if cfg.backend != "file":  # a topology file names its own cluster; nothing is published
         from meshctl.agent.identity import check_identity
@@ -138,8 +140,11 @@ def run_agent(cfg: AgentConfig) -> None:
     signal.signal(signal.SIGINT, on_signal)
     agent.start()
     log.info("agent %s up; status on http://%s/status", cfg.node_name, cfg.metrics_addr)
+    trimmed = time.monotonic()
     while not done.wait(1.0):
-        pass
+        if time.monotonic() - trimmed >= cfg.resync_interval:  # after the full pass's large buffers
+            memory.trim()
+            trimmed = time.monotonic()
     t0 = time.monotonic()
     agent.stop()
     log.info("stopped in %.2f s", time.monotonic() - t0)

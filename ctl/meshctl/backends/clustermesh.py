@@ -16,7 +16,8 @@ entries named like a cluster are read, see `config_name`):
 Adding a file connects, removing it drains the cluster; the directory is polled (no inotify
 dependency) every `poll` seconds. A remote etcd that goes away keeps its last good view (routes
 stay, connections keep working) and the cluster is marked not ready while it reconnects with
-backoff. The records themselves are judged by the pure `mesh.admit.admit_remotes`.
+backoff. The records themselves are judged by the pure `mesh.admit.admit_remotes`, memoised per
+cluster (`mesh.admit_memo`): a pass re-admits only the clusters whose records a change can affect.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ from meshctl.backends.etcd import ROOT, EtcdBackend, cluster_key, cluster_prefix
 from meshctl.errors import InputError, MeshError
 from meshctl.etcd import EtcdClient, EtcdError, KeyValue
 from meshctl.mesh import fields
-from meshctl.mesh.admit import Rejection, admit_remotes, identity_refusals
+from meshctl.mesh.admit import Rejection, identity_refusals
+from meshctl.mesh.admit_memo import RemoteAdmission
 from meshctl.mesh.model import Cluster, Topology
 from meshctl.mesh.segments import Remote
 from meshctl.process import gc_paused
@@ -332,6 +334,7 @@ class RemoteClusters:
         self._status: dict[str, dict[str, Any]] = {}
         self._status_key: tuple[Any, ...] | None = None
         self._rejections: dict[str, list[Rejection]] = {}
+        self._admission = RemoteAdmission()  # used by the reconcile pass only
         # With a cache (backends.clustermesh_cache): each cluster is read from the local etcd's
         # cache prefix while the cache serves it; `_remotes` then holds only the direct
         # connections of clusters the cache does not serve (fallback), each planning with the
@@ -532,11 +535,11 @@ class RemoteClusters:
                 tuple(sorted(self._errors.items())), tuple(sorted(self._health.items())))
 
     def admit(self, local: Topology) -> tuple[list[Remote], list[Rejection]]:
-        """The remote records that may join the local plan (mesh.admit.admit_remotes), with the
-        rejections recorded per cluster for status and metrics."""
+        """The remote records that may join the local plan (mesh.admit.admit_remotes, memoised
+        per cluster), with the rejections recorded per cluster for status and metrics."""
         states = self.states()
         with gc_paused():
-            remotes, rejections = admit_remotes(local, [s.topology() for s in states])
+            remotes, rejections = self._admission.admit(local, [s.topology() for s in states])
         per: dict[str, list[Rejection]] = {}
         for rej in rejections:
             per.setdefault(rej.name.split("/", 1)[0], []).append(rej)

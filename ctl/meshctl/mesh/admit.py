@@ -14,6 +14,8 @@ import bisect
 import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 from meshctl.mesh.model import (
@@ -35,42 +37,88 @@ def _overlap(a: tuple[int, int, int], b: tuple[int, int, int]) -> bool:
     return a[0] == b[0] and a[1] <= b[2] and b[1] <= a[2]
 
 
+Held = tuple[int, int, int, "str | tuple[str, Node]"]
+
+
 class Claims:
     """Disjoint address ranges with an owner each: answers "who already holds anything that
-    overlaps this network?" in O(log n), so admitting 10,000 records stays fast."""
+    overlaps this network?" in O(log n), so admitting 10,000 records stays fast.
 
-    def __init__(self) -> None:
+    `base`: claims made before these, answered as if they were held here too (as one index
+    holding both would answer), while everything added or removed stays in this one: one remote
+    cluster's claims are kept apart from the others' and reused while its records do not change
+    (mesh.admit_memo)."""
+
+    def __init__(self, base: Claims | None = None) -> None:
         # Identities next to the addresses: a public key names exactly one WireGuard peer, and a
         # peer's name must not read as a node's (plans, graphs and showconf name both alike).
         self.keys: dict[str, str] = {}
         self.node_names: set[str] = set()
+        self._base = base
         self._starts: list[tuple[int, int]] = []
         # (version, first, last, owner): an owner is a description, or a (prefix, node) pair
         # described only when someone conflicts with it (admitting thousands of records formats none).
-        self._items: list[tuple[int, int, int, str | tuple[str, Node]]] = []
+        self._items: list[Held] = []
         self._defaults: dict[int, str] = {}
 
     def conflict(self, net: IPNetwork | Span) -> str | None:
         """Who holds anything overlapping `net` (a network or its precomputed span), or None."""
         version, first, last = net if isinstance(net, tuple) else span(net)
-        i = bisect.bisect_right(self._starts, (version, first))
         # Claims are disjoint and sorted: only the one starting at or before `first` and the first
-        # one starting after it can overlap.
-        for j in (i - 1, i):
-            if 0 <= j < len(self._items):
-                v, f, la, owner = self._items[j]
+        # one starting after it can overlap. With a base, the latest such start of both and the
+        # earliest after (on equal starts, the one index would hold the older claim first among
+        # those at or before `first`, the newer first among those after it).
+        before: Held | None = None
+        after: Held | None = None
+        for layer in (self,) if self._base is None else (self._base, self):
+            i = bisect.bisect_right(layer._starts, (version, first))
+            if i > 0 and (before is None or layer._starts[i - 1] > before[:2]):
+                before = layer._items[i - 1]
+            if i < len(layer._items) and (after is None or layer._starts[i] <= after[:2]):
+                after = layer._items[i]
+        for held in (before, after):
+            if held is not None:
+                v, f, la, owner = held
                 if v == version and f <= last and first <= la:
                     if isinstance(owner, tuple):
                         prefix, node = owner
-                        held = next(c for c, sp in zip(node.pod_cidrs, node.pod_spans, strict=True)
-                                    if sp[0] == v and sp[1] == f)
-                        return f"{prefix}{node.qualified_name}'s pod CIDR {held}"
+                        pod = next(c for c, sp in zip(node.pod_cidrs, node.pod_spans, strict=True)
+                                   if sp[0] == v and sp[1] == f)
+                        return f"{prefix}{node.qualified_name}'s pod CIDR {pod}"
                     return owner
         return None
+
+    @classmethod
+    def stacked(cls, layers: Sequence[Claims]) -> Claims:
+        """One index holding what `layers` (oldest first, none with a base) hold, as one index
+        they had all been added to in turn would hold it."""
+        out = cls()
+        # A stable sort of the newest first: on equal starts the newer claim comes first, as
+        # `add` inserts it.
+        out._items = sorted(chain.from_iterable(x._items for x in reversed(layers)), key=itemgetter(0, 1))
+        out._starts = list(map(itemgetter(0, 1), out._items))
+        for x in layers:
+            out.keys.update(x.keys)
+            out._defaults.update(x._defaults)
+        return out
+
+    def alone(self) -> Claims:
+        """What this index holds itself, without its base."""
+        out = Claims()
+        out.keys, out.node_names, out._starts, out._items, out._defaults = \
+            self.keys, self.node_names, self._starts, self._items, self._defaults
+        return out
+
+    def held(self) -> frozenset[tuple[object, ...]]:
+        """Everything this index holds itself (not its base's), as comparable values."""
+        return frozenset([*self._items, *(("default", v, o) for v, o in self._defaults.items()),
+                          *(("key", k, o) for k, o in self.keys.items())])
 
     def key_taken(self, key: str, where: str) -> str | None:
         """The rejection line when `key` already belongs to an admitted node or peer, else None."""
         owner = self.keys.get(key)
+        if owner is None and self._base is not None:
+            owner = self._base.keys.get(key)
         return None if owner is None else f"{where}.public_key: {key!r} is already the key of {owner}"
 
     def add_peer(self, peer: Peer, kind: str) -> None:
@@ -101,7 +149,8 @@ class Claims:
 
     def default_route(self, version: int) -> str | None:
         """Who holds the default route of this IP version, or None."""
-        return self._defaults.get(version)
+        owner = self._defaults.get(version)
+        return self._base._defaults.get(version) if owner is None and self._base is not None else owner
 
 
 @dataclass(frozen=True)

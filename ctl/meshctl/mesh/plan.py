@@ -51,7 +51,7 @@ Action = Literal["local", "direct", "tunnel"]
 PeerKind = Literal["node", "segment", "peer"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PeerPlan:
     name: str
     kind: PeerKind
@@ -67,7 +67,7 @@ class PeerPlan:
     discovered: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Encap:
     """How a `direct` entry wraps the pod packet before it leaves on the private NIC: `kind` is the
     rung's encapsulation, `local` this node's private address (the outer source) and `remote` the
@@ -79,7 +79,7 @@ class Encap:
     remote: IPAddress
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Route:
     """A route the route applier installs. Encapsulated rungs have none: their pod CIDR's
     fast-path entry carries the encapsulation (the eBPF program, or the tunnel devices of the
@@ -90,7 +90,7 @@ class Route:
     dev: Dev
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FastPathEntry:
     """One decision per pod CIDR. `nexthop`: the private next hop of a raw direct entry (None:
     on-link); an encapsulated direct entry (`encap` set) leaves `nexthop` None unless the outer
@@ -192,18 +192,25 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
     if granularity is not None and granularity != topo.mesh.granularity:
         topo = replace(topo, mesh=replace(topo.mesh, granularity=granularity))
     seat = _seat(topo, name, path_state or {})
-    shares = [Share(paths=((seat.me.qualified_name, "local"),)), *_own_cluster(seat),
-              _extra_peers(seat, topo.peers), *_remote_shares(seat, remotes)]
-    peers, claimed, paths, relays = _merge(shares)
-    family_paths = dict(chain.from_iterable(s.family_paths for s in shares))
+    own = [Share(paths=((seat.me.qualified_name, "local"),)), *_own_cluster(seat), _extra_peers(seat, topo.peers)]
+    blocks = _remote_blocks(seat, remotes)
+    merged = _merge_blocks(seat.me, topo, own, blocks)
+    every = [*own, *(s for b in blocks for s in b.shares)]
+    if merged is None:  # a destination claimed in two blocks: first claim wins, over all shares
+        peers, claimed, paths, relays = _merge(every)
+        routes = tuple(sorted([c for c in claimed.values() if isinstance(c, Route)], key=lambda r: sort_key_net(r.dst)))
+        fastpath = _fastpath(seat.me, topo, remotes, claimed)
+    else:
+        peers, routes, fastpath, paths, relays = merged
+    family_paths = dict(chain.from_iterable(s.family_paths for s in every))
     return NodePlan(
         node=seat.me.name,
         granularity=seat.mesh.granularity,
         leader=seat.my_seg.leader.name,
         wireguard_ip=seat.my_seg.wireguard_ip if seat.leads else None,
         peers=tuple(sorted(peers, key=lambda p: p.name)),
-        routes=tuple(sorted([c for c in claimed.values() if isinstance(c, Route)], key=lambda r: sort_key_net(r.dst))),
-        fastpath=_fastpath(seat.me, topo, remotes, claimed),
+        routes=routes,
+        fastpath=fastpath,
         paths=paths,
         relays=relays,
         wireguard_ips=seat.my_seg.addresses if seat.leads and seat.my_seg.wireguard_ips else (),
@@ -565,16 +572,110 @@ def _relays(view: NatView, me: Node, my_seg: Segment, segs: Sequence[Segment], m
 # --- remote clusters ---------------------------------------------------------------------------
 
 
-def _remote_shares(seat: _Seat, remotes: Sequence[Remote]) -> list[Share]:
-    """Other clusters' nodes, by cluster name, one share per remote segment (see `_remote_segment`)."""
+def _remote_shares(me: Node, leads: bool, leader_ips: tuple[IPAddress, ...], keepalive: int, remote: Remote
+                   ) -> tuple[list[Share], list[IPNetwork]]:
+    """One other cluster's admitted nodes, one share per remote segment (see `_remote_segment`),
+    and their pod CIDRs."""
     out: list[Share] = []
-    for remote in sorted(remotes, key=lambda r: r.topology.cluster.name):
-        for s in remote.segments or segments(remote.topology):
-            members = tuple(m for m in s.members if m.name in remote.admitted)
-            out.append(_remote_segment(seat.me, s.addresses, s.leader, members, seat.leads,
-                                       seat.leader_ips or ((seat.leader_ip,) if seat.leader_ip else ()),
-                                       seat.keepalive))
-    return out
+    pods: list[IPNetwork] = []
+    for s in remote.segments or segments(remote.topology):
+        members = tuple(m for m in s.members if m.name in remote.admitted)
+        out.append(_remote_segment(me, s.addresses, s.leader, members, leads, leader_ips, keepalive))
+        pods.extend(c for m in members for c in m.pod_cidrs)
+    return out, pods
+
+
+SortKey = tuple[int, int, int]
+
+
+class _Block(NamedTuple):
+    """Shares merged among themselves: what they claim (first claim wins), their routes and
+    their pod CIDRs' fast-path entries, each sorted by the project's order with its sort key,
+    and their peers, paths and relays in share order."""
+
+    shares: tuple[Share, ...]
+    claimed: dict[IPNetwork, Route | Encap]
+    routes: list[tuple[SortKey, Route]]
+    fastpath: list[tuple[SortKey, FastPathEntry]]
+    peers: tuple[OfferedPeer, ...]
+    paths: dict[str, str]
+    relays: dict[str, tuple[str, str]]
+
+
+class _SameRemote:
+    """A remote cluster as seen from one seat, as a cache key: the Remote by identity (admission
+    hands out the same object while the cluster's admission stands: mesh.admit_memo), the seat's
+    part by value."""
+
+    __slots__ = ("remote", "seat", "_hash")
+
+    def __init__(self, remote: Remote, seat: tuple[Node, bool, tuple[IPAddress, ...], int]) -> None:
+        self.remote = remote
+        self.seat = seat
+        self._hash = hash((id(remote), seat))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _SameRemote) and other.remote is self.remote and other.seat == self.seat
+
+
+def _block(shares: Sequence[Share], pods: Iterable[IPNetwork]) -> _Block:
+    """`shares` merged among themselves (`_merge`'s rule: the first claim on a destination wins),
+    with the fast-path entries of `pods`. Sorted on (key, value) pairs without a key function:
+    keys are unique (one per destination), so values are never compared."""
+    claimed: dict[IPNetwork, Route | Encap] = dict(reversed(list(chain.from_iterable(s.claims for s in shares))))
+    routes = sorted([(sort_key_net(c.dst), c) for c in claimed.values() if isinstance(c, Route)])
+    fast = sorted([(sort_key_net(e.prefix), e) for e in (_fast_entry(c, claimed.get(c)) for c in pods)
+                   if e is not None])
+    return _Block(tuple(shares), claimed, routes, fast, tuple(chain.from_iterable(s.peers for s in shares)),
+                  dict(chain.from_iterable(s.paths for s in shares)),
+                  dict(chain.from_iterable(s.relays for s in shares)))
+
+
+@functools.lru_cache(maxsize=64)
+def _remote_block(key: _SameRemote) -> _Block:
+    """One remote cluster's block, memoised on its Remote and the seat: a pass after a remote
+    change merges and sorts again only the cluster it touched (its segments' shares come from
+    `_remote_segment`'s memo)."""
+    me, leads, leader_ips, keepalive = key.seat
+    shares, pods = _remote_shares(me, leads, leader_ips, keepalive, key.remote)
+    return _block(shares, pods)
+
+
+def _remote_blocks(seat: _Seat, remotes: Sequence[Remote]) -> list[_Block]:
+    """Other clusters' blocks, by cluster name."""
+    where = (seat.me, seat.leads, seat.leader_ips or ((seat.leader_ip,) if seat.leader_ip else ()), seat.keepalive)
+    return [_remote_block(_SameRemote(r, where)) for r in sorted(remotes, key=lambda r: r.topology.cluster.name)]
+
+
+def _merge_blocks(me: Node, topo: Topology, own: Sequence[Share], blocks: Sequence[_Block]
+                  ) -> tuple[list[PeerPlan], tuple[Route, ...], tuple[FastPathEntry, ...], dict[str, str],
+                             dict[str, tuple[str, str]]] | None:
+    """The plan's peers, routes, fast path, paths and relays from this cluster's shares and the
+    remote blocks, the same as `_merge` over all their shares would give, as long as no
+    destination is claimed in two of them (admission keeps clusters apart); None when one is."""
+    mine = _block(own, ())
+    claimed = dict(mine.claimed)
+    for b in blocks:
+        claimed.update(b.claimed)
+    if len(claimed) != len(mine.claimed) + sum(len(b.claimed) for b in blocks):
+        return None
+    offered = [*mine.peers, *(p for b in blocks for p in b.peers)]
+    checked = [(i, inside) for i, (_, inside) in enumerate(offered) if inside is not None]
+    peers = _no_loops([peer for peer, _ in offered], checked, claimed)
+    paths = dict(mine.paths)
+    relays = dict(mine.relays)
+    for b in blocks:
+        paths.update(b.paths)
+        relays.update(b.relays)
+    # Each block is sorted already: the sort merges runs. Keys are unique (one per destination).
+    routes = tuple(r for _, r in sorted(chain(mine.routes, *(b.routes for b in blocks))))
+    # This cluster's entries from every claim (a remote block's are its own: no claim is in two).
+    local = [(sort_key_net(e.prefix), e) for e in _fastpath(me, topo, (), claimed)]
+    fast = tuple(e for _, e in sorted(chain(local, *(b.fastpath for b in blocks))))
+    return peers, routes, fast, paths, relays
 
 
 @functools.lru_cache(maxsize=4096)
@@ -623,17 +724,19 @@ def _fastpath(me: Node, topo: Topology, remotes: Sequence[Remote], claimed: dict
     for n in [*topo.nodes, *(n for r in remotes for n in r.nodes)]:
         if n is me:
             continue
-        for c in n.pod_cidrs:
-            r = claimed.get(c)
-            if r is None:
-                continue
-            if isinstance(r, Encap):
-                out.append(FastPathEntry(c, "direct", None, r))
-            elif r.dev == "private":
-                out.append(FastPathEntry(c, "direct", r.via))
-            else:
-                out.append(FastPathEntry(c, "tunnel", None))
+        out.extend(e for e in (_fast_entry(c, claimed.get(c)) for c in n.pod_cidrs) if e is not None)
     return tuple(sorted(out, key=lambda e: sort_key_net(e.prefix)))
+
+
+def _fast_entry(c: IPNetwork, r: Route | Encap | None) -> FastPathEntry | None:
+    """The fast-path entry of pod CIDR `c` claimed as `r` (None: not claimed)."""
+    if r is None:
+        return None
+    if isinstance(r, Encap):
+        return FastPathEntry(c, "direct", None, r)
+    if r.dev == "private":
+        return FastPathEntry(c, "direct", r.via)
+    return FastPathEntry(c, "tunnel", None)
 
 
 def mesh_cidrs(topo: Topology, remotes: list[Remote]) -> frozenset[IPNetwork]:

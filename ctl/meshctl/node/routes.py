@@ -26,7 +26,11 @@ other owner's route is left alone.
 
 The applier remembers the routes it knows to be in the kernel after each sync (the dump, then
 its own changes), so a later sync diffs the plan against that memory: one route added is one
-netlink request, not a dump and parse of every route. The memory is dropped by `forget()` (the
+netlink request, not a dump and parse of every route. A plan Route object it installed last time
+is unchanged by identity (plans hand out the same objects for what did not change), so a sync
+of 100,000 routes looks only at the few new objects. After `forget` the next sync dumps the
+kernel and compares it with the dropped memory: only destinations where the two differ (a route
+deleted or changed by hand) are diffed against the plan again. The memory is dropped by `forget()` (the
 agent's periodic full resync, which thus repairs routes changed behind its back), after any
 change that fails, and when a device's ifindex, up-state or addresses changed: the kernel
 flushes the routes of a device that goes down or loses its last address without a netlink
@@ -35,7 +39,6 @@ notification (kilo0 does when the node's WireGuard address moves).
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import re
@@ -50,6 +53,7 @@ from meshctl.datapath.links import ifindex_or_none
 from meshctl.mesh.model import IPNetwork, sort_key_net
 from meshctl.mesh.plan import Route
 from meshctl.node.discovery import MAIN_TABLE, RT_SCOPE_UNIVERSE, interface_addresses, link_info
+from meshctl.node.prefixes import parse_prefix
 from meshctl.node.shell import sh
 from meshctl.node.tunnels import RT_PROTO_TUNNEL
 
@@ -74,7 +78,7 @@ class RouteDiff:
         return bool(self.added or self.changed or self.removed)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Want:
     dev: str
     gateway: str | None
@@ -86,7 +90,7 @@ class _Want:
         return RT_SCOPE_UNIVERSE if self.gateway else RT_SCOPE_LINK
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Have:
     want: _Want
     scope: int
@@ -137,14 +141,29 @@ def _desired(by_dst: Mapping[IPNetwork, Route], synced: Mapping[IPNetwork, Route
     return desired, unchanged, skips
 
 
-def _removals(have: Mapping[IPNetwork, _Have], synced: Mapping[IPNetwork, Route], by_dst: Mapping[IPNetwork, Route],
+def _removals(have: Mapping[IPNetwork, _Have], synced: Mapping[IPNetwork, Route], routes: Sequence[Route],
               desired: Mapping[IPNetwork, _Want], unchanged: int) -> list[IPNetwork]:
     """Our routes in the kernel that the plan no longer has, in address order. When every one is
     accounted for (unchanged or desired) there is nothing to look for."""
     if unchanged + sum(1 for d in desired if d in have) == len(have):
         return []
+    by_dst = {r.dst: r for r in routes}
     return sorted((d for d in have if d not in desired and not _same(synced.get(d), by_dst.get(d))),
                   key=sort_key_net)
+
+
+def _still_synced(have: Mapping[IPNetwork, _Have], devs: tuple[Any, Any],
+                  believed: tuple[Mapping[IPNetwork, _Have], tuple[Any, Any] | None, dict[IPNetwork, Route]] | None
+                  ) -> dict[IPNetwork, Route]:
+    """The installed plan routes of a dropped memory that the kernel (`have`, dumped now) still
+    holds as that memory said: only the rest need a look. Nothing when the devices changed
+    since (the kernel flushes a device's routes without telling anyone)."""
+    if believed is None or believed[1] != devs:
+        return {}
+    known, _, synced = believed
+    drifted = {d for d, h in have.items() if (k := known.get(d)) is None or k.want != h.want or k.scope != h.scope}
+    drifted.update(d for d in known if d not in have)
+    return {d: r for d, r in synced.items() if d not in drifted}
 
 
 def _writes(have: Mapping[IPNetwork, _Have], desired: Mapping[IPNetwork, _Want]) -> list[tuple[IPNetwork, _Want]]:
@@ -182,6 +201,11 @@ class RouteApplier:
         # The plan's Route each of those was installed from: an identical Route next time needs no
         # work at all (not even building its netlink form).
         self._synced: dict[IPNetwork, Route] = {}
+        # The memory `forget` dropped: the next dump is checked against it, and only the
+        # destinations where the kernel differs from it are looked at again.
+        self._believed: tuple[dict[IPNetwork, _Have], tuple[Any, Any] | None, dict[IPNetwork, Route]] | None = None
+        # Destinations as the last dump printed them, parsed (the next dump prints the same).
+        self._dump_nets: dict[str, IPNetwork] = {}
         # The destinations the last stage found the plan no longer has: retire deletes them.
         self._retiring: list[IPNetwork] = []
         # Destinations whose route of another owner a write replaces (take_over).
@@ -193,7 +217,11 @@ class RouteApplier:
         self._takeover = dsts
 
     def forget(self) -> None:
-        """Drop the memory of the kernel's routes: the next `sync` dumps them again."""
+        """Drop the memory of the kernel's routes: the next `sync` dumps them again and compares
+        each with what this memory said (a route changed or deleted behind our back is put back;
+        the others are not looked at again)."""
+        if self._known is not None:
+            self._believed = (self._known, self._known_devs, self._synced)
         self._known = None
         self._known_devs = None
         self._synced = {}
@@ -203,6 +231,10 @@ class RouteApplier:
         """Our routes, read with iproute2: the kernel filters by table and protocol, and `ip -j`
         parses a large table far faster than pyroute2's dump parser."""
         out: dict[IPNetwork, _Have] = {}
+        # 100,000 routes have a few hundred distinct forms (a gateway per remote segment): one
+        # object each; and the destinations as the last dump printed them, parsed then.
+        forms: dict[tuple[Any, ...], _Have] = {}
+        nets: dict[str, IPNetwork] = {}
         for family in ("-4", "-6"):
             p = sh(["ip", "-j", family, "route", "show", "table", str(self.table), "proto", str(self.proto)])
             for r in json.loads(p.stdout or "[]"):
@@ -211,9 +243,15 @@ class RouteApplier:
                 dst = r["dst"]
                 if dst == "default":
                     dst = "0.0.0.0/0" if family == "-4" else "::/0"
-                want = _Want(r.get("dev", ""), r.get("gateway"), "onlink" in r.get("flags", ()))
-                out[ipaddress.ip_network(dst)] = _Have(want, _SCOPES.get(r.get("scope", ""), RT_SCOPE_UNIVERSE),
-                                                       r.get("metric"))
+                form = (r.get("dev", ""), r.get("gateway"), "onlink" in r.get("flags", ()), r.get("scope", ""),
+                        r.get("metric"))
+                have = forms.get(form)
+                if have is None:
+                    have = forms[form] = _Have(_Want(*form[:3]), _SCOPES.get(form[3], RT_SCOPE_UNIVERSE), form[4])
+                net = self._dump_nets.get(dst) or parse_prefix(dst)
+                nets[dst] = net
+                out[net] = have
+        self._dump_nets = nets
         return out
 
     def _spec(self, dst: IPNetwork, want: _Want, oif: int) -> dict[str, Any]:
@@ -255,13 +293,23 @@ class RouteApplier:
             index: dict[str, int | None] = {name: oif for name, oif in devs.values() if name}
             dev_ids = (_dev_state(ipr, devs["private"][1]), _dev_state(ipr, devs["wireguard"][1]))
             if self._known is None or self._known_devs != dev_ids:
-                self._known, self._known_devs, self._synced = self._ours(), dev_ids, {}
+                believed = self._believed if self._known is None else (self._known, self._known_devs, self._synced)
+                self._known, self._known_devs = self._ours(), dev_ids
+                self._synced = _still_synced(self._known, dev_ids, believed)
+                self._believed = None
             have, synced = self._known, self._synced
-            by_dst = {r.dst: r for r in routes}
-            desired, unchanged, skips = _desired(by_dst, synced, devs)
+            # A Route object installed last time is unchanged by identity (plans reuse the Route
+            # objects of what did not change): only the others are looked at, one by one.
+            installed = {id(r) for r in synced.values()}
+            fresh = {r.dst: r for r in routes if id(r) not in installed}
+            desired, unchanged, skips = _desired(fresh, synced, devs)
+            unchanged += len(routes) - len(fresh)
+            for dst, r in fresh.items():  # equal to what was installed: remember this object next time
+                if dst not in desired and _same(synced.get(dst), r):
+                    synced[dst] = r
             for dst, reason in skips:
                 self._skip(diff, dst, reason)
-            self._retiring = _removals(have, synced, by_dst, desired, unchanged)
+            self._retiring = _removals(have, synced, routes, desired, unchanged)
             writes = _writes(have, desired)
             done: dict[IPNetwork, _Want | None] = {}  # what changed in the kernel
             if len(writes) > BATCH_OVER:
@@ -270,7 +318,7 @@ class RouteApplier:
         if failed_any:
             self.forget()  # the kernel said no somewhere: read it again next time
         else:
-            _remember(have, synced, done, desired, by_dst)
+            _remember(have, synced, done, desired, fresh)
         if diff:
             log.info("routes: added %d, changed %d", len(diff.added), len(diff.changed))
         return diff

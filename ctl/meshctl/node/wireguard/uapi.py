@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ipaddress
 import os
 import signal
 import socket
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 from meshctl.errors import MeshError
+from meshctl.node.prefixes import parse_prefix
 from meshctl.node.wireguard.state import DevicePeer, DeviceState, PeerOp, format_endpoint, parse_endpoint
 
 DEFAULT_RUN_DIR = "/var/run/wireguard"
@@ -102,7 +102,7 @@ class UapiClient:
                 cur["endpoint"] = parse_endpoint(v)
             elif k == "allowed_ip":
                 if allowed_ips:
-                    cur["allowed"].add(ipaddress.ip_network(v, strict=False))
+                    cur["allowed"].add(parse_prefix(v))
             elif k == "persistent_keepalive_interval":
                 cur["keepalive"] = int(v)
             elif k == "rx_bytes":
