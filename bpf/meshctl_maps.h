@@ -12,8 +12,8 @@
  *   MC_MARK            skb->mark bit of packets from_pod redirected
  *   MC_VXLAN_PORT      UDP destination port of VXLAN (host order)
  *   MC_VXLAN_VNI       VXLAN network identifier of the mesh
- *   MC_VTEP_OUI        first two bytes of a node's VXLAN MAC (the other four: the last four bytes of
- *                      its private address, IPv4 or IPv6)
+ *   MC_VTEP_OUI        first two bytes of a node's VXLAN MAC (the other four: its private IPv4, or
+ *                      the four words of its private IPv6 XORed: lib/encap.h, mc_vtep_id)
  *   MC_PROBE_PORT      UDP port of the agents' path probes (names probes in monitor events)
  */
 #ifndef MESHCTL_MAPS_H

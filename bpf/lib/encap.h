@@ -67,19 +67,22 @@ static __always_inline __u32 mc_encap_overhead(__u8 kind, __u8 outer_family)
 #define MC_ADJ_ROOM_L2_ETH 0
 #endif
 
-/* A node's VXLAN MAC: MC_VTEP_OUI, then the last four bytes of its private address (`last4`, as
- * they sit in the packet: the whole IPv4 address, or the low 32 bits of an IPv6 one). */
-static __always_inline void mc_vtep_mac(__u8 *mac, __be32 last4)
+/* A node's VXLAN MAC: MC_VTEP_OUI, then `id` (mc_vtep_id) as it sits in memory. */
+static __always_inline void mc_vtep_mac(__u8 *mac, __be32 id)
 {
     mac[0] = (MC_VTEP_OUI >> 8) & 0xff;
     mac[1] = MC_VTEP_OUI & 0xff;
-    __builtin_memcpy(mac + 2, &last4, 4);
+    __builtin_memcpy(mac + 2, &id, 4);
 }
 
-/* The last four bytes of an outer address of `family`. */
-static __always_inline __be32 mc_addr_last4(const union mc_addr *a, __u8 family)
+/* The four bytes of a node's VXLAN MAC after the OUI, from its private address of `family`: the
+ * IPv4 address, or the four words of the IPv6 address XORed (layout.vtep_mac: fd10:1::4 and
+ * fd10:2::4 differ, their last four bytes would not). */
+static __always_inline __be32 mc_vtep_id(const union mc_addr *a, __u8 family)
 {
-    return family == MC_FAMILY_V6 ? a->words[3] : a->words[0];
+    if (family == MC_FAMILY_V6)
+        return a->words[0] ^ a->words[1] ^ a->words[2] ^ a->words[3];
+    return a->words[0];
 }
 
 /* The VXLAN header after the outer IP header: `payload` bytes of UDP. */
@@ -96,8 +99,8 @@ static __always_inline void mc_vxlan_tail(struct mc_vxlan_tail *t, __u32 hash, _
     t->udp.check = 0;
     t->vx.flags = bpf_htonl(MC_VXLAN_FLAG_VNI);
     t->vx.vni = bpf_htonl(MC_VXLAN_VNI_FIELD);
-    mc_vtep_mac(t->eth.h_source, mc_addr_last4(&r->outer_src, r->outer_family));
-    mc_vtep_mac(t->eth.h_dest, mc_addr_last4(&r->outer_dst, r->outer_family));
+    mc_vtep_mac(t->eth.h_source, mc_vtep_id(&r->outer_src, r->outer_family));
+    mc_vtep_mac(t->eth.h_dest, mc_vtep_id(&r->outer_dst, r->outer_family));
     t->eth.h_proto = inner;
 }
 

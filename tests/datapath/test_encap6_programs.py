@@ -99,7 +99,7 @@ def test_vxlan_over_ipv6_wraps_either_pod_family(dp, fam):
     assert csum == 0, "zero UDP checksum (RFC 6935): receivers allow it (udp6zerocsumrx)"
     assert (flags, vni >> 8) == (0x08000000, layout.VXLAN_VNI)
     inner_eth = res.out[70:84]
-    assert inner_eth[:6].hex(":") == layout.vtep_mac(PEER) == "02:6d:0a:1e:03:02"
+    assert inner_eth[:6].hex(":") == layout.vtep_mac(PEER) == "02:6d:f7:2e:03:00"  # fd300000^0^2^0a1e0302
     assert inner_eth[6:12].hex(":") == layout.vtep_mac(ME)
     assert inner_eth[12:14] == pkt[12:14]
     check_inner(res.out[84:], pkt, fam)

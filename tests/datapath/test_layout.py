@@ -80,7 +80,8 @@ def test_encapsulated_route_codec_round_trips():
     with pytest.raises(MeshError, match="outer addresses must be of one family"):
         layout.route_table([FastPathEntry(e.prefix, "direct", None, Encap("ipip", ip("10.0.0.1"), ip("fd00::2")))], 4)
     assert layout.vtep_mac(ip("10.30.3.1")) == "02:6d:0a:1e:03:01"
-    assert layout.vtep_mac(ip("fd10::a1e:301")) == "02:6d:0a:1e:03:01", "an IPv6 address's last four bytes"
+    assert layout.vtep_mac(ip("fd10::a1e:301")) == "02:6d:f7:0e:03:01", "IPv6: its four words XORed"
+    assert layout.vtep_mac(ip("fd10:1::4")) != layout.vtep_mac(ip("fd10:2::4"))
 
 
 def test_private6_config_round_trips():

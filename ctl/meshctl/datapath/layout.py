@@ -42,7 +42,7 @@ ENCAP_NAMES = {v: k for k, v in ENCAPS.items()}
 # Encapsulation on the wire (cflags of the programs, and the kernel-routes fallback's devices).
 VXLAN_PORT = 4789          # IANA
 VXLAN_VNI = 0x6D6573       # "mes": one VNI for the mesh
-VTEP_OUI = 0x026D          # a node's VXLAN MAC: 02:6d, then the last 4 bytes of its private address
+VTEP_OUI = 0x026D          # a node's VXLAN MAC: 02:6d, then 4 bytes of its private address (vtep_mac)
 IPV4_HEADER = 20
 IPV6_HEADER = 40
 VXLAN_TAIL = 30            # UDP 8 + VXLAN 8 + inner Ethernet 14
@@ -138,9 +138,15 @@ def cflags(pin_dir: str) -> list[str]:
 def vtep_mac(private_ip: IPAddress) -> str:
     """The VXLAN MAC of the node whose private address is `private_ip` (what both the programs and
     the kernel VXLAN devices of the fallback put in the inner Ethernet header): 02:6d, then the
-    address's last four bytes (the whole of an IPv4 one)."""
-    raw = VTEP_OUI.to_bytes(2, "big") + private_ip.packed[-4:]
-    return ":".join(f"{b:02x}" for b in raw)
+    IPv4 address, or the four 32-bit words of the IPv6 address XORed into one (so that fd10:1::4
+    and fd10:2::4 differ, as their last four bytes would not)."""
+    raw = private_ip.packed
+    if len(raw) == 16:
+        folded = 0
+        for i in range(0, 16, 4):
+            folded ^= int.from_bytes(raw[i:i + 4], "big")
+        raw = folded.to_bytes(4, "big")
+    return ":".join(f"{b:02x}" for b in VTEP_OUI.to_bytes(2, "big") + raw)
 
 
 def config_addr(addr: IPAddress | None) -> int:

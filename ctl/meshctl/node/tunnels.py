@@ -12,8 +12,10 @@ encapsulation and underlay family (the family of the private addresses, the oute
 learning off) whose MAC is the node's VTEP MAC (datapath.layout.vtep_mac: 02:6d + the last four
 bytes of its private address), so the programs of a peer and this device speak the same frames. Per
 peer pod CIDR (either pod family over either underlay): a permanent fdb entry (peer VTEP MAC ->
-peer private address), a permanent neighbour (peer private address -> peer VTEP MAC) on the
-device, and a route `<pod cidr> via [inet|inet6] <peer> dev <device> onlink`. The kernel sets the
+peer private address), a permanent neighbour (gateway -> peer VTEP MAC) on the device, and a route
+`<pod cidr> via [inet|inet6] <gateway> dev <device>`: the gateway is the peer's private IPv4
+(`onlink`), or over IPv6 a link-local address made from its VTEP MAC (`vtep_gateway`: the kernel
+refuses an IPv6 gateway its routes reach through the private NIC). The kernel sets the
 device's MTU to the private NIC's minus 50 (IPv4) or 70 (IPv6), so it answers oversize DF packets
 with "fragmentation needed" (path MTU discovery keeps working). Over IPv6 the programs send a zero
 UDP checksum (RFC 6935, as the kernel's own `udp6zerocsumtx`); the IPv6 device is made with
@@ -108,7 +110,19 @@ def kernel_has(kind: str) -> bool:
     return True
 
 
-def _via(gateway: IPAddress, prefix: IPNetwork) -> list[str]:
+def vtep_gateway(remote: IPAddress) -> IPAddress:
+    """The gateway a VXLAN device's routes name for the peer at private address `remote`: the
+    address itself over IPv4 (`onlink`); over IPv6 a link-local address made from the peer's VTEP
+    MAC (modified EUI-64), since the kernel refuses an IPv6 gateway that its routes reach through
+    another device (the private NIC's prefix), `onlink` or not."""
+    if remote.version == 4:
+        return remote
+    mac = bytes.fromhex(vtep_mac(remote).replace(":", ""))
+    eui = bytes([mac[0] ^ 0x02]) + mac[1:3] + b"\xff\xfe" + mac[3:]
+    return ipaddress.IPv6Address(b"\xfe\x80" + bytes(6) + eui)
+
+
+def gateway_args(gateway: IPAddress, prefix: IPNetwork) -> list[str]:
     """`via` to `gateway` for a route to `prefix`: a gateway of the other family is named with it."""
     if gateway.version == prefix.version:
         return ["via", str(gateway)]
@@ -267,13 +281,16 @@ class TunnelApplier:
         fam = f"-{local.version}"
         neigh = {(str(n["dst"]), str(n.get("lladdr"))) for n in _json(["ip", "-j", fam, "neigh", "show", "dev", dev])
                  if "PERMANENT" in n.get("state", [])}
-        want_neigh = {(str(r), vtep_mac(r)) for r in remotes}
+        want_neigh = {(str(vtep_gateway(r)), vtep_mac(r)) for r in remotes}
         for ip, mac in sorted(want_neigh - neigh):
             sh(["ip", "neigh", "replace", ip, "lladdr", mac, "dev", dev, "nud", "permanent"])
         for ip in sorted({ip for ip, _ in neigh - want_neigh} - {ip for ip, _ in want_neigh}):
             self._retire(["ip", "neigh", "del", ip, "dev", dev])
-        self._sync_routes(dev, {p.prefix: [*_via(p.remote, p.prefix), "dev", dev, "onlink"] for p in peers.values()},
-                          "vxlan", {p.prefix: p.remote for p in peers.values()}, diff)
+        onlink = ["onlink"] if local.version == 4 else []
+        self._sync_routes(dev, {p.prefix: [*gateway_args(vtep_gateway(p.remote), p.prefix), "dev", dev, *onlink]
+                                for p in peers.values()},
+                          "vxlan", {p.prefix: p.remote for p in peers.values()},
+                          {p.prefix: vtep_gateway(p.remote) for p in peers.values()}, diff)
 
     # --- ipip (kernels that have it) -------------------------------------------------------
 
@@ -295,17 +312,20 @@ class TunnelApplier:
         encap = ["encap", "ip6", "id", "0", "hoplimit", "64"] if v6 else ["encap", "ip", "id", "0"]
         self._sync_routes(dev, {p.prefix: [*encap, "dst", str(p.remote), "src", str(local), "dev", dev]
                                 for p in peers.values()},
-                          "ipip", {p.prefix: p.remote for p in peers.values()}, diff)
+                          "ipip", {p.prefix: p.remote for p in peers.values()},
+                          {p.prefix: p.remote for p in peers.values()}, diff)
 
     # --- routes through our devices ----------------------------------------------------------
 
     def _sync_routes(self, dev: str, want: dict[IPNetwork, list[str]], kind: str, remote: dict[IPNetwork, IPAddress],
-                     diff: TunnelDiff) -> None:
+                     gateway: dict[IPNetwork, IPAddress], diff: TunnelDiff) -> None:
+        """Routes `want` (prefix -> its `ip route` arguments) through `dev`; a route whose gateway
+        (`via`, or the ipip encap's dst) is already `gateway[prefix]` is left alone."""
         have = _tunnel_routes(dev)
         for dst in sorted(have.keys() - want.keys(), key=sort_key_net):
             self._retire(["ip", "route", "del", str(dst), "dev", dev, "proto", str(RT_PROTO_TUNNEL)], f"{kind} {dst}")
         for dst in sorted(want, key=sort_key_net):
-            if have.get(dst) == str(remote[dst]):
+            if have.get(dst) == str(gateway[dst]):
                 continue
             try:
                 sh(["ip", "route", "replace", str(dst), *want[dst], "proto", str(RT_PROTO_TUNNEL)])
