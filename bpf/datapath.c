@@ -277,6 +277,10 @@ static __always_inline int mc_from_pod(struct __sk_buff *skb, struct mc_note *n)
         return mc_out(n, MC_C_FLOW, MC_R_KERNEL_FLOW, TC_ACT_OK);
     if (r->encap != MC_ENCAP_NONE)
         return mc_forward_encap(skb, &p, r, n);
+    /* An IPv4 packet may leave through an IPv6 next hop (RFC 5549: bpf_redirect_neigh resolves it),
+     * never the other way round: the helper would read the IPv4 address as an IPv6 one. */
+    if (p.family == MC_FAMILY_V6 && r->nh_family == MC_FAMILY_V4)
+        return mc_out(n, MC_C_PASS, MC_R_NEXTHOP, TC_ACT_OK);
     if (mc_dec_ttl(&p) < 0)
         return mc_out(n, MC_C_PASS, MC_R_TTL, TC_ACT_OK);
     skb->mark |= MC_MARK;

@@ -209,6 +209,7 @@ struct mc_counter {
 #define MC_R_REDIRECT 10    /* the redirect helper refused (no such device or next hop): dropped */
 #define MC_R_EGRESS 11      /* left through the kernel (egress hook) */
 #define MC_R_PROBE 12       /* a path probe (UDP to the agent's probe port, MC_PROBE_PORT): the agent answers */
+#define MC_R_NEXTHOP 13     /* an IPv6 packet whose raw direct entry names an IPv4 next hop: no neighbour resolves it, left to the kernel */
 
 /* mon_lost: counter index slot * MC_MON_LOST_KINDS + kind. */
 #define MC_MON_LOST_RATE 0

@@ -253,3 +253,22 @@ def test_before_6_3_the_version_changes_before_the_pop(old_dp):
     res = run(old_dp.programs["from_private"], w)
     assert res.verdict == "redirect" and res.out[12:14] == ETH_P_IPV6 and len(res.out) == len(pkt)
     check_inner(res.out[14:], pkt, 6, ttl=62)
+
+
+def test_raw_direct_an_ipv4_pod_may_take_an_ipv6_next_hop_not_the_other_way(dp):
+    """RFC 5549: bpf_redirect_neigh resolves an IPv6 next hop for an IPv4 packet. An IPv6 packet
+    whose entry names an IPv4 next hop would be sent to a garbage neighbour: the kernel decides."""
+    entries = [FastPathEntry(net("10.49.0.0/24"), "direct", PEER),
+               FastPathEntry(net("fd00:49::/64"), "direct", ip("10.30.0.2"))]
+    before = dp.maps.routes.items()
+    dp.maps.routes.sync({**before, **layout.route_table(entries, LO)})
+    try:
+        pkt = frame(POD4, "10.49.0.9", ttl=64)
+        res, moved = delta(dp, lambda: run(dp.programs["from_pod"], pkt))
+        assert res.verdict == "redirect" and moved == {"direct": (1, len(pkt))}
+        assert res.out[14 + 8] == 63
+        pkt6 = frame(POD6, "fd00:49::9", ttl=64)
+        res, moved = delta(dp, lambda: run(dp.programs["from_pod"], pkt6))
+        assert res.verdict == "ok" and res.out == pkt6 and moved == {"pass": (1, len(pkt6))}
+    finally:
+        dp.maps.routes.sync(before)

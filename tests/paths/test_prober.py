@@ -5,10 +5,14 @@ through that its traffic would pass, and a fabric turned into a blackhole is not
 from __future__ import annotations
 
 import ipaddress
+import os
 import time
+
+import pytest
 
 from meshctl.lab.namespaces import fabric
 from meshctl.lab.namespaces.state import LabState, NodeState
+from meshctl.lab.rigs.testbed import FabricTestbed
 from meshctl.mesh.chooser import ProbeTuning
 from meshctl.mesh.model import RUNGS
 from meshctl.node.prober import Prober, Target, probe_address
@@ -93,3 +97,89 @@ def test_blackhole_is_left_fast_and_recovery_waits_for_the_hold(make_lab) -> Non
     finally:
         for p in probers.values():
             p.stop()
+
+
+# --- over an IPv6 underlay -------------------------------------------------------------------
+
+V6_PORT = 51900  # not the agents' port: nothing else on these testbeds answers it
+
+
+def _v6_probers(tb, pods: int, ladder) -> dict[str, Prober]:
+    """A prober on each node of the testbed: private IPv6 addresses, probe addresses of family `pods`."""
+    out: dict[str, Prober] = {}
+    pod_cidrs = {"a": [ipaddress.ip_network("10.42.1.0/24"), ipaddress.ip_network("fd42:1::/64")],
+                 "b": [ipaddress.ip_network("10.42.2.0/24"), ipaddress.ip_network("fd42:2::/64")]}
+    for node, other in (("a", "b"), ("b", "a")):
+        p = Prober("eth1", ipaddress.ip_address(tb.private(node)), probe_address(pod_cidrs[node], pods), RUNGS[:-1],
+                   tuning=TUNING, port=V6_PORT)
+        in_netns(tb.ns(node), p.start)
+        out[node] = p
+        p.set_targets([Target(other, ipaddress.ip_address(tb.private(other)), probe_address(pod_cidrs[other], pods),
+                              ladder)])
+    return out
+
+
+@pytest.fixture(scope="module")
+def v6_beds():
+    """Two testbeds on IPv6-only private networks: an L2 one, and one behind a VPC router whose
+    source/destination check drops pod-addressed packets."""
+    beds = {}
+    try:
+        for fabric in ("l2", "vpc"):
+            beds[fabric] = FabricTestbed(f"p6{fabric}{os.getpid() % 1000}-", fabric=fabric, underlay=6).up()
+        yield beds
+    finally:
+        for tb in beds.values():
+            tb.down()
+
+
+@pytest.mark.parametrize("pods", [4, 6])
+def test_the_prober_speaks_every_kind_over_an_ipv6_underlay(v6_beds, pods) -> None:
+    """IPv6 private addresses, IPv4 or IPv6 probe addresses: on L2 every kind is answered (direct:
+    a pod-addressed frame to the MAC of the peer's IPv6 neighbour entry; udp: VXLAN-framed inside
+    UDP over IPv6; ipip: next header 4 or 41); behind the VPC the source/destination check drops
+    direct, and the node-addressed kinds pass."""
+    want = {"l2": {"direct": True, "udp": True, "ipip": True}, "vpc": {"direct": False, "udp": True, "ipip": True}}
+    for kind, tb in v6_beds.items():
+        _probe_v6_bed(tb, pods, want[kind], "direct" if kind == "l2" else "direct+ipip")
+
+
+def _probe_v6_bed(tb, pods: int, want: dict[str, bool], rung: str) -> None:
+    """Probers on both nodes: each kind's verdict as `want` says, both ends on `rung`."""
+    probers = _v6_probers(tb, pods, RUNGS)
+    try:
+        def kinds(node: str, peer: str) -> dict:
+            return probers[node].status()["pairs"][peer]["probes"]
+
+        def settled() -> bool:
+            return all(kinds(n, o)[k]["up"] is up for n, o in (("a", "b"), ("b", "a")) for k, up in want.items())
+
+        assert wait_for(settled, 10), (tb.fabric, kinds("a", "b"), kinds("b", "a"))
+        for k, up in want.items():
+            assert (kinds("a", "b")[k]["answered"] > 0) is up, (tb.fabric, k, kinds("a", "b")[k])
+        assert wait_for(lambda: probers["a"].chooser.pairs["b"].rung == rung, 5), probers["a"].chooser.pairs["b"]
+        assert probers["b"].chooser.pairs["a"].rung == rung, "both ends agree"
+    finally:
+        for p in probers.values():
+            p.stop()
+
+
+def test_a_target_of_another_family_is_left_out() -> None:
+    p = Prober("eth1", ipaddress.ip_address("fd30:1::1"), ipaddress.ip_address("10.42.1.1"), RUNGS[:-1])
+    p.set_targets([Target("v4", ipaddress.ip_address("10.30.1.2"), ipaddress.ip_address("10.42.2.1"), RUNGS),
+                   Target("v6pods", ipaddress.ip_address("fd30:1::2"), ipaddress.ip_address("fd42:2::1"), RUNGS),
+                   Target("ok", ipaddress.ip_address("fd30:1::2"), ipaddress.ip_address("10.42.2.1"), RUNGS)])
+    assert set(p.chooser.pairs) == {"ok"}
+    p.stop()
+
+
+@pytest.mark.parametrize("cidrs,family,want", [
+    (["10.42.1.0/24", "fd42:1::/64"], None, "10.42.1.1"),
+    (["fd42:1::/64", "10.42.1.0/24"], 6, "fd42:1::1"),
+    (["fd42:1::/64"], None, "fd42:1::1"),
+    (["fd42:1::/64"], 4, None),
+    (["10.42.1.0/31"], None, None),
+])
+def test_probe_address_per_family(cidrs, family, want) -> None:
+    got = probe_address([ipaddress.ip_network(c) for c in cidrs], family)
+    assert (str(got) if got else None) == want

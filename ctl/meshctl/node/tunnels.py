@@ -13,9 +13,10 @@ learning off) whose MAC is the node's VTEP MAC (datapath.layout.vtep_mac: 02:6d 
 bytes of its private address), so the programs of a peer and this device speak the same frames. Per
 peer pod CIDR (either pod family over either underlay): a permanent fdb entry (peer VTEP MAC ->
 peer private address), a permanent neighbour (gateway -> peer VTEP MAC) on the device, and a route
-`<pod cidr> via [inet|inet6] <gateway> dev <device>`: the gateway is the peer's private IPv4
-(`onlink`), or over IPv6 a link-local address made from its VTEP MAC (`vtep_gateway`: the kernel
-refuses an IPv6 gateway its routes reach through the private NIC). The kernel sets the
+`<pod cidr> via [inet6] <gateway> dev <device>`: the gateway is the peer's private IPv4 for an IPv4
+pod CIDR over IPv4 (`onlink`), else a link-local address made from its VTEP MAC (`vtep_gateway`:
+the kernel refuses an IPv6 gateway its routes reach through the private NIC, and IPv4 gateways of
+IPv6 routes). The kernel sets the
 device's MTU to the private NIC's minus 50 (IPv4) or 70 (IPv6), so it answers oversize DF packets
 with "fragmentation needed" (path MTU discovery keeps working). Over IPv6 the programs send a zero
 UDP checksum (RFC 6935, as the kernel's own `udp6zerocsumtx`); the IPv6 device is made with
@@ -110,12 +111,13 @@ def kernel_has(kind: str) -> bool:
     return True
 
 
-def vtep_gateway(remote: IPAddress) -> IPAddress:
-    """The gateway a VXLAN device's routes name for the peer at private address `remote`: the
-    address itself over IPv4 (`onlink`); over IPv6 a link-local address made from the peer's VTEP
-    MAC (modified EUI-64), since the kernel refuses an IPv6 gateway that its routes reach through
-    another device (the private NIC's prefix), `onlink` or not."""
-    if remote.version == 4:
+def vtep_gateway(remote: IPAddress, prefix: IPNetwork) -> IPAddress:
+    """The gateway a VXLAN device's route to `prefix` names for the peer at private address
+    `remote`: an IPv4 pod CIDR over IPv4, the address itself (`onlink`); otherwise a link-local
+    address made from the peer's VTEP MAC (modified EUI-64), since the kernel refuses an IPv6
+    gateway that its routes reach through another device (the private NIC's prefix), `onlink` or
+    not, and an IPv6 route cannot name an IPv4 gateway at all."""
+    if remote.version == 4 and prefix.version == 4:
         return remote
     mac = bytes.fromhex(vtep_mac(remote).replace(":", ""))
     eui = bytes([mac[0] ^ 0x02]) + mac[1:3] + b"\xff\xfe" + mac[3:]
@@ -278,19 +280,17 @@ class TunnelApplier:
             sh(["bridge", "fdb", "replace", mac, "dev", dev, "dst", dst, "self", "permanent"])
         for mac, dst in sorted(fdb - want_fdb):
             self._retire(["bridge", "fdb", "del", mac, "dev", dev, "dst", dst])
-        fam = f"-{local.version}"
-        neigh = {(str(n["dst"]), str(n.get("lladdr"))) for n in _json(["ip", "-j", fam, "neigh", "show", "dev", dev])
-                 if "PERMANENT" in n.get("state", [])}
-        want_neigh = {(str(vtep_gateway(r)), vtep_mac(r)) for r in remotes}
+        gateway = {p.prefix: vtep_gateway(p.remote, p.prefix) for p in peers.values()}
+        neigh = {(str(n["dst"]), str(n.get("lladdr"))) for fam in ("-4", "-6")
+                 for n in _json(["ip", "-j", fam, "neigh", "show", "dev", dev]) if "PERMANENT" in n.get("state", [])}
+        want_neigh = {(str(gateway[p.prefix]), vtep_mac(p.remote)) for p in peers.values()}
         for ip, mac in sorted(want_neigh - neigh):
             sh(["ip", "neigh", "replace", ip, "lladdr", mac, "dev", dev, "nud", "permanent"])
         for ip in sorted({ip for ip, _ in neigh - want_neigh} - {ip for ip, _ in want_neigh}):
             self._retire(["ip", "neigh", "del", ip, "dev", dev])
-        onlink = ["onlink"] if local.version == 4 else []
-        self._sync_routes(dev, {p.prefix: [*gateway_args(vtep_gateway(p.remote), p.prefix), "dev", dev, *onlink]
-                                for p in peers.values()},
-                          "vxlan", {p.prefix: p.remote for p in peers.values()},
-                          {p.prefix: vtep_gateway(p.remote) for p in peers.values()}, diff)
+        self._sync_routes(dev, {p: [*gateway_args(gw, p), "dev", dev, *(["onlink"] if gw.version == 4 else [])]
+                                for p, gw in gateway.items()},
+                          "vxlan", {p.prefix: p.remote for p in peers.values()}, gateway, diff)
 
     # --- ipip (kernels that have it) -------------------------------------------------------
 

@@ -338,8 +338,9 @@ class FabricTestbed(Testbed):
                 netns.run(p(node), ["ip", "route", "add", str(net), "via", self._gateway(node), "dev", "eth1"])
                 # The router knows the way to the pods (a route table entry of the VPC), so what stops
                 # raw pod packets is the source/destination check below, as in a cloud.
+                # (IPv6 routes take no IPv4 gateway: over IPv4 the router routes IPv4 pods only)
                 gw = ipaddress.ip_address(addr[node])
-                for pods in (f"10.42.{i}.0/24", f"fd42:{i}::/64"):
+                for pods in [f"10.42.{i}.0/24"] + ([f"fd42:{i}::/64"] if self.underlay == 6 else []):
                     netns.run(p("rtr"), ["ip", "route", "add", pods, *gateway_args(gw, ipaddress.ip_network(pods))])
             self._node_and_pod(node, i, ipv6=ipv6)
         if self.fabric == "vpc":
