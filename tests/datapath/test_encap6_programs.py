@@ -272,3 +272,24 @@ def test_raw_direct_an_ipv4_pod_may_take_an_ipv6_next_hop_not_the_other_way(dp):
         assert res.verdict == "ok" and res.out == pkt6 and moved == {"pass": (1, len(pkt6))}
     finally:
         dp.maps.routes.sync(before)
+
+
+def test_monitor_events_name_the_ipv6_outer_addresses(dp):
+    """`meshctl monitor` of an IPv6-underlay pair: the encap event (from_pod) and the decap event
+    (from_private) carry the pod addresses and the IPv6 outer ones."""
+    from meshctl.datapath import monitor as mon
+
+    pkt, w = wire(dp, "ipip", 4)
+    session = mon.Session(dp.pin_dir, mon.parse_filter(None, DST["ipip"][0], "all", "0"))
+    try:
+        assert run(dp.programs["from_pod"], pkt).verdict == "redirect"
+        assert run(dp.programs["from_private"], w).verdict == "redirect"
+        events = [mon.decode_event(raw) for raw in session.poll(100)]
+    finally:
+        session.close()
+    by_hook = {e["hook"]: e for e in events}
+    sent, got = by_hook["from_pod"], by_hook["from_private"]
+    assert (sent["rung"], sent["src"], sent["dst"]) == ("direct+ipip", POD4, DST["ipip"][0])
+    assert (sent["outer_src"], sent["outer_dst"]) == (str(ME), str(PEER))
+    assert (got["decapsulated"], got["encap"], got["dst"]) == (True, "ipip", DST["ipip"][0])
+    assert (got["outer_src"], got["outer_dst"]) == (str(ME), str(PEER))
