@@ -183,3 +183,74 @@ def test_a_target_of_another_family_is_left_out() -> None:
 def test_probe_address_per_family(cidrs, family, want) -> None:
     got = probe_address([ipaddress.ip_network(c) for c in cidrs], family)
     assert (str(got) if got else None) == want
+
+
+def _filter_frames(probe: bytes, internal: bytes, other: bytes, port: int) -> dict[str, tuple[bytes, bool]]:
+    """Frames on the private NIC and whether the tap's filter must let them in (IPv4 or IPv6 by
+    the addresses' lengths: `probe` the probe address, `internal` the node's private one)."""
+    from meshctl.node.prober import ETH, ETH_TYPE, IPIP_PROTO, ipv4, ipv6, pod_packet
+
+    pods, under = (6 if len(probe) == 16 else 4), (6 if len(internal) == 16 else 4)
+    src = bytes(len(probe))
+    outer_src = bytes(len(internal))
+
+    def eth(version: int, payload: bytes) -> bytes:
+        return ETH.pack(b"\x02" * 6, b"\x04" * 6, ETH_TYPE[version]) + payload
+
+    def outer(dst: bytes, proto: int, payload: bytes) -> bytes:
+        return (ipv6 if under == 6 else ipv4)(outer_src, dst, proto, payload)
+
+    probe_pkt = pod_packet(src, probe, port, port, b"x" * 40)
+    return {
+        "direct probe": (eth(pods, probe_pkt), True),
+        "direct, another address": (eth(pods, pod_packet(src, other[:len(probe)], port, port, b"x" * 40)), False),
+        "direct, another port": (eth(pods, pod_packet(src, probe, port, port + 1, b"x" * 40)), False),
+        "ipip probe": (eth(under, outer(internal, IPIP_PROTO[pods], probe_pkt)), True),
+        "ipip to another node": (eth(under, outer(other[:len(internal)], IPIP_PROTO[pods], probe_pkt)), False),
+        "VXLAN traffic to the node": (eth(under, pod_packet(outer_src, internal, 40000, 4789, b"v" * 60)), False),
+        "UDP to the node's probe port": (eth(under, pod_packet(outer_src, internal, port, port, b"x" * 40)), False),
+    }
+
+
+@pytest.mark.parametrize("under,pods", [(4, 4), (4, 6), (6, 4), (6, 6)])
+def test_the_tap_filter_lets_in_probe_frames_only(under, pods) -> None:
+    """The prober's classic BPF filter, attached to a real AF_PACKET socket: of frames sent over a
+    veth, exactly the direct and ipip probes to this node arrive (not other UDP, not VXLAN
+    traffic, not another node's)."""
+    import socket as so
+
+    from meshctl.lab.rigs import netns
+    from meshctl.node.prober import ETH_P_ALL, _attach_filter, packet_filter
+
+    probe = ipaddress.ip_address("10.42.1.1" if pods == 4 else "fd42:1::1").packed
+    internal = ipaddress.ip_address("10.30.1.1" if under == 4 else "fd30:1::1").packed
+    other = ipaddress.ip_address("fd99::9").packed
+    frames = _filter_frames(probe, internal, other, V6_PORT)
+    ns = f"p6f{os.getpid() % 10000}"
+    netns.add(ns)
+    try:
+        netns.veth(ns, "tx0", ns, "rx0")
+
+        def run() -> list[bytes]:
+            rx = so.socket(so.AF_PACKET, so.SOCK_RAW, so.htons(ETH_P_ALL))
+            _attach_filter(rx, packet_filter(probe, internal, V6_PORT))
+            rx.bind(("rx0", ETH_P_ALL))
+            rx.settimeout(0.5)
+            tx = so.socket(so.AF_PACKET, so.SOCK_RAW)
+            for frame, _ in frames.values():
+                tx.sendto(frame, ("tx0", 0))
+            got = []
+            try:
+                while True:
+                    got.append(rx.recv(2048))
+            except TimeoutError:
+                pass
+            rx.close()
+            tx.close()
+            return got
+
+        got = in_netns(ns, run)
+    finally:
+        netns.delete(ns)
+    want = [f for f, ok in frames.values() if ok]
+    assert got == want, {name: (f in got) for name, (f, _) in frames.items()}
