@@ -34,6 +34,9 @@ def test_the_path_mtu_of_each_rung() -> None:
     assert rung_mtus(9000) == {"direct": 9000, "direct+ipip": 8980, "direct+vxlan": 8950,
                                "wireguard-private": 8920, "tunnel": 8920}
     assert rung_mtus(None) == {"wireguard-private": 1420, "tunnel": 1420}
+    # Over an IPv6 underlay the outer header is 40 bytes: IP-in-IPv6 takes 40, VXLAN over IPv6 70.
+    assert rung_mtus(9000, 6) == {"direct": 9000, "direct+ipip": 8960, "direct+vxlan": 8930,
+                                  "wireguard-private": 8920, "tunnel": 8920}
 
 
 def test_fast_path_rows_by_pod_cidr() -> None:

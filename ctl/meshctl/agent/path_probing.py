@@ -16,7 +16,6 @@ The fixed intra_subnet modes: no prober, an empty path-state. `auto` where the p
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -56,8 +55,9 @@ class EncapCarrier(Protocol):
     """Something that carries encapsulated entries on this node (the eBPF fast path, or the
     tunnel devices of the kernel fallback)."""
 
-    def available(self, kind: str) -> bool:
-        """Whether this node can send and receive `kind` ("vxlan", "ipip")."""
+    def available(self, kind: str, underlay: int = 4) -> bool:
+        """Whether this node can send and receive `kind` ("vxlan", "ipip") over an underlay of IP
+        version `underlay` (the family of the private addresses)."""
         ...
 
 
@@ -75,12 +75,13 @@ class PathProbing:
         self._ladders_of: Topology | None = None
         self._unprobed: PathState = {}
         self._ladders: dict[str, tuple[Rung, ...]] = {}  # the probed peers' ladders
+        self._underlay = 4  # the IP version of this node's probed private address
 
     def local_rungs(self) -> frozenset[Rung]:
         """Direct and WireGuard always; an encapsulated rung when something here carries it."""
         out: set[Rung] = {"direct", "wireguard-private"}
         for rung, kind in ENCAP_RUNGS.items():
-            if any(c.available(kind) for c in self.carriers):
+            if any(c.available(kind, self._underlay) for c in self.carriers):
                 out.add(rung)
         return frozenset(out)
 
@@ -93,13 +94,15 @@ class PathProbing:
         ladders = self._ladders = probe_ladders(topo, name)
         probe_ip = probe_address(me.pod_cidrs) if me is not None else None
         internal = me.internal_ip.ip if me is not None and me.internal_ip is not None else None
-        if not ladders or probe_ip is None or not isinstance(internal, ipaddress.IPv4Address) or not self.private_if:
+        if not ladders or probe_ip is None or internal is None or not self.private_if:
             self.stop()
-            # Nothing verifies the rungs here (IPv6, no private NIC): a pair gets only the unprobed
-            # rungs, which need no encapsulation this node may lack.
+            # Nothing verifies the rungs here (no private address, no pods, no private NIC): a pair
+            # gets only the unprobed rungs, which need no encapsulation this node may lack.
             self._unprobed = unprobed_state(ladders)
             return
-        self._unprobed = {}
+        # Probes cross the underlay of this node's first internal address (IPv4 where it has one),
+        # to a peer's address of that family, and carry this node's first pod family.
+        self._underlay = internal.version
         key = (internal, probe_ip)
         if self.prober is not None and self._key != key:
             self.stop()
@@ -119,12 +122,20 @@ class PathProbing:
             self.refresh_rungs()
             log.info("probing %d peer(s) on the private rungs %s", len(ladders), sorted(p.chooser.local_rungs))
         targets = []
+        unprobed: dict[str, tuple[Rung, ...]] = {}
         for n in topo.nodes:
             lad = ladders.get(n.qualified_name)
-            pa = probe_address(n.pod_cidrs)
-            if lad is None or pa is None or n.internal_ip is None or n.internal_ip.version != 4:
+            if lad is None:
                 continue
-            targets.append(Target(n.qualified_name, n.internal_ip.ip, pa, lad))
+            pa = probe_address(n.pod_cidrs, probe_ip.version)
+            peer = n.internal(internal.version)
+            if pa is None or peer is None:
+                # No address of the probed families to reach it at: nothing verifies its rungs, so
+                # it gets the unprobed ones (never an encapsulation this node could not check).
+                unprobed[n.qualified_name] = lad
+                continue
+            targets.append(Target(n.qualified_name, peer.ip, pa, lad))
+        self._unprobed = unprobed_state(unprobed)
         self.prober.set_targets(targets)
 
     def refresh_rungs(self) -> None:
@@ -139,7 +150,7 @@ class PathProbing:
         verdict keeps its path (keep_paths)."""
         if self.prober is None:
             return dict(self._unprobed)
-        st = self.prober.path_state()
+        st = {**self._unprobed, **self.prober.path_state()}  # peers the prober cannot reach: unprobed rungs
         return keep_paths(st, self._ladders, previous) if previous else st
 
     def changes(self) -> list[Change]:

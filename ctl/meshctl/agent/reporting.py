@@ -40,7 +40,7 @@ from meshctl.agent.status import (
 from meshctl.agent.steps import DatapathReport, StepStatus, WireGuardReport
 from meshctl.backends.base import Backend, ClusterState
 from meshctl.datapath import links
-from meshctl.datapath.layout import OVERHEAD
+from meshctl.datapath.layout import overhead
 from meshctl.errors import MeshError
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.checks import dead_tunnels, host_prefix_warnings
@@ -177,7 +177,7 @@ class PassRecorder:
             reconcile=ReconcileTotals(self._ok_total, self._failed_total, out.full_total),
             errors_total=self.errors_total.snapshot(), pid=os.getpid(), remotes=out.remotes,
             interfaces=Interfaces(self.cfg.private_interface, self.cfg.wg_interface),
-            path_mtu=rung_mtus(_mtu_of(self.cfg.private_interface)))
+            path_mtu=rung_mtus(_mtu_of(self.cfg.private_interface), _underlay(out.topo, self.cfg.node_name)))
         self.head = (state.ready, state.reason, summary)
         return summary
 
@@ -197,14 +197,21 @@ class PassRecorder:
         return memo[1]
 
 
-def rung_mtus(private_mtu: int | None) -> dict[str, int]:
+def _underlay(topo: Topology | None, name: str) -> int:
+    """The IP version of the node's first internal address (4 without one)."""
+    me = topo.node(name) if topo is not None else None
+    return me.internal_ip.version if me is not None and me.internal_ip is not None else 4
+
+
+def rung_mtus(private_mtu: int | None, underlay: int = 4) -> dict[str, int]:
     """The largest packet each rung carries from a node whose private NIC has `private_mtu`
     (None: no private NIC; then the WireGuard rungs as over a 1500-byte one): the NIC's MTU,
-    less each encapsulation's overhead, and WireGuard's device MTU for its two rungs."""
+    less each encapsulation's overhead over that underlay (IPv6's outer header is 20 bytes
+    longer), and WireGuard's device MTU for its two rungs."""
     out: dict[str, int] = {}
     if private_mtu is not None:
         out["direct"] = private_mtu
-        out.update({rung: private_mtu - OVERHEAD[kind] for rung, kind in ENCAP_RUNGS.items()})
+        out.update({rung: private_mtu - overhead(kind, underlay) for rung, kind in ENCAP_RUNGS.items()})
     wg = (private_mtu or DEFAULT_NIC_MTU) - WG_OVERHEAD
     out.update({"wireguard-private": wg, "tunnel": wg})
     return out

@@ -372,8 +372,8 @@ class TunnelsStep(Quiet):
     def __init__(self, cfg: AgentConfig) -> None:
         self.applier = tunnels.TunnelApplier(cfg.private_interface) if cfg.private_interface else None
 
-    def available(self, kind: str) -> bool:
-        return self.applier is not None and self.applier.available(kind)
+    def available(self, kind: str, underlay: int = 4) -> bool:
+        return self.applier is not None and self.applier.available(kind, underlay)
 
     def inputs(self, p: PassInput) -> Hashable:
         return tuple(e for e in p.plan.fastpath if e.encap is not None)
@@ -430,7 +430,8 @@ class DatapathStep:
             self._settle_until = time.monotonic() + PODS_SETTLE_S
         if self._attached != p.pod_ifs or p.timer_pass or p.settle_pass:
             dp.attach(self.cfg.private_interface, self.cfg.wg_interface, p.pod_ifs,
-                      pods=discovery.pod_routes(p.pod_ifs), private4=discovery.private_ipv4(self.cfg.private_interface))
+                      pods=discovery.pod_routes(p.pod_ifs), private4=discovery.private_ipv4(self.cfg.private_interface),
+                      private6=discovery.private_ipv6(self.cfg.private_interface))
             self._attached = p.pod_ifs
         dp.stage(p.plan.fastpath, self.cfg.private_interface)
         self._synced = True
@@ -442,8 +443,9 @@ class DatapathStep:
             self._datapath.retire()
         return NOTHING
 
-    def available(self, kind: str) -> bool:
-        """The loaded eBPF fast path encapsulates (VXLAN, IP-in-IP) and decapsulates itself."""
+    def available(self, kind: str, underlay: int = 4) -> bool:
+        """The loaded eBPF fast path encapsulates (VXLAN, IP-in-IP) and decapsulates itself, over
+        either underlay family."""
         return self._datapath is not None and self._datapath.mode == "ebpf" and kind in ENCAP_KINDS
 
     def forget(self) -> None:

@@ -155,7 +155,7 @@ def datapath_load(node: str, lab_name: str | None, pin_root: str | None, netns: 
             if dp.mode != "ebpf":
                 raise MeshError(f"datapath: kernel-routes ({dp.reason})")
             dp.attach(private_if, tunnel_if, pod_ifs, pods=discovery.pod_routes(pod_ifs),
-                      private4=discovery.private_ipv4(private_if))
+                      private4=discovery.private_ipv4(private_if), private6=discovery.private_ipv6(private_if))
             st = dp.sync(entries, private_if) if entries is not None else None
             return {"status": dp.status(), "sync": st}
         finally:

@@ -80,15 +80,24 @@ def interface_addresses(ipr: IPRoute, index: int, *, publishable: bool = False) 
     return sorted(_global_addresses(ipr, index, publishable=publishable), key=sort_key_net)
 
 
-def private_ipv4(dev: str) -> IPAddress | None:
-    """The first global IPv4 address of `dev` in the kernel's order (the node's private address,
-    the one encapsulated packets are addressed to); None without one or without the device."""
+def private_address(dev: str, version: int = 4) -> IPAddress | None:
+    """The first global address of IP version `version` on `dev` in the kernel's order (the
+    node's private address of that family, the one encapsulated packets are addressed to); None
+    without one or without the device."""
     idx = links.ifindex_or_none(dev)
     if idx is None:
         return None
     with IPRoute() as ipr:
-        found = _global_addresses(ipr, idx, socket.AF_INET)
+        found = _global_addresses(ipr, idx, socket.AF_INET if version == 4 else socket.AF_INET6)
     return found[0].ip if found else None
+
+
+def private_ipv4(dev: str) -> IPAddress | None:
+    return private_address(dev, 4)
+
+
+def private_ipv6(dev: str) -> IPAddress | None:
+    return private_address(dev, 6)
 
 
 @dataclass(frozen=True)
