@@ -117,7 +117,7 @@ def _desired(by_dst: Mapping[IPNetwork, Route], synced: Mapping[IPNetwork, Route
              ) -> tuple[dict[IPNetwork, _Want], int, list[tuple[IPNetwork, str]]]:
     """(the kernel form of each plan route that needs a look, how many are exactly as last
     synced, the (destination, reason) of each that cannot be installed: no device, or a
-    gateway of the other IP version)."""
+    gateway of the other IP version off WireGuard)."""
     desired: dict[IPNetwork, _Want] = {}
     unchanged = 0
     skips: list[tuple[IPNetwork, str]] = []
@@ -129,11 +129,15 @@ def _desired(by_dst: Mapping[IPNetwork, Route], synced: Mapping[IPNetwork, Route
         if oif is None or name is None:
             skips.append((dst, f"{r.dev} device {name or '(none)'} is missing"))
             continue
-        if r.via is not None and r.via.version != dst.version:
-            skips.append((dst, f"gateway {r.via} is of another IP version"))
-            continue
-        desired[dst] = _Want(name, str(r.via) if r.via is not None else None,
-                             r.dev == "wireguard" and r.via is not None)
+        via = r.via
+        if via is not None and via.version != dst.version:
+            if r.dev != "wireguard":
+                skips.append((dst, f"gateway {via} is of another IP version"))
+                continue
+            # WireGuard is layer 3 and picks the peer by allowed IPs: an IPv6 pod CIDR routed via
+            # a peer's IPv4 WireGuard address goes to the device alone.
+            via = None
+        desired[dst] = _Want(name, str(via) if via is not None else None, r.dev == "wireguard" and via is not None)
     return desired, unchanged, skips
 
 
