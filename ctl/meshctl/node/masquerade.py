@@ -156,10 +156,9 @@ class NatApplier:
     def _rules(self, version: int, forward_ifs: Sequence[str]) -> tuple[list[str], list[str]]:
         """The chains' rules exactly as `iptables -S` prints them (so they compare as text)."""
         pods, mesh = self.set_name("pods", version), self.set_name("mesh", version)
-        nat = [
-            f"-A {self.nat_chain} -m set --match-set {pods} src -m set --match-set {mesh} dst -j RETURN",
-            f"-A {self.nat_chain} -m set --match-set {pods} src -j MASQUERADE",
-        ] if version == 4 or self.masquerade6 else []
+        nat = [f"-A {self.nat_chain} -m set --match-set {pods} src -m set --match-set {mesh} dst -j RETURN"]
+        if version == 4 or self.masquerade6:
+            nat.append(f"-A {self.nat_chain} -m set --match-set {pods} src -j MASQUERADE")
         fwd = [f"-A {self.fwd_chain} -i {i} -o {o} -j ACCEPT" for i in forward_ifs for o in forward_ifs]
         fwd += [f"-A {self.fwd_chain} -i {i} -m set --match-set {pods} dst -j ACCEPT" for i in forward_ifs]
         fwd += [f"-A {self.fwd_chain} -o {o} -m set --match-set {pods} src -j ACCEPT" for o in forward_ifs]
