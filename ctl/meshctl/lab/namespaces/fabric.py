@@ -329,12 +329,14 @@ def apply_all(st: LabState) -> None:
 
 
 def change(st: LabState, subnet: str, new_kind: str, loss_pct: int = 0) -> FabricState:
-    """Turn a running subnet's fabric into `new_kind` with `loss_pct` loss (the tests' fault lever).
+    """Turn a running subnet's fabric into `new_kind` with `loss_pct` loss (the tests' fault lever);
+    `subnet` is a private subnet of either family (a dual-stack one by either side, both change).
 
     A hetzner subnet keeps its nodes' /32 addressing: it may become blackhole (or hetzner again),
     and no other subnet may become hetzner (its nodes hold their subnet's prefix)."""
     key = str(parse_network(subnet, "SUBNET"))
     fabs = st.fabrics
+    key = next((s for s, e in fabs.items() if e.subnet6 == key), key)  # a dual-stack subnet by its IPv6 side
     if key not in fabs:
         raise InputError("SUBNET", subnet, f"is not a private subnet of lab {st.name} "
                          f"({', '.join(fabs) or 'none'})")
