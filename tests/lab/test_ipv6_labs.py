@@ -81,6 +81,9 @@ def test_dual_stack_lab_ipv4_everywhere_and_ipv6_between_tunnel_nodes(dual: LabS
     assert [r["family"] for r in rows] == [4] * 20 + [6] * 6
     text = labcheck.format_matrix(results)
     assert text.index("IPv4 pods") < text.index("IPv6 pods") and text.endswith("26/26 pairs reachable")
+    # The IPv6 underlay answers too: a1 reaches a2's private and c1's public IPv6 address.
+    for dst in (node_of(st, "a2").internal_ip6, node_of(st, "c1").public_ip6):
+        assert dst is not None and labcheck.ping(a1.netns, dst.split("/")[0], count=2)[1] == 2, dst
     # The agents forward IPv6 (they set it once the mesh has an IPv6 pod CIDR).
     assert netns.run(a1.netns, ["sysctl", "-n", "net.ipv6.conf.all.forwarding"]).stdout.strip() == "1"
 
