@@ -201,3 +201,14 @@ def test_fabric_rules_in_both_families(name: str, kind: str, present: list[str],
     for line in absent:
         assert line not in rules, (name, line)
     assert "set nodes6 { type ipv6_addr; elements = { fd10:a0a:100::1, fd10:a0a:100:b::1 }; }" in rules
+
+
+def test_lab_fabric_takes_a_dual_stack_subnet_by_its_ipv6_side(monkeypatch: pytest.MonkeyPatch) -> None:
+    st = _fabric_state("l2")
+    applied: list[str] = []
+    monkeypatch.setattr(fabric, "apply", lambda _st, subnet: applied.append(subnet))
+    monkeypatch.setattr(fabric.labstate, "save", lambda _st: None)
+    assert fabric.change(st, "fd10:a0a:100::/48", "blackhole").kind == "blackhole"
+    assert applied == ["10.10.1.0/24"]  # one entry: both sides change together
+    with pytest.raises(InputError, match="fd10:a0a:999::/48' is not a private subnet of lab t"):
+        fabric.change(st, "fd10:a0a:999::/48", "l2")
