@@ -149,11 +149,12 @@ class Modes:
         self.tb.wireguard_down(WG)
 
 
-def iperf(tb: Testbed, seconds: int) -> float:
-    """One stream's received Gbit/s. A control connection the server drops (it happens right after a
-    path change, or after wait_port's probe) is retried twice before giving up."""
+def iperf(tb: Testbed, seconds: int, dst: str = PODS["b"][0]) -> float:
+    """One stream's received Gbit/s from a's pod to `dst` (b's IPv4 pod). A control connection the
+    server drops (it happens right after a path change, or after wait_port's probe) is retried
+    twice before giving up."""
     for attempt in range(3):
-        out = json.loads(tb.sh("a-p1", ["iperf3", "-c", PODS["b"][0], "-p", "5201", "-t", str(seconds), "-J"],
+        out = json.loads(tb.sh("a-p1", ["iperf3", "-c", dst, "-p", "5201", "-t", str(seconds), "-J"],
                                check=False, timeout=seconds + 30).stdout or "{}")
         if "end" in out and "error" not in out:
             return out["end"]["sum_received"]["bits_per_second"] / 1e9

@@ -183,6 +183,14 @@ static __always_inline long mc_redirect_private(const struct mc_route_value *r)
     return mc_redirect_neigh(r->ifindex, &nh, sizeof(nh), 0);
 }
 
+/* The source of an ICMP error this node sends a local IPv4 pod: its private IPv4 address, or on an
+ * IPv6-only underlay (none) the address the pod's packet was for. */
+static __always_inline __be32 mc_icmp4_source(const struct mc_pkt *p)
+{
+    __be32 own = (__be32)mc_config(MC_CFG_PRIVATE4);
+    return own ? own : p->ip4->daddr;
+}
+
 /* A packet that does not fit the private NIC once encapsulated (GSO packets always fit: their
  * segments shrink). IPv4 with DF and IPv6 (never fragmented on the way): answered with ICMP
  * "fragmentation needed" / ICMPv6 "packet too big" into the pod. IPv4 without DF: the kernel's
@@ -194,7 +202,7 @@ static __always_inline int mc_too_big(struct __sk_buff *skb, const struct mc_pkt
     if (p->family == MC_FAMILY_V6)
         ret = mc_icmp6_too_big(skb, p, mtu);
     else if (p->ip4->frag_off & bpf_htons(MC_IP_DF))
-        ret = mc_icmp4_too_big(skb, p, mtu, (__be32)mc_config(MC_CFG_PRIVATE4));
+        ret = mc_icmp4_too_big(skb, p, mtu, mc_icmp4_source(p));
     else
         return mc_out(n, MC_C_PASS, MC_R_FRAGMENT, TC_ACT_OK);
     if (ret < 0)
@@ -230,7 +238,7 @@ static __always_inline long mc_fits(struct __sk_buff *skb, const struct mc_route
 static __always_inline int mc_forward_encap(struct __sk_buff *skb, struct mc_pkt *p, const struct mc_route_value *r,
                                             struct mc_note *n)
 {
-    __u32 overhead = mc_encap_overhead(r->encap);
+    __u32 overhead = mc_encap_overhead(r->encap, r->outer_family);
     __u32 mtu = 0;
     long fits = mc_fits(skb, r, overhead, &mtu);
     if (fits < 0)
@@ -269,6 +277,10 @@ static __always_inline int mc_from_pod(struct __sk_buff *skb, struct mc_note *n)
         return mc_out(n, MC_C_FLOW, MC_R_KERNEL_FLOW, TC_ACT_OK);
     if (r->encap != MC_ENCAP_NONE)
         return mc_forward_encap(skb, &p, r, n);
+    /* An IPv4 packet may leave through an IPv6 next hop (RFC 5549: bpf_redirect_neigh resolves it),
+     * never the other way round: the helper would read the IPv4 address as an IPv6 one. */
+    if (p.family == MC_FAMILY_V6 && r->nh_family == MC_FAMILY_V4)
+        return mc_out(n, MC_C_PASS, MC_R_NEXTHOP, TC_ACT_OK);
     if (mc_dec_ttl(&p) < 0)
         return mc_out(n, MC_C_PASS, MC_R_TTL, TC_ACT_OK);
     skb->mark |= MC_MARK;

@@ -12,13 +12,14 @@
  *   MC_MARK            skb->mark bit of packets from_pod redirected
  *   MC_VXLAN_PORT      UDP destination port of VXLAN (host order)
  *   MC_VXLAN_VNI       VXLAN network identifier of the mesh
- *   MC_VTEP_OUI        first two bytes of a node's VXLAN MAC (the other four: its private IPv4)
+ *   MC_VTEP_OUI        first two bytes of a node's VXLAN MAC (the other four: its private IPv4, or
+ *                      the four words of its private IPv6 XORed: lib/encap.h, mc_vtep_id)
  *   MC_PROBE_PORT      UDP port of the agents' path probes (names probes in monitor events)
  */
 #ifndef MESHCTL_MAPS_H
 #define MESHCTL_MAPS_H
 
-#define MC_LAYOUT_VERSION 2
+#define MC_LAYOUT_VERSION 3
 
 #if !defined(MC_PIN_DIR) || !defined(MC_LOADER_LAYOUT) || !defined(MC_MARK) || !defined(MC_VXLAN_PORT) || \
     !defined(MC_VXLAN_VNI) || !defined(MC_VTEP_OUI) || !defined(MC_PROBE_PORT)
@@ -68,7 +69,8 @@ struct mc_route_value {
     __u32 ifindex;      /* direct: the private NIC to redirect to */
     __u32 nh_family;    /* 0: no next hop (on-link, or the kernel's route to outer_dst), else MC_FAMILY_V4/V6 */
     __u8 encap;         /* MC_ENCAP_* */
-    __u8 outer_family;  /* encapsulated: MC_FAMILY_V4 (outer headers are IPv4) */
+    __u8 outer_family;  /* encapsulated: MC_FAMILY_V4 or MC_FAMILY_V6, the family of the outer header
+                         * (outer_src and outer_dst); the pod packet inside may be either */
     __u16 pad;
     union mc_addr nexthop;
     union mc_addr outer_src; /* encapsulated: this node's private address */
@@ -150,7 +152,10 @@ struct mc_counter {
                               * kernel has no bpf_check_mtu (before 5.12, MC_HAVE_CHECK_MTU 0) */
 #define MC_CFG_MONITOR 6 /* bit i set: monitor slot i is claimed (lib/monitor.h); 0: no event path at all */
 #define MC_CFG_OBJECTS 7 /* where the loader took the programs from (shipped, compiled, cached); no program reads it */
-#define MC_CONFIG_SLOTS 8
+#define MC_CFG_PRIVATE6 8 /* this node's private IPv6 in two slots (8: bytes 0-7, 9: bytes 8-15, each in
+                           * packet order as a little-endian u64 reads them): the outer destination of
+                           * encapsulated packets it accepts over IPv6; all zero accepts none */
+#define MC_CONFIG_SLOTS 10
 
 /* Monitor (`meshctl monitor`, lib/monitor.h, ctl/meshctl/datapath/monitor.py). New maps only: the
  * layouts above are untouched, so adding them needs no layout bump (a loader of this source
@@ -204,6 +209,7 @@ struct mc_counter {
 #define MC_R_REDIRECT 10    /* the redirect helper refused (no such device or next hop): dropped */
 #define MC_R_EGRESS 11      /* left through the kernel (egress hook) */
 #define MC_R_PROBE 12       /* a path probe (UDP to the agent's probe port, MC_PROBE_PORT): the agent answers */
+#define MC_R_NEXTHOP 13     /* an IPv6 packet whose raw direct entry names an IPv4 next hop: no neighbour resolves it, left to the kernel */
 
 /* mon_lost: counter index slot * MC_MON_LOST_KINDS + kind. */
 #define MC_MON_LOST_RATE 0
@@ -247,7 +253,8 @@ struct mc_event {
     __u8 encap;         /* MC_ENCAP_* of the entry, or of the decapsulated packet */
     __u8 nh_family;
     __u8 decap;         /* 1: the packet arrived encapsulated and was unwrapped */
-    __u16 pad;
+    __u8 outer_family;  /* encapsulated or decapsulated: MC_FAMILY_V4 / V6 of outer_src, outer_dst */
+    __u8 pad;
     union mc_ports ports;
     union mc_addr saddr;
     union mc_addr daddr;

@@ -17,7 +17,8 @@
 #define MC_IP_OFFSET 0x1fff      /* frag_off: fragment offset (8-byte units) */
 #define MC_IP_IHL_MIN 5          /* ihl (32-bit words) of a header without options: 20 bytes */
 #define MC_IP_HLEN_MAX 60        /* the longest header, options included (ihl 15) */
-#define MC_TTL_OUTER 64          /* TTL of the outer header we build */
+#define MC_TTL_OUTER 64          /* TTL / hop limit of the outer header we build */
+#define MC_FLOW_LABEL_MASK 0xfffff /* IPv6 flow label: 20 bits */
 
 /* Hop limit of the ICMPv6 errors we build (they go one hop, into the pod). */
 #define MC_ICMP6_HOP_LIMIT 255
@@ -57,6 +58,25 @@ static __always_inline void mc_ip4_header(struct iphdr *ip, __u8 proto, __u16 to
     ip->saddr = src;
     ip->daddr = dst;
     ip->check = mc_csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)ip, sizeof(*ip), 0));
+}
+
+/* A 40-byte IPv6 header from `src` to `dst` around `payload_len` bytes of `nexthdr`: traffic class
+ * `tclass` (the pod packet's, as the IPv4 outer copies its TOS), flow label from the flow hash (so
+ * fabrics spreading by flow label keep one flow on one path). */
+static __always_inline void mc_ip6_header(struct ipv6hdr *ip6, __u8 nexthdr, __u16 payload_len, __u8 tclass,
+                                          __u32 hash, const union mc_addr *src, const union mc_addr *dst)
+{
+    __u32 label = hash & MC_FLOW_LABEL_MASK;
+    ip6->version = 6;
+    ip6->priority = tclass >> 4;
+    ip6->flow_lbl[0] = ((tclass & 0xf) << 4) | (label >> 16);
+    ip6->flow_lbl[1] = (label >> 8) & 0xff;
+    ip6->flow_lbl[2] = label & 0xff;
+    ip6->payload_len = bpf_htons(payload_len);
+    ip6->nexthdr = nexthdr;
+    ip6->hop_limit = MC_TTL_OUTER;
+    __builtin_memcpy(ip6->saddr.s6_addr, src->bytes, 16);
+    __builtin_memcpy(ip6->daddr.s6_addr, dst->bytes, 16);
 }
 
 #endif

@@ -24,8 +24,9 @@
 #endif
 
 /* BPF_F_ADJ_ROOM_DECAP_L3_IPV4/IPV6 (6.3): bpf_skb_adjust_room changes the IP version as it pops
- * the outer header. Fallback: an IPv6 packet inside IPv4 is first turned into an IPv6 skb with
- * bpf_skb_change_proto (mc_decap, encap.h). */
+ * the outer header. Fallback: a packet inside an outer header of the other version (IPv6 in IPv4,
+ * IPv4 in IPv6) is first turned into an skb of its own version with bpf_skb_change_proto (mc_decap,
+ * encap.h). */
 #ifndef MC_HAVE_ADJ_ROOM_DECAP_L3
 #define MC_HAVE_ADJ_ROOM_DECAP_L3 1
 #endif

@@ -62,18 +62,20 @@ static __always_inline void mc_note_route(struct mc_note *n, const struct mc_rou
     __builtin_memcpy(&n->ev.nexthop, &r->nexthop, sizeof(r->nexthop));
     __builtin_memcpy(&n->ev.outer_src, &r->outer_src, sizeof(r->outer_src));
     __builtin_memcpy(&n->ev.outer_dst, &r->outer_dst, sizeof(r->outer_dst));
+    n->ev.outer_family = r->outer_family;
 }
 
-/* The packet was decapsulated: the tuple noted so far was the outer one (IPv4), `p` parses the
- * inner packet now. */
+/* The packet was decapsulated: the tuple noted so far was the outer one (IPv4 or IPv6), `p`
+ * parses the inner packet now. */
 static __always_inline void mc_note_decap(struct mc_note *n, const struct mc_pkt *p)
 {
     if (!n->slots)
         return;
     n->ev.decap = 1;
     n->ev.encap = n->ev.proto == IPPROTO_UDP ? MC_ENCAP_VXLAN : MC_ENCAP_IPIP;
-    n->ev.outer_src.v4 = n->ev.saddr.v4;
-    n->ev.outer_dst.v4 = n->ev.daddr.v4;
+    n->ev.outer_family = n->ev.family;
+    __builtin_memcpy(&n->ev.outer_src, &n->ev.saddr, sizeof(n->ev.saddr));
+    __builtin_memcpy(&n->ev.outer_dst, &n->ev.daddr, sizeof(n->ev.daddr));
     __builtin_memset(&n->ev.saddr, 0, sizeof(n->ev.saddr));
     __builtin_memset(&n->ev.daddr, 0, sizeof(n->ev.daddr));
     mc_note_pkt(n, p);

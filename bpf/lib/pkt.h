@@ -88,6 +88,14 @@ static __always_inline void mc_daddr(const struct mc_pkt *p, union mc_addr *a)
         __builtin_memcpy(a->bytes, p->ip6->daddr.s6_addr, 16);
 }
 
+/* The packet's TOS (IPv4) or traffic class (IPv6): what an outer header copies. */
+static __always_inline __u8 mc_tclass(const struct mc_pkt *p)
+{
+    if (p->family == MC_FAMILY_V4)
+        return p->ip4->tos;
+    return (p->ip6->priority << 4) | (p->ip6->flow_lbl[0] >> 4);
+}
+
 /* Decrements the TTL / hop limit as the kernel's forwarding would. -1: TTL <= 1 (the kernel must
  * answer with ICMP time exceeded). */
 static __always_inline int mc_dec_ttl(struct mc_pkt *p)

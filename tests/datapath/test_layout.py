@@ -30,9 +30,11 @@ def test_constants_match_the_header():
     assert [n for n, _ in sorted(slots.items(), key=lambda kv: kv[1])] == list(layout.COUNTERS)
     assert DEFINES["MC_COUNTERS"] == len(layout.COUNTERS)
     assert (DEFINES["MC_CFG_LAYOUT"], DEFINES["MC_CFG_SOURCE_HASH"], DEFINES["MC_CFG_MARK"],
-            DEFINES["MC_CFG_CLSACT"], DEFINES["MC_CFG_PRIVATE4"], DEFINES["MC_CONFIG_SLOTS"]) == (
+            DEFINES["MC_CFG_CLSACT"], DEFINES["MC_CFG_PRIVATE4"], DEFINES["MC_CFG_PRIVATE6"],
+            DEFINES["MC_CONFIG_SLOTS"]) == (
         layout.CFG_LAYOUT, layout.CFG_SOURCE_HASH, layout.CFG_MARK, layout.CFG_CLSACT, layout.CFG_PRIVATE4,
-        layout.CONFIG_SLOTS)
+        layout.CFG_PRIVATE6, layout.CONFIG_SLOTS)
+    assert layout.CFG_PRIVATE6 + 2 <= layout.CONFIG_SLOTS, "the private IPv6 address takes two slots"
 
 
 def test_load_time_settings_reach_the_c_as_cflags_only():
@@ -69,9 +71,32 @@ def test_encapsulated_route_codec_round_trips():
     ipip = FastPathEntry(e.prefix, "direct", ip("10.30.2.254"), Encap("ipip", ip("10.30.2.1"), ip("10.30.3.1")))
     r = layout.decode_route(*next(iter(layout.route_table([ipip], 4).items())))
     assert (r.entry, r.entry.rung) == (ipip, "direct+ipip")
-    with pytest.raises(MeshError, match="outer addresses must be IPv4"):
-        layout.route_table([FastPathEntry(e.prefix, "direct", None, Encap("ipip", ip("fd00::1"), ip("fd00::2")))], 4)
+    # An IPv6 underlay: the outer family is the outer addresses', whatever the pod prefix's.
+    for prefix in ("10.42.3.0/24", "fd00:42:3::/64"):
+        v6 = FastPathEntry(ipaddress.ip_network(prefix), "direct", None, Encap("ipip", ip("fd10::1"), ip("fd10::2")))
+        [(k, v)] = layout.route_table([v6], 4).items()
+        assert layout.ROUTE_VALUE.unpack(v)[4] == layout.FAMILY_V6
+        assert layout.decode_route(k, v).entry == v6
+    with pytest.raises(MeshError, match="outer addresses must be of one family"):
+        layout.route_table([FastPathEntry(e.prefix, "direct", None, Encap("ipip", ip("10.0.0.1"), ip("fd00::2")))], 4)
     assert layout.vtep_mac(ip("10.30.3.1")) == "02:6d:0a:1e:03:01"
+    assert layout.vtep_mac(ip("fd10::a1e:301")) == "02:6d:f7:0e:03:01", "IPv6: its four words XORed"
+    assert layout.vtep_mac(ip("fd10:1::4")) != layout.vtep_mac(ip("fd10:2::4"))
+
+
+def test_private6_config_round_trips():
+    a = ip("fd10:1:2:3::a1e:301")
+    hi, lo = layout.config_addr6(a)
+    assert layout.CONFIG_VALUE.pack(hi) + layout.CONFIG_VALUE.pack(lo) == a.packed, "packet order in memory"
+    assert layout.addr6_from_config(hi, lo) == a
+    assert layout.config_addr6(None) == (0, 0) == layout.config_addr6(ip("10.0.0.1"))
+    assert layout.addr6_from_config(0, 0) is None
+
+
+@pytest.mark.parametrize("kind,underlay,bytes_", [("vxlan", 4, 50), ("ipip", 4, 20), ("vxlan", 6, 70),
+                                                  ("ipip", 6, 40)])
+def test_overhead_per_underlay_family(kind, underlay, bytes_):
+    assert layout.overhead(kind, underlay) == bytes_
 
 
 def test_route_codec_round_trips():

@@ -5,10 +5,14 @@ through that its traffic would pass, and a fabric turned into a blackhole is not
 from __future__ import annotations
 
 import ipaddress
+import os
 import time
+
+import pytest
 
 from meshctl.lab.namespaces import fabric
 from meshctl.lab.namespaces.state import LabState, NodeState
+from meshctl.lab.rigs.testbed import FabricTestbed
 from meshctl.mesh.chooser import ProbeTuning
 from meshctl.mesh.model import RUNGS
 from meshctl.node.prober import Prober, Target, probe_address
@@ -93,3 +97,160 @@ def test_blackhole_is_left_fast_and_recovery_waits_for_the_hold(make_lab) -> Non
     finally:
         for p in probers.values():
             p.stop()
+
+
+# --- over an IPv6 underlay -------------------------------------------------------------------
+
+V6_PORT = 51900  # not the agents' port: nothing else on these testbeds answers it
+
+
+def _v6_probers(tb, pods: int, ladder) -> dict[str, Prober]:
+    """A prober on each node of the testbed: private IPv6 addresses, probe addresses of family `pods`."""
+    out: dict[str, Prober] = {}
+    pod_cidrs = {"a": [ipaddress.ip_network("10.42.1.0/24"), ipaddress.ip_network("fd42:1::/64")],
+                 "b": [ipaddress.ip_network("10.42.2.0/24"), ipaddress.ip_network("fd42:2::/64")]}
+    for node, other in (("a", "b"), ("b", "a")):
+        p = Prober("eth1", ipaddress.ip_address(tb.private(node)), probe_address(pod_cidrs[node], pods), RUNGS[:-1],
+                   tuning=TUNING, port=V6_PORT)
+        in_netns(tb.ns(node), p.start)
+        out[node] = p
+        p.set_targets([Target(other, ipaddress.ip_address(tb.private(other)), probe_address(pod_cidrs[other], pods),
+                              ladder)])
+    return out
+
+
+@pytest.fixture(scope="module")
+def v6_beds():
+    """Two testbeds on IPv6-only private networks: an L2 one, and one behind a VPC router whose
+    source/destination check drops pod-addressed packets."""
+    beds = {}
+    try:
+        for fabric in ("l2", "vpc"):
+            beds[fabric] = FabricTestbed(f"p6{fabric}{os.getpid() % 1000}-", fabric=fabric, underlay=6).up()
+        yield beds
+    finally:
+        for tb in beds.values():
+            tb.down()
+
+
+@pytest.mark.parametrize("pods", [4, 6])
+def test_the_prober_speaks_every_kind_over_an_ipv6_underlay(v6_beds, pods) -> None:
+    """IPv6 private addresses, IPv4 or IPv6 probe addresses: on L2 every kind is answered (direct:
+    a pod-addressed frame to the MAC of the peer's IPv6 neighbour entry; udp: VXLAN-framed inside
+    UDP over IPv6; ipip: next header 4 or 41); behind the VPC the source/destination check drops
+    direct, and the node-addressed kinds pass."""
+    want = {"l2": {"direct": True, "udp": True, "ipip": True}, "vpc": {"direct": False, "udp": True, "ipip": True}}
+    for kind, tb in v6_beds.items():
+        _probe_v6_bed(tb, pods, want[kind], "direct" if kind == "l2" else "direct+ipip")
+
+
+def _probe_v6_bed(tb, pods: int, want: dict[str, bool], rung: str) -> None:
+    """Probers on both nodes: each kind's verdict as `want` says, both ends on `rung`."""
+    probers = _v6_probers(tb, pods, RUNGS)
+    try:
+        def kinds(node: str, peer: str) -> dict:
+            return probers[node].status()["pairs"][peer]["probes"]
+
+        def settled() -> bool:
+            return all(kinds(n, o)[k]["up"] is up for n, o in (("a", "b"), ("b", "a")) for k, up in want.items())
+
+        assert wait_for(settled, 10), (tb.fabric, kinds("a", "b"), kinds("b", "a"))
+        for k, up in want.items():
+            assert (kinds("a", "b")[k]["answered"] > 0) is up, (tb.fabric, k, kinds("a", "b")[k])
+        assert wait_for(lambda: probers["a"].chooser.pairs["b"].rung == rung, 5), probers["a"].chooser.pairs["b"]
+        assert probers["b"].chooser.pairs["a"].rung == rung, "both ends agree"
+    finally:
+        for p in probers.values():
+            p.stop()
+
+
+def test_a_target_of_another_family_is_left_out() -> None:
+    p = Prober("eth1", ipaddress.ip_address("fd30:1::1"), ipaddress.ip_address("10.42.1.1"), RUNGS[:-1])
+    p.set_targets([Target("v4", ipaddress.ip_address("10.30.1.2"), ipaddress.ip_address("10.42.2.1"), RUNGS),
+                   Target("v6pods", ipaddress.ip_address("fd30:1::2"), ipaddress.ip_address("fd42:2::1"), RUNGS),
+                   Target("ok", ipaddress.ip_address("fd30:1::2"), ipaddress.ip_address("10.42.2.1"), RUNGS)])
+    assert set(p.chooser.pairs) == {"ok"}
+    p.stop()
+
+
+@pytest.mark.parametrize("cidrs,family,want", [
+    (["10.42.1.0/24", "fd42:1::/64"], None, "10.42.1.1"),
+    (["fd42:1::/64", "10.42.1.0/24"], 6, "fd42:1::1"),
+    (["fd42:1::/64"], None, "fd42:1::1"),
+    (["fd42:1::/64"], 4, None),
+    (["10.42.1.0/31"], None, None),
+])
+def test_probe_address_per_family(cidrs, family, want) -> None:
+    got = probe_address([ipaddress.ip_network(c) for c in cidrs], family)
+    assert (str(got) if got else None) == want
+
+
+def _filter_frames(probe: bytes, internal: bytes, other: bytes, port: int) -> dict[str, tuple[bytes, bool]]:
+    """Frames on the private NIC and whether the tap's filter must let them in (IPv4 or IPv6 by
+    the addresses' lengths: `probe` the probe address, `internal` the node's private one)."""
+    from meshctl.node.prober import ETH, ETH_TYPE, IPIP_PROTO, ipv4, ipv6, pod_packet
+
+    pods, under = (6 if len(probe) == 16 else 4), (6 if len(internal) == 16 else 4)
+    src = bytes(len(probe))
+    outer_src = bytes(len(internal))
+
+    def eth(version: int, payload: bytes) -> bytes:
+        return ETH.pack(b"\x02" * 6, b"\x04" * 6, ETH_TYPE[version]) + payload
+
+    def outer(dst: bytes, proto: int, payload: bytes) -> bytes:
+        return (ipv6 if under == 6 else ipv4)(outer_src, dst, proto, payload)
+
+    probe_pkt = pod_packet(src, probe, port, port, b"x" * 40)
+    return {
+        "direct probe": (eth(pods, probe_pkt), True),
+        "direct, another address": (eth(pods, pod_packet(src, other[:len(probe)], port, port, b"x" * 40)), False),
+        "direct, another port": (eth(pods, pod_packet(src, probe, port, port + 1, b"x" * 40)), False),
+        "ipip probe": (eth(under, outer(internal, IPIP_PROTO[pods], probe_pkt)), True),
+        "ipip to another node": (eth(under, outer(other[:len(internal)], IPIP_PROTO[pods], probe_pkt)), False),
+        "VXLAN traffic to the node": (eth(under, pod_packet(outer_src, internal, 40000, 4789, b"v" * 60)), False),
+        "UDP to the node's probe port": (eth(under, pod_packet(outer_src, internal, port, port, b"x" * 40)), False),
+    }
+
+
+@pytest.mark.parametrize("under,pods", [(4, 4), (4, 6), (6, 4), (6, 6)])
+def test_the_tap_filter_lets_in_probe_frames_only(under, pods) -> None:
+    """The prober's classic BPF filter, attached to a real AF_PACKET socket: of frames sent over a
+    veth, exactly the direct and ipip probes to this node arrive (not other UDP, not VXLAN
+    traffic, not another node's)."""
+    import socket as so
+
+    from meshctl.lab.rigs import netns
+    from meshctl.node.prober import ETH_P_ALL, _attach_filter, packet_filter
+
+    probe = ipaddress.ip_address("10.42.1.1" if pods == 4 else "fd42:1::1").packed
+    internal = ipaddress.ip_address("10.30.1.1" if under == 4 else "fd30:1::1").packed
+    other = ipaddress.ip_address("fd99::9").packed
+    frames = _filter_frames(probe, internal, other, V6_PORT)
+    ns = f"p6f{os.getpid() % 10000}"
+    netns.add(ns)
+    try:
+        netns.veth(ns, "tx0", ns, "rx0")
+
+        def run() -> list[bytes]:
+            rx = so.socket(so.AF_PACKET, so.SOCK_RAW, so.htons(ETH_P_ALL))
+            _attach_filter(rx, packet_filter(probe, internal, V6_PORT))
+            rx.bind(("rx0", ETH_P_ALL))
+            rx.settimeout(0.5)
+            tx = so.socket(so.AF_PACKET, so.SOCK_RAW)
+            for frame, _ in frames.values():
+                tx.sendto(frame, ("tx0", 0))
+            got = []
+            try:
+                while True:
+                    got.append(rx.recv(2048))
+            except TimeoutError:
+                pass
+            rx.close()
+            tx.close()
+            return got
+
+        got = in_netns(ns, run)
+    finally:
+        netns.delete(ns)
+    want = [f for f, ok in frames.values() if ok]
+    assert got == want, {name: (f in got) for name, (f, _) in frames.items()}

@@ -2,8 +2,9 @@
 """The eBPF fast path of one node, as the agent drives it.
 
     dp = Datapath.open("a1")                 # load, or reopen what a previous agent pinned
-    dp.attach("eth1", "kilo0", ["veth-p1"],  # idempotent; pods and private4 as node.discovery reads them
-              pods=discovery.pod_routes(["veth-p1"]), private4=discovery.private_ipv4("eth1"))
+    dp.attach("eth1", "kilo0", ["veth-p1"],  # idempotent; pods, private4/6 as node.discovery reads them
+              pods=discovery.pod_routes(["veth-p1"]), private4=discovery.private_ipv4("eth1"),
+              private6=None)
     dp.sync(plan.fastpath, "eth1")           # diff against the pinned LPM map
     dp.counters(); dp.entries(); dp.close()  # close leaves everything pinned and running
 
@@ -194,19 +195,24 @@ class Datapath:
         return self._tc_fallback
 
     def attach(self, private_if: str, tunnel_if: str | None, pod_ifs: Iterable[str], *,
-               pods: Mapping[IPAddress, int], private4: IPAddress | None) -> None:
+               pods: Mapping[IPAddress, int], private4: IPAddress | None,
+               private6: IPAddress | None = None) -> None:
         """Idempotent: from_pod (+ egress tracking) on each pod veth, from_private (+ egress
         tracking) on the private NIC, egress tracking on tunnel_if; detach pod veths no longer
         listed; make the local-pod map `pods` (pod address -> host veth ifindex); record
-        `private4`, the private NIC's IPv4 address, as the one encapsulated packets must be
-        addressed to.
+        `private4` and `private6`, the private NIC's IPv4 and IPv6 addresses (either may be None),
+        as the ones encapsulated packets must be addressed to (over an IPv4 or an IPv6 underlay).
 
-        The caller reads `pods` and `private4` from this namespace (node.discovery.pod_routes and
-        private_ipv4): the node's appliers build on the datapath's wire format, so the datapath
-        takes what it needs of the node as values and never imports node/."""
+        The caller reads `pods`, `private4` and `private6` from this namespace
+        (node.discovery.pod_routes, private_ipv4, and the node's IPv6 internal address): the
+        node's appliers build on the datapath's wire format, so the datapath takes what it needs
+        of the node as values and never imports node/."""
         if self._loaded is None:
             return
         self._loaded.maps.config_set(layout.CFG_PRIVATE4, layout.config_addr(private4))
+        hi, lo = layout.config_addr6(private6)
+        self._loaded.maps.config_set(layout.CFG_PRIVATE6, hi)
+        self._loaded.maps.config_set(layout.CFG_PRIVATE6 + 1, lo)
         self._loaded.maps.config_set(layout.CFG_PRIVATE_MTU, links.mtu(private_if))
         pod_ifs = list(dict.fromkeys(pod_ifs))
         want: dict[tuple[str, int], str] = {}
@@ -360,6 +366,8 @@ class Datapath:
                 links=[{"hook": a.hook, "ifindex": a.ifindex, "ifname": a.ifname, "prog_id": a.prog_id,
                         "kind": a.kind} for a in self.attachments()],
                 private4=_str_or_none(layout.addr_from_config(maps.config_get(layout.CFG_PRIVATE4))),
+                private6=_str_or_none(layout.addr6_from_config(maps.config_get(layout.CFG_PRIVATE6),
+                                                               maps.config_get(layout.CFG_PRIVATE6 + 1))),
                 routes=len(maps.routes.items()),
                 pods=len(maps.pods.items()),
             )

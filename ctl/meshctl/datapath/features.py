@@ -46,7 +46,8 @@ HELPERS = {
 # VXLAN packet would be dropped): before it the inner protocol is left as IP, which the kernel's
 # GSO segments the same, only a NIC's VXLAN offload does not take it.
 # The decapsulation flags (6.3) let adjust_room change the IP version as it pops the outer header:
-# before them an IPv6 packet inside IPv4 is turned into IPv6 first with bpf_skb_change_proto.
+# before them a packet inside an outer header of the other IP version (IPv6 in IPv4, IPv4 in IPv6)
+# is turned into its own version first with bpf_skb_change_proto.
 OPTIONAL = {"check_mtu": "MC_HAVE_CHECK_MTU", "adjust_room_encap_l2_eth": "MC_HAVE_ADJ_ROOM_L2_ETH",
             "adjust_room_decap_l3": "MC_HAVE_ADJ_ROOM_DECAP_L3"}
 OPTIONAL_HELPERS = {"check_mtu"}

@@ -23,7 +23,7 @@ from meshctl.errors import MeshError
 from meshctl.mesh.model import ENCAP_KINDS, EncapKind, IPAddress, IPNetwork
 from meshctl.mesh.plan import Encap, FastPathEntry
 
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 
 ROUTES_MAX = 131072
 PODS_MAX = 16384
@@ -42,10 +42,22 @@ ENCAP_NAMES = {v: k for k, v in ENCAPS.items()}
 # Encapsulation on the wire (cflags of the programs, and the kernel-routes fallback's devices).
 VXLAN_PORT = 4789          # IANA
 VXLAN_VNI = 0x6D6573       # "mes": one VNI for the mesh
-VTEP_OUI = 0x026D          # a node's VXLAN MAC: 02:6d, then its private IPv4 (locally administered)
-VXLAN_OVERHEAD = 50        # outer IPv4 20 + UDP 8 + VXLAN 8 + inner Ethernet 14
-IPIP_OVERHEAD = 20         # outer IPv4
-OVERHEAD = {"vxlan": VXLAN_OVERHEAD, "ipip": IPIP_OVERHEAD}
+VTEP_OUI = 0x026D          # a node's VXLAN MAC: 02:6d, then 4 bytes of its private address (vtep_mac)
+IPV4_HEADER = 20
+IPV6_HEADER = 40
+VXLAN_TAIL = 30            # UDP 8 + VXLAN 8 + inner Ethernet 14
+VXLAN_OVERHEAD = IPV4_HEADER + VXLAN_TAIL   # 50: over an IPv4 underlay
+IPIP_OVERHEAD = IPV4_HEADER                 # 20
+VXLAN6_OVERHEAD = IPV6_HEADER + VXLAN_TAIL  # 70: over an IPv6 underlay
+IPIP6_OVERHEAD = IPV6_HEADER                # 40
+OVERHEAD = {"vxlan": VXLAN_OVERHEAD, "ipip": IPIP_OVERHEAD}      # outer IPv4
+OVERHEAD6 = {"vxlan": VXLAN6_OVERHEAD, "ipip": IPIP6_OVERHEAD}   # outer IPv6
+
+
+def overhead(kind: str, underlay: int) -> int:
+    """The bytes an encapsulation of `kind` ("vxlan", "ipip") adds over an underlay of IP version
+    `underlay` (4 or 6: the family of the private addresses, the outer header's)."""
+    return (OVERHEAD6 if underlay == 6 else OVERHEAD)[kind]
 
 # Counter slots, in the header's order (MC_C_*).
 COUNTERS = ("direct", "tunnel", "local", "pass", "flow", "error", "peer", "tracked", "encap", "decap", "too_big")
@@ -56,7 +68,8 @@ CFG_MARK = 2
 CFG_CLSACT = 3
 CFG_PRIVATE4 = 4
 CFG_PRIVATE_MTU = 5  # read by the programs only where the kernel has no bpf_check_mtu
-CONFIG_SLOTS = 8
+CFG_PRIVATE6 = 8     # and 9: the private IPv6 address, bytes 0-7 and 8-15
+CONFIG_SLOTS = 10
 
 ROUTE_KEY = struct.Struct("<II16s")        # prefixlen (32 family bits + address bits), family, addr
 # action, ifindex, nh_family, encap, outer_family, pad, nexthop, outer_src, outer_dst
@@ -96,9 +109,9 @@ MON_LOST_BUFFER = _MON["LOST_BUFFER"][0]
 MON_SLOT = struct.Struct("<IIQQQII16sII16s")
 MON_LOST = struct.Struct("<Q")
 # mc_event: ts_ns, ifindex, len, out_ifindex, mtu, hook, outcome, type, reason, family, proto,
-# action, encap, nh_family, decap, pad, sport, dport (network order), saddr, daddr, nexthop,
-# outer_src, outer_dst
-EVENT = struct.Struct("<QIIIIBBBBBBBBBBH2s2s16s16s16s16s16s")
+# action, encap, nh_family, decap, outer_family, pad, sport, dport (network order), saddr, daddr,
+# nexthop, outer_src, outer_dst
+EVENT = struct.Struct("<QIIIIBBBBBBBBBBBB2s2s16s16s16s16s16s")
 # The monitor's maps (ring buffers: one per slot, mon_ring<i>), pinned next to the others.
 MONITOR_MAPS = ("mon_slots", "mon_lost", *(f"mon_ring{i}" for i in range(MON_SLOTS)))
 
@@ -123,10 +136,17 @@ def cflags(pin_dir: str) -> list[str]:
 
 
 def vtep_mac(private_ip: IPAddress) -> str:
-    """The VXLAN MAC of the node whose private IPv4 is `private_ip` (what both the programs and the
-    kernel VXLAN devices of the fallback put in the inner Ethernet header)."""
-    raw = VTEP_OUI.to_bytes(2, "big") + private_ip.packed
-    return ":".join(f"{b:02x}" for b in raw)
+    """The VXLAN MAC of the node whose private address is `private_ip` (what both the programs and
+    the kernel VXLAN devices of the fallback put in the inner Ethernet header): 02:6d, then the
+    IPv4 address, or the four 32-bit words of the IPv6 address XORed into one (so that fd10:1::4
+    and fd10:2::4 differ, as their last four bytes would not)."""
+    raw = private_ip.packed
+    if len(raw) == 16:
+        folded = 0
+        for i in range(0, 16, 4):
+            folded ^= int.from_bytes(raw[i:i + 4], "big")
+        raw = folded.to_bytes(4, "big")
+    return ":".join(f"{b:02x}" for b in VTEP_OUI.to_bytes(2, "big") + raw)
 
 
 def config_addr(addr: IPAddress | None) -> int:
@@ -136,6 +156,21 @@ def config_addr(addr: IPAddress | None) -> int:
 
 def addr_from_config(value: int) -> IPAddress | None:
     return ipaddress.IPv4Address((value & 0xFFFFFFFF).to_bytes(4, "little")) if value else None
+
+
+def config_addr6(addr: IPAddress | None) -> tuple[int, int]:
+    """An IPv6 address as config slots CFG_PRIVATE6 and CFG_PRIVATE6 + 1 hold it (bytes 0-7 and
+    8-15, each in packet order in memory); (0, 0) for None or an IPv4 address."""
+    if addr is None or addr.version != 6:
+        return 0, 0
+    raw = addr.packed
+    return int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:], "little")
+
+
+def addr6_from_config(hi: int, lo: int) -> IPAddress | None:
+    if not (hi or lo):
+        return None
+    return ipaddress.IPv6Address(hi.to_bytes(8, "little") + lo.to_bytes(8, "little"))
 
 
 def _family(version: int) -> int:
@@ -184,15 +219,16 @@ def route_rows(entries: Iterable[FastPathEntry], ifindex: int) -> tuple[list[byt
 
 
 def route_value(action: str, ifindex: int, nexthop: IPAddress | None, encap: Encap | None = None) -> bytes:
-    """MeshError for an encapsulation the programs cannot build (IPv6 outer addresses)."""
+    """The outer header's family is the outer addresses' (either pod family fits inside either);
+    MeshError for outer addresses of two families."""
     nh_fam, nh = (0, b"") if nexthop is None else (_family(nexthop.version), nexthop.packed)
     if encap is None:
         return ROUTE_VALUE.pack(ACTIONS[action], ifindex, nh_fam, 0, 0, 0, nh, b"", b"")
-    if encap.local.version != 4 or encap.remote.version != 4:
-        raise MeshError(f"encapsulation {encap.kind} from {encap.local} to {encap.remote}: outer addresses "
-                        "must be IPv4 (the fast path builds IPv4 outer headers only)")
-    return ROUTE_VALUE.pack(ACTIONS[action], ifindex, nh_fam, ENCAPS[encap.kind], FAMILY_V4, 0, nh,
-                            encap.local.packed, encap.remote.packed)
+    if encap.local.version != encap.remote.version:
+        raise MeshError(f"encapsulation {encap.kind} from {encap.local} to {encap.remote}: the outer addresses "
+                        "must be of one family")
+    return ROUTE_VALUE.pack(ACTIONS[action], ifindex, nh_fam, ENCAPS[encap.kind], _family(encap.local.version), 0,
+                            nh, encap.local.packed, encap.remote.packed)
 
 
 def _addr(family: int, raw: bytes) -> IPAddress:

@@ -112,7 +112,7 @@ def decode_event(raw: bytes) -> dict[str, Any]:
     """One mc_event as plain values (names resolved from the header's tables; owners, interface
     names and wall time are the caller's: see `describe`)."""
     (ts, ifindex, length, out_ifindex, mtu, hook, outcome, type_, reason, fam, proto, action, encap, nh_fam,
-     decap, _, sport, dport, saddr, daddr, nh, osrc, odst) = layout.EVENT.unpack(raw[:layout.EVENT.size])
+     decap, outer_fam, _, sport, dport, saddr, daddr, nh, osrc, odst) = layout.EVENT.unpack(raw[:layout.EVENT.size])
     encap_name = layout.ENCAP_NAMES.get(encap) if encap else None
     outer = encap_name is not None and (action == layout.ACTIONS["direct"] or decap)
     return {
@@ -127,8 +127,8 @@ def decode_event(raw: bytes) -> dict[str, Any]:
         "action": layout.ACTION_NAMES.get(action) if action else None,
         "rung": _rung(layout.ACTION_NAMES.get(action) if action else None, encap_name if action else None),
         "encap": encap_name, "decapsulated": bool(decap),
-        "outer_src": _addr(layout.FAMILY_V4, osrc) if outer else None,
-        "outer_dst": _addr(layout.FAMILY_V4, odst) if outer else None,
+        "outer_src": _addr(outer_fam, osrc) if outer else None,
+        "outer_dst": _addr(outer_fam, odst) if outer else None,
         "nexthop": _addr(nh_fam, nh) or None, "out_ifindex": out_ifindex or None,
         "reason": REASONS[reason][0] if reason in REASONS and reason else None,
         "reason_text": REASONS[reason][1] if reason in REASONS and reason else None,

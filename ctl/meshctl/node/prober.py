@@ -2,15 +2,22 @@
 """The prober: sends probes shaped like each rung's traffic to every eligible peer, answers the
 peers' probes, and feeds what it sees to the pure chooser (mesh.chooser.Chooser).
 
-Probe kinds and their packets (all carry one 36-byte probe payload, UDP port PROBE_PORT):
+Probe kinds and their packets (all carry one probe payload, UDP port PROBE_PORT):
 
     direct  an Ethernet frame out of the private NIC to the next hop of the peer's private address,
-            IPv4 from this node's probe address to the peer's (the first address of each pod CIDR):
+            from this node's probe address to the peer's (the first address of a pod CIDR):
             pod-addressed like the rung's traffic, so a source/destination check drops it
     udp     a UDP datagram between the private addresses, holding a VXLAN-framed pod packet: what
             direct+vxlan and wireguard-private send (a fabric that drops UDP, or routes only some
             addresses, drops it)
-    ipip    IP-in-IP between the private addresses around a pod-addressed packet (direct+ipip)
+    ipip    IP-in-IP between the private addresses around a pod-addressed packet (direct+ipip):
+            protocol / next header 4 around an IPv4 pod packet, 41 around an IPv6 one
+
+Two families, each fixed per prober: the underlay's (the private addresses': the outer header of
+udp and ipip probes, the neighbour table the direct probe's MAC comes from) and the pods' (the
+probe addresses: the packet inside). A node on an IPv6 underlay probes its IPv4 pods inside IPv6
+and its IPv6 pods the same way; the payload names its sender by private address (4 bytes in
+VERSION 1 payloads, 16 in VERSION 2 ones: an IPv6 underlay's).
 
 Answers go back the same way (same kind, addresses swapped), so a kind is up only when both
 directions deliver. Direct and IP-in-IP probes are received on an AF_PACKET socket with a
@@ -46,20 +53,29 @@ from meshctl.mesh.model import RUNGS, PathState, Rung
 log = logging.getLogger("meshctl.probe")
 
 ETH_P_IP = 0x0800
+ETH_P_IPV6 = 0x86DD
 ETH_P_ALL = 0x0003
 IPPROTO_IPIP = 4
+IPPROTO_IPV6 = 41
 PACKET_OUTGOING = 4
 SO_ATTACH_FILTER = 26
 MAGIC = b"MSHP"
-VERSION = 1
+VERSION = 1   # the sender an IPv4 private address
+VERSION6 = 2  # the sender an IPv6 private address
 REQUEST, REPLY = 1, 2
 NO_CHOICE = 255
-PAYLOAD = struct.Struct("!4sBBBBIQQ4sBB2x")  # magic, version, type, kind, flags, seq, nonce, t_ns, sender, caps, choice
+# magic, version, type, kind, flags, seq, nonce, t_ns, sender, caps, choice
+PAYLOAD = struct.Struct("!4sBBBBIQQ4sBB2x")
+PAYLOAD6 = struct.Struct("!4sBBBBIQQ16sBB2x")
+PAYLOADS = {VERSION: PAYLOAD, VERSION6: PAYLOAD6}
 UDP = struct.Struct("!HHHH")
 VXLAN = struct.Struct("!BxxxI")  # flags (0x08: VNI valid), VNI << 8
 VXLAN_FLAGS = 0x08
 ETH = struct.Struct("!6s6sH")
-INNER_ETH = ETH.pack(b"\0" * 6, b"\0" * 6, ETH_P_IP)
+ETH_TYPE = {4: ETH_P_IP, 6: ETH_P_IPV6}
+INNER_ETH = {v: ETH.pack(b"\0" * 6, b"\0" * 6, t) for v, t in ETH_TYPE.items()}
+IPIP_PROTO = {4: IPPROTO_IPIP, 6: IPPROTO_IPV6}  # the outer protocol around a pod packet of each version
+IPV6_HLEN = 40
 MAX_FRAME = 256
 TICK_S = 0.05  # the chooser's rules run at most this often
 RCVBUF = 1 << 20
@@ -69,13 +85,21 @@ SO_TIMESTAMPNS = 35  # receive timestamps from the kernel (RTTs stay exact while
 TIMESPEC = struct.Struct("@qq")  # a burst of answers from a hundred peers must not overflow the sockets
 
 
-def probe_address(pod_cidrs: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> ipaddress.IPv4Address | None:
-    """A node's probe address: the first address of its first IPv4 pod CIDR (probes speak IPv4
-    only; a node with several IPv4 blocks is probed at the first its record lists)."""
-    pod_cidr = next((c for c in pod_cidrs if c.version == 4), None)
+IPAddr = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def probe_address(pod_cidrs: Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network],
+                  family: int | None = None) -> IPAddr | None:
+    """A node's probe address: the first address of its first pod CIDR of IP version `family`
+    (None: IPv4 where the node has an IPv4 pod CIDR, else IPv6); a node with several blocks of a
+    family is probed at the first its record lists. None when it has no block of that family (or
+    one too small to spare an address)."""
+    if family is None:
+        family = 4 if any(c.version == 4 for c in pod_cidrs) else 6
+    pod_cidr = next((c for c in pod_cidrs if c.version == family), None)
     if pod_cidr is None or pod_cidr.num_addresses < 4:
         return None
-    return ipaddress.IPv4Address(int(pod_cidr.network_address) + 1)
+    return ipaddress.ip_address(int(pod_cidr.network_address) + 1)
 
 
 def _csum(data: bytes) -> int:
@@ -93,33 +117,115 @@ def ipv4(src: bytes, dst: bytes, proto: int, payload: bytes, ident: int = 0) -> 
     return hdr[:10] + struct.pack("!H", _csum(hdr)) + hdr[12:] + payload
 
 
+def ipv6(src: bytes, dst: bytes, nexthdr: int, payload: bytes) -> bytes:
+    """An IPv6 packet (hop limit 64) around `payload`."""
+    return struct.pack("!IHBB16s16s", 6 << 28, len(payload), nexthdr, 64, src, dst) + payload
+
+
 def udp(sport: int, dport: int, payload: bytes) -> bytes:
     return UDP.pack(sport, dport, 8 + len(payload), 0) + payload  # checksum 0: none (IPv4)
 
 
+def udp6_checksum(src: bytes, dst: bytes, segment: bytes) -> int:
+    """The UDP checksum of `segment` (header with checksum 0, then data) over IPv6 (never 0:
+    RFC 8200 wants 0xffff for a sum of 0)."""
+    c = _csum(src + dst + struct.pack("!I3xB", len(segment), socket.IPPROTO_UDP) + segment)
+    return c or 0xFFFF
+
+
+def pod_packet(src: bytes, dst: bytes, sport: int, dport: int, payload: bytes) -> bytes:
+    """A UDP packet between two probe (pod) addresses, IPv4 or IPv6 by their length."""
+    seg = udp(sport, dport, payload)
+    if len(src) == 4:
+        return ipv4(src, dst, socket.IPPROTO_UDP, seg)
+    seg = seg[:6] + struct.pack("!H", udp6_checksum(src, dst, seg)) + seg[8:]
+    return ipv6(src, dst, socket.IPPROTO_UDP, seg)
+
+
+def parse_ip(buf: bytes) -> tuple[int, bytes, bytes, bytes] | None:
+    """(protocol / first next header, source, destination, what follows the header) of an IPv4
+    or IPv6 packet; None when truncated or neither."""
+    if len(buf) < 20:
+        return None
+    if buf[0] >> 4 == 4:
+        ihl = (buf[0] & 0xF) * 4
+        return buf[9], buf[12:16], buf[16:20], buf[ihl:]
+    if buf[0] >> 4 == 6 and len(buf) >= IPV6_HLEN:
+        return buf[6], buf[8:24], buf[24:40], buf[IPV6_HLEN:]
+    return None
+
+
+# Classic BPF opcodes (linux/filter.h).
+_LD_H, _LD_B, _LD_W, _LDX_MSH, _LD_H_IND, _LD_B_IND = 0x28, 0x30, 0x20, 0xB1, 0x48, 0x50
+_JEQ, _JSET, _RET = 0x15, 0x45, 0x06
+_ACCEPT, _DROP = "accept", "drop"
+
+
+def _assemble(prog: list[tuple]) -> bytes:
+    """Classic BPF from (op, jt, jf, k) rows whose jump targets may be labels (a str row
+    ("label",) marks a position; "accept" and "drop" are appended at the end)."""
+    rows: list[tuple] = []
+    labels: dict[str, int] = {}
+    for ins in [*prog, (_ACCEPT,), (_RET, 0, 0, MAX_FRAME), (_DROP,), (_RET, 0, 0, 0)]:
+        if len(ins) == 1:
+            labels[ins[0]] = len(rows)
+        else:
+            rows.append(ins)
+    out = []
+    for i, (op, jt, jf, k) in enumerate(rows):
+        jt, jf = (labels[j] - i - 1 if isinstance(j, str) else j for j in (jt, jf))
+        out.append(struct.pack("HBBI", op, jt, jf, k))
+    return b"".join(out)
+
+
+def _match_addr(offset: int, addr: bytes, miss: str) -> list[tuple]:
+    """Rows comparing the address at frame `offset` with `addr` (4 or 16 bytes), word by word."""
+    rows: list[tuple] = []
+    for i in range(0, len(addr), 4):
+        rows += [(_LD_W, 0, 0, offset + i), (_JEQ, 0, miss, struct.unpack("!I", addr[i:i + 4])[0])]
+    return rows
+
+
 def packet_filter(probe_ip: bytes, internal_ip: bytes, port: int) -> bytes:
-    """Classic BPF for the AF_PACKET socket: IPv4 UDP to `probe_ip`:`port` (direct probes), or
-    IPv4 IP-in-IP to `internal_ip` whose inner packet is UDP to `port` (ipip probes); everything
-    else stays out."""
-    dst = struct.unpack("!I", probe_ip)[0]
-    outer = struct.unpack("!I", internal_ip)[0]
-    ld_h, ld_b, ld_w, ldx_msh, ld_h_ind, ld_b_ind = 0x28, 0x30, 0x20, 0xB1, 0x48, 0x50
-    jeq, jset, ret = 0x15, 0x45, 0x06
-    prog = [
-        (ld_h, 0, 0, 12), (jeq, 0, 17, ETH_P_IP),         # 0-1: IPv4, else drop (19)
-        (ld_b, 0, 0, 23), (jeq, 0, 7, 17),                # 2-3: UDP, else try IP-in-IP (11)
-        (ld_w, 0, 0, 30), (jeq, 0, 13, dst),              # 4-5: to the probe address
-        (ld_h, 0, 0, 20), (jset, 11, 0, 0x1FFF),          # 6-7: not a fragment
-        (ldx_msh, 0, 0, 14), (ld_h_ind, 0, 0, 16),        # 8-9: UDP destination port
-        (jeq, 8, 9, port),                                # 10: accept (19) / drop (20)
-        (jeq, 0, 8, IPPROTO_IPIP),                        # 11: IP-in-IP, else drop
-        (ld_w, 0, 0, 30), (jeq, 0, 6, outer),             # 12-13: to this node's private address
-        (ldx_msh, 0, 0, 14), (ld_b_ind, 0, 0, 23),        # 14-15: inner protocol
-        (jeq, 0, 3, 17),                                  # 16: UDP, else drop
-        (ld_h_ind, 0, 0, 36), (jeq, 0, 1, port),          # 17-18: inner UDP destination port
-        (ret, 0, 0, MAX_FRAME), (ret, 0, 0, 0),           # 19 accept, 20 drop
-    ]
-    return b"".join(struct.pack("HBBI", *ins) for ins in prog)
+    """Classic BPF for the AF_PACKET socket: UDP to `probe_ip`:`port` (direct probes: an IPv4 or
+    IPv6 pod packet by the address's length), or IP-in-IP to `internal_ip` (an IPv4 or IPv6 outer
+    header by its length) whose inner packet, of the probe address's version, is UDP to `port`
+    (ipip probes); everything else stays out. The IPv4 headers may carry options, an IPv6 header
+    no extension header (neither sender builds one)."""
+    v6_pod, v6_outer = len(probe_ip) == 16, len(internal_ip) == 16
+    prog: list[tuple] = [(_LD_H, 0, 0, 12), (_JEQ, 0, "not_direct", ETH_TYPE[6 if v6_pod else 4])]
+    if v6_pod:  # direct: IPv6 UDP to the probe address, port
+        prog += [(_LD_B, 0, 0, 14 + 6), (_JEQ, 0, "not_direct", socket.IPPROTO_UDP)]
+        prog += _match_addr(14 + 24, probe_ip, "not_direct")
+        prog += [(_LD_H, 0, 0, 14 + IPV6_HLEN + 2), (_JEQ, _ACCEPT, "not_direct", port)]
+    else:  # direct: IPv4 UDP to the probe address, not a fragment, port
+        prog += [(_LD_B, 0, 0, 23), (_JEQ, 0, "not_direct", socket.IPPROTO_UDP)]
+        prog += _match_addr(30, probe_ip, "not_direct")
+        prog += [(_LD_H, 0, 0, 20), (_JSET, "not_direct", 0, 0x1FFF),
+                 (_LDX_MSH, 0, 0, 14), (_LD_H_IND, 0, 0, 16), (_JEQ, _ACCEPT, "not_direct", port)]
+    prog += [("not_direct",), (_LD_H, 0, 0, 12), (_JEQ, 0, _DROP, ETH_TYPE[6 if v6_outer else 4])]
+    inner_proto = IPIP_PROTO[6 if v6_pod else 4]
+    if v6_outer:  # the inner packet at the fixed offset 14 + 40: absolute loads
+        prog += [(_LD_B, 0, 0, 14 + 6), (_JEQ, 0, _DROP, inner_proto)]
+        prog += _match_addr(14 + 24, internal_ip, _DROP)
+        inner = 14 + IPV6_HLEN
+        if v6_pod:
+            prog += [(_LD_B, 0, 0, inner + 6), (_JEQ, 0, _DROP, socket.IPPROTO_UDP),
+                     (_LD_H, 0, 0, inner + IPV6_HLEN + 2), (_JEQ, _ACCEPT, _DROP, port)]
+        else:
+            prog += [(_LD_B, 0, 0, inner + 9), (_JEQ, 0, _DROP, socket.IPPROTO_UDP),
+                     (_LD_H, 0, 0, inner + 20 + 2), (_JEQ, _ACCEPT, _DROP, port)]
+    else:  # the inner packet after the outer IPv4 header's length (X)
+        prog += [(_LD_B, 0, 0, 23), (_JEQ, 0, _DROP, inner_proto)]
+        prog += _match_addr(30, internal_ip, _DROP)
+        prog += [(_LDX_MSH, 0, 0, 14)]
+        if v6_pod:
+            prog += [(_LD_B_IND, 0, 0, 14 + 6), (_JEQ, 0, _DROP, socket.IPPROTO_UDP),
+                     (_LD_H_IND, 0, 0, 14 + IPV6_HLEN + 2), (_JEQ, _ACCEPT, _DROP, port)]
+        else:
+            prog += [(_LD_B_IND, 0, 0, 23), (_JEQ, 0, _DROP, socket.IPPROTO_UDP),
+                     (_LD_H_IND, 0, 0, 36), (_JEQ, _ACCEPT, _DROP, port)]
+    return _assemble(prog)
 
 
 DROP_ALL = struct.pack("HBBI", 0x06, 0, 0, 0)  # ret #0
@@ -135,11 +241,13 @@ def _attach_filter(sock: socket.socket, code: bytes) -> None:
 
 @dataclass(frozen=True)
 class Target:
-    """A peer to probe: its plan name, private address, probe address and ladder (mesh.ladder.pair_rungs)."""
+    """A peer to probe: its plan name, private address, probe address and ladder
+    (mesh.ladder.pair_rungs). Its addresses are of the prober's two families (set_targets leaves
+    out a target whose are not)."""
 
     name: str
-    internal: ipaddress.IPv4Address
-    probe_ip: ipaddress.IPv4Address
+    internal: IPAddr
+    probe_ip: IPAddr
     ladder: tuple[Rung, ...]
 
 
@@ -169,6 +277,29 @@ ARP_REFRESH_S = 5.0
 ARP_MISS_S = 0.5
 
 
+NUD_VALID = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80  # reachable, stale, delay, probe, noarp, permanent
+
+
+def ndisc_table(dev: str) -> dict[str, bytes]:
+    """Valid entries of the kernel's IPv6 neighbour table on `dev` (netlink: no /proc file holds
+    it): address -> hardware address."""
+    from pyroute2 import IPRoute
+
+    out: dict[str, bytes] = {}
+    try:
+        with IPRoute() as ipr:
+            idx = ipr.link_lookup(ifname=dev)
+            if not idx:
+                return out
+            for n in ipr.get_neighbours(family=socket.AF_INET6, ifindex=idx[0]):
+                dst, ll = n.get("NDA_DST"), n.get("NDA_LLADDR")
+                if dst and ll and n["state"] & NUD_VALID:
+                    out[str(ipaddress.ip_address(dst))] = bytes.fromhex(ll.replace(":", ""))
+    except (OSError, ValueError):
+        pass
+    return out
+
+
 def arp_table(dev: str) -> dict[str, bytes]:
     """Complete entries of the kernel's neighbour table on `dev`: address -> hardware address."""
     out: dict[str, bytes] = {}
@@ -188,12 +319,14 @@ class Prober:
     """Probes the private rungs of every target; `path_state()` is what the plan reads and
     `on_change` is called (from the prober thread) when it changed."""
 
-    def __init__(self, private_if: str, internal: ipaddress.IPv4Address, probe_ip: ipaddress.IPv4Address,
+    def __init__(self, private_if: str, internal: IPAddr, probe_ip: IPAddr,
                  local_rungs: Iterable[str], on_change: Callable[[], None] = lambda: None,
                  tuning: ProbeTuning | None = None, port: int = PROBE_PORT) -> None:
         self.private_if = private_if
         self.internal = internal
         self.probe_ip = probe_ip
+        self.underlay = internal.version  # the outer family of udp and ipip probes
+        self.pods = probe_ip.version      # the family of the packet inside
         self.port = port
         self.on_change = on_change
         self.chooser = Chooser(local_rungs, tuning)
@@ -218,7 +351,7 @@ class Prober:
         self._waiters: dict[int, tuple[threading.Event, list[float | None]]] = {}  # probe_once's, by seq
         self._rx_ns = 0  # the kernel's receive time of the packet being handled
         self._rng = random.Random(os.urandom(32))  # nonces: unguessable off-path, no syscall per probe
-        self._headers: dict[tuple[bytes, bytes], bytes] = {}  # (src, dst) -> inner IPv4 + UDP headers
+        self._headers: dict[tuple[bytes, bytes], bytes] = {}  # (src, dst) -> inner IPv4 + UDP headers (IPv4 pods)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = os.pipe()
@@ -231,7 +364,8 @@ class Prober:
     # --- life cycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        af = socket.AF_INET6 if self.underlay == 6 else socket.AF_INET
+        self._udp = socket.socket(af, socket.SOCK_DGRAM)
         self._udp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._udp.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
         self._udp.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
@@ -246,7 +380,8 @@ class Prober:
         self._pkt.bind((self.private_if, ETH_P_ALL))
         self._pkt.setblocking(False)
         self._my_mac = self._pkt.getsockname()[4]
-        self._ipip = socket.socket(socket.AF_INET, socket.SOCK_RAW, IPPROTO_IPIP)
+        # The outer header around a pod packet of our pods' version: 4 (IPv4) or 41 (IPv6).
+        self._ipip = socket.socket(af, socket.SOCK_RAW, IPIP_PROTO[self.pods])
         _attach_filter(self._ipip, DROP_ALL)  # send only: IP-in-IP arrives on the tap
         self._ipip.bind((str(self.internal), 0))
         self._ipip.setblocking(False)
@@ -265,6 +400,15 @@ class Prober:
         os.close(self._wake_w)
 
     def set_targets(self, targets: Sequence[Target]) -> None:
+        """Probe these peers (and no others); a target whose private address is not of this
+        prober's underlay family, or whose probe address is not of its pods' family, is left out
+        (logged): no probe of ours could reach it."""
+        fits = [t for t in targets if t.internal.version == self.underlay and t.probe_ip.version == self.pods]
+        for t in targets:
+            if t not in fits:
+                log.info("probe: %s left out: %s / %s is not IPv%d / IPv%d", t.name, t.internal, t.probe_ip,
+                         self.underlay, self.pods)
+        targets = fits
         with self._lock:
             self._targets = {t.name: t for t in targets}
             self._by_internal = {t.internal.packed: t for t in targets}
@@ -452,8 +596,10 @@ class Prober:
     # --- packets ------------------------------------------------------------------------------
 
     def _payload(self, kind: str, typ: int, seq: int, nonce: int, t_ns: int, choice: str | None) -> bytes:
-        return PAYLOAD.pack(MAGIC, VERSION, typ, PROBE_KINDS.index(kind), 0, seq, nonce, t_ns, self.internal.packed,
-                            rung_bits(self.chooser.local_rungs), RUNGS.index(choice) if choice in RUNGS else NO_CHOICE)
+        version = VERSION6 if self.underlay == 6 else VERSION
+        return PAYLOADS[version].pack(MAGIC, version, typ, PROBE_KINDS.index(kind), 0, seq, nonce, t_ns,
+                                      self.internal.packed, rung_bits(self.chooser.local_rungs),
+                                      RUNGS.index(choice) if choice in RUNGS else NO_CHOICE)
 
     def _probe(self, t: Target, kind: str, now: float) -> None:
         self._seq = (self._seq + 1) & 0xFFFFFFFF
@@ -473,24 +619,33 @@ class Prober:
         self.sent += 1
         self._tally.setdefault((t.name, kind), [0, 0, 0.0, 0.0])[0] += 1
 
-    def _send(self, kind: str, peer_internal: bytes, mac: bytes | None, src_pod: bytes, dst_pod: bytes,
-              payload: bytes) -> None:
+    def _inner(self, src_pod: bytes, dst_pod: bytes, payload: bytes) -> bytes:
+        """The pod-addressed UDP packet around `payload`. IPv4: every probe has the same length
+        and no UDP checksum, so the headers are built once per pair; IPv6 needs the checksum."""
+        if self.pods == 6:
+            return pod_packet(src_pod, dst_pod, self.port, self.port, payload)
         hdr = self._headers.get((src_pod, dst_pod))
-        if hdr is None:  # every probe has the same length: the headers are built once per pair
-            hdr = ipv4(src_pod, dst_pod, socket.IPPROTO_UDP, udp(self.port, self.port, payload))[:28]
+        if hdr is None:
+            hdr = pod_packet(src_pod, dst_pod, self.port, self.port, payload)[:28]
             if len(self._headers) > 4 * len(self._targets) + 64:
                 self._headers.clear()
             self._headers[(src_pod, dst_pod)] = hdr
-        inner = hdr + payload
+        return hdr + payload
+
+    def _send(self, kind: str, peer_internal: bytes, mac: bytes | None, src_pod: bytes, dst_pod: bytes,
+              payload: bytes) -> None:
+        inner = self._inner(src_pod, dst_pod, payload)
+        peer = str(ipaddress.ip_address(peer_internal))
         if kind == "direct":
             if mac is None:
                 return  # no neighbour: the probe is lost, as the rung's packets would be
-            self._pkt.sendto(ETH.pack(mac, self._my_mac, ETH_P_IP) + inner, (self.private_if, ETH_P_IP))
+            eth_type = ETH_TYPE[self.pods]
+            self._pkt.sendto(ETH.pack(mac, self._my_mac, eth_type) + inner, (self.private_if, eth_type))
         elif kind == "udp":
-            dgram = VXLAN.pack(VXLAN_FLAGS, 0) + INNER_ETH + inner
-            self._udp.sendto(dgram, (socket.inet_ntoa(peer_internal), self.port))
+            dgram = VXLAN.pack(VXLAN_FLAGS, 0) + INNER_ETH[self.pods] + inner
+            self._udp.sendto(dgram, (peer, self.port))
         else:
-            self._ipip.sendto(inner, (socket.inet_ntoa(peer_internal), 0))
+            self._ipip.sendto(inner, (peer, 0))
 
     def _peer_mac(self, t: Target, now: float) -> bytes | None:
         """The MAC of the peer's private address on the private NIC, from the kernel's neighbour
@@ -498,7 +653,7 @@ class Prober:
         entry fresh). None when the peer is not an on-link neighbour: then no direct packet could
         reach it either."""
         if now >= self._arp_until or (str(t.internal) not in self._arp and now >= self._arp_miss_until):
-            self._arp = arp_table(self.private_if)
+            self._arp = (ndisc_table if self.underlay == 6 else arp_table)(self.private_if)
             self._arp_until = now + ARP_REFRESH_S
             self._arp_miss_until = now + ARP_MISS_S
         return self._arp.get(str(t.internal))
@@ -506,16 +661,15 @@ class Prober:
     def _drain_udp(self) -> None:
         while True:
             try:
-                data, anc, _, (src, _) = self._udp.recvmsg(MAX_FRAME, ANC_SIZE)
+                data, anc, _, addr = self._udp.recvmsg(MAX_FRAME, ANC_SIZE)
             except (BlockingIOError, InterruptedError):
                 return
             self._rx_ns = _rx_time(anc)
-            off = VXLAN.size + ETH.size
-            if len(data) < off + 28:
+            pkt = parse_ip(data[VXLAN.size + ETH.size:])
+            if pkt is None or pkt[0] != socket.IPPROTO_UDP:
                 continue
-            ihl = (data[off] & 0xF) * 4
-            inner = data[off:]
-            self._handle("udp", socket.inet_aton(src), inner[12:16], inner[16:20], inner[ihl + 8:], None)
+            _, src, dst, l4 = pkt
+            self._handle("udp", ipaddress.ip_address(addr[0]).packed, src, dst, l4[UDP.size:], None)
 
     def _drain_pkt(self) -> None:
         while True:
@@ -524,23 +678,26 @@ class Prober:
             except (BlockingIOError, InterruptedError):
                 return
             self._rx_ns = _rx_time(anc)
-            if addr[2] == PACKET_OUTGOING or len(frame) < ETH.size + 28:
+            if addr[2] == PACKET_OUTGOING:
                 continue
-            ip = frame[ETH.size:]
-            ihl = (ip[0] & 0xF) * 4
-            if ip[9] == socket.IPPROTO_UDP:
-                self._handle("direct", None, ip[12:16], ip[16:20], ip[ihl + 8:], frame[6:12])
-            elif ip[9] == IPPROTO_IPIP:
-                inner = ip[ihl:]
-                iihl = (inner[0] & 0xF) * 4
-                self._handle("ipip", ip[12:16], inner[12:16], inner[16:20], inner[iihl + 8:], None)
+            pkt = parse_ip(frame[ETH.size:])  # the filter let in only probe-shaped frames
+            if pkt is None:
+                continue
+            proto, src, dst, rest = pkt
+            if proto == socket.IPPROTO_UDP:
+                self._handle("direct", None, src, dst, rest[UDP.size:], frame[6:12])
+            elif proto == IPIP_PROTO[self.pods]:
+                inner = parse_ip(rest)
+                if inner is not None and inner[0] == socket.IPPROTO_UDP:
+                    self._handle("ipip", src, inner[1], inner[2], inner[3][UDP.size:], None)
 
     def _handle(self, kind: str, outer_src: bytes | None, src: bytes, dst: bytes, payload: bytes,
                 src_mac: bytes | None) -> None:
-        if len(payload) < PAYLOAD.size:
+        layout = PAYLOADS.get(payload[4]) if len(payload) > 4 else None
+        if layout is None or len(payload) < layout.size:
             return
-        magic, ver, typ, kind_i, _, seq, nonce, t_ns, sender, caps, choice_i = PAYLOAD.unpack_from(payload)
-        if magic != MAGIC or ver != VERSION or kind_i >= len(PROBE_KINDS) or PROBE_KINDS[kind_i] != kind:
+        magic, _, typ, kind_i, _, seq, nonce, t_ns, sender, caps, choice_i = layout.unpack_from(payload)
+        if magic != MAGIC or kind_i >= len(PROBE_KINDS) or PROBE_KINDS[kind_i] != kind:
             return
         if outer_src is not None and outer_src != sender:
             return  # the outer source must be the node the probe says it is from

@@ -34,7 +34,7 @@ from meshctl.errors import MeshError
 from meshctl.lab.rigs import netns
 from meshctl.mesh.model import Endpoint, MeshSettings, Node, Topology
 from meshctl.mesh.plan import Encap, FastPathEntry, plan_node
-from meshctl.node.tunnels import TunnelApplier
+from meshctl.node.tunnels import TunnelApplier, gateway_args
 from meshctl.setns import in_netns
 
 WG = defaults.WG_INTERFACE
@@ -259,27 +259,33 @@ class Testbed:
 
 # --- two nodes on a private fabric: L2, or routed like a VPC ----------------------------------
 
+# The private addresses per underlay family (4: IPv4, 6: an IPv6-only private network).
 FABRIC_PRIVATE = {"l2": {"a": "10.30.1.1", "b": "10.30.1.2"}, "vpc": {"a": "10.30.2.1", "b": "10.30.3.1"}}
 VPC_GATEWAY = {"a": "10.30.2.254", "b": "10.30.3.254"}
+FABRIC_PRIVATE6 = {"l2": {"a": "fd30:1::1", "b": "fd30:1::2"}, "vpc": {"a": "fd30:2::1", "b": "fd30:3::1"}}
+VPC_GATEWAY6 = {"a": "fd30:2::fe", "b": "fd30:3::fe"}
 
 # The router of a VPC: forwards only packets whose source and destination are node addresses (what
-# AWS's source/destination check, GCP and DigitalOcean do), counting what passes by kind.
+# AWS's source/destination check, GCP and DigitalOcean do), counting what passes by kind. `ip` is
+# the underlay's nftables family word (ip, ip6) and `proto` its protocol match.
 NFT_VPC = """
 table inet vpc {{
-  set nodes {{ type ipv4_addr; elements = {{ {nodes} }} }}
+  set nodes {{ type {addr_type}; elements = {{ {nodes} }} }}
   counter vxlan {{}}
   counter ipip {{}}
   counter node_to_node {{}}
   counter dropped {{}}
   chain forward {{
     type filter hook forward priority 0; policy drop;
-    ip saddr @nodes ip daddr @nodes udp dport {vxlan_port} counter name "vxlan"
-    ip saddr @nodes ip daddr @nodes ip protocol {{ 4, 41 }} counter name "ipip"
-    ip saddr @nodes ip daddr @nodes counter name "node_to_node" accept
+    {ip} saddr @nodes {ip} daddr @nodes udp dport {vxlan_port} counter name "vxlan"
+    {ip} saddr @nodes {ip} daddr @nodes {proto} {{ 4, 41 }} counter name "ipip"
+    {ip} saddr @nodes {ip} daddr @nodes counter name "node_to_node" accept
     counter name "dropped" drop
   }}
 }}
 """
+NFT_FAMILY = {4: {"addr_type": "ipv4_addr", "ip": "ip", "proto": "ip protocol"},
+              6: {"addr_type": "ipv6_addr", "ip": "ip6", "proto": "ip6 nexthdr"}}
 
 
 @dataclass
@@ -290,14 +296,25 @@ class FabricTestbed(Testbed):
         vpc   router <p>rtr between 10.30.2.0/24 (a) and 10.30.3.0/24 (b), forwarding only
               node-to-node packets (NFT_VPC): raw pod packets are dropped, encapsulated ones pass
 
+    `underlay` 6: the private network is IPv6 only (fd30:1::/64; fd30:2::/64 and fd30:3::/64), the
+    pods keep both families (an IPv4 pod's next hop is an IPv6 address).
+
     Kernel routes to the other node's pods: `route_pods("raw")` via the private network (what the
     fabric may drop), `route_pods("vxlan")` through meshctl.tunnels' VXLAN device."""
 
     fabric: str = "vpc"
+    underlay: int = 4
+
+    def _private_addrs(self) -> dict[str, str]:
+        return (FABRIC_PRIVATE6 if self.underlay == 6 else FABRIC_PRIVATE)[self.fabric]
+
+    def _gateway(self, node: str) -> str:
+        return (VPC_GATEWAY6 if self.underlay == 6 else VPC_GATEWAY)[node]
 
     def up(self, *, ipv6: bool = True) -> FabricTestbed:
         p = self.ns
-        addr = FABRIC_PRIVATE[self.fabric]
+        addr = self._private_addrs()
+        plen = 64 if self.underlay == 6 else 24
         hub = "lan" if self.fabric == "l2" else "rtr"
         self.namespaces = [p(n) for n in (hub, "a", "b", "a-p1", "b-p1")]
         for n in self.namespaces:
@@ -306,30 +323,41 @@ class FabricTestbed(Testbed):
             netns.bridge(p("lan"), "br0")
         else:
             netns.sysctl(p("rtr"), "net.ipv4.ip_forward", "1")
+            netns.sysctl(p("rtr"), "net.ipv6.conf.all.forwarding", "1")
             netns.sysctl(p("rtr"), "net.ipv4.conf.all.rp_filter", "0")
             netns.sysctl(p("rtr"), "net.ipv4.conf.default.rp_filter", "0")
         for i, node in enumerate(("a", "b"), start=1):
             netns.veth(p(node), "eth1", p(hub), f"port{i}")
+            self._address(node, "eth1", f"{addr[node]}/{plen}")
             if self.fabric == "l2":
                 netns.enslave(p("lan"), f"port{i}", "br0")
-                netns.addr(p(node), "eth1", f"{addr[node]}/24")
             else:
-                netns.addr(p("rtr"), f"port{i}", f"{VPC_GATEWAY[node]}/24")
-                netns.addr(p(node), "eth1", f"{addr[node]}/24")
+                self._address("rtr", f"port{i}", f"{self._gateway(node)}/{plen}")
                 other = "b" if node == "a" else "a"
-                net = ipaddress.ip_network(f"{addr[other]}/24", strict=False)
-                netns.run(p(node), ["ip", "route", "add", str(net), "via", VPC_GATEWAY[node], "dev", "eth1"])
+                net = ipaddress.ip_network(f"{addr[other]}/{plen}", strict=False)
+                netns.run(p(node), ["ip", "route", "add", str(net), "via", self._gateway(node), "dev", "eth1"])
                 # The router knows the way to the pods (a route table entry of the VPC), so what stops
                 # raw pod packets is the source/destination check below, as in a cloud.
-                netns.run(p("rtr"), ["ip", "route", "add", f"10.42.{i}.0/24", "via", addr[node]])
+                # (IPv6 routes take no IPv4 gateway: over IPv4 the router routes IPv4 pods only)
+                gw = ipaddress.ip_address(addr[node])
+                for pods in [f"10.42.{i}.0/24"] + ([f"fd42:{i}::/64"] if self.underlay == 6 else []):
+                    netns.run(p("rtr"), ["ip", "route", "add", pods, *gateway_args(gw, ipaddress.ip_network(pods))])
             self._node_and_pod(node, i, ipv6=ipv6)
         if self.fabric == "vpc":
-            netns.run(p("rtr"), ["nft", "-f", "-"], input=NFT_VPC.format(nodes=", ".join(addr.values()),
-                                                                          vxlan_port=VXLAN_PORT))
+            netns.run(p("rtr"), ["nft", "-f", "-"], input=NFT_VPC.format(
+                nodes=", ".join(addr.values()), vxlan_port=VXLAN_PORT, **NFT_FAMILY[self.underlay]))
         return self
 
+    def _address(self, name: str, dev: str, cidr: str) -> None:
+        """An address of the underlay's family (IPv6: no duplicate detection to wait for)."""
+        if self.underlay == 6:
+            netns.run(self.ns(name), ["ip", "addr", "add", cidr, "dev", dev, "nodad"])
+        else:
+            netns.addr(self.ns(name), dev, cidr)
+
     def private(self, node: str) -> str:
-        return FABRIC_PRIVATE[self.fabric][node]
+        """Node `node`'s private address (of the underlay's family)."""
+        return self._private_addrs()[node]
 
     def fastpath(self, node: str, kind: str | None = None) -> tuple[FastPathEntry, ...]:
         """Node `node`'s entries: its own pod CIDRs local, the other's direct, encapsulated as
@@ -340,25 +368,32 @@ class FabricTestbed(Testbed):
         me, peer = ipaddress.ip_address(self.private(node)), ipaddress.ip_address(self.private(other))
         enc = Encap(kind, me, peer) if kind else None  # type: ignore[arg-type]
         # Raw: on-link to the peer on L2; through the kernel's route (the VPC gateway) otherwise.
+        # Over IPv6 both pod families take the peer's IPv6 address as next hop.
         nh = peer if kind is None and self.fabric == "l2" else None
+        nh6 = nh if self.underlay == 6 else None
         return (FastPathEntry(net(f"10.42.{i}.0/24"), "local", None),
                 FastPathEntry(net(f"fd42:{i}::/64"), "local", None),
                 FastPathEntry(net(f"10.42.{j}.0/24"), "direct", nh, enc),
-                FastPathEntry(net(f"fd42:{j}::/64"), "direct", None, enc))
+                FastPathEntry(net(f"fd42:{j}::/64"), "direct", nh6, enc))
 
     def route_pods(self, node: str, how: str) -> None:
-        """The kernel's route to the other node's IPv4 pods: "raw" over the private network, or
-        "vxlan" through the kernel fallback's VXLAN device (meshctl.tunnels)."""
+        """The kernel's route to the other node's IPv4 pods (over an IPv6 underlay: both pod
+        families): "raw" over the private network, or "vxlan" through the kernel fallback's VXLAN
+        device (meshctl.tunnels)."""
         other = "b" if node == "a" else "a"
         j = 2 if node == "a" else 1
-        gw = VPC_GATEWAY[node] if self.fabric == "vpc" else self.private(other)
+        gw = ipaddress.ip_address(self._gateway(node) if self.fabric == "vpc" else self.private(other))
         ns = self.ns(node)
+        pods = [f"10.42.{j}.0/24"] + ([f"fd42:{j}::/64"] if self.underlay == 6 else [])
         if how == "raw":
             in_netns(ns, lambda: TunnelApplier("eth1").sync([]))
-            netns.run(ns, ["ip", "route", "replace", f"10.42.{j}.0/24", "via", gw, "dev", "eth1"])
+            for dst in pods:
+                via = gateway_args(gw, ipaddress.ip_network(dst))
+                netns.run(ns, ["ip", "route", "replace", dst, *via, "dev", "eth1"])
             return
-        netns.run(ns, ["ip", "route", "del", f"10.42.{j}.0/24", "dev", "eth1"], check=False)
-        entries = [e for e in self.fastpath(node, how) if e.prefix.version == 4]
+        for dst in pods:
+            netns.run(ns, ["ip", "route", "del", dst, "dev", "eth1"], check=False)
+        entries = [e for e in self.fastpath(node, how) if e.prefix.version == 4 or self.underlay == 6]
         diff = in_netns(ns, lambda: TunnelApplier("eth1").sync(entries))
         if diff.unavailable:
             raise RuntimeError(f"{node}: {diff.unavailable}")
