@@ -39,7 +39,8 @@ def test_default_lab_up_check_json_down():
         chk = meshctl("lab", "check", "--lab", name, "-o", "json")
         assert chk.returncode == 0, chk.stdout + chk.stderr
         rows = json.loads(chk.stdout)
-        assert len(rows) == 20 and all(set(r) == {"src", "dst", "ok", "path", "rtt_ms"} for r in rows)
+        assert len(rows) == 20 and all(set(r) == {"src", "dst", "family", "ok", "path", "rtt_ms"} for r in rows)
+        assert {r["family"] for r in rows} == {4}  # the default lab's pods are IPv4 only
         assert all(r["ok"] for r in rows)
         path = {(r["src"], r["dst"]): r["path"] for r in rows}
         assert path[("a1", "a2")] == "direct" and path[("a1", "b1")] == "tunnel"

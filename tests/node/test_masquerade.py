@@ -225,3 +225,16 @@ def test_a_legacy_host_gets_legacy_rules_and_a_moved_host_loses_the_old_ones(lab
         assert PREFIX.upper() not in lab.sh(ns, "iptables-legacy-save").stdout
     finally:
         in_ns(ns, nat.cleanup)
+
+
+@pytest.mark.parametrize(("name", "masquerade6", "version", "masquerades"), [
+    ("ipv4 pods are masqueraded", False, 4, True),
+    ("ipv6 pods are left alone by default", False, 6, False),
+    ("ipv6 pods are masqueraded when asked", True, 6, True),
+    ("asking for ipv6 keeps ipv4", True, 4, True),
+])
+def test_ipv6_pod_egress_is_masqueraded_only_when_asked(name: str, masquerade6: bool, version: int,
+                                                        masquerades: bool) -> None:
+    nat, fwd = NatApplier(PREFIX, "nft", masquerade6=masquerade6)._rules(version, ["pv"])
+    assert any("-j MASQUERADE" in r for r in nat) == masquerades, name
+    assert any(f"{PREFIX}-pods{version}" in r for r in fwd), "forwarding for the family's pods stays"

@@ -176,8 +176,12 @@ def test_etcd_outside_a_lab_names_the_flags_of_a_real_etcd(tmp_path: Path, monke
 @pytest.mark.parametrize("name, node, message", [
     ("default.yaml", "a1", "is a lab file: nodes have no public_key (the lab's agents make them); run meshctl lab "
      "up -f {path}, then meshctl plan --backend etcd --lab ml --node a1"),
+    ("dual-stack.yaml", "a1", "is a lab file: nodes have no public_key (the lab's agents make them); run meshctl "
+     "lab up -f {path}, then meshctl plan --backend etcd --lab ds --node a1"),
     ("fabrics.yaml", "l1", "is a lab file: nodes have no public_key (the lab's agents make them); run meshctl lab "
      "up -f {path}, then meshctl plan --backend etcd --lab mf --node l1"),
+    ("ipv6-underlay.yaml", "a1", "is a lab file: nodes have no public_key (the lab's agents make them); run meshctl "
+     "lab up -f {path}, then meshctl plan --backend etcd --lab v6u --node a1"),
     ("nat.yaml", "pa", "is a lab file: nodes have no public_key (the lab's agents make them); run meshctl lab "
      "up -f {path}, then meshctl plan --backend etcd --lab nt --node pa"),
     ("vms.yaml", "a1", "is a lab file: nodes have no public_key (the lab's agents make them); run meshctl lab "
@@ -202,8 +206,8 @@ def test_each_shipped_lab_file_says_why_it_does_not_plan(name: str, node: str, m
 
 def test_shipped_lab_files_are_all_covered() -> None:
     assert sorted(p.name for p in LABS.glob("*.yaml")) == [
-        "calico.yaml", "cilium.yaml", "default.yaml", "fabrics.yaml", "flannel.yaml", "nat.yaml", "two-clusters.yaml",
-        "vms.yaml"]
+        "calico.yaml", "cilium.yaml", "default.yaml", "dual-stack.yaml", "fabrics.yaml", "flannel.yaml",
+        "ipv6-underlay.yaml", "nat.yaml", "two-clusters.yaml", "vms.yaml"]
 
 
 def test_lab_file_with_keys_plans_its_lab_fields_ignored(tmp_path: Path) -> None:

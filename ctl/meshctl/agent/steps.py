@@ -320,21 +320,23 @@ class FlannelStep(Additive):
 
 
 class SysctlsStep(Quiet, Additive):
-    """Forwarding and rp_filter settings; set once per agent run (they are read back only then)."""
+    """Forwarding and rp_filter settings; set once per agent run (they are read back only then),
+    and again when the mesh first carries IPv6 (a pod CIDR of that family): IPv6 forwarding."""
 
     name = "sysctls"
 
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
-        self._done = False
+        self._done: bool | None = None  # set with IPv6 forwarding (True) or without (False)
 
     def inputs(self, p: PassInput) -> None:
         return None
 
     def sync(self, p: PassInput) -> frozenset[str]:
-        if not self._done:
-            sysctls.ensure_sysctls(self.cfg.private_interface, self.cfg.wg_interface)
-            self._done = True
+        ipv6 = any(c.version == 6 for c in p.mesh_cidrs)
+        if self._done is None or (ipv6 and not self._done):
+            sysctls.ensure_sysctls(self.cfg.private_interface, self.cfg.wg_interface, ipv6=ipv6)
+            self._done = ipv6
         return NOTHING
 
     def forget(self) -> None:

@@ -179,6 +179,8 @@ def lab_status(lab_name: str | None, output: str) -> None:
             "cluster": c.name, "node": n.name, "netns": n.netns, "location": n.location,
             "internal_ip": n.internal_ip, "public_ip": n.public_ip, "pod_cidrs": n.pod_cidrs,
             "pods": [p.ip for p in n.pods], "agent_pid": n.guest_pid if in_vm else n.pid,
+            # a dual-stack lab's IPv6 addresses (not in the records yet: docs/lab.md, IP families)
+            "internal_ip6": n.internal_ip6, "public_ip6": n.public_ip6, "pods6": [p.ip6 for p in n.pods if p.ip6],
             # a VM node's agent PID is its guest's: alive is whether it answers
             "agent_alive": bool(s) if in_vm else bool(n.pid and pid_alive(n.pid)),
             "kernel": in_vm.version if in_vm else None, "wireguard": s.live.wireguard_mode if s else None,
@@ -200,7 +202,8 @@ def lab_status(lab_name: str | None, output: str) -> None:
     for r in rows:
         agent = f"{r['agent_pid']}" if r["agent_alive"] else "dead"
         where = r["netns"] or f"VM {r['kernel']}"
-        click.echo(f"  {r['node']:<14} {where:<18} {r['internal_ip'] or '-':<16} {','.join(r['pods']):<14} "
+        internal = ",".join(a for a in (r["internal_ip"], r["internal_ip6"]) if a) or "-"
+        click.echo(f"  {r['node']:<14} {where:<18} {internal:<16} {','.join(r['pods'] + r['pods6']):<14} "
                    f"{agent:<12} {r['granularity'] or '-':<9} {r['leader'] or '-':<8} {r['peers'] or 0!s:<5} "
                    f"{r['datapath'] or '-'}" + (f"  behind a {r['nat']} NAT" if r["nat"] else "")
                    + (f"  wireguard {r['wireguard']}" if r["kernel"] else ""))
@@ -224,7 +227,7 @@ def pod_group() -> None:
 def pod_add(lab_name: str | None, node: str, cluster: str | None) -> None:
     _require_root()
     pod = build.add_pod(lab_name, node, cluster)
-    click.echo(f"pod {pod.ip} on {node} ({pod.host_if}, namespace {pod.netns})")
+    click.echo(f"pod {pod.ip}{f' and {pod.ip6}' if pod.ip6 else ''} on {node} ({pod.host_if}, namespace {pod.netns})")
 
 
 @pod_group.command("remove")

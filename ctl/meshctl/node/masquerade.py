@@ -16,7 +16,9 @@ rule is rewritten, no chain is flushed, no packet meets a half-built rule set.
 
 Per IP family `f` (4, 6), with P the prefix (`meshctl`):
   sets   P-pods<f>  the local pod CIDRs;  P-mesh<f>  every mesh CIDR (plus the local pod CIDRs)
-  nat    chain P-NAT, jumped to from POSTROUTING:
+  nat    chain P-NAT, jumped to from POSTROUTING (IPv6 only when asked, `masquerade6`: IPv6 pods
+         usually hold routable or ULA addresses a cluster routes itself, and an IPv6 node
+         masquerading them hides every pod behind one address for no gain):
            -m set --match-set P-pods<f> src -m set --match-set P-mesh<f> dst -j RETURN
            -m set --match-set P-pods<f> src -j MASQUERADE
   filter chain P-FWD, jumped to from FORWARD: accept between the forwarding interfaces (the
@@ -122,12 +124,13 @@ def set_members(name: str) -> set[IPNetwork]:
 class NatApplier:
     """Keeps the sets' members equal to the plan's CIDRs and the fixed rules in place."""
 
-    def __init__(self, prefix: str = "meshctl", mode: str | None = None):
+    def __init__(self, prefix: str = "meshctl", mode: str | None = None, *, masquerade6: bool = False):
         if not _PREFIX.match(prefix):
             raise InputError("nat prefix", prefix, "is not a name of 1-20 letters, digits, '-' or '_'")
         if mode is not None and mode not in IPTABLES_MODES:
             raise InputError("iptables mode", mode, "is not nft or legacy")
         self.prefix = prefix
+        self.masquerade6 = masquerade6  # IPv6 pod egress masqueraded too (off: left alone)
         # The iptables backend: given, or detected at the first sync (and then kept).
         self.mode = mode
         self.mode_reason = "given" if mode else ""
@@ -153,10 +156,9 @@ class NatApplier:
     def _rules(self, version: int, forward_ifs: Sequence[str]) -> tuple[list[str], list[str]]:
         """The chains' rules exactly as `iptables -S` prints them (so they compare as text)."""
         pods, mesh = self.set_name("pods", version), self.set_name("mesh", version)
-        nat = [
-            f"-A {self.nat_chain} -m set --match-set {pods} src -m set --match-set {mesh} dst -j RETURN",
-            f"-A {self.nat_chain} -m set --match-set {pods} src -j MASQUERADE",
-        ]
+        nat = [f"-A {self.nat_chain} -m set --match-set {pods} src -m set --match-set {mesh} dst -j RETURN"]
+        if version == 4 or self.masquerade6:
+            nat.append(f"-A {self.nat_chain} -m set --match-set {pods} src -j MASQUERADE")
         fwd = [f"-A {self.fwd_chain} -i {i} -o {o} -j ACCEPT" for i in forward_ifs for o in forward_ifs]
         fwd += [f"-A {self.fwd_chain} -i {i} -m set --match-set {pods} dst -j ACCEPT" for i in forward_ifs]
         fwd += [f"-A {self.fwd_chain} -o {o} -m set --match-set {pods} src -j ACCEPT" for o in forward_ifs]

@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -121,7 +122,7 @@ def _desired(by_dst: Mapping[IPNetwork, Route], synced: Mapping[IPNetwork, Route
              ) -> tuple[dict[IPNetwork, _Want], int, list[tuple[IPNetwork, str]]]:
     """(the kernel form of each plan route that needs a look, how many are exactly as last
     synced, the (destination, reason) of each that cannot be installed: no device, or a
-    gateway of the other IP version)."""
+    gateway of the other IP version off WireGuard, but for an IPv4 route's IPv6 gateway)."""
     desired: dict[IPNetwork, _Want] = {}
     unchanged = 0
     skips: list[tuple[IPNetwork, str]] = []
@@ -133,11 +134,16 @@ def _desired(by_dst: Mapping[IPNetwork, Route], synced: Mapping[IPNetwork, Route
         if oif is None or name is None:
             skips.append((dst, f"{r.dev} device {name or '(none)'} is missing"))
             continue
-        if r.via is not None and r.via.version != dst.version:
-            skips.append((dst, f"gateway {r.via} is of another IP version"))
-            continue
-        desired[dst] = _Want(name, str(r.via) if r.via is not None else None,
-                             r.dev == "wireguard" and r.via is not None)
+        via = r.via
+        if via is not None and via.version != dst.version:
+            if r.dev == "wireguard":
+                # WireGuard is layer 3 and picks the peer by allowed IPs: a pod CIDR routed via a
+                # peer's WireGuard address of the other family goes to the device alone.
+                via = None
+            elif dst.version == 6:  # IPv4 routes may have IPv6 gateways (RFC 5549), not the reverse
+                skips.append((dst, f"gateway {via} is of another IP version"))
+                continue
+        desired[dst] = _Want(name, str(via) if via is not None else None, r.dev == "wireguard" and via is not None)
     return desired, unchanged, skips
 
 
@@ -243,8 +249,8 @@ class RouteApplier:
                 dst = r["dst"]
                 if dst == "default":
                     dst = "0.0.0.0/0" if family == "-4" else "::/0"
-                form = (r.get("dev", ""), r.get("gateway"), "onlink" in r.get("flags", ()), r.get("scope", ""),
-                        r.get("metric"))
+                gateway = r.get("gateway") or r.get("via", {}).get("host")  # via: an IPv6 gateway of IPv4
+                form = (r.get("dev", ""), gateway, "onlink" in r.get("flags", ()), r.get("scope", ""), r.get("metric"))
                 have = forms.get(form)
                 if have is None:
                     have = forms[form] = _Have(_Want(*form[:3]), _SCOPES.get(form[3], RT_SCOPE_UNIVERSE), form[4])
@@ -257,7 +263,9 @@ class RouteApplier:
     def _spec(self, dst: IPNetwork, want: _Want, oif: int) -> dict[str, Any]:
         spec: dict[str, Any] = {"dst": str(dst), "table": self.table, "proto": self.proto, "oif": oif,
                                 "scope": want.scope}
-        if want.gateway:
+        if want.gateway and ":" in want.gateway and dst.version == 4:
+            spec["via"] = {"family": socket.AF_INET6, "addr": want.gateway}
+        elif want.gateway:
             spec["gateway"] = want.gateway
         if want.onlink:
             spec["flags"] = RTNH_F_ONLINK
@@ -413,7 +421,8 @@ class RouteApplier:
             lines.append((dst, f"route del {dst} dev {h.want.dev}{metric} {tail}"))
         for dst, w in writes:
             verb = "replace" if dst in have else "add"
-            how = f"via {w.gateway} dev {w.dev}" + (" onlink" if w.onlink else "") if w.gateway else \
+            inet6 = "inet6 " if w.gateway and ":" in w.gateway and dst.version == 4 else ""
+            how = f"via {inet6}{w.gateway} dev {w.dev}" + (" onlink" if w.onlink else "") if w.gateway else \
                 f"dev {w.dev} scope link"
             lines.append((dst, f"route {verb} {dst} {how} {tail}"))
         p = sh(["ip", "-force", "-batch", "-"], check=False, input="\n".join(line for _, line in lines) + "\n",

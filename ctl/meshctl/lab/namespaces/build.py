@@ -2,16 +2,20 @@
 """`meshctl lab up` / `lab down`: namespaces, bridges, pods, etcd over mTLS and one agent per node.
 
 Layout (prefix P, e.g. `ml-`):
-    P fab              fabric: bridge `bpriv<i>` per private subnet, bridge `bpub` (198.51.100.0/24);
-                       each private subnet forwards as its `lab.fabrics` kind says (namespaces/fabric.py)
+    P fab              fabric: bridge `bpriv<i>` per private subnet, bridge `bpub` (198.51.100.0/24, and
+                       2001:db8:100::/64 with IPv6: namespaces/families.py); each private subnet
+                       forwards as its `lab.fabrics` kind says (namespaces/fabric.py)
     P rt<j>            router of routed network j (vpc, vpc-udp, hetzner fabrics)
     P etcd-<cluster>   etcd on the public segment (198.51.100.250 downwards), TLS + client certs
     P <node>           node: `priv` (its internal address), `pub` (198.51.100.10 upwards), `pod<k>`
                        host ends of pod veths, kilo0 made by its agent
     P <node>-nat       NAT router of a node listed in `lab.nat` (namespaces/nat_router.py): it holds the node's public
                        address; the node's `pub` then has 192.168.<i>.2/24 behind it
-    P <node>-p<k>      pod: `eth0` with one address of the node's pod CIDR, default via 169.254.1.1
-                       (an address of the node's end); the node has a /32 route to it on `pod<k>`
+    P <node>-p<k>      pod: `eth0` with one address of each of the node's pod CIDRs, default via
+                       169.254.1.1 (and fe80::1), addresses of the node's end; the node has a /32
+                       (and /128) route to it on `pod<k>`
+With `lab.ip_families` [4, 6] every NIC above has an IPv6 address too; with [6] only IPv6 ones
+(pods keep an address in each of their node's pod CIDRs).
 With several clusters node namespaces are `P<cluster>-<node>`. Nothing leaves these namespaces.
 """
 
@@ -25,7 +29,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -38,7 +42,9 @@ from meshctl.lab.namespaces import check, fabric, kube_cluster
 from meshctl.lab.namespaces import nat_router as labnat
 from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.cni_labs import CNI_LABS
-from meshctl.lab.namespaces.spec import PUBLIC_NET, LabSpec
+from meshctl.lab.namespaces.fabric import add_address
+from meshctl.lab.namespaces.families import PUBLIC_NET, PUBLIC_NET6, public6, subnet6
+from meshctl.lab.namespaces.spec import LabSpec
 from meshctl.lab.namespaces.state import (
     ClusterState,
     EtcdAccess,
@@ -96,7 +102,8 @@ def up_with(spec: LabSpec, build: Build, start: StartAgents, remove: Down, *, pr
     d.mkdir(parents=True, exist_ok=True)
     st = LabState(name=name, prefix=prefix, source=spec.source, created=time.time(),
                   pin_root=f"/sys/fs/bpf/{prefix}lab", dir=str(d), fastpath=spec.options.fastpath,
-                  lease_ttl=spec.options.lease_ttl, agent_args=list(spec.options.agent_args), vms=spec.options.vms)
+                  lease_ttl=spec.options.lease_ttl, agent_args=list(spec.options.agent_args), vms=spec.options.vms,
+                  ip_families=list(spec.options.ip_families))
     labstate.save(st)
     t0 = time.monotonic()
     try:
@@ -159,26 +166,39 @@ def _build_fabric(spec: LabSpec, st: LabState, progress: Progress) -> tuple[str,
     subnets = spec.private_subnets()
     for i, _ in enumerate(subnets):
         netns.bridge(fab, f"bpriv{i}")
-    fabric.build_routers(st, spec.options.fabrics, subnets, lambda name: add_ns(st, name))
-    progress(f"fabric {fab}: {len(subnets)} private subnet(s), public segment {PUBLIC_NET}")
+    dual = spec.options.ip_families == (4, 6)
+    fabric.build_routers(st, spec.options.fabrics, subnets, lambda name: add_ns(st, name),
+                         {s: subnet6(s) for s in subnets if s.version == 4} if dual else None)
+    segment = " and ".join(str(n) for n in (PUBLIC_NET, PUBLIC_NET6) if n.version in spec.options.ip_families)
+    progress(f"fabric {fab}: {len(subnets)} private subnet(s), public segment {segment}")
     return fab, subnets
 
 
-def _on_public(st: LabState, fab: str, name: str, veth: str, ip: str) -> str:
-    """A namespace `name` with one NIC `pub` on the public bridge at `ip`."""
+def public_addresses(st: LabState, ip4: ipaddress.IPv4Address) -> list[str]:
+    """The public addresses (CIDRs) of the lab's public slot `ip4` in each family of the underlay:
+    `ip4` itself and its IPv6 twin (namespaces/families.py)."""
+    out = [f"{ip4}/{PUBLIC_NET.prefixlen}"] if 4 in st.ip_families else []
+    return out + ([f"{public6(ip4)}/{PUBLIC_NET6.prefixlen}"] if 6 in st.ip_families else [])
+
+
+def _on_public(st: LabState, fab: str, name: str, veth: str, ip4: ipaddress.IPv4Address) -> str:
+    """A namespace `name` with one NIC `pub` on the public bridge at public slot `ip4`; returns its
+    address (the IPv4 one, the IPv6 one in an IPv6 underlay)."""
     ns = add_ns(st, name)
     netns.veth(fab, veth, ns, "pub")
     netns.enslave(fab, veth, "bpub")
-    netns.addr(ns, "pub", f"{ip}/{PUBLIC_NET.prefixlen}")
-    return ns
+    cidrs = public_addresses(st, ip4)
+    for cidr in cidrs:
+        add_address(ns, "pub", cidr)
+    return cidrs[0].split("/")[0]
 
 
 def _start_etcd(spec: LabSpec, st: LabState, fab: str, ci: int, topo: Topology) -> ClusterState:
     """Cluster `ci`'s etcd on the public segment over mTLS, its PKI and identities made, seeded
     with the cluster's settings while auth is still off, then its users provisioned."""
     cname = topo.cluster.name
-    ip = str(PUBLIC_NET.network_address + 250 - ci)
-    ens = _on_public(st, fab, f"{st.prefix}etcd-{cname}", f"e{ci}", ip)
+    ens = f"{st.prefix}etcd-{cname}"
+    ip = _on_public(st, fab, ens, f"e{ci}", PUBLIC_NET.network_address + 250 - ci)
     d = Path(st.dir)
     pdir = d / "pki" / cname
     ca = pki.make_ca(pdir, f"meshctl-lab-{cname}")
@@ -220,8 +240,8 @@ def _start_kube(st: LabState, fab: str, ci: int, topo: Topology, cst: ClusterSta
                 cni: str = "") -> None:
     """Cluster `ci`'s in-process API server on the public segment (the Kubernetes backend)."""
     cname = topo.cluster.name
-    kip = str(PUBLIC_NET.network_address + 240 - ci)
-    kns = _on_public(st, fab, f"{st.prefix}kube-{cname}", f"k{ci}", kip)
+    kns = f"{st.prefix}kube-{cname}"
+    kip = _on_public(st, fab, kns, f"k{ci}", PUBLIC_NET.network_address + 240 - ci)
     kube = kube_cluster.start(Path(st.dir) / "kube" / cname, kns, kip, topo, cni=cni)
     st.pids[f"kube/{cname}"] = kube.pid
     cst.kube = kube
@@ -302,19 +322,26 @@ def _node(spec: LabSpec, st: LabState, cst: ClusterState, topo: Topology, n: Nod
     else:
         netns.veth(fab, f"n{idx}u", ns, "pub")
         netns.enslave(fab, f"n{idx}u", "bpub")
-        netns.addr(ns, "pub", f"{pub_ip}/{PUBLIC_NET.prefixlen}")
+        for cidr in public_addresses(st, pub_ip):
+            add_address(ns, "pub", cidr)
+    private6 = spec.private_address6(n)
     if n.internal_ip is not None:
         netns.veth(fab, f"n{idx}p", ns, PRIVATE_NIC)
         netns.enslave(fab, f"n{idx}p", f"bpriv{subnets.index(n.internal_ip.network)}")
-        node_args = fabric.node_address(ns, PRIVATE_NIC, n.internal_ip, spec.options.fabrics)
+        node_args = fabric.node_address(ns, PRIVATE_NIC, n.internal_ip, spec.options.fabrics,
+                                        private6 if private6 != n.internal_ip else None)
     netns.sysctl(ns, "net.ipv4.ip_forward", "1")
     cni = CNI_LABS.get(spec.options.cni)
     pods = cni.wire_node(st, ns, topo, n, spec.options.pods_per_node) if cni else \
-        [_pod(st, ns, n.pod_cidrs[0], k) for k in range(spec.options.pods_per_node)]  # NodeState.pods_cidr
+        [_pod(st, ns, n.pod_cidrs, k) for k in range(spec.options.pods_per_node)]
+    v6_only = spec.options.ip_families == (6,)
     nd = Path(st.dir) / "nodes" / (f"{topo.cluster.name}-{n.name}" if spec.multi else n.name)
     cst.nodes.append(NodeState(
         name=n.name, netns=ns, location=n.location, pod_cidrs=[str(c) for c in n.pod_cidrs],
-        internal_ip=str(n.internal_ip) if n.internal_ip else None, public_ip=str(pub_ip),
+        internal_ip=str(n.internal_ip) if n.internal_ip else None,
+        public_ip=str(public6(pub_ip) if v6_only else pub_ip),
+        internal_ip6=str(private6) if private6 is not None and private6 != n.internal_ip else None,
+        public_ip6=str(public6(pub_ip)) if spec.options.ip_families == (4, 6) else None,
         leader=n.leader, persistent_keepalive=n.persistent_keepalive,
         allowed_location_ips=[str(a) for a in n.allowed_location_ips],
         private_interface=PRIVATE_NIC if n.internal_ip is not None else None, public_interface="pub",
@@ -324,9 +351,9 @@ def _node(spec: LabSpec, st: LabState, cst: ClusterState, topo: Topology, n: Nod
     labstate.save(st)
 
 
-def _pod(st: LabState, ns: str, pod_cidr: IPNetwork, k: int) -> PodState:
-    """Pod `k` of node namespace `ns` (namespace `<ns>-p<k>`)."""
-    return wire_pod(st, ns, f"{ns}-p{k}", pod_cidr, k)
+def _pod(st: LabState, ns: str, pod_cidrs: Sequence[IPNetwork], k: int) -> PodState:
+    """Pod `k` of node namespace `ns` (namespace `<ns>-p<k>`), with an address in each pod CIDR."""
+    return wire_pod(st, ns, f"{ns}-p{k}", pod_cidrs, k)
 
 
 def _namespace_node(st: LabState, node: str, cluster: str | None = None) -> NodeState:
@@ -348,7 +375,7 @@ def add_pod(name: str | None, node: str, cluster: str | None = None) -> PodState
     k = max((p.index for p in n.pods), default=-1) + 1
     if k >= 250:
         raise MeshError(f"node {node} has no room for another pod")
-    pod = _pod(st, n.netns, ipaddress.ip_network(n.pods_cidr), k)
+    pod = _pod(st, n.netns, [ipaddress.ip_network(c) for c in n.pod_cidrs], k)
     n.pods.append(pod)
     labstate.save(st)
     return pod

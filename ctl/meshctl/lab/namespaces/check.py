@@ -10,6 +10,9 @@ WireGuard peer's endpoint is the destination's private address; its private NIC 
 device) rose too, or "via-leader" when its leader's kilo0 TX rose too. The source agent's
 fast-path counters (datapath `direct`/`tunnel` actions) are reported next to it. A pair that lost
 every ping is pinged once more, waiting longer, before it counts as down.
+
+A lab with pods of both IP families (`lab.ip_families` with 6, or pod CIDRs of both) is checked
+in each: every pair pings IPv4 pod to IPv4 pod and IPv6 pod to IPv6 pod, one row per family.
 """
 
 from __future__ import annotations
@@ -90,10 +93,12 @@ class PairResult:
     received: int = 0
     expected: str | None = None
     fastpath: dict[str, int] = field(default_factory=dict)
+    family: int = 4  # of the pods' addresses pinged
 
     def public(self) -> dict[str, Any]:
-        """The documented JSON form: {"src","dst","ok","path","rtt_ms"}."""
-        return {"src": self.src, "dst": self.dst, "ok": self.ok, "path": self.path, "rtt_ms": self.rtt_ms}
+        """The documented JSON form: {"src","dst","family","ok","path","rtt_ms"}."""
+        return {"src": self.src, "dst": self.dst, "family": self.family, "ok": self.ok, "path": self.path,
+                "rtt_ms": self.rtt_ms}
 
 
 def agent_status(node: NodeState, timeout: float = 2.0) -> dict[str, Any] | None:
@@ -147,9 +152,10 @@ def _fp_packets(st: dict[str, Any] | None) -> dict[str, int]:
 
 
 def check(st: LabState, *, count: int = 5, pairs: list[tuple[str, str]] | None = None,
-          run: NodeRunner = on_host) -> list[PairResult]:
-    """Ping every pod pair across nodes (first pod of each node) of every cluster of the lab;
-    `run` reaches the nodes' machines."""
+          run: NodeRunner = on_host, families: tuple[int, ...] | None = None) -> list[PairResult]:
+    """Ping every pod pair across nodes (first pod of each node) of every cluster of the lab, in
+    each IP family of its pods (or of `families`): IPv4 rows first, then IPv6; a pair whose pods
+    lack an address of a family has no row of it. `run` reaches the nodes' machines."""
     nodes = []
     multi = len(st.clusters) > 1
     for c in st.clusters:
@@ -167,7 +173,8 @@ def check(st: LabState, *, count: int = 5, pairs: list[tuple[str, str]] | None =
                 statuses[label] = agent_view(by_label[label][1])
             return statuses[label]
 
-    def measure(src: str, dst: str, wait: float, count: int = count, interval: float = 0.02) -> PairResult:
+    def measure(src: str, dst: str, family: int, wait: float, count: int = count, interval: float = 0.02
+                ) -> PairResult:
         sc, sn = by_label[src]
         dc, dn = by_label[dst]
         s_st = status_of(src)
@@ -180,8 +187,8 @@ def check(st: LabState, *, count: int = 5, pairs: list[tuple[str, str]] | None =
         fp_before = _fp_packets(agent_status(sn))
         relay = summary.relays[dst_key].via if summary and dst_key in summary.relays else None
         tx_before = peer_tx(sn) if relay else {}
-        sent, recv, rtt = ping(sn.pods[0].netns, dn.pods[0].ip, count=count, interval=interval, wait=wait, node=sn,
-                               run=run)
+        sent, recv, rtt = ping(sn.pods[0].netns, dn.pods[0].address(family) or "", count=count, interval=interval,
+                               wait=wait, node=sn, run=run)
         after = _tx(sn, leader_node, run)
         s_now = agent_status(sn)
         fp_after = _fp_packets(s_now)
@@ -193,17 +200,24 @@ def check(st: LabState, *, count: int = 5, pairs: list[tuple[str, str]] | None =
             delta, fp, need, expected,
             relayed=bool(relay and delta[0] >= need and _carrier(tx_before, peer_tx(sn), s_st) == relay),
             private_endpoint=_private_endpoint(view_now, dn))
-        return PairResult(src, dst, recv > 0, path, rtt, sent, recv, expected, fp)
+        return PairResult(src, dst, recv > 0, path, rtt, sent, recv, expected, fp, family)
+
+    def has(label: str, family: int) -> bool:
+        n = by_label[label][1]
+        return bool(n.pods) and n.pods[0].address(family) is not None
 
     out = []
-    for src, dst in todo:
-        r = measure(src, dst, PING_WAIT)
-        if not r.ok:
-            # A pair's first packets over WireGuard wait for its handshake, which on a loaded
-            # machine can outlast the reply wait: a pair counts as down only if a second, patient
-            # round loses every ping too.
-            r = measure(src, dst, RETRY_WAIT, RETRY_COUNT, RETRY_INTERVAL)
-        out.append(r)
+    for family in families or tuple(st.pod_families):
+        for src, dst in todo:
+            if not (has(src, family) and has(dst, family)):
+                continue
+            r = measure(src, dst, family, PING_WAIT)
+            if not r.ok:
+                # A pair's first packets over WireGuard wait for its handshake, which on a loaded
+                # machine can outlast the reply wait: a pair counts as down only if a second,
+                # patient round loses every ping too.
+                r = measure(src, dst, family, RETRY_WAIT, RETRY_COUNT, RETRY_INTERVAL)
+            out.append(r)
     return out
 
 
@@ -241,11 +255,22 @@ def _private_endpoint(status: AgentStatus | None, dst: NodeState) -> bool:
     ip = dst.internal_ip.split("/")[0]
     for p in status.live.peers:
         if p.name == dst.name:
-            return bool(str((p.live.live_endpoint if p.live else None) or p.endpoint or "").rsplit(":", 1)[0] == ip)
+            host = str((p.live.live_endpoint if p.live else None) or p.endpoint or "").rsplit(":", 1)[0]
+            return host.strip("[]") == ip
     return False
 
 
 def format_matrix(results: list[PairResult]) -> str:
+    """One matrix per IP family (headed `IPv4 pods`, `IPv6 pods`), then how many pairs answered."""
+    lines: list[str] = []
+    for family in sorted({r.family for r in results}):
+        lines += [f"IPv{family} pods", *_matrix([r for r in results if r.family == family])]
+    bad = [r for r in results if not r.ok]
+    lines.append(f"{len(results) - len(bad)}/{len(results)} pairs reachable")
+    return "\n".join(lines)
+
+
+def _matrix(results: list[PairResult]) -> list[str]:
     names = sorted({r.src for r in results} | {r.dst for r in results})
     cell = {(r.src, r.dst): r for r in results}
     w = max(12, *(len(n) + 1 for n in names))
@@ -261,9 +286,7 @@ def format_matrix(results: list[PairResult]) -> str:
                     f"{'ok' if r.ok else 'FAIL'} {r.path}"
                 row += txt.ljust(CELL)
         lines.append(row)
-    bad = [r for r in results if not r.ok]
-    lines.append(f"{len(results) - len(bad)}/{len(results)} pairs reachable")
-    return "\n".join(lines)
+    return lines
 
 
 def results_json(results: list[PairResult]) -> str:

@@ -92,7 +92,7 @@ def wire_node(st: LabState, ns: str, topo: Topology, me: Node, pods: int) -> lis
 
 def _pod(st: LabState, ns: str, pod_cidr: IPNetwork, k: int) -> PodState:
     """Pod `k` on cni0, as the bridge plugin wires it: a veth whose host end is a bridge port."""
-    entry = pod_entry(f"{ns}-p{k}", pod_cidr, k)
+    entry = pod_entry(f"{ns}-p{k}", [pod_cidr], k)
     pod = PodState(entry.netns, entry.ip, f"veth{k}")
     add_ns(st, pod.netns)
     netns.veth(ns, pod.host_if, pod.netns, "eth0", mtu=MTU)

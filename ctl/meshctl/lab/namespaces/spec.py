@@ -10,7 +10,6 @@ before validation for the same reason.
 from __future__ import annotations
 
 import base64
-import ipaddress
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,10 +19,11 @@ from meshctl.backends.file import load_yaml
 from meshctl.errors import InputError
 from meshctl.lab.namespaces.cni_labs import CNI_LABS
 from meshctl.lab.namespaces.fabric import Fabric, check_nodes, parse_fabrics
+from meshctl.lab.namespaces.families import DEFAULT_IP_FAMILIES, PUBLIC_NET, parse_ip_families, pod_cidr6, private6
 from meshctl.lab.namespaces.nat_router import NAT_KINDS
 from meshctl.mesh.fields import integer, no_unknown_fields
-from meshctl.mesh.model import IPNetwork, Topology
-from meshctl.mesh.records import parse_topology
+from meshctl.mesh.model import IPInterface, IPNetwork, Node, Topology
+from meshctl.mesh.records import node_pod_cidrs, parse_topology
 
 
 def _placeholder_key(i: int) -> str:
@@ -32,13 +32,13 @@ def _placeholder_key(i: int) -> str:
 
 
 LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend", "fabrics", "clustermesh",
-              "nat", "vms", "cni")
+              "nat", "vms", "cni", "ip_families")
 MULTI_CLUSTER_FIELDS = ("clusters", "lab")  # a lab file of several clusters: nothing else at the top
 # The Debian kernel series a lab may boot (lab/vms: `nodes[].kernel`, `lab up --kernel`).
 KERNEL_SERIES = ("5.10", "6.1", "6.12")
 DEFAULT_NODE_KERNEL = "6.1"  # a VM node without `kernel`: Debian 12's
 
-PUBLIC_NET = ipaddress.ip_network("198.51.100.0/24")
+__all__ = ["PUBLIC_NET", "LabOptions", "LabSpec", "load_lab", "parse_lab"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,8 @@ class LabOptions:
     kernels: tuple[tuple[str, str], ...] = ()  # ("<cluster>/<node>", series) from nodes[].kernel
     # A reproduction of a CNI's node state (namespaces/cni_labs.py); "" wires pods the lab's way.
     cni: str = ""
+    # The underlay's IP families (namespaces/families.py): (4,), (6,) or (4, 6).
+    ip_families: tuple[int, ...] = DEFAULT_IP_FAMILIES
 
     def nat_kind(self, node: str) -> str | None:
         return dict(self.nat).get(node)
@@ -83,6 +85,14 @@ class LabSpec:
         nets = {n.internal_ip.network for t in self.clusters for n in t.nodes if n.internal_ip is not None}
         return sorted(nets, key=lambda n: (n.version, int(n.network_address), n.prefixlen))
 
+    def private_address6(self, node: Node) -> IPInterface | None:
+        """A node's IPv6 private address: its internal_ip in an IPv6 underlay, derived from the
+        IPv4 one in a dual-stack one (namespaces/families.py), None in an IPv4 one."""
+        ip = node.internal_ip
+        if ip is None or 6 not in self.options.ip_families:
+            return None
+        return ip if ip.version == 6 else private6(ip, f"nodes.{node.name}.internal_ip")
+
 
 def _kernel(value: Any, path: str) -> str:
     """A node's kernel series. YAML reads 6.1 and 6.12 as numbers (accepted) and 5.10 as 5.1 (refused,
@@ -95,8 +105,10 @@ def _kernel(value: Any, path: str) -> str:
     raise InputError(path, value, f"is not a kernel series of the lab ({', '.join(KERNEL_SERIES)})")
 
 
-def _topology(doc: Any, path: str, kernels: dict[str, str] | None = None) -> Topology:
-    """One cluster's topology; lab-only node fields (`kernel`) go to `kernels` by `<cluster>/<node>`."""
+def _topology(doc: Any, path: str, kernels: dict[str, str] | None = None,
+              families: tuple[int, ...] = DEFAULT_IP_FAMILIES) -> Topology:
+    """One cluster's topology; lab-only node fields (`kernel`) go to `kernels` by `<cluster>/<node>`.
+    With IPv6 in `families`, a node without an IPv6 pod CIDR gets one derived from its IPv4 one."""
     if not isinstance(doc, dict):
         raise InputError(path, doc, "is not a topology (a mapping with cluster, mesh, nodes, peers)")
     doc = dict(doc)
@@ -113,6 +125,8 @@ def _topology(doc: Any, path: str, kernels: dict[str, str] | None = None) -> Top
                 if "kernel" in n:
                     where = f"{path}{'.' if path else ''}nodes[{i}].kernel"
                     found[str(n.get("name"))] = _kernel(n.pop("kernel"), where)
+                if 6 in families:
+                    n = _with_pod_cidr6(n, doc.get("cluster"), f"{path}{'.' if path else ''}nodes[{i}].")
             fixed.append(n)
         doc["nodes"] = fixed
     try:
@@ -122,6 +136,21 @@ def _topology(doc: Any, path: str, kernels: dict[str, str] | None = None) -> Top
     if kernels is not None:
         kernels.update({f"{topo.cluster.name}/{k}": v for k, v in found.items()})
     return topo
+
+
+def _with_pod_cidr6(n: dict[str, Any], cluster: Any, path: str) -> dict[str, Any]:
+    """Node `n` with an IPv6 pod CIDR: as written, or derived from its IPv4 one (and the cluster
+    id) when it has none. A node that has neither is left for admission to name."""
+    try:
+        cidrs = node_pod_cidrs(n, path)
+    except InputError:
+        return n  # admission says what is wrong with it
+    if any(c.version == 6 for c in cidrs) or not cidrs:
+        return n
+    cid = cluster.get("id", 1) if isinstance(cluster, dict) else 1
+    n = {k: v for k, v in n.items() if k not in ("pod_cidr", "pod_cidrs")}
+    n["pod_cidrs"] = [*(str(c) for c in cidrs), str(pod_cidr6(cidrs[0], cid if isinstance(cid, int) else 1))]
+    return n
 
 
 def _options(d: Any) -> LabOptions:
@@ -160,9 +189,17 @@ def _options(d: Any) -> LabOptions:
         if backend != "kubernetes":
             raise InputError("lab.cni", cni, "needs lab.backend: kubernetes (the CNI's objects live in its API)")
         args = [*args, "--cni", cni]
+    families = parse_ip_families(d.get("ip_families", list(DEFAULT_IP_FAMILIES)))
+    if families == (6,) and backend != "etcd":
+        raise InputError("lab.backend", backend, "is not available with lab.ip_families [6] (the lab's API server "
+                         "listens on IPv4)")
+    if families != DEFAULT_IP_FAMILIES and (vms or cni or d.get("nat")):
+        key = "lab.vms" if vms else "lab.cni" if cni else "lab.nat"
+        raise InputError(key, d[key.split(".")[1]], f"is not available with lab.ip_families {list(families)} "
+                         "(the lab builds IPv6 for its own namespace nodes only)")
     return LabOptions(pods_per_node=pods, lease_ttl=ttl, prefix=prefix, fastpath=fast, agent_args=tuple(args),
                       backend=backend, fabrics=parse_fabrics(d.get("fabrics")), clustermesh=cm, nat=_nat(d.get("nat")),
-                      vms=vms, cni=cni)
+                      vms=vms, cni=cni, ip_families=families)
 
 
 def _nat(d: Any) -> tuple[tuple[str, str], ...]:
@@ -196,9 +233,9 @@ def parse_lab(doc: Any, source: str = "") -> LabSpec:
         raw = doc["clusters"]
         if not isinstance(raw, list) or not raw:
             raise InputError("clusters", raw, "is not a non-empty list of topologies")
-        clusters = tuple(_topology(c, f"clusters[{i}]", kernels) for i, c in enumerate(raw))
+        clusters = tuple(_topology(c, f"clusters[{i}]", kernels, opts.ip_families) for i, c in enumerate(raw))
     else:
-        clusters = (_topology(doc, "", kernels),)
+        clusters = (_topology(doc, "", kernels, opts.ip_families),)
     if kernels and not opts.vms:
         where = next(iter(kernels))
         raise InputError(f"nodes.{where.split('/', 1)[1]}.kernel", kernels[where],
@@ -226,12 +263,23 @@ def parse_lab(doc: Any, source: str = "") -> LabSpec:
                     raise InputError(f"{c.cluster.name}.nodes.{n.name}.internal_ip", str(n.internal_ip),
                                      f"is also {seen[n.internal_ip.ip]}'s")
                 seen[n.internal_ip.ip] = n.name
-                if n.internal_ip.version != 4:
-                    raise InputError(f"{c.cluster.name}.nodes.{n.name}.internal_ip", str(n.internal_ip),
-                                     "is IPv6; the lab builds IPv4 networks only")
+                _check_family(n.internal_ip, f"{c.cluster.name}.nodes.{n.name}.internal_ip", opts.ip_families)
     spec = LabSpec(clusters=clusters, options=opts, source=source)
     check_nodes(opts.fabrics, spec.private_subnets(), seen)
+    for c in clusters:
+        for n in c.nodes:
+            spec.private_address6(n)  # a derived address that cannot be made says so now
     return spec
+
+
+def _check_family(ip: IPInterface, path: str, families: tuple[int, ...]) -> None:
+    """A node's internal_ip is IPv4 in an IPv4 or dual-stack lab (the lab derives the IPv6 one)
+    and IPv6 in an IPv6-underlay lab."""
+    want = 6 if families == (6,) else 4
+    if ip.version != want:
+        raise InputError(path, str(ip), f"is IPv{ip.version}; with lab.ip_families {list(families)} the lab "
+                         f"builds its private networks from IPv{want} internal addresses"
+                         + (" (and derives the IPv6 ones)" if families == (4, 6) else ""))
 
 
 def load_lab(path: str | Path) -> LabSpec:

@@ -28,11 +28,20 @@ DEFAULT_LEASE_TTL = 5
 
 @dataclass
 class PodState:
-    """One pod: its namespace, its address and the host end `pod<k>` of its veth."""
+    """One pod: its namespace, its address and the host end `pod<k>` of its veth; a dual-stack pod
+    (a node with an IPv4 and an IPv6 pod CIDR) has its IPv6 address in `ip6`."""
 
     netns: str
     ip: str
     host_if: str
+    ip6: str | None = None
+
+    def address(self, family: int) -> str | None:
+        """The pod's address of IP family 4 or 6, None if it has none."""
+        for a in (self.ip, self.ip6):
+            if a is not None and (":" in a) == (family == 6):
+                return a
+        return None
 
     @property
     def index(self) -> int:
@@ -89,7 +98,7 @@ class NodeState:
 
     name: str
     netns: str | None
-    pod_cidrs: list[str]  # the node's pod CIDRs; its pods are wired in the first (`pods_cidr`)
+    pod_cidrs: list[str]  # the node's pod CIDRs; its pods get an address in each
     public_ip: str
     metrics_addr: str
     dir: str
@@ -111,6 +120,10 @@ class NodeState:
     guest_pid: int | None = None
     nics: list[NicState] = field(default_factory=list)
     vm: VmRecord | None = None
+    # The IPv6 addresses of a dual-stack lab's private and public NICs (IPv4 ones above), not (yet)
+    # in the node's record; in an IPv6-underlay lab internal_ip and public_ip are IPv6 themselves.
+    internal_ip6: str | None = None
+    public_ip6: str | None = None
 
     @property
     def dial_netns(self) -> str | None:
@@ -120,8 +133,7 @@ class NodeState:
 
     @property
     def pods_cidr(self) -> str:
-        """The pod CIDR the lab wires this node's pods in: the first its record lists (the lab
-        builds pods of one family)."""
+        """The pod CIDR a CNI lab wires this node's pods in: the first its record lists."""
         return self.pod_cidrs[0]
 
     @property
@@ -207,6 +219,8 @@ class FabricState:
     bridge: str
     router: str | None
     addressing: str
+    # The IPv6 subnet the same bridge carries in a dual-stack lab (derived, namespaces/families.py).
+    subnet6: str | None = None
 
 
 @dataclass
@@ -240,6 +254,12 @@ class LabState:
     kernel: str | None = None
     vm: VmRecord | None = None
     timings: dict[str, float] | None = None
+    ip_families: list[int] = field(default_factory=lambda: [4])  # of its underlay (lab.ip_families)
+
+    @property
+    def pod_families(self) -> list[int]:
+        """The IP families of the lab's pods (what `lab check` pings in)."""
+        return sorted({4 if "." in c else 6 for _, n in self.nodes() for c in n.pod_cidrs})
 
     def nodes(self) -> list[tuple[ClusterState, NodeState]]:
         """Every node with its cluster, in order."""

@@ -45,7 +45,8 @@ class EtcdServer:
 
     @property
     def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address in a URL is bracketed
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     def argv(self) -> list[str]:
         url = self.url

@@ -168,7 +168,7 @@ def _vm_node(spec: LabSpec, st: LabState, cst: ClusterState, cluster: str, n: No
         private_interface="priv" if n.internal_ip is not None else None, public_interface="pub",
         metrics_addr=f"{pub_ip}:{METRICS_PORT}", status_netns=cst.etcd.netns,
         dir=str(d / "shared" / "node"), state_dir=str(guest_dir / "state"), wg_run_dir=str(guest_dir / "wg"),
-        pods=[pod_entry(f"{st.prefix}{key}-p{k}", n.pod_cidrs[0], k) for k in range(spec.options.pods_per_node)],
+        pods=[pod_entry(f"{st.prefix}{key}-p{k}", n.pod_cidrs[:1], k) for k in range(spec.options.pods_per_node)],
         pid=None, guest_pid=None, agent_args=[], nat=None,
         nics=[NicState(tap=t, mac=m, name=r) for t, m, r, _ in nics],
         vm=VmRecord(name=f"{st.name}-{key}", series=series, workdir=str(d)),
@@ -366,7 +366,7 @@ def guest_setup(bundle_path: str) -> None:
     netns.sh(["bash", str(NODE_PREP)])
     os.makedirs(st.dir, exist_ok=True)
     for pod in node.pods:
-        wire_pod(st, None, pod.netns, ipaddress.ip_network(node.pods_cidr), pod.index)
+        wire_pod(st, None, pod.netns, [ipaddress.ip_network(node.pods_cidr)], pod.index)
     labstate.save(st)
 
 
