@@ -88,7 +88,6 @@ def test_dual_stack_lab_ipv4_everywhere_and_ipv6_between_tunnel_nodes(dual: LabS
     assert netns.run(a1.netns, ["sysctl", "-n", "net.ipv6.conf.all.forwarding"]).stdout.strip() == "1"
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_IPV6_INTERNAL)
 def test_dual_stack_lab_ipv6_pairs_through_the_private_network(dual: LabState) -> None:
     results = labcheck.check(dual, pairs=[("a1", "a2")], families=(6,))
     assert not off_plan(results), "\n".join(off_plan(results))
@@ -97,7 +96,8 @@ def test_dual_stack_lab_ipv6_pairs_through_the_private_network(dual: LabState) -
 @pytest.mark.parametrize("fastpath", [False, True], ids=["kernel-routes", "fastpath"])
 def test_ipv6_underlay_lab_every_pair_in_both_families(fastpath: bool) -> None:
     """IPv6-only private and public networks (etcd and WireGuard over IPv6 too), dual-stack pods:
-    IPv4 pods routed via IPv6 next hops (RFC 5549) by the kernel or the fast path."""
+    every pair in both families on the rung its plan names (IPv6 pods over the private network,
+    IPv4 pods, which share no IPv4 private network, over WireGuard), with and without the fast path."""
     for st in bring_up("ipv6-underlay", fastpath=fastpath):
         a1 = node_of(st, "a1")
         assert a1.netns is not None
