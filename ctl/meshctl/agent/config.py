@@ -63,6 +63,7 @@ class AgentConfig:
     lease_ttl: int = 10
     lapse_grace: float = 60.0
     nat_prefix: str = "meshctl"
+    masquerade6: bool = False  # IPv6 pod egress leaving the mesh masqueraded too (IPv4's always is)
     resync_interval: float = 30.0
     path_hold: float = 10.0  # a private rung that delivers again is used only after this many seconds
 

@@ -350,7 +350,7 @@ class NatStep(Quiet, Additive):
 
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
-        self.applier = masquerade.NatApplier(cfg.nat_prefix)
+        self.applier = masquerade.NatApplier(cfg.nat_prefix, masquerade6=cfg.masquerade6)
 
     def inputs(self, p: PassInput) -> Hashable:
         return (p.me.pod_cidrs, p.mesh_cidrs, p.pod_ifs)

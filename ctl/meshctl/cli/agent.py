@@ -149,6 +149,9 @@ def endpoint_list(text: str) -> tuple[str, ...]:
 @click.option("--lapse-grace", default=60.0, type=float, show_default=True,
               help="Seconds peers keep a node whose record's lease ran out (its agent restarting).")
 @click.option("--nat-prefix", default="meshctl", show_default=True, help="Name prefix of the NAT rules and ipset.")
+@click.option("--masquerade6", is_flag=True,
+              help="Masquerade IPv6 pod traffic that leaves the mesh too (IPv4 always is; IPv6 pods usually "
+                   "hold addresses the cluster routes itself).")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]))
 def agent_cmd(**kw: Any) -> None:
     """Run the node agent: publish this node, watch the others, apply the plan."""
