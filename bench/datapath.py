@@ -601,16 +601,26 @@ def main() -> None:
                 tb.up(ipv6=False)
                 res["traffic"] = traffic(tb, args.rounds, args.seconds, Path(tmp), args.rr_rounds)
     finally:
-        for node in ("a", "b"):
-            if netns.exists(tb.ns(node)):
-                in_netns(tb.ns(node), lambda node=node: Datapath.unload(node, pin_root=PIN_ROOT))
-        tb.down()
+        unload_testbed(tb, PIN_ROOT)
         subprocess.run(["rm", "-rf", PIN_ROOT], check=False)
+    finish(res, report(res), args.json)
+
+
+def unload_testbed(tb: Testbed, pin_root: str) -> None:
+    """Both nodes' programs unloaded (where their namespaces exist), then the testbed taken down."""
+    for node in ("a", "b"):
+        if netns.exists(tb.ns(node)):
+            in_netns(tb.ns(node), lambda node=node: Datapath.unload(node, pin_root=pin_root))
+    tb.down()
+
+
+def finish(res: dict, text: str, json_path: Path | None) -> None:
+    """The report and the load average around the run; the figures as JSON where asked."""
     res["load_after"] = os.getloadavg()
-    print(report(res))
+    print(text)
     print(f"load average before/after: {res['load'][0]:.2f} / {res['load_after'][0]:.2f}")
-    if args.json:
-        args.json.write_text(json.dumps(res, indent=1))
+    if json_path:
+        json_path.write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

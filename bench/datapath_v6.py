@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import json
 import os
 import statistics
 import subprocess
@@ -41,9 +40,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ctl"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from datapath import iperf, spread  # noqa: E402 - bench/datapath.py
+from datapath import finish, iperf, spread, unload_testbed  # noqa: E402 - bench/datapath.py
 from meshctl.datapath import Datapath, loader  # noqa: E402
-from meshctl.lab.rigs import netns  # noqa: E402
 from meshctl.lab.rigs.testbed import PODS, FabricTestbed  # noqa: E402
 from meshctl.node import discovery  # noqa: E402
 from meshctl.setns import in_netns  # noqa: E402
@@ -202,16 +200,9 @@ def main() -> None:
             res["traffic"] = measure(beds, rungs, args.rounds, args.seconds, lambda s: print(s, file=sys.stderr))
     finally:
         for u, tb in beds.items():
-            for node in ("a", "b"):
-                if tb.namespaces and netns.exists(tb.ns(node)):
-                    in_netns(tb.ns(node), lambda node=node, u=u: Datapath.unload(node, pin_root=pin_root(u)))
-            tb.down()
+            unload_testbed(tb, pin_root(u))
         subprocess.run(["rm", "-rf", PIN_ROOT], check=False)
-    res["load_after"] = os.getloadavg()
-    print(report(res))
-    print(f"load average before/after: {res['load'][0]:.2f} / {res['load_after'][0]:.2f}")
-    if args.json:
-        args.json.write_text(json.dumps(res, indent=1))
+    finish(res, report(res), args.json)
 
 
 if __name__ == "__main__":
