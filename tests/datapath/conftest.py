@@ -16,6 +16,7 @@ from meshctl.datapath import Datapath
 from meshctl.setns import in_netns
 
 RUN = f"mdp{os.getpid() % 10000}"
+SMALL_MTU = 1500  # the private NIC's MTU of the encapsulation tests' "too big" cases
 
 
 @pytest.fixture(scope="session")
@@ -53,3 +54,17 @@ def unload_testbed(tb, pin_root: str, nodes: tuple[str, ...] = ("a", "b")) -> No
         with contextlib.suppress(Exception):  # the namespace may not exist if up() failed early
             in_netns(tb.ns(node), lambda node=node: Datapath.unload(node, pin_root=pin_root))
     tb.down()
+
+
+@pytest.fixture(scope="module")
+def small_mtu_ns():
+    """A namespace whose loopback (the entries' "private NIC", ifindex 1) has a SMALL_MTU-byte MTU."""
+    from meshctl.lab.rigs import netns
+
+    name = f"{RUN}-mtu"
+    netns.add(name)
+    try:
+        netns.run(name, ["ip", "link", "set", "lo", "mtu", str(SMALL_MTU), "up"])
+        yield name
+    finally:
+        netns.delete(name)

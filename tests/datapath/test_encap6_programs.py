@@ -9,16 +9,15 @@ outer header."""
 from __future__ import annotations
 
 import ipaddress
-import os
 import struct
 
 import pytest
 
 from meshctl.datapath import Datapath, features, layout
-from meshctl.lab.rigs import netns
 from meshctl.lab.rigs.testrun import PROTO_ICMP, PROTO_UDP, frame, ip_checksum, run
 from meshctl.mesh.plan import Encap, FastPathEntry
 from meshctl.setns import in_netns
+from tests.datapath.conftest import SMALL_MTU
 
 net = ipaddress.ip_network
 ip = ipaddress.ip_address
@@ -33,7 +32,6 @@ PLAN = [
                     Encap(kind, ME, PEER))  # type: ignore[arg-type]
       for kind, pair in DST.items() for d in pair),
 ]
-SMALL_MTU = 1500
 LO = 1  # the loopback's ifindex in every network namespace: the "private NIC" of these runs
 ETH_P_IPV6 = b"\x86\xdd"
 CASES = [pytest.param(kind, fam, id=f"{kind}6-v{fam}pod") for kind in ("vxlan", "ipip") for fam in (4, 6)]
@@ -175,18 +173,6 @@ def test_a_node_without_a_private_ipv6_address_unwraps_nothing_over_ipv6(dp):
         assert res.verdict == "ok" and moved == {"pass": (1, len(w))}
     finally:
         configure(dp)
-
-
-@pytest.fixture(scope="module")
-def small_mtu_ns():
-    """A namespace whose loopback (the entries' "private NIC", ifindex 1) has a 1500-byte MTU."""
-    name = f"e6-mtu{os.getpid() % 10000}"
-    netns.add(name)
-    try:
-        netns.run(name, ["ip", "link", "set", "lo", "mtu", str(SMALL_MTU), "up"])
-        yield name
-    finally:
-        netns.delete(name)
 
 
 @pytest.mark.parametrize("kind", ["vxlan", "ipip"])

@@ -7,16 +7,15 @@ packet that would not fit the private NIC once encapsulated."""
 from __future__ import annotations
 
 import ipaddress
-import os
 import struct
 
 import pytest
 
 from meshctl.datapath import layout
-from meshctl.lab.rigs import netns
 from meshctl.lab.rigs.testrun import PROTO_ICMP, PROTO_UDP, frame, ip_checksum, run
 from meshctl.mesh.plan import Encap, FastPathEntry
 from meshctl.setns import in_netns
+from tests.datapath.conftest import SMALL_MTU
 
 net = ipaddress.ip_network
 ip = ipaddress.ip_address
@@ -30,7 +29,6 @@ PLAN = [
     FastPathEntry(net("fd00:44::/64"), "direct", None, Encap("vxlan", ME, PEER)),
     FastPathEntry(net("fd00:45::/64"), "direct", None, Encap("ipip", ME, PEER)),
 ]
-SMALL_MTU = 1500
 LO = 1  # the loopback's ifindex in every network namespace: the "private NIC" of these runs
 
 
@@ -132,18 +130,6 @@ def test_the_receiver_leaves_what_is_not_for_it_to_the_kernel(dp):
         res, moved = delta(dp, lambda pkt=pkt: run(dp.programs["from_private"], pkt))
         assert res.verdict == "ok" and res.out == pkt, what
         assert moved == {"pass": (1, len(pkt))}, what
-
-
-@pytest.fixture(scope="module")
-def small_mtu_ns():
-    """A namespace whose loopback (the entries' "private NIC", ifindex 1) has a 1500-byte MTU."""
-    name = f"ea-mtu{os.getpid() % 10000}"
-    netns.add(name)
-    try:
-        netns.run(name, ["ip", "link", "set", "lo", "mtu", str(SMALL_MTU), "up"])
-        yield name
-    finally:
-        netns.delete(name)
 
 
 @pytest.mark.parametrize("rung,dst", [("vxlan", "10.44.0.9"), ("ipip", "10.45.0.9")])
