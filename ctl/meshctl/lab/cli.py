@@ -33,9 +33,6 @@ from meshctl.lab.vms import vm, vmlab, vmnodes
 from meshctl.lab.vms.vmlab import Forwarder
 from meshctl.node.shell import pid_alive
 
-# How long `lab status` waits for a VM node's agent (TCG guests answer slowly on a busy host).
-VM_STATUS_WAIT = 5.0
-
 
 def _progress(msg: str) -> None:
     click.echo(f"[{time.strftime('%H:%M:%S')}] {msg}", err=True)
@@ -171,7 +168,7 @@ def lab_status(lab_name: str | None, output: str) -> None:
     members = list(st.nodes())
     # Every agent asked at once; a VM node's agent (under TCG on a busy host) gets longer to answer.
     with ThreadPoolExecutor(max_workers=max(1, len(members))) as pool:
-        views = list(pool.map(lambda cn: labcheck.agent_view(cn[1], timeout=VM_STATUS_WAIT if cn[1].vm else 1.0),
+        views = list(pool.map(lambda cn: labcheck.agent_view(cn[1], timeout=labcheck.status_wait(cn[1], 1.0)),
                               members))
     for (c, n), s in zip(members, views, strict=True):
         in_vm = n.vm

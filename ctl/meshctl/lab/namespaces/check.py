@@ -101,16 +101,26 @@ class PairResult:
                 "rtt_ms": self.rtt_ms}
 
 
-def agent_status(node: NodeState, timeout: float = 2.0) -> dict[str, Any] | None:
+# How long a lab agent gets to answer /status: a VM node's (a TCG guest on a busy host) longer.
+HOST_STATUS_WAIT = 2.0
+VM_STATUS_WAIT = 5.0
+
+
+def status_wait(node: NodeState, host: float = HOST_STATUS_WAIT) -> float:
+    return VM_STATUS_WAIT if node.vm else host
+
+
+def agent_status(node: NodeState, timeout: float | None = None) -> dict[str, Any] | None:
     """A lab agent's /status, dialled from its namespace (a VM node's from its etcd's, on the
-    public segment); None when it does not answer."""
+    public segment); None when it does not answer within `timeout` (None: `status_wait`)."""
     try:
-        return fetch_status(node.metrics_addr, node.dial_netns, timeout=timeout)
+        return fetch_status(node.metrics_addr, node.dial_netns,
+                            timeout=status_wait(node) if timeout is None else timeout)
     except MeshError:
         return None
 
 
-def agent_view(node: NodeState, timeout: float = 2.0) -> AgentStatus | None:
+def agent_view(node: NodeState, timeout: float | None = None) -> AgentStatus | None:
     """A lab agent's status, read (agent.status.AgentStatus); None when it does not answer."""
     doc = agent_status(node, timeout=timeout)
     return AgentStatus.from_json(doc) if doc is not None else None
