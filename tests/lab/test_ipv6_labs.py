@@ -111,3 +111,15 @@ def test_ipv6_underlay_lab_every_pair_in_both_families(fastpath: bool) -> None:
         peers = {p.name: p for p in view.live.peers}
         assert str(peers["b1"].endpoint).startswith("[2001:db8:100::"), peers["b1"]  # WireGuard over IPv6
         assert view.live.datapath.mode == ("ebpf" if fastpath else "kernel-routes")
+
+
+def test_two_clusters_dual_stack_every_pair_across_clusters_in_both_families() -> None:
+    """labs/two-clusters.yaml with `ip_families: [4, 6]`: each cluster publishes both pod families
+    in its etcd, the other cluster's agents admit and route them, and every pod pair, across the
+    clusters too, answers in each family on the rung its agent planned."""
+    for st in bring_up("two-clusters", ip_families=[4, 6]):
+        results = labcheck.check(st)
+        assert len(results) == 60
+        assert not off_plan(results), "\n".join(off_plan(results)) + "\n" + labcheck.format_matrix(results)
+        across = [r for r in results if r.family == 6 and r.src.split("/")[0] != r.dst.split("/")[0]]
+        assert len(across) == 18 and {r.path for r in across} >= {"direct", "tunnel"}, across
