@@ -8,9 +8,10 @@ LAB ?= ctl/meshctl/lab/labs/default.yaml
 KERNELS ?= 5.10 6.1 6.12
 # The kernels `make test` needs: its VM smoke boots 6.1, its multi-VM lab mixes all three.
 SMOKE_KERNELS := 5.10 6.1 6.12
-# pytest-xdist workers of `make test`: one boots the VM tests (TCG) while the other runs the host
-# tests beside it; most host tests wait on agents and pings, not on the CPU.
-TEST_WORKERS ?= 2
+# pytest-xdist workers of `make test` (0: one process). With 2, one worker boots the VM tests (TCG)
+# while the other runs the host tests beside it: 17 min instead of 32, but the cluster-mesh and
+# Calico lab tests' second-scale bounds failed in 2 of 3 such runs here, so CI runs them in one.
+TEST_WORKERS ?= 0
 # The agent image (`make image`): tag it for your registry with IMAGE=registry.example.com/meshctl:TAG.
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= meshctl/meshctl:$(VERSION)
