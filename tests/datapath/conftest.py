@@ -56,6 +56,17 @@ def unload_testbed(tb, pin_root: str, nodes: tuple[str, ...] = ("a", "b")) -> No
     tb.down()
 
 
+def raw_pods_bed(tb, pin_root: str):
+    """A two-node fabric testbed up, with an iperf3 server in b's pod and both nodes' pods routed
+    raw over the private network (the encapsulation suites' starting point)."""
+    tb.up()
+    tb.pin_root = pin_root
+    tb.spawn("b-p1", ["iperf3", "-s", "-p", "5201"])
+    for node in ("a", "b"):
+        tb.route_pods(node, "raw")
+    return tb
+
+
 @pytest.fixture(scope="module")
 def small_mtu_ns():
     """A namespace whose loopback (the entries' "private NIC", ifindex 1) has a SMALL_MTU-byte MTU."""

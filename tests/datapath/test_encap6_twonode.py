@@ -26,6 +26,7 @@ from meshctl.lab.rigs.testbed import PODS, FabricTestbed
 from meshctl.node import discovery
 from meshctl.node.tunnels import IPIP6_DEV, VXLAN6_DEV, TunnelApplier, kernel_has, vtep_gateway
 from meshctl.setns import in_netns
+from tests.datapath.conftest import raw_pods_bed
 
 from .conftest import unload_testbed
 from .test_encap_twonode import counters, iperf
@@ -41,11 +42,7 @@ RUNGS = [pytest.param(None, id="direct"), pytest.param("ipip", id="ipip6"), pyte
 def bed(pin_root):
     tb = FabricTestbed(f"e6{os.getpid() % 10000}-", fabric="l2", underlay=6)
     try:
-        tb.up()
-        tb.pin_root = pin_root
-        tb.spawn("b-p1", ["iperf3", "-s", "-p", "5201"])
-        for node in ("a", "b"):
-            tb.route_pods(node, "raw")
+        raw_pods_bed(tb, pin_root)
         use(tb, None)
         yield tb
     finally:

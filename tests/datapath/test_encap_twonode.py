@@ -26,6 +26,7 @@ from meshctl.mesh.plan import Encap, FastPathEntry
 from meshctl.node import discovery
 from meshctl.node.tunnels import IPIP_DEV, TunnelApplier, kernel_has
 from meshctl.setns import in_netns
+from tests.datapath.conftest import raw_pods_bed
 
 from .conftest import unload_testbed
 
@@ -40,11 +41,8 @@ ip = ipaddress.ip_address
 def bed(pin_root):
     tb = FabricTestbed(f"ea{os.getpid() % 10000}-", fabric="vpc")
     try:
-        tb.up()
-        tb.pin_root = pin_root
-        tb.spawn("b-p1", ["iperf3", "-s", "-p", "5201"])
+        raw_pods_bed(tb, pin_root)
         for node in ("a", "b"):
-            tb.route_pods(node, "raw")
             dp = in_netns(tb.ns(node), lambda node=node: _load(tb, node, None))
             assert dp.mode == "ebpf", dp.reason
             dp.close()
