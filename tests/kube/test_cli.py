@@ -23,7 +23,7 @@ from meshctl.backends.kube.backend import AGENT_ENV_KEYS, settings_from_configma
 from meshctl.cli import main
 from tests.names import unique
 
-from .helpers import create_node, node_obj
+from .helpers import MANIFESTS, create_node, node_obj
 from .test_manifests import by_kind
 
 
@@ -90,7 +90,8 @@ def test_the_daemonset_env_from_the_configmap_reaches_the_agent(monkeypatch):
                if "configMapKeyRef" in e.get("valueFrom", {})}
     assert from_cm, "the DaemonSet reads the private network from the ConfigMap"
     cm = by_kind("ConfigMap")["metadata"]["name"]
-    values = {"private_interface": "eth1", "internal_cidr": "10.10.0.0/16", "cni": "install", "fastpath": "false"}
+    values = {"private_interface": "eth1", "internal_cidr": "10.10.0.0/16,fd10::/48", "cni": "install",
+              "fastpath": "false", "masquerade6": "true"}
     env = {}
     for name, ref in from_cm.items():
         assert ref["name"] == cm and ref["optional"] is True and ref["key"] in AGENT_ENV_KEYS
@@ -98,16 +99,37 @@ def test_the_daemonset_env_from_the_configmap_reaches_the_agent(monkeypatch):
     res, cfg = parse(monkeypatch, expand(agent["args"], {"NODE_NAME": "node-1"}), env)
     assert res.exit_code == 0, res.output
     assert cfg is not None
-    assert cfg.private_interface == "eth1" and cfg.internal_cidr == (ipaddress.ip_network("10.10.0.0/16"),)
+    assert cfg.private_interface == "eth1"
+    assert cfg.internal_cidr == (ipaddress.ip_network("10.10.0.0/16"), ipaddress.ip_network("fd10::/48"))
     assert cfg.cni == "install" and str(cfg.cni_conf_dir) == "/etc/cni/net.d"
     assert cfg.fastpath is False  # the ConfigMap's `fastpath: "false"`: docs/datapath.md's off switch
+    assert cfg.masquerade6 is True  # the ConfigMap's `masquerade6: "true"`
     # ... and those keys in the ConfigMap do not break the mesh settings every agent reads from it
     cluster, mesh = settings_from_configmap({**by_kind("ConfigMap")["data"], **values})
     assert cluster.name == "default" and mesh.granularity == "location"
     # without them (optional refs, no env), the agent discovers
     res, cfg = parse(monkeypatch, expand(agent["args"], {"NODE_NAME": "node-1"}))
     assert cfg is not None and cfg.private_interface is None and cfg.internal_cidr == () and cfg.cni == "keep"
-    assert cfg.fastpath is True
+    assert cfg.fastpath is True and cfg.masquerade6 is False
+
+
+@pytest.mark.parametrize(("value", "flag", "on"), [("true", False, True), ("false", False, False), ("", False, False),
+                                                   ("false", True, True)])
+def test_the_configmaps_masquerade6_key_switches_ipv6_masquerade(monkeypatch, value, flag, on):
+    settings_from_configmap({**by_kind("ConfigMap")["data"], "masquerade6": value})  # not a mesh setting
+    args = expand(container("agent")["args"], {"NODE_NAME": "node-1"}) + (["--masquerade6"] if flag else [])
+    res, cfg = parse(monkeypatch, args, {"MESHCTL_MASQUERADE6": value})
+    assert res.exit_code == 0, res.output
+    assert cfg is not None and cfg.masquerade6 is on
+
+
+def test_the_configmaps_commented_dual_stack_keys_parse():
+    """The ConfigMap's commented examples, uncommented, are what they say: an IPv6 WireGuard subnet
+    next to the IPv4 one."""
+    text = (MANIFESTS / "03-configmap.yaml").read_text()
+    example = next(line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("  # subnet6:"))
+    _, mesh = settings_from_configmap({**by_kind("ConfigMap")["data"], "subnet6": example})
+    assert [str(s) for s in mesh.subnets] == ["10.4.0.0/16", example]
 
 
 @pytest.mark.parametrize(("value", "flag", "on"), [("false", False, False), ("False", False, False),
@@ -121,16 +143,17 @@ def test_the_configmaps_fastpath_key_switches_the_fast_path(monkeypatch, value, 
     assert cfg is not None and cfg.fastpath is on
 
 
-def test_a_bad_fastpath_value_is_a_one_line_rejection(monkeypatch):
+@pytest.mark.parametrize(("key", "env", "value"), [("fastpath", "MESHCTL_FASTPATH", "off"),
+                                                 ("masquerade6", "MESHCTL_MASQUERADE6", "yes please")])
+def test_a_bad_true_or_false_key_is_a_one_line_rejection(monkeypatch, key, env, value):
     from meshctl.errors import InputError
 
     with pytest.raises(InputError) as e:
-        settings_from_configmap({"fastpath": "off"}, "configmap meshctl/meshctl")
-    assert str(e.value) == "configmap meshctl/meshctl.fastpath: 'off' is not true or false"
-    res, cfg = parse(monkeypatch, expand(container("agent")["args"], {"NODE_NAME": "node-1"}),
-                     {"MESHCTL_FASTPATH": "off"})
+        settings_from_configmap({key: value}, "configmap meshctl/meshctl")
+    assert str(e.value) == f"configmap meshctl/meshctl.{key}: {value!r} is not true or false"
+    res, cfg = parse(monkeypatch, expand(container("agent")["args"], {"NODE_NAME": "node-1"}), {env: value})
     assert res.exit_code == 2 and cfg is None
-    assert res.stderr == "error: MESHCTL_FASTPATH: 'off' is not true or false\n"
+    assert res.stderr == f"error: {env}: {value!r} is not true or false\n"
 
 
 def test_the_parser_does_catch_drift(monkeypatch):

@@ -51,13 +51,28 @@ def _endpoints_text(value: str, path: str) -> str:
 # The agent's environment variable for the fast path's switch (the DaemonSet fills it from the
 # ConfigMap key `fastpath`): true or false; unset or empty: on. --no-fastpath wins.
 FASTPATH_ENV = "MESHCTL_FASTPATH"
+# ... and for IPv6 egress masquerade (ConfigMap key `masquerade6`): true or false; unset or empty:
+# off. --masquerade6 wins.
+MASQUERADE6_ENV = "MESHCTL_MASQUERADE6"
+
+
+def _env_boolean(name: str) -> bool | None:
+    """The true-or-false environment variable `name`; None when unset or empty (a bad value is an
+    InputError naming the variable)."""
+    env = os.environ.get(name, "")
+    return None if env == "" else fields.boolean(env, name)
 
 
 def _no_fastpath(ctx: click.Context, param: click.Parameter, flag: bool) -> bool:
     """Whether the fast path is off (--no-fastpath's callback): by the flag, else by
-    FASTPATH_ENV (a bad value is an InputError naming the variable)."""
-    env = os.environ.get(FASTPATH_ENV, "")
-    return flag or (env != "" and not fields.boolean(env, FASTPATH_ENV))
+    FASTPATH_ENV."""
+    return flag or _env_boolean(FASTPATH_ENV) is False
+
+
+def _masquerade6(ctx: click.Context, param: click.Parameter, flag: bool) -> bool:
+    """Whether IPv6 egress is masqueraded (--masquerade6's callback): by the flag, else by
+    MASQUERADE6_ENV."""
+    return flag or _env_boolean(MASQUERADE6_ENV) is True
 
 
 def etcd_options(f: Any) -> Any:
@@ -149,9 +164,10 @@ def endpoint_list(text: str) -> tuple[str, ...]:
 @click.option("--lapse-grace", default=60.0, type=float, show_default=True,
               help="Seconds peers keep a node whose record's lease ran out (its agent restarting).")
 @click.option("--nat-prefix", default="meshctl", show_default=True, help="Name prefix of the NAT rules and ipset.")
-@click.option("--masquerade6", is_flag=True,
+@click.option("--masquerade6", is_flag=True, callback=_masquerade6,
               help="Masquerade IPv6 pod traffic that leaves the mesh too (IPv4 always is; IPv6 pods usually "
-                   "hold addresses the cluster routes itself).")
+                   f"hold addresses the cluster routes itself). Also {MASQUERADE6_ENV}=true: the ConfigMap key "
+                   "masquerade6.")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]))
 def agent_cmd(**kw: Any) -> None:
     """Run the node agent: publish this node, watch the others, apply the plan."""

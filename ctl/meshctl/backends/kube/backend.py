@@ -61,7 +61,9 @@ DEFAULT_CONFIGMAP = "meshctl"
 # AGENT_ENV_KEYS, which only the DaemonSet reads (into the agent's environment) and the mesh
 # settings ignore.
 CLUSTER_KEYS = ("cluster_name", "cluster_id")
-AGENT_ENV_KEYS = ("private_interface", "internal_cidr", "cni", "fastpath")
+AGENT_ENV_KEYS = ("private_interface", "internal_cidr", "cni", "fastpath", "masquerade6")
+# The agent-environment keys that hold true or false.
+BOOLEAN_ENV_KEYS = ("fastpath", "masquerade6")
 # Node summaries (agent.seen): one ConfigMap per node, labelled, the JSON under one data key.
 SEEN_CONFIGMAP_PREFIX = "meshctl-seen-"
 SEEN_LABEL = "meshctl.io/seen"
@@ -74,11 +76,12 @@ def seen_configmap(node: str) -> str:
 
 def settings_from_configmap(data: Mapping[str, str] | None, where: str = "configmap") -> tuple[Cluster, MeshSettings]:
     """Cluster identity and mesh settings from a ConfigMap's data (all values are strings). The
-    agent-environment keys are not mesh settings; `fastpath` is still checked here, so a bad
-    value is named on every agent and not only where the agent process starts."""
-    fastpath = (data or {}).get("fastpath", "")
-    if fastpath != "":
-        fields.boolean(fastpath, f"{where}.fastpath")
+    agent-environment keys are not mesh settings; the true-or-false ones are still checked here,
+    so a bad value is named on every agent and not only where the agent process starts."""
+    for key in BOOLEAN_ENV_KEYS:
+        value = (data or {}).get(key, "")
+        if value != "":
+            fields.boolean(value, f"{where}.{key}")
     data = {k: v for k, v in (data or {}).items() if k not in AGENT_ENV_KEYS}
     cname = data.pop("cluster_name", None)
     cid = data.pop("cluster_id", None)
