@@ -117,7 +117,8 @@ def lab_fabric(subnet: str, kind: str, loss: int, lab_name: str | None) -> None:
 @lab_group.command("nat")
 @click.argument("node")
 @lab_option()
-@click.option("--rebind", is_flag=True, help="Give the node a new external port now (its NAT forgets its mappings).")
+@click.option("--rebind", is_flag=True, help="Give the node a new external port now (its NAT forgets its mappings; "
+              "a firewall6 forgets its state).")
 @click.option("--kind", default=None, type=click.Choice(["cone", "symmetric"]), help="Turn the NAT into this kind now.")
 def lab_nat(node: str, lab_name: str | None, rebind: bool, kind: str | None) -> None:
     """Show (or with --rebind, change) the NAT of a node listed in lab.nat."""
@@ -132,6 +133,10 @@ def lab_nat(node: str, lab_name: str | None, rebind: bool, kind: str | None) -> 
     if kind or rebind:
         state.save(st)
     nat = n.nat
+    if nat.kind == labnat.FIREWALL6:
+        click.echo(f"{node}: {nat.kind} (stateful, no translation) in {nat.router_ns}, address {nat.public_ip}, "
+                   f"inbound new dropped {labnat.dropped(nat)}, rebinds {nat.rebinds}")
+        return
     port = nat.port if nat.port is not None else "random per destination"
     click.echo(f"{node}: {nat.kind} NAT in {nat.router_ns}, inside {nat.inside_ip}, "
                f"outside {nat.public_ip} port {port}, rebinds {nat.rebinds}")
