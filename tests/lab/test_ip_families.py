@@ -294,6 +294,6 @@ def test_nat_kinds_fit_a_node_of_their_family(name: str, nat: str, families: lis
 def test_shipped_mixed_families_lab_file() -> None:
     spec = load_lab(str(LABS / "mixed-families.yaml"))
     fams = {n.name: spec.options.families_of(n.name, "default") for n in spec.clusters[0].nodes}
-    assert fams == {"d1": (4, 6), "a4": (4,), "b4": (4,), "a6": (6,), "f6": (6,)}
-    assert spec.options.nat == (("f6", "firewall6"),)
-    assert len({n.location for n in spec.clusters[0].nodes}) == 5  # each its own location: every node leads
+    assert fams == {"d1": (4, 6), "a4": (4,), "b4": (4,), "a6": (6,), "f6": (6,), "g6": (6,)}
+    assert spec.options.nat == (("f6", "firewall6"), ("g6", "firewall6"))
+    assert len({n.location for n in spec.clusters[0].nodes}) == 6  # each its own location: every node leads

@@ -30,7 +30,7 @@ from .conftest import node_of, status, wait_for
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 IPV4_ONLY = ("a4", "b4")
-IPV6_ONLY = ("a6", "f6")
+IPV6_ONLY = ("a6", "f6", "g6")
 DUAL = "d1"
 NO_SHARED_FAMILY = {(a, b) for a in IPV4_ONLY for b in IPV6_ONLY} | {(b, a) for a in IPV4_ONLY for b in IPV6_ONLY}
 
@@ -69,7 +69,7 @@ def test_each_node_speaks_its_own_families(mixed: LabState) -> None:
 def test_every_pair_reachable_in_both_pod_families_relayed_where_no_family_is_shared(mixed: LabState) -> None:
     results = labcheck.check(mixed)
     table = labcheck.format_matrix(results)
-    assert len(results) == 40 and all(r.ok for r in results), table
+    assert len(results) == 60 and all(r.ok for r in results), table
     for r in results:
         want = "relay" if (r.src, r.dst) in NO_SHARED_FAMILY else "tunnel"
         assert (r.expected, r.path) == (want, want), f"IPv{r.family} {r.src}->{r.dst}\n{table}"
@@ -85,22 +85,23 @@ def test_status_says_which_node_relays(mixed: LabState) -> None:
     assert doc.returncode == 0, doc.stderr
     st = json.loads(doc.stdout)
     assert {n: r["via"] for n, r in st["relays"].items()} == {"a4": DUAL, "b4": DUAL}
-    assert st["paths"]["a4"] == "relay" and st["paths"]["a6"] == "tunnel"
+    assert st["paths"]["a4"] == "relay" and st["paths"]["a6"] == st["paths"]["g6"] == "tunnel"
 
 
 def test_a_node_behind_an_ipv6_firewall_is_reached_because_it_calls_out(mixed: LabState) -> None:
     """f6's firewall drops every new connection from outside (a ping to its public address, a
     WireGuard initiation), yet its peers reach it at its own endpoint: its handshakes and
-    keepalives open the way back. When the firewall forgets that state, f6's next keepalive
-    opens it again."""
+    keepalives open the way back, g6's (behind a firewall of its own) too. When the firewall
+    forgets that state, f6's next keepalive opens it again."""
     f6, a6 = node_of(mixed, "f6"), node_of(mixed, "a6")
     assert f6.nat is not None and f6.nat.kind == "firewall6"
     dropped = labnat.dropped(f6.nat)
     assert labcheck.ping(a6.netns or "", f6.public_ip, count=2)[1] == 0  # nothing new gets in
     assert labnat.dropped(f6.nat) >= dropped + 2
     assert labcheck.ping(f6.netns or "", a6.public_ip, count=2)[1] == 2  # out (and its replies) it goes
-    peer = next(p for p in status(mixed, "a6")["peers"] if p["name"] == "f6")
-    assert peer["endpoint"] == f"[{f6.public_ip}]:51820"  # called where it lives, not through a relay
+    for caller in ("a6", "g6"):  # called where it lives, not through a relay
+        peer = next(p for p in status(mixed, caller)["peers"] if p["name"] == "f6")
+        assert peer["endpoint"] == f"[{f6.public_ip}]:51820", caller
     labnat.rebind(f6, mixed.clusters[0].port)  # the firewall forgets every connection
-    assert wait_for(lambda: all(r.ok for r in labcheck.check(mixed, count=3, pairs=[("a6", "f6"), ("d1", "f6")],
-                                                             families=(6,))), 15, 0.5)
+    again = [("a6", "f6"), ("g6", "f6"), ("d1", "f6")]
+    assert wait_for(lambda: all(r.ok for r in labcheck.check(mixed, count=3, pairs=again, families=(6,))), 15, 0.5)
