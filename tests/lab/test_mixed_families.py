@@ -14,8 +14,10 @@ from collections.abc import Iterator
 from importlib.resources import files
 
 import pytest
+from click.testing import CliRunner
 
 from meshctl.backends.file import load_yaml
+from meshctl.cli import main
 from meshctl.lab.namespaces import build
 from meshctl.lab.namespaces import check as labcheck
 from meshctl.lab.namespaces import nat_router as labnat
@@ -64,6 +66,12 @@ def test_each_node_speaks_its_own_families(mixed: LabState) -> None:
     assert e.endpoints == ["https://198.51.100.250:2379", "https://[2001:db8:100::250]:2379"]
     assert build.etcd_endpoints_for(mixed, e, node_of(mixed, "a6")) == ["https://[2001:db8:100::250]:2379"]
     assert build.etcd_endpoints_for(mixed, e, node_of(mixed, "a4")) == ["https://198.51.100.250:2379"]
+    r = CliRunner().invoke(main, ["lab", "status", "--lab", mixed.name, "-o", "json"])
+    assert r.exit_code == 0, r.output
+    rows = {n["node"]: n for n in json.loads(r.stdout)["nodes"]}
+    assert {n: (row["ip_families"], row["nat"]) for n, row in rows.items()} == {
+        "d1": ([4, 6], None), "a4": ([4], None), "b4": ([4], None), "a6": ([6], None), "f6": ([6], "firewall6"),
+        "g6": ([6], "firewall6")}
 
 
 def test_every_pair_reachable_in_both_pod_families_relayed_where_no_family_is_shared(mixed: LabState) -> None:
