@@ -81,7 +81,7 @@ def test_dual_stack_derives_each_nodes_ipv6_pod_cidr_from_its_ipv4_one() -> None
     assert got == {"a1": ["10.42.1.0/24", "fd42:1:a2a:100::/64"], "a2": ["10.42.2.0/24", "fd42:1:a2a:200::/64"],
                    "b1": ["10.42.3.0/24", "fd42:1:a2a:300::/64"]}
     a1 = spec.clusters[0].nodes[0]
-    assert str(spec.private_address6(a1)) == "fd10:a0a:100:b::1/48"
+    assert str(spec.private_address6(a1, "default")) == "fd10:a0a:100:b::1/48"
 
 
 def test_an_ipv6_pod_cidr_the_file_gives_is_kept_and_admitted() -> None:
@@ -125,9 +125,8 @@ def test_internal_address_of_the_wrong_family_is_refused(name: str, families: An
 @pytest.mark.parametrize(("name", "lab", "message"), [
     ("kubernetes in an IPv6 underlay", {"backend": "kubernetes"},
      "lab.backend: 'kubernetes' is not available with lab.ip_families [6] (the lab's API server listens on IPv4)"),
-    ("NAT routers", {"nat": {"a1": "cone"}},
-     "lab.nat: {'a1': 'cone'} is not available with lab.ip_families [6] (the lab builds IPv6 for its own namespace "
-     "nodes only)"),
+    ("an IPv4 NAT", {"nat": {"a1": "cone"}},
+     "lab.nat.a1: 'cone' is for IPv4-only nodes and a1 speaks [6] (lab.ip_families [6] has no IPv4)"),
 ])
 def test_lab_features_without_ipv6_are_refused(name: str, lab: dict[str, Any], message: str) -> None:
     with pytest.raises(InputError) as e:
@@ -167,7 +166,7 @@ def test_shipped_ipv6_lab_files(name: str, families: tuple[int, ...], v6_pods: b
     assert [n.name for n in nodes] == ["a1", "a2", "b1", "b2", "c1"]  # the default lab's shape
     assert all({c.version for c in n.pod_cidrs} == {4, 6} for n in nodes) == v6_pods
     assert all(n.internal_ip is not None and (n.internal_ip.version == 6) == v6_private for n in nodes)
-    assert all(spec.private_address6(n) is not None for n in nodes)
+    assert all(spec.private_address6(n, "default") is not None for n in nodes)
 
 
 def _fabric_state(kind: str) -> LabState:
@@ -212,3 +211,89 @@ def test_lab_fabric_takes_a_dual_stack_subnet_by_its_ipv6_side(monkeypatch: pyte
     assert applied == ["10.10.1.0/24"]  # one entry: both sides change together
     with pytest.raises(InputError, match="fd10:a0a:999::/48' is not a private subnet of lab t"):
         fabric.change(st, "fd10:a0a:999::/48", "l2")
+
+
+# --- a node's own ip_families (a mixed mesh: IPv4-only, IPv6-only and dual-stack nodes) ----------
+
+
+def mixed(a1: dict[str, Any] | None = None, **lab: Any) -> dict[str, Any]:
+    """BASE dual stack, a1 changed by `a1` (its own ip_families, internal_ip ...)."""
+    nodes = copy.deepcopy(BASE["nodes"])
+    nodes[0].update(a1 or {})
+    return doc(lab.pop("families", [4, 6]), nodes, **lab)
+
+
+@pytest.mark.parametrize(("name", "a1", "families", "internal6"), [
+    ("IPv4-only node: no IPv6 private address", {"ip_families": [4]}, (4,), None),
+    ("IPv6-only node: its internal_ip is IPv6", {"ip_families": [6], "internal_ip": "fd10:0:9:1::1/48"}, (6,),
+     "fd10:0:9:1::1/48"),
+    ("IPv6-only node without a private network", {"ip_families": [6], "internal_ip": None}, (6,), None),
+    ("dual stack written: the lab's", {"ip_families": [6, 4]}, (4, 6), "fd10:a0a:100:b::1/48"),
+])
+def test_a_nodes_own_ip_families(name: str, a1: dict[str, Any], families: tuple[int, ...],
+                                 internal6: str | None) -> None:
+    spec = parse_lab(mixed(a1))
+    node = spec.clusters[0].nodes[0]
+    assert spec.options.families_of("a1", "default") == families, name
+    assert spec.options.families_of("a2", "default") == (4, 6), name  # the others keep the lab's
+    got = spec.private_address6(node, "default")
+    assert (str(got) if got is not None else None) == internal6, name
+    assert {c.version for c in node.pod_cidrs} == {4, 6}, name  # pods are dual stack on every node
+
+
+@pytest.mark.parametrize(("name", "a1", "lab", "message"), [
+    ("not a family", {"ip_families": [5]}, {},
+     "nodes[0].ip_families: [5] is not a list of IP families: [4], [6] or [4, 6]"),
+    ("outside the lab's families", {"ip_families": [6]}, {"families": [4]},
+     "nodes[0].ip_families: [6] is not within lab.ip_families [4] (a node speaks families of the lab's public "
+     "segment; write lab.ip_families: [4, 6] for a mixed mesh)"),
+    ("an IPv4 internal address on an IPv6-only node", {"ip_families": [6]}, {},
+     "default.nodes.a1.internal_ip: '10.10.1.11/24' is IPv4; with the node's ip_families [6] the lab builds its "
+     "private networks from IPv6 internal addresses"),
+    ("inside a dual-stack subnet's IPv6 side", {"ip_families": [6], "internal_ip": "fd10:a0a:100:99::1/48"}, {},
+     "nodes.a1.internal_ip: 'fd10:a0a:100:99::1/48' is in fd10:a0a:100::/48, the IPv6 side of dual-stack subnet "
+     "10.10.1.0/24: give the node an IPv4 internal_ip there, or an IPv6 subnet of its own"),
+    ("IPv6-only with the Kubernetes backend", {"ip_families": [6], "internal_ip": "fd10:0:9:1::1/48"},
+     {"backend": "kubernetes"}, "nodes.a1.ip_families: [6] is not available with lab.backend kubernetes (the lab's "
+     "API server listens on IPv4)"),
+    ("an IPv4 NAT on a dual-stack node", {}, {"nat": {"a1": "cone"}},
+     "lab.nat.a1: 'cone' is for IPv4-only nodes and a1 speaks [4, 6] (give the node ip_families: [4])"),
+    ("an IPv6 firewall on an IPv4-only node", {"ip_families": [4]}, {"nat": {"a1": "firewall6"}},
+     "lab.nat.a1: 'firewall6' is for IPv6-only nodes and a1 speaks [4] (give the node ip_families: [6])"),
+    ("an IPv6 firewall in an IPv4 lab", {}, {"families": [4], "nat": {"a1": "firewall6"}},
+     "lab.nat.a1: 'firewall6' is for IPv6-only nodes and a1 speaks [4] (lab.ip_families [4] has no IPv6)"),
+])
+def test_bad_node_ip_families_name_the_field(name: str, a1: dict[str, Any], lab: dict[str, Any],
+                                              message: str) -> None:
+    with pytest.raises(InputError) as e:
+        parse_lab(mixed(a1, **lab))
+    assert str(e.value) == message, name
+
+
+def test_bad_node_ip_families_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(mixed({"ip_families": [6]}, families=[4])))
+    r = CliRunner().invoke(main, ["lab", "up", "-f", str(f)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip().startswith("error: bad.yaml: nodes[0].ip_families: [6] is not within lab.ip_families [4]")
+    assert r.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize(("name", "nat", "families"), [
+    ("an IPv4 NAT on an IPv4-only node of a dual-stack lab", "cone", [4]),
+    ("an IPv6 firewall on an IPv6-only node", "firewall6", [6]),
+])
+def test_nat_kinds_fit_a_node_of_their_family(name: str, nat: str, families: list[int]) -> None:
+    a1: dict[str, Any] = {"ip_families": families}
+    if families == [6]:
+        a1["internal_ip"] = "fd10:0:9:1::1/48"
+    assert parse_lab(mixed(a1, nat={"a1": nat})).options.nat_kind("a1") == nat, name
+    assert parse_lab(doc([6], nat={"a1": "firewall6"})).options.nat_kind("a1") == "firewall6"
+
+
+def test_shipped_mixed_families_lab_file() -> None:
+    spec = load_lab(str(LABS / "mixed-families.yaml"))
+    fams = {n.name: spec.options.families_of(n.name, "default") for n in spec.clusters[0].nodes}
+    assert fams == {"d1": (4, 6), "a4": (4,), "b4": (4,), "a6": (6,), "f6": (6,), "g6": (6,)}
+    assert spec.options.nat == (("f6", "firewall6"), ("g6", "firewall6"))
+    assert len({n.location for n in spec.clusters[0].nodes}) == 6  # each its own location: every node leads

@@ -149,9 +149,9 @@ def test_relayed_pair_goes_direct_once_a_handshake_succeeds(nat_lab):
 
 
 @pytest.mark.parametrize(("nat", "msg"), [
-    ({"ca": "full-cone"}, "lab.nat.ca: 'full-cone' is not one of cone, symmetric"),
+    ({"ca": "full-cone"}, "lab.nat.ca: 'full-cone' is not one of cone, symmetric, firewall6"),
     ({"zz": "cone"}, "lab.nat.zz: 'zz' is not a node of the lab"),
-    (["ca"], "lab.nat: ['ca'] is not a mapping of node name to cone|symmetric"),
+    (["ca"], "lab.nat: ['ca'] is not a mapping of node name to cone|symmetric|firewall6"),
 ])
 def test_bad_lab_nat_is_one_line_naming_the_field(nat, msg):
     doc = load_yaml(str(files("meshctl") / "lab" / "labs" / "nat.yaml"))

@@ -182,6 +182,8 @@ def test_etcd_outside_a_lab_names_the_flags_of_a_real_etcd(tmp_path: Path, monke
      "up -f {path}, then meshctl plan --backend etcd --lab mf --node l1"),
     ("ipv6-underlay.yaml", "a1", "is a lab file: nodes have no public_key (the lab's agents make them); run meshctl "
      "lab up -f {path}, then meshctl plan --backend etcd --lab v6u --node a1"),
+    ("mixed-families.yaml", "a4", "is a lab file: nodes have no public_key (the lab's agents make them); run "
+     "meshctl lab up -f {path}, then meshctl plan --backend etcd --lab mx --node d1"),
     ("nat.yaml", "pa", "is a lab file: nodes have no public_key (the lab's agents make them); run meshctl lab "
      "up -f {path}, then meshctl plan --backend etcd --lab nt --node pa"),
     ("vms.yaml", "a1", "is a lab file: nodes have no public_key (the lab's agents make them); run meshctl lab "
@@ -207,13 +209,18 @@ def test_each_shipped_lab_file_says_why_it_does_not_plan(name: str, node: str, m
 def test_shipped_lab_files_are_all_covered() -> None:
     assert sorted(p.name for p in LABS.glob("*.yaml")) == [
         "calico.yaml", "cilium.yaml", "default.yaml", "dual-stack.yaml", "fabrics.yaml", "flannel.yaml",
-        "ipv6-underlay.yaml", "nat.yaml", "two-clusters.yaml", "vms.yaml"]
+        "ipv6-underlay.yaml", "mixed-families.yaml", "nat.yaml", "two-clusters.yaml", "vms.yaml"]
 
 
-def test_lab_file_with_keys_plans_its_lab_fields_ignored(tmp_path: Path) -> None:
-    d = yaml.safe_load((LABS / "vms.yaml").read_text())
+@pytest.mark.parametrize("name, node, others", [
+    ("vms.yaml", "a1", ("a2", "b1")),  # nodes[].kernel ignored
+    ("mixed-families.yaml", "a4", ("a6", "d1")),  # nodes[].ip_families ignored
+])
+def test_lab_file_with_keys_plans_its_lab_fields_ignored(tmp_path: Path, name: str, node: str,
+                                                         others: tuple[str, ...]) -> None:
+    d = yaml.safe_load((LABS / name).read_text())
     for i, n in enumerate(d["nodes"]):
         n["public_key"] = base64.b64encode(bytes([i + 1]) * 32).decode()
-    r = run("plan", "-f", write(tmp_path, d, "vms.yaml"), "--node", "a1")
+    r = run("plan", "-f", write(tmp_path, d, name), "--node", node)
     assert r.exit_code == 0, r.output
-    assert "a2" in r.stdout and "b1" in r.stdout
+    assert all(o in r.stdout for o in others)

@@ -117,7 +117,8 @@ def lab_fabric(subnet: str, kind: str, loss: int, lab_name: str | None) -> None:
 @lab_group.command("nat")
 @click.argument("node")
 @lab_option()
-@click.option("--rebind", is_flag=True, help="Give the node a new external port now (its NAT forgets its mappings).")
+@click.option("--rebind", is_flag=True, help="Give the node a new external port now (its NAT forgets its mappings; "
+              "a firewall6 forgets its state).")
 @click.option("--kind", default=None, type=click.Choice(["cone", "symmetric"]), help="Turn the NAT into this kind now.")
 def lab_nat(node: str, lab_name: str | None, rebind: bool, kind: str | None) -> None:
     """Show (or with --rebind, change) the NAT of a node listed in lab.nat."""
@@ -132,6 +133,10 @@ def lab_nat(node: str, lab_name: str | None, rebind: bool, kind: str | None) -> 
     if kind or rebind:
         state.save(st)
     nat = n.nat
+    if nat.kind == labnat.FIREWALL6:
+        click.echo(f"{node}: {nat.kind} (stateful, no translation) in {nat.router_ns}, address {nat.public_ip}, "
+                   f"inbound new dropped {labnat.dropped(nat)}, rebinds {nat.rebinds}")
+        return
     port = nat.port if nat.port is not None else "random per destination"
     click.echo(f"{node}: {nat.kind} NAT in {nat.router_ns}, inside {nat.inside_ip}, "
                f"outside {nat.public_ip} port {port}, rebinds {nat.rebinds}")
@@ -176,8 +181,9 @@ def lab_status(lab_name: str | None, output: str) -> None:
             "cluster": c.name, "node": n.name, "netns": n.netns, "location": n.location,
             "internal_ip": n.internal_ip, "public_ip": n.public_ip, "pod_cidrs": n.pod_cidrs,
             "pods": [p.ip for p in n.pods], "agent_pid": n.guest_pid if in_vm else n.pid,
-            # a dual-stack lab's IPv6 addresses (not in the records yet: docs/lab.md, IP families)
+            # a dual-stack node's IPv6 addresses (docs/lab.md, IP families), and its NICs' families
             "internal_ip6": n.internal_ip6, "public_ip6": n.public_ip6, "pods6": [p.ip6 for p in n.pods if p.ip6],
+            "ip_families": st.families_of(n),
             # a VM node's agent PID is its guest's: alive is whether it answers
             "agent_alive": bool(s) if in_vm else bool(n.pid and pid_alive(n.pid)),
             "kernel": in_vm.version if in_vm else None, "wireguard": s.live.wireguard_mode if s else None,
@@ -202,7 +208,9 @@ def lab_status(lab_name: str | None, output: str) -> None:
         internal = ",".join(a for a in (r["internal_ip"], r["internal_ip6"]) if a) or "-"
         click.echo(f"  {r['node']:<14} {where:<18} {internal:<16} {','.join(r['pods'] + r['pods6']):<14} "
                    f"{agent:<12} {r['granularity'] or '-':<9} {r['leader'] or '-':<8} {r['peers'] or 0!s:<5} "
-                   f"{r['datapath'] or '-'}" + (f"  behind a {r['nat']} NAT" if r["nat"] else "")
+                   f"{r['datapath'] or '-'}" + (f"  IPv{r['ip_families'][0]} only" if len(r["ip_families"]) == 1
+                                                 and r["ip_families"] != st.ip_families else "")
+                   + (f"  behind a {r['nat']}" + ("" if r["nat"] == labnat.FIREWALL6 else " NAT") if r["nat"] else "")
                    + (f"  wireguard {r['wireguard']}" if r["kernel"] else ""))
     if any(r["kernel"] for r in rows):
         click.echo("  a node is a VM: `meshctl status --node NODE` and `maps dump --node NODE` run inside it")

@@ -241,9 +241,10 @@ def parse_cluster(d: Any, path: str) -> Cluster:
 
 
 # A lab file is a topology file plus what only the lab reads (lab/namespaces/spec.py): the `lab:`
-# block and each node's `kernel`. A topology file may carry them; plan, graph and showconf ignore them.
+# block and each node's `kernel` and `ip_families` (the families of the lab node's NICs). A topology
+# file may carry them; plan, graph and showconf ignore them.
 TOPOLOGY_FIELDS = ("cluster", "mesh", "nodes", "peers", "lab")
-LAB_NODE_FIELDS = ("kernel",)
+LAB_NODE_FIELDS = ("kernel", "ip_families")
 
 
 def _without_lab_fields(d: Any) -> Any:

@@ -174,23 +174,23 @@ def _build_fabric(spec: LabSpec, st: LabState, progress: Progress) -> tuple[str,
     return fab, subnets
 
 
-def public_addresses(st: LabState, ip4: ipaddress.IPv4Address) -> list[str]:
-    """The public addresses (CIDRs) of the lab's public slot `ip4` in each family of the underlay:
-    `ip4` itself and its IPv6 twin (namespaces/families.py)."""
-    out = [f"{ip4}/{PUBLIC_NET.prefixlen}"] if 4 in st.ip_families else []
-    return out + ([f"{public6(ip4)}/{PUBLIC_NET6.prefixlen}"] if 6 in st.ip_families else [])
+def public_addresses(families: Sequence[int], ip4: ipaddress.IPv4Address) -> list[str]:
+    """The public addresses (CIDRs) of public slot `ip4` in each of `families`: `ip4` itself and
+    its IPv6 twin (namespaces/families.py)."""
+    out = [f"{ip4}/{PUBLIC_NET.prefixlen}"] if 4 in families else []
+    return out + ([f"{public6(ip4)}/{PUBLIC_NET6.prefixlen}"] if 6 in families else [])
 
 
-def _on_public(st: LabState, fab: str, name: str, veth: str, ip4: ipaddress.IPv4Address) -> str:
-    """A namespace `name` with one NIC `pub` on the public bridge at public slot `ip4`; returns its
-    address (the IPv4 one, the IPv6 one in an IPv6 underlay)."""
+def _on_public(st: LabState, fab: str, name: str, veth: str, ip4: ipaddress.IPv4Address) -> list[str]:
+    """A namespace `name` with one NIC `pub` on the public bridge at public slot `ip4`, in every
+    family of the lab; returns its addresses (IPv4 first)."""
     ns = add_ns(st, name)
     netns.veth(fab, veth, ns, "pub")
     netns.enslave(fab, veth, "bpub")
-    cidrs = public_addresses(st, ip4)
+    cidrs = public_addresses(st.ip_families, ip4)
     for cidr in cidrs:
         add_address(ns, "pub", cidr)
-    return cidrs[0].split("/")[0]
+    return [c.split("/")[0] for c in cidrs]
 
 
 def _start_etcd(spec: LabSpec, st: LabState, fab: str, ci: int, topo: Topology) -> ClusterState:
@@ -198,23 +198,24 @@ def _start_etcd(spec: LabSpec, st: LabState, fab: str, ci: int, topo: Topology) 
     with the cluster's settings while auth is still off, then its users provisioned."""
     cname = topo.cluster.name
     ens = f"{st.prefix}etcd-{cname}"
-    ip = _on_public(st, fab, ens, f"e{ci}", PUBLIC_NET.network_address + 250 - ci)
+    ip, *more = _on_public(st, fab, ens, f"e{ci}", PUBLIC_NET.network_address + 250 - ci)
     d = Path(st.dir)
     pdir = d / "pki" / cname
     ca = pki.make_ca(pdir, f"meshctl-lab-{cname}")
-    server_cert = pki.make_cert(ca, pdir, "etcd", server=True, hosts=(ip, "127.0.0.1"))
+    server_cert = pki.make_cert(ca, pdir, "etcd", server=True, hosts=(ip, *more, "127.0.0.1"))
     ids = _identities(spec, topo, ca, pdir)
     admin = ids["admin"]
     admin_cert = pki.CertFiles(Path(admin.cert), Path(admin.key), ca.cert)
     srv = EtcdServer(f"{st.prefix}{cname}", d / "etcd" / cname, host=ip, port=ETCD_PORT, netns=ens,
-                     tls=server_cert, log_file=d / f"etcd-{cname}.log")
+                     tls=server_cert, log_file=d / f"etcd-{cname}.log", more_hosts=tuple(more))
     pid = srv.start(client_tls=admin_cert)
     st.pids[f"etcd/{cname}"] = pid
     access = EtcdAccess(
-        endpoints=[srv.url], ca=str(ca.cert), cert=admin.cert, key=admin.key, user=admin.user,
+        endpoints=srv.urls, ca=str(ca.cert), cert=admin.cert, key=admin.key, user=admin.user,
         password_file=admin.password_file, identities=ids, netns=ens, pid=pid,
         server=EtcdServerState(name=srv.name, data_dir=str(srv.data_dir), host=ip, port=ETCD_PORT,
-                               cert=str(server_cert.cert), key=str(server_cert.key), log=str(srv.log_file)))
+                               cert=str(server_cert.cert), key=str(server_cert.key), log=str(srv.log_file),
+                               more_hosts=more))
     _seed_etcd(srv.client(admin_cert), spec, topo, ids)
     return ClusterState(name=cname, id=topo.cluster.id, etcd=access, port=topo.mesh.port,
                         mesh={"granularity": topo.mesh.granularity})
@@ -241,7 +242,7 @@ def _start_kube(st: LabState, fab: str, ci: int, topo: Topology, cst: ClusterSta
     """Cluster `ci`'s in-process API server on the public segment (the Kubernetes backend)."""
     cname = topo.cluster.name
     kns = f"{st.prefix}kube-{cname}"
-    kip = _on_public(st, fab, kns, f"k{ci}", PUBLIC_NET.network_address + 240 - ci)
+    kip = _on_public(st, fab, kns, f"k{ci}", PUBLIC_NET.network_address + 240 - ci)[0]
     kube = kube_cluster.start(Path(st.dir) / "kube" / cname, kns, kip, topo, cni=cni)
     st.pids[f"kube/{cname}"] = kube.pid
     cst.kube = kube
@@ -314,17 +315,19 @@ def _node(spec: LabSpec, st: LabState, cst: ClusterState, topo: Topology, n: Nod
     if int(pub_ip) >= int(PUBLIC_NET.network_address) + 250 - len(spec.clusters):
         raise MeshError("too many lab nodes for the public segment")
     node_args: list[str] = []
+    families = spec.options.families_of(n.name, topo.cluster.name)
     nat_kind = spec.options.nat_kind(n.name) or spec.options.nat_kind(f"{topo.cluster.name}/{n.name}")
     nat = None
-    if nat_kind is not None:
-        nat = labnat.build_router(prefix, fab, ns, idx, nat_kind, str(pub_ip), PUBLIC_NET.prefixlen, topo.mesh.port,
+    if nat_kind is not None:  # of the node's one family (spec.py checks)
+        public, plen = (public6(pub_ip), PUBLIC_NET6.prefixlen) if families == (6,) else (pub_ip, PUBLIC_NET.prefixlen)
+        nat = labnat.build_router(prefix, fab, ns, idx, nat_kind, str(public), plen, topo.mesh.port,
                                   lambda name: add_ns(st, name))
     else:
         netns.veth(fab, f"n{idx}u", ns, "pub")
         netns.enslave(fab, f"n{idx}u", "bpub")
-        for cidr in public_addresses(st, pub_ip):
+        for cidr in public_addresses(families, pub_ip):
             add_address(ns, "pub", cidr)
-    private6 = spec.private_address6(n)
+    private6 = spec.private_address6(n, topo.cluster.name)
     if n.internal_ip is not None:
         netns.veth(fab, f"n{idx}p", ns, PRIVATE_NIC)
         netns.enslave(fab, f"n{idx}p", f"bpriv{subnets.index(n.internal_ip.network)}")
@@ -334,14 +337,14 @@ def _node(spec: LabSpec, st: LabState, cst: ClusterState, topo: Topology, n: Nod
     cni = CNI_LABS.get(spec.options.cni)
     pods = cni.wire_node(st, ns, topo, n, spec.options.pods_per_node) if cni else \
         [_pod(st, ns, n.pod_cidrs, k) for k in range(spec.options.pods_per_node)]
-    v6_only = spec.options.ip_families == (6,)
     nd = Path(st.dir) / "nodes" / (f"{topo.cluster.name}-{n.name}" if spec.multi else n.name)
     cst.nodes.append(NodeState(
         name=n.name, netns=ns, location=n.location, pod_cidrs=[str(c) for c in n.pod_cidrs],
         internal_ip=str(n.internal_ip) if n.internal_ip else None,
-        public_ip=str(public6(pub_ip) if v6_only else pub_ip),
+        public_ip=str(public6(pub_ip) if families == (6,) else pub_ip),
         internal_ip6=str(private6) if private6 is not None and private6 != n.internal_ip else None,
-        public_ip6=str(public6(pub_ip)) if spec.options.ip_families == (4, 6) else None,
+        public_ip6=str(public6(pub_ip)) if families == (4, 6) else None,
+        ip_families=list(families) if families != spec.options.ip_families else [],
         leader=n.leader, persistent_keepalive=n.persistent_keepalive,
         allowed_location_ips=[str(a) for a in n.allowed_location_ips],
         private_interface=PRIVATE_NIC if n.internal_ip is not None else None, public_interface="pub",
@@ -401,11 +404,12 @@ def remove_pod(name: str | None, node: str, ip: str) -> None:
 def agent_argv(st: LabState, cst: ClusterState, node: NodeState) -> list[str]:
     e = cst.etcd
     me = e.identities[node.name]  # the node's own etcd identity: it may write only its record
+    endpoints = ",".join(etcd_endpoints_for(st, e, node))
     argv = [
         sys.executable, "-m", "meshctl.cli", "agent", "--node", node.name, "--pod-cidr", ",".join(node.pod_cidrs),
         "--public-interface", node.public_interface, "--state-dir", node.state_dir,
         "--wg-run-dir", node.wg_run_dir, "--metrics-addr", node.metrics_addr,
-        "--backend", "etcd", "--etcd-endpoints", ",".join(e.endpoints), "--etcd-ca", e.ca,
+        "--backend", "etcd", "--etcd-endpoints", endpoints, "--etcd-ca", e.ca,
         "--etcd-cert", me.cert, "--etcd-key", me.key, "--etcd-user", me.user,
         "--etcd-password-file", me.password_file, "--cluster-name", cst.name,
         "--cluster-id", str(cst.id), "--bpf-pin-root", f"{st.pin_root}/{cst.name}",
@@ -433,10 +437,17 @@ def agent_argv(st: LabState, cst: ClusterState, node: NodeState) -> list[str]:
             # In a cluster mesh the cluster's nodes (and global services) go to its etcd as the
             # kvstore identity, where the other clusters' agents read them.
             kv = e.identities[identity.KVSTORE_USER]
-            argv += ["--kvstore-endpoints", ",".join(e.endpoints), "--kvstore-ca", e.ca, "--kvstore-cert", kv.cert,
+            argv += ["--kvstore-endpoints", endpoints, "--kvstore-ca", e.ca, "--kvstore-cert", kv.cert,
                      "--kvstore-key", kv.key, "--kvstore-user", kv.user, "--kvstore-password-file",
                      kv.password_file]
     return argv
+
+
+def etcd_endpoints_for(st: LabState, e: EtcdAccess, node: NodeState) -> list[str]:
+    """The etcd URLs a node can dial: those of its NICs' families (an IPv6-only node of a
+    dual-stack lab dials etcd's IPv6 address)."""
+    fams = st.families_of(node)
+    return [u for u in e.endpoints if (6 if "[" in u else 4) in fams] or e.endpoints
 
 
 class Spawner(Protocol):
@@ -608,7 +619,8 @@ def etcd_server(st: LabState, cluster: str) -> tuple[EtcdServer, pki.CertFiles]:
     if s is None:
         raise MeshError(f"lab {st.name}: the etcd of {cluster} is not run by this host")
     srv = EtcdServer(s.name, Path(s.data_dir), host=s.host, port=s.port, netns=e.netns,
-                     tls=pki.CertFiles(Path(s.cert), Path(s.key), Path(e.ca)), log_file=Path(s.log), pid=e.pid)
+                     tls=pki.CertFiles(Path(s.cert), Path(s.key), Path(e.ca)), log_file=Path(s.log), pid=e.pid,
+                     more_hosts=tuple(s.more_hosts))
     return srv, pki.CertFiles(Path(e.cert), Path(e.key), Path(e.ca))
 
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""NAT routers for lab nodes (`lab.nat: {NODE: cone|symmetric}`) and `meshctl lab nat NODE --rebind`.
+"""NAT routers for lab nodes (`lab.nat: {NODE: cone|symmetric|firewall6}`) and `meshctl lab nat NODE --rebind`.
 
 A NATed node's `pub` interface does not sit on the public segment: it is wired to a router
 namespace `P<node>-nat` that holds the node's public address and translates:
@@ -16,6 +16,17 @@ namespace `P<node>-nat` that holds the node's public address and translates:
 Other traffic of the node (its etcd connection) is masqueraded in both kinds. `rebind` gives
 the node a new external port at run time, as a home router does after a reboot: a cone moves its
 port, and both kinds drop their WireGuard mappings (conntrack entries carry a mark for that).
+
+- `firewall6`: IPv6 has no NAT; a home or office router is a stateful firewall instead. The node
+  keeps its public IPv6 address (a /128 on its `pub`, reached through the router's fe80::1); the
+  router answers neighbour solicitations for it on the public segment (proxy NDP) and forwards
+  to it only packets of connections the node opened (`ct state established,related`): anything
+  new from outside is dropped and counted. Its peers may call its published endpoint once it has
+  called them (a WireGuard handshake or keepalive from the same port opens the way back); two
+  such nodes reach each other by calling at once. `rebind` makes the firewall forget its state.
+
+    node P<node>  pub 2001:db8:100::x/128 --- in fe80::1  P<node>-nat  pub 2001:db8:100::fe:x --- bpub
+
 Everything is named with the lab prefix: the router namespace and the nft table.
 """
 
@@ -29,10 +40,19 @@ from meshctl.errors import MeshError
 from meshctl.lab.namespaces.state import NatState, NodeState
 from meshctl.lab.rigs import netns
 
-NAT_KINDS: tuple[str, ...] = ("cone", "symmetric")
+NAT_KINDS: tuple[str, ...] = ("cone", "symmetric", "firewall6")
+FIREWALL6 = "firewall6"  # the IPv6 kind: a stateful firewall, no translation
+ROUTER_LINK6 = "fe80::1"  # a firewall6 router's address on its `in` link, the node's gateway
+FIREWALL6_DROP = "inbound-new"  # the comment of a firewall6 router's drop rule (its counter)
+ROUTER_SLOT6 = 0xFE << 16  # a firewall6 router's public address: the node's plus this (::x -> ::fe:x)
 INSIDE_NET = ipaddress.ip_network("192.168.0.0/16")  # node i's link to its router: 192.168.<i>.0/24
 CONE_PORT_BASE = 20000  # a cone maps node i's WireGuard port to CONE_PORT_BASE + 100*i (+1 per rebind)
 CT_MARK = 0x6d6e  # conntrack mark of WireGuard mappings ("mn"), flushed by rebind
+
+
+def nat_families(kind: str) -> tuple[int, ...]:
+    """The IP families a node behind a router of `kind` speaks: IPv6 for firewall6, IPv4 for the NATs."""
+    return (6,) if kind == FIREWALL6 else (4,)
 
 
 def router_ns(node_netns: str) -> str:
@@ -67,11 +87,38 @@ def _ruleset(table: str, kind: str, node_ip: str, public_ip: str, wg_port: int, 
 """
 
 
+def _firewall6_ruleset(table: str, wg_port: int) -> str:
+    """Forward to the node only what belongs to connections it opened; count the rest. The
+    node's WireGuard flows carry CT_MARK (rebind forgets them)."""
+    return f"""table inet {table} {{
+  chain forward {{
+    type filter hook forward priority filter; policy accept;
+    iifname "in" oifname "pub" udp sport {wg_port} ct mark set {CT_MARK}
+    iifname "pub" oifname "in" ct state established,related accept
+    iifname "pub" oifname "in" counter drop comment "{FIREWALL6_DROP}"
+  }}
+}}
+"""
+
+
 def _apply_rules(nat: NatState, wg_port: int) -> None:
-    rs = _ruleset(nat.table, nat.kind, nat.inside_ip, nat.public_ip, wg_port, nat.port)
     ns = nat.router_ns
+    if nat.kind == FIREWALL6:
+        netns.run(ns, ["nft", "delete", "table", "inet", nat.table], check=False)
+        netns.run(ns, ["nft", "-f", "-"], input=_firewall6_ruleset(nat.table, wg_port))
+        return
+    rs = _ruleset(nat.table, nat.kind, nat.inside_ip, nat.public_ip, wg_port, nat.port)
     netns.run(ns, ["nft", "delete", "table", "ip", nat.table], check=False)
     netns.run(ns, ["nft", "-f", "-"], input=rs)
+
+
+def dropped(nat: NatState) -> int:
+    """Packets a firewall6 router dropped as new connections from outside."""
+    out = netns.run(nat.router_ns, ["nft", "list", "chain", "inet", nat.table, "forward"]).stdout
+    for line in out.splitlines():
+        if FIREWALL6_DROP in line and "packets" in line:
+            return int(line.split("packets", 1)[1].split()[0])
+    return 0
 
 
 def build_router(prefix: str, fab: str, node_netns: str, idx: int, kind: str, public_ip: str,
@@ -80,6 +127,8 @@ def build_router(prefix: str, fab: str, node_netns: str, idx: int, kind: str, pu
     `add_ns(name)` makes (and records) a namespace. Returns the state kept as the node's `nat`."""
     if kind not in NAT_KINDS:
         raise MeshError(f"lab.nat: {kind!r} is not one of {', '.join(NAT_KINDS)}")
+    if kind == FIREWALL6:
+        return _build_firewall6(prefix, fab, node_netns, idx, public_ip, public_prefixlen, wg_port, add_ns)
     rns = add_ns(router_ns(node_netns))
     router_ip, node_ip = inside_addresses(idx)
     netns.veth(fab, f"n{idx}u", rns, "pub")
@@ -93,6 +142,29 @@ def build_router(prefix: str, fab: str, node_netns: str, idx: int, kind: str, pu
     netns.sysctl(rns, "net.ipv4.ip_forward", "1")
     nat = NatState(kind=kind, router_ns=rns, table=f"{prefix}nat", inside_ip=node_ip, router_ip=router_ip,
                    public_ip=public_ip, port=cone_port(node_ip) if kind == "cone" else None, rebinds=0)
+    _apply_rules(nat, wg_port)
+    return nat
+
+
+def _build_firewall6(prefix: str, fab: str, node_netns: str, idx: int, public_ip: str, public_prefixlen: int,
+                     wg_port: int, add_ns: Callable[[str], str]) -> NatState:
+    """Node `idx` keeps its public IPv6 address behind a stateful firewall (the module's doc)."""
+    rns = add_ns(router_ns(node_netns))
+    public_net = ipaddress.ip_interface(f"{public_ip}/{public_prefixlen}").network
+    router_pub = ipaddress.IPv6Address(int(ipaddress.IPv6Address(public_ip)) + ROUTER_SLOT6)
+    netns.veth(fab, f"n{idx}u", rns, "pub")
+    netns.enslave(fab, f"n{idx}u", "bpub")
+    netns.veth(rns, "in", node_netns, "pub")
+    for ns, dev, cidr in ((rns, "pub", f"{router_pub}/{public_prefixlen}"), (rns, "in", f"{ROUTER_LINK6}/64"),
+                          (node_netns, "pub", f"{public_ip}/128")):
+        netns.run(ns, ["ip", "-6", "addr", "add", cidr, "dev", dev, "nodad"])
+    netns.run(node_netns, ["ip", "-6", "route", "add", str(public_net), "via", ROUTER_LINK6, "dev", "pub"])
+    netns.run(rns, ["ip", "-6", "route", "add", f"{public_ip}/128", "dev", "in"])
+    netns.sysctl(rns, "net.ipv6.conf.all.forwarding", "1")
+    netns.sysctl(rns, "net.ipv6.conf.pub.proxy_ndp", "1")
+    netns.run(rns, ["ip", "-6", "neigh", "add", "proxy", public_ip, "dev", "pub"])
+    nat = NatState(kind=FIREWALL6, router_ns=rns, table=f"{prefix}nat", inside_ip=public_ip, router_ip=ROUTER_LINK6,
+                   public_ip=public_ip, port=None, rebinds=0)
     _apply_rules(nat, wg_port)
     return nat
 
@@ -126,6 +198,9 @@ def set_kind(node: NodeState, kind: str, wg_port: int) -> NatState:
     if kind not in NAT_KINDS:
         raise MeshError(f"--kind: {kind!r} is not one of {', '.join(NAT_KINDS)}")
     nat = _nat_of(node)
+    if nat_families(kind) != nat_families(nat.kind):
+        raise MeshError(f"--kind: {kind} is for IPv{nat_families(kind)[0]} and {node.name} is behind a {nat.kind} "
+                        f"(IPv{nat_families(nat.kind)[0]})")
     nat.kind, nat.port = kind, (cone_port(nat.inside_ip) + nat.rebinds if kind == "cone" else None)
     _apply_rules(nat, wg_port)
     _flush_mappings(nat.router_ns)

@@ -19,8 +19,15 @@ from meshctl.backends.file import load_yaml
 from meshctl.errors import InputError
 from meshctl.lab.namespaces.cni_labs import CNI_LABS
 from meshctl.lab.namespaces.fabric import Fabric, check_nodes, parse_fabrics
-from meshctl.lab.namespaces.families import DEFAULT_IP_FAMILIES, PUBLIC_NET, parse_ip_families, pod_cidr6, private6
-from meshctl.lab.namespaces.nat_router import NAT_KINDS
+from meshctl.lab.namespaces.families import (
+    DEFAULT_IP_FAMILIES,
+    PUBLIC_NET,
+    parse_ip_families,
+    pod_cidr6,
+    private6,
+    subnet6,
+)
+from meshctl.lab.namespaces.nat_router import NAT_KINDS, nat_families
 from meshctl.mesh.fields import integer, no_unknown_fields
 from meshctl.mesh.model import IPInterface, IPNetwork, Node, Topology
 from meshctl.mesh.records import node_pod_cidrs, parse_topology
@@ -53,7 +60,7 @@ class LabOptions:
     # Several clusters: join them through each other's etcd (--clustermesh-dir); false leaves them
     # apart, to be joined by hand (Kilo's way: each cluster's nodes as Peers of the other).
     clustermesh: bool = True
-    # (node, cone|symmetric): nodes behind a NAT router (namespaces/nat_router.py)
+    # (node, cone|symmetric|firewall6): nodes behind a NAT router or an IPv6 firewall (namespaces/nat_router.py)
     nat: tuple[tuple[str, str], ...] = ()
     # Every node its own VM (lab/vms/vmnodes.py), booting the Debian kernel its `kernel` names.
     vms: bool = False
@@ -62,9 +69,16 @@ class LabOptions:
     cni: str = ""
     # The underlay's IP families (namespaces/families.py): (4,), (6,) or (4, 6).
     ip_families: tuple[int, ...] = DEFAULT_IP_FAMILIES
+    # ("<cluster>/<node>", families) from nodes[].ip_families: a node whose NICs speak fewer
+    # families than the lab (an IPv4-only or IPv6-only node of a dual-stack lab).
+    node_families: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     def nat_kind(self, node: str) -> str | None:
         return dict(self.nat).get(node)
+
+    def families_of(self, node: str, cluster: str) -> tuple[int, ...]:
+        """The IP families of a node's private and public NICs: its own `ip_families`, else the lab's."""
+        return dict(self.node_families).get(f"{cluster}/{node}", self.ip_families)
 
     def kernel_of(self, node: str, cluster: str) -> str:
         return dict(self.kernels).get(f"{cluster}/{node}", DEFAULT_NODE_KERNEL)
@@ -85,11 +99,11 @@ class LabSpec:
         nets = {n.internal_ip.network for t in self.clusters for n in t.nodes if n.internal_ip is not None}
         return sorted(nets, key=lambda n: (n.version, int(n.network_address), n.prefixlen))
 
-    def private_address6(self, node: Node) -> IPInterface | None:
-        """A node's IPv6 private address: its internal_ip in an IPv6 underlay, derived from the
-        IPv4 one in a dual-stack one (namespaces/families.py), None in an IPv4 one."""
+    def private_address6(self, node: Node, cluster: str) -> IPInterface | None:
+        """A node's IPv6 private address: its internal_ip on an IPv6-only node, derived from the
+        IPv4 one on a dual-stack one (namespaces/families.py), None on an IPv4-only one."""
         ip = node.internal_ip
-        if ip is None or 6 not in self.options.ip_families:
+        if ip is None or 6 not in self.options.families_of(node.name, cluster):
             return None
         return ip if ip.version == 6 else private6(ip, f"nodes.{node.name}.internal_ip")
 
@@ -106,15 +120,18 @@ def _kernel(value: Any, path: str) -> str:
 
 
 def _topology(doc: Any, path: str, kernels: dict[str, str] | None = None,
-              families: tuple[int, ...] = DEFAULT_IP_FAMILIES) -> Topology:
-    """One cluster's topology; lab-only node fields (`kernel`) go to `kernels` by `<cluster>/<node>`.
-    With IPv6 in `families`, a node without an IPv6 pod CIDR gets one derived from its IPv4 one."""
+              families: tuple[int, ...] = DEFAULT_IP_FAMILIES,
+              node_families: dict[str, tuple[int, ...]] | None = None) -> Topology:
+    """One cluster's topology; lab-only node fields go to `kernels` (`kernel`) and `node_families`
+    (`ip_families`) by `<cluster>/<node>`. With IPv6 in the lab's `families`, a node without an
+    IPv6 pod CIDR gets one derived from its IPv4 one (pods are dual stack on every node)."""
     if not isinstance(doc, dict):
         raise InputError(path, doc, "is not a topology (a mapping with cluster, mesh, nodes, peers)")
     doc = dict(doc)
     doc.pop("lab", None)
     nodes = doc.get("nodes") or []
     found: dict[str, str] = {}
+    own: dict[str, tuple[int, ...]] = {}
     if isinstance(nodes, list):
         fixed = []
         for i, n in enumerate(nodes):
@@ -125,6 +142,9 @@ def _topology(doc: Any, path: str, kernels: dict[str, str] | None = None,
                 if "kernel" in n:
                     where = f"{path}{'.' if path else ''}nodes[{i}].kernel"
                     found[str(n.get("name"))] = _kernel(n.pop("kernel"), where)
+                if "ip_families" in n:
+                    where = f"{path}{'.' if path else ''}nodes[{i}].ip_families"
+                    own[str(n.get("name"))] = _node_families(n.pop("ip_families"), where, families)
                 if 6 in families:
                     n = _with_pod_cidr6(n, doc.get("cluster"), f"{path}{'.' if path else ''}nodes[{i}].")
             fixed.append(n)
@@ -135,7 +155,19 @@ def _topology(doc: Any, path: str, kernels: dict[str, str] | None = None,
         raise e.prefixed(f"{path}." if path else "") from None
     if kernels is not None:
         kernels.update({f"{topo.cluster.name}/{k}": v for k, v in found.items()})
+    if node_families is not None:
+        node_families.update({f"{topo.cluster.name}/{k}": v for k, v in own.items()})
     return topo
+
+
+def _node_families(value: Any, path: str, lab: tuple[int, ...]) -> tuple[int, ...]:
+    """A node's own `ip_families`: [4], [6] or [4, 6], within the lab's (whose public segment and
+    etcd speak the lab's families only)."""
+    fams = parse_ip_families(value, path)
+    if not set(fams) <= set(lab):
+        raise InputError(path, value, f"is not within lab.ip_families {list(lab)} (a node speaks families "
+                         "of the lab's public segment; write lab.ip_families: [4, 6] for a mixed mesh)")
+    return fams
 
 
 def _with_pod_cidr6(n: dict[str, Any], cluster: Any, path: str) -> dict[str, Any]:
@@ -193,8 +225,8 @@ def _options(d: Any) -> LabOptions:
     if families == (6,) and backend != "etcd":
         raise InputError("lab.backend", backend, "is not available with lab.ip_families [6] (the lab's API server "
                          "listens on IPv4)")
-    if families != DEFAULT_IP_FAMILIES and (vms or cni or d.get("nat")):
-        key = "lab.vms" if vms else "lab.cni" if cni else "lab.nat"
+    if families != DEFAULT_IP_FAMILIES and (vms or cni):
+        key = "lab.vms" if vms else "lab.cni"
         raise InputError(key, d[key.split(".")[1]], f"is not available with lab.ip_families {list(families)} "
                          "(the lab builds IPv6 for its own namespace nodes only)")
     return LabOptions(pods_per_node=pods, lease_ttl=ttl, prefix=prefix, fastpath=fast, agent_args=tuple(args),
@@ -203,11 +235,12 @@ def _options(d: Any) -> LabOptions:
 
 
 def _nat(d: Any) -> tuple[tuple[str, str], ...]:
-    """`lab.nat: {NODE: cone|symmetric}` (node names are checked against the nodes later)."""
+    """`lab.nat: {NODE: cone|symmetric|firewall6}` (node names, and whether the kind fits the
+    node's IP family, are checked against the nodes later)."""
     if d is None:
         return ()
     if not isinstance(d, dict):
-        raise InputError("lab.nat", d, "is not a mapping of node name to cone|symmetric")
+        raise InputError("lab.nat", d, f"is not a mapping of node name to {'|'.join(NAT_KINDS)}")
     for node, kind in d.items():
         if kind not in NAT_KINDS:
             raise InputError(f"lab.nat.{node}", kind, f"is not one of {', '.join(NAT_KINDS)}")
@@ -228,19 +261,20 @@ def parse_lab(doc: Any, source: str = "") -> LabSpec:
         raise InputError("", doc, "is not a lab file (a topology, or clusters: [...], plus lab:)")
     opts = _options(doc.get("lab"))
     kernels: dict[str, str] = {}
+    own: dict[str, tuple[int, ...]] = {}
     if "clusters" in doc:
         no_unknown_fields(doc, MULTI_CLUSTER_FIELDS, "")
         raw = doc["clusters"]
         if not isinstance(raw, list) or not raw:
             raise InputError("clusters", raw, "is not a non-empty list of topologies")
-        clusters = tuple(_topology(c, f"clusters[{i}]", kernels, opts.ip_families) for i, c in enumerate(raw))
+        clusters = tuple(_topology(c, f"clusters[{i}]", kernels, opts.ip_families, own) for i, c in enumerate(raw))
     else:
-        clusters = (_topology(doc, "", kernels, opts.ip_families),)
+        clusters = (_topology(doc, "", kernels, opts.ip_families, own),)
     if kernels and not opts.vms:
         where = next(iter(kernels))
         raise InputError(f"nodes.{where.split('/', 1)[1]}.kernel", kernels[where],
                          "is for VM labs (lab.vms: true); `lab up --kernel` runs a whole lab in one VM")
-    opts = replace(opts, kernels=tuple(sorted(kernels.items())))
+    opts = replace(opts, kernels=tuple(sorted(kernels.items())), node_families=tuple(sorted(own.items())))
     names = [c.cluster.name for c in clusters]
     for i, cname in enumerate(names):
         if cname in names[:i]:
@@ -263,21 +297,54 @@ def parse_lab(doc: Any, source: str = "") -> LabSpec:
                     raise InputError(f"{c.cluster.name}.nodes.{n.name}.internal_ip", str(n.internal_ip),
                                      f"is also {seen[n.internal_ip.ip]}'s")
                 seen[n.internal_ip.ip] = n.name
-                _check_family(n.internal_ip, f"{c.cluster.name}.nodes.{n.name}.internal_ip", opts.ip_families)
+                _check_family(n.internal_ip, f"{c.cluster.name}.nodes.{n.name}.internal_ip",
+                              opts.families_of(n.name, c.cluster.name),
+                              "ip_families" if f"{c.cluster.name}/{n.name}" in dict(opts.node_families) else "")
+    _check_node_families(opts, clusters)
     spec = LabSpec(clusters=clusters, options=opts, source=source)
     check_nodes(opts.fabrics, spec.private_subnets(), seen)
     for c in clusters:
         for n in c.nodes:
-            spec.private_address6(n)  # a derived address that cannot be made says so now
+            spec.private_address6(n, c.cluster.name)  # a derived address that cannot be made says so now
     return spec
 
 
-def _check_family(ip: IPInterface, path: str, families: tuple[int, ...]) -> None:
-    """A node's internal_ip is IPv4 in an IPv4 or dual-stack lab (the lab derives the IPv6 one)
-    and IPv6 in an IPv6-underlay lab."""
+def _check_node_families(opts: LabOptions, clusters: tuple[Topology, ...]) -> None:
+    """What a node's families cannot work with: an IPv6-only node where the lab's API server
+    listens on IPv4 only, a NAT kind of another family than the node's (namespaces/nat_router.py),
+    and an IPv6-only node's private subnet inside a dual-stack subnet's derived IPv6 side (two
+    bridges for one subnet)."""
+    dual6 = {subnet6(n.internal_ip.network): n.internal_ip.network for c in clusters for n in c.nodes
+             if n.internal_ip is not None and opts.families_of(n.name, c.cluster.name) == (4, 6)}
+    for c in clusters:
+        for n in c.nodes:
+            fams = opts.families_of(n.name, c.cluster.name)
+            if fams == (6,) and opts.backend != "etcd":
+                raise InputError(f"nodes.{n.name}.ip_families", list(fams), f"is not available with lab.backend "
+                                 f"{opts.backend} (the lab's API server listens on IPv4)")
+            kind = opts.nat_kind(n.name) or opts.nat_kind(f"{c.cluster.name}/{n.name}")
+            if kind is not None and fams != nat_families(kind):
+                want = nat_families(kind)
+                fix = f"give the node ip_families: {list(want)}" if set(want) <= set(opts.ip_families) else \
+                    f"lab.ip_families {list(opts.ip_families)} has no IPv{want[0]}"
+                raise InputError(f"lab.nat.{n.name}", kind, f"is for IPv{want[0]}-only nodes and {n.name} speaks "
+                                 f"{list(fams)} ({fix})")
+            ip = n.internal_ip
+            if fams == (6,) and ip is not None and ip.version == 6:
+                inside = next((v4 for v6, v4 in dual6.items() if ip.network.overlaps(v6)), None)
+                if inside is not None:
+                    raise InputError(f"nodes.{n.name}.internal_ip", str(ip), f"is in {subnet6(inside)}, the IPv6 "
+                                     f"side of dual-stack subnet {inside}: give the node an IPv4 internal_ip there, "
+                                     "or an IPv6 subnet of its own")
+
+
+def _check_family(ip: IPInterface, path: str, families: tuple[int, ...], own: str = "") -> None:
+    """A node's internal_ip is IPv4 on an IPv4-only or dual-stack node (the lab derives the IPv6
+    one) and IPv6 on an IPv6-only node; `own` names the node's own key when it set its families."""
     want = 6 if families == (6,) else 4
     if ip.version != want:
-        raise InputError(path, str(ip), f"is IPv{ip.version}; with lab.ip_families {list(families)} the lab "
+        key = f"the node's {own}" if own else "lab.ip_families"
+        raise InputError(path, str(ip), f"is IPv{ip.version}; with {key} {list(families)} the lab "
                          f"builds its private networks from IPv{want} internal addresses"
                          + (" (and derives the IPv6 ones)" if families == (4, 6) else ""))
 

@@ -120,10 +120,12 @@ class NodeState:
     guest_pid: int | None = None
     nics: list[NicState] = field(default_factory=list)
     vm: VmRecord | None = None
-    # The IPv6 addresses of a dual-stack lab's private and public NICs (IPv4 ones above), not (yet)
-    # in the node's record; in an IPv6-underlay lab internal_ip and public_ip are IPv6 themselves.
+    # The IPv6 addresses of a dual-stack node's private and public NICs (IPv4 ones above); on an
+    # IPv6-only node internal_ip and public_ip are IPv6 themselves.
     internal_ip6: str | None = None
     public_ip6: str | None = None
+    # The IP families of its NICs when they are not the lab's (nodes[].ip_families); empty: the lab's.
+    ip_families: list[int] = field(default_factory=list)
 
     @property
     def dial_netns(self) -> str | None:
@@ -163,6 +165,7 @@ class EtcdServerState:
     cert: str
     key: str
     log: str
+    more_hosts: list[str] = field(default_factory=list)  # its address of the lab's other IP family
 
 
 @dataclass
@@ -270,6 +273,10 @@ class LabState:
             if c.name == name:
                 return c
         raise MeshError(f"lab {self.name} has no cluster {name}")
+
+    def families_of(self, node: NodeState) -> list[int]:
+        """The IP families of a node's NICs: its own, else the lab's."""
+        return node.ip_families or self.ip_families
 
     def lookup(self, node: str) -> tuple[ClusterState, NodeState]:
         """A node by name or `cluster/name`."""

@@ -29,8 +29,9 @@ HEALTH_TIMEOUT = 3.0
 
 @dataclass
 class EtcdServer:
-    """`host` is the address clients use (inside `netns` when given); `tls` makes the client URL
-    https with client-cert auth; `peer_port` stays on 127.0.0.1 of the same namespace."""
+    """`host` is the address clients use (inside `netns` when given), `more_hosts` others it also
+    listens on (its address of the other IP family); `tls` makes the client URLs https with
+    client-cert auth; `peer_port` stays on 127.0.0.1 of the same namespace."""
 
     name: str
     data_dir: Path
@@ -41,15 +42,24 @@ class EtcdServer:
     tls: CertFiles | None = None
     log_file: Path | None = None
     pid: int | None = None
+    more_hosts: tuple[str, ...] = ()
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def _url(self, host: str) -> str:
+        host = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL is bracketed
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address in a URL is bracketed
-        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
+        return self._url(self.host)
+
+    @property
+    def urls(self) -> list[str]:
+        """Every client URL: `host`'s first, then `more_hosts`'."""
+        return [self._url(h) for h in (self.host, *self.more_hosts)]
 
     def argv(self) -> list[str]:
-        url = self.url
+        url = ",".join(self.urls)
         args = [
             "etcd", "--name", self.name, "--data-dir", str(self.data_dir),
             "--listen-client-urls", url, "--advertise-client-urls", url,

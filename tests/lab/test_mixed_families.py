@@ -1,0 +1,115 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Issue 22's mixed mesh in the namespace lab (lab/labs/mixed-families.yaml): IPv4-only nodes (a4,
+b4), IPv6-only ones (a6, and f6 behind a stateful IPv6 firewall, `lab.nat: firewall6`) and a
+dual-stack one (d1), each in a location of its own. The pairs that share no IP family are relayed
+through d1 and `meshctl status` says so; f6 is reached although its firewall drops every new
+connection from outside, because it calls its peers. One bring-up for the module."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from importlib.resources import files
+
+import pytest
+from click.testing import CliRunner
+
+from meshctl.backends.file import load_yaml
+from meshctl.cli import main
+from meshctl.lab.namespaces import build
+from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces import nat_router as labnat
+from meshctl.lab.namespaces import state as labstate
+from meshctl.lab.namespaces.spec import parse_lab
+from meshctl.lab.namespaces.state import LabState
+from meshctl.lab.rigs import netns
+from tests.names import unique
+
+from .conftest import node_of, status, wait_for
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+IPV4_ONLY = ("a4", "b4")
+IPV6_ONLY = ("a6", "f6", "g6")
+DUAL = "d1"
+NO_SHARED_FAMILY = {(a, b) for a in IPV4_ONLY for b in IPV6_ONLY} | {(b, a) for a in IPV4_ONLY for b in IPV6_ONLY}
+
+
+@pytest.fixture(scope="module")
+def mixed() -> Iterator[LabState]:
+    prefix = unique("mxf") + "-"
+    doc = load_yaml(str(files("meshctl") / "lab" / "labs" / "mixed-families.yaml"))
+    try:
+        yield build.up(parse_lab(doc), prefix=prefix)
+    finally:
+        build.down(labstate.lab_name(prefix))
+    assert not netns.list_prefixed(prefix)
+
+
+def addresses(ns: str | None, dev: str) -> list[str]:
+    return [a["local"] for link in json.loads(netns.run(ns, ["ip", "-j", "addr", "show", "dev", dev]).stdout)
+            for a in link["addr_info"] if a.get("scope") == "global"]
+
+
+def meshctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "meshctl.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_each_node_speaks_its_own_families(mixed: LabState) -> None:
+    assert addresses(node_of(mixed, "a4").netns, "pub") == ["198.51.100.11"]
+    assert addresses(node_of(mixed, "a6").netns, "pub") == ["2001:db8:100::13"]
+    assert addresses(node_of(mixed, DUAL).netns, "pub") == ["198.51.100.10", "2001:db8:100::10"]
+    # etcd answers in both families; each node dials it in its own.
+    e = mixed.clusters[0].etcd
+    assert e.endpoints == ["https://198.51.100.250:2379", "https://[2001:db8:100::250]:2379"]
+    assert build.etcd_endpoints_for(mixed, e, node_of(mixed, "a6")) == ["https://[2001:db8:100::250]:2379"]
+    assert build.etcd_endpoints_for(mixed, e, node_of(mixed, "a4")) == ["https://198.51.100.250:2379"]
+    r = CliRunner().invoke(main, ["lab", "status", "--lab", mixed.name, "-o", "json"])
+    assert r.exit_code == 0, r.output
+    rows = {n["node"]: n for n in json.loads(r.stdout)["nodes"]}
+    assert {n: (row["ip_families"], row["nat"]) for n, row in rows.items()} == {
+        "d1": ([4, 6], None), "a4": ([4], None), "b4": ([4], None), "a6": ([6], None), "f6": ([6], "firewall6"),
+        "g6": ([6], "firewall6")}
+
+
+def test_every_pair_reachable_in_both_pod_families_relayed_where_no_family_is_shared(mixed: LabState) -> None:
+    results = labcheck.check(mixed)
+    table = labcheck.format_matrix(results)
+    assert len(results) == 60 and all(r.ok for r in results), table
+    for r in results:
+        want = "relay" if (r.src, r.dst) in NO_SHARED_FAMILY else "tunnel"
+        assert (r.expected, r.path) == (want, want), f"IPv{r.family} {r.src}->{r.dst}\n{table}"
+
+
+def test_status_says_which_node_relays(mixed: LabState) -> None:
+    text = meshctl("status", "--lab", mixed.name, "--node", "a4")
+    assert text.returncode == 0, text.stderr
+    for dst in IPV6_ONLY:
+        assert f"relay: {dst} through {DUAL} (a4 (IPv4) and {dst} (IPv6) share no IP family)" in text.stdout
+    assert "relay: b4" not in text.stdout and "relay: d1" not in text.stdout
+    doc = meshctl("status", "--lab", mixed.name, "--node", "f6", "-o", "json")
+    assert doc.returncode == 0, doc.stderr
+    st = json.loads(doc.stdout)
+    assert {n: r["via"] for n, r in st["relays"].items()} == {"a4": DUAL, "b4": DUAL}
+    assert st["paths"]["a4"] == "relay" and st["paths"]["a6"] == st["paths"]["g6"] == "tunnel"
+
+
+def test_a_node_behind_an_ipv6_firewall_is_reached_because_it_calls_out(mixed: LabState) -> None:
+    """f6's firewall drops every new connection from outside (a ping to its public address, a
+    WireGuard initiation), yet its peers reach it at its own endpoint: its handshakes and
+    keepalives open the way back, g6's (behind a firewall of its own) too. When the firewall
+    forgets that state, f6's next keepalive opens it again."""
+    f6, a6 = node_of(mixed, "f6"), node_of(mixed, "a6")
+    assert f6.nat is not None and f6.nat.kind == "firewall6"
+    dropped = labnat.dropped(f6.nat)
+    assert labcheck.ping(a6.netns or "", f6.public_ip, count=2)[1] == 0  # nothing new gets in
+    assert labnat.dropped(f6.nat) >= dropped + 2
+    assert labcheck.ping(f6.netns or "", a6.public_ip, count=2)[1] == 2  # out (and its replies) it goes
+    for caller in ("a6", "g6"):  # called where it lives, not through a relay
+        peer = next(p for p in status(mixed, caller)["peers"] if p["name"] == "f6")
+        assert peer["endpoint"] == f"[{f6.public_ip}]:51820", caller
+    labnat.rebind(f6, mixed.clusters[0].port)  # the firewall forgets every connection
+    again = [("a6", "f6"), ("g6", "f6"), ("d1", "f6")]
+    assert wait_for(lambda: all(r.ok for r in labcheck.check(mixed, count=3, pairs=again, families=(6,))), 15, 0.5)
