@@ -89,6 +89,10 @@ def test_status_says_which_node_relays(mixed: LabState) -> None:
     for dst in IPV6_ONLY:
         assert f"relay: {dst} through {DUAL} (a4 (IPv4) and {dst} (IPv6) share no IP family)" in text.stdout
     assert "relay: b4" not in text.stdout and "relay: d1" not in text.stdout
+    # No private network here: the fast path is loaded but has nothing to steer, and says so rather
+    # than warning that no pod interface carries it.
+    assert "datapath ebpf (idle: no private interface, every peer goes through WireGuard)" in text.stdout
+    assert "none carry the fast path" not in text.stdout
     doc = meshctl("status", "--lab", mixed.name, "--node", "f6", "-o", "json")
     assert doc.returncode == 0, doc.stderr
     st = json.loads(doc.stdout)

@@ -277,7 +277,8 @@ class LiveReader:
         watch = self.pods()
         found = tuple(watch.current) if watch is not None else ()
         warning = None
-        if found and not carrying and fastpath_off(self.cfg) is None:  # else the datapath line says why
+        # else the datapath line says why (off, or idle without a private interface)
+        if found and not carrying and fastpath_off(self.cfg) is None and self.cfg.private_interface:
             why = "the fast path is not loaded" if dp.mode != "ebpf" else \
                 f"--pod-interfaces {self.cfg.pod_interfaces!r} matches none of them"
             warning = f"{len(found)} pod interface(s) on this node and none carry the fast path: {why}"

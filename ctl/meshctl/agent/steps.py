@@ -395,6 +395,11 @@ class TunnelsStep(Quiet):
             self.applier.forget()
 
 
+# The datapath's reason in status on a node with no private NIC: the programs are loaded but attach
+# nowhere, since every peer of such a node is reached through WireGuard (nothing to steer).
+IDLE_NO_PRIVATE = "idle: no private interface, every peer goes through WireGuard"
+
+
 class DatapathStep:
     """The fast path: programs attached to the private NIC and pod interfaces, the plan in its maps.
 
@@ -474,6 +479,7 @@ class DatapathStep:
         from meshctl.datapath.features import probe
 
         # how the programs hook in, which helpers they do without on this kernel, where they came from
-        block = DatapathStatus(dp.mode, dp.reason, counters, self._synced, "clsact" if dp.clsact else "tcx",
+        reason = dp.reason if self.cfg.private_interface else IDLE_NO_PRIVATE
+        block = DatapathStatus(dp.mode, reason, counters, self._synced, "clsact" if dp.clsact else "tcx",
                                tuple(probe().fallbacks()), dp.objects, refusals())
         return DatapathReport(block, self._attached or ())
