@@ -101,6 +101,8 @@ class StepRunner:
             full = first
             if paying and s.name in self._owed:
                 full = paying = self._pay(s)
+                if not paying:
+                    log.info("full pass: a change waits; %s read in full at the next tick", ", ".join(self._owed))
             if inputs is not None and not full and self._applied.get(s.name) == inputs:
                 run.steps_ms[s.name] = 0.0
                 continue
