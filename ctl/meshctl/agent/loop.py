@@ -7,8 +7,9 @@
 The loop runs in one thread, woken by the backend (debounced a few ms so a burst of records costs
 one pass) and every `resync_interval` to repair drift (a full pass; a change that arrives during
 one is applied first and the loop's next tick finishes it: agent/step_runner.py). Each step's
-failure is logged and counted and never stops the others. When the backend is not ready (etcd away) nothing is applied:
-routes, WireGuard and maps stay as they are, which is what keeps traffic flowing.
+failure is logged and counted and never stops the others. When the backend is not ready (etcd
+away) nothing is applied: routes, WireGuard and maps stay as they are, which is what keeps
+traffic flowing.
 
 `ReconcileLoop` is the thread (when to pass), `PassDriver` one pass. The pass drives its steps
 through a StepRunner and never reads or assigns a step's attributes; what the loop needs of
