@@ -23,7 +23,7 @@ baseline it names, measured in the same run:
    bytes: `etcd_network_client_grpc_sent_bytes_total`, streams:
    `etcd_debugging_mvcc_watch_stream_total`) and by `ss` (connections to its client port).
 
-    .venv/bin/python bench/clustermesh_scale.py [--parts plan,agent,watch] [--prefix sc-]
+    .venv/bin/python bench/clustermesh_scale.py [--parts plan,agent,watch] [--prefix sc-] [--addressing index|stable]
 
 A fourth part, `routes` (not in the default), times the route applier alone at the plan's size
 (100,000 routes in a namespace `<prefix>rt`): a sync of the same plan, one route added, and the
@@ -49,7 +49,7 @@ from convergence import SYNTH_BASE, measure_joins, rss_mb, synth_record
 from meshctl.mesh import records
 from meshctl.mesh.admit import admit_local
 from meshctl.mesh.admit_memo import RemoteAdmission
-from meshctl.mesh.model import Cluster, MeshSettings, Topology
+from meshctl.mesh.model import WIREGUARD_ADDRESSINGS, Cluster, MeshSettings, Topology, WireGuardAddressing
 from meshctl.mesh.plan import _remote_segment, plan_node
 from meshctl.process import gc_paused
 
@@ -64,10 +64,10 @@ def cluster_name(k: int) -> str:
     return f"cluster{k + 1}"
 
 
-def mesh_of(k: int) -> MeshSettings:
+def mesh_of(k: int, addressing: WireGuardAddressing = "index") -> MeshSettings:
     """cluster1 and cluster2 keep the two-cluster lab's subnets; the others get one each."""
     subnet = {0: "10.4.0.0/16", 1: "10.5.0.0/16"}.get(k, f"10.{60 + k}.0.0/16")
-    return MeshSettings(granularity="location", subnet=ipaddress.ip_network(subnet))
+    return MeshSettings(granularity="location", subnet=ipaddress.ip_network(subnet), wireguard_addressing=addressing)
 
 
 def record(k: int, i: int, g: int | None = None) -> tuple[str, dict[str, Any]]:
@@ -88,13 +88,13 @@ def joiner(k: int, per: int, n: int) -> tuple[str, dict[str, Any]]:
     return record(k, per + n * LOCATIONS + 7, g=CLUSTERS * MAX_PER + 100 * k + n)
 
 
-def topology(k: int, per: int, extra: int = 0) -> Topology:
+def topology(k: int, per: int, extra: int = 0, addressing: WireGuardAddressing = "index") -> Topology:
     """Cluster k as the agent sees it: local records as the local backend parses them, remote ones
     marked with their cluster (backends.clustermesh sets record_cluster)."""
     mark = "" if k == 0 else cluster_name(k)
     nodes = [records.parse_node(rec, f"/meshctl/{cluster_name(k)}/nodes/{name}", cluster=mark)
              for name, rec in [*(record(k, i) for i in range(per)), *(joiner(k, per, n) for n in range(extra))]]
-    return Topology(cluster=Cluster(cluster_name(k), k + 1), mesh=mesh_of(k), nodes=tuple(nodes))
+    return Topology(cluster=Cluster(cluster_name(k), k + 1), mesh=mesh_of(k, addressing), nodes=tuple(nodes))
 
 
 def joined(topo: Topology, k: int, per: int, n: int) -> Topology:
@@ -119,7 +119,7 @@ def one_pass(local: Topology, remotes: list[Topology], memo: RemoteAdmission) ->
     return t1 - t0, t2 - t1, len(plan.routes)
 
 
-def bench_plan(sizes: list[int], repeat: int, profile: bool) -> None:
+def bench_plan(sizes: list[int], repeat: int, profile: bool, addressing: WireGuardAddressing) -> None:
     print(f"1. plan of {ME} in cluster1, 10 clusters x N/10 nodes, {LOCATIONS} locations each "
           f"(median of {repeat}; CPU shared with other runs)")
     print(f"{'nodes':>7} {'cold admit+plan':>22} {'join admit+plan':>22} {'routes':>7} {'join vs 5k':>10} "
@@ -127,8 +127,8 @@ def bench_plan(sizes: list[int], repeat: int, profile: bool) -> None:
     rows = []
     for n in sizes:
         per = n // CLUSTERS
-        local, _ = admit_local(topology(0, per))
-        remotes = [topology(k, per) for k in range(1, CLUSTERS)]
+        local, _ = admit_local(topology(0, per, addressing=addressing))
+        remotes = [topology(k, per, addressing=addressing) for k in range(1, CLUSTERS)]
         cold = []
         for _ in range(repeat):
             _remote_segment.cache_clear()
@@ -156,8 +156,8 @@ def bench_plan(sizes: list[int], repeat: int, profile: bool) -> None:
         import pstats
 
         per = n // CLUSTERS
-        local, _ = admit_local(topology(0, per))
-        remotes = [topology(k, per) for k in range(1, CLUSTERS)]
+        local, _ = admit_local(topology(0, per, addressing=addressing))
+        remotes = [topology(k, per, addressing=addressing) for k in range(1, CLUSTERS)]
         memo = RemoteAdmission()
         one_pass(local, remotes, memo)
         remotes[4] = joined(remotes[4], 5, per, repeat)
@@ -193,7 +193,7 @@ def has_route(ns: str, cidr: str) -> bool:
     return bool(out.strip())
 
 
-def bench_agent(sizes: list[int], joins: int, prefix: str) -> None:
+def bench_agent(sizes: list[int], joins: int, prefix: str, addressing: WireGuardAddressing) -> None:
     """The two-cluster lab with one agent per cluster; cluster3..cluster10 added in cluster2's etcd
     (readable by cluster1 as its remote user), one clustermesh file each beside cluster2's."""
     from meshctl.backends.etcd import node_key, write_topology
@@ -206,6 +206,8 @@ def bench_agent(sizes: list[int], joins: int, prefix: str) -> None:
           f"processes (cluster1's; cluster2's holding cluster2..cluster10), {joins} joins each")
     doc = copy.deepcopy(LAB_DOC)
     doc["lab"]["prefix"] = prefix
+    for c in doc["clusters"]:
+        c["mesh"]["wireguard_addressing"] = addressing
     t = time.monotonic()
     st = build.up(parse_lab(doc, "clustermesh_scale"), prefix=prefix)
     rows = []
@@ -217,7 +219,7 @@ def bench_agent(sizes: list[int], joins: int, prefix: str) -> None:
         cm = Path(c1.clustermesh_dir or "")
         for k in range(2, CLUSTERS):
             admin.role("remote", reader_grants(cluster_name(k)))
-            write_topology(kv2, Cluster(cluster_name(k), k + 1), mesh_of(k))
+            write_topology(kv2, Cluster(cluster_name(k), k + 1), mesh_of(k, addressing))
             (cm / cluster_name(k)).write_text((cm / "cluster2").read_text())
         print(f"   lab up in {time.monotonic() - t:.0f} s; a1 pid {a1.pid}")
         written = 0
@@ -233,7 +235,7 @@ def bench_agent(sizes: list[int], joins: int, prefix: str) -> None:
             wait_until(lambda lasts=lasts: all(has_route(a1.netns, c) for c in lasts), f"a1 routes at {n}", 900)
             converge = time.monotonic() - t0
             time.sleep(3)
-            js = measure_joins(kv2, "cluster5", [a1], joins, settle=max(1.0, 2 * converge / 10), timeout=60)
+            js = measure_joins(kv2, "cluster5", [a1], joins, settle=max(1.0, 2 * converge / 10), timeout=180)
             s = labcheck.agent_status(a1, timeout=60) or {}
             last = s.get("last_reconcile") or {}
             rows.append({"nodes": n, "converge": converge, "join_ms": 1000 * statistics.median(js),
@@ -242,6 +244,7 @@ def bench_agent(sizes: list[int], joins: int, prefix: str) -> None:
                          "rss": rss_mb(a1.pid),
                          "remote": sum(c.get("nodes", 0) for c in (s.get("remotes") or {}).get("clusters", []))})
             print(f"   {n}: first converge {converge:.1f} s; last pass steps (ms) {last.get('steps_ms')}")
+            print(f"   {n}: each join -> route (ms) {[round(1000 * j) for j in js]}")
     finally:
         build.down(st.name)
     print(f"{'nodes':>7} {'remote seen':>11} {'first converge':>15} {'join->route':>12} {'max':>7} {'last pass':>10} "
@@ -417,13 +420,15 @@ def main() -> None:
     ap.add_argument("--agent-sizes", default="5000,50000")
     ap.add_argument("--agent-joins", type=int, default=5, help="the joins of part 2, per size")
     ap.add_argument("--routes", type=int, default=100000, help="the routes of part `routes`")
+    ap.add_argument("--addressing", choices=WIREGUARD_ADDRESSINGS, default="index",
+                    help="every cluster's mesh.wireguard_addressing (parts plan and agent)")
     args = ap.parse_args()
     parts = args.parts.split(",")
     t = time.monotonic()
     if "plan" in parts:
-        bench_plan([int(s) for s in args.sizes.split(",")], args.repeat, args.profile)
+        bench_plan([int(s) for s in args.sizes.split(",")], args.repeat, args.profile, args.addressing)
     if "agent" in parts:
-        bench_agent([int(s) for s in args.agent_sizes.split(",")], args.agent_joins, args.prefix)
+        bench_agent([int(s) for s in args.agent_sizes.split(",")], args.agent_joins, args.prefix, args.addressing)
     if "watch" in parts:
         bench_watch(args.watchers, args.joins)
     if "routes" in parts:

@@ -119,7 +119,8 @@ CHANGES = {
     "default": [["granularity=full"], ["granularity=cross"], ["intra_subnet=auto"],
                 ["granularity=cross", "intra_subnet=wireguard"],
                 ["subnet=10.5.0.0/16", "granularity=full"], ["port=51821"],
-                ["granularity=full", "intra_subnet=auto", "private_networks=10.10.0.0/16"]],
+                ["granularity=full", "intra_subnet=auto", "private_networks=10.10.0.0/16"],
+                ["granularity=full", "wireguard_addressing=stable"]],
     "fabrics": [["granularity=location"], ["granularity=cross", "intra_subnet=vxlan"], ["intra_subnet=direct"],
                 ["private_networks=10.30.0.0/16"]],
 }
@@ -185,8 +186,8 @@ def test_set_writes_the_record_and_get_reads_it_back(etcd: EtcdServer, tmp_path:
     assert got.exit_code == 0, got.output
     assert json.loads(got.stdout) == {"granularity": "full", "subnet": "10.4.0.0/16", "subnet6": None, "port": 51820,
                                       "intra_subnet": "direct", "private_networks": ["10.10.0.0/16"],
-                                      "allow_default_route": False}
-    assert "granularity          full" in meshctl(etcd, "mesh", "get").stdout.splitlines()
+                                      "allow_default_route": False, "wireguard_addressing": "index"}
+    assert ["granularity", "full"] in [ln.split() for ln in meshctl(etcd, "mesh", "get").stdout.splitlines()]
     after = write(tmp_path, {**doc, "mesh": mesh_to_record(written)}, "after.yaml")
     live = meshctl(etcd, "plan", "--backend", "etcd", "--node", "a2", "-o", "json")
     assert json.loads(live.stdout) == plan(after, "a2")[0], "the agents now plan what the diff said"

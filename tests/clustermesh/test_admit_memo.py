@@ -14,7 +14,7 @@ import pytest
 
 from meshctl.mesh.admit import admit_local, admit_remotes
 from meshctl.mesh.admit_memo import RemoteAdmission
-from meshctl.mesh.model import Cluster, Endpoint, MeshSettings, Node, Topology
+from meshctl.mesh.model import Cluster, Endpoint, MeshSettings, Node, Topology, WireGuardAddressing
 from tests.plan.fixtures import key
 
 LOCAL_MESH = MeshSettings(subnet=ipaddress.ip_network("10.4.0.0/16"))
@@ -33,9 +33,9 @@ def local_topo(*nodes: Node, mesh: MeshSettings = LOCAL_MESH) -> Topology:
     return topo
 
 
-def remote(name: str, cid: int, *nodes: Node) -> Topology:
+def remote(name: str, cid: int, *nodes: Node, addressing: WireGuardAddressing = "index") -> Topology:
     subnet = ipaddress.ip_network(f"10.{4 + cid}.0.0/16")
-    return Topology(cluster=Cluster(name, cid), mesh=MeshSettings(subnet=subnet),
+    return Topology(cluster=Cluster(name, cid), mesh=MeshSettings(subnet=subnet, wireguard_addressing=addressing),
                     nodes=tuple(replace(n, cluster=name) for n in nodes))
 
 
@@ -106,7 +106,8 @@ def test_memoised_admission_equals_scratch_over_random_changes(seed: int) -> Non
             step(rng, clusters, n)
         # Unchanged clusters keep their view objects, as the watcher hands them out.
         for c, (cid, nodes) in clusters.items():
-            new = remote(c, cid, *nodes)
+            # Remote clusters of both addressings (each its own mesh.wireguard_addressing).
+            new = remote(c, cid, *nodes, addressing="stable" if (cid + seed) % 2 else "index")
             if views.get(c) != new:
                 views[c] = new
         views = {c: v for c, v in views.items() if c in clusters}

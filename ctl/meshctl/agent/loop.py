@@ -5,9 +5,11 @@
         -> mesh.plan.plan_node -> steps (WireGuard, routes, sysctls, NAT, datapath) -> status/metrics
 
 The loop runs in one thread, woken by the backend (debounced a few ms so a burst of records costs
-one pass) and every `resync_interval` to repair drift. Each step's failure is logged and counted
-and never stops the others. When the backend is not ready (etcd away) nothing is applied:
-routes, WireGuard and maps stay as they are, which is what keeps traffic flowing.
+one pass) and every `resync_interval` to repair drift (a full pass; a change that arrives during
+one is applied first and the loop's next tick finishes it: agent/step_runner.py). Each step's
+failure is logged and counted and never stops the others. When the backend is not ready (etcd
+away) nothing is applied: routes, WireGuard and maps stay as they are, which is what keeps
+traffic flowing.
 
 `ReconcileLoop` is the thread (when to pass), `PassDriver` one pass. The pass drives its steps
 through a StepRunner and never reads or assigns a step's attributes; what the loop needs of
@@ -116,8 +118,9 @@ class ReconcileLoop:
                 same_ifs = self.passes.pods() == self.passes.pod_ifs
                 due = now >= next_scan
                 settling = self.passes.runner.wants_pass(now, last_pass)
+                owing = self.passes.runner.full_owed()  # a full pass a change cut short: finish it
                 observed = self._observe()
-                if same_ifs and not due and not settling and not observed:
+                if same_ifs and not due and not settling and not observed and not owing:
                     continue
                 settle = settling and same_ifs and not due
             time.sleep(DEBOUNCE_S)

@@ -7,13 +7,22 @@ Make before break: a pass first runs `sync` on every step (each adds or replaces
 wants), then `retire` on the steps that synced, in reverse order (each removes what the plan no
 longer wants). So the old state goes only once every new piece is in place: a route that moved
 to the WireGuard device is there before the old peer loses the address, a fast-path entry that
-moved to a kernel route is deleted only after the route exists."""
+moved to a kernel route is deleted only after the route exists.
+
+A full pass (every step forgets and reads the kernel again, every resync interval) may take
+seconds with tens of thousands of routes and peers; a change that arrives meanwhile must not wait
+for it. So after the first pass a full pass is a debt of steps, paid one step at a time: before
+each step's full read the runner asks `pending` (a change is waiting for the loop); when one is,
+the remaining steps run as in any pass and stay owed, the pass ends, the loop runs the change, and
+the next pass of the loop's tick (`full_owed` asks for one) pays the rest. A debt older than one
+interval is paid whatever is pending, so a steady stream of changes cannot postpone repairs
+forever."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 from meshctl.agent.reporting import PassLog
 from meshctl.agent.steps import PassInput, Step, StepStatus
@@ -24,53 +33,84 @@ log = logging.getLogger("meshctl.agent")
 class StepRunner:
     """The steps of every pass, the inputs of each one's last success, and the full-pass clock."""
 
-    def __init__(self, steps: Sequence[Step], resync_interval: float) -> None:
+    def __init__(self, steps: Sequence[Step], resync_interval: float,
+                 pending: Callable[[], bool] = lambda: False) -> None:
         self.steps = list(steps)
         self.resync_interval = resync_interval
         self.full_total = 0
+        self.pending = pending  # a change waits for the loop (its wake event is set)
         self._applied: dict[str, Hashable] = {}
         self._full_due: float | None = None  # None: the first pass, always a full one
+        self._owed: list[str] = []  # steps whose full read the current full pass still owes
+        self._owed_since = 0.0
 
     def wants_pass(self, now: float, last_pass: float) -> bool:
         """A step asks for a pass although nothing changed (Step.wants_pass)."""
         return any(s.wants_pass(now, last_pass) for s in self.steps)
 
+    def full_owed(self) -> bool:
+        """A full pass was cut short by a change: the loop's next tick should run a pass to finish it."""
+        return bool(self._owed)
+
     def reports(self) -> list[StepStatus]:
         """Every step's status report, read now."""
         return [s.status() for s in self.steps]
 
-    def _full_pass_due(self, timer_pass: bool) -> bool:
-        """Full passes (every step reads the kernel again) come from the loop's own tick, so they do
-        not slow down the pass that applies a change, unless changes keep coming for two intervals.
-        The first pass is always full, however young the machine's monotonic clock is."""
+    def _full_pass_due(self, timer_pass: bool) -> tuple[bool, bool]:
+        """Whether this pass pays full reads, and whether it is the first pass. Full passes (every
+        step reads the kernel again) come from the loop's own tick, so they do not slow down the
+        pass that applies a change, unless changes keep coming for two intervals. The first pass
+        is always full and owes nothing afterwards, however young the machine's monotonic clock is."""
         now = time.monotonic()
         due = self._full_due
-        full = due is None or (now >= due and (timer_pass or now >= due + self.resync_interval))
-        if full:
+        if due is None:
             self._full_due = now + self.resync_interval
-        return full
+            return True, True
+        if not self._owed and now >= due and (timer_pass or now >= due + self.resync_interval):
+            self._full_due = now + self.resync_interval
+            self._owed, self._owed_since = [s.name for s in self.steps], now
+        overdue = now >= self._owed_since + self.resync_interval
+        return bool(self._owed) and (timer_pass or overdue), False
+
+    def _pay(self, s: Step) -> bool:
+        """Step `s` reads the kernel in full now, unless a change waits (and the debt is not
+        overdue): False then, and the caller pays nothing more this pass."""
+        if self.pending() and time.monotonic() < self._owed_since + self.resync_interval:
+            return False
+        self._owed.remove(s.name)
+        s.forget()
+        self._applied.pop(s.name, None)
+        return True
 
     def run(self, p: PassInput, run: PassLog) -> None:
         """Run every step's `sync` in order, then `retire` on those that synced, in reverse order.
-        A step whose inputs did not change since it last succeeded is skipped, except on a full
-        pass; a failing step is counted, logged and made to forget, and never stops the others (a
-        step whose sync failed does not retire: it removes nothing while its new state is not in
-        place)."""
-        full = run.full = self._full_pass_due(p.timer_pass)
-        if full:
-            self.full_total += 1
+        A step whose inputs did not change since it last succeeded is skipped, except when it reads
+        the kernel in full; a failing step is counted, logged and made to forget, and never stops the
+        others (a step whose sync failed does not retire: it removes nothing while its new state is
+        not in place). `run.full`: this pass finished a full pass."""
+        paying, first = self._full_pass_due(p.timer_pass)
+        if first:
             for s in self.steps:
                 s.forget()
             self._applied.clear()
+        owed_before = bool(self._owed)
         by_name = {s.name: s for s in self.steps}
         synced: list[tuple[Step, Hashable | None]] = []
         for s in self.steps:
             inputs = s.inputs(p)
+            full = first
+            if paying and s.name in self._owed:
+                full = paying = self._pay(s)
+                if not paying:
+                    log.info("full pass: a change waits; %s read in full at the next tick", ", ".join(self._owed))
             if inputs is not None and not full and self._applied.get(s.name) == inputs:
                 run.steps_ms[s.name] = 0.0
                 continue
             if self._sync(s, p, run, by_name):
                 synced.append((s, inputs))
+        run.full = first or (owed_before and not self._owed)
+        if run.full:
+            self.full_total += 1
         disturbed = self._retire(reversed(synced), p, run)
         # A retire disturbed a step (kilo0 lost its last address and, with it, its routes): that
         # step reads the kernel and runs again now, not at the next full pass. Once: what this

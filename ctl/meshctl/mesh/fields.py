@@ -17,11 +17,13 @@ from typing import Any, TypeVar, cast
 from meshctl.errors import MISSING, InputError
 from meshctl.mesh.model import (
     GRANULARITIES,
+    WIREGUARD_ADDRESSINGS,
     Endpoint,
     Granularity,
     IPInterface,
     IPNetwork,
     KeyRef,
+    WireGuardAddressing,
 )
 
 T = TypeVar("T", IPNetwork, IPInterface, Endpoint)
@@ -64,10 +66,19 @@ def cluster_id(value: Any, path: str) -> int:
     return integer(value, path, 1, 255, "is not a cluster id in 1..255")
 
 
+def one_of(value: Any, path: str, choices: tuple[str, ...]) -> str:
+    """A field whose value is one of a few names (a mode): the error lists them."""
+    if value not in choices:
+        raise InputError(path, value, f"is not one of {', '.join(choices)}")
+    return cast(str, value)
+
+
 def granularity(value: Any, path: str) -> Granularity:
-    if value not in GRANULARITIES:
-        raise InputError(path, value, f"is not one of {', '.join(GRANULARITIES)}")
-    return cast(Granularity, value)
+    return cast(Granularity, one_of(value, path, GRANULARITIES))
+
+
+def wireguard_addressing(value: Any, path: str) -> WireGuardAddressing:
+    return cast(WireGuardAddressing, one_of(value, path, WIREGUARD_ADDRESSINGS))
 
 
 def location(value: Any, path: str) -> str:

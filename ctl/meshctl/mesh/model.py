@@ -21,6 +21,10 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Granularity = Literal["location", "full", "cross"]
 IntraSubnet = Literal["auto", "direct", "vxlan", "ipip", "wireguard-private", "wireguard"]
 GRANULARITIES: tuple[str, ...] = ("location", "full", "cross")
+# How segments get their WireGuard addresses (mesh.segments): `index`, the i-th segment by key takes
+# the subnet's address i+1 (Kilo's scheme, the default); `stable`, each from a hash of its key.
+WireGuardAddressing = Literal["index", "stable"]
+WIREGUARD_ADDRESSINGS: tuple[str, ...] = ("index", "stable")
 DEFAULT_INTRA_SUBNET: IntraSubnet = "auto"
 
 # The path ladder between two nodes, cheapest first (docs/mesh.md, "The path ladder"). The private
@@ -129,6 +133,9 @@ class MeshSettings:
     # The IPv6 WireGuard subnet of a dual-stack mesh (`subnet` is then IPv4): every segment gets an
     # address in each subnet, so both families' routes into WireGuard have a gateway of their family.
     subnet6: IPNetwork | None = None
+    # How segments' WireGuard addresses are derived (mesh.segments.segments; docs/mesh.md,
+    # "WireGuard addresses"): `stable` only when asked, so an upgrade never renumbers a mesh.
+    wireguard_addressing: WireGuardAddressing = "index"
 
     @property
     def subnets(self) -> tuple[IPNetwork, ...]:

@@ -117,6 +117,7 @@ def settings_view(m: MeshSettings) -> dict[str, Any]:
         "granularity": m.granularity, "subnet": str(m.subnet),
         "subnet6": str(m.subnet6) if m.subnet6 is not None else None, "port": m.port, "intra_subnet": m.intra_subnet,
         "private_networks": [str(n) for n in m.private_networks], "allow_default_route": m.allow_default_route,
+        "wireguard_addressing": m.wireguard_addressing,
     }
     assert tuple(view) == MESH_FIELDS
     return view

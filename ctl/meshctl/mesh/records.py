@@ -37,6 +37,7 @@ from meshctl.mesh.fields import (
     pod_cidrs,
     port,
     wg_key,
+    wireguard_addressing,
 )
 from meshctl.mesh.model import (
     DEFAULT_INTRA_SUBNET,
@@ -180,7 +181,8 @@ def parse_peer(d: Any, path: str) -> Peer:
     )
 
 
-MESH_FIELDS = ("granularity", "subnet", "subnet6", "port", "intra_subnet", "private_networks", "allow_default_route")
+MESH_FIELDS = ("granularity", "subnet", "subnet6", "port", "intra_subnet", "private_networks", "allow_default_route",
+               "wireguard_addressing")
 
 
 def parse_mesh(d: Any, path: str) -> MeshSettings:
@@ -204,7 +206,9 @@ def parse_mesh(d: Any, path: str) -> MeshSettings:
                         port=port(d.get("port", DEFAULT_PORT), f"{path}.port"),
                         intra_subnet=intra,
                         private_networks=cidr_list(d.get("private_networks"), f"{path}.private_networks"),
-                        allow_default_route=boolean(d.get("allow_default_route", False), f"{path}.allow_default_route"))
+                        allow_default_route=boolean(d.get("allow_default_route", False), f"{path}.allow_default_route"),
+                        wireguard_addressing=wireguard_addressing(d.get("wireguard_addressing", "index"),
+                                                                  f"{path}.wireguard_addressing"))
 
 
 def _wg_subnet(value: Any, path: str) -> IPNetwork:
@@ -223,6 +227,8 @@ def mesh_to_record(m: MeshSettings) -> dict[str, Any]:
         rec["private_networks"] = [str(n) for n in m.private_networks]
     if m.allow_default_route:  # written only when set: agents that predate the field keep reading the record
         rec["allow_default_route"] = True
+    if m.wireguard_addressing != "index":  # written only when set, as allow_default_route
+        rec["wireguard_addressing"] = m.wireguard_addressing
     return rec
 
 

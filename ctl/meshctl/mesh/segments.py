@@ -9,6 +9,7 @@ the same segments (docs/mesh.md).
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -98,7 +99,9 @@ def choose_leader(members: Sequence[Node]) -> Node:
 
 
 def segments(topo: Topology) -> list[Segment]:
-    """The topology's segments, sorted by key; the i-th gets the subnet's address i+1."""
+    """The topology's segments, sorted by key, each with one WireGuard address per subnet of the
+    mesh, as `mesh.wireguard_addressing` derives them (`segment_offsets`): a pure function of the
+    records and the mesh settings, so every node that admitted the same records agrees."""
     gran = topo.mesh.granularity
     groups: dict[str, list[Node]] = {}
     for n in topo.nodes:
@@ -107,13 +110,46 @@ def segments(topo: Topology) -> list[Segment]:
     for field, subnet in zip(("mesh.subnet", "mesh.subnet6"), subnets, strict=False):
         if len(groups) + 1 >= subnet.num_addresses:
             raise InputError(field, str(subnet), f"has no room for {len(groups)} segments")
+    keys = sorted(groups)
+    offsets = [segment_offsets(keys, topo.mesh.wireguard_addressing, subnet) for subnet in subnets]
     out: list[Segment] = []
-    for i, key in enumerate(sorted(groups)):
+    for i, key in enumerate(keys):
         members = tuple(sorted(groups[key], key=lambda n: n.name))
-        wgs = tuple(_nth(subnet, i + 1) for subnet in subnets)
+        wgs = tuple(_nth(subnet, offs[i]) for subnet, offs in zip(subnets, offsets, strict=True))
         cluster = members[0].cluster
         out.append(Segment(key, members, choose_leader(members), wgs[0], cluster, wgs if len(wgs) > 1 else ()))
     return out
+
+
+def segment_offsets(keys: Sequence[str], addressing: str, subnet: IPNetwork) -> list[int]:
+    """The offset into `subnet` of each segment's WireGuard address, for `keys` sorted, each
+    within 1 .. num_addresses - 2 (never the network address, nor the last one).
+
+    `index` (Kilo's): the i-th key takes i + 1, so a key that sorts early moves every later one.
+    `stable`: each key's home is a hash of the key (blake2b, the same on every node and Python
+    version) into that range; keys ordered by (home, key) take their home or, when it is taken, the
+    next free offset after it (open addressing, wrapping past the end). A key that joins moves no
+    other key's address unless its home falls in a run of taken offsets that the key's arrival
+    pushes along (a collision); with the subnet mostly empty, runs are short. The caller checks
+    that the subnet has room."""
+    if addressing == "index":
+        return list(range(1, len(keys) + 1))
+    usable = subnet.num_addresses - 2
+    homes = sorted((_home(k, usable), k) for k in keys)
+    taken: set[int] = set()
+    at: dict[str, int] = {}
+    for home, k in homes:
+        slot = home
+        while slot in taken:
+            slot = (slot + 1) % usable
+        taken.add(slot)
+        at[k] = slot + 1
+    return [at[k] for k in keys]
+
+
+def _home(key: str, usable: int) -> int:
+    """Where `key`'s address goes when nothing else is there: 0 .. usable - 1."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=16).digest(), "big") % usable
 
 
 def _nth(subnet: IPNetwork, i: int) -> IPInterface:
