@@ -58,6 +58,23 @@ def test_a_summary_names_each_peers_rung_its_ladder_start_probe_and_handshake() 
     assert NodeSeen.from_json(json.loads(json.dumps(seen.to_json()))) == seen
 
 
+def test_past_its_bound_a_summary_keeps_the_observed_peers_then_its_own_clusters() -> None:
+    """A summary holds at most MAX_PEERS peers (a reader refuses more, etcd a value that large): in
+    a cluster mesh past it, what was observed (a probe, a handshake, an unreached peer) stays, then
+    this cluster's nodes; the rest are drawn on their plan's rung."""
+    paths = {"a1": "local", "a2": "direct", "b1": "tunnel", "b2": "tunnel", "b3": "relay",
+             "c2/g1": "tunnel", "c2/g2": "tunnel", "c2/g3": "tunnel"}
+    pairs = {"a2": {"rung": "direct", "ladder": ["direct", "tunnel"], "probes": {}}}
+    peers = ({"name": "g3", "kind": "remote", "public_key": "k", "allowed_ips": [], "rx_bytes": 1,
+              "tx_bytes": 1, "last_handshake": 1, "handshake_age_s": 3.0},
+             {"name": "g2", "kind": "remote", "public_key": "k", "allowed_ips": [], "rx_bytes": 1,
+              "tx_bytes": 1, "last_handshake": 0})
+    st = status(paths, pairs=pairs, unreached=("b3",), peers=peers)
+    assert list(summarise(st, "c1", 1.0, limit=4).peers) == ["a2", "b3", "c2/g3", "b1"]
+    assert list(summarise(st, "c1", 1.0, limit=6).peers) == ["a2", "b3", "c2/g3", "b1", "b2", "c2/g1"]
+    assert len(summarise(st, "c1", 1.0).peers) == 7, "under the bound every peer is there, in the plan's order"
+
+
 def test_writes_are_bounded_however_often_the_rungs_change() -> None:
     pub = SeenPublisher()
     flip = [NodeSeen("a1", "c1", 0, {"a2": PeerSeen(r, "direct")}) for r in ("direct", "direct+vxlan")]

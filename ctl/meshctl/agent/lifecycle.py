@@ -106,7 +106,8 @@ class Agent:
         self._spawn("datapath-open", self._open_datapath)
         if isinstance(self.backend, SeenStore):
             store = self.backend
-            self._spawn("seen", lambda: publish_loop(store, self.status, self.cfg.cluster_name, self.stop_event))
+            self._spawn("seen", lambda: publish_loop(store, lambda: self.status(node_list=False), self.cfg.cluster_name,
+                                                      self.stop_event))
         self.wake()
 
     def _watch_pods(self) -> None:
@@ -208,10 +209,14 @@ class Agent:
             return ProbeResult(peer, rung, None, False, None, 0.0, f"{peer} is not a node of this agent's plan")
         return self.paths.probe(peer, rung)
 
-    def status(self) -> AgentStatus:
-        """The last pass's summary with the live parts read now (the /status document, the metrics)."""
+    def status(self, node_list: bool = True) -> AgentStatus:
+        """The last pass's summary with the live parts read now (the /status document, the metrics);
+        without `node_list`, the node list is left out (None): the summary publisher needs no
+        node rows, and building them anew for every new view at 50,000 nodes would compete with the
+        loop for the interpreter right when a change is applied."""
         if self._running is None:
             raise RuntimeError("the agent has not started")
         passes, live = self._running.passes, self._running.live
         ready, reason, summary = passes.recorder.head
-        return AgentStatus(self.cfg.node_name, ready, reason, summary, live.read(passes.last_plan, passes.last_view))
+        return AgentStatus(self.cfg.node_name, ready, reason, summary,
+                           live.read(passes.last_plan, passes.last_view if node_list else None))

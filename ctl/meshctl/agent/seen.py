@@ -21,7 +21,7 @@ from typing import Protocol, runtime_checkable
 
 from meshctl.agent.status import AgentStatus
 from meshctl.mesh.chooser import RUNG_KIND, ProbeTuning
-from meshctl.mesh.observed import NodeSeen, PeerSeen
+from meshctl.mesh.observed import MAX_PEERS, NodeSeen, PeerSeen
 
 log = logging.getLogger("meshctl.agent.seen")
 
@@ -41,20 +41,30 @@ class SeenStore(Protocol):
         """Write this node's summary; it must go with the node's record when the agent dies."""
 
 
-def summarise(status: AgentStatus, cluster: str, now: float) -> NodeSeen:
+def summarise(status: AgentStatus, cluster: str, now: float, limit: int = MAX_PEERS) -> NodeSeen:
     """What the node sees of each peer of its last plan. A peer the plan left unreached has no rung;
     a probed pair's rung is the prober's choice (its ladder's first rung is `first`), an unprobed
-    one's the plan's."""
+    one's the plan's.
+
+    At most `limit` peers (a summary's bound, mesh.observed.MAX_PEERS): past it (a cluster mesh of
+    tens of thousands of nodes) the peers something was observed of come first (probed, a
+    WireGuard handshake, unreached), then this cluster's nodes, by name; a peer left out is drawn on
+    its plan's rung, as a pair no end reports always is."""
     summary, live = status.summary, status.live
     if summary is None:
         return NodeSeen(status.node, cluster, now)
     pairs = live.path_probe.pairs if live.path_probe is not None else {}
     handshakes = {p.name: p.live.handshake_age_s for p in live.peers if p.live is not None}
     unreached = set(summary.unreached_peers)
+    names = [n for n, planned in summary.paths.items() if planned != "local"]
+    if len(names) > limit:
+        def rank(name: str) -> tuple[int, int, str]:
+            observed = name in pairs or name in unreached or handshakes.get(name.rsplit("/", 1)[-1]) is not None
+            return (not observed, "/" in name, name)
+        names = sorted(names, key=rank)[:limit]
     peers: dict[str, PeerSeen] = {}
-    for name, planned in summary.paths.items():
-        if planned == "local":
-            continue
+    for name in names:
+        planned = summary.paths[name]
         pair = pairs.get(name)
         rung = None if name in unreached else (pair.rung or planned if pair is not None else planned)
         first = pair.ladder[0] if pair is not None and pair.ladder else planned
