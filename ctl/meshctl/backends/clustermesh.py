@@ -153,9 +153,11 @@ class ReadOnlyEtcdBackend(EtcdBackend):
             self._reason = "not connected yet: planning with the view saved before the agent restarted"
 
     def records(self) -> dict[str, bytes]:
-        """The raw values of the mirror, by the key they have in their own cluster's etcd."""
+        """The raw values of the view (the mirror and the lapsed records it still keeps), by the key
+        they have in their own cluster's etcd."""
         with self._lock:
-            return {cluster_prefix(self.cluster.name) + k[len(self.prefix):]: kv.value for k, kv in self._kvs.items()}
+            kvs = [*self._kvs.values(), *(kv for kv, _ in self._lapsed.values())]
+            return {cluster_prefix(self.cluster.name) + kv.key[len(self.prefix):]: kv.value for kv in kvs}
 
     def view_key(self) -> tuple[Any, ...]:
         """Changes whenever snapshot() could: lets callers reuse a snapshot of thousands of records."""
