@@ -281,7 +281,8 @@ def test_a_duplicate_cluster_id_is_refused(lab) -> None:
 
 def test_a_changed_cluster_id_is_refused_at_start_and_traffic_goes_on(lab) -> None:
     """a1 restarted with another --cluster-id exits with one line naming both ids and the procedure;
-    what it had installed stays, so its pods keep reaching cluster2 (no loss under ping)."""
+    what it had installed stays, so its pods keep reaching cluster2 (no loss under ping), also once
+    its record's lease has run out: cluster2's agents keep a1 through the lapse grace, as cluster1's do."""
     before = routes_in(lab, "a1")
     build.stop_agent(lab, "a1")
     log = Path(node_of(lab, "a1").dir) / "agent.log"
@@ -294,6 +295,7 @@ def test_a_changed_cluster_id_is_refused_at_start_and_traffic_goes_on(lab) -> No
         assert lines and "docs/clustermesh.md, 'Changing a cluster's name or id'" in lines[0], text[-2000:]
         assert "Traceback" not in text
         assert routes_in(lab, "a1") == before
+        assert wait_for(lambda: etcd(lab, "cluster1").get(node_key("cluster1", "a1")) is None, timeout=10)  # lapsed
         sent, recv, _ = labcheck.ping(node_of(lab, "a1").pods[0].netns, node_of(lab, "g1").pods[0].ip,
                                       count=10, wait=0.5)
         assert recv == sent, f"lost {sent - recv}/{sent} while the agent was refused"
