@@ -274,8 +274,7 @@ class EtcdBackend:
             self._kick.wait(min(interval, max(0.05, next_refresh - time.monotonic())))
             if stop.is_set():
                 return
-            if self._expire_lapsed() and self._changed is not None:
-                self._changed()
+            self._end_lapsed_graces()
             kicked = self._kick.is_set()
             self._kick.clear()
             if not kicked and time.monotonic() < next_refresh:
@@ -408,8 +407,11 @@ class EtcdBackend:
         """End lapse graces that ran out (and wake the agent for them) until `stop`: the part of the
         keepalive loop a backend that publishes nothing still needs."""
         while not stop.wait(LAPSE_CHECK_S):
-            if self._expire_lapsed() and self._changed is not None:
-                self._changed()
+            self._end_lapsed_graces()
+
+    def _end_lapsed_graces(self) -> None:
+        if self._expire_lapsed() and self._changed is not None:
+            self._changed()
 
     def _expire_lapsed(self) -> bool:
         """Forget lapsed records whose grace ran out; True if any went."""
