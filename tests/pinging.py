@@ -51,6 +51,7 @@ class PingResult:
     lost_at: tuple[float, ...] = ()  # when each of `lost` was sent (wall clock, interpolated)
     errors_at: tuple[float, ...] = ()  # when each of `errors` was printed (wall clock)
     gap_at: float = 0.0  # when the longest gap began (wall clock)
+    replied_at: tuple[float, ...] = ()  # when each reply came (wall clock, ping's own -D stamps), in order
 
     @property
     def covered(self) -> bool:
@@ -64,9 +65,12 @@ class PingResult:
 
 
 class PodPing:
-    """`ping -i INTERVAL -w SECONDS` from the first pod of `src` to the first pod of `dst`, in the background."""
+    """`ping -i INTERVAL -w SECONDS` from the first pod of `src` to the first pod of `dst`, in the
+    background. `through_errors`: `-c` for the same window instead (`-w` makes ping exit at the
+    first ICMP error, `-c` keeps it sending through a moment without a route)."""
 
-    def __init__(self, st: LabState, src: str, dst: str, seconds: float, interval: float = 0.01) -> None:
+    def __init__(self, st: LabState, src: str, dst: str, seconds: float, interval: float = 0.01, *,
+                 through_errors: bool = False) -> None:
         by_name = {n.name: n for _, n in st.nodes()}
         self.dst_ip = by_name[dst].pods[0].ip
         self.seconds = seconds
@@ -77,7 +81,9 @@ class PodPing:
         self.out = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed by result()
         self.proc = subprocess.Popen(
             [*netns.exec_prefix(by_name[src].pods[0].netns), "ping", "-n", "-D", "-i", str(interval), "-W",
-             str(int(IN_FLIGHT_S)), "-w", str(math.ceil(seconds)), self.dst_ip],
+             str(int(IN_FLIGHT_S)),
+             *(("-c", str(math.ceil(seconds / interval))) if through_errors else ("-w", str(math.ceil(seconds)))),
+             self.dst_ip],
             stdout=self.out, stderr=subprocess.STDOUT, text=True)
 
     def result(self, timeout: float | None = None) -> PingResult:
@@ -103,7 +109,7 @@ class PodPing:
         print(f"ping {self.dst_ip}: {sent} sent, {len(replies)} replies, {len(lost)} lost in {elapsed:.1f} s, "
               f"longest gap {gap:.2f} s" + (f"; {len(errors)} errors, the first: {errors[:3]}" if errors else ""))
         return PingResult(sent, len(replies), lost, elapsed, gap, errors, self._lost_at(lost, replies), errors_at,
-                          gap_at)
+                          gap_at, tuple(sorted(replies.values())))
 
     def _errors(self, out: str) -> tuple[tuple[str, ...], tuple[float, ...]]:
         """ICMP errors ("Destination Host Unreachable") and refused sends ("ping: sendmsg: ..."),

@@ -16,5 +16,8 @@ PIN_ROOT = "/sys/fs/bpf/meshctl"  # one folder per node under it: programs, maps
 DATAPATH_RUN_DIR = Path("/run/meshctl/datapath")
 METRICS_ADDR = "127.0.0.1:9736"  # /metrics, /healthz, /status; loopback unless asked
 UI_LISTEN = "127.0.0.1:8470"  # `meshctl ui`'s page; loopback unless asked (it has no login)
+# Seconds peers keep a node whose record's lease ran out (its agent restarting), in its own cluster and
+# in every cluster that meshes with it (`meshctl agent --lapse-grace`, `meshctl clustermesh cache`).
+LAPSE_GRACE_S = 60.0
 PROBE_PORT = 51871  # UDP port of the path probes; the fast path names a probe by it in monitor events
 REGION_LABEL = "topology.kubernetes.io/region"  # the Node label that names a location

@@ -6,18 +6,21 @@ reading it, falling back to cluster2's etcd when it stops, and coming back."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from meshctl.backends.clustermesh import RemoteClusters, summary_line, via_line
 from meshctl.backends.clustermesh_cache import (
+    HEARTBEAT_TTL,
     STALE_SECONDS,
     CacheUse,
     cache_changes,
@@ -29,6 +32,7 @@ from meshctl.backends.clustermesh_cache import (
 )
 from meshctl.backends.clustermesh_mirror import ClusterMeshCache
 from meshctl.backends.etcd import cluster_key, mesh_key, node_key
+from meshctl.etcd import EtcdError
 from meshctl.mesh.model import Cluster
 from tests.plan.fixtures import key
 
@@ -143,6 +147,13 @@ class Lab:
                              capture_output=True, text=True, check=True).stdout
         return len([ln for ln in out.splitlines() if ln.strip()])
 
+    def remote_client_ends(self) -> set[str]:
+        """This process's established connections to cluster2's etcd, by their local address:port."""
+        port = self.remote.etcd.url.rsplit(":", 1)[1]
+        out = subprocess.run(["ss", "-Htnp", "state", "established", f"( dport = :{port} )"],
+                             capture_output=True, text=True, check=True).stdout
+        return {ln.split()[2] for ln in out.splitlines() if f"pid={os.getpid()}," in ln}
+
     def close(self) -> None:
         for rc in self.agents:
             rc.stop()
@@ -167,6 +178,7 @@ def test_agents_read_the_cache_fall_back_when_it_stops_and_return(lab: Lab) -> N
     lab.start_cache()
     wait_for(lambda: cache_health(lab.cache_status(), time.time(), "cluster2") == "", timeout=10)
     before = lab.remote_connections()   # the cache's, and this test's own client
+    held = lab.remote_client_ends()
     agents = [lab.agent(i) for i in range(3)]
     for rc in agents:
         wait_for(lambda rc=rc: nodes_of(rc) == G and rc.status().get("via") == "via cache" and not rc._remotes,
@@ -219,10 +231,42 @@ def test_agents_read_the_cache_fall_back_when_it_stops_and_return(lab: Lab) -> N
         [rc.status()["via"] for rc in agents]
     assert not lost, lost
     assert all(nodes_of(rc) == joined for rc in agents)
-    assert lab.remote_connections() >= before + 3  # one (at least) per agent now
+    direct = lab.remote_client_ends() - held
+    assert len(direct) >= 3, direct  # one (at least) per agent now
 
-    # and come back once it runs again
+    # and come back once it runs again, closing their connections to cluster2's etcd at once (the
+    # watch stream too: an idle watch would otherwise hold its connection until its idle timeout)
     lab.start_cache()
     for rc in agents:
         wait_for(lambda rc=rc: rc.status().get("via") == "via cache" and not rc._remotes, timeout=10)
     assert all(nodes_of(rc) == joined for rc in agents)
+    wait_for(lambda: not lab.remote_client_ends() & direct, timeout=3)
+
+
+def test_a_failed_heartbeat_read_is_no_verdict_but_reads_failing_past_the_ttl_are(lab: Lab) -> None:
+    """An agent does not leave a healthy cache because one read of its heartbeat failed (a slow
+    etcd on a busy node): it goes direct only once reads have failed for as long as a killed
+    cache's key would take to go (HEARTBEAT_TTL), naming why."""
+    lab.start_cache()
+    wait_for(lambda: cache_health(lab.cache_status(), time.time(), "cluster2") == "", timeout=10)
+    rc = lab.agent(0)
+    wait_for(lambda: rc.status().get("via") == "via cache" and not rc._remotes, timeout=10)
+    client = rc._health_client
+    assert client is not None
+    real_get, failing = client.get, threading.Event()
+
+    def get(key: str) -> Any:
+        if failing.is_set():
+            raise EtcdError("etcd: timed out")
+        return real_get(key)
+
+    client.get = get  # type: ignore[method-assign]
+    failing.set()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < HEARTBEAT_TTL - 0.5:  # the poll (0.1 s) fails several times
+        assert rc.status().get("via") == "via cache" and not rc._remotes, rc.status().get("via")
+        time.sleep(0.05)
+    wait_for(lambda: rc.status().get("via", "").startswith("direct (cache unhealthy: cannot read the heartbeat: "
+                                                           "etcd: timed out") and bool(rc._remotes), timeout=5)
+    failing.clear()
+    wait_for(lambda: rc.status().get("via") == "via cache" and not rc._remotes, timeout=10)

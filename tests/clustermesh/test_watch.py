@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from meshctl.backends.clustermesh import RemoteClusters, config_name, parse_config, summary_line
-from meshctl.backends.etcd import cluster_key, node_key, write_topology
+from meshctl.backends.etcd import cluster_key, node_key, withdraw_record, write_topology
 from meshctl.errors import InputError
 from meshctl.lab.rigs.etcd_process import EtcdServer
 from meshctl.lab.rigs.pki import make_ca, make_cert
@@ -115,6 +115,37 @@ def test_file_added_connects_and_removed_drains(remote: Remote, watcher) -> None
     (d / "cluster2").unlink()
     wait_for(lambda: nodes_of(rc) == set())
     assert rc.status()["total"] == 0
+
+
+def test_a_remote_node_whose_lease_ran_out_is_kept_through_the_lapse_grace(remote: Remote, tmp_path: Path) -> None:
+    """As inside its own cluster (docs/security.md, 'Restarts lose nothing'): a remote node whose
+    lease ran out (its agent restarting, or refused at start) stays in the view for the lapse
+    grace, so its routes stay; a record withdrawn for good (taken off its lease first) goes at once."""
+    grace = 3.0
+    d = tmp_path / "clustermesh"
+    d.mkdir()
+    rc = RemoteClusters(d, Cluster("cluster1", 1), lambda: None, poll=0.1, lapse_grace=grace)
+    rc.start()
+    try:
+        remote.publish(CLUSTER2)
+        lease = remote.kv.lease_grant(30)
+        for i, name in ((5, "g5"), (6, "g6")):
+            remote.kv.put(node_key("cluster2", name), json.dumps(
+                {"name": name, "pod_cidr": f"10.43.{i}.0/24", "public_key": key(200 + i)}), lease=lease)
+        (d / "cluster2").write_text(yaml.safe_dump(remote.config()))
+        wait_for(lambda: {"cluster2/g5", "cluster2/g6"} <= nodes_of(rc))
+        withdraw_record(remote.kv, "cluster2", "g6")
+        remote.kv.lease_revoke(lease)  # g5's agent away past its TTL: etcd deletes its record
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < grace - 0.5:  # the grace starts when the watch sees the delete
+            assert "cluster2/g5" in nodes_of(rc), f"g5 dropped {time.monotonic() - t0:.2f} s after its lease went"
+            assert node_key("cluster2", "g5") in rc.records()["cluster2"]  # what a cache mirrors: kept too
+            time.sleep(0.05)
+        assert "cluster2/g6" not in nodes_of(rc)  # withdrawn: not kept through the grace
+        wait_for(lambda: "cluster2/g5" not in nodes_of(rc), timeout=5)
+        assert nodes_of(rc) == {"cluster2/g1", "cluster2/g2", "cluster2/g3", "cluster2/g4"}
+    finally:
+        rc.stop()
 
 
 def test_etcd_away_keeps_the_view_and_comes_back(remote: Remote, watcher) -> None:

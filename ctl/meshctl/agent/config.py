@@ -61,7 +61,7 @@ class AgentConfig:
     fastpath: bool = True
     bpf_pin_root: str = defaults.PIN_ROOT
     lease_ttl: int = 10
-    lapse_grace: float = 60.0
+    lapse_grace: float = defaults.LAPSE_GRACE_S
     nat_prefix: str = "meshctl"
     masquerade6: bool = False  # IPv6 pod egress leaving the mesh masqueraded too (IPv4's always is)
     resync_interval: float = 30.0

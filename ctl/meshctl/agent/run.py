@@ -104,7 +104,7 @@ def remotes_factory(cfg: AgentConfig, backend: Backend | None = None
                 kick()
 
         rc = RemoteClusters(directory, Cluster(cfg.cluster_name, cfg.cluster_id), changed=changed,
-                            cache_dir=cfg.state_dir / "clustermesh", cache=cache)
+                            cache_dir=cfg.state_dir / "clustermesh", cache=cache, lapse_grace=cfg.lapse_grace)
         if cfg.backend == "kubernetes" and cfg.kvstore_endpoints:
             from meshctl.agent.kube_backend import with_global_services
             from meshctl.backends.kube.backend import KubeBackend

@@ -38,7 +38,13 @@ from typing import Any
 import yaml
 
 from meshctl.backends.base import ClusterState
-from meshctl.backends.clustermesh_cache import CacheUse, cache_health, cache_status_key, cached_cluster_prefix
+from meshctl.backends.clustermesh_cache import (
+    HEARTBEAT_TTL,
+    CacheUse,
+    cache_health,
+    cache_status_key,
+    cached_cluster_prefix,
+)
 from meshctl.backends.etcd import ROOT, EtcdBackend, cluster_key, cluster_prefix, parse_record
 from meshctl.errors import InputError, MeshError
 from meshctl.etcd import EtcdClient, EtcdError, KeyValue
@@ -109,18 +115,22 @@ def config_fingerprint(cfg: RemoteConfig) -> str:
 
 class ReadOnlyEtcdBackend(EtcdBackend):
     """A remote cluster's records: the same mirror as the local backend, but it never writes
-    (no lease, no cluster record) and it reads the cluster's published identity."""
+    (no lease, no cluster record) and it reads the cluster's published identity. `lapse_grace`
+    keeps a node whose lease ran out (its agent restarting) in the view that long, as the local
+    backend does for its own cluster's nodes: a restart in one cluster loses no packet to another."""
 
-    def __init__(self, client: EtcdClient, cluster: Cluster, prefix: str | None = None) -> None:
-        super().__init__(client, cluster)
+    def __init__(self, client: EtcdClient, cluster: Cluster, prefix: str | None = None, *,
+                 lapse_grace: float = 0.0) -> None:
+        super().__init__(client, cluster, lapse_grace=lapse_grace)
         if prefix is not None:  # the same records mirrored elsewhere (a cluster's cache)
             self.prefix = prefix
 
     def ensure_cluster(self) -> None:  # never write to another cluster's etcd
         pass
 
-    def _keepalive_loop(self, stop: threading.Event) -> None:
-        pass
+    def _keepalive_loop(self, stop: threading.Event) -> None:  # nothing to keep alive; graces still end
+        if self.lapse_grace > 0:
+            self._expire_lapsed_loop(stop)
 
     def dump(self) -> dict[str, Any]:
         """The mirror as JSON-able data (what `restore` takes back)."""
@@ -143,14 +153,16 @@ class ReadOnlyEtcdBackend(EtcdBackend):
             self._reason = "not connected yet: planning with the view saved before the agent restarted"
 
     def records(self) -> dict[str, bytes]:
-        """The raw values of the mirror, by the key they have in their own cluster's etcd."""
+        """The raw values of the view (the mirror and the lapsed records it still keeps), by the key
+        they have in their own cluster's etcd."""
         with self._lock:
-            return {cluster_prefix(self.cluster.name) + k[len(self.prefix):]: kv.value for k, kv in self._kvs.items()}
+            kvs = [*self._kvs.values(), *(kv for kv, _ in self._lapsed.values())]
+            return {cluster_prefix(self.cluster.name) + kv.key[len(self.prefix):]: kv.value for kv in kvs}
 
     def view_key(self) -> tuple[Any, ...]:
         """Changes whenever snapshot() could: lets callers reuse a snapshot of thousands of records."""
         with self._lock:
-            return self._revision, self._ready, self._synced, self._reason, len(self._kvs)
+            return self._revision, self._ready, self._synced, self._reason, len(self._kvs), len(self._lapsed)
 
     def published_identity(self) -> dict[str, Any] | None:
         with self._lock:
@@ -168,7 +180,8 @@ class RemoteCluster:
     """One remote cluster: its connection thread and its status."""
 
     def __init__(self, cfg: RemoteConfig, changed: Callable[[], None], previous: RemoteCluster | None = None,
-                 cache_file: Path | None = None, via: tuple[EtcdClient, str] | None = None) -> None:
+                 cache_file: Path | None = None, via: tuple[EtcdClient, str] | None = None,
+                 lapse_grace: float = 0.0) -> None:
         self.cfg = cfg
         # The last good view is saved here, so an agent restarted while this cluster's etcd is
         # away still plans with it (learned routes stay, as they do without a restart).
@@ -183,7 +196,8 @@ class RemoteCluster:
         self.client = via[0] if via is not None else EtcdClient(
             cfg.endpoints, ca=cfg.ca_file, cert=cfg.cert_file, key=cfg.key_file, timeout=2.0,
             user=cfg.username, password_file=cfg.password_file)
-        self.backend = ReadOnlyEtcdBackend(self.client, Cluster(name=cfg.name), via[1] if via is not None else None)
+        self.backend = ReadOnlyEtcdBackend(self.client, Cluster(name=cfg.name), via[1] if via is not None else None,
+                                           lapse_grace=lapse_grace)
         self.backend.record_cluster = cfg.name
         self._changed = changed
         self._stop = threading.Event()
@@ -198,8 +212,10 @@ class RemoteCluster:
         self.thread.start()
 
     def stop(self) -> None:
+        """Stop following; the watch stream's connection closes now, not at its idle timeout (a
+        direct connection dropped for the cache must leave the remote etcd at once)."""
         self._stop.set()
-        self.client.close()
+        self.backend.close()
 
     def snapshot(self) -> ClusterState:
         """The backend's snapshot, reused while nothing changed (a reconcile and a status request
@@ -321,8 +337,11 @@ class RemoteClusters:
     """Every remote cluster of `--clustermesh-dir`, for the agent's reconcile loop."""
 
     def __init__(self, directory: str | Path, local: Cluster, changed: Callable[[], None], *,
-                 poll: float = 0.5, cache_dir: str | Path | None = None, cache: CacheUse | None = None) -> None:
+                 poll: float = 0.5, cache_dir: str | Path | None = None, cache: CacheUse | None = None,
+                 lapse_grace: float = 0.0) -> None:
         self.dir = Path(directory)
+        # How long a remote node whose lease ran out stays in the view (ReadOnlyEtcdBackend).
+        self.lapse_grace = lapse_grace
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.local = local
         self._changed = changed
@@ -343,6 +362,7 @@ class RemoteClusters:
         self._cached: dict[str, RemoteCluster] = {}
         self._health: dict[str, str] = {}          # cluster -> "" (served by the cache) or why not
         self._health_client: EtcdClient | None = cache.connect() if cache is not None else None
+        self._heartbeat: tuple[bytes | None, float] = (None, float("-inf"))  # last read value, when read
         self._configs: dict[str, RemoteConfig] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch_dir, name="clustermesh-dir", daemon=True)
@@ -420,7 +440,7 @@ class RemoteClusters:
                 cache = self._cache_file(cfg.name)
                 if old is None and cache is not None and cache.exists():
                     old = RemoteCluster.from_cache(cfg, cache)
-                r = RemoteCluster(cfg, self._changed, previous=old, cache_file=cache)
+                r = RemoteCluster(cfg, self._changed, previous=old, cache_file=cache, lapse_grace=self.lapse_grace)
                 self._remotes[cfg.name] = r
                 r.start()
                 log.info("clustermesh: connecting to %s at %s", cfg.name, ", ".join(cfg.endpoints))
@@ -446,8 +466,16 @@ class RemoteClusters:
         try:
             kv = self._health_client.get(cache_status_key(self.cache.local))
             raw, unreachable = (kv.value if kv is not None else None), ""
+            self._heartbeat = (raw, time.monotonic())
         except EtcdError as e:
-            raw, unreachable = None, f"cannot read the heartbeat: {e}"
+            # A read that failed (a slow etcd, a busy node) says nothing about the cache: the last
+            # heartbeat read stands (its own age still counts) for as long as the cache's key would
+            # outlive a killed cache; reads failing longer than that are a verdict.
+            last, at = self._heartbeat
+            if time.monotonic() - at < HEARTBEAT_TTL:
+                raw, unreachable = last, ""
+            else:
+                raw, unreachable = None, f"cannot read the heartbeat: {e}"
         now = time.time()
         changed = False
         with self._lock:
@@ -460,7 +488,8 @@ class RemoteClusters:
                 cached = self._cached.get(name)
                 direct = self._remotes.get(name)
                 if why and direct is None:
-                    r = RemoteCluster(cfg, self._changed, previous=cached, cache_file=self._cache_file(name))
+                    r = RemoteCluster(cfg, self._changed, previous=cached, cache_file=self._cache_file(name),
+                                      lapse_grace=self.lapse_grace)
                     self._remotes[name] = r
                     r.start()
                     changed = True

@@ -37,13 +37,15 @@ class ClusterMeshCache:
     """The cache of cluster `local`: `connect` opens a client to its etcd as the cache's user."""
 
     def __init__(self, connect: Callable[[], EtcdClient], local: Cluster, directory: Path, state_dir: Path,
-                 *, poll: float = 0.5) -> None:
+                 *, poll: float = 0.5, lapse_grace: float = 0.0) -> None:
         self.local = local
         self.client = connect()
         self._wake = threading.Event()
         self._local = ReadOnlyEtcdBackend(connect(), local)
+        # A remote node whose lease ran out stays in the cache for `lapse_grace` (the mirrored
+        # records carry no lease: agents drop them when the cache does), as agents keep it.
         self.remotes = RemoteClusters(directory, local, changed=self._wake.set, poll=poll,
-                                      cache_dir=state_dir / "clustermesh")
+                                      cache_dir=state_dir / "clustermesh", lapse_grace=lapse_grace)
         self._written: dict[str, bytes] | None = None
         self._lease = 0
         self._beaten: dict[str, tuple[bool, str]] | None = None

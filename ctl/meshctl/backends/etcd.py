@@ -129,6 +129,7 @@ def write_topology(client: EtcdClient, cluster: Cluster, mesh: MeshSettings, pee
         client.put(peer_key(cluster.name, p.name), json.dumps(rec))
 
 
+LAPSE_CHECK_S = 0.5  # how often a read-only view ends lapse graces that ran out
 MAX_RECORD_BYTES = 64 * 1024  # a node record is a few hundred bytes; anything past this is not one
 
 
@@ -273,8 +274,7 @@ class EtcdBackend:
             self._kick.wait(min(interval, max(0.05, next_refresh - time.monotonic())))
             if stop.is_set():
                 return
-            if self._expire_lapsed() and self._changed is not None:
-                self._changed()
+            self._end_lapsed_graces()
             kicked = self._kick.is_set()
             self._kick.clear()
             if not kicked and time.monotonic() < next_refresh:
@@ -402,6 +402,16 @@ class EtcdBackend:
             if value not in (self._published_value, self._writing) or (self._lease and kv.lease != self._lease):
                 self._tampered = "overwritten"
                 self._kick.set()
+
+    def _expire_lapsed_loop(self, stop: threading.Event) -> None:
+        """End lapse graces that ran out (and wake the agent for them) until `stop`: the part of the
+        keepalive loop a backend that publishes nothing still needs."""
+        while not stop.wait(LAPSE_CHECK_S):
+            self._end_lapsed_graces()
+
+    def _end_lapsed_graces(self) -> None:
+        if self._expire_lapsed() and self._changed is not None:
+            self._changed()
 
     def _expire_lapsed(self) -> bool:
         """Forget lapsed records whose grace ran out; True if any went."""

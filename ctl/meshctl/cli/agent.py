@@ -161,8 +161,9 @@ def endpoint_list(text: str) -> tuple[str, ...]:
               help=f"Kernel routes only, no eBPF (also {FASTPATH_ENV}=false: the ConfigMap key fastpath).")
 @pin_root_option("bpf_pin_root", aliases=(), default=defaults.PIN_ROOT, show_default=True)
 @click.option("--lease-ttl", default=10, type=int, show_default=True, help="Seconds a dead agent's record lives.")
-@click.option("--lapse-grace", default=60.0, type=float, show_default=True,
-              help="Seconds peers keep a node whose record's lease ran out (its agent restarting).")
+@click.option("--lapse-grace", default=defaults.LAPSE_GRACE_S, type=float, show_default=True,
+              help="Seconds peers keep a node whose record's lease ran out (its agent restarting); "
+              "also a remote cluster's nodes (--clustermesh-dir).")
 @click.option("--nat-prefix", default="meshctl", show_default=True, help="Name prefix of the NAT rules and ipset.")
 @click.option("--masquerade6", is_flag=True, callback=_masquerade6,
               help="Masquerade IPv6 pod traffic that leaves the mesh too (IPv4 always is; IPv6 pods usually "

@@ -30,6 +30,9 @@ def clustermesh_group() -> None:
               help="One file per remote cluster, as the agents' --clustermesh-dir (the cache's credentials).")
 @click.option("--state-dir", default=str(defaults.STATE_DIR), type=click.Path(path_type=Path), show_default=True,
               help="Where each remote cluster's last good view is saved.")
+@click.option("--lapse-grace", default=defaults.LAPSE_GRACE_S, type=float, show_default=True,
+              help="Seconds a remote node whose record's lease ran out stays mirrored (its agent restarting), "
+              "as the agents' --lapse-grace.")
 @click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]))
 def cache_cmd(**kw: Any) -> None:
     """Watch each remote cluster's etcd once and mirror the admitted records into this cluster's
@@ -40,6 +43,8 @@ def cache_cmd(**kw: Any) -> None:
         raise InputError("--etcd-endpoints", "", "is required")
     if bool(kw["etcd_user"]) != bool(kw["etcd_password_file"]):
         raise InputError("--etcd-user", kw["etcd_user"] or "", "and --etcd-password-file go together")
+    if kw["lapse_grace"] < 0:
+        raise InputError("--lapse-grace", kw["lapse_grace"], "must be >= 0")
     from meshctl.backends.clustermesh_mirror import ClusterMeshCache
     from meshctl.etcd import EtcdClient
     from meshctl.mesh.model import Cluster
@@ -49,7 +54,7 @@ def cache_cmd(**kw: Any) -> None:
                           user=kw["etcd_user"], password_file=kw["etcd_password_file"])
 
     cache = ClusterMeshCache(connect, Cluster(kw["cluster_name"], kw["cluster_id"]), kw["clustermesh_dir"],
-                             kw["state_dir"])
+                             kw["state_dir"], lapse_grace=kw["lapse_grace"])
     stop = threading.Event()
 
     def on_signal(_signum: int, _frame: FrameType | None) -> None:

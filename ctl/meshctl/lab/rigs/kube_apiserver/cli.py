@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import threading
 from pathlib import Path
@@ -28,6 +29,14 @@ def kubeconfig(url: str) -> JSON:
         "users": [{"name": "meshctl-test", "user": {}}],
         "contexts": [{"name": "meshctl-test", "context": {"cluster": "meshctl-test", "user": "meshctl-test"}}],
     }
+
+
+def write_kubeconfig(path: str, url: str) -> None:
+    """Whole or not at all: the lab polls for the file and reads it the moment it exists (a
+    partly written one failed its JSON parse on a loaded machine)."""
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json.dumps(kubeconfig(url)))
+    os.replace(tmp, path)
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -58,9 +67,9 @@ def main(argv: list[str] | None = None) -> None:
         servers.append(ApiServer(hhost, hport, store=store, verbose=args.verbose))
     load_manifests(store, args.load)
     if args.host_kubeconfig and args.host_listen:
-        Path(args.host_kubeconfig).write_text(json.dumps(kubeconfig(servers[1].url)))
+        write_kubeconfig(args.host_kubeconfig, servers[1].url)
     if args.kubeconfig:
-        Path(args.kubeconfig).write_text(json.dumps(kubeconfig(servers[0].url)))
+        write_kubeconfig(args.kubeconfig, servers[0].url)
     print(f"apiserver: serving {' and '.join(s.url for s in servers)}", flush=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
