@@ -169,9 +169,13 @@ def test_at_5000_records_a_join_costs_what_changed_and_nothing_new_reuses_the_pl
 
     print(f"\n{count} records: first pass {first_s:.1f} s; joins {', '.join(ms(j) for j in joins)}, of which "
           f"appliers {', '.join(f'{a:.0f}' for a in appliers)} ms; touch {ms(touch)}; no change {ms(idle)}")
-    print("join steps (ms):", joins[-1]["steps_ms"])
-    # Generous (2 shared cores): the appliers' share of a join is a few tens of ms when idle.
-    assert min(appliers) < 250, appliers
+    print("join steps (ms):", joins[-1]["steps_ms"], "first pass steps (ms):", first["steps_ms"])
+    # A join's appliers change one route, one allowed IP, one set member: a few tens of ms when
+    # idle (bound: 250 ms), against the first pass's ~1 s of 5,000 each. A loaded machine (two
+    # test workers on 2 cores) slows both sides alike, so a join under a quarter of that first
+    # pass, measured in the same run, passes too.
+    first_appliers = sum(first["steps_ms"][s] for s in ("wireguard", "routes", "nat"))
+    assert min(appliers) < max(250, first_appliers / 4), (appliers, first_appliers)
 
 
 def test_drift_is_repaired_by_the_full_pass_not_by_the_passes_between(make_node):
