@@ -15,8 +15,50 @@ enum mc_flow_op {
     MC_FLOW_RECORD = 1,  /* add the tuple when it is missing */
 };
 
-/* 1 when the flow LRU holds the tuple; with MC_FLOW_RECORD a missing tuple is added (a lookup per
- * packet, an update per flow). */
+/* The flow filter's slot of a key seen as `n` 64-bit words (meshctl_maps.h, flowfilter). */
+static __always_inline __u32 mc_flow_slot(const __u64 *w, int n)
+{
+    __u64 h = 0;
+#pragma unroll
+    for (int i = 0; i < n; i++)
+        h = (h ^ w[i]) * MC_FLOWFILTER_MULT;
+    return h >> (64 - MC_FLOWFILTER_BITS);
+}
+
+/* 0 when the filter proves the flow LRUs lack every tuple of `slot`; 1 when they may hold one, or
+ * the filter is off. */
+static __always_inline int mc_flow_maybe(const struct mc_flowfilter *f, __u32 slot)
+{
+    if (!f || !f->active)
+        return 1;
+    __u32 half = (__u32)(f->active - 1) & 1;
+    return f->slots[(half << MC_FLOWFILTER_BITS) | (slot & (MC_FLOWFILTER_SLOTS - 1))];
+}
+
+/* Sets `slot` in both halves, so the half the agent rebuilds keeps a flow recorded meanwhile. */
+static __always_inline void mc_flow_mark(struct mc_flowfilter *f, __u32 slot)
+{
+    if (!f)
+        return;
+    slot &= MC_FLOWFILTER_SLOTS - 1;
+    f->slots[slot] = 1;
+    f->slots[MC_FLOWFILTER_SLOTS + slot] = 1;
+}
+
+/* The keys as the hash reads them: their 64-bit words (the union aligns them for 8-byte loads). */
+union mc_flow4_words {
+    struct mc_flow4_key k;
+    __u64 w[sizeof(struct mc_flow4_key) / 8];
+};
+
+union mc_flow6_words {
+    struct mc_flow6_key k;
+    __u64 w[sizeof(struct mc_flow6_key) / 8];
+};
+
+/* 1 when the flow LRU holds the tuple; with MC_FLOW_RECORD a missing tuple is added and its filter
+ * slot set (a filter test and, unless it proves the tuple absent, a lookup per packet; an update
+ * per flow). */
 static __always_inline int mc_flow(const struct mc_pkt *p, enum mc_flow_side side, enum mc_flow_op op)
 {
     union mc_ports ports = p->ports;
@@ -24,33 +66,38 @@ static __always_inline int mc_flow(const struct mc_pkt *p, enum mc_flow_side sid
         ports.sport = p->ports.dport;
         ports.dport = p->ports.sport;
     }
+    struct mc_flowfilter *f = mc_flowfilter();
     struct mc_flow_value v = {};
     if (p->family == MC_FAMILY_V4) {
-        struct mc_flow4_key k = {};
-        k.saddr = side == MC_FLOW_REPLY ? p->ip4->daddr : p->ip4->saddr;
-        k.daddr = side == MC_FLOW_REPLY ? p->ip4->saddr : p->ip4->daddr;
-        k.ports = ports;
-        k.proto = p->proto;
-        if (mc_flow4_lookup(&k))
+        union mc_flow4_words u = {};
+        u.k.saddr = side == MC_FLOW_REPLY ? p->ip4->daddr : p->ip4->saddr;
+        u.k.daddr = side == MC_FLOW_REPLY ? p->ip4->saddr : p->ip4->daddr;
+        u.k.ports = ports;
+        u.k.proto = p->proto;
+        __u32 slot = mc_flow_slot(u.w, sizeof(u.w) / 8);
+        if (mc_flow_maybe(f, slot) && mc_flow4_lookup(&u.k))
             return 1;
         if (op == MC_FLOW_RECORD) {
             v.created_ns = bpf_ktime_get_ns();
-            mc_flow4_update(&k, &v);
+            mc_flow4_update(&u.k, &v);
+            mc_flow_mark(f, slot);
         }
         return 0;
     }
-    struct mc_flow6_key k = {};
+    union mc_flow6_words u = {};
     struct in6_addr *s = side == MC_FLOW_REPLY ? &p->ip6->daddr : &p->ip6->saddr;
     struct in6_addr *d = side == MC_FLOW_REPLY ? &p->ip6->saddr : &p->ip6->daddr;
-    __builtin_memcpy(k.saddr.bytes, s->s6_addr, 16);
-    __builtin_memcpy(k.daddr.bytes, d->s6_addr, 16);
-    k.ports = ports;
-    k.proto = p->proto;
-    if (mc_flow6_lookup(&k))
+    __builtin_memcpy(u.k.saddr.bytes, s->s6_addr, 16);
+    __builtin_memcpy(u.k.daddr.bytes, d->s6_addr, 16);
+    u.k.ports = ports;
+    u.k.proto = p->proto;
+    __u32 slot = mc_flow_slot(u.w, sizeof(u.w) / 8);
+    if (mc_flow_maybe(f, slot) && mc_flow6_lookup(&u.k))
         return 1;
     if (op == MC_FLOW_RECORD) {
         v.created_ns = bpf_ktime_get_ns();
-        mc_flow6_update(&k, &v);
+        mc_flow6_update(&u.k, &v);
+        mc_flow_mark(f, slot);
     }
     return 0;
 }
