@@ -27,8 +27,9 @@ static __always_inline __u32 mc_flow_slot(const __u64 *w, int n)
 
 /* 0 when the filter proves the flow LRUs lack every tuple of `slot`; 1 when they may hold one, or
  * the filter is off. */
-static __always_inline int mc_flow_maybe(const struct mc_flowfilter *f, __u32 slot)
+static __always_inline int mc_flow_maybe(__u32 slot)
 {
+    const struct mc_flowfilter *f = mc_flowfilter();
     if (!f || !f->active)
         return 1;
     __u32 half = (__u32)(f->active - 1) & 1;
@@ -36,8 +37,9 @@ static __always_inline int mc_flow_maybe(const struct mc_flowfilter *f, __u32 sl
 }
 
 /* Sets `slot` in both halves, so the half the agent rebuilds keeps a flow recorded meanwhile. */
-static __always_inline void mc_flow_mark(struct mc_flowfilter *f, __u32 slot)
+static __always_inline void mc_flow_mark(__u32 slot)
 {
+    struct mc_flowfilter *f = mc_flowfilter();
     if (!f)
         return;
     slot &= MC_FLOWFILTER_SLOTS - 1;
@@ -56,9 +58,10 @@ union mc_flow6_words {
     __u64 w[sizeof(struct mc_flow6_key) / 8];
 };
 
-/* 1 when the flow LRU holds the tuple; with MC_FLOW_RECORD a missing tuple is added and its filter
- * slot set (a filter test and, unless it proves the tuple absent, a lookup per packet; an update
- * per flow). */
+/* 1 when the flow LRU holds the tuple. MC_FLOW_LOOKUP (a forwarding program, every packet): the
+ * filter test, and the LRU lookup only where the filter cannot prove the tuple absent.
+ * MC_FLOW_RECORD (the egress tracker): the LRU lookup (a tracked flow's packets find their tuple,
+ * so a filter test would only add to them), and for a missing tuple the insert and its slot. */
 static __always_inline int mc_flow(const struct mc_pkt *p, enum mc_flow_side side, enum mc_flow_op op)
 {
     union mc_ports ports = p->ports;
@@ -66,7 +69,6 @@ static __always_inline int mc_flow(const struct mc_pkt *p, enum mc_flow_side sid
         ports.sport = p->ports.dport;
         ports.dport = p->ports.sport;
     }
-    struct mc_flowfilter *f = mc_flowfilter();
     struct mc_flow_value v = {};
     if (p->family == MC_FAMILY_V4) {
         union mc_flow4_words u = {};
@@ -74,13 +76,14 @@ static __always_inline int mc_flow(const struct mc_pkt *p, enum mc_flow_side sid
         u.k.daddr = side == MC_FLOW_REPLY ? p->ip4->saddr : p->ip4->daddr;
         u.k.ports = ports;
         u.k.proto = p->proto;
-        __u32 slot = mc_flow_slot(u.w, sizeof(u.w) / 8);
-        if (mc_flow_maybe(f, slot) && mc_flow4_lookup(&u.k))
+        if (op == MC_FLOW_LOOKUP && !mc_flow_maybe(mc_flow_slot(u.w, sizeof(u.w) / 8)))
+            return 0;
+        if (mc_flow4_lookup(&u.k))
             return 1;
         if (op == MC_FLOW_RECORD) {
             v.created_ns = bpf_ktime_get_ns();
             mc_flow4_update(&u.k, &v);
-            mc_flow_mark(f, slot);
+            mc_flow_mark(mc_flow_slot(u.w, sizeof(u.w) / 8));
         }
         return 0;
     }
@@ -91,13 +94,14 @@ static __always_inline int mc_flow(const struct mc_pkt *p, enum mc_flow_side sid
     __builtin_memcpy(u.k.daddr.bytes, d->s6_addr, 16);
     u.k.ports = ports;
     u.k.proto = p->proto;
-    __u32 slot = mc_flow_slot(u.w, sizeof(u.w) / 8);
-    if (mc_flow_maybe(f, slot) && mc_flow6_lookup(&u.k))
+    if (op == MC_FLOW_LOOKUP && !mc_flow_maybe(mc_flow_slot(u.w, sizeof(u.w) / 8)))
+        return 0;
+    if (mc_flow6_lookup(&u.k))
         return 1;
     if (op == MC_FLOW_RECORD) {
         v.created_ns = bpf_ktime_get_ns();
         mc_flow6_update(&u.k, &v);
-        mc_flow_mark(f, slot);
+        mc_flow_mark(mc_flow_slot(u.w, sizeof(u.w) / 8));
     }
     return 0;
 }

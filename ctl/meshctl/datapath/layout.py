@@ -13,9 +13,10 @@ import ipaddress
 import re
 import socket
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib.resources import files
+from itertools import islice
 from typing import Any
 
 from meshctl.defaults import PROBE_PORT
@@ -202,7 +203,22 @@ def route_table(entries: Iterable[FastPathEntry], ifindex: int) -> dict[bytes, b
 
 def route_rows(entries: Iterable[FastPathEntry], ifindex: int) -> tuple[list[bytes], list[bytes]]:
     """route_table as two aligned lists (key i -> value i, in the entries' order, a prefix given
-    twice listed twice): what a sync into an empty map hands the batch call as it is.
+    twice listed twice): what a sync hands the batch call as it is."""
+    keys: list[bytes] = []
+    vals: list[bytes] = []
+    for k, v in route_chunks(entries, ifindex):
+        keys += k
+        vals += v
+    return keys, vals
+
+
+ROUTE_CHUNK = 8192  # entries per chunk of route_chunks: one batch call each when a sync fills an empty map
+
+
+def route_chunks(entries: Iterable[FastPathEntry], ifindex: int,
+                 size: int = ROUTE_CHUNK) -> Iterator[tuple[list[bytes], list[bytes]]]:
+    """route_rows, `size` entries at a time (the last chunk shorter): a sync into an empty map
+    writes one while the next is encoded (maps.Map.fill).
 
     Written for speed (the agent re-encodes the whole plan on each sync): it reads the ipaddress
     objects' slots (_version, _prefixlen, _ip: stable since Python 3.3) instead of their
@@ -210,22 +226,26 @@ def route_rows(entries: Iterable[FastPathEntry], ifindex: int) -> tuple[list[byt
     next hop, encapsulation) value once."""
     k4, k6, htonl = _ROUTE_KEY4.pack, ROUTE_KEY.pack, socket.htonl
     values: dict[tuple[str, int, int, Encap | None], bytes] = {}
-    keys: list[bytes] = []
-    vals: list[bytes] = []
-    add_key, add_value = keys.append, vals.append
-    for e in entries:
-        p: Any = e.prefix  # read through its slots, see above
-        if p._version == 4:
-            add_key(k4(32 + p._prefixlen, FAMILY_V4, htonl(p.network_address._ip)))
-        else:
-            add_key(k6(32 + p._prefixlen, FAMILY_V6, p.network_address.packed))
-        nh: Any = e.nexthop
-        vk = (e.action, 0, 0, e.encap) if nh is None else (e.action, nh._version, nh._ip, e.encap)
-        v = values.get(vk)
-        if v is None:
-            v = values[vk] = route_value(e.action, ifindex if e.action == "direct" else 0, nh, e.encap)
-        add_value(v)
-    return keys, vals
+    it = iter(entries)
+    while True:
+        keys: list[bytes] = []
+        vals: list[bytes] = []
+        add_key, add_value = keys.append, vals.append
+        for e in islice(it, size):
+            p: Any = e.prefix  # read through its slots, see above
+            if p._version == 4:
+                add_key(k4(32 + p._prefixlen, FAMILY_V4, htonl(p.network_address._ip)))
+            else:
+                add_key(k6(32 + p._prefixlen, FAMILY_V6, p.network_address.packed))
+            nh: Any = e.nexthop
+            vk = (e.action, 0, 0, e.encap) if nh is None else (e.action, nh._version, nh._ip, e.encap)
+            v = values.get(vk)
+            if v is None:
+                v = values[vk] = route_value(e.action, ifindex if e.action == "direct" else 0, nh, e.encap)
+            add_value(v)
+        if not keys:
+            return
+        yield keys, vals
 
 
 def route_value(action: str, ifindex: int, nexthop: IPAddress | None, encap: Encap | None = None) -> bytes:
