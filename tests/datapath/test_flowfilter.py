@@ -10,7 +10,9 @@ import ipaddress
 from collections.abc import Mapping
 
 import pytest
+from click.testing import CliRunner
 
+from meshctl.cli import main
 from meshctl.datapath import Datapath, layout, libbpf
 from meshctl.lab.rigs.testrun import PROTO_TCP, PROTO_UDP, frame, run
 from meshctl.mesh.plan import FastPathEntry
@@ -145,6 +147,19 @@ def test_a_flow_recorded_while_the_agent_rebuilds_keeps_its_slot(dp):
     assert stats.flows == 1, "the keys read lack the flow recorded meanwhile"
     assert dp.maps.flowfilter.may_hold(key(POD4, PEER4, 80, 50002)), "the programs set its slot after the zeroing"
     assert outcome(dp, "from_pod", frame(POD4, PEER4, sport=80, dport=50002)) == ("ok", {"flow"})
+
+
+def test_datapath_status_shows_the_tracked_flows_and_the_filter(dp, pin_root):
+    run(dp.programs["flow_egress"], frame(PEER4, POD4, sport=50000, dport=80))
+    run(dp.programs["flow_egress"], frame(PEER6, POD6, sport=50000, dport=80))
+    st = dp.status()
+    assert (st["flows"], st["flow_filter"]) == (2, {"on": True, "slots_set": 2, "slots": layout.FLOWFILTER_SLOTS})
+    r = CliRunner().invoke(main, ["datapath", "status", "--node", dp.node, "--bpf-pin-root", pin_root])
+    assert r.exit_code == 0, r.output
+    assert f"  2 tracked flows; flow filter on, 2 of {layout.FLOWFILTER_SLOTS} slots set" in r.stdout.splitlines()
+    dp.maps.flowfilter.turn_off()
+    r = CliRunner().invoke(main, ["datapath", "status", "--node", dp.node, "--bpf-pin-root", pin_root])
+    assert "  2 tracked flows; flow filter off (every tuple looked up)" in r.stdout.splitlines(), r.stdout
 
 
 def test_new_programs_cover_the_flows_the_programs_before_them_recorded(pin_root):

@@ -390,6 +390,9 @@ class Datapath:
                                                                maps.config_get(layout.CFG_PRIVATE6 + 1))),
                 routes=len(maps.routes.items()),
                 pods=len(maps.pods.items()),
+                flows=len(maps.flows4.items()) + len(maps.flows6.items()),
+                flow_filter={"on": maps.flowfilter.active != 0, "slots_set": maps.flowfilter.filled(),
+                             "slots": layout.FLOWFILTER_SLOTS},
             )
         return out
 
