@@ -144,7 +144,7 @@ struct mc_flow_value {
 #define MC_FLOWFILTER_MULT 0x9E3779B97F4A7C15ULL
 
 struct mc_flowfilter {
-    __u8 active;        /* 0: off (look every packet up); 1 or 2: half 0 or 1 is the one to read */
+    __u8 active;        /* 1 or 2: half 0 or 1 is the one to read; 0 (any other value): off, look every tuple up */
     __u8 pad[7];
     __u8 slots[2 * MC_FLOWFILTER_SLOTS]; /* half h at h * MC_FLOWFILTER_SLOTS */
 };

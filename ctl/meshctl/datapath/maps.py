@@ -165,13 +165,13 @@ class Map:
                 wait(writes)
                 self.delete(keys)
                 raise
+            table = Table(keys, vals)  # made while the last batches run
+            if len(set(keys)) != len(keys):  # a set: cheaper than the dict, built only if needed
+                table = table.distinct()
             errors = [e for e in (w.exception() for w in writes) if e is not None]  # waits for each
             if errors:
                 self.delete(keys)
                 raise errors[0]
-        table = Table(keys, vals)
-        if len(set(keys)) != len(keys):  # a set: cheaper than the dict, built only if needed
-            table = table.distinct()
         return SyncStats(len(table.keys), 0, 0), table
 
     def _update(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
