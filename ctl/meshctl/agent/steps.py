@@ -438,12 +438,12 @@ class DatapathStep:
                       pods=discovery.pod_routes(p.pod_ifs), private4=discovery.private_ipv4(self.cfg.private_interface),
                       private6=discovery.private_ipv6(self.cfg.private_interface))
             self._attached = p.pod_ifs
+        dp.stage(p.plan.fastpath, self.cfg.private_interface)
+        self._synced = True
         now = time.monotonic()
         if now - self._filter_rebuilt >= self.cfg.resync_interval:  # evicted flows' filter slots cleared
             dp.rebuild_flow_filter()
             self._filter_rebuilt = now
-        dp.stage(p.plan.fastpath, self.cfg.private_interface)
-        self._synced = True
         return NOTHING
 
     def retire(self, p: PassInput) -> frozenset[str]:
