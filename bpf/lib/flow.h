@@ -16,8 +16,9 @@ enum mc_flow_op {
 };
 
 /* One step of the flow filter's hash over a key's 64-bit words (meshctl_maps.h, flowfilter),
- * written out per key size below: a loop over the words stays a loop in bcc's build, and 5.10's
- * verifier then loses the slot's bounds. */
+ * written out per key size below, and one branch per half in mc_flow_maybe: 5.10's verifier
+ * refused a loop over the words (bcc left it a loop) with the half computed as ~active & 1
+ * ("unbounded min value" for the slot's offset). */
 static __always_inline __u64 mc_flow_mix(__u64 h, __u64 w)
 {
     return (h ^ w) * MC_FLOWFILTER_MULT;
