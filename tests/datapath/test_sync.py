@@ -15,10 +15,9 @@ import time
 import pytest
 
 from meshctl.datapath import Datapath, layout, links
-from meshctl.errors import MeshError
 from meshctl.lab.rigs import netns
 from meshctl.lab.rigs.testrun import frame, run
-from meshctl.mesh.plan import Encap, FastPathEntry
+from meshctl.mesh.plan import FastPathEntry
 from meshctl.node import discovery
 from meshctl.setns import in_netns
 from tests.names import unique
@@ -119,27 +118,6 @@ def test_a_prefix_listed_twice_keeps_its_last_entry(pin_root, node):
     st = dp.sync(plan, "lo")  # the same keys, one value back to the plan's
     assert (st.added, st.changed, st.deleted) == (0, 1, 0)
     assert dp.maps.routes.items() == layout.route_table(plan, links.ifindex("lo"))
-    dp.close()
-
-
-def test_an_empty_map_filled_in_chunks_keeps_the_last_entry_and_nothing_of_a_failed_fill(pin_root, node):
-    """The fill writes one chunk while the next is encoded: a prefix listed again in a later chunk
-    ends with its last entry; an entry that cannot be encoded, in the third chunk, fails the fill and
-    leaves the map as it found it (empty), whatever the chunks before it wrote."""
-    dp = Datapath.open(node, pin_root=pin_root)
-    routes = dp.maps.routes
-    plan = big_plan(25)
-    again = [*plan, FastPathEntry(plan[3].prefix, "local", None)]
-    stats, table = routes.fill(layout.route_chunks(again, 1, size=10))
-    assert (stats.added, len(table.keys), len(set(table.keys))) == (25, 25, 25)
-    assert routes.items() == layout.route_table(again, 1) == table.pairs
-    assert layout.decode_route(*_route_of(dp, plan[3].prefix)).entry.action == "local"
-    routes.delete(table.keys)
-    bad = FastPathEntry(ipaddress.ip_network("10.99.0.0/16"), "direct", None,
-                        Encap("ipip", ipaddress.ip_address("10.0.0.1"), ipaddress.ip_address("fd00::2")))
-    with pytest.raises(MeshError, match="outer addresses must be of one family"):
-        routes.fill(layout.route_chunks([*plan, bad], 1, size=10))
-    assert routes.empty()
     dp.close()
 
 

@@ -289,13 +289,8 @@ class Datapath:
         their traffic are staged first). The stats count those as deleted already."""
         if self._loaded is None:
             return SyncStats(0, 0, 0)
-        ifindex = links.ifindex(private_if)
+        desired = Table(*layout.route_rows(entries, links.ifindex(private_if)))
         routes = self._loaded.maps.routes
-        if self._routes_written is None and routes.empty():  # written while encoded: no diff
-            stats, self._routes_written = routes.fill(layout.route_chunks(entries, ifindex))
-            self._retiring = None
-            return stats
-        desired = Table(*layout.route_rows(entries, ifindex))
         # The first sync after open diffs against the pinned map itself (nothing to diff when it is
         # empty); later ones against what this agent wrote (reading a large map back costs more
         # than the whole diff). Until stale keys are retired the map holds more than it wrote:

@@ -13,10 +13,9 @@ import ipaddress
 import re
 import socket
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib.resources import files
-from itertools import islice
 from typing import Any
 
 from meshctl.defaults import PROBE_PORT
@@ -203,22 +202,7 @@ def route_table(entries: Iterable[FastPathEntry], ifindex: int) -> dict[bytes, b
 
 def route_rows(entries: Iterable[FastPathEntry], ifindex: int) -> tuple[list[bytes], list[bytes]]:
     """route_table as two aligned lists (key i -> value i, in the entries' order, a prefix given
-    twice listed twice): what a sync hands the batch call as it is."""
-    keys: list[bytes] = []
-    vals: list[bytes] = []
-    for k, v in route_chunks(entries, ifindex):
-        keys += k
-        vals += v
-    return keys, vals
-
-
-ROUTE_CHUNK = 8192  # entries per chunk of route_chunks: one batch call each when a sync fills an empty map
-
-
-def route_chunks(entries: Iterable[FastPathEntry], ifindex: int,
-                 size: int = ROUTE_CHUNK) -> Iterator[tuple[list[bytes], list[bytes]]]:
-    """route_rows, `size` entries at a time (the last chunk shorter): a sync into an empty map
-    writes one while the next is encoded (maps.Map.fill).
+    twice listed twice): what a sync into an empty map hands the batch call as it is.
 
     Written for speed (the agent re-encodes the whole plan on each sync): it reads the ipaddress
     objects' slots (_version, _prefixlen, _ip: stable since Python 3.3) instead of their
@@ -226,26 +210,22 @@ def route_chunks(entries: Iterable[FastPathEntry], ifindex: int,
     next hop, encapsulation) value once."""
     k4, k6, htonl = _ROUTE_KEY4.pack, ROUTE_KEY.pack, socket.htonl
     values: dict[tuple[str, int, int, Encap | None], bytes] = {}
-    it = iter(entries)
-    while True:
-        keys: list[bytes] = []
-        vals: list[bytes] = []
-        add_key, add_value = keys.append, vals.append
-        for e in islice(it, size):
-            p: Any = e.prefix  # read through its slots, see above
-            if p._version == 4:
-                add_key(k4(32 + p._prefixlen, FAMILY_V4, htonl(p.network_address._ip)))
-            else:
-                add_key(k6(32 + p._prefixlen, FAMILY_V6, p.network_address.packed))
-            nh: Any = e.nexthop
-            vk = (e.action, 0, 0, e.encap) if nh is None else (e.action, nh._version, nh._ip, e.encap)
-            v = values.get(vk)
-            if v is None:
-                v = values[vk] = route_value(e.action, ifindex if e.action == "direct" else 0, nh, e.encap)
-            add_value(v)
-        if not keys:
-            return
-        yield keys, vals
+    keys: list[bytes] = []
+    vals: list[bytes] = []
+    add_key, add_value = keys.append, vals.append
+    for e in entries:
+        p: Any = e.prefix  # read through its slots, see above
+        if p._version == 4:
+            add_key(k4(32 + p._prefixlen, FAMILY_V4, htonl(p.network_address._ip)))
+        else:
+            add_key(k6(32 + p._prefixlen, FAMILY_V6, p.network_address.packed))
+        nh: Any = e.nexthop
+        vk = (e.action, 0, 0, e.encap) if nh is None else (e.action, nh._version, nh._ip, e.encap)
+        v = values.get(vk)
+        if v is None:
+            v = values[vk] = route_value(e.action, ifindex if e.action == "direct" else 0, nh, e.encap)
+        add_value(v)
+    return keys, vals
 
 
 def route_value(action: str, ifindex: int, nexthop: IPAddress | None, encap: Encap | None = None) -> bytes:
@@ -307,8 +287,8 @@ def flow_key(src: IPAddress, dst: IPAddress, sport: int, dport: int, proto: int)
 
 def flow_slot(key: bytes) -> int:
     """The flow filter slot of a flow LRU key (FLOW4_KEY or FLOW6_KEY bytes, as the map holds them):
-    the programs' mc_flow_slot, a multiply-xor hash over the key's 64-bit words (host order,
-    little-endian as every layout here), its top FLOWFILTER_BITS bits."""
+    the programs' mc_flow4_slot / mc_flow6_slot, a multiply-xor hash over the key's 64-bit words
+    (host order, little-endian as every layout here), its top FLOWFILTER_BITS bits."""
     h = 0
     for (w,) in struct.iter_unpack("<Q", key):
         h = ((h ^ w) * FLOWFILTER_MULT) & _U64_MASK

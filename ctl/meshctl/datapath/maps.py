@@ -12,8 +12,8 @@ matches an entry: one whose /24 gives way to a /16 meets the /24 until the /16 i
 too full to take the additions first deletes first. The stale keys can also be left for a later
 `delete` (`retire=False`): the datapath deletes them once the kernel routes that take over
 their traffic are in place. A whole table (the routes map) is synced from a Table: into an empty map it
-goes in batches with no diff at all, each written while the next is encoded (Map.fill), and
-against the table last written a resync that changes nothing costs one comparison of two lists.
+goes as one batch with no diff at all, and against the table last written a resync that changes
+nothing costs one comparison of two lists.
 
 The flow filter (FlowFilter) is read and written through a shared mapping, not by the syscalls.
 """
@@ -23,8 +23,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Protocol
@@ -130,8 +129,7 @@ class Map:
         in the map, every key once: pass it as `written` to the next sync_table (None: read the
         map). The same keys in the same order as `written` (a plan whose paths changed, or none)
         writes the changed values alone, found by comparing the two value lists; into an empty map
-        `desired` goes as one batch with no diff (fill; its dict is built only when a later sync
-        needs it).
+        `desired` goes as one batch with no diff (its dict is built only when a later sync needs it).
         With `retire=False` the keys `desired` lacks stay in the map (`stale` names them) for a
         later `delete`; the returned table is `desired` all the same."""
         self.stale = []
@@ -142,37 +140,12 @@ class Map:
             self._update([desired.keys[i] for i in changed], [desired.values[i] for i in changed])
             return SyncStats(0, len(changed), 0), desired
         if written is None and self.empty():
-            return self.fill([(desired.keys, desired.values)])
+            if len(set(desired.keys)) != len(desired.keys):  # a set: cheaper than the dict, built only if needed
+                desired = desired.distinct()
+            self._update(desired.keys, desired.values)
+            return SyncStats(len(desired.keys), 0, 0), desired
         desired = desired.distinct()
         return self.sync(desired.pairs, written.pairs if written is not None else None, retire=retire), desired
-
-    def fill(self, chunks: Iterable[tuple[list[bytes], list[bytes]]]) -> tuple[SyncStats, Table]:
-        """Write `chunks` (key i -> value i in each, in order) into this map, which holds nothing:
-        each chunk as one batch on a thread while the caller's iterator encodes the next (the batch
-        call leaves Python's lock), so the encoding hides behind the kernel's work. A key listed
-        twice keeps its last value, as the batches go in order. Returns what sync_table does; when
-        the iterator raises, what was written is deleted again and the map holds nothing."""
-        keys: list[bytes] = []
-        vals: list[bytes] = []
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"fill-{self.name}") as pool:
-            writes = []
-            try:
-                for k, v in chunks:
-                    writes.append(pool.submit(self._update, k, v))
-                    keys += k
-                    vals += v
-            except BaseException:
-                wait(writes)
-                self.delete(keys)
-                raise
-            table = Table(keys, vals)  # made while the last batches run
-            if len(set(keys)) != len(keys):  # a set: cheaper than the dict, built only if needed
-                table = table.distinct()
-            errors = [e for e in (w.exception() for w in writes) if e is not None]  # waits for each
-            if errors:
-                self.delete(keys)
-                raise errors[0]
-        return SyncStats(len(table.keys), 0, 0), table
 
     def _update(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
         if not keys:
