@@ -42,6 +42,7 @@ BPF_TABLE_PINNED("lru_hash", struct mc_flow4_key, struct mc_flow_value, flows4, 
                  MC_PIN_DIR "/flows4");
 BPF_TABLE_PINNED("lru_hash", struct mc_flow6_key, struct mc_flow_value, flows6, MC_FLOWS_MAX,
                  MC_PIN_DIR "/flows6");
+BPF_TABLE_PINNED("array", __u32, struct mc_flowfilter, flowfilter, 1, MC_PIN_DIR "/flowfilter", BPF_F_MMAPABLE);
 BPF_TABLE_PINNED("percpu_array", __u32, struct mc_counter, counters, MC_COUNTERS, MC_PIN_DIR "/counters");
 BPF_TABLE_PINNED("array", __u32, __u64, config, MC_CONFIG_SLOTS, MC_PIN_DIR "/config");
 BPF_TABLE_PINNED("array", __u32, struct mc_mon_slot, mon_slots, MC_MON_SLOTS, MC_PIN_DIR "/mon_slots");
@@ -98,6 +99,12 @@ static __always_inline struct mc_flow_value *mc_flow6_lookup(struct mc_flow6_key
 static __always_inline void mc_flow6_update(struct mc_flow6_key *k, struct mc_flow_value *v)
 {
     flows6.update(k, v);
+}
+
+static __always_inline struct mc_flowfilter *mc_flowfilter(void)
+{
+    __u32 zero = 0;
+    return flowfilter.lookup(&zero);
 }
 
 static __always_inline void mc_count(__u32 slot, __u32 len)

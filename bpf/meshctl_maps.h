@@ -120,6 +120,35 @@ struct mc_flow_value {
     __u64 created_ns;
 };
 
+/* flowfilter: which tuples the flow LRUs (both families) may hold, so a packet whose tuple they
+ * cannot hold (the common case of a direct packet) skips the LRU's hash lookup. A one-hash Bloom
+ * filter of one byte per slot: a zero byte proves the LRUs lack the tuple; a set byte (a tracked
+ * flow, or one the LRU has since evicted, or another tuple of the same slot) falls through to the
+ * LRU lookup. Bytes, not bits: the programs set a slot with one plain byte store (no atomic OR,
+ * which 5.10 lacks), so two CPUs never lose each other's slot.
+ *
+ * One array element in two halves and a selector, mmapped by the agent (BPF_F_MMAPABLE): the
+ * programs read the half `active` names and set a new flow's slot in both (after its LRU
+ * insert); the agent rebuilds the other half from the LRUs' live keys (zero it, then read the
+ * keys, then set their slots: a flow the programs record meanwhile is in the keys or sets its
+ * own slot after the zeroing) and switches `active` with one byte store, which clears the slots
+ * of flows the LRUs no longer hold. `active` 0: the filter is off and every packet takes the LRU
+ * lookup (a new map, or programs just replaced: until the agent's first rebuild after the links
+ * run them, the flows older programs recorded have no slot).
+ *
+ * A slot: the top MC_FLOWFILTER_BITS bits of a multiply-xor hash over the key's 64-bit words
+ * (h = (h ^ w) * MC_FLOWFILTER_MULT, from h = 0; the key as the LRU stores it, pad zero), which
+ * the agent computes the same way (datapath/layout.py, flow_slot). */
+#define MC_FLOWFILTER_BITS 20
+#define MC_FLOWFILTER_SLOTS (1 << MC_FLOWFILTER_BITS) /* per half: 1 MiB */
+#define MC_FLOWFILTER_MULT 0x9E3779B97F4A7C15ULL
+
+struct mc_flowfilter {
+    __u8 active;        /* 1 or 2: half 0 or 1 is the one to read; 0 (any other value): off, look every tuple up */
+    __u8 pad[7];
+    __u8 slots[2 * MC_FLOWFILTER_SLOTS]; /* half h at h * MC_FLOWFILTER_SLOTS */
+};
+
 /* counters: per-CPU array, one slot per outcome. Every packet a program sees moves exactly one
  * outcome slot (0-7, 8, 10); `decap` (9) counts an event on the way: a decapsulated packet also
  * moves the outcome of its inner packet (peer, flow or pass). */

@@ -55,7 +55,7 @@ def test_load_time_settings_reach_the_c_as_cflags_only():
 def test_struct_sizes_match_the_compiled_maps(unit_dp):
     m = unit_dp.maps
     for name, mp in (("routes", m.routes), ("pods", m.pods), ("flows4", m.flows4), ("flows6", m.flows6),
-                     ("counters", m.counters_map),
+                     ("flowfilter", m.flowfilter.map), ("counters", m.counters_map),
                      ("config", m.config)):
         info = libbpf.map_info(mp.fd)
         assert (info.key_size, info.value_size) == layout.MAP_SIZES[name], name

@@ -416,10 +416,13 @@ class DatapathStep:
         self._synced = False  # the maps hold a plan (until then an ebpf datapath passes all to the kernel)
         self._settle_until = 0.0
         self._attached: tuple[str, ...] | None = None
+        self._filter_rebuilt = 0.0  # when this step last rebuilt the flow filter (monotonic)
 
     def use(self, datapath: Datapath) -> None:
-        """The loaded datapath: the next pass attaches it and fills its maps."""
+        """The loaded datapath: the next pass attaches it and fills its maps (Datapath.open built
+        its flow filter; the step rebuilds it once per resync interval)."""
         self._datapath = datapath
+        self._filter_rebuilt = time.monotonic()
 
     def _settling(self, pod_ifs: tuple[str, ...], settle_pass: bool) -> bool:
         return settle_pass or pod_ifs != self._attached
@@ -442,6 +445,10 @@ class DatapathStep:
             self._attached = p.pod_ifs
         dp.stage(p.plan.fastpath, self.cfg.private_interface)
         self._synced = True
+        now = time.monotonic()
+        if now - self._filter_rebuilt >= self.cfg.resync_interval:  # evicted flows' filter slots cleared
+            dp.rebuild_flow_filter()
+            self._filter_rebuilt = now
         return NOTHING
 
     def retire(self, p: PassInput) -> frozenset[str]:

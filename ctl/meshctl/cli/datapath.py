@@ -242,6 +242,9 @@ def datapath_status(node: str | None, lab_name: str | None, pin_root: str | None
             continue
         click.echo(f"  pins {r['pin_dir']} (layout {r['layout']}), {r['routes']} routes, {r['pods']} local pods, "
                    f"attached by {r['attach']}")
+        ff = r["flow_filter"]
+        state = f"on, {ff['slots_set']} of {ff['slots']} slots set" if ff["on"] else "off (every tuple looked up)"
+        click.echo(f"  {r['flows']} tracked flows; flow filter {state}")
         click.echo("  programs " + ", ".join(f"{p}#{i}" for p, i in r["programs"].items()))
         if r.get("features"):
             f = r["features"]

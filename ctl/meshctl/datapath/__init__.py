@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from meshctl import defaults
 from meshctl.datapath import layout, links
-from meshctl.datapath.maps import SyncStats, Table
+from meshctl.datapath.maps import FilterStats, SyncStats, Table
 from meshctl.errors import MeshError
 from meshctl.mesh.model import IPAddress
 from meshctl.mesh.plan import FastPathEntry
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from meshctl.datapath.loader import Loaded
     from meshctl.datapath.maps import NodeMaps
 
-__all__ = ["Datapath", "SyncStats"]
+__all__ = ["Datapath", "FilterStats", "SyncStats"]
 
 log = logging.getLogger("meshctl.datapath")
 
@@ -95,10 +95,17 @@ class Datapath:
             return cls._fallback(node, pin_root, str(e) or type(e).__name__)
         dp = cls(node, pin_root, "ebpf", "", loaded)
         dp._tc_fallback = not features.probe().tcx
+        if loaded.compiled:  # the programs the links ran may have recorded flows without their slots
+            loaded.maps.flowfilter.turn_off()
         try:
             dp._refresh_links()
         except (OSError, MeshError) as e:  # the old programs keep running: still a working node
             log.warning("datapath: could not switch the links of %s to the new programs: %s", node, e)
+        else:  # every link runs these programs now, which set the slot of each flow they record
+            try:
+                dp.rebuild_flow_filter()
+            except OSError as e:  # the filter stays as it was: off after new programs, else whole
+                log.warning("datapath: could not rebuild the flow filter of %s: %s", node, e)
         if loaded.compiled:
             log.info("datapath: %s loaded (%s) and pinned under %s", node, loaded.objects, dp.pin_dir)
         return dp
@@ -301,6 +308,14 @@ class Datapath:
         self._retiring, self._routes_written = None, table
         return len(stale)
 
+    def rebuild_flow_filter(self) -> FilterStats:
+        """Rebuild the flow filter from the flow LRUs' live keys (maps.FlowFilter.rebuild), so the
+        slots of flows they evicted stop costing an LRU lookup; the agent does it once per resync
+        interval. Also turns a filter that is off (programs just replaced) on."""
+        if self._loaded is None:
+            return FilterStats(0, 0)
+        return self._loaded.maps.rebuild_flowfilter()
+
     def counters(self) -> dict[str, tuple[int, int]]:
         """action -> (packets, bytes), summed over CPUs; {} in kernel-routes mode."""
         return self._loaded.maps.counters() if self._loaded is not None else {}
@@ -370,6 +385,9 @@ class Datapath:
                                                                maps.config_get(layout.CFG_PRIVATE6 + 1))),
                 routes=len(maps.routes.items()),
                 pods=len(maps.pods.items()),
+                flows=len(maps.flows4.items()) + len(maps.flows6.items()),
+                flow_filter={"on": maps.flowfilter.active != 0, "slots_set": maps.flowfilter.filled(),
+                             "slots": layout.FLOWFILTER_SLOTS},
             )
         return out
 

@@ -82,7 +82,7 @@ FLOW_VALUE = struct.Struct("<Q")           # created_ns
 COUNTER = struct.Struct("<QQ")             # packets, bytes
 CONFIG_VALUE = struct.Struct("<Q")
 U32 = struct.Struct("<I")
-_DEFINE = re.compile(r"#define\s+(MC_\w+)\s+(\d+)\s*(?:/\*\s*(.*?)\s*(?:\*/)?)?$")
+_DEFINE = re.compile(r"#define\s+(MC_\w+)\s+(0x[0-9a-fA-F]+|\d+)U?L{0,2}\s*(?:/\*\s*(.*?)\s*(?:\*/)?)?$")
 
 
 def header_defines(prefix: str) -> dict[str, tuple[int, str]]:
@@ -94,7 +94,7 @@ def header_defines(prefix: str) -> dict[str, tuple[int, str]]:
     for line in text.splitlines():
         m = _DEFINE.match(line.strip())
         if m and m.group(1).startswith(prefix):
-            out[m.group(1)[len(prefix):]] = (int(m.group(2)), m.group(3) or "")
+            out[m.group(1)[len(prefix):]] = (int(m.group(2), 0), m.group(3) or "")
     return out
 
 
@@ -115,12 +115,22 @@ EVENT = struct.Struct("<QIIIIBBBBBBBBBBBB2s2s16s16s16s16s16s")
 # The monitor's maps (ring buffers: one per slot, mon_ring<i>), pinned next to the others.
 MONITOR_MAPS = ("mon_slots", "mon_lost", *(f"mon_ring{i}" for i in range(MON_SLOTS)))
 
+# The flow filter (meshctl_maps.h, flowfilter): one array element, `active` then two halves of slots.
+_FF = header_defines("MC_FLOWFILTER_")
+FLOWFILTER_BITS = _FF["BITS"][0]
+FLOWFILTER_MULT = _FF["MULT"][0]
+FLOWFILTER_SLOTS = 1 << FLOWFILTER_BITS    # per half
+FLOWFILTER_HEAD = 8                        # active, pad: the slots start here
+FLOWFILTER_VALUE_SIZE = FLOWFILTER_HEAD + 2 * FLOWFILTER_SLOTS
+_U64_MASK = (1 << 64) - 1
+
 # Map name (as pinned) -> (key size, value size), for checking a pinned map before trusting it.
 MAP_SIZES = {
     "routes": (ROUTE_KEY.size, ROUTE_VALUE.size),
     "pods": (POD_KEY.size, POD_VALUE.size),
     "flows4": (FLOW4_KEY.size, FLOW_VALUE.size),
     "flows6": (FLOW6_KEY.size, FLOW_VALUE.size),
+    "flowfilter": (U32.size, FLOWFILTER_VALUE_SIZE),
     "counters": (U32.size, COUNTER.size),
     "config": (U32.size, CONFIG_VALUE.size),
     "mon_slots": (U32.size, MON_SLOT.size),
@@ -267,6 +277,22 @@ def pod_value(ifindex: int) -> bytes:
 def decode_pod(key: bytes, value: bytes) -> tuple[IPAddress, int]:
     fam, addr = POD_KEY.unpack(key)
     return _addr(fam, addr), POD_VALUE.unpack(value)[0]
+
+
+def flow_key(src: IPAddress, dst: IPAddress, sport: int, dport: int, proto: int) -> bytes:
+    """The flow LRU key of a packet from src:sport to dst:dport (decode_flow's inverse)."""
+    st = FLOW4_KEY if src.version == 4 else FLOW6_KEY
+    return st.pack(src.packed, dst.packed, sport.to_bytes(2, "big"), dport.to_bytes(2, "big"), proto)
+
+
+def flow_slot(key: bytes) -> int:
+    """The flow filter slot of a flow LRU key (FLOW4_KEY or FLOW6_KEY bytes, as the map holds them):
+    the programs' mc_flow4_slot / mc_flow6_slot, a multiply-xor hash over the key's 64-bit words
+    (host order, little-endian as every layout here), its top FLOWFILTER_BITS bits."""
+    h = 0
+    for (w,) in struct.iter_unpack("<Q", key):
+        h = ((h ^ w) * FLOWFILTER_MULT) & _U64_MASK
+    return h >> (64 - FLOWFILTER_BITS)
 
 
 def decode_flow(key: bytes) -> dict[str, object]:

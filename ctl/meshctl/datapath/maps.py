@@ -14,15 +14,19 @@ too full to take the additions first deletes first. The stale keys can also be l
 their traffic are in place. A whole table (the routes map) is synced from a Table: into an empty map it
 goes as one batch with no diff at all, and against the table last written a resync that changes
 nothing costs one comparison of two lists.
+
+The flow filter (FlowFilter) is read and written through a shared mapping, not by the syscalls.
 """
 
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Protocol
 
 from meshctl.datapath import layout, libbpf
 from meshctl.errors import MeshError
@@ -167,10 +171,83 @@ class Map:
                 libbpf.delete(self.fd, k)
 
 
+class Entries(Protocol):
+    """What a flow filter rebuild reads of a flow LRU (a Map)."""
+
+    def items(self) -> Mapping[bytes, bytes]: ...
+
+
+@dataclass(frozen=True)
+class FilterStats:
+    """A flow filter rebuild: the LRUs' live tuples and the slots they set in the new half."""
+
+    flows: int
+    slots: int
+
+
+class FlowFilter:
+    """The flow filter (meshctl_maps.h, flowfilter) through a shared mapping of its one element:
+    byte stores, as the programs make, so a rebuild never overwrites a slot they set meanwhile
+    (a whole-element update through the syscall would)."""
+
+    def __init__(self, m: Map) -> None:
+        self.map = m
+        self._mm = mmap.mmap(m.fd, layout.FLOWFILTER_VALUE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+
+    def close(self) -> None:
+        self._mm.close()
+
+    @property
+    def active(self) -> int:
+        """0: off (the programs look every tuple up in the LRUs); 1 or 2: half 0 or 1 is read."""
+        return self._mm[0]
+
+    def turn_off(self) -> None:
+        """Every tuple to the LRU lookup until the next rebuild (programs just replaced: the flows
+        the ones before recorded may have no slot)."""
+        self._mm[0] = 0
+
+    def _half(self, active: int) -> int:
+        return layout.FLOWFILTER_HEAD + (active - 1) * layout.FLOWFILTER_SLOTS
+
+    def may_hold(self, key: bytes) -> bool:
+        """What the programs conclude for flow LRU key `key`: False when the filter proves the
+        LRUs lack it."""
+        active = self.active
+        return active == 0 or self._mm[self._half(active) + layout.flow_slot(key)] != 0
+
+    def filled(self) -> int:
+        """How many slots of the half the programs read are set (0 when off)."""
+        active = self.active
+        if active == 0:
+            return 0
+        base = self._half(active)
+        return layout.FLOWFILTER_SLOTS - self._mm[base:base + layout.FLOWFILTER_SLOTS].count(0)
+
+    def rebuild(self, *lrus: Entries) -> FilterStats:
+        """The other half made from the live keys of `lrus` (the flow LRUs), then switched to: slots
+        of flows the LRUs have evicted since the last rebuild are clear from here on. In this order:
+        the half is zeroed, then the keys are read, then their slots set, then `active` switched
+        (one byte store; the programs read the half it names). A flow the programs record meanwhile
+        sets its slot in both halves after its LRU insert: before the zeroing it is among the keys
+        read, after it its own slot stays. Two rebuilds must lie further apart than one program
+        run (the agent makes one per resync interval): a program that read `active` just before
+        the switch still reads the old half, which only the next rebuild zeroes."""
+        nxt = 2 if self.active == 1 else 1
+        base = self._half(nxt)
+        self._mm[base:base + layout.FLOWFILTER_SLOTS] = bytes(layout.FLOWFILTER_SLOTS)
+        keys = [k for m in lrus for k in m.items()]
+        slots = {layout.flow_slot(k) for k in keys}
+        for slot in slots:
+            self._mm[base + slot] = 1
+        self._mm[0] = nxt
+        return FilterStats(len(keys), len(slots))
+
+
 class NodeMaps:
     """All maps pinned for one node, under `pin_dir`."""
 
-    NAMES = ("routes", "pods", "flows4", "flows6", "counters", "config")
+    NAMES = ("routes", "pods", "flows4", "flows6", "flowfilter", "counters", "config")
 
     def __init__(self, pin_dir: str) -> None:
         self.pin_dir = pin_dir
@@ -186,11 +263,24 @@ class NodeMaps:
         self.flows4, self.flows6 = opened["flows4"], opened["flows6"]
         self.counters_map, self.config = opened["counters"], opened["config"]
         self._all = list(opened.values())
+        try:
+            self.flowfilter = FlowFilter(opened["flowfilter"])
+        except BaseException:
+            self._close_maps()
+            raise
         self._ncpu = libbpf.possible_cpus()
 
-    def close(self) -> None:
+    def _close_maps(self) -> None:
         for m in self._all:
             m.close()
+
+    def close(self) -> None:
+        self.flowfilter.close()
+        self._close_maps()
+
+    def rebuild_flowfilter(self) -> FilterStats:
+        """FlowFilter.rebuild from both flow LRUs."""
+        return self.flowfilter.rebuild(self.flows4, self.flows6)
 
     def config_get(self, slot: int) -> int:
         v = libbpf.lookup(self.config.fd, layout.U32.pack(slot), layout.CONFIG_VALUE.size)
