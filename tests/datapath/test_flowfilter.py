@@ -107,6 +107,24 @@ def test_a_clear_slot_skips_the_lookup_and_a_filter_that_is_off_looks_every_tupl
     assert outcome(dp, "from_pod", reply) == ("ok", {"flow"})
 
 
+def test_on_a_weakly_ordered_machine_the_filter_stays_off_and_every_tuple_is_looked_up(dp):
+    """Python issues no store fence, so on arm64 the switch of `active` could be seen before the
+    slots it publishes: there the rebuild leaves the filter off and a tracked reply still finds
+    its flow through the lookup."""
+    from meshctl.datapath.maps import FlowFilter
+
+    k = key(POD4, PEER4, 80, 50000)
+    libbpf.update(dp.maps.flows4.fd, k, layout.FLOW_VALUE.pack(1))
+    arm = FlowFilter(dp.maps.flowfilter.map, machine="aarch64")
+    try:
+        assert not arm.enabled and dp.maps.flowfilter.enabled  # this machine (x86_64) orders stores
+        assert arm.rebuild(dp.maps.flows4, dp.maps.flows6).slots == 0
+        assert arm.active == 0 and arm.may_hold(key(POD4, PEER4, 80, 50001))
+        assert outcome(dp, "from_pod", frame(POD4, PEER4, sport=80, dport=50000)) == ("ok", {"flow"})
+    finally:
+        arm.close()
+
+
 def test_after_a_rebuild_the_slot_of_a_flow_the_lru_no_longer_holds_is_clear(dp):
     gone, kept = (PEER4, POD4, 50000, 80), (PEER4, POD4, 50001, 80)
     for s, d, sp, dpt in (gone, kept):

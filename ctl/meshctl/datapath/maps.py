@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import platform
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -185,12 +186,21 @@ class FilterStats:
     slots: int
 
 
+# Machines whose stores other CPUs see in program order (x86's total store order). The rebuild's
+# last store (`active`) must not be seen before the slots it publishes, and Python issues no
+# fence: on a weakly ordered CPU (arm64) a program could read the new half before its slots are
+# visible and send a tracked flow's reply past the kernel. There the filter stays off.
+STORE_ORDERED_MACHINES = ("x86_64", "amd64", "i386", "i686")
+
+
 class FlowFilter:
     """The flow filter (meshctl_maps.h, flowfilter) through a shared mapping of its one element:
     byte stores, as the programs make, so a rebuild never overwrites a slot they set meanwhile
-    (a whole-element update through the syscall would)."""
+    (a whole-element update through the syscall would). Only on STORE_ORDERED_MACHINES; elsewhere
+    `rebuild` leaves it off and every tuple takes the LRU lookup."""
 
-    def __init__(self, m: Map) -> None:
+    def __init__(self, m: Map, machine: str | None = None) -> None:
+        self.enabled = (machine or platform.machine()).lower() in STORE_ORDERED_MACHINES
         self.map = m
         self._mm = mmap.mmap(m.fd, layout.FLOWFILTER_VALUE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
 
@@ -232,7 +242,11 @@ class FlowFilter:
         sets its slot in both halves after its LRU insert: before the zeroing it is among the keys
         read, after it its own slot stays. Two rebuilds must lie further apart than one program
         run (the agent makes one per resync interval): a program that read `active` just before
-        the switch still reads the old half, which only the next rebuild zeroes."""
+        the switch still reads the old half, which only the next rebuild zeroes. Where stores may
+        be seen out of order (not `enabled`), the filter is left off and no slot is set."""
+        if not self.enabled:
+            self._mm[0] = 0
+            return FilterStats(0, 0)
         nxt = 2 if self.active == 1 else 1
         base = self._half(nxt)
         self._mm[base:base + layout.FLOWFILTER_SLOTS] = bytes(layout.FLOWFILTER_SLOTS)
