@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar, cast, overload
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
@@ -63,6 +63,16 @@ _UNSET: Any = object()
 Span = tuple[int, int, int]  # (IP version, first address, last address) as integers
 
 
+def addr_key(version: int, addr: int) -> int:
+    """An address of either version as one integer (IPv4 below IPv6): what admission keys its
+    address indexes by (an `ipaddress` address hashes through its hex string, and `.ip` of an
+    interface builds a new object on every call)."""
+    return (version << 128) | addr
+
+
+ADDR_BITS = 128  # addr_key's address part (the version above it)
+
+
 @functools.lru_cache(maxsize=65536)
 def span(net: IPNetwork) -> Span:
     """A network as integers (cheaper to compare than broadcast_address; cached: records keep
@@ -71,30 +81,67 @@ def span(net: IPNetwork) -> Span:
     return net.version, first, first + (1 << (net.max_prefixlen - net.prefixlen)) - 1
 
 
-@dataclass(frozen=True, order=True)
-class Endpoint:
-    """A WireGuard endpoint: an IP literal or a DNS name, and a port."""
+Obj = TypeVar("Obj")
+T = TypeVar("T")
+
+
+class derived(Generic[Obj, T]):  # noqa: N801 (used as a decorator, like property)
+    """A property computed on first use and kept in the slot `_<name>` of a slotted class (what
+    `functools.cached_property` does in an instance `__dict__`, which slotted records have not).
+    The class (or a base) declares the slot; frozen records set it through `object.__setattr__`."""
+
+    def __init__(self, fn: Callable[[Obj], T]) -> None:
+        self.fn = fn
+        self.slot = f"_{fn.__name__}"
+        self.__doc__ = fn.__doc__
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> derived[Obj, T]: ...
+
+    @overload
+    def __get__(self, obj: Obj, owner: type | None = None) -> T: ...
+
+    def __get__(self, obj: Obj | None, owner: type | None = None) -> T | derived[Obj, T]:
+        if obj is None:
+            return self
+        try:
+            return cast(T, getattr(obj, self.slot))
+        except AttributeError:
+            pass
+        value = self.fn(obj)
+        object.__setattr__(obj, self.slot, value)
+        return value
+
+
+class _EndpointDerived:
+    """Slots for what an Endpoint derives from its host (`derived`)."""
+
+    __slots__ = ("_ip", "_is_public")
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Endpoint(_EndpointDerived):
+    """A WireGuard endpoint: an IP literal or a DNS name, and a port. Slotted (no `__dict__`): an
+    agent following 50,000 remote records holds one per record."""
 
     host: str
     port: int
 
     # Cached (plans ask every peer's endpoint several times; records keep their Endpoint objects).
-    @functools.cached_property
+    @derived
     def ip(self) -> IPAddress | None:
         try:
             return ipaddress.ip_address(self.host)
         except ValueError:
             return None
 
-    @functools.cached_property
+    @derived
     def is_public(self) -> bool:
         """A DNS name counts as public; an IP is public unless it lies in a private range."""
         ip = self.ip
-        if ip is None:
-            return True
-        return not any(ip.version == n.version and ip in n for n in _NON_PUBLIC)
+        return ip is None or not any(ip.version == n.version and ip in n for n in _NON_PUBLIC)
 
-    @functools.cached_property
+    @property
     def family(self) -> int:
         """The IP version of an address endpoint; 0 for a DNS name (reachable from either family:
         its resolver picks)."""
@@ -136,12 +183,24 @@ class MeshSettings:
         return (self.subnet,) if self.subnet6 is None else (self.subnet, self.subnet6)
 
 
-@dataclass(frozen=True)
-class Node:
+class _NodeDerived:
+    """Slots for what a Node derives from its fields, each computed on first use (plans ask them
+    for every pair on every reconcile; a record's fields never change)."""
+
+    __slots__ = ("_hash", "_pod_spans", "_pod_families", "_families", "_reachable_endpoint", "_qualified_name",
+                 "_internal_keys")
+    _hash: int
+
+
+@dataclass(frozen=True, slots=True)
+class Node(_NodeDerived):
     """One mesh node as published by its agent (or written in a topology file).
 
     `cluster` is empty for nodes of the local cluster and names the remote cluster otherwise;
     `qualified_name` is what the plan calls the node (`cluster2/g1` for remote ones).
+
+    Slotted (no `__dict__`): an agent following 50,000 remote records holds one per record, and
+    an instance dict cost more than all its fields together.
     """
 
     name: str
@@ -174,49 +233,55 @@ class Node:
     endpoints: tuple[Endpoint, ...] = ()
     wireguard_ips: tuple[IPInterface, ...] = ()
 
-    # Cached, as the other derived fields: plans ask them for every pair on every reconcile.
-    @functools.cached_property
+    @derived
     def reachable_endpoint(self) -> Endpoint | None:
         """The first configured endpoint anyone on the internet can call (a public one)."""
         return next((e for e in self.endpoints if e.is_public), None)
 
-    @functools.cached_property
-    def _internal_by_family(self) -> dict[int, IPInterface]:
-        return {i.version: i for i in self.internal_ips}
-
     def internal(self, family: int) -> IPInterface | None:
         """The internal address of IP version `family`, or None."""
-        return self._internal_by_family.get(family)
+        for i in self.internal_ips:  # at most one per family
+            if i.version == family:
+                return i
+        return None
 
-    @functools.cached_property
+    @derived
     def pod_families(self) -> tuple[int, ...]:
         """The IP families of the node's pod CIDRs, in the project's order."""
-        return tuple(f for f in FAMILIES if any(c.version == f for c in self.pod_cidrs))
+        fams = tuple(f for f in FAMILIES if any(c.version == f for c in self.pod_cidrs))
+        return _FAMILY_TUPLES.get(fams, fams)
 
-    @functools.cached_property
+    @derived
     def families(self) -> frozenset[int]:
         """The IP families the node's underlay speaks: those of its internal addresses and address
         endpoints. A node whose records say nothing (no address, or a DNS-name endpoint) is taken
         to speak both: nothing says it cannot."""
         fams = {i.version for i in self.internal_ips} | {e.family for e in self.endpoints}
-        return frozenset(FAMILIES) if not fams or 0 in fams else frozenset(fams)
+        return _FAMILY_SETS[frozenset(FAMILIES) if not fams or 0 in fams else frozenset(fams)]
 
     def endpoint_for(self, families: Iterable[int]) -> Endpoint | None:
         """The first endpoint a node speaking `families` can call (a DNS name: any), or None."""
         fams = set(families)
         return next((e for e in self.endpoints if e.family == 0 or e.family in fams), None)
 
-    @property
+    @derived
     def qualified_name(self) -> str:
         return f"{self.cluster}/{self.name}" if self.cluster else self.name
+
+    @derived
+    def internal_keys(self) -> tuple[int, ...]:
+        """The internal addresses as `addr_key`s, in `internal_ips` order."""
+        return tuple(addr_key(i.version, int(i)) for i in self.internal_ips)
 
     def __hash__(self) -> int:
         # Computed once per record: plans memoise per segment on tuples of thousands of nodes, so
         # the same records are hashed on every reconcile; their fields never change.
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = hash(tuple(getattr(self, f) for f in _NODE_FIELDS))
-            object.__setattr__(self, "_hash", h)
+        try:
+            return self._hash
+        except AttributeError:
+            pass
+        h = hash(tuple(getattr(self, f) for f in _NODE_FIELDS))
+        object.__setattr__(self, "_hash", h)
         return h
 
     def __post_init__(self) -> None:
@@ -226,10 +291,16 @@ class Node:
                           ("wireguard_ip", "wireguard_ips")):
             _one_and_many(self, one, many)
 
-    @functools.cached_property
+    @derived
     def pod_spans(self) -> tuple[Span, ...]:
         """The pod CIDRs' spans, computed once per record (overlap checks run every reconcile)."""
         return tuple(span(c) for c in self.pod_cidrs)
+
+
+# One object per value for the small derived sets every record holds (shared, not one per record).
+_FAMILY_SETS: dict[frozenset[int], frozenset[int]] = {
+    s: s for s in (frozenset(), frozenset({4}), frozenset({6}), frozenset(FAMILIES))}
+_FAMILY_TUPLES: dict[tuple[int, ...], tuple[int, ...]] = {t: t for t in ((), (4,), (6,), FAMILIES)}
 
 
 _NODE_FIELDS = tuple(f for f in Node.__dataclass_fields__)

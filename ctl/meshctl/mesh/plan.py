@@ -13,12 +13,11 @@ remote clusters (`_remote_shares`). `_merge` joins the shares in that order.
 
 from __future__ import annotations
 
-import functools
 import ipaddress
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain
-from typing import Literal, NamedTuple
+from typing import Generic, Literal, NamedTuple, TypeVar
 
 from meshctl.errors import InputError
 from meshctl.mesh.ladder import cheapest, choose_rung, member_rungs, pair_rungs
@@ -194,6 +193,8 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
     seat = _seat(topo, name, path_state or {})
     own = [Share(paths=((seat.me.qualified_name, "local"),)), *_own_cluster(seat), _extra_peers(seat, topo.peers)]
     blocks = _remote_blocks(seat, remotes)
+    _BLOCKS.plan_done()
+    _SEGMENTS.plan_done()
     merged = _merge_blocks(seat.me, topo, own, blocks)
     every = [*own, *(s for b in blocks for s in b.shares)]
     if merged is None:  # a destination claimed in two blocks: first claim wins, over all shares
@@ -634,14 +635,62 @@ def _block(shares: Sequence[Share], pods: Iterable[IPNetwork]) -> _Block:
                   dict(chain.from_iterable(s.relays for s in shares)))
 
 
-@functools.lru_cache(maxsize=64)
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class _UsedMemo(Generic[K, V]):
+    """A memo that keeps what the last plan used, and nothing else. A plan after a remote change
+    reuses every block and segment share it did not touch; the ones built for records that have
+    gone since are dropped when the next plan is done (`plans_done`), so an agent holds one plan's
+    worth of them, not a cache's worth of stale segments (each holds a route per address)."""
+
+    def __init__(self) -> None:
+        self._last: dict[K, V] = {}
+        self._now: dict[K, V] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: K, make: Callable[[], V]) -> V:
+        v = self._now.get(key)
+        if v is None:
+            v = self._last.get(key)
+            if v is None:
+                self.misses += 1
+                v = make()
+            else:
+                self.hits += 1
+            self._now[key] = v
+        else:
+            self.hits += 1
+        return v
+
+    def plan_done(self) -> None:
+        """Forget what the plan just done did not use."""
+        self._last, self._now = self._now, {}
+
+    def clear(self) -> None:
+        self._last, self._now = {}, {}
+
+
+_BLOCKS: _UsedMemo[_SameRemote, _Block] = _UsedMemo()
+
+
 def _remote_block(key: _SameRemote) -> _Block:
     """One remote cluster's block, memoised on its Remote and the seat: a pass after a remote
     change merges and sorts again only the cluster it touched (its segments' shares come from
     `_remote_segment`'s memo)."""
-    me, leads, leader_ips, keepalive = key.seat
-    shares, pods = _remote_shares(me, leads, leader_ips, keepalive, key.remote)
-    return _block(shares, pods)
+    def make() -> _Block:
+        me, leads, leader_ips, keepalive = key.seat
+        shares, pods = _remote_shares(me, leads, leader_ips, keepalive, key.remote)
+        return _block(shares, pods)
+    return _BLOCKS.get(key, make)
+
+
+def forget_memos() -> None:
+    """Drop every memoised block and segment share (the next plan computes all anew: a cold plan)."""
+    _BLOCKS.clear()
+    _SEGMENTS.clear()
 
 
 def _remote_blocks(seat: _Seat, remotes: Sequence[Remote]) -> list[_Block]:
@@ -678,14 +727,25 @@ def _merge_blocks(me: Node, topo: Topology, own: Sequence[Share], blocks: Sequen
     return peers, routes, fast, paths, relays
 
 
-@functools.lru_cache(maxsize=4096)
+_SegmentKey = tuple[Node, tuple[IPInterface, ...], Node, tuple[Node, ...], bool, tuple[IPAddress, ...], int]
+_SEGMENTS: _UsedMemo[_SegmentKey, Share] = _UsedMemo()
+
+
 def _remote_segment(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, members: tuple[Node, ...], leads: bool,
                     leader_ips: tuple[IPAddress, ...], keepalive: int) -> Share:
+    """One remote segment's share (`_segment_share`), memoised (a pure function of its arguments):
+    a remote change recomputes only the segment it touches, so a reconcile with thousands of
+    remote nodes redoes only what changed."""
+    key = (me, wg_ips, leader, members, leads, leader_ips, keepalive)
+    return _SEGMENTS.get(key, lambda: _segment_share(*key))
+
+
+def _segment_share(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, members: tuple[Node, ...], leads: bool,
+                   leader_ips: tuple[IPAddress, ...], keepalive: int) -> Share:
     """One remote segment's share: its private neighbours of `me` go direct whatever the
     granularities (each family's pod CIDRs where the two are neighbours in that family); the
     rest is one WireGuard peer reached at the segment's leader (a member routes it to its own
-    leader). Memoised (a pure function of its arguments): a remote change recomputes only the
-    segment it touches, so a reconcile with thousands of remote nodes redoes only what changed."""
+    leader)."""
     claims: list[Claim] = []
     paths: list[tuple[str, str]] = []
     split: list[tuple[str, tuple[tuple[int, str], ...]]] = []
