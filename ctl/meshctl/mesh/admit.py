@@ -252,12 +252,12 @@ def _identity_problem(n: Node, where: str, names: set[str], subnets: tuple[tuple
     if taken:
         return taken
     for i, ip in enumerate(n.internal_ips):
-        field = f"{where}.{list_field(n.internal_ips, 'internal_ip', i)}"
         for subnet, subnet_span in subnets:
             if _overlap(span(ip.network), subnet_span):
                 # Its private subnet would hold WireGuard addresses: a peer's endpoint could become an
                 # address of the tunnel itself, and private neighbours would be judged on tunnel addresses.
-                return f"{field}: {str(ip)!r} overlaps the WireGuard subnet {subnet}"
+                return f"{where}.{list_field(n.internal_ips, 'internal_ip', i)}: {str(ip)!r} overlaps the " \
+                       f"WireGuard subnet {subnet}"
     for i, e in enumerate(n.endpoints):
         ep = e.ip
         for subnet, _ in subnets:
@@ -289,16 +289,16 @@ def _pod_cidrs_problem(n: Node, where: str, subnets: tuple[tuple[IPNetwork, Span
     of its own CIDRs (two blocks of one node would make one route the other's), or a claim."""
     spans = n.pod_spans
     for i, (c, sp) in enumerate(zip(n.pod_cidrs, spans, strict=True)):
-        field = f"{where}.{pod_cidr_field(n, i)}"
+        # The field's name is formatted only for a problem (50,000 records have none).
         for subnet, subnet_span in subnets:
             if _overlap(sp, subnet_span):
-                return f"{field}: {str(c)!r} overlaps the WireGuard subnet {subnet}"
+                return f"{where}.{pod_cidr_field(n, i)}: {str(c)!r} overlaps the WireGuard subnet {subnet}"
         for j in range(i):
             if _overlap(sp, spans[j]):
-                return f"{field}: {str(c)!r} overlaps the node's own pod CIDR {n.pod_cidrs[j]}"
+                return f"{where}.{pod_cidr_field(n, i)}: {str(c)!r} overlaps the node's own pod CIDR {n.pod_cidrs[j]}"
         owner = claims.conflict(sp)
         if owner is not None:
-            return f"{field}: {str(c)!r} overlaps {owner}"
+            return f"{where}.{pod_cidr_field(n, i)}: {str(c)!r} overlaps {owner}"
     return None
 
 

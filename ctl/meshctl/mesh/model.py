@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar, cast, overload
+from typing import Any, Literal
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
@@ -81,42 +81,17 @@ def span(net: IPNetwork) -> Span:
     return net.version, first, first + (1 << (net.max_prefixlen - net.prefixlen)) - 1
 
 
-Obj = TypeVar("Obj")
-T = TypeVar("T")
-
-
-class derived(Generic[Obj, T]):  # noqa: N801 (used as a decorator, like property)
-    """A property computed on first use and kept in the slot `_<name>` of a slotted class (what
-    `functools.cached_property` does in an instance `__dict__`, which slotted records have not).
-    The class (or a base) declares the slot; frozen records set it through `object.__setattr__`."""
-
-    def __init__(self, fn: Callable[[Obj], T]) -> None:
-        self.fn = fn
-        self.slot = f"_{fn.__name__}"
-        self.__doc__ = fn.__doc__
-
-    @overload
-    def __get__(self, obj: None, owner: type | None = None) -> derived[Obj, T]: ...
-
-    @overload
-    def __get__(self, obj: Obj, owner: type | None = None) -> T: ...
-
-    def __get__(self, obj: Obj | None, owner: type | None = None) -> T | derived[Obj, T]:
-        if obj is None:
-            return self
-        try:
-            return cast(T, getattr(obj, self.slot))
-        except AttributeError:
-            pass
-        value = self.fn(obj)
-        object.__setattr__(obj, self.slot, value)
-        return value
-
-
 class _EndpointDerived:
-    """Slots for what an Endpoint derives from its host (`derived`)."""
+    """Slots for what an Endpoint derives from its host, set when it is made: plans ask them for
+    every peer on every reconcile, and a slot is read at C speed (a lazily filled one needs a
+    Python-level accessor on every read)."""
 
-    __slots__ = ("_ip", "_is_public")
+    __slots__ = ("ip", "is_public", "family")
+    ip: IPAddress | None
+    is_public: bool
+    # The IP version of an address endpoint; 0 for a DNS name (reachable from either family: its
+    # resolver picks).
+    family: int
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -127,26 +102,19 @@ class Endpoint(_EndpointDerived):
     host: str
     port: int
 
-    # Cached (plans ask every peer's endpoint several times; records keep their Endpoint objects).
-    @derived
-    def ip(self) -> IPAddress | None:
+    def __post_init__(self) -> None:
         try:
-            return ipaddress.ip_address(self.host)
+            ip: IPAddress | None = ipaddress.ip_address(self.host)
         except ValueError:
-            return None
+            ip = None
+        object.__setattr__(self, "ip", ip)
+        # A DNS name counts as public; an IP is public unless it lies in a private range.
+        object.__setattr__(self, "is_public",
+                           ip is None or not any(ip.version == n.version and ip in n for n in _NON_PUBLIC))
+        object.__setattr__(self, "family", ip.version if ip is not None else 0)
 
-    @derived
-    def is_public(self) -> bool:
-        """A DNS name counts as public; an IP is public unless it lies in a private range."""
-        ip = self.ip
-        return ip is None or not any(ip.version == n.version and ip in n for n in _NON_PUBLIC)
-
-    @property
-    def family(self) -> int:
-        """The IP version of an address endpoint; 0 for a DNS name (reachable from either family:
-        its resolver picks)."""
-        ip = self.ip
-        return ip.version if ip is not None else 0
+    def __reduce__(self) -> tuple[type[Endpoint], tuple[str, int]]:
+        return Endpoint, (self.host, self.port)  # copy, pickle: made again, so the slots are derived
 
     def __str__(self) -> str:
         ip = self.ip
@@ -184,12 +152,27 @@ class MeshSettings:
 
 
 class _NodeDerived:
-    """Slots for what a Node derives from its fields, each computed on first use (plans ask them
-    for every pair on every reconcile; a record's fields never change)."""
+    """Slots for what a Node derives from its fields, set when it is made (`Node.__post_init__`;
+    the hash on first use): admission and plans read them for every record and pair on every
+    reconcile, and a slot is read at C speed."""
 
-    __slots__ = ("_hash", "_pod_spans", "_pod_families", "_families", "_reachable_endpoint", "_qualified_name",
-                 "_internal_keys")
+    __slots__ = ("_hash", "pod_spans", "pod_families", "families", "reachable_endpoint", "qualified_name",
+                 "internal_keys")
     _hash: int
+    # The pod CIDRs' spans (overlap checks run every reconcile).
+    pod_spans: tuple[Span, ...]
+    # The IP families of the node's pod CIDRs, in the project's order.
+    pod_families: tuple[int, ...]
+    # The IP families the node's underlay speaks: those of its internal addresses and address
+    # endpoints. A node whose records say nothing (no address, or a DNS-name endpoint) is taken to
+    # speak both: nothing says it cannot.
+    families: frozenset[int]
+    # The first configured endpoint anyone on the internet can call (a public one).
+    reachable_endpoint: Endpoint | None
+    # What the plan calls the node: `cluster2/g1` for a remote one.
+    qualified_name: str
+    # The internal addresses as `addr_key`s, in `internal_ips` order.
+    internal_keys: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,11 +216,6 @@ class Node(_NodeDerived):
     endpoints: tuple[Endpoint, ...] = ()
     wireguard_ips: tuple[IPInterface, ...] = ()
 
-    @derived
-    def reachable_endpoint(self) -> Endpoint | None:
-        """The first configured endpoint anyone on the internet can call (a public one)."""
-        return next((e for e in self.endpoints if e.is_public), None)
-
     def internal(self, family: int) -> IPInterface | None:
         """The internal address of IP version `family`, or None."""
         for i in self.internal_ips:  # at most one per family
@@ -245,33 +223,10 @@ class Node(_NodeDerived):
                 return i
         return None
 
-    @derived
-    def pod_families(self) -> tuple[int, ...]:
-        """The IP families of the node's pod CIDRs, in the project's order."""
-        fams = tuple(f for f in FAMILIES if any(c.version == f for c in self.pod_cidrs))
-        return _FAMILY_TUPLES.get(fams, fams)
-
-    @derived
-    def families(self) -> frozenset[int]:
-        """The IP families the node's underlay speaks: those of its internal addresses and address
-        endpoints. A node whose records say nothing (no address, or a DNS-name endpoint) is taken
-        to speak both: nothing says it cannot."""
-        fams = {i.version for i in self.internal_ips} | {e.family for e in self.endpoints}
-        return _FAMILY_SETS[frozenset(FAMILIES) if not fams or 0 in fams else frozenset(fams)]
-
     def endpoint_for(self, families: Iterable[int]) -> Endpoint | None:
         """The first endpoint a node speaking `families` can call (a DNS name: any), or None."""
         fams = set(families)
         return next((e for e in self.endpoints if e.family == 0 or e.family in fams), None)
-
-    @derived
-    def qualified_name(self) -> str:
-        return f"{self.cluster}/{self.name}" if self.cluster else self.name
-
-    @derived
-    def internal_keys(self) -> tuple[int, ...]:
-        """The internal addresses as `addr_key`s, in `internal_ips` order."""
-        return tuple(addr_key(i.version, int(i)) for i in self.internal_ips)
 
     def __hash__(self) -> int:
         # Computed once per record: plans memoise per segment on tuples of thousands of nodes, so
@@ -290,11 +245,18 @@ class Node(_NodeDerived):
         for one, many in (("internal_ip", "internal_ips"), ("endpoint", "endpoints"),
                           ("wireguard_ip", "wireguard_ips")):
             _one_and_many(self, one, many)
+        derive = functools.partial(object.__setattr__, self)
+        derive("pod_spans", tuple(span(c) for c in self.pod_cidrs))
+        pod_fams = tuple(f for f in FAMILIES if any(c.version == f for c in self.pod_cidrs))
+        derive("pod_families", _FAMILY_TUPLES.get(pod_fams, pod_fams))
+        fams = {i.version for i in self.internal_ips} | {e.family for e in self.endpoints}
+        derive("families", _FAMILY_SETS[frozenset(FAMILIES) if not fams or 0 in fams else frozenset(fams)])
+        derive("reachable_endpoint", next((e for e in self.endpoints if e.is_public), None))
+        derive("qualified_name", f"{self.cluster}/{self.name}" if self.cluster else self.name)
+        derive("internal_keys", tuple(addr_key(i.version, int(i)) for i in self.internal_ips))
 
-    @derived
-    def pod_spans(self) -> tuple[Span, ...]:
-        """The pod CIDRs' spans, computed once per record (overlap checks run every reconcile)."""
-        return tuple(span(c) for c in self.pod_cidrs)
+    def __reduce__(self) -> tuple[type[Node], tuple[object, ...]]:
+        return Node, tuple(getattr(self, f) for f in _NODE_FIELDS)  # copy, pickle: made again (slots derived)
 
 
 # One object per value for the small derived sets every record holds (shared, not one per record).

@@ -17,6 +17,7 @@ import ipaddress
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain
+from operator import itemgetter
 from typing import Generic, Literal, NamedTuple, TypeVar
 
 from meshctl.errors import InputError
@@ -271,7 +272,9 @@ def _peer(name: str, kind: PeerKind, key: str, endpoint: Endpoint | None, allowe
           ) -> OfferedPeer:
     """A WireGuard peer (its allowed IPs once each, in the project's order), with its endpoint's
     address when that address is private (only those can be routed into the mesh)."""
-    uniq = sorted(set(allowed), key=sort_key_net)
+    # Sorted by key, then one of each run of equal keys (equal networks): no network is hashed.
+    keyed = sorted([(sort_key_net(a), a) for a in allowed], key=itemgetter(0))
+    uniq = [a for i, (k, a) in enumerate(keyed) if not i or keyed[i - 1][0] != k]
     inside = endpoint.ip if endpoint is not None and endpoint.ip is not None and not endpoint.is_public else None
     plan = PeerPlan(name, kind, key, str(endpoint) if endpoint else None, tuple(uniq), keepalive,
                     preshared_key=psk, roaming=roaming, discovered=discovered)
@@ -768,10 +771,11 @@ def _segment_share(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, memb
         peer, _ = _peer(leader.qualified_name, "segment", leader.public_key, ep, addrs + wgs, keepalive)
         peers = ((peer, None),)
         claims.extend((wg, Route(wg, None, "wireguard")) for wg in wgs)
-        claims.extend((d, Route(d, _of_family((a.ip for a in wg_ips), d.version), "wireguard")) for d in addrs)
+        gw = {f: _of_family((a.ip for a in wg_ips), f) for f in FAMILIES}  # per family, not per address
+        claims.extend((d, Route(d, gw[d.version], "wireguard")) for d in addrs)
     else:
-        claims.extend((d, Route(d, _of_family(leader_ips, d.version, leader_ips[0] if leader_ips else None),
-                                "private")) for d in [*wgs, *addrs])
+        hop = {f: _of_family(leader_ips, f, leader_ips[0] if leader_ips else None) for f in FAMILIES}
+        claims.extend((d, Route(d, hop[d.version], "private")) for d in [*wgs, *addrs])
     paths += [(m.qualified_name, "tunnel" if leads else "via-leader") for m in rest]
     return Share(peers=peers, claims=tuple(claims), paths=tuple(paths), family_paths=tuple(split))
 
