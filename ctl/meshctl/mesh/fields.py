@@ -22,6 +22,7 @@ from meshctl.mesh.model import (
     IPInterface,
     IPNetwork,
     KeyRef,
+    interned,
 )
 
 T = TypeVar("T", IPNetwork, IPInterface, Endpoint)
@@ -103,7 +104,7 @@ def network(value: Any, path: str) -> IPNetwork:
         ipaddress.ip_network(value, strict=True)
     except ValueError:
         raise InputError(path, value, f"has host bits set (the network is {net})") from None
-    return net
+    return interned(net)
 
 
 def interface(value: Any, path: str) -> IPInterface:

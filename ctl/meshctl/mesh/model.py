@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -370,11 +371,38 @@ def sort_key_net(n: IPNetwork | IPInterface | IPAddress) -> tuple[int, int, int]
     return (n.version, int(n), n.max_prefixlen)
 
 
+# One network object per network while anything holds it: at 50,000 nodes a record's pod CIDR,
+# the plan's route to it, the route applier's reading of the kernel's table and WireGuard's
+# allowed IPs name the same 100,000 networks, each copy 300-500 bytes.
+_NETWORKS: weakref.WeakValueDictionary[tuple[int, int, int], IPNetwork] = weakref.WeakValueDictionary()
+
+
+def _shared(net: IPNetwork) -> IPNetwork:
+    # ipaddress gives each /31 and /32 (/127, /128) its own `hosts` closure (about 200 bytes, more
+    # than the rest of the object): the class's `hosts()` serves them instead. Nothing here asks a
+    # host prefix for its hosts.
+    net.__dict__.pop("hosts", None)
+    return _NETWORKS.setdefault((net.version, int(net.network_address), net.prefixlen), net)
+
+
+def interned(net: IPNetwork) -> IPNetwork:
+    """The one object of `net`'s network (`net` itself the first time)."""
+    return _NETWORKS.get((net.version, int(net.network_address), net.prefixlen)) or _shared(net)
+
+
+def network_of(version: int, addr: int, plen: int) -> IPNetwork:
+    """The network of IP `version` at integer `addr` (host bits masked) with prefix `plen`, built
+    from integers (no string parsing) and shared (`interned`)."""
+    bits = 32 if version == 4 else 128
+    addr &= ~((1 << (bits - plen)) - 1)
+    net = _NETWORKS.get((version, addr, plen))
+    if net is None:
+        net = _shared(ipaddress.IPv4Network((addr, plen)) if version == 4 else ipaddress.IPv6Network((addr, plen)))
+    return net
+
+
 @functools.lru_cache(maxsize=65536)
 def host_net(ip: IPAddress | IPInterface) -> IPNetwork:
     """The /32 (or /128) of an address, built from integers (no string parsing: plans ask it for
     every address they route)."""
-    addr = ip.ip if isinstance(ip, IPInterface) else ip
-    if addr.version == 4:
-        return ipaddress.IPv4Network((int(addr), 32))
-    return ipaddress.IPv6Network((int(addr), 128))
+    return network_of(ip.version, int(ip), ip.max_prefixlen)
