@@ -74,10 +74,11 @@ def addr_key(version: int, addr: int) -> int:
 ADDR_BITS = 128  # addr_key's address part (the version above it)
 
 
-@functools.lru_cache(maxsize=65536)
 def span(net: IPNetwork) -> Span:
-    """A network as integers (cheaper to compare than broadcast_address; cached: records keep
-    their network objects from one reconcile to the next)."""
+    """A network as integers (cheaper to compare than broadcast_address). Not memoised: a lookup
+    hashes the network, which costs what computing it does (1.1 us either way), and a cache of
+    every record's networks kept those of records long gone alive; records keep their pod CIDRs'
+    spans (`Node.pod_spans`)."""
     first = int(net.network_address)
     return net.version, first, first + (1 << (net.max_prefixlen - net.prefixlen)) - 1
 
