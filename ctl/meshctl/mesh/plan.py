@@ -576,17 +576,24 @@ def _relays(view: NatView, me: Node, my_seg: Segment, segs: Sequence[Segment], m
 # --- remote clusters ---------------------------------------------------------------------------
 
 
+# A remote segment's share as the seat sees it: me, WireGuard addresses, leader, admitted members,
+# whether me leads, its leader's addresses, keepalive (`_remote_segment`'s arguments).
+_SegmentKey = tuple[Node, tuple[IPInterface, ...], Node, tuple[Node, ...], bool, tuple[IPAddress, ...], int]
+
+
 def _remote_shares(me: Node, leads: bool, leader_ips: tuple[IPAddress, ...], keepalive: int, remote: Remote
-                   ) -> tuple[list[Share], list[IPNetwork]]:
+                   ) -> tuple[list[Share], list[IPNetwork], list[_SegmentKey]]:
     """One other cluster's admitted nodes, one share per remote segment (see `_remote_segment`),
-    and their pod CIDRs."""
+    their pod CIDRs, and the segments' memo keys."""
     out: list[Share] = []
     pods: list[IPNetwork] = []
+    keys: list[_SegmentKey] = []
     for s in remote.segments or segments(remote.topology):
         members = tuple(m for m in s.members if m.name in remote.admitted)
-        out.append(_remote_segment(me, s.addresses, s.leader, members, leads, leader_ips, keepalive))
+        keys.append((me, s.addresses, s.leader, members, leads, leader_ips, keepalive))
+        out.append(_remote_segment(*keys[-1]))
         pods.extend(c for m in members for c in m.pod_cidrs)
-    return out, pods
+    return out, pods, keys
 
 
 SortKey = tuple[int, int, int]
@@ -668,6 +675,13 @@ class _UsedMemo(Generic[K, V]):
             self.hits += 1
         return v
 
+    def keep(self, keys: Iterable[K]) -> None:
+        """Count `keys` as used by this plan (a reused block keeps its segments' shares for the
+        block that replaces it after a change: it reuses all but the changed segment's)."""
+        for k in keys:
+            if k not in self._now and k in self._last:
+                self._now[k] = self._last[k]
+
     def plan_done(self) -> None:
         """Forget what the plan just done did not use."""
         self._last, self._now = self._now, {}
@@ -676,18 +690,20 @@ class _UsedMemo(Generic[K, V]):
         self._last, self._now = {}, {}
 
 
-_BLOCKS: _UsedMemo[_SameRemote, _Block] = _UsedMemo()
+_BLOCKS: _UsedMemo[_SameRemote, tuple[_Block, tuple[_SegmentKey, ...]]] = _UsedMemo()
 
 
 def _remote_block(key: _SameRemote) -> _Block:
     """One remote cluster's block, memoised on its Remote and the seat: a pass after a remote
     change merges and sorts again only the cluster it touched (its segments' shares come from
     `_remote_segment`'s memo)."""
-    def make() -> _Block:
+    def make() -> tuple[_Block, tuple[_SegmentKey, ...]]:
         me, leads, leader_ips, keepalive = key.seat
-        shares, pods = _remote_shares(me, leads, leader_ips, keepalive, key.remote)
-        return _block(shares, pods)
-    return _BLOCKS.get(key, make)
+        shares, pods, keys = _remote_shares(me, leads, leader_ips, keepalive, key.remote)
+        return _block(shares, pods), tuple(keys)
+    block, keys = _BLOCKS.get(key, make)
+    _SEGMENTS.keep(keys)
+    return block
 
 
 def forget_memos() -> None:
@@ -730,7 +746,6 @@ def _merge_blocks(me: Node, topo: Topology, own: Sequence[Share], blocks: Sequen
     return peers, routes, fast, paths, relays
 
 
-_SegmentKey = tuple[Node, tuple[IPInterface, ...], Node, tuple[Node, ...], bool, tuple[IPAddress, ...], int]
 _SEGMENTS: _UsedMemo[_SegmentKey, Share] = _UsedMemo()
 
 
