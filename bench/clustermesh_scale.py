@@ -50,7 +50,7 @@ from meshctl.mesh import records
 from meshctl.mesh.admit import admit_local
 from meshctl.mesh.admit_memo import RemoteAdmission
 from meshctl.mesh.model import WIREGUARD_ADDRESSINGS, Cluster, MeshSettings, Topology, WireGuardAddressing
-from meshctl.mesh.plan import _remote_segment, plan_node
+from meshctl.mesh.plan import forget_memos, plan_node
 from meshctl.process import gc_paused
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,7 +131,7 @@ def bench_plan(sizes: list[int], repeat: int, profile: bool, addressing: WireGua
         remotes = [topology(k, per, addressing=addressing) for k in range(1, CLUSTERS)]
         cold = []
         for _ in range(repeat):
-            _remote_segment.cache_clear()
+            forget_memos()
             cold.append(one_pass(local, remotes, RemoteAdmission()))
         joins = []
         memo = RemoteAdmission()

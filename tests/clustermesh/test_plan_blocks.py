@@ -66,9 +66,13 @@ def test_a_remote_change_remerges_only_its_cluster() -> None:
              remote("cluster3", 3, node("h1", "10.45.1.0/24", 21, location="y", internal="10.30.0.1/24"))]
     memo = RemoteAdmission()
     plan_node(local, "l1", memo.admit(local, views)[0])
-    before = plan_mod._remote_block.cache_info()
+    plan_node(local, "l1", memo.admit(local, views)[0])  # both blocks reused: their segments stay memoised
+    before = (plan_mod._BLOCKS.hits, plan_mod._BLOCKS.misses)
+    segments_before = plan_mod._SEGMENTS.misses
     views[1] = replace(views[1], nodes=(*views[1].nodes, *remote("cluster3", 3, node("h2", "10.45.2.0/24", 22)).nodes))
     plan = plan_node(local, "l1", memo.admit(local, views)[0])
-    after = plan_mod._remote_block.cache_info()
-    assert (after.hits - before.hits, after.misses - before.misses) == (1, 1)
+    after = (plan_mod._BLOCKS.hits, plan_mod._BLOCKS.misses)
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
+    # cluster3's block is built again, but only h2's new segment is: h1's share is reused
+    assert plan_mod._SEGMENTS.misses - segments_before == 1
     assert plan.paths["cluster3/h2"] == "tunnel"

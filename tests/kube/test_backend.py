@@ -83,7 +83,7 @@ def test_publish_patches_own_annotations_only(api, kclient):
     create_node(kclient, node_obj("a1", "10.42.1.0/24", ann={"someone.else/x": "keep", A.PREFIX + "location": "a"},
                                   labels={"topology.kubernetes.io/region": "r1"}))
     be = backend(api, clock=lambda: 1_700_000_000)
-    me = Node("a1", net("10.42.1.0/24"), wg_key(7), internal_ip=ipaddress.ip_interface("192.168.10.1/24"),
+    me = Node("a1", (net("10.42.1.0/24"),), wg_key(7), internal_ip=ipaddress.ip_interface("192.168.10.1/24"),
               endpoint=Endpoint("198.51.100.1", 51820), wireguard_ip=ipaddress.ip_interface("10.4.0.1/16"))
     n_before = len(api.requests)
     be.publish(me)
@@ -117,7 +117,7 @@ def test_publish_for_a_missing_node_is_one_line_error(api):
 
     be = backend(api, name="ghost")
     with pytest.raises(MeshError, match="node 'ghost' does not exist"):
-        be.publish(Node("ghost", net("10.42.9.0/24"), wg_key(9)))
+        be.publish(Node("ghost", (net("10.42.9.0/24"),), wg_key(9)))
 
 
 def test_a_stale_watch_relists(api, kclient):
@@ -245,7 +245,7 @@ def test_readiness_by_last_seen(api, kclient):
 def test_run_refreshes_last_seen(api, kclient):
     create_node(kclient, node_obj("a1", "10.42.1.0/24"))
     be = backend(api, resync_seconds=0.5)
-    be.publish(Node("a1", net("10.42.1.0/24"), wg_key(1)))
+    be.publish(Node("a1", (net("10.42.1.0/24"),), wg_key(1)))
     first = int(kclient.get(KNode, "a1").metadata.annotations[A.LAST_SEEN])
     with Running(be):
         wait_for(lambda: int(kclient.get(KNode, "a1").metadata.annotations[A.LAST_SEEN]) > first, timeout=4,

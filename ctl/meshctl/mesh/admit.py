@@ -16,10 +16,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from itertools import chain
 from operator import itemgetter
-from typing import Any
+from typing import NamedTuple
 
 from meshctl.mesh.model import (
+    ADDR_BITS,
     Cluster,
+    IPAddress,
     IPInterface,
     IPNetwork,
     MeshSettings,
@@ -27,6 +29,7 @@ from meshctl.mesh.model import (
     Peer,
     Span,
     Topology,
+    addr_key,
     host_net,
     span,
 )
@@ -166,8 +169,8 @@ def admit_nodes(
     subnet: IPNetwork | Sequence[IPNetwork] | None,
     *,
     claims: Claims | None = None,
-    internal_ips: dict[Any, str] | None = None,
-    hosts: dict[Any, str] | None = None,
+    internal_ips: dict[int, str] | None = None,
+    hosts: dict[int, str] | None = None,
     allow_default_route: bool = False,
     label: str = "nodes",
 ) -> tuple[list[Node], list[Rejection]]:
@@ -189,7 +192,7 @@ def admit_nodes(
     add_hosts(hosts, (n for _, n in admitted))
     if not any(n.allowed_location_ips for _, n in admitted):
         return [n for _, n in admitted], rejected
-    host_index = sorted((a.version, int(a), owner) for a, owner in hosts.items())
+    host_index = sorted((k >> ADDR_BITS, k & _ADDR_MASK, owner) for k, owner in hosts.items())
     out: list[Node] = []
     for i, n in admitted:
         problem = _location_ips_problem(n, f"{label}[{i}]", subnets, claims, host_index, allow_default_route)
@@ -203,6 +206,9 @@ def admit_nodes(
     return out, rejected
 
 
+_ADDR_MASK = (1 << ADDR_BITS) - 1
+
+
 def _subnets(subnet: IPNetwork | Sequence[IPNetwork] | None) -> tuple[tuple[IPNetwork, Span], ...]:
     """The WireGuard subnets with their spans."""
     nets = () if subnet is None else (subnet,) if isinstance(subnet, IPNetwork) else tuple(subnet)
@@ -210,7 +216,7 @@ def _subnets(subnet: IPNetwork | Sequence[IPNetwork] | None) -> tuple[tuple[IPNe
 
 
 def _admit_identities(nodes: Sequence[Node], subnets: tuple[tuple[IPNetwork, Span], ...], claims: Claims,
-                      internal_ips: dict[Any, str], label: str) -> tuple[list[tuple[int, Node]], list[Rejection]]:
+                      internal_ips: dict[int, str], label: str) -> tuple[list[tuple[int, Node]], list[Rejection]]:
     """The first pass of `admit_nodes`: each node's name, pod CIDR, key and internal address,
     claimed in order; the admitted nodes come with their index in `nodes`."""
     names: set[str] = set()
@@ -227,14 +233,14 @@ def _admit_identities(nodes: Sequence[Node], subnets: tuple[tuple[IPNetwork, Spa
         claims.keys[n.public_key] = f"node {n.qualified_name}"
         if not n.cluster:
             claims.node_names.add(n.name)
-        for ip in n.internal_ips:
-            internal_ips[ip.ip] = n.qualified_name
+        for k in n.internal_keys:
+            internal_ips[k] = n.qualified_name
         admitted.append((i, n))
     return admitted, rejected
 
 
 def _identity_problem(n: Node, where: str, names: set[str], subnets: tuple[tuple[IPNetwork, Span], ...],
-                      claims: Claims, internal_ips: dict[Any, str]) -> str | None:
+                      claims: Claims, internal_ips: dict[int, str]) -> str | None:
     """Why node `n` may not join with its name, pod CIDRs, key, internal addresses or endpoints,
     or None. Each address is judged on its own, in whichever family it is."""
     if n.name in names:
@@ -246,22 +252,23 @@ def _identity_problem(n: Node, where: str, names: set[str], subnets: tuple[tuple
     if taken:
         return taken
     for i, ip in enumerate(n.internal_ips):
-        field = f"{where}.{list_field(n.internal_ips, 'internal_ip', i)}"
         for subnet, subnet_span in subnets:
             if _overlap(span(ip.network), subnet_span):
                 # Its private subnet would hold WireGuard addresses: a peer's endpoint could become an
                 # address of the tunnel itself, and private neighbours would be judged on tunnel addresses.
-                return f"{field}: {str(ip)!r} overlaps the WireGuard subnet {subnet}"
+                return f"{where}.{list_field(n.internal_ips, 'internal_ip', i)}: {str(ip)!r} overlaps the " \
+                       f"WireGuard subnet {subnet}"
     for i, e in enumerate(n.endpoints):
         ep = e.ip
         for subnet, _ in subnets:
             if ep is not None and ep.version == subnet.version and ep in subnet:
                 return f"{where}.{list_field(n.endpoints, 'endpoint', i)}: {str(e)!r} is an address of the " \
                        f"WireGuard subnet {subnet}"
-    for i, ip in enumerate(n.internal_ips):
-        if ip.ip in internal_ips:
-            return f"{where}.{list_field(n.internal_ips, 'internal_ip', i)}: {str(ip)!r} is already used by " \
-                   f"{internal_ips[ip.ip]}"
+    for i, k in enumerate(n.internal_keys):
+        held = internal_ips.get(k)
+        if held is not None:
+            return f"{where}.{list_field(n.internal_ips, 'internal_ip', i)}: {str(n.internal_ips[i])!r} is already " \
+                   f"used by {held}"
     return None
 
 
@@ -282,20 +289,20 @@ def _pod_cidrs_problem(n: Node, where: str, subnets: tuple[tuple[IPNetwork, Span
     of its own CIDRs (two blocks of one node would make one route the other's), or a claim."""
     spans = n.pod_spans
     for i, (c, sp) in enumerate(zip(n.pod_cidrs, spans, strict=True)):
-        field = f"{where}.{pod_cidr_field(n, i)}"
+        # The field's name is formatted only for a problem (50,000 records have none).
         for subnet, subnet_span in subnets:
             if _overlap(sp, subnet_span):
-                return f"{field}: {str(c)!r} overlaps the WireGuard subnet {subnet}"
+                return f"{where}.{pod_cidr_field(n, i)}: {str(c)!r} overlaps the WireGuard subnet {subnet}"
         for j in range(i):
             if _overlap(sp, spans[j]):
-                return f"{field}: {str(c)!r} overlaps the node's own pod CIDR {n.pod_cidrs[j]}"
+                return f"{where}.{pod_cidr_field(n, i)}: {str(c)!r} overlaps the node's own pod CIDR {n.pod_cidrs[j]}"
         owner = claims.conflict(sp)
         if owner is not None:
-            return f"{field}: {str(c)!r} overlaps {owner}"
+            return f"{where}.{pod_cidr_field(n, i)}: {str(c)!r} overlaps {owner}"
     return None
 
 
-def _release(n: Node, claims: Claims, internal_ips: dict[Any, str]) -> None:
+def _release(n: Node, claims: Claims, internal_ips: dict[int, str]) -> None:
     """Everything a record rejected after its first pass claimed is free again: its pod CIDR,
     its key, its name and its internal address."""
     for sp in n.pod_spans:
@@ -304,19 +311,24 @@ def _release(n: Node, claims: Claims, internal_ips: dict[Any, str]) -> None:
         del claims.keys[n.public_key]
     if not n.cluster:
         claims.node_names.discard(n.name)
-    for ip in n.internal_ips:
-        if internal_ips.get(ip.ip) == n.qualified_name:
-            del internal_ips[ip.ip]
+    for k in n.internal_keys:
+        if internal_ips.get(k) == n.qualified_name:
+            del internal_ips[k]
 
 
-def add_hosts(hosts: dict[Any, str], nodes: Iterable[Node]) -> None:
-    """Record the addresses no location IP may cover: nodes' internal addresses and endpoints."""
+def add_hosts(hosts: dict[int, str], nodes: Iterable[Node]) -> None:
+    """Record the addresses no location IP may cover (by `addr_key`): nodes' internal addresses
+    and endpoints."""
     for n in nodes:
-        for ip in n.internal_ips:
-            hosts.setdefault(ip.ip, f"{n.qualified_name}'s internal address")
+        for k in n.internal_keys:
+            if k not in hosts:
+                hosts[k] = f"{n.qualified_name}'s internal address"
         for e in n.endpoints:
-            if e.ip is not None:
-                hosts.setdefault(e.ip, f"{n.qualified_name}'s endpoint")
+            ip = e.ip
+            if ip is not None:
+                k = addr_key(ip.version, int(ip))
+                if k not in hosts:
+                    hosts[k] = f"{n.qualified_name}'s endpoint"
 
 
 def _location_ips_problem(n: Node, where: str, subnets: tuple[tuple[IPNetwork, Span], ...],
@@ -472,19 +484,19 @@ def identity_refusals(local: Cluster, remotes: Sequence[Cluster]) -> dict[str, s
     return out
 
 
-def _local_claims(local: Topology) -> tuple[Claims, dict[Any, str], dict[Any, str]]:
+def _local_claims(local: Topology) -> tuple[Claims, dict[int, str], dict[int, str]]:
     """What the local cluster holds, that no remote record may take: its nodes' pod CIDRs, keys,
     internal addresses, location IPs and endpoints, its peers' allowed IPs and keys, and its
     WireGuard subnet (claims, internal addresses, host addresses)."""
     claims = Claims()
-    internal: dict[Any, str] = {}
-    hosts: dict[Any, str] = {}
+    internal: dict[int, str] = {}
+    hosts: dict[int, str] = {}
     for n in local.nodes:
         for sp in n.pod_spans:
             claims.add(sp, ("local node ", n))
         claims.keys[n.public_key] = f"local node {n.name}"
-        for ip in n.internal_ips:
-            internal[ip.ip] = f"local node {n.name}"
+        for k in n.internal_keys:
+            internal[k] = f"local node {n.name}"
         for a in n.allowed_location_ips:
             claims.add(a, f"local node {n.name}'s allowed location IP {a}")
     add_hosts(hosts, local.nodes)
@@ -496,49 +508,77 @@ def _local_claims(local: Topology) -> tuple[Claims, dict[Any, str], dict[Any, st
     return claims, internal, hosts
 
 
-def _remote_problem(n: Node, label: str, wgs: Sequence[IPInterface], claims: Claims, internal: dict[Any, str],
-                    local: MeshSettings) -> str | None:
-    """Why remote node n may not join before `admit_nodes` judges it: one of its segment's
-    WireGuard addresses is an internal address or overlaps a claim, or one of its internal
-    addresses is an address of a local WireGuard subnet."""
+class _SegmentProblems(NamedTuple):
+    """What `_remote_problem` asks about a segment's WireGuard addresses, asked once per segment
+    (the answer is the same for every member: nothing is claimed while the members are judged).
+    `held`: an address that is an internal address (address, holder); `overlap`: one that
+    overlaps a claim (address, owner)."""
+
+    held: tuple[IPAddress, str] | None
+    overlap: tuple[IPAddress, str] | None
+
+
+def _segment_problems(wgs: Sequence[IPInterface], claims: Claims, internal: dict[int, str]) -> _SegmentProblems:
+    held = overlap = None
     for a in wgs:
-        held = internal.get(a.ip)
-        if held is not None:
-            return f"{label}.{n.name}.wireguard_ip: {str(a.ip)!r} is the internal address of {held}"
-    for i, ip in enumerate(n.internal_ips):
-        subnet = next((s for s in local.subnets if ip.version == s.version and ip.ip in s), None)
-        if subnet is not None:
-            return f"{label}.{n.name}.{list_field(n.internal_ips, 'internal_ip', i)}: {str(ip)!r} is an address " \
-                   f"of the local WireGuard subnet {subnet}"
+        h = internal.get(addr_key(a.version, int(a)))
+        if h is not None:
+            held = (a.ip, h)
+            break
     for a in wgs:
         owner = claims.conflict(host_net(a))
         if owner is not None:
-            return f"{label}.{n.name}.wireguard_ip: {str(a.ip)!r} overlaps {owner}"
+            overlap = (a.ip, owner)
+            break
+    return _SegmentProblems(held, overlap)
+
+
+def _remote_problem(n: Node, label: str, seg: _SegmentProblems, local: MeshSettings) -> str | None:
+    """Why remote node n may not join before `admit_nodes` judges it: one of its segment's
+    WireGuard addresses is an internal address or overlaps a claim (`seg`), or one of its internal
+    addresses is an address of a local WireGuard subnet."""
+    if seg.held is not None:
+        return f"{label}.{n.name}.wireguard_ip: {str(seg.held[0])!r} is the internal address of {seg.held[1]}"
+    for i, ip in enumerate(n.internal_ips):
+        # An interface is an address: `in` tests it without building `.ip`.
+        subnet = next((s for s in local.subnets if ip.version == s.version and ip in s), None)
+        if subnet is not None:
+            return f"{label}.{n.name}.{list_field(n.internal_ips, 'internal_ip', i)}: {str(ip)!r} is an address " \
+                   f"of the local WireGuard subnet {subnet}"
+    if seg.overlap is not None:
+        return f"{label}.{n.name}.wireguard_ip: {str(seg.overlap[0])!r} overlaps {seg.overlap[1]}"
     return None
 
 
-def _admit_cluster(remote: Topology, claims: Claims, internal: dict[Any, str], hosts: dict[Any, str],
+def _admit_cluster(remote: Topology, claims: Claims, internal: dict[int, str], hosts: dict[int, str],
                    local: MeshSettings) -> tuple[Remote, list[Rejection]]:
     """One remote cluster (its nodes marked as its own) against everything admitted so far: a
     record whose segment's WireGuard address is taken or is an internal address, or whose
     internal address is one of the `local` WireGuard subnet, is rejected first; the rest go
-    through `admit_nodes`; the admitted records' segment addresses join `claims`."""
+    through `admit_nodes`; the admitted records' segment addresses join `claims` (once per
+    segment: the second member's claim of the same address would conflict with the first's)."""
     cname = remote.cluster.name
     label = f"{cname}.nodes"
     segs = tuple(segments(remote))
-    seg_wg = {m.name: s.addresses for s in segs for m in s.members}
+    seg_of = {m.name: i for i, s in enumerate(segs) for m in s.members}
+    problems = [_segment_problems(s.addresses, claims, internal) for s in segs]
     rejected: list[Rejection] = []
     candidates = []
     for n in remote.nodes:
-        problem = _remote_problem(n, label, seg_wg[n.name], claims, internal, local)
+        problem = _remote_problem(n, label, problems[seg_of[n.name]], local)
         if problem is not None:
             rejected.append(Rejection(n.qualified_name, problem))
             continue
         candidates.append(n)
     admitted, rej = admit_nodes(candidates, remote.mesh.subnets, claims=claims, internal_ips=internal,
                                 hosts=hosts, allow_default_route=local.allow_default_route, label=label)
+    claimed: set[int] = set()
     for n in admitted:
-        for a in seg_wg[n.name]:
+        i = seg_of[n.name]
+        if i in claimed:
+            continue
+        claimed.add(i)
+        for a in segs[i].addresses:
             wg = host_net(a)
             if claims.conflict(wg) is None:
                 claims.add(wg, f"cluster {cname}'s WireGuard address {wg.network_address}")

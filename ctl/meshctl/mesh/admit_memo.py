@@ -25,13 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshctl.mesh.admit import Claims, Rejection, _admit_cluster, _local_claims, as_remote, identity_refusals
-from meshctl.mesh.model import Cluster, IPAddress, MeshSettings, Node, Topology, span
+from meshctl.mesh.model import Cluster, IPAddress, MeshSettings, Node, Topology, addr_key, span
 from meshctl.mesh.segments import Remote
 
-
-def _at(version: int, addr: int) -> int:
-    """An address of either version on one integer line (IPv4 below IPv6)."""
-    return (version << 128) | addr
+_at = addr_key
 
 
 def _point(a: IPAddress) -> tuple[int, int]:
@@ -78,7 +75,7 @@ class Delta:
                 v, f, la = item[0], item[1], item[2]
                 assert isinstance(v, int) and isinstance(f, int) and isinstance(la, int)
                 self.ranges.append((_at(v, f), _at(v, la)))
-        self.ranges.extend(_point(ip) for ip, _ in itertools.chain(a[1] ^ b[1], a[2] ^ b[2]))
+        self.ranges.extend((k, k) for k, _ in itertools.chain(a[1] ^ b[1], a[2] ^ b[2]))
 
     def __bool__(self) -> bool:
         return self.everything or bool(self.ranges) or bool(self.keys)

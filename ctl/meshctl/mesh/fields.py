@@ -24,6 +24,7 @@ from meshctl.mesh.model import (
     IPNetwork,
     KeyRef,
     WireGuardAddressing,
+    interned,
 )
 
 T = TypeVar("T", IPNetwork, IPInterface, Endpoint)
@@ -114,7 +115,7 @@ def network(value: Any, path: str) -> IPNetwork:
         ipaddress.ip_network(value, strict=True)
     except ValueError:
         raise InputError(path, value, f"has host bits set (the network is {net})") from None
-    return net
+    return interned(net)
 
 
 def interface(value: Any, path: str) -> IPInterface:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -67,43 +68,59 @@ _UNSET: Any = object()
 Span = tuple[int, int, int]  # (IP version, first address, last address) as integers
 
 
-@functools.lru_cache(maxsize=65536)
+def addr_key(version: int, addr: int) -> int:
+    """An address of either version as one integer (IPv4 below IPv6): what admission keys its
+    address indexes by (an `ipaddress` address hashes through its hex string, and `.ip` of an
+    interface builds a new object on every call)."""
+    return (version << 128) | addr
+
+
+ADDR_BITS = 128  # addr_key's address part (the version above it)
+
+
 def span(net: IPNetwork) -> Span:
-    """A network as integers (cheaper to compare than broadcast_address; cached: records keep
-    their network objects from one reconcile to the next)."""
+    """A network as integers (cheaper to compare than broadcast_address). Not memoised: a lookup
+    hashes the network, which costs what computing it does (1.1 us either way), and a cache of
+    every record's networks kept those of records long gone alive; records keep their pod CIDRs'
+    spans (`Node.pod_spans`)."""
     first = int(net.network_address)
     return net.version, first, first + (1 << (net.max_prefixlen - net.prefixlen)) - 1
 
 
-@dataclass(frozen=True, order=True)
-class Endpoint:
-    """A WireGuard endpoint: an IP literal or a DNS name, and a port."""
+class _EndpointDerived:
+    """Slots for what an Endpoint derives from its host, set when it is made: plans ask them for
+    every peer on every reconcile, and a slot is read at C speed (a lazily filled one needs a
+    Python-level accessor on every read)."""
+
+    __slots__ = ("ip", "is_public", "family")
+    ip: IPAddress | None
+    is_public: bool
+    # The IP version of an address endpoint; 0 for a DNS name (reachable from either family: its
+    # resolver picks).
+    family: int
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Endpoint(_EndpointDerived):
+    """A WireGuard endpoint: an IP literal or a DNS name, and a port. Slotted (no `__dict__`): an
+    agent following 50,000 remote records holds one per record."""
 
     host: str
     port: int
 
-    # Cached (plans ask every peer's endpoint several times; records keep their Endpoint objects).
-    @functools.cached_property
-    def ip(self) -> IPAddress | None:
+    def __post_init__(self) -> None:
         try:
-            return ipaddress.ip_address(self.host)
+            ip: IPAddress | None = ipaddress.ip_address(self.host)
         except ValueError:
-            return None
+            ip = None
+        object.__setattr__(self, "ip", ip)
+        # A DNS name counts as public; an IP is public unless it lies in a private range.
+        object.__setattr__(self, "is_public",
+                           ip is None or not any(ip.version == n.version and ip in n for n in _NON_PUBLIC))
+        object.__setattr__(self, "family", ip.version if ip is not None else 0)
 
-    @functools.cached_property
-    def is_public(self) -> bool:
-        """A DNS name counts as public; an IP is public unless it lies in a private range."""
-        ip = self.ip
-        if ip is None:
-            return True
-        return not any(ip.version == n.version and ip in n for n in _NON_PUBLIC)
-
-    @functools.cached_property
-    def family(self) -> int:
-        """The IP version of an address endpoint; 0 for a DNS name (reachable from either family:
-        its resolver picks)."""
-        ip = self.ip
-        return ip.version if ip is not None else 0
+    def __reduce__(self) -> tuple[type[Endpoint], tuple[str, int]]:
+        return Endpoint, (self.host, self.port)  # copy, pickle: made again, so the slots are derived
 
     def __str__(self) -> str:
         ip = self.ip
@@ -143,12 +160,39 @@ class MeshSettings:
         return (self.subnet,) if self.subnet6 is None else (self.subnet, self.subnet6)
 
 
-@dataclass(frozen=True)
-class Node:
+class _NodeDerived:
+    """Slots for what a Node derives from its fields, set when it is made (`Node.__post_init__`;
+    the hash on first use): admission and plans read them for every record and pair on every
+    reconcile, and a slot is read at C speed."""
+
+    __slots__ = ("_hash", "pod_spans", "pod_families", "families", "reachable_endpoint", "qualified_name",
+                 "internal_keys")
+    _hash: int
+    # The pod CIDRs' spans (overlap checks run every reconcile).
+    pod_spans: tuple[Span, ...]
+    # The IP families of the node's pod CIDRs, in the project's order.
+    pod_families: tuple[int, ...]
+    # The IP families the node's underlay speaks: those of its internal addresses and address
+    # endpoints. A node whose records say nothing (no address, or a DNS-name endpoint) is taken to
+    # speak both: nothing says it cannot.
+    families: frozenset[int]
+    # The first configured endpoint anyone on the internet can call (a public one).
+    reachable_endpoint: Endpoint | None
+    # What the plan calls the node: `cluster2/g1` for a remote one.
+    qualified_name: str
+    # The internal addresses as `addr_key`s, in `internal_ips` order.
+    internal_keys: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Node(_NodeDerived):
     """One mesh node as published by its agent (or written in a topology file).
 
     `cluster` is empty for nodes of the local cluster and names the remote cluster otherwise;
     `qualified_name` is what the plan calls the node (`cluster2/g1` for remote ones).
+
+    Slotted (no `__dict__`): an agent following 50,000 remote records holds one per record, and
+    an instance dict cost more than all its fields together.
     """
 
     name: str
@@ -181,49 +225,27 @@ class Node:
     endpoints: tuple[Endpoint, ...] = ()
     wireguard_ips: tuple[IPInterface, ...] = ()
 
-    # Cached, as the other derived fields: plans ask them for every pair on every reconcile.
-    @functools.cached_property
-    def reachable_endpoint(self) -> Endpoint | None:
-        """The first configured endpoint anyone on the internet can call (a public one)."""
-        return next((e for e in self.endpoints if e.is_public), None)
-
-    @functools.cached_property
-    def _internal_by_family(self) -> dict[int, IPInterface]:
-        return {i.version: i for i in self.internal_ips}
-
     def internal(self, family: int) -> IPInterface | None:
         """The internal address of IP version `family`, or None."""
-        return self._internal_by_family.get(family)
-
-    @functools.cached_property
-    def pod_families(self) -> tuple[int, ...]:
-        """The IP families of the node's pod CIDRs, in the project's order."""
-        return tuple(f for f in FAMILIES if any(c.version == f for c in self.pod_cidrs))
-
-    @functools.cached_property
-    def families(self) -> frozenset[int]:
-        """The IP families the node's underlay speaks: those of its internal addresses and address
-        endpoints. A node whose records say nothing (no address, or a DNS-name endpoint) is taken
-        to speak both: nothing says it cannot."""
-        fams = {i.version for i in self.internal_ips} | {e.family for e in self.endpoints}
-        return frozenset(FAMILIES) if not fams or 0 in fams else frozenset(fams)
+        for i in self.internal_ips:  # at most one per family
+            if i.version == family:
+                return i
+        return None
 
     def endpoint_for(self, families: Iterable[int]) -> Endpoint | None:
         """The first endpoint a node speaking `families` can call (a DNS name: any), or None."""
         fams = set(families)
         return next((e for e in self.endpoints if e.family == 0 or e.family in fams), None)
 
-    @property
-    def qualified_name(self) -> str:
-        return f"{self.cluster}/{self.name}" if self.cluster else self.name
-
     def __hash__(self) -> int:
         # Computed once per record: plans memoise per segment on tuples of thousands of nodes, so
         # the same records are hashed on every reconcile; their fields never change.
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = hash(tuple(getattr(self, f) for f in _NODE_FIELDS))
-            object.__setattr__(self, "_hash", h)
+        try:
+            return self._hash
+        except AttributeError:
+            pass
+        h = hash(tuple(getattr(self, f) for f in _NODE_FIELDS))
+        object.__setattr__(self, "_hash", h)
         return h
 
     def __post_init__(self) -> None:
@@ -232,11 +254,24 @@ class Node:
         for one, many in (("internal_ip", "internal_ips"), ("endpoint", "endpoints"),
                           ("wireguard_ip", "wireguard_ips")):
             _one_and_many(self, one, many)
+        derive = functools.partial(object.__setattr__, self)
+        derive("pod_spans", tuple(span(c) for c in self.pod_cidrs))
+        pod_fams = tuple(f for f in FAMILIES if any(c.version == f for c in self.pod_cidrs))
+        derive("pod_families", _FAMILY_TUPLES.get(pod_fams, pod_fams))
+        fams = {i.version for i in self.internal_ips} | {e.family for e in self.endpoints}
+        derive("families", _FAMILY_SETS[frozenset(FAMILIES) if not fams or 0 in fams else frozenset(fams)])
+        derive("reachable_endpoint", next((e for e in self.endpoints if e.is_public), None))
+        derive("qualified_name", f"{self.cluster}/{self.name}" if self.cluster else self.name)
+        derive("internal_keys", tuple(addr_key(i.version, int(i)) for i in self.internal_ips))
 
-    @functools.cached_property
-    def pod_spans(self) -> tuple[Span, ...]:
-        """The pod CIDRs' spans, computed once per record (overlap checks run every reconcile)."""
-        return tuple(span(c) for c in self.pod_cidrs)
+    def __reduce__(self) -> tuple[type[Node], tuple[object, ...]]:
+        return Node, tuple(getattr(self, f) for f in _NODE_FIELDS)  # copy, pickle: made again (slots derived)
+
+
+# One object per value for the small derived sets every record holds (shared, not one per record).
+_FAMILY_SETS: dict[frozenset[int], frozenset[int]] = {
+    s: s for s in (frozenset(), frozenset({4}), frozenset({6}), frozenset(FAMILIES))}
+_FAMILY_TUPLES: dict[tuple[int, ...], tuple[int, ...]] = {t: t for t in ((), (4,), (6,), FAMILIES)}
 
 
 _NODE_FIELDS = tuple(f for f in Node.__dataclass_fields__)
@@ -344,11 +379,38 @@ def sort_key_net(n: IPNetwork | IPInterface | IPAddress) -> tuple[int, int, int]
     return (n.version, int(n), n.max_prefixlen)
 
 
+# One network object per network while anything holds it: at 50,000 nodes a record's pod CIDR,
+# the plan's route to it, the route applier's reading of the kernel's table and WireGuard's
+# allowed IPs name the same 100,000 networks, each copy 300-500 bytes.
+_NETWORKS: weakref.WeakValueDictionary[tuple[int, int, int], IPNetwork] = weakref.WeakValueDictionary()
+
+
+def _shared(net: IPNetwork) -> IPNetwork:
+    # ipaddress gives each /31 and /32 (/127, /128) its own `hosts` closure (about 200 bytes, more
+    # than the rest of the object): the class's `hosts()` serves them instead. Nothing here asks a
+    # host prefix for its hosts.
+    net.__dict__.pop("hosts", None)
+    return _NETWORKS.setdefault((net.version, int(net.network_address), net.prefixlen), net)
+
+
+def interned(net: IPNetwork) -> IPNetwork:
+    """The one object of `net`'s network (`net` itself the first time)."""
+    return _NETWORKS.get((net.version, int(net.network_address), net.prefixlen)) or _shared(net)
+
+
+def network_of(version: int, addr: int, plen: int) -> IPNetwork:
+    """The network of IP `version` at integer `addr` (host bits masked) with prefix `plen`, built
+    from integers (no string parsing) and shared (`interned`)."""
+    bits = 32 if version == 4 else 128
+    addr &= ~((1 << (bits - plen)) - 1)
+    net = _NETWORKS.get((version, addr, plen))
+    if net is None:
+        net = _shared(ipaddress.IPv4Network((addr, plen)) if version == 4 else ipaddress.IPv6Network((addr, plen)))
+    return net
+
+
 @functools.lru_cache(maxsize=65536)
 def host_net(ip: IPAddress | IPInterface) -> IPNetwork:
     """The /32 (or /128) of an address, built from integers (no string parsing: plans ask it for
     every address they route)."""
-    addr = ip.ip if isinstance(ip, IPInterface) else ip
-    if addr.version == 4:
-        return ipaddress.IPv4Network((int(addr), 32))
-    return ipaddress.IPv6Network((int(addr), 128))
+    return network_of(ip.version, int(ip), ip.max_prefixlen)

@@ -13,12 +13,12 @@ remote clusters (`_remote_shares`). `_merge` joins the shares in that order.
 
 from __future__ import annotations
 
-import functools
 import ipaddress
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain
-from typing import Literal, NamedTuple
+from operator import itemgetter
+from typing import Generic, Literal, NamedTuple, TypeVar
 
 from meshctl.errors import InputError
 from meshctl.mesh.ladder import cheapest, choose_rung, member_rungs, pair_rungs
@@ -194,6 +194,8 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
     seat = _seat(topo, name, path_state or {})
     own = [Share(paths=((seat.me.qualified_name, "local"),)), *_own_cluster(seat), _extra_peers(seat, topo.peers)]
     blocks = _remote_blocks(seat, remotes)
+    _BLOCKS.plan_done()
+    _SEGMENTS.plan_done()
     merged = _merge_blocks(seat.me, topo, own, blocks)
     every = [*own, *(s for b in blocks for s in b.shares)]
     if merged is None:  # a destination claimed in two blocks: first claim wins, over all shares
@@ -270,7 +272,9 @@ def _peer(name: str, kind: PeerKind, key: str, endpoint: Endpoint | None, allowe
           ) -> OfferedPeer:
     """A WireGuard peer (its allowed IPs once each, in the project's order), with its endpoint's
     address when that address is private (only those can be routed into the mesh)."""
-    uniq = sorted(set(allowed), key=sort_key_net)
+    # Sorted by key, then one of each run of equal keys (equal networks): no network is hashed.
+    keyed = sorted([(sort_key_net(a), a) for a in allowed], key=itemgetter(0))
+    uniq = [a for i, (k, a) in enumerate(keyed) if not i or keyed[i - 1][0] != k]
     inside = endpoint.ip if endpoint is not None and endpoint.ip is not None and not endpoint.is_public else None
     plan = PeerPlan(name, kind, key, str(endpoint) if endpoint else None, tuple(uniq), keepalive,
                     preshared_key=psk, roaming=roaming, discovered=discovered)
@@ -572,17 +576,24 @@ def _relays(view: NatView, me: Node, my_seg: Segment, segs: Sequence[Segment], m
 # --- remote clusters ---------------------------------------------------------------------------
 
 
+# A remote segment's share as the seat sees it: me, WireGuard addresses, leader, admitted members,
+# whether me leads, its leader's addresses, keepalive (`_remote_segment`'s arguments).
+_SegmentKey = tuple[Node, tuple[IPInterface, ...], Node, tuple[Node, ...], bool, tuple[IPAddress, ...], int]
+
+
 def _remote_shares(me: Node, leads: bool, leader_ips: tuple[IPAddress, ...], keepalive: int, remote: Remote
-                   ) -> tuple[list[Share], list[IPNetwork]]:
+                   ) -> tuple[list[Share], list[IPNetwork], list[_SegmentKey]]:
     """One other cluster's admitted nodes, one share per remote segment (see `_remote_segment`),
-    and their pod CIDRs."""
+    their pod CIDRs, and the segments' memo keys."""
     out: list[Share] = []
     pods: list[IPNetwork] = []
+    keys: list[_SegmentKey] = []
     for s in remote.segments or segments(remote.topology):
         members = tuple(m for m in s.members if m.name in remote.admitted)
-        out.append(_remote_segment(me, s.addresses, s.leader, members, leads, leader_ips, keepalive))
+        keys.append((me, s.addresses, s.leader, members, leads, leader_ips, keepalive))
+        out.append(_remote_segment(*keys[-1]))
         pods.extend(c for m in members for c in m.pod_cidrs)
-    return out, pods
+    return out, pods, keys
 
 
 SortKey = tuple[int, int, int]
@@ -634,14 +645,71 @@ def _block(shares: Sequence[Share], pods: Iterable[IPNetwork]) -> _Block:
                   dict(chain.from_iterable(s.relays for s in shares)))
 
 
-@functools.lru_cache(maxsize=64)
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class _UsedMemo(Generic[K, V]):
+    """A memo that keeps what the last plan used, and nothing else. A plan after a remote change
+    reuses every block and segment share it did not touch; the ones built for records that have
+    gone since are dropped when the next plan is done (`plans_done`), so an agent holds one plan's
+    worth of them, not a cache's worth of stale segments (each holds a route per address)."""
+
+    def __init__(self) -> None:
+        self._last: dict[K, V] = {}
+        self._now: dict[K, V] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: K, make: Callable[[], V]) -> V:
+        v = self._now.get(key)
+        if v is None:
+            v = self._last.get(key)
+            if v is None:
+                self.misses += 1
+                v = make()
+            else:
+                self.hits += 1
+            self._now[key] = v
+        else:
+            self.hits += 1
+        return v
+
+    def keep(self, keys: Iterable[K]) -> None:
+        """Count `keys` as used by this plan (a reused block keeps its segments' shares for the
+        block that replaces it after a change: it reuses all but the changed segment's)."""
+        for k in keys:
+            if k not in self._now and k in self._last:
+                self._now[k] = self._last[k]
+
+    def plan_done(self) -> None:
+        """Forget what the plan just done did not use."""
+        self._last, self._now = self._now, {}
+
+    def clear(self) -> None:
+        self._last, self._now = {}, {}
+
+
+_BLOCKS: _UsedMemo[_SameRemote, tuple[_Block, tuple[_SegmentKey, ...]]] = _UsedMemo()
+
+
 def _remote_block(key: _SameRemote) -> _Block:
     """One remote cluster's block, memoised on its Remote and the seat: a pass after a remote
     change merges and sorts again only the cluster it touched (its segments' shares come from
     `_remote_segment`'s memo)."""
-    me, leads, leader_ips, keepalive = key.seat
-    shares, pods = _remote_shares(me, leads, leader_ips, keepalive, key.remote)
-    return _block(shares, pods)
+    def make() -> tuple[_Block, tuple[_SegmentKey, ...]]:
+        me, leads, leader_ips, keepalive = key.seat
+        shares, pods, keys = _remote_shares(me, leads, leader_ips, keepalive, key.remote)
+        return _block(shares, pods), tuple(keys)
+    block, keys = _BLOCKS.get(key, make)
+    _SEGMENTS.keep(keys)
+    return block
+
+
+def forget_memos() -> None:
+    """Drop every memoised block and segment share (the next plan computes all anew: a cold plan)."""
+    _BLOCKS.clear()
+    _SEGMENTS.clear()
 
 
 def _remote_blocks(seat: _Seat, remotes: Sequence[Remote]) -> list[_Block]:
@@ -678,14 +746,24 @@ def _merge_blocks(me: Node, topo: Topology, own: Sequence[Share], blocks: Sequen
     return peers, routes, fast, paths, relays
 
 
-@functools.lru_cache(maxsize=4096)
+_SEGMENTS: _UsedMemo[_SegmentKey, Share] = _UsedMemo()
+
+
 def _remote_segment(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, members: tuple[Node, ...], leads: bool,
                     leader_ips: tuple[IPAddress, ...], keepalive: int) -> Share:
+    """One remote segment's share (`_segment_share`), memoised (a pure function of its arguments):
+    a remote change recomputes only the segment it touches, so a reconcile with thousands of
+    remote nodes redoes only what changed."""
+    key = (me, wg_ips, leader, members, leads, leader_ips, keepalive)
+    return _SEGMENTS.get(key, lambda: _segment_share(*key))
+
+
+def _segment_share(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, members: tuple[Node, ...], leads: bool,
+                   leader_ips: tuple[IPAddress, ...], keepalive: int) -> Share:
     """One remote segment's share: its private neighbours of `me` go direct whatever the
     granularities (each family's pod CIDRs where the two are neighbours in that family); the
     rest is one WireGuard peer reached at the segment's leader (a member routes it to its own
-    leader). Memoised (a pure function of its arguments): a remote change recomputes only the
-    segment it touches, so a reconcile with thousands of remote nodes redoes only what changed."""
+    leader)."""
     claims: list[Claim] = []
     paths: list[tuple[str, str]] = []
     split: list[tuple[str, tuple[tuple[int, str], ...]]] = []
@@ -708,10 +786,11 @@ def _remote_segment(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, mem
         peer, _ = _peer(leader.qualified_name, "segment", leader.public_key, ep, addrs + wgs, keepalive)
         peers = ((peer, None),)
         claims.extend((wg, Route(wg, None, "wireguard")) for wg in wgs)
-        claims.extend((d, Route(d, _of_family((a.ip for a in wg_ips), d.version), "wireguard")) for d in addrs)
+        gw = {f: _of_family((a.ip for a in wg_ips), f) for f in FAMILIES}  # per family, not per address
+        claims.extend((d, Route(d, gw[d.version], "wireguard")) for d in addrs)
     else:
-        claims.extend((d, Route(d, _of_family(leader_ips, d.version, leader_ips[0] if leader_ips else None),
-                                "private")) for d in [*wgs, *addrs])
+        hop = {f: _of_family(leader_ips, f, leader_ips[0] if leader_ips else None) for f in FAMILIES}
+        claims.extend((d, Route(d, hop[d.version], "private")) for d in [*wgs, *addrs])
     paths += [(m.qualified_name, "tunnel" if leads else "via-leader") for m in rest]
     return Share(peers=peers, claims=tuple(claims), paths=tuple(paths), family_paths=tuple(split))
 

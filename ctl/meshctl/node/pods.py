@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from meshctl.mesh.model import IPNetwork
-from meshctl.node.discovery import host_routes
+from meshctl.node.discovery import NETLINK_ROUTE, host_routes
 
 log = logging.getLogger("meshctl.pods")
 
@@ -37,7 +37,6 @@ log = logging.getLogger("meshctl.pods")
 SETTLE_S = 0.02
 # Read again this long after the last event anyway (a lost event must not hide a pod for long).
 RESCAN_S = 5.0
-NETLINK_ROUTE = 0
 # RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_IFADDR | RTMGRP_IPV6_ROUTE
 _GROUPS = 0x1 | 0x10 | 0x40 | 0x100 | 0x400
 
@@ -81,7 +80,7 @@ def read_pod_interfaces(pod_cidrs: Sequence[IPNetwork]) -> tuple[str, ...]:
                  for m in ipr.get_links()]
         for version in sorted({c.version for c in pod_cidrs}):
             family = socket.AF_INET if version == 4 else socket.AF_INET6
-            routes += [(r.oif, r.dst) for r in host_routes(ipr, family)]
+            routes += [(r.oif, r.dst) for r in host_routes(family)]
             addrs += [(a["index"], ipaddress.ip_interface(f"{a.get('IFA_ADDRESS')}/{a['prefixlen']}"))
                       for a in ipr.get_addr(family=family) if a.get("IFA_ADDRESS")]
     return pod_interfaces_of(links, routes, addrs, pod_cidrs)

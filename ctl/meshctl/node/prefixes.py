@@ -5,10 +5,9 @@ is most of the cost of reading one."""
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 
-from meshctl.mesh.model import IPNetwork
+from meshctl.mesh.model import IPNetwork, network_of
 
 
 def parse_prefix(text: str) -> IPNetwork:
@@ -19,8 +18,15 @@ def parse_prefix(text: str) -> IPNetwork:
     try:
         if ":" in addr:
             v6 = int.from_bytes(socket.inet_pton(socket.AF_INET6, addr), "big")
-            return ipaddress.IPv6Network((v6, int(plen or 128)), strict=False)
+            return network_of(6, v6, _length(plen or "128", 128, text))
         v4 = int.from_bytes(socket.inet_pton(socket.AF_INET, addr), "big")
-        return ipaddress.IPv4Network((v4, int(plen or 32)), strict=False)
+        return network_of(4, v4, _length(plen or "32", 32, text))
     except OSError as e:
         raise ValueError(f"{text!r} is not a prefix: {e}") from None
+
+
+def _length(plen: str, most: int, text: str) -> int:
+    """A prefix length in 0..most (what ipaddress's constructor checked before)."""
+    if not plen.isdigit() or int(plen) > most:
+        raise ValueError(f"{text!r} is not a prefix: bad prefix length")
+    return int(plen)
