@@ -13,7 +13,15 @@ import pytest
 
 from meshctl.errors import InputError
 from meshctl.mesh.model import Endpoint
-from meshctl.node.discovery import discover_endpoints, discover_internal_ips, pod_routes, private_ipv4, wg_mtu
+from meshctl.node.discovery import (
+    MAIN_TABLE,
+    discover_endpoints,
+    discover_internal_ips,
+    main_routes,
+    pod_routes,
+    private_ipv4,
+    wg_mtu,
+)
 
 from .conftest import NodeLab, in_ns
 
@@ -178,3 +186,37 @@ def test_pod_routes_are_the_unicast_host_routes_through_the_pod_interfaces(node:
     assert in_ns(node, pod_routes, ["vp1", "gone"]) == {ipaddress.ip_address("10.42.1.5"): vp1,
                                                        ipaddress.ip_address("fd42::5"): vp1}
     assert in_ns(node, pod_routes, []) == {}
+
+
+def _pyroute2_main_routes(family: int, dst_len: int) -> list[tuple[bytes, int, int, int]]:
+    """What pyroute2's parser reads of the same dump: the reference the in-place reader matches."""
+    import socket
+
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        return [(ipaddress.ip_address(r.get("RTA_DST")).packed if r.get("RTA_DST") else b"", int(r.get("RTA_OIF") or 0),
+                 r["type"], r["proto"])
+                for r in ipr.get_routes(family=family, table=MAIN_TABLE) if r["dst_len"] == dst_len
+                and r.get("RTA_TABLE", r["table"]) == MAIN_TABLE] if family in (socket.AF_INET, socket.AF_INET6) else []
+
+
+def test_the_route_dump_reads_what_pyroute2_reads_across_many_messages(node: str, lab: NodeLab, tmp_path):
+    """main_routes reads the dump in place (an agent at 50,000 nodes has 100,000 routes): the same
+    routes, in the same order, as pyroute2's parser, over a dump of many datagrams, with routes of
+    other tables, other lengths, a blackhole and IPv6 among them."""
+    import socket
+
+    batch = [f"route add 10.77.{i // 250}.{i % 250 + 1}/32 dev eth2" for i in range(3000)]
+    batch += [f"route add 10.78.{i}.0/24 dev eth2" for i in range(50)]
+    batch += [f"route add 10.79.0.{i + 1}/32 dev eth2 table 100" for i in range(50)]
+    batch += ["route add blackhole 10.80.0.1/32"]
+    batch += [f"route add fd77::{i + 1:x}/128 dev eth2" for i in range(1000)]
+    (tmp_path / "routes").write_text("\n".join(batch) + "\n")
+    lab.sh(node, "ip", "-batch", str(tmp_path / "routes"))
+    for family, dst_len in ((socket.AF_INET, 32), (socket.AF_INET, 24), (socket.AF_INET, 0),
+                            (socket.AF_INET6, 128), (socket.AF_INET6, 0)):
+        got = [tuple(r) for r in in_ns(node, main_routes, family, dst_len)]
+        want = in_ns(node, _pyroute2_main_routes, family, dst_len)
+        assert got == want, (family, dst_len, len(got), len(want))
+    assert len(in_ns(node, main_routes, socket.AF_INET, 32)) >= 3001
