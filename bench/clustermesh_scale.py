@@ -45,7 +45,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from convergence import SYNTH_BASE, measure_joins, rss_mb, synth_record
+from convergence import SYNTH_BASE, measure_joins, passes, rss_mb, synth_record
 from meshctl.mesh import records
 from meshctl.mesh.admit import admit_local
 from meshctl.mesh.admit_memo import RemoteAdmission
@@ -236,15 +236,21 @@ def bench_agent(sizes: list[int], joins: int, prefix: str, addressing: WireGuard
             converge = time.monotonic() - t0
             time.sleep(3)
             js = measure_joins(kv2, "cluster5", [a1], joins, settle=max(1.0, 2 * converge / 10), timeout=180)
+            rss_quiet = rss_mb(a1.pid)  # before /metrics and /status
+            t1 = time.monotonic()
+            passes(a1)  # one /metrics scrape, as Prometheus makes (the view changed since any before)
+            scrape, rss_scraped = time.monotonic() - t1, rss_mb(a1.pid)
             s = labcheck.agent_status(a1, timeout=60) or {}
             last = s.get("last_reconcile") or {}
             rows.append({"nodes": n, "converge": converge, "join_ms": 1000 * statistics.median(js),
                          "join_max_ms": 1000 * max(js), "pass_ms": 1000 * last.get("duration_s", float("nan")),
                          "cpu_ms": 1000 * last.get("cpu_s", float("nan")), "steps": last.get("steps_ms", {}),
-                         "rss": rss_mb(a1.pid),
+                         "rss": rss_mb(a1.pid), "rss_quiet": rss_quiet,
                          "remote": sum(c.get("nodes", 0) for c in (s.get("remotes") or {}).get("clusters", []))})
             print(f"   {n}: first converge {converge:.1f} s; last pass steps (ms) {last.get('steps_ms')}")
             print(f"   {n}: each join -> route (ms) {[round(1000 * j) for j in js]}")
+            print(f"   {n}: RSS {rss_quiet:.0f} MB quiet, {rss_scraped:.0f} MB after a /metrics scrape "
+                  f"({1000 * scrape:.0f} ms), {rows[-1]['rss']:.0f} MB after /status")
     finally:
         build.down(st.name)
     print(f"{'nodes':>7} {'remote seen':>11} {'first converge':>15} {'join->route':>12} {'max':>7} {'last pass':>10} "

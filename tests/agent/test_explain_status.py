@@ -56,7 +56,7 @@ def test_the_probe_endpoint_answers_one_probe_and_refuses_a_missing_peer() -> No
         asked.append(peer)
         return ProbeResult(peer, "direct", "direct", True, 0.25, 0.5)
 
-    def status() -> AgentStatus:
+    def status(node_list: bool = True) -> AgentStatus:
         return AgentStatus("a1", True, "", None, LiveStatus.from_json({}))
 
     srv = StatusServer(f"127.0.0.1:{free_port()}", status, lambda: True, probe=probe)
@@ -75,3 +75,24 @@ def test_the_probe_endpoint_answers_one_probe_and_refuses_a_missing_peer() -> No
         assert requests.get(f"http://127.0.0.1:{plain.address[1]}/probe?peer=x", timeout=3).status_code == 404
     finally:
         plain.stop()
+
+
+def test_metrics_ask_for_the_status_without_the_node_list() -> None:
+    asked: list[bool] = []
+    row = {"name": "a1", "cluster": "c1", "source": "local", "location": "", "internal_ip": None, "endpoint": None,
+           "pod_cidrs": [], "wireguard_ip": None, "path": "local", "relay": None, "relay_reason": None}
+
+    def status(node_list: bool = True) -> AgentStatus:
+        asked.append(node_list)
+        return AgentStatus("a1", True, "", None, LiveStatus.from_json({"node_list": [row]} if node_list else {}))
+
+    srv = StatusServer(f"127.0.0.1:{free_port()}", status, lambda: True)
+    srv.start()
+    try:
+        base = f"http://127.0.0.1:{srv.address[1]}"
+        assert "meshctl_peers 0.0" in requests.get(f"{base}/metrics", timeout=3).text
+        assert asked == [False]
+        assert requests.get(f"{base}/status", timeout=3).json()["node_list"] == [row]
+        assert asked == [False, True]
+    finally:
+        srv.stop()

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs, quote, urlsplit
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -37,6 +37,14 @@ from meshctl.agent.status import (
 from meshctl.http_serving import CLIENT_GONE, HttpServer
 
 log = logging.getLogger("meshctl.agent")
+
+
+class StatusSource(Protocol):
+    """The agent's status (agent.lifecycle.Agent.status); `node_list=False` leaves out the node
+    list, which the metrics do not read and which at 50,000 nodes is 50,000 rows built anew for
+    every new view and kept until the next."""
+
+    def __call__(self, node_list: bool = True) -> AgentStatus: ...
 
 
 class StatusHttpServer(HttpServer):
@@ -198,13 +206,14 @@ class StatusServer:
     loop is alive (liveness: restart when it is not); /readyz says a plan has been applied (readiness:
     a rolling update waits for it, so the next node's agent restarts only once this one carries
     traffic again). /probe?peer=NAME sends one probe to a peer on its rung now (`probe`; without
-    it, 404) and answers agent.status.ProbeResult."""
+    it, 404) and answers agent.status.ProbeResult. /metrics reads the status without the node list
+    (a scrape after each change would otherwise build and keep one row per node of the mesh)."""
 
-    def __init__(self, addr: str, status: Callable[[], AgentStatus], healthy: Callable[[], bool],
+    def __init__(self, addr: str, status: StatusSource, healthy: Callable[[], bool],
                  ready: Callable[[], bool] = lambda: True,
                  probe: Callable[[str], ProbeResult] | None = None) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(AgentCollector(status))
+        self.registry.register(AgentCollector(lambda: status(node_list=False)))
         self.reconcile_seconds = Histogram(
             "meshctl_reconcile_duration_seconds", "Time of one reconcile pass", registry=self.registry,
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
