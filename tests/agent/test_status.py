@@ -11,7 +11,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 
 from meshctl.agent.server import AgentCollector
-from meshctl.agent.status import AgentStatus
+from meshctl.agent.status import AgentStatus, FastPathRow, NodeRow
 from meshctl.cli.agent import format_status
 
 PROBE = {"port": 51821, "local_rungs": ["direct", "direct+vxlan", "wireguard-private"], "sent": 10, "received": 9,
@@ -141,3 +141,13 @@ def test_meshctl_status_formats_the_status() -> None:
     routes["datapath"] = {"mode": "kernel-routes", "reason": "no kernel headers", "counters": {},
                           "objects": "kernel routes: no kernel headers", "objects_refused": 0}
     assert "objects: kernel routes: no kernel headers" in format_status(AgentStatus.from_json(routes)).splitlines()
+
+
+def test_a_node_rows_fast_path_entries_are_the_plans_for_its_pod_cidrs() -> None:
+    row = {**FULL["node_list"][0], "pod_cidrs": ["10.42.1.0/24", "10.42.9.0/24"],
+           "fastpath": [{"prefix": "10.42.1.0/24", "action": "drop", "nexthop": None}]}
+    ours = FastPathRow("10.42.1.0/24", "direct", "10.30.0.1")
+    other = FastPathRow("10.42.2.0/24", "direct", "10.30.0.2")
+    assert NodeRow.from_json(row, {"10.42.2.0/24": other, "10.42.1.0/24": ours}).fastpath == (ours,)
+    assert NodeRow.from_json(row, {}).fastpath == ()
+    assert NodeRow.from_json(row).fastpath == (FastPathRow("10.42.1.0/24", "drop", None),)

@@ -314,9 +314,7 @@ class LiveReader:
         cached = self._node_rows
         if cached is None or cached[0][0] is not view[0] or cached[0][2] is not view[2]:
             entries = fastpath_rows(view[2].fastpath)
-            cached = self._node_rows = (view, tuple(
-                dataclasses.replace(row, fastpath=tuple(entries[c] for c in row.pod_cidrs if c in entries))
-                for row in (NodeRow.from_json(r) for r in node_rows(*view))))
+            cached = self._node_rows = (view, tuple(NodeRow.from_json(r, entries) for r in node_rows(*view)))
         return cached[1]
 
 

@@ -14,6 +14,7 @@ working against an agent that does not serve every block.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -569,16 +570,22 @@ class NodeRow:
         return out
 
     @classmethod
-    def from_json(cls, d: JSON) -> NodeRow:
-        fp = d.get("fastpath")
+    def from_json(cls, d: JSON, fastpath_of: Mapping[str, FastPathRow] | None = None) -> NodeRow:
+        """The row `d` (render.node_rows' or a served one); with `fastpath_of` (the plan's
+        entries by pod CIDR, reporting.fastpath_rows), its fast-path entries are those of its pod
+        CIDRs there, not `d`'s."""
         # An agent that predates pod_cidrs wrote one `pod_cidr` and one fast-path entry.
-        pods = d.get("pod_cidrs", [d["pod_cidr"]] if d.get("pod_cidr") else [])
-        entries = [fp] if isinstance(fp, dict) else fp if isinstance(fp, list) else []
+        pods = tuple(str(c) for c in d.get("pod_cidrs", [d["pod_cidr"]] if d.get("pod_cidr") else []))
+        if fastpath_of is not None:
+            fastpath = tuple(fastpath_of[c] for c in pods if c in fastpath_of)
+        else:
+            fp = d.get("fastpath")
+            entries = [fp] if isinstance(fp, dict) else fp if isinstance(fp, list) else []
+            fastpath = tuple(FastPathRow.from_json(e) for e in entries if isinstance(e, dict))
         return cls(str(d.get("name", "")), str(d.get("cluster", "")), str(d.get("source", "")),
-                   str(d.get("location") or ""), d.get("internal_ip"), d.get("endpoint"), tuple(str(c) for c in pods),
+                   str(d.get("location") or ""), d.get("internal_ip"), d.get("endpoint"), pods,
                    d.get("wireguard_ip"), str(d.get("path", "none")), d.get("relay"), d.get("relay_reason"),
-                   tuple(FastPathRow.from_json(e) for e in entries if isinstance(e, dict)),
-                   {k: d[k] for k in DUAL_KEYS if k in d})
+                   fastpath, {k: d[k] for k in DUAL_KEYS if k in d})
 
 
 @dataclass(frozen=True)
