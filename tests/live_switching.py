@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from meshctl.lab.namespaces import check as labcheck
@@ -191,6 +192,29 @@ def gap_window(switches: list[Switch], r: PingResult) -> str:
 def _index(bounds: list[float], t: float) -> int:
     """0 before the first switch, i after the i-th."""
     return sum(1 for b in bounds if t >= b)
+
+
+def evidence(st: LabState, src: str, dst: str, since: float) -> str:
+    """What the two ends of a pair logged since `since` (wall clock) about WireGuard: the agents'
+    peer changes and warnings, and wireguard-go's own log (its handshakes with LOG_LEVEL=verbose),
+    for a failed window's message: a pair that lost seconds on one CI run is explained by its logs."""
+    nodes = {n.name: n for _, n in st.nodes()}
+    out: list[str] = []
+    for name in (src, dst):
+        d = Path(nodes[name].dir)
+        # (log, where its time stamp starts, the stamp's format, the lines worth showing): the agent's
+        # lines start "2026-12-05 01:01:02,036 INFO", wireguard-go's "DEBUG: (kilo0) 2026/12/05 01:05:19"
+        for log, at, fmt, pick in ((d / "agent.log", 0, "%Y-%m-%d %H:%M:%S", ("kilo0", "WARNING", "ERROR")),
+                                   (d / "wg" / "kilo0.log", 15, "%Y/%m/%d %H:%M:%S", ("andshake", "eypair", "ailed"))):
+            first = time.strftime(fmt, time.localtime(since - 1))
+            try:
+                lines = log.read_text(errors="replace").splitlines()
+            except OSError as e:
+                out.append(f"{name} {log.name}: {e}")
+                continue
+            picked = [ln for ln in lines if ln[at:at + len(first)] >= first and any(k in ln for k in pick)]
+            out += [f"{name} {log.name}: {ln}" for ln in picked[-60:]]
+    return "\n".join(out)
 
 
 def table(ws: list[Window]) -> str:

@@ -28,7 +28,7 @@ from meshctl.lab.namespaces.state import LabState, NodeState
 from meshctl.lab.rigs import netns
 from meshctl.node.flannel import FLANNEL_DEV
 from tests.kube.kubectl import lab_kubectl
-from tests.live_switching import PPS, run, table, warm_up
+from tests.live_switching import PPS, evidence, run, table, warm_up
 from tests.names import unique
 from tests.waiting import wait_for
 
@@ -94,6 +94,8 @@ def lab():
     spec = load_lab(LAB)
     spec = replace(spec, options=replace(spec.options, prefix=prefix))
     names = ["a1", "a2", "b1", "b2"]
+    mp = pytest.MonkeyPatch()
+    mp.setenv("LOG_LEVEL", "verbose")  # wireguard-go logs its handshakes: the evidence of a failed switch
     try:
         st = build.up(spec, prefix=prefix, wait=120, hold=tuple(names))
         before = {n: flannel_state(node, own_cidrs(st, node)) for n, node in nodes(st).items()}
@@ -101,9 +103,11 @@ def lab():
         assert labcheck.check(st, count=2, pairs=[("a1", "a2")])[0].ok
         for n in names:
             build.start_agent(st, n)
+        mp.undo()
         build.wait_converged(st, print, 120)
         yield st, before
     finally:
+        mp.undo()
         build.down(labstate.lab_name(prefix))
         assert not netns.list_prefixed(prefix)
 
@@ -182,12 +186,14 @@ def test_live_granularity_switch(lab) -> None:
         kube_mesh_set(st, a)
         return frozenset(MOVES[a])
 
+    since = time.time()
     _, _, ws = run(st, ["granularity=full", "granularity=cross", "granularity=location"], settle=6.0, pairs=PAIRS,
                    switch=switch)
     print(table(ws))
     for w in ws:
         bound = MOVING_LOSS_MAX if w.moving else KEPT_LOSS_MAX
-        assert w.lost <= bound, f"{w.pair} at {w.switch}: {w.lost} lost (bound {bound})"
+        assert w.lost <= bound, (f"{w.pair} at {w.switch}: {w.lost} lost (bound {bound})\n"
+                                 + evidence(st, *PAIRS[w.pair], since))
         assert w.moving or not w.errors, f"{w.pair} at {w.switch}: {w.errors[:3]}"
     # back at cross: the routes again
     kube_mesh_set(st, "granularity=cross")

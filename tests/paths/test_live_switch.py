@@ -7,6 +7,7 @@ moves loses under 0.5 s (tests/live_switching.py says which pairs a switch moves
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from meshctl.lab.namespaces import build
 from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.spec import parse_lab
 from meshctl.lab.namespaces.state import LabState
-from tests.live_switching import MOVING_LOSS_MAX, gap_window, run, table
+from tests.live_switching import MOVING_LOSS_MAX, PAIRS, Window, evidence, gap_window, run, table
 from tests.names import unique
 
 pytestmark = pytest.mark.root
@@ -34,13 +35,21 @@ def lab() -> Iterator[LabState]:
     prefix = unique("mb") + "-"
     doc = yaml.safe_load(DEFAULT_LAB.read_text())
     try:
-        yield build.up(parse_lab(doc, str(DEFAULT_LAB)), prefix=prefix)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("LOG_LEVEL", "verbose")  # wireguard-go logs its handshakes: evidence of a failed window
+            st = build.up(parse_lab(doc, str(DEFAULT_LAB)), prefix=prefix)
+        yield st
     finally:
         build.down(labstate.lab_name(prefix))
 
 
 def test_live_switches_break_nothing_that_stays_and_little_that_moves(lab: LabState) -> None:
+    since = time.time()
     switches, results, windows = run(lab, SWITCHES, settle=SETTLE_S)
+
+    def why(ws: list[Window]) -> str:
+        return "\n".join([table(ws), *(evidence(lab, *PAIRS[p], since) for p in sorted({w.pair for w in ws}))])
+
     print(table(windows))
     # a pair that answered nothing for a while lost nothing only if ping kept sending, and its
     # replies came back in time: a tunnel that queued them through a handshake's retry did not
@@ -50,6 +59,6 @@ def test_live_switches_break_nothing_that_stays_and_little_that_moves(lab: LabSt
     assert any(w.moving for w in windows) and any(not w.moving and w.switch != "quiet" for w in windows)
     assert [w for w in windows if w.errors] == []
     kept = [w for w in windows if not w.moving and w.lost]
-    assert kept == [], table(kept)
+    assert kept == [], why(kept)
     moved = [w for w in windows if w.moving and w.lost > MOVING_LOSS_MAX]
-    assert moved == [], table(moved)
+    assert moved == [], why(moved)
