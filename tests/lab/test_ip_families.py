@@ -126,7 +126,7 @@ def test_internal_address_of_the_wrong_family_is_refused(name: str, families: An
     ("kubernetes in an IPv6 underlay", {"backend": "kubernetes"},
      "lab.backend: 'kubernetes' is not available with lab.ip_families [6] (the lab's API server listens on IPv4)"),
     ("an IPv4 NAT", {"nat": {"a1": "cone"}},
-     "lab.nat.a1: 'cone' is for IPv4-only nodes and a1 speaks [6] (lab.ip_families [6] has no IPv4)"),
+     "lab.nat.a1: 'cone' is for IPv4-only and dual-stack nodes and a1 speaks [6] (lab.ip_families [6] has no IPv4)"),
 ])
 def test_lab_features_without_ipv6_are_refused(name: str, lab: dict[str, Any], message: str) -> None:
     with pytest.raises(InputError) as e:
@@ -256,8 +256,11 @@ def test_a_nodes_own_ip_families(name: str, a1: dict[str, Any], families: tuple[
     ("IPv6-only with the Kubernetes backend", {"ip_families": [6], "internal_ip": "fd10:0:9:1::1/48"},
      {"backend": "kubernetes"}, "nodes.a1.ip_families: [6] is not available with lab.backend kubernetes (the lab's "
      "API server listens on IPv4)"),
-    ("an IPv4 NAT on a dual-stack node", {}, {"nat": {"a1": "cone"}},
-     "lab.nat.a1: 'cone' is for IPv4-only nodes and a1 speaks [4, 6] (give the node ip_families: [4])"),
+    ("an IPv4 NAT on an IPv6-only node", {"ip_families": [6], "internal_ip": "fd10:0:9:1::1/48"},
+     {"nat": {"a1": "cone"}},
+     "lab.nat.a1: 'cone' is for IPv4-only and dual-stack nodes and a1 speaks [6] (give the node ip_families: [4])"),
+    ("an IPv6 firewall on a dual-stack node", {}, {"nat": {"a1": "firewall6"}},
+     "lab.nat.a1: 'firewall6' is for IPv6-only nodes and a1 speaks [4, 6] (give the node ip_families: [6])"),
     ("an IPv6 firewall on an IPv4-only node", {"ip_families": [4]}, {"nat": {"a1": "firewall6"}},
      "lab.nat.a1: 'firewall6' is for IPv6-only nodes and a1 speaks [4] (give the node ip_families: [6])"),
     ("an IPv6 firewall in an IPv4 lab", {}, {"families": [4], "nat": {"a1": "firewall6"}},
@@ -282,6 +285,7 @@ def test_bad_node_ip_families_is_one_line_and_exit_2(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("name", "nat", "families"), [
     ("an IPv4 NAT on an IPv4-only node of a dual-stack lab", "cone", [4]),
     ("an IPv6 firewall on an IPv6-only node", "firewall6", [6]),
+    ("a home router on a dual-stack node: NAT for IPv4, firewall for IPv6", "symmetric", [4, 6]),
 ])
 def test_nat_kinds_fit_a_node_of_their_family(name: str, nat: str, families: list[int]) -> None:
     a1: dict[str, Any] = {"ip_families": families}
@@ -294,6 +298,6 @@ def test_nat_kinds_fit_a_node_of_their_family(name: str, nat: str, families: lis
 def test_shipped_mixed_families_lab_file() -> None:
     spec = load_lab(str(LABS / "mixed-families.yaml"))
     fams = {n.name: spec.options.families_of(n.name, "default") for n in spec.clusters[0].nodes}
-    assert fams == {"d1": (4, 6), "a4": (4,), "b4": (4,), "a6": (6,), "f6": (6,), "g6": (6,)}
-    assert spec.options.nat == (("f6", "firewall6"), ("g6", "firewall6"))
-    assert len({n.location for n in spec.clusters[0].nodes}) == 6  # each its own location: every node leads
+    assert fams == {"d1": (4, 6), "a4": (4,), "b4": (4,), "a6": (6,), "f6": (6,), "g6": (6,), "h": (4, 6)}
+    assert spec.options.nat == (("f6", "firewall6"), ("g6", "firewall6"), ("h", "cone"))
+    assert len({n.location for n in spec.clusters[0].nodes}) == 7  # each its own location: every node leads

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Issue 22's mixed mesh in the namespace lab (lab/labs/mixed-families.yaml): IPv4-only nodes (a4,
 b4), IPv6-only ones (a6, and f6 behind a stateful IPv6 firewall, `lab.nat: firewall6`) and a
-dual-stack one (d1), each in a location of its own. The pairs that share no IP family are relayed
+dual-stack ones (d1 public, h behind a home router: a cone NAT for IPv4 and a stateful firewall
+for IPv6), each in a location of its own. The pairs that share no IP family are relayed
 through d1 and `meshctl status` says so; f6 is reached although its firewall drops every new
 connection from outside, because it calls its peers. One bring-up for the module."""
 
@@ -34,6 +35,7 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 IPV4_ONLY = ("a4", "b4")
 IPV6_ONLY = ("a6", "f6", "g6")
 DUAL = "d1"
+HOME = "h"  # dual stack behind a cone NAT (IPv4) and the same router's firewall (IPv6)
 NO_SHARED_FAMILY = {(a, b) for a in IPV4_ONLY for b in IPV6_ONLY} | {(b, a) for a in IPV4_ONLY for b in IPV6_ONLY}
 
 
@@ -71,11 +73,11 @@ def test_each_node_speaks_its_own_families(mixed: LabState) -> None:
     rows = {n["node"]: n for n in json.loads(r.stdout)["nodes"]}
     assert {n: (row["ip_families"], row["nat"]) for n, row in rows.items()} == {
         "d1": ([4, 6], None), "a4": ([4], None), "b4": ([4], None), "a6": ([6], None), "f6": ([6], "firewall6"),
-        "g6": ([6], "firewall6")}
+        "g6": ([6], "firewall6"), "h": ([4, 6], "cone")}
 
 
-FIREWALLED = ("f6", "g6")
-NODES = (*IPV4_ONLY, *IPV6_ONLY, DUAL)
+FIREWALLED = ("f6", "g6", HOME)
+NODES = (*IPV4_ONLY, *IPV6_ONLY, DUAL, HOME)
 
 
 def test_every_pair_reachable_in_both_pod_families_relayed_where_no_family_is_shared(mixed: LabState) -> None:
@@ -88,7 +90,7 @@ def test_every_pair_reachable_in_both_pod_families_relayed_where_no_family_is_sh
         labcheck.format_matrix(labcheck.check(mixed, count=1, pairs=calls))
     results = labcheck.check(mixed)
     table = labcheck.format_matrix(results)
-    assert len(results) == 60 and all(r.ok for r in results), table
+    assert len(results) == 84 and all(r.ok for r in results), table
     for r in results:
         want = "relay" if (r.src, r.dst) in NO_SHARED_FAMILY else "tunnel"
         assert (r.expected, r.path) == (want, want), f"IPv{r.family} {r.src}->{r.dst}\n{table}"
@@ -128,3 +130,28 @@ def test_a_node_behind_an_ipv6_firewall_is_reached_because_it_calls_out(mixed: L
     labnat.rebind(f6, mixed.clusters[0].port)  # the firewall forgets every connection
     again = [("a6", "f6"), ("g6", "f6"), ("d1", "f6")]
     assert wait_for(lambda: all(r.ok for r in labcheck.check(mixed, count=3, pairs=again, families=(6,))), 15, 0.5)
+
+
+def test_a_dual_stack_node_behind_a_home_router_is_reached_in_both_families(mixed: LabState) -> None:
+    """h sits behind one router that NATs its IPv4 (a cone) and firewalls its IPv6: its IPv4 peers
+    call the NAT's mapping they learnt from its handshakes, its IPv6-only peers call its own IPv6
+    address, which the firewall opened for them because h called first; a new connection from
+    outside (a ping to that address) is still dropped. `lab nat h` shows both sides."""
+    h, a6 = node_of(mixed, HOME), node_of(mixed, "a6")
+    nat = h.nat
+    assert nat is not None and nat.kind == "cone" and nat.firewall6_ip is not None
+    mapping = f"{nat.public_ip}:{nat.port}"
+    own6 = f"[{nat.firewall6_ip}]:51820"
+    called = {caller: next(p["endpoint"] for p in status(mixed, caller)["peers"] if p["name"] == HOME)
+              for caller in NODES if caller != HOME}
+    # d1 shares both families with h: it calls whichever h's handshakes last came from
+    assert called == {**dict.fromkeys(IPV4_ONLY, mapping), **dict.fromkeys(IPV6_ONLY, own6),
+                      DUAL: mapping if called[DUAL] == mapping else own6}
+    dropped = labnat.dropped(nat)
+    assert labcheck.ping(a6.netns or "", nat.firewall6_ip, count=2)[1] == 0  # nothing new gets in over IPv6
+    assert labnat.dropped(nat) >= dropped + 2
+    shown = meshctl("lab", "nat", HOME, "--lab", mixed.name)
+    assert shown.returncode == 0, shown.stderr
+    outside = f"outside {nat.public_ip} port {nat.port}"
+    assert shown.stdout.startswith(f"h: cone NAT in {nat.router_ns}, inside {nat.inside_ip}, {outside}"), shown.stdout
+    assert f"; IPv6 {nat.firewall6_ip} behind its firewall6, inbound new dropped" in shown.stdout

@@ -138,8 +138,10 @@ def lab_nat(node: str, lab_name: str | None, rebind: bool, kind: str | None) -> 
                    f"inbound new dropped {labnat.dropped(nat)}, rebinds {nat.rebinds}")
         return
     port = nat.port if nat.port is not None else "random per destination"
+    v6 = (f"; IPv6 {nat.firewall6_ip} behind its firewall6, inbound new dropped {labnat.dropped(nat)}"
+          if nat.firewall6_ip else "")
     click.echo(f"{node}: {nat.kind} NAT in {nat.router_ns}, inside {nat.inside_ip}, "
-               f"outside {nat.public_ip} port {port}, rebinds {nat.rebinds}")
+               f"outside {nat.public_ip} port {port}, rebinds {nat.rebinds}{v6}")
 
 
 @lab_group.command("down")

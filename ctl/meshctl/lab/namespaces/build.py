@@ -318,10 +318,11 @@ def _node(spec: LabSpec, st: LabState, cst: ClusterState, topo: Topology, n: Nod
     families = spec.options.families_of(n.name, topo.cluster.name)
     nat_kind = spec.options.nat_kind(n.name) or spec.options.nat_kind(f"{topo.cluster.name}/{n.name}")
     nat = None
-    if nat_kind is not None:  # of the node's one family (spec.py checks)
+    if nat_kind is not None:  # of the node's families (spec.py checks): a dual-stack node's IPv6 is firewalled
         public, plen = (public6(pub_ip), PUBLIC_NET6.prefixlen) if families == (6,) else (pub_ip, PUBLIC_NET.prefixlen)
         nat = labnat.build_router(prefix, fab, ns, idx, nat_kind, str(public), plen, topo.mesh.port,
-                                  lambda name: add_ns(st, name))
+                                  lambda name: add_ns(st, name),
+                                  (str(public6(pub_ip)), PUBLIC_NET6.prefixlen) if families == (4, 6) else None)
     else:
         netns.veth(fab, f"n{idx}u", ns, "pub")
         netns.enslave(fab, f"n{idx}u", "bpub")

@@ -27,6 +27,10 @@ port, and both kinds drop their WireGuard mappings (conntrack entries carry a ma
 
     node P<node>  pub 2001:db8:100::x/128 --- in fe80::1  P<node>-nat  pub 2001:db8:100::fe:x --- bpub
 
+A dual-stack node behind `cone` or `symmetric` sits behind a home router: one router namespace that
+translates IPv4 as its kind says and is a `firewall6` for IPv6 (the node keeps its public IPv6
+address; new inbound IPv6 is dropped and counted, inbound IPv4 is the NAT's business).
+
 Everything is named with the lab prefix: the router namespace and the nft table.
 """
 
@@ -51,8 +55,14 @@ CT_MARK = 0x6d6e  # conntrack mark of WireGuard mappings ("mn"), flushed by rebi
 
 
 def nat_families(kind: str) -> tuple[int, ...]:
-    """The IP families a node behind a router of `kind` speaks: IPv6 for firewall6, IPv4 for the NATs."""
+    """The IP family a router of `kind` translates or filters: IPv6 for firewall6, IPv4 for the NATs."""
     return (6,) if kind == FIREWALL6 else (4,)
+
+
+def nat_fits(kind: str, families: tuple[int, ...]) -> bool:
+    """Whether a node speaking `families` may sit behind a router of `kind`: a NAT fronts an IPv4-only
+    node or a dual-stack one (whose IPv6 it firewalls), firewall6 an IPv6-only node."""
+    return families == (6,) if kind == FIREWALL6 else families in ((4,), (4, 6))
 
 
 def router_ns(node_netns: str) -> str:
@@ -93,9 +103,9 @@ def _firewall6_ruleset(table: str, wg_port: int) -> str:
     return f"""table inet {table} {{
   chain forward {{
     type filter hook forward priority filter; policy accept;
-    iifname "in" oifname "pub" udp sport {wg_port} ct mark set {CT_MARK}
-    iifname "pub" oifname "in" ct state established,related accept
-    iifname "pub" oifname "in" counter drop comment "{FIREWALL6_DROP}"
+    meta nfproto ipv6 iifname "in" oifname "pub" udp sport {wg_port} ct mark set {CT_MARK}
+    meta nfproto ipv6 iifname "pub" oifname "in" ct state established,related accept
+    meta nfproto ipv6 iifname "pub" oifname "in" counter drop comment "{FIREWALL6_DROP}"
   }}
 }}
 """
@@ -103,9 +113,10 @@ def _firewall6_ruleset(table: str, wg_port: int) -> str:
 
 def _apply_rules(nat: NatState, wg_port: int) -> None:
     ns = nat.router_ns
-    if nat.kind == FIREWALL6:
+    if nat.kind == FIREWALL6 or nat.firewall6_ip is not None:
         netns.run(ns, ["nft", "delete", "table", "inet", nat.table], check=False)
         netns.run(ns, ["nft", "-f", "-"], input=_firewall6_ruleset(nat.table, wg_port))
+    if nat.kind == FIREWALL6:
         return
     rs = _ruleset(nat.table, nat.kind, nat.inside_ip, nat.public_ip, wg_port, nat.port)
     netns.run(ns, ["nft", "delete", "table", "ip", nat.table], check=False)
@@ -122,9 +133,12 @@ def dropped(nat: NatState) -> int:
 
 
 def build_router(prefix: str, fab: str, node_netns: str, idx: int, kind: str, public_ip: str,
-                 public_prefixlen: int, wg_port: int, add_ns: Callable[[str], str]) -> NatState:
+                 public_prefixlen: int, wg_port: int, add_ns: Callable[[str], str],
+                 public6: tuple[str, int] | None = None) -> NatState:
     """Wire node `idx` (namespace `node_netns`) to the public bridge through a NAT router of `kind`;
-    `add_ns(name)` makes (and records) a namespace. Returns the state kept as the node's `nat`."""
+    `add_ns(name)` makes (and records) a namespace. `public6` (address, prefix length): the IPv6
+    public address of a dual-stack node behind a NAT, which the same router firewalls. Returns the
+    state kept as the node's `nat`."""
     if kind not in NAT_KINDS:
         raise MeshError(f"lab.nat: {kind!r} is not one of {', '.join(NAT_KINDS)}")
     if kind == FIREWALL6:
@@ -140,8 +154,11 @@ def build_router(prefix: str, fab: str, node_netns: str, idx: int, kind: str, pu
     public_net = ipaddress.ip_interface(f"{public_ip}/{public_prefixlen}").network
     netns.run(node_netns, ["ip", "route", "add", str(public_net), "via", router_ip])
     netns.sysctl(rns, "net.ipv4.ip_forward", "1")
+    if public6 is not None:
+        _firewall6_wiring(rns, node_netns, *public6)
     nat = NatState(kind=kind, router_ns=rns, table=f"{prefix}nat", inside_ip=node_ip, router_ip=router_ip,
-                   public_ip=public_ip, port=cone_port(node_ip) if kind == "cone" else None, rebinds=0)
+                   public_ip=public_ip, port=cone_port(node_ip) if kind == "cone" else None, rebinds=0,
+                   firewall6_ip=public6[0] if public6 is not None else None)
     _apply_rules(nat, wg_port)
     return nat
 
@@ -150,11 +167,22 @@ def _build_firewall6(prefix: str, fab: str, node_netns: str, idx: int, public_ip
                      wg_port: int, add_ns: Callable[[str], str]) -> NatState:
     """Node `idx` keeps its public IPv6 address behind a stateful firewall (the module's doc)."""
     rns = add_ns(router_ns(node_netns))
-    public_net = ipaddress.ip_interface(f"{public_ip}/{public_prefixlen}").network
-    router_pub = ipaddress.IPv6Address(int(ipaddress.IPv6Address(public_ip)) + ROUTER_SLOT6)
     netns.veth(fab, f"n{idx}u", rns, "pub")
     netns.enslave(fab, f"n{idx}u", "bpub")
     netns.veth(rns, "in", node_netns, "pub")
+    _firewall6_wiring(rns, node_netns, public_ip, public_prefixlen)
+    nat = NatState(kind=FIREWALL6, router_ns=rns, table=f"{prefix}nat", inside_ip=public_ip, router_ip=ROUTER_LINK6,
+                   public_ip=public_ip, port=None, rebinds=0)
+    _apply_rules(nat, wg_port)
+    return nat
+
+
+def _firewall6_wiring(rns: str, node_netns: str, public_ip: str, public_prefixlen: int) -> None:
+    """The IPv6 side of a router whose `pub` and `in` links exist: the node keeps `public_ip` (a /128
+    on its `pub`, its gateway the router's fe80::1), which the router routes to `in` and answers
+    neighbour solicitations for on the public segment."""
+    public_net = ipaddress.ip_interface(f"{public_ip}/{public_prefixlen}").network
+    router_pub = ipaddress.IPv6Address(int(ipaddress.IPv6Address(public_ip)) + ROUTER_SLOT6)
     for ns, dev, cidr in ((rns, "pub", f"{router_pub}/{public_prefixlen}"), (rns, "in", f"{ROUTER_LINK6}/64"),
                           (node_netns, "pub", f"{public_ip}/128")):
         netns.run(ns, ["ip", "-6", "addr", "add", cidr, "dev", dev, "nodad"])
@@ -163,10 +191,6 @@ def _build_firewall6(prefix: str, fab: str, node_netns: str, idx: int, public_ip
     netns.sysctl(rns, "net.ipv6.conf.all.forwarding", "1")
     netns.sysctl(rns, "net.ipv6.conf.pub.proxy_ndp", "1")
     netns.run(rns, ["ip", "-6", "neigh", "add", "proxy", public_ip, "dev", "pub"])
-    nat = NatState(kind=FIREWALL6, router_ns=rns, table=f"{prefix}nat", inside_ip=public_ip, router_ip=ROUTER_LINK6,
-                   public_ip=public_ip, port=None, rebinds=0)
-    _apply_rules(nat, wg_port)
-    return nat
 
 
 def _flush_mappings(router: str) -> None:

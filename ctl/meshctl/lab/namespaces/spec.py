@@ -27,7 +27,7 @@ from meshctl.lab.namespaces.families import (
     private6,
     subnet6,
 )
-from meshctl.lab.namespaces.nat_router import NAT_KINDS, nat_families
+from meshctl.lab.namespaces.nat_router import FIREWALL6, NAT_KINDS, nat_fits
 from meshctl.mesh.fields import integer, no_unknown_fields
 from meshctl.mesh.model import IPInterface, IPNetwork, Node, Topology
 from meshctl.mesh.records import node_pod_cidrs, parse_topology
@@ -323,12 +323,12 @@ def _check_node_families(opts: LabOptions, clusters: tuple[Topology, ...]) -> No
                 raise InputError(f"nodes.{n.name}.ip_families", list(fams), f"is not available with lab.backend "
                                  f"{opts.backend} (the lab's API server listens on IPv4)")
             kind = opts.nat_kind(n.name) or opts.nat_kind(f"{c.cluster.name}/{n.name}")
-            if kind is not None and fams != nat_families(kind):
-                want = nat_families(kind)
-                fix = f"give the node ip_families: {list(want)}" if set(want) <= set(opts.ip_families) else \
-                    f"lab.ip_families {list(opts.ip_families)} has no IPv{want[0]}"
-                raise InputError(f"lab.nat.{n.name}", kind, f"is for IPv{want[0]}-only nodes and {n.name} speaks "
-                                 f"{list(fams)} ({fix})")
+            if kind is not None and not nat_fits(kind, fams):
+                want = 6 if kind == FIREWALL6 else 4
+                fix = f"give the node ip_families: [{want}]" if want in opts.ip_families else \
+                    f"lab.ip_families {list(opts.ip_families)} has no IPv{want}"
+                which = "IPv6-only nodes" if want == 6 else "IPv4-only and dual-stack nodes"
+                raise InputError(f"lab.nat.{n.name}", kind, f"is for {which} and {n.name} speaks {list(fams)} ({fix})")
             ip = n.internal_ip
             if fams == (6,) and ip is not None and ip.version == 6:
                 inside = next((v4 for v6, v4 in dual6.items() if ip.network.overlaps(v6)), None)

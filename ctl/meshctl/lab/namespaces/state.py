@@ -61,6 +61,7 @@ class NatState:
     public_ip: str
     port: int | None = None
     rebinds: int = 0
+    firewall6_ip: str | None = None  # a dual-stack node's public IPv6 address, firewalled by this NAT's router
 
 
 @dataclass
