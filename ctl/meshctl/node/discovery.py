@@ -135,7 +135,7 @@ _NLMSG = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, por
 _RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags
 _RTA = struct.Struct("=HH")  # rtattr: length, type
 _OIF = struct.Struct("=I")
-_NLMSG_ERROR, _NLMSG_DONE, _RTM_NEWROUTE, _RTM_GETROUTE = 2, 3, 24, 26
+_NLMSG_ERROR, _NLMSG_DONE, _RTM_NEWROUTE, _RTM_DELROUTE, _RTM_GETROUTE = 2, 3, 24, 25, 26
 _NLM_F_REQUEST, _NLM_F_DUMP = 0x1, 0x300
 _RTA_DST, _RTA_OIF, _RTA_TABLE = 1, 4, 15
 
@@ -183,6 +183,27 @@ def main_routes(family: int, dst_len: int) -> list[DumpedRoute]:
                 if length < _NLMSG.size:
                     break
                 off += (length + 3) & ~3
+
+
+def routes_changed_outside(data: bytes, protos: frozenset[int]) -> bool:
+    """Whether the netlink notifications in `data` (one read of a socket subscribed to route,
+    link and address groups) may change anything but routes of `protos` or routes that are not
+    main-table host routes: a link or address message, or a main-table /32 (/128) route of
+    another protocol. An agent writing 10,000 routes of its own sends as many notifications; a
+    reader of pod routes (node/pods.py) need not dump the main table again for them."""
+    off = 0
+    while off + _NLMSG.size <= len(data):
+        length, kind = _NLMSG.unpack_from(data, off)[:2]
+        if length < _NLMSG.size:
+            return True  # not a message this reader understands: assume it matters
+        if kind not in (_RTM_NEWROUTE, _RTM_DELROUTE) or off + _NLMSG.size + _RTMSG.size > len(data):
+            return True
+        family, plen, _, _, table, proto = _RTMSG.unpack_from(data, off + _NLMSG.size)[:6]
+        host = 32 if family == socket.AF_INET else 128
+        if proto not in protos and plen == host and table == MAIN_TABLE:
+            return True
+        off += (length + 3) & ~3
+    return False
 
 
 def pod_routes(pod_ifs: Iterable[str]) -> dict[IPAddress, int]:
