@@ -12,6 +12,7 @@ import pytest
 from meshctl.lab.rigs import netns
 from meshctl.mesh.plan import Route
 from meshctl.node.routes import RT_PROTO, RouteApplier
+from meshctl.node.rtnl import CHUNK
 
 from .conftest import NodeLab, in_ns
 
@@ -220,3 +221,23 @@ def test_routes_across_ip_families(lab: NodeLab, node: str):
         again = in_ns(ns, ra.sync, plan + more)
         assert not again.added and not again.changed, "a second sync rewrote cross-family routes"
         assert in_ns(ns, ra.flush) == 2 + extra
+
+
+def test_hundreds_of_changes_in_chunks_each_failure_named_alone(lab: NodeLab, node: str):
+    """More routes than one netlink send carries (rtnl.CHUNK): refusals in different chunks are
+    each skipped with the kernel's reason, every other route is in."""
+    ns = node
+    n = 2 * CHUNK + 88
+    lab.sh(ns, "ip", "route", "add", "10.61.144.0/24", "via", "10.20.0.77", "proto", "static")  # foreign, same dst
+    plan = [Route(N(f"10.61.{i // 4}.{64 * (i % 4)}/26"), A("10.20.0.2"), "private") for i in range(n)]
+    plan[7] = Route(plan[7].dst, A("192.0.2.1"), "private")  # no route to this gateway
+    plan[576] = Route(N("10.61.144.0/24"), A("10.20.0.2"), "private")
+    ra = in_ns(ns, RouteApplier, "pv", "wg")
+    diff = in_ns(ns, ra.sync, plan)
+    assert len(diff.added) == n - 2 and len(diff.skipped) == 2
+    assert any(s.startswith(f"{plan[7].dst}: ") and "unreachable" in s.lower() for s in diff.skipped), diff.skipped
+    assert any(s.startswith("10.61.144.0/24: a route of another owner") for s in diff.skipped)
+    have = routes(lab, ns)
+    assert all(str(r.dst) in have for i, r in enumerate(plan) if i not in (7, 576))
+    assert have["10.61.144.0/24"]["protocol"] == "static"
+    assert in_ns(ns, ra.flush) == n - 2

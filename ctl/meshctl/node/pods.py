@@ -28,8 +28,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from meshctl.mesh.model import IPNetwork
-from meshctl.node.discovery import NETLINK_ROUTE, host_routes, routes_changed_outside
+from meshctl.node.discovery import host_routes, routes_changed_outside
 from meshctl.node.routes import RT_PROTO
+from meshctl.node.rtnl import NETLINK_ROUTE
 from meshctl.node.tunnels import RT_PROTO_TUNNEL
 
 log = logging.getLogger("meshctl.pods")
