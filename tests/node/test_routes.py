@@ -241,3 +241,19 @@ def test_hundreds_of_changes_in_chunks_each_failure_named_alone(lab: NodeLab, no
     assert all(str(r.dst) in have for i, r in enumerate(plan) if i not in (7, 576))
     assert have["10.61.144.0/24"]["protocol"] == "static"
     assert in_ns(ns, ra.flush) == n - 2
+
+
+def test_a_route_the_plan_drops_goes_and_an_equal_new_object_stays(lab: NodeLab, node: str):
+    """Removals are found from the installed Routes the plan no longer hands out: a destination
+    whose Route is a new but equal object, or a new one with another gateway, is not removed."""
+    ns = node
+    plan = [Route(N(f"10.62.{i}.0/24"), A("10.20.0.2"), "private") for i in range(6)]
+    ra = in_ns(ns, RouteApplier, "pv", "wg")
+    assert len(in_ns(ns, ra.sync, plan).added) == 6
+    after = [plan[0], Route(plan[1].dst, A("10.20.0.2"), "private"), Route(plan[2].dst, A("10.20.0.3"), "private"),
+             *plan[4:]]  # 10.62.3.0/24 dropped
+    diff = in_ns(ns, ra.sync, after)
+    assert diff.removed == ["10.62.3.0/24"] and diff.changed == ["10.62.2.0/24"] and not diff.added
+    have = routes(lab, ns)
+    assert "10.62.3.0/24" not in have and have["10.62.2.0/24"]["gateway"] == "10.20.0.3"
+    assert all(f"10.62.{i}.0/24" in have for i in (0, 1, 4, 5))

@@ -142,14 +142,22 @@ def _desired(by_dst: Mapping[IPNetwork, Route], synced: Mapping[IPNetwork, Route
 
 
 def _removals(have: Mapping[IPNetwork, _Have], synced: Mapping[IPNetwork, Route], routes: Sequence[Route],
-              desired: Mapping[IPNetwork, _Want], unchanged: int) -> list[IPNetwork]:
+              desired: Mapping[IPNetwork, _Want], unchanged: int, fresh: Mapping[IPNetwork, Route]
+              ) -> list[IPNetwork]:
     """Our routes in the kernel that the plan no longer has, in address order. When every one is
-    accounted for (unchanged or desired) there is nothing to look for."""
+    accounted for (unchanged or desired) there is nothing to look for. Otherwise, while every route
+    we hold was installed from a plan Route (`synced`; after a full read the kernel may hold more),
+    only the installed Routes the plan no longer hands out are looked at (by identity, not by
+    hashing 100,000 destinations); `fresh`: the plan's Routes that are not installed ones."""
     if unchanged + sum(1 for d in desired if d in have) == len(have):
         return []
-    by_dst = {r.dst: r for r in routes}
-    return sorted((d for d in have if d not in desired and not _same(synced.get(d), by_dst.get(d))),
-                  key=sort_key_net)
+    if len(have) != len(synced):
+        by_dst = {r.dst: r for r in routes}
+        candidates = [d for d in have if not _same(synced.get(d), by_dst.get(d))]
+    else:
+        in_plan = {id(r) for r in routes}
+        candidates = [d for d, r in synced.items() if id(r) not in in_plan and not _same(r, fresh.get(d))]
+    return sorted((d for d in candidates if d not in desired), key=sort_key_net)
 
 
 def _still_synced(have: Mapping[IPNetwork, _Have], devs: tuple[Any, Any],
@@ -324,7 +332,7 @@ class RouteApplier:
                 synced[dst] = r
         for dst, reason in skips:
             self._skip(diff, dst, reason)
-        self._retiring = _removals(have, synced, routes, desired, unchanged)
+        self._retiring = _removals(have, synced, routes, desired, unchanged, fresh)
         writes = _writes(have, desired)
         done: dict[IPNetwork, _Want | None] = {}  # what changed in the kernel
         failed_any = self._apply([], writes, have, index, diff, done)
