@@ -31,6 +31,7 @@ NLMSG = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, port
 RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags
 RTA = struct.Struct("=HH")  # rtattr: length, type
 U32 = struct.Struct("=I")
+_U16 = struct.Struct("=H")
 _ERR = struct.Struct("=i")
 
 NLMSG_ERROR, NLMSG_DONE = 2, 3
@@ -121,9 +122,11 @@ class Rtnl:
         self.sock.close()
 
     def apply(self, messages: Sequence[bytes]) -> dict[int, Refused]:
-        """Send `messages` (from `RouteForm.message`), CHUNK per sendmsg, and wait for each one's
-        acknowledgement; the index of each refused message -> why. The kernel handles every
-        message of a chunk whatever happened to the ones before it."""
+        """Send `messages` (from `RouteForm.message`), CHUNK per sendmsg; the index of each
+        refused message -> why. The kernel handles every message of a chunk, whatever happened
+        to the ones before it, before `send` returns, and answers a refused one whether or not it
+        asked for an acknowledgement: so only a chunk's last message asks for one, and when that
+        arrives every refusal of the chunk has (10,000 routes: 40 answers to read, not 10,000)."""
         refused: dict[int, Refused] = {}
         for start in range(0, len(messages), CHUNK):
             part = messages[start:start + CHUNK]
@@ -132,17 +135,18 @@ class Rtnl:
             buf = bytearray(b"".join(part))
             off = 0
             for i, m in enumerate(part):
+                flags = _U16.unpack_from(buf, off + 6)[0]
+                _U16.pack_into(buf, off + 6, flags | NLM_F_ACK if i == len(part) - 1 else flags & ~NLM_F_ACK)
                 U32.pack_into(buf, off + 8, base + i)  # nlmsg_seq
                 off += len(m)
             self.sock.send(bytes(buf))
-            waiting = len(part)
+            last = base + len(part) - 1
             for data, at, length, kind, flags, seq in self._incoming():
-                if kind == NLMSG_ERROR and base <= seq < base + len(part):
-                    waiting -= 1
+                if kind == NLMSG_ERROR and base <= seq <= last:
                     err = -_ERR.unpack_from(data, at + NLMSG.size)[0]
                     if err:
                         refused[start + seq - base] = Refused(err, _ext_message(data, at, length, flags))
-                    if not waiting:
+                    if seq == last:
                         break
         return refused
 
