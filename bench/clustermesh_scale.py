@@ -33,10 +33,12 @@ full pass every resync interval (forget, dump, compare).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import ipaddress
 import json
 import math
+import shutil
 import statistics
 import sys
 import tempfile
@@ -193,9 +195,11 @@ def has_route(ns: str, cidr: str) -> bool:
     return bool(out.strip())
 
 
-def bench_agent(sizes: list[int], joins: int, prefix: str, addressing: WireGuardAddressing) -> None:
+def bench_agent(sizes: list[int], joins: int, prefix: str, addressing: WireGuardAddressing,
+                keep_log: str | None = None) -> None:
     """The two-cluster lab with one agent per cluster; cluster3..cluster10 added in cluster2's etcd
-    (readable by cluster1 as its remote user), one clustermesh file each beside cluster2's."""
+    (readable by cluster1 as its remote user), one clustermesh file each beside cluster2's.
+    `keep_log`: where a1's log is copied before the lab goes (its passes, with timestamps)."""
     from meshctl.backends.etcd import node_key, write_topology
     from meshctl.backends.etcd_identity import AuthAdmin, reader_grants
     from meshctl.lab.namespaces import build
@@ -234,6 +238,7 @@ def bench_agent(sizes: list[int], joins: int, prefix: str, addressing: WireGuard
             lasts = [record(k, per - 1)[1]["pod_cidr"] for k in range(CLUSTERS)]
             wait_until(lambda lasts=lasts: all(has_route(a1.netns, c) for c in lasts), f"a1 routes at {n}", 900)
             converge = time.monotonic() - t0
+            print(f"   {n}: converged in {converge:.1f} s; joining at {time.time():.3f}", flush=True)
             time.sleep(3)
             js = measure_joins(kv2, "cluster5", [a1], joins, settle=max(1.0, 2 * converge / 10), timeout=180)
             rss_quiet = rss_mb(a1.pid)  # before /metrics and /status
@@ -252,6 +257,9 @@ def bench_agent(sizes: list[int], joins: int, prefix: str, addressing: WireGuard
             print(f"   {n}: RSS {rss_quiet:.0f} MB quiet, {rss_scraped:.0f} MB after a /metrics scrape "
                   f"({1000 * scrape:.0f} ms), {rows[-1]['rss']:.0f} MB after /status")
     finally:
+        if keep_log:
+            with contextlib.suppress(OSError, NameError):
+                shutil.copyfile(Path(a1.dir) / "agent.log", keep_log)
         build.down(st.name)
     print(f"{'nodes':>7} {'remote seen':>11} {'first converge':>15} {'join->route':>12} {'max':>7} {'last pass':>10} "
           f"{'(CPU)':>7} {'RSS':>9} {'vs 5k':>6}")
@@ -428,13 +436,15 @@ def main() -> None:
     ap.add_argument("--routes", type=int, default=100000, help="the routes of part `routes`")
     ap.add_argument("--addressing", choices=WIREGUARD_ADDRESSINGS, default="index",
                     help="every cluster's mesh.wireguard_addressing (parts plan and agent)")
+    ap.add_argument("--keep-log", help="part agent: copy a1's agent.log here before the lab goes")
     args = ap.parse_args()
     parts = args.parts.split(",")
     t = time.monotonic()
     if "plan" in parts:
         bench_plan([int(s) for s in args.sizes.split(",")], args.repeat, args.profile, args.addressing)
     if "agent" in parts:
-        bench_agent([int(s) for s in args.agent_sizes.split(",")], args.agent_joins, args.prefix, args.addressing)
+        bench_agent([int(s) for s in args.agent_sizes.split(",")], args.agent_joins, args.prefix, args.addressing,
+                    args.keep_log)
     if "watch" in parts:
         bench_watch(args.watchers, args.joins)
     if "routes" in parts:

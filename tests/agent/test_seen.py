@@ -5,12 +5,13 @@ on its own key only (a real etcd with auth), and refused when it names another n
 from __future__ import annotations
 
 import json
+import random
 import threading
 from typing import Any
 
 import pytest
 
-from meshctl.agent.seen import HEARTBEAT_S, MIN_INTERVAL_S, SeenPublisher, publish_loop, summarise
+from meshctl.agent.seen import HEARTBEAT_S, MIN_INTERVAL_S, SeenPublisher, _first, publish_loop, summarise
 from meshctl.agent.status import AgentStatus
 from meshctl.backends.etcd import EtcdBackend, read_seen, seen_key
 from meshctl.etcd import PermissionDenied
@@ -137,3 +138,21 @@ def test_a_node_writes_only_its_own_summary_on_its_lease_and_a_forged_one_is_ref
         stop.set()
         t.join(2)
         b.close()
+
+
+@pytest.mark.parametrize(("case", "limit", "observed_every"), [
+    ("few observed, the limit reaches into the remote peers", 300, 97),
+    ("few observed, the limit ends among this cluster's peers", 40, 97),
+    ("more observed than the limit", 20, 3),
+    ("none observed", 150, 0),
+])
+def test_the_peers_past_the_bound_are_the_first_by_rank(case: str, limit: int, observed_every: int) -> None:
+    """`_first` picks what sorting every name by (not observed, remote, name) and cutting at the
+    limit picks, without the sort."""
+    rng = random.Random(limit)
+    names = [f"n{rng.randrange(10**6)}" for _ in range(100)] + \
+        [f"cluster{rng.randrange(2, 9)}/s{rng.randrange(10**6)}" for _ in range(400)]
+    rng.shuffle(names)
+    observed = {n for i, n in enumerate(names) if observed_every and i % observed_every == 0}
+    want = sorted(names, key=lambda n: (n not in observed, "/" in n, n))[:limit]
+    assert _first(names, limit, observed.__contains__) == want, case

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
+import struct
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
-from meshctl.node.pods import Link, PodInterfaceWatcher, pod_interfaces_of
+from meshctl.node.discovery import routes_changed_outside
+from meshctl.node.pods import MESH_PROTOS, Link, PodInterfaceWatcher, pod_interfaces_of
 from tests.waiting import wait_for
 
 from .conftest import NodeLab, in_ns
@@ -80,3 +85,56 @@ def test_watcher_retargeted_to_a_new_block_finds_its_veths_at_once(lab: NodeLab)
     finally:
         w.stop()
 
+
+
+def _route_msg(kind: int, family: int, plen: int, proto: int, table: int = 254) -> bytes:
+    """A route notification as the kernel sends it (header and rtmsg; attributes do not matter)."""
+    body = struct.pack("=BBBBBBBBI", family, plen, 0, 0, table, proto, 0, 1, 0)
+    return struct.pack("=IHHII", 16 + len(body), kind, 0, 0, 0) + body
+
+
+OURS, V4, V6 = 109, socket.AF_INET, socket.AF_INET6
+NEW, DEL, NEWLINK = 24, 25, 16
+
+
+@pytest.mark.parametrize(("case", "data", "matters"), [
+    ("our /25 added", _route_msg(NEW, V4, 25, OURS), False),
+    ("our /32 replaced, then deleted", _route_msg(NEW, V4, 32, OURS) + _route_msg(DEL, V4, 32, OURS), False),
+    ("another owner's /24", _route_msg(NEW, V4, 24, 3), False),
+    ("a /32 of another table", _route_msg(NEW, V4, 32, 3, table=100), False),
+    ("a pod's /32 after ours", _route_msg(NEW, V4, 25, OURS) + _route_msg(NEW, V4, 32, 3), True),
+    ("a pod's /128 deleted", _route_msg(DEL, V6, 128, 3), True),
+    ("our /128", _route_msg(NEW, V6, 128, OURS), False),
+    ("a link message", struct.pack("=IHHII", 32, NEWLINK, 0, 0, 0) + bytes(16), True),
+    ("a truncated message", struct.pack("=IHHII", 8, NEW, 0, 0, 0), True),
+])
+def test_which_notifications_may_change_pod_interfaces(case: str, data: bytes, matters: bool) -> None:
+    assert routes_changed_outside(data, MESH_PROTOS) is matters, case
+
+
+def test_watcher_reads_nothing_again_for_the_agents_own_routes(lab: NodeLab, tmp_path: Path) -> None:
+    """The agent's routes (proto 109) by the hundred are no reason to dump the main table again;
+    a pod's route right after them is seen as before."""
+    ns = lab.ns("po")
+    changed = threading.Event()
+    w = in_ns(ns, lambda: PodInterfaceWatcher((POD_CIDR,), changed.set).start())
+    reads = []
+    read = w.refresh
+    w.refresh = lambda: reads.append(1) or read()  # type: ignore[method-assign]
+    try:
+        lab.sh(ns, "ip", "link", "add", "veth1", "type", "veth", "peer", "name", "veth1p")
+        lab.sh(ns, "ip", "link", "set", "veth1", "up")
+        assert wait_for(lambda: reads, timeout=2)  # the link events: read
+        while reads:  # until the link's events are over
+            reads.clear()
+            time.sleep(0.5)
+        batch = tmp_path / "ours"
+        batch.write_text("".join(f"route add 10.99.{i}.0/25 dev veth1 proto 109\n"
+                                 f"route add 10.98.{i}.1/32 dev veth1 proto 109\n" for i in range(200)))
+        lab.sh(ns, "ip", "-batch", str(batch))
+        time.sleep(0.3)
+        assert reads == [] and w.current == ()
+        lab.sh(ns, "ip", "route", "add", "10.42.1.7/32", "dev", "veth1")
+        assert changed.wait(1.0) and w.current == ("veth1",) and reads
+    finally:
+        w.stop()

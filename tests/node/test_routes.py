@@ -12,6 +12,7 @@ import pytest
 from meshctl.lab.rigs import netns
 from meshctl.mesh.plan import Route
 from meshctl.node.routes import RT_PROTO, RouteApplier
+from meshctl.node.rtnl import CHUNK
 
 from .conftest import NodeLab, in_ns
 
@@ -200,14 +201,15 @@ def test_routes_across_ip_families(lab: NodeLab, node: str):
     """An IPv6 pod CIDR routed via a peer's IPv4 WireGuard address goes on the device alone (WireGuard
     picks the peer by allowed IPs); an IPv4 one via an IPv6 private next hop is installed (RFC 5549);
     an IPv6 one via an IPv4 private next hop cannot be, and is skipped with the reason. Both ways
-    of writing (one request each, and the batch of a first start) read back as written."""
+    of writing (a few requests, and hundreds in chunks) read back as written, from memory and from
+    a full read."""
     ns = node
     lab.sh(ns, "ip", "-6", "addr", "add", "fd20::1/64", "dev", "pv", "nodad")
     plan = [Route(N("fd42:1::/64"), A("10.4.0.3"), "wireguard"),
             Route(N("10.42.7.0/24"), A("fd20::2"), "private"),
             Route(N("fd42:2::/64"), A("10.20.0.2"), "private")]
-    for extra in (0, 40):  # 40 more routes: past BATCH_OVER, one `ip -batch`
-        more = [Route(N(f"10.60.{i}.0/24"), A("fd20::2"), "private") for i in range(extra)]
+    for extra in (0, 300):  # 300 more routes: past one netlink send (rtnl.CHUNK)
+        more = [Route(N(f"10.{60 + i // 250}.{i % 250}.0/24"), A("fd20::2"), "private") for i in range(extra)]
         ra = in_ns(ns, RouteApplier, "pv", "wg")
         diff = in_ns(ns, ra.sync, plan + more)
         assert sorted(diff.added) == sorted(["fd42:1::/64", "10.42.7.0/24", *(str(r.dst) for r in more)])
@@ -219,4 +221,43 @@ def test_routes_across_ip_families(lab: NodeLab, node: str):
         assert r["10.42.7.0/24"]["via"] == {"family": "inet6", "host": "fd20::2"} and r["10.42.7.0/24"]["dev"] == "pv"
         again = in_ns(ns, ra.sync, plan + more)
         assert not again.added and not again.changed, "a second sync rewrote cross-family routes"
+        in_ns(ns, ra.forget)  # the kernel's dump read back (RTA_VIA, an IPv6 metric) as the plan's form
+        reread = in_ns(ns, ra.sync, plan + more)
+        assert not reread.added and not reread.changed and not reread.removed, reread
         assert in_ns(ns, ra.flush) == 2 + extra
+
+
+def test_hundreds_of_changes_in_chunks_each_failure_named_alone(lab: NodeLab, node: str):
+    """More routes than one netlink send carries (rtnl.CHUNK): refusals in different chunks are
+    each skipped with the kernel's reason, every other route is in."""
+    ns = node
+    n = 2 * CHUNK + 88
+    lab.sh(ns, "ip", "route", "add", "10.61.144.0/24", "via", "10.20.0.77", "proto", "static")  # foreign, same dst
+    plan = [Route(N(f"10.61.{i // 4}.{64 * (i % 4)}/26"), A("10.20.0.2"), "private") for i in range(n)]
+    plan[7] = Route(plan[7].dst, A("192.0.2.1"), "private")  # no route to this gateway
+    plan[576] = Route(N("10.61.144.0/24"), A("10.20.0.2"), "private")
+    ra = in_ns(ns, RouteApplier, "pv", "wg")
+    diff = in_ns(ns, ra.sync, plan)
+    assert len(diff.added) == n - 2 and len(diff.skipped) == 2
+    assert any(s.startswith(f"{plan[7].dst}: ") and "unreachable" in s.lower() for s in diff.skipped), diff.skipped
+    assert any(s.startswith("10.61.144.0/24: a route of another owner") for s in diff.skipped)
+    have = routes(lab, ns)
+    assert all(str(r.dst) in have for i, r in enumerate(plan) if i not in (7, 576))
+    assert have["10.61.144.0/24"]["protocol"] == "static"
+    assert in_ns(ns, ra.flush) == n - 2
+
+
+def test_a_route_the_plan_drops_goes_and_an_equal_new_object_stays(lab: NodeLab, node: str):
+    """Removals are found from the installed Routes the plan no longer hands out: a destination
+    whose Route is a new but equal object, or a new one with another gateway, is not removed."""
+    ns = node
+    plan = [Route(N(f"10.62.{i}.0/24"), A("10.20.0.2"), "private") for i in range(6)]
+    ra = in_ns(ns, RouteApplier, "pv", "wg")
+    assert len(in_ns(ns, ra.sync, plan).added) == 6
+    after = [plan[0], Route(plan[1].dst, A("10.20.0.2"), "private"), Route(plan[2].dst, A("10.20.0.3"), "private"),
+             *plan[4:]]  # 10.62.3.0/24 dropped
+    diff = in_ns(ns, ra.sync, after)
+    assert diff.removed == ["10.62.3.0/24"] and diff.changed == ["10.62.2.0/24"] and not diff.added
+    have = routes(lab, ns)
+    assert "10.62.3.0/24" not in have and have["10.62.2.0/24"]["gateway"] == "10.20.0.3"
+    assert all(f"10.62.{i}.0/24" in have for i in (0, 1, 4, 5))

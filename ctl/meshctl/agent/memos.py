@@ -42,6 +42,7 @@ class PureMemos:
         self._admitted: _Admitted | None = None
         self._plan: tuple[Topology, list[Remote], PathState, NodePlan] | None = None
         self._cidrs: tuple[Topology, list[Remote], frozenset[IPNetwork]] | None = None
+        self._remote_cidrs: dict[int, tuple[Remote, frozenset[IPNetwork]]] = {}  # by id(Remote)
 
     def admit_local(self, state: ClusterState, me: Node) -> tuple[Topology, list[Rejection], bool]:
         """This cluster's admitted topology with our own record as discovered (the store may lag
@@ -69,7 +70,16 @@ class PureMemos:
         return plan, False
 
     def mesh_cidrs(self, topo: Topology, remotes: list[Remote]) -> frozenset[IPNetwork]:
+        """plan.mesh_cidrs of this topology and these remotes: this cluster's part and each remote
+        cluster's part computed by it, each remote's kept while admission hands out the same
+        Remote (a join in one of ten clusters of 5,000 recomputes one part), joined by set unions
+        (which reuse the members' stored hashes)."""
         memo = self._cidrs
         if memo is None or memo[0] is not topo or not same_items(memo[1], remotes):
-            memo = self._cidrs = (topo, list(remotes), mesh_cidrs(topo, remotes))
+            before = self._remote_cidrs
+            bare = Topology(cluster=topo.cluster, mesh=topo.mesh)
+            self._remote_cidrs = {id(r): hit if (hit := before.get(id(r))) is not None and hit[0] is r
+                                  else (r, mesh_cidrs(bare, [r])) for r in remotes}
+            memo = self._cidrs = (topo, list(remotes), mesh_cidrs(topo, []).union(
+                *(cidrs for _, cidrs in self._remote_cidrs.values())))
         return memo[2]

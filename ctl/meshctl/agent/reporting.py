@@ -46,7 +46,7 @@ from meshctl.mesh.admit import Rejection
 from meshctl.mesh.checks import dead_tunnels, host_prefix_warnings
 from meshctl.mesh.chooser import Change
 from meshctl.mesh.model import ENCAP_RUNGS, Topology
-from meshctl.mesh.plan import FastPathEntry, NodePlan
+from meshctl.mesh.plan import FastPathEntry, NodePlan, PeerPlan
 from meshctl.mesh.render import node_rows
 from meshctl.mesh.segments import Remote
 from meshctl.node.discovery import DEFAULT_NIC_MTU, WG_OVERHEAD
@@ -244,7 +244,7 @@ class LiveReader:
         self.peers = peers
         self.step_reports = step_reports
         self.pods = pods
-        self._peer_rows: tuple[object, tuple[PeerRow, ...]] | None = None
+        self._peer_rows: tuple[Sequence[PeerPlan], tuple[PeerRow, ...]] | None = None
         self._live_peers: tuple[float, dict[str, PeerCounters]] = (0.0, {})
         self._node_rows: tuple[View, tuple[NodeRow, ...]] | None = None
 
@@ -289,8 +289,12 @@ class LiveReader:
         WireGuard's live counters (read at most every LIVE_PEERS_TTL_S, without allowed IPs)."""
         rows = self._peer_rows
         if rows is None or not (rows[0] is plan.peers or rows[0] == plan.peers):
+            # A peer the plan hands out as the same object keeps its row (its allowed IPs as text:
+            # a leader's are 100,000; a join changes a few peers, not all).
+            before = dict(zip(map(id, rows[0]), rows[1], strict=True)) if rows is not None else {}
             rows = self._peer_rows = (plan.peers, tuple(
-                PeerRow(p.name, p.kind, p.public_key, p.endpoint, tuple(str(a) for a in p.allowed_ips))
+                before.get(id(p)) or PeerRow(p.name, p.kind, p.public_key, p.endpoint,
+                                             tuple(str(a) for a in p.allowed_ips))
                 for p in plan.peers))
         at, live = self._live_peers
         if self.peers is not None and time.monotonic() - at >= LIVE_PEERS_TTL_S:

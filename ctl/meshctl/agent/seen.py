@@ -13,6 +13,7 @@ one (STALE_AFTER_S).
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
@@ -58,10 +59,8 @@ def summarise(status: AgentStatus, cluster: str, now: float, limit: int = MAX_PE
     unreached = set(summary.unreached_peers)
     names = [n for n, planned in summary.paths.items() if planned != "local"]
     if len(names) > limit:
-        def rank(name: str) -> tuple[int, int, str]:
-            observed = name in pairs or name in unreached or handshakes.get(name.rsplit("/", 1)[-1]) is not None
-            return (not observed, "/" in name, name)
-        names = sorted(names, key=rank)[:limit]
+        names = _first(names, limit, lambda n: n in pairs or n in unreached or
+                       handshakes.get(n.rsplit("/", 1)[-1]) is not None)
     peers: dict[str, PeerSeen] = {}
     for name in names:
         planned = summary.paths[name]
@@ -77,6 +76,21 @@ def summarise(status: AgentStatus, cluster: str, now: float, limit: int = MAX_PE
         peers[name] = PeerSeen(rung, first, None if rtt is None else round(rtt, 3), loss,
                                handshakes.get(name.rsplit("/", 1)[-1]))
     return NodeSeen(status.node, cluster, round(now, 3), peers)
+
+
+def _first(names: list[str], limit: int, observed: Callable[[str], bool]) -> list[str]:
+    """The first `limit` of `names` ordered by (not observed, remote, name), without a sort key
+    per name: at 50,000 peers the few observed ones are sorted, and the rest picked smallest
+    first (heapq) only as far as the limit reaches."""
+    seen = [n for n in names if observed(n)]
+    if len(seen) >= limit:
+        return sorted(seen, key=lambda n: ("/" in n, n))[:limit]
+    taken = set(seen)
+    out = sorted(seen, key=lambda n: ("/" in n, n))
+    for remote in (False, True):
+        rest = (n for n in names if ("/" in n) is remote and n not in taken)
+        out += heapq.nsmallest(limit - len(out), rest)
+    return out
 
 
 def _shape(seen: NodeSeen) -> tuple[tuple[str, str | None, str | None, int], ...]:

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 import socket
-import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -30,6 +28,8 @@ from meshctl.datapath import links
 from meshctl.errors import InputError, MeshError
 from meshctl.mesh import fields
 from meshctl.mesh.model import Endpoint, IPAddress, IPInterface, IPNetwork, sort_key_net
+from meshctl.node import rtnl
+from meshctl.node.rtnl import MAIN_TABLE, RTN_UNICAST
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +37,7 @@ log = logging.getLogger(__name__)
 WG_OVERHEAD = 80
 DEFAULT_NIC_MTU = 1500  # a NIC whose MTU cannot be read (or a node without a private one)
 _TUNNEL_KINDS = ("wireguard", "tun", "vxlan", "ipip", "gre", "sit")
-MAIN_TABLE = 254  # RT_TABLE_MAIN
-RTN_UNICAST = 1
 RTPROT_KERNEL = 2
-NETLINK_ROUTE = 0  # the netlink family of routes, addresses and links
 RT_SCOPE_UNIVERSE = 0
 # Address flags of addresses a node must not publish, by family: IPv6 privacy addresses (whose
 # flag bit, in IPv4, means secondary), deprecated ones and ones that failed DAD.
@@ -131,58 +128,43 @@ class DumpedRoute(NamedTuple):
     proto: int
 
 
-_NLMSG = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, port
-_RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags
-_RTA = struct.Struct("=HH")  # rtattr: length, type
-_OIF = struct.Struct("=I")
-_NLMSG_ERROR, _NLMSG_DONE, _RTM_NEWROUTE, _RTM_GETROUTE = 2, 3, 24, 26
-_NLM_F_REQUEST, _NLM_F_DUMP = 0x1, 0x300
-_RTA_DST, _RTA_OIF, _RTA_TABLE = 1, 4, 15
-
-
 def main_routes(family: int, dst_len: int) -> list[DumpedRoute]:
     """The main table's routes of `family` whose prefix length is `dst_len`, in the kernel's order,
-    read with one netlink dump whose messages are looked at in place: an agent at 50,000 nodes
-    has 100,000 routes in the main table, and pyroute2's parser builds a message object tree
-    per route (seconds of CPU and hundreds of MB at once, on every pod-interface rescan); here
-    only the routes of that length have their attributes read."""
+    read with one netlink dump of the main table looked at in place: an agent at 50,000 nodes
+    has 100,000 routes there, and pyroute2's parser builds a message object tree per route
+    (seconds of CPU and hundreds of MB at once, on every pod-interface rescan); here only the
+    routes of that length have their attributes read."""
     out: list[DumpedRoute] = []
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE) as sock:
-        sock.bind((0, 0))
-        sock.send(_NLMSG.pack(_NLMSG.size + _RTMSG.size, _RTM_GETROUTE, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0)
-                  + _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0))
-        while True:
-            data = sock.recv(1 << 17)
-            off = 0
-            while off + _NLMSG.size <= len(data):
-                length, kind = _NLMSG.unpack_from(data, off)[:2]
-                if kind == _NLMSG_DONE:
-                    return out
-                if kind == _NLMSG_ERROR:
-                    err = -struct.unpack_from("=i", data, off + _NLMSG.size)[0]
-                    if err:
-                        raise OSError(err, f"route dump: {os.strerror(err)}")
-                elif kind == _RTM_NEWROUTE:
-                    _, plen, _, _, table, proto, _, rtype, _ = _RTMSG.unpack_from(data, off + _NLMSG.size)
-                    if plen == dst_len:
-                        dst, oif = b"", 0
-                        at, end = off + _NLMSG.size + _RTMSG.size, off + length
-                        while at + _RTA.size <= end:
-                            alen, atype = _RTA.unpack_from(data, at)
-                            if alen < _RTA.size:
-                                break
-                            if atype == _RTA_DST:
-                                dst = data[at + _RTA.size:at + alen]
-                            elif atype == _RTA_OIF:
-                                oif = _OIF.unpack_from(data, at + _RTA.size)[0]
-                            elif atype == _RTA_TABLE:
-                                table = _OIF.unpack_from(data, at + _RTA.size)[0]
-                            at += (alen + 3) & ~3
-                        if table == MAIN_TABLE:
-                            out.append(DumpedRoute(dst, oif, rtype, proto))
-                if length < _NLMSG.size:
-                    break
-                off += (length + 3) & ~3
+    with rtnl.Rtnl() as nl:
+        for data, off, length in nl.dump(family, table=MAIN_TABLE):
+            _, plen, _, _, _, proto, _, rtype, _ = rtnl.RTMSG.unpack_from(data, off + rtnl.NLMSG.size)
+            if plen == dst_len:
+                attrs = rtnl.attributes(data, off, length)
+                oif = attrs.get(rtnl.RTA_OIF)
+                out.append(DumpedRoute(attrs.get(rtnl.RTA_DST, b""), rtnl.U32.unpack(oif)[0] if oif else 0,
+                                       rtype, proto))
+    return out
+
+
+def routes_changed_outside(data: bytes, protos: frozenset[int]) -> bool:
+    """Whether the netlink notifications in `data` (one read of a socket subscribed to route,
+    link and address groups) may change anything but routes of `protos` or routes that are not
+    main-table host routes: a link or address message, or a main-table /32 (/128) route of
+    another protocol. An agent writing 10,000 routes of its own sends as many notifications; a
+    reader of pod routes (node/pods.py) need not dump the main table again for them."""
+    off = 0
+    while off + rtnl.NLMSG.size <= len(data):
+        length, kind = rtnl.NLMSG.unpack_from(data, off)[:2]
+        if length < rtnl.NLMSG.size:
+            return True  # not a message this reader understands: assume it matters
+        if kind not in (rtnl.RTM_NEWROUTE, rtnl.RTM_DELROUTE) or off + rtnl.NLMSG.size + rtnl.RTMSG.size > len(data):
+            return True
+        family, plen, _, _, table, proto = rtnl.RTMSG.unpack_from(data, off + rtnl.NLMSG.size)[:6]
+        host = 32 if family == socket.AF_INET else 128
+        if proto not in protos and plen == host and table == MAIN_TABLE:
+            return True
+        off += (length + 3) & ~3
+    return False
 
 
 def pod_routes(pod_ifs: Iterable[str]) -> dict[IPAddress, int]:

@@ -28,7 +28,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from meshctl.mesh.model import IPNetwork
-from meshctl.node.discovery import NETLINK_ROUTE, host_routes
+from meshctl.node.discovery import host_routes, routes_changed_outside
+from meshctl.node.routes import RT_PROTO
+from meshctl.node.rtnl import NETLINK_ROUTE
+from meshctl.node.tunnels import RT_PROTO_TUNNEL
 
 log = logging.getLogger("meshctl.pods")
 
@@ -39,6 +42,9 @@ SETTLE_S = 0.02
 RESCAN_S = 5.0
 # RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_IFADDR | RTMGRP_IPV6_ROUTE
 _GROUPS = 0x1 | 0x10 | 0x40 | 0x100 | 0x400
+# The protocols of the agent's own routes (node/routes.py, node/tunnels.py): never a pod's route,
+# and written by the ten thousand when a remote cluster renumbers.
+MESH_PROTOS = frozenset({RT_PROTO, RT_PROTO_TUNNEL})
 
 
 @dataclass(frozen=True)
@@ -162,12 +168,13 @@ class PodInterfaceWatcher:
                     if self.refresh():
                         self._changed()
                     continue
-                # Drain the burst (a CNI makes the veth, addresses and routes in a few calls), then read once.
-                ready = True
+                # Drain the burst (a CNI makes the veth, addresses and routes in a few calls), then read
+                # once, unless the burst held only routes that cannot be a pod's (the agent's own).
+                ready, matters = True, False
                 while ready:
-                    _drain(events)
+                    matters = _drain(events) or matters
                     ready = bool(select.select([events], [], [], SETTLE_S)[0])
-                if self.refresh():
+                if matters and self.refresh():
                     self._changed()
         except Exception as e:  # noqa: BLE001 - the agent keeps its last set
             self.errors += 1
@@ -179,13 +186,18 @@ class PodInterfaceWatcher:
                     os.close(fd)
 
 
-def _drain(sock: socket.socket) -> None:
+def _drain(sock: socket.socket) -> bool:
+    """Read every notification waiting; True when one may change the pod interfaces (anything but
+    the routes of MESH_PROTOS and routes that are not host routes), or when some were lost."""
+    matters = False
     while True:
         try:
-            sock.recv(1 << 16)
+            data = sock.recv(1 << 16)
         except BlockingIOError:
-            return
-        except OSError as e:  # ENOBUFS: events were lost; the caller reads the whole state anyway
+            return matters
+        except OSError as e:  # ENOBUFS: events were lost; read the whole state
             if e.errno == errno.ENOBUFS:
+                matters = True
                 continue
             raise
+        matters = matters or routes_changed_outside(data, MESH_PROTOS)

@@ -8,11 +8,11 @@ one netlink call. A route that cannot be installed (its device is missing, its g
 reachable, a foreign route holds its destination) is skipped with a logged reason: one bad
 route never stops the others.
 
-Reading goes through `ip -j route show table T proto P` (the kernel filters, and iproute2
-parses a large table far faster than pyroute2's dump parser). Up to BATCH_OVER changes go one
-netlink request each through pyroute2; more (an agent's first start, a flush) go through one
-`ip -force -batch -`, whose failed lines are retried one by one so each failure still gets its
-reason.
+Reading and writing go through one raw rtnetlink socket (node/rtnl.py): the dump asks the kernel
+for our table and protocol only, and the changes of a pass go a few hundred per `sendmsg`, each
+acknowledged on its own, so a renumbered remote cluster (10,000 routes replaced) costs one
+socket's round trips instead of a subprocess, and a refused route is still skipped alone with
+the kernel's reason.
 
 Make before break: `stage` adds and replaces (a route that moves to another device or gateway
 is one RTM_NEWROUTE with NLM_F_REPLACE, never a delete and an add), `retire` then deletes what
@@ -39,23 +39,21 @@ notification (kilo0 does when the node's WireGuard address moves).
 
 from __future__ import annotations
 
-import json
+import errno
 import logging
-import re
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from meshctl.datapath.links import ifindex_or_none
-from meshctl.mesh.model import IPNetwork, sort_key_net
+from meshctl.mesh.model import IPNetwork, network_of, sort_key_net
 from meshctl.mesh.plan import Route
+from meshctl.node import rtnl
 from meshctl.node.discovery import MAIN_TABLE, RT_SCOPE_UNIVERSE, interface_addresses, link_info
-from meshctl.node.prefixes import parse_prefix
-from meshctl.node.shell import sh
 from meshctl.node.tunnels import RT_PROTO_TUNNEL
 
 # Routes the agent installs carry this protocol number so it removes only its own.
@@ -63,9 +61,8 @@ RT_PROTO = 0x6D  # 109, unassigned in /etc/iproute2/rt_protos
 
 log = logging.getLogger(__name__)
 
-RTNH_F_ONLINK = 4
-BATCH_OVER = 32  # more changes than this go through one `ip -batch`
 RT_SCOPE_LINK = 253
+_FAMILIES = {4: socket.AF_INET, 6: socket.AF_INET6}
 
 
 @dataclass
@@ -96,9 +93,6 @@ class _Have:
     want: _Want
     scope: int
     metric: int | None
-
-
-_SCOPES = {"link": RT_SCOPE_LINK, "host": 254}
 
 
 def _dev_state(ipr: IPRoute, idx: int | None) -> tuple[Any, ...] | None:
@@ -148,14 +142,22 @@ def _desired(by_dst: Mapping[IPNetwork, Route], synced: Mapping[IPNetwork, Route
 
 
 def _removals(have: Mapping[IPNetwork, _Have], synced: Mapping[IPNetwork, Route], routes: Sequence[Route],
-              desired: Mapping[IPNetwork, _Want], unchanged: int) -> list[IPNetwork]:
+              desired: Mapping[IPNetwork, _Want], unchanged: int, fresh: Mapping[IPNetwork, Route]
+              ) -> list[IPNetwork]:
     """Our routes in the kernel that the plan no longer has, in address order. When every one is
-    accounted for (unchanged or desired) there is nothing to look for."""
+    accounted for (unchanged or desired) there is nothing to look for. Otherwise, while every route
+    we hold was installed from a plan Route (`synced`; after a full read the kernel may hold more),
+    only the installed Routes the plan no longer hands out are looked at (by identity, not by
+    hashing 100,000 destinations); `fresh`: the plan's Routes that are not installed ones."""
     if unchanged + sum(1 for d in desired if d in have) == len(have):
         return []
-    by_dst = {r.dst: r for r in routes}
-    return sorted((d for d in have if d not in desired and not _same(synced.get(d), by_dst.get(d))),
-                  key=sort_key_net)
+    if len(have) != len(synced):
+        by_dst = {r.dst: r for r in routes}
+        candidates = [d for d in have if not _same(synced.get(d), by_dst.get(d))]
+    else:
+        in_plan = {id(r) for r in routes}
+        candidates = [d for d, r in synced.items() if id(r) not in in_plan and not _same(r, fresh.get(d))]
+    return sorted((d for d in candidates if d not in desired), key=sort_key_net)
 
 
 def _still_synced(have: Mapping[IPNetwork, _Have], devs: tuple[Any, Any],
@@ -210,8 +212,6 @@ class RouteApplier:
         # The memory `forget` dropped: the next dump is checked against it, and only the
         # destinations where the kernel differs from it are looked at again.
         self._believed: tuple[dict[IPNetwork, _Have], tuple[Any, Any] | None, dict[IPNetwork, Route]] | None = None
-        # Destinations as the last dump printed them, parsed (the next dump prints the same).
-        self._dump_nets: dict[str, IPNetwork] = {}
         # The destinations the last stage found the plan no longer has: retire deletes them.
         self._retiring: list[IPNetwork] = []
         # Destinations whose route of another owner a write replaces (take_over).
@@ -234,54 +234,69 @@ class RouteApplier:
         self._retiring = []
 
     def _ours(self) -> dict[IPNetwork, _Have]:
-        """Our routes, read with iproute2: the kernel filters by table and protocol, and `ip -j`
-        parses a large table far faster than pyroute2's dump parser."""
+        """Our unicast routes, as the kernel holds them: one dump per family, filtered by the
+        kernel (table and protocol), read in place."""
         out: dict[IPNetwork, _Have] = {}
         # 100,000 routes have a few hundred distinct forms (a gateway per remote segment): one
-        # object each; and the destinations as the last dump printed them, parsed then.
+        # object each.
         forms: dict[tuple[Any, ...], _Have] = {}
-        nets: dict[str, IPNetwork] = {}
-        for family in ("-4", "-6"):
-            p = sh(["ip", "-j", family, "route", "show", "table", str(self.table), "proto", str(self.proto)])
-            for r in json.loads(p.stdout or "[]"):
-                if r.get("type", "unicast") != "unicast":
-                    continue
-                dst = r["dst"]
-                if dst == "default":
-                    dst = "0.0.0.0/0" if family == "-4" else "::/0"
-                gateway = r.get("gateway") or r.get("via", {}).get("host")  # via: an IPv6 gateway of IPv4
-                form = (r.get("dev", ""), gateway, "onlink" in r.get("flags", ()), r.get("scope", ""), r.get("metric"))
-                have = forms.get(form)
-                if have is None:
-                    have = forms[form] = _Have(_Want(*form[:3]), _SCOPES.get(form[3], RT_SCOPE_UNIVERSE), form[4])
-                net = self._dump_nets.get(dst) or parse_prefix(dst)
-                nets[dst] = net
-                out[net] = have
-        self._dump_nets = nets
+        names: dict[int, str] = {}
+        with rtnl.Rtnl() as nl:
+            for version, family in _FAMILIES.items():
+                for data, off, length in nl.dump(family, table=self.table, proto=self.proto, rtype=rtnl.RTN_UNICAST):
+                    _, plen, _, _, _, _, scope, _, flags = rtnl.RTMSG.unpack_from(data, off + rtnl.NLMSG.size)
+                    a = rtnl.attributes(data, off, length)
+                    oif = rtnl.U32.unpack(a[rtnl.RTA_OIF])[0] if rtnl.RTA_OIF in a else 0
+                    if oif not in names:
+                        names[oif] = _ifname(oif)
+                    gateway = None
+                    if rtnl.RTA_GATEWAY in a:
+                        gateway = socket.inet_ntop(family, a[rtnl.RTA_GATEWAY])
+                    elif rtnl.RTA_VIA in a:  # an IPv4 route through an IPv6 next hop
+                        via = a[rtnl.RTA_VIA]
+                        gateway = socket.inet_ntop(int.from_bytes(via[:2], "little"), via[2:])
+                    metric = rtnl.U32.unpack(a[rtnl.RTA_PRIORITY])[0] if rtnl.RTA_PRIORITY in a else None
+                    form = (names[oif], gateway, bool(flags & rtnl.RTNH_F_ONLINK), scope, metric)
+                    have = forms.get(form)
+                    if have is None:
+                        have = forms[form] = _Have(_Want(*form[:3]), scope, metric)
+                    out[network_of(version, int.from_bytes(a.get(rtnl.RTA_DST, b""), "big"), plen)] = have
         return out
 
-    def _spec(self, dst: IPNetwork, want: _Want, oif: int) -> dict[str, Any]:
-        spec: dict[str, Any] = {"dst": str(dst), "table": self.table, "proto": self.proto, "oif": oif,
-                                "scope": want.scope}
-        if want.gateway and ":" in want.gateway and dst.version == 4:
-            spec["via"] = {"family": socket.AF_INET6, "addr": want.gateway}
-        elif want.gateway:
-            spec["gateway"] = want.gateway
-        if want.onlink:
-            spec["flags"] = RTNH_F_ONLINK
-        return spec
+    def _write_form(self, version: int, want: _Want, oif: int, replace: bool) -> rtnl.RouteForm:
+        """The netlink request that installs `want` (replace, or add: refused where a route of
+        another owner is), but for its destination."""
+        gateway = None
+        if want.gateway:
+            gw_family = socket.AF_INET6 if ":" in want.gateway else socket.AF_INET
+            gateway = (gw_family, socket.inet_pton(gw_family, want.gateway))
+        how = rtnl.NLM_F_REPLACE if replace else rtnl.NLM_F_EXCL
+        return rtnl.RouteForm(rtnl.RTM_NEWROUTE, rtnl.NLM_F_CREATE | how,
+                              family=_FAMILIES[version], table=self.table, proto=self.proto, scope=want.scope,
+                              rtm_flags=rtnl.RTNH_F_ONLINK if want.onlink else 0, oif=oif, gateway=gateway)
 
-    def _delete(self, ipr: IPRoute, dst: IPNetwork, have: _Have, index: dict[str, int | None]) -> None:
-        # The route's own scope and metric: the kernel matches them on delete.
-        spec: dict[str, Any] = {"dst": str(dst), "table": self.table, "proto": self.proto, "scope": have.scope}
-        if have.metric is not None:
-            spec["priority"] = have.metric
+    def _writes_of(self, writes: Sequence[tuple[IPNetwork, _Want]], have: Mapping[IPNetwork, _Have],
+                   index: Mapping[str, int | None], replace: bool | None = None) -> list[bytes]:
+        """The requests of `writes`: a replace where we have a route (`have`; or as `replace` says),
+        an add elsewhere; one form built per (version, want, replace)."""
+        forms: dict[tuple[int, _Want, bool], rtnl.RouteForm] = {}
+        out = []
+        for dst, want in writes:
+            key = (dst.version, want, dst in have if replace is None else replace)
+            form = forms.get(key)
+            if form is None:
+                form = forms[key] = self._write_form(dst.version, want, index[want.dev] or 0, key[2])
+            out.append(form.message(dst.network_address.packed, dst.prefixlen))
+        return out
+
+    def _delete(self, dst: IPNetwork, have: _Have, index: dict[str, int | None]) -> bytes:
+        """The netlink request that deletes our route at `dst`: its own scope, metric and device
+        (the kernel matches them on delete)."""
         if have.want.dev not in index:
-            index[have.want.dev] = ifindex_or_none(have.want.dev)
-        oif = index[have.want.dev]
-        if oif is not None:
-            spec["oif"] = oif
-        ipr.route("del", **spec)
+            index[have.want.dev] = ifindex_or_none(have.want.dev) if have.want.dev else None
+        return rtnl.RouteForm(rtnl.RTM_DELROUTE, 0, family=_FAMILIES[dst.version], table=self.table, proto=self.proto,
+                              scope=have.scope, rtype=0, oif=index[have.want.dev], priority=have.metric
+                              ).message(dst.network_address.packed, dst.prefixlen)
 
     def sync(self, routes: Sequence[Route]) -> RouteDiff:
         """Make our routes equal the plan's: `stage`, then `retire`; one diff of both."""
@@ -292,37 +307,35 @@ class RouteApplier:
 
     def stage(self, routes: Sequence[Route]) -> RouteDiff:
         """Add and replace what differs from the plan, skipping a destination another owner holds;
-        remove nothing (`retire` does, afterwards). The writes and the memory update share one
-        netlink socket and one view of the kernel."""
+        remove nothing (`retire` does, afterwards). The writes go through one netlink socket
+        (node/rtnl.py), however many."""
         diff = RouteDiff()
+        devs = {"private": (self.private_if, ifindex_or_none(self.private_if)),
+                "wireguard": (self.wg_if, ifindex_or_none(self.wg_if))}
+        index: dict[str, int | None] = {name: oif for name, oif in devs.values() if name}
         with IPRoute() as ipr:
-            devs = {"private": (self.private_if, ifindex_or_none(self.private_if)),
-                    "wireguard": (self.wg_if, ifindex_or_none(self.wg_if))}
-            index: dict[str, int | None] = {name: oif for name, oif in devs.values() if name}
             dev_ids = (_dev_state(ipr, devs["private"][1]), _dev_state(ipr, devs["wireguard"][1]))
-            if self._known is None or self._known_devs != dev_ids:
-                believed = self._believed if self._known is None else (self._known, self._known_devs, self._synced)
-                self._known, self._known_devs = self._ours(), dev_ids
-                self._synced = _still_synced(self._known, dev_ids, believed)
-                self._believed = None
-            have, synced = self._known, self._synced
-            # A Route object installed last time is unchanged by identity (plans reuse the Route
-            # objects of what did not change): only the others are looked at, one by one.
-            installed = {id(r) for r in synced.values()}
-            fresh = {r.dst: r for r in routes if id(r) not in installed}
-            desired, unchanged, skips = _desired(fresh, synced, devs)
-            unchanged += len(routes) - len(fresh)
-            for dst, r in fresh.items():  # equal to what was installed: remember this object next time
-                if dst not in desired and _same(synced.get(dst), r):
-                    synced[dst] = r
-            for dst, reason in skips:
-                self._skip(diff, dst, reason)
-            self._retiring = _removals(have, synced, routes, desired, unchanged)
-            writes = _writes(have, desired)
-            done: dict[IPNetwork, _Want | None] = {}  # what changed in the kernel
-            if len(writes) > BATCH_OVER:
-                _, writes = self._apply_batch([], writes, have, diff, done)
-            failed_any = self._apply_each(ipr, [], writes, have, index, diff, done)
+        if self._known is None or self._known_devs != dev_ids:
+            believed = self._believed if self._known is None else (self._known, self._known_devs, self._synced)
+            self._known, self._known_devs = self._ours(), dev_ids
+            self._synced = _still_synced(self._known, dev_ids, believed)
+            self._believed = None
+        have, synced = self._known, self._synced
+        # A Route object installed last time is unchanged by identity (plans reuse the Route
+        # objects of what did not change): only the others are looked at, one by one.
+        installed = {id(r) for r in synced.values()}
+        fresh = {r.dst: r for r in routes if id(r) not in installed}
+        desired, unchanged, skips = _desired(fresh, synced, devs)
+        unchanged += len(routes) - len(fresh)
+        for dst, r in fresh.items():  # equal to what was installed: remember this object next time
+            if dst not in desired and _same(synced.get(dst), r):
+                synced[dst] = r
+        for dst, reason in skips:
+            self._skip(diff, dst, reason)
+        self._retiring = _removals(have, synced, routes, desired, unchanged, fresh)
+        writes = _writes(have, desired)
+        done: dict[IPNetwork, _Want | None] = {}  # what changed in the kernel
+        failed_any = self._apply([], writes, have, index, diff, done)
         if failed_any:
             self.forget()  # the kernel said no somewhere: read it again next time
         else:
@@ -340,10 +353,7 @@ class RouteApplier:
             return diff
         have = self._known
         done: dict[IPNetwork, _Want | None] = {}  # None = removed
-        with IPRoute() as ipr:
-            if len(removes) > BATCH_OVER:
-                removes, _ = self._apply_batch(removes, [], have, diff, done)
-            failed_any = self._apply_each(ipr, removes, [], have, {}, diff, done)
+        failed_any = self._apply(removes, [], have, {}, diff, done)
         if failed_any:
             self.forget()
         else:
@@ -352,83 +362,54 @@ class RouteApplier:
             log.info("routes: removed %d", len(diff.removed))
         return diff
 
-    def _apply_batch(self, removes: list[IPNetwork], writes: list[tuple[IPNetwork, _Want]],
-                     have: Mapping[IPNetwork, _Have], diff: RouteDiff, done: dict[IPNetwork, _Want | None]
-                     ) -> tuple[list[IPNetwork], list[tuple[IPNetwork, _Want]]]:
-        """Apply many changes (an agent's first start) in one `ip -batch`, recording in `diff` and
-        `done` what it did; return the removes and writes that failed, to be retried one by one."""
-        failed = self._batch(removes, writes, have)
-        for dst in removes:
-            if dst not in failed:
-                diff.removed.append(str(dst))
-                done[dst] = None
-        for dst, want in writes:
-            if dst not in failed:
-                (diff.changed if dst in have else diff.added).append(str(dst))
-                done[dst] = want
-        return [d for d in removes if d in failed], [(d, w) for d, w in writes if d in failed]
-
-    def _apply_each(self, ipr: IPRoute, removes: list[IPNetwork], writes: list[tuple[IPNetwork, _Want]],
-                    have: Mapping[IPNetwork, _Have], index: dict[str, int | None], diff: RouteDiff,
-                    done: dict[IPNetwork, _Want | None]) -> bool:
-        """Apply each change in its own netlink request, recording in `diff` and `done` what it did
-        (a write the kernel refuses is skipped with its reason); True if any failed."""
-        failed_any = False
-        for dst in removes:
-            try:
-                self._delete(ipr, dst, have[dst], index)
-                diff.removed.append(str(dst))
-                done[dst] = None
-            except NetlinkError as e:
-                log.warning("route %s: delete failed: %s", dst, e.args[-1])
-                failed_any = True
-        for dst, want in writes:
-            cur = have.get(dst)
-            try:
-                oif = cast(int, index[want.dev])
-                spec = self._spec(dst, want, oif)
-                try:
-                    ipr.route("replace" if cur is not None else "add", **spec)
-                except NetlinkError as e:
-                    if cur is not None or e.code != 17 or not (dst in self._takeover or self._tunnel_holds(dst)):
-                        raise
-                    ipr.route("replace", **spec)  # the tunnel applier's or a taken-over route: no gap
-            except NetlinkError as e:
-                reason = "a route of another owner holds it" if e.code == 17 else str(e.args[-1])
-                self._skip(diff, dst, reason)
-                failed_any = True
+    def _apply(self, removes: list[IPNetwork], writes: list[tuple[IPNetwork, _Want]],
+               have: Mapping[IPNetwork, _Have], index: dict[str, int | None], diff: RouteDiff,
+               done: dict[IPNetwork, _Want | None]) -> bool:
+        """Apply the changes through one netlink socket, recording in `diff` and `done` what the
+        kernel did; a write it refuses is skipped with its reason, a delete it refuses logged.
+        True if any failed. An add refused because a route is there already (EEXIST) is sent
+        again as a replace when that route is the tunnel applier's or one handed to `take_over`
+        (one call, never a gap); any other owner's route stays."""
+        n = len(removes)
+        msgs = [self._delete(dst, have[dst], index) for dst in removes]
+        msgs += self._writes_of(writes, have, index)
+        with rtnl.Rtnl() as nl:
+            refused = nl.apply(msgs)
+            held = [i for i, why in refused.items()
+                    if i >= n and why.errno == errno.EEXIST and writes[i - n][0] not in have]
+            if held:
+                tunnel = self._tunnel_routes(nl)
+                again = [i for i in held if writes[i - n][0] in self._takeover or writes[i - n][0] in tunnel]
+                retried = nl.apply(self._writes_of([writes[i - n] for i in again], have, index, replace=True))
+                for k, i in enumerate(again):
+                    if k in retried:
+                        refused[i] = retried[k]
+                    else:
+                        del refused[i]
+        for i, dst in enumerate(removes):
+            if i in refused:
+                log.warning("route %s: delete failed: %s", dst, refused[i])
                 continue
-            (diff.changed if cur is not None else diff.added).append(str(dst))
+            diff.removed.append(str(dst))
+            done[dst] = None
+        for i, (dst, want) in enumerate(writes, start=n):
+            why = refused.get(i)
+            if why is not None:
+                self._skip(diff, dst, "a route of another owner holds it" if why.errno == errno.EEXIST else str(why))
+                continue
+            (diff.changed if dst in have else diff.added).append(str(dst))
             done[dst] = want
-        return failed_any
+        return bool(refused)
 
-    def _tunnel_holds(self, dst: IPNetwork) -> bool:
-        """Whether the route of `dst` in our table is the tunnel applier's (proto RT_PROTO_TUNNEL)."""
-        family = "-4" if dst.version == 4 else "-6"
-        p = sh(["ip", "-j", family, "route", "show", "table", str(self.table), "exact", str(dst),
-                "proto", str(RT_PROTO_TUNNEL)], check=False)
-        return p.returncode == 0 and bool(json.loads(p.stdout or "[]"))
-
-    def _batch(self, removes: list[IPNetwork], writes: list[tuple[IPNetwork, _Want]],
-               have: Mapping[IPNetwork, _Have]) -> set[IPNetwork]:
-        """Apply in one `ip -force -batch -` (one process for thousands of routes, where each
-        netlink request is a round trip of its own); return the destinations that failed."""
-        tail = f"proto {self.proto} table {self.table}"
-        lines: list[tuple[IPNetwork, str]] = []
-        for dst in removes:
-            h = have[dst]
-            metric = f" metric {h.metric}" if h.metric is not None else ""
-            lines.append((dst, f"route del {dst} dev {h.want.dev}{metric} {tail}"))
-        for dst, w in writes:
-            verb = "replace" if dst in have else "add"
-            inet6 = "inet6 " if w.gateway and ":" in w.gateway and dst.version == 4 else ""
-            how = f"via {inet6}{w.gateway} dev {w.dev}" + (" onlink" if w.onlink else "") if w.gateway else \
-                f"dev {w.dev} scope link"
-            lines.append((dst, f"route {verb} {dst} {how} {tail}"))
-        p = sh(["ip", "-force", "-batch", "-"], check=False, input="\n".join(line for _, line in lines) + "\n",
-               timeout=120)
-        failed_lines = {int(n) for n in re.findall(r"Command failed -:(\d+)", p.stderr)}
-        return {lines[n - 1][0] for n in failed_lines if 0 < n <= len(lines)}
+    def _tunnel_routes(self, nl: rtnl.Rtnl) -> set[IPNetwork]:
+        """The destinations of our table the tunnel applier routes (proto RT_PROTO_TUNNEL)."""
+        out: set[IPNetwork] = set()
+        for version, family in _FAMILIES.items():
+            for data, off, length in nl.dump(family, table=self.table, proto=RT_PROTO_TUNNEL):
+                plen = rtnl.RTMSG.unpack_from(data, off + rtnl.NLMSG.size)[1]
+                dst = rtnl.attributes(data, off, length).get(rtnl.RTA_DST, b"")
+                out.add(network_of(version, int.from_bytes(dst, "big"), plen))
+        return out
 
     @staticmethod
     def _skip(diff: RouteDiff, dst: IPNetwork, reason: str) -> None:
@@ -439,18 +420,16 @@ class RouteApplier:
         """Delete every route of `table` carrying `proto`; return how many."""
         self.forget()
         have = self._ours()
-        todo = sorted(have, key=sort_key_net)
-        n = 0
-        if len(todo) > BATCH_OVER:
-            failed = self._batch(todo, [], have)
-            n = len(todo) - len(failed)
-            todo = [d for d in todo if d in failed]
-        index: dict[str, int | None] = {}
-        with IPRoute() as ipr:
-            for dst in todo:
-                try:
-                    self._delete(ipr, dst, have[dst], index)
-                    n += 1
-                except NetlinkError as e:
-                    log.warning("route %s: delete failed: %s", dst, e.args[-1])
-        return n
+        diff = RouteDiff()
+        self._apply(sorted(have, key=sort_key_net), [], have, {}, diff, {})
+        return len(diff.removed)
+
+
+def _ifname(index: int) -> str:
+    """The name of the device of `index` in this namespace ('' for none, or one gone meanwhile)."""
+    if not index:
+        return ""
+    try:
+        return socket.if_indextoname(index)
+    except OSError:
+        return ""

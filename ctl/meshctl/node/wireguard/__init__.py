@@ -296,6 +296,7 @@ class WireGuard:
         # PeerPlan each peer was last synced from (an unchanged PeerPlan needs no work at all).
         self._known_dev: tuple[int, str, int] | None = None
         self._known: dict[str, DevicePeer] | None = None
+        self._shown: dict[str, tuple[frozenset[IPNetwork], tuple[IPNetwork, ...]]] = {}  # show(allowed_ips=False)
         self._applied: dict[str, PeerPlan] = {}
         # The device's peer as `_known` held it when its `_applied` plan was recorded: while both
         # are the same objects, the peer holds exactly that plan's allowed IPs (no set to compare).
@@ -711,13 +712,23 @@ class WireGuard:
         are then the ones this object last set (empty if it set none)."""
         out = []
         known = self._known or {}
+        # The sorted lists of what this object set, kept while the set is the same object (a leader's
+        # status is read every second or two; sorting its 100,000 networks each time is not needed).
+        shown, self._shown = self._shown, {}
         for pub, p in sorted(self._client().get(allowed_ips=allowed_ips).peers.items()):
             mine = None if allowed_ips else known.get(pub)
-            nets = p.allowed_ips if allowed_ips else (mine.allowed_ips if mine is not None else frozenset())
+            if mine is None:
+                nets = sorted_nets(p.allowed_ips if allowed_ips else frozenset())
+            else:
+                hit = shown.get(pub)
+                if hit is None or hit[0] is not mine.allowed_ips:
+                    hit = (mine.allowed_ips, sorted_nets(mine.allowed_ips))
+                self._shown[pub] = hit
+                nets = hit[1]
             out.append(PeerStatus(
                 public_key=pub,
                 endpoint=format_endpoint(p.endpoint) if p.endpoint else None,
-                allowed_ips=sorted_nets(nets), rx_bytes=p.rx_bytes, tx_bytes=p.tx_bytes,
+                allowed_ips=nets, rx_bytes=p.rx_bytes, tx_bytes=p.tx_bytes,
                 last_handshake=p.last_handshake, persistent_keepalive=p.persistent_keepalive,
                 name=self._names.get(pub),
             ))

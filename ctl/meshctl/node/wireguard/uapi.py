@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -26,6 +27,8 @@ from pathlib import Path
 from meshctl.errors import MeshError
 from meshctl.node.prefixes import parse_prefix
 from meshctl.node.wireguard.state import DevicePeer, DeviceState, PeerOp, format_endpoint, parse_endpoint
+
+_ALLOWED_IP_LINES = re.compile(r"^allowed_ip=.*\n", re.MULTILINE)
 
 DEFAULT_RUN_DIR = "/var/run/wireguard"
 _SPAWN_SCRIPT = 'mkdir -p /var/run/wireguard && mount --bind "$1" /var/run/wireguard && exec wireguard-go -f "$2"'
@@ -46,21 +49,28 @@ class UapiClient:
         self.sock_path = sock_path
         self.timeout = timeout
 
-    def _call(self, request: str) -> list[tuple[str, str]]:
+    def _call(self, request: str, *, skip: re.Pattern[str] | None = None) -> list[tuple[str, str]]:
+        """The answer's key=value pairs; `skip` removes matching lines before they are split (a
+        device of 500 peers answers with 100,000 allowed-IP lines)."""
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 s.settimeout(self.timeout)
                 s.connect(str(self.sock_path))
                 s.sendall(request.encode())
-                buf = b""
-                while not buf.endswith(b"\n\n"):
-                    chunk = s.recv(65536)
+                chunks: list[bytes] = []
+                tail = b""  # the answer's last two bytes so far: it ends with an empty line
+                while tail != b"\n\n":
+                    chunk = s.recv(1 << 20)
                     if not chunk:
                         break
-                    buf += chunk
+                    chunks.append(chunk)
+                    tail = (tail + chunk)[-2:]
         except OSError as e:
             raise MeshError(f"wireguard-go socket {self.sock_path}: {e.strerror or e}") from None
-        pairs = [tuple(line.split("=", 1)) for line in buf.decode().splitlines() if "=" in line]
+        text = b"".join(chunks).decode()
+        if skip is not None:
+            text = skip.sub("", text)
+        pairs = [tuple(line.split("=", 1)) for line in text.splitlines() if "=" in line]
         errno = next((v for k, v in pairs if k == "errno"), None)
         if errno != "0":
             # Never echo the request: it may carry the private key.
@@ -88,7 +98,7 @@ class UapiClient:
                     rx_bytes=cur.get("rx", 0), tx_bytes=cur.get("tx", 0), last_handshake=cur.get("hs"),
                 )
 
-        for k, v in self._call("get=1\n\n"):
+        for k, v in self._call("get=1\n\n", skip=None if allowed_ips else _ALLOWED_IP_LINES):
             if k == "private_key":
                 st.private_key = _b64(v)
             elif k == "listen_port":
