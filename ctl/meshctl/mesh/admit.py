@@ -31,6 +31,7 @@ from meshctl.mesh.model import (
     Topology,
     addr_key,
     host_net,
+    key_ranges,
     span,
 )
 from meshctl.mesh.segments import Remote, segments
@@ -533,20 +534,31 @@ def _segment_problems(wgs: Sequence[IPInterface], claims: Claims, internal: dict
     return _SegmentProblems(held, overlap)
 
 
-def _remote_problem(n: Node, label: str, seg: _SegmentProblems, local: MeshSettings) -> str | None:
+def _remote_problem(n: Node, label: str, seg: _SegmentProblems, local: MeshSettings,
+                    local_subnets: tuple[tuple[int, int], ...]) -> str | None:
     """Why remote node n may not join before `admit_nodes` judges it: one of its segment's
     WireGuard addresses is an internal address or overlaps a claim (`seg`), or one of its internal
-    addresses is an address of a local WireGuard subnet."""
+    addresses is an address of a local WireGuard subnet (`local_subnets`: their `key_ranges`,
+    asked first by integers)."""
     if seg.held is not None:
         return f"{label}.{n.name}.wireguard_ip: {str(seg.held[0])!r} is the internal address of {seg.held[1]}"
+    if any(lo <= k <= hi for k in n.internal_keys for lo, hi in local_subnets):
+        problem = _local_subnet_problem(n, label, local)
+        if problem is not None:
+            return problem
+    if seg.overlap is not None:
+        return f"{label}.{n.name}.wireguard_ip: {str(seg.overlap[0])!r} overlaps {seg.overlap[1]}"
+    return None
+
+
+def _local_subnet_problem(n: Node, label: str, local: MeshSettings) -> str | None:
+    """The line naming n's internal address that is an address of a local WireGuard subnet."""
     for i, ip in enumerate(n.internal_ips):
         # An interface is an address: `in` tests it without building `.ip`.
         subnet = next((s for s in local.subnets if ip.version == s.version and ip in s), None)
         if subnet is not None:
             return f"{label}.{n.name}.{list_field(n.internal_ips, 'internal_ip', i)}: {str(ip)!r} is an address " \
                    f"of the local WireGuard subnet {subnet}"
-    if seg.overlap is not None:
-        return f"{label}.{n.name}.wireguard_ip: {str(seg.overlap[0])!r} overlaps {seg.overlap[1]}"
     return None
 
 
@@ -562,10 +574,11 @@ def _admit_cluster(remote: Topology, claims: Claims, internal: dict[int, str], h
     segs = tuple(segments(remote))
     seg_of = {m.name: i for i, s in enumerate(segs) for m in s.members}
     problems = [_segment_problems(s.addresses, claims, internal) for s in segs]
+    local_subnets = key_ranges(local.subnets)
     rejected: list[Rejection] = []
     candidates = []
     for n in remote.nodes:
-        problem = _remote_problem(n, label, problems[seg_of[n.name]], local)
+        problem = _remote_problem(n, label, problems[seg_of[n.name]], local, local_subnets)
         if problem is not None:
             rejected.append(Rejection(n.qualified_name, problem))
             continue

@@ -39,6 +39,7 @@ from meshctl.mesh.model import (
     Rung,
     Topology,
     host_net,
+    key_ranges,
     private_joined,
     private_neighbours,
     sort_key_net,
@@ -596,7 +597,7 @@ def _remote_shares(me: Node, leads: bool, leader_ips: tuple[IPAddress, ...], kee
     return out, pods, keys
 
 
-SortKey = tuple[int, int, int]
+SortKey = int  # sort_key_net
 
 
 class _Block(NamedTuple):
@@ -768,7 +769,14 @@ def _segment_share(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, memb
     paths: list[tuple[str, str]] = []
     split: list[tuple[str, tuple[tuple[int, str], ...]]] = []
     rest = []
+    # me's private subnets: a member with no address in them is no private neighbour in any family.
+    near = key_ranges(i.network for i in me.internal_ips)
+    any_near = False
     for m in members:
+        if not any(lo <= k <= hi for k in m.internal_keys for lo, hi in near):
+            rest.append(m)  # no address in me's private subnets: never a neighbour, every family tunnels
+            continue
+        any_near = True
         rungs: dict[int, Rung] = {f: "direct" if private_neighbours(me, m, f) else "tunnel" for f in m.pod_families}
         claims.extend(_private_claim(c, me, m, "direct") for c in m.pod_cidrs if rungs[c.version] == "direct")
         if all(r == "direct" for r in rungs.values()):
@@ -779,7 +787,8 @@ def _segment_share(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, memb
     if not rest:
         return Share(claims=tuple(claims), paths=tuple(paths))
     wgs = [host_net(a) for a in wg_ips]
-    addrs = segment_addresses(rest, None, me)
+    # Members without an address in me's private subnets keep every address (nothing is near).
+    addrs = segment_addresses(rest, None, me if any_near else None)
     peers: tuple[OfferedPeer, ...] = ()
     if leads:
         ep = leader.endpoint_for(me.families) or leader.endpoint

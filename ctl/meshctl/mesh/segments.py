@@ -166,9 +166,14 @@ def segment_addresses(members: Sequence[Node], wg: Segment | None, exclude_inter
     and so is the pod CIDR of such a family (it goes direct)."""
     out: list[IPNetwork] = []
     for m in members:
-        near = {f for f in FAMILIES if exclude_internal_of and private_neighbours(exclude_internal_of, m, f)}
+        if exclude_internal_of is None:
+            out.extend(m.pod_cidrs)
+            out.extend(m.internal_hosts)
+            out.extend(m.allowed_location_ips)
+            continue
+        near = {f for f in FAMILIES if private_neighbours(exclude_internal_of, m, f)}
         out.extend(c for c in m.pod_cidrs if c.version not in near)
-        out.extend(host_net(i) for i in m.internal_ips if i.version not in near)
+        out.extend(h for h in m.internal_hosts if h.version not in near)
         out.extend(m.allowed_location_ips)
     if wg is not None:
         out.extend(wg.hosts)
