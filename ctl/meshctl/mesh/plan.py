@@ -611,8 +611,9 @@ def _remote_shares(me: Node, leads: bool, leader_ips: tuple[IPAddress, ...], kee
     out: list[Share] = []
     pods: list[IPNetwork] = []
     keys: list[_SegmentKey] = []
+    every = len(remote.admitted) == len(remote.topology.nodes)  # names are unique among the admitted
     for s in remote.segments or segments(remote.topology):
-        members = tuple(m for m in s.members if m.name in remote.admitted)
+        members = s.members if every else tuple(m for m in s.members if m.name in remote.admitted)
         keys.append((me, s.addresses, s.leader, members, leads, leader_ips, keepalive))
         out.append(_remote_segment(*keys[-1]))
         pods.extend(c for m in members for c in m.pod_cidrs)
