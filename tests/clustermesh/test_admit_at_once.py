@@ -27,6 +27,8 @@ def test_a_cluster_admitted_at_once_equals_one_by_one(seed: int, monkeypatch: py
         if c > 2 and rng.random() < 0.7:  # cluster2 stays clean: admitted at once
             for j in range(rng.randrange(1, 3)):
                 nodes.insert(rng.randrange(len(nodes) + 1), random_node(rng, f"x{c}.{j}"))
+            if rng.random() < 0.5:  # a block over a clean record's pod CIDR, before or after it
+                nodes.insert(rng.randrange(len(nodes) + 1), node(f"d{c}", f"10.{50 + c}.0.0/23", 90 + c))
         remotes.append(remote(f"cluster{c}", c, *nodes))
     verdicts: list[bool] = []
     at_once = admit._all_clear
