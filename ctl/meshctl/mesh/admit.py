@@ -31,6 +31,7 @@ from meshctl.mesh.model import (
     Topology,
     addr_key,
     host_net,
+    key_ranges,
     span,
 )
 from meshctl.mesh.segments import Remote, segments
@@ -41,6 +42,10 @@ def _overlap(a: tuple[int, int, int], b: tuple[int, int, int]) -> bool:
 
 
 Held = tuple[int, int, int, "str | tuple[str, Node]"]
+_START = itemgetter(0, 1)  # a claim's start: (version, first address)
+_SPAN = itemgetter(0, 1, 2)  # a claim's span
+_AFTER = 1 << 200  # greater than any address: (v, a, _AFTER) sorts after every span starting at (v, a)
+_LAST = {4: (1 << 32) - 1, 6: (1 << 128) - 1}  # the last address of each family
 
 
 class Claims:
@@ -90,6 +95,31 @@ class Claims:
                         return f"{prefix}{node.qualified_name}'s pod CIDR {pod}"
                     return owner
         return None
+
+    def overlaps_any(self, spans: Sequence[Span]) -> bool:
+        """Whether any of `spans` (sorted, disjoint) overlaps a claim held here or in the base:
+        only the claims from the last one starting at or before the first span to the last one
+        starting within the spans are looked at (none, for a cluster's block of pod CIDRs)."""
+        if not spans:
+            return False
+        lo, hi = spans[0][:2], (spans[-1][0], spans[-1][2])
+        for layer in (self,) if self._base is None else (self._base, self):
+            i = max(bisect.bisect_right(layer._starts, lo) - 1, 0)
+            for v, f, la, _ in layer._items[i:bisect.bisect_right(layer._starts, hi)]:
+                k = bisect.bisect_right(spans, (v, la, _AFTER)) - 1  # the last span starting at or before `la`
+                if k >= 0 and spans[k][0] == v and spans[k][2] >= f:
+                    return True
+        return False
+
+    def add_all(self, held: list[Held]) -> None:
+        """Claim `held` (sorted by start, disjoint from each other and from every claim here: see
+        `overlaps_any`; no default route), as `add` one by one would."""
+        if self._items and held and self._starts[-1] > held[0][:2]:
+            self._items = sorted(chain(self._items, held), key=_START)
+            self._starts = list(map(_START, self._items))
+        else:
+            self._items.extend(held)
+            self._starts.extend(map(_START, held))
 
     @classmethod
     def stacked(cls, layers: Sequence[Claims]) -> Claims:
@@ -222,8 +252,18 @@ def _admit_identities(nodes: Sequence[Node], subnets: tuple[tuple[IPNetwork, Spa
     names: set[str] = set()
     admitted: list[tuple[int, Node]] = []
     rejected: list[Rejection] = []
+    ranges = key_ranges(s for s, _ in subnets)
+    pods = _all_clear(nodes, subnets, ranges, claims, internal_ips)
+    if pods is not None:
+        claims.add_all(pods)
+        claims.keys.update((n.public_key, f"node {n.qualified_name}") for n in nodes)
+        claims.node_names.update(n.name for n in nodes if not n.cluster)
+        for n in nodes:
+            for k in n.internal_keys:
+                internal_ips[k] = n.qualified_name
+        return list(enumerate(nodes)), []
     for i, n in enumerate(nodes):
-        problem = _identity_problem(n, f"{label}[{i}]", names, subnets, claims, internal_ips)
+        problem = _identity_problem(n, f"{label}[{i}]", names, subnets, ranges, claims, internal_ips)
         if problem is not None:
             rejected.append(Rejection(n.qualified_name, problem))
             continue
@@ -239,10 +279,43 @@ def _admit_identities(nodes: Sequence[Node], subnets: tuple[tuple[IPNetwork, Spa
     return admitted, rejected
 
 
+def _all_clear(nodes: Sequence[Node], subnets: tuple[tuple[IPNetwork, Span], ...], ranges: tuple[tuple[int, int], ...],
+               claims: Claims, internal_ips: dict[int, str]) -> list[Held] | None:
+    """The pod CIDR claims of `nodes` (sorted by start) when `_identity_problem` finds nothing for
+    any of them admitted in turn, asked of all at once (sets and sorted spans instead of lookups
+    per record: the 45,000 remote records of a cold pass are usually all clear); None when one
+    of them may have a problem (the caller then judges them one by one)."""
+    if len({n.name for n in nodes}) != len(nodes):
+        return None
+    keys = [n.public_key for n in nodes]
+    base = claims._base
+    if len(set(keys)) != len(keys) or not claims.keys.keys().isdisjoint(keys) or \
+            (base is not None and not base.keys.keys().isdisjoint(keys)):
+        return None
+    internal = [k for n in nodes for k in n.internal_keys]
+    if len(set(internal)) != len(internal) or not internal_ips.keys().isdisjoint(internal):
+        return None
+    held: list[Held] = sorted([(*sp, ("", n)) for n in nodes for sp in n.pod_spans], key=_SPAN)
+    spans = [h[:3] for h in held]
+    for a, b in zip(spans, spans[1:], strict=False):  # disjoint among themselves (a node's own CIDRs too)
+        if a[0] == b[0] and b[1] <= a[2]:
+            return None
+    if any(f == 0 and la == _LAST[v] for v, f, la in spans) or claims.overlaps_any(spans):
+        return None  # a default route is claimed apart (`Claims.add`)
+    for _, (v, c, d) in subnets:
+        k = bisect.bisect_right(spans, (v, d, _AFTER)) - 1
+        if k >= 0 and spans[k][0] == v and spans[k][2] >= c:
+            return None
+    if any(_address_problem(n, "", subnets, ranges) is not None for n in nodes):
+        return None
+    return held
+
+
 def _identity_problem(n: Node, where: str, names: set[str], subnets: tuple[tuple[IPNetwork, Span], ...],
-                      claims: Claims, internal_ips: dict[int, str]) -> str | None:
+                      ranges: tuple[tuple[int, int], ...], claims: Claims, internal_ips: dict[int, str]) -> str | None:
     """Why node `n` may not join with its name, pod CIDRs, key, internal addresses or endpoints,
-    or None. Each address is judged on its own, in whichever family it is."""
+    or None. Each address is judged on its own, in whichever family it is. `ranges`: the
+    subnets' `key_ranges` (addresses are asked by integers: 45,000 remote records a pass)."""
     if n.name in names:
         return f"{where}.name: {n.name!r} is a duplicate node name"
     problem = _pod_cidrs_problem(n, where, subnets, claims)
@@ -251,24 +324,40 @@ def _identity_problem(n: Node, where: str, names: set[str], subnets: tuple[tuple
     taken = claims.key_taken(n.public_key, where)
     if taken:
         return taken
-    for i, ip in enumerate(n.internal_ips):
-        for subnet, subnet_span in subnets:
-            if _overlap(span(ip.network), subnet_span):
+    problem = _address_problem(n, where, subnets, ranges)
+    if problem is not None:
+        return problem
+    for i, k in enumerate(n.internal_keys):
+        held = internal_ips.get(k)
+        if held is not None:
+            return f"{where}.{list_field(n.internal_ips, 'internal_ip', i)}: {str(n.internal_ips[i])!r} is already " \
+                   f"used by {held}"
+    return None
+
+
+def _address_problem(n: Node, where: str, subnets: tuple[tuple[IPNetwork, Span], ...],
+                     ranges: tuple[tuple[int, int], ...]) -> str | None:
+    """Why one of `n`'s internal subnets overlaps a WireGuard subnet, or one of its endpoints is
+    an address of one (`ranges`: theirs as `key_ranges`), or None."""
+    for i, (ip, k) in enumerate(zip(n.internal_ips, n.internal_keys, strict=True)):
+        for (subnet, _), (lo, hi) in zip(subnets, ranges, strict=True):
+            # Two prefixes overlap when one holds the other: the subnet holds the address, or the
+            # private subnet is no longer than it and holds its first address.
+            net = ip.network
+            if lo <= k <= hi or (net.prefixlen <= subnet.prefixlen and subnet.network_address in net):
                 # Its private subnet would hold WireGuard addresses: a peer's endpoint could become an
                 # address of the tunnel itself, and private neighbours would be judged on tunnel addresses.
                 return f"{where}.{list_field(n.internal_ips, 'internal_ip', i)}: {str(ip)!r} overlaps the " \
                        f"WireGuard subnet {subnet}"
     for i, e in enumerate(n.endpoints):
         ep = e.ip
-        for subnet, _ in subnets:
-            if ep is not None and ep.version == subnet.version and ep in subnet:
+        if ep is None:
+            continue
+        k = addr_key(e.family, int(ep))
+        for (subnet, _), (lo, hi) in zip(subnets, ranges, strict=True):
+            if lo <= k <= hi:
                 return f"{where}.{list_field(n.endpoints, 'endpoint', i)}: {str(e)!r} is an address of the " \
                        f"WireGuard subnet {subnet}"
-    for i, k in enumerate(n.internal_keys):
-        held = internal_ips.get(k)
-        if held is not None:
-            return f"{where}.{list_field(n.internal_ips, 'internal_ip', i)}: {str(n.internal_ips[i])!r} is already " \
-                   f"used by {held}"
     return None
 
 
@@ -533,20 +622,31 @@ def _segment_problems(wgs: Sequence[IPInterface], claims: Claims, internal: dict
     return _SegmentProblems(held, overlap)
 
 
-def _remote_problem(n: Node, label: str, seg: _SegmentProblems, local: MeshSettings) -> str | None:
+def _remote_problem(n: Node, label: str, seg: _SegmentProblems, local: MeshSettings,
+                    local_subnets: tuple[tuple[int, int], ...]) -> str | None:
     """Why remote node n may not join before `admit_nodes` judges it: one of its segment's
     WireGuard addresses is an internal address or overlaps a claim (`seg`), or one of its internal
-    addresses is an address of a local WireGuard subnet."""
+    addresses is an address of a local WireGuard subnet (`local_subnets`: their `key_ranges`,
+    asked first by integers)."""
     if seg.held is not None:
         return f"{label}.{n.name}.wireguard_ip: {str(seg.held[0])!r} is the internal address of {seg.held[1]}"
+    if any(lo <= k <= hi for k in n.internal_keys for lo, hi in local_subnets):
+        problem = _local_subnet_problem(n, label, local)
+        if problem is not None:
+            return problem
+    if seg.overlap is not None:
+        return f"{label}.{n.name}.wireguard_ip: {str(seg.overlap[0])!r} overlaps {seg.overlap[1]}"
+    return None
+
+
+def _local_subnet_problem(n: Node, label: str, local: MeshSettings) -> str | None:
+    """The line naming n's internal address that is an address of a local WireGuard subnet."""
     for i, ip in enumerate(n.internal_ips):
         # An interface is an address: `in` tests it without building `.ip`.
         subnet = next((s for s in local.subnets if ip.version == s.version and ip in s), None)
         if subnet is not None:
             return f"{label}.{n.name}.{list_field(n.internal_ips, 'internal_ip', i)}: {str(ip)!r} is an address " \
                    f"of the local WireGuard subnet {subnet}"
-    if seg.overlap is not None:
-        return f"{label}.{n.name}.wireguard_ip: {str(seg.overlap[0])!r} overlaps {seg.overlap[1]}"
     return None
 
 
@@ -562,10 +662,11 @@ def _admit_cluster(remote: Topology, claims: Claims, internal: dict[int, str], h
     segs = tuple(segments(remote))
     seg_of = {m.name: i for i, s in enumerate(segs) for m in s.members}
     problems = [_segment_problems(s.addresses, claims, internal) for s in segs]
+    local_subnets = key_ranges(local.subnets)
     rejected: list[Rejection] = []
     candidates = []
     for n in remote.nodes:
-        problem = _remote_problem(n, label, problems[seg_of[n.name]], local)
+        problem = _remote_problem(n, label, problems[seg_of[n.name]], local, local_subnets)
         if problem is not None:
             rejected.append(Rejection(n.qualified_name, problem))
             continue

@@ -78,6 +78,12 @@ def addr_key(version: int, addr: int) -> int:
 ADDR_BITS = 128  # addr_key's address part (the version above it)
 
 
+def key_ranges(nets: Iterable[IPNetwork]) -> tuple[tuple[int, int], ...]:
+    """`nets` as ranges of `addr_key`s: an address lies in one of them when its key lies in the
+    range (integer comparisons instead of ipaddress's `in`)."""
+    return tuple((addr_key(v, first), addr_key(v, last)) for v, first, last in map(span, nets))
+
+
 def span(net: IPNetwork) -> Span:
     """A network as integers (cheaper to compare than broadcast_address). Not memoised: a lookup
     hashes the network, which costs what computing it does (1.1 us either way), and a cache of
@@ -166,7 +172,7 @@ class _NodeDerived:
     reconcile, and a slot is read at C speed."""
 
     __slots__ = ("_hash", "pod_spans", "pod_families", "families", "reachable_endpoint", "qualified_name",
-                 "internal_keys")
+                 "internal_keys", "internal_hosts")
     _hash: int
     # The pod CIDRs' spans (overlap checks run every reconcile).
     pod_spans: tuple[Span, ...]
@@ -182,6 +188,9 @@ class _NodeDerived:
     qualified_name: str
     # The internal addresses as `addr_key`s, in `internal_ips` order.
     internal_keys: tuple[int, ...]
+    # The /32 (/128) of each internal address (`host_net`), in `internal_ips` order: what a
+    # segment's peer carries and its routes name, the same (interned) objects on every plan.
+    internal_hosts: tuple[IPNetwork, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +272,7 @@ class Node(_NodeDerived):
         derive("reachable_endpoint", next((e for e in self.endpoints if e.is_public), None))
         derive("qualified_name", f"{self.cluster}/{self.name}" if self.cluster else self.name)
         derive("internal_keys", tuple(addr_key(i.version, int(i)) for i in self.internal_ips))
+        derive("internal_hosts", tuple(host_net(i) for i in self.internal_ips))
 
     def __reduce__(self) -> tuple[type[Node], tuple[object, ...]]:
         return Node, tuple(getattr(self, f) for f in _NODE_FIELDS)  # copy, pickle: made again (slots derived)
@@ -370,32 +380,48 @@ def private_joined(a: Node, b: Node, private_networks: tuple[IPNetwork, ...], fa
     return False
 
 
-def sort_key_net(n: IPNetwork | IPInterface | IPAddress) -> tuple[int, int, int]:
-    """The project's one order for addresses and prefixes: IP version, address, prefix length."""
+def sort_key_net(n: IPNetwork | IPInterface | IPAddress) -> int:
+    """The project's one order for addresses and prefixes: IP version, address, prefix length, as
+    one integer (compared at C speed). A shared network (`interned`) carries its key, computed
+    once: a plan sorts 100,000 routes, fast-path entries and allowed IPs by it."""
+    try:
+        return n._mesh_key  # type: ignore[union-attr,no-any-return]
+    except AttributeError:
+        pass
     if isinstance(n, IPNetwork):
-        return (n.version, int(n.network_address), n.prefixlen)
+        return net_key(n.version, int(n.network_address), n.prefixlen)
     if isinstance(n, IPInterface):
-        return (n.version, int(n.ip), n.network.prefixlen)
-    return (n.version, int(n), n.max_prefixlen)
+        return net_key(n.version, int(n.ip), n.network.prefixlen)
+    return net_key(n.version, int(n), n.max_prefixlen)
+
+
+def net_key(version: int, addr: int, plen: int) -> int:
+    """(version, address, prefix length) as one integer of the same order (`sort_key_net`)."""
+    return (version << 136) | (addr << 8) | plen
 
 
 # One network object per network while anything holds it: at 50,000 nodes a record's pod CIDR,
 # the plan's route to it, the route applier's reading of the kernel's table and WireGuard's
-# allowed IPs name the same 100,000 networks, each copy 300-500 bytes.
-_NETWORKS: weakref.WeakValueDictionary[tuple[int, int, int], IPNetwork] = weakref.WeakValueDictionary()
+# allowed IPs name the same 100,000 networks, each copy 300-500 bytes. Keyed by `net_key`.
+_NETWORKS: weakref.WeakValueDictionary[int, IPNetwork] = weakref.WeakValueDictionary()
 
 
-def _shared(net: IPNetwork) -> IPNetwork:
+def _shared(net: IPNetwork, key: int) -> IPNetwork:
     # ipaddress gives each /31 and /32 (/127, /128) its own `hosts` closure (about 200 bytes, more
     # than the rest of the object): the class's `hosts()` serves them instead. Nothing here asks a
-    # host prefix for its hosts.
-    net.__dict__.pop("hosts", None)
-    return _NETWORKS.setdefault((net.version, int(net.network_address), net.prefixlen), net)
+    # host prefix for its hosts. The sort key is kept on the object (an int, ~44 bytes).
+    d = net.__dict__
+    d.pop("hosts", None)
+    shared = _NETWORKS.setdefault(key, net)
+    if shared is net:
+        d["_mesh_key"] = key
+    return shared
 
 
 def interned(net: IPNetwork) -> IPNetwork:
     """The one object of `net`'s network (`net` itself the first time)."""
-    return _NETWORKS.get((net.version, int(net.network_address), net.prefixlen)) or _shared(net)
+    key = net_key(net.version, int(net.network_address), net.prefixlen)
+    return _NETWORKS.get(key) or _shared(net, key)
 
 
 def network_of(version: int, addr: int, plen: int) -> IPNetwork:
@@ -403,14 +429,18 @@ def network_of(version: int, addr: int, plen: int) -> IPNetwork:
     from integers (no string parsing) and shared (`interned`)."""
     bits = 32 if version == 4 else 128
     addr &= ~((1 << (bits - plen)) - 1)
-    net = _NETWORKS.get((version, addr, plen))
+    key = net_key(version, addr, plen)
+    net = _NETWORKS.get(key)
     if net is None:
-        net = _shared(ipaddress.IPv4Network((addr, plen)) if version == 4 else ipaddress.IPv6Network((addr, plen)))
+        net = _shared(ipaddress.IPv4Network((addr, plen)) if version == 4 else ipaddress.IPv6Network((addr, plen)),
+                      key)
     return net
 
 
-@functools.lru_cache(maxsize=65536)
 def host_net(ip: IPAddress | IPInterface) -> IPNetwork:
     """The /32 (or /128) of an address, built from integers (no string parsing: plans ask it for
-    every address they route)."""
-    return network_of(ip.version, int(ip), ip.max_prefixlen)
+    every address they route), the one object of that network (`network_of`). Not memoised: a
+    cache keyed by the address hashes it in Python (ipaddress's `__hash__`), which costs three
+    times looking up the shared network; nodes keep their internal addresses' (`internal_hosts`)."""
+    bits = 32 if ip.version == 4 else 128
+    return network_of(ip.version, int(ip), bits)

@@ -13,7 +13,6 @@ remote clusters (`_remote_shares`). `_merge` joins the shares in that order.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain
@@ -39,6 +38,8 @@ from meshctl.mesh.model import (
     Rung,
     Topology,
     host_net,
+    key_ranges,
+    net_key,
     private_joined,
     private_neighbours,
     sort_key_net,
@@ -139,6 +140,11 @@ class NodePlan:
 # A destination and how it is reached: a route, or (a pod CIDR on an encapsulated rung) the
 # encapsulation its fast-path entry carries instead of a route.
 Claim = tuple[IPNetwork, Route | Encap]
+# The project's order of destinations as one integer (`sort_key_net`).
+SortKey = int
+# The first claim on each destination, by the destination's sort key (an int hashes at C speed, a
+# network through ipaddress's `__hash__` in Python; a cold plan at 50,000 nodes asks 250,000 times).
+Claimed = dict[SortKey, Claim]
 # A WireGuard peer, and the address of its endpoint when `_no_loops` must check it.
 OfferedPeer = tuple[PeerPlan, IPAddress | None]
 
@@ -200,7 +206,7 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
     every = [*own, *(s for b in blocks for s in b.shares)]
     if merged is None:  # a destination claimed in two blocks: first claim wins, over all shares
         peers, claimed, paths, relays = _merge(every)
-        routes = tuple(sorted([c for c in claimed.values() if isinstance(c, Route)], key=lambda r: sort_key_net(r.dst)))
+        routes = tuple(r for _, r in _sorted_routes(claimed))
         fastpath = _fastpath(seat.me, topo, remotes, claimed)
     else:
         peers, routes, fastpath, paths, relays = merged
@@ -248,20 +254,35 @@ def _own_cluster(seat: _Seat) -> list[Share]:
     return [_pair(seat, s) for s in seat.segs if s.leader.name != seat.me.name]
 
 
-def _merge(shares: Sequence[Share]) -> tuple[list[PeerPlan], dict[IPNetwork, Route | Encap], dict[str, str],
-                                            dict[str, tuple[str, str]]]:
+def _merge(shares: Sequence[Share]) -> tuple[list[PeerPlan], Claimed, dict[str, str], dict[str, tuple[str, str]]]:
     """The shares joined in order: peers as they come; for each destination the first claim (a
     route, or an encapsulation) wins, which is deterministic because every role walks nodes and
     segments in sorted order; a later path for a node replaces an earlier one. Peers whose
     endpoint this plan routes into WireGuard lose it (`_no_loops`)."""
-    # Built from the claims last to first, so the first claim on a destination is the one kept.
-    claimed: dict[IPNetwork, Route | Encap] = dict(reversed(list(chain.from_iterable(s.claims for s in shares))))
+    claimed = _claimed(chain.from_iterable(s.claims for s in shares))
     offered = list(chain.from_iterable(s.peers for s in shares))
     checked = [(i, inside) for i, (_, inside) in enumerate(offered) if inside is not None]
     peers = _no_loops([peer for peer, _ in offered], checked, claimed)
     paths = dict(chain.from_iterable(s.paths for s in shares))
     relays = dict(chain.from_iterable(s.relays for s in shares))
     return peers, claimed, paths, relays
+
+
+def _claimed(claims: Iterable[Claim]) -> Claimed:
+    """The first claim on each destination: built from the claims last to first, so the first
+    one on a destination is the one kept."""
+    return {sort_key_net(c[0]): c for c in reversed(list(claims))}
+
+
+def _sorted_routes(claimed: Claimed) -> list[tuple[SortKey, Route]]:
+    """The claimed routes in the project's order, with their keys (unique: one per destination,
+    so routes are never compared)."""
+    return sorted([(k, c) for k, (_, c) in claimed.items() if isinstance(c, Route)])
+
+
+def _claim_of(claimed: Claimed, dst: IPNetwork) -> Route | Encap | None:
+    c = claimed.get(sort_key_net(dst))
+    return None if c is None else c[1]
 
 
 # --- the pieces every role uses ----------------------------------------------------------------
@@ -486,7 +507,7 @@ def _extra_peers(seat: _Seat, peers: Sequence[Peer]) -> Share:
 
 
 def _no_loops(peers: list[PeerPlan], checked: Sequence[tuple[int, IPAddress]],
-              claimed: dict[IPNetwork, Route | Encap]) -> list[PeerPlan]:
+              claimed: Claimed) -> list[PeerPlan]:
     """The peers, each without its endpoint when that address (`checked`: index in
     `peers`, address) is routed into WireGuard by this plan: its packets would enter the tunnel
     they carry (a loop, or a direct attempt through a relay). This happens to a node behind NAT,
@@ -498,13 +519,15 @@ def _no_loops(peers: list[PeerPlan], checked: Sequence[tuple[int, IPAddress]],
     not offered for the check: they keep the endpoint their cluster publishes."""
     if not checked:
         return peers
-    plens = sorted({(r.dst.version, r.dst.prefixlen) for r in claimed.values()
+    plens = sorted({(r.dst.version, r.dst.prefixlen) for _, r in claimed.values()
                     if isinstance(r, Route) and r.dev == "wireguard"})
     out = list(peers)
     for i, ip in checked:
-        net = ipaddress.IPv4Network if ip.version == 4 else ipaddress.IPv6Network
+        bits = ip.max_prefixlen
         for version, plen in plens:
-            r = claimed.get(net((int(ip), plen), strict=False)) if version == ip.version else None
+            c = claimed.get(net_key(version, int(ip) >> (bits - plen) << (bits - plen), plen)) \
+                if version == ip.version else None
+            r = None if c is None else c[1]
             if isinstance(r, Route) and r.dev == "wireguard":
                 out[i] = replace(out[i], endpoint=None, discovered=False)
                 break
@@ -588,15 +611,13 @@ def _remote_shares(me: Node, leads: bool, leader_ips: tuple[IPAddress, ...], kee
     out: list[Share] = []
     pods: list[IPNetwork] = []
     keys: list[_SegmentKey] = []
+    every = len(remote.admitted) == len(remote.topology.nodes)  # names are unique among the admitted
     for s in remote.segments or segments(remote.topology):
-        members = tuple(m for m in s.members if m.name in remote.admitted)
+        members = s.members if every else tuple(m for m in s.members if m.name in remote.admitted)
         keys.append((me, s.addresses, s.leader, members, leads, leader_ips, keepalive))
         out.append(_remote_segment(*keys[-1]))
         pods.extend(c for m in members for c in m.pod_cidrs)
     return out, pods, keys
-
-
-SortKey = tuple[int, int, int]
 
 
 class _Block(NamedTuple):
@@ -605,7 +626,7 @@ class _Block(NamedTuple):
     and their peers, paths and relays in share order."""
 
     shares: tuple[Share, ...]
-    claimed: dict[IPNetwork, Route | Encap]
+    claimed: Claimed
     routes: list[tuple[SortKey, Route]]
     fastpath: list[tuple[SortKey, FastPathEntry]]
     peers: tuple[OfferedPeer, ...]
@@ -636,10 +657,16 @@ def _block(shares: Sequence[Share], pods: Iterable[IPNetwork]) -> _Block:
     """`shares` merged among themselves (`_merge`'s rule: the first claim on a destination wins),
     with the fast-path entries of `pods`. Sorted on (key, value) pairs without a key function:
     keys are unique (one per destination), so values are never compared."""
-    claimed: dict[IPNetwork, Route | Encap] = dict(reversed(list(chain.from_iterable(s.claims for s in shares))))
-    routes = sorted([(sort_key_net(c.dst), c) for c in claimed.values() if isinstance(c, Route)])
-    fast = sorted([(sort_key_net(e.prefix), e) for e in (_fast_entry(c, claimed.get(c)) for c in pods)
-                   if e is not None])
+    claimed = _claimed(chain.from_iterable(s.claims for s in shares))
+    routes = _sorted_routes(claimed)
+    fast = []
+    for pod in pods:
+        k = sort_key_net(pod)
+        c = claimed.get(k)
+        e = None if c is None else _fast_entry(pod, c[1])
+        if e is not None:
+            fast.append((k, e))
+    fast.sort()
     return _Block(tuple(shares), claimed, routes, fast, tuple(chain.from_iterable(s.peers for s in shares)),
                   dict(chain.from_iterable(s.paths for s in shares)),
                   dict(chain.from_iterable(s.relays for s in shares)))
@@ -768,7 +795,14 @@ def _segment_share(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, memb
     paths: list[tuple[str, str]] = []
     split: list[tuple[str, tuple[tuple[int, str], ...]]] = []
     rest = []
+    # me's private subnets: a member with no address in them is no private neighbour in any family.
+    near = key_ranges(i.network for i in me.internal_ips)
+    any_near = False
     for m in members:
+        if not any(lo <= k <= hi for k in m.internal_keys for lo, hi in near):
+            rest.append(m)  # no address in me's private subnets: never a neighbour, every family tunnels
+            continue
+        any_near = True
         rungs: dict[int, Rung] = {f: "direct" if private_neighbours(me, m, f) else "tunnel" for f in m.pod_families}
         claims.extend(_private_claim(c, me, m, "direct") for c in m.pod_cidrs if rungs[c.version] == "direct")
         if all(r == "direct" for r in rungs.values()):
@@ -779,7 +813,8 @@ def _segment_share(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, memb
     if not rest:
         return Share(claims=tuple(claims), paths=tuple(paths))
     wgs = [host_net(a) for a in wg_ips]
-    addrs = segment_addresses(rest, None, me)
+    # Members without an address in me's private subnets keep every address (nothing is near).
+    addrs = segment_addresses(rest, None, me if any_near else None)
     peers: tuple[OfferedPeer, ...] = ()
     if leads:
         ep = leader.endpoint_for(me.families) or leader.endpoint
@@ -795,15 +830,14 @@ def _segment_share(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, memb
     return Share(peers=peers, claims=tuple(claims), paths=tuple(paths), family_paths=tuple(split))
 
 
-def _fastpath(me: Node, topo: Topology, remotes: Sequence[Remote], claimed: dict[IPNetwork, Route | Encap]
-              ) -> tuple[FastPathEntry, ...]:
+def _fastpath(me: Node, topo: Topology, remotes: Sequence[Remote], claimed: Claimed) -> tuple[FastPathEntry, ...]:
     """One entry per node pod CIDR: local for our own, direct (encapsulated, or to a next hop) for
     an encapsulation or a route on the private NIC, tunnel for a route through WireGuard."""
     out = [FastPathEntry(c, "local", None) for c in me.pod_cidrs]
     for n in [*topo.nodes, *(n for r in remotes for n in r.nodes)]:
         if n is me:
             continue
-        out.extend(e for e in (_fast_entry(c, claimed.get(c)) for c in n.pod_cidrs) if e is not None)
+        out.extend(e for e in (_fast_entry(c, _claim_of(claimed, c)) for c in n.pod_cidrs) if e is not None)
     return tuple(sorted(out, key=lambda e: sort_key_net(e.prefix)))
 
 
