@@ -595,32 +595,104 @@ def baseline_tree(rev: str, into: Path) -> Path:
     return into
 
 
+def alternate(workers: dict[str, Worker], rounds: int, whats: tuple[str, ...]) -> dict:
+    """`rounds` rounds: the calibration, then each of `whats` ("progs", "sync") asked of every
+    worker in turn (the order alternating round by round); medians over the rounds."""
+    out: dict[str, dict[str, list[dict[str, float]]]] = {n: {what: [] for what in whats} for n in workers}
+    calib: list[dict[str, float]] = []
+    try:
+        for r in range(rounds):
+            order = list(workers) if r % 2 == 0 else list(workers)[::-1]
+            calib.append(calibration())
+            for what in whats:
+                for name in order:
+                    out[name][what].append(workers[name].ask(what))
+            line = ", ".join(f"{n} {out[n]['progs'][-1][DIRECT_100K]:.0f} ns" for n in workers)
+            if "sync" in whats:
+                line += "; 100k sync " + ", ".join(f"{n} {out[n]['sync'][-1]['100k into empty map']:.3f} s"
+                                                   for n in workers)
+            print(f"  round {r + 1}: bare LPM {calib[-1][BARE_LPM]:.0f} ns; direct {line}", file=sys.stderr)
+    finally:
+        for w in workers.values():
+            w.close()
+    return {"rounds": rounds, "calibration": {k: statistics.median(c[k] for c in calib) for k in calib[0]},
+            "trees": {n: {what: {k: statistics.median(x[k] for x in xs) for k in xs[0]} for what, xs in d.items()}
+                      for n, d in out.items()}}
+
+
 def versus(rev: str, rounds: int) -> dict:
     """Side by side: calibration, the programs at 100,000 entries and the sync, one round of each
     tree in turn (alternating which goes first), medians over `rounds`."""
-    out: dict[str, dict[str, list[dict[str, float]]]] = {"baseline": {"progs": [], "sync": []},
-                                                         "this tree": {"progs": [], "sync": []}}
-    calib: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix=f"{RUN}-rev-") as tmp:
         workers = {"baseline": Worker(baseline_tree(rev, Path(tmp))), "this tree": Worker(None)}
-        try:
-            for r in range(rounds):
-                order = list(workers) if r % 2 == 0 else list(workers)[::-1]
-                calib.append(calibration())
-                for what in ("progs", "sync"):
-                    for name in order:
-                        out[name][what].append(workers[name].ask(what))
-                print(f"  round {r + 1}: direct " + ", ".join(
-                    f"{n} {out[n]['progs'][-1][DIRECT_100K]:.0f} ns" for n in workers) + ", bare LPM "
-                    f"{calib[-1][BARE_LPM]:.0f} ns; 100k sync " + ", ".join(
-                    f"{n} {out[n]['sync'][-1]['100k into empty map']:.3f} s" for n in workers), file=sys.stderr)
-        finally:
-            for w in workers.values():
-                w.close()
-    med = {k: statistics.median(c[k] for c in calib) for k in calib[0]}
-    return {"rev": rev, "rounds": rounds, "calibration": med,
-            "trees": {n: {what: {k: statistics.median(x[k] for x in xs) for k in xs[0]} for what, xs in d.items()}
-                      for n, d in out.items()}}
+        return {"rev": rev, **alternate(workers, rounds, ("progs", "sync"))}
+
+
+# from_pod with one part of the direct decision taken out (--parts; never shipped): each variant is
+# a copy of this tree's ctl/ and bpf/ with (file, text, replacement) applied. A text the source no
+# longer holds stops the run naming the variant: update the variant with the source.
+REDIRECT = "    return mc_redirected(n, mc_redirect_private(r), MC_C_DIRECT);"
+MARK = "    skb->mark |= MC_MARK;\n"
+TTL_AND_MARK = ("    if (mc_dec_ttl(&p) < 0)\n        return mc_out(n, MC_C_PASS, MC_R_TTL, TC_ACT_OK);\n"
+                + MARK + REDIRECT)
+NO_GATE = ("bpf/lib/monitor.h", "n->slots = mc_config(MC_CFG_MONITOR);", "n->slots = 0;")
+NO_TTL = ("bpf/datapath.c", TTL_AND_MARK, MARK + REDIRECT)
+NO_MARK = ("bpf/datapath.c", TTL_AND_MARK, TTL_AND_MARK.replace(MARK, ""))
+NO_TTL_MARK = ("bpf/datapath.c", TTL_AND_MARK, REDIRECT)
+NO_COUNTER = ("bpf/datapath.c", "struct mc_counter *c = counters.lookup(&slot);", "struct mc_counter *c = 0;")
+NO_FLOW = ("bpf/datapath.c", "    if (mc_flow_is_kernel_reply(&p))\n"
+           "        return mc_out(n, MC_C_FLOW, MC_R_KERNEL_FLOW, TC_ACT_OK);\n    if (r->encap", "    if (r->encap")
+NO_HELPER = ("bpf/datapath.c", "return mc_redirected(n, mc_redirect_private(r), MC_C_DIRECT);",
+             "return mc_redirected(n, TC_ACT_REDIRECT, MC_C_DIRECT);")
+VARIANTS: dict[str, list[tuple[str, str, str]]] = {
+    "as shipped": [],
+    "no monitor gate (its notes fold away)": [NO_GATE],
+    "no TTL decrement": [NO_TTL],
+    "no counter": [NO_COUNTER],
+    "no mark": [NO_MARK],
+    "no flow filter test": [NO_FLOW],
+    "no redirect helper (its verdict kept)": [NO_HELPER],
+    "no gate, TTL, counter or mark": [NO_GATE, NO_TTL_MARK, NO_COUNTER],
+}
+
+
+def variant_tree(patches: list[tuple[str, str, str]], name: str, into: Path) -> Path:
+    """This tree's ctl/ and bpf/ under `into` with `patches` applied, bpf/ reachable as meshctl.bpf."""
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    for d in ("ctl", "bpf"):
+        shutil.copytree(root / d, into / d, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    link = into / "ctl" / "meshctl" / "bpf"
+    if link.is_symlink():
+        link.unlink()
+    link.symlink_to(into / "bpf")
+    for f, text, repl in patches:
+        src = (into / f).read_text()
+        if text not in src:
+            raise SystemExit(f"--parts variant {name!r}: {f} no longer holds {text.splitlines()[0].strip()!r}")
+        (into / f).write_text(src.replace(text, repl, 1))
+    return into
+
+
+def parts_in_place(rounds: int) -> dict:
+    """VARIANTS side by side, programs only, alternating as versus() does."""
+    with tempfile.TemporaryDirectory(prefix=f"{RUN}-var-") as tmp:
+        workers = {name: Worker(variant_tree(p, name, Path(tmp) / f"v{i}")) for i, (name, p) in
+                   enumerate(VARIANTS.items())}
+        return alternate(workers, rounds, ("progs",))
+
+
+def report_parts(res: dict) -> str:
+    cal, t = res["calibration"], res["trees"]
+    shipped = t["as shipped"]["progs"][DIRECT_100K]
+    lines = [f"from_pod with one part taken out: medians of {res['rounds']} alternating rounds",
+             *calibration_lines(cal), "", f"{'direct (from_pod) at 100,000 entries, ns/packet':<50}"
+             f"{'ns':>6}{'vs shipped':>12}{'/ bare LPM':>12}"]
+    for name, d in t.items():
+        ns = d["progs"][DIRECT_100K]
+        lines.append(f"  {name:<48}{ns:>6.0f}{ns - shipped:>+12.0f}{ns / cal[BARE_LPM]:>11.2f}x")
+    return "\n".join(lines)
 
 
 def calibration_lines(cal: dict[str, float]) -> list[str]:
@@ -691,6 +763,8 @@ def main() -> None:
     ap.add_argument("--skip-traffic", action="store_true")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--against", metavar="REV", help="programs and sync only: this tree and REV side by side")
+    ap.add_argument("--parts", action="store_true",
+                    help="programs only: from_pod as shipped and with each part of the direct decision taken out")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -698,6 +772,12 @@ def main() -> None:
     loader.ensure_bpffs(PIN_ROOT)
     os.makedirs(PIN_ROOT, exist_ok=True)
     res: dict = {"load": os.getloadavg()}
+    if args.parts:
+        try:
+            res["parts"] = parts_in_place(args.rounds)
+        finally:
+            subprocess.run(["rm", "-rf", PIN_ROOT], check=False)
+        return finish(res, report_parts(res["parts"]), args.json)
     if args.against:
         try:
             res["versus"] = versus(args.against, args.rounds)
