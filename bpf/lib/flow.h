@@ -16,7 +16,7 @@ enum mc_flow_op {
 };
 
 /* One step of the flow filter's hash over a key's 64-bit words (meshctl_maps.h, flowfilter),
- * written out per key size in mc_flow, and one branch per half in mc_flow_maybe: 5.10's verifier
+ * written out per key size below, and one branch per half in mc_flow_maybe: 5.10's verifier
  * refused a loop over the words (bcc left it a loop) with the half computed as ~active & 1
  * ("unbounded min value" for the slot's offset). */
 static __always_inline __u64 mc_flow_mix(__u64 h, __u64 w)
@@ -55,7 +55,7 @@ static __always_inline void mc_flow_mark(__u32 slot)
     f->slots[MC_FLOWFILTER_SLOTS + slot] = 1;
 }
 
-/* The keys as their 64-bit words, which mc_flow builds and hashes (the union aligns them). */
+/* The keys as the hash reads them: their 64-bit words (the union aligns them for 8-byte loads). */
 union mc_flow4_words {
     struct mc_flow4_key k;
     __u64 w[2];
@@ -69,66 +69,61 @@ union mc_flow6_words {
 _Static_assert(sizeof(struct mc_flow4_key) == sizeof(__u64[2]), "the hash reads the IPv4 key as two words");
 _Static_assert(sizeof(struct mc_flow6_key) == sizeof(__u64[5]), "the hash reads the IPv6 key as five words");
 
-#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "the flow keys' words are built little-endian, as the agent reads them (layout.py, flow_slot)"
-#endif
-
-/* The last word of a flow key: its ports (as they sit in the packet), the protocol and the zero pad. */
-static __always_inline __u64 mc_flow_tail(__u32 ports, __u8 proto)
+static __always_inline __u32 mc_flow4_slot(const union mc_flow4_words *u)
 {
-    return ports | (__u64)proto << 32;
+    return mc_flow_top(mc_flow_mix(mc_flow_mix(0, u->w[0]), u->w[1]));
+}
+
+static __always_inline __u32 mc_flow6_slot(const union mc_flow6_words *u)
+{
+    __u64 h = mc_flow_mix(mc_flow_mix(0, u->w[0]), u->w[1]);
+    return mc_flow_top(mc_flow_mix(mc_flow_mix(mc_flow_mix(h, u->w[2]), u->w[3]), u->w[4]));
 }
 
 /* 1 when the flow LRU holds the tuple. MC_FLOW_LOOKUP (a forwarding program, every packet): the
  * filter test, and the LRU lookup only where the filter cannot prove the tuple absent.
  * MC_FLOW_RECORD (the egress tracker): the LRU lookup (a tracked flow's packets find their tuple,
- * so a filter test would only add to them), and for a missing tuple the insert and its slot.
- *
- * The keys' words are made in registers and stored whole, and the hash takes them from the
- * registers: built field by field, the hash's 8-byte loads read back what narrower stores had just
- * written, which the CPU cannot forward from its store buffer (a stall of ~5 ns a direct packet,
- * bench/datapath.py --parts). */
+ * so a filter test would only add to them), and for a missing tuple the insert and its slot. */
 static __always_inline int mc_flow(const struct mc_pkt *p, enum mc_flow_side side, enum mc_flow_op op)
 {
-    __u32 ports = p->ports.both;
-    if (side == MC_FLOW_REPLY)
-        ports = ports >> 16 | ports << 16; /* the two 16-bit ports swapped, whatever the byte order */
-    __u64 tail = mc_flow_tail(ports, p->proto);
+    union mc_ports ports = p->ports;
+    if (side == MC_FLOW_REPLY) {
+        ports.sport = p->ports.dport;
+        ports.dport = p->ports.sport;
+    }
     struct mc_flow_value v = {};
     if (p->family == MC_FAMILY_V4) {
-        __u32 s = side == MC_FLOW_REPLY ? p->ip4->daddr : p->ip4->saddr;
-        __u32 d = side == MC_FLOW_REPLY ? p->ip4->saddr : p->ip4->daddr;
-        union mc_flow4_words u;
-        u.w[0] = s | (__u64)d << 32;
-        u.w[1] = tail;
-        __u32 slot = mc_flow_top(mc_flow_mix(mc_flow_mix(0, u.w[0]), tail));
-        if (op == MC_FLOW_LOOKUP && !mc_flow_maybe(slot))
+        union mc_flow4_words u = {};
+        u.k.saddr = side == MC_FLOW_REPLY ? p->ip4->daddr : p->ip4->saddr;
+        u.k.daddr = side == MC_FLOW_REPLY ? p->ip4->saddr : p->ip4->daddr;
+        u.k.ports = ports;
+        u.k.proto = p->proto;
+        if (op == MC_FLOW_LOOKUP && !mc_flow_maybe(mc_flow4_slot(&u)))
             return 0;
         if (mc_flow4_lookup(&u.k))
             return 1;
         if (op == MC_FLOW_RECORD) {
             v.created_ns = bpf_ktime_get_ns();
             mc_flow4_update(&u.k, &v);
-            mc_flow_mark(slot);
+            mc_flow_mark(mc_flow4_slot(&u));
         }
         return 0;
     }
-    union mc_flow6_words u;
+    union mc_flow6_words u = {};
     struct in6_addr *s = side == MC_FLOW_REPLY ? &p->ip6->daddr : &p->ip6->saddr;
     struct in6_addr *d = side == MC_FLOW_REPLY ? &p->ip6->saddr : &p->ip6->daddr;
-    __builtin_memcpy(&u.w[0], s->s6_addr, 16);
-    __builtin_memcpy(&u.w[2], d->s6_addr, 16);
-    u.w[4] = tail;
-    __u64 h = mc_flow_mix(mc_flow_mix(0, u.w[0]), u.w[1]);
-    __u32 slot = mc_flow_top(mc_flow_mix(mc_flow_mix(mc_flow_mix(h, u.w[2]), u.w[3]), tail));
-    if (op == MC_FLOW_LOOKUP && !mc_flow_maybe(slot))
+    __builtin_memcpy(u.k.saddr.bytes, s->s6_addr, 16);
+    __builtin_memcpy(u.k.daddr.bytes, d->s6_addr, 16);
+    u.k.ports = ports;
+    u.k.proto = p->proto;
+    if (op == MC_FLOW_LOOKUP && !mc_flow_maybe(mc_flow6_slot(&u)))
         return 0;
     if (mc_flow6_lookup(&u.k))
         return 1;
     if (op == MC_FLOW_RECORD) {
         v.created_ns = bpf_ktime_get_ns();
         mc_flow6_update(&u.k, &v);
-        mc_flow_mark(slot);
+        mc_flow_mark(mc_flow6_slot(&u));
     }
     return 0;
 }

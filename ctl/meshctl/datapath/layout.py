@@ -287,7 +287,7 @@ def flow_key(src: IPAddress, dst: IPAddress, sport: int, dport: int, proto: int)
 
 def flow_slot(key: bytes) -> int:
     """The flow filter slot of a flow LRU key (FLOW4_KEY or FLOW6_KEY bytes, as the map holds them):
-    the programs' slot of a key (lib/flow.h, mc_flow), a multiply-xor hash over the key's 64-bit words
+    the programs' mc_flow4_slot / mc_flow6_slot, a multiply-xor hash over the key's 64-bit words
     (host order, little-endian as every layout here), its top FLOWFILTER_BITS bits."""
     h = 0
     for (w,) in struct.iter_unpack("<Q", key):
