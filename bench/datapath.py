@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/datapath.py [--rounds 9] [--seconds 3] [--rr-rounds 30] [--json out.json]
     .venv/bin/python bench/datapath.py --against REV [--rounds 9]   # 2. and 3. only, side by side
+    .venv/bin/python bench/datapath.py --parts [--rounds 7]         # from_pod with each part taken out
 
 1. Pod-to-pod TCP throughput (iperf3, one stream) and request/response latency (1-byte TCP
    ping-pong over one connection) between two namespace nodes on one private bridge, in three
@@ -18,6 +19,10 @@ With --against REV, 2. and 3. are measured for this tree and for revision REV (`
 a temporary directory) in two long-lived worker processes, one round each in turn (the order
 alternating), next to the calibration lines; the report gives each figure side by side, the
 direct decision at 100,000 entries over the bare LPM lookup, and sync over batch update alone.
+
+With --parts, from_pod at 100,000 entries as shipped and in copies of this tree with one part of
+the direct decision taken out (VARIANTS), next to the calibration, which builds the same decision
+up from its parts.
 
 Runs as root; everything it makes is prefixed mdpb<pid>- and removed at the end, pass or fail.
 """
