@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/datapath.py [--rounds 9] [--seconds 3] [--rr-rounds 30] [--json out.json]
     .venv/bin/python bench/datapath.py --against REV [--rounds 9]   # 2. and 3. only, side by side
+    .venv/bin/python bench/datapath.py --parts [--rounds 7]         # from_pod with each part taken out
 
 1. Pod-to-pod TCP throughput (iperf3, one stream) and request/response latency (1-byte TCP
    ping-pong over one connection) between two namespace nodes on one private bridge, in three
@@ -18,6 +19,10 @@ With --against REV, 2. and 3. are measured for this tree and for revision REV (`
 a temporary directory) in two long-lived worker processes, one round each in turn (the order
 alternating), next to the calibration lines; the report gives each figure side by side, the
 direct decision at 100,000 entries over the bare LPM lookup, and sync over batch update alone.
+
+With --parts, from_pod at 100,000 entries as shipped and in copies of this tree with one part of
+the direct decision taken out (VARIANTS), next to the calibration, which builds the same decision
+up from its parts.
 
 Runs as root; everything it makes is prefixed mdpb<pid>- and removed at the end, pass or fail.
 """
@@ -39,7 +44,7 @@ from typing import Any
 # A worker of --against imports the package of the tree it measures (TREE_ENV), not this one's.
 sys.path.insert(0, str(Path(os.environ.get("MDPB_TREE") or Path(__file__).resolve().parents[1]) / "ctl"))
 
-from meshctl.datapath import Datapath, links, loader
+from meshctl.datapath import Datapath, layout, links, loader
 from meshctl.lab.rigs import netns
 from meshctl.lab.rigs.testbed import PODS, PRIVATE, Testbed
 from meshctl.lab.rigs.testrun import PROTO_TCP, frame, ns_per_packet, run
@@ -220,8 +225,6 @@ class ProgRig:
     syncs the plan of that label ("3 entries", "100,000 entries") and times each outcome."""
 
     def __init__(self, node: str) -> None:
-        from meshctl.datapath import layout
-
         self.node = node
         self.base = [FastPathEntry(ipaddress.ip_network(n), a, ipaddress.ip_address(h) if h else None)
                      for n, a, h in BASE_PLAN]
@@ -284,12 +287,36 @@ LPM24_FLOW = "  + flow LRU lookup (miss)"
 LPM24_FLOW_NEIGH = "  + bpf_redirect_neigh"
 LPM24_FILTER = "  + flow filter test (slot clear) instead"
 LPM24_FILTER_NEIGH = "    + bpf_redirect_neigh"
+# The rest of the decision, part by part on top of that floor, with the fast path's own code where
+# it is a function of bpf/lib (mc_parse, mc_dec_ttl): cumulative, then alternatives of one part.
+PARTS_PARSE = "      same, parsed by mc_parse (lib/pkt.h)"
+PARTS_GATE = "        + monitor gate (config lookup)"
+PARTS_TTL = "          + TTL decrement and checksum"
+PARTS_COUNT = "            + per-CPU counter"
+PARTS_MARK = "              + skb->mark: all parts"
+PARTS_TTL_HELPER = "          TTL with bpf_l3_csum_replace instead"
+PARTS_COUNT_ATOMIC = "            counter: atomic add, array, instead"
+PARTS_COUNT_VALUE = "            counter: atomic add in the LPM value"
+PARTS = {PARTS_PARSE: b"parts_parse", PARTS_GATE: b"parts_gate", PARTS_TTL: b"parts_ttl", PARTS_COUNT: b"parts_count",
+         PARTS_MARK: b"parts_mark", PARTS_TTL_HELPER: b"parts_ttl_helper", PARTS_COUNT_ATOMIC: b"parts_count_atomic",
+         PARTS_COUNT_VALUE: b"parts_count_value"}
 CALIBRATION = b"""
+#include <uapi/linux/if_ether.h>
+#include <uapi/linux/in.h>
+#include <uapi/linux/ip.h>
+#include <uapi/linux/ipv6.h>
+#include "meshctl_maps.h"
+#include "lib/common.h"
+#include "lib/pkt.h"
 struct k8 { u32 prefixlen; u32 addr; };
 struct k24 { u32 prefixlen; u32 family; u32 addr[4]; };
 struct f4 { u32 saddr; u32 daddr; u32 ports; u8 proto; u8 pad[3]; };
 BPF_F_TABLE("lpm_trie", struct k8, u64, lpm8, 131072, BPF_F_NO_PREALLOC);
-BPF_F_TABLE("lpm_trie", struct k24, u64, lpm24, 131072, BPF_F_NO_PREALLOC);
+struct v24 { u64 nh; u64 packets; u64 bytes; };
+BPF_F_TABLE("lpm_trie", struct k24, struct v24, lpm24, 131072, BPF_F_NO_PREALLOC);
+BPF_TABLE("array", u32, u64, config, MC_CONFIG_SLOTS);
+BPF_TABLE("percpu_array", u32, struct mc_counter, counters, MC_COUNTERS);
+BPF_TABLE("array", u32, struct mc_counter, shared, MC_COUNTERS);
 BPF_TABLE("lru_hash", struct f4, u64, flows, 65536);
 struct ff { u8 active; u8 pad[7]; u8 slots[2 << 20]; };
 BPF_F_TABLE("array", u32, struct ff, filter, 1, BPF_F_MMAPABLE);
@@ -302,7 +329,7 @@ int bare_lpm(struct __sk_buff *skb) {
     struct k8 k = {32, *(u32 *)(data + 30)};
     return lpm8.lookup(&k) ? 1 : 0;
 }
-static __always_inline u64 *lpm24_hit(struct __sk_buff *skb, struct f4 *f) {
+static __always_inline struct v24 *lpm24_hit(struct __sk_buff *skb, struct f4 *f) {
     void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
     if (data + 38 > end) return 0;
     struct k24 k = {64, 4, {*(u32 *)(data + 30)}};
@@ -315,15 +342,15 @@ int lpm24_flow(struct __sk_buff *skb) {
     if (!lpm24_hit(skb, &f)) return 0;
     return flows.lookup(&f) ? 0 : 1;
 }
-static __always_inline long redirect(u64 *v) {
+static __always_inline long redirect(struct v24 *v) {
     struct bpf_redir_neigh nh = {};
     nh.nh_family = 2;
-    nh.ipv4_nh = (u32)*v;
+    nh.ipv4_nh = (u32)v->nh;
     return neigh(1, &nh, sizeof(nh), 0);
 }
 int lpm24_flow_neigh(struct __sk_buff *skb) {
     struct f4 f = {};
-    u64 *v = lpm24_hit(skb, &f);
+    struct v24 *v = lpm24_hit(skb, &f);
     if (!v || flows.lookup(&f)) return 0;
     return redirect(v);
 }
@@ -344,10 +371,65 @@ int lpm24_filter(struct __sk_buff *skb) {
 }
 int lpm24_filter_neigh(struct __sk_buff *skb) {
     struct f4 f __attribute__((aligned(8))) = {};
-    u64 *v = lpm24_hit(skb, &f);
+    struct v24 *v = lpm24_hit(skb, &f);
     if (!v || maybe_tracked(&f)) return 0;
     return redirect(v);
 }
+/* The floor after the fast path's parse, then with its other parts (P_*: a constant per program). */
+#define P_GATE 1
+#define P_TTL 2
+#define P_COUNT 4
+#define P_MARK 8
+#define P_TTL_HELPER 16
+#define P_COUNT_ATOMIC 32
+#define P_COUNT_VALUE 64
+static __always_inline int parts(struct __sk_buff *skb, const int on) {
+    if (on & P_GATE) {
+        u32 slot = MC_CFG_MONITOR;
+        u64 *gate = config.lookup(&slot);
+        if (gate && *gate) return 0;
+    }
+    u32 len = skb->len;
+    struct mc_pkt p = {};
+    if (mc_parse(skb, &p) < 0 || p.family != MC_FAMILY_V4) return 0;
+    struct k24 k = {64, 4, {p.ip4->daddr}};
+    struct v24 *v = lpm24.lookup(&k);
+    if (!v) return 0;
+    struct f4 f __attribute__((aligned(8))) = {p.ip4->saddr, p.ip4->daddr, p.ports.both, p.proto};
+    if (maybe_tracked(&f)) return 0;
+    if ((on & P_TTL) && mc_dec_ttl(&p) < 0) return 0;
+    if (on & P_TTL_HELPER) {
+        struct iphdr *ip = p.ip4;
+        if (ip->ttl <= 1) return 0;
+        u16 *word = (u16 *)&ip->ttl;
+        u16 old = *word;
+        ip->ttl--;
+        if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), old, *word, 2) < 0) return 0;
+    }
+    if (on & P_MARK) skb->mark |= MC_MARK;
+    long ret = redirect(v);
+    u32 slot = MC_C_DIRECT;
+    if (on & P_COUNT) {
+        struct mc_counter *c = counters.lookup(&slot);
+        if (c) { c->packets += 1; c->bytes += len; }
+    }
+    if (on & P_COUNT_ATOMIC) {
+        struct mc_counter *c = shared.lookup(&slot);
+        if (c) { __sync_fetch_and_add(&c->packets, 1); __sync_fetch_and_add(&c->bytes, len); }
+    }
+    /* An LPM value sits 4 bytes off 8-byte alignment in its trie node (the node header, then the
+     * 20-byte key): an 8-byte atomic there that straddles a cache line is a split lock. */
+    if (on & P_COUNT_VALUE) { __sync_fetch_and_add(&v->packets, 1); __sync_fetch_and_add(&v->bytes, len); }
+    return ret;
+}
+int parts_parse(struct __sk_buff *skb) { return parts(skb, 0); }
+int parts_gate(struct __sk_buff *skb) { return parts(skb, P_GATE); }
+int parts_ttl(struct __sk_buff *skb) { return parts(skb, P_GATE | P_TTL); }
+int parts_count(struct __sk_buff *skb) { return parts(skb, P_GATE | P_TTL | P_COUNT); }
+int parts_mark(struct __sk_buff *skb) { return parts(skb, P_GATE | P_TTL | P_COUNT | P_MARK); }
+int parts_ttl_helper(struct __sk_buff *skb) { return parts(skb, P_GATE | P_TTL_HELPER); }
+int parts_count_atomic(struct __sk_buff *skb) { return parts(skb, P_GATE | P_TTL | P_COUNT_ATOMIC); }
+int parts_count_value(struct __sk_buff *skb) { return parts(skb, P_GATE | P_TTL | P_COUNT_VALUE); }
 """
 
 
@@ -357,13 +439,15 @@ def calibration() -> dict:
     floor of the direct decision, part by part: the LPM hit on the routes map's 24-byte key, with
     the flow LRU lookup a direct packet needs without the flow filter (a miss, one flow in the
     map), with the neighbour redirect it ends in; and the same with the flow filter's test (its
-    slot clear) in place of the LRU lookup. The fast path adds to these its parsing, TTL and
-    counter."""
+    slot clear) in place of the LRU lookup. Then the rest of the direct decision on top of the latter,
+    part by part (PARTS, cumulative in their order, then one part done another way), parsed with
+    this tree's bpf/lib/pkt.h: the parse, the monitor gate, the TTL decrement, the counter, the
+    mark. Each frame is run from the same bytes (ns_per_packet), so the TTL never runs out."""
     import socket
 
     from bcc import BPF
 
-    b = BPF(text=CALIBRATION)
+    b = BPF(text=CALIBRATION, cflags=[f"-I{loader.bpf_dir()}", *layout.cflags(f"{PIN_ROOT}/calibration")])
     try:
         plan = big_plan(100_000)
         for name in (b"lpm8", b"lpm24"):
@@ -385,7 +469,8 @@ def calibration() -> dict:
         pkt = frame("10.42.1.5", str(plan[-1].prefix.network_address + 5), ttl=255)
         progs = {"no-op program (harness)": (b"noop", "ok"), BARE_LPM: (b"bare_lpm", "1"), LPM24: (b"lpm24_only", "1"),
                  LPM24_FLOW: (b"lpm24_flow", "1"), LPM24_FLOW_NEIGH: (b"lpm24_flow_neigh", "redirect"),
-                 LPM24_FILTER: (b"lpm24_filter", "1"), LPM24_FILTER_NEIGH: (b"lpm24_filter_neigh", "redirect")}
+                 LPM24_FILTER: (b"lpm24_filter", "1"), LPM24_FILTER_NEIGH: (b"lpm24_filter_neigh", "redirect"),
+                 **{label: (fn, "redirect") for label, fn in PARTS.items()}}
         out = {}
         for label, (fn, want) in progs.items():
             fd = b.load_func(fn, BPF.SCHED_CLS).fd
@@ -402,7 +487,7 @@ def sync_round(node: str, plan: list[FastPathEntry]) -> dict[str, float]:
     of it and without the batch call inside): the plan into an empty map, a no-op resync, one entry
     changed, and the kernel's batch update of the same 100,000 entries (encoded beforehand) into
     the emptied map alone."""
-    from meshctl.datapath import layout, libbpf
+    from meshctl.datapath import libbpf
 
     dp = Datapath.open(node, pin_root=PIN_ROOT)
     try:
@@ -515,32 +600,104 @@ def baseline_tree(rev: str, into: Path) -> Path:
     return into
 
 
+def alternate(workers: dict[str, Worker], rounds: int, whats: tuple[str, ...]) -> dict:
+    """`rounds` rounds: the calibration, then each of `whats` ("progs", "sync") asked of every
+    worker in turn (the order alternating round by round); medians over the rounds."""
+    out: dict[str, dict[str, list[dict[str, float]]]] = {n: {what: [] for what in whats} for n in workers}
+    calib: list[dict[str, float]] = []
+    try:
+        for r in range(rounds):
+            order = list(workers) if r % 2 == 0 else list(workers)[::-1]
+            calib.append(calibration())
+            for what in whats:
+                for name in order:
+                    out[name][what].append(workers[name].ask(what))
+            line = ", ".join(f"{n} {out[n]['progs'][-1][DIRECT_100K]:.0f} ns" for n in workers)
+            if "sync" in whats:
+                line += "; 100k sync " + ", ".join(f"{n} {out[n]['sync'][-1]['100k into empty map']:.3f} s"
+                                                   for n in workers)
+            print(f"  round {r + 1}: bare LPM {calib[-1][BARE_LPM]:.0f} ns; direct {line}", file=sys.stderr)
+    finally:
+        for w in workers.values():
+            w.close()
+    return {"rounds": rounds, "calibration": {k: statistics.median(c[k] for c in calib) for k in calib[0]},
+            "trees": {n: {what: {k: statistics.median(x[k] for x in xs) for k in xs[0]} for what, xs in d.items()}
+                      for n, d in out.items()}}
+
+
 def versus(rev: str, rounds: int) -> dict:
     """Side by side: calibration, the programs at 100,000 entries and the sync, one round of each
     tree in turn (alternating which goes first), medians over `rounds`."""
-    out: dict[str, dict[str, list[dict[str, float]]]] = {"baseline": {"progs": [], "sync": []},
-                                                         "this tree": {"progs": [], "sync": []}}
-    calib: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix=f"{RUN}-rev-") as tmp:
         workers = {"baseline": Worker(baseline_tree(rev, Path(tmp))), "this tree": Worker(None)}
-        try:
-            for r in range(rounds):
-                order = list(workers) if r % 2 == 0 else list(workers)[::-1]
-                calib.append(calibration())
-                for what in ("progs", "sync"):
-                    for name in order:
-                        out[name][what].append(workers[name].ask(what))
-                print(f"  round {r + 1}: direct " + ", ".join(
-                    f"{n} {out[n]['progs'][-1][DIRECT_100K]:.0f} ns" for n in workers) + ", bare LPM "
-                    f"{calib[-1][BARE_LPM]:.0f} ns; 100k sync " + ", ".join(
-                    f"{n} {out[n]['sync'][-1]['100k into empty map']:.3f} s" for n in workers), file=sys.stderr)
-        finally:
-            for w in workers.values():
-                w.close()
-    med = {k: statistics.median(c[k] for c in calib) for k in calib[0]}
-    return {"rev": rev, "rounds": rounds, "calibration": med,
-            "trees": {n: {what: {k: statistics.median(x[k] for x in xs) for k in xs[0]} for what, xs in d.items()}
-                      for n, d in out.items()}}
+        return {"rev": rev, **alternate(workers, rounds, ("progs", "sync"))}
+
+
+# from_pod with one part of the direct decision taken out (--parts; never shipped): each variant is
+# a copy of this tree's ctl/ and bpf/ with (file, text, replacement) applied. A text the source no
+# longer holds stops the run naming the variant: update the variant with the source.
+REDIRECT = "    return mc_redirected(n, mc_redirect_private(r), MC_C_DIRECT);"
+MARK = "    skb->mark |= MC_MARK;\n"
+TTL_AND_MARK = ("    if (mc_dec_ttl(&p) < 0)\n        return mc_out(n, MC_C_PASS, MC_R_TTL, TC_ACT_OK);\n"
+                + MARK + REDIRECT)
+NO_GATE = ("bpf/lib/monitor.h", "n->slots = mc_config(MC_CFG_MONITOR);", "n->slots = 0;")
+NO_TTL = ("bpf/datapath.c", TTL_AND_MARK, MARK + REDIRECT)
+NO_MARK = ("bpf/datapath.c", TTL_AND_MARK, TTL_AND_MARK.replace(MARK, ""))
+NO_TTL_MARK = ("bpf/datapath.c", TTL_AND_MARK, REDIRECT)
+NO_COUNTER = ("bpf/datapath.c", "struct mc_counter *c = counters.lookup(&slot);", "struct mc_counter *c = 0;")
+NO_FLOW = ("bpf/datapath.c", "    if (mc_flow_is_kernel_reply(&p))\n"
+           "        return mc_out(n, MC_C_FLOW, MC_R_KERNEL_FLOW, TC_ACT_OK);\n    if (r->encap", "    if (r->encap")
+NO_HELPER = ("bpf/datapath.c", "return mc_redirected(n, mc_redirect_private(r), MC_C_DIRECT);",
+             "return mc_redirected(n, TC_ACT_REDIRECT, MC_C_DIRECT);")
+VARIANTS: dict[str, list[tuple[str, str, str]]] = {
+    "as shipped": [],
+    "no monitor gate (its notes fold away)": [NO_GATE],
+    "no TTL decrement": [NO_TTL],
+    "no counter": [NO_COUNTER],
+    "no mark": [NO_MARK],
+    "no flow filter test": [NO_FLOW],
+    "no redirect helper (its verdict kept)": [NO_HELPER],
+    "no gate, TTL, counter or mark": [NO_GATE, NO_TTL_MARK, NO_COUNTER],
+}
+
+
+def variant_tree(patches: list[tuple[str, str, str]], name: str, into: Path) -> Path:
+    """This tree's ctl/ and bpf/ under `into` with `patches` applied, bpf/ reachable as meshctl.bpf."""
+    import shutil
+
+    root = Path(__file__).resolve().parents[1]
+    for d in ("ctl", "bpf"):
+        shutil.copytree(root / d, into / d, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    link = into / "ctl" / "meshctl" / "bpf"
+    if link.is_symlink():
+        link.unlink()
+    link.symlink_to(into / "bpf")
+    for f, text, repl in patches:
+        src = (into / f).read_text()
+        if text not in src:
+            raise SystemExit(f"--parts variant {name!r}: {f} no longer holds {text.splitlines()[0].strip()!r}")
+        (into / f).write_text(src.replace(text, repl, 1))
+    return into
+
+
+def parts_in_place(rounds: int) -> dict:
+    """VARIANTS side by side, programs only, alternating as versus() does."""
+    with tempfile.TemporaryDirectory(prefix=f"{RUN}-var-") as tmp:
+        workers = {name: Worker(variant_tree(p, name, Path(tmp) / f"v{i}")) for i, (name, p) in
+                   enumerate(VARIANTS.items())}
+        return alternate(workers, rounds, ("progs",))
+
+
+def report_parts(res: dict) -> str:
+    cal, t = res["calibration"], res["trees"]
+    shipped = t["as shipped"]["progs"][DIRECT_100K]
+    lines = [f"from_pod with one part taken out: medians of {res['rounds']} alternating rounds",
+             *calibration_lines(cal), "", f"{'direct (from_pod) at 100,000 entries, ns/packet':<50}"
+             f"{'ns':>6}{'vs shipped':>12}{'/ bare LPM':>12}"]
+    for name, d in t.items():
+        ns = d["progs"][DIRECT_100K]
+        lines.append(f"  {name:<48}{ns:>6.0f}{ns - shipped:>+12.0f}{ns / cal[BARE_LPM]:>11.2f}x")
+    return "\n".join(lines)
 
 
 def calibration_lines(cal: dict[str, float]) -> list[str]:
@@ -552,7 +709,8 @@ def report_versus(res: dict) -> str:
     lines = [f"this tree against {res['rev']}: medians of {res['rounds']} alternating rounds",
              *calibration_lines(cal), f"floor of the direct decision / bare LPM hit: "
              f"{cal[LPM24_FLOW_NEIGH] / cal[BARE_LPM]:.2f}x with the LRU lookup, "
-             f"{cal[LPM24_FILTER_NEIGH] / cal[BARE_LPM]:.2f}x with the flow filter", "",
+             f"{cal[LPM24_FILTER_NEIGH] / cal[BARE_LPM]:.2f}x with the flow filter; "
+             f"with every part of from_pod: {cal[PARTS_MARK] / cal[BARE_LPM]:.2f}x", "",
              f"{'BPF_PROG_TEST_RUN at 100,000 entries, ns/packet':<50}{'baseline':>10}{'this tree':>11}"]
     for name in t["baseline"]["progs"]:
         lines.append(f"{name:<50}{t['baseline']['progs'][name]:>10.0f}{t['this tree']['progs'][name]:>11.0f}")
@@ -610,6 +768,8 @@ def main() -> None:
     ap.add_argument("--skip-traffic", action="store_true")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--against", metavar="REV", help="programs and sync only: this tree and REV side by side")
+    ap.add_argument("--parts", action="store_true",
+                    help="programs only: from_pod as shipped and with each part of the direct decision taken out")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -617,6 +777,12 @@ def main() -> None:
     loader.ensure_bpffs(PIN_ROOT)
     os.makedirs(PIN_ROOT, exist_ok=True)
     res: dict = {"load": os.getloadavg()}
+    if args.parts:
+        try:
+            res["parts"] = parts_in_place(args.rounds)
+        finally:
+            subprocess.run(["rm", "-rf", PIN_ROOT], check=False)
+        return finish(res, report_parts(res["parts"]), args.json)
     if args.against:
         try:
             res["versus"] = versus(args.against, args.rounds)
