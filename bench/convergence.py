@@ -66,7 +66,9 @@ class RouteWatch:
 
     def __init__(self, ns: str) -> None:
         self.seen: dict[str, float] = {}
-        self._p = subprocess.Popen([*netns.exec_prefix(ns), "ip", "-o", "monitor", "route"],
+        # an 8 MiB socket buffer: a renumbered remote cluster changes 10,000 routes at once, which
+        # overflow the default one ("netlink receive error No buffer space available")
+        self._p = subprocess.Popen([*netns.exec_prefix(ns), "ip", "-rcvbuf", str(8 << 20), "-o", "monitor", "route"],
                                    stdout=subprocess.PIPE, text=True)
         threading.Thread(target=self._read, daemon=True).start()
 
