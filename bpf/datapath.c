@@ -43,6 +43,8 @@ BPF_TABLE_PINNED("lru_hash", struct mc_flow4_key, struct mc_flow_value, flows4, 
 BPF_TABLE_PINNED("lru_hash", struct mc_flow6_key, struct mc_flow_value, flows6, MC_FLOWS_MAX,
                  MC_PIN_DIR "/flows6");
 BPF_TABLE_PINNED("array", __u32, struct mc_flowfilter, flowfilter, 1, MC_PIN_DIR "/flowfilter", BPF_F_MMAPABLE);
+BPF_TABLE_PINNED("percpu_array", __u32, struct mc_route_cache_slot, route_cache, MC_ROUTE_CACHE_SLOTS,
+                 MC_PIN_DIR "/route_cache");
 BPF_TABLE_PINNED("percpu_array", __u32, struct mc_counter, counters, MC_COUNTERS, MC_PIN_DIR "/counters");
 BPF_TABLE_PINNED("array", __u32, __u64, config, MC_CONFIG_SLOTS, MC_PIN_DIR "/config");
 BPF_TABLE_PINNED("array", __u32, struct mc_mon_slot, mon_slots, MC_MON_SLOTS, MC_PIN_DIR "/mon_slots");
@@ -74,6 +76,11 @@ MC_RINGBUF_PINNED(mon_ring3, MC_MON_RING_BYTES, MC_PIN_DIR "/mon_ring3");
 static __always_inline struct mc_route_value *mc_route_lookup(struct mc_route_key *k)
 {
     return routes.lookup(k);
+}
+
+static __always_inline struct mc_route_cache_slot *mc_route_cache_slot(__u32 i)
+{
+    return route_cache.lookup(&i);
 }
 
 static __always_inline struct mc_pod_value *mc_pod_lookup(struct mc_pod_key *k)
@@ -260,8 +267,42 @@ static __always_inline int mc_forward_encap(struct __sk_buff *skb, struct mc_pkt
     return mc_redirected(n, mc_redirect_private(r), MC_C_ENCAP);
 }
 
+/* The routes generation (meshctl_maps.h, route_cache), read once per packet before its trie lookup. */
+static __always_inline __u32 mc_routes_gen(void)
+{
+    const struct mc_flowfilter *f = mc_flowfilter();
+    return f ? *(volatile const __u32 *)&f->routes_gen : 0;
+}
+
+static __always_inline int mc_addr_eq(const union mc_addr *a, const union mc_addr *b)
+{
+    return ((a->words[0] ^ b->words[0]) | (a->words[1] ^ b->words[1]) | (a->words[2] ^ b->words[2]) |
+            (a->words[3] ^ b->words[3])) == 0;
+}
+
+/* The routes entry for key `k` (a full-length prefix: one destination): the CPU's route_cache slot
+ * when it holds that destination under generation `gen`, else the trie's, copied into the slot. */
+static __always_inline const struct mc_route_value *mc_route(struct mc_route_key *k, __u32 gen)
+{
+    const union mc_addr *a = &k->addr;
+    __u32 i = ((a->words[0] ^ a->words[1] ^ a->words[2] ^ a->words[3]) * MC_ROUTE_CACHE_MULT) >>
+              (32 - MC_ROUTE_CACHE_BITS);
+    struct mc_route_cache_slot *s = mc_route_cache_slot(i);
+    if (s && s->gen == gen && s->family == k->family && mc_addr_eq(&s->addr, a))
+        return &s->value;
+    const struct mc_route_value *r = mc_route_lookup(k);
+    if (r && s && gen) {
+        __builtin_memcpy(&s->value, r, sizeof(*r));
+        s->addr = *a;
+        s->family = k->family;
+        s->gen = gen;
+    }
+    return r;
+}
+
 static __always_inline int mc_from_pod(struct __sk_buff *skb, struct mc_note *n)
 {
+    __u32 gen = mc_routes_gen();
     struct mc_pkt p = {};
     if (mc_parse(skb, &p) < 0)
         return mc_out(n, MC_C_PASS, MC_R_NOT_IP, TC_ACT_OK);
@@ -270,7 +311,7 @@ static __always_inline int mc_from_pod(struct __sk_buff *skb, struct mc_note *n)
     k.family = p.family;
     k.prefixlen = 32 + (p.family == MC_FAMILY_V4 ? 32 : 128);
     mc_daddr(&p, &k.addr);
-    struct mc_route_value *r = mc_route_lookup(&k);
+    const struct mc_route_value *r = mc_route(&k, gen);
     if (!r)
         return mc_out(n, MC_C_PASS, MC_R_NO_ENTRY, TC_ACT_OK);
     mc_note_route(n, r);

@@ -55,11 +55,12 @@ def test_load_time_settings_reach_the_c_as_cflags_only():
 def test_struct_sizes_match_the_compiled_maps(unit_dp):
     m = unit_dp.maps
     for name, mp in (("routes", m.routes), ("pods", m.pods), ("flows4", m.flows4), ("flows6", m.flows6),
-                     ("flowfilter", m.flowfilter.map), ("counters", m.counters_map),
+                     ("flowfilter", m.flowfilter.map), ("route_cache", m.route_cache), ("counters", m.counters_map),
                      ("config", m.config)):
         info = libbpf.map_info(mp.fd)
         assert (info.key_size, info.value_size) == layout.MAP_SIZES[name], name
     assert libbpf.map_info(m.routes.fd).max_entries == layout.ROUTES_MAX
+    assert libbpf.map_info(m.route_cache.fd).max_entries == layout.ROUTE_CACHE_SLOTS
 
 
 def test_encapsulated_route_codec_round_trips():

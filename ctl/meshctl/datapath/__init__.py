@@ -97,6 +97,7 @@ class Datapath:
         dp._tc_fallback = not features.probe().tcx
         if loaded.compiled:  # the programs the links ran may have recorded flows without their slots
             loaded.maps.flowfilter.turn_off()
+        loaded.maps.route_changed()  # a cache left off (gen 0: maps older than it, another machine) turns on
         try:
             dp._refresh_links()
         except (OSError, MeshError) as e:  # the old programs keep running: still a working node
@@ -296,6 +297,8 @@ class Datapath:
         # than the whole diff). Until stale keys are retired the map holds more than it wrote:
         # `_routes_written` is None then.
         stats, table = routes.sync_table(desired, self._routes_written, retire=False)
+        if stats.added or stats.changed:
+            self._loaded.maps.route_changed()
         self._retiring, self._routes_written = ((routes.stale, table), None) if routes.stale else (None, table)
         return stats
 
@@ -305,6 +308,7 @@ class Datapath:
             return 0
         stale, table = self._retiring
         self._loaded.maps.routes.delete(stale)
+        self._loaded.maps.route_changed()
         self._retiring, self._routes_written = None, table
         return len(stale)
 
@@ -388,6 +392,8 @@ class Datapath:
                 flows=len(maps.flows4.items()) + len(maps.flows6.items()),
                 flow_filter={"on": maps.flowfilter.active != 0, "slots_set": maps.flowfilter.filled(),
                              "slots": layout.FLOWFILTER_SLOTS},
+                route_cache=dict(zip(("generation", "slots_held", "slots"),
+                                     (maps.flowfilter.routes_gen, *maps.route_cache_held()), strict=True)),
             )
         return out
 

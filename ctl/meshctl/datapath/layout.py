@@ -120,7 +120,14 @@ _FF = header_defines("MC_FLOWFILTER_")
 FLOWFILTER_BITS = _FF["BITS"][0]
 FLOWFILTER_MULT = _FF["MULT"][0]
 FLOWFILTER_SLOTS = 1 << FLOWFILTER_BITS    # per half
-FLOWFILTER_HEAD = 8                        # active, pad: the slots start here
+FLOWFILTER_HEAD = 8                        # active, pad, routes_gen: the slots start here
+FLOWFILTER_ROUTES_GEN = 4                  # offset of routes_gen (u32): the route cache's generation
+# The route cache (meshctl_maps.h, route_cache): per-CPU slots of gen, family, addr and a routes value.
+_RC = header_defines("MC_ROUTE_CACHE_")
+ROUTE_CACHE_BITS = _RC["BITS"][0]
+ROUTE_CACHE_MULT = _RC["MULT"][0]
+ROUTE_CACHE_SLOTS = 1 << ROUTE_CACHE_BITS
+ROUTE_CACHE_SLOT = struct.Struct("<II16s" + ROUTE_VALUE.format.lstrip("<"))
 FLOWFILTER_VALUE_SIZE = FLOWFILTER_HEAD + 2 * FLOWFILTER_SLOTS
 _U64_MASK = (1 << 64) - 1
 
@@ -131,6 +138,7 @@ MAP_SIZES = {
     "flows4": (FLOW4_KEY.size, FLOW_VALUE.size),
     "flows6": (FLOW6_KEY.size, FLOW_VALUE.size),
     "flowfilter": (U32.size, FLOWFILTER_VALUE_SIZE),
+    "route_cache": (U32.size, ROUTE_CACHE_SLOT.size),
     "counters": (U32.size, COUNTER.size),
     "config": (U32.size, CONFIG_VALUE.size),
     "mon_slots": (U32.size, MON_SLOT.size),
@@ -283,6 +291,16 @@ def flow_key(src: IPAddress, dst: IPAddress, sport: int, dport: int, proto: int)
     """The flow LRU key of a packet from src:sport to dst:dport (decode_flow's inverse)."""
     st = FLOW4_KEY if src.version == 4 else FLOW6_KEY
     return st.pack(src.packed, dst.packed, sport.to_bytes(2, "big"), dport.to_bytes(2, "big"), proto)
+
+
+def route_cache_slot(dst: IPAddress) -> int:
+    """The route cache slot of destination `dst`: the programs' mc_route, the XOR of the address's
+    four 32-bit words (as the 16 bytes of a key hold it, read little-endian) times
+    MC_ROUTE_CACHE_MULT, its top ROUTE_CACHE_BITS bits."""
+    x = 0
+    for (w,) in struct.iter_unpack("<I", dst.packed.ljust(16, b"\0")):
+        x ^= w
+    return ((x * ROUTE_CACHE_MULT) & 0xFFFFFFFF) >> (32 - ROUTE_CACHE_BITS)
 
 
 def flow_slot(key: bytes) -> int:

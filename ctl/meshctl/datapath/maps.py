@@ -20,6 +20,7 @@ The flow filter (FlowFilter) is read and written through a shared mapping, not b
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
 import os
@@ -203,9 +204,25 @@ class FlowFilter:
         self.enabled = (machine or platform.machine()).lower() in STORE_ORDERED_MACHINES
         self.map = m
         self._mm = mmap.mmap(m.fd, layout.FLOWFILTER_VALUE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        # routes_gen as one aligned 32-bit word: a store the programs never see half made.
+        self._gen: ctypes.c_uint32 | None = ctypes.c_uint32.from_buffer(self._mm, layout.FLOWFILTER_ROUTES_GEN)
 
     def close(self) -> None:
+        self._gen = None  # the mapping cannot close while a ctypes view of it lives
         self._mm.close()
+
+    @property
+    def routes_gen(self) -> int:
+        """The route cache's generation (meshctl_maps.h, route_cache); 0: the cache is off."""
+        assert self._gen is not None, "closed"
+        return self._gen.value
+
+    def retire_route_cache(self) -> None:
+        """Retire every CPU's route cache slots: the next generation (never 0, which is off). Call it
+        after every write to the routes map; the programs fill slots again from the trie. Where
+        stores may be seen out of order (not `enabled`) the cache stays off."""
+        assert self._gen is not None, "closed"
+        self._gen.value = ((self._gen.value + 1) & 0xFFFFFFFF or 1) if self.enabled else 0
 
     @property
     def active(self) -> int:
@@ -261,7 +278,7 @@ class FlowFilter:
 class NodeMaps:
     """All maps pinned for one node, under `pin_dir`."""
 
-    NAMES = ("routes", "pods", "flows4", "flows6", "flowfilter", "counters", "config")
+    NAMES = ("routes", "pods", "flows4", "flows6", "flowfilter", "route_cache", "counters", "config")
 
     def __init__(self, pin_dir: str) -> None:
         self.pin_dir = pin_dir
@@ -276,6 +293,7 @@ class NodeMaps:
         self.routes, self.pods = opened["routes"], opened["pods"]
         self.flows4, self.flows6 = opened["flows4"], opened["flows6"]
         self.counters_map, self.config = opened["counters"], opened["config"]
+        self.route_cache = opened["route_cache"]
         self._all = list(opened.values())
         try:
             self.flowfilter = FlowFilter(opened["flowfilter"])
@@ -296,6 +314,26 @@ class NodeMaps:
         """FlowFilter.rebuild from both flow LRUs."""
         return self.flowfilter.rebuild(self.flows4, self.flows6)
 
+    def route_changed(self) -> None:
+        """After a write to the routes map: every CPU's route cache slots retired at once."""
+        self.flowfilter.retire_route_cache()
+
+    def route_cache_held(self) -> tuple[int, int]:
+        """How many route cache slots, over every CPU, hold an entry of the current generation (what
+        the next packet to those destinations takes without a trie walk; 0 when the cache is off),
+        and how many there are."""
+        gen, slots = self.flowfilter.routes_gen, layout.ROUTE_CACHE_SLOTS * self._ncpu
+        if gen == 0:
+            return 0, slots
+        return sum(1 for i in range(layout.ROUTE_CACHE_SLOTS) for raw in self._per_cpu(self.route_cache, i)
+                   if layout.U32.unpack_from(raw)[0] == gen), slots  # a filled slot's gen is never 0
+
+    def _per_cpu(self, m: Map, index: int) -> list[bytes]:
+        """Element `index` of per-CPU array `m`, one value per possible CPU."""
+        stride = (m.value_size + 7) // 8 * 8
+        raw = libbpf.lookup(m.fd, layout.U32.pack(index), stride * self._ncpu) or b""
+        return [raw[cpu * stride:cpu * stride + m.value_size] for cpu in range(len(raw) // stride)]
+
     def config_get(self, slot: int) -> int:
         v = libbpf.lookup(self.config.fd, layout.U32.pack(slot), layout.CONFIG_VALUE.size)
         return layout.CONFIG_VALUE.unpack(v)[0] if v else 0
@@ -305,14 +343,8 @@ class NodeMaps:
 
     def counters(self) -> dict[str, tuple[int, int]]:
         """Per-action (packets, bytes) summed over every CPU."""
-        stride = (layout.COUNTER.size + 7) // 8 * 8
         out: dict[str, tuple[int, int]] = {}
         for slot, name in enumerate(layout.COUNTERS):
-            raw = libbpf.lookup(self.counters_map.fd, layout.U32.pack(slot), stride * self._ncpu) or b""
-            pk = by = 0
-            for cpu in range(len(raw) // stride):
-                p, b = layout.COUNTER.unpack_from(raw, cpu * stride)
-                pk += p
-                by += b
-            out[name] = (pk, by)
+            per_cpu = [layout.COUNTER.unpack(v) for v in self._per_cpu(self.counters_map, slot)]
+            out[name] = (sum(p for p, _ in per_cpu), sum(b for _, b in per_cpu))
         return out

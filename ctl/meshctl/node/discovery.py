@@ -152,9 +152,7 @@ def routes_changed_outside(data: bytes, protos: frozenset[int]) -> bool:
     main-table host routes: a link or address message, or a main-table /32 (/128) route of
     another protocol. An agent writing 10,000 routes of its own sends as many notifications; a
     reader of pod routes (node/pods.py) need not dump the main table again for them."""
-    off = 0
-    while off + rtnl.NLMSG.size <= len(data):
-        length, kind = rtnl.NLMSG.unpack_from(data, off)[:2]
+    for off, length, kind, _, _ in rtnl.messages(data):
         if length < rtnl.NLMSG.size:
             return True  # not a message this reader understands: assume it matters
         if kind not in (rtnl.RTM_NEWROUTE, rtnl.RTM_DELROUTE) or off + rtnl.NLMSG.size + rtnl.RTMSG.size > len(data):
@@ -163,7 +161,6 @@ def routes_changed_outside(data: bytes, protos: frozenset[int]) -> bool:
         host = 32 if family == socket.AF_INET else 128
         if proto not in protos and plen == host and table == MAIN_TABLE:
             return True
-        off += (length + 3) & ~3
     return False
 
 

@@ -99,6 +99,19 @@ class RouteForm:
         return NLMSG.pack(NLMSG.size + len(body), kind, flags, 0, 0) + body
 
 
+def messages(data: bytes) -> Iterator[tuple[int, int, int, int, int]]:
+    """The netlink messages of one read, as (offset, length, type, flags, sequence). A header whose
+    length is shorter than a header (not a message anyone can read) is yielded last, as it is: the
+    caller decides what it means."""
+    off = 0
+    while off + NLMSG.size <= len(data):
+        length, kind, flags, seq, _ = NLMSG.unpack_from(data, off)
+        yield off, length, kind, flags, seq
+        if length < NLMSG.size:
+            return
+        off += (length + 3) & ~3
+
+
 class Rtnl:
     """One rtnetlink socket of the calling thread's namespace (a context manager)."""
 
@@ -154,13 +167,10 @@ class Rtnl:
         """Every message the socket receives, as (buffer, offset, length, type, flags, sequence)."""
         while True:
             data = self.sock.recv(1 << 17)
-            off = 0
-            while off + NLMSG.size <= len(data):
-                length, kind, flags, seq, _ = NLMSG.unpack_from(data, off)
+            for off, length, kind, flags, seq in messages(data):
                 if length < NLMSG.size:
                     break
                 yield data, off, length, kind, flags, seq
-                off += (length + 3) & ~3
 
     def dump(self, family: int, *, table: int = 0, proto: int = 0, rtype: int = 0) -> Iterator[tuple[bytes, int, int]]:
         """The routes of `family`, filtered by the kernel on what is given (0: any): each as (the
