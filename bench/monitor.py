@@ -50,6 +50,8 @@ from meshctl.setns import in_netns  # noqa: E402
 RUN = f"mmb{os.getpid() % 10000}"
 ROOTS = {"before": f"/sys/fs/bpf/{RUN}old", "after": f"/sys/fs/bpf/{RUN}new"}
 MODES = ("before", "after", "monitor")
+BPF_MAP_TYPE_PERCPU_ARRAY = 6
+NEWER_MAPS = {"route_cache": (BPF_MAP_TYPE_PERCPU_ARRAY, layout.ROUTE_CACHE_SLOTS)}  # name -> (type, max entries)
 
 
 def compile_old(src: Path, pin_dir: str) -> None:
@@ -73,6 +75,15 @@ def compile_old(src: Path, pin_dir: str) -> None:
         libbpf.update(fd, layout.U32.pack(layout.CFG_LAYOUT), layout.CONFIG_VALUE.pack(layout.LAYOUT_VERSION))
     finally:
         os.close(fd)
+    # Maps this tree's Python opens that older programs did not declare: made empty, so this tree's
+    # Datapath can sync the old programs' maps (which never read them).
+    for name, (map_type, max_entries) in NEWER_MAPS.items():
+        if not os.path.exists(f"{pin_dir}/{name}"):
+            fd = libbpf.map_create(name, map_type, *layout.MAP_SIZES[name], max_entries, 0)
+            try:
+                libbpf.obj_pin(fd, f"{pin_dir}/{name}")
+            finally:
+                os.close(fd)
 
 
 class Modes:
