@@ -296,6 +296,7 @@ static __always_inline const struct mc_route_value *mc_route(struct mc_route_key
         s->addr = *a;
         s->family = k->family;
         s->gen = gen;
+        s->fills += 1;
     }
     return r;
 }

@@ -164,7 +164,7 @@ struct mc_flowfilter {
  * store-ordered machines; elsewhere it stays 0, which fills no slot: every packet walks the trie.
  * A destination with no entry is not cached (its walk ends early: a miss is cheap). */
 #define MC_ROUTE_CACHE_BITS 8
-#define MC_ROUTE_CACHE_SLOTS (1 << MC_ROUTE_CACHE_BITS) /* per CPU: 22 KiB */
+#define MC_ROUTE_CACHE_SLOTS (1 << MC_ROUTE_CACHE_BITS) /* per CPU: 24 KiB */
 #define MC_ROUTE_CACHE_MULT 0x9E3779B1U /* the slot: the top bits of the address words' XOR times this */
 
 struct mc_route_cache_slot {
@@ -172,6 +172,7 @@ struct mc_route_cache_slot {
     __u32 family;       /* MC_FAMILY_V4 / V6 of addr; 0: never filled */
     union mc_addr addr; /* the destination (IPv4 in the first 4 bytes, the rest zero) */
     struct mc_route_value value;
+    __u64 fills;        /* how often this CPU filled the slot (trie walks that found an entry), ever */
 };
 
 /* counters: per-CPU array, one slot per outcome. Every packet a program sees moves exactly one

@@ -64,7 +64,7 @@ def forge(dp, dst: str, gen: int, action: str) -> None:
     d = ip(dst)
     value = layout.route_value(action, 1, None)
     slot = layout.ROUTE_CACHE_SLOT.pack(gen, 4 if d.version == 4 else 6, d.packed.ljust(16, b"\0"),
-                                        *layout.ROUTE_VALUE.unpack(value))
+                                        *layout.ROUTE_VALUE.unpack(value), 0)
     stride = (len(slot) + 7) // 8 * 8
     libbpf.update(dp.maps.route_cache.fd, layout.U32.pack(layout.route_cache_slot(d)),
                   slot.ljust(stride, b"\0") * libbpf.possible_cpus())
@@ -73,12 +73,13 @@ def forge(dp, dst: str, gen: int, action: str) -> None:
 def test_the_first_packet_fills_the_slot_and_the_next_ones_find_it(dp):
     gen = dp.maps.flowfilter.routes_gen
     assert gen != 0, "the agent turned the cache on when it opened the datapath"
-    held = dp.maps.route_cache_held()[0]
+    before = dp.maps.route_cache_stats()
     assert send(dp, "10.42.2.7") == "redirect"
     assert slot_of(dp, "10.42.2.7")[:3] == (gen, 4, ip("10.42.2.7").packed.ljust(16, b"\0"))
-    assert dp.maps.route_cache_held()[0] == held + 1
+    after = dp.maps.route_cache_stats()
+    assert (after.held, after.fills) == (before.held + 1, before.fills + 1)
     assert send(dp, "10.42.2.7") == "redirect"
-    assert dp.maps.route_cache_held()[0] == held + 1, "the second packet took the slot: nothing new filled"
+    assert dp.maps.route_cache_stats() == after, "the second packet took the slot: nothing filled"
 
 
 def test_a_slot_of_the_current_generation_answers_without_the_trie(dp):
@@ -141,11 +142,11 @@ def test_on_a_weakly_ordered_machine_the_cache_stays_off(dp):
     try:
         arm.retire_route_cache()
         assert dp.maps.flowfilter.routes_gen == 0
-        assert dp.maps.route_cache_held()[0] == 0
+        assert dp.maps.route_cache_stats().held == 0
         for _ in range(2):
             assert (send(dp, "10.42.2.40"), send(dp, "fd00:42:2::40")) == ("redirect", "redirect")
         assert slot_of(dp, "10.42.2.40")[0] != 0 or slot_of(dp, "10.42.2.40")[1] == 0
-        assert dp.maps.route_cache_held()[0] == 0
+        assert dp.maps.route_cache_stats().held == 0
     finally:
         arm.close()
         dp.maps.route_changed()
@@ -156,8 +157,10 @@ def test_datapath_status_shows_the_cache(dp, pin_root):
     send(dp, "10.42.2.50")
     st = dp.status()["route_cache"]
     assert st["generation"] == dp.maps.flowfilter.routes_gen != 0
-    assert 1 <= st["slots_held"] <= st["slots"] == layout.ROUTE_CACHE_SLOTS * libbpf.possible_cpus()
+    assert 1 <= st["held"] <= st["slots"] == layout.ROUTE_CACHE_SLOTS * libbpf.possible_cpus()
+    assert st["fills"] >= st["held"]
     r = CliRunner().invoke(main, ["datapath", "status", "--node", dp.node, "--bpf-pin-root", pin_root])
     assert r.exit_code == 0, r.output
-    want = f"  route cache on (generation {st['generation']}), {st['slots_held']} of {st['slots']} slots held"
+    want = (f"  route cache on (generation {st['generation']}), {st['held']} of {st['slots']} slots held; "
+            f"{st['fills']} fills")
     assert want in r.stdout.splitlines(), r.stdout

@@ -130,6 +130,11 @@ def _datapath_metrics(dp: DatapathStatus) -> Iterator[Any]:
                                   "Compiled objects refused for their map layout version")
     refused.add_metric([], dp.objects_refused or 0)
     yield refused
+    if dp.route_cache_fills is not None:
+        fills = CounterMetricFamily("meshctl_datapath_route_cache_fills",
+                                    "Route cache misses: trie walks of from_pod that found an entry")
+        fills.add_metric([], dp.route_cache_fills)
+        yield fills
 
 
 def _peer_metrics(peers: Sequence[PeerRow]) -> Iterator[Any]:

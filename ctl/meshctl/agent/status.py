@@ -291,7 +291,9 @@ class DatapathStatus:
     unless the mode is ebpf. `objects` says which of the three outcomes the node has (programs
     `shipped` with the image, `compiled (bcc)` here, or `kernel routes: <reason>`: Datapath.objects)
     and `objects_refused` how many compiled objects were refused for their map layout version;
-    both None until a datapath is open. A None field is an absent key."""
+    both None until a datapath is open. `route_cache_fills`: the trie walks from_pod made that
+    found an entry (each a route cache miss), None unless the mode is ebpf. A None field is an
+    absent key."""
 
     mode: str | None
     reason: str | None
@@ -301,10 +303,12 @@ class DatapathStatus:
     fallbacks: tuple[str, ...] | None = None
     objects: str | None = None
     objects_refused: int | None = None
+    route_cache_fills: int | None = None
 
     def to_json(self) -> JSON:
         out: JSON = {"mode": self.mode, "reason": self.reason,
                      "counters": {k: list(v) for k, v in self.counters.items()}}
+        _opt(out, "route_cache_fills", self.route_cache_fills)
         _opt(out, "synced", self.synced)
         _opt(out, "attach", self.attach)
         _opt(out, "fallbacks", list(self.fallbacks) if self.fallbacks is not None else None)
@@ -317,7 +321,8 @@ class DatapathStatus:
         fb = d.get("fallbacks")
         counters = {k: (int(v[0]), int(v[1])) for k, v in (d.get("counters") or {}).items()}
         return cls(d.get("mode"), d.get("reason"), counters, d.get("synced"), d.get("attach"),
-                   tuple(fb) if fb is not None else None, d.get("objects"), d.get("objects_refused"))
+                   tuple(fb) if fb is not None else None, d.get("objects"), d.get("objects_refused"),
+                   d.get("route_cache_fills"))
 
 
 @dataclass(frozen=True)

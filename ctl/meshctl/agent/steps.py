@@ -487,6 +487,11 @@ class DatapathStep:
 
         # how the programs hook in, which helpers they do without on this kernel, where they came from
         reason = dp.reason if self.cfg.private_interface else IDLE_NO_PRIVATE
+        try:
+            rc = dp.route_cache()
+        except OSError as e:
+            rc = None
+            log.debug("datapath route cache: %s", e)
         block = DatapathStatus(dp.mode, reason, counters, self._synced, "clsact" if dp.clsact else "tcx",
-                               tuple(probe().fallbacks()), dp.objects, refusals())
+                               tuple(probe().fallbacks()), dp.objects, refusals(), rc.fills if rc else None)
         return DatapathReport(block, self._attached or ())

@@ -246,8 +246,9 @@ def datapath_status(node: str | None, lab_name: str | None, pin_root: str | None
         state = f"on, {ff['slots_set']} of {ff['slots']} slots set" if ff["on"] else "off (every tuple looked up)"
         click.echo(f"  {r['flows']} tracked flows; flow filter {state}")
         rc = r["route_cache"]
-        click.echo("  route cache " + (f"on (generation {rc['generation']}), {rc['slots_held']} of {rc['slots']} "
-                                        f"slots held" if rc["generation"] else "off (every packet walks the trie)"))
+        state = (f"on (generation {rc['generation']}), {rc['held']} of {rc['slots']} slots held"
+                 if rc["generation"] else "off (every packet walks the trie)")
+        click.echo(f"  route cache {state}; {rc['fills']} fills")
         click.echo("  programs " + ", ".join(f"{p}#{i}" for p, i in r["programs"].items()))
         if r.get("features"):
             f = r["features"]

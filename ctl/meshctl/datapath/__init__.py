@@ -16,6 +16,7 @@ kernel's routes stay the source of truth: with the programs unloaded, or where t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from meshctl import defaults
 from meshctl.datapath import layout, links
-from meshctl.datapath.maps import FilterStats, SyncStats, Table
+from meshctl.datapath.maps import FilterStats, RouteCacheStats, SyncStats, Table
 from meshctl.errors import MeshError
 from meshctl.mesh.model import IPAddress
 from meshctl.mesh.plan import FastPathEntry
@@ -324,6 +325,10 @@ class Datapath:
         """action -> (packets, bytes), summed over CPUs; {} in kernel-routes mode."""
         return self._loaded.maps.counters() if self._loaded is not None else {}
 
+    def route_cache(self) -> RouteCacheStats | None:
+        """The route cache read now (maps.NodeMaps.route_cache_stats); None in kernel-routes mode."""
+        return self._loaded.maps.route_cache_stats() if self._loaded is not None else None
+
     def entries(self) -> list[dict]:
         """The LPM map as `maps dump` prints it: prefix, action, nexthop, ifname, and for an
         encapsulated entry its encapsulation (vxlan, ipip) and outer addresses."""
@@ -392,8 +397,7 @@ class Datapath:
                 flows=len(maps.flows4.items()) + len(maps.flows6.items()),
                 flow_filter={"on": maps.flowfilter.active != 0, "slots_set": maps.flowfilter.filled(),
                              "slots": layout.FLOWFILTER_SLOTS},
-                route_cache=dict(zip(("generation", "slots_held", "slots"),
-                                     (maps.flowfilter.routes_gen, *maps.route_cache_held()), strict=True)),
+                route_cache=dataclasses.asdict(maps.route_cache_stats()),
             )
         return out
 

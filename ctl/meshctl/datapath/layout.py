@@ -127,7 +127,7 @@ _RC = header_defines("MC_ROUTE_CACHE_")
 ROUTE_CACHE_BITS = _RC["BITS"][0]
 ROUTE_CACHE_MULT = _RC["MULT"][0]
 ROUTE_CACHE_SLOTS = 1 << ROUTE_CACHE_BITS
-ROUTE_CACHE_SLOT = struct.Struct("<II16s" + ROUTE_VALUE.format.lstrip("<"))
+ROUTE_CACHE_SLOT = struct.Struct("<II16s" + ROUTE_VALUE.format.lstrip("<") + "Q")  # ..., fills
 FLOWFILTER_VALUE_SIZE = FLOWFILTER_HEAD + 2 * FLOWFILTER_SLOTS
 _U64_MASK = (1 << 64) - 1
 

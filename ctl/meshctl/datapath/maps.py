@@ -173,6 +173,19 @@ class Map:
                 libbpf.delete(self.fd, k)
 
 
+@dataclass(frozen=True)
+class RouteCacheStats:
+    """The route cache (meshctl_maps.h, route_cache) over every CPU: the generation (0: off), the
+    slots holding an entry of it (what the next packet to those destinations takes without a trie
+    walk), the slots there are, and the fills ever made (trie walks that found an entry; against
+    the packets of the direct, tunnel and local outcomes, how often the cache missed)."""
+
+    generation: int
+    held: int
+    slots: int
+    fills: int
+
+
 class Entries(Protocol):
     """What a flow filter rebuild reads of a flow LRU (a Map)."""
 
@@ -318,15 +331,15 @@ class NodeMaps:
         """After a write to the routes map: every CPU's route cache slots retired at once."""
         self.flowfilter.retire_route_cache()
 
-    def route_cache_held(self) -> tuple[int, int]:
-        """How many route cache slots, over every CPU, hold an entry of the current generation (what
-        the next packet to those destinations takes without a trie walk; 0 when the cache is off),
-        and how many there are."""
-        gen, slots = self.flowfilter.routes_gen, layout.ROUTE_CACHE_SLOTS * self._ncpu
-        if gen == 0:
-            return 0, slots
-        return sum(1 for i in range(layout.ROUTE_CACHE_SLOTS) for raw in self._per_cpu(self.route_cache, i)
-                   if layout.U32.unpack_from(raw)[0] == gen), slots  # a filled slot's gen is never 0
+    def route_cache_stats(self) -> RouteCacheStats:
+        """The route cache read now, every CPU's slots summed."""
+        gen, held, fills = self.flowfilter.routes_gen, 0, 0
+        for i in range(layout.ROUTE_CACHE_SLOTS):
+            for raw in self._per_cpu(self.route_cache, i):
+                slot = layout.ROUTE_CACHE_SLOT.unpack(raw)
+                held += gen != 0 and slot[0] == gen  # a filled slot's gen is never 0
+                fills += slot[-1]
+        return RouteCacheStats(gen, held, layout.ROUTE_CACHE_SLOTS * self._ncpu, fills)
 
     def _per_cpu(self, m: Map, index: int) -> list[bytes]:
         """Element `index` of per-CPU array `m`, one value per possible CPU."""
