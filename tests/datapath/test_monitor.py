@@ -36,6 +36,8 @@ needs_tcpdump = pytest.mark.skipif(shutil.which("tcpdump") is None, reason="tcpd
 A4, B4 = PODS["a"][0], PODS["b"][0]
 BPF_MAP_TYPE_RINGBUF = 27
 RING_BYTES = layout.header_defines("MC_MON_")["RING_BYTES"][0]
+# A monitor's start (Python importing the CLI) takes ~1 s here and tens of seconds in a TCG guest.
+MONITOR_START_S = 120
 
 
 @pytest.fixture(scope="module")
@@ -78,11 +80,16 @@ def start_monitor(tb: Testbed, *args: str, slots: int = 1) -> subprocess.Popen:
     argv = [sys.executable, "-m", "meshctl.cli", "monitor", "--node", "a", "--bpf-pin-root", tb.pin_root,
             "--netns", tb.ns("a"), "-o", "json", *args]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 20
-    while bin(gate(tb)).count("1") < slots:
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the monitor did not claim a slot"
-        time.sleep(0.05)
+    deadline = time.monotonic() + MONITOR_START_S
+    try:
+        while bin(gate(tb)).count("1") < slots:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the monitor did not claim a slot"
+            time.sleep(0.05)
+    except BaseException:  # a monitor left running would hold its slot into the next test
+        proc.kill()
+        proc.communicate()
+        raise
     return proc
 
 

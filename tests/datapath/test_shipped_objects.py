@@ -108,7 +108,8 @@ def test_every_variant_loads_here_with_headers_and_bcc_hidden(pin_root, shipped,
     env = {objcache.HEADERS_ENV: str(empty), objcache.CACHE_ENV: str(tmp_path / "cache"),
            objcache.SHIPPED_ENV: str(shipped)}
     tags: dict[str, tuple[bytes, ...]] = {}
-    for i, v in enumerate(features.variants()):
+    here = features.probe().variant()  # a kernel loads the variants of the features it has (5.10: base alone)
+    for i, v in enumerate(v for v in features.variants() if v <= here):
         node = f"oh-v{i}"
         without = ",".join(sorted(set(features.OPTIONAL) - v))
         try:
@@ -118,7 +119,9 @@ def test_every_variant_loads_here_with_headers_and_bcc_hidden(pin_root, shipped,
             tags[features.variant_name(v)] = _tags(f"{pin_root}/{node}")
         finally:
             Datapath.unload(node, pin_root=pin_root)
-    assert tags["base"] != tags["check_mtu"], "the variant loaded is the one its probe selects"
+    assert "base" in tags
+    if "check_mtu" in tags:
+        assert tags["base"] != tags["check_mtu"], "the variant loaded is the one its probe selects"
     assert not os.path.exists(tmp_path / "cache"), "nothing was compiled"
 
 
