@@ -128,6 +128,9 @@ ROUTE_CACHE_BITS = _RC["BITS"][0]
 ROUTE_CACHE_MULT = _RC["MULT"][0]
 ROUTE_CACHE_SLOTS = 1 << ROUTE_CACHE_BITS
 ROUTE_CACHE_SLOT = struct.Struct("<II16s" + ROUTE_VALUE.format.lstrip("<") + "Q")  # ..., fills
+# Of a slot, its generation and its fills alone (the size of a slot: 8-byte aligned, as per CPU values are).
+ROUTE_CACHE_GEN_FILLS = struct.Struct(f"<I{ROUTE_CACHE_SLOT.size - 12}xQ")
+assert ROUTE_CACHE_SLOT.size % 8 == 0, "per-CPU values are 8-byte aligned: a slot's stride is its size"
 FLOWFILTER_VALUE_SIZE = FLOWFILTER_HEAD + 2 * FLOWFILTER_SLOTS
 _U64_MASK = (1 << 64) - 1
 
