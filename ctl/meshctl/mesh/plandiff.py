@@ -117,7 +117,8 @@ def settings_view(m: MeshSettings) -> dict[str, Any]:
         "granularity": m.granularity, "subnet": str(m.subnet),
         "subnet6": str(m.subnet6) if m.subnet6 is not None else None, "port": m.port, "intra_subnet": m.intra_subnet,
         "private_networks": [str(n) for n in m.private_networks], "allow_default_route": m.allow_default_route,
-        "wireguard_addressing": m.wireguard_addressing,
+        "wireguard_addressing": m.wireguard_addressing, "leader_hold": m.leader_hold,
+        "leaders_per_location": m.leaders_per_location,
     }
     assert tuple(view) == MESH_FIELDS
     return view

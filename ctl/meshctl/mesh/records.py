@@ -24,6 +24,7 @@ from meshctl.mesh.fields import (
     endpoint,
     endpoints,
     granularity,
+    integer,
     interface,
     interfaces,
     keepalive,
@@ -41,9 +42,12 @@ from meshctl.mesh.fields import (
 )
 from meshctl.mesh.model import (
     DEFAULT_INTRA_SUBNET,
+    DEFAULT_LEADER_HOLD,
     DEFAULT_PORT,
     DEFAULT_SUBNET,
     INTRA_SUBNET_MODES,
+    MAX_LEADER_HOLD,
+    MAX_LEADERS_PER_LOCATION,
     PRIVATE_RUNGS,
     Cluster,
     IPNetwork,
@@ -182,7 +186,7 @@ def parse_peer(d: Any, path: str) -> Peer:
 
 
 MESH_FIELDS = ("granularity", "subnet", "subnet6", "port", "intra_subnet", "private_networks", "allow_default_route",
-               "wireguard_addressing")
+               "wireguard_addressing", "leader_hold", "leaders_per_location")
 
 
 def parse_mesh(d: Any, path: str) -> MeshSettings:
@@ -208,7 +212,12 @@ def parse_mesh(d: Any, path: str) -> MeshSettings:
                         private_networks=cidr_list(d.get("private_networks"), f"{path}.private_networks"),
                         allow_default_route=boolean(d.get("allow_default_route", False), f"{path}.allow_default_route"),
                         wireguard_addressing=wireguard_addressing(d.get("wireguard_addressing", "index"),
-                                                                  f"{path}.wireguard_addressing"))
+                                                                  f"{path}.wireguard_addressing"),
+                        leader_hold=integer(d.get("leader_hold", DEFAULT_LEADER_HOLD), f"{path}.leader_hold", 1,
+                                            MAX_LEADER_HOLD, f"is not a number of seconds in 1..{MAX_LEADER_HOLD}"),
+                        leaders_per_location=integer(d.get("leaders_per_location", 1), f"{path}.leaders_per_location",
+                                                     1, MAX_LEADERS_PER_LOCATION,
+                                                     f"is not a number of leaders in 1..{MAX_LEADERS_PER_LOCATION}"))
 
 
 def _wg_subnet(value: Any, path: str) -> IPNetwork:
@@ -229,6 +238,10 @@ def mesh_to_record(m: MeshSettings) -> dict[str, Any]:
         rec["allow_default_route"] = True
     if m.wireguard_addressing != "index":  # written only when set, as allow_default_route
         rec["wireguard_addressing"] = m.wireguard_addressing
+    if m.leader_hold != DEFAULT_LEADER_HOLD:  # written only when set, as allow_default_route
+        rec["leader_hold"] = m.leader_hold
+    if m.leaders_per_location != 1:  # written only when set, as allow_default_route
+        rec["leaders_per_location"] = m.leaders_per_location
     return rec
 
 
