@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from meshctl.agent.config import AgentConfig, fastpath_off
+from meshctl.agent.leadership import ForwardingStore, ForwardProbing
 from meshctl.agent.loop import PassDriver, ReconcileLoop, RemoteSource, pod_interfaces
 from meshctl.agent.path_probing import PathProbing
 from meshctl.agent.reporting import ErrorCounts, LiveReader
@@ -70,6 +71,7 @@ class Agent:
         self._wake = threading.Event()
         self.pod_watch: PodInterfaceWatcher | None = None
         self.paths: PathProbing | None = None
+        self.forwarding: ForwardProbing | None = None
         self._running: _Running | None = None
         self._datapath: Datapath | None = None
         self._threads: list[threading.Thread] = []
@@ -91,8 +93,11 @@ class Agent:
             self.remotes = self._remotes_factory(self.wake)
         self.paths = PathProbing(self.cfg.private_interface, self.wake, ProbeTuning(hold=self.cfg.path_hold),
                                  carriers=(tunnels, datapath))
+        self.forwarding = ForwardProbing(self.cfg.private_interface, self.cfg.node_name, self.cfg.cluster_name,
+                                         self.backend if isinstance(self.backend, ForwardingStore) else None,
+                                         self.stop_event)
         passes = PassDriver(self.cfg, self.backend, self.remotes, runner, self.paths, self._pod_interfaces,
-                            keys.public_key(private_key), self.errors, self._passed)
+                            keys.public_key(private_key), self.errors, self._passed, forwarding=self.forwarding)
         loop = ReconcileLoop(passes, wireguard, self._wake, self.stop_event, self.errors)
         live = LiveReader(self.cfg, self.backend, self.paths, wireguard, runner.reports, lambda: self.pod_watch)
         server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy, self.ready, self.probe)
@@ -181,6 +186,8 @@ class Agent:
                 log.warning("stopping remote clusters: %s", e)
         if self.paths is not None:
             self.paths.stop()
+        if self.forwarding is not None:
+            self.forwarding.stop()
         if self._datapath is not None:
             try:
                 self._datapath.close()

@@ -230,6 +230,8 @@ class PassSummary:
     remotes: RemotesStatus | None = None
     interfaces: Interfaces | None = None
     path_mtu: dict[str, int] | None = None
+    # Location granularity: who leads each location and why, the leader moves (absent otherwise).
+    leaders: LeadershipStatus | None = None
 
     def to_json(self) -> JSON:
         out: JSON = {
@@ -249,12 +251,13 @@ class PassSummary:
         _opt(out, "remotes", self.remotes.to_json() if self.remotes is not None else None)
         _opt(out, "interfaces", self.interfaces.to_json() if self.interfaces is not None else None)
         _opt(out, "path_mtu", dict(self.path_mtu) if self.path_mtu is not None else None)
+        _opt(out, "leaders", self.leaders.to_json() if self.leaders is not None else None)
         return out
 
     @classmethod
     def from_json(cls, d: JSON) -> PassSummary:
         rec = d.get("reconcile") or {}
-        remotes, ifs, mtu = d.get("remotes"), d.get("interfaces"), d.get("path_mtu")
+        remotes, ifs, mtu, lead = d.get("remotes"), d.get("interfaces"), d.get("path_mtu"), d.get("leaders")
         return cls(
             cluster=str(d.get("cluster", "")), backend=str(d.get("backend", "")), revision=d.get("revision", 0),
             records=d.get("records"), granularity=d.get("granularity"),
@@ -274,6 +277,7 @@ class PassSummary:
             remotes=RemotesStatus.from_json(remotes) if isinstance(remotes, dict) else None,
             interfaces=Interfaces.from_json(ifs) if isinstance(ifs, dict) else None,
             path_mtu=dict(mtu) if isinstance(mtu, dict) else None,
+            leaders=LeadershipStatus.from_json(lead) if isinstance(lead, dict) else None,
         )
 
 
@@ -564,6 +568,8 @@ class NodeRow:
     fastpath: tuple[FastPathRow, ...] = ()
     # A dual-stack node's every address and each family's rung (render.dual_keys): absent for one.
     dual: dict[str, Any] = field(default_factory=dict, compare=False)
+    # A member of a location of several: whether it leads (render.lead_roles); absent otherwise.
+    lead: str | None = None
 
     def to_json(self) -> JSON:
         out: JSON = {"name": self.name, "cluster": self.cluster, "source": self.source, "location": self.location,
@@ -572,6 +578,7 @@ class NodeRow:
                      "wireguard_ip": self.wireguard_ip, "path": self.path, "relay": self.relay,
                      "relay_reason": self.relay_reason, **self.dual}
         _opt(out, "fastpath", [e.to_json() for e in self.fastpath] if self.fastpath else None)
+        _opt(out, "lead", self.lead)
         return out
 
     @classmethod
@@ -590,7 +597,7 @@ class NodeRow:
         return cls(str(d.get("name", "")), str(d.get("cluster", "")), str(d.get("source", "")),
                    str(d.get("location") or ""), d.get("internal_ip"), d.get("endpoint"), pods,
                    d.get("wireguard_ip"), str(d.get("path", "none")), d.get("relay"), d.get("relay_reason"),
-                   fastpath, {k: d[k] for k in DUAL_KEYS if k in d})
+                   fastpath, {k: d[k] for k in DUAL_KEYS if k in d}, d.get("lead"))
 
 
 @dataclass(frozen=True)
@@ -743,3 +750,50 @@ class ProbeResult:
     def from_json(cls, d: JSON) -> ProbeResult:
         return cls(str(d.get("peer", "")), d.get("rung"), d.get("kind"), bool(d.get("answered")), d.get("rtt_ms"),
                    d.get("timeout_s", 0.0), d.get("error"))
+
+
+@dataclass(frozen=True)
+class LeaderMove:
+    """A location's leaders changed: when (unix seconds), from whom to whom, and why (the reason
+    names the verdicts, who published them and their age; "" for a return to the documented order)."""
+
+    location: str
+    at: float
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+    reason: str
+
+    def to_json(self) -> JSON:
+        return {"location": self.location, "at": self.at, "from": list(self.before), "to": list(self.after),
+                "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, d: JSON) -> LeaderMove:
+        return cls(str(d.get("location", "")), float(d.get("at", 0.0)), tuple(d.get("from") or ()),
+                   tuple(d.get("to") or ()), str(d.get("reason", "")))
+
+
+@dataclass(frozen=True)
+class LeadershipStatus:
+    """Who leads each location (mesh.leaders.LocationLeaders, as JSON: `leaders`, `static`, `out`,
+    `reason`, `evidence`), the moves counted since the agent started, per location, the last moves,
+    and this node's own forwarding verdicts on its location's members (`forwarding`: member ->
+    {verdict, since}; absent when this node probes none)."""
+
+    locations: tuple[JSON, ...] = ()
+    moves: dict[str, int] = field(default_factory=dict)
+    last_moves: tuple[LeaderMove, ...] = ()
+    forwarding: dict[str, JSON] | None = None
+
+    def to_json(self) -> JSON:
+        out: JSON = {"locations": list(self.locations), "moves": dict(self.moves),
+                     "last_moves": [m.to_json() for m in self.last_moves]}
+        _opt(out, "forwarding", self.forwarding)
+        return out
+
+    @classmethod
+    def from_json(cls, d: JSON) -> LeadershipStatus:
+        fwd = d.get("forwarding")
+        return cls(tuple(d.get("locations") or ()), dict(d.get("moves") or {}),
+                   tuple(LeaderMove.from_json(m) for m in d.get("last_moves") or ()),
+                   dict(fwd) if isinstance(fwd, dict) else None)

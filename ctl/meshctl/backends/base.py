@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from meshctl.mesh.admit import Rejection
+from meshctl.mesh.leaders import ForwardingReport
 from meshctl.mesh.model import Cluster, MeshSettings, Node, Peer, Topology
 
 
@@ -32,6 +33,9 @@ class ClusterState:
     reason: str = ""
     revision: int = 0
     extra: dict[str, object] = field(default_factory=dict, compare=False)
+    # The nodes' forwarding reports (mesh/leaders.py), by publishing node; empty where the store
+    # keeps none (the leaders are then those of the documented order).
+    forwarding: dict[str, ForwardingReport] = field(default_factory=dict, compare=False)
 
     def topology(self) -> Topology:
         return Topology(cluster=self.cluster, mesh=self.mesh, nodes=self.nodes, peers=self.peers)

@@ -253,6 +253,7 @@ def format_status(st: AgentStatus, *, verbose: bool = False) -> str:
                      f"tx {_bytes(p.live.tx_bytes if p.live else 0)}  handshake {age}")
     lines += format_paths(st)
     lines += format_nat(st)
+    lines += format_leaders(st, now)
     if s is not None:
         last = s.last_reconcile
         errs = "; ".join(f"{k}: {e}" for k, e in last.errors.items())
@@ -350,6 +351,29 @@ def format_clustermesh(cm: RemotesStatus, now: float, *, verbose: bool = False) 
             lines.append(f"    {g.namespace}/{g.name}  local {g.local_endpoints}"
                          f"{'' if g.shared else ' (not shared)'}  remote {remote}  affinity {g.affinity}"
                          f"{'  exported' if g.exported else ''}")
+    return lines
+
+
+def format_leaders(st: AgentStatus, now: float) -> list[str]:
+    """The leaders block (location granularity): per location who leads, who would by the
+    documented order and why not (the verdicts, who published them, their age), the moves counted;
+    the last moves; this node's own forwarding verdicts on its location's members."""
+    lead = st.summary.leaders if st.summary is not None else None
+    if lead is None:
+        return []
+    lines = ["leaders (location: leaders, documented order, moves):"]
+    for loc in lead.locations:
+        name = loc.get("location") or loc.get("key", "")
+        chosen, static = ",".join(loc.get("leaders", ())), ",".join(loc.get("static", ()))
+        moved = f"  instead of {static}: {loc.get('reason')}" if chosen != static else ""
+        lines.append(f"  {name}: {chosen}  (order {static})  moves {lead.moves.get(name, 0)}{moved}")
+    for m in lead.last_moves:
+        lines.append(f"  moved {now - m.at:.0f} s ago: {m.location} {','.join(m.before)} -> {','.join(m.after)}"
+                     f"  ({m.reason or 'back to the documented order'})")
+    if lead.forwarding:
+        held = ", ".join(f"{n} {v.get('verdict')} for {max(0.0, now - float(v.get('since', now))):.0f} s"
+                         for n, v in sorted(lead.forwarding.items()))
+        lines.append(f"  forwarding through the members here: {held}")
     return lines
 
 

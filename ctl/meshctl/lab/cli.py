@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`meshctl` commands of the lab area: `lab up|check|down|status|fabric|nat|pod|etcdctl|kubeconfig`.
+"""`meshctl` commands of the lab area: `lab up|check|down|status|fabric|nat|forwarding|pod|etcdctl|kubeconfig`.
 
 This is where a lab's kind is decided: a namespace lab (lab/namespaces), a lab whose every node
 is a VM (lab.vms: lab/vms/vmnodes.py) or the namespace lab inside one VM (`--kernel`:
@@ -24,7 +24,7 @@ from meshctl.cli import targets
 from meshctl.cli.options import file_option, lab_option, node_option, option, output_option
 from meshctl.cli.targets import AgentTarget, EtcdTarget, PinTarget
 from meshctl.errors import InputError, MeshError
-from meshctl.lab.namespaces import build, fabric, state
+from meshctl.lab.namespaces import build, fabric, faults, state
 from meshctl.lab.namespaces import check as labcheck
 from meshctl.lab.namespaces import nat_router as labnat
 from meshctl.lab.namespaces.spec import KERNEL_SERIES, check_prefix, load_lab
@@ -142,6 +142,24 @@ def lab_nat(node: str, lab_name: str | None, rebind: bool, kind: str | None) -> 
           if nat.firewall6_ip else "")
     click.echo(f"{node}: {nat.kind} NAT in {nat.router_ns}, inside {nat.inside_ip}, "
                f"outside {nat.public_ip} port {port}, rebinds {nat.rebinds}{v6}")
+
+
+@lab_group.command("forwarding")
+@click.argument("node")
+@click.argument("switch", metavar="off|on", type=click.Choice(["off", "on"]))
+@lab_option()
+def lab_forwarding(node: str, switch: str, lab_name: str | None) -> None:
+    """Make NODE drop (off) or forward again (on) what it forwards for others, in its namespace
+    only: its own traffic, record, lease and agent stay healthy (a leader that stopped forwarding)."""
+    _require_root()
+    st = state.resolve(lab_name)
+    _, n = st.lookup(node)
+    count = faults.forwarding(st.prefix, n, switch == "on")
+    if switch == "on":
+        click.echo(f"{node}: forwarding on")
+    else:
+        click.echo(f"{node}: forwarding off (nftables table inet {faults.forwarding_table(st.prefix)} in {n.netns} "
+                   f"drops what it forwards; {count} dropped so far)")
 
 
 @lab_group.command("down")

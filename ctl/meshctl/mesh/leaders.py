@@ -340,4 +340,5 @@ class ForwardingJudge:
         return min(at) if at else None
 
     def verdicts(self) -> dict[str, Judged]:
-        return {n: Judged(w.verdict, w.since) for n, w in sorted(self._watches.items()) if w.verdict is not None}
+        return {n: Judged(w.verdict, round(w.since, 3)) for n, w in sorted(self._watches.items())
+                if w.verdict is not None}

@@ -20,7 +20,7 @@ from meshctl.mesh.model import (
     sort_key_net,
 )
 from meshctl.mesh.plan import Encap, FastPathEntry, NodePlan, PeerPlan, Route
-from meshctl.mesh.segments import Remote, Segment, segment_addresses, segments
+from meshctl.mesh.segments import Remote, Segment, segment_addresses, segments, static_leaders
 
 
 def plan_to_json(p: NodePlan) -> dict[str, Any]:
@@ -297,8 +297,9 @@ def node_rows(topo: Topology, remotes: Sequence[Remote], plan: NodePlan) -> list
     rows: list[dict[str, Any]] = []
     relays = plan.relays
 
-    def add(nodes: Sequence[Node], segs: Sequence[Segment], source: str, cluster: str) -> None:
-        wg = {s.leader.name: s.addresses for s in segs}
+    def add(nodes: Sequence[Node], segs: Sequence[Segment], source: str, cluster: str, count: int) -> None:
+        wg = {leader.name: s.addresses for s in segs for leader in s.all_leaders}
+        leads = lead_roles(segs, count)
         for n in nodes:
             wgs = wg.get(n.name, ())
             rows.append({
@@ -310,13 +311,35 @@ def node_rows(topo: Topology, remotes: Sequence[Remote], plan: NodePlan) -> list
                 "relay": relays[n.qualified_name][0] if n.qualified_name in relays else None,
                 "relay_reason": relays[n.qualified_name][1] if n.qualified_name in relays else None,
                 **dual_keys(n.internal_ips, n.endpoints, wgs, plan.family_paths.get(n.qualified_name)),
+                **({"lead": leads[n.name]} if n.name in leads else {}),
             })
 
-    add(topo.nodes, segments(topo), "local", topo.cluster.name)
+    add(topo.nodes, segments(topo), "local", topo.cluster.name, _per_location(topo))
     for r in remotes:
-        add(r.nodes, r.segments or segments(r.topology), "remote", r.topology.cluster.name)
+        add(r.nodes, r.segments or segments(r.topology), "remote", r.topology.cluster.name, _per_location(r.topology))
     rows.sort(key=lambda r: (r["source"] != "local", r["name"]))
     return rows
+
+
+def _per_location(topo: Topology) -> int:
+    return topo.mesh.leaders_per_location if topo.mesh.granularity == "location" else 1
+
+
+def lead_roles(segs: Sequence[Segment], count: int) -> dict[str, str]:
+    """Who leads a location of several members, by node name: `leads`, `leads (for a1)` when it
+    leads in place of a node the documented order names, `out (does not forward)` for that node."""
+    out: dict[str, str] = {}
+    for s in segs:
+        if len(s.members) < 2 or not s.key.startswith("location:"):
+            continue
+        chosen = [n.name for n in s.all_leaders]
+        replaced = [n.name for n in static_leaders(s.members, count) if n.name not in chosen]
+        for name in chosen:
+            out[name] = f"leads (for {','.join(replaced)})" if replaced and name not in \
+                {n.name for n in static_leaders(s.members, count)} else "leads"
+        for name in replaced:
+            out[name] = "out (does not forward)"
+    return out
 
 
 def node_rows_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -325,5 +348,5 @@ def node_rows_table(rows: Sequence[dict[str, Any]]) -> str:
                    joined(r.get("wireguard_ips") or []) or r["wireguard_ip"],
                    path_text(r["path"], [(int(f.removeprefix("IPv")), rung)
                                          for f, rung in r.get("family_paths", {}).items()]),
-                   r.get("relay")) for r in rows],
-                 ["NAME", "SOURCE", "LOCATION", "INTERNAL", "POD CIDRS", "WIREGUARD", "PATH", "RELAY"])
+                   r.get("relay"), r.get("lead")) for r in rows],
+                 ["NAME", "SOURCE", "LOCATION", "INTERNAL", "POD CIDRS", "WIREGUARD", "PATH", "RELAY", "LEAD"])
