@@ -40,7 +40,7 @@ def forwarding(prefix: str, node: NodeState, on: bool) -> int:
         f"table inet {table} {{\n"
         f"  chain forward {{ type filter hook forward priority -300; policy accept; counter drop; }}\n"
         f"}}\n"))
-    return dropped(prefix, node)
+    return dropped(prefix, node) or 0
 
 
 def dropped(prefix: str, node: NodeState) -> int | None:
