@@ -98,6 +98,15 @@ def test_status_node_list_and_metrics_say_who_leads_and_why(lab):
         assert "LEAD" in rows.splitlines()[0]
         c3 = st.lookup("c3")[1]
         metrics = session(c3.netns).get(f"http://{c3.metrics_addr}/metrics", timeout=5).text
+        # explain: a3's pod to c2's goes to a2, which leads in place of a1, and says why.
+        why = subprocess.run([sys.executable, "-m", "meshctl.cli", "explain", "a3", "c2", "--lab", st.name],
+                             capture_output=True, text=True, check=True).stdout
+        assert "its leader a2 carries what leaves the location (in place of a1: a1 does not forward" in why, why
+        # graph --live: a2 drawn as loc-a's leader, and a line saying in place of whom and why.
+        g = subprocess.run([sys.executable, "-m", "meshctl.cli", "graph", "--lab", st.name, "--live", "-o", "text"],
+                           capture_output=True, text=True, check=True).stdout
+        assert "location loc-a: 3 nodes, leader a2" in g, g
+        assert "leaders: loc-a: a2 leads in place of a1: a1 does not forward: a2: a1 bad for" in g, g
         assert 'meshctl_leader_moved{location="loc-a"} 1.0' in metrics
         assert 'meshctl_leader_moves_total{location="loc-a"}' in metrics
     finally:

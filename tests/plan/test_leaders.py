@@ -306,3 +306,32 @@ def test_leaders_per_location_with_one_out_keeps_the_count_from_the_rest() -> No
     assert d.locations["location:a"].leaders == ("a2", "a3")
     plans = {n.name: plan_node(with_leaders(topo, d), n.name) for n in topo.nodes}
     assert {p.name for p in plans["a2"].peers} | {p.name for p in plans["a3"].peers} == {"b1", "c1"}
+
+
+def test_across_clusters_both_ends_follow_the_remote_clusters_own_choice() -> None:
+    """Cluster c2 reads its reports and moves loc-a to a2; c1 reads c2's reports with its records
+    (the cluster mesh) and makes the same choice: x1 peers c2/a2, and a2 peers c1/x1."""
+    from meshctl.mesh.admit import admit_remotes
+
+    c2 = three_by_three()
+    c2 = parse_topology({"cluster": {"name": "c2", "id": 2},
+                         "mesh": {"granularity": "location", "subnet": "10.5.0.0/16"},
+                         "nodes": [{"name": n.name, "location": n.location, "internal_ip": str(n.internal_ip),
+                                    "endpoint": str(n.endpoint), "pod_cidr": str(n.pod_cidrs[0]),
+                                    "public_key": n.public_key, "leader": n.leader} for n in c2.nodes]})
+    c1 = parse_topology({"cluster": {"name": "c1", "id": 1}, "mesh": {"granularity": "location"},
+                         "nodes": [{"name": "x1", "location": "x", "internal_ip": "10.20.0.1/24",
+                                    "endpoint": "203.0.113.1:51820", "pod_cidr": "10.43.1.0/24",
+                                    "public_key": key(99)}]})
+    rs = {r.node: ForwardingReport(r.node, "c2", r.at, r.verdicts)
+          for r in (report("a2", a1="bad", a3="ok"), report("a3", a1="bad", a2="ok"))}
+    led = with_leaders(c2, choose_leaders(c2, rs))
+    remotes, rejected = admit_remotes(c1, [led])
+    assert not rejected
+    x1 = plan_node(c1, "x1", remotes)
+    assert {p.name for p in x1.peers} == {"c2/a2", "c2/b1", "c2/c1"}
+    back, rejected = admit_remotes(led, [c1])
+    assert not rejected
+    a2 = plan_node(led, "a2", back)
+    assert "c1/x1" in {p.name for p in a2.peers}
+    assert all("c1/x1" not in {p.name for p in plan_node(led, n, back).peers} for n in ("a1", "a3"))

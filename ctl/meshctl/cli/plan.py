@@ -32,8 +32,10 @@ from meshctl.mesh.graph import (
     graph_model,
     model_dot,
     model_text,
+    with_leader_notes,
     with_seen,
 )
+from meshctl.mesh.leaders import Leaders, choose_leaders, with_leaders
 from meshctl.mesh.model import GRANULARITIES, Granularity, IPNetwork, PathState, Topology
 from meshctl.mesh.plan import plan_node
 from meshctl.mesh.render import (
@@ -104,6 +106,8 @@ class Source:
         self.cluster_name = cluster_name
         self.name = Path(path).name if path else backend
         self.warn: Callable[[str], None] = _warn  # where `warning:` lines go (ui: each once, and to the page)
+        # The live store's leader choice (mesh/leaders.py), once `load` read it; None for a file.
+        self.leaders: Leaders | None = None
 
     def load(self, node: str | None = None) -> Topology:
         """The admitted topology; warnings and rejected records go to stderr as `warning:` lines."""
@@ -120,7 +124,10 @@ class Source:
             self.warn(f"rejected {r.name}: {r.reason}")
         for w in topology_warnings(topo):
             self.warn(f"{self.backend}: {w}")
-        return topo
+        # The leaders every agent plans with: the documented order unless the published forwarding
+        # reports rule one out (mesh/leaders.py).
+        self.leaders = choose_leaders(topo, state.forwarding)
+        return with_leaders(topo, self.leaders)
 
     def state(self, node: str | None = None) -> ClusterState:
         """The live store's records as the agents read them (not yet admitted)."""
@@ -334,7 +341,7 @@ def graph(granularity: Granularity | None, remotes: tuple[str, ...], level: str 
         model = graph_model(topo, _load_remotes(topo, remotes))
         check_view(model, level, node, location)
         if live:
-            model = with_seen(model, src.seen())
+            model = with_leader_notes(with_seen(model, src.seen()), src.leaders)
         if output == "json":
             click.echo(json.dumps(model.to_json(), indent=2))
             return
