@@ -140,6 +140,9 @@ def endpoint_list(text: str) -> tuple[str, ...]:
               help="Full reconcile period; with --backend kubernetes a Node not seen for twice this is not ready.")
 @click.option("--path-hold-seconds", "path_hold", default=10.0, type=float, show_default=True,
               help="intra_subnet auto: a private rung that delivers again is taken back after this long.")
+@click.option("--no-forwarding-probes", "forwarding_probes", is_flag=True, default=True, flag_value=False,
+              help="Send no hairpin probes through this location's members and publish no forwarding report "
+              "(docs/mesh.md, \"Leaders that do not forward\"); the other members' reports still count.")
 @click.option("--direct-wait-seconds", "direct_wait", default=20.0, type=float, show_default=True,
               help="A peer behind NAT tried this long without a handshake is reported unreached (then relayed).")
 @click.option("--kvstore-endpoints", default="", callback=lambda _c, _p, val: endpoint_list(val),

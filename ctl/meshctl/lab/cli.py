@@ -146,16 +146,16 @@ def lab_nat(node: str, lab_name: str | None, rebind: bool, kind: str | None) -> 
 
 @lab_group.command("forwarding")
 @click.argument("node")
-@click.argument("switch", metavar="off|on", type=click.Choice(["off", "on"]))
+@click.argument("state", type=click.Choice(["off", "on"]))
 @lab_option()
-def lab_forwarding(node: str, switch: str, lab_name: str | None) -> None:
+def lab_forwarding(node: str, state: str, lab_name: str | None) -> None:
     """Make NODE drop (off) or forward again (on) what it forwards for others, in its namespace
     only: its own traffic, record, lease and agent stay healthy (a leader that stopped forwarding)."""
     _require_root()
     st = state.resolve(lab_name)
     _, n = st.lookup(node)
-    count = faults.forwarding(st.prefix, n, switch == "on")
-    if switch == "on":
+    count = faults.forwarding(st.prefix, n, state == "on")
+    if state == "on":
         click.echo(f"{node}: forwarding on")
     else:
         click.echo(f"{node}: forwarding off (nftables table inet {faults.forwarding_table(st.prefix)} in {n.netns} "

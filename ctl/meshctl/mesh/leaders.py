@@ -36,7 +36,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from statistics import median_high
 from typing import Any, Literal
 
 from meshctl.errors import MeshError
@@ -185,8 +184,8 @@ class Leaders:
 
 def facts_time(reports: Iterable[ForwardingReport]) -> float | None:
     """The reports' own clock: the median of their times (one publisher's clock cannot move it)."""
-    ats = [r.at for r in reports]
-    return median_high(ats) if ats else None
+    ats = sorted(r.at for r in reports)
+    return ats[len(ats) // 2] if ats else None  # the upper median
 
 
 def choose_leaders(topo: Topology, reports: Mapping[str, ForwardingReport]) -> Leaders:

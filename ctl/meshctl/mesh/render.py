@@ -28,6 +28,8 @@ def plan_to_json(p: NodePlan) -> dict[str, Any]:
         "node": p.node,
         "granularity": p.granularity,
         "leader": p.leader,
+        # Every leader of the node's location when it has several (mesh.leaders_per_location).
+        **({"leaders": list(p.leaders)} if p.leaders else {}),
         "wireguard_ip": str(p.wireguard_ip) if p.wireguard_ip else None,
         # Both families' addresses in a dual-stack mesh (mesh.subnet6); absent otherwise.
         **({"wireguard_ips": [str(a) for a in p.wireguard_ips]} if p.wireguard_ips else {}),
