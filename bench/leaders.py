@@ -55,9 +55,9 @@ class Ping:
         src = st.lookup("a3")[1].pods[0].netns
         self.out = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stop()
         # stdbuf: a line per reply as it comes (ping's stdout to a file is block-buffered)
-        self.proc = subprocess.Popen([*netns.exec_prefix(src), "stdbuf", "-oL", "ping", "-n", "-D", "-i", str(INTERVAL), "-c",
-                                      str(math.ceil(seconds / INTERVAL)), st.lookup(dst)[1].pods[0].ip],
-                                     stdout=self.out, stderr=subprocess.STDOUT)
+        argv = ["stdbuf", "-oL", "ping", "-n", "-D", "-i", str(INTERVAL), "-c", str(math.ceil(seconds / INTERVAL)),
+                st.lookup(dst)[1].pods[0].ip]
+        self.proc = subprocess.Popen([*netns.exec_prefix(src), *argv], stdout=self.out, stderr=subprocess.STDOUT)
 
     def replies(self) -> list[tuple[int, float]]:
         import os
