@@ -151,8 +151,10 @@ def lab_nat(node: str, lab_name: str | None, rebind: bool, kind: str | None) -> 
 def lab_forwarding(node: str, state: str, lab_name: str | None) -> None:
     """Make NODE drop (off) or forward again (on) what it forwards for others, in its namespace
     only: its own traffic, record, lease and agent stay healthy (a leader that stopped forwarding)."""
+    from meshctl.lab.namespaces.state import resolve
+
     _require_root()
-    st = state.resolve(lab_name)
+    st = resolve(lab_name)
     _, n = st.lookup(node)
     count = faults.forwarding(st.prefix, n, state == "on")
     if state == "on":
