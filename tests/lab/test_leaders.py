@@ -83,9 +83,12 @@ def test_leader_that_stops_forwarding_is_replaced_and_comes_back_after_the_hold(
 def test_status_node_list_and_metrics_say_who_leads_and_why(lab):
     st = lab
     n = st.lookup("a1")[1]
-    faults.forwarding(st.prefix, n, False)
+    off = subprocess.run([sys.executable, "-m", "meshctl.cli", "lab", "forwarding", "a1", "off", "--lab", st.name],
+                         capture_output=True, text=True, check=True).stdout
+    assert off.startswith(f"a1: forwarding off (nftables table inet {faults.forwarding_table(st.prefix)} in {n.netns}")
     try:
         wait_until(lambda: (labcheck.leaders_view(st).agreed() or {}).get("loc-a") == ("a2",), 30, "a2 leading")
+        assert (faults.dropped(st.prefix, n) or 0) > 0, "a1 dropped what it was to forward"
         out = subprocess.run([sys.executable, "-m", "meshctl.cli", "status", "--lab", st.name, "--node", "c3"],
                              capture_output=True, text=True, check=True).stdout
         line = next(x for x in out.splitlines() if x.strip().startswith("loc-a:"))
@@ -110,7 +113,9 @@ def test_status_node_list_and_metrics_say_who_leads_and_why(lab):
         assert 'meshctl_leader_moved{location="loc-a"} 1.0' in metrics
         assert 'meshctl_leader_moves_total{location="loc-a"}' in metrics
     finally:
-        faults.forwarding(st.prefix, n, True)
+        on = subprocess.run([sys.executable, "-m", "meshctl.cli", "lab", "forwarding", "a1", "on", "--lab", st.name],
+                            capture_output=True, text=True, check=True).stdout
+    assert on == "a1: forwarding on\n" and faults.dropped(st.prefix, n) is None
     wait_until(lambda: labcheck.leaders_view(st).agreed() == STATIC, HOLD + 40, "a1 leading again")
 
 
