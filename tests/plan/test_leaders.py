@@ -335,3 +335,21 @@ def test_across_clusters_both_ends_follow_the_remote_clusters_own_choice() -> No
     a2 = plan_node(led, "a2", back)
     assert "c1/x1" in {p.name for p in a2.peers}
     assert all("c1/x1" not in {p.name for p in plan_node(led, n, back).peers} for n in ("a1", "a3"))
+
+
+def test_node_list_and_graph_say_who_leads_in_place_of_whom() -> None:
+    from meshctl.mesh.graph import graph_model, model_text, with_leader_notes
+    from meshctl.mesh.render import node_rows
+
+    topo = three_by_three()
+    rs = reports(report("a2", a1="bad", a3="ok"), report("a3", a1="bad", a2="ok"))
+    d = choose_leaders(topo, rs)
+    moved = with_leaders(topo, d)
+    rows = {r["name"]: r.get("lead") for r in node_rows(moved, [], plan_node(moved, "b2"))}
+    assert rows == {"a1": "out (does not forward)", "a2": "leads (for a1)", "a3": None,
+                    "b1": "leads", "b2": None, "b3": None, "c1": "leads", "c2": None, "c3": None}
+    text = model_text(with_leader_notes(graph_model(moved), d))
+    assert "location a: 3 nodes, leader a2" in text
+    assert "leaders: a: a2 leads in place of a1: a1 does not forward: a2: a1 bad for 0.0 s (report 0.0 s old); " \
+           "a3: a1 bad for 0.0 s (report 0.0 s old)" in text
+    assert "leaders:" not in model_text(with_leader_notes(graph_model(topo), choose_leaders(topo, {})))
