@@ -50,7 +50,7 @@ class ForwardingStore(Protocol):
 class ForwardProbing:
     """The forward prober of this node and the thread that publishes its report."""
 
-    def __init__(self, private_if: str | None, node: str, cluster: str, store: ForwardingStore | None,
+    def __init__(self, private_if: str | None, node: str, cluster: str, store: ForwardingStore,
                  stop: threading.Event) -> None:
         self.private_if = private_if
         self.node = node
@@ -94,7 +94,7 @@ class ForwardProbing:
                 return
             self.prober, self._own = p, str(own.ip)
             log.info("probing whether %d member(s) of location %s forward", len(members), me.location)
-            if self.store is not None and self._thread is None:
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._publish_loop, name="forwarding", daemon=True)
                 self._thread.start()
         self.prober.set_hold(topo.mesh.leader_hold)
@@ -116,7 +116,7 @@ class ForwardProbing:
             if self.stop_event.is_set():
                 return
             r = self.report()
-            if r is None or self.store is None:
+            if r is None:
                 continue
             if r.same_verdicts(last) and time.monotonic() - last_at < HEARTBEAT_S:
                 continue

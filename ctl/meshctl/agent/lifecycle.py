@@ -93,10 +93,9 @@ class Agent:
             self.remotes = self._remotes_factory(self.wake)
         self.paths = PathProbing(self.cfg.private_interface, self.wake, ProbeTuning(hold=self.cfg.path_hold),
                                  carriers=(tunnels, datapath))
-        if self.cfg.forwarding_probes:
+        if self.cfg.forwarding_probes and isinstance(self.backend, ForwardingStore):  # the etcd backend keeps reports
             self.forwarding = ForwardProbing(self.cfg.private_interface, self.cfg.node_name, self.cfg.cluster_name,
-                                             self.backend if isinstance(self.backend, ForwardingStore) else None,
-                                             self.stop_event)
+                                             self.backend, self.stop_event)
         passes = PassDriver(self.cfg, self.backend, self.remotes, runner, self.paths, self._pod_interfaces,
                             keys.public_key(private_key), self.errors, self._passed, forwarding=self.forwarding)
         loop = ReconcileLoop(passes, wireguard, self._wake, self.stop_event, self.errors)
