@@ -28,6 +28,7 @@ from meshctl.lab.namespaces import build, fabric, faults, state
 from meshctl.lab.namespaces import check as labcheck
 from meshctl.lab.namespaces import nat_router as labnat
 from meshctl.lab.namespaces.spec import KERNEL_SERIES, check_prefix, load_lab
+from meshctl.lab.namespaces.state import resolve as resolve_lab
 from meshctl.lab.rigs import netns
 from meshctl.lab.vms import vm, vmlab, vmnodes
 from meshctl.lab.vms.vmlab import Forwarder
@@ -151,10 +152,8 @@ def lab_nat(node: str, lab_name: str | None, rebind: bool, kind: str | None) -> 
 def lab_forwarding(node: str, state: str, lab_name: str | None) -> None:
     """Make NODE drop (off) or forward again (on) what it forwards for others, in its namespace
     only: its own traffic, record, lease and agent stay healthy (a leader that stopped forwarding)."""
-    from meshctl.lab.namespaces.state import resolve
-
     _require_root()
-    st = resolve(lab_name)
+    st = resolve_lab(lab_name)  # `state` is the argument here
     _, n = st.lookup(node)
     count = faults.forwarding(st.prefix, n, state == "on")
     if state == "on":
