@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from meshctl.agent.config import AgentConfig, fastpath_off
+from meshctl.agent.config import AgentConfig, FlagSettings, OwnSettings, fastpath_off
 from meshctl.agent.loop import PassDriver, ReconcileLoop, RemoteSource, pod_interfaces
 from meshctl.agent.path_probing import PathProbing
 from meshctl.agent.reporting import ErrorCounts, LiveReader
@@ -54,14 +54,16 @@ class _Running:
 
 
 class Agent:
-    """One node's agent. `backend` gives records; `remotes` (or `remotes_factory`, called with the
-    agent's wake function) gives other clusters; `on_pass` is called with each pass's summary."""
+    """One node's agent. `backend` gives records; `own` this node's settings (default: the flags');
+    `remotes` (or `remotes_factory`, called with the agent's wake function) gives other clusters;
+    `on_pass` is called with each pass's summary."""
 
     def __init__(self, cfg: AgentConfig, backend: Backend, *, remotes: RemoteSource | None = None,
                  remotes_factory: Callable[[Callable[[], None]], RemoteSource] | None = None,
-                 on_pass: Callable[[PassSummary], None] | None = None) -> None:
+                 on_pass: Callable[[PassSummary], None] | None = None, own: OwnSettings | None = None) -> None:
         self.cfg = cfg
         self.backend = backend
+        self.own = own or FlagSettings(cfg)
         self.remotes = remotes
         self._remotes_factory = remotes_factory
         self._on_pass = on_pass
@@ -92,7 +94,7 @@ class Agent:
         self.paths = PathProbing(self.cfg.private_interface, self.wake, ProbeTuning(hold=self.cfg.path_hold),
                                  carriers=(tunnels, datapath))
         passes = PassDriver(self.cfg, self.backend, self.remotes, runner, self.paths, self._pod_interfaces,
-                            keys.public_key(private_key), self.errors, self._passed)
+                            keys.public_key(private_key), self.errors, self._passed, own=self.own)
         loop = ReconcileLoop(passes, wireguard, self._wake, self.stop_event, self.errors)
         live = LiveReader(self.cfg, self.backend, self.paths, wireguard, runner.reports, lambda: self.pod_watch)
         server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy, self.ready, self.probe)
@@ -111,10 +113,11 @@ class Agent:
         self.wake()
 
     def _watch_pods(self) -> None:
-        if not self.cfg.pod_cidrs:
+        pod_cidrs = self.own.current().pod_cidrs
+        if not pod_cidrs:
             return
         try:
-            self.pod_watch = PodInterfaceWatcher(self.cfg.pod_cidrs, self.wake).start()
+            self.pod_watch = PodInterfaceWatcher(pod_cidrs, self.wake).start()
         except Exception as e:  # noqa: BLE001 - without it, --pod-interfaces still works
             log.error("pod interface watcher: %s", e)
             self.errors.count("pods")
@@ -131,7 +134,7 @@ class Agent:
             return tuple(pod_interfaces(self.cfg.pod_interfaces))
         if self.pod_watch is None:
             return ()
-        self.pod_watch.retarget(self.cfg.pod_cidrs)  # --cni calico|cilium: the IPAM's blocks change
+        self.pod_watch.retarget(self.own.current().pod_cidrs)  # --cni calico|cilium: the IPAM's blocks change
         return self.pod_watch.current
 
     def _open_datapath(self) -> None:

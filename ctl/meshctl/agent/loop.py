@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from meshctl.agent.config import AgentConfig
+from meshctl.agent.config import AgentConfig, FlagSettings, OwnSettings
 from meshctl.agent.memos import PureMemos
 from meshctl.agent.observe import HandshakeObserver, Observation
 from meshctl.agent.path_probing import PathProbing
@@ -151,12 +151,14 @@ class ReconcileLoop:
 class PassDriver:
     """One reconcile pass, and what the last passes left (the plan in force, the view it was
     planned from, our published record, the backend's last good view). `pods` says where the fast
-    path attaches for pods now; `on_pass` is called with every pass's summary."""
+    path attaches for pods now; `own` this node's settings (read after each snapshot); `on_pass`
+    is called with every pass's summary."""
 
     def __init__(self, cfg: AgentConfig, backend: Backend, remotes: RemoteSource | None, runner: StepRunner,
                  paths: PathProbing, pods: Callable[[], tuple[str, ...]], public_key: str, errors: ErrorCounts,
-                 on_pass: Callable[[PassSummary], None] | None = None) -> None:
+                 on_pass: Callable[[PassSummary], None] | None = None, own: OwnSettings | None = None) -> None:
         self.cfg = cfg
+        self.own = own or FlagSettings(cfg)
         self.backend = backend
         self.remotes = remotes
         self.runner = runner
@@ -181,17 +183,17 @@ class PassDriver:
     # --- one pass --------------------------------------------------------------------------
 
     def discover(self, mesh: MeshSettings) -> Node:
-        """This node's record from flags and interfaces (discovery with overrides)."""
-        cfg = self.cfg
-        internal = discovery.discover_internal_ips(cfg.private_interface, cfg.internal_cidr, cfg.force_internal_ip,
+        """This node's record from its settings and interfaces (discovery with overrides)."""
+        cfg, own = self.cfg, self.own.current()
+        internal = discovery.discover_internal_ips(cfg.private_interface, cfg.internal_cidr, own.force_internal_ip,
                                                    mesh.private_networks)
-        endpoints = discovery.discover_endpoints(cfg.endpoint, cfg.public_interface, mesh.port)
-        if not cfg.pod_cidrs:
+        endpoints = discovery.discover_endpoints(own.endpoint, cfg.public_interface, mesh.port)
+        if not own.pod_cidrs:
             raise InputError("--pod-cidr", "", "is not known yet")
         return Node(
-            name=cfg.node_name, pod_cidrs=cfg.pod_cidrs, public_key=self.public_key, location=cfg.location,
-            internal_ips=internal, endpoints=endpoints, leader=cfg.leader,
-            persistent_keepalive=cfg.persistent_keepalive, allowed_location_ips=cfg.allowed_location_ips,
+            name=cfg.node_name, pod_cidrs=own.pod_cidrs, public_key=self.public_key, location=own.location,
+            internal_ips=internal, endpoints=endpoints, leader=own.leader,
+            persistent_keepalive=own.persistent_keepalive, allowed_location_ips=own.allowed_location_ips,
             discovered_endpoints=self._cause.observed[0], unreached_peers=self._cause.observed[1],
         )
 
