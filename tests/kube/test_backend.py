@@ -181,7 +181,7 @@ def test_nodes_that_have_not_joined_are_pending_not_rejected(api, kclient):
     create_node(kclient, node_obj("a3", "10.42.3.0/24"))  # agent not started
     st = backend(api).snapshot()
     assert [n.name for n in st.nodes] == ["a1"] and not st.rejections
-    assert st.extra["pending"] == ["a2", "a3"]
+    assert st.pending == ("a2", "a3")
 
 
 def test_peer_resources_become_peers(api, kclient):
@@ -232,7 +232,7 @@ def test_readiness_by_last_seen(api, kclient):
     create_node(kclient, node_obj("a3", "10.42.3.0/24", key=3, last_seen=now[0] - 61))
     be = backend(api, resync_seconds=30.0, clock=lambda: now[0])
     st = be.snapshot()
-    assert [n.name for n in st.nodes] == ["a1", "a2"] and st.extra["stale"] == ["a3"]
+    assert [n.name for n in st.nodes] == ["a1", "a2"] and st.stale == ("a3",)
     now[0] += 2  # a2 now 61 s old too
     assert [n.name for n in be.snapshot().nodes] == ["a1"]
     # a3's agent comes back: its refreshed last-seen makes it ready again

@@ -41,7 +41,7 @@ from meshctl.mesh.admit import Rejection
 from meshctl.mesh.model import MeshSettings, Node, Topology
 from meshctl.mesh.plan import NodePlan
 from meshctl.mesh.segments import Remote
-from meshctl.node import discovery, flannel
+from meshctl.node import discovery
 from meshctl.process import gc_paused
 
 log = logging.getLogger("meshctl.agent")
@@ -168,11 +168,8 @@ class PassDriver:
         self.errors = errors
         self.on_pass = on_pass
         self.recorder = PassRecorder(cfg, errors)
-        self.memos = PureMemos()
+        self.memos = PureMemos(flannel=cfg.cni == "flannel")  # flannel carries its nodes' pod traffic
         self.last_plan: NodePlan | None = None
-        # The last plan's paths before `--cni flannel` renamed flannel's nodes: the probes' memory
-        # of which rung each pair took (keep_paths) is of rungs.
-        self._rung_paths: dict[str, str] | None = None
         self.last_view: tuple[Topology, list[Remote], NodePlan] | None = None
         self.pod_ifs: tuple[str, ...] = ()  # the pod interfaces the last applied pass used
         self._cause = PassCause()
@@ -232,7 +229,7 @@ class PassDriver:
         t = time.monotonic()
         try:
             self.paths.update(topo, me.name)
-            previous = self._rung_paths
+            previous = self.last_plan.rung_paths if self.last_plan is not None else None
             plan, reused = self.memos.plan(topo, me.name, remotes, self.paths.state(previous))
         except InputError as e:
             run.fail("plan", str(e))
@@ -241,16 +238,11 @@ class PassDriver:
         if reused:
             run.reused.append("plan")
         run.timed("plan", t)
-        self._rung_paths = plan.paths
-        leases: dict[str, flannel.FlannelLease] = {}
-        if self.cfg.cni == "flannel":  # flannel carries its nodes' pod traffic (node/flannel.py)
-            plan = flannel.hand_over(plan, topo)
-            leases = flannel.leases_of(state.extra.get("flannel"))
         cidrs = self.memos.mesh_cidrs(topo, remotes)
         self.pod_ifs = self.pods()
         self.runner.run(PassInput(plan=plan, topo=topo, me=me, mesh_cidrs=cidrs, pod_ifs=self.pod_ifs,
                                   timer_pass=self._cause.timer_pass, settle_pass=self._cause.settle_pass,
-                                  flannel=leases), run)
+                                  flannel=state.flannel), run)
         self.last_plan = plan
         self.last_view = (topo, remotes, plan)
         self._finish(run, state, plan, rejections, applied=True, topo=topo)

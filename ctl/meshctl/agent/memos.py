@@ -38,7 +38,8 @@ class PureMemos:
     verdicts. Remote admission hands out the same Remote object while a cluster's admission
     stands (mesh.admit_memo), so "the same remotes" is an identity check too."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, flannel: bool = False) -> None:
+        self.flannel = flannel  # plan_node's flannel input (`--cni flannel`)
         self._admitted: _Admitted | None = None
         self._plan: tuple[Topology, list[Remote], PathState, NodePlan] | None = None
         self._cidrs: tuple[Topology, list[Remote], frozenset[IPNetwork]] | None = None
@@ -65,7 +66,7 @@ class PureMemos:
         memo = self._plan
         if memo is not None and memo[0] is topo and same_items(memo[1], remotes) and memo[2] == path_state:
             return memo[3], True
-        plan = plan_node(topo, me, remotes, path_state=path_state)
+        plan = plan_node(topo, me, remotes, path_state=path_state, flannel=self.flannel)
         self._plan = (topo, list(remotes), path_state, plan)
         return plan, False
 

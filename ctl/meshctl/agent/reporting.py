@@ -161,7 +161,7 @@ class PassRecorder:
         plan, state, prev = out.plan, out.state, self.head[2]
         summary = PassSummary(
             cluster=state.cluster.name, backend=self.cfg.backend, revision=state.revision,
-            records=_int_or_none(state.extra.get("records")), granularity=plan.granularity if plan else None,
+            records=state.records, granularity=plan.granularity if plan else None,
             mesh=state.mesh, leader=plan.leader if plan else None,
             is_leader=bool(plan and plan.leader == self.cfg.node_name),
             wireguard_ip=(",".join(map(str, plan.device_addresses)) or None) if plan else None,
@@ -224,10 +224,6 @@ def _mtu_of(dev: str | None) -> int | None:
         return links.mtu(dev)
     except MeshError:
         return None
-
-
-def _int_or_none(v: object) -> int | None:
-    return v if isinstance(v, int) else None
 
 
 View = tuple[Topology, list[Remote], NodePlan]

@@ -31,6 +31,7 @@ from meshctl.agent.config import AgentConfig, fastpath_off
 from meshctl.agent.status import CniStatus, DatapathStatus
 from meshctl.datapath import Datapath
 from meshctl.errors import MeshError
+from meshctl.mesh.flannel import FlannelLease
 from meshctl.mesh.model import ENCAP_KINDS, IPNetwork, Node, Topology
 from meshctl.mesh.plan import NodePlan
 from meshctl.node import cni, discovery, flannel, masquerade, routes, sysctls, tunnels, wireguard
@@ -80,7 +81,7 @@ class PassInput:
     pod_ifs: tuple[str, ...]
     timer_pass: bool = False
     settle_pass: bool = False
-    flannel: Mapping[str, flannel.FlannelLease] = field(default_factory=dict)
+    flannel: Mapping[str, FlannelLease] = field(default_factory=dict)
 
 
 class Step(Protocol):

@@ -10,18 +10,26 @@ rest go on. Checks between records (overlaps, duplicates) are the agent's, throu
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from meshctl.mesh.admit import Rejection
+from meshctl.mesh.flannel import FlannelLease
 from meshctl.mesh.model import Cluster, MeshSettings, Node, Peer, Topology
 
 
 @dataclass(frozen=True)
 class ClusterState:
     """One consistent view of a cluster. `nodes` are in admission order: older records first, so
-    a newcomer can never take an address an existing node holds."""
+    a newcomer can never take an address an existing node holds.
+
+    What a backend counts besides the records (none of it compared): `records`, how many node
+    records the store holds (etcd, lapsed ones not counted; None: the backend does not count);
+    `lapsed`, records kept through their lapse grace (etcd); `pending`, nodes that have no pod
+    CIDR yet, and `stale`, nodes left out because their last-seen is too old (Kubernetes);
+    `flannel`, flannel's lease of each node by name (`--cni flannel`: the plan's flannel input's
+    applier writes flannel's routes back from them)."""
 
     cluster: Cluster
     mesh: MeshSettings
@@ -31,7 +39,11 @@ class ClusterState:
     ready: bool = True
     reason: str = ""
     revision: int = 0
-    extra: dict[str, object] = field(default_factory=dict, compare=False)
+    records: int | None = field(default=None, compare=False)
+    lapsed: int = field(default=0, compare=False)
+    pending: tuple[str, ...] = field(default=(), compare=False)
+    stale: tuple[str, ...] = field(default=(), compare=False)
+    flannel: Mapping[str, FlannelLease] = field(default_factory=dict, compare=False)
 
     def topology(self) -> Topology:
         return Topology(cluster=self.cluster, mesh=self.mesh, nodes=self.nodes, peers=self.peers)

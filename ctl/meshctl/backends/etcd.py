@@ -469,7 +469,7 @@ class EtcdBackend:
         return ClusterState(
             cluster=self.cluster, mesh=mesh, nodes=tuple(n for _, n in nodes), peers=tuple(p for _, p in peers),
             rejections=tuple(rejections), ready=ready, reason=reason if not ready else "", revision=rev,
-            extra={"records": len(kvs) - len(lapsed), "lapsed": len(lapsed)},
+            records=len(kvs) - len(lapsed), lapsed=len(lapsed),
         )
 
     def _parse_cached(self, kv: KeyValue, name: str, kind: str) -> Node | Peer | Rejection:

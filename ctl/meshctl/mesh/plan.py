@@ -20,6 +20,7 @@ from operator import itemgetter
 from typing import Generic, Literal, NamedTuple, TypeVar
 
 from meshctl.errors import InputError
+from meshctl.mesh.flannel import FLANNEL_PATH, carried
 from meshctl.mesh.ladder import cheapest, choose_rung, member_rungs, pair_rungs
 from meshctl.mesh.model import (
     ENCAP_RUNGS,
@@ -128,6 +129,14 @@ class NodePlan:
     # Pairs whose pod families take different rungs (the v6 private network shared, the v4 one
     # not): qualified name -> ((IP version, rung), ...); `paths` names the cheapest of them.
     family_paths: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict, compare=False)
+    # `--cni flannel`: the nodes flannel carries (path `flannel`), each with the rung the plan
+    # would take to it without flannel (the probes' memory of a pair is of rungs: `rung_paths`).
+    handed_over: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def rung_paths(self) -> dict[str, str]:
+        """`paths` with each node flannel carries named by the rung the plan would take to it."""
+        return {**self.paths, **self.handed_over} if self.handed_over else self.paths
 
     @property
     def device_addresses(self) -> tuple[IPInterface, ...]:
@@ -191,10 +200,12 @@ class _Seat:
 
 
 def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
-              granularity: Granularity | None = None, path_state: PathState | None = None) -> NodePlan:
+              granularity: Granularity | None = None, path_state: PathState | None = None, *,
+              flannel: bool = False) -> NodePlan:
     """The plan of node `name`. `remotes` are other clusters' topologies (already admitted:
     see mesh.admit.admit_remotes); `granularity` overrides the topology's; `path_state` holds
-    the probes' verdicts under `intra_subnet: auto` (None: every rung works)."""
+    the probes' verdicts under `intra_subnet: auto` (None: every rung works); `flannel`: flannel
+    carries the pod traffic to the nodes of this node's location (`--cni flannel`, `_hand_over`)."""
     if granularity is not None and granularity != topo.mesh.granularity:
         topo = replace(topo, mesh=replace(topo.mesh, granularity=granularity))
     seat = _seat(topo, name, path_state or {})
@@ -211,7 +222,7 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
     else:
         peers, routes, fastpath, paths, relays = merged
     family_paths = dict(chain.from_iterable(s.family_paths for s in every))
-    return NodePlan(
+    plan = NodePlan(
         node=seat.me.name,
         granularity=seat.mesh.granularity,
         leader=seat.my_seg.leader.name,
@@ -223,6 +234,27 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
         relays=relays,
         wireguard_ips=seat.my_seg.addresses if seat.leads and seat.my_seg.wireguard_ips else (),
         family_paths=family_paths,
+    )
+    return _hand_over(plan, topo) if flannel else plan
+
+
+def _hand_over(plan: NodePlan, topo: Topology) -> NodePlan:
+    """The plan with flannel carrying its nodes (mesh/flannel.py): their pod CIDRs' routes dropped,
+    and their fast-path entries but a raw direct one (flannel.1 encapsulates already, and WireGuard
+    does not carry them), their paths named `flannel`. A raw direct entry stays: `intra_subnet`
+    decides whether the fast path takes a same-subnet pair."""
+    names = carried(topo, plan.node, plan.granularity)
+    if not names:
+        return plan
+    pods = {c for n in topo.nodes if n.name in names for c in n.pod_cidrs}
+    qualified = {n.qualified_name for n in topo.nodes if n.name in names}
+    return replace(
+        plan,
+        routes=tuple(r for r in plan.routes if r.dst not in pods),
+        fastpath=tuple(e for e in plan.fastpath
+                       if e.prefix not in pods or (e.action == "direct" and e.encap is None)),
+        paths={k: (FLANNEL_PATH if k in qualified else v) for k, v in plan.paths.items()},
+        handed_over={k: v for k, v in plan.paths.items() if k in qualified},
     )
 
 
