@@ -2,7 +2,8 @@
 """Building the agent's status (agent/status.py): `PassRecorder` turns each pass into its
 `PassSummary`; `LiveReader` reads the live parts on request. Both keep the pieces that cost the
 most (a leader's peers as text, the node list, the warnings) while the plan or view they came
-from is the same object, so a `/status` or `/metrics` scrape does not compete with the loop."""
+from is the same object (the identity rule: mesh.memo), so a `/status` or `/metrics` scrape does
+not compete with the loop."""
 
 from __future__ import annotations
 
