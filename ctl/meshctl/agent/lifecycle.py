@@ -12,11 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from meshctl.agent.config import AgentConfig, FlagSettings, OwnSettings, fastpath_off
-from meshctl.agent.loop import PassDriver, ReconcileLoop, RemoteSource, pod_interfaces
+from meshctl.agent.loop import PassDriver, ReconcileLoop, RemoteSource, Wake, pod_interfaces
 from meshctl.agent.path_probing import PathProbing
 from meshctl.agent.reporting import ErrorCounts, LiveReader
 from meshctl.agent.seen import SeenStore, publish_loop
 from meshctl.agent.server import StatusServer
+from meshctl.agent.snapshot import StatusBoard
 from meshctl.agent.status import AgentStatus, PassSummary, ProbeResult
 from meshctl.agent.step_runner import StepRunner
 from meshctl.agent.steps import (
@@ -48,7 +49,7 @@ class _Running:
 
     passes: PassDriver
     loop: ReconcileLoop
-    live: LiveReader
+    board: StatusBoard
     server: StatusServer
     datapath_step: DatapathStep
 
@@ -69,7 +70,7 @@ class Agent:
         self._on_pass = on_pass
         self.errors = ErrorCounts()
         self.stop_event = threading.Event()
-        self._wake = threading.Event()
+        self._wake = Wake()
         self.pod_watch: PodInterfaceWatcher | None = None
         self.paths: PathProbing | None = None
         self._running: _Running | None = None
@@ -93,12 +94,14 @@ class Agent:
             self.remotes = self._remotes_factory(self.wake)
         self.paths = PathProbing(self.cfg.private_interface, self.wake, ProbeTuning(hold=self.cfg.path_hold),
                                  carriers=(tunnels, datapath))
+        live = LiveReader(self.cfg, self.backend, self.paths, wireguard, runner.report, lambda: self.pod_watch)
+        board = StatusBoard(self._wake.nudge)
         passes = PassDriver(self.cfg, self.backend, self.remotes, runner, self.paths, self._pod_interfaces,
-                            keys.public_key(private_key), self.errors, self._passed, own=self.own)
+                            keys.public_key(private_key), self.errors, self._passed, own=self.own, live=live,
+                            board=board)
         loop = ReconcileLoop(passes, wireguard, self._wake, self.stop_event, self.errors)
-        live = LiveReader(self.cfg, self.backend, self.paths, wireguard, runner.reports, lambda: self.pod_watch)
         server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy, self.ready, self.probe)
-        self._running = _Running(passes, loop, live, server, datapath)
+        self._running = _Running(passes, loop, board, server, datapath)
         server.start()
         if self.remotes is not None:
             self.remotes.start()
@@ -196,7 +199,8 @@ class Agent:
 
     def ready(self) -> bool:
         """A plan has been applied since the agent started (readiness, /readyz)."""
-        return self._running is not None and self._running.passes.last_plan is not None
+        snap = self._running.board.latest() if self._running is not None else None
+        return snap is not None and snap.plan_applied
 
     def healthy(self) -> bool:
         """The loop is alive (it ticks at least every resync interval)."""
@@ -206,20 +210,20 @@ class Agent:
 
     def probe(self, peer: str) -> ProbeResult:
         """One probe now to `peer` on the rung the last pass chose for it (/probe)."""
-        summary = self._running.passes.recorder.head[2] if self._running is not None else None
+        snap = self._running.board.latest() if self._running is not None else None
+        summary = snap.status.summary if snap is not None else None
         rung = summary.paths.get(peer) if summary is not None else None
         if self.paths is None or summary is None or rung is None:
             return ProbeResult(peer, rung, None, False, None, 0.0, f"{peer} is not a node of this agent's plan")
         return self.paths.probe(peer, rung)
 
     def status(self, node_list: bool = True) -> AgentStatus:
-        """The last pass's summary with the live parts read now (the /status document, the metrics);
-        without `node_list`, the node list is left out (None): the summary publisher needs no
-        node rows, and building them anew for every new view at 50,000 nodes would compete with the
-        loop for the interpreter right when a change is applied."""
-        if self._running is None:
+        """The status snapshot the loop publishes (agent/snapshot.py), with counters read after this
+        call began unless the loop is busy for longer than snapshot.FRESH_WAIT_S (the /status
+        document, the metrics); without `node_list`, the node list is left out (None): the summary
+        publisher needs no node rows, and building them for every new view at 50,000 nodes would
+        compete with the loop for the interpreter right when a change is applied."""
+        snap = self._running.board.fresh() if self._running is not None else None
+        if snap is None:
             raise RuntimeError("the agent has not started")
-        passes, live = self._running.passes, self._running.live
-        ready, reason, summary = passes.recorder.head
-        return AgentStatus(self.cfg.node_name, ready, reason, summary,
-                           live.read(passes.last_plan, passes.last_view if node_list else None))
+        return snap.document(node_list)

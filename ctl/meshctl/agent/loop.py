@@ -14,6 +14,10 @@ traffic flowing.
 `ReconcileLoop` is the thread (when to pass), `PassDriver` one pass. The pass drives its steps
 through a StepRunner and never reads or assigns a step's attributes; what the loop needs of
 WireGuard (the handshakes it observes) comes through the LivePeers protocol.
+
+Status: after every pass, and between passes when a reader asks for one (`Wake.nudge`), the
+pass driver publishes one Snapshot (agent/snapshot.py) built from the pass's summary and the live
+blocks it reads on this thread; readers read nothing else.
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ from meshctl.agent.config import AgentConfig, FlagSettings, OwnSettings
 from meshctl.agent.memos import PureMemos
 from meshctl.agent.observe import HandshakeObserver, Observation
 from meshctl.agent.path_probing import PathProbing
-from meshctl.agent.reporting import ErrorCounts, LivePeers, PassLog, PassOutcome, PassRecorder
-from meshctl.agent.status import PassSummary, RemotesStatus
+from meshctl.agent.reporting import ErrorCounts, LivePeers, LiveReader, PassLog, PassOutcome, PassRecorder
+from meshctl.agent.snapshot import Snapshot, StatusBoard
+from meshctl.agent.status import AgentStatus, PassSummary, RemotesStatus
 from meshctl.agent.step_runner import StepRunner
 from meshctl.agent.steps import PassInput
 from meshctl.backends.base import Backend, ClusterState
@@ -78,6 +83,47 @@ def pod_interfaces(pattern: str | None) -> list[str]:
     return sorted(n for n in local_interfaces() if fnmatch.fnmatchcase(n, pattern))
 
 
+class Wake:
+    """The loop's bell: `set` (a change: a pass is due; `is_set` says one waits), and `nudge`
+    (a reader wants a status snapshot: no reason for a pass). A threading.Event with a second,
+    weaker ring."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._flag = False
+        self._nudged = False
+
+    def set(self) -> None:
+        with self._cond:
+            self._flag = True
+            self._cond.notify_all()
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def clear(self) -> None:
+        with self._cond:
+            self._flag = False
+
+    def nudge(self) -> None:
+        with self._cond:
+            self._nudged = True
+            self._cond.notify_all()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until set, nudged or `timeout`; whether it is set."""
+        with self._cond:
+            if not self._flag and not self._nudged:
+                self._cond.wait(timeout)
+            return self._flag
+
+    def take_nudge(self) -> bool:
+        """Whether a reader nudged since the last call."""
+        with self._cond:
+            nudged, self._nudged = self._nudged, False
+            return nudged
+
+
 @dataclass(frozen=True)
 class PassCause:
     """Why a pass runs and what the tick saw: `timer_pass`, the loop's own tick started it (not a
@@ -93,7 +139,7 @@ class ReconcileLoop:
     """The loop thread: waits for a reason to pass (`wake` set, a step asking, pod interfaces or
     NATed peers changed, the resync interval) and has `passes` run one; returns once `stop` is set."""
 
-    def __init__(self, passes: PassDriver, peers: LivePeers, wake: threading.Event, stop: threading.Event,
+    def __init__(self, passes: PassDriver, peers: LivePeers, wake: Wake, stop: threading.Event,
                  errors: ErrorCounts) -> None:
         self.passes = passes
         self.peers = peers
@@ -107,11 +153,14 @@ class ReconcileLoop:
     def run(self) -> None:
         resync = self.passes.cfg.resync_interval
         next_scan = last_pass = 0.0
+        self.passes.publish_status()
         while not self.stop_event.is_set():
             woke = self.wake_event.wait(timeout=min(POD_SCAN_S, resync))
             self.last_loop = time.monotonic()
             if self.stop_event.is_set():
                 return
+            if self.wake_event.take_nudge() and not woke:
+                self.passes.publish_status()  # a reader waits for counters as of now
             settle = False
             if not woke:
                 now = time.monotonic()
@@ -156,7 +205,8 @@ class PassDriver:
 
     def __init__(self, cfg: AgentConfig, backend: Backend, remotes: RemoteSource | None, runner: StepRunner,
                  paths: PathProbing, pods: Callable[[], tuple[str, ...]], public_key: str, errors: ErrorCounts,
-                 on_pass: Callable[[PassSummary], None] | None = None, own: OwnSettings | None = None) -> None:
+                 on_pass: Callable[[PassSummary], None] | None = None, own: OwnSettings | None = None, *,
+                 live: LiveReader, board: StatusBoard) -> None:
         self.cfg = cfg
         self.own = own or FlagSettings(cfg)
         self.backend = backend
@@ -167,6 +217,8 @@ class PassDriver:
         self.public_key = public_key
         self.errors = errors
         self.on_pass = on_pass
+        self.live = live
+        self.board = board
         self.recorder = PassRecorder(cfg, errors)
         self.memos = PureMemos(flannel=cfg.cni == "flannel")  # flannel carries its nodes' pod traffic
         self.last_plan: NodePlan | None = None
@@ -287,8 +339,23 @@ class PassDriver:
         summary = self.recorder.finish(run, PassOutcome(
             state=state, plan=plan, rejections=rejections, applied=applied, topo=topo, observed=self._cause.observed,
             pod_ifs=self.pod_ifs, full_total=self.runner.full_total, remotes=self._remotes_status()))
+        self.publish_status()
         if self.on_pass is not None:
             self.on_pass(summary)
+
+    def publish_status(self) -> None:
+        """Publish the status snapshot: the last pass's summary with the live blocks read now."""
+        ready, reason, summary = self.recorder.head
+        at = time.monotonic()
+        try:
+            live = self.live.read(self.last_plan)
+        except Exception as e:  # noqa: BLE001 - a snapshot must always be published
+            log.warning("status: %s", e)
+            self.errors.count("status")
+            return
+        self.board.publish(Snapshot(AgentStatus(self.cfg.node_name, ready, reason, summary, live),
+                                    self.live.node_rows(self.last_view) if self.last_view is not None else None,
+                                    self.last_plan is not None, at))
 
     def _remotes_status(self) -> RemotesStatus | None:
         if self.remotes is None:

@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Building the agent's status (agent/status.py): `PassRecorder` turns each pass into its
-`PassSummary`; `LiveReader` reads the live parts on request. Both keep the pieces that cost the
-most (a leader's peers as text, the node list, the warnings) while the plan or view they came
-from is the same object (the identity rule: mesh.memo), so a `/status` or `/metrics` scrape does
-not compete with the loop."""
+"""Building the agent's status (agent/status.py), on the loop's thread: `PassRecorder` turns each
+pass into its `PassSummary`; `LiveReader` reads the live parts (counters, verdicts, the steps'
+reports) for each snapshot the loop publishes (agent/snapshot.py). Both keep the pieces that cost
+the most (a leader's peers as text, the node list, the warnings) while the plan or view they came
+from is the same object (the identity rule: mesh.memo)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from typing import Protocol
 from meshctl.agent.config import AgentConfig, fastpath_off
 from meshctl.agent.observe import Observation
 from meshctl.agent.path_probing import PathProbing
+from meshctl.agent.snapshot import NodeRows
 from meshctl.agent.status import (
     BackendBlocks,
     CniStatus,
@@ -38,7 +39,7 @@ from meshctl.agent.status import (
     RemotesStatus,
     RungChanges,
 )
-from meshctl.agent.steps import DatapathReport, StepStatus, WireGuardReport
+from meshctl.agent.steps import StepReport
 from meshctl.backends.base import Backend, ClusterState
 from meshctl.datapath import links
 from meshctl.datapath.layout import overhead
@@ -55,7 +56,7 @@ from meshctl.node.wireguard import PeerStatus
 
 log = logging.getLogger("meshctl.agent")
 
-LIVE_PEERS_TTL_S = 1.0  # /status and /metrics read WireGuard's counters at most this often
+LIVE_PEERS_TTL_S = 1.0  # snapshots read WireGuard's counters at most this often
 REJECTIONS_SEEN_MAX = 10000  # distinct (record, reason) pairs remembered for rejections_total
 
 
@@ -231,35 +232,32 @@ View = tuple[Topology, list[Remote], NodePlan]
 
 
 class LiveReader:
-    """Reads the live parts of the status on request (LiveStatus)."""
+    """Reads the live parts of the status (LiveStatus, without the node list: `node_rows`) for the
+    loop's snapshots; only the loop's thread calls it."""
 
     def __init__(self, cfg: AgentConfig, backend: Backend, paths: PathProbing, peers: LivePeers | None,
-                 step_reports: Callable[[], Sequence[StepStatus]], pods: Callable[[], PodInterfaces | None]) -> None:
+                 step_report: Callable[[], StepReport], pods: Callable[[], PodInterfaces | None]) -> None:
         self.cfg = cfg
         self.backend = backend
         self.paths = paths
         self.peers = peers
-        self.step_reports = step_reports
+        self.step_report = step_report
         self.pods = pods
         self._peer_rows: tuple[Sequence[PeerPlan], tuple[PeerRow, ...]] | None = None
         self._live_peers: tuple[float, dict[str, PeerCounters]] = (0.0, {})
-        self._node_rows: tuple[View, tuple[NodeRow, ...]] | None = None
+        self._node_rows: tuple[View, NodeRows] | None = None
 
-    def read(self, plan: NodePlan | None, view: View | None) -> LiveStatus:
-        reports = self.step_reports()
-        dp = next((r for r in reports if isinstance(r, DatapathReport)), None)
-        wg = next((r for r in reports if isinstance(r, WireGuardReport)), None)
-        cni = next((r for r in reports if isinstance(r, CniStatus)), CniStatus(self.cfg.cni))
-        datapath = dp.datapath if dp is not None else \
-            DatapathStatus(None, fastpath_off(self.cfg) or "loading")
+    def read(self, plan: NodePlan | None) -> LiveStatus:
+        rep = self.step_report()
+        datapath = rep.datapath or DatapathStatus(None, fastpath_off(self.cfg) or "loading")
         return LiveStatus(
             datapath=datapath,
-            # Live, not from the last pass: a rung change between passes is the point of probing.
+            # Read for every snapshot, not once per pass: a rung change between passes is the point of probing.
             path_probe=self.paths.status(), path_changes=change_counts(self.paths.changes()),
-            wireguard_mode=wg.mode if wg is not None else None,
-            pods=self._pods(datapath, dp.carrying if dp is not None else ()), cni=cni,
+            wireguard_mode=rep.wireguard_mode,
+            pods=self._pods(datapath, rep.carrying), cni=rep.cni or CniStatus(self.cfg.cni),
             peers=self._peer_status(plan) if plan else (),
-            node_list=self._node_list(view) if view is not None else None,
+            node_list=None,
             backend=self._backend_blocks())
 
     def _backend_blocks(self) -> BackendBlocks:
@@ -308,14 +306,16 @@ class LiveReader:
         return tuple(PeerRow(r.name, r.kind, r.public_key, r.endpoint, r.allowed_ips,
                              _aged(live.get(r.public_key), now)) for r in rows[1])
 
-    def _node_list(self, view: View) -> tuple[NodeRow, ...]:
-        """render.node_rows of the last applied view, built once per view. The same admitted
-        topology and plan object also mean the same (empty) remotes: the plan is reused only
-        without remote clusters."""
+    def node_rows(self, view: View) -> NodeRows:
+        """render.node_rows of the last applied view, built on a reader's first ask, once per
+        view. The same admitted topology and plan object also mean the same (empty) remotes: the
+        plan is reused only without remote clusters."""
         cached = self._node_rows
         if cached is None or cached[0][0] is not view[0] or cached[0][2] is not view[2]:
-            entries = fastpath_rows(view[2].fastpath)
-            cached = self._node_rows = (view, tuple(NodeRow.from_json(r, entries) for r in node_rows(*view)))
+            def build(view: View = view) -> tuple[NodeRow, ...]:
+                entries = fastpath_rows(view[2].fastpath)
+                return tuple(NodeRow.from_json(r, entries) for r in node_rows(*view))
+            cached = self._node_rows = (view, NodeRows(build))
         return cached[1]
 
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 from meshctl.agent.reporting import PassLog
-from meshctl.agent.steps import PassInput, Step, StepStatus
+from meshctl.agent.steps import NOTHING_SHOWN, PassInput, Step, StepReport
 
 log = logging.getLogger("meshctl.agent")
 
@@ -52,9 +52,12 @@ class StepRunner:
         """A full pass was cut short by a change: the loop's next tick should run a pass to finish it."""
         return bool(self._owed)
 
-    def reports(self) -> list[StepStatus]:
-        """Every step's status report, read now."""
-        return [s.status() for s in self.steps]
+    def report(self) -> StepReport:
+        """Every step's status report, read now, joined (each block comes from one step)."""
+        out = NOTHING_SHOWN
+        for s in self.steps:
+            out = out.join(s.status())
+        return out
 
     def _full_pass_due(self, timer_pass: bool) -> tuple[bool, bool]:
         """Whether this pass pays full reads, and whether it is the first pass. Full passes (every

@@ -14,9 +14,10 @@ retire may disturb another step too (kilo0 losing its last address loses its rou
 it names forget, sync and retire again in the same pass.
 
 The loop reads nothing else of a step: what a step shows in the agent's status it returns from
-`status()` (a typed report, or None), and a step that needs a pass although nothing changed says
-so through `wants_pass`. What a step needs from outside the pass is handed to it by a typed
-method (the datapath step's `use`), never assigned to it.
+`status()` (a StepReport: one field per status block, the runner joins the steps' reports), and a
+step that needs a pass although nothing changed says so through `wants_pass`. What a step needs
+from outside the pass is handed to it by a typed method (the datapath step's `use`), never
+assigned to it.
 """
 
 from __future__ import annotations
@@ -48,22 +49,25 @@ NOTHING: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
-class WireGuardReport:
-    """The WireGuard device's implementation (kernel | wireguard-go); None before it exists."""
+class StepReport:
+    """What steps show in the agent's status, one field per block (None, or empty: the step has
+    nothing of it): the WireGuard device's implementation (kernel | wireguard-go; None before it
+    exists), the fast path's block and the pod interfaces whose traffic it carries now (those its
+    programs are attached to, when the eBPF datapath is loaded), the CNI block. Each block comes
+    from one step; `join` puts two steps' reports together."""
 
-    mode: str | None
+    wireguard_mode: str | None = None
+    datapath: DatapathStatus | None = None
+    carrying: tuple[str, ...] = ()
+    cni: CniStatus | None = None
+
+    def join(self, other: StepReport) -> StepReport:
+        """This report's blocks, and `other`'s where this one has none."""
+        return StepReport(self.wireguard_mode or other.wireguard_mode, self.datapath or other.datapath,
+                          self.carrying or other.carrying, self.cni or other.cni)
 
 
-@dataclass(frozen=True)
-class DatapathReport:
-    """The fast path's status block, and the pod interfaces whose traffic it carries now (those
-    its programs are attached to, when the eBPF datapath is loaded)."""
-
-    datapath: DatapathStatus
-    carrying: tuple[str, ...]
-
-
-StepStatus = WireGuardReport | DatapathReport | CniStatus | None
+NOTHING_SHOWN = StepReport()
 
 
 @dataclass(frozen=True)
@@ -115,8 +119,8 @@ class Step(Protocol):
         such a pass is a settle pass (PassInput.settle_pass)."""
         ...
 
-    def status(self) -> StepStatus:
-        """What the step shows in the agent's status, read now; None: nothing."""
+    def status(self) -> StepReport:
+        """What the step shows in the agent's status, read now (on the loop's thread)."""
         ...
 
 
@@ -126,8 +130,8 @@ class Quiet:
     def wants_pass(self, now: float, last_pass: float) -> bool:
         return False
 
-    def status(self) -> StepStatus:
-        return None
+    def status(self) -> StepReport:
+        return NOTHING_SHOWN
 
 
 class Additive:
@@ -213,8 +217,8 @@ class WireGuardStep:
         needed here and cost the most to read); None before the device exists."""
         return self._device.show(allowed_ips=False) if self._device is not None else None
 
-    def status(self) -> WireGuardReport:
-        return WireGuardReport(self._device.mode if self._device is not None else None)
+    def status(self) -> StepReport:
+        return StepReport(wireguard_mode=self._device.mode if self._device is not None else None)
 
 
 class CniStep(Quiet, Additive):
@@ -243,8 +247,8 @@ class CniStep(Quiet, Additive):
     def forget(self) -> None:
         pass
 
-    def status(self) -> CniStatus:
-        return CniStatus(self.cfg.cni, self._warning or None)
+    def status(self) -> StepReport:
+        return StepReport(cni=CniStatus(self.cfg.cni, self._warning or None))
 
 
 class RoutesStep(Quiet):
@@ -316,8 +320,8 @@ class FlannelStep(Additive):
         self._checked = now
         return bool(self.applier.rewritten(self._takeover))
 
-    def status(self) -> StepStatus:
-        return None
+    def status(self) -> StepReport:
+        return NOTHING_SHOWN
 
 
 class SysctlsStep(Quiet, Additive):
@@ -469,11 +473,11 @@ class DatapathStep:
     def wants_pass(self, now: float, last_pass: float) -> bool:
         return now < self._settle_until and now - last_pass >= PODS_SETTLE_STEP_S
 
-    def status(self) -> DatapathReport:
+    def status(self) -> StepReport:
         """The mode and counters read now; the pod interfaces carried when the eBPF datapath runs."""
         dp = self._datapath
         if dp is None:
-            return DatapathReport(DatapathStatus(None, fastpath_off(self.cfg) or "loading"), ())
+            return StepReport(datapath=DatapathStatus(None, fastpath_off(self.cfg) or "loading"))
         try:
             counters = dp.counters()
         except Exception as e:  # noqa: BLE001 - status must always answer
@@ -482,8 +486,8 @@ class DatapathStep:
         from meshctl.datapath.objcache import refusals
 
         if dp.mode != "ebpf":
-            return DatapathReport(DatapathStatus(dp.mode, dp.reason, counters, self._synced,
-                                                 objects=dp.objects, objects_refused=refusals()), ())
+            return StepReport(datapath=DatapathStatus(dp.mode, dp.reason, counters, self._synced,
+                                                      objects=dp.objects, objects_refused=refusals()))
         from meshctl.datapath.features import probe
 
         # how the programs hook in, which helpers they do without on this kernel, where they came from
@@ -495,4 +499,4 @@ class DatapathStep:
             log.debug("datapath route cache: %s", e)
         block = DatapathStatus(dp.mode, reason, counters, self._synced, "clsact" if dp.clsact else "tcx",
                                tuple(probe().fallbacks()), dp.objects, refusals(), rc.fills if rc else None)
-        return DatapathReport(block, self._attached or ())
+        return StepReport(datapath=block, carrying=self._attached or ())
