@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from meshctl.datapath.status import DatapathStatus
 from meshctl.mesh.model import MeshSettings
 from meshctl.mesh.records import mesh_to_record, parse_mesh
 from meshctl.mesh.render import DUAL_KEYS
@@ -281,48 +282,6 @@ def objects_line(objects: str, refused: int | None) -> str:
     """The `objects: ...` line of `meshctl status` and `datapath status`: the outcome, and how many
     compiled objects were refused for their map layout version (when any)."""
     return f"objects: {objects}" + (f" ({refused} refused for their map layout version)" if refused else "")
-
-
-@dataclass(frozen=True)
-class DatapathStatus:
-    """The fast path: its mode (None while it loads or when disabled) and why, counters by action
-    as (packets, bytes). `synced` (the maps hold a plan) is None until a datapath is open; `attach`
-    (tcx or clsact) and `fallbacks` (helpers the programs do without on this kernel) are None
-    unless the mode is ebpf. `objects` says which of the three outcomes the node has (programs
-    `shipped` with the image, `compiled (bcc)` here, or `kernel routes: <reason>`: Datapath.objects)
-    and `objects_refused` how many compiled objects were refused for their map layout version;
-    both None until a datapath is open. `route_cache_fills`: the trie walks from_pod made that
-    found an entry (each a route cache miss), None unless the mode is ebpf. A None field is an
-    absent key."""
-
-    mode: str | None
-    reason: str | None
-    counters: dict[str, tuple[int, int]] = field(default_factory=dict)
-    synced: bool | None = None
-    attach: str | None = None
-    fallbacks: tuple[str, ...] | None = None
-    objects: str | None = None
-    objects_refused: int | None = None
-    route_cache_fills: int | None = None
-
-    def to_json(self) -> JSON:
-        out: JSON = {"mode": self.mode, "reason": self.reason,
-                     "counters": {k: list(v) for k, v in self.counters.items()}}
-        _opt(out, "route_cache_fills", self.route_cache_fills)
-        _opt(out, "synced", self.synced)
-        _opt(out, "attach", self.attach)
-        _opt(out, "fallbacks", list(self.fallbacks) if self.fallbacks is not None else None)
-        _opt(out, "objects", self.objects)
-        _opt(out, "objects_refused", self.objects_refused)
-        return out
-
-    @classmethod
-    def from_json(cls, d: JSON) -> DatapathStatus:
-        fb = d.get("fallbacks")
-        counters = {k: (int(v[0]), int(v[1])) for k, v in (d.get("counters") or {}).items()}
-        return cls(d.get("mode"), d.get("reason"), counters, d.get("synced"), d.get("attach"),
-                   tuple(fb) if fb is not None else None, d.get("objects"), d.get("objects_refused"),
-                   d.get("route_cache_fills"))
 
 
 @dataclass(frozen=True)

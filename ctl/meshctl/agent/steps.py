@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from meshctl.agent.config import AgentConfig, fastpath_off
-from meshctl.agent.status import CniStatus, DatapathStatus
+from meshctl.agent.status import CniStatus
 from meshctl.datapath import Datapath
+from meshctl.datapath.status import DatapathStatus
 from meshctl.errors import MeshError
 from meshctl.mesh.flannel import FlannelLease
 from meshctl.mesh.model import ENCAP_KINDS, IPNetwork, Node, Topology
@@ -478,25 +479,7 @@ class DatapathStep:
         dp = self._datapath
         if dp is None:
             return StepReport(datapath=DatapathStatus(None, fastpath_off(self.cfg) or "loading"))
-        try:
-            counters = dp.counters()
-        except Exception as e:  # noqa: BLE001 - status must always answer
-            counters = {}
-            log.debug("datapath counters: %s", e)
-        from meshctl.datapath.objcache import refusals
-
         if dp.mode != "ebpf":
-            return StepReport(datapath=DatapathStatus(dp.mode, dp.reason, counters, self._synced,
-                                                      objects=dp.objects, objects_refused=refusals()))
-        from meshctl.datapath.features import probe
-
-        # how the programs hook in, which helpers they do without on this kernel, where they came from
-        reason = dp.reason if self.cfg.private_interface else IDLE_NO_PRIVATE
-        try:
-            rc = dp.route_cache()
-        except OSError as e:
-            rc = None
-            log.debug("datapath route cache: %s", e)
-        block = DatapathStatus(dp.mode, reason, counters, self._synced, "clsact" if dp.clsact else "tcx",
-                               tuple(probe().fallbacks()), dp.objects, refusals(), rc.fills if rc else None)
-        return StepReport(datapath=block, carrying=self._attached or ())
+            return StepReport(datapath=dp.status_block(synced=self._synced))
+        reason = None if self.cfg.private_interface else IDLE_NO_PRIVATE
+        return StepReport(datapath=dp.status_block(synced=self._synced, reason=reason), carrying=self._attached or ())
