@@ -18,18 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshctl.datapath.status import DatapathStatus
+from meshctl.datapath.status import JSON, DatapathStatus, opt_key
 from meshctl.mesh.model import MeshSettings
 from meshctl.mesh.records import mesh_to_record, parse_mesh
 from meshctl.mesh.render import DUAL_KEYS
-
-JSON = dict[str, Any]
-
-
-def _opt(d: JSON, key: str, value: object) -> None:
-    """Put `key` in `d` only when `value` is not None (blocks that are absent rather than null)."""
-    if value is not None:
-        d[key] = value
 
 
 @dataclass(frozen=True)
@@ -247,9 +239,9 @@ class PassSummary:
                           "full_total": self.reconcile.full_total},
             "errors_total": dict(self.errors_total), "pid": self.pid,
         }
-        _opt(out, "remotes", self.remotes.to_json() if self.remotes is not None else None)
-        _opt(out, "interfaces", self.interfaces.to_json() if self.interfaces is not None else None)
-        _opt(out, "path_mtu", dict(self.path_mtu) if self.path_mtu is not None else None)
+        opt_key(out, "remotes", self.remotes.to_json() if self.remotes is not None else None)
+        opt_key(out, "interfaces", self.interfaces.to_json() if self.interfaces is not None else None)
+        opt_key(out, "path_mtu", dict(self.path_mtu) if self.path_mtu is not None else None)
         return out
 
     @classmethod
@@ -303,7 +295,7 @@ class ProbeVerdict:
     def to_json(self) -> JSON:
         out: JSON = {"up": self.up, "lost": self.lost, "rtt_ms": self.rtt_ms, "recovering_since": self.recovering_since}
         for key in _TALLY_KEYS:
-            _opt(out, key, getattr(self, key))
+            opt_key(out, key, getattr(self, key))
         return out
 
     @classmethod
@@ -409,7 +401,7 @@ class PodsStatus:
 
     def to_json(self) -> JSON:
         out: JSON = {"source": self.source, "found": list(self.found), "fastpath": list(self.fastpath)}
-        _opt(out, "warning", self.warning)
+        opt_key(out, "warning", self.warning)
         return out
 
     @classmethod
@@ -427,7 +419,7 @@ class CniStatus:
 
     def to_json(self) -> JSON:
         out: JSON = {"mode": self.mode}
-        _opt(out, "warning", self.warning)
+        opt_key(out, "warning", self.warning)
         return out
 
     @classmethod
@@ -465,7 +457,7 @@ class PeerRow:
         if self.live is not None:
             out.update(rx_bytes=self.live.rx_bytes, tx_bytes=self.live.tx_bytes,
                        last_handshake=self.live.last_handshake, live_endpoint=self.live.live_endpoint)
-            _opt(out, "handshake_age_s", self.live.handshake_age_s)
+            opt_key(out, "handshake_age_s", self.live.handshake_age_s)
         return out
 
     @classmethod
@@ -530,7 +522,7 @@ class NodeRow:
                      "pod_cidrs": list(self.pod_cidrs),
                      "wireguard_ip": self.wireguard_ip, "path": self.path, "relay": self.relay,
                      "relay_reason": self.relay_reason, **self.dual}
-        _opt(out, "fastpath", [e.to_json() for e in self.fastpath] if self.fastpath else None)
+        opt_key(out, "fastpath", [e.to_json() for e in self.fastpath] if self.fastpath else None)
         return out
 
     @classmethod
@@ -598,9 +590,9 @@ class BackendBlocks:
         if self.own_record is not None:
             out["own_record"] = {"restored_total": self.own_record.restored_total,
                                  "last_restored": self.own_record.last_restored}
-        _opt(out, "lapsed", dict(self.lapsed) if self.lapsed is not None else None)
-        _opt(out, "kvstore", self.kvstore.to_json() if self.kvstore is not None else None)
-        _opt(out, "backend_error", self.backend_error)
+        opt_key(out, "lapsed", dict(self.lapsed) if self.lapsed is not None else None)
+        opt_key(out, "kvstore", self.kvstore.to_json() if self.kvstore is not None else None)
+        opt_key(out, "backend_error", self.backend_error)
         return out
 
     @classmethod
@@ -633,7 +625,7 @@ class LiveStatus:
             "path_changes": [c.to_json() for c in self.path_changes], "wireguard_mode": self.wireguard_mode,
             "pods": self.pods.to_json(), "cni": self.cni.to_json(), "peers": [p.to_json() for p in self.peers],
         }
-        _opt(out, "node_list", [r.to_json() for r in self.node_list] if self.node_list is not None else None)
+        opt_key(out, "node_list", [r.to_json() for r in self.node_list] if self.node_list is not None else None)
         out.update(self.backend.to_json())
         return out
 
@@ -695,7 +687,7 @@ class ProbeResult:
     def to_json(self) -> JSON:
         out: JSON = {"peer": self.peer, "rung": self.rung, "kind": self.kind, "answered": self.answered,
                      "rtt_ms": self.rtt_ms, "timeout_s": self.timeout_s}
-        _opt(out, "error", self.error)
+        opt_key(out, "error", self.error)
         return out
 
     @classmethod

@@ -11,7 +11,8 @@ from typing import Any
 JSON = dict[str, Any]
 
 
-def _opt(d: JSON, key: str, value: object) -> None:
+def opt_key(d: JSON, key: str, value: object) -> None:
+    """Put `key` in `d` only when `value` is not None (blocks that are absent rather than null)."""
     if value is not None:
         d[key] = value
 
@@ -41,12 +42,12 @@ class DatapathStatus:
     def to_json(self) -> JSON:
         out: JSON = {"mode": self.mode, "reason": self.reason,
                      "counters": {k: list(v) for k, v in self.counters.items()}}
-        _opt(out, "route_cache_fills", self.route_cache_fills)
-        _opt(out, "synced", self.synced)
-        _opt(out, "attach", self.attach)
-        _opt(out, "fallbacks", list(self.fallbacks) if self.fallbacks is not None else None)
-        _opt(out, "objects", self.objects)
-        _opt(out, "objects_refused", self.objects_refused)
+        opt_key(out, "route_cache_fills", self.route_cache_fills)
+        opt_key(out, "synced", self.synced)
+        opt_key(out, "attach", self.attach)
+        opt_key(out, "fallbacks", list(self.fallbacks) if self.fallbacks is not None else None)
+        opt_key(out, "objects", self.objects)
+        opt_key(out, "objects_refused", self.objects_refused)
         return out
 
     @classmethod
