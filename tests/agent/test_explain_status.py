@@ -11,8 +11,8 @@ import requests
 from meshctl.agent.path_probing import HISTORY_MOVES, with_history
 from meshctl.agent.reporting import fastpath_rows, rung_mtus
 from meshctl.agent.server import StatusServer, fetch_probe
-from meshctl.agent.status import AgentStatus, LiveStatus, PairProbe, ProbeResult, ProbeStatus
-from meshctl.mesh.chooser import Change
+from meshctl.agent.status import AgentStatus, LiveStatus, ProbeResult
+from meshctl.mesh.chooser import Change, PairProbe, ProbeStatus
 from meshctl.mesh.plan import Encap, FastPathEntry
 from tests.agent.test_local_agent import free_port
 

@@ -21,12 +21,10 @@ from meshctl.agent.status import (
     AgentStatus,
     FastPathRow,
     NodeRow,
-    PairProbe,
     PeerRow,
     ProbeResult,
-    RungMove,
 )
-from meshctl.mesh.chooser import KIND_RUNGS
+from meshctl.mesh.chooser import KIND_RUNGS, PairProbe, RungMove
 from meshctl.mesh.model import PRIVATE_RUNGS
 
 MAX_HOPS = 4  # the longest chain: member -> leader -> relay -> leader -> member stops here

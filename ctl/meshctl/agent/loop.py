@@ -347,12 +347,15 @@ class PassDriver:
         """Publish the status snapshot: the last pass's summary with the live blocks read now."""
         ready, reason, summary = self.recorder.head
         at = time.monotonic()
+        last = self.board.latest()
         try:
             live = self.live.read(self.last_plan)
-        except Exception as e:  # noqa: BLE001 - a snapshot must always be published
+        except Exception as e:  # noqa: BLE001 - the pass's summary is published whatever the live parts do
             log.warning("status: %s", e)
             self.errors.count("status")
-            return
+            if last is None:
+                return
+            live = last.status.live
         self.board.publish(Snapshot(AgentStatus(self.cfg.node_name, ready, reason, summary, live),
                                     self.live.node_rows(self.last_view) if self.last_view is not None else None,
                                     self.last_plan is not None, at))

@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from meshctl.agent.status import ProbeResult, ProbeStatus, RungMove
-from meshctl.mesh.chooser import RUNG_KIND, Change, ProbeTuning
+from meshctl.agent.status import ProbeResult
+from meshctl.mesh.chooser import RUNG_KIND, Change, ProbeStatus, ProbeTuning, RungMove
 from meshctl.mesh.ladder import probe_ladders
 from meshctl.mesh.model import ENCAP_RUNGS, PRIVATE_RUNGS, PathState, Rung, Topology
 from meshctl.node.prober import Prober, Target, probe_address
@@ -161,7 +161,7 @@ class PathProbing:
         prober runs."""
         if self.prober is None:
             return None
-        return with_history(ProbeStatus.from_json(self.prober.status()), self.prober.changes(),
+        return with_history(self.prober.status(), self.prober.changes(),
                             time.time() - time.monotonic())
 
     def probe(self, peer: str, rung: str | None) -> ProbeResult:
@@ -177,8 +177,8 @@ class PathProbing:
         if kind is None and rung == "tunnel":
             # The tunnel is not probed (WireGuard's handshake is its evidence): the pair's cheapest
             # private rung is, which says whether the private network delivers again.
-            pair = self.prober.status()["pairs"].get(peer) or {}
-            rung = next((r for r in pair.get("ladder", ()) if r in RUNG_KIND), None)
+            pair = self.prober.status().pairs.get(peer)
+            rung = next((r for r in (pair.ladder if pair is not None else ()) if r in RUNG_KIND), None)
             kind = RUNG_KIND.get(rung or "")
             rung = rung or "tunnel"
         if kind is None:

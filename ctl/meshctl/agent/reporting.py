@@ -262,7 +262,8 @@ class LiveReader:
 
     def _backend_blocks(self) -> BackendBlocks:
         try:
-            return BackendBlocks.from_json(self.backend.status())
+            st = self.backend.status()
+            return BackendBlocks(st.own_record, st.lapsed, st.kvstore)
         except Exception as e:  # noqa: BLE001 - status must always answer
             return BackendBlocks(backend_error=str(e))
 

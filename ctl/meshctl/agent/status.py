@@ -18,7 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from meshctl.backends.base import KvstoreStatus, OwnRecord
 from meshctl.datapath.status import JSON, DatapathStatus, opt_key
+from meshctl.mesh.chooser import ProbeStatus
 from meshctl.mesh.model import MeshSettings
 from meshctl.mesh.records import mesh_to_record, parse_mesh
 from meshctl.mesh.render import DUAL_KEYS
@@ -277,102 +279,6 @@ def objects_line(objects: str, refused: int | None) -> str:
 
 
 @dataclass(frozen=True)
-class ProbeVerdict:
-    """One probe kind towards one peer: up (None: no verdict yet), probes lost since the last
-    reply, smoothed RTT, and since when a down kind answers again. The tally (probes of this
-    node sent and answered since the peer was first probed, the last answer's RTT and age) is
-    None, and its keys absent, from a prober that does not count."""
-
-    up: bool | None
-    lost: int
-    rtt_ms: float | None
-    recovering_since: float | None
-    sent: int | None = None
-    answered: int | None = None
-    last_rtt_ms: float | None = None
-    last_reply_age_s: float | None = None
-
-    def to_json(self) -> JSON:
-        out: JSON = {"up": self.up, "lost": self.lost, "rtt_ms": self.rtt_ms, "recovering_since": self.recovering_since}
-        for key in _TALLY_KEYS:
-            opt_key(out, key, getattr(self, key))
-        return out
-
-    @classmethod
-    def from_json(cls, d: JSON) -> ProbeVerdict:
-        return cls(d.get("up"), d.get("lost", 0), d.get("rtt_ms"), d.get("recovering_since"),
-                   *(d.get(k) for k in _TALLY_KEYS))
-
-
-_TALLY_KEYS = ("sent", "answered", "last_rtt_ms", "last_reply_age_s")
-
-
-@dataclass(frozen=True)
-class RungMove:
-    """A pair's rung changed: from (None: the first choice), to, why, and when (wall clock)."""
-
-    old: str | None
-    new: str
-    reason: str
-    at: float
-
-    def to_json(self) -> JSON:
-        return {"from": self.old, "to": self.new, "reason": self.reason, "at": self.at}
-
-    @classmethod
-    def from_json(cls, d: JSON) -> RungMove:
-        return cls(d.get("from"), str(d.get("to", "")), str(d.get("reason", "")), d.get("at", 0.0))
-
-
-@dataclass(frozen=True)
-class PairProbe:
-    """A probed pair: the rung it takes, its ladder, the peer's own choice, each kind's verdict,
-    and its last moves, oldest first (`history`: absent before the pair's first choice)."""
-
-    rung: str | None
-    ladder: tuple[str, ...]
-    peer_choice: str | None
-    probes: dict[str, ProbeVerdict]
-    history: tuple[RungMove, ...] = ()
-
-    def to_json(self) -> JSON:
-        out: JSON = {"rung": self.rung, "ladder": list(self.ladder), "peer_choice": self.peer_choice,
-                     "probes": {k: v.to_json() for k, v in self.probes.items()}}
-        if self.history:
-            out["history"] = [m.to_json() for m in self.history]
-        return out
-
-    @classmethod
-    def from_json(cls, d: JSON) -> PairProbe:
-        return cls(d.get("rung"), tuple(d.get("ladder") or ()), d.get("peer_choice"),
-                   {k: ProbeVerdict.from_json(v) for k, v in (d.get("probes") or {}).items()},
-                   tuple(RungMove.from_json(m) for m in d.get("history") or ()))
-
-
-@dataclass(frozen=True)
-class ProbeStatus:
-    """The path prober (intra_subnet auto): its port, the rungs this node carries, probes sent and
-    received, its CPU time, and every probed pair."""
-
-    port: int
-    local_rungs: tuple[str, ...]
-    sent: int
-    received: int
-    cpu_s: float
-    pairs: dict[str, PairProbe]
-
-    def to_json(self) -> JSON:
-        return {"port": self.port, "local_rungs": list(self.local_rungs), "sent": self.sent,
-                "received": self.received, "cpu_s": self.cpu_s,
-                "pairs": {n: p.to_json() for n, p in self.pairs.items()}}
-
-    @classmethod
-    def from_json(cls, d: JSON) -> ProbeStatus:
-        return cls(d.get("port", 0), tuple(d.get("local_rungs") or ()), d.get("sent", 0), d.get("received", 0),
-                   d.get("cpu_s", 0.0), {n: PairProbe.from_json(p) for n, p in (d.get("pairs") or {}).items()})
-
-
-@dataclass(frozen=True)
 class RungChanges:
     """How often pairs moved from one rung to another for one reason, since start."""
 
@@ -542,36 +448,6 @@ class NodeRow:
                    str(d.get("location") or ""), d.get("internal_ip"), d.get("endpoint"), pods,
                    d.get("wireguard_ip"), str(d.get("path", "none")), d.get("relay"), d.get("relay_reason"),
                    fastpath, {k: d[k] for k in DUAL_KEYS if k in d})
-
-
-@dataclass(frozen=True)
-class OwnRecord:
-    """How often this agent put its record back after someone else deleted or changed it."""
-
-    restored_total: int
-    last_restored: str | None
-
-
-@dataclass(frozen=True)
-class KvstoreStatus:
-    """The Kubernetes backend's mirror into the cluster-mesh etcd (--kvstore-endpoints)."""
-
-    writing: bool
-    writer: str | None
-    lease: int
-    puts: int = 0
-    deletes: int = 0
-    errors: int = 0
-    takeovers: int = 0
-
-    def to_json(self) -> JSON:
-        return {"writing": self.writing, "writer": self.writer, "lease": self.lease, "puts": self.puts,
-                "deletes": self.deletes, "errors": self.errors, "takeovers": self.takeovers}
-
-    @classmethod
-    def from_json(cls, d: JSON) -> KvstoreStatus:
-        return cls(bool(d.get("writing")), d.get("writer"), d.get("lease", 0), d.get("puts", 0),
-                   d.get("deletes", 0), d.get("errors", 0), d.get("takeovers", 0))
 
 
 @dataclass(frozen=True)

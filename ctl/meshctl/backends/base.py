@@ -49,6 +49,48 @@ class ClusterState:
         return Topology(cluster=self.cluster, mesh=self.mesh, nodes=self.nodes, peers=self.peers)
 
 
+@dataclass(frozen=True)
+class OwnRecord:
+    """How often this agent put its record back after someone else deleted or changed it."""
+
+    restored_total: int
+    last_restored: str | None
+
+
+@dataclass(frozen=True)
+class KvstoreStatus:
+    """The Kubernetes backend's mirror into the cluster-mesh etcd (--kvstore-endpoints)."""
+
+    writing: bool
+    writer: str | None
+    lease: int
+    puts: int = 0
+    deletes: int = 0
+    errors: int = 0
+    takeovers: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"writing": self.writing, "writer": self.writer, "lease": self.lease, "puts": self.puts,
+                "deletes": self.deletes, "errors": self.errors, "takeovers": self.takeovers}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> KvstoreStatus:
+        return cls(bool(d.get("writing")), d.get("writer"), d.get("lease", 0), d.get("puts", 0),
+                   d.get("deletes", 0), d.get("errors", 0), d.get("takeovers", 0))
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """What a backend adds to the agent's /status, each None when it does not serve it:
+    `own_record` (etcd: how often the agent put its record back), `lapsed` (etcd: records kept
+    through their lapse grace, by name, with the seconds left), `kvstore` (Kubernetes with a
+    cluster-mesh mirror)."""
+
+    own_record: OwnRecord | None = None
+    lapsed: dict[str, float] | None = None
+    kvstore: KvstoreStatus | None = None
+
+
 class Backend(Protocol):
     """What the agent needs from a store of node records."""
 
@@ -66,7 +108,7 @@ class Backend(Protocol):
     def close(self) -> None:
         """Release connections. Must not withdraw the published record (a restarting agent keeps it)."""
 
-    def status(self) -> dict[str, Any]:
-        """Blocks the backend adds to the agent's /status (e.g. `kvstore`); {} when none."""
+    def status(self) -> BackendStatus:
+        """Blocks the backend adds to the agent's /status (e.g. `kvstore`); BackendStatus() when none."""
 
 

@@ -36,7 +36,7 @@ from lightkube.resources.core_v1 import Node as KNode
 from lightkube.types import PatchType
 
 from meshctl import defaults
-from meshctl.backends.base import ClusterState
+from meshctl.backends.base import BackendStatus, ClusterState
 from meshctl.backends.kube.cni_ipam import CNI_KINDS, PodCidrs, pod_cidrs_for
 from meshctl.backends.kube.flannel import parse_flannel
 from meshctl.backends.kube.nodes import own_annotations, parse_kube_node
@@ -405,9 +405,9 @@ class KubeBackend:
                 self.mirror.offer(self._last_good or self._not_ready("stopping"))  # wake it to see `stop`
                 mirror.join(timeout=5)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> BackendStatus:
         """`kvstore`: this cluster's nodes as mirrored into the cluster-mesh etcd (--kvstore)."""
-        return {"kvstore": self.mirror.status()} if self.mirror is not None else {}
+        return BackendStatus(kvstore=self.mirror.status() if self.mirror is not None else None)
 
     def close(self) -> None:
         """Close the API connection; with --kvstore, give up the writer key at once so another
