@@ -13,7 +13,8 @@ from pathlib import Path
 
 from meshctl.agent import loop, snapshot
 from meshctl.agent.snapshot import NodeRows, Snapshot, StatusBoard
-from meshctl.agent.status import AgentStatus, LiveStatus, NodeRow
+from meshctl.agent.status import AgentStatus, LiveStatus
+from meshctl.mesh.render import NodeRow
 
 AGENT = Path(loop.__file__).parent
 PKG = AGENT.parent

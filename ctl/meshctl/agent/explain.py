@@ -19,13 +19,13 @@ from typing import Any
 from meshctl.agent.status import (
     JSON,
     AgentStatus,
-    FastPathRow,
     NodeRow,
     PeerRow,
     ProbeResult,
 )
 from meshctl.mesh.chooser import KIND_RUNGS, PairProbe, RungMove
 from meshctl.mesh.model import PRIVATE_RUNGS
+from meshctl.mesh.render import FastPathRow
 
 MAX_HOPS = 4  # the longest chain: member -> leader -> relay -> leader -> member stops here
 WIREGUARD_PATHS = ("wireguard-private", "tunnel", "relay")

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from meshctl.agent.config import AgentConfig, FlagSettings, OwnSettings
 from meshctl.agent.memos import PureMemos
@@ -37,10 +37,11 @@ from meshctl.agent.observe import HandshakeObserver, Observation
 from meshctl.agent.path_probing import PathProbing
 from meshctl.agent.reporting import ErrorCounts, LivePeers, LiveReader, PassLog, PassOutcome, PassRecorder
 from meshctl.agent.snapshot import Snapshot, StatusBoard
-from meshctl.agent.status import AgentStatus, PassSummary, RemotesStatus
+from meshctl.agent.status import AgentStatus, PassSummary
 from meshctl.agent.step_runner import StepRunner
 from meshctl.agent.steps import PassInput
 from meshctl.backends.base import Backend, ClusterState
+from meshctl.backends.remote_status import RemotesStatus
 from meshctl.errors import InputError, MeshError
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.model import MeshSettings, Node, Topology
@@ -67,8 +68,8 @@ class RemoteSource(Protocol):
         """The remote clusters' records that may join this cluster's plan, and the rejections."""
         ...
 
-    def status(self) -> dict[str, Any]:
-        """The ClusterMesh block of the status, as JSON (agent.status.RemotesStatus reads it)."""
+    def report(self) -> RemotesStatus:
+        """The ClusterMesh block of the status."""
         ...
 
 
@@ -364,6 +365,6 @@ class PassDriver:
         if self.remotes is None:
             return None
         try:
-            return RemotesStatus.from_json(self.remotes.status())
+            return self.remotes.report()
         except Exception as e:  # noqa: BLE001 - status must always answer
             return RemotesStatus(error=str(e))

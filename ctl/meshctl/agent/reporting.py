@@ -24,7 +24,6 @@ from meshctl.agent.status import (
     BackendBlocks,
     CniStatus,
     DatapathStatus,
-    FastPathRow,
     Interfaces,
     LastReconcile,
     LiveStatus,
@@ -48,8 +47,8 @@ from meshctl.mesh.admit import Rejection
 from meshctl.mesh.checks import dead_tunnels, host_prefix_warnings
 from meshctl.mesh.chooser import Change
 from meshctl.mesh.model import ENCAP_RUNGS, Topology
-from meshctl.mesh.plan import FastPathEntry, NodePlan, PeerPlan
-from meshctl.mesh.render import node_rows
+from meshctl.mesh.plan import NodePlan, PeerPlan
+from meshctl.mesh.render import node_list
 from meshctl.mesh.segments import Remote
 from meshctl.node.discovery import DEFAULT_NIC_MTU, WG_OVERHEAD
 from meshctl.node.wireguard import PeerStatus
@@ -314,8 +313,7 @@ class LiveReader:
         cached = self._node_rows
         if cached is None or cached[0][0] is not view[0] or cached[0][2] is not view[2]:
             def build(view: View = view) -> tuple[NodeRow, ...]:
-                entries = fastpath_rows(view[2].fastpath)
-                return tuple(NodeRow.from_json(r, entries) for r in node_rows(*view))
+                return tuple(node_list(*view, fastpath=True))
             cached = self._node_rows = (view, NodeRows(build))
         return cached[1]
 
@@ -327,13 +325,6 @@ def change_counts(changes: Sequence[Change]) -> tuple[RungChanges, ...]:
         key = (c.old or "none", c.new, c.reason)
         counts[key] = counts.get(key, 0) + 1
     return tuple(RungChanges(a, b, r, n) for (a, b, r), n in sorted(counts.items()))
-
-
-def fastpath_rows(entries: Sequence[FastPathEntry]) -> dict[str, FastPathRow]:
-    """A plan's fast-path entries by pod CIDR, as the node list carries them."""
-    return {str(e.prefix): FastPathRow(str(e.prefix), e.action, str(e.nexthop) if e.nexthop else None,
-                                       e.encap.kind if e.encap else None, str(e.encap.local) if e.encap else None,
-                                       str(e.encap.remote) if e.encap else None) for e in entries}
 
 
 def _aged(c: PeerCounters | None, now: float) -> PeerCounters | None:

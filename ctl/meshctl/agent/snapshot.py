@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from meshctl.agent.status import AgentStatus, NodeRow
+from meshctl.agent.status import AgentStatus
+from meshctl.mesh.render import NodeRow
 
 FRESH_WAIT_S = 2.0  # how long a reader waits for the loop's next snapshot before taking the last one
 

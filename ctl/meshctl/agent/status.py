@@ -14,31 +14,15 @@ working against an agent that does not serve every block.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from meshctl.backends.base import KvstoreStatus, OwnRecord
+from meshctl.backends.remote_status import Rejected, RemotesStatus
 from meshctl.datapath.status import JSON, DatapathStatus, opt_key
 from meshctl.mesh.chooser import ProbeStatus
 from meshctl.mesh.model import MeshSettings
 from meshctl.mesh.records import mesh_to_record, parse_mesh
-from meshctl.mesh.render import DUAL_KEYS
-
-
-@dataclass(frozen=True)
-class Rejected:
-    """A record left out of the plan, and why (`rejections`, and a remote cluster's)."""
-
-    name: str
-    reason: str
-
-    def to_json(self) -> JSON:
-        return {"name": self.name, "reason": self.reason}
-
-    @classmethod
-    def from_json(cls, d: JSON) -> Rejected:
-        return cls(str(d.get("name", "")), str(d.get("reason", "")))
+from meshctl.mesh.render import NodeRow
 
 
 @dataclass(frozen=True)
@@ -82,98 +66,6 @@ class ReconcileTotals:
     ok_total: int = 0
     failed_total: int = 0
     full_total: int = 0
-
-
-@dataclass(frozen=True)
-class RemoteCluster:
-    """One remote cluster of the cluster mesh as this agent sees it (backends.clustermesh)."""
-
-    name: str
-    ready: bool
-    reason: str | None
-    nodes: int
-    endpoints: tuple[str, ...]
-    connected: bool
-    last_change: float | None
-    reconnects: int
-    last_sync_age: float | None
-    rejected: int
-    rejections: tuple[Rejected, ...]
-
-    def to_json(self) -> JSON:
-        return {"name": self.name, "ready": self.ready, "reason": self.reason, "nodes": self.nodes,
-                "endpoints": list(self.endpoints), "connected": self.connected, "last_change": self.last_change,
-                "reconnects": self.reconnects, "last_sync_age": self.last_sync_age, "rejected": self.rejected,
-                "rejections": [r.to_json() for r in self.rejections]}
-
-    @classmethod
-    def from_json(cls, d: JSON) -> RemoteCluster:
-        return cls(str(d.get("name", "")), bool(d.get("ready")), d.get("reason"), d.get("nodes") or 0,
-                   tuple(d.get("endpoints") or ()), bool(d.get("connected")), d.get("last_change"),
-                   d.get("reconnects") or 0, d.get("last_sync_age"), d.get("rejected") or 0,
-                   tuple(Rejected.from_json(r) for r in d.get("rejections") or ()))
-
-
-@dataclass(frozen=True)
-class GlobalServiceStatus:
-    """One global Service of this cluster (agent.global_services): its settings, the ready
-    endpoints it publishes, and the endpoints each remote cluster gives it here."""
-
-    namespace: str
-    name: str
-    shared: bool
-    affinity: str
-    exported: bool
-    local_endpoints: int
-    remote_endpoints: dict[str, int]
-
-    def to_json(self) -> JSON:
-        return {"namespace": self.namespace, "name": self.name, "shared": self.shared, "affinity": self.affinity,
-                "exported": self.exported, "local_endpoints": self.local_endpoints,
-                "remote_endpoints": dict(self.remote_endpoints)}
-
-    @classmethod
-    def from_json(cls, d: JSON) -> GlobalServiceStatus:
-        return cls(str(d.get("namespace", "")), str(d.get("name", "")), bool(d.get("shared", True)),
-                   str(d.get("affinity", "none")), bool(d.get("exported")), d.get("local_endpoints") or 0,
-                   {str(k): int(v) for k, v in (d.get("remote_endpoints") or {}).items()})
-
-
-@dataclass(frozen=True)
-class RemotesStatus:
-    """The ClusterMesh block: how many remote clusters are ready, and each; the global Services
-    (`services`, the rejected service records and who publishes). `error`: the watcher could not
-    say (then the block holds only that)."""
-
-    ready: int = 0
-    total: int = 0
-    clusters: tuple[RemoteCluster, ...] = ()
-    error: str | None = None
-    via: str | None = None  # with a cluster-mesh cache: `via cache` or `direct (cache unhealthy: ...)`
-    services: tuple[GlobalServiceStatus, ...] = ()
-    service_rejections: tuple[Rejected, ...] = ()
-    services_leader: str | None = None
-
-    def to_json(self) -> JSON:
-        if self.error is not None:
-            return {"error": self.error}
-        out: JSON = {"ready": self.ready, "total": self.total, "clusters": [c.to_json() for c in self.clusters],
-                     "services": [s.to_json() for s in self.services],
-                     "service_rejections": [r.to_json() for r in self.service_rejections],
-                     "services_leader": self.services_leader}
-        if self.via is not None:
-            out["via"] = self.via
-        return out
-
-    @classmethod
-    def from_json(cls, d: JSON) -> RemotesStatus:
-        if "clusters" not in d:
-            return cls(error=str(d.get("error", "unknown")))
-        return cls(d.get("ready", 0), d.get("total", 0), tuple(RemoteCluster.from_json(c) for c in d["clusters"]),
-                   via=d.get("via"),
-                   services=tuple(GlobalServiceStatus.from_json(s) for s in d.get("services") or ()),
-                   service_rejections=tuple(Rejected.from_json(r) for r in d.get("service_rejections") or ()),
-                   services_leader=d.get("services_leader"))
 
 
 @dataclass(frozen=True)
@@ -372,82 +264,6 @@ class PeerRow:
                             d.get("live_endpoint"), d.get("handshake_age_s")) if "rx_bytes" in d else None
         return cls(str(d.get("name", "")), str(d.get("kind", "")), str(d.get("public_key", "")), d.get("endpoint"),
                    tuple(d.get("allowed_ips") or ()), live)
-
-
-@dataclass(frozen=True)
-class FastPathRow:
-    """The fast-path entry this node's plan holds for a node's pod CIDR: its action, private next
-    hop, and the encapsulation with its outer addresses (None for a raw entry)."""
-
-    prefix: str
-    action: str
-    nexthop: str | None
-    encap: str | None = None
-    outer_src: str | None = None
-    outer_dst: str | None = None
-
-    @property
-    def rung(self) -> str:
-        return self.action if self.encap is None else f"{self.action}+{self.encap}"
-
-    def to_json(self) -> JSON:
-        return {"prefix": self.prefix, "action": self.action, "nexthop": self.nexthop, "encap": self.encap,
-                "outer_src": self.outer_src, "outer_dst": self.outer_dst}
-
-    @classmethod
-    def from_json(cls, d: JSON) -> FastPathRow:
-        return cls(str(d.get("prefix", "")), str(d.get("action", "")), d.get("nexthop"), d.get("encap"),
-                   d.get("outer_src"), d.get("outer_dst"))
-
-
-@dataclass(frozen=True)
-class NodeRow:
-    """`meshctl node list` from this node: a local or remote node, its addresses, its segment's
-    WireGuard address (leaders only), the path this node takes to it, the relay, if any, and the
-    fast-path entries for its pod CIDRs (one per CIDR the plan has an entry for; empty, the key
-    absent: the plan has none)."""
-
-    name: str
-    cluster: str
-    source: str
-    location: str
-    internal_ip: str | None
-    endpoint: str | None
-    pod_cidrs: tuple[str, ...]
-    wireguard_ip: str | None
-    path: str
-    relay: str | None
-    relay_reason: str | None
-    fastpath: tuple[FastPathRow, ...] = ()
-    # A dual-stack node's every address and each family's rung (render.dual_keys): absent for one.
-    dual: dict[str, Any] = field(default_factory=dict, compare=False)
-
-    def to_json(self) -> JSON:
-        out: JSON = {"name": self.name, "cluster": self.cluster, "source": self.source, "location": self.location,
-                     "internal_ip": self.internal_ip, "endpoint": self.endpoint,
-                     "pod_cidrs": list(self.pod_cidrs),
-                     "wireguard_ip": self.wireguard_ip, "path": self.path, "relay": self.relay,
-                     "relay_reason": self.relay_reason, **self.dual}
-        opt_key(out, "fastpath", [e.to_json() for e in self.fastpath] if self.fastpath else None)
-        return out
-
-    @classmethod
-    def from_json(cls, d: JSON, fastpath_of: Mapping[str, FastPathRow] | None = None) -> NodeRow:
-        """The row `d` (render.node_rows' or a served one); with `fastpath_of` (the plan's
-        entries by pod CIDR, reporting.fastpath_rows), its fast-path entries are those of its pod
-        CIDRs there, not `d`'s."""
-        # An agent that predates pod_cidrs wrote one `pod_cidr` and one fast-path entry.
-        pods = tuple(str(c) for c in d.get("pod_cidrs", [d["pod_cidr"]] if d.get("pod_cidr") else []))
-        if fastpath_of is not None:
-            fastpath = tuple(fastpath_of[c] for c in pods if c in fastpath_of)
-        else:
-            fp = d.get("fastpath")
-            entries = [fp] if isinstance(fp, dict) else fp if isinstance(fp, list) else []
-            fastpath = tuple(FastPathRow.from_json(e) for e in entries if isinstance(e, dict))
-        return cls(str(d.get("name", "")), str(d.get("cluster", "")), str(d.get("source", "")),
-                   str(d.get("location") or ""), d.get("internal_ip"), d.get("endpoint"), pods,
-                   d.get("wireguard_ip"), str(d.get("path", "none")), d.get("relay"), d.get("relay_reason"),
-                   fastpath, {k: d[k] for k in DUAL_KEYS if k in d})
 
 
 @dataclass(frozen=True)

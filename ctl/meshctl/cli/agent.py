@@ -15,9 +15,11 @@ import click
 from meshctl import defaults
 from meshctl.agent.config import AgentConfig
 from meshctl.agent.server import fetch_status
-from meshctl.agent.status import AgentStatus, BackendBlocks, DatapathStatus, PodsStatus, RemotesStatus, objects_line
+from meshctl.agent.status import AgentStatus, BackendBlocks, PodsStatus, objects_line
+from meshctl.backends.remote_status import RemotesStatus
 from meshctl.cli import targets
 from meshctl.cli.options import TEXT_FORMATS, file_option, lab_option, node_option, output_option, pin_root_option
+from meshctl.datapath.status import DatapathStatus
 from meshctl.errors import InputError, MeshError
 from meshctl.mesh import admit, fields, records
 from meshctl.mesh.model import DEFAULT_PORT
