@@ -22,6 +22,10 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cross-mesh.yaml"
 class Recording:
     """A step that writes its calls to a shared journal; `fail` names the calls that raise."""
 
+    provides = NOTHING
+    needs = NOTHING
+    serves: tuple[type, ...] = ()
+
     def __init__(self, name: str, journal: list[str], fail: frozenset[str] = frozenset(),
                  disturbs: frozenset[str] = NOTHING) -> None:
         self.name, self.journal, self.fail, self.disturbs = name, journal, fail, disturbs

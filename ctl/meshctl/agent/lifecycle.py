@@ -24,6 +24,7 @@ from meshctl.agent.steps import (
     CniStep,
     DatapathStep,
     FlannelStep,
+    LoadedDatapath,
     NatStep,
     RoutesStep,
     SysctlsStep,
@@ -51,7 +52,6 @@ class _Running:
     loop: ReconcileLoop
     board: StatusBoard
     server: StatusServer
-    datapath_step: DatapathStep
 
 
 class Agent:
@@ -75,33 +75,31 @@ class Agent:
         self.paths: PathProbing | None = None
         self._running: _Running | None = None
         self._datapath: Datapath | None = None
+        self._datapath_slot = LoadedDatapath()  # the datapath step's: filled by the loader thread
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
         """Keys, the steps, the loop, the status server, the backend watch, the datapath loader."""
         private_key = keys.load_or_create_private_key(self.cfg.state_dir)
         secrets = self.backend if isinstance(self.backend, SecretSource) else None
-        wireguard, tunnels, datapath = WireGuardStep(self.cfg, private_key, secrets), TunnelsStep(self.cfg), \
-            DatapathStep(self.cfg)
-        # Tunnels before routes: a pair leaving an encapsulated rung frees its pod CIDR's tunnel route
-        # before the route step installs the direct one (the other way, a tunnel route replaces it).
-        # flannel before routes: the routes flannel rewrote or got back are read again in the same pass.
-        route_step = RoutesStep(self.cfg)
-        runner = StepRunner([wireguard, tunnels, FlannelStep(self.cfg, route_step), route_step, SysctlsStep(self.cfg),
-                             NatStep(self.cfg), datapath, CniStep(self.cfg)], self.cfg.resync_interval,
-                            pending=self._wake.is_set)
+        # The order is the runner's, from what each step provides and needs (step_runner.step_order).
+        runner = StepRunner([WireGuardStep(self.cfg, private_key, secrets), TunnelsStep(self.cfg),
+                             FlannelStep(self.cfg), RoutesStep(self.cfg), SysctlsStep(self.cfg), NatStep(self.cfg),
+                             DatapathStep(self.cfg, self._datapath_slot), CniStep(self.cfg)],
+                            self.cfg.resync_interval, pending=self._wake.is_set)
         if self.remotes is None and self._remotes_factory is not None:
             self.remotes = self._remotes_factory(self.wake)
         self.paths = PathProbing(self.cfg.private_interface, self.wake, ProbeTuning(hold=self.cfg.path_hold),
-                                 carriers=(tunnels, datapath))
-        live = LiveReader(self.cfg, self.backend, self.paths, wireguard, runner.report, lambda: self.pod_watch)
+                                 carriers=runner.carriers())
+        peers = runner.live_peers()
+        live = LiveReader(self.cfg, self.backend, self.paths, peers, runner.report, lambda: self.pod_watch)
         board = StatusBoard(self._wake.nudge)
         passes = PassDriver(self.cfg, self.backend, self.remotes, runner, self.paths, self._pod_interfaces,
                             keys.public_key(private_key), self.errors, self._passed, own=self.own, live=live,
                             board=board)
-        loop = ReconcileLoop(passes, wireguard, self._wake, self.stop_event, self.errors)
+        loop = ReconcileLoop(passes, peers, self._wake, self.stop_event, self.errors)
         server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy, self.ready, self.probe)
-        self._running = _Running(passes, loop, board, server, datapath)
+        self._running = _Running(passes, loop, board, server)
         server.start()
         if self.remotes is not None:
             self.remotes.start()
@@ -142,7 +140,7 @@ class Agent:
 
     def _open_datapath(self) -> None:
         """Load the fast path off the loop (a joining node must be reachable through kernel routes
-        before it is compiled and loaded), then hand it to the datapath step."""
+        before it is compiled and loaded) into the datapath step's slot."""
         try:
             off = fastpath_off(self.cfg)
             dp = Datapath.open(self.cfg.node_name, pin_root=self.cfg.bpf_pin_root, enabled=off is None,
@@ -153,8 +151,7 @@ class Agent:
             return
         log.info("datapath mode %s%s", dp.mode, f" ({dp.reason})" if dp.reason else "")
         self._datapath = dp
-        if self._running is not None:
-            self._running.datapath_step.use(dp)
+        self._datapath_slot.put(dp)
         if self.paths is not None:
             self.paths.refresh_rungs()  # a loaded fast path carries the encapsulated rungs itself
         self.wake()

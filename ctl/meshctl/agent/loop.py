@@ -35,11 +35,11 @@ from meshctl.agent.config import AgentConfig, FlagSettings, OwnSettings
 from meshctl.agent.memos import PureMemos
 from meshctl.agent.observe import HandshakeObserver, Observation
 from meshctl.agent.path_probing import PathProbing
-from meshctl.agent.reporting import ErrorCounts, LivePeers, LiveReader, PassLog, PassOutcome, PassRecorder
+from meshctl.agent.reporting import ErrorCounts, LiveReader, PassLog, PassOutcome, PassRecorder
 from meshctl.agent.snapshot import Snapshot, StatusBoard
 from meshctl.agent.status import AgentStatus, PassSummary
 from meshctl.agent.step_runner import StepRunner
-from meshctl.agent.steps import PassInput
+from meshctl.agent.steps import LivePeers, PassInput
 from meshctl.backends.base import Backend, ClusterState
 from meshctl.backends.remote_status import RemotesStatus
 from meshctl.errors import InputError, MeshError
@@ -47,7 +47,7 @@ from meshctl.mesh.admit import Rejection
 from meshctl.mesh.model import MeshSettings, Node, Topology
 from meshctl.mesh.plan import NodePlan
 from meshctl.mesh.segments import Remote
-from meshctl.node import discovery
+from meshctl.node import discovery, flannel
 from meshctl.process import gc_paused
 
 log = logging.getLogger("meshctl.agent")
@@ -165,10 +165,10 @@ class ReconcileLoop:
             settle = False
             if not woke:
                 now = time.monotonic()
-                same_ifs = self.passes.pods() == self.passes.pod_ifs
+                same_ifs = not self.passes.pods_moved()
                 due = now >= next_scan
-                settling = self.passes.runner.wants_pass(now, last_pass)
-                owing = self.passes.runner.full_owed()  # a full pass a change cut short: finish it
+                settling = self.passes.wants_pass(now, last_pass)
+                owing = self.passes.full_owed()  # a full pass a change cut short: finish it
                 observed = self._observe()
                 if same_ifs and not due and not settling and not observed and not owing:
                     continue
@@ -186,7 +186,7 @@ class ReconcileLoop:
     def _observe(self) -> bool:
         """Read WireGuard's handshakes (without allowed IPs); True when what this node would
         publish about its NATed peers changed (the next pass publishes it)."""
-        plan = self.passes.last_plan
+        plan = self.passes.plan_in_force()
         try:
             live = self.peers.peers_now() if plan is not None and self._observer.watches(plan) else None
             seen = self._observer.observe(plan, live) if plan is not None and live is not None else NOT_OBSERVED
@@ -212,9 +212,9 @@ class PassDriver:
         self.own = own or FlagSettings(cfg)
         self.backend = backend
         self.remotes = remotes
-        self.runner = runner
+        self._runner = runner
         self.paths = paths
-        self.pods = pods
+        self._pods = pods
         self.public_key = public_key
         self.errors = errors
         self.on_pass = on_pass
@@ -222,13 +222,31 @@ class PassDriver:
         self.board = board
         self.recorder = PassRecorder(cfg, errors)
         self.memos = PureMemos(flannel=cfg.cni == "flannel")  # flannel carries its nodes' pod traffic
-        self.last_plan: NodePlan | None = None
-        self.last_view: tuple[Topology, list[Remote], NodePlan] | None = None
+        self._last_plan: NodePlan | None = None
+        self._last_view: tuple[Topology, list[Remote], NodePlan] | None = None
         self.pod_ifs: tuple[str, ...] = ()  # the pod interfaces the last applied pass used
         self._cause = PassCause()
         self._published: Node | None = None
         self._last_good: ClusterState | None = None
         self._rejections: list[Rejection] = []
+
+    # --- what the loop asks between passes ------------------------------------------------
+
+    def pods_moved(self) -> bool:
+        """The pod interfaces differ from those the last applied pass used."""
+        return self._pods() != self.pod_ifs
+
+    def wants_pass(self, now: float, last_pass: float) -> bool:
+        """A step asks for a pass although nothing changed (Step.wants_pass)."""
+        return self._runner.wants_pass(now, last_pass)
+
+    def full_owed(self) -> bool:
+        """A full pass a change cut short waits to be finished (StepRunner.full_owed)."""
+        return self._runner.full_owed()
+
+    def plan_in_force(self) -> NodePlan | None:
+        """The plan the last applied pass applied (None before one)."""
+        return self._last_plan
 
     # --- one pass --------------------------------------------------------------------------
 
@@ -270,34 +288,35 @@ class PassDriver:
             self._finish(run, state, None, [], applied=False)
             return None
         if not state.ready:  # etcd away: keep what is installed, report it
-            self._finish(run, state, self.last_plan, self._rejections, applied=False)
+            self._finish(run, state, self._last_plan, self._rejections, applied=False)
             return None
         t = time.monotonic()
         topo, remotes, rejections = self._admit(state, me, run)
         run.timed("admit", t)
         if topo.node(me.name) is None:
             run.fail("admission", next((r.reason for r in rejections if r.name == me.name), "own record rejected"))
-            self._finish(run, state, self.last_plan, rejections, applied=False)
+            self._finish(run, state, self._last_plan, rejections, applied=False)
             return None
         t = time.monotonic()
         try:
             self.paths.update(topo, me.name)
-            previous = self.last_plan.rung_paths if self.last_plan is not None else None
+            previous = self._last_plan.rung_paths if self._last_plan is not None else None
             plan, reused = self.memos.plan(topo, me.name, remotes, self.paths.state(previous))
         except InputError as e:
             run.fail("plan", str(e))
-            self._finish(run, state, self.last_plan, rejections, applied=False)
+            self._finish(run, state, self._last_plan, rejections, applied=False)
             return None
         if reused:
             run.reused.append("plan")
         run.timed("plan", t)
         cidrs = self.memos.mesh_cidrs(topo, remotes)
-        self.pod_ifs = self.pods()
-        self.runner.run(PassInput(plan=plan, topo=topo, me=me, mesh_cidrs=cidrs, pod_ifs=self.pod_ifs,
+        self.pod_ifs = self._pods()
+        handed = flannel.plan_flannel(plan, topo, state.flannel) if self.cfg.cni == "flannel" else None
+        self._runner.run(PassInput(plan=plan, topo=topo, me=me, mesh_cidrs=cidrs, pod_ifs=self.pod_ifs,
                                   timer_pass=self._cause.timer_pass, settle_pass=self._cause.settle_pass,
-                                  flannel=state.flannel), run)
-        self.last_plan = plan
-        self.last_view = (topo, remotes, plan)
+                                  flannel=handed), run)
+        self._last_plan = plan
+        self._last_view = (topo, remotes, plan)
         self._finish(run, state, plan, rejections, applied=True, topo=topo)
         return plan
 
@@ -339,7 +358,7 @@ class PassDriver:
         self._rejections = rejections
         summary = self.recorder.finish(run, PassOutcome(
             state=state, plan=plan, rejections=rejections, applied=applied, topo=topo, observed=self._cause.observed,
-            pod_ifs=self.pod_ifs, full_total=self.runner.full_total, remotes=self._remotes_status()))
+            pod_ifs=self.pod_ifs, full_total=self._runner.full_total, remotes=self._remotes_status()))
         self.publish_status()
         if self.on_pass is not None:
             self.on_pass(summary)
@@ -350,7 +369,7 @@ class PassDriver:
         at = time.monotonic()
         last = self.board.latest()
         try:
-            live = self.live.read(self.last_plan)
+            live = self.live.read(self._last_plan)
         except Exception as e:  # noqa: BLE001 - the pass's summary is published whatever the live parts do
             log.warning("status: %s", e)
             self.errors.count("status")
@@ -358,8 +377,8 @@ class PassDriver:
                 return
             live = last.status.live
         self.board.publish(Snapshot(AgentStatus(self.cfg.node_name, ready, reason, summary, live),
-                                    self.live.node_rows(self.last_view) if self.last_view is not None else None,
-                                    self.last_plan is not None, at))
+                                    self.live.node_rows(self._last_view) if self._last_view is not None else None,
+                                    self._last_plan is not None, at))
 
     def _remotes_status(self) -> RemotesStatus | None:
         if self.remotes is None:

@@ -19,9 +19,10 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from meshctl.agent.status import ProbeResult
+from meshctl.agent.steps import EncapCarrier
 from meshctl.mesh.chooser import RUNG_KIND, Change, ProbeStatus, ProbeTuning, RungMove
 from meshctl.mesh.ladder import probe_ladders
 from meshctl.mesh.model import ENCAP_RUNGS, PRIVATE_RUNGS, PathState, Rung, Topology
@@ -49,16 +50,6 @@ def keep_paths(state: PathState, ladders: Mapping[str, Sequence[Rung]], previous
 def unprobed_state(ladders: dict[str, tuple[Rung, ...]]) -> PathState:
     """The path-state where no probe runs: the rungs that need no encapsulation (none verified)."""
     return {name: frozenset(r for r in lad if r in UNPROBED_RUNGS) for name, lad in ladders.items()}
-
-
-class EncapCarrier(Protocol):
-    """Something that carries encapsulated entries on this node (the eBPF fast path, or the
-    tunnel devices of the kernel fallback)."""
-
-    def available(self, kind: str, underlay: int = 4) -> bool:
-        """Whether this node can send and receive `kind` ("vxlan", "ipip") over an underlay of IP
-        version `underlay` (the family of the private addresses)."""
-        ...
 
 
 class PathProbing:

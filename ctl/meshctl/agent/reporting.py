@@ -38,7 +38,7 @@ from meshctl.agent.status import (
     RemotesStatus,
     RungChanges,
 )
-from meshctl.agent.steps import StepReport
+from meshctl.agent.steps import LivePeers, StepReport
 from meshctl.backends.base import Backend, ClusterState
 from meshctl.datapath import links
 from meshctl.datapath.layout import overhead
@@ -57,14 +57,6 @@ log = logging.getLogger("meshctl.agent")
 
 LIVE_PEERS_TTL_S = 1.0  # snapshots read WireGuard's counters at most this often
 REJECTIONS_SEEN_MAX = 10000  # distinct (record, reason) pairs remembered for rejections_total
-
-
-class LivePeers(Protocol):
-    """Where WireGuard's view of its peers comes from (the WireGuard step)."""
-
-    def peers_now(self) -> list[PeerStatus] | None:
-        """The device's peers now, without allowed IPs; None before the device exists."""
-        ...
 
 
 class PodInterfaces(Protocol):
