@@ -25,14 +25,14 @@ from meshctl.agent.status import ProbeResult
 from meshctl.agent.steps import EncapCarrier
 from meshctl.mesh.chooser import RUNG_KIND, Change, ProbeStatus, ProbeTuning, RungMove
 from meshctl.mesh.ladder import probe_ladders
-from meshctl.mesh.model import ENCAP_RUNGS, PRIVATE_RUNGS, PathState, Rung, Topology
+from meshctl.mesh.model import ENCAP_RUNGS, PRIVATE_RUNGS, WIREGUARD_PRIVATE, PathState, Rung, Topology
 from meshctl.node.prober import Prober, Target, probe_address
 
 log = logging.getLogger("meshctl.agent")
 
 HISTORY_MOVES = 3  # the last moves of each pair the status carries
 
-UNPROBED_RUNGS: frozenset[str] = frozenset({"direct", "wireguard-private"})
+UNPROBED_RUNGS: frozenset[str] = frozenset({"direct", WIREGUARD_PRIVATE})
 
 
 def keep_paths(state: PathState, ladders: Mapping[str, Sequence[Rung]], previous: Mapping[str, str]) -> PathState:
@@ -70,7 +70,7 @@ class PathProbing:
 
     def local_rungs(self) -> frozenset[Rung]:
         """Direct and WireGuard always; an encapsulated rung when something here carries it."""
-        out: set[Rung] = {"direct", "wireguard-private"}
+        out: set[Rung] = {"direct", WIREGUARD_PRIVATE}
         for rung, kind in ENCAP_RUNGS.items():
             if any(c.available(kind, self._underlay) for c in self.carriers):
                 out.add(rung)

@@ -46,7 +46,7 @@ from meshctl.errors import MeshError
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.checks import dead_tunnels, host_prefix_warnings
 from meshctl.mesh.chooser import Change
-from meshctl.mesh.model import ENCAP_RUNGS, Topology
+from meshctl.mesh.model import ENCAP_RUNGS, WIREGUARD_PRIVATE, Topology
 from meshctl.mesh.plan import NodePlan, PeerPlan
 from meshctl.mesh.render import node_list
 from meshctl.mesh.segments import Remote
@@ -206,7 +206,7 @@ def rung_mtus(private_mtu: int | None, underlay: int = 4) -> dict[str, int]:
         out["direct"] = private_mtu
         out.update({rung: private_mtu - overhead(kind, underlay) for rung, kind in ENCAP_RUNGS.items()})
     wg = (private_mtu or DEFAULT_NIC_MTU) - WG_OVERHEAD
-    out.update({"wireguard-private": wg, "tunnel": wg})
+    out.update({WIREGUARD_PRIVATE: wg, "tunnel": wg})
     return out
 
 

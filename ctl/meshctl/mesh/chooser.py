@@ -31,11 +31,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshctl.mesh.model import RUNGS, PathState, Rung
+from meshctl.mesh.model import RUNGS, WIREGUARD_PRIVATE, PathState, Rung
 
 PROBE_KINDS: tuple[str, ...] = ("direct", "udp", "ipip")
 KIND_RUNGS: dict[str, tuple[Rung, ...]] = {
-    "direct": ("direct",), "udp": ("direct+vxlan", "wireguard-private"), "ipip": ("direct+ipip",)}
+    "direct": ("direct",), "udp": ("direct+vxlan", WIREGUARD_PRIVATE), "ipip": ("direct+ipip",)}
 RUNG_KIND: dict[str, str] = {r: k for k, rungs in KIND_RUNGS.items() for r in rungs}
 PEER_CHOICE_TTL_S = 5.0  # a peer's reported choice counts this long after its last reply
 

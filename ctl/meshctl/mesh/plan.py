@@ -26,6 +26,7 @@ from meshctl.mesh.memo import SameObject, UsedMemo
 from meshctl.mesh.model import (
     ENCAP_RUNGS,
     FAMILIES,
+    WIREGUARD_PRIVATE,
     EncapKind,
     Endpoint,
     Granularity,
@@ -468,7 +469,7 @@ def _pair(seat: _Seat, s: Segment) -> Share:
     path = ((r.qualified_name, cheapest(rungs.values())),)
     split = _split(r.qualified_name, rungs)
     private = tuple(_private_claim(c, me, r, rungs[c.version]) for c in r.pod_cidrs
-                    if rungs[c.version] not in ("tunnel", "wireguard-private"))
+                    if rungs[c.version] not in ("tunnel", WIREGUARD_PRIVATE))
     if mesh.intra_subnet != "auto" and len(private) == len(r.pod_cidrs):
         return Share(claims=private, paths=path, family_paths=split)  # fixed private rungs carry everything: no peer
     dsts = _pair_destinations(seat, r, ladders)
@@ -492,7 +493,7 @@ def _pair_destinations(seat: _Seat, r: Node, ladders: dict[int, tuple[Rung, ...]
     dsts = list(r.pod_cidrs)
     for i in r.internal_ips:
         ladder = ladders.get(i.version)
-        if ladder is None or ladder == ("wireguard-private", "tunnel"):
+        if ladder is None or ladder == (WIREGUARD_PRIVATE, "tunnel"):
             ladder = pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, me, r, i.version,
                                 cross_family=False)
         if ladder == ("tunnel",) and not private_neighbours(me, r, i.version):
@@ -509,9 +510,9 @@ def _pair_endpoint(seat: _Seat, r: Node, rungs: dict[int, Rung], ladders: dict[i
     say r is reached, in a family `me` speaks. The private address is r's first one of a family
     whose private network joins the pair."""
     mesh = seat.mesh
-    standby = mesh.intra_subnet == "auto" and any("wireguard-private" in ladder for ladder in ladders.values()) and (
-        working is None or "wireguard-private" in working)
-    if "wireguard-private" not in rungs.values() and not standby:
+    standby = mesh.intra_subnet == "auto" and any(WIREGUARD_PRIVATE in ladder for ladder in ladders.values()) and (
+        working is None or WIREGUARD_PRIVATE in working)
+    if WIREGUARD_PRIVATE not in rungs.values() and not standby:
         return seat.view.endpoint(r, seat.me.families)
     fixed = mesh.intra_subnet != "auto"
     joined = next((i for i in r.internal_ips
