@@ -152,5 +152,3 @@ def _write(src: Source, after: MeshSettings, changes: Mapping[str, str]) -> str:
         client.close()
     return mesh_key(src.cluster_name)
 
-
-COMMANDS: list[click.Command] = [mesh]

@@ -27,6 +27,7 @@ from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.spec import LabSpec
 from meshctl.lab.namespaces.state import LabState
 from meshctl.lab.namespaces.wiring import Progress
+from meshctl.lab.rigs.waiting import CONVERGE_WAIT, EMULATED_CONVERGE_WAIT
 from meshctl.lab.vms import vm
 from meshctl.lab.vms.vm import VM_ROOT
 from meshctl.lab.vms.vmnodes import machine_of
@@ -81,7 +82,7 @@ def up(spec: LabSpec, path: str, series: str, *, prefix: str | None, wait: float
         emulated = machine.accel != "kvm"
         _guest_lab_file(path, machine.shared / GUEST_LAB_FILE, emulated, progress)
         if wait is None:
-            wait = vm.EMULATED_CONVERGE_WAIT if emulated else labbuild.CONVERGE_WAIT
+            wait = EMULATED_CONVERGE_WAIT if emulated else CONVERGE_WAIT
         argv = ["lab", "up", "-f", str(machine.shared / GUEST_LAB_FILE), "--wait", str(wait)]
         if prefix:
             argv += ["--prefix", prefix]

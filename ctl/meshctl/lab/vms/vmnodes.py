@@ -50,7 +50,7 @@ from meshctl.lab.namespaces.spec import PUBLIC_NET, LabSpec
 from meshctl.lab.namespaces.state import ClusterState, InVm, LabState, NicState, NodeState, VmRecord
 from meshctl.lab.namespaces.wiring import Progress, pod_entry, quiet, wire_pod
 from meshctl.lab.rigs import netns
-from meshctl.lab.rigs.waiting import wait_for
+from meshctl.lab.rigs.waiting import CONVERGE_WAIT, wait_for
 from meshctl.lab.vms import vm, zygote
 from meshctl.lab.vms.vm import VM_ROOT
 from meshctl.mesh.model import IPNetwork, Node
@@ -97,7 +97,7 @@ def parallel(items: Sequence[T], fn: Callable[[T], object]) -> None:
 # --- host side ---------------------------------------------------------------------------------
 
 
-def up(spec: LabSpec, *, prefix: str | None = None, progress: Progress = quiet, wait: float = labbuild.CONVERGE_WAIT,
+def up(spec: LabSpec, *, prefix: str | None = None, progress: Progress = quiet, wait: float = CONVERGE_WAIT,
        start_agents: bool = True, hold: tuple[str, ...] = ()) -> LabState:
     """Bring a lab.vms lab up: build_vms, every agent started in its VM, converged; on failure
     everything is removed again (VMs included)."""
