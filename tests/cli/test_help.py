@@ -106,12 +106,14 @@ def test_help_is_never_forwarded_into_a_lab(monkeypatch: pytest.MonkeyPatch) -> 
      f"error: --file: File '{Path(EXAMPLE).parent}' is a directory"),
     (["graph", "-f", EXAMPLE, "-o", "table"], "error: --output: 'table' is not one of 'dot', 'text', 'json'"),
     (["plan", "--bogus"], "error: --bogus: no such option of meshctl plan"),
-    (["status", "--lab-nod", "a1"], "error: --lab-nod: no such option of meshctl status (did you mean --lab, --lab-node?)"),
+    (["status", "--lab-nod", "a1"],
+     "error: --lab-nod: no such option of meshctl status (did you mean --lab, --lab-node?)"),
     (["plan", "-f", EXAMPLE, "--node"], "error: --node: needs a value"),
     (["explain", "10.0.0.1"], "error: DST: is required (an argument of meshctl explain)"),
     (["datapath", "unload"], "error: --node: is required (an option of meshctl datapath unload)"),
     (["no-such-command"], "error: meshctl: no such command 'no-such-command'"),
-    (["plan", "-f", EXAMPLE, "--node", "rack-1", "extra"], "error: meshctl plan: got unexpected extra argument (extra)"),
+    (["plan", "-f", EXAMPLE, "--node", "rack-1", "extra"],
+     "error: meshctl plan: got unexpected extra argument (extra)"),
 ])
 def test_a_usage_error_is_one_line(monkeypatch: pytest.MonkeyPatch, argv: list[str], line: str) -> None:
     monkeypatch.setattr(targets, "_forwarder", [])  # nothing to forward to: no lab state read

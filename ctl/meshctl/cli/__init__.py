@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import click
 
 from meshctl.errors import InputError, MeshError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ def usage_line(e: click.UsageError) -> UsageLine:
     return UsageLine(f"{where}: {e.message[:1].lower()}{e.message[1:].rstrip('.')}")
 
 
-def _one_line_usage(fn: Any) -> Any:
+def _one_line_usage(fn: Callable[[], T]) -> T:
     """Runs `fn`, turning click's usage errors into UsageLine (a bare group's help stays help)."""
     try:
         return fn()

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -20,6 +19,7 @@ from meshctl.cli.options import (
     endpoint_list,
     etcd_options,
     file_option,
+    lab_etcd_options,
     lab_node_option,
     lab_option,
     log_level_option,
@@ -356,7 +356,7 @@ def node_group() -> None:
 
 
 @node_group.command("list")
-@functools.partial(etcd_options, cluster_default=None)
+@lab_etcd_options
 @click.option("--addr", default=None, help="Ask the agent at this --metrics-addr: every local and remote node "
               "with the path from that node.")
 @lab_node_option()

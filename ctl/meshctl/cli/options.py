@@ -196,6 +196,12 @@ def etcd_options(f: FC, cluster_default: str | None = "default") -> FC:
     return f
 
 
+def lab_etcd_options(f: FC) -> FC:
+    """The etcd flags of a command that reads a lab's etcd when given no endpoints: `--cluster-name`
+    without a default (left out, the lab's own cluster or clusters)."""
+    return etcd_options(f, cluster_default=None)
+
+
 def log_level_option() -> Callable[[FC], FC]:
     """`--log-level`: how much a long-running command logs."""
     return click.option("--log-level", default="info", show_default=True,

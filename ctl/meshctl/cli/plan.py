@@ -5,7 +5,6 @@ agents read, admitted the same way."""
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from meshctl.cli import targets
-from meshctl.cli.options import endpoint_list, etcd_options, file_option, lab_option, node_option, output_option
+from meshctl.cli.options import endpoint_list, file_option, lab_etcd_options, lab_option, node_option, output_option
 from meshctl.errors import MISSING, InputError, MeshError
 from meshctl.mesh.graph import GRAPH_FORMATS, NODE_LEVEL_UP_TO
 from meshctl.mesh.model import GRANULARITIES, Granularity, IPNetwork, PathState, Topology
@@ -38,7 +37,7 @@ def live_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--api-server", default=None, help="--backend kubernetes: API server URL without credentials."),
         lab_option("A lab's etcd and its cluster(s) (implies --backend etcd; with --backend etcd, in place of "
                    "--etcd-endpoints and --cluster-name)."),
-        functools.partial(etcd_options, cluster_default=None),
+        lab_etcd_options,
     ]):
         f = opt(f)
     return f

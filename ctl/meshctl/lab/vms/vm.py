@@ -37,8 +37,8 @@ from pathlib import Path
 from meshctl.datapath import loader, objcache
 from meshctl.datapath.features import WITHOUT_ENV
 from meshctl.errors import MeshError
-from meshctl.lab.rigs.kernels import KERNEL_SERIES
 from meshctl.lab.namespaces.state import VmRecord, to_json
+from meshctl.lab.rigs.kernels import KERNEL_SERIES
 from meshctl.lab.vms import zygote
 from meshctl.node.shell import exec_prefix, pid_alive
 

@@ -22,7 +22,6 @@ import yaml
 
 from meshctl.backends.file import load_yaml
 from meshctl.errors import MeshError
-from meshctl.lab.namespaces import build as labbuild
 from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.spec import LabSpec
 from meshctl.lab.namespaces.state import LabState
