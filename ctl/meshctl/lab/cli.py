@@ -228,7 +228,7 @@ def lab_status(lab_name: str | None, output: str) -> None:
                    + (f"  behind a {r['nat']}" + ("" if r["nat"] == labnat.FIREWALL6 else " NAT") if r["nat"] else "")
                    + (f"  wireguard {r['wireguard']}" if r["kernel"] else ""))
     if any(r["kernel"] for r in rows):
-        click.echo("  a node is a VM: `meshctl status --node NODE` and `maps dump --node NODE` run inside it")
+        click.echo("  a node is a VM: `meshctl status --lab-node NODE` and `maps dump --node NODE` run inside it")
     else:
         click.echo("  enter a node:  nsenter --net=/run/netns/<NETNS> bash   (ip route; wg show kilo0 needs the "
                    "node's run dir)")

@@ -16,7 +16,7 @@ Layout (prefix P; everything on the host side lives in lab namespaces, as in the
 The host's state (/run/meshctl-lab/<lab>/state.json) holds every node with its VM; the host reaches
 each agent's /status on its public address from the cluster's etcd namespace and runs commands in
 a guest through the VM's shared directory (vms/vm.py). Each guest also gets its own one-node lab
-state, so `status --node`, `maps dump --node` and `datapath status --node` forwarded into that
+state, so `status --lab-node`, `maps dump --node` and `datapath status --node` forwarded into that
 VM (vms/vmlab.py) work there as they do in a namespace lab.
 
 A node's VM receives only its own etcd identity (CA, its client certificate, key and password file,
