@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import shutil
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -23,37 +22,22 @@ from meshctl.cli import main, targets
 from meshctl.cli.plan import Source
 from meshctl.cli.targets import AgentTarget, EtcdTarget, PinTarget
 from meshctl.cli.ui import Live
-from meshctl.lab.rigs import netns
 from meshctl.lab.rigs.etcd_process import EtcdServer
 from meshctl.mesh.model import Cluster, Topology
 from meshctl.mesh.records import node_to_record
 from meshctl.setns import in_netns
-from tests.names import unique
+from tests.plain_etcd import plain_etcd
 from tests.ui.helpers import free_port
 
 pytestmark = pytest.mark.root
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-HOST = "10.99.0.1"
 
 
 @pytest.fixture(scope="module")
 def etcd() -> Iterator[EtcdServer]:
-    ns = unique("cl")
-    d = Path(f"/run/meshctl-test/{ns}")
-    netns.add(ns)
-    try:
-        netns.run(ns, ["ip", "link", "set", "lo", "up"])
-        netns.run(ns, ["ip", "addr", "add", f"{HOST}/32", "dev", "lo"])
-        srv = EtcdServer("t", d / "data", host=HOST, netns=ns, log_file=d / "etcd.log")
-        srv.start()
-        try:
-            yield srv
-        finally:
-            srv.stop()
-    finally:
-        netns.delete(ns)
-        shutil.rmtree(d, ignore_errors=True)
+    with plain_etcd("cl") as srv:
+        yield srv
 
 
 class OneEtcdLab:
