@@ -125,6 +125,12 @@ class MeshctlGroup(click.Group):
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
 
+    def main(self, *args: Any, **kw: Any) -> Any:
+        """As click's, named `meshctl` however it was started (`python -m meshctl.cli` too), so
+        help and error lines name the command as a person types it."""
+        kw.setdefault("prog_name", "meshctl")
+        return super().main(*args, **kw)
+
     def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
                      **extra: Any) -> click.Context:
         return _one_line_usage(lambda: super(MeshctlGroup, self).make_context(info_name, args, parent, **extra))
