@@ -154,3 +154,11 @@ def test_a_lab_of_two_clusters_is_drawn_whole_and_plan_finds_the_nodes_cluster(e
     res = meshctl("plan", "--lab", "mc", "--node", two.nodes[0].name, "-o", "json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["node"] == two.nodes[0].name
+    # a command about one cluster's records does not pick one: it asks, naming them
+    for argv in (["mesh", "get", "--lab", "mc"], ["mesh", "set", "--lab", "mc", "port=51821"],
+                 ["node", "list", "--lab", "mc"]):
+        res = meshctl(*argv)
+        assert res.exit_code == 2 and res.stderr.splitlines() == [
+            "error: --cluster-name: is required: the lab has clusters c1, c2"], (argv, res.output)
+    res = meshctl("mesh", "get", "--lab", "mc", "--cluster-name", "c2", "-o", "json")
+    assert res.exit_code == 0 and json.loads(res.stdout)["subnet"] == "10.2.0.0/16", res.output

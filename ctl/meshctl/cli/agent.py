@@ -377,7 +377,7 @@ def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, e
     from meshctl.mesh import admit, records
 
     st = Source(None, "etcd", None, None, lab_name, etcd_endpoints, etcd_ca, etcd_cert, etcd_key, cluster_name,
-                etcd_user, etcd_password_file).state()
+                etcd_user, etcd_password_file).one_cluster().state()
     admitted, rejected = admit.admit_nodes(list(st.nodes), st.mesh.subnets,
                                            allow_default_route=st.mesh.allow_default_route)
     # Rows name every pod CIDR under one key whatever form the record is written in.

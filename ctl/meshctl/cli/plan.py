@@ -81,6 +81,13 @@ class Source:
         self.name = Path(path).name if path else backend
         self.warn: Callable[[str], None] = _warn  # where `warning:` lines go (ui: each once, and to the page)
 
+    def one_cluster(self) -> Source:
+        """This source, refusing a lab of several clusters read without --cluster-name: a command
+        about one cluster's records (mesh get|set, node list) does not pick one for the user."""
+        if len(self.clusters) > 1:
+            raise InputError("--cluster-name", MISSING, f"is required: the lab has clusters {', '.join(self.clusters)}")
+        return self
+
     def _reads_lab(self) -> bool:
         """Whether the etcd read is a lab's (--lab, or no --etcd-endpoints)."""
         return self.backend == "etcd" and (self.lab_name is not None or not self.etcd[0])
