@@ -14,7 +14,7 @@ working against an agent that does not serve every block.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from meshctl.backends.base import KvstoreStatus, OwnRecord
 from meshctl.backends.remote_status import Rejected, RemotesStatus

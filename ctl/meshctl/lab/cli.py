@@ -25,9 +25,9 @@ import click
 from meshctl.cli.options import file_option, lab_option, node_option, option, output_option
 from meshctl.errors import InputError, MeshError
 from meshctl.lab.namespaces import state
+from meshctl.lab.namespaces.state import resolve as resolve_lab
 from meshctl.lab.rigs.kernels import KERNEL_SERIES
 from meshctl.lab.rigs.waiting import CONVERGE_WAIT, EMULATED_CONVERGE_WAIT
-from meshctl.lab.namespaces.state import resolve as resolve_lab
 
 
 def _progress(msg: str) -> None:
