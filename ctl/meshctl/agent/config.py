@@ -71,7 +71,6 @@ class AgentConfig:
     # --backend kubernetes: how to reach the API (else $KUBECONFIG, else in-cluster) and which
     # Node label names the location when no location annotation does.
     kubeconfig: str | None = None
-    api_server: str | None = None
     location_label: str = defaults.REGION_LABEL
     # --backend kubernetes: mirror the cluster's nodes into this etcd for the cluster mesh.
     kvstore_endpoints: tuple[str, ...] = ()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -150,8 +149,8 @@ def wait_for_own_pod_cidrs(be: KubeBackend, own: OwnPodCidrs, name: str, timeout
 def make_backend(cfg: AgentConfig) -> KubeBackend:
     """What `agent.run.build_backend` calls for `--backend kubernetes`, with an AgentConfig.
 
-    The API: `cfg.kubeconfig` / `cfg.api_server` (flags), else $MESHCTL_API_SERVER, else the first
-    file of $KUBECONFIG that exists, else ~/.kube/config, else in-cluster. The node's pod CIDR
+    The API: `cfg.kubeconfig` (--kubeconfig), else the first file of $KUBECONFIG that exists, else
+    ~/.kube/config, else in-cluster (the DaemonSet's service account). The node's pod CIDR
     (waited for when the Node has none yet) and its user-set annotations (location, forced
     endpoint or internal address, leader, keepalive, location IPs) fill what the flags left unset,
     now and whenever the Node changes (OwnNodeSettings below). The cluster's identity is the
@@ -165,7 +164,6 @@ def make_backend(cfg: AgentConfig) -> KubeBackend:
         flag_cluster = Cluster(cfg.cluster_name, cfg.cluster_id)
     be = backend_from_options(
         cfg.kubeconfig or extra.get("kubeconfig"),  # else $KUBECONFIG, as kubectl reads it (kubeconfig_for)
-        cfg.api_server or extra.get("api_server") or os.environ.get("MESHCTL_API_SERVER"),
         cfg.node_name, cfg.location_label or extra.get("location_label", REGION_LABEL),
         float(cfg.resync_interval), cluster=flag_cluster,
         namespace=extra.get("namespace", DEFAULT_NAMESPACE), configmap=extra.get("configmap", DEFAULT_CONFIGMAP),

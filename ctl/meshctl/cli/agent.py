@@ -133,7 +133,6 @@ def endpoint_list(text: str) -> tuple[str, ...]:
 @file_option("topology_file", aliases=("--topology",), help="Topology file for --backend file.")
 @click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file (default: the first file "
               "of $KUBECONFIG, else ~/.kube/config, else in-cluster).")
-@click.option("--api-server", default=None, help="--backend kubernetes: API server URL without credentials (tests).")
 @click.option("--location-label", default=defaults.REGION_LABEL, show_default=True,
               help="--backend kubernetes: Node label that names the location when no location annotation does.")
 @click.option("--resync-seconds", "resync_interval", default=30.0, type=float, show_default=True,

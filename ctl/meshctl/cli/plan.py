@@ -63,8 +63,8 @@ BACKENDS = ("file", "etcd", "kubernetes")
 def live_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """How to reach the live cluster's store: the Kubernetes API or an etcd (the agent's flags, or a lab's)."""
     for opt in reversed([
-        click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file."),
-        click.option("--api-server", default=None, help="--backend kubernetes: API server URL without credentials."),
+        click.option("--kubeconfig", default=None,
+                     help="The cluster's kubeconfig file (implies --backend kubernetes)."),
         lab_option("A lab's etcd (implies --backend etcd; with --backend etcd, in place of --etcd-endpoints)."),
         etcd_options,
     ]):
@@ -89,17 +89,19 @@ def _source_options(f: Callable[..., Any]) -> Callable[..., Any]:
 class Source:
     """The topology a command shows, and the name errors give its origin (`topo.yaml`, `etcd`)."""
 
-    def __init__(self, path: str | None, backend: str | None, kubeconfig: str | None, api_server: str | None,
-                 lab_name: str | None, etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None,
-                 etcd_key: str | None, cluster_name: str, etcd_user: str | None = None,
-                 etcd_password_file: str | None = None, **_: Any) -> None:
+    def __init__(self, path: str | None, backend: str | None, kubeconfig: str | None, lab_name: str | None,
+                 etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, etcd_key: str | None,
+                 cluster_name: str, etcd_user: str | None = None, etcd_password_file: str | None = None,
+                 **_: Any) -> None:
+        if backend is None and kubeconfig is not None and not path:
+            backend = "kubernetes"
         backend = backend or ("etcd" if lab_name is not None and not path else "file")
         if backend == "file" and not path:
             raise InputError("-f", MISSING, "is required (or --backend etcd|kubernetes)")
         if backend != "file" and path:
             raise InputError("--backend", backend, "reads the live cluster: leave out -f")
         self.backend, self.path = backend, path
-        self.kubeconfig, self.api_server, self.lab_name = kubeconfig, api_server, lab_name
+        self.kubeconfig, self.lab_name = kubeconfig, lab_name
         self.etcd = (etcd_endpoints, etcd_ca, etcd_cert, etcd_key, etcd_user, etcd_password_file)
         self.cluster_name = cluster_name
         self.name = Path(path).name if path else backend
@@ -191,10 +193,10 @@ class Source:
             client.close()
 
     def kube_backend(self, node: str | None = None) -> KubeBackend:
-        """A Kubernetes backend of the cluster (--kubeconfig, --api-server); the caller closes it."""
+        """A Kubernetes backend of the cluster (--kubeconfig, or as kubectl finds one); the caller closes it."""
         from meshctl.backends.kube.backend import backend_from_options
 
-        return backend_from_options(self.kubeconfig, self.api_server, node or "meshctl")
+        return backend_from_options(self.kubeconfig, node or "meshctl")
 
     def _kube(self, node: str | None) -> ClusterState:
         be = self.kube_backend(node)
