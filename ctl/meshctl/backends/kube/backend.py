@@ -629,7 +629,8 @@ def _grouped(errors: Mapping[str, tuple[str, str]]) -> str:
     by_cause: dict[tuple[str, str], list[str]] = {}
     for kind, (doing, cause) in errors.items():
         by_cause.setdefault((doing, cause), []).append(kind)
-    return "; ".join(f"{doing} {', '.join(sorted(kinds))}: {cause}" for (doing, cause), kinds in sorted(by_cause.items()))
+    return "; ".join(f"{doing} {', '.join(sorted(kinds))}: {cause}"
+                     for (doing, cause), kinds in sorted(by_cause.items()))
 
 
 class _Metrics:
