@@ -152,7 +152,8 @@ class Kubelet:
 
         # A native sidecar (an init container with restartPolicy Always) keeps running beside the
         # containers; any other init container has completed.
-        inits = [running(c) if c.get("restartPolicy") == "Always" else done(c) for c in spec.get("initContainers") or []]
+        inits = [running(c) if c.get("restartPolicy") == "Always" else done(c)
+                 for c in spec.get("initContainers") or []]
         st: dict[str, Any] = {"phase": "Running", "conditions": conds, "hostIP": self.ip,
                               "hostIPs": [{"ip": self.ip}], "startTime": status.get("startTime") or now,
                               "containerStatuses": [running(c) for c in spec.get("containers") or []],
