@@ -128,7 +128,10 @@ def endpoint_list(text: str) -> tuple[str, ...]:
               "CIDR (clusters without a CNI); keep: leave the cluster's CNI in charge; flannel: flannel (VXLAN or "
               "host-gw) carries pods inside a location, meshctl across (--backend kubernetes).")
 @click.option("--cni-conf-dir", default="/etc/cni/net.d", show_default=True, type=click.Path(path_type=Path))
-@click.option("--metrics-addr", default=defaults.METRICS_ADDR, show_default=True)
+@click.option("--metrics-addr", default=defaults.METRICS_ADDR, show_default=True,
+              help="The agent's full HTTP API (/status, /probe, /metrics, /healthz): loopback unless you open it.")
+@click.option("--secure-metrics-addr", default="", help="--backend kubernetes: also serve /healthz and /readyz, and "
+              "/metrics to tokens the cluster's RBAC lets get /metrics, over TLS here (probes, Prometheus).")
 @click.option("--backend", default="etcd", show_default=True, type=click.Choice(["etcd", "file", "kubernetes"]))
 @file_option("topology_file", aliases=("--topology",), help="Topology file for --backend file.")
 @click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file (default: the first file "

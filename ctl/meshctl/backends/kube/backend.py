@@ -48,6 +48,7 @@ from meshctl.mesh.observed import MAX_SEEN_BYTES, NodeSeen, summary_of
 from meshctl.node.flannel import FlannelLease
 
 if TYPE_CHECKING:
+    from meshctl.backends.kube.authn import DelegatedAuth
     from meshctl.backends.kube.kvstore import KvstoreMirror
 
 log = logging.getLogger("meshctl.kube")
@@ -418,6 +419,12 @@ class KubeBackend:
         c = Client(self.config, trust_env=False, field_manager="meshctl")
         install_hooks(c)
         return c
+
+    def metrics_auth(self) -> DelegatedAuth:
+        """Who may read the agent's /metrics, asked of this cluster (agent.secure_metrics)."""
+        from meshctl.backends.kube.authn import DelegatedAuth
+
+        return DelegatedAuth(self.client(), self.server)
 
     def describe(self, e: BaseException, doing: str) -> str:
         """`e` as one line naming this backend's server (errors.describe)."""
