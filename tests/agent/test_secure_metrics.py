@@ -22,7 +22,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequ
 
 def reader_role() -> dict:
     docs = yaml.safe_load_all((MANIFESTS / "02-rbac.yaml").read_text())
-    return next(d for d in docs if d and d["kind"] == "ClusterRole" and d["metadata"]["name"] == "meshctl-metrics-reader")
+    return next(d for d in docs
+                if d and d["kind"] == "ClusterRole" and d["metadata"]["name"] == "meshctl-metrics-reader")
 
 
 @pytest.fixture
@@ -30,7 +31,8 @@ def served(api: Api, tmp_path) -> Iterator[tuple[str, Api]]:
     cert, key = self_signed(tmp_path / "tls", "meshctl-agent.n1")
     assert oct(key.stat().st_mode & 0o777) == "0o600"
     auth = DelegatedAuth(api.client(), api.url)
-    srv = SecureMetricsServer(f"127.0.0.1:{free_port()}", cert, key, lambda: b"meshctl_up 1\n", auth, lambda: True, lambda: False)
+    srv = SecureMetricsServer(f"127.0.0.1:{free_port()}", cert, key, lambda: b"meshctl_up 1\n", auth,
+                              lambda: True, lambda: False)
     srv.start()
     try:
         yield f"https://127.0.0.1:{srv.address[1]}", api
@@ -46,7 +48,8 @@ def get(url: str, token: str | None = None) -> requests.Response:
 def test_metrics_follow_the_clusters_rbac(served) -> None:
     url, api = served
     api.apply(reader_role(),
-              {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "prometheus", "namespace": "default"}},
+              {"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": "prometheus", "namespace": "default"}},
               {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "nobody", "namespace": "default"}},
               {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                "metadata": {"name": "prometheus-reads-meshctl"},

@@ -50,8 +50,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlP
     cp = start_control_plane(tmp_path_factory.mktemp("kube-policy"), manifests=())
     try:
         for name in NODES:
-            cp.request("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {
-                "name": name, "annotations": {A.PREFIX + A.LOCATION: "loc-a"}}, "spec": {"podCIDR": f"10.42.{name[1]}.0/24"}})
+            cp.request("POST", "/api/v1/nodes", {
+                "apiVersion": "v1", "kind": "Node", "spec": {"podCIDR": f"10.42.{name[1]}.0/24"},
+                "metadata": {"name": name, "annotations": {A.PREFIX + A.LOCATION: "loc-a"}}})
         kubectl(cp.admin_kubeconfig, "apply", "-k", str(MANIFESTS))
         cp.start_kubelets(NODES)
 
