@@ -59,4 +59,4 @@ def test_a_file_topology_has_no_summaries(tmp_path) -> None:
     f = tmp_path / "t.yaml"
     f.write_text("nodes: []\n")
     with pytest.raises(InputError, match="--live: 't.yaml' needs the summaries the agents publish"):
-        Source(str(f), None, None, None, None, "", None, None, None, "default").seen()
+        Source(str(f), None, None, None, "", None, None, None, "default").seen()
