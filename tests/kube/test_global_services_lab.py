@@ -26,6 +26,7 @@ from meshctl.errors import MeshError
 from meshctl.lab.namespaces import check as labcheck
 from meshctl.lab.namespaces import kube_api, kube_cluster
 from meshctl.lab.namespaces.state import ClusterState, LabState
+from meshctl.lab.rigs import kubelets
 from meshctl.mesh.services import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_NAME_LABEL
 from tests.clustermesh.fixtures import SERVICE_EXPORT_CRD
 from tests.kube.helpers import lab_fixture
@@ -72,7 +73,8 @@ def run_pod(lab: LabState, c: ClusterState, node: str, service: str, *, ready: b
     code, _ = api(c, "GET", f"/api/v1/namespaces/default/pods/{name}")
     if code == 200:
         assert c.kube is not None
-        kube_api.request(c.kube, "PATCH", f"/api/v1/namespaces/default/pods/{name}", {"metadata": obj["metadata"]},
+        ann = {kubelets.READY_ANNOTATION: None, **obj["metadata"]["annotations"]}  # null: merge-patch removes it
+        kube_api.request(c.kube, "PATCH", f"/api/v1/namespaces/default/pods/{name}", {"metadata": {"annotations": ann}},
                          content_type="application/merge-patch+json")
     else:
         wait(lambda: api(c, "POST", "/api/v1/namespaces/default/pods", obj)[0] == 200, 30, f"pod {name} created")
