@@ -413,3 +413,39 @@ def test_own_annotations_changed_at_run_time_reach_the_agent_config(api, kclient
                                                  "annotations": {A.PREFIX + "location": None}}},
                       patch_type=PatchType.MERGE)
         wait_for(lambda: be.snapshot() and cfg.location == "eu-1", what="location from the label")
+
+
+def test_a_stopped_etcd_fails_writes_in_one_line_and_the_view_stands(own_kube):
+    """etcd stopped (SIGSTOP) under the API server: the agent's publish times out with one line
+    naming the server, its last view stays, and once etcd runs again writes and watches go on."""
+    from meshctl.errors import MeshError
+
+    api = own_kube
+    kclient = api.client()
+    create_node(kclient, node_obj("a1", "10.42.1.0/24", key=1, ann=loc("a")))
+    create_node(kclient, node_obj("a2", "10.42.2.0/24", key=2, ann=loc("a")))
+    be = backend(api)
+    me = Node("a1", (net("10.42.1.0/24"),), wg_key(1), location="a")
+    with Running(be):
+        wait_for(lambda: len(be.snapshot().nodes) == 2, what="listed")
+        api.cp.pause_etcd()
+        try:
+            with pytest.raises(MeshError) as e:
+                be.publish(me)
+            assert api.url in str(e.value) and "\n" not in str(e.value), e.value
+            assert [n.name for n in be.snapshot().nodes] == ["a1", "a2"]
+        finally:
+            api.cp.resume_etcd()
+        wait_for(lambda: _published(be, me), timeout=60, what="publish works again")
+        kclient.delete(KNode, "a2")
+        wait_for(lambda: [n.name for n in be.snapshot().nodes] == ["a1"], timeout=60, what="the watch goes on")
+
+
+def _published(be: KubeBackend, me: Node) -> bool:
+    from meshctl.errors import MeshError
+
+    try:
+        be.publish(me)
+    except MeshError:
+        return False
+    return True
