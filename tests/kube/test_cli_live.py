@@ -210,7 +210,7 @@ def test_no_crd_at_all_then_a_stopped_api_server(tmp_path: Path) -> None:
         for args in READERS:
             line = one_line_error(cli(*args.values[0], "--kubeconfig", api.kubeconfig), cp.url)
             assert "connection refused" in line and line.count("connection refused") == 1, line
-            assert "a k3s.yaml copied from a server needs `server:` set to the server's address" in line, line
+            assert "a k3s.yaml copied from a server needs `server:` set to its address" in line, line
     finally:
         cp.stop()
 

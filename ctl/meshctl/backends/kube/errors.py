@@ -155,8 +155,7 @@ def describe(e: BaseException, server: str, doing: str) -> str:
     if _refused(e):
         hint = ""
         if (urlsplit(server).hostname or "") in LOOPBACK_HOSTS:
-            hint = ("; it names this machine: a k3s.yaml copied from a server needs `server:` set to the server's "
-                    "address")
+            hint = "; it names this machine: a k3s.yaml copied from a server needs `server:` set to its address"
         return f"{doing}: cannot connect to {where}: connection refused{hint}"
     if isinstance(e, httpx.RemoteProtocolError):
         return f"{doing}: {where} closed the connection mid-answer (stopped or restarted?)"

@@ -140,12 +140,24 @@ class Kubelet:
         now = _now()
         conds = [{"type": t, "status": "True", "lastTransitionTime": now}
                  for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled")]
-        containers = [{"name": c.get("name", ""), "image": c.get("image", ""), "imageID": "", "ready": True,
-                       "started": True, "restartCount": 0, "state": {"running": {"startedAt": now}}}
-                      for c in (pod.get("spec") or {}).get("containers") or []]
+        spec = pod.get("spec") or {}
+
+        def running(c: dict[str, Any]) -> dict[str, Any]:
+            return {"name": c.get("name", ""), "image": c.get("image", ""), "imageID": "", "ready": True,
+                    "started": True, "restartCount": 0, "state": {"running": {"startedAt": now}}}
+
+        def done(c: dict[str, Any]) -> dict[str, Any]:
+            return {"name": c.get("name", ""), "image": c.get("image", ""), "imageID": "", "ready": False,
+                    "restartCount": 0, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
+
+        # A native sidecar (an init container with restartPolicy Always) keeps running beside the
+        # containers; any other init container has completed.
+        inits = [running(c) if c.get("restartPolicy") == "Always" else done(c)
+                 for c in spec.get("initContainers") or []]
         st: dict[str, Any] = {"phase": "Running", "conditions": conds, "hostIP": self.ip,
                               "hostIPs": [{"ip": self.ip}], "startTime": status.get("startTime") or now,
-                              "containerStatuses": containers}
+                              "containerStatuses": [running(c) for c in spec.get("containers") or []],
+                              "initContainerStatuses": inits}
         if ip:
             st.update(podIP=ip, podIPs=[{"ip": ip}])
         self._call("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status", {"status": st},
