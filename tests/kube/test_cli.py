@@ -196,7 +196,7 @@ def test_kubernetes_flags_reach_make_backend(monkeypatch, api, kclient):
     from meshctl.agent.kube_backend import make_backend
 
     create_node(kclient, node_obj("node-1", "10.42.9.0/24", labels={"example.com/site": "lisbon"}))
-    res, cfg = parse(monkeypatch, ["agent", "--backend=kubernetes", "--node=node-1", f"--api-server={api.url}",
+    res, cfg = parse(monkeypatch, ["agent", "--backend=kubernetes", "--node=node-1", f"--kubeconfig={api.kubeconfig}",
                                    "--location-label=example.com/site", "--resync-seconds=7.5",
                                    "--kvstore-endpoints=https://192.0.2.1:2379, https://192.0.2.2:2379",
                                    "--lease-ttl=4"])
