@@ -45,7 +45,7 @@ from meshctl.mesh.services import (
     desired_slices,
     local_services,
 )
-from tests.kubernetes import Api, start_control_plane
+from tests.kubernetes import Api, running_control_plane
 from tests.waiting import wait_until
 
 from .fixtures import CLUSTER1, CLUSTER2, SERVICE_EXPORT_CRD
@@ -62,11 +62,7 @@ OTHER_MANAGER = "kt-hand.example"
 @pytest.fixture(scope="module")
 def second_kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """cluster2's control plane, reset before each test like the session's."""
-    cp = start_control_plane(tmp_path_factory.mktemp("kt-cluster2"))
-    try:
-        yield cp
-    finally:
-        cp.stop()
+    yield from running_control_plane(tmp_path_factory.mktemp("kt-cluster2"))
 
 
 @dataclass
