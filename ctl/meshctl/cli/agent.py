@@ -128,7 +128,10 @@ def endpoint_list(text: str) -> tuple[str, ...]:
               "CIDR (clusters without a CNI); keep: leave the cluster's CNI in charge; flannel: flannel (VXLAN or "
               "host-gw) carries pods inside a location, meshctl across (--backend kubernetes).")
 @click.option("--cni-conf-dir", default="/etc/cni/net.d", show_default=True, type=click.Path(path_type=Path))
-@click.option("--metrics-addr", default=defaults.METRICS_ADDR, show_default=True)
+@click.option("--metrics-addr", default=defaults.METRICS_ADDR, show_default=True,
+              help="The agent's full HTTP API (/status, /probe, /metrics, /healthz): loopback unless you open it.")
+@click.option("--secure-metrics-addr", default="", help="--backend kubernetes: also serve /healthz and /readyz, and "
+              "/metrics to tokens the cluster's RBAC lets get /metrics, over TLS here (probes, Prometheus).")
 @click.option("--backend", default="etcd", show_default=True, type=click.Choice(["etcd", "file", "kubernetes"]))
 @file_option("topology_file", aliases=("--topology",), help="Topology file for --backend file.")
 @click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file (default: the first file "
@@ -359,38 +362,50 @@ def node_group() -> None:
 
 @node_group.command("list")
 @etcd_options
+@click.option("--kubeconfig", default=None, help="List the Kubernetes cluster's Nodes as the agents admit them, "
+              "pending ones with what they still lack.")
 @click.option("--addr", default=None, help="Ask the agent at this --metrics-addr: every local and remote node "
               "with the path from that node.")
 @node_option("lab_node", aliases=("--lab-node",), help="Ask the agent of this lab node (inside its namespace).")
 @lab_option()
 @output_option(deprecated={"text": "table"})
 def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, etcd_key: str | None,
-              etcd_user: str | None, etcd_password_file: str | None, cluster_name: str, addr: str | None,
-              lab_node: str | None, lab_name: str | None, output: str) -> None:
+              etcd_user: str | None, etcd_password_file: str | None, cluster_name: str, kubeconfig: str | None,
+              addr: str | None, lab_node: str | None, lab_name: str | None, output: str) -> None:
     """List nodes. From an agent (the local one by default, --addr, --node): local and remote
     nodes (`cluster2/g1`), their addresses, pod CIDRs, WireGuard addresses, source and the path from
-    that node. From the store (etcd flags, or --lab: a lab's etcd): the records and what admission
-    decided for each."""
-    if addr or lab_node or (not etcd_endpoints and lab_name is None):
+    that node. From the store (etcd flags, --kubeconfig, or --lab: a lab's etcd): the records and
+    what admission decided for each; Nodes that have not joined yet are pending, with what they lack."""
+    if addr or lab_node or (not etcd_endpoints and lab_name is None and kubeconfig is None):
         # Without flags: this node's agent (the DaemonSet's address), as on any real node.
         _node_list_from_agent(addr, lab_node, lab_name, output)
         return
-    from meshctl.backends.etcd import EtcdBackend
-    from meshctl.etcd import EtcdClient
-    from meshctl.mesh.model import Cluster
+    if kubeconfig is not None:
+        from meshctl.backends.kube import backend_from_options
 
-    netns = None
-    if not etcd_endpoints:
-        acc = targets.lab("--lab").etcd(lab_name, cluster_name)
-        etcd_endpoints, etcd_ca, etcd_cert, etcd_key, etcd_user, etcd_password_file, netns = (
-            ",".join(acc.endpoints), acc.ca, acc.cert, acc.key, acc.user, acc.password_file, acc.netns)
-    client = EtcdClient(list(endpoint_list(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert, key=etcd_key, netns=netns,
-                        user=etcd_user, password_file=etcd_password_file)
-    backend = EtcdBackend(client, Cluster(cluster_name))
-    try:
-        st = backend.load_once()
-    finally:
-        client.close()
+        kube = backend_from_options(kubeconfig, "meshctl")
+        try:
+            st = kube.snapshot()
+        finally:
+            kube.close()
+        if not st.ready:
+            raise MeshError(f"kubernetes: {st.reason or 'not ready'}")
+    else:
+        from meshctl.backends.etcd import EtcdBackend
+        from meshctl.etcd import EtcdClient
+        from meshctl.mesh.model import Cluster
+
+        netns = None
+        if not etcd_endpoints:
+            acc = targets.lab("--lab").etcd(lab_name, cluster_name)
+            etcd_endpoints, etcd_ca, etcd_cert, etcd_key, etcd_user, etcd_password_file, netns = (
+                ",".join(acc.endpoints), acc.ca, acc.cert, acc.key, acc.user, acc.password_file, acc.netns)
+        client = EtcdClient(list(endpoint_list(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert, key=etcd_key,
+                            netns=netns, user=etcd_user, password_file=etcd_password_file)
+        try:
+            st = EtcdBackend(client, Cluster(cluster_name)).load_once()
+        finally:
+            client.close()
     admitted, rejected = admit.admit_nodes(list(st.nodes), st.mesh.subnets,
                                            allow_default_route=st.mesh.allow_default_route)
     # Rows name every pod CIDR under one key whatever form the record is written in.
@@ -398,6 +413,9 @@ def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, e
              **{k: v for k, v in records.node_to_record(n).items() if k != "pod_cidr"},
              "pod_cidrs": [str(c) for c in n.pod_cidrs]} for n in admitted]
     rows += [{"name": r.name, "status": "rejected", "reason": r.reason} for r in [*st.rejections, *rejected]]
+    pending = st.extra.get("pending")
+    rows += [{"name": name, "status": "pending", "reason": why}
+             for name, why in sorted(pending.items() if isinstance(pending, dict) else [])]
     if output == "json":
         click.echo(json.dumps(rows, indent=2))
         return
@@ -408,7 +426,7 @@ def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, e
                        f"{_one_or_all(r, 'internal_ip'):<18} {_one_or_all(r, 'endpoint'):<22} "
                        f"{','.join(r['pod_cidrs'])}")
         else:
-            click.echo(f"{r['name']:<16} {'rejected':<9} {r['reason']}")
+            click.echo(f"{r['name']:<16} {r['status']:<9} {r['reason']}")
 
 
 def _one_or_all(rec: dict[str, Any], one: str) -> str:

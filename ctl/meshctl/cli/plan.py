@@ -109,6 +109,9 @@ class Source:
         self.cluster_name = cluster_name
         self.name = Path(path).name if path else backend
         self.warn: Callable[[str], None] = _warn  # where `warning:` lines go (ui: each once, and to the page)
+        # Nodes of the live cluster that have not joined yet (their agent has not published, or no
+        # pod CIDR yet), by name: what each still lacks. Filled by `load`.
+        self.pending: dict[str, str] = {}
 
     def load(self, node: str | None = None) -> Topology:
         """The admitted topology; warnings and rejected records go to stderr as `warning:` lines."""
@@ -123,9 +126,19 @@ class Source:
         topo, rejected = admit_local(state.topology())
         for r in [*state.rejections, *rejected]:
             self.warn(f"rejected {r.name}: {r.reason}")
+        pending = state.extra.get("pending")
+        self.pending = dict(pending) if isinstance(pending, dict) else {}
+        for name, why in sorted(self.pending.items()):
+            self.warn(f"{self.backend}: node {name} is pending: {why}")
         for w in topology_warnings(topo):
             self.warn(f"{self.backend}: {w}")
         return topo
+
+    def not_a_node(self, node: str, option: str = "--node") -> InputError:
+        """The line for a node the topology lacks: pending (with what it still lacks) or unknown."""
+        if node in self.pending:
+            return InputError(option, node, f"has not joined {self.name} yet: {self.pending[node]}")
+        return InputError(option, node, f"is not a node in {self.name}")
 
     def state(self, node: str | None = None) -> ClusterState:
         """The live store's records as the agents read them (not yet admitted)."""
@@ -260,7 +273,7 @@ def plan(node: str | None, granularity: Granularity | None, remotes: tuple[str, 
         raise InputError("--node", MISSING, "is required (or --diff OTHER.yaml for every node)")
     topo = src.load(node)
     if topo.node(node) is None:
-        raise InputError("--node", node, f"is not a node in {src.name}")
+        raise src.not_a_node(node)
     state = _path_state(path_state)
     with gc_paused():
         admitted = _load_remotes(topo, remotes)
@@ -337,6 +350,8 @@ def graph(granularity: Granularity | None, remotes: tuple[str, ...], level: str 
         topo = replace(topo, mesh=replace(topo.mesh, granularity=granularity))
     with gc_paused():
         model = graph_model(topo, _load_remotes(topo, remotes))
+        if node is not None and topo.node(node) is None:
+            raise src.not_a_node(node)
         check_view(model, level, node, location)
         if live:
             model = with_seen(model, src.seen())
@@ -388,7 +403,7 @@ def showconf(kind: str, name: str, output: str, as_peer: bool, allowed_ips: tupl
     src = Source(**source)
     topo = src.load(name if kind == "node" else None)
     if kind == "node" and topo.node(name) is None:
-        raise InputError("node", name, f"is not a node in {src.name}")
+        raise src.not_a_node(name, "node")
     if allowed_ips and not as_peer:
         raise InputError("--allowed-ips", ",".join(map(str, allowed_ips)), "needs --as-peer")
     if as_peer:

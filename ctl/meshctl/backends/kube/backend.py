@@ -38,7 +38,7 @@ from meshctl.backends.base import ClusterState
 from meshctl.backends.kube.cni_ipam import CNI_KINDS, PodCidrs, pod_cidrs_for
 from meshctl.backends.kube.errors import describe, install_hooks, is_kubernetes_answer, status_of
 from meshctl.backends.kube.flannel import parse_flannel
-from meshctl.backends.kube.nodes import own_annotations, parse_kube_node
+from meshctl.backends.kube.nodes import own_annotations, parse_kube_node, pending_reason
 from meshctl.backends.kube.peers import KILO_PEERS, MESHCTL_PEERS, PeerResource, parse_peer_object
 from meshctl.errors import MISSING, InputError, MeshError
 from meshctl.mesh import fields, records
@@ -48,6 +48,7 @@ from meshctl.mesh.observed import MAX_SEEN_BYTES, NodeSeen, summary_of
 from meshctl.node.flannel import FlannelLease
 
 if TYPE_CHECKING:
+    from meshctl.backends.kube.authn import DelegatedAuth
     from meshctl.backends.kube.kvstore import KvstoreMirror
 
 log = logging.getLogger("meshctl.kube")
@@ -123,7 +124,7 @@ def state_from_objects(
     parsed: list[tuple[str, str, Node]] = []
     leases: dict[str, FlannelLease] = {}
     rejections: list[Rejection] = list(pod_cidrs.rejections) if pod_cidrs is not None else []
-    pending: list[str] = []
+    pending: dict[str, str] = {}  # node -> what it still lacks
     stale: list[str] = []
     for obj in nodes:
         name = str((obj.get("metadata") or {}).get("name", ""))
@@ -135,7 +136,7 @@ def state_from_objects(
             rejections.append(Rejection(name, str(e)))
             continue
         if kn is None:
-            pending.append(name)
+            pending[name] = pending_reason(obj, pod_cidrs.by_node.get(name, ()) if pod_cidrs is not None else None)
         elif name != own_name and now - kn.last_seen > max_age:
             stale.append(name)
         else:
@@ -422,6 +423,12 @@ class KubeBackend:
         c = Client(self.config, trust_env=False, field_manager="meshctl")
         install_hooks(c)
         return c
+
+    def metrics_auth(self) -> DelegatedAuth:
+        """Who may read the agent's /metrics, asked of this cluster (agent.secure_metrics)."""
+        from meshctl.backends.kube.authn import DelegatedAuth
+
+        return DelegatedAuth(self.client(), self.server)
 
     def describe(self, e: BaseException, doing: str) -> str:
         """`e` as one line naming this backend's server (errors.describe)."""

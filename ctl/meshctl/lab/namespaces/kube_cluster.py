@@ -34,6 +34,9 @@ from meshctl.lab.rigs.kube_control_plane import ControlPlane
 from meshctl.mesh.model import Topology
 from meshctl.mesh.records import mesh_to_record
 
+# How long a lab Node without kubelet heartbeats stays Ready (the controller manager's
+# --node-monitor-grace-period; 40 s in a cluster): short, so a lab shows NotReady within a test.
+NODE_MONITOR_GRACE_S = 20
 MANIFESTS = Path(__file__).resolve().parents[4] / "manifests"
 
 
@@ -94,7 +97,7 @@ def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, cni: str = "") -> 
     with its pod CIDR and the annotations its user set, and `lab.cni`'s objects), then meshctl's
     manifests applied with `kubectl apply -k manifests/` exactly as docs/kubernetes.md tells a
     user, the mesh ConfigMap and the Peers. Returns the access and every PID started, by role."""
-    cp = ControlPlane(run_dir, host=ip, netns=ns)
+    cp = ControlPlane(run_dir, host=ip, netns=ns, node_monitor_grace=NODE_MONITOR_GRACE_S)
     cp.start()
     pids = {f"kube-{k}": v for k, v in cp.pids.items()}
     try:
@@ -199,9 +202,14 @@ _ETCD_ONLY = ("--etcd-endpoints", "--etcd-ca", "--etcd-cert", "--etcd-key", "--e
               "--lease-ttl", "--backend")
 
 
+# What the DaemonSet opens on the node (manifests/04-daemonset.yaml): probes and /metrics over TLS.
+SECURE_METRICS_ADDR = "0.0.0.0:9737"
+
+
 def agent_argv(argv: list[str]) -> list[str]:
-    """An etcd agent command line turned into a kubernetes one: the etcd flags dropped, and what
-    the Node says (pod CIDR, location, leader, keepalive, location IPs) left to the Node."""
+    """An etcd agent command line turned into a kubernetes one: the etcd flags dropped, what the
+    Node says (pod CIDR, location, leader, keepalive, location IPs) left to the Node, and the
+    DaemonSet's TLS port for probes and metrics opened."""
     out: list[str] = []
     skip = False
     for a in argv:
@@ -214,7 +222,7 @@ def agent_argv(argv: list[str]) -> list[str]:
         if a in _FROM_NODE_FLAGS:
             continue
         out.append(a)
-    return [*out, "--backend", "kubernetes"]
+    return [*out, "--backend", "kubernetes", "--secure-metrics-addr", SECURE_METRICS_ADDR]
 
 
 def agent_env(cluster_state: ClusterState, node: str) -> dict[str, str]:
