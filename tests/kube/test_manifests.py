@@ -83,12 +83,14 @@ def test_daemonset_runs_privileged_everywhere_with_a_separate_wireguard_go():
     assert {m["mountPath"]: m["name"] for m in wg["volumeMounts"]}["/var/run/wireguard"] == mounts["/var/run/wireguard"]
     assert "--backend=kubernetes" in agent["args"] and "--wg-run-dir=/var/run/wireguard" in agent["args"]
     port = next(p["containerPort"] for p in agent["ports"] if p["name"] == "metrics")
-    assert agent["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port}
-    assert agent["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
+    assert agent["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port, "scheme": "HTTPS"}
+    assert agent["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port, "scheme": "HTTPS"}
     # An API server older than 1.29 drops restartPolicy and then refuses the startupProbe of a plain
     # init container: the DaemonSet is refused there instead of hanging in Init (docs/kubernetes.md).
     assert wg["restartPolicy"] == "Always" and "startupProbe" in wg
-    assert f"--metrics-addr=0.0.0.0:{port}" in agent["args"]
+    # only the TLS port is open off the host; the full API keeps --metrics-addr's loopback default
+    assert f"--secure-metrics-addr=0.0.0.0:{port}" in agent["args"]
+    assert not [a for a in agent["args"] if a.startswith("--metrics-addr")]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes[mounts["/sys/fs/bpf"]]["hostPath"]["path"] == "/sys/fs/bpf"
     assert volumes[mounts["/etc/cni/net.d"]]["hostPath"]["path"] == "/etc/cni/net.d"  # --cni install writes there
