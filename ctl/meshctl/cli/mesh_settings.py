@@ -80,7 +80,7 @@ def _source(backend: str | None, lab_name: str | None, **store: Any) -> Source:
     that, and refuses --lab beside it)."""
     if backend is None and not store.get("kubeconfig"):
         backend = "etcd"
-    return Source(path=None, backend=backend, lab_name=lab_name, **store)
+    return Source(path=None, backend=backend, lab_name=lab_name, **store).one_cluster()
 
 
 def _store_options(f: Any) -> Any:
@@ -154,5 +154,3 @@ def _write(src: Source, after: MeshSettings, changes: Mapping[str, str]) -> str:
         client.close()
     return mesh_key(src.cluster_name)
 
-
-COMMANDS: list[click.Command] = [mesh]

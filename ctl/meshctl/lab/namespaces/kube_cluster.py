@@ -31,6 +31,7 @@ from meshctl.lab.namespaces.cni_labs import CNI_LABS
 from meshctl.lab.namespaces.state import ClusterState, KubeAccess
 from meshctl.lab.rigs.etcd_process import stop_pid
 from meshctl.lab.rigs.kube_control_plane import ControlPlane
+from meshctl.lab.rigs.kubelets import POD_IP_ANNOTATION, READY_ANNOTATION
 from meshctl.mesh.model import Topology
 from meshctl.mesh.records import mesh_to_record
 
@@ -204,6 +205,20 @@ _ETCD_ONLY = ("--etcd-endpoints", "--etcd-ca", "--etcd-cert", "--etcd-key", "--e
 
 # What the DaemonSet opens on the node (manifests/04-daemonset.yaml): probes and /metrics over TLS.
 SECURE_METRICS_ADDR = "0.0.0.0:9737"
+
+
+def pod_object(name: str, namespace: str, node: str, ip: str, labels: dict[str, str], *,
+               ready: bool = True) -> dict[str, Any]:
+    """A Pod for one of the lab's pods (a namespace the lab wired, at `ip` on `node`): the kubelet
+    reproduction reports it Running at that address, Ready unless `ready` is False, so the
+    EndpointSlice controller lists it for the Services that select it."""
+    ann = {POD_IP_ANNOTATION: ip}
+    if not ready:
+        ann[READY_ANNOTATION] = "false"
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": ann},
+            "spec": {"nodeName": node, "containers": [{"name": "app", "image": "meshctl-lab/pod"}],
+                     "terminationGracePeriodSeconds": 0}}
 
 
 def agent_argv(argv: list[str]) -> list[str]:

@@ -11,9 +11,10 @@ what the kubelet documents for those three:
 - it reports the Node Ready (status.conditions, status.addresses) at start and every
   `STATUS_EVERY` seconds, and renews the Node's Lease in `kube-node-lease` every `LEASE_EVERY`
   seconds (the kubelet's heartbeat since Kubernetes 1.17);
-- it watches the Pods bound to the node and reports each Running and Ready, with the node's
-  address as its IP for a hostNetwork Pod and the address in the annotation `POD_IP_ANNOTATION`
-  for any other (the lab sets it: the lab, not a CNI, wires those pods);
+- it watches the Pods bound to the node and reports each Running, with the node's address as its
+  IP for a hostNetwork Pod and the address in the annotation `POD_IP_ANNOTATION` for any other
+  (the lab sets it: the lab, not a CNI, wires those pods), Ready unless the annotation
+  `READY_ANNOTATION` says "false" (what a failing readiness probe would make it);
 - a Pod marked for deletion is deleted for good (what the kubelet does once its containers stop).
 
 No kube-scheduler runs either (none is built for these machines), so `Scheduler` binds each
@@ -48,6 +49,7 @@ LEASE_EVERY = 10.0
 LEASE_SECONDS = 40
 STATUS_EVERY = 60.0
 POD_IP_ANNOTATION = "lab.meshctl.io/pod-ip"
+READY_ANNOTATION = "lab.meshctl.io/ready"
 log = logging.getLogger("meshctl.lab.kubelets")
 
 
@@ -134,12 +136,14 @@ class Kubelet:
                         "preconditions": {"uid": meta.get("uid")}})
             return
         ip = self.pod_ip(pod)
-        ready = [c for c in status.get("conditions") or [] if c.get("type") == "Ready" and c.get("status") == "True"]
-        if status.get("phase") == "Running" and ready and (status.get("podIP") or "") == ip:
+        ready = "False" if (meta.get("annotations") or {}).get(READY_ANNOTATION) == "false" else "True"
+        now_ready = [c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"]
+        if status.get("phase") == "Running" and now_ready == [ready] and (status.get("podIP") or "") == ip:
             return
         now = _now()
-        conds = [{"type": t, "status": "True", "lastTransitionTime": now}
-                 for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled")]
+        kinds = ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled")
+        conds = [{"type": t, "status": ready if t in ("Ready", "ContainersReady") else "True",
+                  "lastTransitionTime": now} for t in kinds]
         spec = pod.get("spec") or {}
 
         def running(c: dict[str, Any]) -> dict[str, Any]:
