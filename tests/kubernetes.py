@@ -127,13 +127,18 @@ class Api:
         return not nss - BASE_NAMESPACES
 
 
-@pytest.fixture(scope="session")
-def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    cp = start_control_plane(tmp_path_factory.mktemp("kube"))
+def running_control_plane(directory: Path) -> Iterator[ControlPlane]:
+    """A fixture's body: a started control plane (start_control_plane), stopped after."""
+    cp = start_control_plane(directory)
     try:
         yield cp
     finally:
         cp.stop()
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    yield from running_control_plane(tmp_path_factory.mktemp("kube"))
 
 
 @pytest.fixture

@@ -52,6 +52,10 @@ if TYPE_CHECKING:
     from meshctl.backends.kube.kvstore import KvstoreMirror
 
 log = logging.getLogger("meshctl.kube")
+# The agent configures logging and gets these lines; a one-shot command (plan, graph, mesh get)
+# configures none and reports the same failures and rejections in its own `error:`/`warning:`
+# lines, so without a handler of ours Python's last-resort handler would print each twice.
+log.addHandler(logging.NullHandler())
 
 Obj = dict[str, Any]
 # What a failed API call raises through lightkube (errors.describe makes each one line).
