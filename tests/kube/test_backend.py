@@ -213,7 +213,9 @@ def test_nodes_that_have_not_joined_are_pending_not_rejected(api, kclient):
     create_node(kclient, node_obj("a3", "10.42.3.0/24"))  # agent not started
     st = backend(api).snapshot()
     assert [n.name for n in st.nodes] == ["a1"] and not st.rejections
-    assert st.extra["pending"] == ["a2", "a3"]
+    assert st.extra["pending"] == {
+        "a2": "it has no pod CIDR yet (spec.podCIDR: the controller manager's --allocate-node-cidrs)",
+        "a3": "its agent has not published yet (no meshctl.io/public-key or meshctl.io/last-seen annotation)"}
 
 
 def test_peer_resources_become_peers(api, kclient):
