@@ -130,8 +130,7 @@ class Source:
         topo, rejected = admit_local(state.topology())
         for r in [*state.rejections, *rejected]:
             self.warn(f"rejected {r.name}: {r.reason}")
-        pending = state.extra.get("pending")
-        self.pending = dict(pending) if isinstance(pending, dict) else {}
+        self.pending = dict(state.pending)
         for name, why in sorted(self.pending.items()):
             self.warn(f"{self.backend}: node {name} is pending: {why}")
         for w in topology_warnings(topo):
