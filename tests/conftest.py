@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from tests.kubernetes import api, kclient, kube, own_kube  # noqa: F401  (the tests' real control plane)
+
 VM_TESTS = "tests/vm/"
 
 

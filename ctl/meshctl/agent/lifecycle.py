@@ -10,11 +10,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import generate_latest
 
 from meshctl.agent.config import AgentConfig, FlagSettings, OwnSettings, fastpath_off
 from meshctl.agent.loop import PassDriver, ReconcileLoop, RemoteSource, Wake, pod_interfaces
 from meshctl.agent.path_probing import PathProbing
 from meshctl.agent.reporting import ErrorCounts, LiveReader
+from meshctl.agent.secure_metrics import MetricsAuthority, SecureMetricsServer, self_signed
 from meshctl.agent.seen import SeenStore, publish_loop
 from meshctl.agent.server import StatusServer
 from meshctl.agent.snapshot import StatusBoard
@@ -33,6 +37,7 @@ from meshctl.agent.steps import (
 )
 from meshctl.backends.base import Backend
 from meshctl.datapath import Datapath
+from meshctl.errors import InputError
 from meshctl.mesh.chooser import ProbeTuning
 from meshctl.node import keys
 from meshctl.node.pods import PodInterfaceWatcher
@@ -52,6 +57,7 @@ class _Running:
     loop: ReconcileLoop
     board: StatusBoard
     server: StatusServer
+    secure: SecureMetricsServer | None = None
 
 
 class Agent:
@@ -99,8 +105,11 @@ class Agent:
                             board=board)
         loop = ReconcileLoop(passes, peers, self._wake, self.stop_event, self.errors)
         server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy, self.ready, self.probe)
-        self._running = _Running(passes, loop, board, server)
+        secure = self._secure_metrics(server)
+        self._running = _Running(passes, loop, board, server, secure)
         server.start()
+        if secure is not None:
+            secure.start()
         if self.remotes is not None:
             self.remotes.start()
         self._watch_pods()
@@ -112,6 +121,18 @@ class Agent:
             self._spawn("seen", lambda: publish_loop(store, lambda: self.status(node_list=False), self.cfg.cluster_name,
                                                       self.stop_event))
         self.wake()
+
+    def _secure_metrics(self, server: StatusServer) -> SecureMetricsServer | None:
+        """--secure-metrics-addr: /healthz, /readyz and /metrics (for tokens the cluster's RBAC
+        allows) over TLS; needs a backend that can ask the cluster who a token is."""
+        if not self.cfg.secure_metrics_addr:
+            return None
+        if not isinstance(self.backend, MetricsAuthority):
+            raise InputError("--secure-metrics-addr", self.cfg.secure_metrics_addr,
+                             "needs --backend kubernetes (the API server says who may read /metrics)")
+        cert, key = self_signed(Path(self.cfg.state_dir) / "metrics-tls", f"meshctl-agent.{self.cfg.node_name}")
+        return SecureMetricsServer(self.cfg.secure_metrics_addr, cert, key, lambda: generate_latest(server.registry),
+                                   self.backend.metrics_auth(), self.healthy, self.ready)
 
     def _watch_pods(self) -> None:
         pod_cidrs = self.own.current().pod_cidrs
@@ -191,6 +212,8 @@ class Agent:
                 log.warning("closing the datapath: %s", e)
         if run is not None:
             run.server.stop()
+            if run.secure is not None:
+                run.secure.stop()
         if self.pod_watch is not None:
             self.pod_watch.stop()
 

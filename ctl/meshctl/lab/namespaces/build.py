@@ -131,6 +131,13 @@ def build_namespaces(spec: LabSpec, st: LabState, progress: Progress) -> None:
         progress(f"cluster {topo.cluster.name}: {len(topo.nodes)} node(s), "
                  f"{len(topo.nodes) * spec.options.pods_per_node} pod(s)")
     apply_fabrics(st, progress)
+    for cst in st.clusters:
+        if cst.kube is not None:
+            nodes = {n.name: (n.internal_ip or n.internal_ip6 or n.public_ip).split("/")[0] for n in cst.nodes}
+            st.pids[f"kube-kubelets/{cst.name}"] = kube_cluster.join_nodes(
+                cst.kube, nodes, {n.name: n.dir for n in cst.nodes})
+            labstate.save(st)
+            progress(f"kubernetes {cst.name}: {len(nodes)} node(s) Ready, each agent with its ServiceAccount token")
 
 
 def apply_fabrics(st: LabState, progress: Progress) -> None:
@@ -239,12 +246,12 @@ def _seed_etcd(client: EtcdClient, spec: LabSpec, topo: Topology, ids: dict[str,
 
 def _start_kube(st: LabState, fab: str, ci: int, topo: Topology, cst: ClusterState, progress: Progress,
                 cni: str = "") -> None:
-    """Cluster `ci`'s in-process API server on the public segment (the Kubernetes backend)."""
+    """Cluster `ci`'s control plane on the public segment (the Kubernetes backend)."""
     cname = topo.cluster.name
     kns = f"{st.prefix}kube-{cname}"
     kip = _on_public(st, fab, kns, f"k{ci}", PUBLIC_NET.network_address + 240 - ci)[0]
-    kube = kube_cluster.start(Path(st.dir) / "kube" / cname, kns, kip, topo, cni=cni)
-    st.pids[f"kube/{cname}"] = kube.pid
+    kube, pids = kube_cluster.start(Path(st.dir) / "kube" / cname, kns, kip, topo, cni=cni)
+    st.pids.update({f"{role}/{cname}": pid for role, pid in pids.items()})
     cst.kube = kube
     progress(f"kubernetes API {cname}: {kube.url} in {kns}")
 
@@ -476,7 +483,7 @@ def start_agent(st: LabState, node_name: str, *, extra_args: tuple[str, ...] = (
     Path(node.dir).mkdir(parents=True, exist_ok=True)
     log = open(Path(node.dir) / "agent.log", "ab")  # noqa: SIM115
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.update(kube_cluster.agent_env(cst))
+    env.update(kube_cluster.agent_env(cst, node.name))
     try:
         argv = [*netns.exec_prefix(node.netns), *agent_argv(st, cst, node), *extra_args]
         pid = spawn(argv, log=log.fileno(), env=env)

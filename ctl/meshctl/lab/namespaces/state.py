@@ -188,15 +188,21 @@ class EtcdAccess:
 
 @dataclass
 class KubeAccess:
-    """A lab cluster's API server (lab.backend: kubernetes)."""
+    """A lab cluster's control plane (lab.backend: kubernetes): a real kube-apiserver and
+    kube-controller-manager with their etcd in namespace `netns` (lab.rigs.kube_control_plane)."""
 
-    url: str
-    kubeconfig: str
+    url: str  # on the lab's public segment, as the agents dial it
+    kubeconfig: str  # the admin's (client certificate), for `url`
     netns: str
-    pid: int
-    # The same API server seen from the host's network namespace (127.0.0.1), for the host's
-    # kubectl (`meshctl lab kubeconfig`); empty for a lab made before it existed.
+    pid: int  # the API server's
+    dir: str = ""  # the control plane's directory (PKI, logs, etcd data)
+    # The same API server seen from the host's network namespace (127.0.0.1, through
+    # lab.rigs.tcp_forward), for the host's kubectl (`meshctl lab kubeconfig`).
     host_kubeconfig: str = ""
+    ca: str = ""
+    # Each node's agent: a kubeconfig with the token of the `meshctl` ServiceAccount bound to that
+    # node's DaemonSet Pod (what the kubelet projects into the Pod), by node name.
+    agent_kubeconfigs: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
