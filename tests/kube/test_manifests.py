@@ -73,6 +73,9 @@ def test_daemonset_runs_privileged_everywhere_with_a_separate_wireguard_go():
     assert "/var/run/wireguard/kilo0.sock" in wg["startupProbe"]["exec"]["command"][-1]
     assert agent["securityContext"]["privileged"] is True
     assert {"NET_ADMIN", "BPF", "SYS_ADMIN"} <= set(agent["securityContext"]["capabilities"]["add"])
+    # wireguard-go needs its TUN device and NET_ADMIN in the host's network namespace, nothing more
+    assert wg["securityContext"] == {"capabilities": {"add": ["NET_ADMIN"]}}
+    assert {m["mountPath"] for m in wg["volumeMounts"]} == {"/var/run/wireguard", "/dev/net/tun"}
     mounts = {m["mountPath"]: m["name"] for m in agent["volumeMounts"]}
     assert {"/sys/fs/bpf", "/lib/modules", "/var/lib/meshctl", "/var/run/wireguard"} <= set(mounts)
     # no kernel headers from the host: the image ships the compiled programs (docs/datapath.md)

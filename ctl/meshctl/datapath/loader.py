@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import importlib.util
 import logging
 import os
 import subprocess
@@ -263,6 +264,8 @@ def _compile_and_pin(pin_dir: str) -> str:
     if not objcache.have_headers():
         raise MeshError(f"no kernel headers at {objcache.headers_dir()} to compile with bcc, and no shipped "
                         f"object loaded ({shipped})")
+    if importlib.util.find_spec("bcc") is None:  # the agent image carries none (docs/kubernetes.md)
+        raise MeshError(f"no shipped object loaded ({shipped}), and no bcc here to compile one")
     log.info("datapath: shipped objects not loaded (%s): compiling with bcc", shipped)
     pkg_root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
