@@ -27,7 +27,7 @@ from meshctl.errors import InputError, MeshError
 from meshctl.lab.namespaces import build, fabric, state
 from meshctl.lab.namespaces import check as labcheck
 from meshctl.lab.namespaces import nat_router as labnat
-from meshctl.lab.namespaces.spec import KERNEL_SERIES, check_prefix, load_lab
+from meshctl.lab.namespaces.spec import KERNEL_SERIES, check_prefix, load_lab, with_image
 from meshctl.lab.rigs import netns
 from meshctl.lab.vms import vm, vmlab, vmnodes
 from meshctl.lab.vms.vmlab import Forwarder
@@ -58,13 +58,21 @@ def _term_tears_down(signum: int, frame: object) -> None:
                    f"{vm.EMULATED_CONVERGE_WAIT:.0f} in a VM without KVM].")
 @click.option("--kernel", default="host", show_default=True, type=click.Choice(["host", *KERNEL_SERIES]),
               help="Run the lab inside a VM booting this Debian kernel (make kernels fetches them); host: here.")
-def lab_up(path: str | None, prefix: str | None, wait: float | None, kernel: str) -> None:
+@click.option("--image", default=None, metavar="IMAGE",
+              help="Run every agent from this image with podman, as manifests/04-daemonset.yaml runs it "
+                   "(lab.agent: image; `make image` builds it).")
+def lab_up(path: str | None, prefix: str | None, wait: float | None, kernel: str, image: str | None) -> None:
     """Build the lab and start its agents."""
     if path is None:
         path = str(files("meshctl.lab") / "labs" / "default.yaml")
     if prefix is not None:
         check_prefix(prefix, "--prefix")
     spec = load_lab(path)
+    if image is not None:
+        spec = with_image(spec, image)
+    if kernel != "host" and spec.options.agent == "image":
+        raise InputError("--kernel", kernel, "is not available with agents from the image (lab.agent image: "
+                         "the VM runs no podman)")
     _require_root()
     signal.signal(signal.SIGTERM, _term_tears_down)
     if kernel != "host" and spec.options.vms:
@@ -315,7 +323,7 @@ class _Locator:
                 # a VM node's pins are in its VM: the Forwarder runs the command there (inside,
                 # the guest's one-node state has no VM and the node is the root namespace)
                 if node in (n.name, f"{c.name}/{n.name}") and n.vm is None:
-                    found.append((st.name, PinTarget(f"{st.pin_root}/{c.name}", n.netns, n.name)))
+                    found.append((st.name, PinTarget(st.pin_root_of(c, n), n.netns, n.name)))
         if len(found) > 1:
             raise InputError("--node", node, f"is in several labs ({', '.join(f[0] for f in found)}): pass --lab")
         if not found and lab:

@@ -74,7 +74,8 @@ def remove(names: list[str], timeout: int = 3) -> list[str]:
     that could not be removed."""
     left = []
     for name in names:
-        p = podman("rm", "--force", "--time", str(timeout), "--ignore", name, timeout=timeout + 60.0, check=False)
+        p = podman("rm", "--force", "--volumes", "--time", str(timeout), "--ignore", name,
+                   timeout=timeout + 60.0, check=False)
         if p.returncode != 0:
             left.append(name)
     return left
