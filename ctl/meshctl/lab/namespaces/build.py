@@ -38,7 +38,7 @@ from meshctl.backends import etcd_identity as identity
 from meshctl.backends.etcd import write_topology
 from meshctl.errors import InputError, MeshError
 from meshctl.etcd import EtcdClient
-from meshctl.lab.namespaces import check, daemonset, fabric, image_agents, kube_cluster, podman
+from meshctl.lab.namespaces import check, cni_install, daemonset, fabric, image_agents, kube_cluster, podman
 from meshctl.lab.namespaces import nat_router as labnat
 from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.cni_labs import CNI_LABS
@@ -58,6 +58,7 @@ from meshctl.lab.namespaces.wiring import PRIVATE_NIC, Progress, add_ns, quiet, 
 from meshctl.lab.rigs import netns, pki
 from meshctl.lab.rigs.etcd_process import EtcdServer, stop_pid, stop_pids
 from meshctl.mesh.model import IPNetwork, Node, Topology
+from meshctl.node.cni import CONF_NAME
 
 METRICS_ADDR = defaults.METRICS_ADDR
 ETCD_PORT = 2379
@@ -85,6 +86,14 @@ def up(spec: LabSpec, *, prefix: str | None = None, progress: Progress = quiet, 
         raise MeshError("this lab has lab.vms: every node is a VM (meshctl lab up brings it up)")
     def start(st: LabState, p: Progress, held: tuple[str, ...]) -> None:
         start_all_agents(st, p, held, spawn=spawn or popen_spawner)
+        if st.cni == cni_install.NAME:  # the pods, by the plugins, from the config each agent writes
+            started = set(agents_to_start(st, held))
+            for c, n in st.nodes():
+                if f"{c.name}/{n.name}" in started:
+                    cni_install.add_pods(st, n, spec.options.pods_per_node)
+                    labstate.save(st)
+            p(f"pods: {sum(len(n.pods) for _, n in st.nodes())} made by the CNI plugins "
+              f"({cni_install.plugin_path()}) from the agents' {CONF_NAME}")
 
     return up_with(spec, build_namespaces, start, lambda name, p: down(name, progress=p), prefix=prefix,
                    progress=progress, wait=wait, start_agents=start_agents, hold=hold)
@@ -162,7 +171,7 @@ def build_control(spec: LabSpec, st: LabState, progress: Progress) -> list[IPNet
         cst = _start_etcd(spec, st, fab, ci, topo)
         st.clusters.append(cst)
         if spec.options.backend == "kubernetes":
-            _start_kube(st, fab, ci, topo, cst, progress, spec.options.cni)
+            _start_kube(st, fab, ci, topo, cst, progress, spec.options.cni if spec.options.cni in CNI_LABS else "")
         labstate.save(st)
         progress(f"etcd {cst.name}: {cst.etcd.endpoints[0]} (mTLS) in {cst.etcd.netns}")
     _clustermesh_dirs(spec, st)
@@ -347,8 +356,11 @@ def _node(spec: LabSpec, st: LabState, cst: ClusterState, topo: Topology, n: Nod
                                         private6 if private6 != n.internal_ip else None)
     netns.sysctl(ns, "net.ipv4.ip_forward", "1")
     cni = CNI_LABS.get(spec.options.cni)
-    pods = cni.wire_node(st, ns, topo, n, spec.options.pods_per_node) if cni else \
-        [_pod(st, ns, n.pod_cidrs, k) for k in range(spec.options.pods_per_node)]
+    if spec.options.cni == cni_install.NAME:
+        pods = []  # made once the node's agent wrote its CNI config (cni_install.add_pods)
+    else:
+        pods = cni.wire_node(st, ns, topo, n, spec.options.pods_per_node) if cni else \
+            [_pod(st, ns, n.pod_cidrs, k) for k in range(spec.options.pods_per_node)]
     nd = Path(st.dir) / "nodes" / (f"{topo.cluster.name}-{n.name}" if spec.multi else n.name)
     cst.nodes.append(NodeState(
         name=n.name, netns=ns, location=n.location, pod_cidrs=[str(c) for c in n.pod_cidrs],
@@ -392,7 +404,10 @@ def add_pod(name: str | None, node: str, cluster: str | None = None) -> PodState
     k = max((p.index for p in n.pods), default=-1) + 1
     if k >= 250:
         raise MeshError(f"node {node} has no room for another pod")
-    pod = _pod(st, n.netns, [ipaddress.ip_network(c) for c in n.pod_cidrs], k)
+    if st.cni == cni_install.NAME:
+        pod = cni_install.add_pod(st, n, k)
+    else:
+        pod = _pod(st, n.netns, [ipaddress.ip_network(c) for c in n.pod_cidrs], k)
     n.pods.append(pod)
     labstate.save(st)
     return pod
@@ -404,6 +419,8 @@ def remove_pod(name: str | None, node: str, ip: str) -> None:
     n = _namespace_node(st, node)
     for p in list(n.pods):
         if p.ip == ip:
+            if st.cni == cni_install.NAME:
+                cni_install.del_pod(st, n, p)
             netns.delete(p.netns)
             n.pods.remove(p)
             st.namespaces = [x for x in st.namespaces if x != p.netns]
@@ -467,6 +484,8 @@ def agent_flags(st: LabState, cst: ClusterState, node: NodeState, *, pin_root: b
         argv += ["--clustermesh-dir", cst.clustermesh_dir]
     if not st.fastpath and pin_root:  # an agent container reads it from the ConfigMap key fastpath
         argv.append("--no-fastpath")
+    if st.cni == cni_install.NAME and pin_root:  # an agent container's is the node's, by the manifest's mount
+        argv += ["--cni-conf-dir", str(cni_install.conf_dir(node))]
     argv += list(node.agent_args)
     argv += list(st.agent_args)
     if cst.kube:
@@ -708,6 +727,14 @@ def down(name: str, *, progress: Progress = quiet) -> list[str]:
     for c, n in st.nodes():
         if n.pid:
             pids[f"agent/{c.name}/{n.name}"] = n.pid
+    # Pods the CNI plugins made: DEL while their nodes' namespaces and configs are there.
+    if st.cni == cni_install.NAME:
+        for _, n in st.nodes():
+            for pod in n.pods:
+                try:
+                    cni_install.del_pod(st, n, pod)
+                except (MeshError, OSError, subprocess.SubprocessError) as e:
+                    problems.append(str(e))
     # Agent containers (lab.agent image), recorded or found by name, before the processes.
     containers = [name for _, n in st.nodes() for name in n.containers]
     containers += [c for c in image_agents.leftovers(prefix) if c not in containers]

@@ -17,6 +17,7 @@ from typing import Any
 
 from meshctl.backends.file import load_yaml
 from meshctl.errors import InputError
+from meshctl.lab.namespaces.cni_install import NAME as CNI_INSTALL
 from meshctl.lab.namespaces.cni_labs import CNI_LABS
 from meshctl.lab.namespaces.fabric import Fabric, check_nodes, parse_fabrics
 from meshctl.lab.namespaces.families import (
@@ -221,9 +222,9 @@ def _options(d: Any) -> LabOptions:
         raise InputError("lab.nat", d["nat"], "is not available with lab.vms (NAT routers are namespace-lab only)")
     cni = d.get("cni", "")
     if cni:
-        if cni not in CNI_LABS:
-            raise InputError("lab.cni", cni, f"is not one of {', '.join(CNI_LABS)}")
-        if backend != "kubernetes":
+        if cni not in (*CNI_LABS, CNI_INSTALL):
+            raise InputError("lab.cni", cni, f"is not one of {', '.join((*CNI_LABS, CNI_INSTALL))}")
+        if cni != CNI_INSTALL and backend != "kubernetes":
             raise InputError("lab.cni", cni, "needs lab.backend: kubernetes (the CNI's objects live in its API)")
         args = [*args, "--cni", cni]
     families = parse_ip_families(d.get("ip_families", list(DEFAULT_IP_FAMILIES)))
