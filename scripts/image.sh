@@ -17,7 +17,7 @@
 #              default $PIP_CERT, $REQUESTS_CA_BUNDLE or $SSL_CERT_FILE, else the host's
 #              /etc/ssl/certs/ca-certificates.crt; `none` for none. It reaches only the build
 #              stages (build/image/ca.pem in the context), never the final image.
-#   DRY_RUN=1  print the commands instead of running them.
+#   DRY_RUN=1  print the commands instead of running them; NO_CACHE=1 build with no cached layer.
 # Errors are one line on stderr and exit 2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,8 +59,8 @@ pick_engine() {
     docker)
       docker_answers "$want" || die "ENGINE=$want cannot build here: its daemon does not answer ($(docker_error "$want"))"
       ENGINE_KIND=docker
-      if "$want" buildx version >/dev/null 2>&1; then BUILD=("$want" buildx build --load)
-      else BUILD=("$want" build); fi
+      if "$want" buildx version >/dev/null 2>&1; then BUILD=("$want" buildx build --load ${NOCACHE[@]+"${NOCACHE[@]}"})
+      else BUILD=("$want" build ${NOCACHE[@]+"${NOCACHE[@]}"}); fi
       RUN=("$want" run --rm)
       ;;
     podman)
@@ -76,7 +76,7 @@ pick_engine() {
       if [ "$n" = unlimited ] || [ "$n" -gt 1048576 ]; then n=1048576; fi
       if [ "$p" = unlimited ] || [ "$p" -gt 32768 ]; then p=32768; fi
       opts+=(--ulimit "nofile=$n:$n" --ulimit "nproc=$p:$p")
-      BUILD=("$want" build --network=host "${opts[@]}")
+      BUILD=("$want" build --network=host "${opts[@]}" ${NOCACHE[@]+"${NOCACHE[@]}"})
       RUN=("$want" run --rm "${opts[@]}")
       ;;
     *) die "ENGINE=$want is neither docker nor podman" ;;
@@ -162,6 +162,9 @@ build_objects() {
   "${compile[@]}"
   echo "$id" > "$CTX/objects.image-id"
 }
+
+# NO_CACHE=1: no cached layer (bench/image.py --cold)
+if [ -n "${NO_CACHE:-}" ]; then NOCACHE=(--no-cache); else NOCACHE=(); fi
 
 cmd=${1:-build}
 case "$cmd" in
