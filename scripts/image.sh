@@ -135,6 +135,7 @@ pick_ca() {
 }
 
 prepare_context() {
+  if [ -n "${DRY_RUN:-}" ]; then echo "# context: $CTX/ca.pem from ${CA:-nothing}"; return; fi
   mkdir -p "$CTX"
   if [ -n "$CA" ]; then cp "$CA" "$CTX/ca.pem.tmp"; else : > "$CTX/ca.pem.tmp"; fi
   # unchanged content keeps the build stage's cache

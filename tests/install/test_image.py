@@ -112,7 +112,8 @@ def test_the_build_compiles_the_objects_in_a_privileged_container_then_builds(tm
           'if [ "$1 $2" = "image inspect" ]; then exit 1; fi; exit 0'
     r = image_sh(tmp_path, {"podman": has}, "build", DRY_RUN="1", IMAGE="ex/meshctl:1", CA_BUNDLE="none")
     assert r.returncode == 0, r.stderr
-    build_stage, build_objects, compile_, build = r.stdout.splitlines()
+    context, build_stage, build_objects, compile_, build = r.stdout.splitlines()
+    assert context == "# context: build/image/ca.pem from nothing"  # a dry run writes nothing
     base = "--build-arg BASE=localhost/meshctl/debian:bookworm-slim"
     assert build_stage.endswith(f"--target build {base} -t ex/meshctl:1-build .")
     assert build_objects.endswith(f"--target objects {base} -t ex/meshctl:1-objects .")
