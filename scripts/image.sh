@@ -103,9 +103,10 @@ make_local_base() {
       "$SUITE" "$tar" >"$log" 2>&1; then
     tail -n 20 "$log" >&2; rm -f "$tar" "$log"; die "mmdebstrap could not make the base image (its output above)"
   fi
-  rm -f "$log"
-  run "$ENGINE_BIN" import "$tar" "$LOCAL_BASE" >/dev/null
-  rm -f "$tar"
+  if ! run "$ENGINE_BIN" import "$tar" "$LOCAL_BASE" >"$log" 2>&1; then
+    tail -n 5 "$log" >&2; rm -f "$tar" "$log"; die "$ENGINE_BIN import of the base failed (its output above)"
+  fi
+  rm -f "$tar" "$log"
   echo "make image: base $LOCAL_BASE made from Debian's packages (mmdebstrap $SUITE)" >&2
 }
 
@@ -178,6 +179,10 @@ case "$cmd" in
     make_local_base
     ;;
   build)
+    if [ -z "${DRY_RUN:-}" ] && command -v flock >/dev/null 2>&1; then
+      # one build at a time in this checkout: two would share build/image/ (the objects, the CA)
+      mkdir -p "$CTX"; exec 9>"$CTX/.lock"; flock 9
+    fi
     pick_engine
     pick_base
     pick_ca
