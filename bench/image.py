@@ -64,6 +64,8 @@ def what(created_by: str) -> str:
         return "apt: " + " ".join(pkgs)
     if text.startswith("ADD file:"):
         return "base image"
+    if text.startswith("COPY "):
+        return f"COPY into {text.rsplit(' in ', 1)[-1]}"
     return text[:70]
 
 
