@@ -11,6 +11,7 @@ import copy
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from importlib.resources import files
 from pathlib import Path
@@ -98,8 +99,12 @@ def test_maps_dump_inside_the_agents_container(lab: LabState) -> None:
     assert dump["node"] == "a1"
     entries = {e["prefix"]: e["action"] for e in dump["entries"]}
     assert entries["10.42.2.0/24"] == "direct" and entries["10.42.3.0/24"] == "tunnel", entries
-    # the same maps the host sees through the lab: the container pinned them in the node's own bpffs
+    # the same maps the host reads through the lab: the container pinned them in the node's own bpffs
     assert Path(f"{lab.pin_root_of(lab.clusters[0], a1)}/a1").is_dir()
+    host = subprocess.run([sys.executable, "-m", "meshctl.cli", "maps", "dump", "--lab", lab.name, "--node", "a1",
+                           "-o", "json"], capture_output=True, text=True, check=True)
+    seen = json.loads(host.stdout)  # one node named: its dump alone
+    assert seen["node"] == "a1" and {e["prefix"]: e["action"] for e in seen["entries"]} == entries
 
 
 def _replying(ping: PodPing) -> bool:
@@ -142,7 +147,6 @@ def test_a_changed_manifest_changes_the_lab(lab: LabState, tmp_path: Path, monke
     changed = tmp_path / "04-daemonset.yaml"
     changed.write_text(yaml.safe_dump(ds))
     monkeypatch.setattr(daemonset, "MANIFEST", changed)
-    monkeypatch.setattr(daemonset.load, "__defaults__", (changed,))
     build.stop_agent(lab, "c1")
     build.start_agent(lab, "c1")
     c1 = node_of(lab, "c1")

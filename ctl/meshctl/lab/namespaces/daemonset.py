@@ -92,8 +92,9 @@ class Pod:
         raise MeshError(f"the DaemonSet has no container {name}")
 
 
-def load(path: Path = MANIFEST) -> Pod:
-    """The DaemonSet's pod from `path` (the first DaemonSet in it)."""
+def load(path: Path | None = None) -> Pod:
+    """The DaemonSet's pod from `path` (default MANIFEST; the first DaemonSet in it)."""
+    path = path or MANIFEST
     try:
         docs = list(yaml.safe_load_all(path.read_text()))
     except FileNotFoundError:
