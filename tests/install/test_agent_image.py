@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from meshctl.datapath import loader
 from tests.agent_image import ROOT, VERSION, podman_run
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
@@ -102,12 +103,17 @@ def _save(image: str, archive: Path) -> Path:
 
 
 def test_build_objects_without_a_writable_bpffs_says_so_in_one_line(tmp_path: Path) -> None:
-    """A read-only bpffs (a chroot build binds the host's /sys read-only) and no CAP_SYS_ADMIN to
-    mount a private one: one line, exit 1, no traceback."""
+    """A read-only bpffs (a chroot build binds the host's /sys read-only): a private one is mounted
+    for the build; without CAP_SYS_ADMIN to mount it, one line, exit 1, no traceback."""
     ro = tmp_path / "ro-bpffs"
     ro.mkdir()
     subprocess.run(["mount", "-t", "bpf", "-o", "ro", "bpf", str(ro)], check=True)
     try:
+        # with CAP_SYS_ADMIN the build gets a private bpffs of its own instead, removed after
+        with loader.build_pin_dir(str(ro)) as d:
+            assert not d.startswith(str(ro)) and loader.bpffs_mounted(d)
+            os.mkdir(f"{d}/maps")
+        assert not Path(d).exists()
         meshctl = shutil.which("meshctl", path=str(Path(os.sys.executable).parent))
         assert meshctl
         for pin_root, why in ((str(ro), f"{ro} is not writable (Read-only file system)"),
