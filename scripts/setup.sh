@@ -7,10 +7,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# podman, buildah, runc and mmdebstrap: `make image` without a registry (the base from Debian's
+# packages) and the lab's agents from the image (lab.agent image; runc: Debian 12's crun refuses
+# this machine kind's hybrid cgroups, docs/lab.md); containernetworking-plugins: the CNI plugins
+# the `cni: install` labs run (/usr/lib/cni).
 APT_PACKAGES=(python3-venv python3-bpfcc bpftool linux-headers-amd64 etcd-server etcd-client
   wireguard-go wireguard-tools iperf3 nftables iproute2 ipset graphviz iputils-ping procps
-  util-linux openssl ca-certificates iptables vagrant
-  qemu-system-x86 busybox-static cpio kmod file tcpdump chromium)
+  util-linux openssl ca-certificates iptables vagrant curl
+  qemu-system-x86 busybox-static cpio kmod file tcpdump chromium
+  podman buildah runc mmdebstrap containernetworking-plugins)
 VENV=.venv
 
 missing=()

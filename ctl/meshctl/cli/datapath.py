@@ -9,7 +9,6 @@ pins are under /sys/fs/bpf/meshctl and the current namespace is the node's.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -192,7 +191,8 @@ def datapath_unload(node: str, lab_name: str | None, pin_root: str | None, netns
 @option("--out", "out", required=True, type=click.Path(file_okay=False),
         help="Folder to write the compiled objects to (the image's: /usr/lib/meshctl/bpf-objects).")
 @pin_root_option(default=defaults.PIN_ROOT, help="bpffs folder under which bcc's throwaway maps go "
-                 "(in build-<pid>, removed after).")
+                 "(in build-<pid>, removed after); when it is not a writable bpffs (an image build), "
+                 "a private bpffs mounted for the build.")
 def datapath_build_objects(out: str, pin_root: str) -> None:
     """Compile with bcc the programs of every variant the feature probes can select, in the object
     cache's format, for nodes without kernel headers (the image build runs it; needs CAP_BPF)."""
@@ -200,13 +200,8 @@ def datapath_build_objects(out: str, pin_root: str) -> None:
 
     from meshctl.datapath import loader
 
-    pin_dir = f"{pin_root}/build-{os.getpid()}"
-    loader.ensure_bpffs(pin_dir)
-    try:
+    with loader.build_pin_dir(pin_root) as pin_dir:
         written = loader.build_objects(Path(out), pin_dir)
-    finally:
-        with contextlib.suppress(OSError):
-            os.rmdir(pin_dir)
     for path in written:
         click.echo(f"wrote {path}")
     click.echo(f"{len(written)} variants built into {out}")

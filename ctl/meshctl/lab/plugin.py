@@ -33,7 +33,7 @@ class _Locator:
                 # a VM node's pins are in its VM: the Forwarder runs the command there (inside,
                 # the guest's one-node state has no VM and the node is the root namespace)
                 if node in (n.name, f"{c.name}/{n.name}") and n.vm is None:
-                    found.append((st.name, PinTarget(f"{st.pin_root}/{c.name}", n.netns, n.name)))
+                    found.append((st.name, PinTarget(st.pin_root_of(c, n), n.netns, n.name)))
         if len(found) > 1:
             raise InputError("--node", node, f"is in several labs ({', '.join(f[0] for f in found)}): pass --lab")
         if not found and lab:

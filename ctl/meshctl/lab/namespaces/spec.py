@@ -17,6 +17,7 @@ from typing import Any
 
 from meshctl.backends.file import load_yaml
 from meshctl.errors import InputError
+from meshctl.lab.namespaces.cni_install import NAME as CNI_INSTALL
 from meshctl.lab.namespaces.cni_labs import CNI_LABS
 from meshctl.lab.namespaces.fabric import Fabric, check_nodes, parse_fabrics
 from meshctl.lab.namespaces.families import (
@@ -40,7 +41,10 @@ def _placeholder_key(i: int) -> str:
 
 
 LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend", "fabrics", "clustermesh",
-              "nat", "vms", "cni", "ip_families")
+              "nat", "vms", "cni", "ip_families", "agent")
+# How a node's agent runs: a process of this checkout's venv, or the agent image's containers as the
+# DaemonSet runs them (namespaces/image_agents.py).
+AGENTS = ("process", "image")
 MULTI_CLUSTER_FIELDS = ("clusters", "lab")  # a lab file of several clusters: nothing else at the top
 DEFAULT_NODE_KERNEL = "6.1"  # a VM node without `kernel`: Debian 12's
 
@@ -71,6 +75,8 @@ class LabOptions:
     # ("<cluster>/<node>", families) from nodes[].ip_families: a node whose NICs speak fewer
     # families than the lab (an IPv4-only or IPv6-only node of a dual-stack lab).
     node_families: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    agent: str = "process"  # one of AGENTS
+    image: str = ""  # with agent image: the image (`lab up --image`; "" the DaemonSet's)
 
     def nat_kind(self, node: str) -> str | None:
         return dict(self.nat).get(node)
@@ -215,9 +221,9 @@ def _options(d: Any) -> LabOptions:
         raise InputError("lab.nat", d["nat"], "is not available with lab.vms (NAT routers are namespace-lab only)")
     cni = d.get("cni", "")
     if cni:
-        if cni not in CNI_LABS:
-            raise InputError("lab.cni", cni, f"is not one of {', '.join(CNI_LABS)}")
-        if backend != "kubernetes":
+        if cni not in (*CNI_LABS, CNI_INSTALL):
+            raise InputError("lab.cni", cni, f"is not one of {', '.join((*CNI_LABS, CNI_INSTALL))}")
+        if cni != CNI_INSTALL and backend != "kubernetes":
             raise InputError("lab.cni", cni, "needs lab.backend: kubernetes (the CNI's objects live in its API)")
         args = [*args, "--cni", cni]
     families = parse_ip_families(d.get("ip_families", list(DEFAULT_IP_FAMILIES)))
@@ -228,9 +234,30 @@ def _options(d: Any) -> LabOptions:
         key = "lab.vms" if vms else "lab.cni"
         raise InputError(key, d[key.split(".")[1]], f"is not available with lab.ip_families {list(families)} "
                          "(the lab builds IPv6 for its own namespace nodes only)")
+    agent = d.get("agent", "process")
+    if agent not in AGENTS:
+        raise InputError("lab.agent", agent, f"is not one of {', '.join(AGENTS)}")
+    if agent == "image":
+        check_image_agents(vms, backend)
     return LabOptions(pods_per_node=pods, lease_ttl=ttl, prefix=prefix, fastpath=fast, agent_args=tuple(args),
                       backend=backend, fabrics=parse_fabrics(d.get("fabrics")), clustermesh=cm, nat=_nat(d.get("nat")),
-                      vms=vms, cni=cni, ip_families=families)
+                      vms=vms, cni=cni, ip_families=families, agent=agent)
+
+
+def check_image_agents(vms: bool, backend: str, key: str = "lab.agent", value: str = "image") -> None:
+    """What agents from the image (lab.agent image, `lab up --image`) run with: namespace nodes
+    and the etcd backend (a Kubernetes lab's agents need the lab's API server reachable from a
+    container, with a kubeconfig file: not yet)."""
+    if vms:
+        raise InputError(key, value, "is not available with lab.vms (a VM node's agent runs in its VM)")
+    if backend != "etcd":
+        raise InputError(key, value, f"is not available with lab.backend {backend} yet (etcd only)")
+
+
+def with_image(spec: LabSpec, image: str) -> LabSpec:
+    """`lab up --image IMAGE`: the lab's agents from that image (lab.agent image)."""
+    check_image_agents(spec.options.vms, spec.options.backend, "--image", image)
+    return replace(spec, options=replace(spec.options, agent="image", image=image))
 
 
 def _nat(d: Any) -> tuple[tuple[str, str], ...]:

@@ -127,6 +127,10 @@ class NodeState:
     public_ip6: str | None = None
     # The IP families of its NICs when they are not the lab's (nodes[].ip_families); empty: the lab's.
     ip_families: list[int] = field(default_factory=list)
+    # lab.agent image: the node's containers (namespaces/image_agents.py) and its agent's pin root
+    # (its own bpffs folder's `meshctl`; None: the lab's `<pin_root>/<cluster>`).
+    containers: list[str] = field(default_factory=list)
+    pin_root: str | None = None
 
     @property
     def dial_netns(self) -> str | None:
@@ -265,6 +269,8 @@ class LabState:
     vm: VmRecord | None = None
     timings: dict[str, float] | None = None
     ip_families: list[int] = field(default_factory=lambda: [4])  # of its underlay (lab.ip_families)
+    image: str | None = None  # lab.agent image: the agents run from this image (namespaces/image_agents.py)
+    cni: str = ""  # lab.cni
 
     @property
     def pod_families(self) -> list[int]:
@@ -284,6 +290,10 @@ class LabState:
     def families_of(self, node: NodeState) -> list[int]:
         """The IP families of a node's NICs: its own, else the lab's."""
         return node.ip_families or self.ip_families
+
+    def pin_root_of(self, cluster: ClusterState, node: NodeState) -> str:
+        """The pin root of a node's agent (its pins are under `<pin root>/<node>`)."""
+        return node.pin_root or f"{self.pin_root}/{cluster.name}"
 
     def lookup(self, node: str) -> tuple[ClusterState, NodeState]:
         """A node by name or `cluster/name`."""
