@@ -18,7 +18,7 @@ from meshctl.agent.config import AgentConfig, FlagSettings, OwnSettings, fastpat
 from meshctl.agent.loop import PassDriver, ReconcileLoop, RemoteSource, Wake, pod_interfaces
 from meshctl.agent.path_probing import PathProbing
 from meshctl.agent.reporting import ErrorCounts, LiveReader
-from meshctl.agent.secure_metrics import MetricsAuthority, SecureMetricsServer, self_signed
+from meshctl.agent.secure_metrics import MetricsAuthority, NoAuthority, SecureMetricsServer, self_signed
 from meshctl.agent.seen import SeenStore, publish_loop
 from meshctl.agent.server import StatusServer
 from meshctl.agent.snapshot import StatusBoard
@@ -37,7 +37,6 @@ from meshctl.agent.steps import (
 )
 from meshctl.backends.base import Backend
 from meshctl.datapath import Datapath
-from meshctl.errors import InputError
 from meshctl.mesh.chooser import ProbeTuning
 from meshctl.node import keys
 from meshctl.node.pods import PodInterfaceWatcher
@@ -124,15 +123,15 @@ class Agent:
 
     def _secure_metrics(self, server: StatusServer) -> SecureMetricsServer | None:
         """--secure-metrics-addr: /healthz, /readyz and /metrics (for tokens the cluster's RBAC
-        allows) over TLS; needs a backend that can ask the cluster who a token is."""
+        allows) over TLS; with a backend that cannot ask a cluster who a token is (etcd, file), the
+        probes only, and /metrics refused in one line."""
         if not self.cfg.secure_metrics_addr:
             return None
-        if not isinstance(self.backend, MetricsAuthority):
-            raise InputError("--secure-metrics-addr", self.cfg.secure_metrics_addr,
-                             "needs --backend kubernetes (the API server says who may read /metrics)")
+        auth = self.backend.metrics_auth() if isinstance(self.backend, MetricsAuthority) else NoAuthority(
+            f"the {self.cfg.backend} backend cannot check a token: /metrics is served on --metrics-addr only")
         cert, key = self_signed(Path(self.cfg.state_dir) / "metrics-tls", f"meshctl-agent.{self.cfg.node_name}")
         return SecureMetricsServer(self.cfg.secure_metrics_addr, cert, key, lambda: generate_latest(server.registry),
-                                   self.backend.metrics_auth(), self.healthy, self.ready)
+                                   auth, self.healthy, self.ready)
 
     def _watch_pods(self) -> None:
         pod_cidrs = self.own.current().pod_cidrs

@@ -32,9 +32,20 @@ log = logging.getLogger("meshctl.agent")
 
 
 class Authorizer(Protocol):
-    """Whether a bearer token may read /metrics: None, or why not."""
+    """Whether a bearer token may read /metrics: None, or the HTTP status and why not (401: the
+    token is not known; 403: its user may not)."""
 
-    def check(self, token: str) -> str | None: ...
+    def check(self, token: str) -> tuple[int, str] | None: ...
+
+
+class NoAuthority:
+    """Refuses every token, saying why (a backend with no cluster to ask)."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def check(self, token: str) -> tuple[int, str] | None:
+        return 403, self.why
 
 
 @runtime_checkable
@@ -77,13 +88,11 @@ class SecureMetricsServer:
                 elif path == "/metrics":
                     header = self.headers.get("Authorization", "")
                     token = header[7:].strip() if header[:7].lower() == "bearer " else ""
-                    why = auth.check(token)
-                    if why is None:
+                    refused = auth.check(token)
+                    if refused is None:
                         self._send(200, metrics(), "text/plain; version=0.0.4")
-                    elif not token or why == "the token is not valid in this cluster":
-                        self._send(401, f"{why}\n".encode())
                     else:
-                        self._send(403, f"{why}\n".encode())
+                        self._send(refused[0], f"{refused[1]}\n".encode())
                 else:
                     self._send(404, b"not found (this port serves /metrics, /healthz, /readyz)\n")
 

@@ -28,17 +28,17 @@ CACHE_TTL_S = 60.0
 
 
 class DelegatedAuth:
-    """`check(token)`: None when the token's user may read `path`, else why not (one line)."""
+    """`check(token)`: None when the token's user may read `path`, else (401 or 403, why not)."""
 
     def __init__(self, client: Client, server: str, *, path: str = METRICS_PATH, ttl: float = CACHE_TTL_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.client, self.server, self.path, self.ttl, self.clock = client, server, path, ttl, clock
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[float, str | None]] = {}
+        self._cache: dict[str, tuple[float, tuple[int, str] | None]] = {}
 
-    def check(self, token: str) -> str | None:
+    def check(self, token: str) -> tuple[int, str] | None:
         if not token:
-            return "no bearer token"
+            return 401, "no bearer token"
         key = hashlib.sha256(token.encode()).hexdigest()
         now = self.clock()
         with self._lock:
@@ -53,19 +53,19 @@ class DelegatedAuth:
                 self._cache[key] = (now, verdict)
         return verdict
 
-    def _ask(self, token: str) -> tuple[str | None, bool]:
+    def _ask(self, token: str) -> tuple[tuple[int, str] | None, bool]:
         """The verdict, and whether the API server gave it (else it is the failure's line)."""
         try:
             tr = self.client.create(TokenReview(spec=TokenReviewSpec(token=token)))
             st = tr.status
             if st is None or not st.authenticated or st.user is None:
-                return "the token is not valid in this cluster", True
+                return (401, "the token is not valid in this cluster"), True
             user = st.user
             sar = self.client.create(SubjectAccessReview(spec=SubjectAccessReviewSpec(
                 user=user.username, groups=user.groups, uid=user.uid, extra=user.extra,
                 nonResourceAttributes=NonResourceAttributes(path=self.path, verb="get"))))
         except Exception as e:  # noqa: BLE001 - lightkube raises several shapes; errors.describe names each
-            return describe(e, self.server, "asking who may read " + self.path), False
+            return (503, describe(e, self.server, "asking who may read " + self.path)), False
         if sar.status is not None and sar.status.allowed:
             return None, True
-        return f"{user.username} may not get {self.path}", True
+        return (403, f"{user.username} may not get {self.path}"), True
