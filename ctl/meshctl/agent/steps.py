@@ -430,7 +430,7 @@ class DatapathStep:
     def inputs(self, p: PassInput) -> Hashable | None:
         if self._settling(p.pod_ifs, p.settle_pass):
             return None
-        return (p.plan.fastpath, p.pod_ifs, self._datapath is not None)
+        return (p.plan.fastpath, p.plan.global_cidrs, p.pod_ifs, self._datapath is not None)
 
     def sync(self, p: PassInput) -> frozenset[str]:
         dp = self._datapath
@@ -443,7 +443,7 @@ class DatapathStep:
                       pods=discovery.pod_routes(p.pod_ifs), private4=discovery.private_ipv4(self.cfg.private_interface),
                       private6=discovery.private_ipv6(self.cfg.private_interface))
             self._attached = p.pod_ifs
-        dp.stage(p.plan.fastpath, self.cfg.private_interface)
+        dp.stage(p.plan.fastpath, self.cfg.private_interface, p.plan.global_cidrs)
         self._synced = True
         now = time.monotonic()
         if now - self._filter_rebuilt >= self.cfg.resync_interval:  # evicted flows' filter slots cleared

@@ -29,7 +29,7 @@ from meshctl import defaults
 from meshctl.datapath import layout, links
 from meshctl.datapath.maps import FilterStats, RouteCacheStats, SyncStats, Table
 from meshctl.errors import MeshError
-from meshctl.mesh.model import IPAddress
+from meshctl.mesh.model import IPAddress, IPNetwork
 from meshctl.mesh.plan import FastPathEntry
 
 if TYPE_CHECKING:
@@ -207,7 +207,8 @@ class Datapath:
                pods: Mapping[IPAddress, int], private4: IPAddress | None,
                private6: IPAddress | None = None) -> None:
         """Idempotent: from_pod (+ egress tracking) on each pod veth, from_private (+ egress
-        tracking) on the private NIC, egress tracking on tunnel_if; detach pod veths no longer
+        tracking) on the private NIC, from_tunnel and tunnel_egress (global ranges' translation) on
+        tunnel_if; detach pod veths no longer
         listed; make the local-pod map `pods` (pod address -> host veth ifindex); record
         `private4` and `private6`, the private NIC's IPv4 and IPv6 addresses (either may be None),
         as the ones encapsulated packets must be addressed to (over an IPv4 or an IPv6 underlay).
@@ -231,6 +232,7 @@ class Datapath:
         if tunnel_if:
             tunnel = links.ifindex_or_none(tunnel_if)
             if tunnel is not None:
+                want[("tunnel-in", tunnel)] = tunnel_if
                 want[("tunnel-out", tunnel)] = tunnel_if
             else:
                 log.info("datapath: tunnel device %s not there yet", tunnel_if)
@@ -285,12 +287,17 @@ class Datapath:
         self.retire()
         return stats
 
-    def stage(self, entries: Sequence[FastPathEntry], private_if: str) -> SyncStats:
+    def stage(self, entries: Sequence[FastPathEntry], private_if: str,
+              global_cidrs: Sequence[tuple[IPNetwork, IPNetwork]] = ()) -> SyncStats:
         """Write the plan's entries that the LPM map lacks or holds otherwise; the entries the plan
         no longer has stay until `retire` (make before break: the kernel routes that take over
-        their traffic are staged first). The stats count those as deleted already."""
+        their traffic are staged first). The stats count those as deleted already.
+        `global_cidrs` (NodePlan.global_cidrs) fill the xlate map first, so no entry asks for a
+        translation the map cannot answer; without them translation is switched off before the
+        map empties."""
         if self._loaded is None:
             return SyncStats(0, 0, 0)
+        self.set_global_ranges(global_cidrs)
         desired = Table(*layout.route_rows(entries, links.ifindex(private_if)))
         routes = self._loaded.maps.routes
         # The first sync after open diffs against the pinned map itself (nothing to diff when it is
@@ -302,6 +309,29 @@ class Datapath:
             self._loaded.maps.route_changed()
         self._retiring, self._routes_written = ((routes.stale, table), None) if routes.stale else (None, table)
         return stats
+
+    def set_global_ranges(self, global_cidrs: Sequence[tuple[IPNetwork, IPNetwork]]) -> None:
+        """The xlate map and its switch (config MC_CFG_XLATE) for this cluster's global ranges:
+        entries in before the switch turns on, the switch off before entries go."""
+        if self._loaded is None:
+            return
+        maps = self._loaded.maps
+        want = layout.xlate_table(global_cidrs)
+        if not want:
+            maps.config_set(layout.CFG_XLATE, 0)
+        maps.xlate.sync(want)
+        if want:
+            maps.config_set(layout.CFG_XLATE, 1)
+
+    def global_ranges(self) -> list[dict]:
+        """The xlate map as `maps dump` prints it: each range, its direction and the other range."""
+        if self._loaded is None:
+            return []
+        from meshctl.mesh.model import sort_key_net
+
+        rows = sorted((layout.decode_xlate(k, v) for k, v in self._loaded.maps.xlate.items().items()),
+                      key=lambda r: sort_key_net(r[0]))
+        return [{"range": str(r), "kind": kind, "to": str(to)} for r, kind, to in rows]
 
     def retire(self) -> int:
         """Delete the entries the last `stage` left for it; how many."""

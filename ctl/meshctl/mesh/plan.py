@@ -101,6 +101,9 @@ class FastPathEntry:
     action: Action
     nexthop: IPAddress | None
     encap: Encap | None = None
+    # The prefix is another cluster's and this cluster has global ranges (mesh.global_cidrs): a
+    # packet to it leaves the cluster, so its source pod address is rewritten to its global image.
+    translate: bool = False
 
     @property
     def rung(self) -> str:
@@ -128,6 +131,10 @@ class NodePlan:
     # Pairs whose pod families take different rungs (the v6 private network shared, the v4 one
     # not): qualified name -> ((IP version, rung), ...); `paths` names the cheapest of them.
     family_paths: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict, compare=False)
+    # This cluster's global ranges (mesh.global_cidrs): (pod range, global range). The node
+    # rewrites its pods' sources to their images on the way out of the cluster (fast-path entries
+    # with `translate`) and destinations in a global range back on the way in.
+    global_cidrs: tuple[tuple[IPNetwork, IPNetwork], ...] = ()
 
     @property
     def device_addresses(self) -> tuple[IPInterface, ...]:
@@ -207,7 +214,7 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
     if merged is None:  # a destination claimed in two blocks: first claim wins, over all shares
         peers, claimed, paths, relays = _merge(every)
         routes = tuple(r for _, r in _sorted_routes(claimed))
-        fastpath = _fastpath(seat.me, topo, remotes, claimed)
+        fastpath = _fastpath(seat.me, topo, remotes, claimed, bool(topo.mesh.global_cidrs))
     else:
         peers, routes, fastpath, paths, relays = merged
     family_paths = dict(chain.from_iterable(s.family_paths for s in every))
@@ -223,6 +230,7 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
         relays=relays,
         wireguard_ips=seat.my_seg.addresses if seat.leads and seat.my_seg.wireguard_ips else (),
         family_paths=family_paths,
+        global_cidrs=topo.mesh.global_cidrs,
     )
 
 
@@ -641,7 +649,7 @@ class _SameRemote:
 
     __slots__ = ("remote", "seat", "_hash")
 
-    def __init__(self, remote: Remote, seat: tuple[Node, bool, tuple[IPAddress, ...], int]) -> None:
+    def __init__(self, remote: Remote, seat: tuple[Node, bool, tuple[IPAddress, ...], int, bool]) -> None:
         self.remote = remote
         self.seat = seat
         self._hash = hash((id(remote), seat))
@@ -653,7 +661,7 @@ class _SameRemote:
         return isinstance(other, _SameRemote) and other.remote is self.remote and other.seat == self.seat
 
 
-def _block(shares: Sequence[Share], pods: Iterable[IPNetwork]) -> _Block:
+def _block(shares: Sequence[Share], pods: Iterable[IPNetwork], translate: bool = False) -> _Block:
     """`shares` merged among themselves (`_merge`'s rule: the first claim on a destination wins),
     with the fast-path entries of `pods`. Sorted on (key, value) pairs without a key function:
     keys are unique (one per destination), so values are never compared."""
@@ -663,7 +671,7 @@ def _block(shares: Sequence[Share], pods: Iterable[IPNetwork]) -> _Block:
     for pod in pods:
         k = sort_key_net(pod)
         c = claimed.get(k)
-        e = None if c is None else _fast_entry(pod, c[1])
+        e = None if c is None else _fast_entry(pod, c[1], translate)
         if e is not None:
             fast.append((k, e))
     fast.sort()
@@ -725,9 +733,9 @@ def _remote_block(key: _SameRemote) -> _Block:
     change merges and sorts again only the cluster it touched (its segments' shares come from
     `_remote_segment`'s memo)."""
     def make() -> tuple[_Block, tuple[_SegmentKey, ...]]:
-        me, leads, leader_ips, keepalive = key.seat
+        me, leads, leader_ips, keepalive, translate = key.seat
         shares, pods, keys = _remote_shares(me, leads, leader_ips, keepalive, key.remote)
-        return _block(shares, pods), tuple(keys)
+        return _block(shares, pods, translate), tuple(keys)
     block, keys = _BLOCKS.get(key, make)
     _SEGMENTS.keep(keys)
     return block
@@ -741,7 +749,8 @@ def forget_memos() -> None:
 
 def _remote_blocks(seat: _Seat, remotes: Sequence[Remote]) -> list[_Block]:
     """Other clusters' blocks, by cluster name."""
-    where = (seat.me, seat.leads, seat.leader_ips or ((seat.leader_ip,) if seat.leader_ip else ()), seat.keepalive)
+    where = (seat.me, seat.leads, seat.leader_ips or ((seat.leader_ip,) if seat.leader_ip else ()), seat.keepalive,
+             bool(seat.mesh.global_cidrs))
     return [_remote_block(_SameRemote(r, where)) for r in sorted(remotes, key=lambda r: r.topology.cluster.name)]
 
 
@@ -830,26 +839,31 @@ def _segment_share(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, memb
     return Share(peers=peers, claims=tuple(claims), paths=tuple(paths), family_paths=tuple(split))
 
 
-def _fastpath(me: Node, topo: Topology, remotes: Sequence[Remote], claimed: Claimed) -> tuple[FastPathEntry, ...]:
+def _fastpath(me: Node, topo: Topology, remotes: Sequence[Remote], claimed: Claimed,
+              translate: bool = False) -> tuple[FastPathEntry, ...]:
     """One entry per node pod CIDR: local for our own, direct (encapsulated, or to a next hop) for
-    an encapsulation or a route on the private NIC, tunnel for a route through WireGuard."""
+    an encapsulation or a route on the private NIC, tunnel for a route through WireGuard; the
+    remote clusters' entries with `translate` when this cluster has global ranges."""
     out = [FastPathEntry(c, "local", None) for c in me.pod_cidrs]
-    for n in [*topo.nodes, *(n for r in remotes for n in r.nodes)]:
+    for n in topo.nodes:
         if n is me:
             continue
         out.extend(e for e in (_fast_entry(c, _claim_of(claimed, c)) for c in n.pod_cidrs) if e is not None)
+    for n in (n for r in remotes for n in r.nodes):
+        out.extend(e for e in (_fast_entry(c, _claim_of(claimed, c), translate) for c in n.pod_cidrs) if e is not None)
     return tuple(sorted(out, key=lambda e: sort_key_net(e.prefix)))
 
 
-def _fast_entry(c: IPNetwork, r: Route | Encap | None) -> FastPathEntry | None:
-    """The fast-path entry of pod CIDR `c` claimed as `r` (None: not claimed)."""
+def _fast_entry(c: IPNetwork, r: Route | Encap | None, translate: bool = False) -> FastPathEntry | None:
+    """The fast-path entry of pod CIDR `c` claimed as `r` (None: not claimed); `translate`: `c` is
+    another cluster's and this one has global ranges (FastPathEntry.translate)."""
     if r is None:
         return None
     if isinstance(r, Encap):
-        return FastPathEntry(c, "direct", None, r)
+        return FastPathEntry(c, "direct", None, r, translate)
     if r.dev == "private":
-        return FastPathEntry(c, "direct", r.via)
-    return FastPathEntry(c, "tunnel", None)
+        return FastPathEntry(c, "direct", r.via, None, translate)
+    return FastPathEntry(c, "tunnel", None, None, translate)
 
 
 def mesh_cidrs(topo: Topology, remotes: list[Remote]) -> frozenset[IPNetwork]:

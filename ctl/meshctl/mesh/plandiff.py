@@ -118,6 +118,8 @@ def settings_view(m: MeshSettings) -> dict[str, Any]:
         "subnet6": str(m.subnet6) if m.subnet6 is not None else None, "port": m.port, "intra_subnet": m.intra_subnet,
         "private_networks": [str(n) for n in m.private_networks], "allow_default_route": m.allow_default_route,
         "wireguard_addressing": m.wireguard_addressing,
+        "global_cidrs": ",".join(f"{pod}={glob}" for pod, glob in m.global_cidrs) or None,
+        "service_cidrs": [str(n) for n in m.service_cidrs],
     }
     assert tuple(view) == MESH_FIELDS
     return view

@@ -34,6 +34,8 @@ def plan_to_json(p: NodePlan) -> dict[str, Any]:
         "peers": [peer_json(x) for x in p.peers],
         "routes": [route_json(r) for r in p.routes],
         "fastpath": [fastpath_json(e) for e in p.fastpath],
+        # The cluster's global ranges (mesh.global_cidrs); absent without them.
+        **({"global_cidrs": {str(pod): str(glob) for pod, glob in p.global_cidrs}} if p.global_cidrs else {}),
     }
 
 
@@ -56,7 +58,7 @@ def route_json(r: Route) -> dict[str, Any]:
 
 def fastpath_json(e: FastPathEntry) -> dict[str, Any]:
     return {"prefix": str(e.prefix), "action": e.action, "nexthop": str(e.nexthop) if e.nexthop else None,
-            **_encap_json(e.encap)}
+            **_encap_json(e.encap), **({"translate": True} if e.translate else {})}
 
 
 def _encap_json(e: Encap | None) -> dict[str, Any]:
@@ -100,6 +102,10 @@ def plan_to_table(p: NodePlan) -> str:
     out += ["", f"FAST PATH ({len(p.fastpath)})"]
     out.append(table([(e.prefix, e.action, e.nexthop, encap_text(e.encap)) for e in p.fastpath],
                      ["PREFIX", "ACTION", "NEXT HOP", "ENCAP"]))
+    if p.global_cidrs:  # what leaves the cluster from a pod range carries its image in the global range
+        out += ["", "GLOBAL RANGES (sources to other clusters translated; fast-path entries of other clusters: "
+                f"{sum(1 for e in p.fastpath if e.translate)})"]
+        out.append(table(list(p.global_cidrs), ["POD RANGE", "GLOBAL RANGE"]))
     if p.paths:
         out += ["", "PATHS"]
         out.append(table([(name, path_text(path, p.family_paths.get(name))) for name, path in sorted(p.paths.items())],
