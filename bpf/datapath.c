@@ -399,15 +399,20 @@ static __always_inline int mc_from_private(struct __sk_buff *skb, struct mc_note
     return mc_redirected(n, bpf_redirect_peer(ifindex, 0), MC_C_PEER);
 }
 
-/* Leaving through the kernel to another cluster's pod (its routes entry flagged MC_RT_TRANSLATE):
- * the source's global image, as from_pod gives direct packets (a Service's DNAT to a remote
- * endpoint, a node's own ICMP error about a packet from there). 0, or -1: drop. `l2` as mc_xlate's. */
+/* Leaving the cluster through the kernel for another cluster's pod (its routes entry flagged
+ * MC_RT_TRANSLATE): the source's global image, as from_pod gives direct packets (a Service's DNAT to
+ * a remote endpoint, a node's own ICMP error about a packet from there). Only where the packet
+ * leaves the cluster: the plan flags the entries that leave at this node (a location member's
+ * entries through its own leader are not: the leader sends the packet on and translates it, so no
+ * node of the cluster meets a source of its own global range, which it has no route for and
+ * rp_filter would drop), and on the private NIC only a direct entry's packet leaves (`l2` 0: the
+ * tunnel device's egress, any entry). 0, or -1: drop. */
 static __always_inline int mc_translate_leaving(struct __sk_buff *skb, struct mc_pkt *p, struct mc_note *n, __u32 l2)
 {
     if (!mc_xlate_on())
         return 0;
     const struct mc_route_value *r = mc_route_to(p, mc_routes_gen());
-    if (!r || !(r->flags & MC_RT_TRANSLATE))
+    if (!r || !(r->flags & MC_RT_TRANSLATE) || (l2 && r->action != MC_ACT_DIRECT))
         return 0;
     return mc_xlate_out(skb, p, n, l2) < 0 ? -1 : 0;
 }

@@ -112,14 +112,19 @@ def test_a_udp_checksum_of_zero_stays_zero(dp):
     assert res.out[34 + 6:34 + 8] == b"\0\0" and res.ipv4_checksum_ok
 
 
-def test_a_tunnel_packet_leaves_untranslated_for_the_egress_hook(dp):
-    # WireGuard's share goes to the kernel; the tunnel device's egress translates it (as a kernel
-    # route's packet to a remote endpoint of a global Service would be).
+def test_a_packet_the_kernel_sends_out_of_the_cluster_is_translated_where_it_leaves(dp):
+    # WireGuard's share goes to the kernel untouched; a member sends it to its leader on the private
+    # NIC still as the cluster's own (a tunnel entry: no translation there), the tunnel device's
+    # egress on the leader translates it (tested in the lab: test_global_ranges_lab).
     pkt = with_checksums(frame(POD, "10.143.2.9"))
     res = run(dp.programs["from_pod"], pkt)
     assert res.verdict == "ok" and res.out == pkt
+    assert run(dp.programs["flow_egress"], pkt).out == pkt
+    # A kernel-routed packet to a remote node of a direct entry (a Service DNATed to a remote
+    # endpoint) leaves the private NIC translated.
+    pkt = with_checksums(frame(POD, REMOTE))
     res = run(dp.programs["flow_egress"], pkt)
-    assert res.verdict == "ok" and addrs(res.out) == (IMAGE, "10.143.2.9") and l4_checksum_ok(res.out)
+    assert res.verdict == "ok" and addrs(res.out) == (IMAGE, REMOTE) and l4_checksum_ok(res.out)
 
 
 def _ipv4_fragments(src: str, dst: str) -> tuple[bytes, bytes, bytes]:

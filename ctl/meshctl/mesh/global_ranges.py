@@ -24,10 +24,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from meshctl.mesh.model import (
+    IPAddress,
     IPNetwork,
     MeshSettings,
     Node,
     Topology,
+    global_image,
     global_net,
     mapped_range,
 )
@@ -157,6 +159,23 @@ def pair_problem(local: Topology, remote: Topology) -> str | None:
     return None
 
 
+def record_overlap(a: Topology, b: Topology) -> str | None:
+    """The first pod CIDR of `b`'s records that overlaps one of `a`'s in a family neither cluster
+    maps, as one line naming both clusters and the CIDRs, or None: what a file holding both
+    clusters refuses (agents reject such records one by one)."""
+    both = mapped_families(a.mesh) | mapped_families(b.mesh)
+    for m in b.nodes:
+        for c in m.pod_cidrs:
+            if c.version in both:
+                continue
+            n, d = next(((n, d) for n in a.nodes for d in n.pod_cidrs if overlap(c, d)), (None, None))
+            if n is not None:
+                return (f"cluster {b.cluster.name}'s node {m.name}'s pod CIDR {c} overlaps cluster {a.cluster.name}'s "
+                        f"node {n.name}'s pod CIDR {d}: clusters whose pod ranges overlap join only when both have "
+                        f"mesh.global_cidrs ({GLOBAL_DOC})")
+    return None
+
+
 def as_global(remote: Topology, label: str) -> tuple[Topology, list[tuple[str, str]]]:
     """A remote cluster's records as this cluster sees them: each pod CIDR of a mapped family
     replaced by its image in the cluster's global range; and (qualified name, why) for each record
@@ -187,6 +206,26 @@ def as_global(remote: Topology, label: str) -> tuple[Topology, list[tuple[str, s
             continue
         nodes.append(replace(n, pod_cidrs=tuple(cidrs)))
     return replace(remote, nodes=tuple(nodes)), bad
+
+
+def as_text(mapping: Sequence[Pair]) -> str:
+    """The setting as `mesh set` and `mesh get` write it: `POD=GLOBAL` pairs, comma-separated
+    (fields.global_cidrs reads it back)."""
+    return ",".join(f"{pod}={glob}" for pod, glob in mapping)
+
+
+def dial_address(addr: IPAddress, mapping: Sequence[Pair]) -> IPAddress:
+    """What a pod of another cluster dials to reach the pod at `addr` of a cluster with global
+    ranges `mapping`: its image, or `addr` itself when no pod range of the mapping holds it."""
+    pair = mapped_range(addr, mapping)
+    return addr if pair is None else global_image(addr, *pair)
+
+
+def local_address(addr: IPAddress, mapping: Sequence[Pair]) -> IPAddress:
+    """The pod an image in one of `mapping`'s global ranges stands for (`dial_address` undone), or
+    `addr` itself when it lies in none."""
+    pair = mapped_range(addr, [(g, p) for p, g in mapping])
+    return addr if pair is None else global_image(addr, *pair)
 
 
 def image_of(addr: IPNetwork, mapping: Sequence[Pair]) -> IPNetwork | None:

@@ -101,8 +101,9 @@ class FastPathEntry:
     action: Action
     nexthop: IPAddress | None
     encap: Encap | None = None
-    # The prefix is another cluster's and this cluster has global ranges (mesh.global_cidrs): a
-    # packet to it leaves the cluster, so its source pod address is rewritten to its global image.
+    # The prefix is another cluster's, this cluster has global ranges (mesh.global_cidrs) and the
+    # packet leaves the cluster at this node (to the remote node, or into WireGuard; not to the own
+    # leader, which sends it on): its source pod address is rewritten to its global image here.
     translate: bool = False
 
     @property
@@ -214,7 +215,7 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
     if merged is None:  # a destination claimed in two blocks: first claim wins, over all shares
         peers, claimed, paths, relays = _merge(every)
         routes = tuple(r for _, r in _sorted_routes(claimed))
-        fastpath = _fastpath(seat.me, topo, remotes, claimed, bool(topo.mesh.global_cidrs))
+        fastpath = _fastpath(seat.me, topo, remotes, claimed, _leaving(seat))
     else:
         peers, routes, fastpath, paths, relays = merged
     family_paths = dict(chain.from_iterable(s.family_paths for s in every))
@@ -649,7 +650,7 @@ class _SameRemote:
 
     __slots__ = ("remote", "seat", "_hash")
 
-    def __init__(self, remote: Remote, seat: tuple[Node, bool, tuple[IPAddress, ...], int, bool]) -> None:
+    def __init__(self, remote: Remote, seat: tuple[Node, bool, tuple[IPAddress, ...], int, Leaving]) -> None:
         self.remote = remote
         self.seat = seat
         self._hash = hash((id(remote), seat))
@@ -661,7 +662,7 @@ class _SameRemote:
         return isinstance(other, _SameRemote) and other.remote is self.remote and other.seat == self.seat
 
 
-def _block(shares: Sequence[Share], pods: Iterable[IPNetwork], translate: bool = False) -> _Block:
+def _block(shares: Sequence[Share], pods: Iterable[IPNetwork], leaving: Leaving = None) -> _Block:
     """`shares` merged among themselves (`_merge`'s rule: the first claim on a destination wins),
     with the fast-path entries of `pods`. Sorted on (key, value) pairs without a key function:
     keys are unique (one per destination), so values are never compared."""
@@ -671,7 +672,7 @@ def _block(shares: Sequence[Share], pods: Iterable[IPNetwork], translate: bool =
     for pod in pods:
         k = sort_key_net(pod)
         c = claimed.get(k)
-        e = None if c is None else _fast_entry(pod, c[1], translate)
+        e = None if c is None else _fast_entry(pod, c[1], leaving)
         if e is not None:
             fast.append((k, e))
     fast.sort()
@@ -733,9 +734,9 @@ def _remote_block(key: _SameRemote) -> _Block:
     change merges and sorts again only the cluster it touched (its segments' shares come from
     `_remote_segment`'s memo)."""
     def make() -> tuple[_Block, tuple[_SegmentKey, ...]]:
-        me, leads, leader_ips, keepalive, translate = key.seat
+        me, leads, leader_ips, keepalive, leaving = key.seat
         shares, pods, keys = _remote_shares(me, leads, leader_ips, keepalive, key.remote)
-        return _block(shares, pods, translate), tuple(keys)
+        return _block(shares, pods, leaving), tuple(keys)
     block, keys = _BLOCKS.get(key, make)
     _SEGMENTS.keep(keys)
     return block
@@ -750,7 +751,7 @@ def forget_memos() -> None:
 def _remote_blocks(seat: _Seat, remotes: Sequence[Remote]) -> list[_Block]:
     """Other clusters' blocks, by cluster name."""
     where = (seat.me, seat.leads, seat.leader_ips or ((seat.leader_ip,) if seat.leader_ip else ()), seat.keepalive,
-             bool(seat.mesh.global_cidrs))
+             _leaving(seat))
     return [_remote_block(_SameRemote(r, where)) for r in sorted(remotes, key=lambda r: r.topology.cluster.name)]
 
 
@@ -839,26 +840,39 @@ def _segment_share(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, memb
     return Share(peers=peers, claims=tuple(claims), paths=tuple(paths), family_paths=tuple(split))
 
 
+# Where a remote cluster's packet leaves this one (FastPathEntry.translate): None, this cluster has
+# no global ranges; else the own leader's addresses, which a non-leader's routes to other
+# locations name (the leader sends the packet on and translates it), empty for a leader.
+Leaving = frozenset[IPAddress] | None
+
+
+def _leaving(seat: _Seat) -> Leaving:
+    if not seat.mesh.global_cidrs:
+        return None
+    return frozenset() if seat.leads else frozenset(seat.leader_ips or ((seat.leader_ip,) if seat.leader_ip else ()))
+
+
 def _fastpath(me: Node, topo: Topology, remotes: Sequence[Remote], claimed: Claimed,
-              translate: bool = False) -> tuple[FastPathEntry, ...]:
+              leaving: Leaving = None) -> tuple[FastPathEntry, ...]:
     """One entry per node pod CIDR: local for our own, direct (encapsulated, or to a next hop) for
     an encapsulation or a route on the private NIC, tunnel for a route through WireGuard; the
-    remote clusters' entries with `translate` when this cluster has global ranges."""
+    remote clusters' entries with `translate` where the packet leaves the cluster here."""
     out = [FastPathEntry(c, "local", None) for c in me.pod_cidrs]
     for n in topo.nodes:
         if n is me:
             continue
         out.extend(e for e in (_fast_entry(c, _claim_of(claimed, c)) for c in n.pod_cidrs) if e is not None)
     for n in (n for r in remotes for n in r.nodes):
-        out.extend(e for e in (_fast_entry(c, _claim_of(claimed, c), translate) for c in n.pod_cidrs) if e is not None)
+        out.extend(e for e in (_fast_entry(c, _claim_of(claimed, c), leaving) for c in n.pod_cidrs) if e is not None)
     return tuple(sorted(out, key=lambda e: sort_key_net(e.prefix)))
 
 
-def _fast_entry(c: IPNetwork, r: Route | Encap | None, translate: bool = False) -> FastPathEntry | None:
-    """The fast-path entry of pod CIDR `c` claimed as `r` (None: not claimed); `translate`: `c` is
-    another cluster's and this one has global ranges (FastPathEntry.translate)."""
+def _fast_entry(c: IPNetwork, r: Route | Encap | None, leaving: Leaving = None) -> FastPathEntry | None:
+    """The fast-path entry of pod CIDR `c` claimed as `r` (None: not claimed); `leaving` (for
+    another cluster's `c`): FastPathEntry.translate unless `r` sends it to the own leader."""
     if r is None:
         return None
+    translate = leaving is not None and not (isinstance(r, Route) and r.via is not None and r.via in leaving)
     if isinstance(r, Encap):
         return FastPathEntry(c, "direct", None, r, translate)
     if r.dev == "private":

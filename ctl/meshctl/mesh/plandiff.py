@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Generic, TypeVar
 
 from meshctl.mesh.model import MeshSettings, PathState, Topology
+from meshctl.mesh import global_ranges
 from meshctl.mesh.plan import FastPathEntry, NodePlan, PeerPlan, Route, plan_node
 from meshctl.mesh.records import MESH_FIELDS
 from meshctl.mesh.render import encap_text, fastpath_json, peer_json, route_json
@@ -118,7 +119,7 @@ def settings_view(m: MeshSettings) -> dict[str, Any]:
         "subnet6": str(m.subnet6) if m.subnet6 is not None else None, "port": m.port, "intra_subnet": m.intra_subnet,
         "private_networks": [str(n) for n in m.private_networks], "allow_default_route": m.allow_default_route,
         "wireguard_addressing": m.wireguard_addressing,
-        "global_cidrs": ",".join(f"{pod}={glob}" for pod, glob in m.global_cidrs) or None,
+        "global_cidrs": global_ranges.as_text(m.global_cidrs) or None,
         "service_cidrs": [str(n) for n in m.service_cidrs],
     }
     assert tuple(view) == MESH_FIELDS
