@@ -15,8 +15,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Generic, TypeVar
 
-from meshctl.mesh.model import MeshSettings, PathState, Topology
 from meshctl.mesh import global_ranges
+from meshctl.mesh.model import MeshSettings, PathState, Topology
 from meshctl.mesh.plan import FastPathEntry, NodePlan, PeerPlan, Route, plan_node
 from meshctl.mesh.records import MESH_FIELDS
 from meshctl.mesh.render import encap_text, fastpath_json, peer_json, route_json
