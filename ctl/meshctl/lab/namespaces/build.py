@@ -218,7 +218,7 @@ def _start_etcd(spec: LabSpec, st: LabState, fab: str, ci: int, topo: Topology) 
                                cert=str(server_cert.cert), key=str(server_cert.key), log=str(srv.log_file),
                                more_hosts=more))
     _seed_etcd(srv.client(admin_cert), spec, topo, ids)
-    mesh = {"granularity": topo.mesh.granularity}
+    mesh: dict[str, str] = {"granularity": topo.mesh.granularity}
     if topo.mesh.global_cidrs:  # what the other clusters dial this one's pods at (check.dial_address)
         mesh["global_cidrs"] = global_ranges.as_text(topo.mesh.global_cidrs)
     return ClusterState(name=cname, id=topo.cluster.id, etcd=access, port=topo.mesh.port, mesh=mesh)
