@@ -88,7 +88,9 @@ def _field_changes(before: Mapping[str, str | None], after: Mapping[str, str | N
 def _node_fields(p: NodePlan | None) -> dict[str, str | None]:
     if p is None:
         return {"plan": None}
-    return {"plan": "yes", "leader": p.leader, "wireguard_ip": str(p.wireguard_ip) if p.wireguard_ip else None}
+    return {"plan": "yes", "leader": p.leader, "wireguard_ip": str(p.wireguard_ip) if p.wireguard_ip else None,
+            # what the node translates its pods to on the way out of the cluster (and back)
+            "global_cidrs": global_ranges.as_text(p.global_cidrs) or None}
 
 
 def diff_node(node: str, before: NodePlan | None, after: NodePlan | None) -> NodeDiff:
