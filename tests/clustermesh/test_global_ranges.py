@@ -21,7 +21,6 @@ from meshctl.mesh.admit import admit_remotes
 from meshctl.mesh.admit_memo import RemoteAdmission
 from meshctl.mesh.plan import plan_node
 from meshctl.mesh.records import mesh_to_record, parse_mesh, parse_topology
-
 from tests.plan.fixtures import key
 
 from .fixtures import CLUSTER1, CLUSTER2
