@@ -226,6 +226,42 @@ def test_monitor_shows_both_addresses(lab) -> None:
         ("from_private", src_image, target, node_of(lab, "g1").pods[0].ip), e
 
 
+def _restart(lab: LabState, nodes: tuple[str, ...], *args: str) -> None:
+    for n in nodes:
+        build.stop_agent(lab, n)
+        build.start_agent(lab, n, extra_args=args)
+
+
+def _fallback_table(lab: LabState, node: str) -> str | None:
+    p = netns.run(node_of(lab, node).netns, ["nft", "list", "table", "inet", "meshctl-global"], check=False)
+    return p.stdout if p.returncode == 0 else None
+
+
+def test_the_kernel_fallback_translates_where_the_fast_path_does_not_run(lab) -> None:
+    """cluster2's agents restarted without the fast path: nftables translates there (stateless,
+    node/global_ranges.py), the programs in cluster1; every pair still meets at its global address,
+    TCP runs and the receiver sees the sender's image. With the fast path back the rules go."""
+    cluster2 = ("g1", "g2", "g3")
+    _restart(lab, cluster2, "--no-fastpath")
+    try:
+        for n in cluster2:
+            assert wait_for(lambda n=n: _fallback_table(lab, n), timeout=30), n
+        assert "ip daddr 10.143.0.0/16 ip daddr set" in (_fallback_table(lab, "g1") or "")
+        assert _fallback_table(lab, "a1") is None  # the fast path translates there
+        assert wait_for(lambda: crossing(lab), timeout=40, step=0.5)
+        pairs = [(f"cluster1/{a}", f"cluster2/{b}") for a in ("a1", "a2", "b1") for b in cluster2]
+        results = labcheck.check(lab, count=3, pairs=[*pairs, *((b, a) for a, b in pairs)])
+        assert all(r.ok for r in results), [r for r in results if not r.ok]
+        assert _peer_seen(lab, "g1", ("a1", "b1"), 4) == {s: dial(lab, "g1", s) for s in ("a1", "b1")}
+        assert _peer_seen(lab, "a1", ("g1", "g3"), 6) == {s: dial(lab, "a1", s, 6) for s in ("g1", "g3")}
+        test_tcp_at_full_size_through_the_translation(lab, "a2", "g3")
+    finally:
+        _restart(lab, cluster2)
+    for n in cluster2:
+        assert wait_for(lambda n=n: _fallback_table(lab, n) is None, timeout=30), n
+    assert wait_for(lambda: crossing(lab), timeout=40, step=0.5)
+
+
 def test_without_global_ranges_cluster2_is_refused_and_cluster1_goes_on(lab) -> None:
     c2 = lab.cluster("cluster2")
     kv = build.etcd_client(c2)

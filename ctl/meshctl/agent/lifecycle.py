@@ -23,6 +23,7 @@ from meshctl.agent.steps import (
     CniStep,
     DatapathStep,
     FlannelStep,
+    GlobalRangesStep,
     NatStep,
     RoutesStep,
     SysctlsStep,
@@ -85,7 +86,8 @@ class Agent:
         # flannel before routes: the routes flannel rewrote or got back are read again in the same pass.
         route_step = RoutesStep(self.cfg)
         runner = StepRunner([wireguard, tunnels, FlannelStep(self.cfg, route_step), route_step, SysctlsStep(self.cfg),
-                             NatStep(self.cfg), datapath, CniStep(self.cfg)], self.cfg.resync_interval,
+                             NatStep(self.cfg), datapath, GlobalRangesStep(datapath), CniStep(self.cfg)],
+                            self.cfg.resync_interval,
                             pending=self._wake.is_set)
         if self.remotes is None and self._remotes_factory is not None:
             self.remotes = self._remotes_factory(self.wake)

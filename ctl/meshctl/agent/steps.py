@@ -29,11 +29,11 @@ from typing import Protocol
 
 from meshctl.agent.config import AgentConfig, fastpath_off
 from meshctl.agent.status import CniStatus, DatapathStatus
-from meshctl.datapath import Datapath
+from meshctl.datapath import Datapath, links
 from meshctl.errors import MeshError
 from meshctl.mesh.model import ENCAP_KINDS, IPNetwork, Node, Topology
 from meshctl.mesh.plan import NodePlan
-from meshctl.node import cni, discovery, flannel, masquerade, routes, sysctls, tunnels, wireguard
+from meshctl.node import cni, discovery, flannel, global_ranges, masquerade, routes, sysctls, tunnels, wireguard
 from meshctl.node.keys import public_key
 from meshctl.node.wireguard.psk import SecretSource, read_key
 
@@ -395,6 +395,33 @@ class TunnelsStep(Quiet):
             self.applier.forget()
 
 
+class GlobalRangesStep(Quiet, Additive):
+    """The kernel fallback of global ranges (node/global_ranges.py): nftables rewrites the addresses
+    where the fast path does not translate them, and nothing where it does. Runs after the datapath
+    step, so a node whose programs take over has them translating before the rules go (the two
+    never translate an address twice: a translated address lies outside what either rewrites)."""
+
+    name = "global-ranges"
+
+    def __init__(self, datapath: DatapathStep) -> None:
+        self.datapath = datapath
+        self.applier = global_ranges.TranslationApplier()
+
+    def inputs(self, p: PassInput) -> Hashable:
+        leaving = tuple(e.prefix for e in p.plan.fastpath if e.translate)
+        return (p.plan.global_cidrs, leaving, self.datapath.translates())
+
+    def sync(self, p: PassInput) -> frozenset[str]:
+        if self.datapath.translates():
+            self.applier.clear()
+        else:
+            self.applier.sync(p.plan.global_cidrs, [e.prefix for e in p.plan.fastpath if e.translate])
+        return NOTHING
+
+    def forget(self) -> None:
+        self.applier.forget()
+
+
 # The datapath's reason in status on a node with no private NIC: the programs are loaded but attach
 # nowhere, since every peer of such a node is reached through WireGuard (nothing to steer).
 IDLE_NO_PRIVATE = "idle: no private interface, every peer goes through WireGuard"
@@ -438,7 +465,7 @@ class DatapathStep:
             return NOTHING
         if self._attached != p.pod_ifs:
             self._settle_until = time.monotonic() + PODS_SETTLE_S
-        if self._attached != p.pod_ifs or p.timer_pass or p.settle_pass:
+        if self._attached != p.pod_ifs or p.timer_pass or p.settle_pass or not self._tunnel_hooked(dp):
             dp.attach(self.cfg.private_interface, self.cfg.wg_interface, p.pod_ifs,
                       pods=discovery.pod_routes(p.pod_ifs), private4=discovery.private_ipv4(self.cfg.private_interface),
                       private6=discovery.private_ipv6(self.cfg.private_interface))
@@ -450,6 +477,19 @@ class DatapathStep:
             dp.rebuild_flow_filter()
             self._filter_rebuilt = now
         return NOTHING
+
+    def _tunnel_hooked(self, dp: Datapath) -> bool:
+        """The tunnel device, where there is one, carries the programs (it may come up after them)."""
+        idx = links.ifindex_or_none(self.cfg.wg_interface)
+        return idx is None or dp.mode != "ebpf" or any(a.hook == "tunnel-in" and a.ifindex == idx
+                                                       for a in dp.attachments())
+
+    def translates(self) -> bool:
+        """Whether the programs translate this node's global ranges (mesh.global_cidrs): loaded,
+        attached (a private NIC), holding a plan, and on the tunnel device where there is one."""
+        dp = self._datapath
+        return dp is not None and dp.mode == "ebpf" and self._synced and bool(self.cfg.private_interface) \
+            and self._tunnel_hooked(dp)
 
     def retire(self, p: PassInput) -> frozenset[str]:
         """The entries the plan dropped: their traffic's kernel routes are in place by now."""
