@@ -238,3 +238,41 @@ def test_dial_and_local_addresses_are_each_others_inverse() -> None:
     for a, image in (("10.42.3.7", "10.142.3.7"), ("fd42:42:0:3::7", "fd42:142:0:3::7"), ("10.9.9.9", "10.9.9.9")):
         assert str(global_ranges.dial_address(ip(a), mapping)) == image
         assert str(global_ranges.local_address(ip(image), mapping)) == a
+
+
+# --- global services ----------------------------------------------------------------------------
+
+
+def test_the_slices_for_a_remote_clusters_endpoints_carry_their_global_addresses() -> None:
+    """cluster2 publishes its pods' own addresses (10.42.x); cluster1, which sees cluster2's nodes at
+    their images in 10.143.0.0/16, serves the Service's endpoints there; an address outside
+    cluster2's nodes is refused naming both forms."""
+    from meshctl.mesh.services import RecordIn, admit_services, desired_slices, local_services
+
+    c1, c2 = overlapping()
+    local = parse_topology(c1)
+    remotes, _ = admit_remotes(local, [parse_topology(c2)])
+    record = {"cluster": "cluster2", "namespace": "default", "name": "web",
+              "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
+              "endpoints": [{"addresses": ["10.42.1.7"], "zone": "gpu-a"}, {"addresses": ["10.42.3.9"]},
+                            {"addresses": ["10.42.9.9"]}]}
+    rec = RecordIn("cluster2", "cluster2", "default", "web", "/meshctl/cluster2/services/default/web", record)
+    served, rejected = admit_services([rec], {"cluster2": remotes[0].nodes},
+                                      {"cluster2": remotes[0].topology.mesh.global_cidrs})
+    assert [str(e.address) for e in served[0].endpoints] == ["10.143.1.7", "10.143.3.9"]
+    assert [r.reason for r in rejected] == [
+        "/meshctl/cluster2/services/default/web.endpoints[2]: '10.42.9.9' (global 10.143.9.9) is in no pod CIDR "
+        "of cluster cluster2's admitted nodes"]
+    here = local_services("cluster1", [{"metadata": {"name": "web", "namespace": "default",
+                                                     "annotations": {"service.cilium.io/global": "true"}}}], [], [])
+    slices = desired_slices(here, served)
+    (only,) = slices.values()
+    assert [e["addresses"] for e in only["endpoints"]] == [["10.143.1.7"], ["10.143.3.9"]]
+    # Without global ranges (clusters apart) the addresses are served as published.
+    c2_plain = copy.deepcopy(CLUSTER2)
+    topo2 = parse_topology(c2_plain)
+    remotes, _ = admit_remotes(parse_topology(CLUSTER1), [topo2])
+    record["endpoints"] = [{"addresses": ["10.43.1.7"]}]
+    served, _ = admit_services([RecordIn("cluster2", "cluster2", "default", "web", rec.key, record)],
+                               {"cluster2": remotes[0].nodes}, {"cluster2": topo2.mesh.global_cidrs})
+    assert [str(e.address) for e in served[0].endpoints] == ["10.43.1.7"]
