@@ -289,3 +289,25 @@ def test_without_global_ranges_cluster2_is_refused_and_cluster1_goes_on(lab) -> 
         kv.put(mesh_key("cluster2"), before)
         kv.close()
     assert wait_for(lambda: crossing(lab), timeout=40, step=0.5)
+
+
+def test_explain_takes_either_form_of_an_address_and_prints_both(lab) -> None:
+    from click.testing import CliRunner
+
+    from meshctl.cli import main
+
+    a1, g1 = node_of(lab, "a1").pods[0].ip, node_of(lab, "g1").pods[0].ip
+    image = dial(lab, "a1", "g1")
+    for dst in (image, f"cluster2/{g1}", pod_ns(lab, "g1")):
+        r = CliRunner().invoke(main, ["explain", "--lab", lab.name, pod_ns(lab, "a1"), dst, "-o", "json"])
+        assert r.exit_code == 0, (dst, r.output)
+        e = json.loads(r.stdout)
+        assert (e["dst"]["node"], e["dst"]["address"], e["dst"]["own_address"]) == ("cluster2/g1", image, g1), dst
+        assert (e["src"]["address"], e["src"]["seen_as"]) == (a1, dial(lab, "g1", "a1")), dst
+        assert e["hops"] and e["hops"][0]["rung"] == "direct"
+    text = CliRunner().invoke(main, ["explain", "--lab", lab.name, a1, image]).stdout
+    assert text.splitlines()[0].startswith(f"a1 ({a1}, seen as {dial(lab, 'g1', 'a1')} by the other cluster) -> "
+                                           f"cluster2/g1 ({image}, {g1} in cluster cluster2): ")
+    # The same address without a cluster is the source cluster's own pod.
+    r = CliRunner().invoke(main, ["explain", "--lab", lab.name, a1, g1, "-o", "json"])
+    assert json.loads(r.stdout)["dst"]["node"] == "a1"

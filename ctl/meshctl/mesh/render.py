@@ -280,8 +280,10 @@ def peer_resource(p: WgPeer, api_version: str, name: str | None = None) -> dict[
     return {"apiVersion": api_version, "kind": "Peer", "metadata": {"name": name or p.name}, "spec": spec}
 
 
-# The keys a node row gains for a dual-stack node (dual_keys).
-DUAL_KEYS = ("internal_ips", "endpoints", "wireguard_ips", "family_paths")
+# The keys a node row gains beyond its one-address fields: a dual-stack node's (dual_keys), and the
+# global ranges of a remote node's cluster (mesh.global_cidrs, {pod range: global range}: its pod
+# CIDRs in the row are their images, `explain` gives both forms of an address).
+DUAL_KEYS = ("internal_ips", "endpoints", "wireguard_ips", "family_paths", "global_cidrs")
 
 
 def dual_keys(internal_ips: Sequence[object], endpoints: Sequence[object], wireguard_ips: Sequence[object],
@@ -303,8 +305,10 @@ def node_rows(topo: Topology, remotes: Sequence[Remote], plan: NodePlan) -> list
     rows: list[dict[str, Any]] = []
     relays = plan.relays
 
-    def add(nodes: Sequence[Node], segs: Sequence[Segment], source: str, cluster: str) -> None:
+    def add(nodes: Sequence[Node], segs: Sequence[Segment], source: str, cluster: str,
+            global_cidrs: Sequence[tuple[IPNetwork, IPNetwork]] = ()) -> None:
         wg = {s.leader.name: s.addresses for s in segs}
+        ranges = {DUAL_KEYS[4]: {str(p): str(g) for p, g in global_cidrs}} if global_cidrs else {}
         for n in nodes:
             wgs = wg.get(n.name, ())
             rows.append({
@@ -316,11 +320,13 @@ def node_rows(topo: Topology, remotes: Sequence[Remote], plan: NodePlan) -> list
                 "relay": relays[n.qualified_name][0] if n.qualified_name in relays else None,
                 "relay_reason": relays[n.qualified_name][1] if n.qualified_name in relays else None,
                 **dual_keys(n.internal_ips, n.endpoints, wgs, plan.family_paths.get(n.qualified_name)),
+                **ranges,
             })
 
     add(topo.nodes, segments(topo), "local", topo.cluster.name)
     for r in remotes:
-        add(r.nodes, r.segments or segments(r.topology), "remote", r.topology.cluster.name)
+        add(r.nodes, r.segments or segments(r.topology), "remote", r.topology.cluster.name,
+            r.topology.mesh.global_cidrs)
     rows.sort(key=lambda r: (r["source"] != "local", r["name"]))
     return rows
 
