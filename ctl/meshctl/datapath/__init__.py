@@ -375,7 +375,8 @@ class Datapath:
                          "ifname": links.ifname(r.ifindex) if r.ifindex else None,
                          "encap": e.encap.kind if e.encap else None,
                          "outer_src": str(e.encap.local) if e.encap else None,
-                         "outer_dst": str(e.encap.remote) if e.encap else None})
+                         "outer_dst": str(e.encap.remote) if e.encap else None,
+                         **({"translate": True} if e.translate else {})})
         return rows
 
     def pod_addresses(self) -> list[IPAddress]:
