@@ -443,6 +443,7 @@ class DatapathStep:
         self._synced = False  # the maps hold a plan (until then an ebpf datapath passes all to the kernel)
         self._settle_until = 0.0
         self._attached: tuple[str, ...] | None = None
+        self._tunnel: int | None = None  # the tunnel device's ifindex when the programs were last attached
         self._filter_rebuilt = 0.0  # when this step last rebuilt the flow filter (monotonic)
 
     def use(self, datapath: Datapath) -> None:
@@ -465,11 +466,12 @@ class DatapathStep:
             return NOTHING
         if self._attached != p.pod_ifs:
             self._settle_until = time.monotonic() + PODS_SETTLE_S
-        if self._attached != p.pod_ifs or p.timer_pass or p.settle_pass or not self._tunnel_hooked(dp):
+        if self._attached != p.pod_ifs or p.timer_pass or p.settle_pass or not self._tunnel_hooked():
             dp.attach(self.cfg.private_interface, self.cfg.wg_interface, p.pod_ifs,
                       pods=discovery.pod_routes(p.pod_ifs), private4=discovery.private_ipv4(self.cfg.private_interface),
                       private6=discovery.private_ipv6(self.cfg.private_interface))
             self._attached = p.pod_ifs
+            self._tunnel = links.ifindex_or_none(self.cfg.wg_interface)
         dp.stage(p.plan.fastpath, self.cfg.private_interface, p.plan.global_cidrs)
         self._synced = True
         now = time.monotonic()
@@ -478,18 +480,18 @@ class DatapathStep:
             self._filter_rebuilt = now
         return NOTHING
 
-    def _tunnel_hooked(self, dp: Datapath) -> bool:
-        """The tunnel device, where there is one, carries the programs (it may come up after them)."""
+    def _tunnel_hooked(self) -> bool:
+        """The tunnel device, where there is one, is the one the last attach hooked (it may come up,
+        or be made anew, after the programs)."""
         idx = links.ifindex_or_none(self.cfg.wg_interface)
-        return idx is None or dp.mode != "ebpf" or any(a.hook == "tunnel-in" and a.ifindex == idx
-                                                       for a in dp.attachments())
+        return idx is None or idx == self._tunnel
 
     def translates(self) -> bool:
         """Whether the programs translate this node's global ranges (mesh.global_cidrs): loaded,
         attached (a private NIC), holding a plan, and on the tunnel device where there is one."""
         dp = self._datapath
         return dp is not None and dp.mode == "ebpf" and self._synced and bool(self.cfg.private_interface) \
-            and self._tunnel_hooked(dp)
+            and self._tunnel_hooked()
 
     def retire(self, p: PassInput) -> frozenset[str]:
         """The entries the plan dropped: their traffic's kernel routes are in place by now."""
