@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ctl"))
 
-from meshctl.lab.namespaces.spec import KERNEL_SERIES  # noqa: E402
+from meshctl.lab.rigs.kernels import KERNEL_SERIES  # noqa: E402
 from meshctl.lab.vms import vm  # noqa: E402
 
 GUEST = r"""

@@ -7,7 +7,6 @@ node, and without --dry-run the record is written and read back."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -20,37 +19,22 @@ from click.testing import CliRunner, Result
 from meshctl.backends.etcd import cluster_prefix, mesh_key, node_key, write_topology
 from meshctl.cli import main
 from meshctl.lab.namespaces.spec import PUBLIC_NET, load_lab
-from meshctl.lab.rigs import netns
 from meshctl.lab.rigs.etcd_process import EtcdServer
 from meshctl.mesh.model import Endpoint
 from meshctl.mesh.records import MESH_FIELDS, mesh_to_record, node_to_record, parse_mesh
 from meshctl.setns import in_netns
-from tests.names import unique
+from tests.plain_etcd import plain_etcd
 
 pytestmark = pytest.mark.root
 
 LABS = Path(__file__).resolve().parents[2] / "ctl" / "meshctl" / "lab" / "labs"
-HOST = "10.99.0.1"
 
 
 @pytest.fixture(scope="module")
 def etcd() -> Iterator[EtcdServer]:
     """One plain etcd inside a namespace of this module, for every test here."""
-    ns = unique("ms")
-    d = Path(f"/run/meshctl-test/{ns}")
-    netns.add(ns)
-    try:
-        netns.run(ns, ["ip", "link", "set", "lo", "up"])
-        netns.run(ns, ["ip", "addr", "add", f"{HOST}/32", "dev", "lo"])
-        srv = EtcdServer("t", d / "data", host=HOST, netns=ns, log_file=d / "etcd.log")
-        srv.start()
-        try:
-            yield srv
-        finally:
-            srv.stop()
-    finally:
-        netns.delete(ns)
-        shutil.rmtree(d, ignore_errors=True)
+    with plain_etcd("ms") as srv:
+        yield srv
 
 
 def lab_doc(name: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import click
 
-from meshctl.cli.options import DEPRECATED_OPTIONS, AliasedOption
+from meshctl.cli.options import DEPRECATED_OPTIONS, REPURPOSED_OPTIONS, AliasedOption
 
 
 @dataclass
@@ -28,6 +28,13 @@ def spelling(opt: click.Option) -> str:
     return "/".join([*sorted(opt.opts, key=lambda o: (o.startswith("--"), o)), *opt.secondary_opts])
 
 
+def subcommands(group: click.Group) -> dict[str, click.Command]:
+    """A group's commands by name, lazily registered ones loaded (cli.MeshctlGroup)."""
+    ctx = click.Context(group)
+    found = {name: group.get_command(ctx, name) for name in group.list_commands(ctx)}
+    return {name: cmd for name, cmd in sorted(found.items()) if cmd is not None}
+
+
 def walk(cmd: click.Command, path: str = "meshctl") -> dict[str, Row]:
     """Every command under `cmd` (itself included), keyed by its full name (`meshctl lab down`).
     Hidden options (the deprecated aliases' own options) and --help are left out."""
@@ -37,7 +44,7 @@ def walk(cmd: click.Command, path: str = "meshctl") -> dict[str, Row]:
               [spelling(p) for p in visible], formats)
     rows = {path: row}
     if isinstance(cmd, click.Group):
-        for name, sub in sorted(cmd.commands.items()):
+        for name, sub in subcommands(cmd).items():
             rows.update(walk(sub, f"{path} {name}"))
     return rows
 
@@ -46,9 +53,21 @@ def options_of(cmd: click.Command) -> list[click.Option]:
     """Every option of every command under `cmd`, hidden ones included."""
     opts = [p for p in cmd.params if isinstance(p, click.Option)]
     if isinstance(cmd, click.Group):
-        for sub in cmd.commands.values():
+        for sub in subcommands(cmd).values():
             opts += options_of(sub)
     return opts
+
+
+def without_help(cmd: click.Command, path: str = "meshctl") -> list[str]:
+    """Every visible option with no help text, and every command with none, one line each naming
+    the command and the option (`meshctl plan: --granularity has no help text`)."""
+    problems = [] if cmd.help or cmd.short_help else [f"{path}: the command has no help text (a docstring)"]
+    problems += [f"{path}: {spelling(p)} has no help text (help=...)" for p in cmd.params
+                 if isinstance(p, click.Option) and not p.hidden and not (p.help or "").strip()]
+    if isinstance(cmd, click.Group):
+        for name, sub in subcommands(cmd).items():
+            problems += without_help(sub, f"{path} {name}")
+    return problems
 
 
 _ROW = re.compile(r"^\|\s*`(meshctl[^`]*)`\s*\|([^|]*)\|([^|]*)\|([^|]*)\|\s*$")
@@ -96,6 +115,8 @@ def grammar_problems(cmd: click.Command) -> list[str]:
                 problems.append(f"{c}: {o} should be -f/--file")
     for opt in options_of(cmd):
         for alias in opt.aliases if isinstance(opt, AliasedOption) else ():
+            if REPURPOSED_OPTIONS.get(alias) in opt.opts:
+                continue
             if DEPRECATED_OPTIONS.get(alias) not in opt.opts:
                 problems.append(f"{alias}: an alias of {spelling(opt)}, but DEPRECATED_OPTIONS says "
                                 f"{DEPRECATED_OPTIONS.get(alias)}")

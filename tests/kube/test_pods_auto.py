@@ -70,7 +70,7 @@ def test_pods_added_later_get_the_fast_path_within_a_second(lab) -> None:
     after = labcheck._fp_packets(fetch_status(a2.metrics_addr, a2.netns)).get("direct", 0)
     assert after - before >= 5
 
-    text = subprocess.run([sys.executable, "-m", "meshctl.cli", "status", "--lab", st.name, "--node", "a2"],
+    text = subprocess.run([sys.executable, "-m", "meshctl.cli", "status", "--lab", st.name, "--lab-node", "a2"],
                           capture_output=True, text=True, timeout=30)
     assert text.returncode == 0, text.stderr
     assert "pod interfaces: 2 carry the fast path, 2 found (netlink): pod0,pod1" in text.stdout

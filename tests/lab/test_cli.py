@@ -105,7 +105,8 @@ def test_an_agent_that_cannot_start_fails_lab_up_with_its_error(tmp_path):
         meshctl("lab", "down", "--lab", prefix.rstrip("-"))
     assert up.returncode != 0 and "Traceback" not in up.stderr, up.stderr[-2000:]
     last = up.stderr.strip().splitlines()[-1]
-    assert re.search(r"the agent of default/a[12] exited: .*No such option '--no-such-flag'", last), last
+    assert re.search(r"the agent of default/a[12] exited: .*--no-such-flag: no such option of meshctl agent",
+                     last), last
     assert not left, left
 
 

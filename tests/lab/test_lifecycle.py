@@ -138,7 +138,7 @@ def test_bad_records_are_rejected_and_named(make_lab):
         assert pair(st, src, dst).ok
     # The CLI names them; the metrics count them.
     a2 = node_of(st, "a2")
-    p = subprocess.run([sys.executable, "-m", "meshctl.cli", "status", "--lab", st.name, "--node", "a2"],
+    p = subprocess.run([sys.executable, "-m", "meshctl.cli", "status", "--lab", st.name, "--lab-node", "a2"],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stderr
     assert "rejected records (4)" in p.stdout and "overlap:" in p.stdout and "is not JSON" in p.stdout

@@ -97,7 +97,7 @@ def test_every_pair_reachable_in_both_pod_families_relayed_where_no_family_is_sh
 
 
 def test_status_says_which_node_relays(mixed: LabState) -> None:
-    text = meshctl("status", "--lab", mixed.name, "--node", "a4")
+    text = meshctl("status", "--lab", mixed.name, "--lab-node", "a4")
     assert text.returncode == 0, text.stderr
     for dst in IPV6_ONLY:
         assert f"relay: {dst} through {DUAL} (a4 (IPv4) and {dst} (IPv6) share no IP family)" in text.stdout
@@ -106,7 +106,7 @@ def test_status_says_which_node_relays(mixed: LabState) -> None:
     # than warning that no pod interface carries it.
     assert "datapath ebpf (idle: no private interface, every peer goes through WireGuard)" in text.stdout
     assert "none carry the fast path" not in text.stdout
-    doc = meshctl("status", "--lab", mixed.name, "--node", "f6", "-o", "json")
+    doc = meshctl("status", "--lab", mixed.name, "--lab-node", "f6", "-o", "json")
     assert doc.returncode == 0, doc.stderr
     st = json.loads(doc.stdout)
     assert {n: r["via"] for n, r in st["relays"].items()} == {"a4": DUAL, "b4": DUAL}

@@ -24,9 +24,9 @@ def test_cli_without_the_lab_has_no_lab_commands(tmp_path: Path) -> None:
 
 
 def test_lab_flags_without_the_lab_fail_in_one_line(tmp_path: Path) -> None:
-    r = meshctl_without_lab("status", "--node", "a1", tmp=tmp_path)
+    r = meshctl_without_lab("status", "--lab-node", "a1", tmp=tmp_path)
     assert r.returncode == 1
-    assert r.stderr.strip() == ("error: --node: the lab is not part of this installation "
+    assert r.stderr.strip() == ("error: --lab-node: the lab is not part of this installation "
                                 "(the agent image leaves it out)")
     assert "Traceback" not in r.stderr
 

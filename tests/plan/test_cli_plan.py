@@ -133,7 +133,7 @@ def test_graph_dot(tmp_path: Path) -> None:
     assert r.exit_code == 0
     dot = r.stdout
     assert dot.startswith('digraph "cluster1" {')
-    assert dot.count("subgraph cluster_") == 4  # aws, gcp, (none), legend
+    assert dot.count("subgraph cluster_") == 3  # aws, gcp, (none); the legend is one box
     assert '"a" -> "b" [style=dotted]' in dot       # direct private pair inside aws
     assert '"a" -> "c" [style=solid]' in dot        # leaders over WireGuard
     assert '"b" -> "c"' not in dot                  # b is not a leader

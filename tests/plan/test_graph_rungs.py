@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from meshctl.mesh.graph import EDGE_ATTRS, graph_dot
+from meshctl.mesh.graph import EDGE_ATTRS, Pair, graph_dot, legend_dot, legend_rows
 from meshctl.mesh.model import ENCAP_RUNGS
 from meshctl.mesh.plan import plan_node
 from meshctl.mesh.records import parse_topology
@@ -90,9 +90,11 @@ def test_a_relayed_pair_names_its_relay() -> None:
     assert edges(graph_dot(topo))[("sa", "sb")] == EDGE_ATTRS["relay"] + ', label="relay via pa"'
 
 
-def test_the_legend_shows_every_edge_kind() -> None:
-    legend = graph_dot(parse_topology(KILO_CLASSIC)).split("subgraph cluster_legend", 1)[1]
+def test_the_legend_names_each_rung_in_its_colour() -> None:
+    """Every rung has a legend row in the colour its edges are drawn in (legend_rows, when drawn)."""
     for rung, attrs in EDGE_ATTRS.items():
-        style = ", ".join(a for a in attrs.split(", ") if not a.startswith("label="))
-        assert f"[{style}, label=" in legend, rung
-    assert "style=dashed, dir=forward" in legend
+        [(row_attrs, label)] = legend_rows([Pair("a", "b", rung)])
+        assert row_attrs == attrs and label, rung
+        colour = dict(a.split("=", 1) for a in attrs.split(", ")).get("color", "black")
+        line = legend_dot(legend_rows([Pair("a", "b", rung)]))[0]
+        assert f'<FONT COLOR="{colour}">' in line and label in line, rung

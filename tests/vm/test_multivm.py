@@ -93,7 +93,7 @@ def test_each_node_runs_its_kernel_with_kernel_wireguard_and_the_fast_path(lab):
 
 
 def test_node_commands_typed_on_the_host_answer_for_that_vm(lab):
-    st = meshctl("status", "--node", "a2", "--lab", NAME)
+    st = meshctl("status", "--lab-node", "a2", "--lab", NAME)
     assert st.returncode == 0, st.stderr
     assert "(kernel)" in st.stdout, st.stdout
     assert ("[clsact, without bpf_check_mtu, without BPF_F_ADJ_ROOM_ENCAP_L2_ETH, without "

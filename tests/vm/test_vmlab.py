@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The bounded VM smoke of `make test`: `meshctl lab up --kernel 6.1` builds a three-node lab inside
 a VM booting Debian 12's kernel (five nodes, cross granularity, WireGuard on a subnet and port of
-its own); `lab check`, `lab status`, `status --node`, `maps dump --node`
+its own); `lab check`, `lab status`, `status --lab-node`, `maps dump --node`
 and `node list`, typed on the host, run where the lab is (other labs may be up: every command names
 this one); kernel WireGuard carries the tunnel (the guest has the module); `lab down` stops the VM
 and leaves nothing behind."""
@@ -94,7 +94,7 @@ def test_lab_commands_typed_on_the_host_answer_from_the_guest(vm_lab):
     assert status.returncode == 0, status.stderr
     assert status.stdout.startswith("VM: Debian 6.1 kernel 6.1.0")
     assert all(n in status.stdout for n in NAMES)
-    node = meshctl("status", "--node", "a1", "--lab", NAME)
+    node = meshctl("status", "--lab-node", "a1", "--lab", NAME)
     assert node.returncode == 0, node.stderr
     assert "(kernel)" in node.stdout, "the guest has WireGuard's module: kilo0 is the kernel's"
     dump = meshctl("maps", "dump", "--node", "a1", "--lab", NAME, "-o", "json")

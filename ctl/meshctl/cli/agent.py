@@ -8,32 +8,33 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from meshctl import defaults
-from meshctl.agent.config import AgentConfig
-from meshctl.agent.server import fetch_status
-from meshctl.agent.status import AgentStatus, BackendBlocks, DatapathStatus, PodsStatus, RemotesStatus, objects_line
 from meshctl.cli import targets
-from meshctl.cli.options import TEXT_FORMATS, file_option, lab_option, node_option, output_option, pin_root_option
+from meshctl.cli.options import (
+    TEXT_FORMATS,
+    endpoint_list,
+    etcd_options,
+    file_option,
+    lab_etcd_options,
+    lab_node_option,
+    lab_option,
+    log_level_option,
+    node_option,
+    output_option,
+    pin_root_option,
+)
+from meshctl.cli.options import flag as _flag
 from meshctl.errors import InputError, MeshError
-from meshctl.mesh import admit, fields, records
+from meshctl.mesh import fields
 from meshctl.mesh.model import DEFAULT_PORT
 from meshctl.node.cni import CNI_MODES
 
-
-def _flag(parse: Any) -> Any:
-    """A click callback that runs one mesh.fields parser and names the flag on failure."""
-
-    def cb(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-        if value is None or value == "":
-            return None
-        flag = next((o for o in param.opts if o.startswith("--")), "--" + (param.name or "").replace("_", "-"))
-        return parse(value, flag)
-
-    return cb
+if TYPE_CHECKING:  # read when a command runs: `--help` imports no agent
+    from meshctl.agent.status import AgentStatus, BackendBlocks, DatapathStatus, PodsStatus, RemotesStatus
 
 
 def _per_family(parse: Any, what: str) -> Any:
@@ -75,24 +76,6 @@ def _masquerade6(ctx: click.Context, param: click.Parameter, flag: bool) -> bool
     return flag or _env_boolean(MASQUERADE6_ENV) is True
 
 
-def etcd_options(f: Any) -> Any:
-    for opt in reversed([
-        click.option("--etcd-endpoints", default="", help="Comma-separated etcd client URLs."),
-        click.option("--etcd-ca", default=None, help="CA file that signed etcd's certificate."),
-        click.option("--etcd-cert", default=None, help="Client certificate for etcd."),
-        click.option("--etcd-key", default=None, help="Client key for etcd."),
-        click.option("--etcd-user", default=None, help="etcd user of this identity (a node: its node name)."),
-        click.option("--etcd-password-file", default=None, help="File holding the etcd user's password."),
-        click.option("--cluster-name", default="default", show_default=True, callback=_flag(fields.cluster_name)),
-    ]):
-        f = opt(f)
-    return f
-
-
-def endpoint_list(text: str) -> tuple[str, ...]:
-    return tuple(e.strip() for e in text.split(",") if e.strip())
-
-
 @click.command("agent")
 @node_option("node_name", aliases=("--node-name",), required=True, callback=_flag(fields.node_name),
              help="This node's name.")
@@ -114,11 +97,13 @@ def endpoint_list(text: str) -> tuple[str, ...]:
               "203.0.113.4,[2001:db8::4]:51820 (default: discovered in each family).")
 @click.option("--public-interface", default=None, help="NIC whose address is the endpoint.")
 @click.option("--leader", is_flag=True, help="Prefer this node as its location's leader.")
-@click.option("--persistent-keepalive", default=0, type=int, callback=_flag(fields.keepalive))
+@click.option("--persistent-keepalive", default=0, type=int, callback=_flag(fields.keepalive),
+              help="Seconds between WireGuard keepalives to this node's peers (0: none; for a node behind NAT).")
 @click.option("--allowed-location-ips", default="", callback=_flag(fields.cidr_list),
               help="Comma-separated CIDRs reachable through this node.")
-@click.option("--state-dir", default=str(defaults.STATE_DIR), show_default=True, type=click.Path(path_type=Path))
-@click.option("--wg-interface", default=defaults.WG_INTERFACE, show_default=True)
+@click.option("--state-dir", default=str(defaults.STATE_DIR), show_default=True, type=click.Path(path_type=Path),
+              help="Where the private key and the etcd lease id are kept.")
+@click.option("--wg-interface", default=defaults.WG_INTERFACE, show_default=True, help="The WireGuard device.")
 @click.option("--wg-run-dir", default=str(defaults.WG_RUN_DIR), show_default=True, type=click.Path(path_type=Path),
               help="Private /var/run/wireguard of this node's wireguard-go.")
 @click.option("--pod-interfaces", default=None, help="Glob of pod interface names to attach the fast path to "
@@ -127,9 +112,12 @@ def endpoint_list(text: str) -> tuple[str, ...]:
               help=f"One of {', '.join(CNI_MODES)}. install: write a bridge + host-local CNI config on the pod "
               "CIDR (clusters without a CNI); keep: leave the cluster's CNI in charge; flannel: flannel (VXLAN or "
               "host-gw) carries pods inside a location, meshctl across (--backend kubernetes).")
-@click.option("--cni-conf-dir", default="/etc/cni/net.d", show_default=True, type=click.Path(path_type=Path))
-@click.option("--metrics-addr", default=defaults.METRICS_ADDR, show_default=True)
-@click.option("--backend", default="etcd", show_default=True, type=click.Choice(["etcd", "file", "kubernetes"]))
+@click.option("--cni-conf-dir", default="/etc/cni/net.d", show_default=True, type=click.Path(path_type=Path),
+              help="The CNI configuration folder (--cni install writes there).")
+@click.option("--metrics-addr", default=defaults.METRICS_ADDR, show_default=True,
+              help="HOST:PORT of /metrics, /healthz, /readyz, /status and /probe (loopback unless asked).")
+@click.option("--backend", default="etcd", show_default=True, type=click.Choice(["etcd", "file", "kubernetes"]),
+              help="Where the records are: etcd (--etcd-* flags), file (-f), kubernetes (the API server).")
 @file_option("topology_file", aliases=("--topology",), help="Topology file for --backend file.")
 @click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file (default: the first file "
               "of $KUBECONFIG, else ~/.kube/config, else in-cluster).")
@@ -151,7 +139,8 @@ def endpoint_list(text: str) -> tuple[str, ...]:
 @click.option("--kvstore-user", default=None, help="etcd user of the kvstore mirror (meshctl:kvstore).")
 @click.option("--kvstore-password-file", default=None, help="File holding the kvstore user's password.")
 @etcd_options
-@click.option("--cluster-id", default=1, type=int, callback=_flag(fields.cluster_id), show_default=True)
+@click.option("--cluster-id", default=1, type=int, callback=_flag(fields.cluster_id), show_default=True,
+              help="This cluster's number in a cluster mesh (unique among the joined clusters).")
 @click.option("--clustermesh-dir", default=None, type=click.Path(path_type=Path),
               help="One file per remote cluster (endpoints, ca-file, cert-file, key-file).")
 @click.option("--clustermesh-cache", is_flag=True,
@@ -159,7 +148,8 @@ def endpoint_list(text: str) -> tuple[str, ...]:
               "cluster's etcd while it is healthy; --clustermesh-dir's clusters directly when it is not.")
 @click.option("--no-fastpath", is_flag=True, callback=_no_fastpath,
               help=f"Kernel routes only, no eBPF (also {FASTPATH_ENV}=false: the ConfigMap key fastpath).")
-@pin_root_option("bpf_pin_root", aliases=(), default=defaults.PIN_ROOT, show_default=True)
+@pin_root_option("bpf_pin_root", aliases=(), default=defaults.PIN_ROOT, show_default=True,
+                 help="bpffs folder of the fast path's pins (this node's under DIR/NODE).")
 @click.option("--lease-ttl", default=10, type=int, show_default=True, help="Seconds a dead agent's record lives.")
 @click.option("--lapse-grace", default=defaults.LAPSE_GRACE_S, type=float, show_default=True,
               help="Seconds peers keep a node whose record's lease ran out (its agent restarting); "
@@ -169,7 +159,7 @@ def endpoint_list(text: str) -> tuple[str, ...]:
               help="Masquerade IPv6 pod traffic that leaves the mesh too (IPv4 always is; IPv6 pods usually "
                    f"hold addresses the cluster routes itself). Also {MASQUERADE6_ENV}=true: the ConfigMap key "
                    "masquerade6.")
-@click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]))
+@log_level_option()
 def agent_cmd(**kw: Any) -> None:
     """Run the node agent: publish this node, watch the others, apply the plan."""
     logging.basicConfig(level=kw.pop("log_level").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -181,23 +171,28 @@ def agent_cmd(**kw: Any) -> None:
     kw["force_internal_ip"] = kw["force_internal_ip"] or ()
     kw["location"] = kw["location"] or ""
     kw["persistent_keepalive"] = kw["persistent_keepalive"] or 0
-    cfg = AgentConfig(**kw).check()
+    from meshctl.agent.config import AgentConfig
     from meshctl.agent.run import run_agent
+
+    cfg = AgentConfig(**kw).check()
 
     run_agent(cfg)
 
 
 @click.command("status")
 @click.option("--addr", default=defaults.METRICS_ADDR, show_default=True, help="The agent's --metrics-addr.")
-@node_option("lab_node", aliases=("--lab-node",), help="Ask the agent of this lab node (inside its namespace).")
+@lab_node_option()
 @lab_option()
 @click.option("--verbose", is_flag=True, help="Also list the global Services (docs/clustermesh.md).")
 @output_option(TEXT_FORMATS)
 def status_cmd(addr: str, lab_node: str | None, lab_name: str | None, verbose: bool, output: str) -> None:
     """Print an agent's view: datapath mode, peers, last reconcile, rejected records."""
+    from meshctl.agent.server import fetch_status
+    from meshctl.agent.status import AgentStatus
+
     netns = None
     if lab_node:
-        t = targets.lab().agent(lab_name, lab_node)
+        t = targets.lab("--lab-node").agent(lab_name, lab_node)
         netns, addr = t.netns, t.addr
     doc = fetch_status(addr, netns)
     if output == "json":
@@ -282,6 +277,8 @@ def _format_plan(st: AgentStatus) -> list[str]:
 
 def _format_datapath(dp: DatapathStatus, pods: PodsStatus) -> list[str]:
     """The fast path's mode, hook and counters; the pod interfaces it carries."""
+    from meshctl.agent.status import objects_line
+
     counters = "  ".join(f"{a} {p} pkts/{_bytes(b)}" for a, (p, b) in sorted(dp.counters.items()))
     how = ", ".join([*([dp.attach] if dp.attach else []),
                      *(f"without {f.split(' ', 1)[-1]}" for f in dp.fallbacks or ())])
@@ -355,43 +352,32 @@ def format_clustermesh(cm: RemotesStatus, now: float, *, verbose: bool = False) 
 
 @click.group("node")
 def node_group() -> None:
-    """Node records in the backend."""
+    """Node records in the backend, or as an agent sees them."""
 
 
 @node_group.command("list")
-@etcd_options
+@lab_etcd_options
 @click.option("--addr", default=None, help="Ask the agent at this --metrics-addr: every local and remote node "
               "with the path from that node.")
-@node_option("lab_node", aliases=("--lab-node",), help="Ask the agent of this lab node (inside its namespace).")
-@lab_option()
+@lab_node_option()
+@lab_option("A lab: its agent (with --lab-node) or its etcd's records (default: the only lab up).")
 @output_option(deprecated={"text": "table"})
 def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, etcd_key: str | None,
-              etcd_user: str | None, etcd_password_file: str | None, cluster_name: str, addr: str | None,
+              etcd_user: str | None, etcd_password_file: str | None, cluster_name: str | None, addr: str | None,
               lab_node: str | None, lab_name: str | None, output: str) -> None:
-    """List nodes. From an agent (the local one by default, --addr, --node): local and remote
+    """List nodes. From an agent (the local one by default, --addr, --lab-node): local and remote
     nodes (`cluster2/g1`), their addresses, pod CIDRs, WireGuard addresses, source and the path from
-    that node. From the store (etcd flags, or --lab: a lab's etcd): the records and what admission
-    decided for each."""
+    that node. From the store (etcd flags, or --lab: a lab's etcd and cluster): the records and what
+    admission decided for each."""
     if addr or lab_node or (not etcd_endpoints and lab_name is None):
         # Without flags: this node's agent (the DaemonSet's address), as on any real node.
         _node_list_from_agent(addr, lab_node, lab_name, output)
         return
-    from meshctl.backends.etcd import EtcdBackend
-    from meshctl.etcd import EtcdClient
-    from meshctl.mesh.model import Cluster
+    from meshctl.cli.plan import Source
+    from meshctl.mesh import admit, records
 
-    netns = None
-    if not etcd_endpoints:
-        acc = targets.lab("--lab").etcd(lab_name, cluster_name)
-        etcd_endpoints, etcd_ca, etcd_cert, etcd_key, etcd_user, etcd_password_file, netns = (
-            ",".join(acc.endpoints), acc.ca, acc.cert, acc.key, acc.user, acc.password_file, acc.netns)
-    client = EtcdClient(list(endpoint_list(etcd_endpoints)), ca=etcd_ca, cert=etcd_cert, key=etcd_key, netns=netns,
-                        user=etcd_user, password_file=etcd_password_file)
-    backend = EtcdBackend(client, Cluster(cluster_name))
-    try:
-        st = backend.load_once()
-    finally:
-        client.close()
+    st = Source(None, "etcd", None, None, lab_name, etcd_endpoints, etcd_ca, etcd_cert, etcd_key, cluster_name,
+                etcd_user, etcd_password_file).one_cluster().state()
     admitted, rejected = admit.admit_nodes(list(st.nodes), st.mesh.subnets,
                                            allow_default_route=st.mesh.allow_default_route)
     # Rows name every pod CIDR under one key whatever form the record is written in.
@@ -418,11 +404,13 @@ def _one_or_all(rec: dict[str, Any], one: str) -> str:
 
 
 def _node_list_from_agent(addr: str | None, lab_node: str | None, lab_name: str | None, output: str) -> None:
+    from meshctl.agent.server import fetch_status
+    from meshctl.agent.status import AgentStatus
     from meshctl.mesh.render import node_rows_table
 
     netns = None
     if lab_node:
-        t = targets.lab().agent(lab_name, lab_node)
+        t = targets.lab("--lab-node").agent(lab_name, lab_node)
         netns, addr = t.netns, t.addr
     st = AgentStatus.from_json(fetch_status(addr or defaults.METRICS_ADDR, netns))
     if st.live.node_list is None:
@@ -437,11 +425,15 @@ def _node_list_from_agent(addr: str | None, lab_node: str | None, lab_name: str 
 @click.command("cleanup")
 @node_option("node_name", aliases=("--node-name",), callback=_flag(fields.node_name),
              help="This node's name (its pinned maps and, with etcd flags, its record).")
-@click.option("--wg-interface", default=defaults.WG_INTERFACE, show_default=True)
-@click.option("--wg-run-dir", default=str(defaults.WG_RUN_DIR), show_default=True, type=click.Path(path_type=Path))
-@click.option("--private-interface", default=None)
-@pin_root_option("bpf_pin_root", aliases=(), default=defaults.PIN_ROOT, show_default=True)
-@click.option("--nat-prefix", default="meshctl", show_default=True)
+@click.option("--wg-interface", default=defaults.WG_INTERFACE, show_default=True,
+              help="The WireGuard device to remove (if the agent created it).")
+@click.option("--wg-run-dir", default=str(defaults.WG_RUN_DIR), show_default=True, type=click.Path(path_type=Path),
+              help="The agent's --wg-run-dir: wireguard-go's socket and the record of the device it created.")
+@click.option("--private-interface", default=None, help="The private NIC (the fast path's programs on it).")
+@pin_root_option("bpf_pin_root", aliases=(), default=defaults.PIN_ROOT, show_default=True,
+                 help="bpffs folder of the fast path's pins (this node's under DIR/NODE).")
+@click.option("--nat-prefix", default="meshctl", show_default=True, help="The agent's --nat-prefix: its NAT "
+              "chains and ipsets.")
 @click.option("--force", is_flag=True, help="Also remove a WireGuard device meshctl did not create.")
 @etcd_options
 def cleanup_cmd(node_name: str | None, wg_interface: str, wg_run_dir: Path, private_interface: str | None,
@@ -515,5 +507,3 @@ def cleanup_node(node_name: str | None, wg_interface: str, wg_run_dir: Path, pri
     part("datapath", maps)
     return failures
 
-
-COMMANDS: list[click.Command] = [agent_cmd, status_cmd, node_group, cleanup_cmd]

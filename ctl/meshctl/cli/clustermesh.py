@@ -13,19 +13,20 @@ from typing import Any
 import click
 
 from meshctl import defaults
-from meshctl.cli.agent import _flag, endpoint_list, etcd_options
+from meshctl.cli.options import endpoint_list, etcd_options, flag, log_level_option
 from meshctl.errors import InputError
 from meshctl.mesh import fields
 
 
 @click.group("clustermesh")
 def clustermesh_group() -> None:
-    """Cluster mesh: the per-cluster cache of the remote clusters' records."""
+    """The cluster mesh's cache of remote clusters (one per cluster, in its etcd)."""
 
 
 @clustermesh_group.command("cache")
 @etcd_options
-@click.option("--cluster-id", default=1, type=int, callback=_flag(fields.cluster_id), show_default=True)
+@click.option("--cluster-id", default=1, type=int, callback=flag(fields.cluster_id), show_default=True,
+              help="This cluster's number in the cluster mesh, as its agents' --cluster-id.")
 @click.option("--clustermesh-dir", required=True, type=click.Path(path_type=Path),
               help="One file per remote cluster, as the agents' --clustermesh-dir (the cache's credentials).")
 @click.option("--state-dir", default=str(defaults.STATE_DIR), type=click.Path(path_type=Path), show_default=True,
@@ -33,7 +34,7 @@ def clustermesh_group() -> None:
 @click.option("--lapse-grace", default=defaults.LAPSE_GRACE_S, type=float, show_default=True,
               help="Seconds a remote node whose record's lease ran out stays mirrored (its agent restarting), "
               "as the agents' --lapse-grace.")
-@click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]))
+@log_level_option()
 def cache_cmd(**kw: Any) -> None:
     """Watch each remote cluster's etcd once and mirror the admitted records into this cluster's
     etcd (under /meshctl-cache/<cluster>/), for agents started with --clustermesh-cache."""
@@ -65,5 +66,3 @@ def cache_cmd(**kw: Any) -> None:
     logging.getLogger("meshctl.clustermesh.cache").info("cache of %s up", kw["cluster_name"])
     cache.run(stop)
 
-
-COMMANDS: list[click.Command] = [clustermesh_group]

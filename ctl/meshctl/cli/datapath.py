@@ -19,17 +19,14 @@ from typing import Any, TypeVar
 import click
 
 from meshctl import defaults
-from meshctl.agent.status import objects_line
 from meshctl.cli import targets
 from meshctl.cli.options import file_option, lab_option, node_option, option, output_option, pin_root_option
-from meshctl.datapath import Datapath, recorded_outcome
 from meshctl.errors import InputError, MeshError
-from meshctl.node import discovery
-from meshctl.setns import in_netns
 
 T = TypeVar("T")
 
-_node = node_option(help="Node name (default: this host's name, or every pinned node).")
+_node = node_option(help="The node whose pins to read, by its name (the agent's --node; in a lab, found there; "
+                    "default: every node pinned here, else this host's name).")
 _lab = lab_option("Lab name, when several labs are up.")
 _pin = pin_root_option(default=None, help=f"bpffs folder of the pins (default {defaults.PIN_ROOT}).")
 _ns = click.option("--netns", default=None, help="Network namespace of the node (default: the lab's, or this one).")
@@ -54,12 +51,16 @@ def pinned_targets(node: str | None, lab: str | None, pin_root: str | None, netn
 
 
 def _in(ns: str | None, fn: Callable[[], T]) -> T:
+    from meshctl.setns import in_netns
+
     if ns is not None and not os.path.exists(ns if ns.startswith("/") else f"/run/netns/{ns}"):
         raise InputError("--netns", ns, "is not a network namespace")
     return in_netns(ns, fn)
 
 
 def _read(node: str, root: str, ns: str | None, counters: bool) -> dict[str, Any]:
+    from meshctl.datapath import Datapath
+
     def read() -> dict[str, Any]:
         dp = Datapath.pinned(node, pin_root=root)
         try:
@@ -143,6 +144,9 @@ def datapath() -> None:
 def datapath_load(node: str, lab_name: str | None, pin_root: str | None, netns: str | None, private_if: str,
                   tunnel_if: str | None, pod_ifs: tuple[str, ...], topo_path: str | None) -> None:
     """Load (or reopen) the programs, attach them and optionally sync the plan's entries."""
+    from meshctl.datapath import Datapath
+    from meshctl.node import discovery
+
     entries = None
     if topo_path:
         from meshctl.backends.file import load_topology
@@ -184,6 +188,8 @@ def datapath_load(node: str, lab_name: str | None, pin_root: str | None, netns: 
 @_ns
 def datapath_unload(node: str, lab_name: str | None, pin_root: str | None, netns: str | None) -> None:
     """Detach the programs and remove the node's pinned maps (traffic keeps the kernel's routes)."""
+    from meshctl.datapath import Datapath
+
     [(name, root, ns)] = pinned_targets(node, lab_name, pin_root, netns)
     _in(ns, lambda: Datapath.unload(name, pin_root=root))
     click.echo(f"{name}: unloaded (kernel routes)")
@@ -222,6 +228,9 @@ def datapath_build_objects(out: str, pin_root: str) -> None:
 def datapath_status(node: str | None, lab_name: str | None, pin_root: str | None, netns: str | None,
                     output: str) -> None:
     """Mode, programs, links and map sizes of the pinned fast path."""
+    from meshctl.agent.status import objects_line
+    from meshctl.datapath import Datapath, recorded_outcome
+
     rows: list[dict[str, Any]] = []
     for name, root, ns in pinned_targets(node, lab_name, pin_root, netns):
         if not os.path.exists(f"{root}/{name}/config"):  # never loaded, or on kernel routes since
@@ -266,5 +275,3 @@ def datapath_status(node: str | None, lab_name: str | None, pin_root: str | None
             dev = f"{lk['ifname'] or '(gone)'}#{lk['ifindex']}"
             click.echo(f"  {lk['kind']} {lk['hook']:<12} {dev:<20} prog #{lk['prog_id']}")
 
-
-COMMANDS: list[click.Command] = [maps, datapath]

@@ -12,25 +12,19 @@ import ipaddress
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import click
 
 from meshctl import defaults
-from meshctl.agent.explain import (
-    Explanation,
-    NoPath,
-    absolute,
-    cluster_of,
-    explain,
-    format_explanation,
-    resolve,
-)
-from meshctl.agent.server import fetch_probe, fetch_status
-from meshctl.agent.status import AgentStatus
 from meshctl.cli import targets
 from meshctl.cli.options import TEXT_FORMATS, lab_option, output_option
 from meshctl.errors import InputError, MeshError
 from meshctl.mesh import fields
+
+if TYPE_CHECKING:  # the builder is imported when the command runs: `--help` imports no agent
+    from meshctl.agent.explain import Explanation
+    from meshctl.agent.status import AgentStatus
 
 MAX_ROUNDS = 4  # agents asked for in turn, one further hop each
 
@@ -85,12 +79,17 @@ class Agents:
         return t.netns, t.addr
 
     def status(self, node: str | None) -> AgentStatus:
+        from meshctl.agent.server import fetch_status
+        from meshctl.agent.status import AgentStatus
+
         netns, addr = self.where(node)
         return AgentStatus.from_json(fetch_status(addr, netns))
 
 
 def build(agents: Agents, src: str, dst: str, addresses: dict[str, str]) -> tuple[Explanation, AgentStatus]:
     """Ask the source's agent, then each agent the answer wants, until it wants no more."""
+    from meshctl.agent.explain import NoPath, absolute, cluster_of, explain, resolve
+
     named = agents.lab is not None and src not in addresses and _is_name(src)
     first = agents.status(src if named else None)  # a named source's own agent, else any to find it
     src_st = first
@@ -130,6 +129,9 @@ def explain_cmd(src: str, dst: str, probe: bool, addr: str, lab_name: str | None
     """The path one packet takes from SRC to DST (pod addresses or nodes, `cluster/node` for
     another cluster's), hop by hop: interface, rung and why, probes, WireGuard peer, path MTU,
     fast-path entry and counters, read from the agents' own state."""
+    from meshctl.agent.explain import absolute, cluster_of, format_explanation
+    from meshctl.agent.server import fetch_probe
+
     pods = lab_nodes = None
     if lab_name is not None:
         loc = targets.lab("--lab")
@@ -149,5 +151,3 @@ def explain_cmd(src: str, dst: str, probe: bool, addr: str, lab_name: str | None
     if e.no_path is not None or lost:
         sys.exit(1)
 
-
-COMMANDS: list[click.Command] = [explain_cmd]

@@ -78,7 +78,7 @@ def admitted_both(state: ClusterState, after: MeshSettings, changes: Mapping[str
 def _source(backend: str | None, lab_name: str | None, **store: Any) -> Source:
     if backend == "kubernetes" and lab_name is not None:
         raise InputError("--lab", lab_name, "reads a lab's etcd: leave out --backend kubernetes")
-    return Source(path=None, backend=backend or "etcd", lab_name=lab_name, **store)
+    return Source(path=None, backend=backend or "etcd", lab_name=lab_name, **store).one_cluster()
 
 
 def _store_options(f: Any) -> Any:
@@ -152,5 +152,3 @@ def _write(src: Source, after: MeshSettings, changes: Mapping[str, str]) -> str:
         client.close()
     return mesh_key(src.cluster_name)
 
-
-COMMANDS: list[click.Command] = [mesh]

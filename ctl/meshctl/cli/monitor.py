@@ -21,7 +21,6 @@ from meshctl import defaults
 from meshctl.cli import targets
 from meshctl.cli.datapath import pinned_targets
 from meshctl.cli.options import TEXT_FORMATS, lab_option, node_option, output_option, pin_root_option
-from meshctl.datapath import Datapath
 from meshctl.datapath import monitor as mon
 from meshctl.errors import InputError, MeshError
 from meshctl.mesh.model import IPNetwork
@@ -84,6 +83,8 @@ def _owners(node: str, lab_name: str | None, pin_root: str, netns: str | None, *
 
 def _local_pods(node: str, pin_root: str, own: mon.Owner) -> list[tuple[IPNetwork, mon.Owner]]:
     """This node's own pods (its fast path's pod map): the node list names only the others."""
+    from meshctl.datapath import Datapath
+
     dp = Datapath.pinned(node, pin_root=pin_root)
     try:
         return [(ipaddress.ip_network(ip), own) for ip in dp.pod_addresses()]
@@ -130,7 +131,8 @@ def _run(session: mon.Session, node: str, netns: str | None, owners: list[tuple[
 
 
 @click.command("monitor")
-@node_option(help="Node to watch (default: the only node pinned here).")
+@node_option(help="The node to watch, by its name (the agent's --node; in a lab, found there; default: the only "
+             "node pinned here).")
 @lab_option("Lab name, when several labs are up.")
 @pin_root_option(default=None, help=f"bpffs folder of the pins (default {defaults.PIN_ROOT}).")
 @click.option("--netns", default=None, help="Network namespace of the node (default: the lab's, or this one).")
@@ -164,5 +166,3 @@ def monitor_cmd(node: str | None, lab_name: str | None, pin_root: str | None, ne
     else:
         click.echo(f"{name}: {shown} events, {summary['lost']} lost (rate {lost['rate']}, buffer {lost['buffer']})")
 
-
-COMMANDS: list[click.Command] = [monitor_cmd]

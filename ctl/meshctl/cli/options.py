@@ -15,13 +15,14 @@ from typing import Any, TypeVar
 
 import click
 
+from meshctl.defaults import PIN_ROOT as _PIN_ROOT
+
 # The output vocabularies: tables (rows and columns) and prose (lines a person reads).
 TABLE_FORMATS = ("table", "json")
 TEXT_FORMATS = ("text", "json")
 
 # Old spelling -> the grammar's name. The deprecated names never appear in --help.
 DEPRECATED_OPTIONS: Mapping[str, str] = {
-    "--lab-node": "--node",
     "--node-name": "--node",
     "--pin-root": "--bpf-pin-root",
     "--private-if": "--private-interface",
@@ -29,6 +30,12 @@ DEPRECATED_OPTIONS: Mapping[str, str] = {
     "--pod-if": "--pod-interfaces",
     "--topology": "--file",
     "--cluster": "--cluster-name",
+}
+
+# A name that meant something else on a few commands, kept there for a release as an alias of
+# the name it now has there (`status --node a1` asked a lab node's agent: now `--lab-node`).
+REPURPOSED_OPTIONS: Mapping[str, str] = {
+    "--node": "--lab-node",
 }
 
 FC = TypeVar("FC", bound=Callable[..., Any])
@@ -90,16 +97,24 @@ class Formats(click.Choice):
 
 
 def option(*decls: str, aliases: Sequence[str] = (), **kw: Any) -> Callable[[FC], FC]:
-    """`click.option` with hidden deprecated `aliases` (each must be listed in DEPRECATED_OPTIONS)."""
+    """`click.option` with hidden deprecated `aliases` (each listed in DEPRECATED_OPTIONS, or in
+    REPURPOSED_OPTIONS for the option it now names)."""
     for a in aliases:
-        assert a in DEPRECATED_OPTIONS, f"{a} is not a known deprecated option"
+        assert a in DEPRECATED_OPTIONS or REPURPOSED_OPTIONS.get(a) in decls, f"{a} is not a known deprecated option"
     return click.option(*decls, cls=AliasedOption, aliases=aliases, **kw)
 
 
 def node_option(dest: str = "node", aliases: Sequence[str] = (), **kw: Any) -> Callable[[FC], FC]:
-    """`--node NAME`: the node a command is about."""
-    kw.setdefault("default", None)
+    """`--node NAME`: the node a command is about, by its name in the cluster's records. (No
+    default: click takes an explicit `default=None` for a value, and `required` would never fire.)"""
     return option("--node", dest, aliases=aliases, **kw)
+
+
+def lab_node_option(dest: str = "lab_node") -> Callable[[FC], FC]:
+    """`--lab-node NAME`: a node of a lab, whose agent the command asks inside its namespace (or VM).
+    The old spelling on these commands, `--node`, still parses with one deprecation line."""
+    return option("--lab-node", dest, aliases=("--node",),
+                  help="Ask the agent of this lab node (inside its namespace or VM); --lab picks the lab.")
 
 
 def lab_option(help: str = "Lab name (default: the only lab up).") -> Callable[[FC], FC]:
@@ -107,20 +122,87 @@ def lab_option(help: str = "Lab name (default: the only lab up).") -> Callable[[
     return click.option("--lab", "lab_name", default=None, help=help)
 
 
+# What each format of the shared vocabularies prints (a command's own formats say it in its help).
+_FORMAT_WORDS: Mapping[str, str] = {"table": "rows and columns", "text": "lines to read",
+                                    "json": "one JSON document"}
+
+
 def output_option(formats: Sequence[str] = TABLE_FORMATS, default: str | None = None,
                   deprecated: Mapping[str, str] | None = None, **kw: Any) -> Callable[[FC], FC]:
     """`-o/--output FORMAT`: TABLE_FORMATS for tables, TEXT_FORMATS for prose, or a command's own
     (showconf's config formats)."""
+    kw.setdefault("help", "What to print: " + "; ".join(f"{f}: {_FORMAT_WORDS.get(f, f)}" for f in formats) + ".")
     return click.option("-o", "--output", "output", type=Formats(formats, deprecated),
                         default=default or formats[0], show_default=True, **kw)
 
 
 def file_option(dest: str = "path", aliases: Sequence[str] = (), **kw: Any) -> Callable[[FC], FC]:
     """`-f/--file PATH`: a topology (or lab) file."""
-    kw.setdefault("default", None)
     return option("-f", "--file", dest, aliases=aliases, **kw)
 
 
 def pin_root_option(dest: str = "pin_root", aliases: Sequence[str] = ("--pin-root",), **kw: Any) -> Callable[[FC], FC]:
     """`--bpf-pin-root DIR`: the bpffs folder the fast path's objects are pinned under."""
+    kw.setdefault("help", pin_root_help(kw.get("default")))
     return option("--bpf-pin-root", dest, aliases=aliases, **kw)
+
+
+def pin_root_help(default: str | None = None) -> str:
+    return f"bpffs folder of the fast path's pins (each node's under DIR/NODE; default {default or _PIN_ROOT})."
+
+
+def flag(parse: Callable[[Any, str], Any]) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """A click callback that runs one mesh.fields parser and names the flag on failure."""
+
+    def cb(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is None or value == "":
+            return None
+        name = next((o for o in param.opts if o.startswith("--")), "--" + (param.name or "").replace("_", "-"))
+        return parse(value, name)
+
+    return cb
+
+
+def endpoint_list(text: str) -> tuple[str, ...]:
+    """Comma-separated URLs (`--etcd-endpoints`) as a tuple, blanks dropped."""
+    return tuple(e.strip() for e in text.split(",") if e.strip())
+
+
+def cluster_name_option(default: str | None = "default") -> Callable[[FC], FC]:
+    """`--cluster-name NAME`: the cluster (its records under /meshctl/NAME/). A command that reads a
+    lab gives it no default: left out, the lab's own cluster(s)."""
+    from meshctl.mesh import fields
+
+    if default is None:
+        return click.option("--cluster-name", default=None, callback=flag(fields.cluster_name),
+                            help="The cluster whose records to read (default: with --lab, the lab's cluster(s); "
+                            "else default).")
+    return click.option("--cluster-name", default=default, show_default=True, callback=flag(fields.cluster_name),
+                        help="The cluster (its records under /meshctl/NAME/ in etcd).")
+
+
+def etcd_options(f: FC, cluster_default: str | None = "default") -> FC:
+    """The six flags that reach a cluster's etcd, and `--cluster-name`."""
+    for opt in reversed([
+        click.option("--etcd-endpoints", default="", help="Comma-separated etcd client URLs."),
+        click.option("--etcd-ca", default=None, help="CA file that signed etcd's certificate."),
+        click.option("--etcd-cert", default=None, help="Client certificate for etcd."),
+        click.option("--etcd-key", default=None, help="Client key for etcd."),
+        click.option("--etcd-user", default=None, help="etcd user of this identity (a node: its node name)."),
+        click.option("--etcd-password-file", default=None, help="File holding the etcd user's password."),
+        cluster_name_option(cluster_default),
+    ]):
+        f = opt(f)
+    return f
+
+
+def lab_etcd_options(f: FC) -> FC:
+    """The etcd flags of a command that reads a lab's etcd when given no endpoints: `--cluster-name`
+    without a default (left out, the lab's own cluster or clusters)."""
+    return etcd_options(f, cluster_default=None)
+
+
+def log_level_option() -> Callable[[FC], FC]:
+    """`--log-level`: how much a long-running command logs."""
+    return click.option("--log-level", default="info", show_default=True,
+                        type=click.Choice(["debug", "info", "warning", "error"]), help="Least severity logged.")

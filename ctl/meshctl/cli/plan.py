@@ -6,58 +6,28 @@ agents read, admitted the same way."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-import yaml
 
-from meshctl.backends.base import ClusterState
-from meshctl.backends.file import load_topology, load_topology_checked
 from meshctl.cli import targets
-from meshctl.cli.agent import endpoint_list, etcd_options
-from meshctl.cli.options import file_option, lab_option, node_option, output_option
-from meshctl.cli.psk import with_preshared_keys
+from meshctl.cli.options import endpoint_list, file_option, lab_etcd_options, lab_option, node_option, output_option
 from meshctl.errors import MISSING, InputError, MeshError
-from meshctl.mesh import fields
-from meshctl.mesh.checks import plan_warnings, topology_warnings
-from meshctl.mesh.graph import (
-    GRAPH_FORMATS,
-    NODE_LEVEL_UP_TO,
-    check_view,
-    graph_model,
-    model_dot,
-    model_text,
-    with_seen,
-)
+from meshctl.mesh.graph import GRAPH_FORMATS, NODE_LEVEL_UP_TO
 from meshctl.mesh.model import GRANULARITIES, Granularity, IPNetwork, PathState, Topology
-from meshctl.mesh.plan import plan_node
-from meshctl.mesh.render import (
-    SHOWCONF_FORMATS,
-    conf_dict,
-    conf_text,
-    node_as_peer,
-    node_conf,
-    peer_as_peer,
-    peer_conf,
-    peer_resource,
-    peer_text,
-    plan_to_json,
-    plan_to_table,
-)
-from meshctl.mesh.segments import Remote
-from meshctl.process import gc_paused
+from meshctl.mesh.render import SHOWCONF_FORMATS
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the rest is imported when a command runs: `--help` stays quick
+    from meshctl.backends.base import ClusterState
     from meshctl.backends.kube.backend import KubeBackend
     from meshctl.etcd import EtcdClient
     from meshctl.mesh.observed import NodeSeen
+    from meshctl.mesh.segments import Remote
 
 BACKENDS = ("file", "etcd", "kubernetes")
+RECORDS_PREFIX = "/meshctl/"  # every cluster's records: /meshctl/<cluster>/...
 
 
 def live_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -65,8 +35,9 @@ def live_options(f: Callable[..., Any]) -> Callable[..., Any]:
     for opt in reversed([
         click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file."),
         click.option("--api-server", default=None, help="--backend kubernetes: API server URL without credentials."),
-        lab_option("A lab's etcd (implies --backend etcd; with --backend etcd, in place of --etcd-endpoints)."),
-        etcd_options,
+        lab_option("A lab's etcd and its cluster(s) (implies --backend etcd; with --backend etcd, in place of "
+                   "--etcd-endpoints and --cluster-name)."),
+        lab_etcd_options,
     ]):
         f = opt(f)
     return f
@@ -87,11 +58,15 @@ def _source_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class Source:
-    """The topology a command shows, and the name errors give its origin (`topo.yaml`, `etcd`)."""
+    """The topology a command shows, and the name errors give its origin (`topo.yaml`, `etcd`).
+
+    The clusters it reads: `--cluster-name`'s; left out, a lab's own (a lab of several clusters:
+    the first is this one, the others its remote clusters); else `default`. A cluster with no
+    records in the etcd is one line naming the clusters that have some, never an empty picture."""
 
     def __init__(self, path: str | None, backend: str | None, kubeconfig: str | None, api_server: str | None,
                  lab_name: str | None, etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None,
-                 etcd_key: str | None, cluster_name: str, etcd_user: str | None = None,
+                 etcd_key: str | None, cluster_name: str | None, etcd_user: str | None = None,
                  etcd_password_file: str | None = None, **_: Any) -> None:
         backend = backend or ("etcd" if lab_name is not None and not path else "file")
         if backend == "file" and not path:
@@ -101,20 +76,49 @@ class Source:
         self.backend, self.path = backend, path
         self.kubeconfig, self.api_server, self.lab_name = kubeconfig, api_server, lab_name
         self.etcd = (etcd_endpoints, etcd_ca, etcd_cert, etcd_key, etcd_user, etcd_password_file)
-        self.cluster_name = cluster_name
+        self.clusters: tuple[str, ...] = (cluster_name,) if cluster_name else self._lab_clusters() or ("default",)
+        self.cluster_name = self.clusters[0]
         self.name = Path(path).name if path else backend
         self.warn: Callable[[str], None] = _warn  # where `warning:` lines go (ui: each once, and to the page)
 
+    def one_cluster(self) -> Source:
+        """This source, refusing a lab of several clusters read without --cluster-name: a command
+        about one cluster's records (mesh get|set, node list) does not pick one for the user."""
+        if len(self.clusters) > 1:
+            raise InputError("--cluster-name", MISSING, f"is required: the lab has clusters {', '.join(self.clusters)}")
+        return self
+
+    def _reads_lab(self) -> bool:
+        """Whether the etcd read is a lab's (--lab, or no --etcd-endpoints)."""
+        return self.backend == "etcd" and (self.lab_name is not None or not self.etcd[0])
+
+    def _lab_clusters(self) -> tuple[str, ...]:
+        """A lab's clusters, in the order of its file (none when no lab is read or found)."""
+        if not self._reads_lab() or not targets.has_lab():
+            return ()
+        try:
+            return targets.lab("--lab").clusters(self.lab_name)
+        except MeshError:
+            return ()  # no lab up: the etcd read says so, with the flags that reach a real etcd
+
     def load(self, node: str | None = None) -> Topology:
-        """The admitted topology; warnings and rejected records go to stderr as `warning:` lines."""
+        """The admitted topology; warnings and rejected records go to stderr as `warning:` lines.
+        In a lab of several clusters, `node` picks the cluster that has it."""
         if self.path:
+            from meshctl.backends.file import load_topology_checked
+
             topo, warnings = load_topology_checked(self.path)
             for w in warnings:
                 self.warn(w)
             return topo
-        from meshctl.mesh.admit import admit_local
+        if node is not None and len(self.clusters) > 1:
+            self.cluster_name = self._cluster_of(node)
+        return self._admitted(self.state(node))
 
-        state = self.state(node)
+    def _admitted(self, state: ClusterState) -> Topology:
+        from meshctl.mesh.admit import admit_local
+        from meshctl.mesh.checks import topology_warnings
+
         topo, rejected = admit_local(state.topology())
         for r in [*state.rejections, *rejected]:
             self.warn(f"rejected {r.name}: {r.reason}")
@@ -122,9 +126,20 @@ class Source:
             self.warn(f"{self.backend}: {w}")
         return topo
 
+    def _cluster_of(self, node: str) -> str:
+        """The lab cluster whose records name `node` (the first cluster when none does)."""
+        for c in self.clusters:
+            if any(n.name == node for n in self._etcd(c).nodes):
+                return c
+        return self.clusters[0]
+
+    def remote_topologies(self) -> list[Topology]:
+        """The lab's other clusters (a lab of several), admitted each on its own, for the picture."""
+        return [self._admitted(self._etcd(c)) for c in self.clusters if c != self.cluster_name]
+
     def state(self, node: str | None = None) -> ClusterState:
         """The live store's records as the agents read them (not yet admitted)."""
-        state = self._etcd() if self.backend == "etcd" else self._kube(node)
+        state = self._etcd(self.cluster_name) if self.backend == "etcd" else self._kube(node)
         if not state.ready:
             raise MeshError(f"{self.backend}: {state.reason or 'not ready'}")
         return state
@@ -133,6 +148,8 @@ class Source:
         """What each node of the cluster publishes it observes (agent.seen; etcd or the Kubernetes
         API), by node; a summary refused (not JSON, naming another node) is a `warning:` line, one
         older than agent.seen.STALE_AFTER_S is dropped with one (it no longer says what the node sees)."""
+        import time
+
         from meshctl.agent.seen import STALE_AFTER_S
         from meshctl.backends.etcd import read_seen
 
@@ -160,28 +177,37 @@ class Source:
                 del seen[name]
         return seen
 
-    def etcd_client(self) -> EtcdClient:
-        """A client of the cluster's etcd: from the --etcd-* flags, or the lab's (--lab, or no endpoints)."""
+    def etcd_client(self, cluster: str | None = None) -> EtcdClient:
+        """A client of the etcd of `cluster` (default: this one): from the --etcd-* flags, or the
+        lab's (--lab, or no endpoints)."""
         from meshctl.etcd import EtcdClient
 
         endpoints, ca, cert, key, user, password_file = self.etcd
         netns = None
-        if self.lab_name is not None or not endpoints:
-            acc = _lab_etcd(self.lab_name, self.cluster_name)
+        if self._reads_lab():
+            acc = _lab_etcd(self.lab_name, cluster or self.cluster_name)
             endpoints, ca, cert, key, user, password_file, netns = (
                 ",".join(acc.endpoints), acc.ca, acc.cert, acc.key, acc.user, acc.password_file, acc.netns)
         return EtcdClient(list(endpoint_list(endpoints)), ca=ca, cert=cert, key=key, netns=netns, user=user,
                           password_file=password_file)
 
-    def _etcd(self) -> ClusterState:
+    def _etcd(self, name: str) -> ClusterState:
+        """Cluster `name`'s records in its etcd; InputError naming the clusters that have records
+        when it has none."""
         from meshctl.backends.etcd import EtcdBackend, cluster_key, parse_record
         from meshctl.mesh import records
         from meshctl.mesh.model import Cluster
 
-        client = self.etcd_client()
+        client = self.etcd_client(name)
         try:
-            cluster = Cluster(self.cluster_name)
-            kv = client.get(cluster_key(self.cluster_name))
+            prefix = f"{RECORDS_PREFIX}{name}/"
+            if not client.range(prefix, prefix=True, keys_only=True)[0]:
+                keys, _ = client.range(RECORDS_PREFIX, prefix=True, keys_only=True)
+                have = sorted({kv.key.removeprefix(RECORDS_PREFIX).split("/", 1)[0] for kv in keys})
+                raise InputError("--cluster-name", name, "has no records in this etcd (clusters with records: "
+                                 f"{', '.join(have) or 'none'})")
+            cluster = Cluster(name)
+            kv = client.get(cluster_key(name))
             if kv is not None:
                 rec = parse_record(kv, kv.key)
                 if isinstance(rec, dict):
@@ -221,11 +247,13 @@ def _lab_etcd(lab_name: str | None, cluster_name: str) -> targets.EtcdTarget:
                          "a lab's: --lab NAME") from None
 
 
-def _load_remotes(local: Topology, paths: tuple[str, ...]) -> list[Remote]:
-    """Remote clusters' topology files, admitted against the local one (clustermesh rules)."""
+def _load_remotes(local: Topology, paths: tuple[str, ...], live: list[Topology] | None = None) -> list[Remote]:
+    """Remote clusters' topology files (and a lab's other clusters, `live`), admitted against the
+    local one (clustermesh rules)."""
+    from meshctl.backends.file import load_topology
     from meshctl.mesh.admit import admit_remotes, as_remote
 
-    remotes = [as_remote(load_topology(p)) for p in paths]
+    remotes = [as_remote(t) for t in [*(load_topology(p) for p in paths), *(live or ())]]
     admitted, rejections = admit_remotes(local, remotes)
     for r in rejections:
         click.echo(f"warning: rejected {r.name}: {r.reason}", err=True)
@@ -234,7 +262,7 @@ def _load_remotes(local: Topology, paths: tuple[str, ...]) -> list[Remote]:
 
 @click.command()
 @_source_options
-@click.option("--node", default=None, help="The node whose plan to print (with --diff: only this node's diff).")
+@node_option(help="The node whose plan to print (with --diff: only this node's diff).")
 @click.option("--granularity", type=click.Choice(GRANULARITIES), help="Override the file's granularity.")
 @click.option("--remote", "remotes", multiple=True, type=click.Path(dir_okay=False),
               help="Another cluster's topology file (cluster mesh); repeatable.")
@@ -247,6 +275,11 @@ def plan(node: str | None, granularity: Granularity | None, remotes: tuple[str, 
          other: str | None, output: str, **source: Any) -> None:
     """Print one node's WireGuard peers, routes and fast-path entries; with --diff, what changes on
     every node between two topologies."""
+    from meshctl.mesh.checks import plan_warnings
+    from meshctl.mesh.plan import plan_node
+    from meshctl.mesh.render import plan_to_json, plan_to_table
+    from meshctl.process import gc_paused
+
     src = Source(**source)
     if other is not None:
         _plan_diff(src, other, node, granularity, remotes, _path_state(path_state), output)
@@ -285,7 +318,9 @@ def _plan_diff(src: Source, other: str, node: str | None, granularity: Granulari
                state: PathState | None, output: str) -> None:
     """`plan --diff OTHER.yaml`: every node's plan under the source topology against OTHER's
     (mesh.plandiff), each side with the remote clusters admitted against it."""
+    from meshctl.backends.file import load_topology_checked
     from meshctl.mesh.plandiff import diff_json, diff_text, diff_topologies
+    from meshctl.process import gc_paused
 
     if granularity is not None:
         raise InputError("--granularity", granularity, "cannot be combined with --diff: write it in the files")
@@ -324,6 +359,9 @@ def graph(granularity: Granularity | None, remotes: tuple[str, ...], level: str 
     edge each would not be readable."""
     from dataclasses import replace
 
+    from meshctl.mesh.graph import check_view, graph_model, model_dot, model_text, with_seen
+    from meshctl.process import gc_paused
+
     if render_to and output != "dot":
         raise InputError("--render", render_to, f"draws DOT: leave out -o {output}")
     src = Source(**source)
@@ -331,7 +369,7 @@ def graph(granularity: Granularity | None, remotes: tuple[str, ...], level: str 
     if granularity:
         topo = replace(topo, mesh=replace(topo.mesh, granularity=granularity))
     with gc_paused():
-        model = graph_model(topo, _load_remotes(topo, remotes))
+        model = graph_model(topo, _load_remotes(topo, remotes, src.remote_topologies()))
         check_view(model, level, node, location)
         if live:
             model = with_seen(model, src.seen())
@@ -350,6 +388,9 @@ def graph(granularity: Granularity | None, remotes: tuple[str, ...], level: str 
 
 def _render(dot: str, path: str) -> None:
     """Graphviz's `dot` draws `dot` to `path`, in the format of its suffix (default svg)."""
+    import shutil
+    import subprocess
+
     if shutil.which("dot") is None:
         raise MeshError("--render needs Graphviz's `dot` (apt-get install graphviz)")
     fmt = Path(path).suffix.lstrip(".") or "svg"
@@ -360,6 +401,8 @@ def _render(dot: str, path: str) -> None:
 
 
 def _cidrs(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[IPNetwork, ...]:
+    from meshctl.mesh import fields
+
     return fields.cidr_list(value, "--allowed-ips") if value else ()
 
 
@@ -380,6 +423,23 @@ def showconf(kind: str, name: str, output: str, as_peer: bool, allowed_ips: tupl
              **source: Any) -> None:
     """Print the WireGuard config of a node, or the config a peer uses to join the mesh; with
     --as-peer, the node or peer as others must know it (Kilo's `kgctl showconf`)."""
+    import yaml
+
+    from meshctl.cli.psk import with_preshared_keys
+    from meshctl.mesh.checks import plan_warnings
+    from meshctl.mesh.plan import plan_node
+    from meshctl.mesh.render import (
+        conf_dict,
+        conf_text,
+        node_as_peer,
+        node_conf,
+        peer_as_peer,
+        peer_conf,
+        peer_resource,
+        peer_text,
+    )
+    from meshctl.process import gc_paused
+
     src = Source(**source)
     topo = src.load(name if kind == "node" else None)
     if kind == "node" and topo.node(name) is None:
@@ -409,5 +469,3 @@ def showconf(kind: str, name: str, output: str, as_peer: bool, allowed_ips: tupl
     else:
         click.echo(conf_text(conf, output), nl=False)
 
-
-COMMANDS: list[click.Command] = [plan, graph, showconf]

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Where a command finds the node or etcd it is asked about, when that is not on this host.
 
-`status --node`, `node list --node`, `maps dump --node`, `datapath ... --node`, and
+`status --lab-node`, `node list --lab-node`, `maps dump --node`, `datapath ... --node`, and
 `node list` or `--backend etcd` without etcd endpoints can talk to a node or an etcd of the
 namespace lab. The CLI that ships knows nothing of the lab: the lab registers a `LabLocator` (and
 a `Forwarder`, which runs commands about a lab inside a VM there) when it is installed (as a
@@ -57,6 +57,10 @@ class LabLocator(Protocol):
         ...
 
     def etcd(self, lab: str | None, cluster: str | None) -> EtcdTarget: ...
+
+    def clusters(self, lab: str | None) -> tuple[str, ...]:
+        """The lab's clusters by name, in the order of its file."""
+        ...
 
     def nodes(self, lab: str | None) -> tuple[str, ...]:
         """Every node of the lab as `cluster/node`."""

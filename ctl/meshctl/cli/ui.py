@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from meshctl import defaults
-from meshctl.backends.file import load_topology
 from meshctl.cli import targets
 from meshctl.cli.plan import Source, _source_options
 from meshctl.errors import InputError, MeshError
@@ -196,7 +195,9 @@ def ui(listen: str, remotes: tuple[str, ...], **source: Any) -> None:
     src = Source(**source)
     if source.get("lab_name") is not None:
         _check_lab(source["lab_name"])
-    live = Live(src, source.get("lab_name"), [load_topology(p) for p in remotes])
+    from meshctl.backends.file import load_topology
+
+    live = Live(src, source.get("lab_name"), [*(load_topology(p) for p in remotes), *src.remote_topologies()])
     server = bind(listen, live)
     try:
         topo = live.start()
@@ -213,5 +214,3 @@ def ui(listen: str, remotes: tuple[str, ...], **source: Any) -> None:
     finally:
         server.server_close()
 
-
-COMMANDS: list[click.Command] = [ui]

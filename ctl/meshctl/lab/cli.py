@@ -3,7 +3,9 @@
 
 This is where a lab's kind is decided: a namespace lab (lab/namespaces), a lab whose every node
 is a VM (lab.vms: lab/vms/vmnodes.py) or the namespace lab inside one VM (`--kernel`:
-lab/vms/vmlab.py). The rooms below never choose between each other.
+lab/vms/vmlab.py). The rooms below never choose between each other. The module imports only
+what the commands' options name (the lab's state, its kernels and waits): each command imports
+the rooms it drives when it runs, so `meshctl lab X --help` is quick.
 """
 
 from __future__ import annotations
@@ -20,18 +22,11 @@ from typing import Any
 
 import click
 
-from meshctl.cli import targets
 from meshctl.cli.options import file_option, lab_option, node_option, option, output_option
-from meshctl.cli.targets import AgentTarget, EtcdTarget, PinTarget
 from meshctl.errors import InputError, MeshError
-from meshctl.lab.namespaces import build, fabric, state
-from meshctl.lab.namespaces import check as labcheck
-from meshctl.lab.namespaces import nat_router as labnat
-from meshctl.lab.namespaces.spec import KERNEL_SERIES, check_prefix, load_lab
-from meshctl.lab.rigs import netns
-from meshctl.lab.vms import vm, vmlab, vmnodes
-from meshctl.lab.vms.vmlab import Forwarder
-from meshctl.node.shell import pid_alive
+from meshctl.lab.namespaces import state
+from meshctl.lab.rigs.kernels import KERNEL_SERIES
+from meshctl.lab.rigs.waiting import CONVERGE_WAIT, EMULATED_CONVERGE_WAIT
 
 
 def _progress(msg: str) -> None:
@@ -54,12 +49,16 @@ def _term_tears_down(signum: int, frame: object) -> None:
 @file_option(help="Lab or topology file (default: the shipped lab).")
 @click.option("--prefix", default=None, help="Name prefix of everything the lab makes (default: lab.prefix, ml-).")
 @click.option("--wait", type=float, default=None,
-              help=f"Seconds to wait for the agents to converge [default: {build.CONVERGE_WAIT:.0f}; "
-                   f"{vm.EMULATED_CONVERGE_WAIT:.0f} in a VM without KVM].")
+              help=f"Seconds to wait for the agents to converge [default: {CONVERGE_WAIT:.0f}; "
+                   f"{EMULATED_CONVERGE_WAIT:.0f} in a VM without KVM].")
 @click.option("--kernel", default="host", show_default=True, type=click.Choice(["host", *KERNEL_SERIES]),
               help="Run the lab inside a VM booting this Debian kernel (make kernels fetches them); host: here.")
 def lab_up(path: str | None, prefix: str | None, wait: float | None, kernel: str) -> None:
     """Build the lab and start its agents."""
+    from meshctl.lab.namespaces import build
+    from meshctl.lab.namespaces.spec import check_prefix, load_lab
+    from meshctl.lab.vms import vmlab, vmnodes
+
     if path is None:
         path = str(files("meshctl.lab") / "labs" / "default.yaml")
     if prefix is not None:
@@ -78,9 +77,9 @@ def lab_up(path: str | None, prefix: str | None, wait: float | None, kernel: str
                    f"VM booted in {t['boot_s']} s, lab built in {t['lab_s']} s; state in {st.dir}/state.json")
         return
     if spec.options.vms:
-        st = vmnodes.up(spec, prefix=prefix, progress=_progress, wait=wait or vm.EMULATED_CONVERGE_WAIT)
+        st = vmnodes.up(spec, prefix=prefix, progress=_progress, wait=wait or EMULATED_CONVERGE_WAIT)
     else:
-        st = build.up(spec, prefix=prefix, progress=_progress, wait=wait or build.CONVERGE_WAIT,
+        st = build.up(spec, prefix=prefix, progress=_progress, wait=wait or CONVERGE_WAIT,
                       spawn=vmnodes.forked_spawner)
     click.echo(f"lab {st.name} is up ({len(st.nodes())} nodes); state in {st.dir}/state.json")
 
@@ -91,6 +90,9 @@ def lab_up(path: str | None, prefix: str | None, wait: float | None, kernel: str
 @click.option("--count", default=5, show_default=True, help="Pings per pair.")
 def lab_check(lab_name: str | None, output: str, count: int) -> None:
     """Ping every pod pair; print reachability, path (from counters) and RTT. Exit 1 if any fails."""
+    from meshctl.lab.namespaces import check as labcheck
+    from meshctl.lab.vms import vmnodes
+
     st = state.resolve(lab_name)
     results = labcheck.check(st, count=count, run=vmnodes.on_node if st.vms else labcheck.on_host)
     if output == "json":
@@ -108,6 +110,8 @@ def lab_check(lab_name: str | None, output: str, count: int) -> None:
 @lab_option()
 def lab_fabric(subnet: str, kind: str, loss: int, lab_name: str | None) -> None:
     """Turn a running private subnet into another fabric KIND (l2, vpc, vpc-udp, hetzner, blackhole)."""
+    from meshctl.lab.namespaces import fabric
+
     _require_root()
     st = state.resolve(lab_name)
     e = fabric.change(st, subnet, kind, loss)
@@ -122,6 +126,8 @@ def lab_fabric(subnet: str, kind: str, loss: int, lab_name: str | None) -> None:
 @click.option("--kind", default=None, type=click.Choice(["cone", "symmetric"]), help="Turn the NAT into this kind now.")
 def lab_nat(node: str, lab_name: str | None, rebind: bool, kind: str | None) -> None:
     """Show (or with --rebind, change) the NAT of a node listed in lab.nat."""
+    from meshctl.lab.namespaces import nat_router as labnat
+
     st = state.resolve(lab_name)
     cst, n = st.lookup(node)
     if not n.nat:
@@ -151,6 +157,9 @@ def lab_nat(node: str, lab_name: str | None, rebind: bool, kind: str | None) -> 
 def lab_down(lab_name: str | None, all_labs: bool, prefix: str | None) -> None:
     """Remove a lab (the only one up, --lab NAME, or --all): agents, wireguard-go, etcd, pinned
     maps, namespaces. Safe to repeat."""
+    from meshctl.lab.namespaces import build
+    from meshctl.lab.vms import vmlab, vmnodes
+
     names = labs_to_take_down(lab_name, all_labs, prefix, state.labs_up())
     problems = []
     for name in names:
@@ -170,6 +179,10 @@ def lab_down(lab_name: str | None, all_labs: bool, prefix: str | None) -> None:
 @output_option(deprecated={"text": "table"})
 def lab_status(lab_name: str | None, output: str) -> None:
     """Nodes, pods, agents (alive, converged) and etcd of a lab."""
+    from meshctl.lab.namespaces import check as labcheck
+    from meshctl.lab.namespaces import nat_router as labnat
+    from meshctl.node.shell import pid_alive
+
     st = state.resolve(lab_name)
     rows: list[dict[str, Any]] = []
     members = list(st.nodes())
@@ -215,7 +228,7 @@ def lab_status(lab_name: str | None, output: str) -> None:
                    + (f"  behind a {r['nat']}" + ("" if r["nat"] == labnat.FIREWALL6 else " NAT") if r["nat"] else "")
                    + (f"  wireguard {r['wireguard']}" if r["kernel"] else ""))
     if any(r["kernel"] for r in rows):
-        click.echo("  a node is a VM: `meshctl status --node NODE` and `maps dump --node NODE` run inside it")
+        click.echo("  a node is a VM: `meshctl status --lab-node NODE` and `maps dump --node NODE` run inside it")
     else:
         click.echo("  enter a node:  nsenter --net=/run/netns/<NETNS> bash   (ip route; wg show kilo0 needs the "
                    "node's run dir)")
@@ -232,6 +245,9 @@ def pod_group() -> None:
 @option("--cluster-name", "cluster", aliases=("--cluster",), default=None,
         help="The node's cluster (labs with several).")
 def pod_add(lab_name: str | None, node: str, cluster: str | None) -> None:
+    """Add a pod to a lab node: its namespace, veth and route (the node's agent finds it by itself)."""
+    from meshctl.lab.namespaces import build
+
     _require_root()
     pod = build.add_pod(lab_name, node, cluster)
     click.echo(f"pod {pod.ip}{f' and {pod.ip6}' if pod.ip6 else ''} on {node} ({pod.host_if}, namespace {pod.netns})")
@@ -242,6 +258,9 @@ def pod_add(lab_name: str | None, node: str, cluster: str | None) -> None:
 @node_option(required=True, help="The lab node the pod runs on.")
 @click.option("--ip", required=True, help="The pod's address.")
 def pod_remove(lab_name: str | None, node: str, ip: str) -> None:
+    """Remove a pod (by its address) from a lab node."""
+    from meshctl.lab.namespaces import build
+
     _require_root()
     build.remove_pod(lab_name, node, ip)
     click.echo(f"removed pod {ip} from {node}")
@@ -257,6 +276,9 @@ def lab_etcdctl(who: str, lab_name: str | None, cluster_name: str | None, args: 
     """Run etcdctl against a lab cluster's etcd as one of its identities: `meshctl lab etcdctl
     --as b2 -- put /meshctl/default/nodes/a1 x` shows what b2's credentials may do. Exits with
     etcdctl's status."""
+    from meshctl.lab.namespaces import build
+    from meshctl.lab.rigs import netns
+
     st = state.resolve(lab_name)
     cst = next((c for c in st.clusters if cluster_name in (None, c.name)), None)
     if cst is None:
@@ -286,6 +308,8 @@ def labs_to_take_down(lab_name: str | None, all_labs: bool, prefix: str | None, 
     """The labs `lab down` removes: the named one (or the prefix's), every one up with --all,
     else the only one up; with several up and none named it refuses, naming them, so it never
     takes down a lab someone else is using. With none up, the default lab's leftovers."""
+    from meshctl.lab.namespaces.spec import check_prefix
+
     if prefix is not None:
         return [state.lab_name(check_prefix(prefix, "--prefix"))]
     if lab_name is not None:
@@ -298,51 +322,3 @@ def labs_to_take_down(lab_name: str | None, all_labs: bool, prefix: str | None, 
 def _require_root() -> None:
     if os.geteuid() != 0:
         raise MeshError("the lab needs root (network namespaces)")
-
-
-class _Locator:
-    """Lab nodes and lab etcds for the shipped CLI's --node/--lab flags (cli.targets)."""
-
-    def agent(self, lab: str | None, node: str) -> AgentTarget:
-        ns, addr = state.find_node(lab, node)
-        return AgentTarget(ns, addr)
-
-    def pins(self, lab: str | None, node: str) -> PinTarget | None:
-        found: list[tuple[str, PinTarget]] = []
-        for name in [lab] if lab else state.labs_up():
-            st = state.resolve(name)
-            for c, n in st.nodes():
-                # a VM node's pins are in its VM: the Forwarder runs the command there (inside,
-                # the guest's one-node state has no VM and the node is the root namespace)
-                if node in (n.name, f"{c.name}/{n.name}") and n.vm is None:
-                    found.append((st.name, PinTarget(f"{st.pin_root}/{c.name}", n.netns, n.name)))
-        if len(found) > 1:
-            raise InputError("--node", node, f"is in several labs ({', '.join(f[0] for f in found)}): pass --lab")
-        if not found and lab:
-            raise MeshError(f"lab {lab} has no node {node}")
-        return found[0][1] if found else None
-
-    def etcd(self, lab: str | None, cluster: str | None) -> EtcdTarget:
-        acc = state.etcd_access(lab, cluster)
-        return EtcdTarget(tuple(acc.endpoints), acc.ca, acc.cert, acc.key, acc.netns, acc.user, acc.password_file)
-
-    def nodes(self, lab: str | None) -> tuple[str, ...]:
-        return tuple(f"{c.name}/{n.name}" for c, n in state.resolve(lab).nodes())
-
-    def pods(self, lab: str | None) -> dict[str, str]:
-        st = state.resolve(lab)
-        out: dict[str, str] = {}
-        for c, n in st.nodes():
-            for p in n.pods:
-                # A pod of a cluster with global ranges by its own address in its cluster (`explain`
-                # finds it from another cluster's agent at its image).
-                addr = f"{c.name}/{p.ip}" if c.mesh.get("global_cidrs") else p.ip
-                out[p.netns] = out[p.netns.removeprefix(st.prefix)] = addr
-        return out
-
-
-def register(main: click.Group) -> None:
-    """The `meshctl.cli` plugin entry point: the `lab` commands, and lab nodes for --node."""
-    main.add_command(lab_group)
-    targets.register_lab(_Locator())
-    targets.register_forwarder(Forwarder())

@@ -69,6 +69,12 @@ _LEGEND_LABELS: dict[str, str] = {
     "direct+vxlan": "direct+vxlan (VXLAN, private network)",
     "relay": "WireGuard through a relay",
 }
+# The legend's line samples (an HTML label draws text, not lines): by an edge's style attribute.
+_LEGEND_SAMPLE: dict[str, str] = {"solid": "\u2014\u2014\u2014", "dotted": "\u00b7 \u00b7 \u00b7 \u00b7",
+                                  "dashed": "\u2013 \u2013 \u2013", "bold": "<B>\u2014\u2014\u2014</B>"}
+_LEADER_ROW = "leader to member"
+_NO_PATH_ROW = "no path"
+_FELL_BACK_ROW = "fell back from its first rung"
 
 
 # --- the model ---------------------------------------------------------------------------------
@@ -536,13 +542,20 @@ def pair_attrs(p: Pair) -> str:
     return attrs
 
 
+def _drawn_pair(e: Edge, focus: bool) -> Pair:
+    """The pair whose look an edge takes: its one pair between two nodes, else its costliest."""
+    if "location:" not in e.a + e.b and not focus:
+        return e.pairs[0]
+    return max(e.pairs, key=lambda p: (_cost(p.rung), p.fell_back))
+
+
 def _edge_attrs(e: Edge, focus: bool) -> str:
     """Between two nodes: pair_attrs (in a node's view labelled with its rung: the path to each
     peer); to a location's box: the attributes of its costliest pair, labelled with its counts."""
     grouped = "location:" in e.a + e.b
     if not grouped and not focus:
         return pair_attrs(e.pairs[0])
-    worst = max(e.pairs, key=lambda p: (_cost(p.rung), p.fell_back))
+    worst = _drawn_pair(e, focus)
     label = counts(e.pairs) if grouped else _word(worst.rung) + (
         f" via {worst.relay}" if worst.relay else "")
     return _legend_attrs(pair_attrs(worst), _esc(label))
@@ -655,14 +668,17 @@ def model_dot(model: GraphModel, level: str | None = None, node: str | None = No
         if large or e.a.startswith("location:") or e.b.startswith("location:"):
             attrs += ", constraint=false"
         lines.append(f"  {_dot_id(a)} -> {_dot_id(b)} [{attrs}];")
+    leads = 0
     if v.focus is None and model.granularity == "location":
         for loc in model.locations:
             for leader in loc.leaders:
                 for m in loc.nodes:
                     if m != leader and m in v.nodes and leader in v.nodes:
+                        leads += 1
                         lines.append(f"  {_dot_id(leader)} -> {_dot_id(m)} [style=dashed, dir=forward"
                                      f"{', constraint=false' if large else ''}];")
-    return "\n".join([*lines, *_legend(model.live)]) + "\n"
+    shown = legend_rows([_drawn_pair(e, v.focus is not None) for e in v.edges], leaders=leads > 0)
+    return "\n".join([*lines, *legend_dot(shown), "}"]) + "\n"
 
 
 def _grid_lines(boxes: Sequence[str], indent: str, columns: int | None = None) -> list[str]:
@@ -674,15 +690,36 @@ def _grid_lines(boxes: Sequence[str], indent: str, columns: int | None = None) -
             for i in range(len(boxes) - 1) if (i + 1) % cols]
 
 
-def _legend(live: bool) -> list[str]:
-    rows = [f"    legend_{i}_a -> legend_{i}_b [{_legend_attrs(EDGE_ATTRS[r], _LEGEND_LABELS[r])}];"
-            for i, r in enumerate(_LEGEND_LABELS)]
-    rows.append('    legend_leader_a -> legend_leader_b [style=dashed, dir=forward, label="leader to member"];')
-    if live:
-        rows.append(f"    legend_nopath_a -> legend_nopath_b [{NO_PATH_ATTRS}];")
-        rows.append(f'    legend_fell_a -> legend_fell_b [{FELL_BACK_STYLE}, label="fell back from its first rung"];')
-    return ["  subgraph cluster_legend {", '    label="legend";', '    node [shape=plaintext, label=""];',
-            *rows, "  }", "}"]
+def legend_rows(drawn: Iterable[Pair], *, leaders: bool = False) -> list[tuple[str, str]]:
+    """The legend of a picture whose edges look like the pairs `drawn`: (attributes, label) of each
+    kind of edge it draws and of nothing else, cheapest rung first, then no path, a fallen-back
+    pair and the leader-to-member arrows (`leaders`)."""
+    pairs = list(drawn)
+    rows = [(EDGE_ATTRS[r], _LEGEND_LABELS[r]) for r in _EDGE_COST if any(p.rung == r for p in pairs)]
+    if any(p.rung is None for p in pairs):
+        rows.append((NO_PATH_ATTRS, _NO_PATH_ROW))
+    if any(p.fell_back for p in pairs):
+        rows.append((FELL_BACK_STYLE, _FELL_BACK_ROW))
+    if leaders:
+        rows.append(("style=dashed, dir=forward", _LEADER_ROW))
+    return rows
+
+
+def legend_dot(rows: Sequence[tuple[str, str]]) -> list[str]:
+    """One small box listing the kinds of edge the picture draws, each with a sample of its line
+    in its colour (nothing when it draws no edge)."""
+    if not rows:
+        return []
+    cells = []
+    for attrs, label in rows:
+        kv = dict(a.split("=", 1) for a in attrs.split(", "))
+        sample = _LEGEND_SAMPLE[kv.get("style", "solid")] + (" &gt;" if kv.get("dir") == "forward" else "")
+        colour = kv.get("color", "black")
+        cells.append(f'<TR><TD ALIGN="LEFT"><FONT COLOR="{colour}">{sample}</FONT></TD>'
+                     f'<TD ALIGN="LEFT">{_html(label)}</TD></TR>')
+    table = ('<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="1">'
+             + "".join(cells) + "</TABLE>>")
+    return [f"  \"legend:\" [shape=box, style=dashed, color=gray60, margin=0.05, label={table}];"]
 
 
 def graph_dot(topo: Topology, remotes: Sequence[Remote] = (), level: str | None = None, node: str | None = None,

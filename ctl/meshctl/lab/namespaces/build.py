@@ -57,6 +57,7 @@ from meshctl.lab.namespaces.state import (
 from meshctl.lab.namespaces.wiring import PRIVATE_NIC, Progress, add_ns, quiet, wire_pod
 from meshctl.lab.rigs import netns, pki
 from meshctl.lab.rigs.etcd_process import EtcdServer, stop_pid, stop_pids
+from meshctl.lab.rigs.waiting import CONVERGE_WAIT
 from meshctl.mesh import global_ranges
 from meshctl.mesh.model import IPNetwork, Node, Topology
 
@@ -72,7 +73,6 @@ def node_ns(prefix: str, spec: LabSpec, cluster: str, node: str) -> str:
     return f"{prefix}{cluster}-{node}" if spec.multi else f"{prefix}{node}"
 
 
-CONVERGE_WAIT = 60.0  # s `lab up` waits for the agents to converge, unless told otherwise
 
 
 def up(spec: LabSpec, *, prefix: str | None = None, progress: Progress = quiet, wait: float = CONVERGE_WAIT,

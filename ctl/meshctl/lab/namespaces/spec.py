@@ -28,6 +28,7 @@ from meshctl.lab.namespaces.families import (
     subnet6,
 )
 from meshctl.lab.namespaces.nat_router import FIREWALL6, NAT_KINDS, nat_fits
+from meshctl.lab.rigs.kernels import KERNEL_SERIES
 from meshctl.mesh import global_ranges
 from meshctl.mesh.fields import integer, no_unknown_fields
 from meshctl.mesh.model import IPInterface, IPNetwork, Node, Topology
@@ -42,8 +43,6 @@ def _placeholder_key(i: int) -> str:
 LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend", "fabrics", "clustermesh",
               "nat", "vms", "cni", "ip_families")
 MULTI_CLUSTER_FIELDS = ("clusters", "lab")  # a lab file of several clusters: nothing else at the top
-# The Debian kernel series a lab may boot (lab/vms: `nodes[].kernel`, `lab up --kernel`).
-KERNEL_SERIES = ("5.10", "6.1", "6.12")
 DEFAULT_NODE_KERNEL = "6.1"  # a VM node without `kernel`: Debian 12's
 
 __all__ = ["PUBLIC_NET", "LabOptions", "LabSpec", "load_lab", "parse_lab"]

@@ -400,7 +400,8 @@ def etcd_access(lab: str | None, cluster: str | None = None) -> EtcdAccess:
             if cluster == "default" and c.name != "default" and len(st.clusters) > 1:
                 continue
             return c.etcd
-    raise MeshError(f"lab {st.name} has no cluster {cluster}")
+    raise InputError("--cluster-name", cluster, f"is not a cluster of lab {st.name} (its clusters: "
+                     f"{', '.join(c.name for c in st.clusters)})")
 
 
 def kube_access(lab: str | None, cluster: str | None = None) -> KubeAccess:

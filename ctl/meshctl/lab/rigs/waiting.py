@@ -1,11 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Polling helpers shared by the lab's tests and benchmarks."""
+"""Polling helpers shared by the lab's tests and benchmarks, and how long a lab waits for its agents
+(light on purpose: `meshctl lab up --help` shows these bounds without importing the lab builder)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from typing import Any
+
+CONVERGE_WAIT = 60.0  # s `lab up` waits for the agents to converge, unless told otherwise
+# Under TCG a guest runs ~10-50x slower: five agents took 2-5 minutes to converge where the host
+# takes seconds. A lab in such a VM waits longer by default (lab/vms).
+EMULATED_CONVERGE_WAIT = 600.0
 
 
 def wait_for(pred: Callable[[], Any], timeout: float = 10.0, step: float = 0.05) -> Any:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from meshctl.datapath.loader import COMPILE_TIMEOUT_ENV
 from meshctl.errors import MeshError
-from meshctl.lab.namespaces.spec import KERNEL_SERIES
+from meshctl.lab.rigs.kernels import KERNEL_SERIES
 from meshctl.lab.vms import vm
 
 REPO = Path(__file__).resolve().parents[4]

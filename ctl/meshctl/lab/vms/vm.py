@@ -37,8 +37,8 @@ from pathlib import Path
 from meshctl.datapath import loader, objcache
 from meshctl.datapath.features import WITHOUT_ENV
 from meshctl.errors import MeshError
-from meshctl.lab.namespaces.spec import KERNEL_SERIES
 from meshctl.lab.namespaces.state import VmRecord, to_json
+from meshctl.lab.rigs.kernels import KERNEL_SERIES
 from meshctl.lab.vms import zygote
 from meshctl.node.shell import exec_prefix, pid_alive
 
@@ -48,11 +48,9 @@ HOST = "host"
 VM_CPUS = 2
 VM_MEMORY = "3G"
 BOOT_TIMEOUT = 300.0
-# Under TCG a guest runs ~10-50x slower: five agents took 2-5 minutes to converge where the host
-# takes seconds, and an agent busy starting can miss renewing a 5 s lease (its record expires and
-# is published again, its peers churn). A lab in such a VM waits longer by default and gets a
-# longer lease unless its file sets one.
-EMULATED_CONVERGE_WAIT = 600.0
+# Under TCG an agent busy starting can miss renewing a 5 s lease (its record expires and is
+# published again, its peers churn): a lab in such a VM gets a longer lease unless its file sets
+# one (and waits longer: rigs.waiting.EMULATED_CONVERGE_WAIT).
 EMULATED_LEASE_TTL = 30
 KVM_PROBE_TIMEOUT = 20.0
 ACCEL_FILE = Path("/run/meshctl-vm-accel.json")

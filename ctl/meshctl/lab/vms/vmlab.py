@@ -5,7 +5,7 @@ The host keeps a small state file, /run/meshctl-lab/<lab>/state.json with a `vm`
 PIDs and shared directory), so `lab down` finds and stops the VM even after a crash. The lab itself
 is built by the same `meshctl lab up` inside the guest (the guest runs this checkout over the
 host's root filesystem). Every other command about that lab (`lab check`, `lab status`,
-`status --node`, `maps dump --node`, `datapath status --node`, `node list`) is run inside the
+`status --lab-node`, `maps dump --node`, `datapath status --node`, `node list`) is run inside the
 guest as it was typed, its output and exit status passed back: the commands behave the same
 whatever the lab runs in.
 """
@@ -22,11 +22,11 @@ import yaml
 
 from meshctl.backends.file import load_yaml
 from meshctl.errors import MeshError
-from meshctl.lab.namespaces import build as labbuild
 from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.spec import LabSpec
 from meshctl.lab.namespaces.state import LabState
 from meshctl.lab.namespaces.wiring import Progress
+from meshctl.lab.rigs.waiting import CONVERGE_WAIT, EMULATED_CONVERGE_WAIT
 from meshctl.lab.vms import vm
 from meshctl.lab.vms.vm import VM_ROOT
 from meshctl.lab.vms.vmnodes import machine_of
@@ -81,7 +81,7 @@ def up(spec: LabSpec, path: str, series: str, *, prefix: str | None, wait: float
         emulated = machine.accel != "kvm"
         _guest_lab_file(path, machine.shared / GUEST_LAB_FILE, emulated, progress)
         if wait is None:
-            wait = vm.EMULATED_CONVERGE_WAIT if emulated else labbuild.CONVERGE_WAIT
+            wait = EMULATED_CONVERGE_WAIT if emulated else CONVERGE_WAIT
         argv = ["lab", "up", "-f", str(machine.shared / GUEST_LAB_FILE), "--wait", str(wait)]
         if prefix:
             argv += ["--prefix", prefix]
@@ -144,7 +144,7 @@ def _wants_lab(argv: list[str]) -> bool:
         return False
     if argv[0] == "lab":
         return len(argv) > 1 and argv[1] not in HOST_LAB_COMMANDS and argv[1] not in ("--help", "-h")
-    node_flags = ("--node", "--lab-node")  # --lab-node: the deprecated spelling (cli.options)
+    node_flags = ("--lab-node", "--node")  # --node: the deprecated spelling here (cli.options)
     if (argv[:1] == ["status"] or argv[:2] == ["node", "list"]) and any(_option(argv, f) for f in node_flags):
         return True
     if argv[:2] in (["maps", "dump"], ["datapath", "status"]) or argv[:1] == ["monitor"]:

@@ -16,7 +16,7 @@ Layout (prefix P; everything on the host side lives in lab namespaces, as in the
 The host's state (/run/meshctl-lab/<lab>/state.json) holds every node with its VM; the host reaches
 each agent's /status on its public address from the cluster's etcd namespace and runs commands in
 a guest through the VM's shared directory (vms/vm.py). Each guest also gets its own one-node lab
-state, so `status --node`, `maps dump --node` and `datapath status --node` forwarded into that
+state, so `status --lab-node`, `maps dump --node` and `datapath status --node` forwarded into that
 VM (vms/vmlab.py) work there as they do in a namespace lab.
 
 A node's VM receives only its own etcd identity (CA, its client certificate, key and password file,
@@ -50,7 +50,7 @@ from meshctl.lab.namespaces.spec import PUBLIC_NET, LabSpec
 from meshctl.lab.namespaces.state import ClusterState, InVm, LabState, NicState, NodeState, VmRecord
 from meshctl.lab.namespaces.wiring import Progress, pod_entry, quiet, wire_pod
 from meshctl.lab.rigs import netns
-from meshctl.lab.rigs.waiting import wait_for
+from meshctl.lab.rigs.waiting import CONVERGE_WAIT, wait_for
 from meshctl.lab.vms import vm, zygote
 from meshctl.lab.vms.vm import VM_ROOT
 from meshctl.mesh.model import IPNetwork, Node
@@ -97,7 +97,7 @@ def parallel(items: Sequence[T], fn: Callable[[T], object]) -> None:
 # --- host side ---------------------------------------------------------------------------------
 
 
-def up(spec: LabSpec, *, prefix: str | None = None, progress: Progress = quiet, wait: float = labbuild.CONVERGE_WAIT,
+def up(spec: LabSpec, *, prefix: str | None = None, progress: Progress = quiet, wait: float = CONVERGE_WAIT,
        start_agents: bool = True, hold: tuple[str, ...] = ()) -> LabState:
     """Bring a lab.vms lab up: build_vms, every agent started in its VM, converged; on failure
     everything is removed again (VMs included)."""
