@@ -18,15 +18,22 @@ that the receiver's `translated` counter moved in the translated mode and not in
 `from_private` translate); `--pair tunnel`: b1 -> g3 (wireguard-go between the leaders: the tunnel
 device's hooks translate). Prints medians,
 min..max and the ratios translated / plain for throughput and plain / translated for latency (both
-read "translated as a fraction of plain speed"; the goal: >= 0.95x). Runs as root; its lab is named
-`gnb<pid>` and is taken down at the end, pass or fail.
+read "translated as a fraction of plain speed"; the goal: >= 0.95x).
+
+Then the programs' own cost per packet (BPF_PROG_TEST_RUN, one run per call, median of
+`--calls`): `from_pod` on a direct packet and `from_private` on an arriving one, a 1,400-byte TCP
+segment to another cluster's pod with and without translation, side by side (a run that repeats
+would rerun the rewritten packet, which no longer translates). Runs as root; its lab is named
+`gnb<pid>` (its pins `/sys/fs/bpf/gnb<pid>`) and is taken down at the end, pass or fail.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -41,12 +48,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ctl"))
 from datapath import PINGPONG_CLIENT, PINGPONG_SERVER, spread  # noqa: E402  (bench/datapath.py)
 from dual_stack import iperf_to  # noqa: E402  (bench/dual_stack.py)
 from meshctl.backends.etcd import mesh_key  # noqa: E402
+from meshctl.datapath import Datapath, loader  # noqa: E402
 from meshctl.lab.namespaces import build  # noqa: E402
 from meshctl.lab.namespaces import check as labcheck  # noqa: E402
 from meshctl.lab.namespaces import state as labstate  # noqa: E402
 from meshctl.lab.namespaces.spec import parse_lab  # noqa: E402
 from meshctl.lab.namespaces.state import ClusterState, LabState, NodeState  # noqa: E402
 from meshctl.lab.rigs import netns  # noqa: E402
+from meshctl.lab.rigs.testrun import frame, run, with_checksums  # noqa: E402
+from meshctl.mesh.plan import FastPathEntry  # noqa: E402
 
 PAIRS = {"direct": ("a1", "g1"), "tunnel": ("b1", "g3")}
 GLOBAL = {"cluster1": {"10.42.0.0/16": "10.142.0.0/16"}, "cluster2": {"10.44.0.0/16": "10.144.0.0/16"}}
@@ -83,9 +93,10 @@ def target(st: LabState, src: str, dst: str, mode: str) -> str:
     return labcheck.dial_address(cluster_of(st, src), cluster_of(st, dst), addr)
 
 
-def set_mode(st: LabState, mode: str, pair: tuple[str, str]) -> float:
+def set_mode(st: LabState, mode: str, pair: tuple[str, str], settle: float) -> float:
     """Both clusters' mesh records with (translated) or without (plain) global ranges; returns how
-    long the pair took to answer at that mode's address, both ways."""
+    long the pair took to answer at that mode's address, both ways (then waits `settle` seconds, so
+    the agents' passes after the change do not share the CPUs with the measurement)."""
     for c in st.clusters:
         kv = build.etcd_client(c)
         try:
@@ -107,7 +118,9 @@ def set_mode(st: LabState, mode: str, pair: tuple[str, str]) -> float:
         there = labcheck.ping(node(st, a).pods[0].netns, target(st, a, b, mode), count=1, wait=0.3)[1]
         back = labcheck.ping(node(st, b).pods[0].netns, target(st, b, a, mode), count=1, wait=0.3)[1]
         if there and back:
-            return time.monotonic() - t0
+            took = time.monotonic() - t0
+            time.sleep(settle)
+            return took
     raise SystemExit(f"{a} <-> {b} did not answer in mode {mode} within 60 s")
 
 
@@ -123,7 +136,8 @@ def rr(src: NodeState, address: str, requests: int) -> dict[str, float]:
     return json.loads(p.stdout)  # type: ignore[no-any-return]
 
 
-def measure(st: LabState, pair: tuple[str, str], rounds: int, seconds: int, requests: int) -> dict[str, Any]:
+def measure(st: LabState, pair: tuple[str, str], rounds: int, seconds: int, requests: int, settle: float
+            ) -> dict[str, Any]:
     a, b = pair
     src, dst = node(st, a), node(st, b)
     netns.run(dst.pods[0].netns, ["iperf3", "-s", "-D", "-p", str(IPERF_PORT)])
@@ -138,7 +152,7 @@ def measure(st: LabState, pair: tuple[str, str], rounds: int, seconds: int, requ
         time.sleep(0.5)
         for r in range(rounds):
             for mode in MODES if r % 2 == 0 else MODES[::-1]:
-                switch.append(set_mode(st, mode, pair))
+                switch.append(set_mode(st, mode, pair, settle))
                 addr = target(st, a, b, mode)
                 before = translated(st, b)
                 gbps[mode].append(iperf_to(src, addr, seconds, IPERF_PORT))
@@ -162,12 +176,43 @@ def measure(st: LabState, pair: tuple[str, str], rounds: int, seconds: int, requ
             "switch_s": spread(switch), "loadavg": os.getloadavg()}
 
 
+def program_cost(calls: int) -> dict[str, dict[str, float]]:
+    """ns per packet of from_pod (direct) and from_private, translated and plain, side by side."""
+    root = f"/sys/fs/bpf/gnb{os.getpid() % 10000}"
+    loader.ensure_bpffs(root)
+    dp = Datapath.open("unit", pin_root=root)
+    if dp.mode != "ebpf":
+        raise SystemExit(f"datapath: {dp.reason}")
+    try:
+        net, addr = ipaddress.ip_network, ipaddress.ip_address
+        dp.sync([FastPathEntry(net("10.42.1.0/24"), "local", None),
+                 FastPathEntry(net("10.44.1.0/24"), "direct", addr("192.168.0.3")),
+                 FastPathEntry(net("10.144.1.0/24"), "direct", addr("192.168.0.3"), None, True)], "lo")
+        dp.set_global_ranges([(net("10.42.0.0/16"), net("10.142.0.0/16"))])
+        frames = {("from_pod", "plain"): ("10.42.1.5", "10.44.1.7"),
+                  ("from_pod", "translated"): ("10.42.1.5", "10.144.1.7"),
+                  ("from_private", "plain"): ("10.44.1.7", "10.42.1.5"),
+                  ("from_private", "translated"): ("10.144.1.7", "10.142.1.5")}
+        out: dict[str, dict[str, float]] = {"from_pod": {}, "from_private": {}}
+        for r in range(3):  # the modes side by side, the order reversing each round
+            for (prog, mode), (s, d) in (frames.items() if r % 2 == 0 else reversed(frames.items())):
+                pkt = with_checksums(frame(s, d, ttl=255, payload=b"x" * 1400))
+                ns = statistics.median(run(dp.programs[prog], pkt).ns for _ in range(calls))
+                out[prog][mode] = min(out[prog].get(mode, ns), ns)
+        return out
+    finally:
+        dp.close()
+        Datapath.unload("unit", pin_root=root)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--seconds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--pair", choices=sorted(PAIRS), default="direct")
+    ap.add_argument("--settle", type=float, default=2.0, help="Seconds to wait after a mode switch.")
+    ap.add_argument("--calls", type=int, default=3000, help="test runs per program figure")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     prefix = f"gnb{os.getpid() % 10000}-"
@@ -178,7 +223,7 @@ def main() -> None:
         r = labcheck.check(st, pairs=[(f"cluster1/{pair[0]}", f"cluster2/{pair[1]}")])[0]
         if r.path != args.pair:
             raise SystemExit(f"{pair[0]} -> {pair[1]} is on {r.path}, not {args.pair}")
-        out = measure(st, pair, args.rounds, args.seconds, args.requests)
+        out = measure(st, pair, args.rounds, args.seconds, args.requests, args.settle)
     finally:
         build.down(labstate.lab_name(prefix))
     t, p = out["tcp_gbps"]["translated"], out["tcp_gbps"]["plain"]
@@ -194,6 +239,13 @@ def main() -> None:
     print(f"  goal >= 0.95x for both; mode switch (both records written to the pair answering) median "
           f"{out['switch_s']['median']:.2f} s; load average {' '.join(f'{x:.2f}' for x in load_before)} before, "
           f"{' '.join(f'{x:.2f}' for x in out['loadavg'])} after")
+    cost = program_cost(args.calls)
+    out["program_ns"] = cost
+    print(f"  programs, ns per packet (BPF_PROG_TEST_RUN, one run per call, median of {args.calls}, best of 3 "
+          "rounds):")
+    for prog, by in cost.items():
+        print(f"    {prog:<13} translated {by['translated']:.0f}   plain {by['plain']:.0f}   "
+              f"+{by['translated'] - by['plain']:.0f} ns")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
 

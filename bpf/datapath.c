@@ -49,8 +49,7 @@ BPF_TABLE_PINNED("array", __u32, struct mc_flowfilter, flowfilter, 1, MC_PIN_DIR
 BPF_TABLE_PINNED("percpu_array", __u32, struct mc_route_cache_slot, route_cache, MC_ROUTE_CACHE_SLOTS,
                  MC_PIN_DIR "/route_cache");
 BPF_TABLE_PINNED("percpu_array", __u32, struct mc_counter, counters, MC_COUNTERS, MC_PIN_DIR "/counters");
-BPF_TABLE_PINNED("lpm_trie", struct mc_route_key, struct mc_xlate_value, xlate, MC_XLATE_MAX, MC_PIN_DIR "/xlate",
-                 BPF_F_NO_PREALLOC);
+BPF_TABLE_PINNED("array", __u32, struct mc_xlate_value, xlate, MC_XLATE_SLOTS, MC_PIN_DIR "/xlate");
 BPF_TABLE_PINNED("array", __u32, __u64, config, MC_CONFIG_SLOTS, MC_PIN_DIR "/config");
 BPF_TABLE_PINNED("array", __u32, struct mc_mon_slot, mon_slots, MC_MON_SLOTS, MC_PIN_DIR "/mon_slots");
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, mon_lost, MC_MON_SLOTS * MC_MON_LOST_KINDS, MC_PIN_DIR "/mon_lost");
@@ -88,9 +87,9 @@ static __always_inline struct mc_route_cache_slot *mc_route_cache_slot(__u32 i)
     return route_cache.lookup(&i);
 }
 
-static __always_inline struct mc_xlate_value *mc_xlate_lookup(struct mc_route_key *k)
+static __always_inline struct mc_xlate_value *mc_xlate_lookup(__u32 slot)
 {
-    return xlate.lookup(k);
+    return xlate.lookup(&slot);
 }
 
 static __always_inline struct mc_pod_value *mc_pod_lookup(struct mc_pod_key *k)

@@ -83,19 +83,24 @@ struct mc_route_value {
  * so a source in a mapped pod range is rewritten to its image (xlate, below). */
 #define MC_RT_TRANSLATE 1
 
-/* xlate: LPM trie of this cluster's global ranges (mesh.global_cidrs), keyed as routes are. Two kinds
- * of entry, which never overlap: each mapped pod range (MC_XL_OUT: a source leaving the cluster
- * becomes its image) and each global range (MC_XL_IN: a destination arriving from another cluster
- * becomes the local pod again). An image keeps the address's host bits under `to`'s first `plen`
- * bits (the other range, of the same size), so translation needs no state: lib/xlate.h. */
-#define MC_XLATE_MAX 16
+/* xlate: array of this cluster's global ranges (mesh.global_cidrs), one slot per IP family (a cluster
+ * maps at most one pod range per family): its pod range and its global range, of one size. A source
+ * leaving the cluster in the pod range becomes its image in the global range (MC_XL_OUT), a
+ * destination arriving in the global range the pod again (MC_XL_IN): an image keeps the address's
+ * host bits under the other range's first `plen` bits, so translation needs no state (lib/xlate.h).
+ * An array, not an LPM trie: two lookups of a one-element trie cost more than the rest of the
+ * translation. plen 0: the family has no range. */
+#define MC_XLATE_SLOTS 2  /* MC_XLATE_V4, MC_XLATE_V6 */
+#define MC_XLATE_V4 0
+#define MC_XLATE_V6 1
 #define MC_XL_OUT 1
 #define MC_XL_IN 2
 
 struct mc_xlate_value {
-    __u32 kind;         /* MC_XL_OUT / MC_XL_IN */
-    __u32 plen;         /* the range's prefix length (address bits) */
-    union mc_addr to;   /* the other range's first address */
+    __u32 plen;         /* the ranges' prefix length (address bits); 0: none of this family */
+    __u32 pad;
+    union mc_addr pod;  /* the pod range's first address */
+    union mc_addr global; /* the global range's first address */
 };
 
 /* pods: local pod address -> host-side veth (for bpf_redirect_peer). */

@@ -18,10 +18,12 @@
  * computed it: no stack reads it. IPv6 extension headers other than a fragment header are not walked:
  * such packets get their addresses translated and their L4 checksum left (neither end sends them).
  *
- * Addresses are rewritten with bpf_skb_store_bytes and the checksums with bpf_l3/l4_csum_replace
- * (which keep CHECKSUM_PARTIAL and CHECKSUM_COMPLETE packets right, as the kernel's NAT does): the
- * helpers invalidate packet pointers, so each function reads what it needs of `p` first and the
- * caller parses again when anything was rewritten. Nothing here needs a helper newer than 4.x. */
+ * The packet's own addresses are rewritten through the parsed pointers, the IPv4 header checksum by
+ * RFC 1624 arithmetic and the L4 one with bpf_l4_csum_replace (which keeps CHECKSUM_PARTIAL and
+ * CHECKSUM_COMPLETE packets right, as the kernel's NAT does); a quoted packet, beyond what mc_parse
+ * validated, with bpf_skb_load/store_bytes and bpf_l3/l4_csum_replace. Helpers invalidate packet
+ * pointers, so each function reads what it needs of `p` first and the caller parses again when
+ * anything was rewritten. Nothing here needs a helper newer than 4.x. */
 #ifndef MC_LIB_XLATE_H
 #define MC_LIB_XLATE_H
 
@@ -60,25 +62,43 @@ static __always_inline int mc_icmp_is_error(__u32 family, __u8 type)
            type == ICMPV6_PARAMPROB;
 }
 
-/* The xlate entry of `kind` whose range holds address `a`, or NULL. */
-static __always_inline const struct mc_xlate_value *mc_xlate_find(__u32 family, const union mc_addr *a, __u32 kind)
+/* The network mask of word `w` of an address under a prefix of `plen` bits (network order). */
+static __always_inline __u32 mc_prefix_mask(__u32 plen, int w)
 {
-    struct mc_route_key k = {};
-    k.prefixlen = 32 + (family == MC_FAMILY_V4 ? 32 : 128);
-    k.family = family;
-    k.addr = *a;
-    const struct mc_xlate_value *v = mc_xlate_lookup(&k);
-    return v && v->kind == kind ? v : NULL;
+    __s32 bits = (__s32)plen - 32 * w;
+    return bits >= 32 ? 0xffffffff : bits <= 0 ? 0 : bpf_htonl(~((1U << (32 - bits)) - 1));
 }
 
-/* `a` becomes its image under `v`: its host bits under the first v->plen bits of v->to. */
-static __always_inline void mc_xlate_image(const struct mc_xlate_value *v, union mc_addr *a)
+/* Whether `a` lies in the range starting at `net` with `plen` bits (IPv4 uses word 0; the others
+ * are zero on both sides). */
+static __always_inline int mc_in_range(const union mc_addr *a, const union mc_addr *net, __u32 plen)
 {
+    __u32 diff = 0;
+#pragma unroll
+    for (int w = 0; w < 4; w++)
+        diff |= (a->words[w] ^ net->words[w]) & mc_prefix_mask(plen, w);
+    return diff == 0;
+}
+
+/* This node's ranges of `family` when `a` lies in the one `kind` translates from (the pod range for
+ * MC_XL_OUT, the global range for MC_XL_IN), or NULL. */
+static __always_inline const struct mc_xlate_value *mc_xlate_find(__u32 family, const union mc_addr *a, __u32 kind)
+{
+    const struct mc_xlate_value *v = mc_xlate_lookup(family == MC_FAMILY_V4 ? MC_XLATE_V4 : MC_XLATE_V6);
+    if (!v || v->plen == 0)
+        return NULL;
+    return mc_in_range(a, kind == MC_XL_OUT ? &v->pod : &v->global, v->plen) ? v : NULL;
+}
+
+/* `a` becomes its image under `v` the way `kind` goes: its host bits under the first v->plen bits
+ * of the other range. */
+static __always_inline void mc_xlate_image(const struct mc_xlate_value *v, __u32 kind, union mc_addr *a)
+{
+    const union mc_addr *to = kind == MC_XL_OUT ? &v->global : &v->pod;
 #pragma unroll
     for (int w = 0; w < 4; w++) {
-        __s32 bits = (__s32)v->plen - 32 * w;
-        __u32 mask = bits >= 32 ? 0xffffffff : bits <= 0 ? 0 : bpf_htonl(~((1U << (32 - bits)) - 1));
-        a->words[w] = (a->words[w] & ~mask) | (v->to.words[w] & mask);
+        __u32 mask = mc_prefix_mask(v->plen, w);
+        a->words[w] = (a->words[w] & ~mask) | (to->words[w] & mask);
     }
 }
 
@@ -111,24 +131,40 @@ static __always_inline __u32 mc_l4_csum_off(struct __sk_buff *skb, const struct 
     return 0;
 }
 
+/* RFC 1624 incremental update of a ones' complement checksum for one 32-bit field that changes from
+ * `from` to `to` (as two 16-bit words, in the order they sit in the packet: the sum does not depend
+ * on the byte order, so the raw values serve). */
+static __always_inline __u16 mc_csum_replace4(__u16 check, __be32 from, __be32 to)
+{
+    __u32 s = (__u16)~check;
+    s += (~from & 0xffff) + (~from >> 16) + (to & 0xffff) + (to >> 16);
+    s = (s & 0xffff) + (s >> 16);
+    s = (s & 0xffff) + (s >> 16);
+    return (__u16)~s;
+}
+
 /* Writes address `to` (in place of `from`) as the packet's source or destination and fixes the
- * checksums that cover it (`csum`: mc_l4_csum_off's answer, `flags` its flags). 0, or -1 when a
- * helper failed. */
-static __always_inline int mc_xlate_write(struct __sk_buff *skb, __u32 family, __u32 l3, enum mc_xl_side side,
+ * checksums that cover it (`csum`: mc_l4_csum_off's answer, `flags` its flags). The address and the
+ * IPv4 header's checksum are written through `p`'s pointers (RFC 1624, as mc_dec_ttl does: a helper
+ * call each would cost more than the rest of the translation); the L4 checksum with
+ * bpf_l4_csum_replace, which knows whether the packet's checksum is partial or complete, last (it
+ * invalidates the pointers). 0, or -1 when the helper failed. */
+static __always_inline int mc_xlate_write(struct __sk_buff *skb, const struct mc_pkt *p, enum mc_xl_side side,
                                           const union mc_addr *from, const union mc_addr *to, __u32 csum, __u64 flags)
 {
-    if (family == MC_FAMILY_V4) {
-        __u32 off = l3 + (side == MC_XL_SRC ? MC_IP4_SADDR : MC_IP4_DADDR);
-        if (bpf_skb_store_bytes(skb, off, &to->v4, sizeof(to->v4), 0) < 0 ||
-            bpf_l3_csum_replace(skb, l3 + MC_IP4_CSUM, from->v4, to->v4, sizeof(to->v4)) < 0)
-            return -1;
+    if (p->family == MC_FAMILY_V4) {
+        struct iphdr *ip = p->ip4;
+        if (side == MC_XL_SRC)
+            ip->saddr = to->v4;
+        else
+            ip->daddr = to->v4;
+        ip->check = mc_csum_replace4(ip->check, from->v4, to->v4);
         if (csum && bpf_l4_csum_replace(skb, csum, from->v4, to->v4, flags | sizeof(to->v4)) < 0)
             return -1;
         return 0;
     }
-    __u32 off = l3 + (side == MC_XL_SRC ? MC_IP6_SADDR : MC_IP6_DADDR);
-    if (bpf_skb_store_bytes(skb, off, to->bytes, sizeof(to->bytes), 0) < 0)
-        return -1;
+    struct in6_addr *a = side == MC_XL_SRC ? &p->ip6->saddr : &p->ip6->daddr;
+    __builtin_memcpy(a->s6_addr, to->bytes, sizeof(to->bytes));
     if (csum) {
         /* Verifier: bpf_csum_diff reads both addresses from the stack (multiples of 4 bytes). */
         __s64 diff = bpf_csum_diff((__be32 *)from->words, sizeof(from->words), (__be32 *)to->words,
@@ -160,7 +196,7 @@ static __always_inline int mc_xlate_quoted(struct __sk_buff *skb, __u32 family, 
         if (!v)
             return 0;
         to = from;
-        mc_xlate_image(v, &to);
+        mc_xlate_image(v, kind, &to);
         if (bpf_skb_store_bytes(skb, off, &to.v4, sizeof(to.v4), 0) < 0 ||
             bpf_l3_csum_replace(skb, inner + MC_IP4_CSUM, from.v4, to.v4, sizeof(to.v4)) < 0)
             return -1;
@@ -174,7 +210,7 @@ static __always_inline int mc_xlate_quoted(struct __sk_buff *skb, __u32 family, 
     if (!v)
         return 0;
     to = from;
-    mc_xlate_image(v, &to);
+    mc_xlate_image(v, kind, &to);
     __s64 diff = bpf_csum_diff((__be32 *)from.words, sizeof(from.words), (__be32 *)to.words, sizeof(to.words), 0);
     if (bpf_skb_store_bytes(skb, off, to.bytes, sizeof(to.bytes), 0) < 0 ||
         bpf_l4_csum_replace(skb, l4 + MC_ICMP_CSUM, 0, diff, 0) < 0)
@@ -205,16 +241,16 @@ static __always_inline int mc_xlate(struct __sk_buff *skb, struct mc_pkt *p, enu
         mc_saddr(p, &from);
     else
         mc_daddr(p, &from);
-    __u32 family = p->family, l3 = p->l3_off, l4 = p->l4_off;
+    __u32 family = p->family, l4 = p->l4_off;
     int icmp = mc_maybe_icmp_error(p);
     int done = 0;
     const struct mc_xlate_value *v = mc_xlate_find(family, &from, kind);
     if (v) {
         union mc_addr to = from;
-        mc_xlate_image(v, &to);
+        mc_xlate_image(v, kind, &to);
         __u64 flags = 0;
         __u32 csum = mc_l4_csum_off(skb, p, &flags);
-        if (mc_xlate_write(skb, family, l3, side, &from, &to, csum, flags) < 0)
+        if (mc_xlate_write(skb, p, side, &from, &to, csum, flags) < 0)
             return -1;
         mc_note_xlated(n, side == MC_XL_SRC ? MC_XLATED_SRC : MC_XLATED_DST, &to);
         done |= side == MC_XL_SRC ? MC_XLATED_SRC : MC_XLATED_DST;

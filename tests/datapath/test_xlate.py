@@ -235,12 +235,8 @@ def test_an_icmp_error_this_node_sends_another_cluster_quotes_the_image(dp):
 
 
 def test_the_maps_say_what_they_hold(dp):
-    assert dp.global_ranges() == [
-        {"range": "10.42.0.0/16", "kind": "out", "to": "10.142.0.0/16"},
-        {"range": "10.142.0.0/16", "kind": "in", "to": "10.42.0.0/16"},
-        {"range": "fd42:42::/32", "kind": "out", "to": "fd42:142::/32"},
-        {"range": "fd42:142::/32", "kind": "in", "to": "fd42:42::/32"},
-    ]
+    assert dp.global_ranges() == [{"pod_range": "10.42.0.0/16", "global_range": "10.142.0.0/16"},
+                                  {"pod_range": "fd42:42::/32", "global_range": "fd42:142::/32"}]
     assert dp.maps is not None and dp.maps.config_get(layout.CFG_XLATE) == 1
     translated = {e.entry.prefix for e in (layout.decode_route(k, v) for k, v in dp.maps.routes.items().items())
                   if e.entry.translate}

@@ -118,9 +118,9 @@ def maps_dump(node: str | None, lab_name: str | None, pin_root: str | None, netn
             for p in d["pods"]:
                 click.echo(f"  {p['ip']:<28} {p['ifname'] or p['ifindex']}")
             if d.get("global_ranges"):
-                click.echo(f"  {'GLOBAL RANGES':<28} {'KIND':<8} TO")
+                click.echo(f"  {'POD RANGE':<28} GLOBAL RANGE")
                 for g in d["global_ranges"]:
-                    click.echo(f"  {g['range']:<28} {g['kind']:<8} {g['to']}")
+                    click.echo(f"  {g['pod_range']:<28} {g['global_range']}")
         click.echo("\n".join(_counters_table(d["counters"])))
 
 

@@ -316,22 +316,18 @@ class Datapath:
         if self._loaded is None:
             return
         maps = self._loaded.maps
-        want = layout.xlate_table(global_cidrs)
-        if not want:
+        if not global_cidrs:
             maps.config_set(layout.CFG_XLATE, 0)
-        maps.xlate.sync(want)
-        if want:
+        maps.xlate.sync(layout.xlate_table(global_cidrs))  # every slot: an array keeps them all
+        if global_cidrs:
             maps.config_set(layout.CFG_XLATE, 1)
 
     def global_ranges(self) -> list[dict]:
-        """The xlate map as `maps dump` prints it: each range, its direction and the other range."""
+        """The xlate map as `maps dump` prints it: each family's pod range and global range."""
         if self._loaded is None:
             return []
-        from meshctl.mesh.model import sort_key_net
-
-        rows = sorted((layout.decode_xlate(k, v) for k, v in self._loaded.maps.xlate.items().items()),
-                      key=lambda r: sort_key_net(r[0]))
-        return [{"range": str(r), "kind": kind, "to": str(to)} for r, kind, to in rows]
+        rows = [layout.decode_xlate(k, v) for k, v in sorted(self._loaded.maps.xlate.items().items())]
+        return [{"pod_range": str(pod), "global_range": str(glob)} for pod, glob in filter(None, rows)]
 
     def retire(self) -> int:
         """Delete the entries the last `stage` left for it; how many."""

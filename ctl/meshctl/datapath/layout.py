@@ -77,10 +77,10 @@ ROUTE_KEY = struct.Struct("<II16s")        # prefixlen (32 family bits + address
 # action, ifindex, nh_family, encap, outer_family, flags, pad, nexthop, outer_src, outer_dst
 ROUTE_VALUE = struct.Struct("<IIIBBBx16s16s16s")
 RT_TRANSLATE = 1  # flags: the prefix is another cluster's and this one has global ranges (FastPathEntry.translate)
-# The xlate map (meshctl_maps.h): keys as ROUTE_KEY; kind (XL_OUT, XL_IN), prefix length, the other range's start.
-XLATE_VALUE = struct.Struct("<II16s")
-XL_OUT = 1  # a mapped pod range: a source leaving the cluster becomes its image
-XL_IN = 2   # a global range: a destination arriving becomes the local pod
+# The xlate map (meshctl_maps.h): one slot per family (XLATE_SLOT): prefix length (0: none), pad,
+# the pod range's and the global range's first addresses.
+XLATE_VALUE = struct.Struct("<II16s16s")
+XLATE_SLOT = {4: 0, 6: 1}
 POD_KEY = struct.Struct("<I16s")           # family, addr
 POD_VALUE = struct.Struct("<II")           # ifindex, pad
 FLOW4_KEY = struct.Struct("<4s4s2s2sB3x")    # saddr, daddr, sport, dport (network order), proto
@@ -150,7 +150,7 @@ MAP_SIZES = {
     "flowfilter": (U32.size, FLOWFILTER_VALUE_SIZE),
     "route_cache": (U32.size, ROUTE_CACHE_SLOT.size),
     "counters": (U32.size, COUNTER.size),
-    "xlate": (ROUTE_KEY.size, XLATE_VALUE.size),
+    "xlate": (U32.size, XLATE_VALUE.size),
     "config": (U32.size, CONFIG_VALUE.size),
     "mon_slots": (U32.size, MON_SLOT.size),
     "mon_lost": (U32.size, MON_LOST.size),
@@ -289,21 +289,23 @@ def decode_route(key: bytes, value: bytes) -> RouteEntry:
 
 
 def xlate_table(global_cidrs: Iterable[tuple[IPNetwork, IPNetwork]]) -> dict[bytes, bytes]:
-    """The xlate map for a cluster's global ranges (pod range, global range): each pod range as an
-    XL_OUT entry to its global range, each global range as an XL_IN entry back."""
-    out: dict[bytes, bytes] = {}
+    """The xlate map for a cluster's global ranges (pod range, global range; at most one per
+    family): every slot, a family without a range as zeros (an array's slots always exist)."""
+    out = {U32.pack(slot): XLATE_VALUE.pack(0, 0, b"", b"") for slot in XLATE_SLOT.values()}
     for pod, glob in global_cidrs:
-        out[route_key(pod)] = XLATE_VALUE.pack(XL_OUT, pod.prefixlen, glob.network_address.packed)
-        out[route_key(glob)] = XLATE_VALUE.pack(XL_IN, glob.prefixlen, pod.network_address.packed)
+        out[U32.pack(XLATE_SLOT[pod.version])] = XLATE_VALUE.pack(pod.prefixlen, 0, pod.network_address.packed,
+                                                                 glob.network_address.packed)
     return out
 
 
-def decode_xlate(key: bytes, value: bytes) -> tuple[IPNetwork, str, IPNetwork]:
-    """An xlate entry read back: (its range, "out" or "in", the other range)."""
-    plen, fam, addr = ROUTE_KEY.unpack(key)
-    kind, vplen, to = XLATE_VALUE.unpack(value)
-    return (ipaddress.ip_network((_addr(fam, addr), plen - 32)), "out" if kind == XL_OUT else "in",
-            ipaddress.ip_network((_addr(fam, to), vplen)))
+def decode_xlate(key: bytes, value: bytes) -> tuple[IPNetwork, IPNetwork] | None:
+    """An xlate slot read back: (pod range, global range), or None for a family without."""
+    (slot,) = U32.unpack(key)
+    plen, _, pod, glob = XLATE_VALUE.unpack(value)
+    if plen == 0:
+        return None
+    fam = FAMILY_V4 if slot == XLATE_SLOT[4] else FAMILY_V6
+    return ipaddress.ip_network((_addr(fam, pod), plen)), ipaddress.ip_network((_addr(fam, glob), plen))
 
 
 def pod_key(ip: IPAddress) -> bytes:
