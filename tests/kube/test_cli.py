@@ -203,11 +203,12 @@ def test_kubernetes_flags_reach_make_backend(monkeypatch, api, kclient):
                                    "--lease-ttl=4"])
     assert res.exit_code == 0, res.output
     assert cfg is not None and cfg.kvstore_endpoints == ("https://192.0.2.1:2379", "https://192.0.2.2:2379")
-    be = make_backend(cfg)
+    wiring = make_backend(cfg)
+    be, own = wiring.backend, wiring.own.current()
     try:
         assert be.config.get().cluster.server == api.url
         assert be.location_label == "example.com/site" and be.resync_seconds == 7.5
-        assert cfg.pod_cidrs == (ipaddress.ip_network("10.42.9.0/24"),) and cfg.location == "lisbon"
+        assert own.pod_cidrs == (ipaddress.ip_network("10.42.9.0/24"),) and own.location == "lisbon"
         assert be.mirror is not None and be.mirror.client.endpoints == list(cfg.kvstore_endpoints)
         assert be.mirror.lease_ttl == 4
     finally:
@@ -249,8 +250,7 @@ def test_internal_cidr_names_the_private_interface(request):
             "           dict(force_internal_ip=(ipaddress.ip_interface(sys.argv[2]),)),",
             "           dict(private_interface='eth9', internal_cidr=(ipaddress.ip_network(sys.argv[1]),))):",
             "    c = AgentConfig(node_name='n', backend='kubernetes', **kw)",
-            "    resolve_private_interface(c)",
-            "    print(c.private_interface)",
+            "    print(resolve_private_interface(c).private_interface)",
         ])
         out = netns.run(ns, [sys.executable, "-c", code, "10.10.0.0/16", "10.99.0.1/16"]).stdout.split()
         # by CIDR; by a forced address whose NIC holds only the /32; a flag is never overridden

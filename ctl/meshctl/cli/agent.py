@@ -34,7 +34,9 @@ from meshctl.mesh.model import DEFAULT_PORT
 from meshctl.node.cni import CNI_MODES
 
 if TYPE_CHECKING:  # read when a command runs: `--help` imports no agent
-    from meshctl.agent.status import AgentStatus, BackendBlocks, DatapathStatus, PodsStatus, RemotesStatus
+    from meshctl.agent.status import AgentStatus, BackendBlocks, PodsStatus
+    from meshctl.backends.remote_status import RemotesStatus
+    from meshctl.datapath.status import DatapathStatus
 
 
 def _per_family(parse: Any, what: str) -> Any:

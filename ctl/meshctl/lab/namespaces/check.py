@@ -35,7 +35,7 @@ from meshctl.lab.namespaces.state import ClusterState, LabState, NodeState
 from meshctl.lab.rigs import netns
 from meshctl.mesh import global_ranges
 from meshctl.mesh.fields import global_cidrs
-from meshctl.mesh.model import ENCAP_RUNGS
+from meshctl.mesh.model import ENCAP_RUNGS, WIREGUARD_PRIVATE
 from meshctl.node.tunnels import VXLAN_DEV
 from meshctl.node.wireguard.uapi import UapiClient
 
@@ -259,7 +259,7 @@ def _measured_path(delta: list[int], fp: dict[str, int], need: int, expected: st
     if delta[0] >= need:
         if relayed:
             return "relay"
-        return "wireguard-private" if private_endpoint else "tunnel"
+        return WIREGUARD_PRIVATE if private_endpoint else "tunnel"
     if delta[1] >= need and delta[2] >= need:
         return "via-leader"
     if delta[1] >= need and (fp.get("encap", 0) >= need or delta[3] >= need):
