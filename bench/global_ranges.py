@@ -203,6 +203,7 @@ def program_cost(calls: int) -> dict[str, dict[str, float]]:
     finally:
         dp.close()
         Datapath.unload("unit", pin_root=root)
+        os.rmdir(root)
 
 
 def main() -> None:
