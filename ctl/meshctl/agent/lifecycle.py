@@ -28,6 +28,7 @@ from meshctl.agent.steps import (
     CniStep,
     DatapathStep,
     FlannelStep,
+    GlobalRangesStep,
     LoadedDatapath,
     NatStep,
     RoutesStep,
@@ -90,7 +91,8 @@ class Agent:
         # The order is the runner's, from what each step provides and needs (step_runner.step_order).
         runner = StepRunner([WireGuardStep(self.cfg, private_key, secrets), TunnelsStep(self.cfg),
                              FlannelStep(self.cfg), RoutesStep(self.cfg), SysctlsStep(self.cfg), NatStep(self.cfg),
-                             DatapathStep(self.cfg, self._datapath_slot), CniStep(self.cfg)],
+                             DatapathStep(self.cfg, self._datapath_slot),
+                             GlobalRangesStep(self.cfg, self._datapath_slot), CniStep(self.cfg)],
                             self.cfg.resync_interval, pending=self._wake.is_set)
         if self.remotes is None and self._remotes_factory is not None:
             self.remotes = self._remotes_factory(self.wake)

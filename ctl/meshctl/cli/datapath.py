@@ -68,6 +68,9 @@ def _read(node: str, root: str, ns: str | None, counters: bool) -> dict[str, Any
             if not counters:
                 out["entries"] = dp.entries()
                 out["pods"] = dp.pods()
+                ranges = dp.global_ranges()
+                if ranges:  # the cluster's global ranges (docs/clustermesh.md); absent without
+                    out["global_ranges"] = ranges
             return out
         finally:
             dp.close()
@@ -113,6 +116,10 @@ def maps_dump(node: str | None, lab_name: str | None, pin_root: str | None, netn
             click.echo(f"  {'LOCAL POD':<28} HOST VETH")
             for p in d["pods"]:
                 click.echo(f"  {p['ip']:<28} {p['ifname'] or p['ifindex']}")
+            if d.get("global_ranges"):
+                click.echo(f"  {'POD RANGE':<28} GLOBAL RANGE")
+                for g in d["global_ranges"]:
+                    click.echo(f"  {g['pod_range']:<28} {g['global_range']}")
         click.echo("\n".join(_counters_table(d["counters"])))
 
 

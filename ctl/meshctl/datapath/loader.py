@@ -36,7 +36,7 @@ from meshctl.errors import MeshError
 
 log = logging.getLogger("meshctl.datapath")
 
-PROGRAMS = ("from_pod", "from_private", "flow_egress")
+PROGRAMS = ("from_pod", "from_private", "flow_egress", "from_tunnel", "tunnel_egress")
 SOURCE = "datapath.c"
 
 

@@ -53,9 +53,12 @@ class _Locator:
     def pods(self, lab: str | None) -> dict[str, str]:
         st = state.resolve(lab)
         out: dict[str, str] = {}
-        for _, n in st.nodes():
+        for c, n in st.nodes():
             for p in n.pods:
-                out[p.netns] = out[p.netns.removeprefix(st.prefix)] = p.ip
+                # A pod of a cluster with global ranges by its own address in its cluster (`explain`
+                # finds it from another cluster's agent at its image).
+                addr = f"{c.name}/{p.ip}" if c.mesh.get("global_cidrs") else p.ip
+                out[p.netns] = out[p.netns.removeprefix(st.prefix)] = addr
         return out
 
 

@@ -18,6 +18,7 @@ from itertools import chain
 from operator import itemgetter
 from typing import NamedTuple
 
+from meshctl.mesh import global_ranges
 from meshctl.mesh.model import (
     ADDR_BITS,
     Cluster,
@@ -602,8 +603,14 @@ def admit_local(topo: Topology) -> tuple[Topology, list[Rejection]]:
     topology a plan may use, and the rejections: what every agent and `meshctl plan --backend`
     decide alike."""
     claims = Claims()
-    nodes, rejected = admit_nodes(topo.nodes, topo.mesh.subnets, claims=claims,
-                                  allow_default_route=topo.mesh.allow_default_route)
+    candidates, rejected = list(topo.nodes), []
+    if topo.mesh.global_cidrs:
+        problems = [global_ranges.node_problem(n, f"nodes[{i}]", topo.mesh) for i, n in enumerate(topo.nodes)]
+        rejected = [Rejection(n.name, p) for n, p in zip(topo.nodes, problems, strict=True) if p is not None]
+        candidates = [n for n, p in zip(topo.nodes, problems, strict=True) if p is None]
+    nodes, rejected_nodes = admit_nodes(candidates, topo.mesh.subnets, claims=claims,
+                                        allow_default_route=topo.mesh.allow_default_route)
+    rejected += rejected_nodes
     peers, rejected_peers = admit_peers(topo.peers, claims, subnet=topo.mesh.subnets)
     return replace(topo, nodes=tuple(nodes), peers=tuple(peers)), [*rejected, *rejected_peers]
 
@@ -628,7 +635,7 @@ def admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[Re
     of its allowed location IPs covers any of these, a node's address, or is a default route the
     local mesh does not allow. Sharing a private subnet is fine."""
     claims, internal, hosts = _local_claims(local)
-    refused = identity_refusals(local.cluster, [r.cluster for r in remotes])
+    refused = cluster_refusals(local, remotes)
     out: list[Remote] = []
     rejected: list[Rejection] = []
     for remote in sorted(remotes, key=lambda t: t.cluster.name):
@@ -643,6 +650,14 @@ def admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[Re
 
 
 IDENTITY_DOC = "docs/clustermesh.md, 'Changing a cluster's name or id'"
+
+
+def cluster_refusals(local: Topology, remotes: Sequence[Topology]) -> dict[str, str]:
+    """Remote cluster name -> why the whole cluster is refused: its identity (`identity_refusals`),
+    else its global ranges or pod ranges that overlap without them (global_ranges.refusals)."""
+    refused = global_ranges.refusals(local, remotes)
+    refused.update(identity_refusals(local.cluster, [r.cluster for r in remotes]))
+    return refused
 
 
 def identity_refusals(local: Cluster, remotes: Sequence[Cluster]) -> dict[str, str]:
@@ -696,6 +711,9 @@ def _local_claims(local: Topology) -> tuple[Claims, dict[int, str], dict[int, st
         claims.add_peer(p, "local peer")
     for subnet in local.mesh.subnets:
         claims.add(subnet, f"the local WireGuard subnet {subnet}")
+    for pod, glob in local.mesh.global_cidrs:  # a remote pod there would be taken for a local one
+        if claims.conflict(glob) is None:
+            claims.add(glob, f"the local global range {glob} of {pod}")
     return claims, internal, hosts
 
 
@@ -761,11 +779,12 @@ def _admit_cluster(remote: Topology, claims: Claims, internal: dict[int, str], h
     segment: the second member's claim of the same address would conflict with the first's)."""
     cname = remote.cluster.name
     label = f"{cname}.nodes"
+    remote, outside = global_ranges.as_global(remote, label)
     segs = tuple(segments(remote))
     seg_of = {m.name: i for i, s in enumerate(segs) for m in s.members}
     problems = [_segment_problems(s.addresses, claims, internal) for s in segs]
     local_subnets = key_ranges(local.subnets)
-    rejected: list[Rejection] = []
+    rejected = [Rejection(name, why) for name, why in outside]
     candidates = []
     for n in remote.nodes:
         problem = _remote_problem(n, label, problems[seg_of[n.name]], local, local_subnets)

@@ -58,6 +58,7 @@ from meshctl.lab.namespaces.wiring import PRIVATE_NIC, Progress, add_ns, quiet, 
 from meshctl.lab.rigs import netns, pki
 from meshctl.lab.rigs.etcd_process import EtcdServer, stop_pid, stop_pids
 from meshctl.lab.rigs.waiting import CONVERGE_WAIT
+from meshctl.mesh import global_ranges
 from meshctl.mesh.model import IPNetwork, Node, Topology
 from meshctl.node.cni import CONF_NAME
 
@@ -244,8 +245,10 @@ def _start_etcd(spec: LabSpec, st: LabState, fab: str, ci: int, topo: Topology) 
                                cert=str(server_cert.cert), key=str(server_cert.key), log=str(srv.log_file),
                                more_hosts=more))
     _seed_etcd(srv.client(admin_cert), spec, topo, ids)
-    return ClusterState(name=cname, id=topo.cluster.id, etcd=access, port=topo.mesh.port,
-                        mesh={"granularity": topo.mesh.granularity})
+    mesh: dict[str, str] = {"granularity": topo.mesh.granularity}
+    if topo.mesh.global_cidrs:  # what the other clusters dial this one's pods at (check.dial_address)
+        mesh["global_cidrs"] = global_ranges.as_text(topo.mesh.global_cidrs)
+    return ClusterState(name=cname, id=topo.cluster.id, etcd=access, port=topo.mesh.port, mesh=mesh)
 
 
 def _seed_etcd(client: EtcdClient, spec: LabSpec, topo: Topology, ids: dict[str, Identity]) -> None:

@@ -30,6 +30,7 @@ from meshctl.lab.namespaces.families import (
 )
 from meshctl.lab.namespaces.nat_router import FIREWALL6, NAT_KINDS, nat_fits
 from meshctl.lab.rigs.kernels import KERNEL_SERIES
+from meshctl.mesh import global_ranges
 from meshctl.mesh.fields import integer, no_unknown_fields
 from meshctl.mesh.model import IPInterface, IPNetwork, Node, Topology
 from meshctl.mesh.records import node_pod_cidrs, parse_topology
@@ -327,12 +328,27 @@ def parse_lab(doc: Any, source: str = "") -> LabSpec:
                               opts.families_of(n.name, c.cluster.name),
                               "ip_families" if f"{c.cluster.name}/{n.name}" in dict(opts.node_families) else "")
     _check_node_families(opts, clusters)
+    if opts.clustermesh:
+        _check_cluster_ranges(clusters)
     spec = LabSpec(clusters=clusters, options=opts, source=source)
     check_nodes(opts.fabrics, spec.private_subnets(), seen)
     for c in clusters:
         for n in c.nodes:
             spec.private_address6(n, c.cluster.name)  # a derived address that cannot be made says so now
     return spec
+
+
+def _check_cluster_ranges(clusters: tuple[Topology, ...]) -> None:
+    """Clusters the lab joins whose pod ranges overlap must all have global ranges, and no global
+    range may overlap the other clusters' (mesh.global_ranges): the first conflict, as the agents
+    would name it, refuses the file."""
+    for i, a in enumerate(clusters):
+        for j, b in enumerate(clusters):
+            if i == j:
+                continue
+            problem = global_ranges.pair_problem(a, b) or (global_ranges.record_overlap(a, b) if i < j else None)
+            if problem is not None:
+                raise InputError.from_line(f"clusters[{j}]: {problem}")
 
 
 def _check_node_families(opts: LabOptions, clusters: tuple[Topology, ...]) -> None:
