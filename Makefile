@@ -15,9 +15,8 @@ TEST_WORKERS ?= 0
 # The agent image (`make image`): tag it for your registry with IMAGE=registry.example.com/meshctl:TAG.
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= meshctl/meshctl:$(VERSION)
-ENGINE ?= $(firstword $(foreach e,docker podman,$(if $(shell command -v $(e) 2>/dev/null),$(e))))
 
-.PHONY: setup kernels test vmtest lab lab-down lint bench image clean
+.PHONY: setup kernels test vmtest lab lab-down lint bench image base-image clean
 
 setup:
 	@bash scripts/setup.sh
@@ -58,15 +57,16 @@ bench: setup
 	@cd bench && ../$(PY) clustermesh.py
 	@$(PY) bench/watch_reader.py
 
-# Needs no venv and no root: only a container engine (docker or podman; ENGINE= picks one). The
-# Dockerfile's build-objects step compiles with bcc, which creates BPF maps: docker's BuildKit runs it
-# with RUN --security=insecure, allowed by --allow security.insecure (the builder must permit that
-# entitlement, docs/datapath.md); podman gives the build the capabilities instead.
-IMAGE_BUILD_docker = buildx build --allow security.insecure
-IMAGE_BUILD_podman = build --cap-add=CAP_BPF,CAP_PERFMON,CAP_SYS_ADMIN --security-opt seccomp=unconfined
+# Needs no venv: only a container engine (docker with a daemon, or podman; ENGINE= picks one),
+# docs/kubernetes.md "The image". scripts/image.sh picks the engine and the base (Debian's packages
+# through mmdebstrap where no registry answers), hands the build the host's CA bundle (CA_BUNDLE=),
+# compiles the shipped objects in a privileged container and builds the image.
 image:
-	$(if $(ENGINE),,$(error make image: no container engine: install docker or podman, or set ENGINE))
-	$(ENGINE) $(or $(IMAGE_BUILD_$(notdir $(ENGINE))),build) -t $(IMAGE) .
+	@IMAGE='$(IMAGE)' ENGINE='$(ENGINE)' BASE='$(BASE)' CA_BUNDLE='$(CA_BUNDLE)' bash scripts/image.sh build
+
+# The offline base image alone (mmdebstrap), tagged localhost/meshctl/debian:bookworm-slim.
+base-image:
+	@ENGINE='$(ENGINE)' bash scripts/image.sh base
 
 clean:
 	rm -rf $(VENV) build *.egg-info ctl/*.egg-info

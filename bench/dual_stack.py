@@ -58,11 +58,17 @@ def moved(st: LabState, src: NodeState, rung: str) -> int:
 
 
 def iperf(src: NodeState, dst: NodeState, family: int, seconds: int) -> float:
-    """One stream's received Gbit/s from src's first pod to dst's (retried twice on a dropped control connection)."""
+    """One stream's received Gbit/s from src's first pod to dst's."""
     address = dst.pods[0].address(family)
     assert address is not None, f"{dst.name}'s pod has no IPv{family} address"
+    return iperf_to(src, address, seconds, PORT, family)
+
+
+def iperf_to(src: NodeState, address: str, seconds: int, port: int, family: int = 4) -> float:
+    """One stream's received Gbit/s from src's first pod to `address` (retried twice on a dropped
+    control connection)."""
     for attempt in range(3):
-        p = netns.run(src.pods[0].netns, ["iperf3", f"-{family}", "-c", address, "-p", str(PORT), "-t", str(seconds),
+        p = netns.run(src.pods[0].netns, ["iperf3", f"-{family}", "-c", address, "-p", str(port), "-t", str(seconds),
                                           "-J"], check=False, timeout=seconds + 30)
         out = json.loads(p.stdout or "{}")
         if "end" in out and "error" not in out:

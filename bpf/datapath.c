@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
-/* meshctl fast path: three tc programs sharing the pinned maps of meshctl_maps.h.
+/* meshctl fast path: five tc programs sharing the pinned maps of meshctl_maps.h.
  *
  *   from_pod      tc ingress of each host-side pod veth. LPM lookup of the destination; `direct`
  *                 entries are forwarded straight to the private NIC with bpf_redirect_neigh (TTL
@@ -8,17 +8,20 @@
  *   from_private  tc ingress of the private NIC. Encapsulated packets for this node are unwrapped;
  *                 a destination that is a local pod goes straight into the pod with
  *                 bpf_redirect_peer; everything else goes to the kernel.
- *   flow_egress   tc egress of the private NIC, the tunnel device and each pod veth. Records the
- *                 reversed tuple of every flow that left through the kernel (it may be NATed there:
- *                 kube-proxy), so its replies are handed back to the kernel instead of bypassing it.
+ *   flow_egress   tc egress of the private NIC and each pod veth. Records the reversed tuple of
+ *                 every flow that left through the kernel (it may be NATed there: kube-proxy), so
+ *                 its replies are handed back to the kernel instead of bypassing it.
+ *   from_tunnel,  tc ingress and egress of the tunnel device (kilo0, no link-layer header): only
+ *   tunnel_egress the translation of global ranges (lib/xlate.h), which also runs in the three
+ *                 above; with no global ranges they return at once.
  *
  * The kernel's routes stay the source of truth: any packet these programs do not recognise gets
  * TC_ACT_OK and the same treatment as with no program at all.
  *
  * Layout: meshctl_maps.h holds the map layouts; this file declares the maps and holds their
  * accessors and the programs; lib/ holds the parts (features: what the kernel offers, common:
- * header constants and shared helpers, pkt: parsing, flow: tracking, encap, icmp, monitor: the
- * events of `meshctl monitor`, behind one gate lookup per packet). Load-time
+ * header constants and shared helpers, pkt: parsing, flow: tracking, encap, icmp, xlate: global
+ * ranges, monitor: the events of `meshctl monitor`, behind one gate lookup per packet). Load-time
  * settings arrive as cflags (see meshctl_maps.h and lib/features.h).
  */
 #include <uapi/linux/bpf.h>
@@ -46,6 +49,7 @@ BPF_TABLE_PINNED("array", __u32, struct mc_flowfilter, flowfilter, 1, MC_PIN_DIR
 BPF_TABLE_PINNED("percpu_array", __u32, struct mc_route_cache_slot, route_cache, MC_ROUTE_CACHE_SLOTS,
                  MC_PIN_DIR "/route_cache");
 BPF_TABLE_PINNED("percpu_array", __u32, struct mc_counter, counters, MC_COUNTERS, MC_PIN_DIR "/counters");
+BPF_TABLE_PINNED("array", __u32, struct mc_xlate_value, xlate, MC_XLATE_SLOTS, MC_PIN_DIR "/xlate");
 BPF_TABLE_PINNED("array", __u32, __u64, config, MC_CONFIG_SLOTS, MC_PIN_DIR "/config");
 BPF_TABLE_PINNED("array", __u32, struct mc_mon_slot, mon_slots, MC_MON_SLOTS, MC_PIN_DIR "/mon_slots");
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, mon_lost, MC_MON_SLOTS * MC_MON_LOST_KINDS, MC_PIN_DIR "/mon_lost");
@@ -81,6 +85,11 @@ static __always_inline struct mc_route_value *mc_route_lookup(struct mc_route_ke
 static __always_inline struct mc_route_cache_slot *mc_route_cache_slot(__u32 i)
 {
     return route_cache.lookup(&i);
+}
+
+static __always_inline struct mc_xlate_value *mc_xlate_lookup(__u32 slot)
+{
+    return xlate.lookup(&slot);
 }
 
 static __always_inline struct mc_pod_value *mc_pod_lookup(struct mc_pod_key *k)
@@ -163,6 +172,7 @@ static __always_inline long mc_mon_output(__u32 slot, struct mc_event *ev)
 #include "lib/flow.h"
 #include "lib/encap.h"
 #include "lib/icmp.h"
+#include "lib/xlate.h"
 
 /* Counts an outcome, notes it (and why) for the monitor, and returns its tc verdict. */
 static __always_inline int mc_out(struct mc_note *n, __u32 slot, __u32 reason, int verdict)
@@ -249,6 +259,16 @@ static __always_inline long mc_fits(struct __sk_buff *skb, const struct mc_route
 #endif
 }
 
+/* A direct packet to another cluster's pod (`r` flagged MC_RT_TRANSLATE) leaves with its source's
+ * global image (lib/xlate.h); `p` describes the packet as it leaves. 0, or -1: drop. */
+static __always_inline int mc_translate_direct(struct __sk_buff *skb, struct mc_pkt *p, const struct mc_route_value *r,
+                                               struct mc_note *n)
+{
+    if (!(r->flags & MC_RT_TRANSLATE))
+        return 0;
+    return mc_xlate_out(skb, p, n, ETH_HLEN) < 0 ? -1 : 0;
+}
+
 static __always_inline int mc_forward_encap(struct __sk_buff *skb, struct mc_pkt *p, const struct mc_route_value *r,
                                             struct mc_note *n)
 {
@@ -258,7 +278,9 @@ static __always_inline int mc_forward_encap(struct __sk_buff *skb, struct mc_pkt
     if (fits < 0)
         return mc_out(n, MC_C_ERROR, MC_R_HELPER, TC_ACT_SHOT);
     if (fits)
-        return mc_too_big(skb, p, mtu - overhead, n);
+        return mc_too_big(skb, p, mtu - overhead, n); /* the pod's own packet quoted: before translation */
+    if (mc_translate_direct(skb, p, r, n) < 0)
+        return mc_out(n, MC_C_ERROR, MC_R_HELPER, TC_ACT_SHOT);
     if (mc_dec_ttl(p) < 0)
         return mc_out(n, MC_C_PASS, MC_R_TTL, TC_ACT_OK);
     if (mc_encap(skb, p, r) < 0)
@@ -301,6 +323,16 @@ static __always_inline const struct mc_route_value *mc_route(struct mc_route_key
     return r;
 }
 
+/* The routes entry of the packet's destination (mc_route). */
+static __always_inline const struct mc_route_value *mc_route_to(const struct mc_pkt *p, __u32 gen)
+{
+    struct mc_route_key k = {};
+    k.family = p->family;
+    k.prefixlen = 32 + (p->family == MC_FAMILY_V4 ? 32 : 128);
+    mc_daddr(p, &k.addr);
+    return mc_route(&k, gen);
+}
+
 static __always_inline int mc_from_pod(struct __sk_buff *skb, struct mc_note *n)
 {
     __u32 gen = mc_routes_gen();
@@ -308,11 +340,7 @@ static __always_inline int mc_from_pod(struct __sk_buff *skb, struct mc_note *n)
     if (mc_parse(skb, &p) < 0)
         return mc_out(n, MC_C_PASS, MC_R_NOT_IP, TC_ACT_OK);
     mc_note_pkt(n, &p);
-    struct mc_route_key k = {};
-    k.family = p.family;
-    k.prefixlen = 32 + (p.family == MC_FAMILY_V4 ? 32 : 128);
-    mc_daddr(&p, &k.addr);
-    const struct mc_route_value *r = mc_route(&k, gen);
+    const struct mc_route_value *r = mc_route_to(&p, gen);
     if (!r)
         return mc_out(n, MC_C_PASS, MC_R_NO_ENTRY, TC_ACT_OK);
     mc_note_route(n, r);
@@ -330,6 +358,8 @@ static __always_inline int mc_from_pod(struct __sk_buff *skb, struct mc_note *n)
      * never the other way round: the helper would read the IPv4 address as an IPv6 one. */
     if (p.family == MC_FAMILY_V6 && r->nh_family == MC_FAMILY_V4)
         return mc_out(n, MC_C_PASS, MC_R_NEXTHOP, TC_ACT_OK);
+    if (mc_translate_direct(skb, &p, r, n) < 0)
+        return mc_out(n, MC_C_ERROR, MC_R_HELPER, TC_ACT_SHOT);
     if (mc_dec_ttl(&p) < 0)
         return mc_out(n, MC_C_PASS, MC_R_TTL, TC_ACT_OK);
     skb->mark |= MC_MARK;
@@ -349,6 +379,10 @@ static __always_inline int mc_from_private(struct __sk_buff *skb, struct mc_note
         mc_count(MC_C_DECAP, n->len);
         mc_note_decap(n, &p);
     }
+    /* From another cluster to this one's global range: the local pod again, before anything asks
+     * where it goes (the flow LRUs hold the kernel's, local, view of a tuple). */
+    if (mc_xlate_on() && mc_xlate_in(skb, &p, n, ETH_HLEN) < 0)
+        return mc_out(n, MC_C_ERROR, MC_R_HELPER, TC_ACT_SHOT);
     struct mc_pod_key k = {};
     k.family = p.family;
     mc_daddr(&p, &k.addr);
@@ -364,30 +398,27 @@ static __always_inline int mc_from_private(struct __sk_buff *skb, struct mc_note
     return mc_redirected(n, bpf_redirect_peer(ifindex, 0), MC_C_PEER);
 }
 
-/* The tc ingress programs: the gate (mc_note_init), the program's decision, and only with a
- * monitor attached the event (lib/monitor.h). `hook` is a constant: each program keeps one branch. */
-static __always_inline int mc_ingress(struct __sk_buff *skb, __u8 hook)
+/* Leaving the cluster through the kernel for another cluster's pod (its routes entry flagged
+ * MC_RT_TRANSLATE): the source's global image, as from_pod gives direct packets (a Service's DNAT to
+ * a remote endpoint, a node's own ICMP error about a packet from there). Only where the packet
+ * leaves the cluster: the plan flags the entries that leave at this node (a location member's
+ * entries through its own leader are not: the leader sends the packet on and translates it, so no
+ * node of the cluster meets a source of its own global range, which it has no route for and
+ * rp_filter would drop), and on the private NIC only a direct entry's packet leaves (`l2` 0: the
+ * tunnel device's egress, any entry). 0, or -1: drop. */
+static __always_inline int mc_translate_leaving(struct __sk_buff *skb, struct mc_pkt *p, struct mc_note *n, __u32 l2)
 {
-    struct mc_note n;
-    mc_note_init(&n, skb, hook);
-    int verdict = hook == MC_HOOK_FROM_POD ? mc_from_pod(skb, &n) : mc_from_private(skb, &n);
-    if (n.slots)
-        mc_mon_emit(&n);
-    return verdict;
-}
-
-int from_pod(struct __sk_buff *skb)
-{
-    return mc_ingress(skb, MC_HOOK_FROM_POD);
-}
-
-int from_private(struct __sk_buff *skb)
-{
-    return mc_ingress(skb, MC_HOOK_FROM_PRIVATE);
+    if (!mc_xlate_on())
+        return 0;
+    const struct mc_route_value *r = mc_route_to(p, mc_routes_gen());
+    if (!r || !(r->flags & MC_RT_TRANSLATE) || (l2 && r->action != MC_ACT_DIRECT))
+        return 0;
+    return mc_xlate_out(skb, p, n, l2) < 0 ? -1 : 0;
 }
 
 /* Egress events carry MC_C_TRACKED, the program's one counter, whether or not the flow was new;
- * packets from_pod redirected (marked) were reported at their ingress and make none. */
+ * packets from_pod redirected (marked) were reported at their ingress and make none. The flow is
+ * tracked as the kernel saw it, before any translation (its reply is translated back first). */
 int flow_egress(struct __sk_buff *skb)
 {
     if (skb->mark & MC_MARK) {
@@ -398,6 +429,7 @@ int flow_egress(struct __sk_buff *skb)
     struct mc_note n;
     mc_note_init(&n, skb, MC_HOOK_FLOW_EGRESS);
     struct mc_pkt p = {};
+    int verdict = TC_ACT_OK;
     if (mc_parse(skb, &p) < 0) {
         mc_note_end(&n, MC_C_TRACKED, MC_R_NOT_IP);
     } else {
@@ -405,8 +437,66 @@ int flow_egress(struct __sk_buff *skb)
         mc_note_end(&n, MC_C_TRACKED, MC_R_EGRESS);
         if (mc_flow_track(&p))
             mc_count(MC_C_TRACKED, n.len);
+        if (mc_translate_leaving(skb, &p, &n, ETH_HLEN) < 0) {
+            mc_count(MC_C_ERROR, n.len);
+            mc_note_end(&n, MC_C_ERROR, MC_R_HELPER);
+            verdict = TC_ACT_SHOT;
+        }
     }
     if (n.slots)
         mc_mon_emit(&n);
+    return verdict;
+}
+
+/* The tunnel device's hooks: translation only (no link-layer header: mc_parse_l3). They count what
+ * they translate (MC_C_TRANSLATED) and what fails (MC_C_ERROR), not every packet: their programs
+ * run only while the node has global ranges (from_tunnel, tunnel_egress). */
+static __always_inline int mc_tunnel(struct __sk_buff *skb, struct mc_note *n, __u8 hook)
+{
+    struct mc_pkt p = {};
+    if (mc_parse_l3(skb, &p) < 0) {
+        mc_note_end(n, MC_C_PASS, MC_R_NOT_IP);
+        return TC_ACT_OK;
+    }
+    mc_note_pkt(n, &p);
+    int ret = hook == MC_HOOK_FROM_TUNNEL ? mc_xlate_in(skb, &p, n, 0) : mc_translate_leaving(skb, &p, n, 0);
+    if (ret < 0)
+        return mc_out(n, MC_C_ERROR, MC_R_HELPER, TC_ACT_SHOT);
+    mc_note_end(n, MC_C_PASS, hook == MC_HOOK_FROM_TUNNEL ? MC_R_TUNNEL_IN : MC_R_EGRESS);
     return TC_ACT_OK;
+}
+
+/* The programs with a decision (all but flow_egress): the gate (mc_note_init), the decision, and
+ * only with a monitor attached the event (lib/monitor.h). `hook` is a constant: each program keeps
+ * one branch. */
+static __always_inline int mc_program(struct __sk_buff *skb, __u8 hook)
+{
+    struct mc_note n;
+    mc_note_init(&n, skb, hook);
+    int verdict = hook == MC_HOOK_FROM_POD       ? mc_from_pod(skb, &n)
+                  : hook == MC_HOOK_FROM_PRIVATE ? mc_from_private(skb, &n)
+                                                 : mc_tunnel(skb, &n, hook);
+    if (n.slots)
+        mc_mon_emit(&n);
+    return verdict;
+}
+
+int from_pod(struct __sk_buff *skb)
+{
+    return mc_program(skb, MC_HOOK_FROM_POD);
+}
+
+int from_private(struct __sk_buff *skb)
+{
+    return mc_program(skb, MC_HOOK_FROM_PRIVATE);
+}
+
+int from_tunnel(struct __sk_buff *skb)
+{
+    return mc_xlate_on() ? mc_program(skb, MC_HOOK_FROM_TUNNEL) : TC_ACT_OK;
+}
+
+int tunnel_egress(struct __sk_buff *skb)
+{
+    return mc_xlate_on() ? mc_program(skb, MC_HOOK_TUNNEL_EGRESS) : TC_ACT_OK;
 }

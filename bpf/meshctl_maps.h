@@ -19,7 +19,7 @@
 #ifndef MESHCTL_MAPS_H
 #define MESHCTL_MAPS_H
 
-#define MC_LAYOUT_VERSION 3
+#define MC_LAYOUT_VERSION 4
 
 #if !defined(MC_PIN_DIR) || !defined(MC_LOADER_LAYOUT) || !defined(MC_MARK) || !defined(MC_VXLAN_PORT) || \
     !defined(MC_VXLAN_VNI) || !defined(MC_VTEP_OUI) || !defined(MC_PROBE_PORT)
@@ -71,10 +71,36 @@ struct mc_route_value {
     __u8 encap;         /* MC_ENCAP_* */
     __u8 outer_family;  /* encapsulated: MC_FAMILY_V4 or MC_FAMILY_V6, the family of the outer header
                          * (outer_src and outer_dst); the pod packet inside may be either */
-    __u16 pad;
+    __u8 flags;         /* MC_RT_* */
+    __u8 pad;
     union mc_addr nexthop;
     union mc_addr outer_src; /* encapsulated: this node's private address */
     union mc_addr outer_dst; /* encapsulated: the peer's private address */
+};
+
+/* Flags of a route (mc_route_value.flags). MC_RT_TRANSLATE: the prefix is another cluster's and this
+ * cluster has global ranges (the plan's FastPathEntry.translate): a packet to it leaves the cluster,
+ * so a source in a mapped pod range is rewritten to its image (xlate, below). */
+#define MC_RT_TRANSLATE 1
+
+/* xlate: array of this cluster's global ranges (mesh.global_cidrs), one slot per IP family (a cluster
+ * maps at most one pod range per family): its pod range and its global range, of one size. A source
+ * leaving the cluster in the pod range becomes its image in the global range (MC_XL_OUT), a
+ * destination arriving in the global range the pod again (MC_XL_IN): an image keeps the address's
+ * host bits under the other range's first `plen` bits, so translation needs no state (lib/xlate.h).
+ * An array, not an LPM trie: two lookups of a one-element trie cost more than the rest of the
+ * translation. plen 0: the family has no range. */
+#define MC_XLATE_SLOTS 2  /* MC_XLATE_V4, MC_XLATE_V6 */
+#define MC_XLATE_V4 0
+#define MC_XLATE_V6 1
+#define MC_XL_OUT 1
+#define MC_XL_IN 2
+
+struct mc_xlate_value {
+    __u32 plen;         /* the ranges' prefix length (address bits); 0: none of this family */
+    __u32 pad;
+    union mc_addr pod;  /* the pod range's first address */
+    union mc_addr global; /* the global range's first address */
 };
 
 /* pods: local pod address -> host-side veth (for bpf_redirect_peer). */
@@ -189,7 +215,9 @@ struct mc_route_cache_slot {
 #define MC_C_ENCAP 8   /* from_pod: encapsulated (VXLAN or IPIP) and redirected to the private NIC */
 #define MC_C_DECAP 9   /* from_private: an encapsulated packet for this node, decapsulated */
 #define MC_C_TOO_BIG 10 /* from_pod: too big once encapsulated, DF: ICMP "fragmentation needed" sent back */
-#define MC_COUNTERS 11
+#define MC_C_TRANSLATED 11 /* an event on the way, like decap: a source or destination (or an ICMP error's quoted
+                            * packet) rewritten between a pod range and its global range (lib/xlate.h) */
+#define MC_COUNTERS 12
 
 struct mc_counter {
     __u64 packets;
@@ -210,7 +238,8 @@ struct mc_counter {
 #define MC_CFG_PRIVATE6 8 /* this node's private IPv6 in two slots (8: bytes 0-7, 9: bytes 8-15, each in
                            * packet order as a little-endian u64 reads them): the outer destination of
                            * encapsulated packets it accepts over IPv6; all zero accepts none */
-#define MC_CONFIG_SLOTS 10
+#define MC_CFG_XLATE 10 /* 1: xlate holds this cluster's global ranges; 0: no translation (the programs skip it) */
+#define MC_CONFIG_SLOTS 11
 
 /* Monitor (`meshctl monitor`, lib/monitor.h, ctl/meshctl/datapath/monitor.py). New maps only: the
  * layouts above are untouched, so adding them needs no layout bump (a loader of this source
@@ -239,6 +268,8 @@ struct mc_counter {
 #define MC_HOOK_FROM_POD 1     /* tc ingress of a pod veth */
 #define MC_HOOK_FROM_PRIVATE 2 /* tc ingress of the private NIC */
 #define MC_HOOK_FLOW_EGRESS 3  /* tc egress: a packet leaving through the kernel */
+#define MC_HOOK_FROM_TUNNEL 4  /* tc ingress of the tunnel device (kilo0): global destinations translated */
+#define MC_HOOK_TUNNEL_EGRESS 5 /* tc egress of the tunnel device: sources leaving the cluster translated */
 
 /* Event types (bit numbers of mc_mon_slot.types; `--type`). The event's type follows from its
  * outcome (MC_C_*) and whether it was decapsulated (mc_mon_type, lib/monitor.h). */
@@ -265,6 +296,7 @@ struct mc_counter {
 #define MC_R_EGRESS 11      /* left through the kernel (egress hook) */
 #define MC_R_PROBE 12       /* a path probe (UDP to the agent's probe port, MC_PROBE_PORT): the agent answers */
 #define MC_R_NEXTHOP 13     /* an IPv6 packet whose raw direct entry names an IPv4 next hop: no neighbour resolves it, left to the kernel */
+#define MC_R_TUNNEL_IN 14   /* arrived through the tunnel device: the kernel delivers it */
 
 /* mon_lost: counter index slot * MC_MON_LOST_KINDS + kind. */
 #define MC_MON_LOST_RATE 0
@@ -309,13 +341,18 @@ struct mc_event {
     __u8 nh_family;
     __u8 decap;         /* 1: the packet arrived encapsulated and was unwrapped */
     __u8 outer_family;  /* encapsulated or decapsulated: MC_FAMILY_V4 / V6 of outer_src, outer_dst */
-    __u8 pad;
+    __u8 xlated;        /* MC_XLATED_* bits: what the program rewrote (lib/xlate.h); 0: nothing */
     union mc_ports ports;
     union mc_addr saddr;
     union mc_addr daddr;
     union mc_addr nexthop;
     union mc_addr outer_src;
     union mc_addr outer_dst;
+    union mc_addr xsaddr; /* the source after translation (MC_XLATED_SRC), else zero */
+    union mc_addr xdaddr; /* the destination after translation (MC_XLATED_DST), else zero */
 };
+#define MC_XLATED_SRC 1   /* the source became its global image (leaving the cluster) */
+#define MC_XLATED_DST 2   /* the destination, a global image, became the local pod (arriving) */
+#define MC_XLATED_INNER 4 /* an ICMP error: the packet it quotes was translated the other way */
 
 #endif

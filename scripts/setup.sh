@@ -7,10 +7,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# podman, buildah, runc and mmdebstrap: `make image` without a registry (the base from Debian's
+# packages) and the lab's agents from the image (lab.agent image; runc: Debian 12's crun refuses
+# this machine kind's hybrid cgroups, docs/lab.md); containernetworking-plugins: the CNI plugins
+# the `cni: install` labs run (/usr/lib/cni).
 APT_PACKAGES=(python3-venv python3-bpfcc bpftool linux-headers-amd64 etcd-server etcd-client
   wireguard-go wireguard-tools iperf3 nftables iproute2 ipset graphviz iputils-ping procps
-  util-linux openssl ca-certificates iptables vagrant
-  qemu-system-x86 busybox-static cpio kmod file tcpdump chromium)
+  util-linux openssl ca-certificates iptables vagrant curl
+  qemu-system-x86 busybox-static cpio kmod file tcpdump chromium
+  podman buildah runc mmdebstrap containernetworking-plugins)
 VENV=.venv
 
 missing=()
@@ -61,4 +66,13 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   fi
   rm -f "$log"
   touch "$stamp"
+fi
+
+# The tests' and the Kubernetes labs' control plane: kube-apiserver and kube-controller-manager of
+# one pinned version (lab.rigs.kube_binaries: $MESHCTL_KUBE_BINARIES, the unpacked cache, a
+# shared/tools/kubernetes folder beside the checkout, or the official release with its SHA-256),
+# unpacked once under /var/lib/meshctl/kube/. Where none can be had this says where it looked, and
+# the Kubernetes tests fail with that line.
+if ! "$VENV/bin/python" -m meshctl.lab.rigs.kube_binaries; then
+  echo "setup: WARNING: no Kubernetes control plane binaries: the Kubernetes tests and labs will fail" >&2
 fi

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from tests.kubernetes import api, kclient, kube, own_kube  # noqa: F401  (the tests' real control plane)
+
 VM_TESTS = "tests/vm/"
 
 
@@ -32,3 +34,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return "vm" if _is_vm(nodeid) else nodeid.split("::", 1)[0]
 
     return ByFileVmTogether(config, log)
+
+
+from tests.agent_image import agent_image  # noqa: E402, F401 - the session's agent image, for every test that runs it

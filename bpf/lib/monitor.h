@@ -81,6 +81,19 @@ static __always_inline void mc_note_decap(struct mc_note *n, const struct mc_pkt
     mc_note_pkt(n, p);
 }
 
+/* A translation (lib/xlate.h): `bit` (MC_XLATED_*) and the address it made; a quoted packet's
+ * (MC_XLATED_INNER) is not kept, the bit says it was translated. */
+static __always_inline void mc_note_xlated(struct mc_note *n, __u8 bit, const union mc_addr *a)
+{
+    if (!n->slots)
+        return;
+    n->ev.xlated |= bit;
+    if (bit == MC_XLATED_SRC)
+        n->ev.xsaddr = *a;
+    else if (bit == MC_XLATED_DST)
+        n->ev.xdaddr = *a;
+}
+
 /* The interface the packet is redirected to (when no routes entry names it). */
 static __always_inline void mc_note_out(struct mc_note *n, __u32 ifindex)
 {
@@ -180,8 +193,12 @@ static __always_inline void mc_mon_emit(struct mc_note *n)
         if (!(n->slots & (1ULL << i)))
             continue;
         struct mc_mon_slot *s = mc_mon_slot(i);
-        if (!s || !(s->types & (1U << ev->type)) || !mc_mon_prefix_match(&s->src, ev->family, &ev->saddr) ||
-            !mc_mon_prefix_match(&s->dst, ev->family, &ev->daddr))
+        /* A translated address matches in either form (the pod's own, or its image). */
+        if (!s || !(s->types & (1U << ev->type)) ||
+            !(mc_mon_prefix_match(&s->src, ev->family, &ev->saddr) ||
+              ((ev->xlated & MC_XLATED_SRC) && mc_mon_prefix_match(&s->src, ev->family, &ev->xsaddr))) ||
+            !(mc_mon_prefix_match(&s->dst, ev->family, &ev->daddr) ||
+              ((ev->xlated & MC_XLATED_DST) && mc_mon_prefix_match(&s->dst, ev->family, &ev->xdaddr))))
             continue;
         if (!mc_mon_take(s, ev->ts_ns))
             mc_mon_count_lost(i, MC_MON_LOST_RATE);

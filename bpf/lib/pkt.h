@@ -12,13 +12,14 @@
 /* Verifier: packet pointers kept in this struct on the stack keep the range mc_parse proved for
  * them, so the helpers below dereference p->ip4 / p->ip6 without checking data_end again. */
 struct mc_pkt {
-    struct ethhdr *eth;
+    struct ethhdr *eth;        /* NULL on a device without a link-layer header (kilo0: mc_parse_l3) */
     union {                    /* by family: exactly one is valid */
         struct iphdr *ip4;
         struct ipv6hdr *ip6;
     };
     union mc_ports ports;      /* 0 when the packet carries none (or a non-first fragment) */
     __u32 family;              /* MC_FAMILY_V4 / MC_FAMILY_V6 */
+    __u32 l3_off;              /* offset of the IP header from skb->data: ETH_HLEN, or 0 (mc_parse_l3) */
     __u32 l4_off;              /* offset of the L4 header from skb->data */
     __u8 proto;                /* L4 protocol (IPv6: the first next header) */
 };
@@ -28,9 +29,11 @@ static __always_inline int mc_has_ports(__u8 proto)
     return proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP;
 }
 
-/* Fills `p` from an Ethernet frame carrying IPv4 or IPv6. -1: another protocol, truncated or
+/* Fills `p` from a packet carrying IPv4 or IPv6 after `l2` bytes of link-layer header: an Ethernet
+ * frame (ETH_HLEN: mc_parse), or an IP packet on a device without one (0, the protocol read from
+ * skb->protocol: mc_parse_l3). `l2` is a constant in each caller. -1: another protocol, truncated or
  * malformed (the kernel deals with it). */
-static __always_inline int mc_parse(struct __sk_buff *skb, struct mc_pkt *p)
+static __always_inline int mc_parse_from(struct __sk_buff *skb, struct mc_pkt *p, __u32 l2)
 {
     void *data = (void *)(long)skb->data;
     void *end = (void *)(long)skb->data_end;
@@ -40,15 +43,23 @@ static __always_inline int mc_parse(struct __sk_buff *skb, struct mc_pkt *p)
         data = (void *)(long)skb->data;
         end = (void *)(long)skb->data_end;
     }
-    struct ethhdr *eth = data;
-    if ((void *)(eth + 1) > end)
-        return -1;
-    p->eth = eth;
+    __be16 proto;
+    if (l2) {
+        struct ethhdr *eth = data;
+        if ((void *)(eth + 1) > end)
+            return -1;
+        p->eth = eth;
+        proto = eth->h_proto;
+    } else {
+        p->eth = NULL;
+        proto = skb->protocol;
+    }
     p->ports.both = 0;
+    p->l3_off = l2;
     int frag = 0;
     void *l4;
-    if (eth->h_proto == bpf_htons(ETH_P_IP)) {
-        struct iphdr *ip = (void *)(eth + 1);
+    if (proto == bpf_htons(ETH_P_IP)) {
+        struct iphdr *ip = data + l2;
         if ((void *)(ip + 1) > end || ip->version != 4 || ip->ihl < MC_IP_IHL_MIN)
             return -1;
         /* Verifier: the masked header length gives l4 a known upper bound (MC_IP_HLEN_MAX) for the
@@ -60,23 +71,45 @@ static __always_inline int mc_parse(struct __sk_buff *skb, struct mc_pkt *p)
         p->ip4 = ip;
         p->family = MC_FAMILY_V4;
         p->proto = ip->protocol;
-        p->l4_off = ETH_HLEN + hl;
+        p->l4_off = l2 + hl;
         frag = (ip->frag_off & bpf_htons(MC_IP_OFFSET)) != 0;
-    } else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
-        struct ipv6hdr *ip6 = (void *)(eth + 1);
+    } else if (proto == bpf_htons(ETH_P_IPV6)) {
+        struct ipv6hdr *ip6 = data + l2;
         if ((void *)(ip6 + 1) > end || ip6->version != 6)
             return -1;
         l4 = ip6 + 1;
         p->ip6 = ip6;
         p->family = MC_FAMILY_V6;
         p->proto = ip6->nexthdr;
-        p->l4_off = ETH_HLEN + sizeof(*ip6);
+        p->l4_off = l2 + sizeof(*ip6);
     } else {
         return -1;
     }
     if (!frag && mc_has_ports(p->proto) && l4 + sizeof(union mc_ports) <= end)
         p->ports = *(union mc_ports *)l4;
     return 0;
+}
+
+/* An Ethernet frame (the pod veths and the private NIC). */
+static __always_inline int mc_parse(struct __sk_buff *skb, struct mc_pkt *p)
+{
+    return mc_parse_from(skb, p, ETH_HLEN);
+}
+
+/* An IP packet on a device without a link-layer header: the tunnel device (WireGuard, kernel or
+ * wireguard-go's tun), whose tc hooks see the IP header at skb->data. */
+static __always_inline int mc_parse_l3(struct __sk_buff *skb, struct mc_pkt *p)
+{
+    return mc_parse_from(skb, p, 0);
+}
+
+/* The source address, in the 16-byte form of keys. */
+static __always_inline void mc_saddr(const struct mc_pkt *p, union mc_addr *a)
+{
+    if (p->family == MC_FAMILY_V4)
+        a->v4 = p->ip4->saddr;
+    else
+        __builtin_memcpy(a->bytes, p->ip6->saddr.s6_addr, 16);
 }
 
 /* The destination address, in the 16-byte form of keys. */

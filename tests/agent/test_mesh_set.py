@@ -171,6 +171,7 @@ def test_set_writes_the_record_and_get_reads_it_back(etcd: EtcdServer, tmp_path:
     assert json.loads(got.stdout) == {"granularity": "full", "subnet": "10.4.0.0/16", "subnet6": None, "port": 51820,
                                       "intra_subnet": "direct", "private_networks": ["10.10.0.0/16"],
                                       "allow_default_route": False, "wireguard_addressing": "index",
+                                      "global_cidrs": None, "service_cidrs": [],
                                       "leader_hold": 30, "leaders_per_location": 1}
     assert ["granularity", "full"] in [ln.split() for ln in meshctl(etcd, "mesh", "get").stdout.splitlines()]
     after = write(tmp_path, {**doc, "mesh": mesh_to_record(written)}, "after.yaml")
@@ -212,3 +213,33 @@ def test_leader_settings_are_shown_set_and_judged(etcd: EtcdServer, tmp_path: Pa
                        "leaders in 1..16")):
         r = meshctl(etcd, "mesh", "set", bad)
         assert r.exit_code == 2 and r.stderr.strip() == line, r.output
+
+
+def test_global_ranges_are_set_with_a_dry_run_diff_and_bad_ones_refused(etcd: EtcdServer, tmp_path: Path) -> None:
+    """docs/clustermesh.md, "Clusters whose pod ranges overlap": every node shows the change of what
+    it translates its pods to; a range of the wrong size, over the WireGuard subnet or a pod CIDR is
+    one line, and nothing is written."""
+    doc = lab_doc("default")
+    seed(etcd, doc, tmp_path)
+    dry = meshctl(etcd, "mesh", "set", "--dry-run", "global_cidrs=10.42.0.0/16=10.142.0.0/16")
+    assert dry.exit_code == 0, dry.output
+    lines = dry.stdout.splitlines()
+    assert lines[0] == "mesh: global_cidrs - -> 10.42.0.0/16=10.142.0.0/16"
+    assert "  ~ global_cidrs - -> 10.42.0.0/16=10.142.0.0/16" in lines
+    assert lines[-1].startswith("total: 5 node(s), 5 changed;")
+    for bad, why in (("10.42.0.0/16=10.142.0.0/17", "is not the size of the pod range 10.42.0.0/16"),
+                     ("10.42.0.0/16=10.4.0.0/16", "overlaps the WireGuard subnet 10.4.0.0/16"),
+                     ("10.42.0.0/16=10.42.0.0/16", "overlaps the pod range 10.42.0.0/16"),
+                     ("10.40.0.0/16=10.42.0.0/16", "would reject a1: nodes[0].pod_cidr: '10.42.1.0/24' overlaps the "
+                                                   "global range 10.42.0.0/16 of 10.40.0.0/16")):
+        r = meshctl(etcd, "mesh", "set", f"global_cidrs={bad}")
+        assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1 and why in r.stderr, (bad, r.output)
+    c = etcd.client()
+    try:
+        kv = c.get(mesh_key("default"))
+        assert kv is not None and "global_cidrs" not in json.loads(kv.value), "nothing was written"
+    finally:
+        c.close()
+    assert meshctl(etcd, "mesh", "set", "global_cidrs=10.42.0.0/16=10.142.0.0/16").exit_code == 0
+    got = json.loads(meshctl(etcd, "mesh", "get", "-o", "json").stdout)
+    assert got["global_cidrs"] == "10.42.0.0/16=10.142.0.0/16"

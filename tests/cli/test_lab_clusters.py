@@ -118,7 +118,7 @@ def test_graph_and_plan_read_the_labs_own_cluster(etcd: EtcdServer, lab: list[st
     first = obs.nodes[0].name
     res = meshctl("plan", "--lab", "ob", "--node", first, "-o", "json")
     assert res.exit_code == 0 and json.loads(res.stdout)["node"] == first, res.output
-    src = Source(None, None, None, None, "ob", "", None, None, None, None)
+    src = Source(None, None, None, "ob", "", None, None, None, None)
     assert src.clusters == ("obs",)
     assert len(Live(src, "ob").start().nodes) == len(obs.nodes)  # what `meshctl ui --lab ob` serves
 

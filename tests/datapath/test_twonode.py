@@ -108,7 +108,7 @@ def test_pods_maps_hold_the_local_pods(bed):
     assert {"prefix": "10.42.9.0/24", "action": "tunnel", "nexthop": None, "ifname": None, "encap": None,
             "outer_src": None, "outer_dst": None} in entries
     hooks = {(lk["hook"], lk["ifname"]) for lk in status["links"]}
-    assert hooks == {("private-in", "eth1"), ("private-out", "eth1"), ("tunnel-out", "kilo0"),
+    assert hooks == {("private-in", "eth1"), ("private-out", "eth1"), ("tunnel-in", "kilo0"), ("tunnel-out", "kilo0"),
                      ("pod-in", "vp1"), ("pod-out", "vp1")}
     # tcx links where the kernel has them (>= 6.6), clsact filters elsewhere: reported alike
     assert all(lk["kind"] == ("tcx" if features.probe().tcx else "clsact") for lk in status["links"])

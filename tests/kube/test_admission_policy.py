@@ -1,175 +1,193 @@
 # SPDX-License-Identifier: Apache-2.0
-"""manifests/admission-policy.yaml, offline: both objects pass the Kubernetes schemas, and the
-policy's CEL, evaluated here (cel-python), lets the agent change its own node's agent annotations
-and nothing else: not another node, not a person's annotation, not labels or spec, not without a
-token that names its node."""
+"""manifests/ on a real API server, as a user installs them (`kubectl apply -k manifests/`), and
+each agent with the token the kubelet gives its Pod (the `meshctl` ServiceAccount, bound to the
+node's DaemonSet Pod): what RBAC and the ValidatingAdmissionPolicies let one node's agent do, and
+what they refuse, each refusal checked by the server's own message."""
 
 from __future__ import annotations
 
-import copy
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-import celpy
-import kubernetes_validate
 import pytest
-import yaml
+import requests
 
-from meshctl.backends.kube.backend import SEEN_LABEL, seen_configmap
-from meshctl.backends.kube.nodes import AGENT_ANNOTATIONS, LOCATION, PREFIX
+from meshctl.backends.kube import nodes as A
+from meshctl.lab.rigs.kube_control_plane import ControlPlane, token_claims
+from tests.kubernetes import MANIFESTS, kubectl, start_control_plane
+from tests.waiting import wait_until
 
-from .helpers import MANIFESTS
-from .test_manifests import by_kind
-
-POLICY_FILE = MANIFESTS / "admission-policy.yaml"
-# ValidatingAdmissionPolicy v1 exists from 1.30 on; the newest schemas bundled, and 1.30.
-VERSIONS = [kubernetes_validate.latest_version(), "1.30"]
-NODE_KEY = "authentication.kubernetes.io/node-name"
+NODES = {"n1": "192.0.2.1", "n2": "192.0.2.2"}
+SA = "system:serviceaccount:meshctl:meshctl"
 
 
-NODE_POLICY, SUMMARY_POLICY = "meshctl-agent-own-node", "meshctl-agent-own-summary"
+@dataclass
+class As:
+    """Requests with one bearer token, as that identity."""
+
+    cp: ControlPlane
+    token: str
+
+    def call(self, method: str, path: str, body: Any = None, ctype: str = "application/merge-patch+json"
+             ) -> requests.Response:
+        with requests.Session() as s:
+            s.trust_env = False
+            return s.request(method, self.cp.url + path, verify=str(self.cp.ca), timeout=10,
+                             data=json.dumps(body) if body is not None else None,
+                             headers={"Authorization": f"Bearer {self.token}", "Content-Type": ctype})
 
 
-def objects(name: str = NODE_POLICY) -> dict[str, dict[str, Any]]:
-    """The policy `name` and its binding, by kind."""
-    return {d["kind"]: d for d in yaml.safe_load_all(POLICY_FILE.read_text()) if d and d["metadata"]["name"] == name}
-
-
-@pytest.mark.parametrize("version", VERSIONS)
-def test_the_policy_passes_the_schemas(version: str) -> None:
-    docs = [d for d in yaml.safe_load_all(POLICY_FILE.read_text()) if d]
-    assert len(docs) == 4
-    for d in docs:
-        kubernetes_validate.validate(d, version, strict=True)
-    broken = copy.deepcopy(objects()["ValidatingAdmissionPolicy"])
-    broken["spec"]["validations"][0]["expresion"] = "true"  # a typo is caught
-    with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(broken, version, strict=True)
-
-
-@pytest.mark.parametrize("name", [NODE_POLICY, SUMMARY_POLICY])
-def test_binding_and_subject_match_the_other_manifests(name: str) -> None:
-    policy, binding = objects(name)["ValidatingAdmissionPolicy"], objects(name)["ValidatingAdmissionPolicyBinding"]
-    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
-    assert binding["spec"]["validationActions"] == ["Deny"] and policy["spec"]["failurePolicy"] == "Fail"
-    sa = by_kind("ServiceAccount")["metadata"]
-    (cond,) = policy["spec"]["matchConditions"]
-    assert f"'system:serviceaccount:{sa['namespace']}:{sa['name']}'" in cond["expression"]
-    assert "admission-policy.yaml" not in (MANIFESTS / "kustomization.yaml").read_text()  # 1.30+ only: opt in
-
-
-class Policy:
-    """The policy's match condition, variables and validations, compiled with cel-python."""
-
-    def __init__(self, name: str = NODE_POLICY) -> None:
-        spec = objects(name)["ValidatingAdmissionPolicy"]["spec"]
-        self.env = celpy.Environment()
-        self.match = [self._compile(c["expression"]) for c in spec["matchConditions"]]
-        self.variables = [(v["name"], self._compile(v["expression"])) for v in spec["variables"]]
-        # (check, message): a messageExpression is compiled and evaluated like the API server does
-        self.validations = [(self._compile(v["expression"]),
-                             v["message"] if "message" in v else self._compile(v["messageExpression"]))
-                            for v in spec["validations"]]
-
-    def _compile(self, expr: str) -> Any:
-        return self.env.program(self.env.compile(expr))
-
-    def variable(self, request: dict[str, Any], obj: dict[str, Any], old: dict[str, Any], name: str) -> Any:
-        ctx = self._context(request, obj, old)
-        return ctx["variables"][name]
-
-    def _context(self, request: dict[str, Any], obj: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
-        act: dict[str, Any] = {"request": celpy.json_to_cel(request), "object": celpy.json_to_cel(obj),
-                               "oldObject": celpy.json_to_cel(old), "variables": {}}
-        for name, prog in self.variables:
-            act["variables"][name] = prog.evaluate({**act, "variables": celpy.celtypes.MapType(act["variables"])})
-        act["variables"] = celpy.celtypes.MapType(act["variables"])
-        return act
-
-    def review(self, request: dict[str, Any], obj: dict[str, Any], old: dict[str, Any]) -> str | None:
-        """None when the change is allowed (or the policy does not apply), else the first message."""
-        act = self._context(request, obj, old)
-        if not all(bool(m.evaluate(act)) for m in self.match):
-            return None
-        for prog, message in self.validations:
-            if not bool(prog.evaluate(act)):
-                return message if isinstance(message, str) else str(message.evaluate(act))
-        return None
-
-
-AGENT = "system:serviceaccount:meshctl:meshctl"
-
-
-def req(node: str | None = "a1", user: str = AGENT) -> dict[str, Any]:
-    return {"userInfo": {"username": user, "extra": {NODE_KEY: [node]} if node else {}}}
-
-
-def node(name: str = "a1", **ann: str) -> dict[str, Any]:
-    base = {PREFIX + "public-key": "old", PREFIX + LOCATION: "hel", "kubeadm.alpha.kubernetes.io/cri-socket": "x"}
-    base.update(ann)
-    return {"metadata": {"name": name, "annotations": base, "labels": {"kubernetes.io/hostname": name}},
-            "spec": {"podCIDR": "10.42.1.0/24"}}
-
-
-def changed(obj: dict[str, Any], fn: Any) -> dict[str, Any]:
-    out = copy.deepcopy(obj)
-    fn(out)
-    return out
-
-
-# (case, request, old node, new node, None if allowed else words of the message)
-CASES: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any], str | None]] = [
-    ("its own public key", req(), node(), node(**{PREFIX + "public-key": "new"}), None),
-    ("its own last-seen, new", req(), node(), node(**{PREFIX + "last-seen": "2026-12-01T08:00:00Z"}), None),
-    ("another node", req("b2"), node(), node(**{PREFIX + "public-key": "new"}), "may not change node"),
-    ("a person's location", req(), node(), node(**{PREFIX + LOCATION: "fsn"}), "only its own annotations"),
-    ("someone else's annotation", req(), node(), changed(node(), lambda n: n["metadata"]["annotations"].pop(
-        "kubeadm.alpha.kubernetes.io/cri-socket")), "only its own annotations"),
-    ("a label", req(), node(), changed(node(), lambda n: n["metadata"]["labels"].update(role="x")), "labels or spec"),
-    ("the pod CIDR", req(), node(), changed(node(), lambda n: n["spec"].update(podCIDR="10.42.9.0/24")),
-     "labels or spec"),
-    ("a token without its node", req(None), node(), node(**{PREFIX + "public-key": "new"}), "names no node"),
-    ("not the agent", req("b2", user="system:node:b2"), node(), node(**{PREFIX + LOCATION: "fsn"}), None),
-]
+def refused(r: requests.Response, code: int, words: str) -> None:
+    assert r.status_code == code, (r.status_code, r.text)
+    assert words in r.json()["message"], r.json()["message"]
 
 
 @pytest.fixture(scope="module")
-def policy() -> Policy:
-    return Policy()
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, dict[str, As]]]:
+    cp = start_control_plane(tmp_path_factory.mktemp("kube-policy"), manifests=())
+    try:
+        for name in NODES:
+            cp.request("POST", "/api/v1/nodes", {
+                "apiVersion": "v1", "kind": "Node", "spec": {"podCIDR": f"10.42.{name[1]}.0/24"},
+                "metadata": {"name": name, "annotations": {A.PREFIX + A.LOCATION: "loc-a"}}})
+        kubectl(cp.admin_kubeconfig, "apply", "-k", str(MANIFESTS))
+        cp.start_kubelets(NODES)
+
+        def pods() -> dict[str, str]:
+            items = cp.request("GET", "/api/v1/namespaces/meshctl/pods?labelSelector=app.kubernetes.io/name%3Dmeshctl")
+            return {p["spec"].get("nodeName"): p["metadata"]["name"] for p in items["items"]
+                    if (p.get("status") or {}).get("phase") == "Running"}
+
+        running = wait_until(lambda: (p := pods()) and set(NODES) <= set(p) and p, 60, "the DaemonSet's Pods running")
+        agents = {n: As(cp, cp.create_token("meshctl", "meshctl", pod=running[n])) for n in NODES}
+        yield cp, agents
+    finally:
+        cp.stop()
 
 
-@pytest.mark.parametrize("case,request_,old,new,words", CASES, ids=[c[0] for c in CASES])
-def test_the_agent_changes_only_its_own_annotations_on_its_own_node(policy: Policy, case: str, request_: dict,
-                                                                    old: dict, new: dict, words: str | None) -> None:
-    got = policy.review(request_, new, old)
-    if words is None:
-        assert got is None, (case, got)
-    else:
-        assert got is not None and words in got, (case, got)
+def test_the_default_install_holds_the_policies(cluster) -> None:
+    cp, agents = cluster
+    names = {p["metadata"]["name"] for p in cp.request(
+        "GET", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies")["items"]}
+    assert names == {"meshctl-agent-own-node", "meshctl-agent-own-summary", "meshctl-agent-endpointslices",
+                     "meshctl-agent-election"}
+    # The token is the kubelet's kind: bound to the Pod, naming its node.
+    assert token_claims(agents["n1"].token)["kubernetes.io"]["node"]["name"] == "n1"
 
 
-def test_the_policy_lists_exactly_the_keys_the_agent_writes(policy: Policy) -> None:
-    keys = policy.variable(req(), node(), node(), "agentKeys")
-    assert sorted(str(k) for k in keys) == sorted(AGENT_ANNOTATIONS)
+def test_an_agent_changes_its_own_annotations_and_nothing_else_of_any_node(cluster) -> None:
+    _, agents = cluster
+    n1 = agents["n1"]
+    ok = n1.call("PATCH", "/api/v1/nodes/n1", {"metadata": {"annotations": {A.PUBLIC_KEY: "x" * 43 + "=",
+                                                                              A.LAST_SEEN: "1"}}})
+    assert ok.status_code == 200, ok.text
+    refused(n1.call("PATCH", "/api/v1/nodes/n2", {"metadata": {"annotations": {A.PUBLIC_KEY: "y" * 43 + "="}}}),
+            403, "meshctl's agent on n1 may not change node n2")
+    refused(n1.call("PATCH", "/api/v1/nodes/n1", {"metadata": {"annotations": {A.PREFIX + A.LOCATION: "elsewhere"}}}),
+            403, "the agent may change only its own annotations")
+    refused(n1.call("PATCH", "/api/v1/nodes/n1", {"metadata": {"labels": {"topology.kubernetes.io/region": "x"}}}),
+            403, "may not change a node's labels or spec")
+    refused(n1.call("PATCH", "/api/v1/nodes/n2", {"metadata": {"labels": {"topology.kubernetes.io/region": "x"}}}),
+            403, "may not change node n2")
 
 
-def configmap(name: str) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "meshctl", "labels": {SEEN_LABEL: "true"}},
-            "data": {"seen": "{}"}}
+def test_an_agent_writes_only_its_own_summary_configmap(cluster) -> None:
+    _, agents = cluster
+    n1 = agents["n1"]
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "meshctl-seen-n1", "namespace": "meshctl"},
+          "data": {"seen": "{}"}}
+    assert n1.call("POST", "/api/v1/namespaces/meshctl/configmaps", cm, "application/json").status_code == 201
+    other = {**cm, "metadata": {"name": "meshctl-seen-n2", "namespace": "meshctl"}}
+    refused(n1.call("POST", "/api/v1/namespaces/meshctl/configmaps", other, "application/json"), 403,
+            "may write only configmap meshctl-seen-n1, not meshctl-seen-n2")
+    # The shared settings every agent reads: no agent rewrites them.
+    refused(n1.call("PATCH", "/api/v1/namespaces/meshctl/configmaps/meshctl", {"data": {"granularity": "full"}}),
+            403, "may write only configmap meshctl-seen-n1, not meshctl")
 
 
-SUMMARY_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str | None]] = [
-    ("its own summary", req(), configmap(seen_configmap("a1")), None),
-    ("another node's summary", req("b2"), configmap(seen_configmap("a1")), "may write only configmap meshctl-seen-b2"),
-    ("the mesh settings", req(), configmap("meshctl"), "may write only configmap meshctl-seen-a1, not meshctl"),
-    ("a token without its node", req(None), configmap(seen_configmap("a1")), "names no node"),
-    ("not the agent", req(user="kubernetes-admin"), configmap("meshctl"), None),
-]
+def test_an_agent_cannot_write_peers(cluster) -> None:
+    _, agents = cluster
+    peer = {"apiVersion": "meshctl.io/v1alpha1", "kind": "Peer", "metadata": {"name": "sneaky"},
+            "spec": {"allowedIPs": ["10.99.0.0/16"], "publicKey": "z" * 43 + "="}}
+    refused(agents["n1"].call("POST", "/apis/meshctl.io/v1alpha1/peers", peer, "application/json"), 403,
+            f'User "{SA}" cannot create resource "peers" in API group "meshctl.io"')
 
 
-@pytest.mark.parametrize("case,request_,obj,words", SUMMARY_CASES, ids=[c[0] for c in SUMMARY_CASES])
-def test_the_agent_writes_only_its_own_nodes_summary(case: str, request_: dict, obj: dict, words: str | None) -> None:
-    got = Policy(SUMMARY_POLICY).review(request_, obj, {})
-    if words is None:
-        assert got is None, (case, got)
-    else:
-        assert got is not None and words in got, (case, got)
+def test_an_agent_reads_the_peer_keys_secret_only(cluster) -> None:
+    cp, agents = cluster
+    for name in ("meshctl-peer-keys", "meshctl-clustermesh"):
+        cp.request("POST", "/api/v1/namespaces/meshctl/secrets", {
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": {"k": "c2VjcmV0"}})
+    n1 = agents["n1"]
+    assert n1.call("GET", "/api/v1/namespaces/meshctl/secrets/meshctl-peer-keys").status_code == 200
+    refused(n1.call("GET", "/api/v1/namespaces/meshctl/secrets/meshctl-clustermesh"), 403,
+            f'User "{SA}" cannot get resource "secrets" in API group "" in the namespace "meshctl"')
+    refused(n1.call("GET", "/api/v1/namespaces/meshctl/secrets"), 403, 'cannot list resource "secrets"')
+    # The cluster-mesh cache mounts its credentials with an account of its own that holds no grant.
+    cache = cp.request("GET", "/apis/apps/v1/namespaces/meshctl/deployments/meshctl-clustermesh-cache")
+    assert cache["spec"]["template"]["spec"]["serviceAccountName"] == "meshctl-clustermesh-cache"
+
+
+def slice_of(name: str, ns: str, managed_by: str = "meshctl.io") -> dict[str, Any]:
+    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": name, "namespace": ns, "labels": {
+                "kubernetes.io/service-name": "web", "endpointslice.kubernetes.io/managed-by": managed_by}},
+            "addressType": "IPv4", "endpoints": [{"addresses": ["10.43.1.5"]}], "ports": [{"port": 80}]}
+
+
+def test_only_the_elected_agent_writes_endpointslices_and_only_its_own(cluster) -> None:
+    cp, agents = cluster
+    n1, n2 = agents["n1"], agents["n2"]
+    cp.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}})
+    path = "/apis/discovery.k8s.io/v1/namespaces/shop/endpointslices"
+    # Nobody holds the election yet: no agent writes slices, in any namespace.
+    refused(n1.call("POST", path, slice_of("web-remote-1", "shop"), "application/json"), 422,
+            "no params found for policy binding with `Deny` parameterNotFoundAction")
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+             "metadata": {"name": "meshctl-global-services", "namespace": "meshctl"},
+             "spec": {"holderIdentity": "n2", "leaseDurationSeconds": 15}}
+    leases = "/apis/coordination.k8s.io/v1/namespaces/meshctl/leases"
+    refused(n1.call("POST", leases, lease, "application/json"), 403, "may name only itself as the holder, not n2")
+    other = {**lease, "metadata": {"name": "something-else", "namespace": "meshctl"}}
+    refused(n1.call("POST", leases, other, "application/json"), 403,
+            "may write only the Lease meshctl-global-services")
+    lease["spec"]["holderIdentity"] = "n1"
+    assert n1.call("POST", leases, lease, "application/json").status_code == 201
+    wait_until(lambda: n1.call("POST", path, slice_of("web-remote-1", "shop"), "application/json").status_code == 201,
+               10, "the elected agent's slice accepted (the policy's params cache follows the Lease)")
+    # The others may not, even into slices labelled meshctl's.
+    refused(n2.call("POST", path, slice_of("web-remote-2", "shop"), "application/json"), 403,
+            "meshctl's agent on n2 does not hold the Lease meshctl-global-services")
+    # The elected one only writes slices labelled as meshctl's, before and after.
+    refused(n1.call("POST", path, slice_of("web-x", "shop", managed_by="endpointslice-controller.k8s.io"),
+                    "application/json"), 403, "writes only EndpointSlices labelled")
+    theirs = cp.request("POST", path, slice_of("web-abcde", "shop", managed_by="endpointslice-controller.k8s.io"))
+    theirs["endpoints"] = [{"addresses": ["10.43.9.9"]}]
+    refused(n1.call("PUT", f"{path}/web-abcde", theirs, "application/json"), 403,
+            "writes only EndpointSlices labelled")
+    theirs["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"] = "meshctl.io"  # relabelled to take it
+    refused(n1.call("PUT", f"{path}/web-abcde", theirs, "application/json"), 403,
+            "changes or deletes only EndpointSlices labelled")
+    refused(n1.call("DELETE", f"{path}/web-abcde"), 403, "changes or deletes only EndpointSlices labelled")
+    mine = cp.request("GET", f"{path}/web-remote-1")
+    mine["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"] = "endpointslice-controller.k8s.io"
+    refused(n1.call("PUT", f"{path}/web-remote-1", mine, "application/json"), 403,
+            "writes only EndpointSlices labelled")
+    assert n1.call("DELETE", f"{path}/web-remote-1").status_code == 200
+
+
+def test_a_token_without_its_node_is_refused(cluster) -> None:
+    cp, _ = cluster
+    unbound = As(cp, cp.create_token("meshctl", "meshctl"))
+    refused(unbound.call("PATCH", "/api/v1/nodes/n1", {"metadata": {"annotations": {A.LAST_SEEN: "2"}}}), 403,
+            "the agent's token names no node")
+
+
+def test_the_agents_api_is_not_open_on_the_node(cluster) -> None:
+    """The DaemonSet leaves --metrics-addr at its loopback default and opens only the TLS port
+    whose /metrics asks the cluster (tests/agent/test_secure_metrics.py serves it)."""
+    ds = Path(MANIFESTS / "04-daemonset.yaml").read_text()
+    assert "- --metrics-addr" not in ds and "- --secure-metrics-addr=0.0.0.0:9737" in ds

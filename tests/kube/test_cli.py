@@ -76,12 +76,16 @@ def test_the_daemonset_args_parse_into_what_the_pod_provides(monkeypatch):
     assert Path(wg_mounts[run_vol]) == cfg.wg_run_dir
     assert wg["command"][-1] == cfg.wg_interface
     assert str(cfg.wg_run_dir / f"{cfg.wg_interface}.sock") in wg["startupProbe"]["exec"]["command"][-1]
-    # metrics and /healthz on the port the probes and Prometheus use, on every address (hostNetwork)
-    host, port = cfg.metrics_addr.rsplit(":", 1)
+    # the full API (/status, /probe) on loopback only: on the host's network 0.0.0.0 is every pod's
+    assert cfg.metrics_addr.rsplit(":", 1)[0] == "127.0.0.1"
+    # /healthz and /metrics over TLS on every address, on the port the probes and Prometheus use
+    host, port = cfg.secure_metrics_addr.rsplit(":", 1)
     assert host == "0.0.0.0"
     assert int(port) == agent["ports"][0]["containerPort"] == agent["livenessProbe"]["httpGet"]["port"]
     assert agent["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert str(port) == by_kind("DaemonSet")["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"]
+    assert agent["livenessProbe"]["httpGet"]["scheme"] == agent["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    annotations = by_kind("DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+    assert (annotations["prometheus.io/port"], annotations["prometheus.io/scheme"]) == (str(port), "https")
 
 
 def test_the_daemonset_env_from_the_configmap_reaches_the_agent(monkeypatch):
@@ -197,7 +201,7 @@ def test_kubernetes_flags_reach_make_backend(monkeypatch, api, kclient):
     from meshctl.agent.kube_backend import make_backend
 
     create_node(kclient, node_obj("node-1", "10.42.9.0/24", labels={"example.com/site": "lisbon"}))
-    res, cfg = parse(monkeypatch, ["agent", "--backend=kubernetes", "--node=node-1", f"--api-server={api.url}",
+    res, cfg = parse(monkeypatch, ["agent", "--backend=kubernetes", "--node=node-1", f"--kubeconfig={api.kubeconfig}",
                                    "--location-label=example.com/site", "--resync-seconds=7.5",
                                    "--kvstore-endpoints=https://192.0.2.1:2379, https://192.0.2.2:2379",
                                    "--lease-ttl=4"])

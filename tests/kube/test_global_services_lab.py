@@ -1,15 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """Global services on the namespace lab: two clusters with the Kubernetes backend in a cluster mesh
 (each cluster's nodes mirrored into its etcd with --kvstore, each agent watching the other's etcd),
-real agents, real WireGuard. The lab has no EndpointSlice controller: the test writes each
-cluster's own slices as that controller would (its pods' addresses), and checks that the other
-cluster's agents write slices carrying them, follow changes within a second, drop them when the
-Service is no longer exported, reject an endpoint outside the cluster's pod CIDRs alone, and that
-a pod reaches a remote endpoint's address."""
+real agents, real WireGuard. Each cluster is a real control plane whose EndpointSlice
+controller makes the local slices from Pods (the lab's pods, reported Running and Ready at their
+addresses by the kubelet reproduction). The other cluster's elected agent writes slices carrying
+them beside the controller's, follows readiness changes, drops them when the Service is no longer
+exported, rejects an endpoint outside the cluster's pod CIDRs alone; the controller never touches
+meshctl's slices; and a pod reaches a remote endpoint's address."""
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 import time
@@ -22,10 +22,12 @@ import pytest
 
 from meshctl.agent.status import AgentStatus
 from meshctl.cli.agent import format_status
+from meshctl.errors import MeshError
 from meshctl.lab.namespaces import check as labcheck
+from meshctl.lab.namespaces import kube_api, kube_cluster
 from meshctl.lab.namespaces.state import ClusterState, LabState
+from meshctl.lab.rigs import kubelets
 from meshctl.mesh.services import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_NAME_LABEL
-from meshctl.setns import in_netns
 from tests.clustermesh.fixtures import SERVICE_EXPORT_CRD
 from tests.kube.helpers import lab_fixture
 from tests.waiting import wait_until
@@ -53,52 +55,53 @@ SLICES = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
 
 
 def api(c: ClusterState, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-    """One request to a lab cluster's API server, from its namespace (as kubectl would)."""
+    """One request to a lab cluster's API server as its admin, from its namespace."""
     assert c.kube is not None
-    url = c.kube.url + path
-
-    def call() -> tuple[int, Any]:
-        req = urllib.request.Request(url, method=method, data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=5) as r:
-                return r.status, json.loads(r.read() or b"null")
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"null")
-
-    return in_netns(c.kube.netns, call)
+    try:
+        return 200, kube_api.request(c.kube, method, path, body)
+    except MeshError as e:
+        code = re.match(r"\S+ \S+: (\d+)", str(e))
+        return (int(code.group(1)) if code else 0), str(e)
 
 
-def put_slice(c: ClusterState, name: str, service: str, eps: list[tuple[str, bool]]) -> None:
-    """What the EndpointSlice controller would write for the cluster's own pods."""
-    obj: dict[str, Any] = {
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": name, "namespace": "default",
-                     "labels": {SERVICE_NAME_LABEL: service, MANAGED_BY_LABEL: "endpointslice-controller.k8s.io"}},
-        "addressType": "IPv4", "ports": [{"name": "echo", "port": 7, "protocol": "TCP"}],
-        "endpoints": [{"addresses": [a], "conditions": {"ready": r}} for a, r in eps]}
-    code, cur = api(c, "GET", f"{SLICES}/{name}")
+def run_pod(lab: LabState, c: ClusterState, node: str, service: str, *, ready: bool = True) -> None:
+    """The Pod of `node`'s lab pod behind `service`, (re)made with its readiness: what a kubelet
+    would report for it, so the EndpointSlice controller lists it."""
+    pod = lab.lookup(node)[1].pods[0]
+    name = f"{service}-{node}"
+    obj = kube_cluster.pod_object(name, "default", node, pod.ip, {"app": service}, ready=ready)
+    code, _ = api(c, "GET", f"/api/v1/namespaces/default/pods/{name}")
     if code == 200:
-        obj["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
-        code, _ = api(c, "PUT", f"{SLICES}/{name}", obj)
-        assert code == 200, code
+        assert c.kube is not None
+        ann = {kubelets.READY_ANNOTATION: None, **obj["metadata"]["annotations"]}  # null: merge-patch removes it
+        kube_api.request(c.kube, "PATCH", f"/api/v1/namespaces/default/pods/{name}", {"metadata": {"annotations": ann}},
+                         content_type="application/merge-patch+json")
     else:
-        code, _ = api(c, "POST", SLICES, obj)
-        assert code == 201, code
+        wait(lambda: api(c, "POST", "/api/v1/namespaces/default/pods", obj)[0] == 200, 30, f"pod {name} created")
 
 
 def service(c: ClusterState, name: str, annotations: dict[str, str]) -> None:
-    code, _ = api(c, "POST", "/api/v1/namespaces/default/services",
-                  {"apiVersion": "v1", "kind": "Service",
-                   "metadata": {"name": name, "namespace": "default", "annotations": annotations},
-                   "spec": {"ports": [{"name": "echo", "port": 7}]}})
-    assert code == 201, code
+    code, err = api(c, "POST", "/api/v1/namespaces/default/services",
+                    {"apiVersion": "v1", "kind": "Service",
+                     "metadata": {"name": name, "namespace": "default", "annotations": annotations},
+                     "spec": {"selector": {"app": name}, "ports": [{"name": "echo", "port": 7}]}})
+    assert code == 200, err
+
+
+def controller_slices(c: ClusterState, service: str) -> dict[str, list[str]]:
+    """The EndpointSlice controller's slices of `service`: ready addresses by slice."""
+    sel = f"{MANAGED_BY_LABEL}=endpointslice-controller.k8s.io,{SERVICE_NAME_LABEL}={service}"
+    code, doc = api(c, "GET", f"{SLICES}?labelSelector={urllib.request.quote(sel)}")
+    assert code == 200, doc
+    return {s["metadata"]["name"]: sorted(a for e in s.get("endpoints") or ()
+                                          if (e.get("conditions") or {}).get("ready") for a in e["addresses"])
+            for s in doc.get("items") or ()}
 
 
 def meshctl_slices(c: ClusterState, service: str) -> dict[str, list[str]]:
     sel = f"{MANAGED_BY_LABEL}={MANAGED_BY},{SERVICE_NAME_LABEL}={service}"
     code, doc = api(c, "GET", f"{SLICES}?labelSelector={urllib.request.quote(sel)}")
-    assert code == 200, code
+    assert code == 200, doc
     return {s["metadata"]["name"]: sorted(a for e in s.get("endpoints") or () for a in e["addresses"])
             for s in doc.get("items") or ()}
 
@@ -116,19 +119,22 @@ def test_global_services_across_two_kubernetes_clusters(lab: LabState) -> None:
         wait(lambda c=c: all(x.get("ready") and x.get("nodes") == 2 for x in
                              (clustermesh_of(lab, c.nodes[0].name).get("clusters") or [{}])), 120,
              f"{c.name}'s cluster mesh ready")
-        code, _ = api(c, "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", SERVICE_EXPORT_CRD)
-        assert code == 201, code
-    if api(c1, "GET", "/api/v1/namespaces/default/services")[0] == 404:
-        pytest.skip("this lab's API server does not serve Services yet (the kube_apiserver package adds them)")
+        code, err = api(c, "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", SERVICE_EXPORT_CRD)
+        assert code == 200, err
+        wait(lambda c=c: api(c, "GET", "/apis/multicluster.x-k8s.io/v1alpha1/serviceexports")[0] == 200, 30,
+             "the ServiceExport CRD served")
     # cluster1: web global by annotation; cluster2: web exported by an MCS ServiceExport.
     service(c1, "web", {"service.cilium.io/global": "true"})
     service(c2, "web", {})
-    code, _ = api(c2, "POST", "/apis/multicluster.x-k8s.io/v1alpha1/namespaces/default/serviceexports",
-                  {"apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceExport",
-                   "metadata": {"name": "web", "namespace": "default"}})
-    assert code == 201, code
-    put_slice(c1, "web-own", "web", [(pods["a1"], True), (pods["a2"], True)])
-    put_slice(c2, "web-own", "web", [(pods["g1"], True), (pods["g2"], False)])
+    code, err = api(c2, "POST", "/apis/multicluster.x-k8s.io/v1alpha1/namespaces/default/serviceexports",
+                    {"apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceExport",
+                     "metadata": {"name": "web", "namespace": "default"}})
+    assert code == 200, err
+    for node in ("a1", "a2", "g1"):
+        run_pod(lab, c1 if node.startswith("a") else c2, node, "web")
+    run_pod(lab, c2, "g2", "web", ready=False)
+    wait(lambda: sorted(a for x in controller_slices(c1, "web").values() for a in x)
+         == sorted([pods["a1"], pods["a2"]]), 60, "cluster1's controller listing a1's and a2's pods")
     wait(lambda: meshctl_slices(c1, "web") == {"web-cluster2-v4-0": [pods["g1"]]}, 30, "cluster1 serves g1's pod")
     wait(lambda: meshctl_slices(c2, "web") == {"web-cluster1-v4-0": sorted([pods["a1"], pods["a2"]])}, 30,
          "cluster2 serves cluster1's pods")
@@ -148,13 +154,17 @@ def test_global_services_across_two_kubernetes_clusters(lab: LabState) -> None:
     for i in range(6):
         ready = i % 2 == 0
         t0 = time.monotonic()
-        put_slice(c2, "web-own", "web", [(pods["g1"], True), (pods["g2"], ready)])
+        run_pod(lab, c2, "g2", "web", ready=ready)
         want = sorted([pods["g1"], pods["g2"]]) if ready else [pods["g1"]]
-        wait(lambda want=want: meshctl_slices(c1, "web") == {"web-cluster2-v4-0": want}, 10, f"change {i}")
+        wait(lambda want=want: meshctl_slices(c1, "web") == {"web-cluster2-v4-0": want}, 30, f"change {i}")
         lat.append(time.monotonic() - t0)
     print(f"lab slice follow latency: median {statistics.median(lat) * 1000:.0f} ms, "
           f"max {max(lat) * 1000:.0f} ms over {len(lat)} changes: {[round(x * 1000) for x in lat]}")
-    assert max(lat) < 1.0, lat
+    # The readiness goes through the kubelet, the EndpointSlice controller and the other cluster's
+    # agent (bench/ measures how fast); here it only has to follow.
+    # The EndpointSlice controller never wrote meshctl's slice: every write to it was meshctl's.
+    code, mine = api(c1, "GET", f"{SLICES}/web-cluster2-v4-0")
+    assert code == 200 and {m["manager"] for m in mine["metadata"]["managedFields"]} == {"meshctl"}, mine
     # Status: one global service on every cluster1 agent, listed with --verbose.
     for n in c1.nodes:
         doc = labcheck.agent_status(n)
@@ -162,8 +172,10 @@ def test_global_services_across_two_kubernetes_clusters(lab: LabState) -> None:
         text = format_status(AgentStatus.from_json(doc), verbose=True)
         assert "ClusterMesh: 1/1 remote clusters ready, 1 global-services" in text, text
         assert any(line.strip().startswith("default/web  local 2  remote cluster2 ") for line in text.splitlines())
-    # An endpoint outside cluster2's pod CIDRs (a host address) is rejected alone, and named.
-    put_slice(c2, "web-own", "web", [(pods["g1"], True), ("10.10.1.21", True)])
+    # An endpoint outside cluster2's pod CIDRs (a host address: a hostNetwork pod) is rejected
+    # alone, and named.
+    host = kube_cluster.pod_object("web-host", "default", "g1", "10.10.1.21", {"app": "web"})
+    assert api(c2, "POST", "/api/v1/namespaces/default/pods", host)[0] == 200
     wait(lambda: any(r["name"] == "cluster2/services/default/web/10.10.1.21"
                      for r in clustermesh_of(lab, "a1").get("service_rejections") or ()), 10, "rejection named")
     assert meshctl_slices(c1, "web") == {"web-cluster2-v4-0": [pods["g1"]]}
@@ -173,9 +185,8 @@ def test_global_services_across_two_kubernetes_clusters(lab: LabState) -> None:
     assert code == 200, code
     wait(lambda: meshctl_slices(c1, "web") == {}, 10, "slice removed")
     print(f"lab slice removal after the export went: {(time.monotonic() - t0) * 1000:.0f} ms")
-    # cluster1's own slices were never touched.
-    code, own = api(c1, "GET", f"{SLICES}/web-own")
-    assert code == 200 and sorted(e["addresses"][0] for e in own["endpoints"]) == sorted([pods["a1"], pods["a2"]])
+    # cluster1's own slices are the controller's, untouched by meshctl.
+    assert sorted(a for x in controller_slices(c1, "web").values() for a in x) == sorted([pods["a1"], pods["a2"]])
 
 
 def test_kubernetes_agents_follow_the_other_cluster_through_the_cache(lab: LabState) -> None:

@@ -2,11 +2,10 @@
 """`meshctl lab kubeconfig [--lab NAME] [--cluster-name C]`: the path of the host kubeconfig of a lab's
 API server, chosen from the lab's state file; a one-line error and exit 2 when the lab, the
 cluster or its API server is not there, or when two clusters leave the choice open. Two real
-in-process API servers stand for the clusters' (the lab e2e test runs the real lab)."""
+control planes stand for the clusters' (the lab e2e test runs the real lab)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -17,7 +16,7 @@ import pytest
 
 from meshctl.lab.namespaces import state
 from meshctl.lab.namespaces.state import ClusterState, EtcdAccess, KubeAccess, LabState
-from meshctl.lab.rigs.kube_apiserver import ApiServer, kubeconfig
+from tests.kubernetes import start_control_plane
 from tests.names import unique
 
 from .kubectl import Kubectl, lab_kubeconfig
@@ -29,18 +28,19 @@ def meshctl(*args: str) -> subprocess.CompletedProcess[str]:
     return lab_kubeconfig(args[1], *args[2:])
 
 
-@pytest.fixture
-def two_cluster_lab(tmp_path):
-    """A lab state naming two clusters whose API servers run (this process serves both)."""
+@pytest.fixture(scope="module")
+def two_cluster_lab(tmp_path_factory):
+    """A lab state naming two clusters whose API servers run (the last test stops one's)."""
+    tmp_path = tmp_path_factory.mktemp("two-clusters")
     if os.geteuid() != 0:
         pytest.fail("needs root for the lab's state folder")
     name = unique("ka")
-    servers = [ApiServer("127.0.0.1", 0).start() for _ in range(2)]
+    servers = [start_control_plane(tmp_path / f"kube-{i}", manifests=()) for i in range(2)]
     clusters = []
-    for i, srv in enumerate(servers):
-        cfg = tmp_path / f"kubeconfig-{i}"
-        cfg.write_text(json.dumps(kubeconfig(srv.url)))
-        kube = KubeAccess(url=srv.url, kubeconfig=str(cfg), netns="", pid=os.getpid(), host_kubeconfig=str(cfg))
+    for i, cp in enumerate(servers):
+        cfg = str(cp.admin_kubeconfig)
+        kube = KubeAccess(url=cp.url, kubeconfig=cfg, netns="", pid=cp.pids["apiserver"], host_kubeconfig=cfg,
+                          ca=str(cp.ca), dir=str(cp.dir))
         clusters.append(ClusterState(name=f"c{i}", id=i + 1, etcd=EtcdAccess([], "", "", ""), port=51820, kube=kube))
     st = LabState(name=name, prefix=name + "-", dir=str(tmp_path), clusters=clusters)
     state.save(st)
@@ -62,8 +62,9 @@ def test_kubeconfig_picks_the_cluster_and_kubectl_reaches_it(two_cluster_lab, tm
     old = meshctl("--lab", st.name, "--cluster", "c1")
     assert old.returncode == 0 and Path(old.stdout.strip()) == path
     assert old.stderr == "meshctl: --cluster is deprecated; use --cluster-name\n"
-    servers[1].store.create(servers[1].store.by_kind("v1", "Node"), "", {"metadata": {"name": "only-in-c1"}})
-    k = Kubectl("", tmp_path, config=path)
+    servers[1].request("POST", "/api/v1/nodes",
+                       {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "only-in-c1"}})
+    k = Kubectl(path, tmp_path)
     assert "only-in-c1" in k("get", "nodes")
 
 

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """What a user installs: manifests/ against the Kubernetes JSON schemas (offline, with the schemas
-kubernetes-validate bundles), the Peer CRD's schema against the backend's own checks, the
-Dockerfile against the DaemonSet, and the Vagrantfile through `vagrant validate`."""
+kubernetes-validate bundles), the Peer CRD's schema as a real kube-apiserver applies it against the
+backend's own checks, the Dockerfile against the DaemonSet, and the Vagrantfile through `vagrant
+validate`. (tests/kube/test_kubectl.py applies manifests/ to a real control plane.)"""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
@@ -72,6 +74,9 @@ def test_daemonset_runs_privileged_everywhere_with_a_separate_wireguard_go():
     assert "/var/run/wireguard/kilo0.sock" in wg["startupProbe"]["exec"]["command"][-1]
     assert agent["securityContext"]["privileged"] is True
     assert {"NET_ADMIN", "BPF", "SYS_ADMIN"} <= set(agent["securityContext"]["capabilities"]["add"])
+    # wireguard-go needs its TUN device and NET_ADMIN in the host's network namespace, nothing more
+    assert wg["securityContext"] == {"capabilities": {"add": ["NET_ADMIN"]}}
+    assert {m["mountPath"] for m in wg["volumeMounts"]} == {"/var/run/wireguard", "/dev/net/tun"}
     mounts = {m["mountPath"]: m["name"] for m in agent["volumeMounts"]}
     assert {"/sys/fs/bpf", "/lib/modules", "/var/lib/meshctl", "/var/run/wireguard"} <= set(mounts)
     # no kernel headers from the host: the image ships the compiled programs (docs/datapath.md)
@@ -82,12 +87,14 @@ def test_daemonset_runs_privileged_everywhere_with_a_separate_wireguard_go():
     assert {m["mountPath"]: m["name"] for m in wg["volumeMounts"]}["/var/run/wireguard"] == mounts["/var/run/wireguard"]
     assert "--backend=kubernetes" in agent["args"] and "--wg-run-dir=/var/run/wireguard" in agent["args"]
     port = next(p["containerPort"] for p in agent["ports"] if p["name"] == "metrics")
-    assert agent["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port}
-    assert agent["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
+    assert agent["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port, "scheme": "HTTPS"}
+    assert agent["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port, "scheme": "HTTPS"}
     # An API server older than 1.29 drops restartPolicy and then refuses the startupProbe of a plain
     # init container: the DaemonSet is refused there instead of hanging in Init (docs/kubernetes.md).
     assert wg["restartPolicy"] == "Always" and "startupProbe" in wg
-    assert f"--metrics-addr=0.0.0.0:{port}" in agent["args"]
+    # only the TLS port is open off the host; the full API keeps --metrics-addr's loopback default
+    assert f"--secure-metrics-addr=0.0.0.0:{port}" in agent["args"]
+    assert not [a for a in agent["args"] if a.startswith("--metrics-addr")]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes[mounts["/sys/fs/bpf"]]["hostPath"]["path"] == "/sys/fs/bpf"
     assert volumes[mounts["/etc/cni/net.d"]]["hostPath"]["path"] == "/etc/cni/net.d"  # --cni install writes there
@@ -164,33 +171,47 @@ PEERS = [
 
 
 @pytest.mark.parametrize("spec,good", PEERS)
-def test_peer_crd_schema_and_backend_agree(spec, good):
+def test_peer_crd_schema_and_backend_agree(api, spec, good):
+    """The CRD's schema as kube-apiserver applies it (a server-side dry run: nothing stored), the same
+    schema read offline as JSON Schema, and the backend's own parser say the same of each Peer."""
+    from meshctl.errors import MeshError
+
     schema = by_kind("CustomResourceDefinition")["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     obj = {"apiVersion": "meshctl.io/v1alpha1", "kind": "Peer", "metadata": {"name": "p"}, "spec": spec}
+    try:
+        api.cp.request("POST", "/apis/meshctl.io/v1alpha1/peers?dryRun=All&fieldValidation=Strict", obj)
+        server_ok = True
+    except MeshError as e:
+        assert ": 422 " in str(e), e  # refused as Invalid, not for another reason
+        server_ok = False
     schema_ok = jsonschema.Draft7Validator(schema).is_valid(obj)
     try:
         parse_peer_object(obj)
         parser_ok = True
     except InputError:
         parser_ok = False
-    assert (schema_ok, parser_ok) == (good, good)
+    assert (server_ok, schema_ok, parser_ok) == (good, good, good)
 
 
 def test_dockerfile_matches_the_daemonset():
     text = (ROOT / "Dockerfile").read_text()
-    assert re.search(r"^FROM debian:bookworm", text, re.M)
-    for pkg in ("python3-bpfcc", "wireguard-tools", "wireguard-go"):
+    assert re.search(r"^ARG BASE=debian:bookworm", text, re.M) and re.search(r"^FROM \$\{BASE\} AS base", text, re.M)
+    for pkg in ("libbpf1", "wireguard-tools", "wireguard-go"):
         assert re.search(rf"\b{pkg}\b", text), pkg
     assert 'ENTRYPOINT ["meshctl"]' in text
     (wg,) = by_kind("DaemonSet")["spec"]["template"]["spec"]["initContainers"]
-    assert wg["command"][0] in text  # the wrapper the wireguard-go container runs is built into the image
+    # the wrapper the wireguard-go container runs is copied into the image ...
+    wrapper = ROOT / "scripts" / "container" / Path(wg["command"][0]).name
+    assert f"COPY scripts/container/{wrapper.name} {Path(wg['command'][0]).parent}/" in text
     # ... and it leaves the marker the startup probe accepts when the kernel has WireGuard
-    assert "/var/run/wireguard/$ifname.kernel" in text and "kilo0.kernel" in wg["startupProbe"]["exec"]["command"][-1]
+    assert "/var/run/wireguard/$ifname.kernel" in wrapper.read_text()
+    assert "kilo0.kernel" in wg["startupProbe"]["exec"]["command"][-1]
     ports = re.findall(r"^EXPOSE (\d+)", text, re.M)
     agent = next(c for c in by_kind("DaemonSet")["spec"]["template"]["spec"]["containers"] if c["name"] == "agent")
     assert [str(agent["ports"][0]["containerPort"])] == ports
+    made = ("build/image/",)  # scripts/image.sh writes these into the context before the build
     for src in re.findall(r"^COPY (?!--from=)(\S+)", text, re.M):  # --from: another stage's files
-        if not src.endswith("*"):
+        if not src.endswith("*") and not src.startswith(made):
             assert (ROOT / src).exists(), src
 
 

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SPDX = re.compile(r"SPDX-License-Identifier: (.+?)\s*$")
 PYTHON = "Apache-2.0"
 BPF = "(GPL-2.0-only OR BSD-2-Clause)"
-SCRIPTS = {".ci/run", "Makefile", "Dockerfile", "vagrant/Vagrantfile"}
+SCRIPTS = {".ci/run", "Makefile", "Dockerfile", "vagrant/Vagrantfile", "scripts/container/meshctl-wireguard-go",
+           "scripts/container/meshctl-build-objects"}
 
 
 def sources() -> list[str]:

@@ -274,7 +274,7 @@ def test_graph_live_names_the_measured_rungs_and_a_blackholed_subnet_moves(auto_
         print(f"graph --live shows the blackholed pair on the tunnel {time.monotonic() - t0:.1f} s after the change")
         # The graph draws the costlier end: soon both ends say so, each in its own summary.
         def ends() -> tuple[str | None, str | None]:
-            seen = Source(None, None, None, None, st.name, "", None, None, None, "default").seen()
+            seen = Source(None, None, None, st.name, "", None, None, None, "default").seen()
             return seen["l1"].peers["l2"].rung, seen["l2"].peers["l1"].rung
 
         assert wait_for(lambda: ends() == ("tunnel", "tunnel"), 6 + 2 * CHECK_INTERVAL_S, 0.2), ends()

@@ -79,7 +79,7 @@ def test_the_page_data_follows_its_file_and_keeps_the_last_map_while_it_fails(tm
     d = yaml.safe_load(yaml.safe_dump(KILO_CLASSIC))
     f.write_text(yaml.safe_dump(d))
     clock = Clock()
-    live = Live(Source(str(f), None, None, None, None, "", None, None, None, "default"), None, clock=clock)
+    live = Live(Source(str(f), None, None, None, "", None, None, None, "default"), None, clock=clock)
     live.start()
     first = live.graph()
     assert {n["name"] for n in doc(live)["model"]["nodes"]} == {"a", "b", "c", "d"}

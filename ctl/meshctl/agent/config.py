@@ -52,6 +52,7 @@ class AgentConfig:
     cni: str = "keep"  # one of node.cni.CNI_MODES
     cni_conf_dir: Path = Path("/etc/cni/net.d")
     metrics_addr: str = defaults.METRICS_ADDR
+    secure_metrics_addr: str = ""  # off; agent.secure_metrics
     backend: str = "etcd"
     etcd_endpoints: tuple[str, ...] = ()
     etcd_ca: str | None = None
@@ -80,7 +81,6 @@ class AgentConfig:
     # --backend kubernetes: how to reach the API (else $KUBECONFIG, else in-cluster) and which
     # Node label names the location when no location annotation does.
     kubeconfig: str | None = None
-    api_server: str | None = None
     location_label: str = defaults.REGION_LABEL
     # --backend kubernetes: mirror the cluster's nodes into this etcd for the cluster mesh.
     kvstore_endpoints: tuple[str, ...] = ()
@@ -132,6 +132,8 @@ class AgentConfig:
         if self.lease_ttl < 2:
             raise InputError("--lease-ttl", self.lease_ttl, "is below 2 seconds")
         parse_addr(self.metrics_addr, "--metrics-addr")
+        if self.secure_metrics_addr:
+            parse_addr(self.secure_metrics_addr, "--secure-metrics-addr")
         return self
 
 

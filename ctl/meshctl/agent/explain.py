@@ -11,6 +11,7 @@ cluster's as `cluster/node`. `explain` returns which further agents would extend
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,8 +24,9 @@ from meshctl.agent.status import (
     PeerRow,
     ProbeResult,
 )
+from meshctl.mesh import global_ranges
 from meshctl.mesh.chooser import KIND_RUNGS, PairProbe, RungMove
-from meshctl.mesh.model import PRIVATE_RUNGS, WIREGUARD_PRIVATE
+from meshctl.mesh.model import PRIVATE_RUNGS, WIREGUARD_PRIVATE, IPNetwork
 from meshctl.mesh.render import FastPathRow
 
 MAX_HOPS = 4  # the longest chain: member -> leader -> relay -> leader -> member stops here
@@ -36,18 +38,23 @@ COUNTER_OF: dict[str, str] = {"direct": "direct", "direct+ipip": "encap", "direc
 
 @dataclass(frozen=True)
 class PairEnd:
-    """One end of the pair: as given, its pod address (None: a node was named), the node that
-    owns it (as the source's agent names it), that node's cluster and where its record is from."""
+    """One end of the pair: as given, its pod address as the source's cluster sees it (None: a
+    node was named), the node that owns it (as the source's agent names it), that node's cluster,
+    where its record is from, and with global ranges (mesh.global_cidrs) the address's other form:
+    the destination pod's own address in its cluster where the source's sees it at its image
+    (`own_address`), the source pod's image as the destination's cluster sees it (`seen_as`)."""
 
     given: str
     address: str | None
     node: str
     cluster: str
     source: str
+    own_address: str | None = None
+    seen_as: str | None = None
 
     def to_json(self) -> JSON:
         return {"given": self.given, "address": self.address, "node": self.node, "cluster": self.cluster,
-                "source": self.source}
+                "source": self.source, "own_address": self.own_address, "seen_as": self.seen_as}
 
 
 @dataclass(frozen=True)
@@ -183,17 +190,42 @@ def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return None
 
 
+def _global_cidrs(row: NodeRow) -> tuple[tuple[IPNetwork, IPNetwork], ...]:
+    """The global ranges of a remote row's cluster (its pod CIDRs are their images), or ()."""
+    ranges = row.dual.get("global_cidrs") or {}
+    return tuple((ipaddress.ip_network(p), ipaddress.ip_network(g)) for p, g in ranges.items())
+
+
+def _pod_address(text: str) -> tuple[str | None, ipaddress.IPv4Address | ipaddress.IPv6Address | None]:
+    """`ADDRESS` (as the source's cluster sees it) or `CLUSTER/ADDRESS` (a pod's own address in
+    its cluster): (the cluster or None, the address), or (None, None) for anything else."""
+    cluster, _, addr = text.rpartition("/")
+    ip = _address(addr)
+    return (cluster or None, ip) if ip is not None else (None, None)
+
+
 def resolve(st: AgentStatus, given: str, address: str | None = None) -> PairEnd:
-    """The end `given` names (a pod address, or a node as `node` or `cluster/node`) as the agent
-    `st` sees it; `address` is the pod address a lab pod's name stands for. NoPath when no node of
-    its plan owns the address or has the name (naming a rejected or lapsed record when it is one)."""
-    ip = _address(address or given)
+    """The end `given` names (a pod address as the source's cluster sees it, a pod's own address
+    in its cluster as `cluster/address`, or a node as `node` or `cluster/node`) as the agent `st`
+    sees it; `address` is the pod address a lab pod's name stands for. Another cluster's pod with
+    global ranges is named by either form (its image, or its own address), and the end holds both.
+    NoPath when no node of its plan owns the address or has the name (naming a rejected or lapsed
+    record when it is one)."""
+    cluster, ip = _pod_address(address or given)
     rows = rows_of(st)
     if ip is not None:
-        row = next((r for r in rows if any(ip in ipaddress.ip_network(c) for c in r.pod_cidrs)), None)
+        own = cluster_of(st)
+        mine = [r for r in rows if cluster in (None, r.cluster) or (cluster == own and r.source == "local")]
+        seen = ip
+        if cluster not in (None, own) and mine:
+            seen = global_ranges.dial_address(ip, _global_cidrs(mine[0]))  # the pod's image, as st's cluster sees it
+        row = next((r for r in mine if any(seen in ipaddress.ip_network(c) for c in r.pod_cidrs)), None)
         if row is None:
             raise NoPath(f"no node of {st.node}'s plan owns {address or given} (it is in no pod CIDR)")
-        return PairEnd(given, str(ip), row.name, row.cluster, row.source)
+        mapping = _global_cidrs(row)
+        own_form = global_ranges.local_address(seen, mapping) if mapping else None
+        return PairEnd(given, str(seen), row.name, row.cluster, row.source,
+                       str(own_form) if own_form is not None and own_form != seen else None)
     own = cluster_of(st)
     name = relative(given, own) if "/" in given else given
     row = next((r for r in rows if r.name == name), None)
@@ -227,12 +259,23 @@ def explain(src_st: AgentStatus, src_given: str, dst_given: str, others: Mapping
         if src.node != src_st.node:
             raise NoPath(f"{src_given} is on {src.node}, not {src_st.node}: {src.node}'s agent answers for it")
         dst_abs = absolute(dst.node, cluster_of(src_st))
+        src = _seen_as(src_st, src, dst)
         _check_alive(src_st, dst.node)
         hops, wants, last = _walk(src_st, dst_abs, others)
     except NoPath as e:
         return Explanation(src, dst, no_path=str(e))
     arrival = _arrival(last, hops[-1].rung if hops else "local") if last is not None else None
     return Explanation(src, dst, tuple(hops), _record(src_st, dst), arrival, wants=tuple(wants))
+
+
+def _seen_as(st: AgentStatus, src: PairEnd, dst: PairEnd) -> PairEnd:
+    """`src` with the image the destination's cluster sees its pod at, when the pair crosses
+    clusters and the source's has global ranges (what the receiver sees as the source)."""
+    mapping = st.summary.mesh.global_cidrs if st.summary else ()
+    if dst.source != "remote" or not mapping or src.address is None:
+        return src
+    image = global_ranges.dial_address(ipaddress.ip_address(src.address), mapping)
+    return dataclasses.replace(src, seen_as=str(image)) if str(image) != src.address else src
 
 
 def _check_alive(st: AgentStatus, node: str) -> None:
@@ -482,6 +525,10 @@ def _probe_line(p: ProbeResult, chosen: str | None) -> str:
 
 
 def _end(p: PairEnd) -> str:
+    if p.own_address:
+        return f"{p.node} ({p.address}, {p.own_address} in cluster {p.cluster})"
+    if p.seen_as:
+        return f"{p.node} ({p.address}, seen as {p.seen_as} by the other cluster)"
     return f"{p.node} ({p.address})" if p.address else p.node
 
 

@@ -157,7 +157,8 @@ class GlobalServices:
         mirrors = self.remotes.mirrors()
         records = remote_records(mirrors, admitted or {})
         held = {name: r.nodes for name, r in (admitted or {}).items()}
-        remote, rejected = admit_services(records, held)
+        remote, rejected = admit_services(records, held, {name: r.topology.mesh.global_cidrs
+                                                          for name, r in (admitted or {}).items()})
         want = desired_slices(local, remote)
         if leading and admitted is not None:  # before the first pass, nothing is known to be gone
             changes = slice_changes(slices, want, keep=pending_clusters(mirrors, admitted))

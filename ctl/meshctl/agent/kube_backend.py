@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -155,8 +154,8 @@ def make_backend(cfg: AgentConfig) -> Wiring[KubeBackend]:
     """What `agent.run.build_backend` calls for `--backend kubernetes`, with an AgentConfig: the
     backend, the config with the cluster's identity it found, and the node's settings source.
 
-    The API: `cfg.kubeconfig` / `cfg.api_server` (flags), else $MESHCTL_API_SERVER, else the first
-    file of $KUBECONFIG that exists, else ~/.kube/config, else in-cluster. The node's pod CIDR
+    The API: `cfg.kubeconfig` (--kubeconfig), else the first file of $KUBECONFIG that exists, else
+    ~/.kube/config, else in-cluster (the DaemonSet's service account). The node's pod CIDR
     (waited for when the Node has none yet) and its user-set annotations (location, forced
     endpoint or internal address, leader, keepalive, location IPs) fill what the flags left unset,
     now and whenever the Node changes (OwnNodeSettings below). The cluster's identity is the
@@ -169,7 +168,6 @@ def make_backend(cfg: AgentConfig) -> Wiring[KubeBackend]:
         flag_cluster = Cluster(cfg.cluster_name, cfg.cluster_id)
     be = backend_from_options(
         cfg.kubeconfig,  # else $KUBECONFIG, as kubectl reads it (kubeconfig_for)
-        cfg.api_server or os.environ.get("MESHCTL_API_SERVER"),
         cfg.node_name, cfg.location_label or REGION_LABEL,
         float(cfg.resync_interval), cluster=flag_cluster,
         namespace=DEFAULT_NAMESPACE, configmap=DEFAULT_CONFIGMAP,

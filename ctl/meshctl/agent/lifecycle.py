@@ -10,12 +10,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import generate_latest
 
 from meshctl.agent.config import AgentConfig, FlagSettings, OwnSettings, fastpath_off
 from meshctl.agent.leadership import ForwardingStore, ForwardProbing
 from meshctl.agent.loop import PassDriver, ReconcileLoop, RemoteSource, Wake, pod_interfaces
 from meshctl.agent.path_probing import PathProbing
 from meshctl.agent.reporting import ErrorCounts, LiveReader
+from meshctl.agent.secure_metrics import MetricsAuthority, NoAuthority, SecureMetricsServer, self_signed
 from meshctl.agent.seen import SeenStore, publish_loop
 from meshctl.agent.server import StatusServer
 from meshctl.agent.snapshot import StatusBoard
@@ -25,6 +29,7 @@ from meshctl.agent.steps import (
     CniStep,
     DatapathStep,
     FlannelStep,
+    GlobalRangesStep,
     LoadedDatapath,
     NatStep,
     RoutesStep,
@@ -53,6 +58,7 @@ class _Running:
     loop: ReconcileLoop
     board: StatusBoard
     server: StatusServer
+    secure: SecureMetricsServer | None = None
 
 
 class Agent:
@@ -87,7 +93,8 @@ class Agent:
         # The order is the runner's, from what each step provides and needs (step_runner.step_order).
         runner = StepRunner([WireGuardStep(self.cfg, private_key, secrets), TunnelsStep(self.cfg),
                              FlannelStep(self.cfg), RoutesStep(self.cfg), SysctlsStep(self.cfg), NatStep(self.cfg),
-                             DatapathStep(self.cfg, self._datapath_slot), CniStep(self.cfg)],
+                             DatapathStep(self.cfg, self._datapath_slot),
+                             GlobalRangesStep(self.cfg, self._datapath_slot), CniStep(self.cfg)],
                             self.cfg.resync_interval, pending=self._wake.is_set)
         if self.remotes is None and self._remotes_factory is not None:
             self.remotes = self._remotes_factory(self.wake)
@@ -104,8 +111,11 @@ class Agent:
                             board=board, forwarding=self.forwarding)
         loop = ReconcileLoop(passes, peers, self._wake, self.stop_event, self.errors)
         server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy, self.ready, self.probe)
-        self._running = _Running(passes, loop, board, server)
+        secure = self._secure_metrics(server)
+        self._running = _Running(passes, loop, board, server, secure)
         server.start()
+        if secure is not None:
+            secure.start()
         if self.remotes is not None:
             self.remotes.start()
         self._watch_pods()
@@ -117,6 +127,18 @@ class Agent:
             self._spawn("seen", lambda: publish_loop(store, lambda: self.status(node_list=False), self.cfg.cluster_name,
                                                       self.stop_event))
         self.wake()
+
+    def _secure_metrics(self, server: StatusServer) -> SecureMetricsServer | None:
+        """--secure-metrics-addr: /healthz, /readyz and /metrics (for tokens the cluster's RBAC
+        allows) over TLS; with a backend that cannot ask a cluster who a token is (etcd, file), the
+        probes only, and /metrics refused in one line."""
+        if not self.cfg.secure_metrics_addr:
+            return None
+        auth = self.backend.metrics_auth() if isinstance(self.backend, MetricsAuthority) else NoAuthority(
+            f"the {self.cfg.backend} backend cannot check a token: /metrics is served on --metrics-addr only")
+        cert, key = self_signed(Path(self.cfg.state_dir) / "metrics-tls", f"meshctl-agent.{self.cfg.node_name}")
+        return SecureMetricsServer(self.cfg.secure_metrics_addr, cert, key, lambda: generate_latest(server.registry),
+                                   auth, self.healthy, self.ready)
 
     def _watch_pods(self) -> None:
         pod_cidrs = self.own.current().pod_cidrs
@@ -198,6 +220,8 @@ class Agent:
                 log.warning("closing the datapath: %s", e)
         if run is not None:
             run.server.stop()
+            if run.secure is not None:
+                run.secure.stop()
         if self.pod_watch is not None:
             self.pod_watch.stop()
 

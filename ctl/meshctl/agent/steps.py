@@ -37,12 +37,12 @@ from typing import Protocol
 
 from meshctl.agent.config import AgentConfig, fastpath_off
 from meshctl.agent.status import CniStatus
-from meshctl.datapath import Datapath
+from meshctl.datapath import Datapath, links
 from meshctl.datapath.status import DatapathStatus
 from meshctl.errors import MeshError
 from meshctl.mesh.model import ENCAP_KINDS, IPNetwork, Node, Topology
 from meshctl.mesh.plan import NodePlan
-from meshctl.node import cni, discovery, flannel, masquerade, routes, sysctls, tunnels, wireguard
+from meshctl.node import cni, discovery, flannel, global_ranges, masquerade, routes, sysctls, tunnels, wireguard
 from meshctl.node.keys import public_key
 from meshctl.node.wireguard.psk import SecretSource, read_key
 
@@ -59,6 +59,7 @@ WIREGUARD_DEVICE = "wireguard device"  # kilo0 with its addresses and peers
 ENCAP_ROUTES = "encapsulation routes"  # the kernel fallback's devices and routes (proto 110)
 FLANNEL_ROUTES = "flannel's routes"  # written back where meshctl hands a node to flannel
 KERNEL_ROUTES = "kernel routes"  # the plan's routes (proto 109)
+FAST_PATH = "fast path"  # the programs attached, the plan (and the global ranges) in their maps
 
 
 class LivePeers(Protocol):
@@ -485,6 +486,42 @@ class TunnelsStep(Quiet):
             self.applier.forget()
 
 
+class GlobalRangesStep(Quiet, Additive):
+    """The kernel fallback of global ranges (node/global_ranges.py): nftables rewrites the addresses
+    where the fast path does not translate them, and nothing where it does (Datapath.translating).
+    After the datapath step (FAST_PATH), so a node whose programs take over has them translating
+    before the rules go (the two never translate an address twice: a translated address lies outside
+    what either rewrites)."""
+
+    name = "global-ranges"
+    provides = NOTHING
+    needs = frozenset({FAST_PATH})
+
+    def __init__(self, cfg: AgentConfig, loaded: LoadedDatapath) -> None:
+        self.cfg = cfg
+        self._loaded = loaded
+        self.applier = global_ranges.TranslationApplier()
+
+    def _fast_path_translates(self, p: PassInput) -> bool:
+        dp = self._loaded.get()
+        return bool(p.plan.global_cidrs) and dp is not None and bool(self.cfg.private_interface) \
+            and dp.translating(self.cfg.wg_interface)
+
+    def inputs(self, p: PassInput) -> Hashable:
+        leaving = tuple(e.prefix for e in p.plan.fastpath if e.translate)
+        return (p.plan.global_cidrs, leaving, self._fast_path_translates(p))
+
+    def sync(self, p: PassInput) -> frozenset[str]:
+        if not p.plan.global_cidrs or self._fast_path_translates(p):
+            self.applier.clear()
+        else:
+            self.applier.sync(p.plan.global_cidrs, [e.prefix for e in p.plan.fastpath if e.translate])
+        return NOTHING
+
+    def forget(self) -> None:
+        self.applier.forget()
+
+
 # The datapath's reason in status on a node with no private NIC: the programs are loaded but attach
 # nowhere, since every peer of such a node is reached through WireGuard (nothing to steer).
 IDLE_NO_PRIVATE = "idle: no private interface, every peer goes through WireGuard"
@@ -499,7 +536,7 @@ class DatapathStep:
     pod interfaces change the step asks for a pass every PODS_SETTLE_STEP_S and re-reads them."""
 
     name = "datapath"
-    provides = NOTHING
+    provides = frozenset({FAST_PATH})
     needs = frozenset({KERNEL_ROUTES})  # its stale entries go (retire) once the routes that take over are in
     serves = (EncapCarrier,)
 
@@ -509,6 +546,7 @@ class DatapathStep:
         self._synced = False  # the maps hold a plan (until then an ebpf datapath passes all to the kernel)
         self._settle_until = 0.0
         self._attached: tuple[str, ...] | None = None
+        self._tunnel: int | None = None  # the tunnel device's ifindex when the programs were last attached
         self._filter_rebuilt: float | None = None  # when the flow filter was last rebuilt (monotonic)
 
     @property
@@ -523,7 +561,7 @@ class DatapathStep:
     def inputs(self, p: PassInput) -> Hashable | None:
         if self._settling(p.pod_ifs, p.settle_pass):
             return None
-        return (p.plan.fastpath, p.pod_ifs, self._datapath is not None)
+        return (p.plan.fastpath, p.plan.global_cidrs, p.pod_ifs, self._datapath is not None)
 
     def sync(self, p: PassInput) -> frozenset[str]:
         dp = self._datapath
@@ -531,12 +569,13 @@ class DatapathStep:
             return NOTHING
         if self._attached != p.pod_ifs:
             self._settle_until = time.monotonic() + PODS_SETTLE_S
-        if self._attached != p.pod_ifs or p.timer_pass or p.settle_pass:
+        if self._attached != p.pod_ifs or p.timer_pass or p.settle_pass or not self._tunnel_hooked():
             dp.attach(self.cfg.private_interface, self.cfg.wg_interface, p.pod_ifs,
                       pods=discovery.pod_routes(p.pod_ifs), private4=discovery.private_ipv4(self.cfg.private_interface),
                       private6=discovery.private_ipv6(self.cfg.private_interface))
             self._attached = p.pod_ifs
-        dp.stage(p.plan.fastpath, self.cfg.private_interface)
+            self._tunnel = links.ifindex_or_none(self.cfg.wg_interface)
+        dp.stage(p.plan.fastpath, self.cfg.private_interface, p.plan.global_cidrs)
         self._synced = True
         now = time.monotonic()
         if self._filter_rebuilt is None:
@@ -545,6 +584,12 @@ class DatapathStep:
             dp.rebuild_flow_filter()
             self._filter_rebuilt = now
         return NOTHING
+
+    def _tunnel_hooked(self) -> bool:
+        """The tunnel device, where there is one, is the one the last attach hooked (it may come up,
+        or be made anew, after the programs)."""
+        idx = links.ifindex_or_none(self.cfg.wg_interface)
+        return idx is None or idx == self._tunnel
 
     def retire(self, p: PassInput) -> frozenset[str]:
         """The entries the plan dropped: their traffic's kernel routes are in place by now."""

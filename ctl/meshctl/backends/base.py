@@ -27,8 +27,9 @@ class ClusterState:
 
     What a backend counts besides the records (none of it compared): `records`, how many node
     records the store holds (etcd, lapsed ones not counted; None: the backend does not count);
-    `lapsed`, records kept through their lapse grace (etcd); `pending`, nodes that have no pod
-    CIDR yet, and `stale`, nodes left out because their last-seen is too old (Kubernetes);
+    `lapsed`, records kept through their lapse grace (etcd); `pending`, nodes that have not joined
+    yet (no pod CIDR, or their agent has not published), each with what it still lacks, and
+    `stale`, nodes left out because their last-seen is too old (Kubernetes);
     `flannel`, flannel's lease of each node by name (`--cni flannel`: the plan's flannel input's
     applier writes flannel's routes back from them)."""
 
@@ -42,7 +43,7 @@ class ClusterState:
     revision: int = 0
     records: int | None = field(default=None, compare=False)
     lapsed: int = field(default=0, compare=False)
-    pending: tuple[str, ...] = field(default=(), compare=False)
+    pending: Mapping[str, str] = field(default_factory=dict, compare=False)
     stale: tuple[str, ...] = field(default=(), compare=False)
     flannel: Mapping[str, FlannelLease] = field(default_factory=dict, compare=False)
     # The nodes' forwarding reports (mesh/leaders.py), by publishing node; empty where the store

@@ -117,13 +117,15 @@ def _masquerade6(ctx: click.Context, param: click.Parameter, flag: bool) -> bool
 @click.option("--cni-conf-dir", default="/etc/cni/net.d", show_default=True, type=click.Path(path_type=Path),
               help="The CNI configuration folder (--cni install writes there).")
 @click.option("--metrics-addr", default=defaults.METRICS_ADDR, show_default=True,
-              help="HOST:PORT of /metrics, /healthz, /readyz, /status and /probe (loopback unless asked).")
+              help="HOST:PORT of the full API: /metrics, /healthz, /readyz, /status and /probe (loopback unless "
+              "asked: on the host's network, 0.0.0.0 opens it to every pod).")
+@click.option("--secure-metrics-addr", default="", help="--backend kubernetes: HOST:PORT serving /healthz, /readyz "
+              "and, to tokens the cluster's RBAC lets get /metrics, /metrics over TLS (probes, Prometheus).")
 @click.option("--backend", default="etcd", show_default=True, type=click.Choice(["etcd", "file", "kubernetes"]),
               help="Where the records are: etcd (--etcd-* flags), file (-f), kubernetes (the API server).")
 @file_option("topology_file", aliases=("--topology",), help="Topology file for --backend file.")
 @click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file (default: the first file "
               "of $KUBECONFIG, else ~/.kube/config, else in-cluster).")
-@click.option("--api-server", default=None, help="--backend kubernetes: API server URL without credentials (tests).")
 @click.option("--location-label", default=defaults.REGION_LABEL, show_default=True,
               help="--backend kubernetes: Node label that names the location when no location annotation does.")
 @click.option("--resync-seconds", "resync_interval", default=30.0, type=float, show_default=True,
@@ -386,27 +388,31 @@ def node_group() -> None:
 
 @node_group.command("list")
 @lab_etcd_options
+@click.option("--kubeconfig", default=None, help="List the Kubernetes cluster's Nodes as the agents admit them, "
+              "pending ones with what they still lack.")
 @click.option("--addr", default=None, help="Ask the agent at this --metrics-addr: every local and remote node "
               "with the path from that node.")
 @lab_node_option()
 @lab_option("A lab: its agent (with --lab-node) or its etcd's records (default: the only lab up).")
 @output_option(deprecated={"text": "table"})
 def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, etcd_key: str | None,
-              etcd_user: str | None, etcd_password_file: str | None, cluster_name: str | None, addr: str | None,
-              lab_node: str | None, lab_name: str | None, output: str) -> None:
+              etcd_user: str | None, etcd_password_file: str | None, cluster_name: str | None,
+              kubeconfig: str | None, addr: str | None, lab_node: str | None, lab_name: str | None,
+              output: str) -> None:
     """List nodes. From an agent (the local one by default, --addr, --lab-node): local and remote
     nodes (`cluster2/g1`), their addresses, pod CIDRs, WireGuard addresses, source and the path from
-    that node. From the store (etcd flags, or --lab: a lab's etcd and cluster): the records and what
-    admission decided for each."""
-    if addr or lab_node or (not etcd_endpoints and lab_name is None):
+    that node. From the store (etcd flags, --kubeconfig, or --lab: a lab's etcd and cluster): the
+    records and what admission decided for each; Nodes that have not joined yet are pending, with
+    what they still lack."""
+    if addr or lab_node or (not etcd_endpoints and lab_name is None and kubeconfig is None):
         # Without flags: this node's agent (the DaemonSet's address), as on any real node.
         _node_list_from_agent(addr, lab_node, lab_name, output)
         return
     from meshctl.cli.plan import Source
     from meshctl.mesh import admit, records
 
-    st = Source(None, "etcd", None, None, lab_name, etcd_endpoints, etcd_ca, etcd_cert, etcd_key, cluster_name,
-                etcd_user, etcd_password_file).one_cluster().state()
+    st = Source(None, "kubernetes" if kubeconfig else "etcd", kubeconfig, lab_name, etcd_endpoints, etcd_ca,
+                etcd_cert, etcd_key, cluster_name, etcd_user, etcd_password_file).one_cluster().state()
     admitted, rejected = admit.admit_nodes(list(st.nodes), st.mesh.subnets,
                                            allow_default_route=st.mesh.allow_default_route)
     # Rows name every pod CIDR under one key whatever form the record is written in.
@@ -414,6 +420,7 @@ def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, e
              **{k: v for k, v in records.node_to_record(n).items() if k != "pod_cidr"},
              "pod_cidrs": [str(c) for c in n.pod_cidrs]} for n in admitted]
     rows += [{"name": r.name, "status": "rejected", "reason": r.reason} for r in [*st.rejections, *rejected]]
+    rows += [{"name": name, "status": "pending", "reason": why} for name, why in sorted(st.pending.items())]
     if output == "json":
         click.echo(json.dumps(rows, indent=2))
         return
@@ -424,7 +431,7 @@ def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, e
                        f"{_one_or_all(r, 'internal_ip'):<18} {_one_or_all(r, 'endpoint'):<22} "
                        f"{','.join(r['pod_cidrs'])}")
         else:
-            click.echo(f"{r['name']:<16} {'rejected':<9} {r['reason']}")
+            click.echo(f"{r['name']:<16} {r['status']:<9} {r['reason']}")
 
 
 def _one_or_all(rec: dict[str, Any], one: str) -> str:

@@ -9,7 +9,6 @@ pins are under /sys/fs/bpf/meshctl and the current namespace is the node's.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -69,6 +68,9 @@ def _read(node: str, root: str, ns: str | None, counters: bool) -> dict[str, Any
             if not counters:
                 out["entries"] = dp.entries()
                 out["pods"] = dp.pods()
+                ranges = dp.global_ranges()
+                if ranges:  # the cluster's global ranges (docs/clustermesh.md); absent without
+                    out["global_ranges"] = ranges
             return out
         finally:
             dp.close()
@@ -114,6 +116,10 @@ def maps_dump(node: str | None, lab_name: str | None, pin_root: str | None, netn
             click.echo(f"  {'LOCAL POD':<28} HOST VETH")
             for p in d["pods"]:
                 click.echo(f"  {p['ip']:<28} {p['ifname'] or p['ifindex']}")
+            if d.get("global_ranges"):
+                click.echo(f"  {'POD RANGE':<28} GLOBAL RANGE")
+                for g in d["global_ranges"]:
+                    click.echo(f"  {g['pod_range']:<28} {g['global_range']}")
         click.echo("\n".join(_counters_table(d["counters"])))
 
 
@@ -192,7 +198,8 @@ def datapath_unload(node: str, lab_name: str | None, pin_root: str | None, netns
 @option("--out", "out", required=True, type=click.Path(file_okay=False),
         help="Folder to write the compiled objects to (the image's: /usr/lib/meshctl/bpf-objects).")
 @pin_root_option(default=defaults.PIN_ROOT, help="bpffs folder under which bcc's throwaway maps go "
-                 "(in build-<pid>, removed after).")
+                 "(in build-<pid>, removed after); when it is not a writable bpffs (an image build), "
+                 "a private bpffs mounted for the build.")
 def datapath_build_objects(out: str, pin_root: str) -> None:
     """Compile with bcc the programs of every variant the feature probes can select, in the object
     cache's format, for nodes without kernel headers (the image build runs it; needs CAP_BPF)."""
@@ -200,13 +207,8 @@ def datapath_build_objects(out: str, pin_root: str) -> None:
 
     from meshctl.datapath import loader
 
-    pin_dir = f"{pin_root}/build-{os.getpid()}"
-    loader.ensure_bpffs(pin_dir)
-    try:
+    with loader.build_pin_dir(pin_root) as pin_dir:
         written = loader.build_objects(Path(out), pin_dir)
-    finally:
-        with contextlib.suppress(OSError):
-            os.rmdir(pin_dir)
     for path in written:
         click.echo(f"wrote {path}")
     click.echo(f"{len(written)} variants built into {out}")

@@ -30,10 +30,13 @@ MAX_ROUNDS = 4  # agents asked for in turn, one further hop each
 
 
 def check_end(value: str, arg: str, pods: dict[str, str] | None, lab_nodes: tuple[str, ...] | None) -> str:
-    """`value` when it is a pod address, a node (`node` or `cluster/node`) or, in a lab (`pods`
-    and `lab_nodes` given), one of its pods or nodes; else InputError naming `arg`."""
+    """`value` when it is a pod address (as the source's cluster sees it, or `cluster/address`: a
+    pod's own address in a cluster with global ranges), a node (`node` or `cluster/node`) or, in a
+    lab (`pods` and `lab_nodes` given), one of its pods or nodes; else InputError naming `arg`."""
     try:
-        ipaddress.ip_address(value)
+        ipaddress.ip_address(value.rpartition("/")[2])
+        if "/" in value:
+            fields.cluster_name(value.rpartition("/")[0], arg)
         return value
     except ValueError:
         pass

@@ -76,16 +76,18 @@ def admitted_both(state: ClusterState, after: MeshSettings, changes: Mapping[str
 
 
 def _source(backend: str | None, lab_name: str | None, **store: Any) -> Source:
-    if backend == "kubernetes" and lab_name is not None:
-        raise InputError("--lab", lab_name, "reads a lab's etcd: leave out --backend kubernetes")
-    return Source(path=None, backend=backend or "etcd", lab_name=lab_name, **store).one_cluster()
+    """The settings' store: etcd unless --backend or --kubeconfig says kubernetes (Source decides
+    that, and refuses --lab beside it)."""
+    if backend is None and not store.get("kubeconfig"):
+        backend = "etcd"
+    return Source(path=None, backend=backend, lab_name=lab_name, **store).one_cluster()
 
 
 def _store_options(f: Any) -> Any:
     f = live_options(f)
-    return click.option("--backend", default="etcd", show_default=True, type=click.Choice(STORES),
-                        help="Where the settings are: the cluster's etcd (--etcd-* flags, or --lab NAME) or the "
-                        "mesh ConfigMap of the Kubernetes API (--kubeconfig, --api-server).")(f)
+    return click.option("--backend", default=None, type=click.Choice(STORES),
+                        help="Where the settings are: the cluster's etcd (the default: --etcd-* flags, or --lab NAME) "
+                        "or the mesh ConfigMap of the Kubernetes API (implied by --kubeconfig).")(f)
 
 
 @click.group("mesh")

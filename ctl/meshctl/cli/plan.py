@@ -34,8 +34,8 @@ RECORDS_PREFIX = "/meshctl/"  # every cluster's records: /meshctl/<cluster>/...
 def live_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """How to reach the live cluster's store: the Kubernetes API or an etcd (the agent's flags, or a lab's)."""
     for opt in reversed([
-        click.option("--kubeconfig", default=None, help="--backend kubernetes: kubeconfig file."),
-        click.option("--api-server", default=None, help="--backend kubernetes: API server URL without credentials."),
+        click.option("--kubeconfig", default=None,
+                     help="The cluster's kubeconfig file (implies --backend kubernetes)."),
         lab_option("A lab's etcd and its cluster(s) (implies --backend etcd; with --backend etcd, in place of "
                    "--etcd-endpoints and --cluster-name)."),
         lab_etcd_options,
@@ -65,17 +65,22 @@ class Source:
     the first is this one, the others its remote clusters); else `default`. A cluster with no
     records in the etcd is one line naming the clusters that have some, never an empty picture."""
 
-    def __init__(self, path: str | None, backend: str | None, kubeconfig: str | None, api_server: str | None,
-                 lab_name: str | None, etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None,
-                 etcd_key: str | None, cluster_name: str | None, etcd_user: str | None = None,
-                 etcd_password_file: str | None = None, **_: Any) -> None:
+    def __init__(self, path: str | None, backend: str | None, kubeconfig: str | None, lab_name: str | None,
+                 etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, etcd_key: str | None,
+                 cluster_name: str | None, etcd_user: str | None = None, etcd_password_file: str | None = None,
+                 **_: Any) -> None:
+        if lab_name is not None and not path and (backend == "kubernetes" or backend is None and kubeconfig):
+            left = "--backend kubernetes" if backend else "--kubeconfig"
+            raise InputError("--lab", lab_name, f"reads a lab's etcd: leave out {left}")
+        if backend is None and kubeconfig is not None and not path:
+            backend = "kubernetes"
         backend = backend or ("etcd" if lab_name is not None and not path else "file")
         if backend == "file" and not path:
             raise InputError("-f", MISSING, "is required (or --backend etcd|kubernetes)")
         if backend != "file" and path:
             raise InputError("--backend", backend, "reads the live cluster: leave out -f")
         self.backend, self.path = backend, path
-        self.kubeconfig, self.api_server, self.lab_name = kubeconfig, api_server, lab_name
+        self.kubeconfig, self.lab_name = kubeconfig, lab_name
         self.etcd = (etcd_endpoints, etcd_ca, etcd_cert, etcd_key, etcd_user, etcd_password_file)
         self.clusters: tuple[str, ...] = (cluster_name,) if cluster_name else self._lab_clusters() or ("default",)
         self.cluster_name = self.clusters[0]
@@ -83,6 +88,9 @@ class Source:
         self.warn: Callable[[str], None] = _warn  # where `warning:` lines go (ui: each once, and to the page)
         # The live store's leader choice (mesh/leaders.py), once `load` read it; None for a file.
         self.leaders: Leaders | None = None
+        # Nodes of the live cluster that have not joined yet (their agent has not published, or no
+        # pod CIDR yet), by name: what each still lacks. Filled by `load`.
+        self.pending: dict[str, str] = {}
 
     def one_cluster(self) -> Source:
         """This source, refusing a lab of several clusters read without --cluster-name: a command
@@ -126,12 +134,21 @@ class Source:
         topo, rejected = admit_local(state.topology())
         for r in [*state.rejections, *rejected]:
             self.warn(f"rejected {r.name}: {r.reason}")
+        self.pending = dict(state.pending)
+        for name, why in sorted(self.pending.items()):
+            self.warn(f"{self.backend}: node {name} is pending: {why}")
         for w in topology_warnings(topo):
             self.warn(f"{self.backend}: {w}")
         # The leaders every agent plans with: the documented order unless the published forwarding
         # reports rule one out (mesh/leaders.py).
         self.leaders = choose_leaders(topo, state.forwarding)
         return with_leaders(topo, self.leaders)
+
+    def not_a_node(self, node: str, option: str = "--node") -> InputError:
+        """The line for a node the topology lacks: pending (with what it still lacks) or unknown."""
+        if node in self.pending:
+            return InputError(option, node, f"has not joined {self.name} yet: {self.pending[node]}")
+        return InputError(option, node, f"is not a node in {self.name}")
 
     def _cluster_of(self, node: str) -> str:
         """The lab cluster whose records name `node` (the first cluster when none does)."""
@@ -224,10 +241,10 @@ class Source:
             client.close()
 
     def kube_backend(self, node: str | None = None) -> KubeBackend:
-        """A Kubernetes backend of the cluster (--kubeconfig, --api-server); the caller closes it."""
+        """A Kubernetes backend of the cluster (--kubeconfig, or as kubectl finds one); the caller closes it."""
         from meshctl.backends.kube.backend import backend_from_options
 
-        return backend_from_options(self.kubeconfig, self.api_server, node or "meshctl")
+        return backend_from_options(self.kubeconfig, node or "meshctl")
 
     def _kube(self, node: str | None) -> ClusterState:
         be = self.kube_backend(node)
@@ -295,7 +312,7 @@ def plan(node: str | None, granularity: Granularity | None, remotes: tuple[str, 
         raise InputError("--node", MISSING, "is required (or --diff OTHER.yaml for every node)")
     topo = src.load(node)
     if topo.node(node) is None:
-        raise InputError("--node", node, f"is not a node in {src.name}")
+        raise src.not_a_node(node)
     state = _path_state(path_state)
     with gc_paused():
         admitted = _load_remotes(topo, remotes)
@@ -377,6 +394,8 @@ def graph(granularity: Granularity | None, remotes: tuple[str, ...], level: str 
         topo = replace(topo, mesh=replace(topo.mesh, granularity=granularity))
     with gc_paused():
         model = graph_model(topo, _load_remotes(topo, remotes, src.remote_topologies()))
+        if node is not None and topo.node(node) is None:
+            raise src.not_a_node(node)
         check_view(model, level, node, location)
         if live:
             model = with_leader_notes(with_seen(model, src.seen()), src.leaders)
@@ -450,7 +469,7 @@ def showconf(kind: str, name: str, output: str, as_peer: bool, allowed_ips: tupl
     src = Source(**source)
     topo = src.load(name if kind == "node" else None)
     if kind == "node" and topo.node(name) is None:
-        raise InputError("node", name, f"is not a node in {src.name}")
+        raise src.not_a_node(name, "node")
     if allowed_ips and not as_peer:
         raise InputError("--allowed-ips", ",".join(map(str, allowed_ips)), "needs --as-peer")
     if as_peer:

@@ -30,7 +30,7 @@ from meshctl.datapath import layout, links
 from meshctl.datapath.maps import FilterStats, RouteCacheStats, SyncStats, Table
 from meshctl.datapath.status import DatapathStatus
 from meshctl.errors import MeshError
-from meshctl.mesh.model import IPAddress
+from meshctl.mesh.model import IPAddress, IPNetwork
 from meshctl.mesh.plan import FastPathEntry
 
 if TYPE_CHECKING:
@@ -208,7 +208,8 @@ class Datapath:
                pods: Mapping[IPAddress, int], private4: IPAddress | None,
                private6: IPAddress | None = None) -> None:
         """Idempotent: from_pod (+ egress tracking) on each pod veth, from_private (+ egress
-        tracking) on the private NIC, egress tracking on tunnel_if; detach pod veths no longer
+        tracking) on the private NIC, from_tunnel and tunnel_egress (global ranges' translation) on
+        tunnel_if; detach pod veths no longer
         listed; make the local-pod map `pods` (pod address -> host veth ifindex); record
         `private4` and `private6`, the private NIC's IPv4 and IPv6 addresses (either may be None),
         as the ones encapsulated packets must be addressed to (over an IPv4 or an IPv6 underlay).
@@ -232,6 +233,7 @@ class Datapath:
         if tunnel_if:
             tunnel = links.ifindex_or_none(tunnel_if)
             if tunnel is not None:
+                want[("tunnel-in", tunnel)] = tunnel_if
                 want[("tunnel-out", tunnel)] = tunnel_if
             else:
                 log.info("datapath: tunnel device %s not there yet", tunnel_if)
@@ -286,12 +288,17 @@ class Datapath:
         self.retire()
         return stats
 
-    def stage(self, entries: Sequence[FastPathEntry], private_if: str) -> SyncStats:
+    def stage(self, entries: Sequence[FastPathEntry], private_if: str,
+              global_cidrs: Sequence[tuple[IPNetwork, IPNetwork]] = ()) -> SyncStats:
         """Write the plan's entries that the LPM map lacks or holds otherwise; the entries the plan
         no longer has stay until `retire` (make before break: the kernel routes that take over
-        their traffic are staged first). The stats count those as deleted already."""
+        their traffic are staged first). The stats count those as deleted already.
+        `global_cidrs` (NodePlan.global_cidrs) fill the xlate map first, so no entry asks for a
+        translation the map cannot answer; without them translation is switched off before the
+        map empties."""
         if self._loaded is None:
             return SyncStats(0, 0, 0)
+        self.set_global_ranges(global_cidrs)
         desired = Table(*layout.route_rows(entries, links.ifindex(private_if)))
         routes = self._loaded.maps.routes
         # The first sync after open diffs against the pinned map itself (nothing to diff when it is
@@ -303,6 +310,33 @@ class Datapath:
             self._loaded.maps.route_changed()
         self._retiring, self._routes_written = ((routes.stale, table), None) if routes.stale else (None, table)
         return stats
+
+    def set_global_ranges(self, global_cidrs: Sequence[tuple[IPNetwork, IPNetwork]]) -> None:
+        """The xlate map and its switch (config MC_CFG_XLATE) for this cluster's global ranges:
+        entries in before the switch turns on, the switch off before entries go."""
+        if self._loaded is None:
+            return
+        maps = self._loaded.maps
+        if not global_cidrs:
+            maps.config_set(layout.CFG_XLATE, 0)
+        maps.xlate.sync(layout.xlate_table(global_cidrs))  # every slot: an array keeps them all
+        if global_cidrs:
+            maps.config_set(layout.CFG_XLATE, 1)
+
+    def translating(self, tunnel_if: str | None) -> bool:
+        """Whether the programs translate this node's global ranges: loaded, the ranges in their map
+        (config MC_CFG_XLATE), and hooked on the tunnel device where there is one."""
+        if self._loaded is None or self._loaded.maps.config_get(layout.CFG_XLATE) != 1:
+            return False
+        idx = links.ifindex_or_none(tunnel_if)
+        return idx is None or any(a.hook == "tunnel-in" and a.ifindex == idx for a in self.attachments())
+
+    def global_ranges(self) -> list[dict]:
+        """The xlate map as `maps dump` prints it: each family's pod range and global range."""
+        if self._loaded is None:
+            return []
+        rows = [layout.decode_xlate(k, v) for k, v in sorted(self._loaded.maps.xlate.items().items())]
+        return [{"pod_range": str(pod), "global_range": str(glob)} for pod, glob in filter(None, rows)]
 
     def retire(self) -> int:
         """Delete the entries the last `stage` left for it; how many."""
@@ -346,7 +380,8 @@ class Datapath:
                          "ifname": links.ifname(r.ifindex) if r.ifindex else None,
                          "encap": e.encap.kind if e.encap else None,
                          "outer_src": str(e.encap.local) if e.encap else None,
-                         "outer_dst": str(e.encap.remote) if e.encap else None})
+                         "outer_dst": str(e.encap.remote) if e.encap else None,
+                         **({"translate": True} if e.translate else {})})
         return rows
 
     def pod_addresses(self) -> list[IPAddress]:

@@ -23,7 +23,7 @@ from meshctl.errors import MeshError
 from meshctl.mesh.model import ENCAP_KINDS, EncapKind, IPAddress, IPNetwork
 from meshctl.mesh.plan import Encap, FastPathEntry
 
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 
 ROUTES_MAX = 131072
 PODS_MAX = 16384
@@ -60,7 +60,8 @@ def overhead(kind: str, underlay: int) -> int:
     return (OVERHEAD6 if underlay == 6 else OVERHEAD)[kind]
 
 # Counter slots, in the header's order (MC_C_*).
-COUNTERS = ("direct", "tunnel", "local", "pass", "flow", "error", "peer", "tracked", "encap", "decap", "too_big")
+COUNTERS = ("direct", "tunnel", "local", "pass", "flow", "error", "peer", "tracked", "encap", "decap", "too_big",
+            "translated")
 
 CFG_LAYOUT = 0
 CFG_SOURCE_HASH = 1
@@ -69,11 +70,17 @@ CFG_CLSACT = 3
 CFG_PRIVATE4 = 4
 CFG_PRIVATE_MTU = 5  # read by the programs only where the kernel has no bpf_check_mtu
 CFG_PRIVATE6 = 8     # and 9: the private IPv6 address, bytes 0-7 and 8-15
-CONFIG_SLOTS = 10
+CFG_XLATE = 10       # 1: the xlate map holds the cluster's global ranges
+CONFIG_SLOTS = 11
 
 ROUTE_KEY = struct.Struct("<II16s")        # prefixlen (32 family bits + address bits), family, addr
-# action, ifindex, nh_family, encap, outer_family, pad, nexthop, outer_src, outer_dst
-ROUTE_VALUE = struct.Struct("<IIIBBH16s16s16s")
+# action, ifindex, nh_family, encap, outer_family, flags, pad, nexthop, outer_src, outer_dst
+ROUTE_VALUE = struct.Struct("<IIIBBBx16s16s16s")
+RT_TRANSLATE = 1  # flags: the prefix is another cluster's and this one has global ranges (FastPathEntry.translate)
+# The xlate map (meshctl_maps.h): one slot per family (XLATE_SLOT): prefix length (0: none), pad,
+# the pod range's and the global range's first addresses.
+XLATE_VALUE = struct.Struct("<II16s16s")
+XLATE_SLOT = {4: 0, 6: 1}
 POD_KEY = struct.Struct("<I16s")           # family, addr
 POD_VALUE = struct.Struct("<II")           # ifindex, pad
 FLOW4_KEY = struct.Struct("<4s4s2s2sB3x")    # saddr, daddr, sport, dport (network order), proto
@@ -109,9 +116,9 @@ MON_LOST_BUFFER = _MON["LOST_BUFFER"][0]
 MON_SLOT = struct.Struct("<IIQQQII16sII16s")
 MON_LOST = struct.Struct("<Q")
 # mc_event: ts_ns, ifindex, len, out_ifindex, mtu, hook, outcome, type, reason, family, proto,
-# action, encap, nh_family, decap, outer_family, pad, sport, dport (network order), saddr, daddr,
-# nexthop, outer_src, outer_dst
-EVENT = struct.Struct("<QIIIIBBBBBBBBBBBB2s2s16s16s16s16s16s")
+# action, encap, nh_family, decap, outer_family, xlated, sport, dport (network order), saddr, daddr,
+# nexthop, outer_src, outer_dst, xsaddr, xdaddr
+EVENT = struct.Struct("<QIIIIBBBBBBBBBBBB2s2s16s16s16s16s16s16s16s")
 # The monitor's maps (ring buffers: one per slot, mon_ring<i>), pinned next to the others.
 MONITOR_MAPS = ("mon_slots", "mon_lost", *(f"mon_ring{i}" for i in range(MON_SLOTS)))
 
@@ -143,6 +150,7 @@ MAP_SIZES = {
     "flowfilter": (U32.size, FLOWFILTER_VALUE_SIZE),
     "route_cache": (U32.size, ROUTE_CACHE_SLOT.size),
     "counters": (U32.size, COUNTER.size),
+    "xlate": (U32.size, XLATE_VALUE.size),
     "config": (U32.size, CONFIG_VALUE.size),
     "mon_slots": (U32.size, MON_SLOT.size),
     "mon_lost": (U32.size, MON_LOST.size),
@@ -220,7 +228,7 @@ def route_rows(entries: Iterable[FastPathEntry], ifindex: int) -> tuple[list[byt
     properties, appends to lists rather than filling a dict, and encodes each distinct (action,
     next hop, encapsulation) value once."""
     k4, k6, htonl = _ROUTE_KEY4.pack, ROUTE_KEY.pack, socket.htonl
-    values: dict[tuple[str, int, int, Encap | None], bytes] = {}
+    values: dict[tuple[str, int, int, Encap | None, bool], bytes] = {}
     keys: list[bytes] = []
     vals: list[bytes] = []
     add_key, add_value = keys.append, vals.append
@@ -231,24 +239,27 @@ def route_rows(entries: Iterable[FastPathEntry], ifindex: int) -> tuple[list[byt
         else:
             add_key(k6(32 + p._prefixlen, FAMILY_V6, p.network_address.packed))
         nh: Any = e.nexthop
-        vk = (e.action, 0, 0, e.encap) if nh is None else (e.action, nh._version, nh._ip, e.encap)
+        vk = (e.action, 0, 0, e.encap, e.translate) if nh is None else \
+            (e.action, nh._version, nh._ip, e.encap, e.translate)
         v = values.get(vk)
         if v is None:
-            v = values[vk] = route_value(e.action, ifindex if e.action == "direct" else 0, nh, e.encap)
+            v = values[vk] = route_value(e.action, ifindex if e.action == "direct" else 0, nh, e.encap, e.translate)
         add_value(v)
     return keys, vals
 
 
-def route_value(action: str, ifindex: int, nexthop: IPAddress | None, encap: Encap | None = None) -> bytes:
+def route_value(action: str, ifindex: int, nexthop: IPAddress | None, encap: Encap | None = None,
+                translate: bool = False) -> bytes:
     """The outer header's family is the outer addresses' (either pod family fits inside either);
-    MeshError for outer addresses of two families."""
+    MeshError for outer addresses of two families. `translate`: FastPathEntry.translate."""
     nh_fam, nh = (0, b"") if nexthop is None else (_family(nexthop.version), nexthop.packed)
+    flags = RT_TRANSLATE if translate else 0
     if encap is None:
-        return ROUTE_VALUE.pack(ACTIONS[action], ifindex, nh_fam, 0, 0, 0, nh, b"", b"")
+        return ROUTE_VALUE.pack(ACTIONS[action], ifindex, nh_fam, 0, 0, flags, nh, b"", b"")
     if encap.local.version != encap.remote.version:
         raise MeshError(f"encapsulation {encap.kind} from {encap.local} to {encap.remote}: the outer addresses "
                         "must be of one family")
-    return ROUTE_VALUE.pack(ACTIONS[action], ifindex, nh_fam, ENCAPS[encap.kind], _family(encap.local.version), 0,
+    return ROUTE_VALUE.pack(ACTIONS[action], ifindex, nh_fam, ENCAPS[encap.kind], _family(encap.local.version), flags,
                             nh, encap.local.packed, encap.remote.packed)
 
 
@@ -266,15 +277,35 @@ class RouteEntry:
 
 def decode_route(key: bytes, value: bytes) -> RouteEntry:
     plen, fam, addr = ROUTE_KEY.unpack(key)
-    action, ifindex, nh_fam, enc, outer_fam, _, nh, osrc, odst = ROUTE_VALUE.unpack(value)
+    action, ifindex, nh_fam, enc, outer_fam, flags, nh, osrc, odst = ROUTE_VALUE.unpack(value)
     net = ipaddress.ip_network((_addr(fam, addr), plen - 32))
     encap = None
     if enc:
         kind = ENCAP_NAMES.get(enc, f"unknown({enc})")
         encap = Encap(kind, _addr(outer_fam, osrc), _addr(outer_fam, odst))  # type: ignore[arg-type]
     act = ACTION_NAMES.get(action, f"unknown({action})")
-    return RouteEntry(FastPathEntry(net, act, _addr(nh_fam, nh) if nh_fam else None, encap),  # type: ignore[arg-type]
-                      ifindex)
+    return RouteEntry(FastPathEntry(net, act, _addr(nh_fam, nh) if nh_fam else None, encap,  # type: ignore[arg-type]
+                                    bool(flags & RT_TRANSLATE)), ifindex)
+
+
+def xlate_table(global_cidrs: Iterable[tuple[IPNetwork, IPNetwork]]) -> dict[bytes, bytes]:
+    """The xlate map for a cluster's global ranges (pod range, global range; at most one per
+    family): every slot, a family without a range as zeros (an array's slots always exist)."""
+    out = {U32.pack(slot): XLATE_VALUE.pack(0, 0, b"", b"") for slot in XLATE_SLOT.values()}
+    for pod, glob in global_cidrs:
+        out[U32.pack(XLATE_SLOT[pod.version])] = XLATE_VALUE.pack(pod.prefixlen, 0, pod.network_address.packed,
+                                                                 glob.network_address.packed)
+    return out
+
+
+def decode_xlate(key: bytes, value: bytes) -> tuple[IPNetwork, IPNetwork] | None:
+    """An xlate slot read back: (pod range, global range), or None for a family without."""
+    (slot,) = U32.unpack(key)
+    plen, _, pod, glob = XLATE_VALUE.unpack(value)
+    if plen == 0:
+        return None
+    fam = FAMILY_V4 if slot == XLATE_SLOT[4] else FAMILY_V6
+    return ipaddress.ip_network((_addr(fam, pod), plen)), ipaddress.ip_network((_addr(fam, glob), plen))
 
 
 def pod_key(ip: IPAddress) -> bytes:

@@ -27,11 +27,13 @@ HOOKS: dict[str, tuple[str, str]] = {
     "pod-out": ("flow_egress", "egress"),
     "private-in": ("from_private", "ingress"),
     "private-out": ("flow_egress", "egress"),
-    "tunnel-out": ("flow_egress", "egress"),
+    "tunnel-in": ("from_tunnel", "ingress"),
+    "tunnel-out": ("tunnel_egress", "egress"),
 }
 _TCX = {"ingress": libbpf.BPF_TCX_INGRESS, "egress": libbpf.BPF_TCX_EGRESS}
 # clsact fallback: one filter preference per hook, so ours are found and replaced without touching others.
-_TC_PREF = {"pod-in": 0xC0D1, "pod-out": 0xC0D2, "private-in": 0xC0D3, "private-out": 0xC0D4, "tunnel-out": 0xC0D5}
+_TC_PREF = {"pod-in": 0xC0D1, "pod-out": 0xC0D2, "private-in": 0xC0D3, "private-out": 0xC0D4, "tunnel-out": 0xC0D5,
+            "tunnel-in": 0xC0D6}
 _LINK_RE = re.compile(r"^link-([a-z]+-[a-z]+)-(\d+)$")
 
 

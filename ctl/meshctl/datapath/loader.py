@@ -15,12 +15,16 @@ exist. When none loads the caller runs the node on kernel routes.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import hashlib
+import importlib.util
 import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterable
+import tempfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -32,7 +36,7 @@ from meshctl.errors import MeshError
 
 log = logging.getLogger("meshctl.datapath")
 
-PROGRAMS = ("from_pod", "from_private", "flow_egress")
+PROGRAMS = ("from_pod", "from_private", "flow_egress", "from_tunnel", "tunnel_egress")
 SOURCE = "datapath.c"
 
 
@@ -92,9 +96,56 @@ def ensure_bpffs(pin_root: str) -> None:
     if not (pin_root == "/sys/fs/bpf" or pin_root.startswith("/sys/fs/bpf/")):
         raise MeshError(f"{pin_root} is not on a bpf filesystem")
     if not bpffs_mounted("/sys/fs/bpf"):
-        p = subprocess.run(["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"], capture_output=True, text=True)
-        if p.returncode != 0 and not bpffs_mounted("/sys/fs/bpf"):
-            raise MeshError(f"cannot mount bpffs on /sys/fs/bpf: {p.stderr.strip()}")
+        err = mount_bpffs("/sys/fs/bpf")
+        if err is not None and not bpffs_mounted("/sys/fs/bpf"):
+            raise MeshError(f"cannot mount bpffs on /sys/fs/bpf: {err}")
+
+
+MNT_DETACH = 2
+
+
+def mount_bpffs(path: str) -> str | None:
+    """Mount a bpf filesystem on `path` with mount(2) (no util-linux needed in a slim image);
+    None when mounted, else why not."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"bpf", path.encode(), b"bpf", 0, None) != 0:
+        return os.strerror(ctypes.get_errno())
+    return None
+
+
+@contextlib.contextmanager
+def build_pin_dir(pin_root: str) -> Iterator[str]:
+    """A writable bpffs folder for build-objects' throwaway maps, removed after: `build-<pid>` under
+    `pin_root` when that is a bpffs this process can write, else a private bpffs mounted on a new
+    temporary folder (an image build's RUN step sees no bpffs, or the host's read-only, as a chroot
+    isolation binds /sys). MeshError in one line when neither works (no CAP_SYS_ADMIN to mount)."""
+    if bpffs_mounted(pin_root):
+        pin_dir = f"{pin_root}/build-{os.getpid()}"
+        try:
+            os.makedirs(pin_dir, exist_ok=True)
+        except OSError as e:
+            why = f"{pin_root} is not writable ({e.strerror})"
+        else:
+            try:
+                yield pin_dir
+            finally:
+                with contextlib.suppress(OSError):
+                    os.rmdir(pin_dir)
+            return
+    else:
+        why = f"{pin_root} is not on a bpf filesystem"
+    mnt = tempfile.mkdtemp(prefix="meshctl-bpffs-")
+    err = mount_bpffs(mnt)
+    if err is not None:
+        os.rmdir(mnt)
+        raise MeshError(f"no writable bpffs: {why}, and mounting a private one on {mnt} failed ({err}); "
+                        "build-objects needs CAP_SYS_ADMIN and CAP_BPF")
+    try:
+        yield mnt
+    finally:
+        ctypes.CDLL(None, use_errno=True).umount2(mnt.encode(), MNT_DETACH)
+        with contextlib.suppress(OSError):
+            os.rmdir(mnt)
 
 
 def prog_path(pin_dir: str, name: str) -> str:
@@ -213,6 +264,8 @@ def _compile_and_pin(pin_dir: str) -> str:
     if not objcache.have_headers():
         raise MeshError(f"no kernel headers at {objcache.headers_dir()} to compile with bcc, and no shipped "
                         f"object loaded ({shipped})")
+    if importlib.util.find_spec("bcc") is None:  # the agent image carries none (docs/kubernetes.md)
+        raise MeshError(f"no shipped object loaded ({shipped}), and no bcc here to compile one")
     log.info("datapath: shipped objects not loaded (%s): compiling with bcc", shipped)
     pkg_root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)

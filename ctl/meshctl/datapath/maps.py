@@ -291,7 +291,7 @@ class FlowFilter:
 class NodeMaps:
     """All maps pinned for one node, under `pin_dir`."""
 
-    NAMES = ("routes", "pods", "flows4", "flows6", "flowfilter", "route_cache", "counters", "config")
+    NAMES = ("routes", "pods", "flows4", "flows6", "flowfilter", "route_cache", "counters", "config", "xlate")
 
     def __init__(self, pin_dir: str) -> None:
         self.pin_dir = pin_dir
@@ -307,6 +307,7 @@ class NodeMaps:
         self.flows4, self.flows6 = opened["flows4"], opened["flows6"]
         self.counters_map, self.config = opened["counters"], opened["config"]
         self.route_cache = opened["route_cache"]
+        self.xlate = opened["xlate"]
         self._all = list(opened.values())
         try:
             self.flowfilter = FlowFilter(opened["flowfilter"])

@@ -37,6 +37,7 @@ TYPE_NAMES = {v: k for k, v in KERNEL_TYPES.items()}
 RELAY = "relay"
 TYPES = ("all", *(t for k in KERNEL_TYPES for t in ((k, RELAY) if k == "tunnel" else (k,))))  # relay after tunnel
 REASONS = {v: (name.lower(), text) for name, (v, text) in layout.header_defines("MC_R_").items()}
+XLATED = {name: v for name, (v, _) in layout.header_defines("MC_XLATED_").items()}  # SRC, DST, INNER
 PROTOCOLS = {socket.IPPROTO_TCP: "tcp", socket.IPPROTO_UDP: "udp", socket.IPPROTO_ICMP: "icmp",
              socket.IPPROTO_ICMPV6: "icmpv6", socket.IPPROTO_SCTP: "sctp"}
 LOCK_DIR = "monitor"  # <pin dir>/monitor: its lock guards the gate; slot<i> below it, one per slot
@@ -112,7 +113,8 @@ def decode_event(raw: bytes) -> dict[str, Any]:
     """One mc_event as plain values (names resolved from the header's tables; owners, interface
     names and wall time are the caller's: see `describe`)."""
     (ts, ifindex, length, out_ifindex, mtu, hook, outcome, type_, reason, fam, proto, action, encap, nh_fam,
-     decap, outer_fam, _, sport, dport, saddr, daddr, nh, osrc, odst) = layout.EVENT.unpack(raw[:layout.EVENT.size])
+     decap, outer_fam, xlated, sport, dport, saddr, daddr, nh, osrc, odst, xsrc, xdst) = \
+        layout.EVENT.unpack(raw[:layout.EVENT.size])
     encap_name = layout.ENCAP_NAMES.get(encap) if encap else None
     outer = encap_name is not None and (action == layout.ACTIONS["direct"] or decap)
     return {
@@ -133,6 +135,12 @@ def decode_event(raw: bytes) -> dict[str, Any]:
         "reason": REASONS[reason][0] if reason in REASONS and reason else None,
         "reason_text": REASONS[reason][1] if reason in REASONS and reason else None,
         "mtu": mtu or None,
+        # Global ranges (docs/clustermesh.md): the address the program rewrote each end to (the
+        # source's global image leaving the cluster, the local pod of a global destination arriving),
+        # and whether an ICMP error's quoted packet was translated too.
+        "src_translated": _addr(fam, xsrc) if xlated & XLATED["SRC"] else None,
+        "dst_translated": _addr(fam, xdst) if xlated & XLATED["DST"] else None,
+        "quoted_translated": bool(xlated & XLATED["INNER"]),
     }
 
 
@@ -170,7 +178,8 @@ def describe(ev: dict[str, Any], node: str, ifnames: Mapping[int, str], owners: 
              clock_offset_ns: int) -> dict[str, Any]:
     """The event as `monitor -o json` prints it: wall time, node, interface names, owners, and
     `relay` for a tunnel event whose destination is reached through a relay."""
-    src_o, dst_o = owner_of(owners, ev["src"]), owner_of(owners, ev["dst"])
+    src_o = owner_of(owners, ev.get("src_translated") or ev["src"])
+    dst_o = owner_of(owners, ev["dst"]) or owner_of(owners, ev.get("dst_translated") or "")
     out = dict(ev)
     out["time"] = (ev["ts_ns"] + clock_offset_ns) / 1e9
     out["node"] = node
@@ -185,14 +194,18 @@ def describe(ev: dict[str, Any], node: str, ifnames: Mapping[int, str], owners: 
 
 def text_line(e: dict[str, Any]) -> str:
     """One event as one line (`monitor -o text`)."""
-    def end(addr: str, port: int | None, owner: str | None) -> str:
+    def end(addr: str, port: int | None, owner: str | None, translated: str | None = None) -> str:
         a = f"[{addr}]" if ":" in addr and port is not None else addr
-        return f"{a}{f':{port}' if port is not None else ''}{f' ({owner})' if owner else ''}"
+        as_ = f" as {translated}" if translated else ""  # both forms of a translated address
+        return f"{a}{f':{port}' if port is not None else ''}{as_}{f' ({owner})' if owner else ''}"
 
     t = time.strftime("%H:%M:%S", time.localtime(e["time"])) + f".{int(e['time'] * 1e6) % 1000000:06d}"
     parts = [t, e["node"], f"{e['interface'] or e['ifindex']} {e['direction']}/{e['hook']}"]
     if e["src"]:
-        parts.append(f"{end(e['src'], e['sport'], e['src_owner'])} > {end(e['dst'], e['dport'], e['dst_owner'])}")
+        parts.append(f"{end(e['src'], e['sport'], e['src_owner'], e.get('src_translated'))} > "
+                     f"{end(e['dst'], e['dport'], e['dst_owner'], e.get('dst_translated'))}")
+    if e.get("quoted_translated"):
+        parts.append("quoted packet translated")
     parts += [e["proto"] or "non-ip", f"len {e['len']}", e["type"].upper(), e["decision"]]
     if e["encap"]:
         parts.append(f"{e['encap']} {e['outer_src']} > {e['outer_dst']}")

@@ -54,10 +54,13 @@ def _term_tears_down(signum: int, frame: object) -> None:
                    f"{EMULATED_CONVERGE_WAIT:.0f} in a VM without KVM].")
 @click.option("--kernel", default="host", show_default=True, type=click.Choice(["host", *KERNEL_SERIES]),
               help="Run the lab inside a VM booting this Debian kernel (make kernels fetches them); host: here.")
-def lab_up(path: str | None, prefix: str | None, wait: float | None, kernel: str) -> None:
+@click.option("--image", default=None, metavar="IMAGE",
+              help="Run every agent from this image with podman, as manifests/04-daemonset.yaml runs it "
+                   "(lab.agent: image; `make image` builds it).")
+def lab_up(path: str | None, prefix: str | None, wait: float | None, kernel: str, image: str | None) -> None:
     """Build the lab and start its agents."""
     from meshctl.lab.namespaces import build
-    from meshctl.lab.namespaces.spec import check_prefix, load_lab
+    from meshctl.lab.namespaces.spec import check_prefix, load_lab, with_image
     from meshctl.lab.vms import vmlab, vmnodes
 
     if path is None:
@@ -65,6 +68,11 @@ def lab_up(path: str | None, prefix: str | None, wait: float | None, kernel: str
     if prefix is not None:
         check_prefix(prefix, "--prefix")
     spec = load_lab(path)
+    if image is not None:
+        spec = with_image(spec, image)
+    if kernel != "host" and spec.options.agent == "image":
+        raise InputError("--kernel", kernel, "is not available with agents from the image (lab.agent image: "
+                         "the VM runs no podman)")
     _require_root()
     signal.signal(signal.SIGTERM, _term_tears_down)
     if kernel != "host" and spec.options.vms:

@@ -33,7 +33,7 @@ class _Locator:
                 # a VM node's pins are in its VM: the Forwarder runs the command there (inside,
                 # the guest's one-node state has no VM and the node is the root namespace)
                 if node in (n.name, f"{c.name}/{n.name}") and n.vm is None:
-                    found.append((st.name, PinTarget(f"{st.pin_root}/{c.name}", n.netns, n.name)))
+                    found.append((st.name, PinTarget(st.pin_root_of(c, n), n.netns, n.name)))
         if len(found) > 1:
             raise InputError("--node", node, f"is in several labs ({', '.join(f[0] for f in found)}): pass --lab")
         if not found and lab:
@@ -53,9 +53,12 @@ class _Locator:
     def pods(self, lab: str | None) -> dict[str, str]:
         st = state.resolve(lab)
         out: dict[str, str] = {}
-        for _, n in st.nodes():
+        for c, n in st.nodes():
             for p in n.pods:
-                out[p.netns] = out[p.netns.removeprefix(st.prefix)] = p.ip
+                # A pod of a cluster with global ranges by its own address in its cluster (`explain`
+                # finds it from another cluster's agent at its image).
+                addr = f"{c.name}/{p.ip}" if c.mesh.get("global_cidrs") else p.ip
+                out[p.netns] = out[p.netns.removeprefix(st.prefix)] = addr
         return out
 
 

@@ -18,6 +18,7 @@ from itertools import chain
 from operator import itemgetter
 from typing import NamedTuple
 
+from meshctl.mesh import global_ranges
 from meshctl.mesh.model import (
     ADDR_BITS,
     Cluster,
@@ -219,6 +220,7 @@ def admit_nodes(
     hosts = hosts if hosts is not None else {}
     subnets = _subnets(subnet)
     admitted, rejected = _admit_identities(nodes, subnets, claims, internal_ips, label)
+    admitted = _without_covered_hosts(admitted, hosts, claims, internal_ips, rejected, label)
     add_hosts(hosts, (n for _, n in admitted))
     if not any(n.allowed_location_ips for _, n in admitted):
         return [n for _, n in admitted], rejected
@@ -277,6 +279,86 @@ def _admit_identities(nodes: Sequence[Node], subnets: tuple[tuple[IPNetwork, Spa
             internal_ips[k] = n.qualified_name
         admitted.append((i, n))
     return admitted, rejected
+
+
+def _host_addresses(n: Node) -> list[tuple[int, str]]:
+    """`n`'s internal addresses and literal endpoints as (addr_key, "internal address A" or
+    "endpoint A")."""
+    out = [(k, f"internal address {ip.ip}") for k, ip in zip(n.internal_keys, n.internal_ips, strict=True)]
+    for e in n.endpoints:
+        ip = e.ip
+        if ip is not None:
+            out.append((addr_key(ip.version, int(ip)), f"endpoint {ip}"))
+    return out
+
+
+def _without_covered_hosts(admitted: list[tuple[int, Node]], hosts: dict[int, str], claims: Claims,
+                           internal_ips: dict[int, str], rejected: list[Rejection], label: str
+                           ) -> list[tuple[int, Node]]:
+    """The admitted nodes less those whose pod CIDRs would capture a node's own traffic: a pod
+    CIDR is routed to its node on every node, so one that covers a node's internal address or
+    endpoint (a private subnet, a public address) would divert that node's WireGuard and private
+    traffic into the mesh. Older claims win as everywhere: a pod CIDR covering an address held
+    before it (`hosts`: other clusters', or an older record's, or the node's own) rejects its
+    record; an address inside an older record's admitted pod CIDR rejects the address's record."""
+    addrs: list[tuple[int, int, str]] = []  # (addr_key, the record's order, what) sorted
+    for order, (_, n) in enumerate(admitted):
+        addrs.extend((k, order, what) for k, what in _host_addresses(n))
+    names = [n.qualified_name for _, n in admitted]
+    if not addrs and not hosts:
+        return admitted
+    addrs.sort()
+    outside = sorted(hosts.items()) if hosts else []
+    outside_keys = [k for k, _ in outside]
+    keys = [a[0] for a in addrs]
+    gone: dict[int, str] = {}  # order -> why
+    for order, (i, n) in enumerate(admitted):
+        if order in gone:
+            continue
+        problem = None
+        later: list[tuple[int, str]] = []
+        for c, (v, first, last) in zip(n.pod_cidrs, n.pod_spans, strict=True):
+            lo, hi = addr_key(v, first), addr_key(v, last)
+            field = f"{label}[{i}].{pod_cidr_field(n, admitted_index(n, c))}: {str(c)!r}"
+            j = bisect.bisect_left(outside_keys, lo)
+            if j < len(outside) and outside_keys[j] <= hi:
+                problem = f"{field} covers {outside[j][1]} {_key_ip(outside_keys[j])}"
+                break
+            for k in range(bisect.bisect_left(keys, lo), bisect.bisect_right(keys, hi)):
+                _, other, what = addrs[k]
+                if other <= order:
+                    whose = "its own" if other == order else f"{names[other]}'s"
+                    problem = f"{field} covers {whose} {what}"
+                    break
+                later.append((other, f"its {what} is inside {n.qualified_name}'s pod CIDR {c}"))
+            if problem:
+                break
+        if problem is not None:
+            gone[order] = problem
+            continue
+        for other, why in later:
+            gone.setdefault(other, why)
+    if not gone:
+        return admitted
+    out = []
+    for order, (i, n) in enumerate(admitted):
+        if order in gone:
+            why = gone[order]
+            rejected.append(Rejection(n.qualified_name, why if why.startswith(label) else f"{label}[{i}]: {why}"))
+            _release(n, claims, internal_ips)
+        else:
+            out.append((i, n))
+    return out
+
+
+def admitted_index(n: Node, c: IPNetwork) -> int:
+    """The index of pod CIDR `c` among `n`'s."""
+    return n.pod_cidrs.index(c)
+
+
+def _key_ip(k: int) -> IPAddress:
+    """The address an `addr_key` stands for."""
+    return ipaddress.ip_address(k & _ADDR_MASK) if k >> ADDR_BITS == 4 else ipaddress.IPv6Address(k & _ADDR_MASK)
 
 
 def _all_clear(nodes: Sequence[Node], subnets: tuple[tuple[IPNetwork, Span], ...], ranges: tuple[tuple[int, int], ...],
@@ -349,16 +431,37 @@ def _address_problem(n: Node, where: str, subnets: tuple[tuple[IPNetwork, Span],
                 # address of the tunnel itself, and private neighbours would be judged on tunnel addresses.
                 return f"{where}.{list_field(n.internal_ips, 'internal_ip', i)}: {str(ip)!r} overlaps the " \
                        f"WireGuard subnet {subnet}"
+    for i, ip in enumerate(n.internal_ips):
+        kind = _not_a_host(ip.ip, link_local=False)
+        if kind:
+            return f"{where}.{list_field(n.internal_ips, 'internal_ip', i)}: {str(ip)!r} is {kind} address"
     for i, e in enumerate(n.endpoints):
         ep = e.ip
         if ep is None:
             continue
+        kind = _not_a_host(ep, link_local=True)
+        if kind:
+            return f"{where}.{list_field(n.endpoints, 'endpoint', i)}: {str(e)!r} is {kind} address: no peer reaches it"
         k = addr_key(e.family, int(ep))
         for (subnet, _), (lo, hi) in zip(subnets, ranges, strict=True):
             if lo <= k <= hi:
                 return f"{where}.{list_field(n.endpoints, 'endpoint', i)}: {str(e)!r} is an address of the " \
                        f"WireGuard subnet {subnet}"
     return None
+
+
+def _not_a_host(ip: IPAddress, *, link_local: bool) -> str:
+    """What kind of address `ip` is when it cannot be a node's address on the mesh ("a loopback",
+    "an unspecified", "a multicast", with `link_local` "a link-local"), else ""."""
+    if ip.is_loopback:
+        return "a loopback"
+    if ip.is_unspecified:
+        return "an unspecified"
+    if ip.is_multicast:
+        return "a multicast"
+    if link_local and ip.is_link_local:
+        return "a link-local"
+    return ""
 
 
 def list_field(items: Sequence[object], one: str, i: int) -> str:
@@ -500,8 +603,14 @@ def admit_local(topo: Topology) -> tuple[Topology, list[Rejection]]:
     topology a plan may use, and the rejections: what every agent and `meshctl plan --backend`
     decide alike."""
     claims = Claims()
-    nodes, rejected = admit_nodes(topo.nodes, topo.mesh.subnets, claims=claims,
-                                  allow_default_route=topo.mesh.allow_default_route)
+    candidates, rejected = list(topo.nodes), []
+    if topo.mesh.global_cidrs:
+        problems = [global_ranges.node_problem(n, f"nodes[{i}]", topo.mesh) for i, n in enumerate(topo.nodes)]
+        rejected = [Rejection(n.name, p) for n, p in zip(topo.nodes, problems, strict=True) if p is not None]
+        candidates = [n for n, p in zip(topo.nodes, problems, strict=True) if p is None]
+    nodes, rejected_nodes = admit_nodes(candidates, topo.mesh.subnets, claims=claims,
+                                        allow_default_route=topo.mesh.allow_default_route)
+    rejected += rejected_nodes
     peers, rejected_peers = admit_peers(topo.peers, claims, subnet=topo.mesh.subnets)
     return replace(topo, nodes=tuple(nodes), peers=tuple(peers)), [*rejected, *rejected_peers]
 
@@ -526,7 +635,7 @@ def admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[Re
     of its allowed location IPs covers any of these, a node's address, or is a default route the
     local mesh does not allow. Sharing a private subnet is fine."""
     claims, internal, hosts = _local_claims(local)
-    refused = identity_refusals(local.cluster, [r.cluster for r in remotes])
+    refused = cluster_refusals(local, remotes)
     out: list[Remote] = []
     rejected: list[Rejection] = []
     for remote in sorted(remotes, key=lambda t: t.cluster.name):
@@ -541,6 +650,14 @@ def admit_remotes(local: Topology, remotes: Sequence[Topology]) -> tuple[list[Re
 
 
 IDENTITY_DOC = "docs/clustermesh.md, 'Changing a cluster's name or id'"
+
+
+def cluster_refusals(local: Topology, remotes: Sequence[Topology]) -> dict[str, str]:
+    """Remote cluster name -> why the whole cluster is refused: its identity (`identity_refusals`),
+    else its global ranges or pod ranges that overlap without them (global_ranges.refusals)."""
+    refused = global_ranges.refusals(local, remotes)
+    refused.update(identity_refusals(local.cluster, [r.cluster for r in remotes]))
+    return refused
 
 
 def identity_refusals(local: Cluster, remotes: Sequence[Cluster]) -> dict[str, str]:
@@ -594,6 +711,9 @@ def _local_claims(local: Topology) -> tuple[Claims, dict[int, str], dict[int, st
         claims.add_peer(p, "local peer")
     for subnet in local.mesh.subnets:
         claims.add(subnet, f"the local WireGuard subnet {subnet}")
+    for pod, glob in local.mesh.global_cidrs:  # a remote pod there would be taken for a local one
+        if claims.conflict(glob) is None:
+            claims.add(glob, f"the local global range {glob} of {pod}")
     return claims, internal, hosts
 
 
@@ -659,11 +779,12 @@ def _admit_cluster(remote: Topology, claims: Claims, internal: dict[int, str], h
     segment: the second member's claim of the same address would conflict with the first's)."""
     cname = remote.cluster.name
     label = f"{cname}.nodes"
+    remote, outside = global_ranges.as_global(remote, label)
     segs = tuple(segments(remote))
     seg_of = {m.name: i for i, s in enumerate(segs) for m in s.members}
     problems = [_segment_problems(s.addresses, claims, internal) for s in segs]
     local_subnets = key_ranges(local.subnets)
-    rejected: list[Rejection] = []
+    rejected = [Rejection(name, why) for name, why in outside]
     candidates = []
     for n in remote.nodes:
         problem = _remote_problem(n, label, problems[seg_of[n.name]], local, local_subnets)

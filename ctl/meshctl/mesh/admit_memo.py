@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshctl.mesh.admit import Claims, Rejection, _admit_cluster, _local_claims, as_remote, identity_refusals
+from meshctl.mesh.admit import Claims, Rejection, _admit_cluster, _local_claims, as_remote, cluster_refusals
 from meshctl.mesh.model import Cluster, IPAddress, MeshSettings, Node, Topology, addr_key, span
 from meshctl.mesh.segments import Remote
 
@@ -158,7 +158,7 @@ class RemoteAdmission:
     def admit(self, local: Topology, remotes: Sequence[Topology]) -> tuple[list[Remote], list[Rejection]]:
         delta = self._local_delta(local)
         assert self._base is not None
-        refused = identity_refusals(local.cluster, [r.cluster for r in remotes])
+        refused = cluster_refusals(local, remotes)
         ordered = sorted(remotes, key=lambda t: t.cluster.name)
         current = {r.cluster.name: r for r in ordered if r.cluster.name not in refused}
         below = _Below(self._base)

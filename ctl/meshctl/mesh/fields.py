@@ -353,3 +353,48 @@ def name_list(value: Any, path: str, owner: str) -> tuple[str, ...]:
         if name == owner:
             raise InputError(f"{path}[{i}]", name, "is the node's own name")
     return tuple(sorted(set(value)))
+
+
+def global_cidrs(value: Any, path: str) -> tuple[tuple[IPNetwork, IPNetwork], ...]:
+    """`mesh.global_cidrs`: each pod range of the cluster with its global range, as a mapping
+    (`{10.42.0.0/16: 10.142.0.0/16}`) or, as `mesh set` writes it, comma-separated
+    `POD=GLOBAL` pairs. Each global range is of the pod range's family and size; one pair per
+    family; no range of the setting overlaps another (a global range inside a pod range would
+    make an address mean two pods)."""
+    if value is None or value == "" or value == {}:
+        return ()
+    if isinstance(value, str):
+        pairs: list[tuple[Any, Any]] = []
+        for item in (v.strip() for v in value.split(",") if v.strip()):
+            left, sep, right = item.partition("=")
+            if not sep:
+                raise InputError(path, item, "is not POD=GLOBAL (a pod range, '=', its global range)")
+            pairs.append((left.strip(), right.strip()))
+    elif isinstance(value, Mapping):
+        pairs = list(value.items())
+    else:
+        raise InputError(path, value, "is not a mapping of pod range to global range")
+    out: list[tuple[IPNetwork, IPNetwork]] = []
+    for pod_text, glob_text in pairs:
+        where = f"{path}[{pod_text}]"
+        pod = network(pod_text, f"{path} key")
+        glob = network(glob_text, where)
+        if glob.version != pod.version:
+            raise InputError(where, glob_text, f"is not an IPv{pod.version} range like the pod range {pod}")
+        if glob.prefixlen != pod.prefixlen:
+            raise InputError(where, glob_text, f"is not the size of the pod range {pod} (a /{pod.prefixlen}: each "
+                             "pod keeps its host bits in its global image)")
+        if glob.prefixlen == 0:
+            raise InputError(where, glob_text, "is a default route, not a range")
+        if any(p.version == pod.version for p, _ in out):
+            first = next(p for p, _ in out if p.version == pod.version)
+            raise InputError(f"{path} key", pod_text, f"is a second IPv{pod.version} pod range (after {first}): "
+                             "one per family")
+        out.append((pod, glob))
+    for i, (pod, glob) in enumerate(out):
+        for j, (pod2, glob2) in enumerate(out):
+            if glob.overlaps(pod2):
+                raise InputError(f"{path}[{pod}]", str(glob), f"overlaps the pod range {pod2}")
+            if i != j and glob.overlaps(glob2):
+                raise InputError(f"{path}[{pod}]", str(glob), f"overlaps the global range {glob2} of {pod2}")
+    return tuple(out)

@@ -165,6 +165,14 @@ class MeshSettings:
     # How segments' WireGuard addresses are derived (mesh.segments.segments; docs/mesh.md,
     # "WireGuard addresses"): `stable` only when asked, so an upgrade never renumbers a mesh.
     wireguard_addressing: WireGuardAddressing = "index"
+    # The cluster's global ranges (docs/clustermesh.md, "Clusters whose pod ranges overlap"): each
+    # of its pod ranges with a range of the same size, (pod range, global range), at most one per
+    # IP family. Every other cluster sees a pod of a mapped range at its one-to-one image (the same
+    # host bits) in the global range; traffic inside the cluster is untouched.
+    global_cidrs: tuple[tuple[IPNetwork, IPNetwork], ...] = ()
+    # The cluster's Service ranges (k3s: 10.43.0.0/16): no global range, of this cluster or another,
+    # may overlap them (a pod dialing such an address means a Service of its own cluster).
+    service_cidrs: tuple[IPNetwork, ...] = ()
     # Location granularity: how long a location's preferred leader, once replaced for not
     # forwarding, must be seen forwarding again before it leads again (mesh/leaders.py), seconds.
     leader_hold: int = DEFAULT_LEADER_HOLD
@@ -393,6 +401,32 @@ def private_joined(a: Node, b: Node, private_networks: tuple[IPNetwork, ...], fa
         if any(n.version == ia.version and ia.ip in n and ib.ip in n for n in private_networks):
             return True
     return False
+
+
+def global_image(addr: IPAddress, pod: IPNetwork, glob: IPNetwork) -> IPAddress:
+    """The image of `addr` (inside `pod`) in the global range `glob` of the same size: the same host
+    bits under the global range's prefix (and back, with the two ranges swapped)."""
+    host = int(addr) - int(pod.network_address)
+    return ipaddress.ip_address(int(glob.network_address) + host) if addr.version == 4 else \
+        ipaddress.IPv6Address(int(glob.network_address) + host)
+
+
+def global_net(net: IPNetwork, pod: IPNetwork, glob: IPNetwork) -> IPNetwork:
+    """The image of network `net` (inside `pod`) in the global range `glob`, the one shared
+    object of it (`network_of`)."""
+    return network_of(net.version, int(glob.network_address) + int(net.network_address) - int(pod.network_address),
+                      net.prefixlen)
+
+
+def mapped_range(addr: IPAddress | IPNetwork, ranges: Iterable[tuple[IPNetwork, IPNetwork]]
+                 ) -> tuple[IPNetwork, IPNetwork] | None:
+    """The (from, to) pair of `ranges` whose first range holds `addr` (an address or a network
+    inside it), or None."""
+    for pair in ranges:
+        a = pair[0]
+        if addr.version == a.version and (addr in a if not isinstance(addr, IPNetwork) else addr.subnet_of(a)):  # type: ignore[arg-type]
+            return pair
+    return None
 
 
 def sort_key_net(n: IPNetwork | IPInterface | IPAddress) -> int:

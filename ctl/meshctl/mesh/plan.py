@@ -104,6 +104,10 @@ class FastPathEntry:
     action: Action
     nexthop: IPAddress | None
     encap: Encap | None = None
+    # The prefix is another cluster's, this cluster has global ranges (mesh.global_cidrs) and the
+    # packet leaves the cluster at this node (to the remote node, or into WireGuard; not to the own
+    # leader, which sends it on): its source pod address is rewritten to its global image here.
+    translate: bool = False
 
     @property
     def rung(self) -> str:
@@ -134,6 +138,10 @@ class NodePlan:
     # Every leader of the node's location when it has several (mesh.leaders_per_location; `leader`
     # the first); empty when it has one.
     leaders: tuple[str, ...] = ()
+    # This cluster's global ranges (mesh.global_cidrs): (pod range, global range). The node
+    # rewrites its pods' sources to their images on the way out of the cluster (fast-path entries
+    # with `translate`) and destinations in a global range back on the way in.
+    global_cidrs: tuple[tuple[IPNetwork, IPNetwork], ...] = ()
     # `--cni flannel`: the nodes flannel carries (path `flannel`), each with the rung the plan
     # would take to it without flannel (the probes' memory of a pair is of rungs: `rung_paths`).
     handed_over: dict[str, str] = field(default_factory=dict, compare=False)
@@ -236,7 +244,7 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
     if merged is None:  # a destination claimed in two blocks: first claim wins, over all shares
         peers, claimed, paths, relays = _merge(every)
         routes = tuple(r for _, r in _sorted_routes(claimed))
-        fastpath = _fastpath(seat.me, topo, remotes, claimed)
+        fastpath = _fastpath(seat.me, topo, remotes, claimed, _leaving(seat))
     else:
         peers, routes, fastpath, paths, relays = merged
     family_paths = dict(chain.from_iterable(s.family_paths for s in every))
@@ -253,6 +261,7 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
         wireguard_ips=seat.my_seg.addresses if seat.leads and seat.my_seg.wireguard_ips else (),
         family_paths=family_paths,
         leaders=tuple(n.name for n in seat.my_seg.leaders),
+        global_cidrs=topo.mesh.global_cidrs,
     )
     return _hand_over(plan, topo) if flannel else plan
 
@@ -711,7 +720,7 @@ class _Block(NamedTuple):
     relays: dict[str, tuple[str, str]]
 
 
-def _block(shares: Sequence[Share], pods: Iterable[IPNetwork]) -> _Block:
+def _block(shares: Sequence[Share], pods: Iterable[IPNetwork], leaving: Leaving = None) -> _Block:
     """`shares` merged among themselves (`_merge`'s rule: the first claim on a destination wins),
     with the fast-path entries of `pods`. Sorted on (key, value) pairs without a key function:
     keys are unique (one per destination), so values are never compared."""
@@ -721,7 +730,7 @@ def _block(shares: Sequence[Share], pods: Iterable[IPNetwork]) -> _Block:
     for pod in pods:
         k = sort_key_net(pod)
         c = claimed.get(k)
-        e = None if c is None else _fast_entry(pod, c[1])
+        e = None if c is None else _fast_entry(pod, c[1], leaving)
         if e is not None:
             fast.append((k, e))
     fast.sort()
@@ -751,14 +760,15 @@ class PlanCache:
         self.segments.clear()
 
 
-def _remote_block(remote: Remote, seat: tuple[Node, bool, tuple[IPAddress, ...], int], cache: PlanCache) -> _Block:
+def _remote_block(remote: Remote, seat: tuple[Node, bool, tuple[IPAddress, ...], int, Leaving], cache: PlanCache
+                  ) -> _Block:
     """One remote cluster's block, kept in `cache` by its Remote and the seat: a pass after a
     remote change merges and sorts again only the cluster it touched (its segments' shares come
     from the cache too: `_remote_segment`)."""
     def make() -> tuple[_Block, tuple[_SegmentKey, ...]]:
-        me, leads, leader_ips, keepalive = seat
+        me, leads, leader_ips, keepalive, leaving = seat
         shares, pods, keys = _remote_shares(me, leads, leader_ips, keepalive, remote, cache)
-        return _block(shares, pods), tuple(keys)
+        return _block(shares, pods, leaving), tuple(keys)
     block, keys = cache.blocks.get(SameObject(remote, seat), make)
     cache.segments.keep(keys)
     return block
@@ -766,7 +776,8 @@ def _remote_block(remote: Remote, seat: tuple[Node, bool, tuple[IPAddress, ...],
 
 def _remote_blocks(seat: _Seat, remotes: Sequence[Remote], cache: PlanCache) -> list[_Block]:
     """Other clusters' blocks, by cluster name."""
-    where = (seat.me, seat.first, seat.leader_ips or ((seat.leader_ip,) if seat.leader_ip else ()), seat.keepalive)
+    where = (seat.me, seat.first, seat.leader_ips or ((seat.leader_ip,) if seat.leader_ip else ()), seat.keepalive,
+             _leaving(seat))
     return [_remote_block(r, where, cache) for r in sorted(remotes, key=lambda r: r.topology.cluster.name)]
 
 
@@ -850,26 +861,44 @@ def _segment_share(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, memb
     return Share(peers=peers, claims=tuple(claims), paths=tuple(paths), family_paths=tuple(split))
 
 
-def _fastpath(me: Node, topo: Topology, remotes: Sequence[Remote], claimed: Claimed) -> tuple[FastPathEntry, ...]:
+# Where a remote cluster's packet leaves this one (FastPathEntry.translate): None, this cluster has
+# no global ranges; else the own leader's addresses, which a non-leader's routes to other
+# locations name (the leader sends the packet on and translates it), empty for a leader.
+Leaving = frozenset[IPAddress] | None
+
+
+def _leaving(seat: _Seat) -> Leaving:
+    if not seat.mesh.global_cidrs:
+        return None
+    return frozenset() if seat.leads else frozenset(seat.leader_ips or ((seat.leader_ip,) if seat.leader_ip else ()))
+
+
+def _fastpath(me: Node, topo: Topology, remotes: Sequence[Remote], claimed: Claimed,
+              leaving: Leaving = None) -> tuple[FastPathEntry, ...]:
     """One entry per node pod CIDR: local for our own, direct (encapsulated, or to a next hop) for
-    an encapsulation or a route on the private NIC, tunnel for a route through WireGuard."""
+    an encapsulation or a route on the private NIC, tunnel for a route through WireGuard; the
+    remote clusters' entries with `translate` where the packet leaves the cluster here."""
     out = [FastPathEntry(c, "local", None) for c in me.pod_cidrs]
-    for n in [*topo.nodes, *(n for r in remotes for n in r.nodes)]:
+    for n in topo.nodes:
         if n is me:
             continue
         out.extend(e for e in (_fast_entry(c, _claim_of(claimed, c)) for c in n.pod_cidrs) if e is not None)
+    for n in (n for r in remotes for n in r.nodes):
+        out.extend(e for e in (_fast_entry(c, _claim_of(claimed, c), leaving) for c in n.pod_cidrs) if e is not None)
     return tuple(sorted(out, key=lambda e: sort_key_net(e.prefix)))
 
 
-def _fast_entry(c: IPNetwork, r: Route | Encap | None) -> FastPathEntry | None:
-    """The fast-path entry of pod CIDR `c` claimed as `r` (None: not claimed)."""
+def _fast_entry(c: IPNetwork, r: Route | Encap | None, leaving: Leaving = None) -> FastPathEntry | None:
+    """The fast-path entry of pod CIDR `c` claimed as `r` (None: not claimed); `leaving` (for
+    another cluster's `c`): FastPathEntry.translate unless `r` sends it to the own leader."""
     if r is None:
         return None
+    translate = leaving is not None and not (isinstance(r, Route) and r.via is not None and r.via in leaving)
     if isinstance(r, Encap):
-        return FastPathEntry(c, "direct", None, r)
+        return FastPathEntry(c, "direct", None, r, translate)
     if r.dev == "private":
-        return FastPathEntry(c, "direct", r.via)
-    return FastPathEntry(c, "tunnel", None)
+        return FastPathEntry(c, "direct", r.via, None, translate)
+    return FastPathEntry(c, "tunnel", None, None, translate)
 
 
 def mesh_cidrs(topo: Topology, remotes: list[Remote]) -> frozenset[IPNetwork]:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Generic, TypeVar
 
+from meshctl.mesh import global_ranges
 from meshctl.mesh.model import MeshSettings, PathState, Topology
 from meshctl.mesh.plan import FastPathEntry, NodePlan, PeerPlan, Route, plan_node
 from meshctl.mesh.records import MESH_FIELDS
@@ -87,7 +88,9 @@ def _field_changes(before: Mapping[str, str | None], after: Mapping[str, str | N
 def _node_fields(p: NodePlan | None) -> dict[str, str | None]:
     if p is None:
         return {"plan": None}
-    return {"plan": "yes", "leader": p.leader, "wireguard_ip": str(p.wireguard_ip) if p.wireguard_ip else None}
+    return {"plan": "yes", "leader": p.leader, "wireguard_ip": str(p.wireguard_ip) if p.wireguard_ip else None,
+            # what the node translates its pods to on the way out of the cluster (and back)
+            "global_cidrs": global_ranges.as_text(p.global_cidrs) or None}
 
 
 def diff_node(node: str, before: NodePlan | None, after: NodePlan | None) -> NodeDiff:
@@ -117,7 +120,9 @@ def settings_view(m: MeshSettings) -> dict[str, Any]:
         "granularity": m.granularity, "subnet": str(m.subnet),
         "subnet6": str(m.subnet6) if m.subnet6 is not None else None, "port": m.port, "intra_subnet": m.intra_subnet,
         "private_networks": [str(n) for n in m.private_networks], "allow_default_route": m.allow_default_route,
-        "wireguard_addressing": m.wireguard_addressing, "leader_hold": m.leader_hold,
+        "wireguard_addressing": m.wireguard_addressing,
+        "global_cidrs": global_ranges.as_text(m.global_cidrs) or None,
+        "service_cidrs": [str(n) for n in m.service_cidrs], "leader_hold": m.leader_hold,
         "leaders_per_location": m.leaders_per_location,
     }
     assert tuple(view) == MESH_FIELDS

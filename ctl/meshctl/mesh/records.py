@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from meshctl.errors import MISSING, InputError
-from meshctl.mesh import admit
+from meshctl.mesh import admit, global_ranges
 from meshctl.mesh.fields import (
     boolean,
     cidr_list,
@@ -23,6 +23,7 @@ from meshctl.mesh.fields import (
     discovered_endpoints,
     endpoint,
     endpoints,
+    global_cidrs,
     granularity,
     integer,
     interface,
@@ -186,7 +187,8 @@ def parse_peer(d: Any, path: str) -> Peer:
 
 
 MESH_FIELDS = ("granularity", "subnet", "subnet6", "port", "intra_subnet", "private_networks", "allow_default_route",
-               "wireguard_addressing", "leader_hold", "leaders_per_location")
+               "wireguard_addressing", "global_cidrs", "service_cidrs",
+               "leader_hold", "leaders_per_location")
 
 
 def parse_mesh(d: Any, path: str) -> MeshSettings:
@@ -206,18 +208,24 @@ def parse_mesh(d: Any, path: str) -> MeshSettings:
     if subnet6 is not None and subnet.version != 4:
         raise InputError(f"{path}.subnet6", d["subnet6"], f"is given with the IPv6 mesh.subnet {subnet}: write the "
                          "IPv4 WireGuard subnet in subnet, the IPv6 one in subnet6")
-    return MeshSettings(granularity=gran, subnet=subnet, subnet6=subnet6,
+    mesh = MeshSettings(granularity=gran, subnet=subnet, subnet6=subnet6,
                         port=port(d.get("port", DEFAULT_PORT), f"{path}.port"),
                         intra_subnet=intra,
                         private_networks=cidr_list(d.get("private_networks"), f"{path}.private_networks"),
                         allow_default_route=boolean(d.get("allow_default_route", False), f"{path}.allow_default_route"),
                         wireguard_addressing=wireguard_addressing(d.get("wireguard_addressing", "index"),
                                                                   f"{path}.wireguard_addressing"),
+                        global_cidrs=global_cidrs(d.get("global_cidrs"), f"{path}.global_cidrs"),
+                        service_cidrs=cidr_list(d.get("service_cidrs"), f"{path}.service_cidrs"),
                         leader_hold=integer(d.get("leader_hold", DEFAULT_LEADER_HOLD), f"{path}.leader_hold", 1,
                                             MAX_LEADER_HOLD, f"is not a number of seconds in 1..{MAX_LEADER_HOLD}"),
                         leaders_per_location=integer(d.get("leaders_per_location", 1), f"{path}.leaders_per_location",
                                                      1, MAX_LEADERS_PER_LOCATION,
                                                      f"is not a number of leaders in 1..{MAX_LEADERS_PER_LOCATION}"))
+    problem = global_ranges.settings_problem(mesh, path)
+    if problem is not None:
+        raise InputError.from_line(problem)
+    return mesh
 
 
 def _wg_subnet(value: Any, path: str) -> IPNetwork:
@@ -238,6 +246,10 @@ def mesh_to_record(m: MeshSettings) -> dict[str, Any]:
         rec["allow_default_route"] = True
     if m.wireguard_addressing != "index":  # written only when set, as allow_default_route
         rec["wireguard_addressing"] = m.wireguard_addressing
+    if m.global_cidrs:  # written only when set, as allow_default_route
+        rec["global_cidrs"] = {str(pod): str(glob) for pod, glob in m.global_cidrs}
+    if m.service_cidrs:
+        rec["service_cidrs"] = [str(n) for n in m.service_cidrs]
     if m.leader_hold != DEFAULT_LEADER_HOLD:  # written only when set, as allow_default_route
         rec["leader_hold"] = m.leader_hold
     if m.leaders_per_location != 1:  # written only when set, as allow_default_route
@@ -291,6 +303,10 @@ def parse_topology(doc: Any) -> Topology:
     if not isinstance(raw_peers, list):
         raise InputError("peers", raw_peers, "is not a list")
     peers = [parse_peer(d, f"peers[{i}]") for i, d in enumerate(raw_peers)]
+    for i, n in enumerate(nodes):
+        problem = global_ranges.node_problem(n, f"nodes[{i}]", mesh)
+        if problem is not None:
+            raise InputError.from_line(problem)
     claims = admit.Claims()
     _, rejected = admit.admit_nodes(nodes, mesh.subnets, claims=claims, allow_default_route=mesh.allow_default_route)
     if rejected:

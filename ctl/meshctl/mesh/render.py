@@ -36,6 +36,8 @@ def plan_to_json(p: NodePlan) -> dict[str, Any]:
         "peers": [peer_json(x) for x in p.peers],
         "routes": [route_json(r) for r in p.routes],
         "fastpath": [fastpath_json(e) for e in p.fastpath],
+        # The cluster's global ranges (mesh.global_cidrs); absent without them.
+        **({"global_cidrs": {str(pod): str(glob) for pod, glob in p.global_cidrs}} if p.global_cidrs else {}),
     }
 
 
@@ -58,7 +60,7 @@ def route_json(r: Route) -> dict[str, Any]:
 
 def fastpath_json(e: FastPathEntry) -> dict[str, Any]:
     return {"prefix": str(e.prefix), "action": e.action, "nexthop": str(e.nexthop) if e.nexthop else None,
-            **_encap_json(e.encap)}
+            **_encap_json(e.encap), **({"translate": True} if e.translate else {})}
 
 
 def _encap_json(e: Encap | None) -> dict[str, Any]:
@@ -102,6 +104,10 @@ def plan_to_table(p: NodePlan) -> str:
     out += ["", f"FAST PATH ({len(p.fastpath)})"]
     out.append(table([(e.prefix, e.action, e.nexthop, encap_text(e.encap)) for e in p.fastpath],
                      ["PREFIX", "ACTION", "NEXT HOP", "ENCAP"]))
+    if p.global_cidrs:  # what leaves the cluster from a pod range carries its image in the global range
+        out += ["", "GLOBAL RANGES (sources to other clusters translated; fast-path entries of other clusters: "
+                f"{sum(1 for e in p.fastpath if e.translate)})"]
+        out.append(table(list(p.global_cidrs), ["POD RANGE", "GLOBAL RANGE"]))
     if p.paths:
         out += ["", "PATHS"]
         out.append(table([(name, path_text(path, p.family_paths.get(name))) for name, path in sorted(p.paths.items())],
@@ -276,10 +282,12 @@ def peer_resource(p: WgPeer, api_version: str, name: str | None = None) -> dict[
     return {"apiVersion": api_version, "kind": "Peer", "metadata": {"name": name or p.name}, "spec": spec}
 
 
-# The keys a node row gains for a dual-stack node (dual_keys).
+# The keys a node row gains beyond its one-address fields: a dual-stack node's (dual_keys), and the
+# global ranges of a remote node's cluster (mesh.global_cidrs, {pod range: global range}: its pod
+# CIDRs in the row are their images, `explain` gives both forms of an address).
 JSON = dict[str, Any]
 
-DUAL_KEYS = ("internal_ips", "endpoints", "wireguard_ips", "family_paths")
+DUAL_KEYS = ("internal_ips", "endpoints", "wireguard_ips", "family_paths", "global_cidrs")
 
 
 def dual_keys(internal_ips: Sequence[object], endpoints: Sequence[object], wireguard_ips: Sequence[object],
@@ -304,9 +312,11 @@ def node_list(topo: Topology, remotes: Sequence[Remote], plan: NodePlan, *, fast
     relays = plan.relays
     entries = fastpath_rows(plan.fastpath) if fastpath else {}
 
-    def add(nodes: Sequence[Node], segs: Sequence[Segment], source: str, cluster: str, count: int) -> None:
+    def add(nodes: Sequence[Node], segs: Sequence[Segment], source: str, cluster: str, count: int,
+            global_cidrs: Sequence[tuple[IPNetwork, IPNetwork]] = ()) -> None:
         wg = {leader.name: s.addresses for s in segs for leader in s.all_leaders}
         leads = lead_roles(segs, count)
+        ranges = {DUAL_KEYS[4]: {str(p): str(g) for p, g in global_cidrs}} if global_cidrs else {}
         for n in nodes:
             wgs = wg.get(n.name, ())
             pods = tuple(str(c) for c in n.pod_cidrs)
@@ -316,11 +326,12 @@ def node_list(topo: Topology, remotes: Sequence[Remote], plan: NodePlan, *, fast
                 str(n.endpoint) if n.endpoint else None, pods, str(wgs[0]) if wgs else None, plan.paths.get(q, "none"),
                 relays[q][0] if q in relays else None, relays[q][1] if q in relays else None,
                 tuple(entries[c] for c in pods if c in entries),
-                dual_keys(n.internal_ips, n.endpoints, wgs, plan.family_paths.get(q)), leads.get(n.name)))
+                {**dual_keys(n.internal_ips, n.endpoints, wgs, plan.family_paths.get(q)), **ranges}, leads.get(n.name)))
 
     add(topo.nodes, segments(topo), "local", topo.cluster.name, _per_location(topo))
     for r in remotes:
-        add(r.nodes, r.segments or segments(r.topology), "remote", r.topology.cluster.name, _per_location(r.topology))
+        add(r.nodes, r.segments or segments(r.topology), "remote", r.topology.cluster.name, _per_location(r.topology),
+            r.topology.mesh.global_cidrs)
     rows.sort(key=lambda r: (r.source != "local", r.name))
     return rows
 
@@ -403,7 +414,8 @@ class NodeRow:
     relay: str | None
     relay_reason: str | None
     fastpath: tuple[FastPathRow, ...] = ()
-    # A dual-stack node's every address and each family's rung (render.dual_keys): absent for one.
+    # A dual-stack node's every address and each family's rung (render.dual_keys): absent for one;
+    # a remote node's cluster's global ranges (DUAL_KEYS' `global_cidrs`): absent without.
     dual: dict[str, Any] = field(default_factory=dict, compare=False)
     # A member of a location of several: whether it leads (lead_roles); absent otherwise.
     lead: str | None = None

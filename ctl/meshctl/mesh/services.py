@@ -12,7 +12,9 @@ zone hints on the slices meshctl writes (see `desired_slices`).
 
 A published record is admitted like a node record: the cluster it names must be the cluster whose
 etcd it came from and whose key prefix it sits under (a cluster cannot publish for another), and
-every endpoint address must lie in a pod CIDR that cluster's ADMITTED nodes hold; a bad endpoint
+every endpoint address must lie in a pod CIDR that cluster's ADMITTED nodes hold; a cluster with
+global ranges (mesh.global_cidrs) publishes its pods' own addresses and every reader serves their
+global images, as its nodes' pod CIDRs are admitted (docs/clustermesh.md); a bad endpoint
 is rejected alone (the rest of its record stands), a malformed record alone (the other records
 stand), each named. Nothing here does I/O: the callers read Kubernetes and etcd.
 """
@@ -27,6 +29,7 @@ from typing import Any
 from meshctl.errors import InputError
 from meshctl.mesh import fields
 from meshctl.mesh.admit import Rejection
+from meshctl.mesh.global_ranges import Pair, dial_address
 from meshctl.mesh.model import IPAddress, Node
 
 GLOBAL = "service.cilium.io/global"
@@ -255,11 +258,14 @@ class RecordIn:
     error: str | None = None
 
 
-def admit_services(records: Iterable[RecordIn], nodes: Mapping[str, Sequence[Node]]
+def admit_services(records: Iterable[RecordIn], nodes: Mapping[str, Sequence[Node]],
+                   global_cidrs: Mapping[str, Sequence[Pair]] | None = None
                    ) -> tuple[list[GlobalService], list[Rejection]]:
     """The remote records this cluster may serve, and the rejections. `nodes`: each remote
-    cluster's ADMITTED nodes. A record under another cluster's key than its etcd's identity, or
-    malformed, is rejected whole; an endpoint outside the cluster's admitted pod CIDRs alone."""
+    cluster's ADMITTED nodes (a cluster with global ranges: with their images); `global_cidrs`:
+    each remote cluster's global ranges, whose endpoints are served at their images. A record under
+    another cluster's key than its etcd's identity, or malformed, is rejected whole; an endpoint
+    outside the cluster's admitted pod CIDRs alone."""
     out: list[GlobalService] = []
     rejected: list[Rejection] = []
     for r in sorted(records, key=lambda r: r.key):
@@ -277,13 +283,16 @@ def admit_services(records: Iterable[RecordIn], nodes: Mapping[str, Sequence[Nod
             rejected.append(Rejection(label, str(e)))
             continue
         held = nodes.get(r.source, ())
+        mapping = (global_cidrs or {}).get(r.source, ())
         keep = []
         for i, ep in enumerate(svc.endpoints):
-            if any(in_pod_cidrs(ep.address, n) for n in held):
-                keep.append(ep)
+            seen = ServiceEndpoint(dial_address(ep.address, mapping), ep.zone)
+            if any(in_pod_cidrs(seen.address, n) for n in held):
+                keep.append(seen)
             else:
-                rejected.append(Rejection(f"{label}/{ep.address}", f"{r.key}.endpoints[{i}]: {str(ep.address)!r} "
-                                          f"is in no pod CIDR of cluster {r.source}'s admitted nodes"))
+                image = f" (global {seen.address})" if seen.address != ep.address else ""
+                rejected.append(Rejection(f"{label}/{ep.address}", f"{r.key}.endpoints[{i}]: {str(ep.address)!r}"
+                                          f"{image} is in no pod CIDR of cluster {r.source}'s admitted nodes"))
         out.append(GlobalService(svc.cluster, svc.namespace, svc.name, svc.ports, tuple(keep)))
     return out, rejected
 

@@ -12,11 +12,11 @@ if TYPE_CHECKING:
     from meshctl.backends.kube.backend import KubeBackend
 
 
-def backend_from_options(kubeconfig: str | None, api_server: str | None, node_name: str,
+def backend_from_options(kubeconfig: str | None, node_name: str,
                          location_label: str = defaults.REGION_LABEL, resync_seconds: float = 30.0,
                          **kw: Any) -> KubeBackend:
     """See `meshctl.backends.kube.backend.backend_from_options` (imported lazily: lightkube loads only
     when the Kubernetes backend is chosen)."""
     from meshctl.backends.kube.backend import backend_from_options as make
 
-    return make(kubeconfig, api_server, node_name, location_label, resync_seconds, **kw)
+    return make(kubeconfig, node_name, location_label, resync_seconds, **kw)

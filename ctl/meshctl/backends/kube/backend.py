@@ -27,8 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 import httpx2 as httpx
 from lightkube import ApiError, AsyncClient, Client, KubeConfig
-from lightkube.config.models import Cluster as KCluster
-from lightkube.config.models import User as KUser
 from lightkube.generic_resource import create_global_resource
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Secret
@@ -38,8 +36,9 @@ from lightkube.types import PatchType
 from meshctl import defaults
 from meshctl.backends.base import BackendStatus, ClusterState
 from meshctl.backends.kube.cni_ipam import CNI_KINDS, PodCidrs, pod_cidrs_for
+from meshctl.backends.kube.errors import describe, install_hooks, is_kubernetes_answer, status_of
 from meshctl.backends.kube.flannel import parse_flannel
-from meshctl.backends.kube.nodes import own_annotations, parse_kube_node
+from meshctl.backends.kube.nodes import own_annotations, parse_kube_node, pending_reason
 from meshctl.backends.kube.peers import KILO_PEERS, MESHCTL_PEERS, PeerResource, parse_peer_object
 from meshctl.errors import MISSING, InputError, MeshError
 from meshctl.mesh import fields, records
@@ -49,11 +48,18 @@ from meshctl.mesh.observed import MAX_SEEN_BYTES, NodeSeen, summary_of
 from meshctl.node.flannel import FlannelLease
 
 if TYPE_CHECKING:
+    from meshctl.backends.kube.authn import DelegatedAuth
     from meshctl.backends.kube.kvstore import KvstoreMirror
 
 log = logging.getLogger("meshctl.kube")
+# The agent configures logging and gets these lines; a one-shot command (plan, graph, mesh get)
+# configures none and reports the same failures and rejections in its own `error:`/`warning:`
+# lines, so without a handler of ours Python's last-resort handler would print each twice.
+log.addHandler(logging.NullHandler())
 
 Obj = dict[str, Any]
+# What a failed API call raises through lightkube (errors.describe makes each one line).
+FAILURES = (ApiError, httpx.HTTPError, OSError)
 
 DEFAULT_NAMESPACE = "meshctl"
 DEFAULT_CONFIGMAP = "meshctl"
@@ -118,7 +124,7 @@ def state_from_objects(
     parsed: list[tuple[str, str, Node]] = []
     leases: dict[str, FlannelLease] = {}
     rejections: list[Rejection] = list(pod_cidrs.rejections) if pod_cidrs is not None else []
-    pending: list[str] = []
+    pending: dict[str, str] = {}  # node -> what it still lacks
     stale: list[str] = []
     for obj in nodes:
         name = str((obj.get("metadata") or {}).get("name", ""))
@@ -130,7 +136,7 @@ def state_from_objects(
             rejections.append(Rejection(name, str(e)))
             continue
         if kn is None:
-            pending.append(name)
+            pending[name] = pending_reason(obj, pod_cidrs.by_node.get(name, ()) if pod_cidrs is not None else None)
         elif name != own_name and now - kn.last_seen > max_age:
             stale.append(name)
         else:
@@ -154,7 +160,7 @@ def state_from_objects(
             unique_peers.append(p)
     return ClusterState(
         cluster=cluster, mesh=mesh, nodes=tuple(n for _, _, n in parsed), peers=tuple(unique_peers),
-        rejections=tuple(rejections), pending=tuple(pending), stale=tuple(stale), flannel=leases,
+        rejections=tuple(rejections), pending=pending, stale=tuple(stale), flannel=leases,
     )
 
 
@@ -208,8 +214,10 @@ class KubeBackend:
         self.flag_cluster = cluster
         self.watch_timeout = watch_timeout
         self.clock = clock
+        current = config.get()
+        self.server = current.cluster.server if current is not None else "?"
         self._lock = threading.Lock()
-        self._client = Client(config, trust_env=False, field_manager="meshctl")
+        self._client = self.client()
         self._kinds: list[_Kind] = [_Kind("nodes", KNode)]
         for pr in peer_resources:
             res = create_global_resource(pr.group, pr.version, pr.kind, pr.plural)
@@ -227,7 +235,7 @@ class KubeBackend:
         self.on_own_pod_cidrs: Callable[[tuple[IPNetwork, ...]], object] | None = None
         self._own_cidrs: tuple[IPNetwork, ...] | None = None
         self.pod_cidrs: PodCidrs | None = None  # the last snapshot's, for status and tests
-        self._errors: dict[str, str] = {}  # kind -> why it cannot be read now
+        self._errors: dict[str, tuple[str, str]] = {}  # kind -> (doing, why) it cannot be read now
         self._last_good: ClusterState | None = None
         self._logged: set[str] = set()
         self.stats = {"relists": 0, "resumes": 0, "gone": 0, "errors": 0}
@@ -245,10 +253,8 @@ class KubeBackend:
         peers' pre-shared keys. The value is returned, never logged."""
         try:
             obj = self._client.get(Secret, name, namespace=self.namespace)
-        except ApiError as e:
-            raise MeshError(f"secret {self.namespace}/{name}: {e.status.message}") from None
-        except httpx.HTTPError as e:
-            raise MeshError(f"secret {self.namespace}/{name}: {e}") from None
+        except FAILURES as e:
+            raise MeshError(describe(e, self.server, f"reading secret {self.namespace}/{name}")) from None
         data = obj.data or {}
         if key not in data:
             raise MeshError(f"secret {self.namespace}/{name} has no key {key!r}")
@@ -277,10 +283,8 @@ class KubeBackend:
         (not JSON, too large, or naming another node than its ConfigMap)."""
         try:
             items = list(self._client.list(ConfigMap, namespace=self.namespace, labels={SEEN_LABEL: "true"}))
-        except ApiError as e:
-            raise MeshError(f"configmaps of {self.namespace}: {e.status.message}") from None
-        except httpx.HTTPError as e:
-            raise MeshError(f"configmaps of {self.namespace}: {e}") from None
+        except FAILURES as e:
+            raise MeshError(describe(e, self.server, f"listing configmaps of {self.namespace}")) from None
         seen: dict[str, NodeSeen] = {}
         refused: list[str] = []
         for cm in items:
@@ -306,7 +310,7 @@ class KubeBackend:
 
     def _merge_configmap(self, name: str, data: Mapping[str, str], labels: Mapping[str, str] | None = None) -> None:
         """Merge `data` into ConfigMap `name` of the agent's namespace, creating it when absent."""
-        where = f"configmap {self.namespace}/{name}"
+        where = f"writing configmap {self.namespace}/{name}"
         try:
             try:
                 self._client.patch(ConfigMap, name, {"data": dict(data)}, namespace=self.namespace,
@@ -316,10 +320,8 @@ class KubeBackend:
                     raise
                 self._client.create(ConfigMap(metadata=ObjectMeta(name=name, namespace=self.namespace,
                                                                   labels=dict(labels or {})), data=dict(data)))
-        except ApiError as e:
-            raise MeshError(f"{where}: {e.status.message}") from None
-        except httpx.HTTPError as e:
-            raise MeshError(f"{where}: {e}") from None
+        except FAILURES as e:
+            raise MeshError(describe(e, self.server, where)) from None
 
     # --- the Backend protocol ---------------------------------------------------------------
 
@@ -332,12 +334,10 @@ class KubeBackend:
         patch = {"metadata": {"annotations": own_annotations(node, gran, self.clock())}}
         try:
             obj = self._client.patch(KNode, node.name, patch, patch_type=PatchType.MERGE)
-        except ApiError as e:
-            if e.status.code == 404:
-                raise MeshError(f"node {node.name!r} does not exist in the Kubernetes API") from None
-            raise MeshError(f"patching node {node.name}: {e.status.message}") from None
-        except httpx.HTTPError as e:
-            raise MeshError(f"patching node {node.name}: {e}") from None
+        except FAILURES as e:
+            if status_of(e) == 404 and is_kubernetes_answer(e):
+                raise MeshError(f"node {node.name!r} does not exist in the kubernetes API {self.server}") from None
+            raise MeshError(describe(e, self.server, f"patching node {node.name}")) from None
         self._store(self._kinds[0], _as_dict(obj))
         self._published = node
 
@@ -352,10 +352,10 @@ class KubeBackend:
                     continue  # `run` listed it meanwhile
                 try:
                     self._relist_sync(k)
-                except (ApiError, httpx.HTTPError, OSError) as e:
-                    self._set_error(k, f"listing {k.name}: {_message(e)}")
+                except FAILURES as e:
+                    self._set_error(k, "listing", e)
         with self._lock:
-            error = "; ".join(self._errors.values())
+            error = _grouped(self._errors)
             nodes = list(self._kinds[0].objects.values())
             peers = [o for k in self._kinds[1:] if k.name != "configmap" and k.name not in self._cni_kinds
                      for o in k.objects.values()]
@@ -420,16 +420,28 @@ class KubeBackend:
 
     def client(self) -> Client:
         """A new client of the same API server and credentials (for another thread's reads)."""
-        return Client(self.config, trust_env=False, field_manager="meshctl")
+        c = Client(self.config, trust_env=False, field_manager="meshctl")
+        install_hooks(c)
+        return c
+
+    def metrics_auth(self) -> DelegatedAuth:
+        """Who may read the agent's /metrics, asked of this cluster (agent.secure_metrics)."""
+        from meshctl.backends.kube.authn import DelegatedAuth
+
+        return DelegatedAuth(self.client(), self.server)
+
+    def describe(self, e: BaseException, doing: str) -> str:
+        """`e` as one line naming this backend's server (errors.describe)."""
+        return describe(e, self.server, doing)
 
     def own_object(self) -> Obj:
         """This agent's Node object, read now (for its pod CIDR and labels)."""
         try:
             return _as_dict(self._client.get(KNode, self.node_name))
-        except ApiError as e:
-            raise MeshError(f"node {self.node_name!r}: {e.status.message}") from None
-        except httpx.HTTPError as e:
-            raise MeshError(f"reading node {self.node_name}: {e}") from None
+        except FAILURES as e:
+            if status_of(e) == 404 and is_kubernetes_answer(e):
+                raise MeshError(f"node {self.node_name!r} does not exist in the kubernetes API {self.server}") from None
+            raise MeshError(describe(e, self.server, f"reading node {self.node_name}")) from None
 
     # --- internals ------------------------------------------------------------------------------
 
@@ -457,11 +469,13 @@ class KubeBackend:
         return ClusterState(self.flag_cluster or Cluster(), self.flag_mesh or MeshSettings(), ready=False,
                             reason=reason)
 
-    def _set_error(self, kind: _Kind, reason: str) -> None:
+    def _set_error(self, kind: _Kind, doing: str, e: BaseException) -> None:
+        """Remember why `kind` cannot be read now (`doing` it: listing, watching)."""
+        cause = describe(e, self.server, doing).removeprefix(f"{doing}: ")
         with self._lock:
-            if kind.name not in self._errors:
-                log.warning("kubernetes API: %s", reason)
-            self._errors[kind.name] = reason
+            if self._errors.get(kind.name) != (doing, cause):
+                log.warning("%s %s: %s", doing, kind.name, cause)
+            self._errors[kind.name] = (doing, cause)
 
     def _report(self, state: ClusterState) -> None:
         for r in state.rejections:
@@ -507,9 +521,10 @@ class KubeBackend:
             args["fields"] = kind.fields
         return args
 
-    def _absent(self, kind: _Kind, e: ApiError) -> bool:
-        """A 404 on listing a CRD-backed kind: the CRD is not installed (Kilo's, usually)."""
-        if e.status.code == 404 and kind.resource is not KNode:
+    def _absent(self, kind: _Kind, e: BaseException) -> bool:
+        """A Kubernetes 404 on listing a CRD-backed kind: the CRD is not installed (Kilo's, usually).
+        A real API server answers a group it does not serve with a plain `404 page not found`."""
+        if status_of(e) == 404 and is_kubernetes_answer(e) and kind.resource is not KNode and kind.name != "configmap":
             self._mark_missing(kind)
             return True
         return False
@@ -518,7 +533,7 @@ class KubeBackend:
         try:
             it = self._client.list(kind.resource, **self._list_args(kind))
             items = [_as_dict(o) for o in it]
-        except ApiError as e:
+        except FAILURES as e:
             if self._absent(kind, e):
                 return
             raise
@@ -528,7 +543,7 @@ class KubeBackend:
         try:
             ait = client.list(kind.resource, **self._list_args(kind))
             items = [_as_dict(o) async for o in ait]
-        except ApiError as e:
+        except FAILURES as e:
             if self._absent(kind, e):
                 return
             raise
@@ -562,15 +577,13 @@ class KubeBackend:
                     self._healthy_again(kind)
                     changed()
                     backoff = 0.2
-            except ApiError as e:
-                if e.status.code == 410:
+            except FAILURES as e:
+                if status_of(e) == 410:
                     # Our version is older than the server's history: only a relist is correct now.
                     self.stats["gone"] += 1
                     kind.rv = None
                     continue
-                self._lost(kind, f"watching {kind.name}: {_message(e)}", changed)
-            except (httpx.HTTPError, OSError) as e:
-                self._lost(kind, f"watching {kind.name}: {_message(e)}", changed)
+                self._lost(kind, "watching", e, changed)
             else:
                 continue
             await asyncio.sleep(backoff)
@@ -587,10 +600,10 @@ class KubeBackend:
         except MeshError as e:
             log.warning("refreshing last-seen: %s", e)
 
-    def _lost(self, kind: _Kind, reason: str, changed: Callable[[], None]) -> None:
+    def _lost(self, kind: _Kind, doing: str, e: BaseException, changed: Callable[[], None]) -> None:
         self.stats["errors"] += 1
         was = kind.name in self._errors
-        self._set_error(kind, reason)
+        self._set_error(kind, doing, e)
         if not was:
             changed()
 
@@ -601,6 +614,7 @@ class KubeBackend:
 
     async def _run(self, stop: threading.Event, changed: Callable[[], None]) -> None:
         client = AsyncClient(self.config, trust_env=False, field_manager="meshctl")
+        install_hooks(client)
         tasks = [asyncio.create_task(self._follow(client, k, stop, changed)) for k in self._kinds]
         last = time.monotonic()
         try:
@@ -620,10 +634,14 @@ class KubeBackend:
             await client.close()
 
 
-def _message(e: BaseException) -> str:
-    if isinstance(e, ApiError):
-        return f"{e.status.code} {e.status.message}"
-    return str(e) or type(e).__name__
+def _grouped(errors: Mapping[str, tuple[str, str]]) -> str:
+    """The kinds that cannot be read, one clause per cause: `listing nodes, peers.meshctl.io:
+    cannot connect ...` rather than the same cause once per kind."""
+    by_cause: dict[tuple[str, str], list[str]] = {}
+    for kind, (doing, cause) in errors.items():
+        by_cause.setdefault((doing, cause), []).append(kind)
+    return "; ".join(f"{doing} {', '.join(sorted(kinds))}: {cause}"
+                     for (doing, cause), kinds in sorted(by_cause.items()))
 
 
 class _Metrics:
@@ -674,12 +692,9 @@ def find_kubeconfig(flag: str | None, env: Mapping[str, str]) -> Path | None:
     return default if default.is_file() else None
 
 
-def kubeconfig_for(kubeconfig: str | None, api_server: str | None,
-                   env: Mapping[str, str] | None = None) -> KubeConfig:
-    """--api-server URL (no credentials: the test server), else the kubeconfig `find_kubeconfig`
-    picks, else the in-cluster service account; none of them is one line naming where it looked."""
-    if api_server:
-        return KubeConfig.from_one(cluster=KCluster(server=api_server), user=KUser())
+def kubeconfig_for(kubeconfig: str | None, env: Mapping[str, str] | None = None) -> KubeConfig:
+    """The kubeconfig `find_kubeconfig` picks, else the in-cluster service account; none of them
+    is one line naming where it looked."""
     path = find_kubeconfig(kubeconfig, os.environ if env is None else env)
     if path is None and not Path(SERVICE_ACCOUNT_DIR, "token").is_file():
         raise InputError("--kubeconfig", MISSING, f"is not given, $KUBECONFIG is not set, there is no "
@@ -692,7 +707,7 @@ def kubeconfig_for(kubeconfig: str | None, api_server: str | None,
         raise MeshError(f"kubeconfig {path or SERVICE_ACCOUNT_DIR}: {e}") from None
 
 
-def backend_from_options(kubeconfig: str | None, api_server: str | None, node_name: str,
+def backend_from_options(kubeconfig: str | None, node_name: str,
                          location_label: str = defaults.REGION_LABEL, resync_seconds: float = 30.0, *,
                          namespace: str = DEFAULT_NAMESPACE, configmap: str = DEFAULT_CONFIGMAP,
                          mesh: MeshSettings | None = None, cluster: Cluster | None = None,
@@ -701,6 +716,6 @@ def backend_from_options(kubeconfig: str | None, api_server: str | None, node_na
     peer_resources, watch_timeout)."""
     if resync_seconds <= 0:
         raise InputError("--resync", resync_seconds, "must be > 0")
-    return KubeBackend(kubeconfig_for(kubeconfig, api_server), node_name, location_label=location_label,
+    return KubeBackend(kubeconfig_for(kubeconfig), node_name, location_label=location_label,
                        resync_seconds=resync_seconds, namespace=namespace, configmap=configmap, mesh=mesh,
                        cluster=cluster, registry=registry, **extra)

@@ -252,6 +252,17 @@ def parse_kube_node(obj: Mapping[str, Any], *, location_label: str = defaults.RE
     return KubeNode(node, last_seen, str(created))
 
 
+def pending_reason(obj: Mapping[str, Any], pod_cidrs: tuple[IPNetwork, ...] | None = None) -> str:
+    """What a Node that `parse_kube_node` leaves out (None) still lacks, in words for `plan`,
+    `graph` and `node list`: its pod CIDR, or its agent's first publication."""
+    _, ann, _ = _metadata(obj)
+    if not (bool(pod_cidrs) if pod_cidrs is not None else has_pod_cidr(obj)):
+        return ("its CNI's IPAM has given it no pod CIDR yet" if pod_cidrs is not None
+                else "it has no pod CIDR yet (spec.podCIDR: the controller manager's --allocate-node-cidrs)")
+    missing = [k for k in (PUBLIC_KEY, LAST_SEEN) if k not in ann]
+    return f"its agent has not published yet (no {' or '.join(missing)} annotation)"
+
+
 def has_pod_cidr(obj: Mapping[str, Any]) -> bool:
     """The Node has been given a pod CIDR (`spec.podCIDRs` or `spec.podCIDR`)."""
     spec = obj.get("spec") or {}

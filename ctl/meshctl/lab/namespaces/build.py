@@ -38,7 +38,7 @@ from meshctl.backends import etcd_identity as identity
 from meshctl.backends.etcd import write_topology
 from meshctl.errors import InputError, MeshError
 from meshctl.etcd import EtcdClient
-from meshctl.lab.namespaces import check, fabric, kube_cluster
+from meshctl.lab.namespaces import check, cni_install, daemonset, fabric, image_agents, kube_cluster, podman
 from meshctl.lab.namespaces import nat_router as labnat
 from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.cni_labs import CNI_LABS
@@ -58,7 +58,9 @@ from meshctl.lab.namespaces.wiring import PRIVATE_NIC, Progress, add_ns, quiet, 
 from meshctl.lab.rigs import netns, pki
 from meshctl.lab.rigs.etcd_process import EtcdServer, stop_pid, stop_pids
 from meshctl.lab.rigs.waiting import CONVERGE_WAIT
+from meshctl.mesh import global_ranges
 from meshctl.mesh.model import IPNetwork, Node, Topology
+from meshctl.node.cni import CONF_NAME
 
 METRICS_ADDR = defaults.METRICS_ADDR
 ETCD_PORT = 2379
@@ -85,6 +87,14 @@ def up(spec: LabSpec, *, prefix: str | None = None, progress: Progress = quiet, 
         raise MeshError("this lab has lab.vms: every node is a VM (meshctl lab up brings it up)")
     def start(st: LabState, p: Progress, held: tuple[str, ...]) -> None:
         start_all_agents(st, p, held, spawn=spawn or popen_spawner)
+        if st.cni == cni_install.NAME:  # the pods, by the plugins, from the config each agent writes
+            started = set(agents_to_start(st, held))
+            for c, n in st.nodes():
+                if f"{c.name}/{n.name}" in started:
+                    cni_install.add_pods(st, n, spec.options.pods_per_node)
+                    labstate.save(st)
+            p(f"pods: {sum(len(n.pods) for _, n in st.nodes())} made by the CNI plugins "
+              f"({cni_install.plugin_path()}) from the agents' {CONF_NAME}")
 
     return up_with(spec, build_namespaces, start, lambda name, p: down(name, progress=p), prefix=prefix,
                    progress=progress, wait=wait, start_agents=start_agents, hold=hold)
@@ -103,7 +113,8 @@ def up_with(spec: LabSpec, build: Build, start: StartAgents, remove: Down, *, pr
     st = LabState(name=name, prefix=prefix, source=spec.source, created=time.time(),
                   pin_root=f"/sys/fs/bpf/{prefix}lab", dir=str(d), fastpath=spec.options.fastpath,
                   lease_ttl=spec.options.lease_ttl, agent_args=list(spec.options.agent_args), vms=spec.options.vms,
-                  ip_families=list(spec.options.ip_families))
+                  ip_families=list(spec.options.ip_families), cni=spec.options.cni,
+                  image=agent_image(spec) if spec.options.agent == "image" else None)
     labstate.save(st)
     t0 = time.monotonic()
     try:
@@ -119,6 +130,16 @@ def up_with(spec: LabSpec, build: Build, start: StartAgents, remove: Down, *, pr
     return st
 
 
+def agent_image(spec: LabSpec) -> str:
+    """The image agents run from (lab.agent image): `lab up --image`'s, else the DaemonSet's; it
+    must be built here (`make image`)."""
+    image = spec.options.image or daemonset.load().container(image_agents.AGENT).image
+    if not podman.image_exists(image):
+        raise MeshError(f"lab.agent image: {image} is not an image here (build it with `make image`, "
+                        "or pass --image)")
+    return image
+
+
 def build_namespaces(spec: LabSpec, st: LabState, progress: Progress) -> None:
     """Build the fabric, each cluster's etcd (and API server) and its nodes, recording every name
     in the state as it is made so `lab down` can remove a half-built lab."""
@@ -131,6 +152,13 @@ def build_namespaces(spec: LabSpec, st: LabState, progress: Progress) -> None:
         progress(f"cluster {topo.cluster.name}: {len(topo.nodes)} node(s), "
                  f"{len(topo.nodes) * spec.options.pods_per_node} pod(s)")
     apply_fabrics(st, progress)
+    for cst in st.clusters:
+        if cst.kube is not None:
+            nodes = {n.name: (n.internal_ip or n.internal_ip6 or n.public_ip).split("/")[0] for n in cst.nodes}
+            st.pids[f"kube-kubelets/{cst.name}"] = kube_cluster.join_nodes(
+                cst.kube, nodes, {n.name: n.dir for n in cst.nodes})
+            labstate.save(st)
+            progress(f"kubernetes {cst.name}: {len(nodes)} node(s) Ready, each agent with its ServiceAccount token")
 
 
 def apply_fabrics(st: LabState, progress: Progress) -> None:
@@ -151,7 +179,7 @@ def build_control(spec: LabSpec, st: LabState, progress: Progress) -> list[IPNet
         cst = _start_etcd(spec, st, fab, ci, topo)
         st.clusters.append(cst)
         if spec.options.backend == "kubernetes":
-            _start_kube(st, fab, ci, topo, cst, progress, spec.options.cni)
+            _start_kube(st, fab, ci, topo, cst, progress, spec.options.cni if spec.options.cni in CNI_LABS else "")
         labstate.save(st)
         progress(f"etcd {cst.name}: {cst.etcd.endpoints[0]} (mTLS) in {cst.etcd.netns}")
     _clustermesh_dirs(spec, st)
@@ -217,8 +245,10 @@ def _start_etcd(spec: LabSpec, st: LabState, fab: str, ci: int, topo: Topology) 
                                cert=str(server_cert.cert), key=str(server_cert.key), log=str(srv.log_file),
                                more_hosts=more))
     _seed_etcd(srv.client(admin_cert), spec, topo, ids)
-    return ClusterState(name=cname, id=topo.cluster.id, etcd=access, port=topo.mesh.port,
-                        mesh={"granularity": topo.mesh.granularity})
+    mesh: dict[str, str] = {"granularity": topo.mesh.granularity}
+    if topo.mesh.global_cidrs:  # what the other clusters dial this one's pods at (check.dial_address)
+        mesh["global_cidrs"] = global_ranges.as_text(topo.mesh.global_cidrs)
+    return ClusterState(name=cname, id=topo.cluster.id, etcd=access, port=topo.mesh.port, mesh=mesh)
 
 
 def _seed_etcd(client: EtcdClient, spec: LabSpec, topo: Topology, ids: dict[str, Identity]) -> None:
@@ -239,12 +269,12 @@ def _seed_etcd(client: EtcdClient, spec: LabSpec, topo: Topology, ids: dict[str,
 
 def _start_kube(st: LabState, fab: str, ci: int, topo: Topology, cst: ClusterState, progress: Progress,
                 cni: str = "") -> None:
-    """Cluster `ci`'s in-process API server on the public segment (the Kubernetes backend)."""
+    """Cluster `ci`'s control plane on the public segment (the Kubernetes backend)."""
     cname = topo.cluster.name
     kns = f"{st.prefix}kube-{cname}"
     kip = _on_public(st, fab, kns, f"k{ci}", PUBLIC_NET.network_address + 240 - ci)[0]
-    kube = kube_cluster.start(Path(st.dir) / "kube" / cname, kns, kip, topo, cni=cni)
-    st.pids[f"kube/{cname}"] = kube.pid
+    kube, pids = kube_cluster.start(Path(st.dir) / "kube" / cname, kns, kip, topo, cni=cni)
+    st.pids.update({f"{role}/{cname}": pid for role, pid in pids.items()})
     cst.kube = kube
     progress(f"kubernetes API {cname}: {kube.url} in {kns}")
 
@@ -336,8 +366,11 @@ def _node(spec: LabSpec, st: LabState, cst: ClusterState, topo: Topology, n: Nod
                                         private6 if private6 != n.internal_ip else None)
     netns.sysctl(ns, "net.ipv4.ip_forward", "1")
     cni = CNI_LABS.get(spec.options.cni)
-    pods = cni.wire_node(st, ns, topo, n, spec.options.pods_per_node) if cni else \
-        [_pod(st, ns, n.pod_cidrs, k) for k in range(spec.options.pods_per_node)]
+    if spec.options.cni == cni_install.NAME:
+        pods = []  # made once the node's agent wrote its CNI config (cni_install.add_pods)
+    else:
+        pods = cni.wire_node(st, ns, topo, n, spec.options.pods_per_node) if cni else \
+            [_pod(st, ns, n.pod_cidrs, k) for k in range(spec.options.pods_per_node)]
     nd = Path(st.dir) / "nodes" / (f"{topo.cluster.name}-{n.name}" if spec.multi else n.name)
     cst.nodes.append(NodeState(
         name=n.name, netns=ns, location=n.location, pod_cidrs=[str(c) for c in n.pod_cidrs],
@@ -352,6 +385,8 @@ def _node(spec: LabSpec, st: LabState, cst: ClusterState, topo: Topology, n: Nod
         metrics_addr=METRICS_ADDR, dir=str(nd), state_dir=str(nd / "state"), wg_run_dir=str(nd / "wg"),
         pods=pods, pid=None, agent_args=node_args, nat=nat,
     ))
+    if st.image:
+        image_agents.adopt(st, cst, cst.nodes[-1])
     labstate.save(st)
 
 
@@ -379,7 +414,10 @@ def add_pod(name: str | None, node: str, cluster: str | None = None) -> PodState
     k = max((p.index for p in n.pods), default=-1) + 1
     if k >= 250:
         raise MeshError(f"node {node} has no room for another pod")
-    pod = _pod(st, n.netns, [ipaddress.ip_network(c) for c in n.pod_cidrs], k)
+    if st.cni == cni_install.NAME:
+        pod = cni_install.add_pod(st, n, k)
+    else:
+        pod = _pod(st, n.netns, [ipaddress.ip_network(c) for c in n.pod_cidrs], k)
     n.pods.append(pod)
     labstate.save(st)
     return pod
@@ -391,6 +429,8 @@ def remove_pod(name: str | None, node: str, ip: str) -> None:
     n = _namespace_node(st, node)
     for p in list(n.pods):
         if p.ip == ip:
+            if st.cni == cni_install.NAME:
+                cni_install.del_pod(st, n, p)
             netns.delete(p.netns)
             n.pods.remove(p)
             st.namespaces = [x for x in st.namespaces if x != p.netns]
@@ -403,17 +443,41 @@ def remove_pod(name: str | None, node: str, ip: str) -> None:
 
 
 def agent_argv(st: LabState, cst: ClusterState, node: NodeState) -> list[str]:
+    """The command line of a node's agent process."""
+    return [sys.executable, "-m", "meshctl.cli", "agent", *agent_flags(st, cst, node)]
+
+
+def agent_files(cst: ClusterState, node: NodeState) -> list[str]:
+    """The files and folders an agent's flags name that the lab made (its etcd identity, the
+    cluster-mesh folder, the kvstore identity): what an agent container gets bound read-only."""
+    e = cst.etcd
+    me = e.identities[node.name]
+    files = [e.ca, me.cert, me.key, me.password_file or ""]
+    if cst.clustermesh_dir:
+        files.append(cst.clustermesh_dir)
+        for doc in Path(cst.clustermesh_dir).iterdir():
+            ref = json.loads(doc.read_text())
+            files += [ref.get(k) or "" for k in ("ca-file", "cert-file", "key-file", "password-file")]
+    kv = e.identities.get(identity.KVSTORE_USER)
+    if cst.kube and kv is not None:
+        files += [kv.cert, kv.key, kv.password_file or ""]
+    return sorted({f for f in files if f})
+
+
+def agent_flags(st: LabState, cst: ClusterState, node: NodeState, *, pin_root: bool = True) -> list[str]:
+    """`meshctl agent`'s flags for a lab node; without `pin_root` no --bpf-pin-root (an agent
+    container pins under its own /sys/fs/bpf, the DaemonSet's default)."""
     e = cst.etcd
     me = e.identities[node.name]  # the node's own etcd identity: it may write only its record
     endpoints = ",".join(etcd_endpoints_for(st, e, node))
     argv = [
-        sys.executable, "-m", "meshctl.cli", "agent", "--node", node.name, "--pod-cidr", ",".join(node.pod_cidrs),
+        "--node", node.name, "--pod-cidr", ",".join(node.pod_cidrs),
         "--public-interface", node.public_interface, "--state-dir", node.state_dir,
         "--wg-run-dir", node.wg_run_dir, "--metrics-addr", node.metrics_addr,
         "--backend", "etcd", "--etcd-endpoints", endpoints, "--etcd-ca", e.ca,
         "--etcd-cert", me.cert, "--etcd-key", me.key, "--etcd-user", me.user,
         "--etcd-password-file", me.password_file, "--cluster-name", cst.name,
-        "--cluster-id", str(cst.id), "--bpf-pin-root", f"{st.pin_root}/{cst.name}",
+        "--cluster-id", str(cst.id), *(["--bpf-pin-root", f"{st.pin_root}/{cst.name}"] if pin_root else []),
         "--lease-ttl", str(st.lease_ttl), "--nat-prefix", f"{st.prefix}nat",
     ]
     if node.location:
@@ -428,8 +492,10 @@ def agent_argv(st: LabState, cst: ClusterState, node: NodeState) -> list[str]:
         argv += ["--allowed-location-ips", ",".join(node.allowed_location_ips)]
     if cst.clustermesh_dir:
         argv += ["--clustermesh-dir", cst.clustermesh_dir]
-    if not st.fastpath:
+    if not st.fastpath and pin_root:  # an agent container reads it from the ConfigMap key fastpath
         argv.append("--no-fastpath")
+    if st.cni == cni_install.NAME and pin_root:  # an agent container's is the node's, by the manifest's mount
+        argv += ["--cni-conf-dir", str(cni_install.conf_dir(node))]
     argv += list(node.agent_args)
     argv += list(st.agent_args)
     if cst.kube:
@@ -464,7 +530,7 @@ def popen_spawner(argv: list[str], *, log: int, env: dict[str, str]) -> int:
 
 
 def start_agent(st: LabState, node_name: str, *, extra_args: tuple[str, ...] = (),
-                spawn: Spawner = popen_spawner) -> int:
+                spawn: Spawner = popen_spawner, progress: Progress = quiet) -> int:
     """Start (or restart) one node's agent inside its namespace (None: here, as a VM node's guest
     does); records its PID. A VM node's agent is started through its VM (lab/vms/vmnodes.py), whose
     guest forks it from an interpreter that has imported it already (`spawn`)."""
@@ -474,9 +540,22 @@ def start_agent(st: LabState, node_name: str, *, extra_args: tuple[str, ...] = (
     if node.pid and netns.pid_alive(node.pid):
         raise MeshError(f"the agent of {node_name} is already running (pid {node.pid})")
     Path(node.dir).mkdir(parents=True, exist_ok=True)
+    if st.image:
+        warnings: list[str] = []
+        try:
+            pid = image_agents.start(st, cst, node, st.image, [*agent_flags(st, cst, node, pin_root=False),
+                                                               *extra_args], agent_files(cst, node), st.cni, warnings)
+        finally:
+            labstate.save(st)
+        for w in warnings:
+            progress(f"warning: {node.name}'s pod: {w}")
+        node.pid = pid
+        st.pids[f"agent/{cst.name}/{node.name}"] = pid
+        labstate.save(st)
+        return pid
     log = open(Path(node.dir) / "agent.log", "ab")  # noqa: SIM115
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.update(kube_cluster.agent_env(cst))
+    env.update(kube_cluster.agent_env(cst, node.name))
     try:
         argv = [*netns.exec_prefix(node.netns), *agent_argv(st, cst, node), *extra_args]
         pid = spawn(argv, log=log.fileno(), env=env)
@@ -522,7 +601,9 @@ def stop_agent(st: LabState, node_name: str, *, kill: bool = False) -> None:
     cst, node = st.lookup(node_name)
     if node.vm is not None:
         raise MeshError(f"{node_name} is a VM node: its agent runs in its VM")
-    if node.pid:
+    if node.containers:  # the agent's container; its wireguard-go sidecar stays up
+        image_agents.stop(node, kill=kill)
+    elif node.pid:
         stop_pid(node.pid, 0 if kill else 10)
     node.pid = None
     st.pids.pop(f"agent/{cst.name}/{node.name}", None)
@@ -539,8 +620,9 @@ def start_all_agents(st: LabState, progress: Progress, hold: tuple[str, ...] = (
     """Start every agent but those in `hold`."""
     todo = agents_to_start(st, hold)
     for key in todo:
-        start_agent(st, key, spawn=spawn)
-    progress(f"started {len(todo)} agent(s)")
+        start_agent(st, key, spawn=spawn, progress=progress)
+    progress(f"started {len(todo)} agent(s)" + (f" from {st.image} (podman, as the DaemonSet runs them)"
+                                                 if st.image else ""))
 
 
 # How long one status read of an agent may take while the lab waits for it: an agent under TCG
@@ -588,7 +670,7 @@ def _log_tail(n: NodeState) -> str:
         lines = (Path(n.dir) / "agent.log").read_text(errors="replace").strip().splitlines()
     except OSError:
         return "no log"
-    lines = [line.strip() for line in lines if line.strip()]
+    lines = [image_agents.agent_log_line(line).strip() for line in lines if line.strip()]
     return " | ".join(lines[-LOG_TAIL_LINES:]) or "an empty log"
 
 
@@ -655,6 +737,19 @@ def down(name: str, *, progress: Progress = quiet) -> list[str]:
     for c, n in st.nodes():
         if n.pid:
             pids[f"agent/{c.name}/{n.name}"] = n.pid
+    # Pods the CNI plugins made: DEL while their nodes' namespaces and configs are there.
+    if st.cni == cni_install.NAME:
+        for _, n in st.nodes():
+            for pod in n.pods:
+                try:
+                    cni_install.del_pod(st, n, pod)
+                except (MeshError, OSError, subprocess.SubprocessError) as e:
+                    problems.append(str(e))
+    # Agent containers (lab.agent image), recorded or found by name, before the processes.
+    containers = [name for _, n in st.nodes() for name in n.containers]
+    containers += [c for c in image_agents.leftovers(prefix) if c not in containers]
+    for name in image_agents.remove_all(containers):
+        problems.append(f"container {name} could not be removed")
     stop_pids([pid for what, pid in pids.items() if what.startswith("agent/")], 3)
     # wireguard-go processes the agents started: their pid files live in the lab's directory.
     d = labstate.lab_dir(name)

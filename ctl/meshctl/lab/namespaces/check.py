@@ -18,6 +18,7 @@ in each: every pair pings IPv4 pod to IPv4 pod and IPv6 pod to IPv6 pod, one row
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import re
 import subprocess
@@ -30,8 +31,10 @@ from meshctl import defaults
 from meshctl.agent.server import fetch_status
 from meshctl.agent.status import AgentStatus
 from meshctl.errors import MeshError
-from meshctl.lab.namespaces.state import LabState, NodeState
+from meshctl.lab.namespaces.state import ClusterState, LabState, NodeState
 from meshctl.lab.rigs import netns
+from meshctl.mesh import global_ranges
+from meshctl.mesh.fields import global_cidrs
 from meshctl.mesh.model import ENCAP_RUNGS, WIREGUARD_PRIVATE
 from meshctl.node.tunnels import VXLAN_DEV
 from meshctl.node.wireguard.uapi import UapiClient
@@ -155,6 +158,15 @@ def ping(ns: str, dst: str, count: int = 5, interval: float = 0.02, wait: float 
     return sent, recv, (float(r.group(1)) if r and recv else None)
 
 
+def dial_address(src: ClusterState, dst: ClusterState, addr: str) -> str:
+    """What a pod of cluster `src` dials to reach `addr`, a pod of cluster `dst`: its image in
+    dst's global range (mesh.global_cidrs, docs/clustermesh.md) from another cluster, else itself."""
+    mapping = dst.mesh.get("global_cidrs")
+    if not addr or src is dst or not mapping:
+        return addr
+    return str(global_ranges.dial_address(ipaddress.ip_address(addr), global_cidrs(mapping, "global_cidrs")))
+
+
 def _fp_packets(st: dict[str, Any] | None) -> dict[str, int]:
     if not st:
         return {}
@@ -197,8 +209,8 @@ def check(st: LabState, *, count: int = 5, pairs: list[tuple[str, str]] | None =
         fp_before = _fp_packets(agent_status(sn))
         relay = summary.relays[dst_key].via if summary and dst_key in summary.relays else None
         tx_before = peer_tx(sn) if relay else {}
-        sent, recv, rtt = ping(sn.pods[0].netns, dn.pods[0].address(family) or "", count=count, interval=interval,
-                               wait=wait, node=sn, run=run)
+        sent, recv, rtt = ping(sn.pods[0].netns, dial_address(sc, dc, dn.pods[0].address(family) or ""), count=count,
+                               interval=interval, wait=wait, node=sn, run=run)
         after = _tx(sn, leader_node, run)
         s_now = agent_status(sn)
         fp_after = _fp_packets(s_now)

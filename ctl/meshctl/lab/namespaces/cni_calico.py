@@ -23,18 +23,16 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import json
-import urllib.request
 from typing import Any
 
 from meshctl.backends.kube.cni_ipam import BLOCK_AFFINITIES, IPAM_BLOCKS, CrdKind, block_name
 from meshctl.errors import MeshError
+from meshctl.lab.namespaces import kube_api
 from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.state import KubeAccess, LabState, NodeState, PodState
 from meshctl.lab.namespaces.wiring import POD_GW, route_pod, veth_pod
 from meshctl.lab.rigs import netns
 from meshctl.mesh.model import IPNetwork, Node, Topology
-from meshctl.setns import in_netns
 
 BLOCK_PREFIX = 26  # Calico's default blockSize for IPv4
 BLOCKS_PER_NODE = 2
@@ -123,15 +121,9 @@ def wire_node(st: LabState, ns: str, topo: Topology, node: Node, count: int) -> 
 
 
 def api(kube: KubeAccess, method: str, path: str, body: Any = None) -> Any:
-    """One request to the lab's API server, from inside its namespace; the decoded answer."""
-    def call() -> Any:
-        data = json.dumps(body).encode() if body is not None else None
-        ctype = "application/merge-patch+json" if method == "PATCH" else "application/json"
-        req = urllib.request.Request(kube.url + path, data=data, method=method, headers={"Content-Type": ctype})
-        with urllib.request.urlopen(req, timeout=5) as r:  # noqa: S310 - the lab's own server
-            return json.loads(r.read().decode() or "null")
-
-    return in_netns(kube.netns, call)
+    """One request to the lab's API server as its admin; the decoded answer."""
+    ctype = "application/merge-patch+json" if method == "PATCH" else "application/json"
+    return kube_api.request(kube, method, path, body, content_type=ctype)
 
 
 def _path(kind: CrdKind, name: str = "") -> str:

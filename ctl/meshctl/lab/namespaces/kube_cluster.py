@@ -1,16 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The namespace lab with `lab: {backend: kubernetes}`: an in-process API server per cluster in its
-own namespace on the lab's public segment (and on 127.0.0.1 of the host, for the host's kubectl),
-holding what kubelet and an admin would have made: kubelet's Nodes (each with its pod CIDR and the
-user-set annotations) are there from the start; the CRD, the Namespace, the mesh ConfigMap and the
-Peers go in through this machine's `kubectl apply`, as an operator puts them in. The agents then
-run `--backend kubernetes` against it through a kubeconfig, publish their annotations by patch and
-watch each other.
+"""The namespace lab with `lab: {backend: kubernetes}`: a real control plane per cluster
+(kube-apiserver, kube-controller-manager and their etcd: lab.rigs.kube_control_plane) in its own
+namespace on the lab's public segment, reached from the host through a relay on 127.0.0.1 (for
+the host's kubectl and `meshctl lab kubeconfig`).
+
+It holds what the cluster would hold: kubelet's Nodes (each with its pod CIDR and the user-set
+annotations), meshctl's manifests applied with `kubectl apply -k manifests/` as docs/kubernetes.md
+tells a user, the mesh ConfigMap and the Peers. A kubelet reproduction (lab.rigs.kubelets) keeps
+the Nodes Ready and runs the DaemonSet's Pods; each agent runs `--backend kubernetes` with a token
+of the `meshctl` ServiceAccount bound to its node's Pod, so RBAC and the admission policies are
+the ones a user's cluster applies.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -23,20 +26,25 @@ import yaml
 
 from meshctl.backends.kube.nodes import ALLOWED_LOCATION_IPS, LEADER, LOCATION, PERSISTENT_KEEPALIVE, PREFIX
 from meshctl.errors import MeshError
+from meshctl.lab.namespaces import kube_api
 from meshctl.lab.namespaces.cni_labs import CNI_LABS
 from meshctl.lab.namespaces.state import ClusterState, KubeAccess
+from meshctl.lab.rigs.etcd_process import stop_pid
+from meshctl.lab.rigs.kube_control_plane import ControlPlane
+from meshctl.lab.rigs.kubelets import POD_IP_ANNOTATION, READY_ANNOTATION
 from meshctl.mesh.model import Topology
 from meshctl.mesh.records import mesh_to_record
 
-API_PORT = 6443
+# How long a lab Node without kubelet heartbeats stays Ready (the controller manager's
+# --node-monitor-grace-period; 40 s in a cluster): short, so a lab shows NotReady within a test.
+NODE_MONITOR_GRACE_S = 20
 MANIFESTS = Path(__file__).resolve().parents[4] / "manifests"
 
 
 def operator_objects(topo: Topology) -> list[dict[str, Any]]:
-    """What an operator applies before the agents start: the Namespace, the CRD, the mesh ConfigMap."""
-    out: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "meshctl"}}]
-    crd = MANIFESTS / "01-crd-peers.yaml"
-    out += [d for d in yaml.safe_load_all(crd.read_text()) if d]
+    """What an operator sets after `kubectl apply -k manifests/`: the mesh ConfigMap with the
+    cluster's settings and identity."""
+    out: list[dict[str, Any]] = []
     data = {k: str(v) for k, v in mesh_to_record(topo.mesh).items()}
     data.update(cluster_name=topo.cluster.name, cluster_id=str(topo.cluster.id))
     out.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "meshctl", "namespace": "meshctl"},
@@ -84,47 +92,99 @@ def peer_objects(topo: Topology) -> list[dict[str, Any]]:
     return out
 
 
-def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, timeout: float = 15.0, cni: str = "") -> KubeAccess:
-    """Start the API server in namespace `ns` on `ip`, seeded for `topo` (and `lab.cni`'s objects);
-    returns its access (url, kubeconfig, netns, pid). The process is in its own session; stop it by pid."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    seed = run_dir / "nodes.yaml"
-    seed.write_text(yaml.safe_dump_all(node_objects(topo, cni), sort_keys=False))
-    kubeconfig = run_dir / "kubeconfig"
-    host_kubeconfig = run_dir / "kubeconfig.host"
-    kubeconfig.unlink(missing_ok=True)
-    host_kubeconfig.unlink(missing_ok=True)
-    log_path = run_dir / "apiserver.log"
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    with open(log_path, "ab") as log:
-        p = subprocess.Popen([sys.executable, "-m", "meshctl.lab.rigs.kube_apiserver",
-                              "--netns", ns, "--listen", f"{ip}:{API_PORT}", "--load", str(seed),
-                              "--kubeconfig", str(kubeconfig),
-                              "--host-listen", "127.0.0.1:0", "--host-kubeconfig", str(host_kubeconfig)],
-                             stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
-    deadline = time.monotonic() + timeout
-    while not kubeconfig.exists():
-        if p.poll() is not None or time.monotonic() > deadline:
-            tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-            if p.poll() is None:
-                p.kill()
-            raise MeshError(f"the lab's API server in {ns} did not start: {tail[0]}")
-        time.sleep(0.05)
-    url = json.loads(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, cni: str = "") -> tuple[KubeAccess, dict[str, int]]:
+    """Cluster `topo`'s control plane in namespace `ns` on `ip` (lab.rigs.kube_control_plane), the
+    host's relay to it, and what the cluster holds before its agents run: kubelet's Nodes (each
+    with its pod CIDR and the annotations its user set, and `lab.cni`'s objects), then meshctl's
+    manifests applied with `kubectl apply -k manifests/` exactly as docs/kubernetes.md tells a
+    user, the mesh ConfigMap and the Peers. Returns the access and every PID started, by role."""
+    cp = ControlPlane(run_dir, host=ip, netns=ns, node_monitor_grace=NODE_MONITOR_GRACE_S)
+    cp.start()
+    pids = {f"kube-{k}": v for k, v in cp.pids.items()}
     try:
-        # two applies: the Peers' kind is served only once the CRD is in
+        port_file = run_dir / "host-port"
+        port_file.unlink(missing_ok=True)
+        fwd = _spawn_forwarder(run_dir, ns, f"{ip}:{cp.port}", port_file)
+        pids["kube-forward"] = fwd.pid
+        deadline = time.monotonic() + 15
+        while not port_file.exists():
+            if fwd.poll() is not None or time.monotonic() > deadline:
+                raise MeshError(f"the host's relay to the API server in {ns} did not start (see {run_dir}/forward.log)")
+            time.sleep(0.05)
+        host_url = f"https://127.0.0.1:{port_file.read_text().strip()}"
+        host_kc = cp.kubeconfig(run_dir / "kubeconfig.host", server=host_url, identity=cp.admin_identity(),
+                                user="lab-admin")
+        access = KubeAccess(url=cp.url, kubeconfig=str(cp.admin_kubeconfig), netns=ns, pid=cp.pids["apiserver"],
+                            dir=str(run_dir), host_kubeconfig=str(host_kc), ca=str(cp.ca))
+        seeded = node_objects(topo, cni)
+        crds = [o for o in seeded if o.get("kind") == "CustomResourceDefinition"]
+        _apply(host_kc, run_dir, "crds.yaml", crds)  # a CNI's own CRDs, served before its objects
+        for crd in crds:
+            kubectl(host_kc, run_dir, ["wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}"])
+        _apply(host_kc, run_dir, "nodes.yaml", [o for o in seeded if o.get("kind") != "CustomResourceDefinition"])
+        kubectl(host_kc, run_dir, ["apply", "-k", str(MANIFESTS)])
+        kubectl(host_kc, run_dir, ["wait", "--for=condition=Established", "crd/peers.meshctl.io"])
         for name, objs in (("operator.yaml", operator_objects(topo)), ("peers.yaml", peer_objects(topo))):
-            if objs:
-                path = run_dir / name
-                path.write_text(yaml.safe_dump_all(objs, sort_keys=False))
-                kubectl(host_kubeconfig, run_dir, ["apply", "-f", str(path)])
-    except (MeshError, subprocess.TimeoutExpired) as e:
-        p.kill()
-        raise MeshError(f"the lab's API server in {ns}: {e}") from None
-    return KubeAccess(url=url, kubeconfig=str(kubeconfig), netns=ns, pid=p.pid, host_kubeconfig=str(host_kubeconfig))
+            _apply(host_kc, run_dir, name, objs)
+    except BaseException:
+        cp.stop()
+        for k in ("kube-forward",):
+            if k in pids:
+                stop_pid(pids[k], 2)
+        raise
+    return access, pids
 
 
-def kubectl(kubeconfig: Path, run_dir: Path, args: list[str], *, timeout: float = 60.0) -> str:
+def _apply(kubeconfig: Path, run_dir: Path, name: str, objs: list[dict[str, Any]]) -> None:
+    if objs:
+        path = run_dir / name
+        path.write_text(yaml.safe_dump_all(objs, sort_keys=False))
+        kubectl(kubeconfig, run_dir, ["apply", "-f", str(path)])
+
+
+def _spawn_forwarder(run_dir: Path, ns: str, to: str, port_file: Path) -> subprocess.Popen[bytes]:
+    with open(run_dir / "forward.log", "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "meshctl.lab.rigs.tcp_forward", "--netns", ns, "--to", to,
+                                 "--port-file", str(port_file)], stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+
+
+def join_nodes(kube: KubeAccess, nodes: dict[str, str], agent_dirs: dict[str, str], *,
+               timeout: float = 120.0) -> int:
+    """Once the lab's nodes exist: the kubelet reproduction for them (`nodes`: name -> address;
+    lab.rigs.kubelets), which reports them Ready and runs the DaemonSet's Pods the controller
+    made; then each node's agent gets a kubeconfig with a token of the `meshctl` ServiceAccount
+    bound to its node's DaemonSet Pod (`agent_dirs`: name -> where to keep it, mode 0600), as
+    the kubelet projects one into the Pod. Returns the kubelets' PID."""
+    cp = kube_api.control_plane(kube)
+    pid = cp.start_kubelets(nodes)
+    deadline = time.monotonic() + timeout
+    pods: dict[str, str] = {}
+    while True:
+        listing = cp.request("GET", "/api/v1/namespaces/meshctl/pods?labelSelector=app.kubernetes.io/name%3Dmeshctl")
+        pods = {str(p["spec"].get("nodeName")): str(p["metadata"]["name"]) for p in listing["items"]
+                if (p.get("status") or {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")}
+        if set(nodes) <= set(pods):
+            break
+        if time.monotonic() > deadline:
+            missing = sorted(set(nodes) - set(pods))
+            raise MeshError(f"the DaemonSet's Pods did not run on {', '.join(missing)} within {timeout:.0f} s "
+                            f"(see {kube.dir}/kubelets.log)")
+        time.sleep(0.2)
+    for node, d in agent_dirs.items():
+        token = cp.create_token("meshctl", "meshctl", pod=pods[node])
+        tdir = Path(d) / "serviceaccount"
+        tdir.mkdir(parents=True, exist_ok=True)
+        tfile = tdir / "token"
+        fd = os.open(tfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token)
+        kube.agent_kubeconfigs[node] = str(cp.kubeconfig(tdir / "kubeconfig", token_file=tfile,
+                                                         user=f"system:serviceaccount:meshctl:meshctl@{node}"))
+    return pid
+
+
+def kubectl(kubeconfig: Path | str, run_dir: Path, args: list[str], *, timeout: float = 120.0) -> str:
     """Run this machine's kubectl against a lab API server (its discovery cache kept in the lab's
     folder); its output, or MeshError with kubectl's last line."""
     exe = shutil.which("kubectl")
@@ -147,9 +207,28 @@ _ETCD_ONLY = ("--etcd-endpoints", "--etcd-ca", "--etcd-cert", "--etcd-key", "--e
               "--lease-ttl", "--backend")
 
 
+# What the DaemonSet opens on the node (manifests/04-daemonset.yaml): probes and /metrics over TLS.
+SECURE_METRICS_ADDR = "0.0.0.0:9737"
+
+
+def pod_object(name: str, namespace: str, node: str, ip: str, labels: dict[str, str], *,
+               ready: bool = True) -> dict[str, Any]:
+    """A Pod for one of the lab's pods (a namespace the lab wired, at `ip` on `node`): the kubelet
+    reproduction reports it Running at that address, Ready unless `ready` is False, so the
+    EndpointSlice controller lists it for the Services that select it."""
+    ann = {POD_IP_ANNOTATION: ip}
+    if not ready:
+        ann[READY_ANNOTATION] = "false"
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": ann},
+            "spec": {"nodeName": node, "containers": [{"name": "app", "image": "meshctl-lab/pod"}],
+                     "terminationGracePeriodSeconds": 0}}
+
+
 def agent_argv(argv: list[str]) -> list[str]:
-    """An etcd agent command line turned into a kubernetes one: the etcd flags dropped, and what
-    the Node says (pod CIDR, location, leader, keepalive, location IPs) left to the Node."""
+    """An etcd agent command line turned into a kubernetes one: the etcd flags dropped, what the
+    Node says (pod CIDR, location, leader, keepalive, location IPs) left to the Node, and the
+    DaemonSet's TLS port for probes and metrics opened."""
     out: list[str] = []
     skip = False
     for a in argv:
@@ -162,10 +241,15 @@ def agent_argv(argv: list[str]) -> list[str]:
         if a in _FROM_NODE_FLAGS:
             continue
         out.append(a)
-    return [*out, "--backend", "kubernetes"]
+    return [*out, "--backend", "kubernetes", "--secure-metrics-addr", SECURE_METRICS_ADDR]
 
 
-def agent_env(cluster_state: ClusterState) -> dict[str, str]:
-    """The environment that points an agent at its cluster's API server (none for an etcd cluster)."""
+def agent_env(cluster_state: ClusterState, node: str) -> dict[str, str]:
+    """The environment that points an agent at its cluster's API server with its node's
+    service-account token (none for an etcd cluster)."""
     kube = cluster_state.kube
-    return {"KUBECONFIG": kube.kubeconfig} if kube else {}
+    if kube is None:
+        return {}
+    if node not in kube.agent_kubeconfigs:
+        raise MeshError(f"node {node} has no service-account token in lab cluster {cluster_state.name}")
+    return {"KUBECONFIG": kube.agent_kubeconfigs[node]}

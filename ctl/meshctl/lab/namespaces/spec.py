@@ -17,6 +17,7 @@ from typing import Any
 
 from meshctl.backends.file import load_yaml
 from meshctl.errors import InputError
+from meshctl.lab.namespaces.cni_install import NAME as CNI_INSTALL
 from meshctl.lab.namespaces.cni_labs import CNI_LABS
 from meshctl.lab.namespaces.fabric import Fabric, check_nodes, parse_fabrics
 from meshctl.lab.namespaces.families import (
@@ -29,6 +30,7 @@ from meshctl.lab.namespaces.families import (
 )
 from meshctl.lab.namespaces.nat_router import FIREWALL6, NAT_KINDS, nat_fits
 from meshctl.lab.rigs.kernels import KERNEL_SERIES
+from meshctl.mesh import global_ranges
 from meshctl.mesh.fields import integer, no_unknown_fields
 from meshctl.mesh.model import IPInterface, IPNetwork, Node, Topology
 from meshctl.mesh.records import node_pod_cidrs, parse_topology
@@ -40,7 +42,10 @@ def _placeholder_key(i: int) -> str:
 
 
 LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", "backend", "fabrics", "clustermesh",
-              "nat", "vms", "cni", "ip_families")
+              "nat", "vms", "cni", "ip_families", "agent")
+# How a node's agent runs: a process of this checkout's venv, or the agent image's containers as the
+# DaemonSet runs them (namespaces/image_agents.py).
+AGENTS = ("process", "image")
 MULTI_CLUSTER_FIELDS = ("clusters", "lab")  # a lab file of several clusters: nothing else at the top
 DEFAULT_NODE_KERNEL = "6.1"  # a VM node without `kernel`: Debian 12's
 
@@ -54,7 +59,7 @@ class LabOptions:
     prefix: str = "ml-"
     fastpath: bool = True
     agent_args: tuple[str, ...] = ()
-    backend: str = "etcd"  # or "kubernetes": agents use an in-process API server (namespaces/kube_cluster.py)
+    backend: str = "etcd"  # or "kubernetes": a real control plane per cluster (namespaces/kube_cluster.py)
     fabrics: tuple[Fabric, ...] = ()  # how each private subnet forwards (namespaces/fabric.py); l2 if unlisted
     # Several clusters: join them through each other's etcd (--clustermesh-dir); false leaves them
     # apart, to be joined by hand (Kilo's way: each cluster's nodes as Peers of the other).
@@ -71,6 +76,8 @@ class LabOptions:
     # ("<cluster>/<node>", families) from nodes[].ip_families: a node whose NICs speak fewer
     # families than the lab (an IPv4-only or IPv6-only node of a dual-stack lab).
     node_families: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    agent: str = "process"  # one of AGENTS
+    image: str = ""  # with agent image: the image (`lab up --image`; "" the DaemonSet's)
 
     def nat_kind(self, node: str) -> str | None:
         return dict(self.nat).get(node)
@@ -215,9 +222,9 @@ def _options(d: Any) -> LabOptions:
         raise InputError("lab.nat", d["nat"], "is not available with lab.vms (NAT routers are namespace-lab only)")
     cni = d.get("cni", "")
     if cni:
-        if cni not in CNI_LABS:
-            raise InputError("lab.cni", cni, f"is not one of {', '.join(CNI_LABS)}")
-        if backend != "kubernetes":
+        if cni not in (*CNI_LABS, CNI_INSTALL):
+            raise InputError("lab.cni", cni, f"is not one of {', '.join((*CNI_LABS, CNI_INSTALL))}")
+        if cni != CNI_INSTALL and backend != "kubernetes":
             raise InputError("lab.cni", cni, "needs lab.backend: kubernetes (the CNI's objects live in its API)")
         args = [*args, "--cni", cni]
     families = parse_ip_families(d.get("ip_families", list(DEFAULT_IP_FAMILIES)))
@@ -228,9 +235,30 @@ def _options(d: Any) -> LabOptions:
         key = "lab.vms" if vms else "lab.cni"
         raise InputError(key, d[key.split(".")[1]], f"is not available with lab.ip_families {list(families)} "
                          "(the lab builds IPv6 for its own namespace nodes only)")
+    agent = d.get("agent", "process")
+    if agent not in AGENTS:
+        raise InputError("lab.agent", agent, f"is not one of {', '.join(AGENTS)}")
+    if agent == "image":
+        check_image_agents(vms, backend)
     return LabOptions(pods_per_node=pods, lease_ttl=ttl, prefix=prefix, fastpath=fast, agent_args=tuple(args),
                       backend=backend, fabrics=parse_fabrics(d.get("fabrics")), clustermesh=cm, nat=_nat(d.get("nat")),
-                      vms=vms, cni=cni, ip_families=families)
+                      vms=vms, cni=cni, ip_families=families, agent=agent)
+
+
+def check_image_agents(vms: bool, backend: str, key: str = "lab.agent", value: str = "image") -> None:
+    """What agents from the image (lab.agent image, `lab up --image`) run with: namespace nodes
+    and the etcd backend (a Kubernetes lab's agents need the lab's API server reachable from a
+    container, with a kubeconfig file: not yet)."""
+    if vms:
+        raise InputError(key, value, "is not available with lab.vms (a VM node's agent runs in its VM)")
+    if backend != "etcd":
+        raise InputError(key, value, f"is not available with lab.backend {backend} yet (etcd only)")
+
+
+def with_image(spec: LabSpec, image: str) -> LabSpec:
+    """`lab up --image IMAGE`: the lab's agents from that image (lab.agent image)."""
+    check_image_agents(spec.options.vms, spec.options.backend, "--image", image)
+    return replace(spec, options=replace(spec.options, agent="image", image=image))
 
 
 def _nat(d: Any) -> tuple[tuple[str, str], ...]:
@@ -300,12 +328,27 @@ def parse_lab(doc: Any, source: str = "") -> LabSpec:
                               opts.families_of(n.name, c.cluster.name),
                               "ip_families" if f"{c.cluster.name}/{n.name}" in dict(opts.node_families) else "")
     _check_node_families(opts, clusters)
+    if opts.clustermesh:
+        _check_cluster_ranges(clusters)
     spec = LabSpec(clusters=clusters, options=opts, source=source)
     check_nodes(opts.fabrics, spec.private_subnets(), seen)
     for c in clusters:
         for n in c.nodes:
             spec.private_address6(n, c.cluster.name)  # a derived address that cannot be made says so now
     return spec
+
+
+def _check_cluster_ranges(clusters: tuple[Topology, ...]) -> None:
+    """Clusters the lab joins whose pod ranges overlap must all have global ranges, and no global
+    range may overlap the other clusters' (mesh.global_ranges): the first conflict, as the agents
+    would name it, refuses the file."""
+    for i, a in enumerate(clusters):
+        for j, b in enumerate(clusters):
+            if i == j:
+                continue
+            problem = global_ranges.pair_problem(a, b) or (global_ranges.record_overlap(a, b) if i < j else None)
+            if problem is not None:
+                raise InputError.from_line(f"clusters[{j}]: {problem}")
 
 
 def _check_node_families(opts: LabOptions, clusters: tuple[Topology, ...]) -> None:

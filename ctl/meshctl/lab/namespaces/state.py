@@ -127,6 +127,10 @@ class NodeState:
     public_ip6: str | None = None
     # The IP families of its NICs when they are not the lab's (nodes[].ip_families); empty: the lab's.
     ip_families: list[int] = field(default_factory=list)
+    # lab.agent image: the node's containers (namespaces/image_agents.py) and its agent's pin root
+    # (its own bpffs folder's `meshctl`; None: the lab's `<pin_root>/<cluster>`).
+    containers: list[str] = field(default_factory=list)
+    pin_root: str | None = None
 
     @property
     def dial_netns(self) -> str | None:
@@ -188,15 +192,21 @@ class EtcdAccess:
 
 @dataclass
 class KubeAccess:
-    """A lab cluster's API server (lab.backend: kubernetes)."""
+    """A lab cluster's control plane (lab.backend: kubernetes): a real kube-apiserver and
+    kube-controller-manager with their etcd in namespace `netns` (lab.rigs.kube_control_plane)."""
 
-    url: str
-    kubeconfig: str
+    url: str  # on the lab's public segment, as the agents dial it
+    kubeconfig: str  # the admin's (client certificate), for `url`
     netns: str
-    pid: int
-    # The same API server seen from the host's network namespace (127.0.0.1), for the host's
-    # kubectl (`meshctl lab kubeconfig`); empty for a lab made before it existed.
+    pid: int  # the API server's
+    dir: str = ""  # the control plane's directory (PKI, logs, etcd data)
+    # The same API server seen from the host's network namespace (127.0.0.1, through
+    # lab.rigs.tcp_forward), for the host's kubectl (`meshctl lab kubeconfig`).
     host_kubeconfig: str = ""
+    ca: str = ""
+    # Each node's agent: a kubeconfig with the token of the `meshctl` ServiceAccount bound to that
+    # node's DaemonSet Pod (what the kubelet projects into the Pod), by node name.
+    agent_kubeconfigs: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -259,6 +269,8 @@ class LabState:
     vm: VmRecord | None = None
     timings: dict[str, float] | None = None
     ip_families: list[int] = field(default_factory=lambda: [4])  # of its underlay (lab.ip_families)
+    image: str | None = None  # lab.agent image: the agents run from this image (namespaces/image_agents.py)
+    cni: str = ""  # lab.cni
 
     @property
     def pod_families(self) -> list[int]:
@@ -278,6 +290,10 @@ class LabState:
     def families_of(self, node: NodeState) -> list[int]:
         """The IP families of a node's NICs: its own, else the lab's."""
         return node.ip_families or self.ip_families
+
+    def pin_root_of(self, cluster: ClusterState, node: NodeState) -> str:
+        """The pin root of a node's agent (its pins are under `<pin root>/<node>`)."""
+        return node.pin_root or f"{self.pin_root}/{cluster.name}"
 
     def lookup(self, node: str) -> tuple[ClusterState, NodeState]:
         """A node by name or `cluster/name`."""

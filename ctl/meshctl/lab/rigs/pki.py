@@ -39,7 +39,8 @@ def make_ca(directory: str | Path, name: str = "meshctl-ca", days: int = 30) -> 
 
 
 def make_cert(ca: CertFiles, directory: str | Path, name: str, *, server: bool = False,
-              hosts: tuple[str, ...] = (), days: int = 30, common_name: bool = True) -> CertFiles:
+              hosts: tuple[str, ...] = (), days: int = 30, common_name: bool = True,
+              subject: str | None = None) -> CertFiles:
     """A certificate `name.pem` + `name-key.pem` signed by `ca`. Server certificates carry `hosts`
     (IPs or DNS names) as SANs and are usable as clients too (etcd peers need both).
 
@@ -50,7 +51,7 @@ def make_cert(ca: CertFiles, directory: str | Path, name: str, *, server: bool =
     d.mkdir(parents=True, exist_ok=True)
     cert, key, csr, ext = d / f"{name}.pem", d / f"{name}-key.pem", d / f"{name}.csr", d / f"{name}.ext"
     _genkey(key)
-    subject = f"/CN={name}" if common_name else f"/O=meshctl/OU={name}"
+    subject = subject or (f"/CN={name}" if common_name else f"/O=meshctl/OU={name}")
     sh(["openssl", "req", "-new", "-key", str(key), "-out", str(csr), "-subj", subject])
     lines = ["basicConstraints=CA:FALSE", "keyUsage=critical,digitalSignature,keyEncipherment"]
     lines.append("extendedKeyUsage=serverAuth,clientAuth" if server else "extendedKeyUsage=clientAuth")
@@ -63,6 +64,17 @@ def make_cert(ca: CertFiles, directory: str | Path, name: str, *, server: bool =
     csr.unlink(missing_ok=True)
     ext.unlink(missing_ok=True)
     return CertFiles(cert, key, ca.cert)
+
+
+def make_keypair(directory: str | Path, name: str) -> tuple[Path, Path]:
+    """An EC key pair `name.key` (0600) and `name.pub` (PEM public key), for signing tokens."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    key, pub = d / f"{name}.key", d / f"{name}.pub"
+    if not (key.exists() and pub.exists()):
+        _genkey(key)
+        sh(["openssl", "pkey", "-in", str(key), "-pubout", "-out", str(pub)])
+    return key, pub
 
 
 def _genkey(path: Path) -> None:

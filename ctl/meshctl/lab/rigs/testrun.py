@@ -89,3 +89,54 @@ def ns_per_packet(prog_fd: int, data: bytes, *, repeat: int = 200, rounds: int =
     (a program that decrements TTL reruns its own output: with TTL 255 and repeat <= 250 every
     run still takes the same branch)."""
     return statistics.median(run(prog_fd, data, repeat).ns for _ in range(rounds))
+
+
+def _fold(s: int) -> int:
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return s
+
+
+def _sum16(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\0"
+    return sum(struct.unpack(f"!{len(data) // 2}H", data))
+
+
+# Where each protocol keeps its checksum in its header.
+L4_CSUM_OFFSET = {PROTO_TCP: 16, PROTO_UDP: 6, PROTO_ICMP: 2, PROTO_ICMP6: 2}
+
+
+def _l3(frame_: bytes) -> tuple[int, bytes, bytes, int, int]:
+    """(IP version, source, destination, protocol, L4 offset) of an Ethernet frame."""
+    if frame_[12:14] == b"\x08\x00":
+        ihl = (frame_[14] & 0xF) * 4
+        return 4, frame_[26:30], frame_[30:34], frame_[23], 14 + ihl
+    return 6, frame_[22:38], frame_[38:54], frame_[20], 54
+
+
+def l4_sum(version: int, src: bytes, dst: bytes, proto: int, segment: bytes) -> int:
+    """The ones' complement sum of an L4 segment with its pseudo-header (none for ICMPv4): 0xFFFF
+    when the segment's checksum is right."""
+    pseudo = 0 if proto == PROTO_ICMP else _sum16(src + dst) + proto + len(segment)
+    return _fold(pseudo + _sum16(segment))
+
+
+def with_checksums(frame_: bytes) -> bytes:
+    """The frame with its IPv4 header's and its L4 checksum (TCP, UDP, ICMP, ICMPv6) computed, as a
+    sending stack leaves them (`frame` leaves the L4 one 0)."""
+    version, src, dst, proto, l4 = _l3(frame_)
+    off = l4 + L4_CSUM_OFFSET[proto]
+    body = frame_[:off] + b"\0\0" + frame_[off + 2:]
+    csum = ~l4_sum(version, src, dst, proto, body[l4:]) & 0xFFFF
+    if proto == PROTO_UDP and csum == 0:
+        csum = 0xFFFF
+    return body[:off] + struct.pack("!H", csum) + body[off + 2:]
+
+
+def l4_checksum_ok(frame_: bytes) -> bool:
+    """Whether the frame's L4 checksum is right (a UDP checksum of 0 means none: right)."""
+    version, src, dst, proto, l4 = _l3(frame_)
+    if proto == PROTO_UDP and frame_[l4 + 6:l4 + 8] == b"\0\0":
+        return True
+    return l4_sum(version, src, dst, proto, frame_[l4:]) == 0xFFFF
