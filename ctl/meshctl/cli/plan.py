@@ -394,7 +394,7 @@ def graph(granularity: Granularity | None, remotes: tuple[str, ...], level: str 
         topo = replace(topo, mesh=replace(topo.mesh, granularity=granularity))
     with gc_paused():
         model = graph_model(topo, _load_remotes(topo, remotes, src.remote_topologies()))
-        if node is not None and topo.node(node) is None:
+        if node is not None and node in src.pending:
             raise src.not_a_node(node)
         check_view(model, level, node, location)
         if live:
