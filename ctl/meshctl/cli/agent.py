@@ -31,6 +31,7 @@ from meshctl.cli.options import flag as _flag
 from meshctl.errors import InputError, MeshError
 from meshctl.mesh import fields
 from meshctl.mesh.model import DEFAULT_PORT
+from meshctl.mesh.model import Path as MeshPath
 from meshctl.node.cni import CNI_MODES
 
 if TYPE_CHECKING:  # read when a command runs: `--help` imports no agent
@@ -219,7 +220,7 @@ def _bytes(n: float) -> str:
 def format_paths(st: AgentStatus) -> list[str]:
     """One line per other node: the rung this node takes to it and, where it probes the pair, each
     probe kind's verdict and RTT (intra_subnet auto)."""
-    paths = {k: v for k, v in (st.summary.paths if st.summary else {}).items() if v != "local"}
+    paths = {k: v for k, v in (st.summary.paths if st.summary else {}).items() if v != MeshPath.LOCAL}
     if not paths:
         return []
     probed = st.live.path_probe.pairs if st.live.path_probe is not None else {}

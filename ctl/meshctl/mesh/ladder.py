@@ -13,17 +13,19 @@ from meshctl.mesh.model import (
     ENCAP_RUNGS,
     FIXED_RUNG,
     RUNGS,
-    WIREGUARD_PRIVATE,
     IPNetwork,
     Node,
+    Path,
     Rung,
     Topology,
     private_joined,
     private_neighbours,
 )
 
-# The encapsulated rungs, cheapest first.
+# The encapsulated rungs, cheapest first; the ladder of a pair only WireGuard over the public
+# endpoint joins.
 _ENCAPSULATED: tuple[Rung, ...] = tuple(r for r in RUNGS if r in ENCAP_RUNGS)
+_TUNNEL_ONLY: tuple[Rung, ...] = (Path.TUNNEL,)
 
 
 def pair_rungs(mesh_intra: str, granularity: str, private_networks: tuple[IPNetwork, ...], me: Node, r: Node,
@@ -39,19 +41,19 @@ def pair_rungs(mesh_intra: str, granularity: str, private_networks: tuple[IPNetw
     pod's family); `wireguard-private` is an endpoint, so a pair joined in either family may use
     it for both (`cross_family`; False asks whether the family's own network joins the pair)."""
     same_loc_ok = granularity == "full" or me.location == r.location
-    if mesh_intra in ("direct", WIREGUARD_PRIVATE, "wireguard"):
+    if mesh_intra in ("direct", Path.WIREGUARD_PRIVATE, "wireguard"):
         if mesh_intra == "wireguard" or not same_loc_ok:
-            return ("tunnel",)
+            return _TUNNEL_ONLY
         fam = family if mesh_intra == "direct" or not cross_family else None
-        return (FIXED_RUNG[mesh_intra], "tunnel") if private_neighbours(me, r, fam) else ("tunnel",)
+        return (FIXED_RUNG[mesh_intra], Path.TUNNEL) if private_neighbours(me, r, fam) else _TUNNEL_ONLY
     if not same_loc_ok:
-        return ("tunnel",)
+        return _TUNNEL_ONLY
     if not private_joined(me, r, private_networks, family):
         # Only another family's private network may join the pair: its endpoint, not this family's path.
         other = family is not None and mesh_intra == "auto" and cross_family and private_joined(me, r, private_networks)
-        return (WIREGUARD_PRIVATE, "tunnel") if other else ("tunnel",)
+        return (Path.WIREGUARD_PRIVATE, Path.TUNNEL) if other else _TUNNEL_ONLY
     if mesh_intra != "auto":
-        return (FIXED_RUNG[mesh_intra], "tunnel")
+        return (FIXED_RUNG[mesh_intra], Path.TUNNEL)
     return RUNGS if private_neighbours(me, r, family) else RUNGS[1:]  # `direct` only between neighbours
 
 
@@ -63,15 +65,15 @@ def member_rungs(mesh_intra: str, me: Node, m: Node, family: int | None = None) 
     if mesh_intra in ENCAP_KINDS:
         return (FIXED_RUNG[mesh_intra],)
     if mesh_intra == "auto":
-        first: tuple[Rung, ...] = ("direct",) if private_neighbours(me, m, family) else ()
+        first: tuple[Rung, ...] = (Path.DIRECT,) if private_neighbours(me, m, family) else ()
         return (*first, *_ENCAPSULATED)
-    return ("direct",)
+    return (Path.DIRECT,)
 
 
-def cheapest(rungs: Iterable[str]) -> str:
+def cheapest(rungs: Iterable[Rung]) -> Rung:
     """The cheapest of a pair's per-family rungs (the one `paths` names: the private path the pair
     uses at all, which the prober keeps probing and the graph draws)."""
-    return min(rungs, key=lambda r: RUNGS.index(r) if r in RUNGS else len(RUNGS))
+    return min(rungs, key=RUNGS.index)
 
 
 def choose_rung(rungs: Sequence[Rung], working: frozenset[str] | None) -> Rung:
@@ -80,7 +82,7 @@ def choose_rung(rungs: Sequence[Rung], working: frozenset[str] | None) -> Rung:
     if working is None:
         return rungs[0]
     for rung in rungs:
-        if rung == "tunnel" or rung in working:
+        if rung == Path.TUNNEL or rung in working:
             return rung
     return rungs[0]
 
@@ -102,6 +104,6 @@ def probe_ladders(topo: Topology, name: str) -> dict[str, tuple[Rung, ...]]:
             ladder = member_rungs(mesh.intra_subnet, me, r)
         else:
             ladder = pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, me, r)
-        if any(rung != "tunnel" for rung in ladder):
+        if any(rung != Path.TUNNEL for rung in ladder):
             out[r.qualified_name] = ladder
     return out
