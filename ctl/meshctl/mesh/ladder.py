@@ -22,10 +22,17 @@ from meshctl.mesh.model import (
     private_neighbours,
 )
 
-# The encapsulated rungs, cheapest first; the ladder of a pair only WireGuard over the public
-# endpoint joins.
+# The encapsulated rungs, cheapest first.
 _ENCAPSULATED: tuple[Rung, ...] = tuple(r for r in RUNGS if r in ENCAP_RUNGS)
-_TUNNEL_ONLY: tuple[Rung, ...] = (Path.TUNNEL,)
+# The ladders pair_rungs hands out as shared values (a plan asks for one per pair; an enum member's
+# lookup costs four times a module global's on Python 3.11): WireGuard over the public endpoint
+# alone; WireGuard to the private address first (only another family's private network joins the
+# pair); and each fixed mode's rung, then the tunnel.
+TUNNEL_ONLY: tuple[Rung, ...] = (Path.TUNNEL,)
+ENDPOINT_LADDER: tuple[Rung, ...] = (Path.WIREGUARD_PRIVATE, Path.TUNNEL)
+_FIXED_LADDER: dict[str, tuple[Rung, ...]] = {mode: (rung, Path.TUNNEL) for mode, rung in FIXED_RUNG.items()}
+# The fixed modes that use their rung between private neighbours only.
+_NEIGHBOUR_MODES = ("direct", Path.WIREGUARD_PRIVATE.value, "wireguard")
 
 
 def pair_rungs(mesh_intra: str, granularity: str, private_networks: tuple[IPNetwork, ...], me: Node, r: Node,
@@ -41,19 +48,19 @@ def pair_rungs(mesh_intra: str, granularity: str, private_networks: tuple[IPNetw
     pod's family); `wireguard-private` is an endpoint, so a pair joined in either family may use
     it for both (`cross_family`; False asks whether the family's own network joins the pair)."""
     same_loc_ok = granularity == "full" or me.location == r.location
-    if mesh_intra in ("direct", Path.WIREGUARD_PRIVATE, "wireguard"):
+    if mesh_intra in _NEIGHBOUR_MODES:
         if mesh_intra == "wireguard" or not same_loc_ok:
-            return _TUNNEL_ONLY
+            return TUNNEL_ONLY
         fam = family if mesh_intra == "direct" or not cross_family else None
-        return (FIXED_RUNG[mesh_intra], Path.TUNNEL) if private_neighbours(me, r, fam) else _TUNNEL_ONLY
+        return _FIXED_LADDER[mesh_intra] if private_neighbours(me, r, fam) else TUNNEL_ONLY
     if not same_loc_ok:
-        return _TUNNEL_ONLY
+        return TUNNEL_ONLY
     if not private_joined(me, r, private_networks, family):
         # Only another family's private network may join the pair: its endpoint, not this family's path.
         other = family is not None and mesh_intra == "auto" and cross_family and private_joined(me, r, private_networks)
-        return (Path.WIREGUARD_PRIVATE, Path.TUNNEL) if other else _TUNNEL_ONLY
+        return ENDPOINT_LADDER if other else TUNNEL_ONLY
     if mesh_intra != "auto":
-        return (FIXED_RUNG[mesh_intra], Path.TUNNEL)
+        return _FIXED_LADDER[mesh_intra]
     return RUNGS if private_neighbours(me, r, family) else RUNGS[1:]  # `direct` only between neighbours
 
 
@@ -78,13 +85,14 @@ def cheapest(rungs: Iterable[Rung]) -> Rung:
 
 def choose_rung(rungs: Sequence[Rung], working: frozenset[str] | None) -> Rung:
     """The cheapest rung that delivers (`working`: the probed private rungs; None: all of them).
-    `tunnel` always delivers; a ladder without it falls back to its first rung."""
+    `tunnel` (a ladder's last rung, when it has it) always delivers; a ladder without it falls
+    back to its first rung."""
     if working is None:
         return rungs[0]
     for rung in rungs:
-        if rung == Path.TUNNEL or rung in working:
+        if rung in working:
             return rung
-    return rungs[0]
+    return rungs[-1] if rungs[-1] == Path.TUNNEL else rungs[0]
 
 
 def probe_ladders(topo: Topology, name: str) -> dict[str, tuple[Rung, ...]]:

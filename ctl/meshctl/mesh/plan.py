@@ -21,7 +21,7 @@ from typing import Literal, NamedTuple
 
 from meshctl.errors import InputError
 from meshctl.mesh.flannel import carried
-from meshctl.mesh.ladder import cheapest, choose_rung, member_rungs, pair_rungs
+from meshctl.mesh.ladder import ENDPOINT_LADDER, TUNNEL_ONLY, cheapest, choose_rung, member_rungs, pair_rungs
 from meshctl.mesh.memo import SameObject, UsedMemo
 from meshctl.mesh.model import (
     ENCAP_RUNGS,
@@ -86,8 +86,8 @@ class Encap:
 @dataclass(frozen=True, slots=True)
 class Route:
     """A route the route applier installs. Encapsulated rungs have none: their pod CIDR's
-    fast-path entry carries the encapsulation (the eBPF program, or the tunnel devices of the
-    kernel fallback, node/tunnels.py, carry it)."""
+    fast-path entry carries the encapsulation (the eBPF program, or the encapsulation devices
+    of the kernel fallback, node/encap.py, carry it)."""
 
     dst: IPNetwork
     via: IPAddress | None
@@ -410,7 +410,7 @@ def _relayed(seat: _Seat, s: Segment, kind: PeerKind, dsts: Iterable[IPNetwork])
     attempt), `dsts` routed to the relay's WireGuard IP, and s's members named as relayed."""
     via, reason = seat.relayed[s.key]
     r = seat.far(s)
-    relay = Path.RELAY  # a local: an enum member's lookup costs twenty times a local's
+    relay = Path.RELAY  # a local: read per member (an enum lookup is slow)
     peer = _peer(r.qualified_name, kind, r.public_key, seat.view.endpoint(r, seat.me.families), s.hosts,
                  seat.keepalive, roaming=_roams(r), discovered=seat.view.discovered(r))
     return Share(peers=(peer,), claims=_into_wireguard(dsts, via),
@@ -471,7 +471,7 @@ def _location_member(seat: _Seat, segs: Sequence[Segment] | None = None) -> Shar
             gw = seat.my_seg.leader if own else seat.near(s)
             claims.extend(_to_leader(seat, gw, rung(gw, dst), dst, False) for dst in s.hosts)
     paths: list[tuple[str, Path]] = []
-    via_leader = Path.VIA_LEADER  # a local: an enum member's lookup costs twenty times a local's
+    via_leader = Path.VIA_LEADER  # a local: read per member (an enum lookup is slow)
     for s in segs:
         gw = seat.near(s)
         pods = {c for m in s.members for c in m.pod_cidrs}
@@ -482,9 +482,9 @@ def _location_member(seat: _Seat, segs: Sequence[Segment] | None = None) -> Shar
 
 
 def _to_leader(seat: _Seat, gw: Node, rung: Rung, dst: IPNetwork, pod: bool) -> Claim:
-    """`dst` from a member to leader `gw`: a pod CIDR on the member's rung to it, anything else
-    (and everything on a direct rung) routed to its private address."""
-    if rung == Path.DIRECT or not pod or not seat.me.internal_ips:
+    """`dst` from a member to leader `gw`: a pod CIDR on the member's encapsulated rung to it,
+    anything else (and everything on a direct rung) routed to its private address."""
+    if rung not in ENCAP_RUNGS or not pod or not seat.me.internal_ips:
         hop = seat.to_leader(dst) if gw is seat.my_seg.leader else \
             _of_family((i.ip for i in gw.internal_ips), dst.version, gw.internal_ip.ip if gw.internal_ip else None)
         return dst, Route(dst, hop, "private")
@@ -498,7 +498,7 @@ def _location_leader(seat: _Seat, segs: Sequence[Segment] | None = None) -> list
     and what it relays for others, with those addresses routed into WireGuard; or, for a segment
     reached through a relay, the relayed share. None: every other segment."""
     out: list[Share] = []
-    tunnel = Path.TUNNEL  # a local: an enum member's lookup costs twenty times a local's
+    tunnel = Path.TUNNEL  # a local: read per member (an enum lookup is slow)
     for s in segs if segs is not None else [s for s in seat.segs if s is not seat.my_seg]:
         addrs = segment_addresses(s.members, None, None)
         if s.key in seat.relayed:
@@ -552,10 +552,10 @@ def _pair_destinations(seat: _Seat, r: Node, ladders: dict[int, tuple[Rung, ...]
     dsts = list(r.pod_cidrs)
     for i in r.internal_ips:
         ladder = ladders.get(i.version)
-        if ladder is None or ladder == (Path.WIREGUARD_PRIVATE, Path.TUNNEL):
+        if ladder is None or ladder == ENDPOINT_LADDER:
             ladder = pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, me, r, i.version,
                                 cross_family=False)
-        if ladder == (Path.TUNNEL,) and not private_neighbours(me, r, i.version):
+        if ladder == TUNNEL_ONLY and not private_neighbours(me, r, i.version):
             dsts.append(host_net(i))
     dsts.extend(r.allowed_location_ips)
     return dsts
@@ -568,10 +568,10 @@ def _pair_endpoint(seat: _Seat, r: Node, rungs: dict[int, Rung], ladders: dict[i
     time and the other still accepts what arrives (make-before-break); else where the records
     say r is reached, in a family `me` speaks. The private address is r's first one of a family
     whose private network joins the pair."""
-    mesh = seat.mesh
-    standby = mesh.intra_subnet == "auto" and any(Path.WIREGUARD_PRIVATE in ladder for ladder in ladders.values()) and (
-        working is None or Path.WIREGUARD_PRIVATE in working)
-    if Path.WIREGUARD_PRIVATE not in rungs.values() and not standby:
+    mesh, private = seat.mesh, Path.WIREGUARD_PRIVATE
+    standby = mesh.intra_subnet == "auto" and any(private in ladder for ladder in ladders.values()) and (
+        working is None or private in working)
+    if private not in rungs.values() and not standby:
         return seat.view.endpoint(r, seat.me.families)
     fixed = mesh.intra_subnet != "auto"
     joined = next((i for i in r.internal_ips
@@ -838,16 +838,17 @@ def _segment_share(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, memb
     # me's private subnets: a member with no address in them is no private neighbour in any family.
     near = key_ranges(i.network for i in me.internal_ips)
     any_near = False
+    direct: Rung = Path.DIRECT  # locals: read per member
+    tunnel: Rung = Path.TUNNEL
     for m in members:
         if not any(lo <= k <= hi for k in m.internal_keys for lo, hi in near):
             rest.append(m)  # no address in me's private subnets: never a neighbour, every family tunnels
             continue
         any_near = True
-        rungs: dict[int, Rung] = {f: Path.DIRECT if private_neighbours(me, m, f) else Path.TUNNEL
-                                  for f in m.pod_families}
-        claims.extend(_private_claim(c, me, m, Path.DIRECT) for c in m.pod_cidrs if rungs[c.version] == Path.DIRECT)
-        if all(r == Path.DIRECT for r in rungs.values()):
-            paths.append((m.qualified_name, Path.DIRECT))
+        rungs: dict[int, Rung] = {f: direct if private_neighbours(me, m, f) else tunnel for f in m.pod_families}
+        claims.extend(_private_claim(c, me, m, direct) for c in m.pod_cidrs if rungs[c.version] == direct)
+        if all(r == direct for r in rungs.values()):
+            paths.append((m.qualified_name, direct))
             continue
         rest.append(m)
         split.extend(_split(m.qualified_name, rungs))
@@ -867,7 +868,7 @@ def _segment_share(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, memb
     else:
         hop = {f: _of_family(leader_ips, f, leader_ips[0] if leader_ips else None) for f in FAMILIES}
         claims.extend((d, Route(d, hop[d.version], "private")) for d in [*wgs, *addrs])
-    way = Path.TUNNEL if leads else Path.VIA_LEADER
+    way = tunnel if leads else Path.VIA_LEADER
     paths += [(m.qualified_name, way) for m in rest]
     return Share(peers=peers, claims=tuple(claims), paths=tuple(paths), family_paths=tuple(split))
 

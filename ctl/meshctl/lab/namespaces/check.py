@@ -37,7 +37,7 @@ from meshctl.mesh import global_ranges
 from meshctl.mesh.fields import global_cidrs
 from meshctl.mesh.model import ENCAP_RUNGS
 from meshctl.mesh.model import Path as MeshPath
-from meshctl.node.tunnels import VXLAN_DEV
+from meshctl.node.encap import VXLAN_DEV
 from meshctl.node.wireguard.uapi import UapiClient
 
 WG = defaults.WG_INTERFACE
