@@ -670,6 +670,7 @@ class _Metrics:
 DEFAULT_KUBECONFIG = "~/.kube/config"
 K3S_KUBECONFIG = "/etc/rancher/k3s/k3s.yaml"
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+SERVICE_ENV = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")  # the API server, as a pod finds it
 
 
 def find_kubeconfig(flag: str | None, env: Mapping[str, str]) -> Path | None:
@@ -693,12 +694,19 @@ def find_kubeconfig(flag: str | None, env: Mapping[str, str]) -> Path | None:
 
 
 def kubeconfig_for(kubeconfig: str | None, env: Mapping[str, str] | None = None) -> KubeConfig:
-    """The kubeconfig `find_kubeconfig` picks, else the in-cluster service account; none of them
-    is one line naming where it looked."""
-    path = find_kubeconfig(kubeconfig, os.environ if env is None else env)
+    """The kubeconfig `find_kubeconfig` picks, else the in-cluster service account as a pod has
+    it (the token, CA and namespace the kubelet mounts at SERVICE_ACCOUNT_DIR, the API server in
+    SERVICE_ENV; lightkube re-reads the token file on a 401, so a rotated token is taken up);
+    none of them is one line naming where it looked."""
+    env = os.environ if env is None else env
+    path = find_kubeconfig(kubeconfig, env)
     if path is None and not Path(SERVICE_ACCOUNT_DIR, "token").is_file():
         raise InputError("--kubeconfig", MISSING, f"is not given, $KUBECONFIG is not set, there is no "
                          f"{DEFAULT_KUBECONFIG} and this is not a pod; on k3s: --kubeconfig {K3S_KUBECONFIG}")
+    unset = [k for k in SERVICE_ENV if not env.get(k)]
+    if path is None and unset:
+        raise MeshError(f"service account {SERVICE_ACCOUNT_DIR}: ${' and $'.join(unset)} not set (the kubelet "
+                        "sets them in every container of a pod); outside a pod pass --kubeconfig")
     try:
         if path is not None:
             return KubeConfig.from_file(path)
