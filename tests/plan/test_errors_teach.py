@@ -210,6 +210,8 @@ def test_etcd_outside_a_lab_names_the_flags_of_a_real_etcd(tmp_path: Path, monke
      "lab up -f {path}, then meshctl plan --backend etcd --lab v6u --node a1"),
     ("mixed-families.yaml", "a4", "is a lab file: nodes have no public_key (the lab's agents make them); run "
      "meshctl lab up -f {path}, then meshctl plan --backend etcd --lab mx --node d1"),
+    ("leaders.yaml", "a1", "is a lab file: nodes have no public_key (the lab's agents make them); run meshctl lab "
+     "up -f {path}, then meshctl plan --backend etcd --lab ld --node a1"),
     ("nat.yaml", "pa", "is a lab file: nodes have no public_key (the lab's agents make them); run meshctl lab "
      "up -f {path}, then meshctl plan --backend etcd --lab nt --node pa"),
     ("vms.yaml", "a1", "is a lab file: nodes have no public_key (the lab's agents make them); run meshctl lab "
@@ -238,8 +240,8 @@ def test_each_shipped_lab_file_says_why_it_does_not_plan(name: str, node: str, m
 def test_shipped_lab_files_are_all_covered() -> None:
     assert sorted(p.name for p in LABS.glob("*.yaml")) == [
         "calico.yaml", "cilium.yaml", "default.yaml", "dual-stack.yaml", "fabrics.yaml", "flannel.yaml",
-        "global-ranges.yaml", "ipv6-underlay.yaml", "mixed-families.yaml", "nat.yaml", "two-clusters.yaml",
-        "vms.yaml"]
+        "global-ranges.yaml", "ipv6-underlay.yaml", "leaders.yaml", "mixed-families.yaml", "nat.yaml",
+        "two-clusters.yaml", "vms.yaml"]
 
 
 @pytest.mark.parametrize("name, node, others", [

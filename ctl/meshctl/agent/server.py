@@ -27,6 +27,7 @@ from meshctl.agent.config import parse_addr
 from meshctl.agent.status import (
     AgentStatus,
     DatapathStatus,
+    LeadershipStatus,
     PassSummary,
     PeerRow,
     ProbeResult,
@@ -85,6 +86,24 @@ class AgentCollector(Collector):
                                     value=len(live.backend.lapsed))
         yield from _clustermesh_metrics(summary.remotes if summary else None)
         yield from _path_metrics(summary.paths if summary else {}, live.path_changes, live.path_probe)
+        yield from _leader_metrics(summary.leaders if summary else None)
+
+
+def _leader_metrics(lead: LeadershipStatus | None) -> Iterator[Any]:
+    """Leader moves per location (every agent makes the same choice, so every agent counts the
+    same moves), and 1 for each location whose leaders differ from the documented order's."""
+    if lead is None:
+        return
+    moves = CounterMetricFamily("meshctl_leader_moves", "Times a location's leaders changed (mesh/leaders.py)",
+                                labels=["location"])
+    moved = GaugeMetricFamily("meshctl_leader_moved", "1 while a location is led by others than the "
+                              "documented order names (its leader does not forward)", labels=["location"])
+    for loc in lead.locations:
+        name = str(loc.get("location") or loc.get("key", ""))
+        moves.add_metric([name], lead.moves.get(name, 0))
+        moved.add_metric([name], 1 if list(loc.get("leaders", ())) != list(loc.get("static", ())) else 0)
+    yield moves
+    yield moved
 
 
 def _plan_metrics(st: AgentStatus) -> Iterator[Any]:
