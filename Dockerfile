@@ -63,6 +63,7 @@ RUN printf '%s\n' \
 WORKDIR /
 # The DaemonSet runs it privileged with hostNetwork; the agent's state lives in /var/lib/meshctl.
 VOLUME ["/var/lib/meshctl"]
-EXPOSE 9736
+# /healthz and /metrics over TLS (--secure-metrics-addr); the full API stays on the node's loopback.
+EXPOSE 9737
 ENTRYPOINT ["meshctl"]
 CMD ["agent", "--backend=kubernetes"]

@@ -52,7 +52,7 @@ from meshctl.mesh import records
 from meshctl.mesh.admit import admit_local
 from meshctl.mesh.admit_memo import RemoteAdmission
 from meshctl.mesh.model import WIREGUARD_ADDRESSINGS, Cluster, MeshSettings, Topology, WireGuardAddressing
-from meshctl.mesh.plan import forget_memos, plan_node
+from meshctl.mesh.plan import PlanCache, plan_node
 from meshctl.process import gc_paused
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,15 +107,17 @@ def joined(topo: Topology, k: int, per: int, n: int) -> Topology:
     return replace(topo, nodes=(*topo.nodes, new))
 
 
-def one_pass(local: Topology, remotes: list[Topology], memo: RemoteAdmission) -> tuple[float, float, int]:
+def one_pass(local: Topology, remotes: list[Topology], memo: RemoteAdmission, cache: PlanCache
+             ) -> tuple[float, float, int]:
     """The pure work of an agent's pass with remote clusters: admission (through the agent's
-    per-cluster memo; a new one for a cold pass), then the plan (gc paused, as the agent runs
-    both). Seconds of each, and the plan's routes."""
+    per-cluster memo; a new one for a cold pass), then the plan with the agent's plan cache (a
+    new one for a cold pass; gc paused, as the agent runs both). Seconds of each, and the plan's
+    routes."""
     with gc_paused():
         t0 = time.perf_counter()
         admitted, rejected = memo.admit(local, remotes)
         t1 = time.perf_counter()
-        plan = plan_node(local, ME, admitted)
+        plan = plan_node(local, ME, admitted, cache=cache)
         t2 = time.perf_counter()
     assert not rejected, rejected[:3]
     return t1 - t0, t2 - t1, len(plan.routes)
@@ -133,14 +135,13 @@ def bench_plan(sizes: list[int], repeat: int, profile: bool, addressing: WireGua
         remotes = [topology(k, per, addressing=addressing) for k in range(1, CLUSTERS)]
         cold = []
         for _ in range(repeat):
-            forget_memos()
-            cold.append(one_pass(local, remotes, RemoteAdmission()))
+            cold.append(one_pass(local, remotes, RemoteAdmission(), PlanCache()))
         joins = []
-        memo = RemoteAdmission()
+        memo, cache = RemoteAdmission(), PlanCache()
         for j in range(repeat):
-            one_pass(local, remotes, memo)  # the pass before: memo as an agent has it
+            one_pass(local, remotes, memo, cache)  # the pass before: memo and cache as an agent has them
             remotes[4] = joined(remotes[4], 5, per, j)  # one node more in cluster6
-            joins.append(one_pass(local, remotes, memo))
+            joins.append(one_pass(local, remotes, memo, cache))
         med = [statistics.median(x) for x in zip(*cold, strict=True)]
         jmed = [statistics.median(x) for x in zip(*joins, strict=True)]
         rows.append((n, med, jmed))
@@ -160,12 +161,12 @@ def bench_plan(sizes: list[int], repeat: int, profile: bool, addressing: WireGua
         per = n // CLUSTERS
         local, _ = admit_local(topology(0, per, addressing=addressing))
         remotes = [topology(k, per, addressing=addressing) for k in range(1, CLUSTERS)]
-        memo = RemoteAdmission()
-        one_pass(local, remotes, memo)
+        memo, cache = RemoteAdmission(), PlanCache()
+        one_pass(local, remotes, memo, cache)
         remotes[4] = joined(remotes[4], 5, per, repeat)
         prof = cProfile.Profile()
         prof.enable()
-        one_pass(local, remotes, memo)
+        one_pass(local, remotes, memo, cache)
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(12)
 

@@ -62,3 +62,12 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   rm -f "$log"
   touch "$stamp"
 fi
+
+# The tests' and the Kubernetes labs' control plane: kube-apiserver and kube-controller-manager of
+# one pinned version (lab.rigs.kube_binaries: $MESHCTL_KUBE_BINARIES, the unpacked cache, a
+# shared/tools/kubernetes folder beside the checkout, or the official release with its SHA-256),
+# unpacked once under /var/lib/meshctl/kube/. Where none can be had this says where it looked, and
+# the Kubernetes tests fail with that line.
+if ! "$VENV/bin/python" -m meshctl.lab.rigs.kube_binaries; then
+  echo "setup: WARNING: no Kubernetes control plane binaries: the Kubernetes tests and labs will fail" >&2
+fi

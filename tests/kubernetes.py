@@ -56,10 +56,21 @@ def start_control_plane(directory: Path, manifests: tuple[str, ...] = BASE_MANIF
             kubectl(cp.admin_kubeconfig, "apply", "--server-side", "-f", str(MANIFESTS / m))
         if "01-crd-peers.yaml" in manifests:
             kubectl(cp.admin_kubeconfig, "wait", "--for=condition=Established", "crd/peers.meshctl.io")
+        # The controller manager makes each namespace's `default` ServiceAccount moments after
+        # start; until then Pods are refused. Every test starts after it.
+        wait_until(lambda: _has_default_account(cp), 60, "the default ServiceAccount")
     except BaseException:
         cp.stop()
         raise
     return cp
+
+
+def _has_default_account(cp: ControlPlane) -> bool:
+    try:
+        cp.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")
+    except MeshError:
+        return False
+    return True
 
 
 @dataclass
@@ -127,13 +138,18 @@ class Api:
         return not nss - BASE_NAMESPACES
 
 
-@pytest.fixture(scope="session")
-def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    cp = start_control_plane(tmp_path_factory.mktemp("kube"))
+def running_control_plane(directory: Path) -> Iterator[ControlPlane]:
+    """A fixture's body: a started control plane (start_control_plane), stopped after."""
+    cp = start_control_plane(directory)
     try:
         yield cp
     finally:
         cp.stop()
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    yield from running_control_plane(tmp_path_factory.mktemp("kube"))
 
 
 @pytest.fixture

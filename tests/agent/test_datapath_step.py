@@ -12,7 +12,7 @@ import pytest
 
 from meshctl.agent import steps
 from meshctl.agent.config import AgentConfig
-from meshctl.agent.steps import DatapathStep, PassInput
+from meshctl.agent.steps import DatapathStep, LoadedDatapath, PassInput
 from meshctl.backends.file import load_topology
 from meshctl.mesh.plan import plan_node
 
@@ -53,8 +53,9 @@ def test_the_flow_filter_is_rebuilt_once_per_resync_interval(monkeypatch: pytest
     monkeypatch.setattr(steps.discovery, "private_ipv4", lambda name: None)
     monkeypatch.setattr(steps.discovery, "private_ipv6", lambda name: None)
     cfg = dataclasses.replace(AgentConfig(node_name="a1"), private_interface="priv", resync_interval=RESYNC)
-    step = DatapathStep(cfg)
-    step.use(dp)  # type: ignore[arg-type]  # opened at t=0
+    slot = LoadedDatapath()
+    slot.put(dp, at=0.0)  # type: ignore[arg-type]  # opened at t=0
+    step = DatapathStep(cfg, slot)
     topo = load_topology(EXAMPLE)
     p = PassInput(plan=plan_node(topo, topo.nodes[0].name), topo=topo, me=topo.nodes[0], mesh_cidrs=frozenset(),
                   pod_ifs=())

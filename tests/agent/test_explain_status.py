@@ -9,11 +9,12 @@ import ipaddress
 import requests
 
 from meshctl.agent.path_probing import HISTORY_MOVES, with_history
-from meshctl.agent.reporting import fastpath_rows, rung_mtus
+from meshctl.agent.reporting import rung_mtus
 from meshctl.agent.server import StatusServer, fetch_probe
-from meshctl.agent.status import AgentStatus, LiveStatus, PairProbe, ProbeResult, ProbeStatus
-from meshctl.mesh.chooser import Change
+from meshctl.agent.status import AgentStatus, LiveStatus, ProbeResult
+from meshctl.mesh.chooser import Change, PairProbe, ProbeStatus
 from meshctl.mesh.plan import Encap, FastPathEntry
+from meshctl.mesh.render import fastpath_rows
 from tests.agent.test_local_agent import free_port
 
 

@@ -11,8 +11,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 
 from meshctl.agent.server import AgentCollector
-from meshctl.agent.status import AgentStatus, FastPathRow, NodeRow
+from meshctl.agent.status import AgentStatus
 from meshctl.cli.agent import format_status
+from meshctl.mesh.render import FastPathRow, NodeRow
 
 PROBE = {"port": 51821, "local_rungs": ["direct", "direct+vxlan", "wireguard-private"], "sent": 10, "received": 9,
          "cpu_s": 0.012, "pairs": {"a2": {"rung": "direct", "ladder": ["direct", "wireguard-private"],

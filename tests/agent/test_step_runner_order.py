@@ -12,7 +12,7 @@ from pathlib import Path
 
 from meshctl.agent.reporting import ErrorCounts, PassLog
 from meshctl.agent.step_runner import StepRunner
-from meshctl.agent.steps import NOTHING, PassInput, StepStatus
+from meshctl.agent.steps import NOTHING, NOTHING_SHOWN, PassInput, StepReport
 from meshctl.backends.file import load_topology
 from meshctl.mesh.plan import plan_node
 
@@ -21,6 +21,10 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cross-mesh.yaml"
 
 class Recording:
     """A step that writes its calls to a shared journal; `fail` names the calls that raise."""
+
+    provides = NOTHING
+    needs = NOTHING
+    serves: tuple[type, ...] = ()
 
     def __init__(self, name: str, journal: list[str], fail: frozenset[str] = frozenset(),
                  disturbs: frozenset[str] = NOTHING) -> None:
@@ -48,8 +52,8 @@ class Recording:
     def wants_pass(self, now: float, last_pass: float) -> bool:
         return False
 
-    def status(self) -> StepStatus:
-        return None
+    def status(self) -> StepReport:
+        return NOTHING_SHOWN
 
 
 def _input() -> PassInput:

@@ -20,9 +20,10 @@ from meshctl.backends.kube.flannel import BACKEND_DATA, BACKEND_TYPE, PUBLIC_IP,
 from meshctl.cli import main
 from meshctl.errors import InputError
 from meshctl.mesh import records
+from meshctl.mesh.flannel import FlannelLease, carried
 from meshctl.mesh.model import Cluster, MeshSettings, Topology
 from meshctl.mesh.plan import plan_node
-from meshctl.node.flannel import FLANNEL_DEV, FlannelLease, FlannelRoute, carried, hand_over, plan_flannel
+from meshctl.node.flannel import FLANNEL_DEV, FlannelRoute, plan_flannel
 
 from ..plan.fixtures import key
 
@@ -65,7 +66,7 @@ def test_carried_follows_granularity(case: str, gran: str, me: str, want: set[st
 @pytest.mark.parametrize("gran", ["cross", "location", "full"])
 def test_handed_over_plan_leaves_own_location_to_flannel(gran: str) -> None:
     t = topo(gran)
-    plan = hand_over(plan_node(t, "a1"), t)
+    plan = plan_node(t, "a1", flannel=True)
     dsts = {r.dst for r in plan.routes}
     fp = plan_flannel(plan, t, LEASES)
     if gran == "full":
@@ -86,7 +87,7 @@ def test_cross_routes_match_the_issue() -> None:
     """cross: other location through kilo0 (WireGuard), own location flannel's form, fast path
     entry of the same-subnet pair kept (intra_subnet auto: direct between private neighbours)."""
     t = topo("cross")
-    plan = hand_over(plan_node(t, "a1"), t)
+    plan = plan_node(t, "a1", flannel=True)
     by_dst = {r.dst: r for r in plan.routes}
     assert by_dst[net("10.42.3.0/24")].dev == "wireguard" and by_dst[net("10.42.4.0/24")].dev == "wireguard"
     fast = {e.prefix: e.rung for e in plan.fastpath}
@@ -98,14 +99,16 @@ def test_encapsulated_entries_of_flannel_nodes_are_dropped() -> None:
     t = topo("cross", "vxlan")
     raw = plan_node(t, "a1")
     assert any(e.prefix == net("10.42.2.0/24") and e.encap is not None for e in raw.fastpath)
-    plan = hand_over(raw, t)
+    plan = plan_node(t, "a1", flannel=True)
     assert not any(e.prefix == net("10.42.2.0/24") for e in plan.fastpath)
+    # the probes' memory of the pair is of rungs: the rung flannel's node would take without it
+    assert plan.paths["a2"] == "flannel" and plan.rung_paths["a2"] == raw.paths["a2"] == "direct+vxlan"
 
 
 def test_host_gw_form() -> None:
     t = topo("cross")
     leases = dict(LEASES, a2=FlannelLease("host-gw", ip("192.168.10.2")))
-    fp = plan_flannel(hand_over(plan_node(t, "a1"), t), t, leases)
+    fp = plan_flannel(plan_node(t, "a1", flannel=True), t, leases)
     assert fp.own == (FlannelRoute(net("10.42.2.0/24"), ip("192.168.10.2"), None, False),)
     assert fp.own[0].argv() == ["10.42.2.0/24", "via", "192.168.10.2"]
 
@@ -119,7 +122,7 @@ def test_dual_stack_nodes_hand_over_both_families_and_restore_the_lease_family()
     t = Topology(Cluster(), MeshSettings(granularity="cross"), dual, ())
     raw = plan_node(t, "a1")
     assert {net("10.42.2.0/24"), net("fd00:42:2::/64")} <= {r.dst for r in raw.routes}
-    plan = hand_over(raw, t)
+    plan = plan_node(t, "a1", flannel=True)
     dsts = {r.dst for r in plan.routes}
     assert not dsts & {net("10.42.2.0/24"), net("fd00:42:2::/64")}
     assert {net("10.42.3.0/24"), net("fd00:42:3::/64"), net("10.42.4.0/24"), net("fd00:42:4::/64")} <= dsts
@@ -167,7 +170,7 @@ def test_bad_annotation_rejects_its_node_alone(case: str, ann: str, value: str, 
     st = state_from_objects(objs, [], Cluster(), MeshSettings(), now=time.time(), max_age=60, flannel=True)
     assert [n.name for n in st.nodes] == ["a1", "a2", "b2"]
     assert [r.name for r in st.rejections] == ["b1"] and words in st.rejections[0].reason
-    assert sorted(st.extra["flannel"]) == ["a1", "a2", "b2"]  # type: ignore[call-overload]
+    assert sorted(st.flannel) == ["a1", "a2", "b2"]
     # without --cni flannel, flannel's annotations are not meshctl's business
     plain = state_from_objects(objs, [], Cluster(), MeshSettings(), now=time.time(), max_age=60)
     assert len(plain.nodes) == 4 and not plain.rejections

@@ -15,6 +15,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -143,34 +144,36 @@ def test_help_plan_graph_and_showconf_work_without_root(home: Path, meshctl: Pat
     assert r.returncode == 0 and "[Peer]" in r.stdout, r.stderr
 
 
-def test_plan_against_a_cluster_api_without_root(home: Path, meshctl: Path) -> None:
-    """`--backend kubernetes` from the laptop: a kubeconfig naming the API server is all it needs."""
-    from lightkube import Client, KubeConfig
-    from lightkube.config.models import Cluster, User
+def test_plan_against_a_cluster_api_without_root(home: Path, meshctl: Path, api: Any, kclient: Any) -> None:
+    """`--kubeconfig` from the laptop: a kubeconfig as k3s or kubeadm hands one out (the CA and the
+    client certificate and key inline) naming the cluster's real API server is all it needs."""
+    import base64
 
-    from meshctl.lab.rigs.kube_apiserver import ApiServer, load_manifests
-    from tests.kube.helpers import MANIFESTS, create_node, node_obj
+    from tests.kube.helpers import create_node, node_obj
 
-    srv = ApiServer("127.0.0.1", 0).start()
-    try:
-        load_manifests(srv.store, [str(MANIFESTS / "00-namespace.yaml"), str(MANIFESTS / "01-crd-peers.yaml")])
-        c = Client(KubeConfig.from_one(cluster=Cluster(server=srv.url), user=User()), trust_env=False)
-        for name, pod, seed, ep in (("n1", "10.42.1.0/24", 1, "198.51.100.1:51820"),
-                                    ("n2", "10.42.2.0/24", 2, "198.51.100.2:51820")):
-            create_node(c, node_obj(name, pod, key=seed, endpoint=ep,
-                                    labels={"topology.kubernetes.io/region": name}))
-        kubeconfig = home / f"kubeconfig-{meshctl.parent.name}"
-        kubeconfig.write_text(yaml.safe_dump({
+    for name, pod, seed, ep in (("n1", "10.42.1.0/24", 1, "198.51.100.1:51820"),
+                                ("n2", "10.42.2.0/24", 2, "198.51.100.2:51820")):
+        create_node(kclient, node_obj(name, pod, key=seed, endpoint=ep,
+                                      labels={"topology.kubernetes.io/region": name}))
+    admin = api.cp.admin_identity()
+
+    def inline(f: Path) -> str:
+        return base64.b64encode(f.read_bytes()).decode()
+
+    kubeconfig = home / f"kubeconfig-{meshctl.parent.name}"
+    fd = os.open(kubeconfig, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds a private key
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump({
             "apiVersion": "v1", "kind": "Config", "current-context": "lab",
-            "clusters": [{"name": "lab", "cluster": {"server": srv.url}}],
-            "users": [{"name": "lab", "user": {}}],
-            "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "lab"}}]}))
-        kubeconfig.chmod(0o644)
-        r = as_user(home, str(meshctl), "plan", "--backend", "kubernetes", "--kubeconfig", str(kubeconfig),
-                    "--node", "n1", "-o", "json")
-        assert r.returncode == 0, r.stderr
-        plan = json.loads(r.stdout)
-        assert plan["node"] == "n1" and [p["name"] for p in plan["peers"]] == ["n2"]
-        assert plan["peers"][0]["endpoint"] == "198.51.100.2:51820"
-    finally:
-        srv.stop()
+            "clusters": [{"name": "lab", "cluster": {"server": api.url,
+                                                     "certificate-authority-data": inline(admin.ca)}}],
+            "users": [{"name": "lab", "user": {"client-certificate-data": inline(admin.cert),
+                                               "client-key-data": inline(admin.key)}}],
+            "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "lab"}}]}, f)
+    if os.geteuid() == 0:
+        os.chown(kubeconfig, NOBODY, NOBODY)
+    r = as_user(home, str(meshctl), "plan", "--kubeconfig", str(kubeconfig), "--node", "n1", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["node"] == "n1" and [p["name"] for p in plan["peers"]] == ["n2"]
+    assert plan["peers"][0]["endpoint"] == "198.51.100.2:51820"

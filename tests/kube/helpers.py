@@ -80,17 +80,17 @@ class Running:
         self.backend.close()
 
 
-def lab_fixture(doc: dict[str, Any], wait: float = 120) -> Any:
-    """A pytest fixture that builds the lab `doc` (a Kubernetes-backend lab) under a unique prefix
-    and takes it down after the test, asserting nothing is left."""
+def lab_fixture(doc: dict[str, Any], wait: float = 120, prefix: str = "k8") -> Any:
+    """A pytest fixture that builds the lab `doc` (a Kubernetes-backend lab) under a unique name
+    starting with `prefix` and takes it down after the test, asserting nothing is left."""
 
     @pytest.fixture
     def lab() -> Any:
-        prefix = unique("k8") + "-"
+        prefix_ = unique(prefix) + "-"
         try:
-            yield build.up(parse_lab(doc), prefix=prefix, wait=wait)
+            yield build.up(parse_lab(doc), prefix=prefix_, wait=wait)
         finally:
-            assert not build.down(state.lab_name(prefix))
-            assert not netns.list_prefixed(prefix)
+            assert not build.down(state.lab_name(prefix_))
+            assert not netns.list_prefixed(prefix_)
 
     return lab

@@ -22,16 +22,15 @@ class Result:
 
 
 class Kubectl:
-    """`k("get", "nodes")` runs kubectl against `url`; `check=True` fails the test on a non-zero exit."""
+    """`k("get", "nodes")` runs kubectl with the kubeconfig `config`; `check=True` fails the test on a
+    non-zero exit."""
 
-    def __init__(self, url: str, folder: Path, config: Path | None = None) -> None:
+    def __init__(self, config: Path | str, folder: Path) -> None:
         exe = shutil.which("kubectl")
         if exe is None:
             pytest.fail("kubectl is not installed (this machine kind ships /usr/bin/kubectl)")
         self.exe = exe
-        if config is None:
-            pytest.fail("kubectl needs a kubeconfig with credentials (a real API server)")
-        self.config = config
+        self.config = Path(config)
         self.cache = folder / "kubectl-cache"
 
     def run(self, *args: str, stdin: str | None = None, check: bool = True) -> Result:
@@ -59,7 +58,7 @@ def lab_kubectl(lab: str, folder: Path, *args: str) -> Kubectl:
     `meshctl lab kubeconfig` prints (ARGS: `--cluster-name C`)."""
     r = lab_kubeconfig(lab, *args)
     assert r.returncode == 0, r.stderr
-    return Kubectl("", folder, config=Path(r.stdout.strip()))
+    return Kubectl(Path(r.stdout.strip()), folder)
 
 
 def table(text: str) -> list[dict[str, str]]:

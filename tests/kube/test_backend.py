@@ -213,7 +213,9 @@ def test_nodes_that_have_not_joined_are_pending_not_rejected(api, kclient):
     create_node(kclient, node_obj("a3", "10.42.3.0/24"))  # agent not started
     st = backend(api).snapshot()
     assert [n.name for n in st.nodes] == ["a1"] and not st.rejections
-    assert st.extra["pending"] == ["a2", "a3"]
+    assert st.pending == {
+        "a2": "it has no pod CIDR yet (spec.podCIDR: the controller manager's --allocate-node-cidrs)",
+        "a3": "its agent has not published yet (no meshctl.io/public-key or meshctl.io/last-seen annotation)"}
 
 
 def test_peer_resources_become_peers(api, kclient):
@@ -261,7 +263,7 @@ def test_readiness_by_last_seen(api, kclient):
     create_node(kclient, node_obj("a3", "10.42.3.0/24", key=3, last_seen=now[0] - 61))
     be = backend(api, resync_seconds=30.0, clock=lambda: now[0])
     st = be.snapshot()
-    assert [n.name for n in st.nodes] == ["a1", "a2"] and st.extra["stale"] == ["a3"]
+    assert [n.name for n in st.nodes] == ["a1", "a2"] and st.stale == ("a3",)
     now[0] += 2  # a2 now 61 s old too
     assert [n.name for n in be.snapshot().nodes] == ["a1"]
     # a3's agent comes back: its refreshed last-seen makes it ready again
@@ -355,7 +357,7 @@ def test_bad_options_are_one_line_errors():
         backend_from_options("/nonexistent", "a1")
 
 
-def test_make_backend_fills_the_agent_config_from_its_node(api, kclient, monkeypatch):
+def test_make_backend_fills_the_node_settings_from_its_node(api, kclient, monkeypatch):
     from meshctl.agent.config import AgentConfig
     from meshctl.agent.kube_backend import make_backend
 
@@ -365,18 +367,19 @@ def test_make_backend_fills_the_agent_config_from_its_node(api, kclient, monkeyp
                                                              A.PREFIX + "persistent-keepalive": "15"}))
     monkeypatch.setenv("KUBECONFIG", api.kubeconfig)
     cfg = AgentConfig(node_name="a1", backend="kubernetes", resync_interval=5.0)
-    be = make_backend(cfg)
+    wiring = make_backend(cfg)
+    be, own = wiring.backend, wiring.own.current()
     assert isinstance(be, KubeBackend) and be.resync_seconds == 5.0
-    assert cfg.pod_cidrs == (net("10.42.7.0/24"),) and cfg.location == "gcp" and cfg.leader
-    assert cfg.endpoint == "198.51.100.3:51820" and cfg.persistent_keepalive == 15
+    assert own.pod_cidrs == (net("10.42.7.0/24"),) and own.location == "gcp" and own.leader
+    assert own.endpoint == "198.51.100.3:51820" and own.persistent_keepalive == 15
+    assert cfg.pod_cidrs == () and cfg.location == ""  # the config stays the flags'
     cfg2 = AgentConfig(node_name="a1", pod_cidrs=(net("10.42.7.0/24"),), location="flag-wins", backend="kubernetes")
-    make_backend(cfg2)
-    assert cfg2.location == "flag-wins"
+    assert make_backend(cfg2).own.current().location == "flag-wins"
 
 
-def test_own_annotations_changed_at_run_time_reach_the_agent_config(api, kclient, monkeypatch):
-    """The agent builds its own record from its config each reconcile, right after `snapshot`:
-    an annotation changed while it runs updates that config there (flags still win)."""
+def test_own_annotations_changed_at_run_time_reach_the_node_settings(api, kclient, monkeypatch):
+    """The agent builds its own record from its node settings each reconcile, right after
+    `snapshot`: an annotation changed while it runs updates those settings there (flags still win)."""
     import threading
 
     from meshctl.agent.config import AgentConfig
@@ -388,8 +391,9 @@ def test_own_annotations_changed_at_run_time_reach_the_agent_config(api, kclient
                                                patch_type=PatchType.MERGE)).start()
     monkeypatch.setenv("KUBECONFIG", api.kubeconfig)
     cfg = AgentConfig(node_name="a1", backend="kubernetes", persistent_keepalive=9)  # keepalive set by flag
-    be = make_backend(cfg)
-    assert cfg.pod_cidrs == (net("10.42.1.0/24"),) and cfg.location == "a" and cfg.leader
+    wiring = make_backend(cfg)
+    be, own = wiring.backend, wiring.own
+    assert own.current().pod_cidrs == (net("10.42.1.0/24"),) and own.current().location == "a" and own.current().leader
 
     def annotate(ann: dict) -> None:
         kclient.patch(KNode, "a1", {"metadata": {"annotations": ann}}, patch_type=PatchType.MERGE)
@@ -398,18 +402,54 @@ def test_own_annotations_changed_at_run_time_reach_the_agent_config(api, kclient
         annotate({A.PREFIX + "location": "b", A.PREFIX + "leader": None, A.PREFIX + "persistent-keepalive": "25",
                   A.KILO_PREFIX + "force-endpoint": "203.0.113.5:51000",
                   A.PREFIX + "allowed-location-ips": "172.16.0.0/24"})
-        wait_for(lambda: be.snapshot() and cfg.location == "b", what="new location in the config")
-        assert not cfg.leader and cfg.endpoint == "203.0.113.5:51000"
-        assert cfg.allowed_location_ips == (net("172.16.0.0/24"),)
-        assert cfg.persistent_keepalive == 9  # the flag wins over the annotation
+        wait_for(lambda: be.snapshot() and own.current().location == "b", what="new location in the settings")
+        assert not own.current().leader and own.current().endpoint == "203.0.113.5:51000"
+        assert own.current().allowed_location_ips == (net("172.16.0.0/24"),)
+        assert own.current().persistent_keepalive == 9  # the flag wins over the annotation
         # a malformed annotation keeps the last good settings (the others reject the node meanwhile)
         annotate({A.PREFIX + "location": "not a location!"})
         wait_for(lambda: be._kinds[0].objects[("", "a1")]["metadata"]["annotations"].get(A.PREFIX + "location")
                  == "not a location!", what="the bad annotation watched")
         st = be.snapshot()
-        assert cfg.location == "b" and st.ready
+        assert own.current().location == "b" and st.ready
         # the label takes over once the annotation is removed
         kclient.patch(KNode, "a1", {"metadata": {"labels": {"topology.kubernetes.io/region": "eu-1"},
                                                  "annotations": {A.PREFIX + "location": None}}},
                       patch_type=PatchType.MERGE)
-        wait_for(lambda: be.snapshot() and cfg.location == "eu-1", what="location from the label")
+        wait_for(lambda: be.snapshot() and own.current().location == "eu-1", what="location from the label")
+
+
+def test_a_stopped_etcd_fails_writes_in_one_line_and_the_view_stands(own_kube):
+    """etcd stopped (SIGSTOP) under the API server: the agent's publish times out with one line
+    naming the server, its last view stays, and once etcd runs again writes and watches go on."""
+    from meshctl.errors import MeshError
+
+    api = own_kube
+    kclient = api.client()
+    create_node(kclient, node_obj("a1", "10.42.1.0/24", key=1, ann=loc("a")))
+    create_node(kclient, node_obj("a2", "10.42.2.0/24", key=2, ann=loc("a")))
+    be = backend(api)
+    me = Node("a1", (net("10.42.1.0/24"),), wg_key(1), location="a")
+    with Running(be):
+        wait_for(lambda: len(be.snapshot().nodes) == 2, what="listed")
+        api.cp.pause_etcd()
+        try:
+            with pytest.raises(MeshError) as e:
+                be.publish(me)
+            assert api.url in str(e.value) and "\n" not in str(e.value), e.value
+            assert [n.name for n in be.snapshot().nodes] == ["a1", "a2"]
+        finally:
+            api.cp.resume_etcd()
+        wait_for(lambda: _published(be, me), timeout=60, what="publish works again")
+        kclient.delete(KNode, "a2")
+        wait_for(lambda: [n.name for n in be.snapshot().nodes] == ["a1"], timeout=60, what="the watch goes on")
+
+
+def _published(be: KubeBackend, me: Node) -> bool:
+    from meshctl.errors import MeshError
+
+    try:
+        be.publish(me)
+    except MeshError:
+        return False
+    return True

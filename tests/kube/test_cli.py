@@ -76,12 +76,16 @@ def test_the_daemonset_args_parse_into_what_the_pod_provides(monkeypatch):
     assert Path(wg_mounts[run_vol]) == cfg.wg_run_dir
     assert wg["command"][-1] == cfg.wg_interface
     assert str(cfg.wg_run_dir / f"{cfg.wg_interface}.sock") in wg["startupProbe"]["exec"]["command"][-1]
-    # metrics and /healthz on the port the probes and Prometheus use, on every address (hostNetwork)
-    host, port = cfg.metrics_addr.rsplit(":", 1)
+    # the full API (/status, /probe) on loopback only: on the host's network 0.0.0.0 is every pod's
+    assert cfg.metrics_addr.rsplit(":", 1)[0] == "127.0.0.1"
+    # /healthz and /metrics over TLS on every address, on the port the probes and Prometheus use
+    host, port = cfg.secure_metrics_addr.rsplit(":", 1)
     assert host == "0.0.0.0"
     assert int(port) == agent["ports"][0]["containerPort"] == agent["livenessProbe"]["httpGet"]["port"]
     assert agent["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert str(port) == by_kind("DaemonSet")["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"]
+    assert agent["livenessProbe"]["httpGet"]["scheme"] == agent["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    annotations = by_kind("DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+    assert (annotations["prometheus.io/port"], annotations["prometheus.io/scheme"]) == (str(port), "https")
 
 
 def test_the_daemonset_env_from_the_configmap_reaches_the_agent(monkeypatch):
@@ -197,17 +201,18 @@ def test_kubernetes_flags_reach_make_backend(monkeypatch, api, kclient):
     from meshctl.agent.kube_backend import make_backend
 
     create_node(kclient, node_obj("node-1", "10.42.9.0/24", labels={"example.com/site": "lisbon"}))
-    res, cfg = parse(monkeypatch, ["agent", "--backend=kubernetes", "--node=node-1", f"--api-server={api.url}",
+    res, cfg = parse(monkeypatch, ["agent", "--backend=kubernetes", "--node=node-1", f"--kubeconfig={api.kubeconfig}",
                                    "--location-label=example.com/site", "--resync-seconds=7.5",
                                    "--kvstore-endpoints=https://192.0.2.1:2379, https://192.0.2.2:2379",
                                    "--lease-ttl=4"])
     assert res.exit_code == 0, res.output
     assert cfg is not None and cfg.kvstore_endpoints == ("https://192.0.2.1:2379", "https://192.0.2.2:2379")
-    be = make_backend(cfg)
+    wiring = make_backend(cfg)
+    be, own = wiring.backend, wiring.own.current()
     try:
         assert be.config.get().cluster.server == api.url
         assert be.location_label == "example.com/site" and be.resync_seconds == 7.5
-        assert cfg.pod_cidrs == (ipaddress.ip_network("10.42.9.0/24"),) and cfg.location == "lisbon"
+        assert own.pod_cidrs == (ipaddress.ip_network("10.42.9.0/24"),) and own.location == "lisbon"
         assert be.mirror is not None and be.mirror.client.endpoints == list(cfg.kvstore_endpoints)
         assert be.mirror.lease_ttl == 4
     finally:
@@ -249,8 +254,7 @@ def test_internal_cidr_names_the_private_interface(request):
             "           dict(force_internal_ip=(ipaddress.ip_interface(sys.argv[2]),)),",
             "           dict(private_interface='eth9', internal_cidr=(ipaddress.ip_network(sys.argv[1]),))):",
             "    c = AgentConfig(node_name='n', backend='kubernetes', **kw)",
-            "    resolve_private_interface(c)",
-            "    print(c.private_interface)",
+            "    print(resolve_private_interface(c).private_interface)",
         ])
         out = netns.run(ns, [sys.executable, "-c", code, "10.10.0.0/16", "10.99.0.1/16"]).stdout.split()
         # by CIDR; by a forced address whose NIC holds only the /32; a flag is never overridden

@@ -1,33 +1,39 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`--cni calico|cilium` through the in-process API server: the Kubernetes backend watches the CNI's
-IPAM objects (CRDs created through the API), a bad record is rejected alone, named, counted and
-logged, and a moved block reaches the snapshot through the watch."""
+"""`--cni calico|cilium` through a real kube-apiserver (tests/kubernetes.py): the Kubernetes backend
+watches the CNI's IPAM objects (CRDs with a v1 schema, created through the API), a bad record is
+rejected alone, named, counted and logged, and a moved block reaches the snapshot through the watch."""
 
 from __future__ import annotations
 
 import logging
 import time
 
+from lightkube.generic_resource import create_global_resource
+from lightkube.types import PatchType
 from prometheus_client import CollectorRegistry
 
 from meshctl.backends.kube.cni_ipam import BLOCK_AFFINITIES, CILIUM_NODES, IPAM_BLOCKS, CrdKind
 from meshctl.lab.namespaces import cni_calico, cni_cilium
-from meshctl.lab.rigs.kube_apiserver import ApiServer
 from meshctl.mesh.model import Topology
+from tests.kubernetes import Api
 
 from .helpers import Running, create_node, node_obj, wait_for
 from .test_backend import backend
 from .test_cni_ipam import nets
 
 
-def create(api: ApiServer, kind: CrdKind, obj: dict) -> None:
-    api.store.create(api.store.resource(kind.group, kind.version, kind.plural), "", obj)
+def resource(kind: CrdKind) -> type:
+    return create_global_resource(kind.group, kind.version, kind.kind, kind.plural)
 
 
-def crds(api: ApiServer, *kinds: CrdKind) -> None:
+def create(kclient, kind: CrdKind, obj: dict) -> None:
+    kclient.create(resource(kind).from_dict(obj))
+
+
+def crds(api: Api, *kinds: CrdKind) -> None:
+    api.apply(*(cni_calico.crd(k) for k in kinds))
     for k in kinds:
-        create(api, CrdKind("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions"),
-               cni_calico.crd(k))
+        api.kubectl("wait", "--for=condition=Established", f"crd/{k.name}")
 
 
 def pod_cidrs(st) -> dict[str, tuple]:
@@ -40,8 +46,8 @@ def test_calico_block_claimed_by_two_nodes_is_rejected_alone_and_a_moved_block_i
         create_node(kclient, node_obj(name, None, key=i))
     (a0, a1), (b0,), (c0,) = nets("10.42.0.0/26", "10.42.0.64/26"), nets("10.42.1.0/26"), nets("10.42.2.0/26")
     for node, block in (("a", a0), ("a", a1), ("b", b0), ("c", c0)):
-        create(api, BLOCK_AFFINITIES, cni_calico.affinity_object(node, block))
-        create(api, IPAM_BLOCKS, cni_calico.block_object("b" if block == a1 else node, block))  # a1: b's too
+        create(kclient, BLOCK_AFFINITIES, cni_calico.affinity_object(node, block))
+        create(kclient, IPAM_BLOCKS, cni_calico.block_object("b" if block == a1 else node, block))  # a1: b's too
     reg = CollectorRegistry()
     be = backend(api, "a", registry=reg, cni="calico")
     with caplog.at_level(logging.WARNING, logger="meshctl.kube"):
@@ -53,18 +59,19 @@ def test_calico_block_claimed_by_two_nodes_is_rejected_alone_and_a_moved_block_i
     assert "rejected calico block 10.42.0.64/26: claimed by nodes a, b" in caplog.text
     # c's only block moves to b (Calico's order: c's affinity goes, then b claims it), seen by the watch.
     with Running(be):
-        wait_for(lambda: be.snapshot().nodes, what="a first snapshot")
+        wait_for(lambda: be.snapshot().nodes and all(k.listed for k in be._kinds), what="every kind listed")
+        relists = be.stats["relists"]
         t0 = time.monotonic()
-        api.store.delete(api.store.resource(BLOCK_AFFINITIES.group, BLOCK_AFFINITIES.version,
-                                            BLOCK_AFFINITIES.plural), "", f"c-{cni_calico.block_name(c0)}")
-        create(api, BLOCK_AFFINITIES, cni_calico.affinity_object("b", c0))
-        blocks = api.store.resource(IPAM_BLOCKS.group, IPAM_BLOCKS.version, IPAM_BLOCKS.plural)
-        api.store.patch(blocks, "", cni_calico.block_name(c0), "application/merge-patch+json",
-                        {"spec": {"affinity": "host:b"}})
+        kclient.delete(resource(BLOCK_AFFINITIES), f"c-{cni_calico.block_name(c0)}")
+        create(kclient, BLOCK_AFFINITIES, cni_calico.affinity_object("b", c0))
+        kclient.patch(resource(IPAM_BLOCKS), cni_calico.block_name(c0), {"spec": {"affinity": "host:b"}},
+                      patch_type=PatchType.MERGE)
+        # well inside the 30 s resync, and without a relist: the watch brought it
         wait_for(lambda: be.pod_cidrs is not None and be.snapshot() and be.pod_cidrs.by_node.get("b") == (b0, c0),
-                 timeout=1.0, what="b holding c's block within 1 s")
+                 timeout=10.0, what="b holding c's block")
         took = time.monotonic() - t0
         assert pod_cidrs(be.snapshot())["b"] == (b0, c0)  # both of b's blocks are its record's
+        assert be.stats["relists"] == relists
     assert "c" not in be.pod_cidrs.by_node
     print(f"a moved block reached the snapshot {took:.3f} s after its objects changed")
 
@@ -74,11 +81,10 @@ def test_ciliumnode_overlapping_another_is_rejected_alone(api, kclient):
     for i, name in enumerate(("a", "b", "c"), 1):
         create_node(kclient, node_obj(name, "10.99.0.0/24", key=i))  # spec.podCIDR is not Cilium's here
     topo_like = {"a": "10.0.0.0/24", "b": "10.0.0.128/25", "c": "10.0.2.0/24"}
-    for name, cidr in topo_like.items():
+    for name, cidr in topo_like.items():  # the server's creationTimestamp orders them (seconds: the name breaks a tie)
         obj = {"apiVersion": "cilium.io/v2", "kind": "CiliumNode", "metadata": {"name": name},
                "spec": {"ipam": {"podCIDRs": [cidr]}}}
-        create(api, CILIUM_NODES, obj)
-        time.sleep(0.01)  # creationTimestamp orders them (seconds: the name breaks a tie)
+        create(kclient, CILIUM_NODES, obj)
     reg = CollectorRegistry()
     st = backend(api, "a", registry=reg, cni="cilium").snapshot()
     assert {n: [str(c) for c in cs] for n, cs in pod_cidrs(st).items()} == {"a": ["10.0.0.0/24"],
@@ -86,7 +92,7 @@ def test_ciliumnode_overlapping_another_is_rejected_alone(api, kclient):
     assert [r.name for r in st.rejections] == ["b"]
     assert "ciliumnode b: spec.ipam.podCIDRs '10.0.0.128/25' overlaps node a's pod CIDR" in st.rejections[0].reason
     assert reg.get_sample_value("meshctl_kube_rejected_records") == 1
-    assert st.extra["pending"] == ["b"]
+    assert st.pending == {"b": "its CNI's IPAM has given it no pod CIDR yet"}
 
 
 def test_lab_seed_objects_are_what_the_readers_read() -> None:

@@ -118,5 +118,6 @@ def test_state_takes_pod_cidrs_from_the_ipam_and_counts_its_rejections() -> None
                                [blk("10.42.2.0/26", "host:a")])
     st = state_from_objects(objs, [], Cluster(), MeshSettings(), now=0, max_age=1e12, pod_cidrs=cidrs)
     assert {n.name: [str(c) for c in n.pod_cidrs] for n in st.nodes} == {"a": ["10.42.0.0/26"]}
-    assert st.extra["pending"] == ["b", "c"]  # b's spec.podCIDR is not Calico's; c's one block is disputed
+    # b's spec.podCIDR is not Calico's; c's one block is disputed
+    assert st.pending == {n: "its CNI's IPAM has given it no pod CIDR yet" for n in ("b", "c")}
     assert [r.name for r in st.rejections] == ["block 10.42.2.0/26"]

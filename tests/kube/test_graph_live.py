@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`meshctl graph --live --backend kubernetes` through a real (in-process) API server: the nodes'
+"""`meshctl graph --live --backend kubernetes` through a real kube-apiserver (tests/kubernetes.py): the nodes'
 published summaries (agent.seen's ConfigMaps) put each pair on the rung its ends see, a fallen-back
 pair dashed and one without a path red; a pair no end reports keeps its plan's rung."""
 
@@ -12,24 +12,24 @@ from lightkube import Client
 
 from meshctl.backends.kube.backend import backend_from_options
 from meshctl.cli import main
-from meshctl.lab.rigs.kube_apiserver import ApiServer
 from meshctl.mesh.graph import NO_PATH_ATTRS
 from meshctl.mesh.observed import NodeSeen, PeerSeen
+from tests.kubernetes import Api
 
 from .test_cli_live import fill
 
 
-def publish(api: ApiServer, node: str, **peers: PeerSeen) -> None:
-    be = backend_from_options(None, api.url, node)
+def publish(api: Api, node: str, **peers: PeerSeen) -> None:
+    be = backend_from_options(api.kubeconfig, node)
     try:
         be.publish_seen(NodeSeen(node, "default", time.time(), peers))
     finally:
         be.close()
 
 
-def test_graph_live_draws_what_the_nodes_publish(api: ApiServer, kclient: Client) -> None:
+def test_graph_live_draws_what_the_nodes_publish(api: Api, kclient: Client) -> None:
     fill(kclient)
-    base = ["graph", "--backend", "kubernetes", "--api-server", api.url, "--level", "node"]
+    base = ["graph", "--kubeconfig", api.kubeconfig, "--level", "node"]
     planned = CliRunner().invoke(main, [*base, "-o", "text"])
     assert planned.exit_code == 0, planned.output
     assert "n1 -- n2: 1 direct" in planned.stdout and "n1 -- n3: 1 wireguard" in planned.stdout

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`--kvstore`: a Kubernetes cluster's nodes mirrored into a real etcd (mutual TLS), in the layout
-of the etcd backend, and read back by another cluster's watcher (clustermesh_watch.RemoteClusters)
-exactly as it reads an etcd-backed cluster. One agent writes; when it stops another takes over."""
+"""`--kvstore`: a Kubernetes cluster's nodes (read from a real kube-apiserver) mirrored into a real
+etcd (mutual TLS), in the layout of the etcd backend, and read back by another cluster's watcher
+(clustermesh_watch.RemoteClusters) exactly as it reads an etcd-backed cluster. One agent writes;
+when it stops another takes over."""
 
 from __future__ import annotations
 
@@ -142,7 +143,7 @@ def test_one_writer_mirrors_the_cluster_and_a_remote_cluster_reads_it(api, kclie
                                       ann={A.PREFIX + "location": loc}))
     backends = {}
     for name in ("a1", "b1"):
-        be = backend_from_options(None, api.url, name)
+        be = backend_from_options(api.kubeconfig, name)
         be.mirror = KvstoreMirror(etcd.client(), name, lease_ttl=2, full_sync_seconds=30)
         backends[name] = be
     run_a1, run_b1 = Running(backends["a1"]), Running(backends["b1"])

@@ -64,7 +64,7 @@ def test_kubeconfig_picks_the_cluster_and_kubectl_reaches_it(two_cluster_lab, tm
     assert old.stderr == "meshctl: --cluster is deprecated; use --cluster-name\n"
     servers[1].request("POST", "/api/v1/nodes",
                        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "only-in-c1"}})
-    k = Kubectl("", tmp_path, config=path)
+    k = Kubectl(path, tmp_path)
     assert "only-in-c1" in k("get", "nodes")
 
 

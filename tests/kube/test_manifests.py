@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """What a user installs: manifests/ against the Kubernetes JSON schemas (offline, with the schemas
-kubernetes-validate bundles), the Peer CRD's schema against the backend's own checks, the
-Dockerfile against the DaemonSet, and the Vagrantfile through `vagrant validate`."""
+kubernetes-validate bundles), the Peer CRD's schema as a real kube-apiserver applies it against the
+backend's own checks, the Dockerfile against the DaemonSet, and the Vagrantfile through `vagrant
+validate`. (tests/kube/test_kubectl.py applies manifests/ to a real control plane.)"""
 
 from __future__ import annotations
 
@@ -82,12 +83,14 @@ def test_daemonset_runs_privileged_everywhere_with_a_separate_wireguard_go():
     assert {m["mountPath"]: m["name"] for m in wg["volumeMounts"]}["/var/run/wireguard"] == mounts["/var/run/wireguard"]
     assert "--backend=kubernetes" in agent["args"] and "--wg-run-dir=/var/run/wireguard" in agent["args"]
     port = next(p["containerPort"] for p in agent["ports"] if p["name"] == "metrics")
-    assert agent["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port}
-    assert agent["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
+    assert agent["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port, "scheme": "HTTPS"}
+    assert agent["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port, "scheme": "HTTPS"}
     # An API server older than 1.29 drops restartPolicy and then refuses the startupProbe of a plain
     # init container: the DaemonSet is refused there instead of hanging in Init (docs/kubernetes.md).
     assert wg["restartPolicy"] == "Always" and "startupProbe" in wg
-    assert f"--metrics-addr=0.0.0.0:{port}" in agent["args"]
+    # only the TLS port is open off the host; the full API keeps --metrics-addr's loopback default
+    assert f"--secure-metrics-addr=0.0.0.0:{port}" in agent["args"]
+    assert not [a for a in agent["args"] if a.startswith("--metrics-addr")]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes[mounts["/sys/fs/bpf"]]["hostPath"]["path"] == "/sys/fs/bpf"
     assert volumes[mounts["/etc/cni/net.d"]]["hostPath"]["path"] == "/etc/cni/net.d"  # --cni install writes there
@@ -164,16 +167,26 @@ PEERS = [
 
 
 @pytest.mark.parametrize("spec,good", PEERS)
-def test_peer_crd_schema_and_backend_agree(spec, good):
+def test_peer_crd_schema_and_backend_agree(api, spec, good):
+    """The CRD's schema as kube-apiserver applies it (a server-side dry run: nothing stored), the same
+    schema read offline as JSON Schema, and the backend's own parser say the same of each Peer."""
+    from meshctl.errors import MeshError
+
     schema = by_kind("CustomResourceDefinition")["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     obj = {"apiVersion": "meshctl.io/v1alpha1", "kind": "Peer", "metadata": {"name": "p"}, "spec": spec}
+    try:
+        api.cp.request("POST", "/apis/meshctl.io/v1alpha1/peers?dryRun=All&fieldValidation=Strict", obj)
+        server_ok = True
+    except MeshError as e:
+        assert ": 422 " in str(e), e  # refused as Invalid, not for another reason
+        server_ok = False
     schema_ok = jsonschema.Draft7Validator(schema).is_valid(obj)
     try:
         parse_peer_object(obj)
         parser_ok = True
     except InputError:
         parser_ok = False
-    assert (schema_ok, parser_ok) == (good, good)
+    assert (server_ok, schema_ok, parser_ok) == (good, good, good)
 
 
 def test_dockerfile_matches_the_daemonset():

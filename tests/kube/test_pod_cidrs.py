@@ -63,12 +63,34 @@ def test_bad_pod_cidrs_reject_the_node_alone(spec: dict[str, Any], line: str) ->
     assert [n.name for n in st.nodes] == ["a1", "a3"]
 
 
+@pytest.mark.parametrize("spec, message", [
+    pytest.param({"podCIDRs": [V4, "10.42.3.0/24"]}, "may specify no more than one CIDR for each IP family",
+                 id="two CIDRs of one family"),
+    pytest.param({"podCIDRs": [V4, "fd00:42:2::/129"]}, "must be a valid CIDR value", id="a /129"),
+    pytest.param({"podCIDR": "10.42.2.0/33"}, "must be a valid CIDR value", id="a bad spec.podCIDR"),
+])
+def test_the_api_server_refuses_what_it_can_tell_is_not_a_cidr(api, kclient, spec: dict[str, Any],
+                                                               message: str) -> None:
+    """A real cluster never hands an agent these (the backend's own checks above are for the rest)."""
+    from lightkube import ApiError
+
+    obj = node_obj("a2", None, key=2)
+    obj["spec"] = spec
+    with pytest.raises(ApiError) as e:
+        create_node(kclient, obj)
+    assert e.value.status.code == 422 and message in (e.value.status.message or ""), e.value.status.message
+
+
 def test_bad_pod_cidrs_are_counted_by_the_backend(api, kclient) -> None:
+    """What the API server accepts and meshctl does not: Go's lenient parser reads `010.42.3.0/24`
+    as 10.42.3.0/24, Python's refuses the leading zero (octal or decimal?); the node is rejected
+    alone, named and counted, and a dual-stack node beside it plans both families."""
     create_node(kclient, node_obj("a1", "10.42.1.0/24", key=1))
-    create_node(kclient, dual("a2", [V4, "10.42.3.0/24"], key=2))
+    create_node(kclient, dual("a2", ["010.42.3.0/24"], key=2))
     create_node(kclient, dual("a3", ["10.42.4.0/24", "fd00:42:4::/64"], key=3))
     reg = CollectorRegistry()
     st = backend(api, registry=reg).snapshot()
     assert [n.name for n in st.nodes] == ["a1", "a3"]
-    assert [r.name for r in st.rejections] == ["a2"]
+    assert [(r.name, r.reason) for r in st.rejections] == [
+        ("a2", "node a2: spec.podCIDRs[0]: '010.42.3.0/24' is not a CIDR")]
     assert reg.get_sample_value("meshctl_kube_rejected_records") == 1

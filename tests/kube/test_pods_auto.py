@@ -31,7 +31,7 @@ LAB = {
 }
 
 
-lab = lab_fixture(LAB)
+lab = lab_fixture(LAB, prefix="kt")
 
 
 def node(st: LabState, name: str) -> NodeState:

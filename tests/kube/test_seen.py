@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Node summaries (agent.seen) through a real (in-process) API server: each node's in a ConfigMap
+"""Node summaries (agent.seen) through a real kube-apiserver (tests/kubernetes.py): each node's in a ConfigMap
 of its own, labelled, outside the one ConfigMap agents watch; rewritten in place; read back by
 `Source.seen()` as `graph --live --backend kubernetes` reads them; a summary naming another node
 than its ConfigMap, or not JSON, is a warning and the rest stand."""
@@ -18,18 +18,18 @@ from lightkube.resources.core_v1 import ConfigMap
 from meshctl.backends.kube.backend import SEEN_LABEL, backend_from_options, seen_configmap
 from meshctl.cli.plan import Source
 from meshctl.errors import InputError
-from meshctl.lab.rigs.kube_apiserver import ApiServer
 from meshctl.mesh.observed import NodeSeen, PeerSeen
+from tests.kubernetes import Api
 
 
-def source(api: ApiServer) -> Source:
-    return Source(None, "kubernetes", None, api.url, None, "", None, None, None, "default")
+def source(api: Api) -> Source:
+    return Source(None, None, api.kubeconfig, None, "", None, None, None, "default")
 
 
 def test_summaries_live_in_a_configmap_per_node_and_a_forged_one_is_refused(
-        api: ApiServer, kclient: Client, capsys: pytest.CaptureFixture[str]) -> None:
+        api: Api, kclient: Client, capsys: pytest.CaptureFixture[str]) -> None:
     now = time.time()
-    b1 = backend_from_options(None, api.url, "n1")
+    b1 = backend_from_options(api.kubeconfig, "n1")
     try:
         b1.publish_seen(NodeSeen("n1", "default", now, {"n2": PeerSeen("direct", "direct", 0.4, 0.0)}))
         b1.publish_seen(NodeSeen("n1", "default", now + 5, {"n2": PeerSeen("tunnel", "direct", 1.2, 0.0)}))

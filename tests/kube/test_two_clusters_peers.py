@@ -34,7 +34,7 @@ LAB = {
 }
 
 
-lab = lab_fixture(LAB)
+lab = lab_fixture(LAB, prefix="kt")
 
 
 def as_peer(kube: KubeAccess, node: str, service_cidr: str) -> dict:

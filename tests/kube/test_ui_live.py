@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """`meshctl ui --backend kubernetes`: the page's map is live from the summaries the agents write
-into the API (one ConfigMap a node), read through a real (in-process) API server: a pair is on the
+into the API (one ConfigMap a node), read through a real kube-apiserver (tests/kubernetes.py): a pair is on the
 rung its node reports, and the page turns it red by itself once the node reports no path."""
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ from typing import Any
 from lightkube import Client
 
 from meshctl.backends.kube.backend import backend_from_options
-from meshctl.lab.rigs.kube_apiserver import ApiServer
 from meshctl.mesh.observed import NodeSeen, PeerSeen
 from meshctl.ui.view import NO_PATH_COLOUR, RUNG_COLOURS
+from tests.kubernetes import Api
 from tests.ui.helpers import browser, served
 from tests.waiting import wait_for
 
 from .test_cli_live import fill
 
 
-def publish(api: ApiServer, node: str, peers: dict[str, PeerSeen]) -> None:
-    b = backend_from_options(None, api.url, node)
+def publish(api: Api, node: str, peers: dict[str, PeerSeen]) -> None:
+    b = backend_from_options(api.kubeconfig, node)
     try:
         b.publish_seen(NodeSeen(node, "default", time.time(), peers))
     finally:
@@ -33,9 +33,9 @@ def pair(doc: dict[str, Any], a: str, b: str) -> dict[str, Any]:
     return next(p for p in doc["model"]["pairs"] if {p["a"], p["b"]} == {a, b})
 
 
-def test_the_map_is_live_from_the_kubernetes_backend(api: ApiServer, kclient: Client) -> None:
+def test_the_map_is_live_from_the_kubernetes_backend(api: Api, kclient: Client) -> None:
     fill(kclient)
-    with served("--backend", "kubernetes", "--api-server", api.url) as ui:
+    with served("--kubeconfig", api.kubeconfig) as ui:
         meta = ui.json("/api/meta")
         assert (meta["backend"], meta["live"], meta["explain"]) == ("kubernetes", True, None)
         doc = ui.json("/api/graph")

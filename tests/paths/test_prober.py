@@ -70,9 +70,9 @@ def test_each_fabric_passes_what_it_should(make_lab) -> None:
             assert back == r, (d, back)  # both ends agree
         ps = probers["u1"].path_state()["u2"]
         assert ps == frozenset({"direct+vxlan", "wireguard-private"})  # ipip dropped by vpc-udp
-        kinds = probers["v1"].status()["pairs"]["v2"]["probes"]
-        assert kinds["direct"]["up"] is False  # the source/destination check caught pod addresses
-        assert kinds["udp"]["up"] and kinds["udp"]["rtt_ms"] is not None
+        kinds = probers["v1"].status().pairs["v2"].probes
+        assert kinds["direct"].up is False  # the source/destination check caught pod addresses
+        assert kinds["udp"].up and kinds["udp"].rtt_ms is not None
     finally:
         for p in probers.values():
             p.stop()
@@ -149,14 +149,14 @@ def _probe_v6_bed(tb, pods: int, want: dict[str, bool], rung: str) -> None:
     probers = _v6_probers(tb, pods, RUNGS)
     try:
         def kinds(node: str, peer: str) -> dict:
-            return probers[node].status()["pairs"][peer]["probes"]
+            return probers[node].status().pairs[peer].probes
 
         def settled() -> bool:
-            return all(kinds(n, o)[k]["up"] is up for n, o in (("a", "b"), ("b", "a")) for k, up in want.items())
+            return all(kinds(n, o)[k].up is up for n, o in (("a", "b"), ("b", "a")) for k, up in want.items())
 
         assert wait_for(settled, 10), (tb.fabric, kinds("a", "b"), kinds("b", "a"))
         for k, up in want.items():
-            assert (kinds("a", "b")[k]["answered"] > 0) is up, (tb.fabric, k, kinds("a", "b")[k])
+            assert ((kinds("a", "b")[k].answered or 0) > 0) is up, (tb.fabric, k, kinds("a", "b")[k])
         # Each end moves to `rung` on its own verdicts: both within the same bound, not at one instant.
         for n, o in (("a", "b"), ("b", "a")):
             chooser = probers[n].chooser

@@ -389,7 +389,7 @@ def test_a_host_address_is_warned_about_in_its_own_family_only() -> None:
 def test_status_rows_carry_both_families_through_json() -> None:
     """`meshctl status` and `node list` from an agent read the rows back from its JSON: the
     dual-stack keys survive, and a single-family row has none of them (its JSON is unchanged)."""
-    from meshctl.agent.status import NodeRow
+    from meshctl.mesh.render import NodeRow
 
     doc = mesh_doc(*V6_SHARED, node("c", 2, ep6=False), subnet6=True)
     topo = parse_topology(copy.deepcopy(doc))

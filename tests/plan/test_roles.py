@@ -14,6 +14,7 @@ from meshctl.mesh.model import Endpoint, PathState
 from meshctl.mesh.plan import (
     Encap,
     PeerPlan,
+    PlanCache,
     Route,
     Share,
     _extra_peers,
@@ -171,12 +172,14 @@ def test_merge(shares: list[Share], claimed: dict[Any, Any], paths: dict[str, st
     assert {p.name: p.endpoint for p in got_peers} == endpoints
 
 
-def test_remote_segment_share_is_memoised() -> None:
+def test_remote_segment_share_is_kept_in_the_plan_cache() -> None:
     st = seat("a")
     r = topo(KILO_CLASSIC).node("c")
     assert r is not None and r.internal_ip is not None
     args = (st.me, (ipaddress.ip_interface("10.5.0.1/16"),), r, (r,), True, (), 0)
-    first = _remote_segment(*args)
-    assert _remote_segment(*args) is first
+    cache = PlanCache()
+    first = _remote_segment(args, cache)
+    assert _remote_segment(args, cache) is first
+    assert _remote_segment(args, PlanCache()) is not first and _remote_segment(args, PlanCache()) == first
     [(peer, inside)] = first.peers
     assert peer.endpoint == str(Endpoint("198.51.100.3", 51820)) and inside is None

@@ -1,5 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The agent's settings: one dataclass, filled from command-line flags (cli.agent) or by the lab.
+"""The agent's settings: one frozen dataclass, filled from command-line flags (cli.agent) or by
+the lab, and never changed while the agent runs. What the backend learns at run time about this
+node (its pod CIDRs and annotations under `--backend kubernetes`) is not written into it: it is a
+`NodeSettings` value that an `OwnSettings` source hands the pass (the flags' own for etcd and file
+backends: `FlagSettings`).
 
 Parsing goes through meshctl.mesh.fields so a bad flag reads like a bad record:
 `--pod-cidr: '10.42.1.0/33' is not a CIDR`.
@@ -7,10 +11,12 @@ Parsing goes through meshctl.mesh.fields so a bad flag reads like a bad record:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, Protocol, TypeVar
 
 from meshctl import defaults
+from meshctl.backends.base import Backend
 from meshctl.backends.kube.cni_ipam import CNI_KINDS
 from meshctl.errors import InputError
 from meshctl.mesh import fields
@@ -25,7 +31,7 @@ KUBE_ONLY_CNI = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class AgentConfig:
     node_name: str
     pod_cidrs: tuple[IPNetwork, ...] = ()  # with --backend kubernetes: the Node's spec.podCIDRs
@@ -80,7 +86,6 @@ class AgentConfig:
     kvstore_key: str | None = None
     kvstore_user: str | None = None
     kvstore_password_file: str | None = None
-    extra: dict[str, str] = field(default_factory=dict)
 
     def check(self) -> AgentConfig:
         """Cross-field checks the flag parsers cannot do one by one."""
@@ -130,6 +135,59 @@ class AgentConfig:
                 raise InputError("--secure-metrics-addr", self.secure_metrics_addr,
                                  "needs --backend kubernetes (the API server says who may read /metrics)")
         return self
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """What this node's own record says of it beyond discovery: its pod CIDRs, location, forced
+    endpoint and internal addresses, leader preference, keepalive and location IPs. The flags give
+    them (`of`); under `--backend kubernetes` the Node's spec and annotations fill what the flags
+    left unset, and may change while the agent runs (agent.kube_backend.OwnNodeSettings)."""
+
+    pod_cidrs: tuple[IPNetwork, ...] = ()
+    location: str = ""
+    endpoint: str | None = None
+    force_internal_ip: tuple[IPInterface, ...] = ()
+    leader: bool = False
+    persistent_keepalive: int = 0
+    allowed_location_ips: tuple[IPNetwork, ...] = ()
+
+    @classmethod
+    def of(cls, cfg: AgentConfig) -> NodeSettings:
+        """The flags' settings."""
+        return cls(cfg.pod_cidrs, cfg.location, cfg.endpoint, cfg.force_internal_ip, cfg.leader,
+                   cfg.persistent_keepalive, cfg.allowed_location_ips)
+
+
+class OwnSettings(Protocol):
+    """Where a pass reads this node's settings: the flags, or the flags with what the backend
+    learned of the node since (called on the loop's thread, after the backend's snapshot)."""
+
+    def current(self) -> NodeSettings: ...
+
+
+class FlagSettings:
+    """The flags' settings, the same on every pass (etcd and file backends)."""
+
+    def __init__(self, cfg: AgentConfig) -> None:
+        self._settings = NodeSettings.of(cfg)
+
+    def current(self) -> NodeSettings:
+        return self._settings
+
+
+B = TypeVar("B", bound=Backend)
+
+
+@dataclass(frozen=True)
+class Wiring(Generic[B]):
+    """A backend as `meshctl agent` builds it (agent.run.build_backend), with the config the agent
+    runs with (the flags, with what the backend settled at start: the cluster's identity from its
+    ConfigMap) and where each pass reads this node's settings."""
+
+    backend: B
+    cfg: AgentConfig
+    own: OwnSettings
 
 
 def fastpath_off(cfg: AgentConfig) -> str | None:

@@ -19,18 +19,16 @@ from typing import Any
 from meshctl.agent.status import (
     JSON,
     AgentStatus,
-    FastPathRow,
     NodeRow,
-    PairProbe,
     PeerRow,
     ProbeResult,
-    RungMove,
 )
-from meshctl.mesh.chooser import KIND_RUNGS
-from meshctl.mesh.model import PRIVATE_RUNGS
+from meshctl.mesh.chooser import KIND_RUNGS, PairProbe, RungMove
+from meshctl.mesh.model import PRIVATE_RUNGS, WIREGUARD_PRIVATE
+from meshctl.mesh.render import FastPathRow
 
 MAX_HOPS = 4  # the longest chain: member -> leader -> relay -> leader -> member stops here
-WIREGUARD_PATHS = ("wireguard-private", "tunnel", "relay")
+WIREGUARD_PATHS = (WIREGUARD_PRIVATE, "tunnel", "relay")
 # The fast-path counter each action's packets move (datapath/layout.py COUNTERS).
 COUNTER_OF: dict[str, str] = {"direct": "direct", "direct+ipip": "encap", "direct+vxlan": "encap",
                               "tunnel": "tunnel", "local": "local"}
@@ -293,7 +291,7 @@ def _hop(st: AgentStatus, dst_abs: str) -> tuple[Hop, str]:
         why = f"relayed through {r.relay}: {r.relay_reason or 'no direct WireGuard'}"
         return Hop(st.node, relative(nxt, own), wg_dev, "relay", why, wireguard=peer, mtu=_mtu(st, "tunnel"),
                    fastpath=fp), nxt
-    hop = Hop(st.node, relative(nxt, own), private if r.path in PRIVATE_RUNGS and r.path != "wireguard-private"
+    hop = Hop(st.node, relative(nxt, own), private if r.path in PRIVATE_RUNGS and r.path != WIREGUARD_PRIVATE
               else wg_dev, r.path, _why(st, _row(st, st.node), r, pair), _kind_probes(pair),
               pair.history if pair else (), peer, _mtu(st, r.path), fp)
     return hop, nxt

@@ -15,6 +15,7 @@ remote change well within a second) and never lets one bad record stop the other
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -25,6 +26,7 @@ from typing import Any, Protocol
 from meshctl.backends.base import ClusterState
 from meshctl.backends.etcd import parse_record, service_key, services_prefix, split_service_key
 from meshctl.backends.kube.services import KubeServiceApi, LeaseElector
+from meshctl.backends.remote_status import GlobalServiceStatus, Rejected, RemotesStatus
 from meshctl.errors import InputError
 from meshctl.etcd import EtcdClient, KeyValue
 from meshctl.mesh.admit import Rejection
@@ -63,7 +65,7 @@ class MirroredRemotes(Protocol):
 
     def admit(self, local: Topology) -> tuple[list[Remote], list[Rejection]]: ...
 
-    def status(self) -> dict[str, Any]: ...
+    def report(self) -> RemotesStatus: ...
 
     def mirrors(self) -> Mapping[str, RecordMirror]: ...
 
@@ -108,7 +110,7 @@ class GlobalServices:
         self._admitted: dict[str, Remote] | None = None  # None until the first pass admitted
         self._published: dict[str, str] | None = None  # what our etcd holds, as last written or read
         self._full_due = 0.0
-        self._status: dict[str, Any] = {"services": [], "service_rejections": [], "services_leader": None}
+        self._services: tuple[tuple[GlobalServiceStatus, ...], tuple[Rejected, ...], str | None] = ((), (), None)
         self._logged: set[str] = set()
         self.stats = {"record_puts": 0, "record_deletes": 0, "slice_writes": 0, "errors": 0}
         self.last_write: float | None = None
@@ -203,17 +205,24 @@ class GlobalServices:
         rows = []
         for ref, st in sorted(local.settings.items()):
             pub = local.published.get(ref)
-            rows.append({"namespace": ref[0], "name": ref[1], "shared": st.shared, "affinity": st.affinity,
-                         "exported": st.exported, "local_endpoints": len(pub.endpoints) if pub else 0,
-                         "remote_endpoints": by_ref.get(ref, {})})
+            rows.append(GlobalServiceStatus(ref[0], ref[1], st.shared, st.affinity, st.exported,
+                                            len(pub.endpoints) if pub else 0, by_ref.get(ref, {})))
         with self._lock:
-            self._status = {"services": rows,
-                            "service_rejections": [{"name": r.name, "reason": r.reason} for r in rejected][:50],
-                            "services_leader": self.elector.holder}
+            self._services = (tuple(rows), tuple(Rejected(r.name, r.reason) for r in rejected)[:50],
+                              self.elector.holder)
+
+    def report(self, remotes: RemotesStatus) -> RemotesStatus:
+        """`remotes` with this step's global Services, their rejected records and who publishes."""
+        with self._lock:
+            services, rejections, leader = self._services
+        return dataclasses.replace(remotes, services=services, service_rejections=rejections, services_leader=leader)
 
     def status(self) -> dict[str, Any]:
-        with self._lock:
-            return dict(self._status)
+        """The step's part of the ClusterMesh block, as JSON."""
+        st = self.report(RemotesStatus())
+        return {"services": [s.to_json() for s in st.services],
+                "service_rejections": [r.to_json() for r in st.service_rejections],
+                "services_leader": st.services_leader}
 
     def _log(self, level: int, msg: str) -> None:
         if msg not in self._logged:
@@ -251,5 +260,5 @@ class MeshWithServices:
         self.services.set_admitted(remotes)
         return remotes, rejections
 
-    def status(self) -> dict[str, Any]:
-        return {**self.remotes.status(), **self.services.status()}
+    def report(self) -> RemotesStatus:
+        return self.services.report(self.remotes.report())

@@ -4,10 +4,11 @@ settings from its Node object, kept current while the agent runs (`OwnNodeSettin
 
 With `--backend kubernetes` the node's location, forced endpoint or internal address, leader
 preference, keepalive and location IPs are annotations people set (`kubectl annotate`), and the pod
-CIDR is the Node's `spec.podCIDRs` (or `spec.podCIDR`). `OwnNodeSettings` copies them into the AgentConfig for every
-field the flags left unset, at start and again whenever the Node changes (the backend calls it from
-`snapshot`, on the reconcile thread, right before the agent builds its own record), so an
-annotation changed at run time reaches the plan without a restart. Flags always win.
+CIDR is the Node's `spec.podCIDRs` (or `spec.podCIDR`). `OwnNodeSettings` holds them as the node's
+`NodeSettings` for every field the flags left unset, at start and again whenever the Node changes
+(the backend calls it from `snapshot`, on the reconcile thread, right before the agent builds its
+own record from `current()`), so an annotation changed at run time reaches the plan without a
+restart. Flags always win. The AgentConfig itself is never changed.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from meshctl.agent.config import AgentConfig
+from meshctl.agent.config import AgentConfig, NodeSettings, Wiring
 from meshctl.agent.global_services import MeshWithServices, MirroredRemotes
 from meshctl.backends.kube import backend_from_options
 from meshctl.backends.kube.backend import DEFAULT_CONFIGMAP, DEFAULT_NAMESPACE, KubeBackend
@@ -31,22 +32,24 @@ from meshctl.mesh.model import Cluster, IPNetwork
 
 log = logging.getLogger("meshctl.kube")
 
-# AgentConfig fields a Node can supply (what nodes.settings_for_agent returns).
-FIELDS = ("pod_cidrs", "location", "endpoint", "force_internal_ip", "leader", "persistent_keepalive",
-          "allowed_location_ips")
+# NodeSettings fields a Node can supply (what nodes.settings_for_agent returns).
+FIELDS = tuple(f.name for f in dataclasses.fields(NodeSettings))
 
 
 class OwnNodeSettings:
-    """Applies a Node object to `cfg`'s FIELDS that were unset when this was made."""
+    """This node's settings (`current`): the flags', with a Node object's applied (`__call__`) to
+    the FIELDS the flags left unset."""
 
     def __init__(self, cfg: AgentConfig, location_label: str = REGION_LABEL, *, skip: tuple[str, ...] = ()) -> None:
-        self.cfg = cfg
         self.location_label = location_label
+        self.settings = NodeSettings.of(cfg)
         # `skip`: fields another source owns (the pod CIDR with --cni calico|cilium: OwnPodCidrs).
-        self.flagged = frozenset(k for k in FIELDS if getattr(cfg, k, None) or k in skip)
-        defaults = {f.name: f for f in dataclasses.fields(cfg)} if dataclasses.is_dataclass(cfg) else {}
-        self.defaults = {k: _default(defaults[k]) if k in defaults else None for k in FIELDS}
+        self.flagged = frozenset(k for k in FIELDS if getattr(self.settings, k) or k in skip)
+        self.defaults = {f.name: _default(f) for f in dataclasses.fields(NodeSettings)}
         self._bad: str | None = None
+
+    def current(self) -> NodeSettings:
+        return self.settings
 
     def __call__(self, obj: Mapping[str, Any], *, strict: bool = False) -> list[str]:
         """Apply; returns the fields that changed. A malformed annotation keeps the previous values
@@ -68,9 +71,9 @@ class OwnNodeSettings:
             new = got.get(k, self.defaults[k])
             if k == "pod_cidrs" and not new:
                 continue  # pod CIDRs never go away under a running agent
-            old = getattr(self.cfg, k)
+            old = getattr(self.settings, k)
             if old != new:
-                setattr(self.cfg, k, new)
+                self.settings = dataclasses.replace(self.settings, **{k: new})
                 changed.append(k)
                 if not strict:
                     log.info("own node: %s %r -> %r (from its annotations)", k, _show(old), _show(new))
@@ -112,23 +115,24 @@ def wait_for_pod_cidr(read: Any, name: str, timeout: float = 120.0, poll: float 
 
 class OwnPodCidrs:
     """`--cni calico|cilium`: this node's pod CIDRs as its CNI's IPAM gives them (the backend calls
-    it from `snapshot` whenever they change), into `cfg`. A node whose CNI takes its last block
-    keeps the previous CIDR: a pod CIDR never goes away under a running agent."""
+    it from `snapshot` whenever they change), into `own`'s settings. A node whose CNI takes its
+    last block keeps the previous CIDR: a pod CIDR never goes away under a running agent."""
 
-    def __init__(self, cfg: AgentConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, own: OwnNodeSettings, cni: str) -> None:
+        self.own = own
+        self.cni = cni
         self.cidrs: tuple[IPNetwork, ...] = ()
 
     def __call__(self, cidrs: tuple[IPNetwork, ...]) -> None:
         # The backend calls only when they changed.
         if not cidrs:
             log.warning("own node: its CNI's IPAM gives it no pod CIDR now; keeping %s",
-                        ",".join(str(c) for c in self.cfg.pod_cidrs))
+                        ",".join(str(c) for c in self.own.settings.pod_cidrs))
             return
-        log.info("own node: pod CIDRs %s (from %s's IPAM)", ",".join(str(c) for c in cidrs), self.cfg.cni)
+        log.info("own node: pod CIDRs %s (from %s's IPAM)", ",".join(str(c) for c in cidrs), self.cni)
         self.cidrs = cidrs
         # Every block is the node's: each one is routed and gets its fast-path entry.
-        self.cfg.pod_cidrs = cidrs
+        self.own.settings = dataclasses.replace(self.own.settings, pod_cidrs=cidrs)
 
 
 def wait_for_own_pod_cidrs(be: KubeBackend, own: OwnPodCidrs, name: str, timeout: float = 120.0,
@@ -146,8 +150,9 @@ def wait_for_own_pod_cidrs(be: KubeBackend, own: OwnPodCidrs, name: str, timeout
         time.sleep(poll)
 
 
-def make_backend(cfg: AgentConfig) -> KubeBackend:
-    """What `agent.run.build_backend` calls for `--backend kubernetes`, with an AgentConfig.
+def make_backend(cfg: AgentConfig) -> Wiring[KubeBackend]:
+    """What `agent.run.build_backend` calls for `--backend kubernetes`, with an AgentConfig: the
+    backend, the config with the cluster's identity it found, and the node's settings source.
 
     The API: `cfg.kubeconfig` (--kubeconfig), else the first file of $KUBECONFIG that exists, else
     ~/.kube/config, else in-cluster (the DaemonSet's service account). The node's pod CIDR
@@ -158,15 +163,14 @@ def make_backend(cfg: AgentConfig) -> KubeBackend:
     With `cfg.kvstore_endpoints` the cluster's nodes are mirrored into that etcd (backends.kube.kvstore).
     """
 
-    extra = dict(cfg.extra)
     flag_cluster = None
     if (cfg.cluster_name, cfg.cluster_id) != ("default", 1):
         flag_cluster = Cluster(cfg.cluster_name, cfg.cluster_id)
     be = backend_from_options(
-        cfg.kubeconfig or extra.get("kubeconfig"),  # else $KUBECONFIG, as kubectl reads it (kubeconfig_for)
-        cfg.node_name, cfg.location_label or extra.get("location_label", REGION_LABEL),
+        cfg.kubeconfig,  # else $KUBECONFIG, as kubectl reads it (kubeconfig_for)
+        cfg.node_name, cfg.location_label or REGION_LABEL,
         float(cfg.resync_interval), cluster=flag_cluster,
-        namespace=extra.get("namespace", DEFAULT_NAMESPACE), configmap=extra.get("configmap", DEFAULT_CONFIGMAP),
+        namespace=DEFAULT_NAMESPACE, configmap=DEFAULT_CONFIGMAP,
         cni=cfg.cni,
     )
     ipam = cfg.cni in CNI_KINDS
@@ -175,19 +179,19 @@ def make_backend(cfg: AgentConfig) -> KubeBackend:
     own(obj, strict=True)
     be.on_own_node = own
     if ipam:
-        own_cidrs = OwnPodCidrs(cfg)
+        own_cidrs = OwnPodCidrs(own, cfg.cni)
         be.on_own_pod_cidrs = own_cidrs
         wait_for_own_pod_cidrs(be, own_cidrs, cfg.node_name)
     if flag_cluster is None:
         st = be.snapshot()
         if st.ready:  # the cluster mesh watcher needs the local identity (backends.kube.backend reads the ConfigMap)
-            cfg.cluster_name, cfg.cluster_id = st.cluster.name, st.cluster.id
+            cfg = dataclasses.replace(cfg, cluster_name=st.cluster.name, cluster_id=st.cluster.id)
     if cfg.kvstore_endpoints:
         from meshctl.backends.kube.kvstore import KvstoreMirror
 
         be.mirror = KvstoreMirror(kvstore_client(cfg), cfg.node_name, lease_ttl=cfg.lease_ttl,
                                   full_sync_seconds=float(cfg.resync_interval))
-    return be
+    return Wiring(be, cfg, own)
 
 
 def kvstore_client(cfg: AgentConfig) -> EtcdClient:

@@ -14,19 +14,21 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from meshctl.agent.config import AgentConfig, fastpath_off
-from meshctl.agent.loop import PassDriver, ReconcileLoop, RemoteSource, pod_interfaces
+from meshctl.agent.config import AgentConfig, FlagSettings, OwnSettings, fastpath_off
+from meshctl.agent.loop import PassDriver, ReconcileLoop, RemoteSource, Wake, pod_interfaces
 from meshctl.agent.path_probing import PathProbing
 from meshctl.agent.reporting import ErrorCounts, LiveReader
 from meshctl.agent.secure_metrics import MetricsAuthority, SecureMetricsServer, self_signed
 from meshctl.agent.seen import SeenStore, publish_loop
 from meshctl.agent.server import StatusServer
+from meshctl.agent.snapshot import StatusBoard
 from meshctl.agent.status import AgentStatus, PassSummary, ProbeResult
 from meshctl.agent.step_runner import StepRunner
 from meshctl.agent.steps import (
     CniStep,
     DatapathStep,
     FlannelStep,
+    LoadedDatapath,
     NatStep,
     RoutesStep,
     SysctlsStep,
@@ -53,57 +55,58 @@ class _Running:
 
     passes: PassDriver
     loop: ReconcileLoop
-    live: LiveReader
+    board: StatusBoard
     server: StatusServer
-    datapath_step: DatapathStep
     secure: SecureMetricsServer | None = None
 
 
 class Agent:
-    """One node's agent. `backend` gives records; `remotes` (or `remotes_factory`, called with the
-    agent's wake function) gives other clusters; `on_pass` is called with each pass's summary."""
+    """One node's agent. `backend` gives records; `own` this node's settings (default: the flags');
+    `remotes` (or `remotes_factory`, called with the agent's wake function) gives other clusters;
+    `on_pass` is called with each pass's summary."""
 
     def __init__(self, cfg: AgentConfig, backend: Backend, *, remotes: RemoteSource | None = None,
                  remotes_factory: Callable[[Callable[[], None]], RemoteSource] | None = None,
-                 on_pass: Callable[[PassSummary], None] | None = None) -> None:
+                 on_pass: Callable[[PassSummary], None] | None = None, own: OwnSettings | None = None) -> None:
         self.cfg = cfg
         self.backend = backend
+        self.own = own or FlagSettings(cfg)
         self.remotes = remotes
         self._remotes_factory = remotes_factory
         self._on_pass = on_pass
         self.errors = ErrorCounts()
         self.stop_event = threading.Event()
-        self._wake = threading.Event()
+        self._wake = Wake()
         self.pod_watch: PodInterfaceWatcher | None = None
         self.paths: PathProbing | None = None
         self._running: _Running | None = None
         self._datapath: Datapath | None = None
+        self._datapath_slot = LoadedDatapath()  # the datapath step's: filled by the loader thread
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
         """Keys, the steps, the loop, the status server, the backend watch, the datapath loader."""
         private_key = keys.load_or_create_private_key(self.cfg.state_dir)
         secrets = self.backend if isinstance(self.backend, SecretSource) else None
-        wireguard, tunnels, datapath = WireGuardStep(self.cfg, private_key, secrets), TunnelsStep(self.cfg), \
-            DatapathStep(self.cfg)
-        # Tunnels before routes: a pair leaving an encapsulated rung frees its pod CIDR's tunnel route
-        # before the route step installs the direct one (the other way, a tunnel route replaces it).
-        # flannel before routes: the routes flannel rewrote or got back are read again in the same pass.
-        route_step = RoutesStep(self.cfg)
-        runner = StepRunner([wireguard, tunnels, FlannelStep(self.cfg, route_step), route_step, SysctlsStep(self.cfg),
-                             NatStep(self.cfg), datapath, CniStep(self.cfg)], self.cfg.resync_interval,
-                            pending=self._wake.is_set)
+        # The order is the runner's, from what each step provides and needs (step_runner.step_order).
+        runner = StepRunner([WireGuardStep(self.cfg, private_key, secrets), TunnelsStep(self.cfg),
+                             FlannelStep(self.cfg), RoutesStep(self.cfg), SysctlsStep(self.cfg), NatStep(self.cfg),
+                             DatapathStep(self.cfg, self._datapath_slot), CniStep(self.cfg)],
+                            self.cfg.resync_interval, pending=self._wake.is_set)
         if self.remotes is None and self._remotes_factory is not None:
             self.remotes = self._remotes_factory(self.wake)
         self.paths = PathProbing(self.cfg.private_interface, self.wake, ProbeTuning(hold=self.cfg.path_hold),
-                                 carriers=(tunnels, datapath))
+                                 carriers=runner.carriers())
+        peers = runner.live_peers()
+        live = LiveReader(self.cfg, self.backend, self.paths, peers, runner.report, lambda: self.pod_watch)
+        board = StatusBoard(self._wake.nudge)
         passes = PassDriver(self.cfg, self.backend, self.remotes, runner, self.paths, self._pod_interfaces,
-                            keys.public_key(private_key), self.errors, self._passed)
-        loop = ReconcileLoop(passes, wireguard, self._wake, self.stop_event, self.errors)
-        live = LiveReader(self.cfg, self.backend, self.paths, wireguard, runner.reports, lambda: self.pod_watch)
+                            keys.public_key(private_key), self.errors, self._passed, own=self.own, live=live,
+                            board=board)
+        loop = ReconcileLoop(passes, peers, self._wake, self.stop_event, self.errors)
         server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy, self.ready, self.probe)
         secure = self._secure_metrics(server)
-        self._running = _Running(passes, loop, live, server, datapath, secure)
+        self._running = _Running(passes, loop, board, server, secure)
         server.start()
         if secure is not None:
             secure.start()
@@ -132,10 +135,11 @@ class Agent:
                                    self.backend.metrics_auth(), self.healthy, self.ready)
 
     def _watch_pods(self) -> None:
-        if not self.cfg.pod_cidrs:
+        pod_cidrs = self.own.current().pod_cidrs
+        if not pod_cidrs:
             return
         try:
-            self.pod_watch = PodInterfaceWatcher(self.cfg.pod_cidrs, self.wake).start()
+            self.pod_watch = PodInterfaceWatcher(pod_cidrs, self.wake).start()
         except Exception as e:  # noqa: BLE001 - without it, --pod-interfaces still works
             log.error("pod interface watcher: %s", e)
             self.errors.count("pods")
@@ -152,12 +156,12 @@ class Agent:
             return tuple(pod_interfaces(self.cfg.pod_interfaces))
         if self.pod_watch is None:
             return ()
-        self.pod_watch.retarget(self.cfg.pod_cidrs)  # --cni calico|cilium: the IPAM's blocks change
+        self.pod_watch.retarget(self.own.current().pod_cidrs)  # --cni calico|cilium: the IPAM's blocks change
         return self.pod_watch.current
 
     def _open_datapath(self) -> None:
         """Load the fast path off the loop (a joining node must be reachable through kernel routes
-        before it is compiled and loaded), then hand it to the datapath step."""
+        before it is compiled and loaded) into the datapath step's slot."""
         try:
             off = fastpath_off(self.cfg)
             dp = Datapath.open(self.cfg.node_name, pin_root=self.cfg.bpf_pin_root, enabled=off is None,
@@ -168,8 +172,7 @@ class Agent:
             return
         log.info("datapath mode %s%s", dp.mode, f" ({dp.reason})" if dp.reason else "")
         self._datapath = dp
-        if self._running is not None:
-            self._running.datapath_step.use(dp)
+        self._datapath_slot.put(dp)
         if self.paths is not None:
             self.paths.refresh_rungs()  # a loaded fast path carries the encapsulated rungs itself
         self.wake()
@@ -216,7 +219,8 @@ class Agent:
 
     def ready(self) -> bool:
         """A plan has been applied since the agent started (readiness, /readyz)."""
-        return self._running is not None and self._running.passes.last_plan is not None
+        snap = self._running.board.latest() if self._running is not None else None
+        return snap is not None and snap.plan_applied
 
     def healthy(self) -> bool:
         """The loop is alive (it ticks at least every resync interval)."""
@@ -226,20 +230,20 @@ class Agent:
 
     def probe(self, peer: str) -> ProbeResult:
         """One probe now to `peer` on the rung the last pass chose for it (/probe)."""
-        summary = self._running.passes.recorder.head[2] if self._running is not None else None
+        snap = self._running.board.latest() if self._running is not None else None
+        summary = snap.status.summary if snap is not None else None
         rung = summary.paths.get(peer) if summary is not None else None
         if self.paths is None or summary is None or rung is None:
             return ProbeResult(peer, rung, None, False, None, 0.0, f"{peer} is not a node of this agent's plan")
         return self.paths.probe(peer, rung)
 
     def status(self, node_list: bool = True) -> AgentStatus:
-        """The last pass's summary with the live parts read now (the /status document, the metrics);
-        without `node_list`, the node list is left out (None): the summary publisher needs no
-        node rows, and building them anew for every new view at 50,000 nodes would compete with the
-        loop for the interpreter right when a change is applied."""
-        if self._running is None:
+        """The status snapshot the loop publishes (agent/snapshot.py), with counters read after this
+        call began unless the loop is busy for longer than snapshot.FRESH_WAIT_S (the /status
+        document, the metrics); without `node_list`, the node list is left out (None): the summary
+        publisher needs no node rows, and building them for every new view at 50,000 nodes would
+        compete with the loop for the interpreter right when a change is applied."""
+        snap = self._running.board.fresh() if self._running is not None else None
+        if snap is None:
             raise RuntimeError("the agent has not started")
-        passes, live = self._running.passes, self._running.live
-        ready, reason, summary = passes.recorder.head
-        return AgentStatus(self.cfg.node_name, ready, reason, summary,
-                           live.read(passes.last_plan, passes.last_view if node_list else None))
+        return snap.document(node_list)

@@ -1,24 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """The pure part of a pass (admission, the plan, the mesh CIDRs), kept while its inputs are the
-same objects: the backend hands out the same parsed Node for an unchanged record, so an identity
-check tells "nothing changed" where `==` would compare every field of every node."""
+same objects (the identity rule: mesh.memo), and the plan cache the agent owns (mesh.plan.PlanCache)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from meshctl.backends.base import ClusterState
 from meshctl.mesh import admit
 from meshctl.mesh.admit import Rejection
+from meshctl.mesh.memo import same_items
 from meshctl.mesh.model import IPNetwork, Node, PathState, Topology
-from meshctl.mesh.plan import NodePlan, mesh_cidrs, plan_node
+from meshctl.mesh.plan import NodePlan, PlanCache, mesh_cidrs, plan_node
 from meshctl.mesh.segments import Remote
-
-
-def same_items(a: Sequence[object], b: Sequence[object]) -> bool:
-    """The same objects in the same order."""
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 @dataclass(frozen=True)
@@ -36,9 +30,12 @@ class PureMemos:
     """Admission is redone only when a record, the mesh or our own record changed; the plan and
     the mesh CIDRs only for a new admitted topology, new admitted remote clusters or new probe
     verdicts. Remote admission hands out the same Remote object while a cluster's admission
-    stands (mesh.admit_memo), so "the same remotes" is an identity check too."""
+    stands (mesh.admit_memo), so "the same remotes" is an identity check too. `plans`: what this
+    node's plans keep between them (remote clusters' blocks and segments)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, flannel: bool = False) -> None:
+        self.flannel = flannel  # plan_node's flannel input (`--cni flannel`)
+        self.plans = PlanCache()
         self._admitted: _Admitted | None = None
         self._plan: tuple[Topology, list[Remote], PathState, NodePlan] | None = None
         self._cidrs: tuple[Topology, list[Remote], frozenset[IPNetwork]] | None = None
@@ -65,7 +62,7 @@ class PureMemos:
         memo = self._plan
         if memo is not None and memo[0] is topo and same_items(memo[1], remotes) and memo[2] == path_state:
             return memo[3], True
-        plan = plan_node(topo, me, remotes, path_state=path_state)
+        plan = plan_node(topo, me, remotes, path_state=path_state, flannel=self.flannel, cache=self.plans)
         self._plan = (topo, list(remotes), path_state, plan)
         return plan, False
 

@@ -19,19 +19,20 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from meshctl.agent.status import ProbeResult, ProbeStatus, RungMove
-from meshctl.mesh.chooser import RUNG_KIND, Change, ProbeTuning
+from meshctl.agent.status import ProbeResult
+from meshctl.agent.steps import EncapCarrier
+from meshctl.mesh.chooser import RUNG_KIND, Change, ProbeStatus, ProbeTuning, RungMove
 from meshctl.mesh.ladder import probe_ladders
-from meshctl.mesh.model import ENCAP_RUNGS, PRIVATE_RUNGS, PathState, Rung, Topology
+from meshctl.mesh.model import ENCAP_RUNGS, PRIVATE_RUNGS, WIREGUARD_PRIVATE, PathState, Rung, Topology
 from meshctl.node.prober import Prober, Target, probe_address
 
 log = logging.getLogger("meshctl.agent")
 
 HISTORY_MOVES = 3  # the last moves of each pair the status carries
 
-UNPROBED_RUNGS: frozenset[str] = frozenset({"direct", "wireguard-private"})
+UNPROBED_RUNGS: frozenset[str] = frozenset({"direct", WIREGUARD_PRIVATE})
 
 
 def keep_paths(state: PathState, ladders: Mapping[str, Sequence[Rung]], previous: Mapping[str, str]) -> PathState:
@@ -49,16 +50,6 @@ def keep_paths(state: PathState, ladders: Mapping[str, Sequence[Rung]], previous
 def unprobed_state(ladders: dict[str, tuple[Rung, ...]]) -> PathState:
     """The path-state where no probe runs: the rungs that need no encapsulation (none verified)."""
     return {name: frozenset(r for r in lad if r in UNPROBED_RUNGS) for name, lad in ladders.items()}
-
-
-class EncapCarrier(Protocol):
-    """Something that carries encapsulated entries on this node (the eBPF fast path, or the
-    tunnel devices of the kernel fallback)."""
-
-    def available(self, kind: str, underlay: int = 4) -> bool:
-        """Whether this node can send and receive `kind` ("vxlan", "ipip") over an underlay of IP
-        version `underlay` (the family of the private addresses)."""
-        ...
 
 
 class PathProbing:
@@ -79,7 +70,7 @@ class PathProbing:
 
     def local_rungs(self) -> frozenset[Rung]:
         """Direct and WireGuard always; an encapsulated rung when something here carries it."""
-        out: set[Rung] = {"direct", "wireguard-private"}
+        out: set[Rung] = {"direct", WIREGUARD_PRIVATE}
         for rung, kind in ENCAP_RUNGS.items():
             if any(c.available(kind, self._underlay) for c in self.carriers):
                 out.add(rung)
@@ -161,7 +152,7 @@ class PathProbing:
         prober runs."""
         if self.prober is None:
             return None
-        return with_history(ProbeStatus.from_json(self.prober.status()), self.prober.changes(),
+        return with_history(self.prober.status(), self.prober.changes(),
                             time.time() - time.monotonic())
 
     def probe(self, peer: str, rung: str | None) -> ProbeResult:
@@ -177,8 +168,8 @@ class PathProbing:
         if kind is None and rung == "tunnel":
             # The tunnel is not probed (WireGuard's handshake is its evidence): the pair's cheapest
             # private rung is, which says whether the private network delivers again.
-            pair = self.prober.status()["pairs"].get(peer) or {}
-            rung = next((r for r in pair.get("ladder", ()) if r in RUNG_KIND), None)
+            pair = self.prober.status().pairs.get(peer)
+            rung = next((r for r in (pair.ladder if pair is not None else ()) if r in RUNG_KIND), None)
             kind = RUNG_KIND.get(rung or "")
             rung = rung or "tunnel"
         if kind is None:

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Building the agent's status (agent/status.py): `PassRecorder` turns each pass into its
-`PassSummary`; `LiveReader` reads the live parts on request. Both keep the pieces that cost the
-most (a leader's peers as text, the node list, the warnings) while the plan or view they came
-from is the same object, so a `/status` or `/metrics` scrape does not compete with the loop."""
+"""Building the agent's status (agent/status.py), on the loop's thread: `PassRecorder` turns each
+pass into its `PassSummary`; `LiveReader` reads the live parts (counters, verdicts, the steps'
+reports) for each snapshot the loop publishes (agent/snapshot.py). Both keep the pieces that cost
+the most (a leader's peers as text, the node list, the warnings) while the plan or view they came
+from is the same object (the identity rule: mesh.memo)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ from typing import Protocol
 from meshctl.agent.config import AgentConfig, fastpath_off
 from meshctl.agent.observe import Observation
 from meshctl.agent.path_probing import PathProbing
+from meshctl.agent.snapshot import NodeRows
 from meshctl.agent.status import (
     BackendBlocks,
     CniStatus,
     DatapathStatus,
-    FastPathRow,
     Interfaces,
     LastReconcile,
     LiveStatus,
@@ -37,7 +38,7 @@ from meshctl.agent.status import (
     RemotesStatus,
     RungChanges,
 )
-from meshctl.agent.steps import DatapathReport, StepStatus, WireGuardReport
+from meshctl.agent.steps import LivePeers, StepReport
 from meshctl.backends.base import Backend, ClusterState
 from meshctl.datapath import links
 from meshctl.datapath.layout import overhead
@@ -45,25 +46,17 @@ from meshctl.errors import MeshError
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.checks import dead_tunnels, host_prefix_warnings
 from meshctl.mesh.chooser import Change
-from meshctl.mesh.model import ENCAP_RUNGS, Topology
-from meshctl.mesh.plan import FastPathEntry, NodePlan, PeerPlan
-from meshctl.mesh.render import node_rows
+from meshctl.mesh.model import ENCAP_RUNGS, WIREGUARD_PRIVATE, Topology
+from meshctl.mesh.plan import NodePlan, PeerPlan
+from meshctl.mesh.render import node_list
 from meshctl.mesh.segments import Remote
 from meshctl.node.discovery import DEFAULT_NIC_MTU, WG_OVERHEAD
 from meshctl.node.wireguard import PeerStatus
 
 log = logging.getLogger("meshctl.agent")
 
-LIVE_PEERS_TTL_S = 1.0  # /status and /metrics read WireGuard's counters at most this often
+LIVE_PEERS_TTL_S = 1.0  # snapshots read WireGuard's counters at most this often
 REJECTIONS_SEEN_MAX = 10000  # distinct (record, reason) pairs remembered for rejections_total
-
-
-class LivePeers(Protocol):
-    """Where WireGuard's view of its peers comes from (the WireGuard step)."""
-
-    def peers_now(self) -> list[PeerStatus] | None:
-        """The device's peers now, without allowed IPs; None before the device exists."""
-        ...
 
 
 class PodInterfaces(Protocol):
@@ -161,7 +154,7 @@ class PassRecorder:
         plan, state, prev = out.plan, out.state, self.head[2]
         summary = PassSummary(
             cluster=state.cluster.name, backend=self.cfg.backend, revision=state.revision,
-            records=_int_or_none(state.extra.get("records")), granularity=plan.granularity if plan else None,
+            records=state.records, granularity=plan.granularity if plan else None,
             mesh=state.mesh, leader=plan.leader if plan else None,
             is_leader=bool(plan and plan.leader == self.cfg.node_name),
             wireguard_ip=(",".join(map(str, plan.device_addresses)) or None) if plan else None,
@@ -213,7 +206,7 @@ def rung_mtus(private_mtu: int | None, underlay: int = 4) -> dict[str, int]:
         out["direct"] = private_mtu
         out.update({rung: private_mtu - overhead(kind, underlay) for rung, kind in ENCAP_RUNGS.items()})
     wg = (private_mtu or DEFAULT_NIC_MTU) - WG_OVERHEAD
-    out.update({"wireguard-private": wg, "tunnel": wg})
+    out.update({WIREGUARD_PRIVATE: wg, "tunnel": wg})
     return out
 
 
@@ -226,48 +219,42 @@ def _mtu_of(dev: str | None) -> int | None:
         return None
 
 
-def _int_or_none(v: object) -> int | None:
-    return v if isinstance(v, int) else None
-
-
 View = tuple[Topology, list[Remote], NodePlan]
 
 
 class LiveReader:
-    """Reads the live parts of the status on request (LiveStatus)."""
+    """Reads the live parts of the status (LiveStatus, without the node list: `node_rows`) for the
+    loop's snapshots; only the loop's thread calls it."""
 
     def __init__(self, cfg: AgentConfig, backend: Backend, paths: PathProbing, peers: LivePeers | None,
-                 step_reports: Callable[[], Sequence[StepStatus]], pods: Callable[[], PodInterfaces | None]) -> None:
+                 step_report: Callable[[], StepReport], pods: Callable[[], PodInterfaces | None]) -> None:
         self.cfg = cfg
         self.backend = backend
         self.paths = paths
         self.peers = peers
-        self.step_reports = step_reports
+        self.step_report = step_report
         self.pods = pods
         self._peer_rows: tuple[Sequence[PeerPlan], tuple[PeerRow, ...]] | None = None
         self._live_peers: tuple[float, dict[str, PeerCounters]] = (0.0, {})
-        self._node_rows: tuple[View, tuple[NodeRow, ...]] | None = None
+        self._node_rows: tuple[View, NodeRows] | None = None
 
-    def read(self, plan: NodePlan | None, view: View | None) -> LiveStatus:
-        reports = self.step_reports()
-        dp = next((r for r in reports if isinstance(r, DatapathReport)), None)
-        wg = next((r for r in reports if isinstance(r, WireGuardReport)), None)
-        cni = next((r for r in reports if isinstance(r, CniStatus)), CniStatus(self.cfg.cni))
-        datapath = dp.datapath if dp is not None else \
-            DatapathStatus(None, fastpath_off(self.cfg) or "loading")
+    def read(self, plan: NodePlan | None) -> LiveStatus:
+        rep = self.step_report()
+        datapath = rep.datapath or DatapathStatus(None, fastpath_off(self.cfg) or "loading")
         return LiveStatus(
             datapath=datapath,
-            # Live, not from the last pass: a rung change between passes is the point of probing.
+            # Read for every snapshot, not once per pass: a rung change between passes is the point of probing.
             path_probe=self.paths.status(), path_changes=change_counts(self.paths.changes()),
-            wireguard_mode=wg.mode if wg is not None else None,
-            pods=self._pods(datapath, dp.carrying if dp is not None else ()), cni=cni,
+            wireguard_mode=rep.wireguard_mode,
+            pods=self._pods(datapath, rep.carrying), cni=rep.cni or CniStatus(self.cfg.cni),
             peers=self._peer_status(plan) if plan else (),
-            node_list=self._node_list(view) if view is not None else None,
+            node_list=None,
             backend=self._backend_blocks())
 
     def _backend_blocks(self) -> BackendBlocks:
         try:
-            return BackendBlocks.from_json(self.backend.status())
+            st = self.backend.status()
+            return BackendBlocks(st.own_record, st.lapsed, st.kvstore)
         except Exception as e:  # noqa: BLE001 - status must always answer
             return BackendBlocks(backend_error=str(e))
 
@@ -311,14 +298,15 @@ class LiveReader:
         return tuple(PeerRow(r.name, r.kind, r.public_key, r.endpoint, r.allowed_ips,
                              _aged(live.get(r.public_key), now)) for r in rows[1])
 
-    def _node_list(self, view: View) -> tuple[NodeRow, ...]:
-        """render.node_rows of the last applied view, built once per view. The same admitted
-        topology and plan object also mean the same (empty) remotes: the plan is reused only
-        without remote clusters."""
+    def node_rows(self, view: View) -> NodeRows:
+        """render.node_rows of the last applied view, built on a reader's first ask, once per
+        view. The same admitted topology and plan object also mean the same (empty) remotes: the
+        plan is reused only without remote clusters."""
         cached = self._node_rows
         if cached is None or cached[0][0] is not view[0] or cached[0][2] is not view[2]:
-            entries = fastpath_rows(view[2].fastpath)
-            cached = self._node_rows = (view, tuple(NodeRow.from_json(r, entries) for r in node_rows(*view)))
+            def build(view: View = view) -> tuple[NodeRow, ...]:
+                return tuple(node_list(*view, fastpath=True))
+            cached = self._node_rows = (view, NodeRows(build))
         return cached[1]
 
 
@@ -329,13 +317,6 @@ def change_counts(changes: Sequence[Change]) -> tuple[RungChanges, ...]:
         key = (c.old or "none", c.new, c.reason)
         counts[key] = counts.get(key, 0) + 1
     return tuple(RungChanges(a, b, r, n) for (a, b, r), n in sorted(counts.items()))
-
-
-def fastpath_rows(entries: Sequence[FastPathEntry]) -> dict[str, FastPathRow]:
-    """A plan's fast-path entries by pod CIDR, as the node list carries them."""
-    return {str(e.prefix): FastPathRow(str(e.prefix), e.action, str(e.nexthop) if e.nexthop else None,
-                                       e.encap.kind if e.encap else None, str(e.encap.local) if e.encap else None,
-                                       str(e.encap.remote) if e.encap else None) for e in entries}
 
 
 def _aged(c: PeerCounters | None, now: float) -> PeerCounters | None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from meshctl.agent import memory
-from meshctl.agent.config import AgentConfig
+from meshctl.agent.config import AgentConfig, FlagSettings, Wiring
 from meshctl.agent.lifecycle import Agent
 from meshctl.agent.loop import RemoteSource
 from meshctl.backends.base import Backend
@@ -39,31 +40,34 @@ def own_etcd_client(cfg: AgentConfig) -> EtcdClient:
     return etcd_client(cfg)
 
 
-def build_backend(cfg: AgentConfig) -> Backend:
-    """The backend named by --backend (kubernetes is imported only when asked for)."""
+def build_backend(cfg: AgentConfig) -> Wiring[Backend]:
+    """The backend named by --backend (kubernetes is imported only when asked for), with the config
+    and own settings the agent runs with (agent.config.Wiring)."""
     cluster = Cluster(cfg.cluster_name, cfg.cluster_id)
     if cfg.backend == "etcd":
         from meshctl.backends.etcd import EtcdBackend
 
-        return EtcdBackend(etcd_client(cfg), cluster, lease_ttl=cfg.lease_ttl,
-                           lease_file=cfg.state_dir / f"lease-{cfg.cluster_name}", lapse_grace=cfg.lapse_grace)
+        return Wiring(EtcdBackend(etcd_client(cfg), cluster, lease_ttl=cfg.lease_ttl,
+                                  lease_file=cfg.state_dir / f"lease-{cfg.cluster_name}", lapse_grace=cfg.lapse_grace),
+                      cfg, FlagSettings(cfg))
     if cfg.backend == "file":
         assert cfg.topology_file
-        return FileBackend(cfg.topology_file)
+        return Wiring(FileBackend(cfg.topology_file), cfg, FlagSettings(cfg))
     try:
         from meshctl.agent.kube_backend import make_backend
     except ImportError as e:
         raise MeshError(f"the kubernetes backend is not available: {e}") from None
-    return make_backend(cfg)
+    kube = make_backend(cfg)
+    return Wiring(kube.backend, kube.cfg, kube.own)
 
 
-def resolve_private_interface(cfg: AgentConfig) -> None:
-    """Without --private-interface, the NIC that holds the address --internal-cidr or
-    --force-internal-ip names (the first family's) becomes the private one: private routes and the
-    fast path need a device, and a DaemonSet passes one cluster-wide CIDR rather than per-node
-    interface names."""
+def resolve_private_interface(cfg: AgentConfig) -> AgentConfig:
+    """`cfg`, with --private-interface filled when it was not given: the NIC that holds the address
+    --internal-cidr or --force-internal-ip names (the first family's) becomes the private one:
+    private routes and the fast path need a device, and a DaemonSet passes one cluster-wide CIDR
+    rather than per-node interface names."""
     if cfg.private_interface or not (cfg.internal_cidr or cfg.force_internal_ip):
-        return
+        return cfg
     from pyroute2 import IPRoute
 
     from meshctl.node.discovery import discover_internal_ips, interface_addresses
@@ -72,15 +76,15 @@ def resolve_private_interface(cfg: AgentConfig) -> None:
     if not found:
         log.warning("no address inside --internal-cidr %s on this node: no private interface",
                     ",".join(map(str, cfg.internal_cidr)))
-        return
+        return cfg
     want = found[0]
     with IPRoute() as ipr:
         for link in ipr.get_links():
             if any(a.ip == want.ip for a in interface_addresses(ipr, link["index"])):
-                cfg.private_interface = link.get("ifname")
-                log.info("private interface %s (it holds %s)", cfg.private_interface, want.ip)
-                return
+                log.info("private interface %s (it holds %s)", link.get("ifname"), want.ip)
+                return dataclasses.replace(cfg, private_interface=link.get("ifname"))
     log.warning("no interface holds %s: no private interface", want.ip)
+    return cfg
 
 
 def remotes_factory(cfg: AgentConfig, backend: Backend | None = None
@@ -121,15 +125,16 @@ def remotes_factory(cfg: AgentConfig, backend: Backend | None = None
 def run_agent(cfg: AgentConfig) -> None:
     """Run until SIGTERM/SIGINT; leave the node's network state in place on the way out."""
     memory.cap_arenas()  # before any thread starts (agent/memory.py)
-    backend = build_backend(cfg)
+    wiring = build_backend(cfg)
+    backend, cfg = wiring.backend, wiring.cfg
     if cfg.backend != "file":  # a topology file names its own cluster; nothing is published
         from meshctl.agent.identity import check_identity
         from meshctl.backends.etcd import EtcdBackend, cluster_key
 
         check_identity(cfg.state_dir, Cluster(cfg.cluster_name, cfg.cluster_id),
                        backend.client if isinstance(backend, EtcdBackend) else None, cluster_key(cfg.cluster_name))
-    resolve_private_interface(cfg)
-    agent = Agent(cfg, backend, remotes_factory=remotes_factory(cfg, backend))
+    cfg = resolve_private_interface(cfg)
+    agent = Agent(cfg, backend, remotes_factory=remotes_factory(cfg, backend), own=wiring.own)
     done = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

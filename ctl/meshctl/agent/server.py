@@ -30,11 +30,11 @@ from meshctl.agent.status import (
     PassSummary,
     PeerRow,
     ProbeResult,
-    ProbeStatus,
     RemotesStatus,
     RungChanges,
 )
 from meshctl.http_serving import CLIENT_GONE, HttpServer
+from meshctl.mesh.chooser import ProbeStatus
 
 log = logging.getLogger("meshctl.agent")
 

@@ -14,36 +14,15 @@ working against an agent that does not serve every block.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
+from meshctl.backends.base import KvstoreStatus, OwnRecord
+from meshctl.backends.remote_status import Rejected, RemotesStatus
+from meshctl.datapath.status import JSON, DatapathStatus, opt_key
+from meshctl.mesh.chooser import ProbeStatus
 from meshctl.mesh.model import MeshSettings
 from meshctl.mesh.records import mesh_to_record, parse_mesh
-from meshctl.mesh.render import DUAL_KEYS
-
-JSON = dict[str, Any]
-
-
-def _opt(d: JSON, key: str, value: object) -> None:
-    """Put `key` in `d` only when `value` is not None (blocks that are absent rather than null)."""
-    if value is not None:
-        d[key] = value
-
-
-@dataclass(frozen=True)
-class Rejected:
-    """A record left out of the plan, and why (`rejections`, and a remote cluster's)."""
-
-    name: str
-    reason: str
-
-    def to_json(self) -> JSON:
-        return {"name": self.name, "reason": self.reason}
-
-    @classmethod
-    def from_json(cls, d: JSON) -> Rejected:
-        return cls(str(d.get("name", "")), str(d.get("reason", "")))
+from meshctl.mesh.render import NodeRow
 
 
 @dataclass(frozen=True)
@@ -87,98 +66,6 @@ class ReconcileTotals:
     ok_total: int = 0
     failed_total: int = 0
     full_total: int = 0
-
-
-@dataclass(frozen=True)
-class RemoteCluster:
-    """One remote cluster of the cluster mesh as this agent sees it (backends.clustermesh)."""
-
-    name: str
-    ready: bool
-    reason: str | None
-    nodes: int
-    endpoints: tuple[str, ...]
-    connected: bool
-    last_change: float | None
-    reconnects: int
-    last_sync_age: float | None
-    rejected: int
-    rejections: tuple[Rejected, ...]
-
-    def to_json(self) -> JSON:
-        return {"name": self.name, "ready": self.ready, "reason": self.reason, "nodes": self.nodes,
-                "endpoints": list(self.endpoints), "connected": self.connected, "last_change": self.last_change,
-                "reconnects": self.reconnects, "last_sync_age": self.last_sync_age, "rejected": self.rejected,
-                "rejections": [r.to_json() for r in self.rejections]}
-
-    @classmethod
-    def from_json(cls, d: JSON) -> RemoteCluster:
-        return cls(str(d.get("name", "")), bool(d.get("ready")), d.get("reason"), d.get("nodes") or 0,
-                   tuple(d.get("endpoints") or ()), bool(d.get("connected")), d.get("last_change"),
-                   d.get("reconnects") or 0, d.get("last_sync_age"), d.get("rejected") or 0,
-                   tuple(Rejected.from_json(r) for r in d.get("rejections") or ()))
-
-
-@dataclass(frozen=True)
-class GlobalServiceStatus:
-    """One global Service of this cluster (agent.global_services): its settings, the ready
-    endpoints it publishes, and the endpoints each remote cluster gives it here."""
-
-    namespace: str
-    name: str
-    shared: bool
-    affinity: str
-    exported: bool
-    local_endpoints: int
-    remote_endpoints: dict[str, int]
-
-    def to_json(self) -> JSON:
-        return {"namespace": self.namespace, "name": self.name, "shared": self.shared, "affinity": self.affinity,
-                "exported": self.exported, "local_endpoints": self.local_endpoints,
-                "remote_endpoints": dict(self.remote_endpoints)}
-
-    @classmethod
-    def from_json(cls, d: JSON) -> GlobalServiceStatus:
-        return cls(str(d.get("namespace", "")), str(d.get("name", "")), bool(d.get("shared", True)),
-                   str(d.get("affinity", "none")), bool(d.get("exported")), d.get("local_endpoints") or 0,
-                   {str(k): int(v) for k, v in (d.get("remote_endpoints") or {}).items()})
-
-
-@dataclass(frozen=True)
-class RemotesStatus:
-    """The ClusterMesh block: how many remote clusters are ready, and each; the global Services
-    (`services`, the rejected service records and who publishes). `error`: the watcher could not
-    say (then the block holds only that)."""
-
-    ready: int = 0
-    total: int = 0
-    clusters: tuple[RemoteCluster, ...] = ()
-    error: str | None = None
-    via: str | None = None  # with a cluster-mesh cache: `via cache` or `direct (cache unhealthy: ...)`
-    services: tuple[GlobalServiceStatus, ...] = ()
-    service_rejections: tuple[Rejected, ...] = ()
-    services_leader: str | None = None
-
-    def to_json(self) -> JSON:
-        if self.error is not None:
-            return {"error": self.error}
-        out: JSON = {"ready": self.ready, "total": self.total, "clusters": [c.to_json() for c in self.clusters],
-                     "services": [s.to_json() for s in self.services],
-                     "service_rejections": [r.to_json() for r in self.service_rejections],
-                     "services_leader": self.services_leader}
-        if self.via is not None:
-            out["via"] = self.via
-        return out
-
-    @classmethod
-    def from_json(cls, d: JSON) -> RemotesStatus:
-        if "clusters" not in d:
-            return cls(error=str(d.get("error", "unknown")))
-        return cls(d.get("ready", 0), d.get("total", 0), tuple(RemoteCluster.from_json(c) for c in d["clusters"]),
-                   via=d.get("via"),
-                   services=tuple(GlobalServiceStatus.from_json(s) for s in d.get("services") or ()),
-                   service_rejections=tuple(Rejected.from_json(r) for r in d.get("service_rejections") or ()),
-                   services_leader=d.get("services_leader"))
 
 
 @dataclass(frozen=True)
@@ -246,9 +133,9 @@ class PassSummary:
                           "full_total": self.reconcile.full_total},
             "errors_total": dict(self.errors_total), "pid": self.pid,
         }
-        _opt(out, "remotes", self.remotes.to_json() if self.remotes is not None else None)
-        _opt(out, "interfaces", self.interfaces.to_json() if self.interfaces is not None else None)
-        _opt(out, "path_mtu", dict(self.path_mtu) if self.path_mtu is not None else None)
+        opt_key(out, "remotes", self.remotes.to_json() if self.remotes is not None else None)
+        opt_key(out, "interfaces", self.interfaces.to_json() if self.interfaces is not None else None)
+        opt_key(out, "path_mtu", dict(self.path_mtu) if self.path_mtu is not None else None)
         return out
 
     @classmethod
@@ -284,144 +171,6 @@ def objects_line(objects: str, refused: int | None) -> str:
 
 
 @dataclass(frozen=True)
-class DatapathStatus:
-    """The fast path: its mode (None while it loads or when disabled) and why, counters by action
-    as (packets, bytes). `synced` (the maps hold a plan) is None until a datapath is open; `attach`
-    (tcx or clsact) and `fallbacks` (helpers the programs do without on this kernel) are None
-    unless the mode is ebpf. `objects` says which of the three outcomes the node has (programs
-    `shipped` with the image, `compiled (bcc)` here, or `kernel routes: <reason>`: Datapath.objects)
-    and `objects_refused` how many compiled objects were refused for their map layout version;
-    both None until a datapath is open. `route_cache_fills`: the trie walks from_pod made that
-    found an entry (each a route cache miss), None unless the mode is ebpf. A None field is an
-    absent key."""
-
-    mode: str | None
-    reason: str | None
-    counters: dict[str, tuple[int, int]] = field(default_factory=dict)
-    synced: bool | None = None
-    attach: str | None = None
-    fallbacks: tuple[str, ...] | None = None
-    objects: str | None = None
-    objects_refused: int | None = None
-    route_cache_fills: int | None = None
-
-    def to_json(self) -> JSON:
-        out: JSON = {"mode": self.mode, "reason": self.reason,
-                     "counters": {k: list(v) for k, v in self.counters.items()}}
-        _opt(out, "route_cache_fills", self.route_cache_fills)
-        _opt(out, "synced", self.synced)
-        _opt(out, "attach", self.attach)
-        _opt(out, "fallbacks", list(self.fallbacks) if self.fallbacks is not None else None)
-        _opt(out, "objects", self.objects)
-        _opt(out, "objects_refused", self.objects_refused)
-        return out
-
-    @classmethod
-    def from_json(cls, d: JSON) -> DatapathStatus:
-        fb = d.get("fallbacks")
-        counters = {k: (int(v[0]), int(v[1])) for k, v in (d.get("counters") or {}).items()}
-        return cls(d.get("mode"), d.get("reason"), counters, d.get("synced"), d.get("attach"),
-                   tuple(fb) if fb is not None else None, d.get("objects"), d.get("objects_refused"),
-                   d.get("route_cache_fills"))
-
-
-@dataclass(frozen=True)
-class ProbeVerdict:
-    """One probe kind towards one peer: up (None: no verdict yet), probes lost since the last
-    reply, smoothed RTT, and since when a down kind answers again. The tally (probes of this
-    node sent and answered since the peer was first probed, the last answer's RTT and age) is
-    None, and its keys absent, from a prober that does not count."""
-
-    up: bool | None
-    lost: int
-    rtt_ms: float | None
-    recovering_since: float | None
-    sent: int | None = None
-    answered: int | None = None
-    last_rtt_ms: float | None = None
-    last_reply_age_s: float | None = None
-
-    def to_json(self) -> JSON:
-        out: JSON = {"up": self.up, "lost": self.lost, "rtt_ms": self.rtt_ms, "recovering_since": self.recovering_since}
-        for key in _TALLY_KEYS:
-            _opt(out, key, getattr(self, key))
-        return out
-
-    @classmethod
-    def from_json(cls, d: JSON) -> ProbeVerdict:
-        return cls(d.get("up"), d.get("lost", 0), d.get("rtt_ms"), d.get("recovering_since"),
-                   *(d.get(k) for k in _TALLY_KEYS))
-
-
-_TALLY_KEYS = ("sent", "answered", "last_rtt_ms", "last_reply_age_s")
-
-
-@dataclass(frozen=True)
-class RungMove:
-    """A pair's rung changed: from (None: the first choice), to, why, and when (wall clock)."""
-
-    old: str | None
-    new: str
-    reason: str
-    at: float
-
-    def to_json(self) -> JSON:
-        return {"from": self.old, "to": self.new, "reason": self.reason, "at": self.at}
-
-    @classmethod
-    def from_json(cls, d: JSON) -> RungMove:
-        return cls(d.get("from"), str(d.get("to", "")), str(d.get("reason", "")), d.get("at", 0.0))
-
-
-@dataclass(frozen=True)
-class PairProbe:
-    """A probed pair: the rung it takes, its ladder, the peer's own choice, each kind's verdict,
-    and its last moves, oldest first (`history`: absent before the pair's first choice)."""
-
-    rung: str | None
-    ladder: tuple[str, ...]
-    peer_choice: str | None
-    probes: dict[str, ProbeVerdict]
-    history: tuple[RungMove, ...] = ()
-
-    def to_json(self) -> JSON:
-        out: JSON = {"rung": self.rung, "ladder": list(self.ladder), "peer_choice": self.peer_choice,
-                     "probes": {k: v.to_json() for k, v in self.probes.items()}}
-        if self.history:
-            out["history"] = [m.to_json() for m in self.history]
-        return out
-
-    @classmethod
-    def from_json(cls, d: JSON) -> PairProbe:
-        return cls(d.get("rung"), tuple(d.get("ladder") or ()), d.get("peer_choice"),
-                   {k: ProbeVerdict.from_json(v) for k, v in (d.get("probes") or {}).items()},
-                   tuple(RungMove.from_json(m) for m in d.get("history") or ()))
-
-
-@dataclass(frozen=True)
-class ProbeStatus:
-    """The path prober (intra_subnet auto): its port, the rungs this node carries, probes sent and
-    received, its CPU time, and every probed pair."""
-
-    port: int
-    local_rungs: tuple[str, ...]
-    sent: int
-    received: int
-    cpu_s: float
-    pairs: dict[str, PairProbe]
-
-    def to_json(self) -> JSON:
-        return {"port": self.port, "local_rungs": list(self.local_rungs), "sent": self.sent,
-                "received": self.received, "cpu_s": self.cpu_s,
-                "pairs": {n: p.to_json() for n, p in self.pairs.items()}}
-
-    @classmethod
-    def from_json(cls, d: JSON) -> ProbeStatus:
-        return cls(d.get("port", 0), tuple(d.get("local_rungs") or ()), d.get("sent", 0), d.get("received", 0),
-                   d.get("cpu_s", 0.0), {n: PairProbe.from_json(p) for n, p in (d.get("pairs") or {}).items()})
-
-
-@dataclass(frozen=True)
 class RungChanges:
     """How often pairs moved from one rung to another for one reason, since start."""
 
@@ -450,7 +199,7 @@ class PodsStatus:
 
     def to_json(self) -> JSON:
         out: JSON = {"source": self.source, "found": list(self.found), "fastpath": list(self.fastpath)}
-        _opt(out, "warning", self.warning)
+        opt_key(out, "warning", self.warning)
         return out
 
     @classmethod
@@ -468,7 +217,7 @@ class CniStatus:
 
     def to_json(self) -> JSON:
         out: JSON = {"mode": self.mode}
-        _opt(out, "warning", self.warning)
+        opt_key(out, "warning", self.warning)
         return out
 
     @classmethod
@@ -506,7 +255,7 @@ class PeerRow:
         if self.live is not None:
             out.update(rx_bytes=self.live.rx_bytes, tx_bytes=self.live.tx_bytes,
                        last_handshake=self.live.last_handshake, live_endpoint=self.live.live_endpoint)
-            _opt(out, "handshake_age_s", self.live.handshake_age_s)
+            opt_key(out, "handshake_age_s", self.live.handshake_age_s)
         return out
 
     @classmethod
@@ -515,112 +264,6 @@ class PeerRow:
                             d.get("live_endpoint"), d.get("handshake_age_s")) if "rx_bytes" in d else None
         return cls(str(d.get("name", "")), str(d.get("kind", "")), str(d.get("public_key", "")), d.get("endpoint"),
                    tuple(d.get("allowed_ips") or ()), live)
-
-
-@dataclass(frozen=True)
-class FastPathRow:
-    """The fast-path entry this node's plan holds for a node's pod CIDR: its action, private next
-    hop, and the encapsulation with its outer addresses (None for a raw entry)."""
-
-    prefix: str
-    action: str
-    nexthop: str | None
-    encap: str | None = None
-    outer_src: str | None = None
-    outer_dst: str | None = None
-
-    @property
-    def rung(self) -> str:
-        return self.action if self.encap is None else f"{self.action}+{self.encap}"
-
-    def to_json(self) -> JSON:
-        return {"prefix": self.prefix, "action": self.action, "nexthop": self.nexthop, "encap": self.encap,
-                "outer_src": self.outer_src, "outer_dst": self.outer_dst}
-
-    @classmethod
-    def from_json(cls, d: JSON) -> FastPathRow:
-        return cls(str(d.get("prefix", "")), str(d.get("action", "")), d.get("nexthop"), d.get("encap"),
-                   d.get("outer_src"), d.get("outer_dst"))
-
-
-@dataclass(frozen=True)
-class NodeRow:
-    """`meshctl node list` from this node: a local or remote node, its addresses, its segment's
-    WireGuard address (leaders only), the path this node takes to it, the relay, if any, and the
-    fast-path entries for its pod CIDRs (one per CIDR the plan has an entry for; empty, the key
-    absent: the plan has none)."""
-
-    name: str
-    cluster: str
-    source: str
-    location: str
-    internal_ip: str | None
-    endpoint: str | None
-    pod_cidrs: tuple[str, ...]
-    wireguard_ip: str | None
-    path: str
-    relay: str | None
-    relay_reason: str | None
-    fastpath: tuple[FastPathRow, ...] = ()
-    # A dual-stack node's every address and each family's rung (render.dual_keys): absent for one.
-    dual: dict[str, Any] = field(default_factory=dict, compare=False)
-
-    def to_json(self) -> JSON:
-        out: JSON = {"name": self.name, "cluster": self.cluster, "source": self.source, "location": self.location,
-                     "internal_ip": self.internal_ip, "endpoint": self.endpoint,
-                     "pod_cidrs": list(self.pod_cidrs),
-                     "wireguard_ip": self.wireguard_ip, "path": self.path, "relay": self.relay,
-                     "relay_reason": self.relay_reason, **self.dual}
-        _opt(out, "fastpath", [e.to_json() for e in self.fastpath] if self.fastpath else None)
-        return out
-
-    @classmethod
-    def from_json(cls, d: JSON, fastpath_of: Mapping[str, FastPathRow] | None = None) -> NodeRow:
-        """The row `d` (render.node_rows' or a served one); with `fastpath_of` (the plan's
-        entries by pod CIDR, reporting.fastpath_rows), its fast-path entries are those of its pod
-        CIDRs there, not `d`'s."""
-        # An agent that predates pod_cidrs wrote one `pod_cidr` and one fast-path entry.
-        pods = tuple(str(c) for c in d.get("pod_cidrs", [d["pod_cidr"]] if d.get("pod_cidr") else []))
-        if fastpath_of is not None:
-            fastpath = tuple(fastpath_of[c] for c in pods if c in fastpath_of)
-        else:
-            fp = d.get("fastpath")
-            entries = [fp] if isinstance(fp, dict) else fp if isinstance(fp, list) else []
-            fastpath = tuple(FastPathRow.from_json(e) for e in entries if isinstance(e, dict))
-        return cls(str(d.get("name", "")), str(d.get("cluster", "")), str(d.get("source", "")),
-                   str(d.get("location") or ""), d.get("internal_ip"), d.get("endpoint"), pods,
-                   d.get("wireguard_ip"), str(d.get("path", "none")), d.get("relay"), d.get("relay_reason"),
-                   fastpath, {k: d[k] for k in DUAL_KEYS if k in d})
-
-
-@dataclass(frozen=True)
-class OwnRecord:
-    """How often this agent put its record back after someone else deleted or changed it."""
-
-    restored_total: int
-    last_restored: str | None
-
-
-@dataclass(frozen=True)
-class KvstoreStatus:
-    """The Kubernetes backend's mirror into the cluster-mesh etcd (--kvstore-endpoints)."""
-
-    writing: bool
-    writer: str | None
-    lease: int
-    puts: int = 0
-    deletes: int = 0
-    errors: int = 0
-    takeovers: int = 0
-
-    def to_json(self) -> JSON:
-        return {"writing": self.writing, "writer": self.writer, "lease": self.lease, "puts": self.puts,
-                "deletes": self.deletes, "errors": self.errors, "takeovers": self.takeovers}
-
-    @classmethod
-    def from_json(cls, d: JSON) -> KvstoreStatus:
-        return cls(bool(d.get("writing")), d.get("writer"), d.get("lease", 0), d.get("puts", 0),
-                   d.get("deletes", 0), d.get("errors", 0), d.get("takeovers", 0))
 
 
 @dataclass(frozen=True)
@@ -639,9 +282,9 @@ class BackendBlocks:
         if self.own_record is not None:
             out["own_record"] = {"restored_total": self.own_record.restored_total,
                                  "last_restored": self.own_record.last_restored}
-        _opt(out, "lapsed", dict(self.lapsed) if self.lapsed is not None else None)
-        _opt(out, "kvstore", self.kvstore.to_json() if self.kvstore is not None else None)
-        _opt(out, "backend_error", self.backend_error)
+        opt_key(out, "lapsed", dict(self.lapsed) if self.lapsed is not None else None)
+        opt_key(out, "kvstore", self.kvstore.to_json() if self.kvstore is not None else None)
+        opt_key(out, "backend_error", self.backend_error)
         return out
 
     @classmethod
@@ -674,7 +317,7 @@ class LiveStatus:
             "path_changes": [c.to_json() for c in self.path_changes], "wireguard_mode": self.wireguard_mode,
             "pods": self.pods.to_json(), "cni": self.cni.to_json(), "peers": [p.to_json() for p in self.peers],
         }
-        _opt(out, "node_list", [r.to_json() for r in self.node_list] if self.node_list is not None else None)
+        opt_key(out, "node_list", [r.to_json() for r in self.node_list] if self.node_list is not None else None)
         out.update(self.backend.to_json())
         return out
 
@@ -736,7 +379,7 @@ class ProbeResult:
     def to_json(self) -> JSON:
         out: JSON = {"peer": self.peer, "rung": self.rung, "kind": self.kind, "answered": self.answered,
                      "rtt_ms": self.rtt_ms, "timeout_s": self.timeout_s}
-        _opt(out, "error", self.error)
+        opt_key(out, "error", self.error)
         return out
 
     @classmethod

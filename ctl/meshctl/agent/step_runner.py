@@ -3,6 +3,10 @@
 and when a pass is a full one. It holds the steps only as `Step`s: it reads nothing of a step
 but what the protocol answers.
 
+The order is derived from what each step declares (`step_order`): a step runs after every step
+that provides what it needs, and otherwise in the order it was given; a need nobody provides, or
+needs that go round in a circle, stop the agent at start (MeshError naming them).
+
 Make before break: a pass first runs `sync` on every step (each adds or replaces what the plan
 wants), then `retire` on the steps that synced, in reverse order (each removes what the plan no
 longer wants). So the old state goes only once every new piece is in place: a route that moved
@@ -23,9 +27,35 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import cast
 
 from meshctl.agent.reporting import PassLog
-from meshctl.agent.steps import PassInput, Step, StepStatus
+from meshctl.agent.steps import NOTHING_SHOWN, EncapCarrier, LivePeers, PassInput, Step, StepReport
+from meshctl.errors import MeshError
+
+
+def step_order(steps: Sequence[Step]) -> list[Step]:
+    """`steps` in the order their declarations ask for: each after the steps that provide what it
+    needs (Step.needs, Step.provides), else in the order given. MeshError when a step needs what
+    no step provides, or when the needs go round in a circle."""
+    providers: dict[str, list[str]] = {}
+    for s in steps:
+        for what in s.provides:
+            providers.setdefault(what, []).append(s.name)
+    missing = sorted(f"{s.name} needs {what!r}" for s in steps for what in s.needs if what not in providers)
+    if missing:
+        raise MeshError(f"agent steps: no step provides what they need: {'; '.join(missing)}")
+    after = {s.name: {p for what in s.needs for p in providers[what] if p != s.name} for s in steps}
+    out: list[Step] = []
+    left = list(steps)
+    while left:
+        ready = next((s for s in left if not after[s.name] - {o.name for o in out}), None)
+        if ready is None:
+            raise MeshError("agent steps: their needs go round in a circle: " + ", ".join(
+                f"{s.name} after {'/'.join(sorted(after[s.name]))}" for s in left))
+        out.append(ready)
+        left.remove(ready)
+    return out
 
 log = logging.getLogger("meshctl.agent")
 
@@ -35,7 +65,7 @@ class StepRunner:
 
     def __init__(self, steps: Sequence[Step], resync_interval: float,
                  pending: Callable[[], bool] = lambda: False) -> None:
-        self.steps = list(steps)
+        self.steps = step_order(steps)
         self.resync_interval = resync_interval
         self.full_total = 0
         self.pending = pending  # a change waits for the loop (its wake event is set)
@@ -52,9 +82,29 @@ class StepRunner:
         """A full pass was cut short by a change: the loop's next tick should run a pass to finish it."""
         return bool(self._owed)
 
-    def reports(self) -> list[StepStatus]:
-        """Every step's status report, read now."""
-        return [s.status() for s in self.steps]
+    def _serving(self, interface: type) -> list[Step]:
+        """The steps that declare they serve `interface` (Step.serves): the one way other parts of
+        the agent reach a step."""
+        return [s for s in self.steps if interface in s.serves]
+
+    def carriers(self) -> list[EncapCarrier]:
+        """The steps that serve EncapCarrier, as carriers (the prober's)."""
+        return [cast(EncapCarrier, s) for s in self._serving(EncapCarrier)]
+
+    def live_peers(self) -> LivePeers:
+        """The one step that serves LivePeers (the loop's and the status's peer source); MeshError
+        at start when not exactly one does."""
+        found = self._serving(LivePeers)
+        if len(found) != 1:
+            raise MeshError(f"agent steps: {len(found)} serve LivePeers, one must")
+        return cast(LivePeers, found[0])
+
+    def report(self) -> StepReport:
+        """Every step's status report, read now, joined (each block comes from one step)."""
+        out = NOTHING_SHOWN
+        for s in self.steps:
+            out = out.join(s.status())
+        return out
 
     def _full_pass_due(self, timer_pass: bool) -> tuple[bool, bool]:
         """Whether this pass pays full reads, and whether it is the first pass. Full passes (every

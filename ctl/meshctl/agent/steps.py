@@ -13,23 +13,32 @@ which the runner calls on the steps that synced, in reverse order, once every st
 retire may disturb another step too (kilo0 losing its last address loses its routes): the steps
 it names forget, sync and retire again in the same pass.
 
+Each step declares what it puts in place (`provides`: kernel state, by the names below) and what
+must be in place before its sync (`needs`); the runner derives the order from them and checks it
+at start (step_runner.step_order). What other parts of the agent use of a step (the WireGuard
+device's peers, the encapsulations this node carries) a step declares as the typed interfaces it
+serves (`serves`: LivePeers, EncapCarrier), and the agent reaches it only through them
+(StepRunner.serving).
+
 The loop reads nothing else of a step: what a step shows in the agent's status it returns from
-`status()` (a typed report, or None), and a step that needs a pass although nothing changed says
-so through `wants_pass`. What a step needs from outside the pass is handed to it by a typed
-method (the datapath step's `use`), never assigned to it.
+`status()` (a StepReport: one field per status block, the runner joins the steps' reports), and a
+step that needs a pass although nothing changed says so through `wants_pass`. What a step needs
+from outside the pass is handed to it by a typed method (the datapath step's `use`), never
+assigned to it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Protocol
 
 from meshctl.agent.config import AgentConfig, fastpath_off
-from meshctl.agent.status import CniStatus, DatapathStatus
+from meshctl.agent.status import CniStatus
 from meshctl.datapath import Datapath
+from meshctl.datapath.status import DatapathStatus
 from meshctl.errors import MeshError
 from meshctl.mesh.model import ENCAP_KINDS, IPNetwork, Node, Topology
 from meshctl.mesh.plan import NodePlan
@@ -45,24 +54,68 @@ HANDSHAKE_WAIT_S = 0.2  # how long a pass that added WireGuard peers waits for t
 
 NOTHING: frozenset[str] = frozenset()
 
+# What steps put in place and need, by name (Step.provides, Step.needs).
+WIREGUARD_DEVICE = "wireguard device"  # kilo0 with its addresses and peers
+ENCAP_ROUTES = "encapsulation routes"  # the kernel fallback's devices and routes (proto 110)
+FLANNEL_ROUTES = "flannel's routes"  # written back where meshctl hands a node to flannel
+KERNEL_ROUTES = "kernel routes"  # the plan's routes (proto 109)
+
+
+class LivePeers(Protocol):
+    """What the WireGuard device says of its peers now (the handshakes the loop observes, the
+    counters in the status)."""
+
+    def peers_now(self) -> list[wireguard.PeerStatus] | None:
+        """The device's peers now, without allowed IPs; None before the device exists."""
+        ...
+
+
+class EncapCarrier(Protocol):
+    """Something that carries encapsulated entries on this node (the eBPF fast path, or the
+    encapsulation devices of the kernel fallback)."""
+
+    def available(self, kind: str, underlay: int = 4) -> bool:
+        """Whether this node can send and receive `kind` ("vxlan", "ipip") over an underlay of IP
+        version `underlay` (the family of the private addresses)."""
+        ...
+
+
+class LoadedDatapath:
+    """The fast path, loaded off the loop (compiling takes a while): empty until the loader puts
+    the opened Datapath in (`put`); the datapath step reads it on every pass."""
+
+    def __init__(self) -> None:
+        self._datapath: Datapath | None = None
+        self.opened_at = 0.0  # monotonic
+
+    def put(self, datapath: Datapath, at: float | None = None) -> None:
+        self.opened_at = time.monotonic() if at is None else at
+        self._datapath = datapath
+
+    def get(self) -> Datapath | None:
+        return self._datapath
+
 
 @dataclass(frozen=True)
-class WireGuardReport:
-    """The WireGuard device's implementation (kernel | wireguard-go); None before it exists."""
+class StepReport:
+    """What steps show in the agent's status, one field per block (None, or empty: the step has
+    nothing of it): the WireGuard device's implementation (kernel | wireguard-go; None before it
+    exists), the fast path's block and the pod interfaces whose traffic it carries now (those its
+    programs are attached to, when the eBPF datapath is loaded), the CNI block. Each block comes
+    from one step; `join` puts two steps' reports together."""
 
-    mode: str | None
+    wireguard_mode: str | None = None
+    datapath: DatapathStatus | None = None
+    carrying: tuple[str, ...] = ()
+    cni: CniStatus | None = None
+
+    def join(self, other: StepReport) -> StepReport:
+        """This report's blocks, and `other`'s where this one has none."""
+        return StepReport(self.wireguard_mode or other.wireguard_mode, self.datapath or other.datapath,
+                          self.carrying or other.carrying, self.cni or other.cni)
 
 
-@dataclass(frozen=True)
-class DatapathReport:
-    """The fast path's status block, and the pod interfaces whose traffic it carries now (those
-    its programs are attached to, when the eBPF datapath is loaded)."""
-
-    datapath: DatapathStatus
-    carrying: tuple[str, ...]
-
-
-StepStatus = WireGuardReport | DatapathReport | CniStatus | None
+NOTHING_SHOWN = StepReport()
 
 
 @dataclass(frozen=True)
@@ -70,8 +123,8 @@ class PassInput:
     """What one pass hands every step: the admitted view, this node's plan and why the pass runs.
 
     `timer_pass`: the loop's own tick started the pass (not a change); `settle_pass`: the pass
-    only re-reads pod routes while pod interfaces settle. `flannel`: flannel's leases by node
-    name (`--cni flannel`, from the nodes' annotations)."""
+    only re-reads pod routes while pod interfaces settle. `flannel` (`--cni flannel`): what the
+    plan and flannel's leases give flannel to keep and meshctl to take over (node.flannel.plan_flannel)."""
 
     plan: NodePlan
     topo: Topology
@@ -80,7 +133,7 @@ class PassInput:
     pod_ifs: tuple[str, ...]
     timer_pass: bool = False
     settle_pass: bool = False
-    flannel: Mapping[str, flannel.FlannelLease] = field(default_factory=dict)
+    flannel: flannel.FlannelPlan | None = None
 
 
 class Step(Protocol):
@@ -89,6 +142,21 @@ class Step(Protocol):
     @property
     def name(self) -> str:
         """The part's name in errors, metrics and `steps_ms`."""
+        ...
+
+    @property
+    def provides(self) -> frozenset[str]:
+        """What its sync puts in place for other steps (WIREGUARD_DEVICE, ...)."""
+        ...
+
+    @property
+    def needs(self) -> frozenset[str]:
+        """What must be in place before its sync: it runs after the steps that provide it."""
+        ...
+
+    @property
+    def serves(self) -> tuple[type, ...]:
+        """The typed interfaces other parts of the agent reach it through (LivePeers, EncapCarrier)."""
         ...
 
     def inputs(self, p: PassInput) -> Hashable | None:
@@ -114,19 +182,21 @@ class Step(Protocol):
         such a pass is a settle pass (PassInput.settle_pass)."""
         ...
 
-    def status(self) -> StepStatus:
-        """What the step shows in the agent's status, read now; None: nothing."""
+    def status(self) -> StepReport:
+        """What the step shows in the agent's status, read now (on the loop's thread)."""
         ...
 
 
 class Quiet:
-    """The part of a step with nothing to show and no pass of its own to ask for."""
+    """The part of a step with nothing to show, no pass of its own to ask for, nothing it serves."""
+
+    serves: tuple[type, ...] = ()
 
     def wants_pass(self, now: float, last_pass: float) -> bool:
         return False
 
-    def status(self) -> StepStatus:
-        return None
+    def status(self) -> StepReport:
+        return NOTHING_SHOWN
 
 
 class Additive:
@@ -145,6 +215,9 @@ class WireGuardStep:
     it adds anew on a pass of its own (wireguard.WireGuard.rescue)."""
 
     name = "wireguard"
+    provides = frozenset({WIREGUARD_DEVICE})
+    needs = NOTHING
+    serves = (LivePeers,)
 
     def __init__(self, cfg: AgentConfig, private_key: str, secrets: SecretSource | None = None) -> None:
         self.cfg = cfg
@@ -212,8 +285,8 @@ class WireGuardStep:
         needed here and cost the most to read); None before the device exists."""
         return self._device.show(allowed_ips=False) if self._device is not None else None
 
-    def status(self) -> WireGuardReport:
-        return WireGuardReport(self._device.mode if self._device is not None else None)
+    def status(self) -> StepReport:
+        return StepReport(wireguard_mode=self._device.mode if self._device is not None else None)
 
 
 class CniStep(Quiet, Additive):
@@ -221,6 +294,8 @@ class CniStep(Quiet, Additive):
     with `--cni keep`, a warning when Kilo's config is still installed."""
 
     name = "cni"
+    provides = NOTHING
+    needs = NOTHING
 
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
@@ -242,14 +317,19 @@ class CniStep(Quiet, Additive):
     def forget(self) -> None:
         pass
 
-    def status(self) -> CniStatus:
-        return CniStatus(self.cfg.cni, self._warning or None)
+    def status(self) -> StepReport:
+        return StepReport(cni=CniStatus(self.cfg.cni, self._warning or None))
 
 
 class RoutesStep(Quiet):
     """The plan's routes, tagged with the project's protocol number."""
 
     name = "routes"
+    provides = frozenset({KERNEL_ROUTES})
+    # A pair leaving an encapsulated rung frees its pod CIDR's fallback route before the direct one
+    # goes in (the other way, the fallback's route replaces it); flannel's routes written back, or
+    # rewritten by flannel, are read again in the same pass.
+    needs = frozenset({WIREGUARD_DEVICE, ENCAP_ROUTES, FLANNEL_ROUTES})
 
     def __init__(self, cfg: AgentConfig) -> None:
         self.applier = routes.RouteApplier(cfg.private_interface, cfg.wg_interface)
@@ -258,9 +338,11 @@ class RoutesStep(Quiet):
     def inputs(self, p: PassInput) -> Hashable | None:
         # A route another owner held last time (a tunnel route on its way out) is tried again on
         # the next pass, not only at the next full resync.
-        return None if self._skipped else p.plan.routes
+        return None if self._skipped else (p.plan.routes, p.flannel.takeover if p.flannel is not None else None)
 
     def sync(self, p: PassInput) -> frozenset[str]:
+        if p.flannel is not None:  # flannel's routes to the nodes meshctl routes are replaced
+            self.applier.take_over(p.flannel.takeover)
         self._skipped = bool(self.applier.stage(p.plan.routes).skipped)
         return NOTHING
 
@@ -274,18 +356,20 @@ class RoutesStep(Quiet):
 
 class FlannelStep(Additive):
     """`--cni flannel` (node/flannel.py): flannel's routes to the nodes it carries written back
-    where they are missing or meshctl's (a live change of granularity), and the route step told to
-    take over flannel's routes to the nodes meshctl routes. flannel re-adds those on its own
-    resync: `wants_pass` looks every CHECK_S and the pass makes the route step replace them again.
-    Runs before the route step (what it disturbs runs in the same pass)."""
+    where they are missing or meshctl's (a live change of granularity). The route step takes over
+    flannel's routes to the nodes meshctl routes (PassInput.flannel's `takeover`); flannel re-adds
+    those on its own resync: `wants_pass` looks every CHECK_S and the pass makes the route step
+    replace them again."""
 
     name = "flannel"
+    provides = frozenset({FLANNEL_ROUTES})
+    needs = NOTHING
+    serves: tuple[type, ...] = ()
     CHECK_S = 1.0
 
-    def __init__(self, cfg: AgentConfig, route_step: RoutesStep) -> None:
+    def __init__(self, cfg: AgentConfig) -> None:
         self.enabled = cfg.cni == "flannel"
         self.applier = flannel.FlannelApplier(str(routes.RT_PROTO))
-        self._routes = route_step.applier
         self._takeover: frozenset[IPNetwork] = frozenset()
         self._checked = 0.0
 
@@ -293,11 +377,10 @@ class FlannelStep(Additive):
         return None if self.enabled else ()  # reads flannel's routes on every pass
 
     def sync(self, p: PassInput) -> frozenset[str]:
-        if not self.enabled:
+        fp = p.flannel
+        if not self.enabled or fp is None:
             return NOTHING
-        fp = flannel.plan_flannel(p.plan, p.topo, p.flannel)
         self._takeover = fp.takeover
-        self._routes.take_over(fp.takeover)
         disturbed = NOTHING
         if again := self.applier.rewritten(fp.takeover):
             log.info("flannel: its routes to %s in place of meshctl's: replacing them", ", ".join(map(str, again)))
@@ -315,8 +398,8 @@ class FlannelStep(Additive):
         self._checked = now
         return bool(self.applier.rewritten(self._takeover))
 
-    def status(self) -> StepStatus:
-        return None
+    def status(self) -> StepReport:
+        return NOTHING_SHOWN
 
 
 class SysctlsStep(Quiet, Additive):
@@ -324,6 +407,8 @@ class SysctlsStep(Quiet, Additive):
     and again when the mesh first carries IPv6 (a pod CIDR of that family): IPv6 forwarding."""
 
     name = "sysctls"
+    provides = NOTHING
+    needs = frozenset({WIREGUARD_DEVICE})  # rp_filter of the WireGuard device: set once it exists
 
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
@@ -347,6 +432,8 @@ class NatStep(Quiet, Additive):
     """Masquerade for traffic leaving the mesh, forwarding between the mesh's interfaces."""
 
     name = "nat"
+    provides = NOTHING
+    needs = NOTHING
 
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
@@ -370,6 +457,9 @@ class TunnelsStep(Quiet):
     encapsulations this node's kernel can carry (the path prober asks)."""
 
     name = "tunnels"
+    provides = frozenset({ENCAP_ROUTES})
+    needs = NOTHING
+    serves = (EncapCarrier,)
 
     def __init__(self, cfg: AgentConfig) -> None:
         self.applier = tunnels.TunnelApplier(cfg.private_interface) if cfg.private_interface else None
@@ -404,25 +494,28 @@ class DatapathStep:
     """The fast path: programs attached to the private NIC and pod interfaces, the plan in its maps.
 
     The datapath is loaded off the loop (compiling takes a while, and a joining node must be
-    reachable through kernel routes before that) and handed over with `use`; until then the step
-    does nothing. A CNI adds a pod's route a moment after its veth, so for PODS_SETTLE_S after the
+    reachable through kernel routes before that) into `loaded`; until it is there the step does
+    nothing. A CNI adds a pod's route a moment after its veth, so for PODS_SETTLE_S after the
     pod interfaces change the step asks for a pass every PODS_SETTLE_STEP_S and re-reads them."""
 
     name = "datapath"
+    provides = NOTHING
+    needs = frozenset({KERNEL_ROUTES})  # its stale entries go (retire) once the routes that take over are in
+    serves = (EncapCarrier,)
 
-    def __init__(self, cfg: AgentConfig) -> None:
+    def __init__(self, cfg: AgentConfig, loaded: LoadedDatapath) -> None:
         self.cfg = cfg
-        self._datapath: Datapath | None = None
+        self._loaded = loaded
         self._synced = False  # the maps hold a plan (until then an ebpf datapath passes all to the kernel)
         self._settle_until = 0.0
         self._attached: tuple[str, ...] | None = None
-        self._filter_rebuilt = 0.0  # when this step last rebuilt the flow filter (monotonic)
+        self._filter_rebuilt: float | None = None  # when the flow filter was last rebuilt (monotonic)
 
-    def use(self, datapath: Datapath) -> None:
-        """The loaded datapath: the next pass attaches it and fills its maps (Datapath.open built
-        its flow filter; the step rebuilds it once per resync interval)."""
-        self._datapath = datapath
-        self._filter_rebuilt = time.monotonic()
+    @property
+    def _datapath(self) -> Datapath | None:
+        """The loaded datapath: the first pass that finds it attaches it and fills its maps
+        (Datapath.open built its flow filter; the step rebuilds it once per resync interval)."""
+        return self._loaded.get()
 
     def _settling(self, pod_ifs: tuple[str, ...], settle_pass: bool) -> bool:
         return settle_pass or pod_ifs != self._attached
@@ -446,6 +539,8 @@ class DatapathStep:
         dp.stage(p.plan.fastpath, self.cfg.private_interface)
         self._synced = True
         now = time.monotonic()
+        if self._filter_rebuilt is None:
+            self._filter_rebuilt = self._loaded.opened_at
         if now - self._filter_rebuilt >= self.cfg.resync_interval:  # evicted flows' filter slots cleared
             dp.rebuild_flow_filter()
             self._filter_rebuilt = now
@@ -468,30 +563,12 @@ class DatapathStep:
     def wants_pass(self, now: float, last_pass: float) -> bool:
         return now < self._settle_until and now - last_pass >= PODS_SETTLE_STEP_S
 
-    def status(self) -> DatapathReport:
+    def status(self) -> StepReport:
         """The mode and counters read now; the pod interfaces carried when the eBPF datapath runs."""
         dp = self._datapath
         if dp is None:
-            return DatapathReport(DatapathStatus(None, fastpath_off(self.cfg) or "loading"), ())
-        try:
-            counters = dp.counters()
-        except Exception as e:  # noqa: BLE001 - status must always answer
-            counters = {}
-            log.debug("datapath counters: %s", e)
-        from meshctl.datapath.objcache import refusals
-
+            return StepReport(datapath=DatapathStatus(None, fastpath_off(self.cfg) or "loading"))
         if dp.mode != "ebpf":
-            return DatapathReport(DatapathStatus(dp.mode, dp.reason, counters, self._synced,
-                                                 objects=dp.objects, objects_refused=refusals()), ())
-        from meshctl.datapath.features import probe
-
-        # how the programs hook in, which helpers they do without on this kernel, where they came from
-        reason = dp.reason if self.cfg.private_interface else IDLE_NO_PRIVATE
-        try:
-            rc = dp.route_cache()
-        except OSError as e:
-            rc = None
-            log.debug("datapath route cache: %s", e)
-        block = DatapathStatus(dp.mode, reason, counters, self._synced, "clsact" if dp.clsact else "tcx",
-                               tuple(probe().fallbacks()), dp.objects, refusals(), rc.fills if rc else None)
-        return DatapathReport(block, self._attached or ())
+            return StepReport(datapath=dp.status_block(synced=self._synced))
+        reason = None if self.cfg.private_interface else IDLE_NO_PRIVATE
+        return StepReport(datapath=dp.status_block(synced=self._synced, reason=reason), carrying=self._attached or ())

@@ -10,18 +10,27 @@ rest go on. Checks between records (overlaps, duplicates) are the agent's, throu
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from meshctl.mesh.admit import Rejection
+from meshctl.mesh.flannel import FlannelLease
 from meshctl.mesh.model import Cluster, MeshSettings, Node, Peer, Topology
 
 
 @dataclass(frozen=True)
 class ClusterState:
     """One consistent view of a cluster. `nodes` are in admission order: older records first, so
-    a newcomer can never take an address an existing node holds."""
+    a newcomer can never take an address an existing node holds.
+
+    What a backend counts besides the records (none of it compared): `records`, how many node
+    records the store holds (etcd, lapsed ones not counted; None: the backend does not count);
+    `lapsed`, records kept through their lapse grace (etcd); `pending`, nodes that have not joined
+    yet (no pod CIDR, or their agent has not published), each with what it still lacks, and
+    `stale`, nodes left out because their last-seen is too old (Kubernetes);
+    `flannel`, flannel's lease of each node by name (`--cni flannel`: the plan's flannel input's
+    applier writes flannel's routes back from them)."""
 
     cluster: Cluster
     mesh: MeshSettings
@@ -31,10 +40,56 @@ class ClusterState:
     ready: bool = True
     reason: str = ""
     revision: int = 0
-    extra: dict[str, object] = field(default_factory=dict, compare=False)
+    records: int | None = field(default=None, compare=False)
+    lapsed: int = field(default=0, compare=False)
+    pending: Mapping[str, str] = field(default_factory=dict, compare=False)
+    stale: tuple[str, ...] = field(default=(), compare=False)
+    flannel: Mapping[str, FlannelLease] = field(default_factory=dict, compare=False)
 
     def topology(self) -> Topology:
         return Topology(cluster=self.cluster, mesh=self.mesh, nodes=self.nodes, peers=self.peers)
+
+
+@dataclass(frozen=True)
+class OwnRecord:
+    """How often this agent put its record back after someone else deleted or changed it."""
+
+    restored_total: int
+    last_restored: str | None
+
+
+@dataclass(frozen=True)
+class KvstoreStatus:
+    """The Kubernetes backend's mirror into the cluster-mesh etcd (--kvstore-endpoints)."""
+
+    writing: bool
+    writer: str | None
+    lease: int
+    puts: int = 0
+    deletes: int = 0
+    errors: int = 0
+    takeovers: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"writing": self.writing, "writer": self.writer, "lease": self.lease, "puts": self.puts,
+                "deletes": self.deletes, "errors": self.errors, "takeovers": self.takeovers}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> KvstoreStatus:
+        return cls(bool(d.get("writing")), d.get("writer"), d.get("lease", 0), d.get("puts", 0),
+                   d.get("deletes", 0), d.get("errors", 0), d.get("takeovers", 0))
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """What a backend adds to the agent's /status, each None when it does not serve it:
+    `own_record` (etcd: how often the agent put its record back), `lapsed` (etcd: records kept
+    through their lapse grace, by name, with the seconds left), `kvstore` (Kubernetes with a
+    cluster-mesh mirror)."""
+
+    own_record: OwnRecord | None = None
+    lapsed: dict[str, float] | None = None
+    kvstore: KvstoreStatus | None = None
 
 
 class Backend(Protocol):
@@ -54,7 +109,7 @@ class Backend(Protocol):
     def close(self) -> None:
         """Release connections. Must not withdraw the published record (a restarting agent keeps it)."""
 
-    def status(self) -> dict[str, Any]:
-        """Blocks the backend adds to the agent's /status (e.g. `kvstore`); {} when none."""
+    def status(self) -> BackendStatus:
+        """Blocks the backend adds to the agent's /status (e.g. `kvstore`); BackendStatus() when none."""
 
 

@@ -46,6 +46,8 @@ from meshctl.backends.clustermesh_cache import (
     cached_cluster_prefix,
 )
 from meshctl.backends.etcd import ROOT, EtcdBackend, cluster_key, cluster_prefix, parse_record
+from meshctl.backends.remote_status import Rejected, RemotesStatus
+from meshctl.backends.remote_status import RemoteCluster as ClusterReport
 from meshctl.errors import InputError, MeshError
 from meshctl.etcd import EtcdClient, EtcdError, KeyValue
 from meshctl.mesh import fields
@@ -617,6 +619,15 @@ class RemoteClusters:
                 health = dict(self._health)
             out["via"] = via_line(health)
         return out
+
+    def report(self) -> RemotesStatus:
+        """`status()`, typed: the ClusterMesh block as the agent's status carries it."""
+        st = self.status()
+        clusters = tuple(ClusterReport(
+            c["name"], c["ready"], c["reason"], c["nodes"], tuple(c["endpoints"]), c["connected"], c["last_change"],
+            c["reconnects"], c["last_sync_age"], c["rejected"],
+            tuple(Rejected(r["name"], r["reason"]) for r in c["rejections"])) for c in st["clusters"])
+        return RemotesStatus(st["ready"], st["total"], clusters, via=st.get("via"))
 
 
 def _cluster_of(fname: str) -> str:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from meshctl.backends.base import ClusterState
+from meshctl.backends.base import BackendStatus, ClusterState, OwnRecord
 from meshctl.errors import InputError, MeshError
 from meshctl.etcd import Compacted, EtcdClient, EtcdError, KeyValue, WatchIdle
 from meshctl.mesh import records
@@ -469,7 +469,7 @@ class EtcdBackend:
         return ClusterState(
             cluster=self.cluster, mesh=mesh, nodes=tuple(n for _, n in nodes), peers=tuple(p for _, p in peers),
             rejections=tuple(rejections), ready=ready, reason=reason if not ready else "", revision=rev,
-            extra={"records": len(kvs) - len(lapsed), "lapsed": len(lapsed)},
+            records=len(kvs) - len(lapsed), lapsed=len(lapsed),
         )
 
     def _parse_cached(self, kv: KeyValue, name: str, kind: str) -> Node | Peer | Rejection:
@@ -500,14 +500,13 @@ class EtcdBackend:
         with self._lock:
             return [kv for k, kv in self._kvs.items() if k.startswith(prefix)]
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> BackendStatus:
         """`own_record`: how often our record was put back after someone else deleted or changed
         it; `lapsed`: records kept through their lapse grace (their agents are away)."""
         with self._lock:
             now = time.monotonic()
             lapsed = {k.rpartition("/")[2]: round(until - now, 1) for k, (_, until) in self._lapsed.items()}
-        return {"own_record": {"restored_total": self.restored_total, "last_restored": self.last_restored},
-                "lapsed": lapsed}
+        return BackendStatus(OwnRecord(self.restored_total, self.last_restored), lapsed)
 
     def close(self) -> None:
         self.client.abort_watch()

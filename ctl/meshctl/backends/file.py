@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from meshctl.backends.base import ClusterState
+from meshctl.backends.base import BackendStatus, ClusterState
 from meshctl.errors import MISSING, InputError, show
 from meshctl.mesh.model import Cluster, MeshSettings, Node, Topology
 from meshctl.mesh.records import parse_topology
@@ -194,8 +194,8 @@ class FileBackend:
                 last = mtime
                 changed()
 
-    def status(self) -> dict[str, Any]:
-        return {}
+    def status(self) -> BackendStatus:
+        return BackendStatus()
 
     def close(self) -> None:
         pass

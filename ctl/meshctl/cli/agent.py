@@ -34,7 +34,9 @@ from meshctl.mesh.model import DEFAULT_PORT
 from meshctl.node.cni import CNI_MODES
 
 if TYPE_CHECKING:  # read when a command runs: `--help` imports no agent
-    from meshctl.agent.status import AgentStatus, BackendBlocks, DatapathStatus, PodsStatus, RemotesStatus
+    from meshctl.agent.status import AgentStatus, BackendBlocks, PodsStatus
+    from meshctl.backends.remote_status import RemotesStatus
+    from meshctl.datapath.status import DatapathStatus
 
 
 def _per_family(parse: Any, what: str) -> Any:
@@ -391,9 +393,7 @@ def node_list(etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, e
              **{k: v for k, v in records.node_to_record(n).items() if k != "pod_cidr"},
              "pod_cidrs": [str(c) for c in n.pod_cidrs]} for n in admitted]
     rows += [{"name": r.name, "status": "rejected", "reason": r.reason} for r in [*st.rejections, *rejected]]
-    pending = st.extra.get("pending")
-    rows += [{"name": name, "status": "pending", "reason": why}
-             for name, why in sorted(pending.items() if isinstance(pending, dict) else [])]
+    rows += [{"name": name, "status": "pending", "reason": why} for name, why in sorted(st.pending.items())]
     if output == "json":
         click.echo(json.dumps(rows, indent=2))
         return

@@ -76,10 +76,10 @@ def admitted_both(state: ClusterState, after: MeshSettings, changes: Mapping[str
 
 
 def _source(backend: str | None, lab_name: str | None, **store: Any) -> Source:
-    if backend == "kubernetes" and lab_name is not None:
-        raise InputError("--lab", lab_name, "reads a lab's etcd: leave out --backend kubernetes")
-    if backend is None:
-        backend = "kubernetes" if store.get("kubeconfig") else "etcd"
+    """The settings' store: etcd unless --backend or --kubeconfig says kubernetes (Source decides
+    that, and refuses --lab beside it)."""
+    if backend is None and not store.get("kubeconfig"):
+        backend = "etcd"
     return Source(path=None, backend=backend, lab_name=lab_name, **store).one_cluster()
 
 

@@ -68,6 +68,9 @@ class Source:
                  etcd_endpoints: str, etcd_ca: str | None, etcd_cert: str | None, etcd_key: str | None,
                  cluster_name: str | None, etcd_user: str | None = None, etcd_password_file: str | None = None,
                  **_: Any) -> None:
+        if lab_name is not None and not path and (backend == "kubernetes" or backend is None and kubeconfig):
+            left = "--backend kubernetes" if backend else "--kubeconfig"
+            raise InputError("--lab", lab_name, f"reads a lab's etcd: leave out {left}")
         if backend is None and kubeconfig is not None and not path:
             backend = "kubernetes"
         backend = backend or ("etcd" if lab_name is not None and not path else "file")
@@ -127,8 +130,7 @@ class Source:
         topo, rejected = admit_local(state.topology())
         for r in [*state.rejections, *rejected]:
             self.warn(f"rejected {r.name}: {r.reason}")
-        pending = state.extra.get("pending")
-        self.pending = dict(pending) if isinstance(pending, dict) else {}
+        self.pending = dict(state.pending)
         for name, why in sorted(self.pending.items()):
             self.warn(f"{self.backend}: node {name} is pending: {why}")
         for w in topology_warnings(topo):

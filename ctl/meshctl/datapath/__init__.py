@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from meshctl import defaults
 from meshctl.datapath import layout, links
 from meshctl.datapath.maps import FilterStats, RouteCacheStats, SyncStats, Table
+from meshctl.datapath.status import DatapathStatus
 from meshctl.errors import MeshError
 from meshctl.mesh.model import IPAddress
 from meshctl.mesh.plan import FastPathEntry
@@ -370,12 +371,40 @@ class Datapath:
         maps = self._loaded.maps
         return [layout.decode_flow(k) for m in (maps.flows4, maps.flows6) for k in m.items()]
 
-    def status(self) -> dict:
-        """What `meshctl datapath status` and the agent's status show."""
+    def status_block(self, *, synced: bool | None = None, reason: str | None = None,
+                     counters: bool = True) -> DatapathStatus:
+        """The fast path's status block, the one builder of it (the agent's /status `datapath`, and
+        `meshctl datapath status`): mode and why (`reason` in place of the datapath's own), the
+        counters read now (with `counters`), whether the maps hold a plan (`synced`, the agent's
+        to say), where the objects came from; with the eBPF datapath also how the programs hook in,
+        which helpers they do without on this kernel and the route cache's fills."""
         from meshctl.datapath.objcache import refusals
 
-        out: dict = {"node": self.node, "mode": self.mode, "reason": self.reason, "pin_dir": self.pin_dir,
-                     "objects": self.objects, "objects_refused": refusals()}
+        got: dict[str, tuple[int, int]] = {}
+        if counters:
+            try:
+                got = self.counters()
+            except Exception as e:  # noqa: BLE001 - status must always answer
+                log.debug("datapath counters: %s", e)
+        why = self.reason if reason is None else reason
+        if self.mode != "ebpf":
+            return DatapathStatus(self.mode, why, got, synced, objects=self.objects, objects_refused=refusals())
+        from meshctl.datapath.features import probe
+
+        try:
+            rc = self.route_cache()
+        except OSError as e:
+            rc = None
+            log.debug("datapath route cache: %s", e)
+        return DatapathStatus(self.mode, why, got, synced, "clsact" if self._tc_fallback else "tcx",
+                              tuple(probe().fallbacks()), self.objects, refusals(), rc.fills if rc else None)
+
+    def status(self) -> dict:
+        """What `meshctl datapath status` shows: the status block (status_block) with the pinned
+        objects' details."""
+        block = self.status_block(counters=False)
+        out: dict = {"node": self.node, "mode": block.mode, "reason": block.reason, "pin_dir": self.pin_dir,
+                     "objects": block.objects, "objects_refused": block.objects_refused}
         with contextlib.suppress(OSError):
             from meshctl.datapath.features import probe
 
@@ -384,7 +413,7 @@ class Datapath:
             maps = self._loaded.maps
             out.update(
                 layout=maps.config_get(layout.CFG_LAYOUT),
-                attach="clsact" if self._tc_fallback else "tcx",
+                attach=block.attach,
                 compiled=self._loaded.compiled,
                 programs={p: i for p, i in self._loaded.prog_ids.items()},
                 links=[{"hook": a.hook, "ifindex": a.ifindex, "ifname": a.ifname, "prog_id": a.prog_id,

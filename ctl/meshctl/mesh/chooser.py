@@ -29,12 +29,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from meshctl.mesh.model import RUNGS, PathState, Rung
+from meshctl.mesh.model import RUNGS, WIREGUARD_PRIVATE, PathState, Rung
 
 PROBE_KINDS: tuple[str, ...] = ("direct", "udp", "ipip")
 KIND_RUNGS: dict[str, tuple[Rung, ...]] = {
-    "direct": ("direct",), "udp": ("direct+vxlan", "wireguard-private"), "ipip": ("direct+ipip",)}
+    "direct": ("direct",), "udp": ("direct+vxlan", WIREGUARD_PRIVATE), "ipip": ("direct+ipip",)}
 RUNG_KIND: dict[str, str] = {r: k for k, rungs in KIND_RUNGS.items() for r in rungs}
 PEER_CHOICE_TTL_S = 5.0  # a peer's reported choice counts this long after its last reply
 
@@ -275,10 +276,111 @@ class Chooser:
             return self.tuning.interval
         return self.tuning.standby_interval
 
-    def status(self) -> dict[str, dict[str, object]]:
+    def status(self) -> dict[str, PairProbe]:
         """Per peer: rung, the kinds' verdicts and RTTs (for /status and metrics)."""
-        return {name: {"rung": p.rung, "ladder": list(p.ladder), "peer_choice": p.peer_choice,
-                       "probes": {k: {"up": h.up, "lost": h.lost,
-                                      "rtt_ms": round(h.rtt * 1000, 3) if h.rtt is not None else None,
-                                      "recovering_since": h.candidate} for k, h in p.kinds.items()}}
+        return {name: PairProbe(p.rung, tuple(p.ladder), p.peer_choice,
+                                {k: ProbeVerdict(h.up, h.lost, round(h.rtt * 1000, 3) if h.rtt is not None else None,
+                                                 h.candidate) for k, h in p.kinds.items()})
                 for name, p in sorted(self.pairs.items())}
+
+
+# --- the prober's status, as /status serves it (a published interface: agent/status.py) ---------
+
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ProbeVerdict:
+    """One probe kind towards one peer: up (None: no verdict yet), probes lost since the last
+    reply, smoothed RTT, and since when a down kind answers again. The tally (probes of this
+    node sent and answered since the peer was first probed, the last answer's RTT and age) is
+    None, and its keys absent, from a prober that does not count."""
+
+    up: bool | None
+    lost: int
+    rtt_ms: float | None
+    recovering_since: float | None
+    sent: int | None = None
+    answered: int | None = None
+    last_rtt_ms: float | None = None
+    last_reply_age_s: float | None = None
+
+    def to_json(self) -> JSON:
+        out: JSON = {"up": self.up, "lost": self.lost, "rtt_ms": self.rtt_ms, "recovering_since": self.recovering_since}
+        for key in _TALLY_KEYS:
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+    @classmethod
+    def from_json(cls, d: JSON) -> ProbeVerdict:
+        return cls(d.get("up"), d.get("lost", 0), d.get("rtt_ms"), d.get("recovering_since"),
+                   *(d.get(k) for k in _TALLY_KEYS))
+
+
+_TALLY_KEYS = ("sent", "answered", "last_rtt_ms", "last_reply_age_s")
+
+
+@dataclass(frozen=True)
+class RungMove:
+    """A pair's rung changed: from (None: the first choice), to, why, and when (wall clock)."""
+
+    old: str | None
+    new: str
+    reason: str
+    at: float
+
+    def to_json(self) -> JSON:
+        return {"from": self.old, "to": self.new, "reason": self.reason, "at": self.at}
+
+    @classmethod
+    def from_json(cls, d: JSON) -> RungMove:
+        return cls(d.get("from"), str(d.get("to", "")), str(d.get("reason", "")), d.get("at", 0.0))
+
+
+@dataclass(frozen=True)
+class PairProbe:
+    """A probed pair: the rung it takes, its ladder, the peer's own choice, each kind's verdict,
+    and its last moves, oldest first (`history`: absent before the pair's first choice)."""
+
+    rung: str | None
+    ladder: tuple[str, ...]
+    peer_choice: str | None
+    probes: dict[str, ProbeVerdict]
+    history: tuple[RungMove, ...] = ()
+
+    def to_json(self) -> JSON:
+        out: JSON = {"rung": self.rung, "ladder": list(self.ladder), "peer_choice": self.peer_choice,
+                     "probes": {k: v.to_json() for k, v in self.probes.items()}}
+        if self.history:
+            out["history"] = [m.to_json() for m in self.history]
+        return out
+
+    @classmethod
+    def from_json(cls, d: JSON) -> PairProbe:
+        return cls(d.get("rung"), tuple(d.get("ladder") or ()), d.get("peer_choice"),
+                   {k: ProbeVerdict.from_json(v) for k, v in (d.get("probes") or {}).items()},
+                   tuple(RungMove.from_json(m) for m in d.get("history") or ()))
+
+
+@dataclass(frozen=True)
+class ProbeStatus:
+    """The path prober (intra_subnet auto): its port, the rungs this node carries, probes sent and
+    received, its CPU time, and every probed pair."""
+
+    port: int
+    local_rungs: tuple[str, ...]
+    sent: int
+    received: int
+    cpu_s: float
+    pairs: dict[str, PairProbe]
+
+    def to_json(self) -> JSON:
+        return {"port": self.port, "local_rungs": list(self.local_rungs), "sent": self.sent,
+                "received": self.received, "cpu_s": self.cpu_s,
+                "pairs": {n: p.to_json() for n, p in self.pairs.items()}}
+
+    @classmethod
+    def from_json(cls, d: JSON) -> ProbeStatus:
+        return cls(d.get("port", 0), tuple(d.get("local_rungs") or ()), d.get("sent", 0), d.get("received", 0),
+                   d.get("cpu_s", 0.0), {n: PairProbe.from_json(p) for n, p in (d.get("pairs") or {}).items()})

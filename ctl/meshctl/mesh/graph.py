@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from meshctl.errors import InputError
-from meshctl.mesh.model import ENCAP_RUNGS, PRIVATE_RUNGS, RUNGS, Node, Topology
+from meshctl.mesh.model import ENCAP_RUNGS, PRIVATE_RUNGS, RUNGS, WIREGUARD_PRIVATE, Node, Topology
 from meshctl.mesh.observed import NodeSeen, PeerSeen
 from meshctl.mesh.plan import plan_node
 from meshctl.mesh.render import path_text
@@ -50,7 +50,7 @@ _ENCAP_COLOUR: dict[str, str] = {"ipip": "blue", "vxlan": "darkgreen"}
 EDGE_ATTRS: dict[str, str] = {
     "direct": "style=dotted",
     **{rung: f'style=dotted, color={_ENCAP_COLOUR[kind]}, label="{kind}"' for rung, kind in ENCAP_RUNGS.items()},
-    "wireguard-private": 'style=solid, color=gray40, label="private endpoint"',
+    WIREGUARD_PRIVATE: 'style=solid, color=gray40, label="private endpoint"',
     "tunnel": "style=solid",
     "relay": "style=solid, color=orange",
 }
@@ -60,11 +60,11 @@ FELL_BACK_STYLE = "style=dashed"
 # When the two ends of a pair report different rungs, the costlier is drawn; no path costs most.
 _EDGE_COST: tuple[str, ...] = (*RUNGS, "relay")
 # The rungs WireGuard carries (a pair of leaders on one carries their locations).
-_WIREGUARD_RUNGS: frozenset[str] = frozenset({"wireguard-private", "tunnel", "relay"})
+_WIREGUARD_RUNGS: frozenset[str] = frozenset({WIREGUARD_PRIVATE, "tunnel", "relay"})
 # The words an edge's label counts its pairs in (`100 wireguard`).
 _RUNG_WORD: dict[str, str] = {"tunnel": "wireguard"}
 _LEGEND_LABELS: dict[str, str] = {
-    "tunnel": "WireGuard (tunnel)", "wireguard-private": "WireGuard to the private address",
+    "tunnel": "WireGuard (tunnel)", WIREGUARD_PRIVATE: "WireGuard to the private address",
     "direct": "direct (raw, private network)", "direct+ipip": "direct+ipip (IP-in-IP, private network)",
     "direct+vxlan": "direct+vxlan (VXLAN, private network)",
     "relay": "WireGuard through a relay",
@@ -257,7 +257,7 @@ def graph_model(topo: Topology, remotes: Sequence[Remote] = ()) -> GraphModel:
                 other = ("peer:" + peer.name) if peer.kind == "peer" else names.get(peer.name, peer.name)
                 add(me, other, plan.paths.get(peer.name, "tunnel") if peer.kind != "peer" else "tunnel")
             for other, rung in plan.paths.items():
-                if rung in PRIVATE_RUNGS and rung != "wireguard-private":
+                if rung in PRIVATE_RUNGS and rung != WIREGUARD_PRIVATE:
                     add(me, names.get(other, other), rung)
             for other, fams in plan.family_paths.items():
                 q = names.get(other, other)

@@ -13,6 +13,7 @@ from meshctl.mesh.model import (
     ENCAP_RUNGS,
     FIXED_RUNG,
     RUNGS,
+    WIREGUARD_PRIVATE,
     IPNetwork,
     Node,
     Rung,
@@ -38,7 +39,7 @@ def pair_rungs(mesh_intra: str, granularity: str, private_networks: tuple[IPNetw
     pod's family); `wireguard-private` is an endpoint, so a pair joined in either family may use
     it for both (`cross_family`; False asks whether the family's own network joins the pair)."""
     same_loc_ok = granularity == "full" or me.location == r.location
-    if mesh_intra in ("direct", "wireguard-private", "wireguard"):
+    if mesh_intra in ("direct", WIREGUARD_PRIVATE, "wireguard"):
         if mesh_intra == "wireguard" or not same_loc_ok:
             return ("tunnel",)
         fam = family if mesh_intra == "direct" or not cross_family else None
@@ -48,7 +49,7 @@ def pair_rungs(mesh_intra: str, granularity: str, private_networks: tuple[IPNetw
     if not private_joined(me, r, private_networks, family):
         # Only another family's private network may join the pair: its endpoint, not this family's path.
         other = family is not None and mesh_intra == "auto" and cross_family and private_joined(me, r, private_networks)
-        return ("wireguard-private", "tunnel") if other else ("tunnel",)
+        return (WIREGUARD_PRIVATE, "tunnel") if other else ("tunnel",)
     if mesh_intra != "auto":
         return (FIXED_RUNG[mesh_intra], "tunnel")
     return RUNGS if private_neighbours(me, r, family) else RUNGS[1:]  # `direct` only between neighbours

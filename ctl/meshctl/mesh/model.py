@@ -13,7 +13,7 @@ import ipaddress
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
@@ -32,7 +32,10 @@ DEFAULT_INTRA_SUBNET: IntraSubnet = "auto"
 # rungs are probed under `intra_subnet: auto`; `tunnel` (WireGuard over the public endpoint) is the
 # last resort and always assumed to work.
 Rung = Literal["direct", "direct+ipip", "direct+vxlan", "wireguard-private", "tunnel"]
-RUNGS: tuple[Rung, ...] = ("direct", "direct+ipip", "direct+vxlan", "wireguard-private", "tunnel")
+# WireGuard to a peer's private address: the rung, and the intra_subnet mode that pins a pair to it
+# (the one spelling of the name outside the two Literal types).
+WIREGUARD_PRIVATE: Final = "wireguard-private"
+RUNGS: tuple[Rung, ...] = ("direct", "direct+ipip", "direct+vxlan", WIREGUARD_PRIVATE, "tunnel")
 PRIVATE_RUNGS: tuple[Rung, ...] = RUNGS[:-1]
 # The encapsulations of the private network, the one table of them: each kind is carried by one
 # rung (rung -> kind) and is also the fixed intra_subnet mode that pins a pair to that rung. The
@@ -42,7 +45,7 @@ ENCAP_RUNGS: dict[Rung, EncapKind] = {"direct+vxlan": "vxlan", "direct+ipip": "i
 ENCAP_KINDS: tuple[EncapKind, ...] = tuple(ENCAP_RUNGS.values())
 # What a fixed intra_subnet mode pins an eligible private pair to (auto: the ladder).
 FIXED_RUNG: dict[str, Rung] = {"direct": "direct", **{kind: rung for rung, kind in ENCAP_RUNGS.items()},
-                               "wireguard-private": "wireguard-private", "wireguard": "tunnel"}
+                               WIREGUARD_PRIVATE: WIREGUARD_PRIVATE, "wireguard": "tunnel"}
 INTRA_SUBNET_MODES: tuple[str, ...] = ("auto", *FIXED_RUNG)
 # Probe results as the plan reads them: peer (qualified name) -> the private rungs that deliver.
 # A peer the mapping does not name is assumed to deliver on every rung (offline plans).

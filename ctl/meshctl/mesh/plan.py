@@ -13,17 +13,20 @@ remote clusters (`_remote_shares`). `_merge` joins the shares in that order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain
 from operator import itemgetter
-from typing import Generic, Literal, NamedTuple, TypeVar
+from typing import Literal, NamedTuple
 
 from meshctl.errors import InputError
+from meshctl.mesh.flannel import FLANNEL_PATH, carried
 from meshctl.mesh.ladder import cheapest, choose_rung, member_rungs, pair_rungs
+from meshctl.mesh.memo import SameObject, UsedMemo
 from meshctl.mesh.model import (
     ENCAP_RUNGS,
     FAMILIES,
+    WIREGUARD_PRIVATE,
     EncapKind,
     Endpoint,
     Granularity,
@@ -128,6 +131,14 @@ class NodePlan:
     # Pairs whose pod families take different rungs (the v6 private network shared, the v4 one
     # not): qualified name -> ((IP version, rung), ...); `paths` names the cheapest of them.
     family_paths: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict, compare=False)
+    # `--cni flannel`: the nodes flannel carries (path `flannel`), each with the rung the plan
+    # would take to it without flannel (the probes' memory of a pair is of rungs: `rung_paths`).
+    handed_over: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def rung_paths(self) -> dict[str, str]:
+        """`paths` with each node flannel carries named by the rung the plan would take to it."""
+        return {**self.paths, **self.handed_over} if self.handed_over else self.paths
 
     @property
     def device_addresses(self) -> tuple[IPInterface, ...]:
@@ -191,17 +202,20 @@ class _Seat:
 
 
 def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
-              granularity: Granularity | None = None, path_state: PathState | None = None) -> NodePlan:
+              granularity: Granularity | None = None, path_state: PathState | None = None, *,
+              flannel: bool = False, cache: PlanCache | None = None) -> NodePlan:
     """The plan of node `name`. `remotes` are other clusters' topologies (already admitted:
     see mesh.admit.admit_remotes); `granularity` overrides the topology's; `path_state` holds
-    the probes' verdicts under `intra_subnet: auto` (None: every rung works)."""
+    the probes' verdicts under `intra_subnet: auto` (None: every rung works); `flannel`: flannel
+    carries the pod traffic to the nodes of this node's location (`--cni flannel`, `_hand_over`);
+    `cache` what this node's earlier plans left (PlanCache; None: a cold plan)."""
     if granularity is not None and granularity != topo.mesh.granularity:
         topo = replace(topo, mesh=replace(topo.mesh, granularity=granularity))
     seat = _seat(topo, name, path_state or {})
     own = [Share(paths=((seat.me.qualified_name, "local"),)), *_own_cluster(seat), _extra_peers(seat, topo.peers)]
-    blocks = _remote_blocks(seat, remotes)
-    _BLOCKS.plan_done()
-    _SEGMENTS.plan_done()
+    cache = cache or PlanCache()
+    blocks = _remote_blocks(seat, remotes, cache)
+    cache.plan_done()
     merged = _merge_blocks(seat.me, topo, own, blocks)
     every = [*own, *(s for b in blocks for s in b.shares)]
     if merged is None:  # a destination claimed in two blocks: first claim wins, over all shares
@@ -211,7 +225,7 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
     else:
         peers, routes, fastpath, paths, relays = merged
     family_paths = dict(chain.from_iterable(s.family_paths for s in every))
-    return NodePlan(
+    plan = NodePlan(
         node=seat.me.name,
         granularity=seat.mesh.granularity,
         leader=seat.my_seg.leader.name,
@@ -223,6 +237,27 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
         relays=relays,
         wireguard_ips=seat.my_seg.addresses if seat.leads and seat.my_seg.wireguard_ips else (),
         family_paths=family_paths,
+    )
+    return _hand_over(plan, topo) if flannel else plan
+
+
+def _hand_over(plan: NodePlan, topo: Topology) -> NodePlan:
+    """The plan with flannel carrying its nodes (mesh/flannel.py): their pod CIDRs' routes dropped,
+    and their fast-path entries but a raw direct one (flannel.1 encapsulates already, and WireGuard
+    does not carry them), their paths named `flannel`. A raw direct entry stays: `intra_subnet`
+    decides whether the fast path takes a same-subnet pair."""
+    names = carried(topo, plan.node, plan.granularity)
+    if not names:
+        return plan
+    pods = {c for n in topo.nodes if n.name in names for c in n.pod_cidrs}
+    qualified = {n.qualified_name for n in topo.nodes if n.name in names}
+    return replace(
+        plan,
+        routes=tuple(r for r in plan.routes if r.dst not in pods),
+        fastpath=tuple(e for e in plan.fastpath
+                       if e.prefix not in pods or (e.action == "direct" and e.encap is None)),
+        paths={k: (FLANNEL_PATH if k in qualified else v) for k, v in plan.paths.items()},
+        handed_over={k: v for k, v in plan.paths.items() if k in qualified},
     )
 
 
@@ -434,7 +469,7 @@ def _pair(seat: _Seat, s: Segment) -> Share:
     path = ((r.qualified_name, cheapest(rungs.values())),)
     split = _split(r.qualified_name, rungs)
     private = tuple(_private_claim(c, me, r, rungs[c.version]) for c in r.pod_cidrs
-                    if rungs[c.version] not in ("tunnel", "wireguard-private"))
+                    if rungs[c.version] not in ("tunnel", WIREGUARD_PRIVATE))
     if mesh.intra_subnet != "auto" and len(private) == len(r.pod_cidrs):
         return Share(claims=private, paths=path, family_paths=split)  # fixed private rungs carry everything: no peer
     dsts = _pair_destinations(seat, r, ladders)
@@ -458,7 +493,7 @@ def _pair_destinations(seat: _Seat, r: Node, ladders: dict[int, tuple[Rung, ...]
     dsts = list(r.pod_cidrs)
     for i in r.internal_ips:
         ladder = ladders.get(i.version)
-        if ladder is None or ladder == ("wireguard-private", "tunnel"):
+        if ladder is None or ladder == (WIREGUARD_PRIVATE, "tunnel"):
             ladder = pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, me, r, i.version,
                                 cross_family=False)
         if ladder == ("tunnel",) and not private_neighbours(me, r, i.version):
@@ -475,9 +510,9 @@ def _pair_endpoint(seat: _Seat, r: Node, rungs: dict[int, Rung], ladders: dict[i
     say r is reached, in a family `me` speaks. The private address is r's first one of a family
     whose private network joins the pair."""
     mesh = seat.mesh
-    standby = mesh.intra_subnet == "auto" and any("wireguard-private" in ladder for ladder in ladders.values()) and (
-        working is None or "wireguard-private" in working)
-    if "wireguard-private" not in rungs.values() and not standby:
+    standby = mesh.intra_subnet == "auto" and any(WIREGUARD_PRIVATE in ladder for ladder in ladders.values()) and (
+        working is None or WIREGUARD_PRIVATE in working)
+    if WIREGUARD_PRIVATE not in rungs.values() and not standby:
         return seat.view.endpoint(r, seat.me.families)
     fixed = mesh.intra_subnet != "auto"
     joined = next((i for i in r.internal_ips
@@ -604,8 +639,8 @@ def _relays(view: NatView, me: Node, my_seg: Segment, segs: Sequence[Segment], m
 _SegmentKey = tuple[Node, tuple[IPInterface, ...], Node, tuple[Node, ...], bool, tuple[IPAddress, ...], int]
 
 
-def _remote_shares(me: Node, leads: bool, leader_ips: tuple[IPAddress, ...], keepalive: int, remote: Remote
-                   ) -> tuple[list[Share], list[IPNetwork], list[_SegmentKey]]:
+def _remote_shares(me: Node, leads: bool, leader_ips: tuple[IPAddress, ...], keepalive: int, remote: Remote,
+                   cache: PlanCache) -> tuple[list[Share], list[IPNetwork], list[_SegmentKey]]:
     """One other cluster's admitted nodes, one share per remote segment (see `_remote_segment`),
     their pod CIDRs, and the segments' memo keys."""
     out: list[Share] = []
@@ -615,7 +650,7 @@ def _remote_shares(me: Node, leads: bool, leader_ips: tuple[IPAddress, ...], kee
     for s in remote.segments or segments(remote.topology):
         members = s.members if every else tuple(m for m in s.members if m.name in remote.admitted)
         keys.append((me, s.addresses, s.leader, members, leads, leader_ips, keepalive))
-        out.append(_remote_segment(*keys[-1]))
+        out.append(_remote_segment(keys[-1], cache))
         pods.extend(c for m in members for c in m.pod_cidrs)
     return out, pods, keys
 
@@ -632,25 +667,6 @@ class _Block(NamedTuple):
     peers: tuple[OfferedPeer, ...]
     paths: dict[str, str]
     relays: dict[str, tuple[str, str]]
-
-
-class _SameRemote:
-    """A remote cluster as seen from one seat, as a cache key: the Remote by identity (admission
-    hands out the same object while the cluster's admission stands: mesh.admit_memo), the seat's
-    part by value."""
-
-    __slots__ = ("remote", "seat", "_hash")
-
-    def __init__(self, remote: Remote, seat: tuple[Node, bool, tuple[IPAddress, ...], int]) -> None:
-        self.remote = remote
-        self.seat = seat
-        self._hash = hash((id(remote), seat))
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _SameRemote) and other.remote is self.remote and other.seat == self.seat
 
 
 def _block(shares: Sequence[Share], pods: Iterable[IPNetwork]) -> _Block:
@@ -672,77 +688,44 @@ def _block(shares: Sequence[Share], pods: Iterable[IPNetwork]) -> _Block:
                   dict(chain.from_iterable(s.relays for s in shares)))
 
 
-K = TypeVar("K", bound=Hashable)
-V = TypeVar("V")
-
-
-class _UsedMemo(Generic[K, V]):
-    """A memo that keeps what the last plan used, and nothing else. A plan after a remote change
-    reuses every block and segment share it did not touch; the ones built for records that have
-    gone since are dropped when the next plan is done (`plans_done`), so an agent holds one plan's
-    worth of them, not a cache's worth of stale segments (each holds a route per address)."""
+class PlanCache:
+    """What the plans of one node keep between them (the agent owns one; `plan_node` without one
+    computes everything anew, a cold plan): each remote cluster's block, by the Remote (the
+    identity rule, mesh.memo) and the seat, and each remote segment's share, by value. A plan
+    after a remote change merges again only the cluster it touched and builds only the segments
+    it changed; what the last plan did not use is dropped (mesh.memo.UsedMemo)."""
 
     def __init__(self) -> None:
-        self._last: dict[K, V] = {}
-        self._now: dict[K, V] = {}
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, key: K, make: Callable[[], V]) -> V:
-        v = self._now.get(key)
-        if v is None:
-            v = self._last.get(key)
-            if v is None:
-                self.misses += 1
-                v = make()
-            else:
-                self.hits += 1
-            self._now[key] = v
-        else:
-            self.hits += 1
-        return v
-
-    def keep(self, keys: Iterable[K]) -> None:
-        """Count `keys` as used by this plan (a reused block keeps its segments' shares for the
-        block that replaces it after a change: it reuses all but the changed segment's)."""
-        for k in keys:
-            if k not in self._now and k in self._last:
-                self._now[k] = self._last[k]
+        self.blocks: UsedMemo[SameObject, tuple[_Block, tuple[_SegmentKey, ...]]] = UsedMemo()
+        self.segments: UsedMemo[_SegmentKey, Share] = UsedMemo()
 
     def plan_done(self) -> None:
-        """Forget what the plan just done did not use."""
-        self._last, self._now = self._now, {}
+        self.blocks.done()
+        self.segments.done()
 
     def clear(self) -> None:
-        self._last, self._now = {}, {}
+        """Drop every block and segment share (the next plan computes all anew: a cold plan)."""
+        self.blocks.clear()
+        self.segments.clear()
 
 
-_BLOCKS: _UsedMemo[_SameRemote, tuple[_Block, tuple[_SegmentKey, ...]]] = _UsedMemo()
-
-
-def _remote_block(key: _SameRemote) -> _Block:
-    """One remote cluster's block, memoised on its Remote and the seat: a pass after a remote
-    change merges and sorts again only the cluster it touched (its segments' shares come from
-    `_remote_segment`'s memo)."""
+def _remote_block(remote: Remote, seat: tuple[Node, bool, tuple[IPAddress, ...], int], cache: PlanCache) -> _Block:
+    """One remote cluster's block, kept in `cache` by its Remote and the seat: a pass after a
+    remote change merges and sorts again only the cluster it touched (its segments' shares come
+    from the cache too: `_remote_segment`)."""
     def make() -> tuple[_Block, tuple[_SegmentKey, ...]]:
-        me, leads, leader_ips, keepalive = key.seat
-        shares, pods, keys = _remote_shares(me, leads, leader_ips, keepalive, key.remote)
+        me, leads, leader_ips, keepalive = seat
+        shares, pods, keys = _remote_shares(me, leads, leader_ips, keepalive, remote, cache)
         return _block(shares, pods), tuple(keys)
-    block, keys = _BLOCKS.get(key, make)
-    _SEGMENTS.keep(keys)
+    block, keys = cache.blocks.get(SameObject(remote, seat), make)
+    cache.segments.keep(keys)
     return block
 
 
-def forget_memos() -> None:
-    """Drop every memoised block and segment share (the next plan computes all anew: a cold plan)."""
-    _BLOCKS.clear()
-    _SEGMENTS.clear()
-
-
-def _remote_blocks(seat: _Seat, remotes: Sequence[Remote]) -> list[_Block]:
+def _remote_blocks(seat: _Seat, remotes: Sequence[Remote], cache: PlanCache) -> list[_Block]:
     """Other clusters' blocks, by cluster name."""
     where = (seat.me, seat.leads, seat.leader_ips or ((seat.leader_ip,) if seat.leader_ip else ()), seat.keepalive)
-    return [_remote_block(_SameRemote(r, where)) for r in sorted(remotes, key=lambda r: r.topology.cluster.name)]
+    return [_remote_block(r, where, cache) for r in sorted(remotes, key=lambda r: r.topology.cluster.name)]
 
 
 def _merge_blocks(me: Node, topo: Topology, own: Sequence[Share], blocks: Sequence[_Block]
@@ -773,16 +756,11 @@ def _merge_blocks(me: Node, topo: Topology, own: Sequence[Share], blocks: Sequen
     return peers, routes, fast, paths, relays
 
 
-_SEGMENTS: _UsedMemo[_SegmentKey, Share] = _UsedMemo()
-
-
-def _remote_segment(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, members: tuple[Node, ...], leads: bool,
-                    leader_ips: tuple[IPAddress, ...], keepalive: int) -> Share:
-    """One remote segment's share (`_segment_share`), memoised (a pure function of its arguments):
-    a remote change recomputes only the segment it touches, so a reconcile with thousands of
-    remote nodes redoes only what changed."""
-    key = (me, wg_ips, leader, members, leads, leader_ips, keepalive)
-    return _SEGMENTS.get(key, lambda: _segment_share(*key))
+def _remote_segment(key: _SegmentKey, cache: PlanCache) -> Share:
+    """One remote segment's share (`_segment_share` of `key`), kept in `cache` (a pure function of
+    its arguments): a remote change recomputes only the segment it touches, so a reconcile with
+    thousands of remote nodes redoes only what changed."""
+    return cache.segments.get(key, lambda: _segment_share(*key))
 
 
 def _segment_share(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, members: tuple[Node, ...], leads: bool,

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -275,6 +275,8 @@ def peer_resource(p: WgPeer, api_version: str, name: str | None = None) -> dict[
 
 
 # The keys a node row gains for a dual-stack node (dual_keys).
+JSON = dict[str, Any]
+
 DUAL_KEYS = ("internal_ips", "endpoints", "wireguard_ips", "family_paths")
 
 
@@ -290,33 +292,125 @@ def dual_keys(internal_ips: Sequence[object], endpoints: Sequence[object], wireg
     return out
 
 
-def node_rows(topo: Topology, remotes: Sequence[Remote], plan: NodePlan) -> list[dict[str, Any]]:
+def node_list(topo: Topology, remotes: Sequence[Remote], plan: NodePlan, *, fastpath: bool = False
+              ) -> list[NodeRow]:
     """`meshctl node list` from one node's point of view: every local and remote node, its
     addresses, its segment's WireGuard address (leaders only) and the path this node takes to it
-    (with the relaying node and why, for path `relay`)."""
-    rows: list[dict[str, Any]] = []
+    (with the relaying node and why, for path `relay`); with `fastpath`, the plan's fast-path
+    entries for its pod CIDRs (the agent's node list)."""
+    rows: list[NodeRow] = []
     relays = plan.relays
+    entries = fastpath_rows(plan.fastpath) if fastpath else {}
 
     def add(nodes: Sequence[Node], segs: Sequence[Segment], source: str, cluster: str) -> None:
         wg = {s.leader.name: s.addresses for s in segs}
         for n in nodes:
             wgs = wg.get(n.name, ())
-            rows.append({
-                "name": n.qualified_name, "cluster": cluster, "source": source, "location": n.location,
-                "internal_ip": str(n.internal_ip) if n.internal_ip else None,
-                "endpoint": str(n.endpoint) if n.endpoint else None, "pod_cidrs": [str(c) for c in n.pod_cidrs],
-                "wireguard_ip": str(wgs[0]) if wgs else None,
-                "path": plan.paths.get(n.qualified_name, "none"),
-                "relay": relays[n.qualified_name][0] if n.qualified_name in relays else None,
-                "relay_reason": relays[n.qualified_name][1] if n.qualified_name in relays else None,
-                **dual_keys(n.internal_ips, n.endpoints, wgs, plan.family_paths.get(n.qualified_name)),
-            })
+            pods = tuple(str(c) for c in n.pod_cidrs)
+            q = n.qualified_name
+            rows.append(NodeRow(
+                q, cluster, source, n.location, str(n.internal_ip) if n.internal_ip else None,
+                str(n.endpoint) if n.endpoint else None, pods, str(wgs[0]) if wgs else None, plan.paths.get(q, "none"),
+                relays[q][0] if q in relays else None, relays[q][1] if q in relays else None,
+                tuple(entries[c] for c in pods if c in entries),
+                dual_keys(n.internal_ips, n.endpoints, wgs, plan.family_paths.get(q))))
 
     add(topo.nodes, segments(topo), "local", topo.cluster.name)
     for r in remotes:
         add(r.nodes, r.segments or segments(r.topology), "remote", r.topology.cluster.name)
-    rows.sort(key=lambda r: (r["source"] != "local", r["name"]))
+    rows.sort(key=lambda r: (r.source != "local", r.name))
     return rows
+
+
+def node_rows(topo: Topology, remotes: Sequence[Remote], plan: NodePlan) -> list[dict[str, Any]]:
+    """`node_list` as JSON rows (`meshctl node list --lab`)."""
+    return [r.to_json() for r in node_list(topo, remotes, plan)]
+
+
+def fastpath_rows(entries: Sequence[FastPathEntry]) -> dict[str, FastPathRow]:
+    """A plan's fast-path entries by pod CIDR, as the node list carries them."""
+    return {str(e.prefix): FastPathRow(str(e.prefix), e.action, str(e.nexthop) if e.nexthop else None,
+                                       e.encap.kind if e.encap else None, str(e.encap.local) if e.encap else None,
+                                       str(e.encap.remote) if e.encap else None) for e in entries}
+
+
+@dataclass(frozen=True)
+class FastPathRow:
+    """The fast-path entry this node's plan holds for a node's pod CIDR: its action, private next
+    hop, and the encapsulation with its outer addresses (None for a raw entry)."""
+
+    prefix: str
+    action: str
+    nexthop: str | None
+    encap: str | None = None
+    outer_src: str | None = None
+    outer_dst: str | None = None
+
+    @property
+    def rung(self) -> str:
+        return self.action if self.encap is None else f"{self.action}+{self.encap}"
+
+    def to_json(self) -> JSON:
+        return {"prefix": self.prefix, "action": self.action, "nexthop": self.nexthop, "encap": self.encap,
+                "outer_src": self.outer_src, "outer_dst": self.outer_dst}
+
+    @classmethod
+    def from_json(cls, d: JSON) -> FastPathRow:
+        return cls(str(d.get("prefix", "")), str(d.get("action", "")), d.get("nexthop"), d.get("encap"),
+                   d.get("outer_src"), d.get("outer_dst"))
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    """`meshctl node list` from this node: a local or remote node, its addresses, its segment's
+    WireGuard address (leaders only), the path this node takes to it, the relay, if any, and the
+    fast-path entries for its pod CIDRs (one per CIDR the plan has an entry for; empty, the key
+    absent: the plan has none)."""
+
+    name: str
+    cluster: str
+    source: str
+    location: str
+    internal_ip: str | None
+    endpoint: str | None
+    pod_cidrs: tuple[str, ...]
+    wireguard_ip: str | None
+    path: str
+    relay: str | None
+    relay_reason: str | None
+    fastpath: tuple[FastPathRow, ...] = ()
+    # A dual-stack node's every address and each family's rung (render.dual_keys): absent for one.
+    dual: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def to_json(self) -> JSON:
+        out: JSON = {"name": self.name, "cluster": self.cluster, "source": self.source, "location": self.location,
+                     "internal_ip": self.internal_ip, "endpoint": self.endpoint,
+                     "pod_cidrs": list(self.pod_cidrs),
+                     "wireguard_ip": self.wireguard_ip, "path": self.path, "relay": self.relay,
+                     "relay_reason": self.relay_reason, **self.dual}
+        if self.fastpath:
+            out["fastpath"] = [e.to_json() for e in self.fastpath]
+        return out
+
+    @classmethod
+    def from_json(cls, d: JSON, fastpath_of: Mapping[str, FastPathRow] | None = None) -> NodeRow:
+        """The row `d` (render.node_rows' or a served one); with `fastpath_of` (the plan's
+        entries by pod CIDR, fastpath_rows), its fast-path entries are those of its pod
+        CIDRs there, not `d`'s."""
+        # An agent that predates pod_cidrs wrote one `pod_cidr` and one fast-path entry.
+        pods = tuple(str(c) for c in d.get("pod_cidrs", [d["pod_cidr"]] if d.get("pod_cidr") else []))
+        if fastpath_of is not None:
+            fastpath = tuple(fastpath_of[c] for c in pods if c in fastpath_of)
+        else:
+            fp = d.get("fastpath")
+            entries = [fp] if isinstance(fp, dict) else fp if isinstance(fp, list) else []
+            fastpath = tuple(FastPathRow.from_json(e) for e in entries if isinstance(e, dict))
+        return cls(str(d.get("name", "")), str(d.get("cluster", "")), str(d.get("source", "")),
+                   str(d.get("location") or ""), d.get("internal_ip"), d.get("endpoint"), pods,
+                   d.get("wireguard_ip"), str(d.get("path", "none")), d.get("relay"), d.get("relay_reason"),
+                   fastpath, {k: d[k] for k in DUAL_KEYS if k in d})
+
+
 
 
 def node_rows_table(rows: Sequence[dict[str, Any]]) -> str:

@@ -16,9 +16,11 @@ flannel does not re-add its route until its own resync, so `FlannelApplier` writ
 flannel's form from the node's annotations: that gap is what broke Kilo's users moving from `full`
 to `cross`.
 
-The decision is pure (`hand_over`, `plan_flannel`: records + granularity in, values out); the
-applier reads the kernel and changes only what differs. flannel re-adding a route meshctl replaced
-is noticed by `rewritten` (the agent asks every second) and replaced again by the route applier.
+The decision is pure: the planner leaves flannel's nodes to it (mesh/flannel.py, `plan_node(...,
+flannel=True)`), and `plan_flannel` gives the routes flannel must keep from the plan and the
+leases; the applier reads the kernel and changes only what differs. flannel re-adding a route
+meshctl replaced is noticed by `rewritten` (the agent asks every second) and replaced again by
+the route applier.
 """
 
 from __future__ import annotations
@@ -27,34 +29,21 @@ import ipaddress
 import json
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
+from meshctl.mesh.flannel import FlannelLease, carried
 from meshctl.mesh.model import IPAddress, IPNetwork, Topology, sort_key_net
 from meshctl.mesh.plan import NodePlan
-from meshctl.mesh.segments import segment_key
 from meshctl.node.shell import sh
 
 log = logging.getLogger("meshctl.flannel")
 
 FLANNEL_DEV = "flannel.1"  # flannel's VXLAN device (VNI 1)
 FLANNEL_PROTO = "boot"  # flannel's routes: netlink's default protocol (RTPROT_BOOT)
-FLANNEL_PATH = "flannel"  # the plan's path name of a node whose pod traffic flannel carries
 VXLAN = "vxlan"
 HOST_GW = "host-gw"
 # Backends whose route to a node meshctl can write back in flannel's form.
 RESTORABLE = (VXLAN, HOST_GW)
-
-
-@dataclass(frozen=True)
-class FlannelLease:
-    """What flannel's Node annotations say of one node (flannel.alpha.coreos.com/...):
-    `backend_type` (vxlan, host-gw, wireguard, ...), `public_ip`, and for VXLAN the VNI and the
-    VtepMAC of its `flannel.1`."""
-
-    backend_type: str
-    public_ip: IPAddress
-    vni: int | None = None
-    vtep_mac: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,43 +71,6 @@ class FlannelPlan:
 
     own: tuple[FlannelRoute, ...]
     takeover: frozenset[IPNetwork]
-
-
-def carried(topo: Topology, me_name: str, granularity: str) -> frozenset[str]:
-    """The nodes whose pod traffic flannel carries for node `me_name`: none with `full` (every node
-    is its own location), else the other nodes of its location (a node without an internal
-    address is a location of its own, as in the plan's segments)."""
-    me = topo.node(me_name)
-    if me is None or granularity == "full":
-        return frozenset()
-    mine = segment_key(me, "location")
-    return frozenset(n.name for n in topo.nodes if n.name != me_name and segment_key(n, "location") == mine)
-
-
-def hand_over(plan: NodePlan, topo: Topology) -> NodePlan:
-    """The plan with flannel carrying its nodes (pure): their pod CIDRs' routes dropped, and their
-    fast-path entries but a raw direct one (flannel.1 encapsulates already, and WireGuard does not
-    carry them), their paths named `flannel`. A raw direct entry stays: `intra_subnet` decides
-    whether the fast path takes a same-subnet pair."""
-    names = carried(topo, plan.node, plan.granularity)
-    if not names:
-        return plan
-    pods = {c for n in topo.nodes if n.name in names for c in n.pod_cidrs}
-    qualified = {n.qualified_name for n in topo.nodes if n.name in names}
-    return replace(
-        plan,
-        routes=tuple(r for r in plan.routes if r.dst not in pods),
-        fastpath=tuple(e for e in plan.fastpath
-                       if e.prefix not in pods or (e.action == "direct" and e.encap is None)),
-        paths={k: (FLANNEL_PATH if k in qualified else v) for k, v in plan.paths.items()},
-    )
-
-
-def leases_of(extra: object) -> dict[str, FlannelLease]:
-    """The leases a backend put in its state's `extra["flannel"]` (anything else: none)."""
-    if not isinstance(extra, Mapping):
-        return {}
-    return {str(k): v for k, v in extra.items() if isinstance(v, FlannelLease)}
 
 
 def flannel_route(dst: IPNetwork, lease: FlannelLease) -> FlannelRoute | None:

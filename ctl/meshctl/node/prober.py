@@ -32,6 +32,7 @@ the request's random nonce. One thread; its cost at 100 peers is measured by ben
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import ipaddress
 import logging
@@ -44,10 +45,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any  # noqa: F401 - in a type comment
 
 from meshctl.defaults import PROBE_PORT
-from meshctl.mesh.chooser import PROBE_KINDS, Change, Chooser, ProbeTuning
+from meshctl.mesh.chooser import PROBE_KINDS, Change, Chooser, ProbeStatus, ProbeTuning
 from meshctl.mesh.model import RUNGS, PathState, Rung
 
 log = logging.getLogger("meshctl.probe")
@@ -442,20 +443,21 @@ class Prober:
         with self._lock:
             return list(self.chooser.changes)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ProbeStatus:
         """The counters and every pair's verdicts, each kind with its tally (sent, answered, last
         RTT and the last answer's age)."""
         with self._lock:
             pairs = self.chooser.status()
             now = time.monotonic()
             for (peer, kind), (sent, answered, rtt, at) in self._tally.items():
-                probes = pairs.get(peer, {}).get("probes")
-                if isinstance(probes, dict) and kind in probes:
-                    probes[kind].update(sent=int(sent), answered=int(answered),
-                                        last_rtt_ms=round(rtt * 1000, 3) if answered else None,
-                                        last_reply_age_s=round(now - at, 3) if answered else None)
-            return {"port": self.port, "local_rungs": sorted(self.chooser.local_rungs, key=RUNGS.index),
-                    "sent": self.sent, "received": self.received, "cpu_s": round(self.cpu_s, 3), "pairs": pairs}
+                pair = pairs.get(peer)
+                if pair is not None and kind in pair.probes:
+                    pair.probes[kind] = dataclasses.replace(
+                        pair.probes[kind], sent=int(sent), answered=int(answered),
+                        last_rtt_ms=round(rtt * 1000, 3) if answered else None,
+                        last_reply_age_s=round(now - at, 3) if answered else None)
+            return ProbeStatus(self.port, tuple(sorted(self.chooser.local_rungs, key=RUNGS.index)), self.sent,
+                               self.received, round(self.cpu_s, 3), pairs)
 
     def probe_once(self, peer: str, kind: str, timeout: float | None = None) -> float | None:
         """Send one probe of `kind` to `peer` now and wait for its answer: the round trip in

@@ -34,7 +34,7 @@ from lightkube.resources.core_v1 import Node as KNode
 from lightkube.types import PatchType
 
 from meshctl import defaults
-from meshctl.backends.base import ClusterState
+from meshctl.backends.base import BackendStatus, ClusterState
 from meshctl.backends.kube.cni_ipam import CNI_KINDS, PodCidrs, pod_cidrs_for
 from meshctl.backends.kube.errors import describe, install_hooks, is_kubernetes_answer, status_of
 from meshctl.backends.kube.flannel import parse_flannel
@@ -52,6 +52,10 @@ if TYPE_CHECKING:
     from meshctl.backends.kube.kvstore import KvstoreMirror
 
 log = logging.getLogger("meshctl.kube")
+# The agent configures logging and gets these lines; a one-shot command (plan, graph, mesh get)
+# configures none and reports the same failures and rejections in its own `error:`/`warning:`
+# lines, so without a handler of ours Python's last-resort handler would print each twice.
+log.addHandler(logging.NullHandler())
 
 Obj = dict[str, Any]
 # What a failed API call raises through lightkube (errors.describe makes each one line).
@@ -113,7 +117,7 @@ def state_from_objects(
     """The pure part of `snapshot`: Kubernetes objects in, a ClusterState out. Never raises for a
     bad object: it becomes a Rejection naming node (or peer), annotation and value. With `flannel`
     (`--cni flannel`) flannel's annotations are read too: a Node whose flannel annotation does not
-    parse is rejected alone, and `extra["flannel"]` maps node names to their FlannelLease.
+    parse is rejected alone, and `flannel` maps node names to their FlannelLease.
     `pod_cidrs` (`--cni calico|cilium`) gives each node's pod CIDRs from its CNI's IPAM instead of
     `spec.podCIDR`; its rejections (a block claimed twice, an overlapping CiliumNode) are counted
     with the rest, and a node without CIDRs there is pending."""
@@ -156,7 +160,7 @@ def state_from_objects(
             unique_peers.append(p)
     return ClusterState(
         cluster=cluster, mesh=mesh, nodes=tuple(n for _, _, n in parsed), peers=tuple(unique_peers),
-        rejections=tuple(rejections), extra={"pending": pending, "stale": stale, "flannel": leases},
+        rejections=tuple(rejections), pending=pending, stale=tuple(stale), flannel=leases,
     )
 
 
@@ -401,9 +405,9 @@ class KubeBackend:
                 self.mirror.offer(self._last_good or self._not_ready("stopping"))  # wake it to see `stop`
                 mirror.join(timeout=5)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> BackendStatus:
         """`kvstore`: this cluster's nodes as mirrored into the cluster-mesh etcd (--kvstore)."""
-        return {"kvstore": self.mirror.status()} if self.mirror is not None else {}
+        return BackendStatus(kvstore=self.mirror.status() if self.mirror is not None else None)
 
     def close(self) -> None:
         """Close the API connection; with --kvstore, give up the writer key at once so another
@@ -655,7 +659,7 @@ class _Metrics:
 
     def update(self, state: ClusterState, stats: Mapping[str, int]) -> None:
         self.rejected.set(len(state.rejections))
-        self.stale.set(len(state.extra.get("stale", ())))  # type: ignore[arg-type]
+        self.stale.set(len(state.stale))
         for k, v in stats.items():
             self.events.labels(k).set(v)
 

@@ -16,6 +16,7 @@ a Content-Type (some proxies and plain HTTP servers) otherwise ends in a KeyErro
 from __future__ import annotations
 
 import json
+import re
 import ssl
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,12 +25,17 @@ import httpx2 as httpx
 from lightkube import ApiError
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+# Set in a response's extensions by add_content_type: the server sent no Content-Type.
+NO_CONTENT_TYPE = "meshctl.no_content_type"
+_NOT_TLS = "the server does not speak TLS (an http:// server behind an https:// URL?)"
 
 
 def add_content_type(response: httpx.Response) -> None:
-    """httpx response hook: an answer without a Content-Type is marked text/plain."""
+    """httpx response hook: an answer without a Content-Type is marked text/plain (and remembered
+    as having none, for the error line)."""
     if "content-type" not in response.headers:
         response.headers["Content-Type"] = "text/plain"
+        response.extensions[NO_CONTENT_TYPE] = True
 
 
 def install_hooks(client: Any) -> None:
@@ -89,16 +95,18 @@ def is_kubernetes_answer(e: BaseException) -> bool:
 
 
 def _tls_reason(e: BaseException) -> str | None:
-    for cur in _chain(e):
+    chain = _chain(e)
+    for cur in chain:  # the ssl module's own error first: its reason without the `(_ssl.c:NNN)` suffix
         if isinstance(cur, ssl.SSLCertVerificationError):
             return cur.verify_message or str(cur)
         if isinstance(cur, ssl.SSLError):
-            return cur.reason or str(cur)
-        text = str(cur)
+            return _NOT_TLS if "WRONG_VERSION" in (cur.reason or "") else cur.reason or str(cur)
+    for cur in chain:
+        text = re.sub(r"\s*\(_ssl\.c:\d+\)", "", str(cur))
         if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
             return text.split("certificate verify failed:", 1)[-1].strip(" ()") or "certificate verify failed"
         if "SSL" in text and ("WRONG_VERSION" in text or "wrong version" in text):
-            return "the server does not speak TLS (an http:// server behind an https:// URL?)"
+            return _NOT_TLS
     return None
 
 
@@ -133,7 +141,7 @@ def describe(e: BaseException, server: str, doing: str) -> str:
             return f"{doing}: {where}: 403 Forbidden: {message or 'the credentials may not do this'}"
         if not is_kubernetes_answer(e) and isinstance(e, httpx.HTTPStatusError):
             r = e.response
-            ctype = r.headers.get("content-type", "no Content-Type")
+            ctype = "no Content-Type" if r.extensions.get(NO_CONTENT_TYPE) else r.headers.get("content-type", "")
             body = (_text(r).strip().splitlines() or [""])[0][:80]
             return (f"{doing}: {where} answered {code} {r.reason_phrase} ({ctype}{': ' + repr(body) if body else ''}): "
                     "this is not a Kubernetes API server (check the kubeconfig's server URL)")

@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from meshctl.errors import InputError
-from meshctl.node.flannel import VXLAN, FlannelLease
+from meshctl.mesh.flannel import FlannelLease
+from meshctl.node.flannel import VXLAN
 
 FLANNEL_PREFIX = "flannel.alpha.coreos.com/"
 BACKEND_TYPE = FLANNEL_PREFIX + "backend-type"

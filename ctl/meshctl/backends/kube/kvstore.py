@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from meshctl.backends.base import ClusterState
+from meshctl.backends.base import ClusterState, KvstoreStatus
 from meshctl.backends.etcd import ROOT, cluster_key, cluster_prefix, cluster_record, mesh_key, node_key
 from meshctl.errors import InputError
 from meshctl.etcd import EtcdClient, EtcdError
@@ -147,8 +147,8 @@ class KvstoreMirror:
             self.release()
             self.client.close()
 
-    def status(self) -> dict[str, Any]:
-        return {"writing": self.writing, "writer": self.writer, "lease": self._lease, **self.stats}
+    def status(self) -> KvstoreStatus:
+        return KvstoreStatus(self.writing, self.writer, self._lease, **self.stats)
 
     # --- one pass -----------------------------------------------------------------------------
 

@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx2 as httpx
 from lightkube import ApiError, Client
 from lightkube.generic_resource import create_namespaced_resource
 
+from meshctl.backends.kube.errors import is_kubernetes_answer, status_of
 from meshctl.mesh.services import MANAGED_BY, MANAGED_BY_LABEL, SliceChanges
 
 log = logging.getLogger("meshctl.kube.services")
@@ -55,11 +57,12 @@ class KubeServiceApi:
         return [_dict(o) for o in self.client.list(SERVICES, namespace="*")]
 
     def exports(self) -> list[Obj]:
-        """ServiceExports; none when the MCS CRD is not installed."""
+        """ServiceExports; none when the MCS CRD is not installed (kube-apiserver answers a group it
+        does not serve with a plain-text 404, which lightkube raises as httpx's error)."""
         try:
             return [_dict(o) for o in self.client.list(SERVICE_EXPORTS, namespace="*")]
-        except ApiError as e:
-            if e.status.code == 404:
+        except (ApiError, httpx.HTTPStatusError) as e:
+            if status_of(e) == 404 and is_kubernetes_answer(e):
                 return []
             raise
 

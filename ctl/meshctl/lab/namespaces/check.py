@@ -32,7 +32,7 @@ from meshctl.agent.status import AgentStatus
 from meshctl.errors import MeshError
 from meshctl.lab.namespaces.state import LabState, NodeState
 from meshctl.lab.rigs import netns
-from meshctl.mesh.model import ENCAP_RUNGS
+from meshctl.mesh.model import ENCAP_RUNGS, WIREGUARD_PRIVATE
 from meshctl.node.tunnels import VXLAN_DEV
 from meshctl.node.wireguard.uapi import UapiClient
 
@@ -247,7 +247,7 @@ def _measured_path(delta: list[int], fp: dict[str, int], need: int, expected: st
     if delta[0] >= need:
         if relayed:
             return "relay"
-        return "wireguard-private" if private_endpoint else "tunnel"
+        return WIREGUARD_PRIVATE if private_endpoint else "tunnel"
     if delta[1] >= need and delta[2] >= need:
         return "via-leader"
     if delta[1] >= need and (fp.get("encap", 0) >= need or delta[3] >= need):

@@ -116,8 +116,12 @@ def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, cni: str = "") -> 
                                 user="lab-admin")
         access = KubeAccess(url=cp.url, kubeconfig=str(cp.admin_kubeconfig), netns=ns, pid=cp.pids["apiserver"],
                             dir=str(run_dir), host_kubeconfig=str(host_kc), ca=str(cp.ca))
-        for name, objs in (("nodes.yaml", node_objects(topo, cni)),):
-            _apply(host_kc, run_dir, name, objs)
+        seeded = node_objects(topo, cni)
+        crds = [o for o in seeded if o.get("kind") == "CustomResourceDefinition"]
+        _apply(host_kc, run_dir, "crds.yaml", crds)  # a CNI's own CRDs, served before its objects
+        for crd in crds:
+            kubectl(host_kc, run_dir, ["wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}"])
+        _apply(host_kc, run_dir, "nodes.yaml", [o for o in seeded if o.get("kind") != "CustomResourceDefinition"])
         kubectl(host_kc, run_dir, ["apply", "-k", str(MANIFESTS)])
         kubectl(host_kc, run_dir, ["wait", "--for=condition=Established", "crd/peers.meshctl.io"])
         for name, objs in (("operator.yaml", operator_objects(topo)), ("peers.yaml", peer_objects(topo))):

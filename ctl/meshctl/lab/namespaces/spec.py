@@ -54,7 +54,7 @@ class LabOptions:
     prefix: str = "ml-"
     fastpath: bool = True
     agent_args: tuple[str, ...] = ()
-    backend: str = "etcd"  # or "kubernetes": agents use an in-process API server (namespaces/kube_cluster.py)
+    backend: str = "etcd"  # or "kubernetes": a real control plane per cluster (namespaces/kube_cluster.py)
     fabrics: tuple[Fabric, ...] = ()  # how each private subnet forwards (namespaces/fabric.py); l2 if unlisted
     # Several clusters: join them through each other's etcd (--clustermesh-dir); false leaves them
     # apart, to be joined by hand (Kilo's way: each cluster's nodes as Peers of the other).
