@@ -41,7 +41,7 @@ FULL: dict[str, Any] = {
         "name": "c2", "ready": True, "reason": None, "nodes": 2, "endpoints": ["https://10.0.0.1:2379"],
         "connected": True, "last_change": 1700000000.0, "reconnects": 0, "last_sync_age": 0.0, "rejected": 1,
         "rejections": [{"name": "c2/bad", "reason": "no pod CIDR"}]}],
-        "services": [{"namespace": "default", "name": "web", "shared": True, "affinity": "none", "exported": False,
+        "services": [{"namespace": "default", "name": "web", "shared": True, "affinity": "none",
                       "local_endpoints": 2, "remote_endpoints": {"c2": 3}}],
         "service_rejections": [{"name": "c2/services/default/web/10.99.0.5", "reason": "in no pod CIDR"}],
         "services_leader": "a1"},
