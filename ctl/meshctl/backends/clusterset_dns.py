@@ -66,6 +66,30 @@ def reply_to(data: bytes, zone: Zone, max_size: int | None = None) -> bytes | No
     return wire
 
 
+class AnswerMemo:
+    """The wire answers given from one zone, by the question's bytes after its ID: a name asked
+    again (every pod of a Deployment asks the same) costs a dict lookup and the ID copied in. A new
+    zone (another object) forgets them all; at most `size` are kept."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self.size = size
+        self._zone: Zone | None = None
+        self._answers: dict[tuple[bytes, int], bytes | None] = {}
+
+    def reply(self, data: bytes, zone: Zone, max_size: int | None = 4096) -> bytes | None:
+        if zone is not self._zone:
+            self._zone, self._answers = zone, {}
+        key = (data[2:], max_size or 0)
+        if key in self._answers:
+            out = self._answers[key]
+            return data[:2] + out[2:] if out is not None and len(data) >= 2 else None
+        out = reply_to(data, zone, max_size)
+        if len(self._answers) >= self.size:
+            self._answers.clear()
+        self._answers[key] = out
+        return out
+
+
 def _soa(zone: Zone) -> RR:
     return RR(ZONE + ".", QTYPE.SOA, ttl=DNS_TTL,
               rdata=SOA(f"ns.dns.{ZONE}.", f"hostmaster.{ZONE}.", (zone.serial, 60, 10, 3600, DNS_TTL)))
@@ -77,6 +101,7 @@ class ClusterSetDns:
     def __init__(self, host: str, port: int) -> None:
         self.zone = Zone()
         self.queries = 0
+        self._memo = AnswerMemo()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._udp = socket.socket(family, socket.SOCK_DGRAM)
         self._udp.bind((host, port))
@@ -119,7 +144,7 @@ class ClusterSetDns:
                 data, peer = self._udp.recvfrom(4096)
             except OSError:
                 return  # closed
-            out = reply_to(data, self.zone, 4096)
+            out = self._memo.reply(data, self.zone)
             self.queries += 1
             if out is not None:
                 with contextlib.suppress(OSError):
