@@ -229,7 +229,7 @@ def answers_per_second(seconds: float) -> dict[str, float]:
         pf = f"/tmp/msb-dns-{os.getpid()}-{mode}"
         p = subprocess.Popen(["taskset", "-c", "0", sys.executable, __file__, "serve", mode, pf])
         try:
-            until(lambda pf=pf: os.path.exists(pf) and Path(pf).read_text().strip() != "", 10, "server up")
+            until(lambda pf=pf: os.path.exists(pf) and Path(pf).read_text().strip() != "", 60, "server up")
             port = int(Path(pf).read_text())
             qps = subprocess.run(["taskset", "-c", "1", sys.executable, __file__, "blast", str(port), str(seconds)],
                                  capture_output=True, text=True, check=True).stdout
@@ -237,7 +237,7 @@ def answers_per_second(seconds: float) -> dict[str, float]:
         finally:
             p.kill()
             p.wait()
-            os.unlink(pf)
+            Path(pf).unlink(missing_ok=True)
     return out
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from meshctl.backends.clustermesh_mcs import remote_exports
 from meshctl.backends.etcd import MCS_EXPORTS, mcs_key
+from meshctl.backends.kube.mcs_controller import remote_exports
 from meshctl.errors import InputError
 from meshctl.mesh.mcs import (
     CLUSTERSET_IP,

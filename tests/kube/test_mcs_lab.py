@@ -132,6 +132,12 @@ def mcs_slices(c: ClusterState, name: str, ns: str = "default") -> dict[str, tup
             for s in doc.get("items") or ()}
 
 
+def json_of(text: str) -> Any:
+    import json
+
+    return json.loads(text)
+
+
 def dig(lab: LabState, c: ClusterState, node: str, name: str, qtype: str = "A") -> tuple[str, list[str]]:
     """`dig` from `node`'s pod at cluster `c`'s clusterset.local server: (status, answers)."""
     host, port = build.cache_dns(c)
@@ -200,6 +206,22 @@ def test_an_export_is_imported_resolved_and_reached_from_the_other_cluster(lab: 
     assert re.search(r"ClusterMesh: 1/1 remote clusters ready, 0 global-services, 0 exports, 1 imports", text), text
     assert re.search(r"cluster2  ready  nodes 2  rejected 0  exports \d+", text), text
     assert f"default/web  ClusterSetIP {vip}  endpoints cluster2 1" in text, text
+    # explain takes the name: the import, then the path from a1's pod to each endpoint.
+    from click.testing import CliRunner
+
+    from meshctl.cli import main
+
+    a1_ip = lab.lookup("a1")[1].pods[0].ip
+    r = CliRunner().invoke(main, ["explain", "--lab", lab.name, a1_ip, f"web.default.{ZONE}", "-o", "json"])
+    assert r.exit_code == 0, r.output
+    doc = json_of(r.stdout)
+    assert doc["import"] == {"namespace": "default", "name": "web", "type": "ClusterSetIP", "ips": [vip],
+                             "endpoints": {"cluster2": [g1]}}
+    assert [(p["dst"]["node"], p["dst"]["address"]) for p in doc["paths"]] == [("cluster2/g1", g1)]
+    assert doc["paths"][0]["hops"]
+    r = CliRunner().invoke(main, ["explain", "--lab", lab.name, a1_ip, f"nope.default.{ZONE}"])
+    assert r.exit_code == 1 and f"'nope.default.{ZONE}' is not imported in a1's cluster (no ServiceImport " \
+        "default/nope there)" in r.output, r.output
 
 
 def test_a_headless_export_resolves_to_its_endpoints_and_per_pod_names(lab: LabState) -> None:

@@ -41,7 +41,7 @@ class ClusterMeshCache:
                  *, poll: float = 0.5, lapse_grace: float = 0.0) -> None:
         self.local = local
         # The remote clusters as the last pass admitted them (None before it), and who hears of
-        # each pass (the Multi-Cluster Services controller, backends.clustermesh_mcs).
+        # each pass (the Multi-Cluster Services controller, backends.kube.mcs_controller).
         self.admitted: list[Remote] | None = None
         self.on_pass: Callable[[], None] | None = None
         self.client = connect()

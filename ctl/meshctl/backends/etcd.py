@@ -10,7 +10,7 @@ Key layout (docs/agent.md):
                                       written by the cluster's elected agent (agent.global_services)
     /meshctl/<cluster>/mcs/exports/<namespace>/<name>  a ServiceExport's Service (mesh.mcs.Export) and
     /meshctl/<cluster>/mcs/missing/<namespace>/<name>  an import whose namespace the cluster lacks,
-                                      written by the cluster-mesh cache (backends.clustermesh_mcs)
+                                      written by the cluster-mesh cache (backends.kube.mcs_controller)
     /meshctl-seen/<cluster>/<name>    observed.NodeSeen            on the same lease; outside the
                                       watched prefix, so no agent wakes for another's summary
 

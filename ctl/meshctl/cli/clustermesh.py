@@ -88,10 +88,10 @@ def _start_mcs(kw: dict[str, Any], cache: Any, connect: Any, stop: threading.Eve
     from lightkube import Client
 
     from meshctl.agent.config import parse_addr
-    from meshctl.backends.clustermesh_mcs import McsController
     from meshctl.backends.clusterset_dns import ClusterSetDns
     from meshctl.backends.kube.backend import kubeconfig_for
     from meshctl.backends.kube.mcs import KubeMcsApi
+    from meshctl.backends.kube.mcs_controller import McsController
 
     host, port = parse_addr(kw["dns_addr"], "--dns-addr")
     api = KubeMcsApi(Client(kubeconfig_for(kw["kubeconfig"]), field_manager="meshctl-mcs"))

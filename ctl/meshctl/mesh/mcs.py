@@ -8,7 +8,7 @@ conditions, and the `clusterset.local` DNS answers (docs/clustermesh.md, "Multi-
 - **Export.** A `ServiceExport` names the Service of the same namespace and name. It is `Valid`
   when that Service exists and is not of type ExternalName (reasons `NoService`,
   `InvalidServiceType`). A valid export is published by the cluster-mesh cache to the cluster's
-  etcd (backends.clustermesh_mcs) with the Service's type (a Service with `clusterIP: None` exports
+  etcd (backends.kube.mcs_controller) with the Service's type (a Service with `clusterIP: None` exports
   as `Headless`, every other as `ClusterSetIP`), its ports, the export's creation time, and the
   READY endpoints of the Service's own slices with their hostnames.
 - **Import.** Every cluster of the mesh (the exporting ones too) merges the exports of one

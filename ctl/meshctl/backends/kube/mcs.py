@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """The Multi-Cluster Services API, the Kubernetes side: what the controller of the cluster-mesh
-cache (backends.clustermesh_mcs) reads (Services, EndpointSlices, ServiceExports, ServiceImports,
+cache (backends.kube.mcs_controller) reads (Services, EndpointSlices, ServiceExports, ServiceImports,
 Namespaces) and writes (ServiceImports and their status, derived Services, their EndpointSlices,
 ServiceExport conditions), as plain dicts. Every write goes through the grants of the
 `meshctl-clustermesh-cache` ServiceAccount (manifests/02-rbac.yaml) and the admission policy
