@@ -171,7 +171,8 @@ def test_set_writes_the_record_and_get_reads_it_back(etcd: EtcdServer, tmp_path:
     assert json.loads(got.stdout) == {"granularity": "full", "subnet": "10.4.0.0/16", "subnet6": None, "port": 51820,
                                       "intra_subnet": "direct", "private_networks": ["10.10.0.0/16"],
                                       "allow_default_route": False, "wireguard_addressing": "index",
-                                      "global_cidrs": None, "service_cidrs": []}
+                                      "global_cidrs": None, "service_cidrs": [],
+                                      "leader_hold": 30, "leaders_per_location": 1}
     assert ["granularity", "full"] in [ln.split() for ln in meshctl(etcd, "mesh", "get").stdout.splitlines()]
     after = write(tmp_path, {**doc, "mesh": mesh_to_record(written)}, "after.yaml")
     live = meshctl(etcd, "plan", "--backend", "etcd", "--node", "a2", "-o", "json")
@@ -186,6 +187,32 @@ def test_settings_that_would_reject_a_node_are_refused(etcd: EtcdServer, tmp_pat
     assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1, r.output
     assert r.stderr.startswith("error: mesh: 'subnet=10.42.0.0/16' would reject a1: ")
     assert "overlaps the WireGuard subnet" in r.stderr
+
+
+def test_leader_settings_are_shown_set_and_judged(etcd: EtcdServer, tmp_path: Path) -> None:
+    """mesh.leader_hold and mesh.leaders_per_location (docs/mesh.md, "Leaders that do not forward"):
+    `mesh get` shows them, `mesh set` writes them (a second leader per location changes peers and
+    routes, as the diff says), a bad value is one line naming the key."""
+    seed(etcd, lab_doc("default"), tmp_path)
+    got = [ln.split() for ln in meshctl(etcd, "mesh", "get").stdout.splitlines()]
+    assert ["leader_hold", "30"] in got and ["leaders_per_location", "1"] in got
+    r = meshctl(etcd, "mesh", "set", "leader_hold=45", "leaders_per_location=2")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[:2] == ["mesh: leader_hold 30 -> 45", "mesh: leaders_per_location 1 -> 2"]
+    assert "~ leader a1 -> a1" not in r.stdout and "wireguard_ip changed" in r.stdout  # a2 now holds loc-a's address
+    c = etcd.client()
+    try:
+        kv = c.get(mesh_key("default"))
+        assert kv is not None and json.loads(kv.value)["leader_hold"] == 45
+        assert json.loads(kv.value)["leaders_per_location"] == 2
+    finally:
+        c.close()
+    for bad, line in (("leader_hold=0", "error: mesh.leader_hold: '0' is not a number of seconds in 1..3600"),
+                      ("leaders_per_location=x", "error: mesh.leaders_per_location: 'x' is not a number of "
+                       "leaders in 1..16")):
+        r = meshctl(etcd, "mesh", "set", bad)
+        assert r.exit_code == 2 and r.stderr.strip() == line, r.output
 
 
 def test_global_ranges_are_set_with_a_dry_run_diff_and_bad_ones_refused(etcd: EtcdServer, tmp_path: Path) -> None:

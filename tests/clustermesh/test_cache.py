@@ -31,7 +31,7 @@ from meshctl.backends.clustermesh_cache import (
     heartbeat,
 )
 from meshctl.backends.clustermesh_mirror import ClusterMeshCache
-from meshctl.backends.etcd import cluster_key, mesh_key, node_key
+from meshctl.backends.etcd import cluster_key, forwarding_key, mesh_key, node_key
 from meshctl.etcd import EtcdError
 from meshctl.mesh.model import Cluster
 from tests.plan.fixtures import key
@@ -40,13 +40,15 @@ from .fixtures import CLUSTER1, CLUSTER2
 from .test_watch import Remote, nodes_of, wait_for
 
 RECS = {cluster_key("cluster2"): b'{"name":"cluster2","id":2}', mesh_key("cluster2"): b"{}",
-        node_key("cluster2", "g1"): b"g1", node_key("cluster2", "g2"): b"g2"}
+        node_key("cluster2", "g1"): b"g1", node_key("cluster2", "g2"): b"g2",
+        forwarding_key("cluster2", "g1"): b"r1", forwarding_key("cluster2", "g2"): b"r2"}
 
 
 @pytest.mark.parametrize(("admitted", "keep", "written", "want"), [
     pytest.param({"cluster2": frozenset({"g1"})}, frozenset(), {},
-                 {cluster_key("cluster2"), mesh_key("cluster2"), node_key("cluster2", "g1")},
-                 id="admitted-only"),
+                 {cluster_key("cluster2"), mesh_key("cluster2"), node_key("cluster2", "g1"),
+                  forwarding_key("cluster2", "g1")},
+                 id="admitted-only, with their forwarding reports"),
     pytest.param({}, frozenset(), {cached_key("cluster1", node_key("cluster2", "g1")): b"g1"}, set(),
                  id="refused-cluster-is-withdrawn"),
     pytest.param({}, frozenset({"cluster2"}), {cached_key("cluster1", node_key("cluster2", "g1")): b"old"},

@@ -51,7 +51,14 @@ def test_no_room_imports_a_room_above_it(path: Path) -> None:
     assert not up, f"{path.relative_to(LAB)} ({mine}) imports {up}"
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(LAB)))
+# The command modules import the lab's rooms when a command runs, so `meshctl --help` and
+# `meshctl lab X --help` load none of them (tests/cli/test_help.py); the rooms themselves import at
+# module level, where the graph below sees every edge.
+COMMAND_MODULES = ("cli.py", "plugin.py")
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if str(p.relative_to(LAB)) not in COMMAND_MODULES],
+                         ids=lambda p: str(p.relative_to(LAB)))
 def test_lab_imports_are_at_module_level(path: Path) -> None:
     hidden = [m for m, top in lab_imports(path) if not top]
     assert not hidden, f"{path.relative_to(LAB)} imports {hidden} inside a function"

@@ -73,6 +73,9 @@ class AgentConfig:
     masquerade6: bool = False  # IPv6 pod egress leaving the mesh masqueraded too (IPv4's always is)
     resync_interval: float = 30.0
     path_hold: float = 10.0  # a private rung that delivers again is used only after this many seconds
+    # Probe whether the other members of this node's location forward, and publish the verdicts
+    # (agent/leadership.py); off: this node reports nothing (the others' reports still count).
+    forwarding_probes: bool = True
 
     direct_wait: float = 20.0  # seconds a NATed peer may take to handshake before it is reported unreached
     # --backend kubernetes: how to reach the API (else $KUBECONFIG, else in-cluster) and which

@@ -311,6 +311,25 @@ def _row(st: AgentStatus, name: str) -> NodeRow:
     return row
 
 
+def _leader_for(st: AgentStatus, r: NodeRow) -> str | None:
+    """The leader a member hands `r`'s traffic to: the node whose private address is the next hop
+    of `r`'s fast-path entry (a location with several leaders deals other locations round them)."""
+    hop = r.fastpath[0].nexthop if r.fastpath else None
+    if hop is None or st.live.node_list is None:
+        return None
+    return next((n.name for n in st.live.node_list
+                 if n.internal_ip is not None and n.internal_ip.split("/")[0] == hop), None)
+
+
+def _leader_note(st: AgentStatus, location: str) -> str:
+    """Why the location is led by others than the documented order names ("" when it is not)."""
+    lead = st.summary.leaders if st.summary is not None else None
+    for loc in lead.locations if lead is not None else ():
+        if loc.get("location") == location and list(loc.get("leaders", ())) != list(loc.get("static", ())):
+            return f" (in place of {','.join(loc.get('static', ()))}: {loc.get('reason')})"
+    return ""
+
+
 def _hop(st: AgentStatus, dst_abs: str) -> tuple[Hop, str]:
     """This node's step towards `dst_abs`, and the node it hands the packet to."""
     own, s = cluster_of(st), st.summary
@@ -323,10 +342,12 @@ def _hop(st: AgentStatus, dst_abs: str) -> tuple[Hop, str]:
     # one WireGuard peer carry all of a node's pod CIDRs (the plan gives a pair one rung).
     fp = _fastpath_end(st, r.fastpath[0] if r.fastpath else None)
     if r.path == "via-leader":
-        why = f"{st.node} is a member of location {_row(st, st.node).location or '-'}: its leader {s.leader} " \
-              "carries what leaves the location"
-        return Hop(st.node, s.leader or "-", private, "direct", why, mtu=_mtu(st, "direct"), fastpath=fp), \
-            absolute(s.leader or "", own)
+        location = _row(st, st.node).location or "-"
+        leader = _leader_for(st, r) or s.leader
+        why = f"{st.node} is a member of location {location}: its leader {leader} carries what leaves the " \
+              f"location{_leader_note(st, location)}"
+        return Hop(st.node, leader or "-", private, "direct", why, mtu=_mtu(st, "direct"), fastpath=fp), \
+            absolute(leader or "", own)
     peer = _wg_peer(st, r.pod_cidrs[0]) if r.path in WIREGUARD_PATHS and r.pod_cidrs else None
     nxt = absolute(peer.peer, own) if peer is not None else dst_abs
     pair = st.live.path_probe.pairs.get(r.name) if st.live.path_probe else None

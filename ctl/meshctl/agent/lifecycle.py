@@ -15,6 +15,7 @@ from pathlib import Path
 from prometheus_client import generate_latest
 
 from meshctl.agent.config import AgentConfig, FlagSettings, OwnSettings, fastpath_off
+from meshctl.agent.leadership import ForwardingStore, ForwardProbing
 from meshctl.agent.loop import PassDriver, ReconcileLoop, RemoteSource, Wake, pod_interfaces
 from meshctl.agent.path_probing import PathProbing
 from meshctl.agent.reporting import ErrorCounts, LiveReader
@@ -79,6 +80,7 @@ class Agent:
         self._wake = Wake()
         self.pod_watch: PodInterfaceWatcher | None = None
         self.paths: PathProbing | None = None
+        self.forwarding: ForwardProbing | None = None
         self._running: _Running | None = None
         self._datapath: Datapath | None = None
         self._datapath_slot = LoadedDatapath()  # the datapath step's: filled by the loader thread
@@ -101,9 +103,12 @@ class Agent:
         peers = runner.live_peers()
         live = LiveReader(self.cfg, self.backend, self.paths, peers, runner.report, lambda: self.pod_watch)
         board = StatusBoard(self._wake.nudge)
+        if self.cfg.forwarding_probes and isinstance(self.backend, ForwardingStore):  # the etcd backend keeps reports
+            self.forwarding = ForwardProbing(self.cfg.private_interface, self.cfg.node_name, self.cfg.cluster_name,
+                                             self.backend, self.stop_event)
         passes = PassDriver(self.cfg, self.backend, self.remotes, runner, self.paths, self._pod_interfaces,
                             keys.public_key(private_key), self.errors, self._passed, own=self.own, live=live,
-                            board=board)
+                            board=board, forwarding=self.forwarding)
         loop = ReconcileLoop(passes, peers, self._wake, self.stop_event, self.errors)
         server = StatusServer(self.cfg.metrics_addr, self.status, self.healthy, self.ready, self.probe)
         secure = self._secure_metrics(server)
@@ -206,6 +211,8 @@ class Agent:
                 log.warning("stopping remote clusters: %s", e)
         if self.paths is not None:
             self.paths.stop()
+        if self.forwarding is not None:
+            self.forwarding.stop()
         if self._datapath is not None:
             try:
                 self._datapath.close()

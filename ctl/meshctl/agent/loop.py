@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from meshctl.agent.config import AgentConfig, FlagSettings, OwnSettings
+from meshctl.agent.leadership import ForwardProbing, Leadership
 from meshctl.agent.memos import PureMemos
 from meshctl.agent.observe import HandshakeObserver, Observation
 from meshctl.agent.path_probing import PathProbing
@@ -207,7 +208,8 @@ class PassDriver:
     def __init__(self, cfg: AgentConfig, backend: Backend, remotes: RemoteSource | None, runner: StepRunner,
                  paths: PathProbing, pods: Callable[[], tuple[str, ...]], public_key: str, errors: ErrorCounts,
                  on_pass: Callable[[PassSummary], None] | None = None, own: OwnSettings | None = None, *,
-                 live: LiveReader, board: StatusBoard) -> None:
+                 live: LiveReader, board: StatusBoard,
+                 forwarding: ForwardProbing | None = None) -> None:
         self.cfg = cfg
         self.own = own or FlagSettings(cfg)
         self.backend = backend
@@ -229,6 +231,9 @@ class PassDriver:
         self._published: Node | None = None
         self._last_good: ClusterState | None = None
         self._rejections: list[Rejection] = []
+        # Which members lead each location (mesh/leaders.py), and this node's forwarding probes.
+        self.leadership = Leadership()
+        self.forwarding = forwarding
 
     # --- what the loop asks between passes ------------------------------------------------
 
@@ -297,6 +302,9 @@ class PassDriver:
             run.fail("admission", next((r.reason for r in rejections if r.name == me.name), "own record rejected"))
             self._finish(run, state, self._last_plan, rejections, applied=False)
             return None
+        if self.forwarding is not None:
+            self.forwarding.update(topo)
+        topo = self.leadership.apply(topo, state.forwarding)
         t = time.monotonic()
         try:
             self.paths.update(topo, me.name)
@@ -358,7 +366,8 @@ class PassDriver:
         self._rejections = rejections
         summary = self.recorder.finish(run, PassOutcome(
             state=state, plan=plan, rejections=rejections, applied=applied, topo=topo, observed=self._cause.observed,
-            pod_ifs=self.pod_ifs, full_total=self._runner.full_total, remotes=self._remotes_status()))
+            pod_ifs=self.pod_ifs, full_total=self._runner.full_total, remotes=self._remotes_status(),
+            leaders=self.leadership.status(self.forwarding.verdicts_json() if self.forwarding else None)))
         self.publish_status()
         if self.on_pass is not None:
             self.on_pass(summary)

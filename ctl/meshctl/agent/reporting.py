@@ -26,6 +26,7 @@ from meshctl.agent.status import (
     DatapathStatus,
     Interfaces,
     LastReconcile,
+    LeadershipStatus,
     LiveStatus,
     NodeRow,
     PassSummary,
@@ -118,6 +119,7 @@ class PassOutcome:
     pod_ifs: tuple[str, ...]
     full_total: int
     remotes: RemotesStatus | None
+    leaders: LeadershipStatus | None = None
 
 
 class PassRecorder:
@@ -170,7 +172,8 @@ class PassRecorder:
             reconcile=ReconcileTotals(self._ok_total, self._failed_total, out.full_total),
             errors_total=self.errors_total.snapshot(), pid=os.getpid(), remotes=out.remotes,
             interfaces=Interfaces(self.cfg.private_interface, self.cfg.wg_interface),
-            path_mtu=rung_mtus(_mtu_of(self.cfg.private_interface), _underlay(out.topo, self.cfg.node_name)))
+            path_mtu=rung_mtus(_mtu_of(self.cfg.private_interface), _underlay(out.topo, self.cfg.node_name)),
+            leaders=out.leaders if out.leaders is not None or prev is None else prev.leaders)
         self.head = (state.ready, state.reason, summary)
         return summary
 

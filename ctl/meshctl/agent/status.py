@@ -14,7 +14,7 @@ working against an agent that does not serve every block.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from meshctl.backends.base import KvstoreStatus, OwnRecord
 from meshctl.backends.remote_status import Rejected, RemotesStatus
@@ -117,6 +117,8 @@ class PassSummary:
     remotes: RemotesStatus | None = None
     interfaces: Interfaces | None = None
     path_mtu: dict[str, int] | None = None
+    # Location granularity: who leads each location and why, the leader moves (absent otherwise).
+    leaders: LeadershipStatus | None = None
 
     def to_json(self) -> JSON:
         out: JSON = {
@@ -136,12 +138,13 @@ class PassSummary:
         opt_key(out, "remotes", self.remotes.to_json() if self.remotes is not None else None)
         opt_key(out, "interfaces", self.interfaces.to_json() if self.interfaces is not None else None)
         opt_key(out, "path_mtu", dict(self.path_mtu) if self.path_mtu is not None else None)
+        opt_key(out, "leaders", self.leaders.to_json() if self.leaders is not None else None)
         return out
 
     @classmethod
     def from_json(cls, d: JSON) -> PassSummary:
         rec = d.get("reconcile") or {}
-        remotes, ifs, mtu = d.get("remotes"), d.get("interfaces"), d.get("path_mtu")
+        remotes, ifs, mtu, lead = d.get("remotes"), d.get("interfaces"), d.get("path_mtu"), d.get("leaders")
         return cls(
             cluster=str(d.get("cluster", "")), backend=str(d.get("backend", "")), revision=d.get("revision", 0),
             records=d.get("records"), granularity=d.get("granularity"),
@@ -161,6 +164,7 @@ class PassSummary:
             remotes=RemotesStatus.from_json(remotes) if isinstance(remotes, dict) else None,
             interfaces=Interfaces.from_json(ifs) if isinstance(ifs, dict) else None,
             path_mtu=dict(mtu) if isinstance(mtu, dict) else None,
+            leaders=LeadershipStatus.from_json(lead) if isinstance(lead, dict) else None,
         )
 
 
@@ -386,3 +390,50 @@ class ProbeResult:
     def from_json(cls, d: JSON) -> ProbeResult:
         return cls(str(d.get("peer", "")), d.get("rung"), d.get("kind"), bool(d.get("answered")), d.get("rtt_ms"),
                    d.get("timeout_s", 0.0), d.get("error"))
+
+
+@dataclass(frozen=True)
+class LeaderMove:
+    """A location's leaders changed: when (unix seconds), from whom to whom, and why (the reason
+    names the verdicts, who published them and their age; "" for a return to the documented order)."""
+
+    location: str
+    at: float
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+    reason: str
+
+    def to_json(self) -> JSON:
+        return {"location": self.location, "at": self.at, "from": list(self.before), "to": list(self.after),
+                "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, d: JSON) -> LeaderMove:
+        return cls(str(d.get("location", "")), float(d.get("at", 0.0)), tuple(d.get("from") or ()),
+                   tuple(d.get("to") or ()), str(d.get("reason", "")))
+
+
+@dataclass(frozen=True)
+class LeadershipStatus:
+    """Who leads each location (mesh.leaders.LocationLeaders, as JSON: `leaders`, `static`, `out`,
+    `reason`, `evidence`), the moves counted since the agent started, per location, the last moves,
+    and this node's own forwarding verdicts on its location's members (`forwarding`: member ->
+    {verdict, since}; absent when this node probes none)."""
+
+    locations: tuple[JSON, ...] = ()
+    moves: dict[str, int] = field(default_factory=dict)
+    last_moves: tuple[LeaderMove, ...] = ()
+    forwarding: dict[str, JSON] | None = None
+
+    def to_json(self) -> JSON:
+        out: JSON = {"locations": list(self.locations), "moves": dict(self.moves),
+                     "last_moves": [m.to_json() for m in self.last_moves]}
+        opt_key(out, "forwarding", self.forwarding)
+        return out
+
+    @classmethod
+    def from_json(cls, d: JSON) -> LeadershipStatus:
+        fwd = d.get("forwarding")
+        return cls(tuple(d.get("locations") or ()), dict(d.get("moves") or {}),
+                   tuple(LeaderMove.from_json(m) for m in d.get("last_moves") or ()),
+                   dict(fwd) if isinstance(fwd, dict) else None)

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.flannel import FlannelLease
+from meshctl.mesh.leaders import ForwardingReport
 from meshctl.mesh.model import Cluster, MeshSettings, Node, Peer, Topology
 
 
@@ -45,6 +46,9 @@ class ClusterState:
     pending: Mapping[str, str] = field(default_factory=dict, compare=False)
     stale: tuple[str, ...] = field(default=(), compare=False)
     flannel: Mapping[str, FlannelLease] = field(default_factory=dict, compare=False)
+    # The nodes' forwarding reports (mesh/leaders.py), by publishing node; empty where the store
+    # keeps none (the leaders are then those of the documented order).
+    forwarding: dict[str, ForwardingReport] = field(default_factory=dict, compare=False)
 
     def topology(self) -> Topology:
         return Topology(cluster=self.cluster, mesh=self.mesh, nodes=self.nodes, peers=self.peers)

@@ -52,8 +52,9 @@ from meshctl.errors import InputError, MeshError
 from meshctl.etcd import EtcdClient, EtcdError, KeyValue
 from meshctl.mesh import fields
 from meshctl.mesh.admit import Rejection, identity_refusals
-from meshctl.mesh.admit_memo import RemoteAdmission
-from meshctl.mesh.model import Cluster, Topology
+from meshctl.mesh.admit_memo import RemoteAdmission, same_items
+from meshctl.mesh.leaders import choose_leaders, with_leaders
+from meshctl.mesh.model import Cluster, Node, Topology
 from meshctl.mesh.segments import Remote
 from meshctl.process import gc_paused
 
@@ -356,6 +357,9 @@ class RemoteClusters:
         self._status_key: tuple[Any, ...] | None = None
         self._rejections: dict[str, list[Rejection]] = {}
         self._admission = RemoteAdmission()  # used by the reconcile pass only
+        # Each remote cluster's topology with the leaders its own reports choose (mesh/leaders.py),
+        # kept while its records and reports are the same objects: cluster -> (key, topology).
+        self._led: dict[str, tuple[tuple[object, ...], tuple[Node, ...], Topology]] = {}
         # With a cache (backends.clustermesh_cache): each cluster is read from the local etcd's
         # cache prefix while the cache serves it; `_remotes` then holds only the direct
         # connections of clusters the cache does not serve (fallback), each planning with the
@@ -570,13 +574,25 @@ class RemoteClusters:
         per cluster), with the rejections recorded per cluster for status and metrics."""
         states = self.states()
         with gc_paused():
-            remotes, rejections = self._admission.admit(local, [s.topology() for s in states])
+            remotes, rejections = self._admission.admit(local, [self._led_topology(s) for s in states])
         per: dict[str, list[Rejection]] = {}
         for rej in rejections:
             per.setdefault(rej.name.split("/", 1)[0], []).append(rej)
         with self._lock:
             self._rejections = per
         return remotes, rejections
+
+    def _led_topology(self, st: ClusterState) -> Topology:
+        """A remote cluster's topology planning with the leaders its agents choose from the reports
+        its nodes publish (the same rule on the same facts: both clusters agree on who leads)."""
+        reports = tuple(sorted((n, id(r)) for n, r in st.forwarding.items()))
+        hit = self._led.get(st.cluster.name)
+        if hit is not None and hit[0] == (st.cluster, st.mesh, reports) and same_items(hit[1], st.nodes):
+            return hit[2]
+        topo = st.topology()
+        topo = with_leaders(topo, choose_leaders(topo, st.forwarding))
+        self._led[st.cluster.name] = ((st.cluster, st.mesh, reports), st.nodes, topo)
+        return topo
 
     def mirrors(self) -> dict[str, EtcdBackend]:
         """Each remote cluster's mirror of its etcd, by name (agent.global_services reads its

@@ -8,6 +8,7 @@ admits into its own cluster's etcd, each under its original key behind `/meshctl
     /meshctl-cache/cluster1/meshctl/cluster2/cluster       (cluster2's published identity)
     /meshctl-cache/cluster1/meshctl/cluster2/mesh
     /meshctl-cache/cluster1/meshctl/cluster2/nodes/g1      (admitted records only)
+    /meshctl-cache/cluster1/meshctl/cluster2/forwarding/g1 (the admitted nodes' forwarding reports)
     /meshctl-cache/cluster1/status                         (heartbeat, on a short lease)
 
 Agents' etcd users read that prefix and cannot write it (backends.etcd_identity); only the
@@ -22,7 +23,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from meshctl.backends.etcd import cluster_key, cluster_prefix, mesh_key, node_key
+from meshctl.backends.etcd import cluster_key, cluster_prefix, forwarding_key, mesh_key, node_key
 from meshctl.etcd import EtcdClient
 
 CACHE_ROOT = "/meshctl-cache"
@@ -62,14 +63,16 @@ class CacheUse:
 def desired_cache(local: str, admitted: Mapping[str, frozenset[str]], records: Mapping[str, Mapping[str, bytes]],
                   keep: frozenset[str], written: Mapping[str, bytes]) -> dict[str, bytes]:
     """What the cache prefix should hold: for each admitted cluster its identity, its mesh
-    settings and its admitted node records, byte for byte as its own etcd holds them. A cluster
+    settings, its admitted node records and their forwarding reports (which choose its locations'
+    leaders: mesh/leaders.py), byte for byte as its own etcd holds them. A cluster
     in `keep` (configured, its view not known yet: the cache just started or is reconnecting)
     keeps what was written for it before, so a restarting cache withdraws nothing. Clusters
     refused as a whole, and records not admitted, are absent (their keys are deleted)."""
     out: dict[str, bytes] = {}
     for cname, names in admitted.items():
         recs = records.get(cname, {})
-        for key in (cluster_key(cname), mesh_key(cname), *(node_key(cname, n) for n in sorted(names))):
+        for key in (cluster_key(cname), mesh_key(cname), *(node_key(cname, n) for n in sorted(names)),
+                    *(forwarding_key(cname, n) for n in sorted(names))):
             if key in recs:
                 out[cached_key(local, key)] = recs[key]
     for cname in keep - set(admitted):

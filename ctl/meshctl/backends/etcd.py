@@ -11,6 +11,9 @@ Key layout (docs/agent.md):
     /meshctl/<cluster>/mcs/exports/<namespace>/<name>  a ServiceExport's Service (mesh.mcs.Export) and
     /meshctl/<cluster>/mcs/missing/<namespace>/<name>  an import whose namespace the cluster lacks,
                                       written by the cluster-mesh cache (backends.kube.mcs_controller)
+    /meshctl/<cluster>/forwarding/<name>  leaders.ForwardingReport  on the same lease; watched: a
+                                      changed verdict wakes every agent (a heartbeat that only
+                                      moves the report's time does not)
     /meshctl-seen/<cluster>/<name>    observed.NodeSeen            on the same lease; outside the
                                       watched prefix, so no agent wakes for another's summary
 
@@ -36,6 +39,7 @@ from meshctl.errors import InputError, MeshError
 from meshctl.etcd import Compacted, EtcdClient, EtcdError, KeyValue, WatchIdle
 from meshctl.mesh import records
 from meshctl.mesh.admit import Rejection
+from meshctl.mesh.leaders import ForwardingReport
 from meshctl.mesh.model import Cluster, MeshSettings, Node, Peer
 from meshctl.mesh.observed import MAX_SEEN_BYTES, NodeSeen, summary_of
 
@@ -88,6 +92,15 @@ def mcs_key(kind: str, cluster: str, namespace: str, name: str) -> str:
     return f"{ROOT}/{cluster}/{kind}/{namespace}/{name}"
 
 
+def forwarding_prefix(cluster: str) -> str:
+    return f"{ROOT}/{cluster}/forwarding/"
+
+
+def forwarding_key(cluster: str, name: str) -> str:
+    """A node's forwarding report (mesh/leaders.py): its verdicts on the members of its location."""
+    return f"{forwarding_prefix(cluster)}{name}"
+
+
 def mesh_key(cluster: str) -> str:
     return f"{ROOT}/{cluster}/mesh"
 
@@ -125,6 +138,27 @@ def read_seen(client: EtcdClient, cluster: str) -> tuple[dict[str, NodeSeen], li
             continue
         seen[name] = s
     return seen, refused
+
+
+def parse_report(kv: KeyValue, name: str, cluster: str) -> ForwardingReport:
+    """The forwarding report at `kv`, written by node `name` of `cluster` (its key says so)."""
+    r = ForwardingReport.from_json(parse_record(kv, kv.key), kv.key)
+    if r.node != name:
+        raise InputError(f"{kv.key}.node", r.node, "does not match the key")
+    if r.cluster != cluster:
+        raise InputError(f"{kv.key}.cluster", r.cluster, "names another cluster than its key")
+    return r
+
+
+def _same_verdicts(old: KeyValue | None, new: KeyValue) -> bool:
+    """Two values of one report key that differ at most in the report's time (a heartbeat)."""
+    if old is None:
+        return False
+    try:
+        a, b = json.loads(old.value), json.loads(new.value)
+    except ValueError:
+        return False
+    return isinstance(a, dict) and isinstance(b, dict) and {**a, "at": 0} == {**b, "at": 0}
 
 
 def cluster_record(cluster: Cluster, mesh: MeshSettings) -> dict[str, Any]:
@@ -194,6 +228,7 @@ class EtcdBackend:
         self._ready = False
         self._reason = "not yet listed"
         self._parsed: dict[str, tuple[int, Node | Peer | Rejection]] = {}
+        self._reports: dict[str, tuple[int, ForwardingReport | Rejection]] = {}
         self._last_mesh: MeshSettings = self.default_mesh
         self._lease = 0
         self._published: Node | None = None
@@ -235,6 +270,14 @@ class EtcdBackend:
         if self._published is None or seen.node != self._published.name or not self._lease:
             return
         self.client.put(seen_key(self.cluster.name, seen.node), json.dumps(seen.to_json(), sort_keys=True),
+                        lease=self._lease)
+
+    def publish_forwarding(self, report: ForwardingReport) -> None:
+        """Put this node's forwarding report (agent.leadership.ForwardingStore) on the record's
+        lease, so it goes with the record; nothing before the record has a lease."""
+        if self._published is None or report.node != self._published.name or not self._lease:
+            return
+        self.client.put(forwarding_key(self.cluster.name, report.node), json.dumps(report.to_json(), sort_keys=True),
                         lease=self._lease)
 
     def _put_own(self, value: str) -> None:
@@ -345,10 +388,8 @@ class EtcdBackend:
                     if not self._ready:
                         self._set_ready(True, "")
                         changed()
-                    if events or rev > self._revision:
-                        self._apply(rev, events)
-                        if events:
-                            changed()
+                    if (events or rev > self._revision) and self._apply(rev, events):
+                        changed()
             except Compacted as e:
                 log.info("%s; listing again", e)
                 self._synced = False
@@ -386,17 +427,24 @@ class EtcdBackend:
             self._revision = rev
             self._synced = True
 
-    def _apply(self, rev: int, events: list[Any]) -> None:
+    def _apply(self, rev: int, events: list[Any]) -> bool:
+        """Mirror the events; True when one may change a plan (not only a report's heartbeat)."""
+        wakes = False
+        fwd = self.prefix + "forwarding/"
         with self._lock:
             for e in events:
                 if e.type == "DELETE":
                     old = self._kvs.pop(e.kv.key, None)
                     if old is not None:
                         self._gone(old)
+                    wakes = True
                 else:
+                    old = self._kvs.get(e.kv.key)
                     self._kvs[e.kv.key] = e.kv
                     self._came(e.kv)
+                    wakes = wakes or not e.kv.key.startswith(fwd) or not _same_verdicts(old, e.kv)
             self._revision = max(self._revision, rev)
+        return wakes
 
     def _own_key(self) -> str | None:
         pub = self._published
@@ -458,8 +506,16 @@ class EtcdBackend:
         peers: list[tuple[int, Peer]] = []
         mesh = self._last_mesh
         mesh_seen = False
-        nodes_p, peers_p = self.prefix + "nodes/", self.prefix + "peers/"
+        nodes_p, peers_p, fwd_p = self.prefix + "nodes/", self.prefix + "peers/", self.prefix + "forwarding/"
+        forwarding: dict[str, ForwardingReport] = {}
         for kv in kvs:
+            if kv.key.startswith(fwd_p):
+                report = self._report_cached(kv, kv.key[len(fwd_p):])
+                if isinstance(report, Rejection):
+                    rejections.append(report)
+                else:
+                    forwarding[report.node] = report
+                continue
             if kv.key.startswith(nodes_p):
                 item = self._parse_cached(kv, kv.key[len(nodes_p):], "node")
             elif kv.key.startswith(peers_p):
@@ -487,8 +543,24 @@ class EtcdBackend:
         return ClusterState(
             cluster=self.cluster, mesh=mesh, nodes=tuple(n for _, n in nodes), peers=tuple(p for _, p in peers),
             rejections=tuple(rejections), ready=ready, reason=reason if not ready else "", revision=rev,
-            records=len(kvs) - len(lapsed), lapsed=len(lapsed),
+            records=len(kvs) - len(lapsed), lapsed=len(lapsed), forwarding=forwarding,
         )
+
+    def _report_cached(self, kv: KeyValue, name: str) -> ForwardingReport | Rejection:
+        """A forwarding report, parsed once per revision; one that names another node or cluster
+        than its key (only that node's credentials write it) is a rejection."""
+        hit = self._reports.get(kv.key)
+        if hit is not None and hit[0] == kv.mod_revision:
+            return hit[1]
+        item: ForwardingReport | Rejection
+        try:
+            item = parse_report(kv, name, self.cluster.name)
+        except (InputError, MeshError) as e:
+            item = Rejection(f"forwarding/{name}", str(e))
+        if len(self._reports) > 2 * len(self._kvs) + 100:
+            self._reports = {k: x for k, x in self._reports.items() if k in self._kvs}
+        self._reports[kv.key] = (kv.mod_revision, item)
+        return item
 
     def _parse_cached(self, kv: KeyValue, name: str, kind: str) -> Node | Peer | Rejection:
         hit = self._parsed.get(kv.key)

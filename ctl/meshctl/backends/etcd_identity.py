@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshctl.backends.clustermesh_cache import cache_prefix
-from meshctl.backends.etcd import cluster_prefix, mcs_prefix, node_key, seen_key, seen_prefix
+from meshctl.backends.etcd import cluster_prefix, forwarding_key, mcs_prefix, node_key, seen_key, seen_prefix
 from meshctl.errors import InputError
 from meshctl.etcd.client import EtcdClient, EtcdError, prefix_end
 
@@ -58,9 +58,11 @@ class Grant:
 
 
 def node_grants(cluster: str, node: str) -> tuple[Grant, ...]:
-    """A node writes its own record and its own summary (its lease rides on both), and reads its
-    cluster, the other nodes' summaries and the cluster-mesh cache (which it cannot write)."""
+    """A node writes its own record, its own summary and its own forwarding report (its lease rides
+    on all three), and reads its cluster, the other nodes' summaries and the cluster-mesh cache
+    (which it cannot write)."""
     return (Grant("READWRITE", node_key(cluster, node)), Grant("READWRITE", seen_key(cluster, node)),
+            Grant("READWRITE", forwarding_key(cluster, node)),
             Grant("READ", cluster_prefix(cluster), True), Grant("READ", seen_prefix(cluster), True),
             Grant("READ", cache_prefix(cluster), True))
 

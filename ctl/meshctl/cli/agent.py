@@ -132,6 +132,9 @@ def _masquerade6(ctx: click.Context, param: click.Parameter, flag: bool) -> bool
               help="Full reconcile period; with --backend kubernetes a Node not seen for twice this is not ready.")
 @click.option("--path-hold-seconds", "path_hold", default=10.0, type=float, show_default=True,
               help="intra_subnet auto: a private rung that delivers again is taken back after this long.")
+@click.option("--no-forwarding-probes", "forwarding_probes", is_flag=True, default=True, flag_value=False,
+              help="Send no hairpin probes through this location's members and publish no forwarding report "
+              "(docs/mesh.md, \"Leaders that do not forward\"); the other members' reports still count.")
 @click.option("--direct-wait-seconds", "direct_wait", default=20.0, type=float, show_default=True,
               help="A peer behind NAT tried this long without a handshake is reported unreached (then relayed).")
 @click.option("--kvstore-endpoints", default="", callback=lambda _c, _p, val: endpoint_list(val),
@@ -252,6 +255,7 @@ def format_status(st: AgentStatus, *, verbose: bool = False) -> str:
                      f"tx {_bytes(p.live.tx_bytes if p.live else 0)}  handshake {age}")
     lines += format_paths(st)
     lines += format_nat(st)
+    lines += format_leaders(st, now)
     if s is not None:
         last = s.last_reconcile
         errs = "; ".join(f"{k}: {e}" for k, e in last.errors.items())
@@ -357,6 +361,29 @@ def format_clustermesh(cm: RemotesStatus, now: float, *, verbose: bool = False) 
         for i in cm.clusterset.imports if cm.clusterset is not None else ():
             eps = ", ".join(f"{c} {len(a)}" for c, a in sorted(i.endpoints.items())) or "none"
             lines.append(f"    {i.namespace}/{i.name}  {i.type} {', '.join(i.ips) or '-'}  endpoints {eps}")
+    return lines
+
+
+def format_leaders(st: AgentStatus, now: float) -> list[str]:
+    """The leaders block (location granularity): per location who leads, who would by the
+    documented order and why not (the verdicts, who published them, their age), the moves counted;
+    the last moves; this node's own forwarding verdicts on its location's members."""
+    lead = st.summary.leaders if st.summary is not None else None
+    if lead is None:
+        return []
+    lines = ["leaders (location: leaders, documented order, moves):"]
+    for loc in lead.locations:
+        name = loc.get("location") or loc.get("key", "")
+        chosen, static = ",".join(loc.get("leaders", ())), ",".join(loc.get("static", ()))
+        moved = f"  instead of {static}: {loc.get('reason')}" if chosen != static else ""
+        lines.append(f"  {name}: {chosen}  (order {static})  moves {lead.moves.get(name, 0)}{moved}")
+    for m in lead.last_moves:
+        lines.append(f"  moved {now - m.at:.0f} s ago: {m.location} {','.join(m.before)} -> {','.join(m.after)}"
+                     f"  ({m.reason or 'back to the documented order'})")
+    if lead.forwarding:
+        held = ", ".join(f"{n} {v.get('verdict')} for {max(0.0, now - float(v.get('since', now))):.0f} s"
+                         for n, v in sorted(lead.forwarding.items()))
+        lines.append(f"  forwarding through the members here: {held}")
     return lines
 
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the rest is imported when a command runs: `--help` stays qu
     from meshctl.backends.base import ClusterState
     from meshctl.backends.kube.backend import KubeBackend
     from meshctl.etcd import EtcdClient
+    from meshctl.mesh.leaders import Leaders
     from meshctl.mesh.observed import NodeSeen
     from meshctl.mesh.segments import Remote
 
@@ -85,6 +86,8 @@ class Source:
         self.cluster_name = self.clusters[0]
         self.name = Path(path).name if path else backend
         self.warn: Callable[[str], None] = _warn  # where `warning:` lines go (ui: each once, and to the page)
+        # The live store's leader choice (mesh/leaders.py), once `load` read it; None for a file.
+        self.leaders: Leaders | None = None
         # Nodes of the live cluster that have not joined yet (their agent has not published, or no
         # pod CIDR yet), by name: what each still lacks. Filled by `load`.
         self.pending: dict[str, str] = {}
@@ -126,6 +129,7 @@ class Source:
     def _admitted(self, state: ClusterState) -> Topology:
         from meshctl.mesh.admit import admit_local
         from meshctl.mesh.checks import topology_warnings
+        from meshctl.mesh.leaders import choose_leaders, with_leaders
 
         topo, rejected = admit_local(state.topology())
         for r in [*state.rejections, *rejected]:
@@ -135,7 +139,10 @@ class Source:
             self.warn(f"{self.backend}: node {name} is pending: {why}")
         for w in topology_warnings(topo):
             self.warn(f"{self.backend}: {w}")
-        return topo
+        # The leaders every agent plans with: the documented order unless the published forwarding
+        # reports rule one out (mesh/leaders.py).
+        self.leaders = choose_leaders(topo, state.forwarding)
+        return with_leaders(topo, self.leaders)
 
     def not_a_node(self, node: str, option: str = "--node") -> InputError:
         """The line for a node the topology lacks: pending (with what it still lacks) or unknown."""
@@ -376,7 +383,7 @@ def graph(granularity: Granularity | None, remotes: tuple[str, ...], level: str 
     edge each would not be readable."""
     from dataclasses import replace
 
-    from meshctl.mesh.graph import check_view, graph_model, model_dot, model_text, with_seen
+    from meshctl.mesh.graph import check_view, graph_model, model_dot, model_text, with_leader_notes, with_seen
     from meshctl.process import gc_paused
 
     if render_to and output != "dot":
@@ -387,11 +394,11 @@ def graph(granularity: Granularity | None, remotes: tuple[str, ...], level: str 
         topo = replace(topo, mesh=replace(topo.mesh, granularity=granularity))
     with gc_paused():
         model = graph_model(topo, _load_remotes(topo, remotes, src.remote_topologies()))
-        if node is not None and topo.node(node) is None:
+        if node is not None and node in src.pending:
             raise src.not_a_node(node)
         check_view(model, level, node, location)
         if live:
-            model = with_seen(model, src.seen())
+            model = with_leader_notes(with_seen(model, src.seen()), src.leaders)
         if output == "json":
             click.echo(json.dumps(model.to_json(), indent=2))
             return

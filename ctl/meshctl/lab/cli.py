@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`meshctl` commands of the lab area: `lab up|check|down|status|fabric|nat|pod|etcdctl|kubeconfig`.
+"""`meshctl` commands of the lab area: `lab up|check|down|status|fabric|nat|forwarding|pod|etcdctl|kubeconfig`.
 
 This is where a lab's kind is decided: a namespace lab (lab/namespaces), a lab whose every node
 is a VM (lab.vms: lab/vms/vmnodes.py) or the namespace lab inside one VM (`--kernel`:
@@ -25,6 +25,7 @@ import click
 from meshctl.cli.options import file_option, lab_option, node_option, option, output_option
 from meshctl.errors import InputError, MeshError
 from meshctl.lab.namespaces import state
+from meshctl.lab.namespaces.state import resolve as resolve_lab
 from meshctl.lab.rigs.kernels import KERNEL_SERIES
 from meshctl.lab.rigs.waiting import CONVERGE_WAIT, EMULATED_CONVERGE_WAIT
 
@@ -156,6 +157,26 @@ def lab_nat(node: str, lab_name: str | None, rebind: bool, kind: str | None) -> 
           if nat.firewall6_ip else "")
     click.echo(f"{node}: {nat.kind} NAT in {nat.router_ns}, inside {nat.inside_ip}, "
                f"outside {nat.public_ip} port {port}, rebinds {nat.rebinds}{v6}")
+
+
+@lab_group.command("forwarding")
+@click.argument("node")
+@click.argument("state", type=click.Choice(["off", "on"]))
+@lab_option()
+def lab_forwarding(node: str, state: str, lab_name: str | None) -> None:
+    """Make NODE drop (off) or forward again (on) what it forwards for others, in its namespace
+    only: its own traffic, record, lease and agent stay healthy (a leader that stopped forwarding)."""
+    from meshctl.lab.namespaces import faults
+
+    _require_root()
+    st = resolve_lab(lab_name)  # `state` is the argument here
+    _, n = st.lookup(node)
+    count = faults.forwarding(st.prefix, n, state == "on")
+    if state == "on":
+        click.echo(f"{node}: forwarding on")
+    else:
+        click.echo(f"{node}: forwarding off (nftables table inet {faults.forwarding_table(st.prefix)} in {n.netns} "
+                   f"drops what it forwards; {count} dropped so far)")
 
 
 @lab_group.command("down")

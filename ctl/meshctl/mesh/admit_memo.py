@@ -132,6 +132,7 @@ class _Admitted:
     remote: Remote
     rejections: list[Rejection]
     layer: Layer
+    leaders: tuple[tuple[str, tuple[str, ...]], ...] = ()  # Topology.leaders it was admitted with
 
     @functools.cached_property
     def reach(self) -> Reach:
@@ -139,7 +140,7 @@ class _Admitted:
         return Reach.of(self.remote)
 
 
-def _same_items(a: Sequence[object], b: Sequence[object]) -> bool:
+def same_items(a: Sequence[object], b: Sequence[object]) -> bool:
     return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
@@ -174,7 +175,7 @@ class RemoteAdmission:
                 delta.add(old.layer if old is not None else None, None)
                 continue
             if old is not None and old.cluster == topo.cluster and old.mesh == topo.mesh \
-                    and _same_items(old.nodes, topo.nodes) and not delta.touches(old):
+                    and old.leaders == topo.leaders and same_items(old.nodes, topo.nodes) and not delta.touches(old):
                 done[name] = old
                 below.pending.append(old.layer)
                 continue
@@ -256,7 +257,7 @@ class _Below:
         remote, rejections = _admit_cluster(as_remote(topo), claims, self.internal, self.hosts, local.mesh)
         layer = Layer(claims.alone(), self.internal.own, self.hosts.own)
         self.pending.append(Layer(layer.claims, {}, {}))  # its addresses are in the dicts already
-        new = _Admitted(topo.cluster, topo.mesh, topo.nodes, remote, rejections, layer)
-        if old is not None and "reach" in old.__dict__ and _same_items(old.nodes, topo.nodes):
+        new = _Admitted(topo.cluster, topo.mesh, topo.nodes, remote, rejections, layer, topo.leaders)
+        if old is not None and "reach" in old.__dict__ and same_items(old.nodes, topo.nodes):
             new.__dict__["reach"] = old.reach  # the same records reach the same addresses
         return new

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from meshctl.errors import InputError
+from meshctl.mesh.leaders import Leaders
 from meshctl.mesh.model import ENCAP_RUNGS, PRIVATE_RUNGS, RUNGS, WIREGUARD_PRIVATE, Node, Topology
 from meshctl.mesh.observed import NodeSeen, PeerSeen
 from meshctl.mesh.plan import plan_node
@@ -171,6 +172,8 @@ class GraphModel:
     peers: tuple[GraphPeer, ...]
     pairs: tuple[Pair, ...]
     live: bool = False
+    # Locations led by others than the documented order names, and why (with_leader_notes).
+    leader_notes: tuple[str, ...] = ()
 
     @functools.cached_property
     def _by_name(self) -> dict[str, GraphNode]:
@@ -217,7 +220,8 @@ class GraphModel:
                 "clusters": list(self.clusters), "live": self.live, "nodes": [n.to_json() for n in self.nodes],
                 "locations": [loc.to_json() for loc in self.locations],
                 "peers": [{"name": p.name, "allowed_ips": list(p.allowed_ips)} for p in self.peers],
-                "pairs": [p.to_json() for p in self.pairs]}
+                "pairs": [p.to_json() for p in self.pairs],
+                **({"leader_notes": list(self.leader_notes)} if self.leader_notes else {})}
 
 
 def _cost(rung: str | None) -> int:
@@ -340,6 +344,17 @@ def with_seen(model: GraphModel, seen: Mapping[str, NodeSeen]) -> GraphModel:
         out.append(replace(pair, rung=rung, seen=True, fell_back=any(r.fell_back for r in reports),
                            relay=pair.relay if rung == "relay" else None))
     return replace(model, pairs=tuple(out), live=True)
+
+
+def with_leader_notes(model: GraphModel, leaders: Leaders | None) -> GraphModel:
+    """The model saying, for each location led by others than the documented order names (the
+    published forwarding reports ruled its leader out: mesh/leaders.py), who leads in place of
+    whom and why: the verdicts, who published them and their age."""
+    if leaders is None:
+        return model
+    notes = tuple(f"{loc.location}: {','.join(loc.leaders)} leads in place of {','.join(loc.static)}: {loc.reason}"
+                  for _, loc in sorted(leaders.locations.items()) if loc.moved)
+    return replace(model, leader_notes=notes)
 
 
 # --- views -------------------------------------------------------------------------------------
@@ -609,7 +624,8 @@ def model_dot(model: GraphModel, level: str | None = None, node: str | None = No
     if n_shared < _SHARED_LABEL_MIN or 2 * n_shared <= len(drawn_edges):
         shared = None
     title = (f"cluster {model.cluster} ({model.granularity}): WireGuard subnet {model.subnet}; {v.title}"
-             + (f"; each unlabelled edge: {_label_of(shared)}" if shared else "") + ("; live" if model.live else ""))
+             + (f"; each unlabelled edge: {_label_of(shared)}" if shared else "") + ("; live" if model.live else "")
+             + "".join(f"\n{n}" for n in model.leader_notes))
     lines = [f"digraph {_dot_id(model.cluster)} {{",
              f"  graph [compound=true, rankdir=LR, labelloc=t, fontname=Helvetica, label={_dot_id(title)}];",
              "  node [shape=box, style=rounded, fontname=Helvetica];", "  edge [dir=none, fontname=Helvetica];"]
@@ -738,6 +754,7 @@ def model_text(model: GraphModel, level: str | None = None, node: str | None = N
     v = view(model, level, node, location)
     out = [f"cluster {model.cluster} ({model.granularity}), WireGuard subnet {model.subnet}: {v.title}"
            + (" (live)" if model.live else "")]
+    out += [f"leaders: {n}" for n in model.leader_notes]
     for loc in model.locations:
         name = model.name_of(loc)
         lead = f", leader {', '.join(loc.leaders)}" if loc.leaders and model.granularity == "location" else ""

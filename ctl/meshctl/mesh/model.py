@@ -52,6 +52,9 @@ INTRA_SUBNET_MODES: tuple[str, ...] = ("auto", *FIXED_RUNG)
 PathState = dict[str, frozenset[str]]
 
 DEFAULT_SUBNET = ipaddress.ip_network("10.4.0.0/16")
+DEFAULT_LEADER_HOLD = 30  # s, mesh.leader_hold
+MAX_LEADER_HOLD = 3600
+MAX_LEADERS_PER_LOCATION = 16
 DEFAULT_PORT = 51820
 FAMILIES: tuple[int, ...] = (4, 6)  # IP versions, in the project's order
 
@@ -170,6 +173,12 @@ class MeshSettings:
     # The cluster's Service ranges (k3s: 10.43.0.0/16): no global range, of this cluster or another,
     # may overlap them (a pod dialing such an address means a Service of its own cluster).
     service_cidrs: tuple[IPNetwork, ...] = ()
+    # Location granularity: how long a location's preferred leader, once replaced for not
+    # forwarding, must be seen forwarding again before it leads again (mesh/leaders.py), seconds.
+    leader_hold: int = DEFAULT_LEADER_HOLD
+    # Location granularity: how many leaders each location has; each other location's traffic
+    # goes through one of them, by a rule both ends compute the same (mesh/segments.gateway).
+    leaders_per_location: int = 1
 
     @property
     def subnets(self) -> tuple[IPNetwork, ...]:
@@ -347,6 +356,9 @@ class Topology:
     mesh: MeshSettings = field(default_factory=MeshSettings)
     nodes: tuple[Node, ...] = ()
     peers: tuple[Peer, ...] = ()
+    # The leaders mesh/leaders.py chose from the published forwarding reports, per segment key,
+    # where they differ from the documented order (segments.leader_order); empty: that order.
+    leaders: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def node(self, name: str) -> Node | None:
         for n in self.nodes:

@@ -48,7 +48,7 @@ from meshctl.mesh.model import (
     sort_key_net,
 )
 from meshctl.mesh.natview import NatView, choose_relay, nat_view
-from meshctl.mesh.segments import Remote, Segment, segment_addresses, segments
+from meshctl.mesh.segments import Remote, Segment, gateway, segment_addresses, segments
 
 Dev = Literal["private", "wireguard"]
 Action = Literal["local", "direct", "tunnel"]
@@ -135,6 +135,9 @@ class NodePlan:
     # Pairs whose pod families take different rungs (the v6 private network shared, the v4 one
     # not): qualified name -> ((IP version, rung), ...); `paths` names the cheapest of them.
     family_paths: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict, compare=False)
+    # Every leader of the node's location when it has several (mesh.leaders_per_location; `leader`
+    # the first); empty when it has one.
+    leaders: tuple[str, ...] = ()
     # This cluster's global ranges (mesh.global_cidrs): (pod range, global range). The node
     # rewrites its pods' sources to their images on the way out of the cluster (fast-path entries
     # with `translate`) and destinations in a global range back on the way in.
@@ -187,9 +190,11 @@ class _Seat:
     """What every role of node `me` reads: its segment among all segments, the mesh settings, the
     probes' verdicts, what the records say about NAT, and the relays `me` uses when it leads
     (segment key -> (relaying segment, why); relaying segment key -> what its peer also carries).
-    `leads`: `me` holds its segment's WireGuard identity (always, outside location granularity);
-    `leader_ip`: where a member sends what leaves its location (its leader's private address; the
-    leader's addresses of every family in `leader_ips`, see `to_leader`)."""
+    `leads`: `me` holds its segment's WireGuard identity (always, outside location granularity;
+    every leader of a location with several); `first`: `me` is its segment's first leader, which
+    alone peers the extra peers and other clusters' segments; `leader_ip`: where a member sends
+    what the first leader carries (its private address; of every family in `leader_ips`, see
+    `to_leader`); `keys`: every segment key, sorted (segments.gateway)."""
 
     me: Node
     my_seg: Segment
@@ -203,6 +208,16 @@ class _Seat:
     leader_ip: IPAddress | None
     keepalive: int
     leader_ips: tuple[IPAddress, ...] = ()
+    first: bool = True
+    keys: tuple[str, ...] = ()
+
+    def far(self, s: Segment) -> Node:
+        """The leader of segment s that carries its traffic with this node's location."""
+        return gateway(s, self.my_seg, self.keys)
+
+    def near(self, s: Segment) -> Node:
+        """The leader of this node's location that carries its traffic with segment s."""
+        return gateway(self.my_seg, s, self.keys)
 
     def to_leader(self, dst: IPNetwork) -> IPAddress | None:
         """The own leader's private address of `dst`'s family (else its first one)."""
@@ -245,6 +260,7 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
         relays=relays,
         wireguard_ips=seat.my_seg.addresses if seat.leads and seat.my_seg.wireguard_ips else (),
         family_paths=family_paths,
+        leaders=tuple(n.name for n in seat.my_seg.leaders),
         global_cidrs=topo.mesh.global_cidrs,
     )
     return _hand_over(plan, topo) if flannel else plan
@@ -281,20 +297,27 @@ def _seat(topo: Topology, name: str, state: PathState) -> _Seat:
     if mesh.intra_subnet != "auto":
         state = {}  # the fixed modes switch probing off: their rungs do not depend on it
     view = nat_view(topo.nodes)
-    relayed, extra = _relays(view, me, my_seg, segs, mesh)
-    leads = mesh.granularity != "location" or my_seg.leader.name == me.name
+    keys = tuple(s.key for s in segs)  # sorted (segments() sorts them)
+    relayed, extra = _relays(view, me, my_seg, segs, mesh, keys)
+    first = mesh.granularity != "location" or my_seg.leader.name == me.name
+    leads = first or any(n.name == me.name for n in my_seg.leaders)
     internal = my_seg.leader.internal_ip
     return _Seat(me, my_seg, segs, mesh, state, view, relayed, extra, leads,
                  internal.ip if internal is not None else None, me.persistent_keepalive,
-                 tuple(i.ip for i in my_seg.leader.internal_ips))
+                 tuple(i.ip for i in my_seg.leader.internal_ips), first, keys)
 
 
 def _own_cluster(seat: _Seat) -> list[Share]:
     """The shares of `me`'s roles towards the nodes of its own cluster (docs/mesh.md's table of
     cases): by granularity, and in location granularity by whether `me` leads."""
     if seat.mesh.granularity == "location":
-        others = _location_leader(seat) if seat.leads else [_location_member(seat)]
-        return [_location_members(seat), *others]
+        others = [s for s in seat.segs if s is not seat.my_seg]
+        served = [s for s in others if seat.near(s).name == seat.me.name] if seat.leads else []
+        rest = [s for s in others if s not in served]
+        shares = [_location_members(seat)]
+        if not seat.leads or rest:
+            shares.append(_location_member(seat, rest))
+        return [*shares, *_location_leader(seat, served)]
     return [_pair(seat, s) for s in seat.segs if s.leader.name != seat.me.name]
 
 
@@ -380,8 +403,8 @@ def _relayed(seat: _Seat, s: Segment, kind: PeerKind, dsts: Iterable[IPNetwork])
     """Segment s reached through its relay: a peer with s's WireGuard IP only (for the direct
     attempt), `dsts` routed to the relay's WireGuard IP, and s's members named as relayed."""
     via, reason = seat.relayed[s.key]
-    r = s.leader
-    peer = _peer(s.peer_name, kind, r.public_key, seat.view.endpoint(r, seat.me.families), s.hosts,
+    r = seat.far(s)
+    peer = _peer(r.qualified_name, kind, r.public_key, seat.view.endpoint(r, seat.me.families), s.hosts,
                  seat.keepalive, roaming=_roams(r), discovered=seat.view.discovered(r))
     return Share(peers=(peer,), claims=_into_wireguard(dsts, via),
                  paths=tuple((m.qualified_name, "relay") for m in s.members),
@@ -415,47 +438,65 @@ def _location_members(seat: _Seat) -> Share:
     return Share(claims=tuple(claims), paths=tuple(paths), family_paths=tuple(split))
 
 
-def _location_member(seat: _Seat) -> Share:
-    """A location member that does not lead: everything outside its location goes to its leader
-    over the private network, every segment's WireGuard IP included. Pod CIDRs take the rung the
-    member uses to its leader; other addresses are routed raw to the leader's private address
-    (an encapsulation is carried by a fast-path entry, and those exist for pod CIDRs only)."""
-    leader = seat.my_seg.leader
-    rungs: dict[int, Rung] = {f: _member_rung(seat, leader, f) if leader.internal_ips else "direct" for f in FAMILIES}
-    claims = [_to_leader(seat, rungs[dst.version], dst, False) for s in seat.segs for dst in s.hosts]
-    paths: list[tuple[str, str]] = []
+def _location_member(seat: _Seat, segs: Sequence[Segment] | None = None) -> Share:
+    """A location member towards the segments `segs` it does not carry itself: everything of
+    them goes to the leader that carries it (`_Seat.near`: the location's one leader, unless it
+    has several) over the private network, their WireGuard IPs included (and, for a member that
+    does not lead, its own location's, held by the first leader). Pod CIDRs take the rung the
+    member uses to that leader; other addresses are routed raw to the leader's private address
+    (an encapsulation is carried by a fast-path entry, and those exist for pod CIDRs only).
+    None: every other segment."""
+    if segs is None:
+        segs = [s for s in seat.segs if s is not seat.my_seg]
+    rungs: dict[str, dict[int, Rung]] = {}
+
+    def rung(gw: Node, dst: IPNetwork) -> Rung:
+        per = rungs.get(gw.name)
+        if per is None:
+            per = rungs[gw.name] = {f: _member_rung(seat, gw, f) if gw.internal_ips else "direct" for f in FAMILIES}
+        return per[dst.version]
+
+    wanted = {s.key for s in segs}
+    claims: list[Claim] = []
     for s in seat.segs:
-        if s is seat.my_seg:
-            continue
+        own = s is seat.my_seg
+        if (own and not seat.leads) or s.key in wanted:
+            gw = seat.my_seg.leader if own else seat.near(s)
+            claims.extend(_to_leader(seat, gw, rung(gw, dst), dst, False) for dst in s.hosts)
+    paths: list[tuple[str, str]] = []
+    for s in segs:
+        gw = seat.near(s)
         pods = {c for m in s.members for c in m.pod_cidrs}
-        claims.extend(_to_leader(seat, rungs[dst.version], dst, dst in pods)
+        claims.extend(_to_leader(seat, gw, rung(gw, dst), dst, dst in pods)
                       for dst in segment_addresses(s.members, None, None))
         paths.extend((m.qualified_name, "via-leader") for m in s.members)
     return Share(claims=tuple(claims), paths=tuple(paths))
 
 
-def _to_leader(seat: _Seat, rung: Rung, dst: IPNetwork, pod: bool) -> Claim:
-    """`dst` from a member to its leader: a pod CIDR on the member's rung to the leader, anything
-    else (and everything on a direct rung) routed to the leader's private address."""
+def _to_leader(seat: _Seat, gw: Node, rung: Rung, dst: IPNetwork, pod: bool) -> Claim:
+    """`dst` from a member to leader `gw`: a pod CIDR on the member's rung to it, anything else
+    (and everything on a direct rung) routed to its private address."""
     if rung == "direct" or not pod or not seat.me.internal_ips:
-        return dst, Route(dst, seat.to_leader(dst), "private")
-    return _private_claim(dst, seat.me, seat.my_seg.leader, rung)
+        hop = seat.to_leader(dst) if gw is seat.my_seg.leader else \
+            _of_family((i.ip for i in gw.internal_ips), dst.version, gw.internal_ip.ip if gw.internal_ip else None)
+        return dst, Route(dst, hop, "private")
+    return _private_claim(dst, seat.me, gw, rung)
 
 
-def _location_leader(seat: _Seat) -> list[Share]:
-    """A location's leader: one WireGuard peer per other segment, carrying the segment's
-    addresses, its WireGuard IP and what it relays for others, with those addresses routed into
-    WireGuard; or, for a segment reached through a relay, the relayed share."""
+def _location_leader(seat: _Seat, segs: Sequence[Segment] | None = None) -> list[Share]:
+    """A location's leader towards the segments `segs` it carries (every other one, unless the
+    location has several leaders): one WireGuard peer per segment, at the segment's leader that
+    carries its traffic with this location, carrying the segment's addresses, its WireGuard IP
+    and what it relays for others, with those addresses routed into WireGuard; or, for a segment
+    reached through a relay, the relayed share. None: every other segment."""
     out: list[Share] = []
-    for s in seat.segs:
-        if s is seat.my_seg:
-            continue
+    for s in segs if segs is not None else [s for s in seat.segs if s is not seat.my_seg]:
         addrs = segment_addresses(s.members, None, None)
         if s.key in seat.relayed:
             out.append(_relayed(seat, s, "segment", addrs))
             continue
-        r = s.leader
-        peer = _peer(s.peer_name, "segment", r.public_key, seat.view.endpoint(r, seat.me.families),
+        r = seat.far(s)
+        peer = _peer(r.qualified_name, "segment", r.public_key, seat.view.endpoint(r, seat.me.families),
                      addrs + s.hosts + seat.extra.get(s.key, []), seat.keepalive,
                      roaming=_roams(r), discovered=seat.view.discovered(r))
         out.append(Share(peers=(peer,), claims=_into_wireguard(addrs, s),
@@ -537,7 +578,7 @@ def _pair_endpoint(seat: _Seat, r: Node, rungs: dict[int, Rung], ladders: dict[i
 def _extra_peers(seat: _Seat, peers: Sequence[Peer]) -> Share:
     """The extra peers (laptops, gateways): a leader has each as a WireGuard peer and routes its
     allowed IPs into WireGuard; a member routes them to its leader."""
-    leads = seat.leads
+    leads = seat.first
     offered: list[OfferedPeer] = []
     claims: list[Claim] = []
     for p in sorted(peers, key=lambda p: p.name):
@@ -604,8 +645,8 @@ def _no_peer(mesh: MeshSettings, a: Node, b: Node) -> bool:
             for f in {*a.pod_families, *b.pod_families})
 
 
-def _relays(view: NatView, me: Node, my_seg: Segment, segs: Sequence[Segment], mesh: MeshSettings
-            ) -> tuple[dict[str, tuple[Segment, str]], dict[str, list[IPNetwork]]]:
+def _relays(view: NatView, me: Node, my_seg: Segment, segs: Sequence[Segment], mesh: MeshSettings,
+            keys: Sequence[str]) -> tuple[dict[str, tuple[Segment, str]], dict[str, list[IPNetwork]]]:
     """The segments this node (when it leads) reaches through a relay: segment key -> (relaying
     segment, why); and what each relaying segment's peer carries for them. A pure function of
     the pair's records, so both ends choose the same: pairs without a WireGuard peer are never
@@ -614,21 +655,22 @@ def _relays(view: NatView, me: Node, my_seg: Segment, segs: Sequence[Segment], m
     direct attempts at both ends."""
     relayed: dict[str, tuple[Segment, str]] = {}
     extra: dict[str, list[IPNetwork]] = {}
-    if my_seg.leader.name != me.name:
+    if all(n.name != me.name for n in my_seg.all_leaders):
         return relayed, extra
     wanted = []
     for s in segs:
-        if s is my_seg:
+        if s is my_seg or gateway(my_seg, s, keys).name != me.name:
             continue
-        reason = view.relay_reason(me, s.leader)  # cheap, and None for almost every pair
-        if reason is not None and not _no_peer(mesh, me, s.leader):
+        far = gateway(s, my_seg, keys)
+        reason = view.relay_reason(me, far)  # cheap, and None for almost every pair
+        if reason is not None and not _no_peer(mesh, me, far):
             wanted.append((s, reason))
     if not wanted:
         return relayed, extra
     candidates = {s.leader.name: s for s in segs if s.leader.reachable_endpoint is not None and s is not my_seg
                   and not _no_peer(mesh, me, s.leader)}
     for s, reason in wanted:
-        r = s.leader
+        r = gateway(s, my_seg, keys)
         via = choose_relay(view, me, r, [c.leader for c in candidates.values() if not _no_peer(mesh, r, c.leader)])
         if via is None:
             continue
@@ -734,7 +776,7 @@ def _remote_block(remote: Remote, seat: tuple[Node, bool, tuple[IPAddress, ...],
 
 def _remote_blocks(seat: _Seat, remotes: Sequence[Remote], cache: PlanCache) -> list[_Block]:
     """Other clusters' blocks, by cluster name."""
-    where = (seat.me, seat.leads, seat.leader_ips or ((seat.leader_ip,) if seat.leader_ip else ()), seat.keepalive,
+    where = (seat.me, seat.first, seat.leader_ips or ((seat.leader_ip,) if seat.leader_ip else ()), seat.keepalive,
              _leaving(seat))
     return [_remote_block(r, where, cache) for r in sorted(remotes, key=lambda r: r.topology.cluster.name)]
 

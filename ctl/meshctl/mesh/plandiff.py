@@ -122,7 +122,8 @@ def settings_view(m: MeshSettings) -> dict[str, Any]:
         "private_networks": [str(n) for n in m.private_networks], "allow_default_route": m.allow_default_route,
         "wireguard_addressing": m.wireguard_addressing,
         "global_cidrs": global_ranges.as_text(m.global_cidrs) or None,
-        "service_cidrs": [str(n) for n in m.service_cidrs],
+        "service_cidrs": [str(n) for n in m.service_cidrs], "leader_hold": m.leader_hold,
+        "leaders_per_location": m.leaders_per_location,
     }
     assert tuple(view) == MESH_FIELDS
     return view

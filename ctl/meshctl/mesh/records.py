@@ -25,6 +25,7 @@ from meshctl.mesh.fields import (
     endpoints,
     global_cidrs,
     granularity,
+    integer,
     interface,
     interfaces,
     keepalive,
@@ -42,9 +43,12 @@ from meshctl.mesh.fields import (
 )
 from meshctl.mesh.model import (
     DEFAULT_INTRA_SUBNET,
+    DEFAULT_LEADER_HOLD,
     DEFAULT_PORT,
     DEFAULT_SUBNET,
     INTRA_SUBNET_MODES,
+    MAX_LEADER_HOLD,
+    MAX_LEADERS_PER_LOCATION,
     PRIVATE_RUNGS,
     Cluster,
     IPNetwork,
@@ -183,7 +187,8 @@ def parse_peer(d: Any, path: str) -> Peer:
 
 
 MESH_FIELDS = ("granularity", "subnet", "subnet6", "port", "intra_subnet", "private_networks", "allow_default_route",
-               "wireguard_addressing", "global_cidrs", "service_cidrs")
+               "wireguard_addressing", "global_cidrs", "service_cidrs",
+               "leader_hold", "leaders_per_location")
 
 
 def parse_mesh(d: Any, path: str) -> MeshSettings:
@@ -211,7 +216,12 @@ def parse_mesh(d: Any, path: str) -> MeshSettings:
                         wireguard_addressing=wireguard_addressing(d.get("wireguard_addressing", "index"),
                                                                   f"{path}.wireguard_addressing"),
                         global_cidrs=global_cidrs(d.get("global_cidrs"), f"{path}.global_cidrs"),
-                        service_cidrs=cidr_list(d.get("service_cidrs"), f"{path}.service_cidrs"))
+                        service_cidrs=cidr_list(d.get("service_cidrs"), f"{path}.service_cidrs"),
+                        leader_hold=integer(d.get("leader_hold", DEFAULT_LEADER_HOLD), f"{path}.leader_hold", 1,
+                                            MAX_LEADER_HOLD, f"is not a number of seconds in 1..{MAX_LEADER_HOLD}"),
+                        leaders_per_location=integer(d.get("leaders_per_location", 1), f"{path}.leaders_per_location",
+                                                     1, MAX_LEADERS_PER_LOCATION,
+                                                     f"is not a number of leaders in 1..{MAX_LEADERS_PER_LOCATION}"))
     problem = global_ranges.settings_problem(mesh, path)
     if problem is not None:
         raise InputError.from_line(problem)
@@ -240,6 +250,10 @@ def mesh_to_record(m: MeshSettings) -> dict[str, Any]:
         rec["global_cidrs"] = {str(pod): str(glob) for pod, glob in m.global_cidrs}
     if m.service_cidrs:
         rec["service_cidrs"] = [str(n) for n in m.service_cidrs]
+    if m.leader_hold != DEFAULT_LEADER_HOLD:  # written only when set, as allow_default_route
+        rec["leader_hold"] = m.leader_hold
+    if m.leaders_per_location != 1:  # written only when set, as allow_default_route
+        rec["leaders_per_location"] = m.leaders_per_location
     return rec
 
 

@@ -20,7 +20,7 @@ from meshctl.mesh.model import (
     sort_key_net,
 )
 from meshctl.mesh.plan import Encap, FastPathEntry, NodePlan, PeerPlan, Route
-from meshctl.mesh.segments import Remote, Segment, segment_addresses, segments
+from meshctl.mesh.segments import Remote, Segment, segment_addresses, segments, static_leaders
 
 
 def plan_to_json(p: NodePlan) -> dict[str, Any]:
@@ -28,6 +28,8 @@ def plan_to_json(p: NodePlan) -> dict[str, Any]:
         "node": p.node,
         "granularity": p.granularity,
         "leader": p.leader,
+        # Every leader of the node's location when it has several (mesh.leaders_per_location).
+        **({"leaders": list(p.leaders)} if p.leaders else {}),
         "wireguard_ip": str(p.wireguard_ip) if p.wireguard_ip else None,
         # Both families' addresses in a dual-stack mesh (mesh.subnet6); absent otherwise.
         **({"wireguard_ips": [str(a) for a in p.wireguard_ips]} if p.wireguard_ips else {}),
@@ -310,9 +312,10 @@ def node_list(topo: Topology, remotes: Sequence[Remote], plan: NodePlan, *, fast
     relays = plan.relays
     entries = fastpath_rows(plan.fastpath) if fastpath else {}
 
-    def add(nodes: Sequence[Node], segs: Sequence[Segment], source: str, cluster: str,
+    def add(nodes: Sequence[Node], segs: Sequence[Segment], source: str, cluster: str, count: int,
             global_cidrs: Sequence[tuple[IPNetwork, IPNetwork]] = ()) -> None:
-        wg = {s.leader.name: s.addresses for s in segs}
+        wg = {leader.name: s.addresses for s in segs for leader in s.all_leaders}
+        leads = lead_roles(segs, count)
         ranges = {DUAL_KEYS[4]: {str(p): str(g) for p, g in global_cidrs}} if global_cidrs else {}
         for n in nodes:
             wgs = wg.get(n.name, ())
@@ -323,14 +326,35 @@ def node_list(topo: Topology, remotes: Sequence[Remote], plan: NodePlan, *, fast
                 str(n.endpoint) if n.endpoint else None, pods, str(wgs[0]) if wgs else None, plan.paths.get(q, "none"),
                 relays[q][0] if q in relays else None, relays[q][1] if q in relays else None,
                 tuple(entries[c] for c in pods if c in entries),
-                {**dual_keys(n.internal_ips, n.endpoints, wgs, plan.family_paths.get(q)), **ranges}))
+                {**dual_keys(n.internal_ips, n.endpoints, wgs, plan.family_paths.get(q)), **ranges}, leads.get(n.name)))
 
-    add(topo.nodes, segments(topo), "local", topo.cluster.name)
+    add(topo.nodes, segments(topo), "local", topo.cluster.name, _per_location(topo))
     for r in remotes:
-        add(r.nodes, r.segments or segments(r.topology), "remote", r.topology.cluster.name,
+        add(r.nodes, r.segments or segments(r.topology), "remote", r.topology.cluster.name, _per_location(r.topology),
             r.topology.mesh.global_cidrs)
     rows.sort(key=lambda r: (r.source != "local", r.name))
     return rows
+
+
+def _per_location(topo: Topology) -> int:
+    return topo.mesh.leaders_per_location if topo.mesh.granularity == "location" else 1
+
+
+def lead_roles(segs: Sequence[Segment], count: int) -> dict[str, str]:
+    """Who leads a location of several members, by node name: `leads`, `leads (for a1)` when it
+    leads in place of a node the documented order names, `out (does not forward)` for that node."""
+    out: dict[str, str] = {}
+    for s in segs:
+        if len(s.members) < 2 or not s.key.startswith("location:"):
+            continue
+        chosen = [n.name for n in s.all_leaders]
+        replaced = [n.name for n in static_leaders(s.members, count) if n.name not in chosen]
+        for name in chosen:
+            out[name] = f"leads (for {','.join(replaced)})" if replaced and name not in \
+                {n.name for n in static_leaders(s.members, count)} else "leads"
+        for name in replaced:
+            out[name] = "out (does not forward)"
+    return out
 
 
 def node_rows(topo: Topology, remotes: Sequence[Remote], plan: NodePlan) -> list[dict[str, Any]]:
@@ -393,6 +417,8 @@ class NodeRow:
     # A dual-stack node's every address and each family's rung (render.dual_keys): absent for one;
     # a remote node's cluster's global ranges (DUAL_KEYS' `global_cidrs`): absent without.
     dual: dict[str, Any] = field(default_factory=dict, compare=False)
+    # A member of a location of several: whether it leads (lead_roles); absent otherwise.
+    lead: str | None = None
 
     def to_json(self) -> JSON:
         out: JSON = {"name": self.name, "cluster": self.cluster, "source": self.source, "location": self.location,
@@ -402,6 +428,8 @@ class NodeRow:
                      "relay_reason": self.relay_reason, **self.dual}
         if self.fastpath:
             out["fastpath"] = [e.to_json() for e in self.fastpath]
+        if self.lead is not None:
+            out["lead"] = self.lead
         return out
 
     @classmethod
@@ -420,7 +448,7 @@ class NodeRow:
         return cls(str(d.get("name", "")), str(d.get("cluster", "")), str(d.get("source", "")),
                    str(d.get("location") or ""), d.get("internal_ip"), d.get("endpoint"), pods,
                    d.get("wireguard_ip"), str(d.get("path", "none")), d.get("relay"), d.get("relay_reason"),
-                   fastpath, {k: d[k] for k in DUAL_KEYS if k in d})
+                   fastpath, {k: d[k] for k in DUAL_KEYS if k in d}, d.get("lead"))
 
 
 
@@ -431,5 +459,5 @@ def node_rows_table(rows: Sequence[dict[str, Any]]) -> str:
                    joined(r.get("wireguard_ips") or []) or r["wireguard_ip"],
                    path_text(r["path"], [(int(f.removeprefix("IPv")), rung)
                                          for f, rung in r.get("family_paths", {}).items()]),
-                   r.get("relay")) for r in rows],
-                 ["NAME", "SOURCE", "LOCATION", "INTERNAL", "POD CIDRS", "WIREGUARD", "PATH", "RELAY"])
+                   r.get("relay"), r.get("lead")) for r in rows],
+                 ["NAME", "SOURCE", "LOCATION", "INTERNAL", "POD CIDRS", "WIREGUARD", "PATH", "RELAY", "LEAD"])

@@ -9,6 +9,7 @@ the same segments (docs/mesh.md).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import ipaddress
 from collections.abc import Sequence
@@ -39,6 +40,13 @@ class Segment:
     cluster: str = ""
     # One WireGuard address per subnet of the mesh (`wireguard_ip` first); empty: just that one.
     wireguard_ips: tuple[IPInterface, ...] = ()
+    # Every leader of the segment (`mesh.leaders_per_location`), `leader` first; empty: just that one.
+    leaders: tuple[Node, ...] = ()
+
+    @property
+    def all_leaders(self) -> tuple[Node, ...]:
+        """The segment's leaders, `leader` first (one unless mesh.leaders_per_location says more)."""
+        return self.leaders or (self.leader,)
 
     @property
     def peer_name(self) -> str:
@@ -85,21 +93,50 @@ def segment_key(node: Node, granularity: str) -> str:
     return f"node:{node.name}"
 
 
+def _rank(n: Node) -> int:
+    """A member's rank in the documented order: 0 `leader` and a public endpoint, 1 `leader`,
+    2 a public endpoint, 3 the rest."""
+    public = n.endpoint is not None and n.endpoint.is_public
+    return (0 if public else 1) if n.leader else (2 if public else 3)
+
+
+def leader_order(members: Sequence[Node]) -> list[Node]:
+    """The documented order in which a segment's members lead (docs/mesh.md): by rank (`leader`
+    and a public endpoint; `leader`; a public endpoint; the rest), then by name. The first leads
+    unless the published forwarding reports rule it out (mesh/leaders.py)."""
+    return sorted(members, key=lambda n: (_rank(n), n.name))
+
+
 def choose_leader(members: Sequence[Node]) -> Node:
-    """By name: the first with `leader` and a public endpoint; else the first with `leader`;
-    else the first with a public endpoint; else the first."""
+    """The first of `leader_order`."""
     if len(members) == 1:
         return members[0]
-    ordered = sorted(members, key=_NAME)
+    return leader_order(members)[0]
 
-    def public(n: Node) -> bool:
-        return n.endpoint is not None and n.endpoint.is_public
 
-    for pick in (lambda n: n.leader and public(n), lambda n: n.leader, public):
-        for n in ordered:
-            if pick(n):
-                return n
-    return ordered[0]
+def static_leaders(members: Sequence[Node], count: int) -> tuple[Node, ...]:
+    """The first `count` of the documented order (mesh.leaders_per_location)."""
+    if count == 1 or len(members) == 1:
+        return (choose_leader(members),)
+    return tuple(leader_order(members)[:count])
+
+
+def gateway(seg: Segment, other: Segment, keys: Sequence[str]) -> Node:
+    """The leader of `seg` that carries its traffic with segment `other` (`keys`: every segment key
+    of the cluster, sorted). With one leader, that one; with several, the others' keys are dealt
+    round the leaders in key order (the i-th other key of `seg` goes to leader i mod n), so each
+    leader carries about as many locations, and both ends, knowing the same segments, pick the
+    same pair of leaders for each pair of locations. Segments of other clusters are carried by
+    the first leader (their clusters do not know this one's keys)."""
+    leaders = seg.all_leaders
+    if len(leaders) == 1 or other.cluster != seg.cluster:
+        return leaders[0]
+    i = bisect.bisect_left(keys, other.key)
+    if i < len(keys) and keys[i] == other.key:
+        own = bisect.bisect_left(keys, seg.key)
+        rank = i - 1 if own < i else i
+        return leaders[rank % len(leaders)]
+    return leaders[0]
 
 
 def segments(topo: Topology) -> list[Segment]:
@@ -116,13 +153,27 @@ def segments(topo: Topology) -> list[Segment]:
             raise InputError(field, str(subnet), f"has no room for {len(groups)} segments")
     keys = sorted(groups)
     offsets = [segment_offsets(keys, topo.mesh.wireguard_addressing, subnet) for subnet in subnets]
+    chosen = dict(topo.leaders)
+    count = topo.mesh.leaders_per_location if gran == "location" else 1
     out: list[Segment] = []
     for i, key in enumerate(keys):
         members = tuple(sorted(groups[key], key=_NAME))
         wgs = tuple(_nth(subnet, offs[i]) for subnet, offs in zip(subnets, offsets, strict=True))
         cluster = members[0].cluster
-        out.append(Segment(key, members, choose_leader(members), wgs[0], cluster, wgs if len(wgs) > 1 else ()))
+        leaders = _leaders_of(members, chosen.get(key), count)
+        out.append(Segment(key, members, leaders[0], wgs[0], cluster, wgs if len(wgs) > 1 else (),
+                           leaders if len(leaders) > 1 else ()))
     return out
+
+
+def _leaders_of(members: tuple[Node, ...], chosen: tuple[str, ...] | None, count: int) -> tuple[Node, ...]:
+    """The segment's leaders: those `chosen` (mesh/leaders.py) that are members, else the documented order's."""
+    if chosen:
+        by_name = {m.name: m for m in members}
+        picked = tuple(by_name[n] for n in chosen if n in by_name)
+        if picked:
+            return picked
+    return static_leaders(members, count)
 
 
 def segment_offsets(keys: Sequence[str], addressing: str, subnet: IPNetwork) -> list[int]:

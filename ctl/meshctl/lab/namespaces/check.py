@@ -314,3 +314,52 @@ def _matrix(results: list[PairResult]) -> list[str]:
 def results_json(results: list[PairResult]) -> str:
     return json.dumps([r.public() for r in results], indent=1)
 
+
+
+# --- leaders (docs/mesh.md, "Leaders that do not forward") -----------------------------------------
+
+
+@dataclass(frozen=True)
+class LeadersView:
+    """Every agent's view at (about) one moment: per node, per location, the leaders it plans
+    with; per node, its WireGuard peers' names and its counted leader moves per location."""
+
+    leaders: dict[str, dict[str, tuple[str, ...]]]
+    peers: dict[str, frozenset[str]]
+    moves: dict[str, dict[str, int]]
+
+    def agreed(self) -> dict[str, tuple[str, ...]] | None:
+        """The leaders every agent plans with, when they all agree (None: some differ or did not answer)."""
+        views = list(self.leaders.values())
+        return views[0] if views and all(v == views[0] for v in views) else None
+
+    def asymmetric(self) -> list[str]:
+        """Pairs where one end has a WireGuard peer for the other and the other none for it."""
+        return [f"{a} -> {b}" for a, names in sorted(self.peers.items()) for b in sorted(names)
+                if b in self.peers and a not in self.peers[b]]
+
+
+def leaders_view(st: LabState, timeout: float = 2.0) -> LeadersView:
+    """Ask every agent at once (a node that does not answer is left out of `leaders`)."""
+    nodes = [n for _, n in st.nodes()]
+    got: dict[str, dict[str, Any] | None] = {}
+
+    def ask(n: NodeState) -> None:
+        got[n.name] = agent_status(n, timeout=timeout)
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    leaders: dict[str, dict[str, tuple[str, ...]]] = {}
+    peers: dict[str, frozenset[str]] = {}
+    moves: dict[str, dict[str, int]] = {}
+    for name, doc in got.items():
+        lead = (doc or {}).get("leaders")
+        if doc is None or not isinstance(lead, dict):
+            continue
+        leaders[name] = {str(loc.get("location")): tuple(loc.get("leaders", ())) for loc in lead.get("locations", ())}
+        peers[name] = frozenset(str(p.get("name")) for p in doc.get("peers", ()))
+        moves[name] = dict(lead.get("moves") or {})
+    return LeadersView(leaders, peers, moves)
