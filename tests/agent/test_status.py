@@ -146,6 +146,24 @@ def test_meshctl_status_formats_the_status() -> None:
     assert "objects: kernel routes: no kernel headers" in format_status(AgentStatus.from_json(routes)).splitlines()
 
 
+def test_status_counts_exports_and_imports_where_the_cluster_serves_the_mcs_api() -> None:
+    doc = copy.deepcopy(FULL)
+    doc["remotes"]["clusterset"] = {
+        "exports": 2, "remote_exports": {"c2": 3},
+        "imports": [{"namespace": "default", "name": "db", "type": "Headless", "ips": [],
+                     "endpoints": {"c1": ["10.42.1.5"], "c2": ["10.43.1.5", "10.43.2.5"]}}]}
+    st = AgentStatus.from_json(doc)
+    assert AgentStatus.from_json(st.to_json()) == st  # the block round-trips
+    out = format_status(st, verbose=True).splitlines()
+    assert "ClusterMesh: 1/1 remote clusters ready, 1 global-services, 2 exports, 1 imports" in out
+    assert any(x.startswith("  c2  ready  nodes 2  rejected 1  exports 3  endpoints ") for x in out), out
+    assert out[-2:] == ["  service imports (clusterset.local):", "    default/db  Headless -  endpoints c1 1, c2 2"]
+    # An agent whose cluster does not serve the API (or an older agent): no counts, no column.
+    plain = format_status(AgentStatus.from_json(copy.deepcopy(FULL))).splitlines()
+    assert "ClusterMesh: 1/1 remote clusters ready, 1 global-services" in plain
+    assert not any(" exports " in x for x in plain)
+
+
 def test_a_node_rows_fast_path_entries_are_the_plans_for_its_pod_cidrs() -> None:
     row = {**FULL["node_list"][0], "pod_cidrs": ["10.42.1.0/24", "10.42.9.0/24"],
            "fastpath": [{"prefix": "10.42.1.0/24", "action": "drop", "nexthop": None}]}

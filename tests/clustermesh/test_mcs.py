@@ -15,6 +15,7 @@ import pytest
 from meshctl.backends.etcd import MCS_EXPORTS, mcs_key
 from meshctl.backends.kube.mcs_controller import remote_exports
 from meshctl.errors import InputError
+from meshctl.etcd import KeyValue
 from meshctl.mesh.mcs import (
     CLUSTERSET_IP,
     HEADLESS,
@@ -48,6 +49,7 @@ from meshctl.mesh.services import (
 )
 
 from .fixtures import CLUSTER2
+from .test_services import Mirror
 
 ECHO7 = ServicePort("echo", 7)
 
@@ -129,11 +131,11 @@ def test_remote_exports_are_admitted_like_global_services() -> None:
     """A remote export's endpoints must lie in that cluster's admitted pod CIDRs (an endpoint
     outside alone is rejected); only the cluster's own prefix is read from its mirror."""
     good = export("cluster2", eps=(("10.43.1.5", "web-0"), ("10.99.0.1", "")))
-    records = {"cluster2": {
-        mcs_key(MCS_EXPORTS, "cluster2", "default", "web"): json.dumps(good.to_record()).encode(),
-        mcs_key(MCS_EXPORTS, "cluster3", "default", "db"): b"{}",  # another cluster's key in cluster2's etcd
-    }, "cluster4": {mcs_key(MCS_EXPORTS, "cluster4", "default", "x"): b"{}"}}  # not admitted
-    recs = remote_exports(records, {"cluster2"}, MCS_EXPORTS)
+    mirrors = {"cluster2": Mirror([
+        KeyValue(mcs_key(MCS_EXPORTS, "cluster2", "default", "web"), json.dumps(good.to_record()).encode(), 1, 1),
+        KeyValue(mcs_key(MCS_EXPORTS, "cluster3", "default", "db"), b"{}", 2, 2),  # not under its own prefix
+    ]), "cluster4": Mirror([KeyValue(mcs_key(MCS_EXPORTS, "cluster4", "default", "x"), b"{}", 1, 1)])}  # not admitted
+    recs = remote_exports(mirrors, {"cluster2"}, MCS_EXPORTS)
     nodes = {"cluster2": parse_topology(CLUSTER2).nodes}
     got, rejected = admit_records(recs, nodes, None, parse_export_record, MCS_EXPORTS)
     assert [(e.name, [(str(x.address), x.hostname) for x in e.endpoints]) for e in got] == \
@@ -323,3 +325,19 @@ def test_check_name() -> None:
         check_name("web.default.svc.cluster.local", "DST")
     assert str(e.value) == ("DST: 'web.default.svc.cluster.local' is not a name "
                             "<service>.<namespace>.svc.clusterset.local")
+
+
+@pytest.mark.parametrize(("extra", "line"), [
+    (["--dns-addr", "nowhere"], "error: --dns-addr: 'nowhere' is not host:port"),
+    (["--kubeconfig", "/nonexistent/kubeconfig"], "error: --kubeconfig: '/nonexistent/kubeconfig' is not a file"),
+])
+def test_the_cache_refuses_bad_mcs_options_in_one_line(tmp_path: Any, extra: list[str], line: str) -> None:
+    from click.testing import CliRunner
+
+    from meshctl.cli import main
+
+    argv = ["clustermesh", "cache", "--etcd-endpoints", "https://127.0.0.1:9", "--clustermesh-dir", str(tmp_path),
+            "--state-dir", str(tmp_path / "state"), "--mcs", "--dns-addr", "127.0.0.1:1053", *extra]
+    res = CliRunner().invoke(main, argv)
+    assert res.exit_code == 2, res.output
+    assert res.stderr.splitlines() == [line]

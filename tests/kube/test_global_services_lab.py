@@ -201,7 +201,8 @@ def test_kubernetes_agents_follow_the_other_cluster_through_the_cache(lab: LabSt
             doc = labcheck.agent_status(n)
             assert doc is not None
             text = format_status(AgentStatus.from_json(doc))
-            assert re.search(r"ClusterMesh: 1/1 remote clusters ready, \d+ global-services, via cache", text), text
+            assert re.search(r"ClusterMesh: 1/1 remote clusters ready, \d+ global-services, \d+ exports, "
+                             r"\d+ imports, via cache", text), text
         a1 = lab.lookup("a1")[1]
         for g in c2.nodes:
             deadline = time.monotonic() + 30

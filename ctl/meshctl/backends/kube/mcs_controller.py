@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from meshctl.backends.base import RecordMirror
 from meshctl.backends.clustermesh_cache import cache_changes
 from meshctl.backends.etcd import (
     MCS_EXPORTS,
@@ -46,7 +47,7 @@ from meshctl.backends.etcd import (
 )
 from meshctl.backends.kube.mcs import KubeMcsApi, McsView, cluster_ips
 from meshctl.errors import InputError, MeshError
-from meshctl.etcd import EtcdClient, EtcdError, KeyValue
+from meshctl.etcd import EtcdClient, EtcdError
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.mcs import (
     MCS_SERVICE_NAME_LABEL,
@@ -69,6 +70,7 @@ from meshctl.mesh.segments import Remote
 from meshctl.mesh.services import (
     MAX_SERVICE_RECORD_BYTES,
     MCS_MANAGED_BY,
+    ObjectChanges,
     RecordIn,
     admit_records,
     object_changes,
@@ -82,10 +84,10 @@ INTERVAL_S = 0.2
 FULL_SYNC_S = 30.0
 
 
-class RemoteRecords(Protocol):
+class RemoteMirrors(Protocol):
     """The cache's view of the remote clusters (backends.clustermesh.RemoteClusters)."""
 
-    def records(self) -> dict[str, dict[str, bytes]]: ...
+    def mirrors(self) -> Mapping[str, RecordMirror]: ...
 
     def undecided(self) -> frozenset[str]: ...
 
@@ -103,24 +105,28 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def remote_exports(records: Mapping[str, Mapping[str, bytes]], admitted: Collection[str], kind: str
-                   ) -> list[RecordIn]:
-    """The `kind` records (mcs/exports or mcs/missing) of every admitted remote cluster, decoded
-    under the size limit."""
+def remote_exports(mirrors: Mapping[str, RecordMirror], admitted: Collection[str], kind: str) -> list[RecordIn]:
+    """The `kind` records (mcs/exports or mcs/missing) of every admitted remote cluster, as its
+    mirror holds them (its own prefix only), decoded under the size limit."""
     out = []
-    for name, recs in sorted(records.items()):
+    for name, m in sorted(mirrors.items()):
         if name not in admitted:
             continue
-        prefix = f"{cluster_prefix(name)}{kind}/"
-        for key, value in sorted(recs.items()):
-            if not key.startswith(prefix) or (parts := split_service_key(key, kind)) is None:
+        for kv in sorted(m.records_under(f"{cluster_prefix(name)}{kind}/"), key=lambda kv: kv.key):
+            if (parts := split_service_key(kv.key, kind)) is None:
                 continue
             try:
-                doc, error = parse_record(KeyValue(key, value, 0, 0), key, MAX_SERVICE_RECORD_BYTES), None
+                doc, error = parse_record(kv, kv.key, MAX_SERVICE_RECORD_BYTES), None
             except InputError as e:
                 doc, error = None, str(e)
-            out.append(RecordIn(name, parts[0], parts[1], parts[2], key, doc, error))
+            out.append(RecordIn(name, parts[0], parts[1], parts[2], kv.key, doc, error))
     return out
+
+
+def _no_deletes_while(undecided: frozenset[str], changes: ObjectChanges) -> ObjectChanges:
+    """A configured cluster's view not known yet (the cache starting, its etcd away): what it
+    exports is not known to be gone, so nothing is deleted (creates and changes go on)."""
+    return ObjectChanges(changes.creates, changes.updates, ()) if undecided else changes
 
 
 class McsController:
@@ -128,7 +134,7 @@ class McsController:
     last pass admitted them (None before its first); `zone` receives every new clusterset.local
     zone (the DNS server's)."""
 
-    def __init__(self, cluster: str, api: KubeMcsApi, etcd: EtcdClient, remotes: RemoteRecords,
+    def __init__(self, cluster: str, api: KubeMcsApi, etcd: EtcdClient, remotes: RemoteMirrors,
                  admitted: Callable[[], list[Remote] | None], zone: Callable[[Zone], None]) -> None:
         self.cluster, self.api, self.etcd, self.remotes = cluster, api, etcd, remotes
         self.admitted, self.zone = admitted, zone
@@ -169,7 +175,7 @@ class McsController:
             return  # the cache has not admitted anything yet: nothing is known to be gone
         view = self.api.read()
         local = local_exports(self.cluster, view.exports, view.services, view.slices)
-        records = self.remotes.records()
+        records = self.remotes.mirrors()
         names = {r.topology.cluster.name for r in remotes}
         held = {r.topology.cluster.name: r.nodes for r in remotes}
         cidrs = {r.topology.cluster.name: r.topology.mesh.global_cidrs for r in remotes}
@@ -203,9 +209,8 @@ class McsController:
         ips = {(ns, str((s.get("metadata") or {}).get("labels", {}).get(MCS_SERVICE_NAME_LABEL))): cluster_ips(s)
                for (ns, _), s in derived.items()}
         want = desired_objects(self.cluster, imports, view.namespaces, ips)
-        keep = bool(undecided)  # a cluster's view not known yet: delete nothing
-        svc_changes = object_changes(view.services, want.services, owned=owned, same=same_service,
-                                     kept=lambda _o: keep)
+        svc_changes = _no_deletes_while(undecided, object_changes(view.services, want.services, owned=owned,
+                                                                  same=same_service))
         if svc_changes:
             n, failed, made = self.api.apply_services(svc_changes, derived)
             self._wrote(n, failed)
@@ -214,7 +219,8 @@ class McsController:
                 if obj is not None:
                     ips[(ns, obj["metadata"]["labels"][MCS_SERVICE_NAME_LABEL])] = addrs
             want = desired_objects(self.cluster, imports, view.namespaces, ips)
-        imp_changes = object_changes(view.imports, want.imports, owned=owned, same=same_import, kept=lambda _o: keep)
+        imp_changes = _no_deletes_while(undecided, object_changes(view.imports, want.imports, owned=owned,
+                                                                  same=same_import))
         if imp_changes:
             self._wrote(*self.api.apply_imports(imp_changes))
         have_status = {ref_of(i): (i.get("status") or {}) for i in view.imports}
