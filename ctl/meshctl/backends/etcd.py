@@ -36,7 +36,7 @@ from meshctl.errors import InputError, MeshError
 from meshctl.etcd import Compacted, EtcdClient, EtcdError, KeyValue, WatchIdle
 from meshctl.mesh import records
 from meshctl.mesh.admit import Rejection
-from meshctl.mesh.leaders import ForwardingReport, report_of, same_but_time
+from meshctl.mesh.leaders import ForwardingReport, report_of
 from meshctl.mesh.model import Cluster, MeshSettings, Node, Peer
 from meshctl.mesh.observed import MAX_SEEN_BYTES, NodeSeen, summary_of
 
@@ -125,6 +125,18 @@ def read_seen(client: EtcdClient, cluster: str) -> tuple[dict[str, NodeSeen], li
 def parse_report(kv: KeyValue, name: str, cluster: str) -> ForwardingReport:
     """The forwarding report at `kv`, written by node `name` of `cluster` (its key says so)."""
     return report_of(parse_record(kv, kv.key), kv.key, name, cluster, "the key")
+
+
+def same_but_time(old: str | bytes | None, new: str | bytes) -> bool:
+    """Two texts of one node's forwarding report that differ at most in the report's time `at` (a
+    heartbeat, which changes no decision: stores keep it without waking the agents)."""
+    if old is None:
+        return False
+    try:
+        a, b = json.loads(old), json.loads(new)
+    except ValueError:
+        return False
+    return isinstance(a, dict) and isinstance(b, dict) and {**a, "at": 0} == {**b, "at": 0}
 
 
 def cluster_record(cluster: Cluster, mesh: MeshSettings) -> dict[str, Any]:

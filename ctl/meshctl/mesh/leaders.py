@@ -33,7 +33,6 @@ every cluster. A node that cannot read the reports keeps the answer its last vie
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -122,18 +121,6 @@ def report_of(doc: object, where: str, node: str, cluster: str, owner: str) -> F
     if r.cluster != cluster:
         raise InputError(f"{where}.cluster", r.cluster, f"names another cluster than {owner}")
     return r
-
-
-def same_but_time(old: str | bytes | None, new: str | bytes) -> bool:
-    """Two texts of one node's report that differ at most in the report's time `at` (a heartbeat,
-    which changes no decision: stores read it without waking the agents)."""
-    if old is None:
-        return False
-    try:
-        a, b = json.loads(old), json.loads(new)
-    except ValueError:
-        return False
-    return isinstance(a, dict) and isinstance(b, dict) and {**a, "at": 0} == {**b, "at": 0}
 
 
 def _seconds(v: object, where: str) -> float:

@@ -82,6 +82,8 @@ BOOLEAN_ENV_KEYS = ("fastpath", "masquerade6")
 SEEN_CONFIGMAP_PREFIX = "meshctl-seen-"
 SEEN_LABEL = "meshctl.io/seen"
 SEEN_DATA_KEY = "seen"
+# The watched kind of the forwarding reports' ConfigMaps (backends.kube.forwarding), as errors name it.
+FORWARDING_KIND = "forwarding reports"
 
 
 def seen_configmap(node: str) -> str:
@@ -249,7 +251,7 @@ class KubeBackend:
             self._kinds.append(_Kind("configmap", ConfigMap, namespace, {"metadata.name": configmap}))
         # The nodes' forwarding reports (backends.kube.forwarding), watched: a changed verdict wakes
         # every agent; a heartbeat that only moves a report's time is cached without waking it.
-        self._kinds.append(_Kind("forwarding", ConfigMap, namespace, labels={FORWARDING_LABEL: "true"},
+        self._kinds.append(_Kind(FORWARDING_KIND, ConfigMap, namespace, labels={FORWARDING_LABEL: "true"},
                                  quiet=heartbeat_only))
         # Called (on the reconcile thread, from snapshot) with this node's pod CIDRs from its CNI's
         # IPAM whenever they changed (--cni calico|cilium): how its own record follows a moved block.
@@ -398,7 +400,7 @@ class KubeBackend:
             nodes = list(self._kinds[0].objects.values())
             peers = [o for k in self._kinds[1:] if k.resource is not ConfigMap and k.name not in self._cni_kinds
                      for o in k.objects.values()]
-            reports = [o for k in self._kinds if k.name == "forwarding" for o in k.objects.values()]
+            reports = [o for k in self._kinds if k.name == FORWARDING_KIND for o in k.objects.values()]
             cni_objects = {k.name: list(k.objects.values()) for k in self._kinds if k.name in self._cni_kinds}
             revision = max((int(k.rv) for k in self._kinds if k.rv and k.rv.isdigit()), default=0)
             own = self._kinds[0].objects.get(("", self.node_name))

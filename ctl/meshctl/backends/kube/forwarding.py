@@ -21,10 +21,10 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from meshctl.backends.etcd import MAX_RECORD_BYTES
+from meshctl.backends.etcd import MAX_RECORD_BYTES, same_but_time
 from meshctl.errors import InputError, MeshError
 from meshctl.mesh.admit import Rejection
-from meshctl.mesh.leaders import ForwardingReport, report_of, same_but_time
+from meshctl.mesh.leaders import ForwardingReport, report_of
 
 FORWARDING_CONFIGMAP_PREFIX = "meshctl-forwarding-"
 FORWARDING_LABEL = "meshctl.io/forwarding"
