@@ -167,8 +167,10 @@ def test_a_node_whose_kubelet_stops_stays_in_the_mesh_while_its_agent_publishes(
             return next(c["status"] for c in conds if c["type"] == "Ready")
 
         wait_for(lambda: ready("c1") == "Unknown", timeout=120, what="c1 NotReady (its heartbeats gone)")
-        taints = api_get(kube, "/api/v1/nodes/c1")["spec"].get("taints") or []
-        assert any(t["key"] == "node.kubernetes.io/unreachable" for t in taints)
+        # the node lifecycle controller taints it once it has seen the condition (a moment later)
+        wait_for(lambda: any(t["key"] == "node.kubernetes.io/unreachable"
+                             for t in api_get(kube, "/api/v1/nodes/c1")["spec"].get("taints") or []),
+                 timeout=30, what="c1 tainted unreachable")
         for node in cluster.nodes:
             assert "c1" in fetch_status(node.metrics_addr, node.netns)["paths"], node.name
         pairs_ok(st)

@@ -7,6 +7,7 @@ and flags that choose agents from the image, refused in one line where they cann
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -52,11 +53,22 @@ def test_the_kubelets_expansion_and_environment() -> None:
     assert daemonset.expand("--node=$(NODE_NAME)", {"NODE_NAME": "a1"}) == "--node=a1"
     assert daemonset.expand("$(UNSET) $$(NODE_NAME)", {"NODE_NAME": "a1"}) == "$(UNSET) $(NODE_NAME)"
     agent = daemonset.load().container("agent")
-    env = daemonset.environment(agent, {"spec.nodeName": "a1"}, {"fastpath": "false"})
+    env = daemonset.environment(agent, {"spec.nodeName": "a1"}, {"meshctl": {"fastpath": "false"},
+                                                                   "other": {"cni": "install"}})
     assert env == {"NODE_NAME": "a1", "MESHCTL_FASTPATH": "false"}  # optional keys the ConfigMap lacks: left out
+    # what the kubelet sets in every container comes first, and a manifest's value may name it
+    with_value = replace(agent, env=({"name": "API", "value": "$(KUBERNETES_SERVICE_HOST)"},))
+    assert daemonset.environment(with_value, {}, {}, {"KUBERNETES_SERVICE_HOST": "198.51.100.240"}) == {
+        "KUBERNETES_SERVICE_HOST": "198.51.100.240", "API": "198.51.100.240"}
     with pytest.raises(InputError) as e:
         daemonset.environment(agent, {}, {})
     assert str(e.value).startswith("agent.env.NODE_NAME.valueFrom.fieldRef.fieldPath: 'spec.nodeName' is not a field")
+    required = replace(agent, env=(
+        {"name": "X", "valueFrom": {"configMapKeyRef": {"name": "meshctl", "key": "cni"}}},))
+    with pytest.raises(InputError) as e:
+        daemonset.environment(required, {}, {"meshctl": {}})
+    assert str(e.value) == ("agent.env.X.valueFrom.configMapKeyRef.key: 'cni' is not a key of ConfigMap meshctl "
+                            "and not optional")
 
 
 def test_the_labs_flags_follow_the_manifests_and_the_lab_names_the_backend() -> None:
@@ -64,6 +76,10 @@ def test_the_labs_flags_follow_the_manifests_and_the_lab_names_the_backend() -> 
     lab = ["--node", "a1", "--state-dir", "/run/x", "--backend", "etcd", "--leader", "--lease-ttl", "5"]
     assert daemonset.merge_args(manifest_args, lab) == [
         "agent", "--node=a1", "--state-dir=/var/lib/meshctl", "--backend", "etcd", "--leader", "--lease-ttl", "5"]
+    # a Kubernetes lab's backend is the manifest's: its argument stays as the manifest spells it
+    kube_lab = ["--node", "a1", "--backend", "kubernetes", "--secure-metrics-addr", "0.0.0.0:9737"]
+    assert daemonset.merge_args([*manifest_args, "--secure-metrics-addr=0.0.0.0:9737"], kube_lab) == [
+        *manifest_args, "--secure-metrics-addr=0.0.0.0:9737"]
 
 
 def test_a_security_context_as_podman_options() -> None:
@@ -93,13 +109,15 @@ def test_each_host_path_is_the_nodes_own() -> None:
         daemonset.quantity("1.5Gi", "limits.memory")
 
 
-def test_agents_from_the_image_take_namespace_nodes_and_etcd() -> None:
+def test_agents_from_the_image_take_namespace_nodes_with_either_backend() -> None:
     spec = parse_lab(topo(agent="image"))
     assert spec.options.agent == "image" and spec.options.image == ""
     assert with_image(parse_lab(topo()), "ex/meshctl:1").options.image == "ex/meshctl:1"
     with pytest.raises(InputError) as e:
         parse_lab(topo(agent="docker"))
     assert str(e.value) == "lab.agent: 'docker' is not one of process, image"
+    kube = with_image(parse_lab(topo(backend="kubernetes")), "ex/meshctl:1").options
+    assert (kube.backend, kube.agent, kube.image) == ("kubernetes", "image", "ex/meshctl:1")
     with pytest.raises(InputError) as e:
-        with_image(parse_lab(topo(backend="kubernetes")), "ex/meshctl:1")
-    assert str(e.value) == "--image: 'ex/meshctl:1' is not available with lab.backend kubernetes yet (etcd only)"
+        parse_lab(topo(agent="image", vms=True))
+    assert str(e.value) == "lab.agent: 'image' is not available with lab.vms (a VM node's agent runs in its VM)"

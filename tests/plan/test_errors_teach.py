@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from meshctl.backends.kube.backend import find_kubeconfig
 from meshctl.cli import main
+from meshctl.errors import MeshError
 
 from .fixtures import KILO_CLASSIC
 
@@ -159,6 +160,31 @@ def test_kubeconfig_is_found_as_kubectl_finds_it(tmp_path: Path, monkeypatch) ->
     assert find_kubeconfig(None, {}) == home
     home.unlink()
     assert find_kubeconfig(None, {}) is None
+
+
+def test_in_a_pod_the_service_account_is_the_kubeconfig(tmp_path: Path, monkeypatch) -> None:
+    """No kubeconfig anywhere: what the kubelet gives a pod's container (token, CA and namespace
+    at the service-account path, the API server in $KUBERNETES_SERVICE_HOST/PORT) is used; without
+    the two variables, one line."""
+    from meshctl.backends.kube import backend
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    sa = tmp_path / "serviceaccount"
+    sa.mkdir()
+    for name, text in (("token", "t0k"), ("ca.crt", "-----BEGIN CERTIFICATE-----"), ("namespace", "meshctl")):
+        (sa / name).write_text(text)
+    monkeypatch.setattr(backend, "SERVICE_ACCOUNT_DIR", str(sa))
+    env = {"KUBERNETES_SERVICE_HOST": "198.51.100.240", "KUBERNETES_SERVICE_PORT": "6443"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    cfg = backend.kubeconfig_for(None).get()
+    assert cfg.cluster.server == "https://198.51.100.240:6443" and cfg.namespace == "meshctl"
+    assert cfg.cluster.certificate_auth == str(sa / "ca.crt") and cfg.user.token_file == str(sa / "token")
+    with pytest.raises(MeshError) as e:
+        backend.kubeconfig_for(None, {"KUBERNETES_SERVICE_PORT": "6443"})
+    assert str(e.value) == (f"service account {sa}: $KUBERNETES_SERVICE_HOST not set (the kubelet sets them in "
+                            "every container of a pod); outside a pod pass --kubeconfig")
 
 
 def test_etcd_outside_a_lab_names_the_flags_of_a_real_etcd(tmp_path: Path, monkeypatch) -> None:

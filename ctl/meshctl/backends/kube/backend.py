@@ -203,6 +203,20 @@ def _as_dict(obj: Any) -> Obj:
     return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
 
 
+def _cached(obj: Any, kind: _Kind) -> Obj:
+    """What the cache keeps of an object: all that a reader looks at. Dropped: `managedFields`
+    (8 kB of a typical Node) and a Node's `status` (6 kB: conditions, images, addresses), which
+    nothing here reads; at 5,000 Nodes they were 90 MB of an agent's memory (docs/benchmarks.md,
+    "Kubernetes backend at scale")."""
+    d = _as_dict(obj)
+    meta = d.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    if kind.resource is KNode:
+        d.pop("status", None)
+    return d
+
+
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
     meta = obj.get("metadata") or {}
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
@@ -379,7 +393,7 @@ class KubeBackend:
             if status_of(e) == 404 and is_kubernetes_answer(e):
                 raise MeshError(f"node {node.name!r} does not exist in the kubernetes API {self.server}") from None
             raise MeshError(describe(e, self.server, f"patching node {node.name}")) from None
-        self._store(self._kinds[0], _as_dict(obj))
+        self._store(self._kinds[0], _cached(obj, self._kinds[0]))
         self._published = node
 
     def snapshot(self) -> ClusterState:
@@ -573,7 +587,7 @@ class KubeBackend:
     def _relist_sync(self, kind: _Kind) -> None:
         try:
             it = self._client.list(kind.resource, **self._list_args(kind))
-            items = [_as_dict(o) for o in it]
+            items = [_cached(o, kind) for o in it]
         except FAILURES as e:
             if self._absent(kind, e):
                 return
@@ -583,7 +597,7 @@ class KubeBackend:
     async def _relist(self, client: AsyncClient, kind: _Kind) -> None:
         try:
             ait = client.list(kind.resource, **self._list_args(kind))
-            items = [_as_dict(o) async for o in ait]
+            items = [_cached(o, kind) async for o in ait]
         except FAILURES as e:
             if self._absent(kind, e):
                 return
@@ -612,7 +626,7 @@ class KubeBackend:
                     continue
                 async for typ, obj in client.watch(kind.resource, resource_version=kind.rv,
                                                    server_timeout=self.watch_timeout, **self._list_args(kind)):
-                    d = _as_dict(obj)
+                    d = _cached(obj, kind)
                     with self._lock:
                         old = kind.objects.get(_key(d))
                     self._store(kind, d, deleted=typ == "DELETED")
@@ -714,6 +728,7 @@ class _Metrics:
 DEFAULT_KUBECONFIG = "~/.kube/config"
 K3S_KUBECONFIG = "/etc/rancher/k3s/k3s.yaml"
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+SERVICE_ENV = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")  # the API server, as a pod finds it
 
 
 def find_kubeconfig(flag: str | None, env: Mapping[str, str]) -> Path | None:
@@ -737,12 +752,19 @@ def find_kubeconfig(flag: str | None, env: Mapping[str, str]) -> Path | None:
 
 
 def kubeconfig_for(kubeconfig: str | None, env: Mapping[str, str] | None = None) -> KubeConfig:
-    """The kubeconfig `find_kubeconfig` picks, else the in-cluster service account; none of them
-    is one line naming where it looked."""
-    path = find_kubeconfig(kubeconfig, os.environ if env is None else env)
+    """The kubeconfig `find_kubeconfig` picks, else the in-cluster service account as a pod has
+    it (the token, CA and namespace the kubelet mounts at SERVICE_ACCOUNT_DIR, the API server in
+    SERVICE_ENV; lightkube re-reads the token file on a 401, so a rotated token is taken up);
+    none of them is one line naming where it looked."""
+    env = os.environ if env is None else env
+    path = find_kubeconfig(kubeconfig, env)
     if path is None and not Path(SERVICE_ACCOUNT_DIR, "token").is_file():
         raise InputError("--kubeconfig", MISSING, f"is not given, $KUBECONFIG is not set, there is no "
                          f"{DEFAULT_KUBECONFIG} and this is not a pod; on k3s: --kubeconfig {K3S_KUBECONFIG}")
+    unset = [k for k in SERVICE_ENV if not env.get(k)]
+    if path is None and unset:
+        raise MeshError(f"service account {SERVICE_ACCOUNT_DIR}: ${' and $'.join(unset)} not set (the kubelet "
+                        "sets them in every container of a pod); outside a pod pass --kubeconfig")
     try:
         if path is not None:
             return KubeConfig.from_file(path)

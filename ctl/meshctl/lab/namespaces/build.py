@@ -273,7 +273,8 @@ def _start_kube(st: LabState, fab: str, ci: int, topo: Topology, cst: ClusterSta
     cname = topo.cluster.name
     kns = f"{st.prefix}kube-{cname}"
     kip = _on_public(st, fab, kns, f"k{ci}", PUBLIC_NET.network_address + 240 - ci)[0]
-    kube, pids = kube_cluster.start(Path(st.dir) / "kube" / cname, kns, kip, topo, cni=cni)
+    kube, pids = kube_cluster.start(Path(st.dir) / "kube" / cname, kns, kip, topo, cni=cni,
+                                    agent_keys=image_agents.config_map(st))
     st.pids.update({f"{role}/{cname}": pid for role, pid in pids.items()})
     cst.kube = kube
     progress(f"kubernetes API {cname}: {kube.url} in {kns}")
@@ -448,19 +449,20 @@ def agent_argv(st: LabState, cst: ClusterState, node: NodeState) -> list[str]:
 
 
 def agent_files(cst: ClusterState, node: NodeState) -> list[str]:
-    """The files and folders an agent's flags name that the lab made (its etcd identity, the
-    cluster-mesh folder, the kvstore identity): what an agent container gets bound read-only."""
+    """The files and folders an agent's flags name that the lab made (its etcd identity on the etcd
+    backend, the cluster-mesh folder, the kvstore identity): what an agent container gets bound
+    read-only (its Kubernetes credentials are the service account's, image_agents)."""
     e = cst.etcd
     me = e.identities[node.name]
-    files = [e.ca, me.cert, me.key, me.password_file or ""]
+    files = [] if cst.kube else [e.ca, me.cert, me.key, me.password_file or ""]
     if cst.clustermesh_dir:
         files.append(cst.clustermesh_dir)
         for doc in Path(cst.clustermesh_dir).iterdir():
             ref = json.loads(doc.read_text())
             files += [ref.get(k) or "" for k in ("ca-file", "cert-file", "key-file", "password-file")]
     kv = e.identities.get(identity.KVSTORE_USER)
-    if cst.kube and kv is not None:
-        files += [kv.cert, kv.key, kv.password_file or ""]
+    if cst.kube and kv is not None and cst.clustermesh_dir:  # agent_flags' --kvstore-*
+        files += [e.ca, kv.cert, kv.key, kv.password_file or ""]
     return sorted({f for f in files if f})
 
 
@@ -544,7 +546,7 @@ def start_agent(st: LabState, node_name: str, *, extra_args: tuple[str, ...] = (
         warnings: list[str] = []
         try:
             pid = image_agents.start(st, cst, node, st.image, [*agent_flags(st, cst, node, pin_root=False),
-                                                               *extra_args], agent_files(cst, node), st.cni, warnings)
+                                                               *extra_args], agent_files(cst, node), warnings)
         finally:
             labstate.save(st)
         for w in warnings:

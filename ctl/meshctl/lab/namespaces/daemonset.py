@@ -5,8 +5,9 @@ itself, so a change to the manifest changes the lab, and turned into one `podman
 A lab node stands for a Kubernetes node: each container runs in the node's network namespace (what
 `hostNetwork: true` gives a pod), with the container's command and arguments (`$(VAR)` expanded
 from its environment as the kubelet does), its environment (`fieldRef` from the node, ConfigMap
-keys from the lab's settings), its securityContext (privileged, capabilities over the container
-runtime's default set, read-only root, user, no-new-privileges, seccomp) and its memory limit.
+keys from the ConfigMaps the caller hands over by name), its securityContext (privileged,
+capabilities over the container runtime's default set, read-only root, user, no-new-privileges,
+seccomp) and its memory limit.
 Each hostPath volume is the node's own: a directory under the node's lab directory (`root/<path>`)
 for state the node keeps, the host's own for what the kernel provides (devices, /lib/modules, /sys),
 and for the bpffs a directory of the host's bpffs per node (each node has its own /sys/fs/bpf).
@@ -15,7 +16,7 @@ What is not done: probes other than a native sidecar's startup probe (which gate
 container, as the kubelet's does), CPU and request resources, and volume kinds other than hostPath
 (refused in one line naming the volume). The lab's own flags (its backend, etcd identity, pod CIDRs,
 NICs, location) are added to the manifest's arguments: flags the manifest sets keep the manifest's
-value, except those in LAB_WINS; the lab's credential files are bound read-only at their own paths.
+value, except those in LAB_WINS where the lab's differs.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ import yaml
 from meshctl.errors import InputError, MeshError
 
 MANIFEST = Path(__file__).resolve().parents[4] / "manifests" / "04-daemonset.yaml"
-# The lab's value wins over the manifest's for these flags (the lab runs its own backend; the
-# manifest's kubernetes backend needs the lab's API server, docs/lab.md).
+# The lab's value wins over the manifest's for these flags where the two differ (an etcd lab runs
+# its own backend; a Kubernetes lab keeps the manifest's, docs/lab.md).
 LAB_WINS = ("--backend",)
 # The capabilities a container gets from the runtime without a securityContext (containerd's and
 # CRI-O's default set; podman's own default lacks NET_RAW, MKNOD and AUDIT_WRITE).
@@ -84,6 +85,7 @@ class Container:
 class Pod:
     namespace: str
     containers: tuple[Container, ...]  # native sidecars first, then the containers, in order
+    automount_token: bool = True  # spec.automountServiceAccountToken: the service account in every container
 
     def container(self, name: str) -> Container:
         for c in self.containers:
@@ -118,7 +120,8 @@ def parse(ds: Mapping[str, Any], where: str = "DaemonSet") -> Pod:
                          "lab does not run (only native sidecars)")
     out = [_container(c, volumes, where, sidecar=True) for c in init]
     out += [_container(c, volumes, where, sidecar=False) for c in spec.get("containers") or []]
-    return Pod(namespace=ds.get("metadata", {}).get("namespace", "default"), containers=tuple(out))
+    return Pod(namespace=ds.get("metadata", {}).get("namespace", "default"), containers=tuple(out),
+               automount_token=spec.get("automountServiceAccountToken") is not False)
 
 
 def _container(c: Mapping[str, Any], volumes: Mapping[str, Any], where: str, *, sidecar: bool) -> Container:
@@ -165,11 +168,13 @@ def expand(text: str, env: Mapping[str, str]) -> str:
     return _VAR.sub(sub, text)
 
 
-def environment(c: Container, fields: Mapping[str, str], config: Mapping[str, str]) -> dict[str, str]:
-    """The container's environment: `value`s (expanded), `fieldRef`s from `fields` (fieldPath ->
-    value: spec.nodeName, status.hostIP, ...), `configMapKeyRef`s from `config` (a missing optional
-    key leaves the variable out, as the kubelet does)."""
-    out: dict[str, str] = {}
+def environment(c: Container, fields: Mapping[str, str], config: Mapping[str, Mapping[str, str]],
+                base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The container's environment: `base` (what the kubelet sets in every container, such as
+    KUBERNETES_SERVICE_HOST), then `value`s (expanded), `fieldRef`s from `fields` (fieldPath ->
+    value: spec.nodeName, status.hostIP, ...), `configMapKeyRef`s from `config` (ConfigMap name ->
+    its data; a missing optional key or ConfigMap leaves the variable out, as the kubelet does)."""
+    out: dict[str, str] = dict(base or {})
     for e in c.env:
         name = e["name"]
         if "value" in e:
@@ -184,11 +189,12 @@ def environment(c: Container, fields: Mapping[str, str], config: Mapping[str, st
             out[name] = fields[path]
         elif "configMapKeyRef" in src:
             ref = src["configMapKeyRef"]
-            if ref["key"] in config:
-                out[name] = config[ref["key"]]
+            data = config.get(ref.get("name", ""), {})
+            if ref["key"] in data:
+                out[name] = data[ref["key"]]
             elif not ref.get("optional"):
                 raise InputError(f"{c.name}.env.{name}.valueFrom.configMapKeyRef.key", ref["key"],
-                                 "is not a key of the lab's ConfigMap and not optional")
+                                 f"is not a key of ConfigMap {ref.get('name', '')} and not optional")
         else:
             raise InputError(f"{c.name}.env.{name}.valueFrom", sorted(src), "is not a fieldRef or configMapKeyRef")
     return out
@@ -196,7 +202,8 @@ def environment(c: Container, fields: Mapping[str, str], config: Mapping[str, st
 
 def merge_args(manifest: Sequence[str], lab: Sequence[str]) -> list[str]:
     """The manifest's arguments, then the lab's flags the manifest does not set; for a flag in
-    LAB_WINS the lab's value replaces the manifest's. Flags are `--x=v`, `--x v` (a value never
+    LAB_WINS a different value of the lab's replaces the manifest's (an equal one keeps the
+    manifest's spelling). Flags are `--x=v`, `--x v` (a value never
     starts with `--`) or a lone `--flag`; other words (the `agent` command) stay where they are."""
     def split(argv: Sequence[str]) -> list[list[str]]:
         items: list[list[str]] = []
@@ -211,12 +218,16 @@ def merge_args(manifest: Sequence[str], lab: Sequence[str]) -> list[str]:
     def flag(item: list[str]) -> str | None:
         return item[0].split("=", 1)[0] if item[0].startswith("--") else None
 
+    def value(item: list[str]) -> str | None:
+        return item[0].split("=", 1)[1] if "=" in item[0] else (item[1] if len(item) > 1 else None)
+
     ours = split(lab)
     theirs = split(manifest)
-    lab_flags = {flag(i) for i in ours} - {None}
-    manifest_flags = {flag(i) for i in theirs} - {None}
-    kept = [i for i in theirs if flag(i) not in lab_flags or flag(i) not in LAB_WINS]
-    added = [i for i in ours if flag(i) not in manifest_flags or flag(i) in LAB_WINS]
+    manifest_values = {flag(i): value(i) for i in theirs if flag(i)}
+    # the lab's flags in LAB_WINS whose value differs from the manifest's replace it
+    wins = {flag(i) for i in ours if flag(i) in LAB_WINS and manifest_values.get(flag(i), value(i)) != value(i)}
+    kept = [i for i in theirs if flag(i) not in wins]
+    added = [i for i in ours if flag(i) not in manifest_values or flag(i) in wins]
     return [a for i in kept + added for a in i]
 
 

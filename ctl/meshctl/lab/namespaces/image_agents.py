@@ -11,9 +11,13 @@ quotes when an agent exits). The native sidecar (wireguard-go) starts first and 
 its startup probe passes; restarting the agent (`stop_agent`, `start_agent`) leaves the sidecar
 and its WireGuard device up, as a DaemonSet's agent restart does.
 
-The lab's ConfigMap (what `configMapKeyRef` reads): `fastpath` from lab.fastpath, `cni` from
-lab.cni. The agent's Kubernetes credentials for a Kubernetes lab will be a kubeconfig file bound
-read-only like the etcd identity files here (`files`)."""
+What `configMapKeyRef` reads: in an etcd lab the lab's ConfigMap (`fastpath` from lab.fastpath,
+`cni` from lab.cni); in a Kubernetes lab the ConfigMaps of the pod's namespace on the lab's API
+server (the lab writes the same keys into the real `meshctl` one). In a Kubernetes lab every
+container also gets what the kubelet gives a pod of the `meshctl` ServiceAccount: the node's
+token, the cluster's CA and the namespace read-only at SERVICE_ACCOUNT_DIR, and
+KUBERNETES_SERVICE_HOST/PORT naming the lab's API server, from which the agent builds its
+in-cluster configuration as in a Pod (no kubeconfig)."""
 
 from __future__ import annotations
 
@@ -21,11 +25,13 @@ import contextlib
 import shutil
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
+from meshctl.backends.kube.backend import DEFAULT_CONFIGMAP, SERVICE_ACCOUNT_DIR
 from meshctl.datapath import loader
 from meshctl.errors import MeshError
-from meshctl.lab.namespaces import daemonset, podman
+from meshctl.lab.namespaces import daemonset, kube_api, kube_cluster, podman
 from meshctl.lab.namespaces.state import ClusterState, LabState, NodeState
 from meshctl.lab.rigs.netns import NETNS_DIR
 
@@ -46,12 +52,22 @@ def node_bpffs(st: LabState, cst: ClusterState, node: NodeState) -> str:
     return f"{st.pin_root}/{cst.name}/{node.name.replace('.', '-')}-host"
 
 
-def config_map(st: LabState, cni: str) -> dict[str, str]:
-    """The lab's ConfigMap keys the DaemonSet's environment reads."""
+def config_map(st: LabState) -> dict[str, str]:
+    """The lab's ConfigMap keys the DaemonSet's environment reads (in a Kubernetes lab, written
+    into the real `meshctl` ConfigMap)."""
     out = {"fastpath": "true" if st.fastpath else "false"}
-    if cni:
-        out["cni"] = cni
+    if st.cni:
+        out["cni"] = st.cni
     return out
+
+
+def config_maps(st: LabState, cst: ClusterState, pod: daemonset.Pod) -> dict[str, dict[str, str]]:
+    """The ConfigMaps `configMapKeyRef` reads, by name: the pod's namespace's on the lab's API
+    server in a Kubernetes lab, else the lab's own as `meshctl`."""
+    if cst.kube is None:
+        return {DEFAULT_CONFIGMAP: config_map(st)}
+    listing = kube_api.request(cst.kube, "GET", f"/api/v1/namespaces/{pod.namespace}/configmaps")
+    return {str(cm["metadata"]["name"]): dict(cm.get("data") or {}) for cm in listing["items"]}
 
 
 def adopt(st: LabState, cst: ClusterState, node: NodeState, pod: daemonset.Pod | None = None) -> None:
@@ -104,15 +120,19 @@ def _shared(path: str) -> bool:
     return shared
 
 
-def podman_argv(st: LabState, cst: ClusterState, node: NodeState, c: daemonset.Container, image: str,
-                lab_flags: list[str], files: list[str], cni: str) -> tuple[list[str], list[str]]:
+def podman_argv(st: LabState, cst: ClusterState, node: NodeState, pod: daemonset.Pod, c: daemonset.Container,
+                image: str, lab_flags: list[str], files: list[str],
+                config: Mapping[str, Mapping[str, str]]) -> tuple[list[str], list[str]]:
     """The `podman run` of one container of the node's pod, and warnings about what is not applied.
-    `files` (the lab's credentials, named by `lab_flags`) are bound read-only into the agent's."""
+    `files` (the lab's credentials, named by `lab_flags`) are bound read-only into the agent's;
+    `config` holds the ConfigMaps by name (config_maps)."""
     assert node.netns is not None
     root, bpffs = node_root(node), node_bpffs(st, cst, node)
+    # a Kubernetes lab: the kubelet's service-account volume and API server address, in every container
+    in_cluster = kube_cluster.in_cluster_env(cst.kube) if cst.kube is not None and pod.automount_token else None
     env = daemonset.environment(c, {"spec.nodeName": node.name, "status.hostIP": node.public_ip,
-                                    "status.podIP": node.public_ip, "metadata.namespace": "meshctl"},
-                                config_map(st, cni))
+                                    "status.podIP": node.public_ip, "metadata.namespace": pod.namespace},
+                                config, in_cluster)
     security, warnings = daemonset.security_options(c.security)
     argv = [*podman.run_prefix(), "--detach", "--name", container_name(node, c.name),
             "--network", f"ns:{NETNS_DIR}/{node.netns}", "--hostname", node.name,
@@ -124,6 +144,8 @@ def podman_argv(st: LabState, cst: ClusterState, node: NodeState, c: daemonset.C
         argv += _prepare(m, daemonset.host_path(m, root, bpffs))
     for f in files if c.name == AGENT else ():
         argv += ["-v", f"{f}:{f}:ro"]
+    if in_cluster is not None:
+        argv += ["-v", f"{kube_cluster.service_account_dir(node.dir)}:{SERVICE_ACCOUNT_DIR}:ro"]
     for k, v in env.items():
         argv += ["--env", f"{k}={v}"]
     args = [daemonset.expand(a, env) for a in c.args]
@@ -157,20 +179,21 @@ def _wait_startup(name: str, probe: daemonset.Probe, log: Path) -> None:
 
 
 def start(st: LabState, cst: ClusterState, node: NodeState, image: str, lab_flags: list[str], files: list[str],
-          cni: str, warn: list[str]) -> int:
+          warn: list[str]) -> int:
     """Start the node's pod (its sidecars when not running, then the agent); returns the agent's
     host PID. Containers are recorded in the node's state as they start."""
     pod = daemonset.load()
     loader.ensure_bpffs(st.pin_root)
     Path(node_bpffs(st, cst, node)).mkdir(parents=True, exist_ok=True)
     adopt(st, cst, node, pod)
+    config = config_maps(st, cst, pod)
     pid = None
     for c in pod.containers:
         name = container_name(node, c.name)
         if c.sidecar and _running(name):
             continue
         podman.remove([name])
-        argv, warnings = podman_argv(st, cst, node, c, image, lab_flags, files, cni)
+        argv, warnings = podman_argv(st, cst, node, pod, c, image, lab_flags, files, config)
         warn.extend(f"{c.name}: {w}" for w in warnings if f"{c.name}: {w}" not in warn)
         p = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         if name not in node.containers:

@@ -9,7 +9,9 @@ annotations), meshctl's manifests applied with `kubectl apply -k manifests/` as 
 tells a user, the mesh ConfigMap and the Peers. A kubelet reproduction (lab.rigs.kubelets) keeps
 the Nodes Ready and runs the DaemonSet's Pods; each agent runs `--backend kubernetes` with a token
 of the `meshctl` ServiceAccount bound to its node's Pod, so RBAC and the admission policies are
-the ones a user's cluster applies.
+the ones a user's cluster applies: an agent process through a kubeconfig naming the token, an agent
+from the image (image_agents) through what the kubelet gives a Pod (service_account_dir,
+in_cluster_env).
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from meshctl.backends.kube.backend import DEFAULT_NAMESPACE
 from meshctl.backends.kube.nodes import ALLOWED_LOCATION_IPS, LEADER, LOCATION, PERSISTENT_KEEPALIVE, PREFIX
 from meshctl.errors import MeshError
 from meshctl.lab.namespaces import kube_api
@@ -39,14 +43,19 @@ from meshctl.mesh.records import mesh_to_record
 # --node-monitor-grace-period; 40 s in a cluster): short, so a lab shows NotReady within a test.
 NODE_MONITOR_GRACE_S = 20
 MANIFESTS = Path(__file__).resolve().parents[4] / "manifests"
+# The agents' ServiceAccount and namespace (manifests/02-rbac.yaml).
+SERVICE_ACCOUNT = "meshctl"
+NAMESPACE = DEFAULT_NAMESPACE
 
 
-def operator_objects(topo: Topology) -> list[dict[str, Any]]:
+def operator_objects(topo: Topology, agent_keys: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """What an operator sets after `kubectl apply -k manifests/`: the mesh ConfigMap with the
-    cluster's settings and identity."""
+    cluster's settings and identity, and `agent_keys` (the keys the DaemonSet reads into the
+    agent's environment: the lab's `fastpath` and `cni`)."""
     out: list[dict[str, Any]] = []
     data = {k: str(v) for k, v in mesh_to_record(topo.mesh).items()}
     data.update(cluster_name=topo.cluster.name, cluster_id=str(topo.cluster.id))
+    data.update(agent_keys or {})
     out.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "meshctl", "namespace": "meshctl"},
                 "data": data})
     return out
@@ -92,12 +101,14 @@ def peer_objects(topo: Topology) -> list[dict[str, Any]]:
     return out
 
 
-def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, cni: str = "") -> tuple[KubeAccess, dict[str, int]]:
+def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, cni: str = "",
+          agent_keys: Mapping[str, str] | None = None) -> tuple[KubeAccess, dict[str, int]]:
     """Cluster `topo`'s control plane in namespace `ns` on `ip` (lab.rigs.kube_control_plane), the
     host's relay to it, and what the cluster holds before its agents run: kubelet's Nodes (each
     with its pod CIDR and the annotations its user set, and `lab.cni`'s objects), then meshctl's
     manifests applied with `kubectl apply -k manifests/` exactly as docs/kubernetes.md tells a
-    user, the mesh ConfigMap and the Peers. Returns the access and every PID started, by role."""
+    user, the mesh ConfigMap (with `agent_keys`) and the Peers. Returns the access and every PID
+    started, by role."""
     cp = ControlPlane(run_dir, host=ip, netns=ns, node_monitor_grace=NODE_MONITOR_GRACE_S)
     cp.start()
     pids = {f"kube-{k}": v for k, v in cp.pids.items()}
@@ -124,7 +135,7 @@ def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, cni: str = "") -> 
         _apply(host_kc, run_dir, "nodes.yaml", [o for o in seeded if o.get("kind") != "CustomResourceDefinition"])
         kubectl(host_kc, run_dir, ["apply", "-k", str(MANIFESTS)])
         kubectl(host_kc, run_dir, ["wait", "--for=condition=Established", "crd/peers.meshctl.io"])
-        for name, objs in (("operator.yaml", operator_objects(topo)), ("peers.yaml", peer_objects(topo))):
+        for name, objs in (("operator.yaml", operator_objects(topo, agent_keys)), ("peers.yaml", peer_objects(topo))):
             _apply(host_kc, run_dir, name, objs)
     except BaseException:
         cp.stop()
@@ -155,7 +166,8 @@ def join_nodes(kube: KubeAccess, nodes: dict[str, str], agent_dirs: dict[str, st
     lab.rigs.kubelets), which reports them Ready and runs the DaemonSet's Pods the controller
     made; then each node's agent gets a kubeconfig with a token of the `meshctl` ServiceAccount
     bound to its node's DaemonSet Pod (`agent_dirs`: name -> where to keep it, mode 0600), as
-    the kubelet projects one into the Pod. Returns the kubelets' PID."""
+    the kubelet projects one into the Pod: the token, the cluster's CA and the namespace in the
+    node's `service_account_dir`. Returns the kubelets' PID."""
     cp = kube_api.control_plane(kube)
     pid = cp.start_kubelets(nodes)
     deadline = time.monotonic() + timeout
@@ -172,16 +184,30 @@ def join_nodes(kube: KubeAccess, nodes: dict[str, str], agent_dirs: dict[str, st
                             f"(see {kube.dir}/kubelets.log)")
         time.sleep(0.2)
     for node, d in agent_dirs.items():
-        token = cp.create_token("meshctl", "meshctl", pod=pods[node])
-        tdir = Path(d) / "serviceaccount"
-        tdir.mkdir(parents=True, exist_ok=True)
-        tfile = tdir / "token"
-        fd = os.open(tfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token)
-        kube.agent_kubeconfigs[node] = str(cp.kubeconfig(tdir / "kubeconfig", token_file=tfile,
-                                                         user=f"system:serviceaccount:meshctl:meshctl@{node}"))
+        sa = service_account_dir(d)
+        sa.mkdir(parents=True, exist_ok=True)
+        tfile = sa / "token"
+        for f, text in ((tfile, cp.create_token(SERVICE_ACCOUNT, NAMESPACE, pod=pods[node])),
+                        (sa / "ca.crt", Path(kube.ca).read_text()), (sa / "namespace", NAMESPACE)):
+            fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(text)
+        kube.agent_kubeconfigs[node] = str(cp.kubeconfig(Path(d) / "kubeconfig", token_file=tfile,
+                                                         user=f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}@{node}"))
     return pid
+
+
+def service_account_dir(node_dir: str) -> Path:
+    """Where a lab node keeps what the kubelet projects into its DaemonSet Pod at
+    SERVICE_ACCOUNT_DIR: `token`, `ca.crt` and `namespace`, each 0600."""
+    return Path(node_dir) / "serviceaccount"
+
+
+def in_cluster_env(kube: KubeAccess) -> dict[str, str]:
+    """What the kubelet sets in every container for the cluster's API server, here the lab API
+    server's address on the public segment (no kube-proxy serves a Service address)."""
+    host, _, port = kube.url.removeprefix("https://").rpartition(":")
+    return {"KUBERNETES_SERVICE_HOST": host.strip("[]"), "KUBERNETES_SERVICE_PORT": port}
 
 
 def kubectl(kubeconfig: Path | str, run_dir: Path, args: list[str], *, timeout: float = 120.0) -> str:

@@ -239,25 +239,22 @@ def _options(d: Any) -> LabOptions:
     if agent not in AGENTS:
         raise InputError("lab.agent", agent, f"is not one of {', '.join(AGENTS)}")
     if agent == "image":
-        check_image_agents(vms, backend)
+        check_image_agents(vms)
     return LabOptions(pods_per_node=pods, lease_ttl=ttl, prefix=prefix, fastpath=fast, agent_args=tuple(args),
                       backend=backend, fabrics=parse_fabrics(d.get("fabrics")), clustermesh=cm, nat=_nat(d.get("nat")),
                       vms=vms, cni=cni, ip_families=families, agent=agent)
 
 
-def check_image_agents(vms: bool, backend: str, key: str = "lab.agent", value: str = "image") -> None:
-    """What agents from the image (lab.agent image, `lab up --image`) run with: namespace nodes
-    and the etcd backend (a Kubernetes lab's agents need the lab's API server reachable from a
-    container, with a kubeconfig file: not yet)."""
+def check_image_agents(vms: bool, key: str = "lab.agent", value: str = "image") -> None:
+    """What agents from the image (lab.agent image, `lab up --image`) run on: namespace nodes,
+    with either backend."""
     if vms:
         raise InputError(key, value, "is not available with lab.vms (a VM node's agent runs in its VM)")
-    if backend != "etcd":
-        raise InputError(key, value, f"is not available with lab.backend {backend} yet (etcd only)")
 
 
 def with_image(spec: LabSpec, image: str) -> LabSpec:
     """`lab up --image IMAGE`: the lab's agents from that image (lab.agent image)."""
-    check_image_agents(spec.options.vms, spec.options.backend, "--image", image)
+    check_image_agents(spec.options.vms, "--image", image)
     return replace(spec, options=replace(spec.options, agent="image", image=image))
 
 
