@@ -199,7 +199,7 @@ def test_an_export_is_imported_resolved_and_reached_from_the_other_cluster(lab: 
         doc = labcheck.agent_status(c1.nodes[0])
         text = format_status(AgentStatus.from_json(doc), verbose=True) if doc else ""
         return text if "1 imports" in text else None
-    text = wait(counted, 10, "the import counted")
+    text = wait(counted, 20, "the import counted")
     assert re.search(r"ClusterMesh: 1/1 remote clusters ready, 0 global-services, 0 exports, 1 imports", text), text
     assert re.search(r"cluster2  ready  nodes 2  rejected 0  exports \d+", text), text
     assert f"default/web  ClusterSetIP {vip}  endpoints cluster2 1" in text, text

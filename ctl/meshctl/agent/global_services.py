@@ -62,7 +62,7 @@ log = logging.getLogger("meshctl.globalsvc")
 LEADER_INTERVAL_S = 0.2
 FOLLOWER_INTERVAL_S = 1.0
 FULL_SYNC_S = 30.0
-CLUSTERSET_READ_S = 1.0  # how often ServiceExports and ServiceImports are counted for status
+CLUSTERSET_READ_S = 5.0  # how often every agent counts ServiceExports and ServiceImports (status only: two lists)
 
 
 class MirroredRemotes(Protocol):
@@ -126,6 +126,9 @@ class GlobalServices:
         self._kick = threading.Event()
         self._clusterset: ClusterSetStatus | None = None
         self._clusterset_due = 0.0
+        # Called when what `report` says of the Multi-Cluster Services changed (the agent's loop
+        # takes the status block at a pass: agent.run wires this to its wake).
+        self.report_changed: Callable[[], None] | None = None
 
     def kick(self) -> None:
         """Run the next pass now (a remote mirror changed: its records reach the slices at once)."""
@@ -208,7 +211,9 @@ class GlobalServices:
                 {n: len(m.records_under(f"{cluster_prefix(n)}{MCS_EXPORTS}/")) for n, m in sorted(mirrors.items())
                  if n in admitted})
         with self._lock:
-            self._clusterset = cs
+            changed, self._clusterset = cs != self._clusterset, cs
+        if changed and self.report_changed is not None:
+            self.report_changed()
 
     def _publish(self, cluster: str, local: LocalServices) -> None:
         """Put the records that differ and delete ours that no Service wants any more."""
