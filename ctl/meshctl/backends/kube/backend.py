@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import httpx2 as httpx
 from lightkube import ApiError, AsyncClient, Client, KubeConfig
 from lightkube.generic_resource import create_global_resource
-from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.core_v1 import ConfigMap, Secret
 from lightkube.resources.core_v1 import Node as KNode
 from lightkube.types import PatchType
@@ -313,14 +313,15 @@ class KubeBackend:
         if seen.node != self.node_name:
             raise InputError("seen.node", seen.node, f"is not this agent's node ({self.node_name})")
         self._merge_configmap(seen_configmap(seen.node), {SEEN_DATA_KEY: json.dumps(seen.to_json(), sort_keys=True)},
-                              labels={SEEN_LABEL: "true"})
+                              labels={SEEN_LABEL: "true"}, own=True)
 
     def publish_forwarding(self, report: ForwardingReport) -> None:
         """This node's forwarding report (agent.leadership.ForwardingStore) into the ConfigMap
         `meshctl-forwarding-<node>` of the agent's namespace, which every agent watches, under the
         cluster's name as this backend reads it now (readers refuse another cluster's). Which node
         may write which report is manifests/admission-policy.yaml's to enforce; readers check the
-        name. It counts while this node is admitted (its last-seen fresh)."""
+        name. It counts while this node is admitted (its last-seen fresh); owned by the Node, it
+        goes when the Node goes."""
         if report.node != self.node_name:
             raise InputError("report.node", report.node, f"is not this agent's node ({self.node_name})")
         cluster = self._settings()[0].name
@@ -328,7 +329,7 @@ class KubeBackend:
             report = replace(report, cluster=cluster)
         self._merge_configmap(forwarding_configmap(report.node),
                               {FORWARDING_DATA_KEY: json.dumps(report.to_json(), sort_keys=True)},
-                              labels={FORWARDING_LABEL: "true"})
+                              labels={FORWARDING_LABEL: "true"}, own=True)
 
     def read_seen(self) -> tuple[dict[str, NodeSeen], list[str]]:
         """Every node's summary in the agent's namespace, by node, and a line per summary refused
@@ -360,9 +361,11 @@ class KubeBackend:
             seen[node] = s
         return seen, refused
 
-    def _merge_configmap(self, name: str, data: Mapping[str, str], labels: Mapping[str, str] | None = None) -> None:
+    def _merge_configmap(self, name: str, data: Mapping[str, str], labels: Mapping[str, str] | None = None,
+                         *, own: bool = False) -> None:
         """Merge `data` (and `labels`) into ConfigMap `name` of the agent's namespace, creating it
-        when absent."""
+        when absent; with `own`, created owned by this agent's Node, so the garbage collector
+        removes it with the Node (a node's summary and forwarding report)."""
         where = f"writing configmap {self.namespace}/{name}"
         patch: Obj = {"data": dict(data)}
         if labels:
@@ -373,10 +376,21 @@ class KubeBackend:
             except ApiError as e:
                 if e.status.code != 404:
                     raise
+                owners = self._own_owner() if own else None
                 self._client.create(ConfigMap(metadata=ObjectMeta(name=name, namespace=self.namespace,
-                                                                  labels=dict(labels or {})), data=dict(data)))
+                                                                  labels=dict(labels or {}), ownerReferences=owners),
+                                              data=dict(data)))
         except FAILURES as e:
             raise MeshError(describe(e, self.server, where)) from None
+
+    def _own_owner(self) -> list[OwnerReference] | None:
+        """This agent's Node as the owner of what it publishes (None until the Node is cached)."""
+        with self._lock:
+            own = self._kinds[0].objects.get(("", self.node_name))
+        uid = ((own or {}).get("metadata") or {}).get("uid")
+        if not uid:
+            return None
+        return [OwnerReference(apiVersion="v1", kind="Node", name=self.node_name, uid=str(uid))]
 
     # --- the Backend protocol ---------------------------------------------------------------
 
