@@ -16,7 +16,9 @@ import pytest
 import requests
 
 from meshctl.backends.kube import nodes as A
+from meshctl.backends.kube.forwarding import FORWARDING_DATA_KEY, FORWARDING_LABEL
 from meshctl.lab.rigs.kube_control_plane import ControlPlane, token_claims
+from meshctl.mesh.leaders import ForwardingReport, Judged
 from tests.kubernetes import MANIFESTS, kubectl, start_control_plane
 from tests.waiting import wait_until
 
@@ -73,7 +75,7 @@ def test_the_default_install_holds_the_policies(cluster) -> None:
     names = {p["metadata"]["name"] for p in cp.request(
         "GET", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies")["items"]}
     assert names == {"meshctl-agent-own-node", "meshctl-agent-own-summary", "meshctl-agent-endpointslices",
-                     "meshctl-agent-election"}
+                     "meshctl-agent-election", "meshctl-clustermesh-cache-mcs"}
     # The token is the kubelet's kind: bound to the Pod, naming its node.
     assert token_claims(agents["n1"].token)["kubernetes.io"]["node"]["name"] == "n1"
 
@@ -102,10 +104,44 @@ def test_an_agent_writes_only_its_own_summary_configmap(cluster) -> None:
     assert n1.call("POST", "/api/v1/namespaces/meshctl/configmaps", cm, "application/json").status_code == 201
     other = {**cm, "metadata": {"name": "meshctl-seen-n2", "namespace": "meshctl"}}
     refused(n1.call("POST", "/api/v1/namespaces/meshctl/configmaps", other, "application/json"), 403,
-            "may write only configmap meshctl-seen-n1, not meshctl-seen-n2")
+            "may write only configmaps meshctl-seen-n1 and meshctl-forwarding-n1, not meshctl-seen-n2")
     # The shared settings every agent reads: no agent rewrites them.
     refused(n1.call("PATCH", "/api/v1/namespaces/meshctl/configmaps/meshctl", {"data": {"granularity": "full"}}),
-            403, "may write only configmap meshctl-seen-n1, not meshctl")
+            403, "may write only configmaps meshctl-seen-n1 and meshctl-forwarding-n1, not meshctl")
+
+
+def report_configmap(name: str, node: str, verdict: str) -> dict[str, Any]:
+    doc = ForwardingReport(node, "default", 100.0, {"n9": Judged(verdict, 90.0)})  # type: ignore[arg-type]
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "meshctl", "labels": {FORWARDING_LABEL: "true"}},
+            "data": {FORWARDING_DATA_KEY: json.dumps(doc.to_json())}}
+
+
+def test_an_agent_writes_only_its_own_forwarding_report(cluster) -> None:
+    """Two reports are two witnesses only if one node's token cannot write another's: n1 creates
+    and rewrites its own report; n2's, whether new or already written by n2, it cannot touch."""
+    _, agents = cluster
+    n1, n2 = agents["n1"], agents["n2"]
+    cms = "/api/v1/namespaces/meshctl/configmaps"
+    assert n1.call("POST", cms, report_configmap("meshctl-forwarding-n1", "n1", "ok"), "application/json"
+                   ).status_code == 201
+    patch = {"data": {FORWARDING_DATA_KEY: report_configmap("x", "n1", "bad")["data"][FORWARDING_DATA_KEY]}}
+    assert n1.call("PATCH", f"{cms}/meshctl-forwarding-n1", patch).status_code == 200
+    refused(n1.call("POST", cms, report_configmap("meshctl-forwarding-n2", "n2", "bad"), "application/json"), 403,
+            "meshctl's agent on n1 may write only configmaps meshctl-seen-n1 and meshctl-forwarding-n1, "
+            "not meshctl-forwarding-n2")
+    assert n2.call("POST", cms, report_configmap("meshctl-forwarding-n2", "n2", "ok"), "application/json"
+                   ).status_code == 201
+    forged = {"data": {FORWARDING_DATA_KEY: report_configmap("x", "n2", "bad")["data"][FORWARDING_DATA_KEY]}}
+    refused(n1.call("PATCH", f"{cms}/meshctl-forwarding-n2", forged), 403,
+            "may write only configmaps meshctl-seen-n1 and meshctl-forwarding-n1, not meshctl-forwarding-n2")
+    # Every agent reads every report (it watches them by their label).
+    listed = n2.call("GET", f"{cms}?labelSelector={FORWARDING_LABEL}%3Dtrue")
+    assert listed.status_code == 200, listed.text
+    assert sorted(i["metadata"]["name"] for i in listed.json()["items"]) == ["meshctl-forwarding-n1",
+                                                                            "meshctl-forwarding-n2"]
+    assert '"bad"' in next(i for i in listed.json()["items"]
+                           if i["metadata"]["name"] == "meshctl-forwarding-n1")["data"][FORWARDING_DATA_KEY]
 
 
 def test_an_agent_cannot_write_peers(cluster) -> None:
@@ -177,6 +213,57 @@ def test_only_the_elected_agent_writes_endpointslices_and_only_its_own(cluster) 
     refused(n1.call("PUT", f"{path}/web-remote-1", mine, "application/json"), 403,
             "writes only EndpointSlices labelled")
     assert n1.call("DELETE", f"{path}/web-remote-1").status_code == 200
+
+
+def test_the_cache_writes_only_derived_services_their_slices_and_imports(cluster) -> None:
+    """The cluster-mesh cache's own account (Multi-Cluster Services, docs/security.md): RBAC grants
+    Services, EndpointSlices and ServiceImports everywhere; the policy meshctl-clustermesh-cache-mcs
+    holds it to its own, and the agents' tokens gained no write of them."""
+    cp, agents = cluster
+    cache = As(cp, cp.create_token("meshctl-clustermesh-cache", "meshctl"))
+    cp.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "mcs"}})
+    svcs, slices = "/api/v1/namespaces/mcs/services", "/apis/discovery.k8s.io/v1/namespaces/mcs/endpointslices"
+    imports = "/apis/multicluster.x-k8s.io/v1alpha1/namespaces/mcs/serviceimports"
+    mine = {"app.kubernetes.io/managed-by": "mcs.meshctl.io", "multicluster.kubernetes.io/service-name": "web"}
+
+    def service(name: str, labels: dict[str, str], **spec: Any) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels},
+                "spec": {"ports": [{"port": 7}], **spec}}
+
+    def eps(name: str, service: str, managed_by: str = "mcs.meshctl.io") -> dict[str, Any]:
+        return {**slice_of(name, "mcs", managed_by=managed_by),
+                "metadata": {"name": name, "labels": {"kubernetes.io/service-name": service,
+                                                      "endpointslice.kubernetes.io/managed-by": managed_by}}}
+
+    assert cache.call("POST", svcs, service("derived-web", mine), "application/json").status_code == 201
+    assert cache.call("POST", slices, eps("derived-web-c2-v4-0", "derived-web"), "application/json").status_code == 201
+    imp = {"apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceImport",
+           "metadata": {"name": "web", "labels": {"app.kubernetes.io/managed-by": "mcs.meshctl.io"}},
+           "spec": {"type": "ClusterSetIP", "ports": [{"port": 7}]}}
+    assert cache.call("POST", imports, imp, "application/json").status_code == 201
+    # A Service that selects Pods, takes an outside address, or is not named as derived: refused.
+    refused(cache.call("POST", svcs, service("derived-x", mine, selector={"app": "web"}), "application/json"), 403,
+            "writes only derived Services")
+    refused(cache.call("POST", svcs, service("derived-y", mine, externalIPs=["192.0.2.9"]), "application/json"), 403,
+            "writes only derived Services")
+    refused(cache.call("POST", svcs, service("web", mine), "application/json"), 403, "writes only derived Services")
+    # A user's Service and its slices are not the cache's to change, relabel or delete.
+    user = cp.request("POST", svcs, service("shop", {}, selector={"app": "shop"}))
+    refused(cache.call("DELETE", f"{svcs}/shop"), 403, "changes or deletes only services labelled")
+    user["metadata"]["labels"] = mine
+    refused(cache.call("PUT", f"{svcs}/shop", user, "application/json"), 403, "changes or deletes only services")
+    refused(cache.call("POST", slices, eps("shop-c2-v4-0", "shop"), "application/json"), 403,
+            "only EndpointSlices of derived Services")
+    refused(cache.call("POST", slices, eps("derived-web-z", "derived-web", "meshctl.io"), "application/json"), 403,
+            "writes only endpointslices labelled endpointslice.kubernetes.io/managed-by=mcs.meshctl.io")
+    cp.request("POST", slices, eps("shop-abcde", "shop", "endpointslice-controller.k8s.io"))
+    refused(cache.call("DELETE", f"{slices}/shop-abcde"), 403, "changes or deletes only endpointslices")
+    # The agents' node tokens write none of these.
+    n1 = agents["n1"]
+    refused(n1.call("POST", imports, {**imp, "metadata": {**imp["metadata"], "name": "api"}}, "application/json"),
+            403, "cannot create resource \"serviceimports\"")
+    refused(n1.call("POST", svcs, service("derived-api", mine), "application/json"), 403,
+            "cannot create resource \"services\"")
 
 
 def test_a_token_without_its_node_is_refused(cluster) -> None:

@@ -8,6 +8,9 @@ Key layout (docs/agent.md):
     /meshctl/<cluster>/peers/<name>   a peer record (records.parse_peer)
     /meshctl/<cluster>/services/<namespace>/<name>   a global Service's ready endpoints (mesh.services),
                                       written by the cluster's elected agent (agent.global_services)
+    /meshctl/<cluster>/mcs/exports/<namespace>/<name>  a ServiceExport's Service (mesh.mcs.Export) and
+    /meshctl/<cluster>/mcs/missing/<namespace>/<name>  an import whose namespace the cluster lacks,
+                                      written by the cluster-mesh cache (backends.kube.mcs_controller)
     /meshctl/<cluster>/forwarding/<name>  leaders.ForwardingReport  on the same lease; watched: a
                                       changed verdict wakes every agent (a heartbeat that only
                                       moves the report's time does not)
@@ -36,7 +39,7 @@ from meshctl.errors import InputError, MeshError
 from meshctl.etcd import Compacted, EtcdClient, EtcdError, KeyValue, WatchIdle
 from meshctl.mesh import records
 from meshctl.mesh.admit import Rejection
-from meshctl.mesh.leaders import ForwardingReport
+from meshctl.mesh.leaders import ForwardingReport, report_of
 from meshctl.mesh.model import Cluster, MeshSettings, Node, Peer
 from meshctl.mesh.observed import MAX_SEEN_BYTES, NodeSeen, summary_of
 
@@ -66,12 +69,27 @@ def service_key(cluster: str, namespace: str, name: str) -> str:
     return f"{services_prefix(cluster)}{namespace}/{name}"
 
 
-def split_service_key(key: str) -> tuple[str, str, str] | None:
-    """(cluster, namespace, name) of a service key, or None for any other key."""
+def split_service_key(key: str, kind: str = "services") -> tuple[str, str, str] | None:
+    """(cluster, namespace, name) of a service key (or, with `kind`, of an MCS key: `mcs/exports`,
+    `mcs/missing`), or None for any other key."""
     parts = key.split("/")
-    if len(parts) != 6 or parts[0] != "" or f"/{parts[1]}" != ROOT or parts[3] != "services":
+    depth = kind.count("/")
+    if len(parts) != 6 + depth or parts[0] != "" or f"/{parts[1]}" != ROOT or "/".join(parts[3:4 + depth]) != kind:
         return None
-    return parts[2], parts[4], parts[5]
+    return parts[2], parts[4 + depth], parts[5 + depth]
+
+
+def mcs_prefix(cluster: str) -> str:
+    """What the cluster-mesh cache publishes for the Multi-Cluster Services API (mesh.mcs)."""
+    return f"{ROOT}/{cluster}/mcs/"
+
+
+MCS_EXPORTS = "mcs/exports"  # /meshctl/<cluster>/mcs/exports/<namespace>/<name>: one export (mesh.mcs.Export)
+MCS_MISSING = "mcs/missing"  # /meshctl/<cluster>/mcs/missing/<namespace>/<name>: an import without its namespace
+
+
+def mcs_key(kind: str, cluster: str, namespace: str, name: str) -> str:
+    return f"{ROOT}/{cluster}/{kind}/{namespace}/{name}"
 
 
 def forwarding_prefix(cluster: str) -> str:
@@ -124,20 +142,16 @@ def read_seen(client: EtcdClient, cluster: str) -> tuple[dict[str, NodeSeen], li
 
 def parse_report(kv: KeyValue, name: str, cluster: str) -> ForwardingReport:
     """The forwarding report at `kv`, written by node `name` of `cluster` (its key says so)."""
-    r = ForwardingReport.from_json(parse_record(kv, kv.key), kv.key)
-    if r.node != name:
-        raise InputError(f"{kv.key}.node", r.node, "does not match the key")
-    if r.cluster != cluster:
-        raise InputError(f"{kv.key}.cluster", r.cluster, "names another cluster than its key")
-    return r
+    return report_of(parse_record(kv, kv.key), kv.key, name, cluster, "the key")
 
 
-def _same_verdicts(old: KeyValue | None, new: KeyValue) -> bool:
-    """Two values of one report key that differ at most in the report's time (a heartbeat)."""
+def same_but_time(old: str | bytes | None, new: str | bytes) -> bool:
+    """Two texts of one node's forwarding report that differ at most in the report's time `at` (a
+    heartbeat, which changes no decision: stores keep it without waking the agents)."""
     if old is None:
         return False
     try:
-        a, b = json.loads(old.value), json.loads(new.value)
+        a, b = json.loads(old), json.loads(new)
     except ValueError:
         return False
     return isinstance(a, dict) and isinstance(b, dict) and {**a, "at": 0} == {**b, "at": 0}
@@ -424,7 +438,8 @@ class EtcdBackend:
                     old = self._kvs.get(e.kv.key)
                     self._kvs[e.kv.key] = e.kv
                     self._came(e.kv)
-                    wakes = wakes or not e.kv.key.startswith(fwd) or not _same_verdicts(old, e.kv)
+                    heartbeat = e.kv.key.startswith(fwd) and same_but_time(old.value if old else None, e.kv.value)
+                    wakes = wakes or not heartbeat
             self._revision = max(self._revision, rev)
         return wakes
 
