@@ -57,7 +57,7 @@ def test_the_probe_endpoint_answers_one_probe_and_refuses_a_missing_peer() -> No
         asked.append(peer)
         return ProbeResult(peer, "direct", "direct", True, 0.25, 0.5)
 
-    def status(node_list: bool = True) -> AgentStatus:
+    def status(node_list: bool = True, fresh: bool = False) -> AgentStatus:
         return AgentStatus("a1", True, "", None, LiveStatus.from_json({}))
 
     srv = StatusServer(f"127.0.0.1:{free_port()}", status, lambda: True, probe=probe)
@@ -83,7 +83,7 @@ def test_metrics_ask_for_the_status_without_the_node_list() -> None:
     row = {"name": "a1", "cluster": "c1", "source": "local", "location": "", "internal_ip": None, "endpoint": None,
            "pod_cidrs": [], "wireguard_ip": None, "path": "local", "relay": None, "relay_reason": None}
 
-    def status(node_list: bool = True) -> AgentStatus:
+    def status(node_list: bool = True, fresh: bool = False) -> AgentStatus:
         asked.append(node_list)
         return AgentStatus("a1", True, "", None, LiveStatus.from_json({"node_list": [row]} if node_list else {}))
 

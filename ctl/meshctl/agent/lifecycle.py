@@ -245,13 +245,15 @@ class Agent:
             return ProbeResult(peer, rung, None, False, None, 0.0, f"{peer} is not a node of this agent's plan")
         return self.paths.probe(peer, rung)
 
-    def status(self, node_list: bool = True) -> AgentStatus:
-        """The status snapshot the loop publishes (agent/snapshot.py), with counters read after this
-        call began unless the loop is busy for longer than snapshot.FRESH_WAIT_S (the /status
-        document, the metrics); without `node_list`, the node list is left out (None): the summary
-        publisher needs no node rows, and building them for every new view at 50,000 nodes would
+    def status(self, node_list: bool = True, fresh: bool = False) -> AgentStatus:
+        """The status snapshot the loop last published (agent/snapshot.py), at once; with `fresh`
+        one whose counters were read after this call began, unless the loop is busy for longer than
+        snapshot.FRESH_WAIT_S (`/status?fresh=1`: `lab check` compares counters around a burst of
+        pings). Without `node_list`, the node list is left out (None): the summary publisher and
+        the metrics need no node rows, and building them for every new view at 50,000 nodes would
         compete with the loop for the interpreter right when a change is applied."""
-        snap = self._running.board.fresh() if self._running is not None else None
+        board = self._running.board if self._running is not None else None
+        snap = None if board is None else board.fresh() if fresh else board.latest() or board.fresh()
         if snap is None:
             raise RuntimeError("the agent has not started")
         return snap.document(node_list)

@@ -44,7 +44,7 @@ class StatusSource(Protocol):
     list, which the metrics do not read and which at 50,000 nodes is 50,000 rows built anew for
     every new view and kept until the next."""
 
-    def __call__(self, node_list: bool = True) -> AgentStatus: ...
+    def __call__(self, node_list: bool = True, fresh: bool = False) -> AgentStatus: ...
 
 
 class StatusHttpServer(HttpServer):
@@ -256,7 +256,9 @@ class StatusServer:
                     ok = ready()
                     self.send(200 if ok else 503, b"ready\n" if ok else b"no plan applied yet\n", "text/plain")
                 elif path == "/status":
-                    self.send(200, json.dumps(status_fn().to_json(), default=str).encode(), "application/json")
+                    fresh = parse_qs(urlsplit(self.path).query).get("fresh", [""])[0] == "1"
+                    self.send(200, json.dumps(status_fn(fresh=fresh).to_json(), default=str).encode(),
+                              "application/json")
                 elif path == "/probe" and probe is not None:
                     self._probe(probe)
                 else:
@@ -284,10 +286,12 @@ class StatusServer:
         self.httpd.server_close()
 
 
-def fetch_status(addr: str, netns: str | None = None, timeout: float = 3.0) -> dict[str, Any]:
+def fetch_status(addr: str, netns: str | None = None, timeout: float = 3.0, *, fresh: bool = False
+                 ) -> dict[str, Any]:
     """An agent's /status document over HTTP (dialled inside `netns` when given), as JSON;
-    AgentStatus.from_json reads it."""
-    return _get_json(addr, "/status", netns, timeout)
+    AgentStatus.from_json reads it. `fresh`: counters read after the request came (the agent
+    waits up to snapshot.FRESH_WAIT_S for its loop), not the last pass's."""
+    return _get_json(addr, "/status?fresh=1" if fresh else "/status", netns, timeout)
 
 
 def fetch_probe(addr: str, peer: str, netns: str | None = None, timeout: float = 5.0) -> ProbeResult:

@@ -117,12 +117,13 @@ def status_wait(node: NodeState, host: float = HOST_STATUS_WAIT) -> float:
     return VM_STATUS_WAIT if node.vm else host
 
 
-def agent_status(node: NodeState, timeout: float | None = None) -> dict[str, Any] | None:
+def agent_status(node: NodeState, timeout: float | None = None, *, fresh: bool = False) -> dict[str, Any] | None:
     """A lab agent's /status, dialled from its namespace (a VM node's from its etcd's, on the
-    public segment); None when it does not answer within `timeout` (None: `status_wait`)."""
+    public segment); None when it does not answer within `timeout` (None: `status_wait`).
+    `fresh`: its counters as of the request (agent.server.fetch_status)."""
     try:
         return fetch_status(node.metrics_addr, node.dial_netns,
-                            timeout=status_wait(node) if timeout is None else timeout)
+                            timeout=status_wait(node) if timeout is None else timeout, fresh=fresh)
     except MeshError:
         return None
 
@@ -210,13 +211,13 @@ def check(st: LabState, *, count: int = 5, pairs: list[tuple[str, str]] | None =
         dst_key = f"{dc.name}/{dn.name}" if dc is not sc else dn.name
         expected = summary.paths.get(dst_key) if summary else None
         before = _tx(sn, leader_node, run)
-        fp_before = _fp_packets(agent_status(sn))
+        fp_before = _fp_packets(agent_status(sn, fresh=True))
         relay = summary.relays[dst_key].via if summary and dst_key in summary.relays else None
         tx_before = peer_tx(sn) if relay else {}
         sent, recv, rtt = ping(sn.pods[0].netns, dial_address(sc, dc, dn.pods[0].address(family) or ""), count=count,
                                interval=interval, wait=wait, node=sn, run=run)
         after = _tx(sn, leader_node, run)
-        s_now = agent_status(sn)
+        s_now = agent_status(sn, fresh=True)
         fp_after = _fp_packets(s_now)
         view_now = AgentStatus.from_json(s_now) if s_now is not None else None
         delta = [(a - b) if a is not None and b is not None else 0 for a, b in zip(after, before, strict=True)]
