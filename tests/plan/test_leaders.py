@@ -128,12 +128,21 @@ def test_second_in_order_out_too_skips_to_third() -> None:
     assert leaders_of(one_location(4), rs)["a"] == ("a3",)
 
 
-def test_two_of_three_broken_is_beyond_the_quorum() -> None:
-    """Three members, a1 and a2 not forwarding: a3, the one healthy member, sees no member ok and
-    cannot tell that from being cut off itself, so only a2 speaks against a1: no move (the
-    documented limit: a location that loses two of three members keeps its leader)."""
+def test_two_of_three_broken_and_out_of_reach_is_beyond_the_quorum() -> None:
+    """Three members, a1 and a2 not forwarding nor answering a3 at their own addresses: a3, the one
+    healthy member, sees no member ok and cannot tell that from being cut off itself, so only a2
+    speaks against a1: no move (the documented limit)."""
     rs = reports(report("a1", a2="bad", a3="ok"), report("a2", a1="bad", a3="ok"), report("a3", a1="bad", a2="bad"))
     assert leaders_of(three_by_three(), rs)["a"] == ("a1",)
+
+
+def test_two_of_three_that_answer_but_do_not_forward_both_go() -> None:
+    """a1 and a2 not forwarding, but answering at their own addresses: a3 reaches both, so it is
+    not cut off and its verdicts count; with a2's on a1 and a1's on a2, a3 leads."""
+    rs = reports(replace(report("a1", a2="bad", a3="ok"), reached=("a2", "a3")),
+                 replace(report("a2", a1="bad", a3="ok"), reached=("a1", "a3")),
+                 replace(report("a3", a1="bad", a2="bad"), reached=("a1", "a2")))
+    assert leaders_of(three_by_three(), rs)["a"] == ("a3",)
 
 
 def test_a_tie_keeps_the_member_in() -> None:
