@@ -548,8 +548,9 @@ def test_witness_keeps_its_bad_on_a_leader_it_no_longer_peers_and_holds_it_when_
     rounds(w, "c1", 0.0, 1.0, True, True)
     # a2 leads loc-a now: b1 peers a2, not a1; a1 (bad) is kept, c1 (ok, no longer peered) is not.
     w.set_targets(["b2"], ["a2"], ["a1", "a2", "c1", "c2"], t)
+    assert w.verdicts()["a1"].verdict == "bad" and w.reached() == ("a1",)  # as when last probed
     t = rounds(w, "a2", t, t + 60.0, True, True)
-    assert w.verdicts()["a1"].verdict == "bad" and "c1" not in w.verdicts()
+    assert w.verdicts()["a1"].verdict == "bad" and "c1" not in w.verdicts() and w.reached() == ("a1", "a2")
     # a1 leads again: seen again, it is `recovering` for the hold, then `ok`.
     w.set_targets(["b2"], ["a1"], ["a1", "a2", "c1", "c2"], t)
     t = rounds(w, "a1", t, t + 1.0, True, True)
@@ -571,3 +572,20 @@ def test_what_a_leader_probes_through_the_tunnel() -> None:
     assert leader_targets(moved, "a1") == {}
     assert set(leader_targets(moved, "a2")) == {"b1"}
     assert leader_targets(moved, "b1") == {"a2": LeaderTarget("10.10.0.2", ("10.10.0.1", "10.10.0.3"))}
+
+
+def test_a_leader_of_a_location_of_one_keeps_a_moved_leader_out_from_the_moment_it_peers_the_next() -> None:
+    """Locations a (a1, a2) and b (b1 alone). b1 sees a1 answer but not forward; with a2's word,
+    a2 leads. b1 then peers a2 and no longer a1: its report, published at once, still counts
+    (a1 stays `reached` as last seen) before any echo to a2 came back, so a1 is not brought
+    straight back (which would move loc-a to and fro)."""
+    topo = locations(2, 1)
+    w = LeaderWitness(hold=10)
+    w.set_targets([], ["a1"], ["a1", "a2"], 0.0)
+    t = rounds(w, "a1", 0.0, 1.0, True, True)
+    t = rounds(w, "a1", t, t + 2.0, True, False)
+    a2 = seen("a2", ("a1",), at=t, a1="bad")
+    moved = with_leaders(topo, choose_leaders(topo, reports(a2, w.report("b1", "c1", t))))
+    assert leader_targets(moved, "b1") == {"a2": LeaderTarget("10.10.0.2", ("10.10.0.1",))}
+    w.set_targets([], ["a2"], ["a1", "a2"], t)  # the peer changed; nothing heard from a2 yet
+    assert leaders_of(topo, reports(a2, w.report("b1", "c1", t)))["a"] == ("a2",)

@@ -456,12 +456,18 @@ class LeaderWitness:
     another location's leader, through it to members of its location. An echo through a leader
     counts as lost only in a round in which that leader's own address answered: a leader that
     answers but does not forward turns `bad`; one not reached (down, or the tunnel down) is not
-    judged, and its `ok` leaves the report (it no longer vouches for it)."""
+    judged, and its `ok` leaves the report (it no longer vouches for it).
+
+    A leader no longer probed (it no longer leads: this node peers its successor) keeps a `bad` or
+    `recovering` verdict, frozen, and stays `reached` as it was when last probed: its report still
+    says what it saw, and still counts, from the moment the peer changes (a report that stopped
+    counting then would bring the old leader straight back)."""
 
     def __init__(self, hold: float, tuning: JudgeTuning | None = None) -> None:
         self.forwards = ForwardingJudge(hold, tuning)
         self.reach = ForwardingJudge(0.0, tuning)  # `ok` at once when answering again: no hold
         self._leaders: frozenset[str] = frozenset()
+        self._last_reached: frozenset[str] = frozenset()  # reached when last probed, not heard since
 
     @property
     def tuning(self) -> JudgeTuning:
@@ -475,9 +481,12 @@ class LeaderWitness:
         leaders (echoes through the tunnel); a leader in `keep` no longer probed keeps a `bad`
         or `recovering` verdict (ForwardingJudge.set_members)."""
         members, leaders = list(members), list(leaders)
+        before = self.reached()
         self._leaders = frozenset([*leaders, *keep])
         self.forwards.set_members([*members, *leaders], now, keep)
         self.reach.set_members([*members, *leaders], now)
+        judged = self.forwards.verdicts()
+        self._last_reached = frozenset(n for n in before if n in judged)
 
     def hairpin(self, member: str, answered: bool, now: float) -> None:
         (self.forwards.answered if answered else self.forwards.lost)(member, now)
@@ -497,7 +506,10 @@ class LeaderWitness:
         return self.reach.tick(now) or changed
 
     def reached(self) -> tuple[str, ...]:
-        return tuple(n for n, v in self.reach.verdicts().items() if v.verdict == "ok")
+        """The nodes whose own address answers (or answered when last probed, and nothing since)."""
+        heard = self.reach.verdicts()
+        now_ok = {n for n, v in heard.items() if v.verdict == "ok"}
+        return tuple(sorted(now_ok | {n for n in self._last_reached if n not in heard}))
 
     def verdicts(self) -> dict[str, Judged]:
         reached = set(self.reached())
