@@ -183,7 +183,8 @@ def main() -> None:
             results["baseline: node dead, lapse grace"] = series(st, "dead", args.baseline, 180)
         finally:
             build.down(st.name)
-    print("\nbreak -> traffic through the leader flowing again (a3's pod to b2's and c2's, 20 pps):")
+    print("\nbreak -> traffic through the leader flowing again (a3's pod, in a location of two a2's, to b2's and "
+          "c2's, 20 pps):")
     for name, xs in results.items():
         print(figures(name, xs))
     base = results.get("baseline: node dead, lapse grace")
