@@ -16,7 +16,7 @@ the WireGuard tunnel. Modes, measured alternating round by round (the order reve
     direct+vxlan(md)   the alternative not shipped: bpf_skb_set_tunnel_key and a redirect to a
                        collect-metadata VXLAN device on the sender (bench/vxlan_md.c), the shipped
                        from_private on the receiver
-    kernel+vxlan       no programs; the kernel fallback's VXLAN device (meshctl.node.tunnels)
+    kernel+vxlan       no programs; the kernel fallback's VXLAN device (meshctl.node.encap)
     wireguard-private  wireguard-go, peers at each other's private addresses
     tunnel             wireguard-go, peers at each other's public addresses
 

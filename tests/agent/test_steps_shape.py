@@ -38,7 +38,7 @@ def _agent_steps() -> list[steps.Step]:
     from meshctl.agent.config import AgentConfig
 
     cfg = AgentConfig(node_name="a1")
-    return [steps.WireGuardStep(cfg, "k" * 43 + "="), steps.TunnelsStep(cfg), steps.FlannelStep(cfg),
+    return [steps.WireGuardStep(cfg, "k" * 43 + "="), steps.EncapStep(cfg), steps.FlannelStep(cfg),
             steps.RoutesStep(cfg), steps.SysctlsStep(cfg), steps.NatStep(cfg),
             steps.DatapathStep(cfg, steps.LoadedDatapath()), steps.CniStep(cfg)]
 
@@ -48,10 +48,10 @@ def test_the_order_is_derived_from_what_steps_provide_and_need() -> None:
     flannel before the routes, the datapath after the routes (the order a comment used to keep)."""
     from meshctl.agent.step_runner import step_order
 
-    want = ["wireguard", "tunnels", "flannel", "routes", "sysctls", "nat", "datapath", "cni"]
+    want = ["wireguard", "encap", "flannel", "routes", "sysctls", "nat", "datapath", "cni"]
     assert [s.name for s in step_order(_agent_steps())] == want
     names = [s.name for s in step_order(list(reversed(_agent_steps())))]
-    for before, after in (("wireguard", "routes"), ("tunnels", "routes"), ("flannel", "routes"),
+    for before, after in (("wireguard", "routes"), ("encap", "routes"), ("flannel", "routes"),
                           ("routes", "datapath"), ("wireguard", "sysctls")):
         assert names.index(before) < names.index(after), names
 
@@ -83,7 +83,7 @@ def test_other_parts_reach_steps_through_the_interfaces_they_serve() -> None:
     from meshctl.agent.step_runner import StepRunner
 
     runner = StepRunner(_agent_steps(), 30.0)
-    assert sorted(type(c).__name__ for c in runner.carriers()) == ["DatapathStep", "TunnelsStep"]
+    assert sorted(type(c).__name__ for c in runner.carriers()) == ["DatapathStep", "EncapStep"]
     assert type(runner.live_peers()).__name__ == "WireGuardStep"
     tree = _tree("lifecycle.py")
     step_names = {n for n in vars(steps) if n.endswith("Step")}

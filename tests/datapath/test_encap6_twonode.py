@@ -24,7 +24,7 @@ from meshctl.datapath import Datapath
 from meshctl.lab.rigs import netns
 from meshctl.lab.rigs.testbed import PODS, FabricTestbed
 from meshctl.node import discovery
-from meshctl.node.tunnels import IPIP6_DEV, VXLAN6_DEV, TunnelApplier, kernel_has, vtep_gateway
+from meshctl.node.encap import IPIP6_DEV, VXLAN6_DEV, EncapApplier, kernel_has, vtep_gateway
 from meshctl.setns import in_netns
 from tests.datapath.conftest import raw_pods_bed
 
@@ -160,7 +160,7 @@ def test_the_ipip_fallback_over_ipv6_takes_what_the_kernel_has(bed):
     entries = bed.fastpath("a", "ipip")
     has = bool(in_netns(bed.ns("a"), lambda: kernel_has("ip6tnl")))
     try:
-        diff = in_netns(bed.ns("a"), lambda: TunnelApplier("eth1").sync(entries))
+        diff = in_netns(bed.ns("a"), lambda: EncapApplier("eth1").sync(entries))
         if has:
             assert f"ipip device {IPIP6_DEV}" in diff.added and not diff.unavailable, diff
             [link] = json.loads(bed.sh("a", ["ip", "-j", "-d", "link", "show", IPIP6_DEV]).stdout)
@@ -172,13 +172,13 @@ def test_the_ipip_fallback_over_ipv6_takes_what_the_kernel_has(bed):
         else:
             assert sorted(diff.unavailable) == ["ipip 10.42.2.0/24: this kernel has no ip6tnl device",
                                                 "ipip fd42:2::/64: this kernel has no ip6tnl device"], diff
-            sub = in_netns(bed.ns("a"), lambda: TunnelApplier("eth1").sync(entries, fastpath=True))
+            sub = in_netns(bed.ns("a"), lambda: EncapApplier("eth1").sync(entries, fastpath=True))
             assert not sub.unavailable and len(sub.substituted) == 2, sub
             assert f"vxlan device {VXLAN6_DEV}" in sub.added
             routes = bed.sh("a", ["ip", "route", "show", "dev", VXLAN6_DEV]).stdout
             gw = vtep_gateway(ip("fd30:1::2"), ipaddress.ip_network("10.42.2.0/24"))
             assert f"10.42.2.0/24 via inet6 {gw}" in routes, routes
-            again = in_netns(bed.ns("a"), lambda: TunnelApplier("eth1").sync(entries, fastpath=True))
+            again = in_netns(bed.ns("a"), lambda: EncapApplier("eth1").sync(entries, fastpath=True))
             assert not again.added and not again.removed, "a second pass finds nothing to change"
     finally:
-        in_netns(bed.ns("a"), lambda: TunnelApplier("eth1").sync([]))
+        in_netns(bed.ns("a"), lambda: EncapApplier("eth1").sync([]))

@@ -24,7 +24,7 @@ from meshctl.lab.rigs import netns
 from meshctl.lab.rigs.testbed import PODS, FabricTestbed
 from meshctl.mesh.plan import Encap, FastPathEntry
 from meshctl.node import discovery
-from meshctl.node.tunnels import IPIP_DEV, TunnelApplier, kernel_has
+from meshctl.node.encap import IPIP_DEV, EncapApplier, kernel_has
 from meshctl.setns import in_netns
 from tests.datapath.conftest import raw_pods_bed
 
@@ -248,7 +248,7 @@ def has_ipip(bed: FabricTestbed) -> bool:
 
 def test_the_ipip_fallback_takes_what_the_kernel_has(bed):
     v4 = [e for e in bed.fastpath("a", "ipip") if e.prefix.version == 4]  # the kernel's ipip carries IPv4
-    diff = in_netns(bed.ns("a"), lambda: TunnelApplier("eth1").sync(v4))
+    diff = in_netns(bed.ns("a"), lambda: EncapApplier("eth1").sync(v4))
     try:
         if has_ipip(bed):
             assert f"ipip device {IPIP_DEV}" in diff.added and not diff.unavailable, diff
@@ -256,10 +256,10 @@ def test_the_ipip_fallback_takes_what_the_kernel_has(bed):
             assert any(u.startswith("ipip 10.42.2.0/24: this kernel has no ipip device") for u in diff.unavailable)
             assert not diff.added
         # a restarted agent's applier finds the same (its probe must not take our device for absence)
-        again = in_netns(bed.ns("a"), lambda: TunnelApplier("eth1").sync(v4))
+        again = in_netns(bed.ns("a"), lambda: EncapApplier("eth1").sync(v4))
         assert not again.added and not again.removed and again.unavailable == diff.unavailable, again
     finally:
-        in_netns(bed.ns("a"), lambda: TunnelApplier("eth1").sync([]))
+        in_netns(bed.ns("a"), lambda: EncapApplier("eth1").sync([]))
 
 
 def test_what_the_programs_leave_to_the_kernel_still_reaches_the_peer_on_an_ipip_pair(bed):
@@ -271,7 +271,7 @@ def test_what_the_programs_leave_to_the_kernel_still_reaches_the_peer_on_an_ipip
     ipip = has_ipip(bed)  # else the kernel carries the pair over its VXLAN device
     try:
         for node in ("a", "b"):
-            diff = in_netns(bed.ns(node), lambda node=node: TunnelApplier("eth1").sync(
+            diff = in_netns(bed.ns(node), lambda node=node: EncapApplier("eth1").sync(
                 [e for e in bed.fastpath(node, "ipip") if e.prefix.version == 4], fastpath=True))
             assert diff.substituted == ([] if ipip else [f"ipip 10.42.{2 if node == 'a' else 1}.0/24: over vxlan "
                                                          "(this kernel has no ipip device)"]) and not diff.unavailable
@@ -288,14 +288,14 @@ def test_what_the_programs_leave_to_the_kernel_still_reaches_the_peer_on_an_ipip
         assert after_b["decap"] - before_b["decap"] >= 6 and after_b["peer"] - before_b["peer"] >= 6, "into b's pod"
     finally:
         for node in ("a", "b"):
-            in_netns(bed.ns(node), lambda: TunnelApplier("eth1").sync([]))
+            in_netns(bed.ns(node), lambda: EncapApplier("eth1").sync([]))
 
 
 def test_a_vxlan_port_held_by_another_device_is_reported_not_raised(bed):
     bed.sh("a", ["ip", "link", "add", "eaother", "type", "vxlan", "external", "dstport", "4789"])
     bed.sh("a", ["ip", "link", "set", "eaother", "up"])
     try:
-        diff = in_netns(bed.ns("a"), lambda: TunnelApplier("eth1").sync(
+        diff = in_netns(bed.ns("a"), lambda: EncapApplier("eth1").sync(
             [e for e in bed.fastpath("a", "vxlan") if e.prefix.version == 4]))
         [u] = diff.unavailable
         assert u.startswith("vxlan 10.42.2.0/24: device meshvx0: ") and "in use" in u, u
@@ -330,9 +330,9 @@ def test_the_kernel_fallback_alone_carries_vxlan_with_pmtu(bed):
     after = bed.vpc_counters()
     assert after["vxlan"] - before["vxlan"] >= 100 and after["dropped"] == before["dropped"]
     # Idempotent: a second pass changes nothing; an empty plan removes the device.
-    diff = in_netns(bed.ns("a"), lambda: TunnelApplier("eth1").sync(
+    diff = in_netns(bed.ns("a"), lambda: EncapApplier("eth1").sync(
         [e for e in bed.fastpath("a", "vxlan") if e.prefix.version == 4]))
     assert not diff and not diff.unavailable
-    diff = in_netns(bed.ns("a"), lambda: TunnelApplier("eth1").sync([]))
+    diff = in_netns(bed.ns("a"), lambda: EncapApplier("eth1").sync([]))
     assert "vxlan device meshvx0" in diff.removed
     assert not bed.ping("a-p1", B4, count=1)

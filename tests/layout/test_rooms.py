@@ -18,7 +18,7 @@ import pytest
 from tests.layout.graph import PKG, ROOT, imports, module_name
 
 PURE_STDLIB = {"__future__", "base64", "bisect", "collections", "collections.abc", "contextlib", "dataclasses",
-               "difflib", "functools", "hashlib", "ipaddress", "itertools", "math", "operator", "re", "typing",
+               "difflib", "enum", "functools", "hashlib", "ipaddress", "itertools", "math", "operator", "re", "typing",
                "weakref"}
 
 MODULES = sorted(PKG.rglob("*.py"))

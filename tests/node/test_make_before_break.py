@@ -18,9 +18,9 @@ import time
 import pytest
 
 from meshctl.mesh.plan import PeerPlan, Route
+from meshctl.node.encap import RT_PROTO_ENCAP
 from meshctl.node.keys import generate_private_key, public_key
 from meshctl.node.routes import RouteApplier
-from meshctl.node.tunnels import RT_PROTO_TUNNEL
 from meshctl.node.wireguard import WireGuard
 from meshctl.node.wireguard.uapi import UapiClient
 
@@ -119,7 +119,7 @@ def test_a_destination_of_the_tunnel_applier_is_taken_over_by_a_replace(lab: Nod
     """A pair leaving direct+vxlan: its route through the tunnel device (proto 110) becomes the
     route applier's in one call; another owner's route on a destination stays."""
     lab.sh(node, "ip", "route", "add", "10.42.5.0/24", "via", "10.20.0.5", "dev", "wg", "onlink", "proto",
-           str(RT_PROTO_TUNNEL))
+           str(RT_PROTO_ENCAP))
     lab.sh(node, "ip", "route", "add", "10.42.6.0/24", "via", "10.20.0.6", "dev", "wg", "onlink", "proto", "static")
     mon = Monitor(lab, node, "route")
     diff = in_ns(node, RouteApplier("pv", "wg").stage, [Route(N("10.42.5.0/24"), A("10.20.0.5"), "private"),

@@ -15,7 +15,7 @@ import dataclasses
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from meshctl.agent.status import (
     JSON,
@@ -26,11 +26,13 @@ from meshctl.agent.status import (
 )
 from meshctl.mesh import global_ranges
 from meshctl.mesh.chooser import KIND_RUNGS, PairProbe, RungMove
-from meshctl.mesh.model import PRIVATE_RUNGS, WIREGUARD_PRIVATE, IPNetwork
+from meshctl.mesh.model import ENCAP_RUNGS, PRIVATE_RUNGS, IPNetwork, Path
 from meshctl.mesh.render import FastPathRow
 
 MAX_HOPS = 4  # the longest chain: member -> leader -> relay -> leader -> member stops here
-WIREGUARD_PATHS = (WIREGUARD_PRIVATE, "tunnel", "relay")
+WIREGUARD_PATHS = (Path.WIREGUARD_PRIVATE, Path.TUNNEL, Path.RELAY)
+# The rung of a hop whose node's agent was not asked (only its record is known).
+UNKNOWN_RUNG: Literal["?"] = "?"
 # The fast-path counter each action's packets move (datapath/layout.py COUNTERS).
 COUNTER_OF: dict[str, str] = {"direct": "direct", "direct+ipip": "encap", "direct+vxlan": "encap",
                               "tunnel": "tunnel", "local": "local"}
@@ -63,7 +65,7 @@ class KindProbe:
     and last RTT, probes lost in a row, and of this node's probes, how many were answered."""
 
     kind: str
-    rungs: tuple[str, ...]
+    rungs: tuple[Path, ...]
     up: bool | None
     lost: int
     rtt_ms: float | None
@@ -115,7 +117,7 @@ class Hop:
     node: str
     to: str
     interface: str | None
-    rung: str
+    rung: Path | Literal["?"]
     reason: str
     probes: tuple[KindProbe, ...] = ()
     moves: tuple[RungMove, ...] = ()
@@ -264,7 +266,7 @@ def explain(src_st: AgentStatus, src_given: str, dst_given: str, others: Mapping
         hops, wants, last = _walk(src_st, dst_abs, others)
     except NoPath as e:
         return Explanation(src, dst, no_path=str(e))
-    arrival = _arrival(last, hops[-1].rung if hops else "local") if last is not None else None
+    arrival = _arrival(last, hops[-1].rung if hops else Path.LOCAL) if last is not None else None
     return Explanation(src, dst, tuple(hops), _record(src_st, dst), arrival, wants=tuple(wants))
 
 
@@ -334,28 +336,28 @@ def _hop(st: AgentStatus, dst_abs: str) -> tuple[Hop, str]:
     """This node's step towards `dst_abs`, and the node it hands the packet to."""
     own, s = cluster_of(st), st.summary
     r = _row(st, relative(dst_abs, own))
-    if r.path in ("none", "local") or s is None:
+    if r.path in (Path.NONE, Path.LOCAL) or s is None:
         raise NoPath(f"{st.node} has no path to {r.name}")
     private = s.interfaces.private if s.interfaces else None
     wg_dev = s.interfaces.wireguard if s.interfaces else None
     # A hop follows the destination's first pod CIDR (its record's first family): one rung and
     # one WireGuard peer carry all of a node's pod CIDRs (the plan gives a pair one rung).
     fp = _fastpath_end(st, r.fastpath[0] if r.fastpath else None)
-    if r.path == "via-leader":
+    if r.path == Path.VIA_LEADER:
         location = _row(st, st.node).location or "-"
         leader = _leader_for(st, r) or s.leader
         why = f"{st.node} is a member of location {location}: its leader {leader} carries what leaves the " \
               f"location{_leader_note(st, location)}"
-        return Hop(st.node, leader or "-", private, "direct", why, mtu=_mtu(st, "direct"), fastpath=fp), \
+        return Hop(st.node, leader or "-", private, Path.DIRECT, why, mtu=_mtu(st, Path.DIRECT), fastpath=fp), \
             absolute(leader or "", own)
     peer = _wg_peer(st, r.pod_cidrs[0]) if r.path in WIREGUARD_PATHS and r.pod_cidrs else None
     nxt = absolute(peer.peer, own) if peer is not None else dst_abs
     pair = st.live.path_probe.pairs.get(r.name) if st.live.path_probe else None
-    if r.path == "relay":
+    if r.path == Path.RELAY:
         why = f"relayed through {r.relay}: {r.relay_reason or 'no direct WireGuard'}"
-        return Hop(st.node, relative(nxt, own), wg_dev, "relay", why, wireguard=peer, mtu=_mtu(st, "tunnel"),
+        return Hop(st.node, relative(nxt, own), wg_dev, Path.RELAY, why, wireguard=peer, mtu=_mtu(st, Path.TUNNEL),
                    fastpath=fp), nxt
-    hop = Hop(st.node, relative(nxt, own), private if r.path in PRIVATE_RUNGS and r.path != WIREGUARD_PRIVATE
+    hop = Hop(st.node, relative(nxt, own), private if r.path in PRIVATE_RUNGS and r.path != Path.WIREGUARD_PRIVATE
               else wg_dev, r.path, _why(st, _row(st, st.node), r, pair), _kind_probes(pair),
               pair.history if pair else (), peer, _mtu(st, r.path), fp)
     return hop, nxt
@@ -364,12 +366,12 @@ def _hop(st: AgentStatus, dst_abs: str) -> tuple[Hop, str]:
 def _record_hop(st: AgentStatus, via_abs: str, dst_abs: str) -> Hop:
     """The hop of a node whose agent was not asked: only its record (the source's view) is known."""
     own = cluster_of(st)
-    return Hop(relative(via_abs, own), relative(dst_abs, own), None, "?",
+    return Hop(relative(via_abs, own), relative(dst_abs, own), None, UNKNOWN_RUNG,
                f"{relative(via_abs, own)}'s agent was not reached: it forwards inside its location "
                "(ask its agent for the rest)", answered_by="record")
 
 
-def _mtu(st: AgentStatus, rung: str) -> int | None:
+def _mtu(st: AgentStatus, rung: Path) -> int | None:
     mtus = st.summary.path_mtu if st.summary else None
     return mtus.get(rung) if mtus else None
 
@@ -381,12 +383,12 @@ def _fastpath_end(st: AgentStatus, entry: FastPathRow | None) -> FastPathEnd:
     return FastPathEnd(st.node, dp.mode, entry, counter, pkts, nbytes)
 
 
-def _arrival(st: AgentStatus, rung: str) -> FastPathEnd:
+def _arrival(st: AgentStatus, rung: Path | Literal["?"]) -> FastPathEnd:
     """The destination node's own entry, with the counter its arriving packets move (decap for
     an encapsulated rung)."""
     own = next((r for r in rows_of(st) if r.name == st.node), None)
     end = _fastpath_end(st, own.fastpath[0] if own and own.fastpath else None)
-    if rung in ("direct+ipip", "direct+vxlan"):
+    if rung in ENCAP_RUNGS:
         pkts, nbytes = st.live.datapath.counters.get("decap", (None, None))
         end = FastPathEnd(end.node, end.mode, end.entry, "decap", pkts, nbytes)
     return end
@@ -447,14 +449,14 @@ def joined(me: NodeRow, r: NodeRow, private_networks: tuple[Any, ...]) -> str | 
     return f"mesh.private_networks {net} holds both" if net is not None else None
 
 
-def _probe_reason(pair: PairProbe, rung: str) -> str:
+def _probe_reason(pair: PairProbe, rung: Path) -> str:
     """What the probes did to the pair's rung: the last move and its reason, and on the tunnel
     whether every private probe kind is down."""
     said = "the cheapest rung whose probes answer"
     if pair.history:
         m = pair.history[-1]
         said = f"probes moved it {m.old or 'none'} -> {m.new}: {m.reason}"
-    if rung == "tunnel" and pair.probes and all(v.up is False for v in pair.probes.values()):
+    if rung == Path.TUNNEL and pair.probes and all(v.up is False for v in pair.probes.values()):
         said += " (every private probe kind is down)"
     return said
 
@@ -514,7 +516,7 @@ def format_explanation(e: Explanation, now: float) -> str:
     return "\n".join(lines)
 
 
-def _probe_line(p: ProbeResult, chosen: str | None) -> str:
+def _probe_line(p: ProbeResult, chosen: Path | Literal["?"] | None) -> str:
     if p.error:
         return f"  probe now: {p.error}"
     what = f"{p.kind} on {p.rung}" + ("" if p.rung == chosen else

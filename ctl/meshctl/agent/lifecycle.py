@@ -28,13 +28,13 @@ from meshctl.agent.step_runner import StepRunner
 from meshctl.agent.steps import (
     CniStep,
     DatapathStep,
+    EncapStep,
     FlannelStep,
     GlobalRangesStep,
     LoadedDatapath,
     NatStep,
     RoutesStep,
     SysctlsStep,
-    TunnelsStep,
     WireGuardStep,
 )
 from meshctl.backends.base import Backend
@@ -91,7 +91,7 @@ class Agent:
         private_key = keys.load_or_create_private_key(self.cfg.state_dir)
         secrets = self.backend if isinstance(self.backend, SecretSource) else None
         # The order is the runner's, from what each step provides and needs (step_runner.step_order).
-        runner = StepRunner([WireGuardStep(self.cfg, private_key, secrets), TunnelsStep(self.cfg),
+        runner = StepRunner([WireGuardStep(self.cfg, private_key, secrets), EncapStep(self.cfg),
                              FlannelStep(self.cfg), RoutesStep(self.cfg), SysctlsStep(self.cfg), NatStep(self.cfg),
                              DatapathStep(self.cfg, self._datapath_slot),
                              GlobalRangesStep(self.cfg, self._datapath_slot), CniStep(self.cfg)],

@@ -25,17 +25,17 @@ from meshctl.agent.status import ProbeResult
 from meshctl.agent.steps import EncapCarrier
 from meshctl.mesh.chooser import RUNG_KIND, Change, ProbeStatus, ProbeTuning, RungMove
 from meshctl.mesh.ladder import probe_ladders
-from meshctl.mesh.model import ENCAP_RUNGS, PRIVATE_RUNGS, WIREGUARD_PRIVATE, PathState, Rung, Topology
+from meshctl.mesh.model import ENCAP_RUNGS, PRIVATE_RUNGS, Path, PathState, Rung, Topology
 from meshctl.node.prober import Prober, Target, probe_address
 
 log = logging.getLogger("meshctl.agent")
 
 HISTORY_MOVES = 3  # the last moves of each pair the status carries
 
-UNPROBED_RUNGS: frozenset[str] = frozenset({"direct", WIREGUARD_PRIVATE})
+UNPROBED_RUNGS: frozenset[Rung] = frozenset({Path.DIRECT, Path.WIREGUARD_PRIVATE})
 
 
-def keep_paths(state: PathState, ladders: Mapping[str, Sequence[Rung]], previous: Mapping[str, str]) -> PathState:
+def keep_paths(state: PathState, ladders: Mapping[str, Sequence[Rung]], previous: Mapping[str, Path]) -> PathState:
     """`state` with every probed peer that has no verdict yet held on the path the last plan took
     to it (`previous`: the last plan's `paths`): that private rung, or none (its tunnel, a leader
     or a relay). A peer the last plan did not reach is left out (the plan assumes its rungs work)."""
@@ -70,7 +70,7 @@ class PathProbing:
 
     def local_rungs(self) -> frozenset[Rung]:
         """Direct and WireGuard always; an encapsulated rung when something here carries it."""
-        out: set[Rung] = {"direct", WIREGUARD_PRIVATE}
+        out: set[Rung] = set(UNPROBED_RUNGS)
         for rung, kind in ENCAP_RUNGS.items():
             if any(c.available(kind, self._underlay) for c in self.carriers):
                 out.add(rung)
@@ -136,7 +136,7 @@ class PathProbing:
         if prober is not None and (rungs := self.local_rungs()) != prober.chooser.local_rungs:
             prober.set_local_rungs(rungs)
 
-    def state(self, previous: Mapping[str, str] | None = None) -> PathState:
+    def state(self, previous: Mapping[str, Path] | None = None) -> PathState:
         """The plan's path-state; with `previous` (the last plan's paths), a probed peer without a
         verdict keeps its path (keep_paths)."""
         if self.prober is None:
@@ -155,23 +155,23 @@ class PathProbing:
         return with_history(self.prober.status(), self.prober.changes(),
                             time.time() - time.monotonic())
 
-    def probe(self, peer: str, rung: str | None) -> ProbeResult:
+    def probe(self, peer: str, rung: Path | None) -> ProbeResult:
         """One probe now towards `peer` of the kind that tests `rung` (the pair's rung), and
         whether it came back; for `tunnel`, of the pair's cheapest private rung (the result names
         the rung probed). A relay, a pair without private rungs or no prober give a result with
         `error` saying so, and nothing is sent."""
         timeout = self.tuning.timeout
-        kind = RUNG_KIND.get(rung or "")
+        kind = RUNG_KIND.get(rung) if rung is not None else None
         if self.prober is None:
             return ProbeResult(peer, rung, kind, False, None, timeout,
                                "no path prober runs on this node (intra_subnet is not auto, or no private IPv4)")
-        if kind is None and rung == "tunnel":
+        if kind is None and rung == Path.TUNNEL:
             # The tunnel is not probed (WireGuard's handshake is its evidence): the pair's cheapest
             # private rung is, which says whether the private network delivers again.
             pair = self.prober.status().pairs.get(peer)
-            rung = next((r for r in (pair.ladder if pair is not None else ()) if r in RUNG_KIND), None)
-            kind = RUNG_KIND.get(rung or "")
-            rung = rung or "tunnel"
+            private = next((r for r in (pair.ladder if pair is not None else ()) if r in RUNG_KIND), None)
+            kind = RUNG_KIND.get(private) if private is not None else None
+            rung = private or Path.TUNNEL
         if kind is None:
             return ProbeResult(peer, rung, None, False, None, timeout,
                                f"rung {rung or 'none'} is not probed (only the private rungs are; "

@@ -47,7 +47,7 @@ from meshctl.errors import MeshError
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.checks import dead_tunnels, host_prefix_warnings
 from meshctl.mesh.chooser import Change
-from meshctl.mesh.model import ENCAP_RUNGS, WIREGUARD_PRIVATE, Topology
+from meshctl.mesh.model import ENCAP_RUNGS, Path, Topology
 from meshctl.mesh.plan import NodePlan, PeerPlan
 from meshctl.mesh.render import node_list
 from meshctl.mesh.segments import Remote
@@ -199,17 +199,17 @@ def _underlay(topo: Topology | None, name: str) -> int:
     return me.internal_ip.version if me is not None and me.internal_ip is not None else 4
 
 
-def rung_mtus(private_mtu: int | None, underlay: int = 4) -> dict[str, int]:
+def rung_mtus(private_mtu: int | None, underlay: int = 4) -> dict[Path, int]:
     """The largest packet each rung carries from a node whose private NIC has `private_mtu`
     (None: no private NIC; then the WireGuard rungs as over a 1500-byte one): the NIC's MTU,
     less each encapsulation's overhead over that underlay (IPv6's outer header is 20 bytes
     longer), and WireGuard's device MTU for its two rungs."""
-    out: dict[str, int] = {}
+    out: dict[Path, int] = {}
     if private_mtu is not None:
-        out["direct"] = private_mtu
+        out[Path.DIRECT] = private_mtu
         out.update({rung: private_mtu - overhead(kind, underlay) for rung, kind in ENCAP_RUNGS.items()})
     wg = (private_mtu or DEFAULT_NIC_MTU) - WG_OVERHEAD
-    out.update({WIREGUARD_PRIVATE: wg, "tunnel": wg})
+    out.update({Path.WIREGUARD_PRIVATE: wg, Path.TUNNEL: wg})
     return out
 
 
@@ -315,9 +315,9 @@ class LiveReader:
 
 def change_counts(changes: Sequence[Change]) -> tuple[RungChanges, ...]:
     """Rung changes since start, counted by (from, to, reason)."""
-    counts: dict[tuple[str, str, str], int] = {}
+    counts: dict[tuple[Path, Path, str], int] = {}
     for c in changes:
-        key = (c.old or "none", c.new, c.reason)
+        key = (c.old or Path.NONE, c.new, c.reason)
         counts[key] = counts.get(key, 0) + 1
     return tuple(RungChanges(a, b, r, n) for (a, b, r), n in sorted(counts.items()))
 

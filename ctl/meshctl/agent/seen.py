@@ -22,6 +22,7 @@ from typing import Protocol, runtime_checkable
 
 from meshctl.agent.status import AgentStatus
 from meshctl.mesh.chooser import RUNG_KIND, ProbeTuning
+from meshctl.mesh.model import Path
 from meshctl.mesh.observed import MAX_PEERS, NodeSeen, PeerSeen
 
 log = logging.getLogger("meshctl.agent.seen")
@@ -57,7 +58,7 @@ def summarise(status: AgentStatus, cluster: str, now: float, limit: int = MAX_PE
     pairs = live.path_probe.pairs if live.path_probe is not None else {}
     handshakes = {p.name: p.live.handshake_age_s for p in live.peers if p.live is not None}
     unreached = set(summary.unreached_peers)
-    names = [n for n, planned in summary.paths.items() if planned != "local"]
+    names = [n for n, planned in summary.paths.items() if planned != Path.LOCAL]
     if len(names) > limit:
         names = _first(names, limit, lambda n: n in pairs or n in unreached or
                        handshakes.get(n.rsplit("/", 1)[-1]) is not None)
@@ -93,7 +94,7 @@ def _first(names: list[str], limit: int, observed: Callable[[str], bool]) -> lis
     return out
 
 
-def _shape(seen: NodeSeen) -> tuple[tuple[str, str | None, str | None, int], ...]:
+def _shape(seen: NodeSeen) -> tuple[tuple[str, Path | None, Path | None, int], ...]:
     """What a picture draws of a summary: per peer its rung, ladder start and loss bucket."""
     return tuple((n, p.rung, p.first, round((p.loss or 0.0) * LOSS_BUCKETS)) for n, p in sorted(seen.peers.items()))
 

@@ -13,7 +13,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import parse_qs, quote, urlsplit
 
@@ -34,6 +34,7 @@ from meshctl.agent.status import (
 )
 from meshctl.http_serving import HttpServer, QuietHandler
 from meshctl.mesh.chooser import ProbeStatus
+from meshctl.mesh.model import Path
 
 log = logging.getLogger("meshctl.agent")
 
@@ -171,13 +172,14 @@ def _peer_metrics(peers: Sequence[PeerRow]) -> Iterator[Any]:
     yield hs
 
 
-def _path_metrics(paths: dict[str, str], changes: Sequence[RungChanges], probe: ProbeStatus | None) -> Iterator[Any]:
+def _path_metrics(paths: Mapping[str, Path], changes: Sequence[RungChanges], probe: ProbeStatus | None
+                  ) -> Iterator[Any]:
     """Pairs per rung of the path ladder, rung changes with their reason, probe RTTs."""
     pairs = GaugeMetricFamily("meshctl_path_pairs", "Other nodes reached on each rung of the path ladder",
                               labels=["rung"])
-    counts: dict[str, int] = {}
+    counts: dict[Path, int] = {}
     for rung in paths.values():
-        if rung != "local":
+        if rung != Path.LOCAL:
             counts[rung] = counts.get(rung, 0) + 1
     for rung, n in sorted(counts.items()):
         pairs.add_metric([rung], n)

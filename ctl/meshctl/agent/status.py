@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from meshctl.backends.base import KvstoreStatus, OwnRecord
 from meshctl.backends.remote_status import Rejected, RemotesStatus
 from meshctl.datapath.status import JSON, DatapathStatus, opt_key
-from meshctl.mesh.chooser import ProbeStatus
-from meshctl.mesh.model import MeshSettings
+from meshctl.mesh.chooser import ProbeStatus, opt_path
+from meshctl.mesh.model import MeshSettings, Path, path_of
 from meshctl.mesh.records import mesh_to_record, parse_mesh
 from meshctl.mesh.render import NodeRow
 
@@ -102,7 +102,7 @@ class PassSummary:
     wireguard_ip: str | None
     nodes: int
     routes: int
-    paths: dict[str, str]
+    paths: dict[str, Path]
     relays: dict[str, Relay]
     discovered_endpoints: dict[str, str]
     unreached_peers: tuple[str, ...]
@@ -116,7 +116,7 @@ class PassSummary:
     pid: int
     remotes: RemotesStatus | None = None
     interfaces: Interfaces | None = None
-    path_mtu: dict[str, int] | None = None
+    path_mtu: dict[Path, int] | None = None
     # Location granularity: who leads each location and why, the leader moves (absent otherwise).
     leaders: LeadershipStatus | None = None
 
@@ -150,7 +150,7 @@ class PassSummary:
             records=d.get("records"), granularity=d.get("granularity"),
             mesh=parse_mesh(d.get("mesh"), "status.mesh"), leader=d.get("leader"),
             is_leader=bool(d.get("is_leader")), wireguard_ip=d.get("wireguard_ip"), nodes=d.get("nodes", 0),
-            routes=d.get("routes", 0), paths=dict(d.get("paths") or {}),
+            routes=d.get("routes", 0), paths={n: path_of(p, f"paths.{n}") for n, p in (d.get("paths") or {}).items()},
             relays={n: Relay(str(r.get("via", "")), str(r.get("reason", "")))
                     for n, r in (d.get("relays") or {}).items()},
             discovered_endpoints=dict(d.get("discovered_endpoints") or {}),
@@ -163,7 +163,7 @@ class PassSummary:
             errors_total=dict(d.get("errors_total") or {}), pid=d.get("pid", 0),
             remotes=RemotesStatus.from_json(remotes) if isinstance(remotes, dict) else None,
             interfaces=Interfaces.from_json(ifs) if isinstance(ifs, dict) else None,
-            path_mtu=dict(mtu) if isinstance(mtu, dict) else None,
+            path_mtu={path_of(r, "path_mtu"): m for r, m in mtu.items()} if isinstance(mtu, dict) else None,
             leaders=LeadershipStatus.from_json(lead) if isinstance(lead, dict) else None,
         )
 
@@ -176,10 +176,11 @@ def objects_line(objects: str, refused: int | None) -> str:
 
 @dataclass(frozen=True)
 class RungChanges:
-    """How often pairs moved from one rung to another for one reason, since start."""
+    """How often pairs moved from one rung to another for one reason, since start (`old` none:
+    the pair's first choice)."""
 
-    old: str
-    new: str
+    old: Path
+    new: Path
     reason: str
     count: int
 
@@ -188,7 +189,8 @@ class RungChanges:
 
     @classmethod
     def from_json(cls, d: JSON) -> RungChanges:
-        return cls(str(d.get("from", "")), str(d.get("to", "")), str(d.get("reason", "")), d.get("count", 0))
+        return cls(path_of(d.get("from"), "path_changes.from"), path_of(d.get("to"), "path_changes.to"),
+                   str(d.get("reason", "")), d.get("count", 0))
 
 
 @dataclass(frozen=True)
@@ -373,7 +375,7 @@ class ProbeResult:
     may be None)."""
 
     peer: str
-    rung: str | None
+    rung: Path | None
     kind: str | None
     answered: bool
     rtt_ms: float | None
@@ -388,7 +390,8 @@ class ProbeResult:
 
     @classmethod
     def from_json(cls, d: JSON) -> ProbeResult:
-        return cls(str(d.get("peer", "")), d.get("rung"), d.get("kind"), bool(d.get("answered")), d.get("rtt_ms"),
+        return cls(str(d.get("peer", "")), opt_path(d.get("rung"), "rung"), d.get("kind"), bool(d.get("answered")),
+                   d.get("rtt_ms"),
                    d.get("timeout_s", 0.0), d.get("error"))
 
 

@@ -42,7 +42,7 @@ from meshctl.datapath.status import DatapathStatus
 from meshctl.errors import MeshError
 from meshctl.mesh.model import ENCAP_KINDS, IPNetwork, Node, Topology
 from meshctl.mesh.plan import NodePlan
-from meshctl.node import cni, discovery, flannel, global_ranges, masquerade, routes, sysctls, tunnels, wireguard
+from meshctl.node import cni, discovery, encap, flannel, global_ranges, masquerade, routes, sysctls, wireguard
 from meshctl.node.keys import public_key
 from meshctl.node.wireguard.psk import SecretSource, read_key
 
@@ -337,7 +337,7 @@ class RoutesStep(Quiet):
         self._skipped = False
 
     def inputs(self, p: PassInput) -> Hashable | None:
-        # A route another owner held last time (a tunnel route on its way out) is tried again on
+        # A route another owner held last time (an encapsulation route on its way out) is tried again on
         # the next pass, not only at the next full resync.
         return None if self._skipped else (p.plan.routes, p.flannel.takeover if p.flannel is not None else None)
 
@@ -452,18 +452,18 @@ class NatStep(Quiet, Additive):
         self.applier.forget()
 
 
-class TunnelsStep(Quiet):
-    """The kernel fallback of encapsulated rungs: tunnel devices, fdb/neighbour entries and routes
-    for the fast-path entries that carry an encapsulation (node/tunnels.py). Also says which
+class EncapStep(Quiet):
+    """The kernel fallback of encapsulated rungs: encapsulation devices, fdb/neighbour entries and
+    routes for the fast-path entries that carry an encapsulation (node/encap.py). Also says which
     encapsulations this node's kernel can carry (the path prober asks)."""
 
-    name = "tunnels"
+    name = "encap"
     provides = frozenset({ENCAP_ROUTES})
     needs = NOTHING
     serves = (EncapCarrier,)
 
     def __init__(self, cfg: AgentConfig) -> None:
-        self.applier = tunnels.TunnelApplier(cfg.private_interface) if cfg.private_interface else None
+        self.applier = encap.EncapApplier(cfg.private_interface) if cfg.private_interface else None
 
     def available(self, kind: str, underlay: int = 4) -> bool:
         return self.applier is not None and self.applier.available(kind, underlay)

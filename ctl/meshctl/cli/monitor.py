@@ -23,7 +23,7 @@ from meshctl.cli.datapath import pinned_targets
 from meshctl.cli.options import TEXT_FORMATS, lab_option, node_option, output_option, pin_root_option
 from meshctl.datapath import monitor as mon
 from meshctl.errors import InputError, MeshError
-from meshctl.mesh.model import IPNetwork
+from meshctl.mesh.model import IPNetwork, Path
 from meshctl.setns import in_netns
 
 POLL_MS = 200  # how long one wait for events lasts (Ctrl-C is seen between waits at the latest)
@@ -77,7 +77,7 @@ def _owners(node: str, lab_name: str | None, pin_root: str, netns: str | None, *
         reason = str(e).split(" (")[0]  # the agent's address, without status's advice on --addr
         click.echo(f"meshctl: addresses shown without owners ({reason})", err=True)
         return []
-    own = mon.Owner(f"{doc.get('cluster') or 'default'}/{doc.get('node') or node}", "local")
+    own = mon.Owner(f"{doc.get('cluster') or 'default'}/{doc.get('node') or node}", Path.LOCAL)
     return [*mon.owners_from_node_list(doc.get("node_list") or []), *_local_pods(node, pin_root, own)]
 
 

@@ -24,7 +24,7 @@ from typing import Any
 from meshctl.datapath import layout, libbpf
 from meshctl.datapath.maps import Map
 from meshctl.errors import InputError, MeshError
-from meshctl.mesh.model import IPNetwork
+from meshctl.mesh.model import IPNetwork, Path, path_of
 
 DEFAULT_RATE = 1000  # events per second a monitor lets through (`--rate`; 0: unlimited)
 
@@ -34,7 +34,7 @@ KERNEL_TYPES = {name.lower(): v for name, (v, _) in layout.header_defines("MC_T_
 TYPE_NAMES = {v: k for k, v in KERNEL_TYPES.items()}
 # `relay` is a tunnel event whose destination the plan reaches through a relay: the kernel selects
 # tunnel events, the owners (the agent's node list) narrow them.
-RELAY = "relay"
+RELAY: str = Path.RELAY.value
 TYPES = ("all", *(t for k in KERNEL_TYPES for t in ((k, RELAY) if k == "tunnel" else (k,))))  # relay after tunnel
 REASONS = {v: (name.lower(), text) for name, (v, text) in layout.header_defines("MC_R_").items()}
 XLATED = {name: v for name, (v, _) in layout.header_defines("MC_XLATED_").items()}  # SRC, DST, INNER
@@ -150,14 +150,15 @@ class Owner:
     monitored node takes to that node (`relay` for one reached through a relay)."""
 
     name: str
-    path: str
+    path: Path
 
 
 def owners_from_node_list(rows: list[dict[str, Any]]) -> list[tuple[IPNetwork, Owner]]:
     """(prefix, owner) pairs from `node list` rows (the agent's plan), longest prefixes first."""
     out: list[tuple[IPNetwork, Owner]] = []
     for r in rows:
-        owner = Owner(f"{r.get('cluster') or 'default'}/{r.get('name')}", str(r.get("path") or ""))
+        owner = Owner(f"{r.get('cluster') or 'default'}/{r.get('name')}",
+                      path_of(r.get("path") or Path.NONE, f"node_list {r.get('name')}: path"))
         for c in r.get("pod_cidrs") or ():
             with contextlib.suppress(ValueError):
                 out.append((ipaddress.ip_network(str(c), strict=False), owner))
@@ -187,7 +188,7 @@ def describe(ev: dict[str, Any], node: str, ifnames: Mapping[int, str], owners: 
     out["out_interface"] = ifnames.get(ev["out_ifindex"] or 0) or None
     out["src_owner"] = src_o.name if src_o else None
     out["dst_owner"] = dst_o.name if dst_o else None
-    if ev["type"] == "tunnel" and dst_o is not None and dst_o.path == RELAY:
+    if ev["type"] == "tunnel" and dst_o is not None and dst_o.path == Path.RELAY:
         out["type"] = RELAY
     return out
 

@@ -18,7 +18,7 @@ from meshctl.errors import InputError
 from meshctl.mesh.admit import list_field
 from meshctl.mesh.fields import endpoint
 from meshctl.mesh.ladder import member_rungs, pair_rungs
-from meshctl.mesh.model import FAMILIES, PRIVATE_RUNGS, IPNetwork, Node, Topology, host_net, private_neighbours
+from meshctl.mesh.model import FAMILIES, PRIVATE_RUNGS, IPNetwork, Node, Path, Topology, host_net, private_neighbours
 from meshctl.mesh.natview import choose_relay, family_names, nat_view
 from meshctl.mesh.plan import NodePlan
 from meshctl.mesh.segments import Remote, segments
@@ -189,14 +189,14 @@ def _host_prefix_why(topo: Topology, n: Node, joined: Node | None, family: int |
                 f"the nodes share one L2 subnet)")
     if mesh.granularity == "location":
         rung = member_rungs(mesh.intra_subnet, n, joined, family)[0]
-        if rung == "direct":
+        if rung == Path.DIRECT:
             return (f"intra_subnet {mesh.intra_subnet} sends the pod packets between {n.name} and its "
                     f"location's members raw (rung direct), which a network handing out host addresses "
                     f"usually drops (set intra_subnet: auto, ipip or vxlan)")
         return None
     rung = pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, n, joined, family,
                       cross_family=False)[0]
-    if rung == "tunnel" and mesh.intra_subnet != "wireguard":
+    if rung == Path.TUNNEL and mesh.intra_subnet != "wireguard":
         return (f"intra_subnet {mesh.intra_subnet} uses the private network only between private "
                 f"neighbours, so {every} to {n.name} is WireGuard although a private network{of} "
                 f"joins it to {joined.name} (set intra_subnet: auto to use the private network)")
@@ -305,10 +305,10 @@ def _unrouted_location_ips(topo: Topology, p: NodePlan) -> list[str]:
         for j, a in enumerate(n.allowed_location_ips):
             if a in routed:
                 continue
-            rung = p.paths.get(n.qualified_name, "")
+            path = p.paths.get(n.qualified_name)
             why = "no role of the plan routes it"
-            if rung in PRIVATE_RUNGS:
-                why = (f"intra_subnet {topo.mesh.intra_subnet} carries {p.node} and {n.name} on rung {rung} "
+            if path in PRIVATE_RUNGS:
+                why = (f"intra_subnet {topo.mesh.intra_subnet} carries {p.node} and {n.name} on rung {path} "
                        f"without WireGuard, which takes only the pod CIDR")
             out.append(f"nodes[{i}].allowed_location_ips[{j}]: {str(a)!r} is not routed on {p.node}: {why}")
     return out

@@ -31,12 +31,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshctl.mesh.model import RUNGS, WIREGUARD_PRIVATE, PathState, Rung
+from meshctl.mesh.model import RUNGS, Path, PathState, Rung, path_of
 
 PROBE_KINDS: tuple[str, ...] = ("direct", "udp", "ipip")
 KIND_RUNGS: dict[str, tuple[Rung, ...]] = {
-    "direct": ("direct",), "udp": ("direct+vxlan", WIREGUARD_PRIVATE), "ipip": ("direct+ipip",)}
-RUNG_KIND: dict[str, str] = {r: k for k, rungs in KIND_RUNGS.items() for r in rungs}
+    "direct": (Path.DIRECT,), "udp": (Path.DIRECT_VXLAN, Path.WIREGUARD_PRIVATE), "ipip": (Path.DIRECT_IPIP,)}
+RUNG_KIND: dict[Path, str] = {r: k for k, rungs in KIND_RUNGS.items() for r in rungs}
 PEER_CHOICE_TTL_S = 5.0  # a peer's reported choice counts this long after its last reply
 
 
@@ -73,8 +73,8 @@ class Change:
     """The rung a pair uses changed (metrics and logs name the reason)."""
 
     peer: str
-    old: str | None
-    new: str
+    old: Rung | None
+    new: Rung
     reason: str
     at: float
 
@@ -83,16 +83,16 @@ class Change:
 class PairState:
     ladder: tuple[Rung, ...]
     kinds: dict[str, KindHealth] = field(default_factory=dict)
-    peer_rungs: frozenset[str] | None = None  # what the peer says it can take; None: unknown yet
-    peer_choice: str | None = None
+    peer_rungs: frozenset[Rung] | None = None  # what the peer says it can take; None: unknown yet
+    peer_choice: Rung | None = None
     peer_seen: float = -1e9
-    rung: str | None = None                   # the rung last reported
+    rung: Rung | None = None                   # the rung last reported
 
 
 class Chooser:
     """Per-pair health from probe observations, and the path-state the plan reads."""
 
-    def __init__(self, local_rungs: Iterable[str], tuning: ProbeTuning | None = None) -> None:
+    def __init__(self, local_rungs: Iterable[Rung], tuning: ProbeTuning | None = None) -> None:
         self.tuning = tuning or ProbeTuning()
         self.local_rungs = frozenset(local_rungs)
         self.pairs: dict[str, PairState] = {}
@@ -125,8 +125,8 @@ class Chooser:
         if h is not None:
             h.lost += 1
 
-    def reply(self, peer: str, kind: str, rtt: float | None, now: float, peer_rungs: frozenset[str] | None = None,
-              peer_choice: str | None = None) -> None:
+    def reply(self, peer: str, kind: str, rtt: float | None, now: float, peer_rungs: frozenset[Rung] | None = None,
+              peer_choice: Rung | None = None) -> None:
         """An answer to our probe (`rtt` set), or the peer's own probe of this kind arriving
         (`rtt` None: it proves the peer's direction; should ours fail, the peer's answers stop,
         the peer leaves the rung and its probes carry that choice here)."""
@@ -185,7 +185,7 @@ class Chooser:
                     moved_onto.held = False
         return changed
 
-    def _reason(self, p: PairState, new: str, now: float) -> str:
+    def _reason(self, p: PairState, new: Rung, now: float) -> str:
         if p.rung is None:
             return "first probes"
         own = self.own_choice(p)
@@ -198,11 +198,11 @@ class Chooser:
             return f"{new} delivered for the hold time"
         return f"{new} became available"
 
-    def usable(self, p: PairState, rung: str) -> bool:
+    def usable(self, p: PairState, rung: Rung) -> bool:
         """The rung delivers and both ends carry it. Another rung than the pair's own must also be
         fresh (its last probe answered): a stand-by kind last heard seconds ago may have died
         with the rung being left (a blackhole takes every kind at once)."""
-        if rung == "tunnel":
+        if rung == Path.TUNNEL:
             return True
         if rung not in self.local_rungs or (p.peer_rungs is not None and rung not in p.peer_rungs):
             return False
@@ -214,7 +214,7 @@ class Chooser:
     def verdicts_ready(self, p: PairState) -> bool:
         return all(h.up is not None for h in p.kinds.values())
 
-    def own_choice(self, p: PairState) -> str | None:
+    def own_choice(self, p: PairState) -> Rung | None:
         """This node's choice for the pair alone (None until every probe kind has a verdict)."""
         if not self.verdicts_ready(p):
             return None
@@ -223,13 +223,13 @@ class Chooser:
                 return r
         return p.ladder[0]  # a ladder without tunnel (location members): nothing better
 
-    def agreed(self, peer: str, now: float) -> str | None:
+    def agreed(self, peer: str, now: float) -> Rung | None:
         p = self.pairs[peer]
         own = self.own_choice(p)
         if own is None:
             return None
         theirs = p.peer_choice if now - p.peer_seen <= PEER_CHOICE_TTL_S else None
-        if theirs in p.ladder and p.ladder.index(theirs) > p.ladder.index(own):
+        if theirs is not None and theirs in p.ladder and p.ladder.index(theirs) > p.ladder.index(own):
             return theirs
         return own
 
@@ -242,7 +242,7 @@ class Chooser:
             if p.rung is None:
                 continue
             at = p.ladder.index(p.rung)
-            out[name] = frozenset(r for r in p.ladder[at:] if r != "tunnel" and self.usable(p, r))
+            out[name] = frozenset(r for r in p.ladder[at:] if r != Path.TUNNEL and self.usable(p, r))
         return out
 
     def next_deadline(self) -> float | None:
@@ -325,8 +325,8 @@ _TALLY_KEYS = ("sent", "answered", "last_rtt_ms", "last_reply_age_s")
 class RungMove:
     """A pair's rung changed: from (None: the first choice), to, why, and when (wall clock)."""
 
-    old: str | None
-    new: str
+    old: Path | None
+    new: Path
     reason: str
     at: float
 
@@ -335,7 +335,8 @@ class RungMove:
 
     @classmethod
     def from_json(cls, d: JSON) -> RungMove:
-        return cls(d.get("from"), str(d.get("to", "")), str(d.get("reason", "")), d.get("at", 0.0))
+        return cls(opt_path(d.get("from"), "history.from"), path_of(d.get("to"), "history.to"),
+                   str(d.get("reason", "")), d.get("at", 0.0))
 
 
 @dataclass(frozen=True)
@@ -343,9 +344,9 @@ class PairProbe:
     """A probed pair: the rung it takes, its ladder, the peer's own choice, each kind's verdict,
     and its last moves, oldest first (`history`: absent before the pair's first choice)."""
 
-    rung: str | None
-    ladder: tuple[str, ...]
-    peer_choice: str | None
+    rung: Path | None
+    ladder: tuple[Path, ...]
+    peer_choice: Path | None
     probes: dict[str, ProbeVerdict]
     history: tuple[RungMove, ...] = ()
 
@@ -358,7 +359,8 @@ class PairProbe:
 
     @classmethod
     def from_json(cls, d: JSON) -> PairProbe:
-        return cls(d.get("rung"), tuple(d.get("ladder") or ()), d.get("peer_choice"),
+        return cls(opt_path(d.get("rung"), "rung"), tuple(path_of(r, "ladder") for r in d.get("ladder") or ()),
+                   opt_path(d.get("peer_choice"), "peer_choice"),
                    {k: ProbeVerdict.from_json(v) for k, v in (d.get("probes") or {}).items()},
                    tuple(RungMove.from_json(m) for m in d.get("history") or ()))
 
@@ -369,7 +371,7 @@ class ProbeStatus:
     received, its CPU time, and every probed pair."""
 
     port: int
-    local_rungs: tuple[str, ...]
+    local_rungs: tuple[Path, ...]
     sent: int
     received: int
     cpu_s: float
@@ -382,5 +384,11 @@ class ProbeStatus:
 
     @classmethod
     def from_json(cls, d: JSON) -> ProbeStatus:
-        return cls(d.get("port", 0), tuple(d.get("local_rungs") or ()), d.get("sent", 0), d.get("received", 0),
+        return cls(d.get("port", 0), tuple(path_of(r, "local_rungs") for r in d.get("local_rungs") or ()),
+                   d.get("sent", 0), d.get("received", 0),
                    d.get("cpu_s", 0.0), {n: PairProbe.from_json(p) for n, p in (d.get("pairs") or {}).items()})
+
+
+def opt_path(text: object, where: str) -> Path | None:
+    """`path_of` of a value that may be absent (None)."""
+    return None if text is None else path_of(text, where)

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """`--cni flannel` as the planner sees it (docs/kubernetes.md): flannel stays the CNI and carries
 the pod traffic to the nodes of this node's own location; the plan leaves those nodes to it
-(`plan_node(..., flannel=True)`: no route, no encapsulated fast-path entry, path `flannel`).
+(`plan_node(..., flannel=True)`: no route, no encapsulated fast-path entry, `Path.FLANNEL`).
 
 "Own location" follows the granularity (`carried`): `full` makes every node its own location;
 `location` and `cross` leave flannel the nodes of the same location, as Kilo's
@@ -15,8 +15,6 @@ from dataclasses import dataclass
 
 from meshctl.mesh.model import IPAddress, Topology
 from meshctl.mesh.segments import segment_key
-
-FLANNEL_PATH = "flannel"  # the plan's path name of a node whose pod traffic flannel carries
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from meshctl.errors import InputError
 from meshctl.mesh.leaders import Leaders
-from meshctl.mesh.model import ENCAP_RUNGS, PRIVATE_RUNGS, RUNGS, WIREGUARD_PRIVATE, Node, Topology
+from meshctl.mesh.model import ENCAP_RUNGS, PRIVATE_RUNGS, RUNGS, Node, Path, Topology
 from meshctl.mesh.observed import NodeSeen, PeerSeen
 from meshctl.mesh.plan import plan_node
 from meshctl.mesh.render import path_text
@@ -48,27 +48,27 @@ _SUBNETS_SHOWN = 3
 # How an edge is drawn, by the pair's rung (docs/mesh.md, "graph"): WireGuard solid, the private
 # rungs dotted, each encapsulation in its own colour and labelled with its kind.
 _ENCAP_COLOUR: dict[str, str] = {"ipip": "blue", "vxlan": "darkgreen"}
-EDGE_ATTRS: dict[str, str] = {
-    "direct": "style=dotted",
+EDGE_ATTRS: dict[Path, str] = {
+    Path.DIRECT: "style=dotted",
     **{rung: f'style=dotted, color={_ENCAP_COLOUR[kind]}, label="{kind}"' for rung, kind in ENCAP_RUNGS.items()},
-    WIREGUARD_PRIVATE: 'style=solid, color=gray40, label="private endpoint"',
-    "tunnel": "style=solid",
-    "relay": "style=solid, color=orange",
+    Path.WIREGUARD_PRIVATE: 'style=solid, color=gray40, label="private endpoint"',
+    Path.TUNNEL: "style=solid",
+    Path.RELAY: "style=solid, color=orange",
 }
 # A pair no path joins (live: both ends report none), and a pair that fell back from its first rung.
 NO_PATH_ATTRS = 'style=bold, color=red, label="no path"'
 FELL_BACK_STYLE = "style=dashed"
 # When the two ends of a pair report different rungs, the costlier is drawn; no path costs most.
-_EDGE_COST: tuple[str, ...] = (*RUNGS, "relay")
-# The rungs WireGuard carries (a pair of leaders on one carries their locations).
-_WIREGUARD_RUNGS: frozenset[str] = frozenset({WIREGUARD_PRIVATE, "tunnel", "relay"})
+_EDGE_COST: tuple[Path, ...] = (*RUNGS, Path.RELAY)
+# The paths WireGuard carries (a pair of leaders on one carries their locations).
+_WIREGUARD_PATHS: frozenset[Path] = frozenset({Path.WIREGUARD_PRIVATE, Path.TUNNEL, Path.RELAY})
 # The words an edge's label counts its pairs in (`100 wireguard`).
-_RUNG_WORD: dict[str, str] = {"tunnel": "wireguard"}
-_LEGEND_LABELS: dict[str, str] = {
-    "tunnel": "WireGuard (tunnel)", WIREGUARD_PRIVATE: "WireGuard to the private address",
-    "direct": "direct (raw, private network)", "direct+ipip": "direct+ipip (IP-in-IP, private network)",
-    "direct+vxlan": "direct+vxlan (VXLAN, private network)",
-    "relay": "WireGuard through a relay",
+_RUNG_WORD: dict[Path, str] = {Path.TUNNEL: "wireguard"}
+_LEGEND_LABELS: dict[Path, str] = {
+    Path.TUNNEL: "WireGuard (tunnel)", Path.WIREGUARD_PRIVATE: "WireGuard to the private address",
+    Path.DIRECT: "direct (raw, private network)", Path.DIRECT_IPIP: "direct+ipip (IP-in-IP, private network)",
+    Path.DIRECT_VXLAN: "direct+vxlan (VXLAN, private network)",
+    Path.RELAY: "WireGuard through a relay",
 }
 # The legend's line samples (an HTML label draws text, not lines): by an edge's style attribute.
 _LEGEND_SAMPLE: dict[str, str] = {"solid": "\u2014\u2014\u2014", "dotted": "\u00b7 \u00b7 \u00b7 \u00b7",
@@ -146,7 +146,7 @@ class Pair:
 
     a: str
     b: str
-    rung: str | None
+    rung: Path | None
     relay: str | None = None
     leaders: bool = False
     seen: bool = False
@@ -224,12 +224,12 @@ class GraphModel:
                 **({"leader_notes": list(self.leader_notes)} if self.leader_notes else {})}
 
 
-def _cost(rung: str | None) -> int:
+def _cost(rung: Path | None) -> int:
     """A rung's place in the order of cost; None (no path) costs most."""
     return len(_EDGE_COST) if rung is None else _EDGE_COST.index(rung)
 
 
-def _costlier(a: str | None, b: str | None) -> str | None:
+def _costlier(a: Path | None, b: Path | None) -> Path | None:
     """The costlier of two rungs."""
     return a if _cost(a) >= _cost(b) else b
 
@@ -240,12 +240,12 @@ def graph_model(topo: Topology, remotes: Sequence[Remote] = ()) -> GraphModel:
     wireguard-private or relay), non-node peers on WireGuard, and the pairs on a private rung
     (a location's members, or nodes no WireGuard peer joins) on that rung; where the two ends'
     plans differ, the costlier. Another cluster's own pairs come from its own plans."""
-    rungs: dict[tuple[str, str], str] = {}
+    rungs: dict[tuple[str, str], Path] = {}
     relays: dict[tuple[str, str], str] = {}
     families: dict[tuple[str, str], str] = {}
     via: dict[str, int] = {}
 
-    def add(n: str, other: str, rung: str) -> None:
+    def add(n: str, other: str, rung: Path) -> None:
         pair = (min(n, other), max(n, other))
         old = rungs.get(pair)
         rungs[pair] = rung if old is None else (_costlier(old, rung) or rung)
@@ -259,9 +259,9 @@ def graph_model(topo: Topology, remotes: Sequence[Remote] = ()) -> GraphModel:
             plan = plan_node(t, n.name, rs)
             for peer in plan.peers:
                 other = ("peer:" + peer.name) if peer.kind == "peer" else names.get(peer.name, peer.name)
-                add(me, other, plan.paths.get(peer.name, "tunnel") if peer.kind != "peer" else "tunnel")
+                add(me, other, plan.paths.get(peer.name, Path.TUNNEL) if peer.kind != "peer" else Path.TUNNEL)
             for other, rung in plan.paths.items():
-                if rung in PRIVATE_RUNGS and rung != WIREGUARD_PRIVATE:
+                if rung in PRIVATE_RUNGS and rung != Path.WIREGUARD_PRIVATE:
                     add(me, names.get(other, other), rung)
             for other, fams in plan.family_paths.items():
                 q = names.get(other, other)
@@ -269,7 +269,7 @@ def graph_model(topo: Topology, remotes: Sequence[Remote] = ()) -> GraphModel:
             for other, (relay, _) in plan.relays.items():
                 q = names.get(other, other)
                 relays[(min(me, q), max(me, q))] = names.get(relay, relay)
-            via[me] = sum(1 for p in plan.paths.values() if p == "via-leader")
+            via[me] = sum(1 for p in plan.paths.values() if p == Path.VIA_LEADER)
 
     read(topo, remotes)
     for r in remotes:
@@ -281,8 +281,8 @@ def graph_model(topo: Topology, remotes: Sequence[Remote] = ()) -> GraphModel:
     gnodes, locs = _nodes_and_locations(all_nodes, via)
     # Location granularity: a pair of leaders of different locations carries their locations.
     lead = {n.name: (n.cluster, n.location) for n in gnodes if n.leader and topo.mesh.granularity == "location"}
-    pairs = tuple(Pair(a, b, rung, relays.get((a, b)) if rung == "relay" else None,
-                       leaders=a in lead and b in lead and lead[a] != lead[b] and rung in _WIREGUARD_RUNGS,
+    pairs = tuple(Pair(a, b, rung, relays.get((a, b)) if rung == Path.RELAY else None,
+                       leaders=a in lead and b in lead and lead[a] != lead[b] and rung in _WIREGUARD_PATHS,
                        families=families.get((a, b)))
                   for (a, b), rung in sorted(rungs.items()) if a in known and b in known)
     peers = tuple(GraphPeer(p.name, tuple(map(str, p.allowed_ips))) for p in sorted(topo.peers, key=lambda p: p.name))
@@ -338,11 +338,11 @@ def with_seen(model: GraphModel, seen: Mapping[str, NodeSeen]) -> GraphModel:
         if not reports:
             out.append(replace(pair, seen=False, fell_back=False))
             continue
-        rung: str | None = reports[0].rung
+        rung: Path | None = reports[0].rung
         for r in reports[1:]:
             rung = _costlier(rung, r.rung)
         out.append(replace(pair, rung=rung, seen=True, fell_back=any(r.fell_back for r in reports),
-                           relay=pair.relay if rung == "relay" else None))
+                           relay=pair.relay if rung == Path.RELAY else None))
     return replace(model, pairs=tuple(out), live=True)
 
 
@@ -421,7 +421,7 @@ def view(model: GraphModel, level: str | None = None, node: str | None = None, l
     return replace(v, title=v.title + note, edges=shown, hidden=hidden)
 
 
-def _edge_kind(e: Edge) -> tuple[str | None, bool, bool] | None:
+def _edge_kind(e: Edge) -> tuple[Path | None, bool, bool] | None:
     """What every pair of an edge is on (rung, fell back, leaders); None when they differ."""
     kinds = {(p.rung, p.fell_back, p.leaders) for p in e.pairs}
     return next(iter(kinds)) if len(kinds) == 1 else None
@@ -494,7 +494,7 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}{'s' if n != 1 else ''}"
 
 
-def _word(rung: str | None) -> str:
+def _word(rung: Path | None) -> str:
     return "no path" if rung is None else _RUNG_WORD.get(rung, rung)
 
 
@@ -549,7 +549,7 @@ def pair_attrs(p: Pair) -> str:
     red without a path."""
     if p.rung is None:
         return NO_PATH_ATTRS
-    attrs = EDGE_ATTRS[p.rung] + (f', label="relay via {_esc(p.relay)}"' if p.rung == "relay" and p.relay else "")
+    attrs = EDGE_ATTRS[p.rung] + (f', label="relay via {_esc(p.relay)}"' if p.rung == Path.RELAY and p.relay else "")
     if p.families:
         attrs = _legend_attrs(attrs, _esc(p.families))
     if p.fell_back:

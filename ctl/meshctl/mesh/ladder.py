@@ -13,9 +13,9 @@ from meshctl.mesh.model import (
     ENCAP_RUNGS,
     FIXED_RUNG,
     RUNGS,
-    WIREGUARD_PRIVATE,
     IPNetwork,
     Node,
+    Path,
     Rung,
     Topology,
     private_joined,
@@ -24,6 +24,15 @@ from meshctl.mesh.model import (
 
 # The encapsulated rungs, cheapest first.
 _ENCAPSULATED: tuple[Rung, ...] = tuple(r for r in RUNGS if r in ENCAP_RUNGS)
+# The ladders pair_rungs hands out as shared values (a plan asks for one per pair; an enum member's
+# lookup costs four times a module global's on Python 3.11): WireGuard over the public endpoint
+# alone; WireGuard to the private address first (only another family's private network joins the
+# pair); and each fixed mode's rung, then the tunnel.
+TUNNEL_ONLY: tuple[Rung, ...] = (Path.TUNNEL,)
+ENDPOINT_LADDER: tuple[Rung, ...] = (Path.WIREGUARD_PRIVATE, Path.TUNNEL)
+_FIXED_LADDER: dict[str, tuple[Rung, ...]] = {mode: (rung, Path.TUNNEL) for mode, rung in FIXED_RUNG.items()}
+# The fixed modes that use their rung between private neighbours only.
+_NEIGHBOUR_MODES = ("direct", Path.WIREGUARD_PRIVATE.value, "wireguard")
 
 
 def pair_rungs(mesh_intra: str, granularity: str, private_networks: tuple[IPNetwork, ...], me: Node, r: Node,
@@ -39,19 +48,19 @@ def pair_rungs(mesh_intra: str, granularity: str, private_networks: tuple[IPNetw
     pod's family); `wireguard-private` is an endpoint, so a pair joined in either family may use
     it for both (`cross_family`; False asks whether the family's own network joins the pair)."""
     same_loc_ok = granularity == "full" or me.location == r.location
-    if mesh_intra in ("direct", WIREGUARD_PRIVATE, "wireguard"):
+    if mesh_intra in _NEIGHBOUR_MODES:
         if mesh_intra == "wireguard" or not same_loc_ok:
-            return ("tunnel",)
+            return TUNNEL_ONLY
         fam = family if mesh_intra == "direct" or not cross_family else None
-        return (FIXED_RUNG[mesh_intra], "tunnel") if private_neighbours(me, r, fam) else ("tunnel",)
+        return _FIXED_LADDER[mesh_intra] if private_neighbours(me, r, fam) else TUNNEL_ONLY
     if not same_loc_ok:
-        return ("tunnel",)
+        return TUNNEL_ONLY
     if not private_joined(me, r, private_networks, family):
         # Only another family's private network may join the pair: its endpoint, not this family's path.
         other = family is not None and mesh_intra == "auto" and cross_family and private_joined(me, r, private_networks)
-        return (WIREGUARD_PRIVATE, "tunnel") if other else ("tunnel",)
+        return ENDPOINT_LADDER if other else TUNNEL_ONLY
     if mesh_intra != "auto":
-        return (FIXED_RUNG[mesh_intra], "tunnel")
+        return _FIXED_LADDER[mesh_intra]
     return RUNGS if private_neighbours(me, r, family) else RUNGS[1:]  # `direct` only between neighbours
 
 
@@ -63,26 +72,27 @@ def member_rungs(mesh_intra: str, me: Node, m: Node, family: int | None = None) 
     if mesh_intra in ENCAP_KINDS:
         return (FIXED_RUNG[mesh_intra],)
     if mesh_intra == "auto":
-        first: tuple[Rung, ...] = ("direct",) if private_neighbours(me, m, family) else ()
+        first: tuple[Rung, ...] = (Path.DIRECT,) if private_neighbours(me, m, family) else ()
         return (*first, *_ENCAPSULATED)
-    return ("direct",)
+    return (Path.DIRECT,)
 
 
-def cheapest(rungs: Iterable[str]) -> str:
+def cheapest(rungs: Iterable[Rung]) -> Rung:
     """The cheapest of a pair's per-family rungs (the one `paths` names: the private path the pair
     uses at all, which the prober keeps probing and the graph draws)."""
-    return min(rungs, key=lambda r: RUNGS.index(r) if r in RUNGS else len(RUNGS))
+    return min(rungs, key=RUNGS.index)
 
 
 def choose_rung(rungs: Sequence[Rung], working: frozenset[str] | None) -> Rung:
     """The cheapest rung that delivers (`working`: the probed private rungs; None: all of them).
-    `tunnel` always delivers; a ladder without it falls back to its first rung."""
+    `tunnel` (a ladder's last rung, when it has it) always delivers; a ladder without it falls
+    back to its first rung."""
     if working is None:
         return rungs[0]
     for rung in rungs:
-        if rung == "tunnel" or rung in working:
+        if rung in working:
             return rung
-    return rungs[0]
+    return rungs[-1] if rungs[-1] == Path.TUNNEL else rungs[0]
 
 
 def probe_ladders(topo: Topology, name: str) -> dict[str, tuple[Rung, ...]]:
@@ -102,6 +112,6 @@ def probe_ladders(topo: Topology, name: str) -> dict[str, tuple[Rung, ...]]:
             ladder = member_rungs(mesh.intra_subnet, me, r)
         else:
             ladder = pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, me, r)
-        if any(rung != "tunnel" for rung in ladder):
+        if any(rung != Path.TUNNEL for rung in ladder):
             out[r.qualified_name] = ladder
     return out

@@ -13,7 +13,10 @@ import ipaddress
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from enum import StrEnum
+from typing import Any, Literal
+
+from meshctl.errors import MeshError
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
@@ -28,24 +31,57 @@ WireGuardAddressing = Literal["index", "stable"]
 WIREGUARD_ADDRESSINGS: tuple[str, ...] = ("index", "stable")
 DEFAULT_INTRA_SUBNET: IntraSubnet = "auto"
 
-# The path ladder between two nodes, cheapest first (docs/mesh.md, "The path ladder"). The private
-# rungs are probed under `intra_subnet: auto`; `tunnel` (WireGuard over the public endpoint) is the
-# last resort and always assumed to work.
-Rung = Literal["direct", "direct+ipip", "direct+vxlan", "wireguard-private", "tunnel"]
-# WireGuard to a peer's private address: the rung, and the intra_subnet mode that pins a pair to it
-# (the one spelling of the name outside the two Literal types).
-WIREGUARD_PRIVATE: Final = "wireguard-private"
-RUNGS: tuple[Rung, ...] = ("direct", "direct+ipip", "direct+vxlan", WIREGUARD_PRIVATE, "tunnel")
+class Path(StrEnum):
+    """What a pair does, as `NodePlan.paths` names it, from one node towards another: a rung of
+    the path ladder, or one of the ways a pair travels that is no rung of its own. A str: JSON,
+    tables and metric labels carry its value, the words operators' scripts read."""
+
+    # The path ladder between two nodes, cheapest first (docs/mesh.md, "The path ladder"): the
+    # rungs (`Rung`). The private ones are probed under `intra_subnet: auto`; `tunnel` (WireGuard
+    # over the public endpoint) is the last resort and always assumed to work.
+    DIRECT = "direct"
+    DIRECT_IPIP = "direct+ipip"
+    DIRECT_VXLAN = "direct+vxlan"
+    # WireGuard to a peer's private address: the rung, and the intra_subnet mode that pins a pair
+    # to it (the one spelling of the name outside the IntraSubnet Literal).
+    WIREGUARD_PRIVATE = "wireguard-private"
+    TUNNEL = "tunnel"
+    # The node itself.
+    LOCAL = "local"
+    # A location member's traffic to other locations: through its leader (location granularity).
+    VIA_LEADER = "via-leader"
+    # WireGuard through a third node that relays for a pair that cannot reach each other.
+    RELAY = "relay"
+    # `--cni flannel`: flannel carries the pair's pod traffic (mesh/flannel.py).
+    FLANNEL = "flannel"
+    # No path: a node the plan does not reach (a node row's path, `lab check`'s measured path).
+    NONE = "none"
+
+
+def path_of(text: object, where: str) -> Path:
+    """The Path `text` names (a status or a summary another process wrote); a MeshError naming
+    `where` and the value when it names none."""
+    if isinstance(text, str):
+        try:
+            return Path(text)
+        except ValueError:
+            pass
+    raise MeshError(f"{where}: {text!r} is not a path (one of {', '.join(Path)})")
+
+
+# A rung of the path ladder: the Path members a pair's ladder holds (mesh/ladder.py).
+Rung = Literal[Path.DIRECT, Path.DIRECT_IPIP, Path.DIRECT_VXLAN, Path.WIREGUARD_PRIVATE, Path.TUNNEL]
+RUNGS: tuple[Rung, ...] = (Path.DIRECT, Path.DIRECT_IPIP, Path.DIRECT_VXLAN, Path.WIREGUARD_PRIVATE, Path.TUNNEL)
 PRIVATE_RUNGS: tuple[Rung, ...] = RUNGS[:-1]
 # The encapsulations of the private network, the one table of them: each kind is carried by one
 # rung (rung -> kind) and is also the fixed intra_subnet mode that pins a pair to that rung. The
 # fast path's map codes of the kinds (datapath/layout.py) are keyed by this table.
 EncapKind = Literal["vxlan", "ipip"]
-ENCAP_RUNGS: dict[Rung, EncapKind] = {"direct+vxlan": "vxlan", "direct+ipip": "ipip"}
+ENCAP_RUNGS: dict[Rung, EncapKind] = {Path.DIRECT_VXLAN: "vxlan", Path.DIRECT_IPIP: "ipip"}
 ENCAP_KINDS: tuple[EncapKind, ...] = tuple(ENCAP_RUNGS.values())
 # What a fixed intra_subnet mode pins an eligible private pair to (auto: the ladder).
-FIXED_RUNG: dict[str, Rung] = {"direct": "direct", **{kind: rung for rung, kind in ENCAP_RUNGS.items()},
-                               WIREGUARD_PRIVATE: WIREGUARD_PRIVATE, "wireguard": "tunnel"}
+FIXED_RUNG: dict[str, Rung] = {"direct": Path.DIRECT, **{kind: rung for rung, kind in ENCAP_RUNGS.items()},
+                               Path.WIREGUARD_PRIVATE.value: Path.WIREGUARD_PRIVATE, "wireguard": Path.TUNNEL}
 INTRA_SUBNET_MODES: tuple[str, ...] = ("auto", *FIXED_RUNG)
 # Probe results as the plan reads them: peer (qualified name) -> the private rungs that deliver.
 # A peer the mapping does not name is assumed to deliver on every rung (offline plans).

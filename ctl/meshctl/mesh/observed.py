@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshctl.errors import InputError, MeshError
+from meshctl.mesh.model import Path, path_of
 
 MAX_PEERS = 5000  # peers in one node's summary: the largest mesh the project serves
 MAX_SEEN_BYTES = 1 << 20  # a summary's JSON: MAX_PEERS peers fit with room; a larger one is refused unread
@@ -26,11 +27,12 @@ JSON = dict[str, Any]
 
 @dataclass(frozen=True)
 class PeerSeen:
-    """One peer as a node sees it. `rung` None: no path works now; `first` the rung the node's
-    ladder for this peer starts at (None when unknown); `loss` a fraction of the last probe window."""
+    """One peer as a node sees it. `rung` None: no path works now (else the pair's Path: a rung,
+    via-leader, relay...); `first` the rung the node's ladder for this peer starts at (None when
+    unknown); `loss` a fraction of the last probe window."""
 
-    rung: str | None
-    first: str | None = None
+    rung: Path | None
+    first: Path | None = None
     rtt_ms: float | None = None
     loss: float | None = None
     handshake_age_s: float | None = None
@@ -52,7 +54,7 @@ class PeerSeen:
     def from_json(cls, d: object, where: str = "peer") -> PeerSeen:
         if not isinstance(d, dict):
             raise MeshError(f"{where}: a summary's peer must be an object, not {d!r}")
-        return cls(_opt_str(d, "rung", where), _opt_str(d, "first", where), _opt_num(d, "rtt_ms", where),
+        return cls(_opt_path(d, "rung", where), _opt_path(d, "first", where), _opt_num(d, "rtt_ms", where),
                    _opt_num(d, "loss", where, upper=1.0), _opt_num(d, "handshake_age_s", where))
 
 
@@ -108,6 +110,11 @@ def _opt_str(d: Mapping[str, object], key: str, where: str) -> str | None:
     if not isinstance(v, str) or len(v) > MAX_NAME:
         raise MeshError(f"{where}: {key} must be a short string, not {v!r}")
     return v
+
+
+def _opt_path(d: Mapping[str, object], key: str, where: str) -> Path | None:
+    v = d.get(key)
+    return None if v is None else path_of(v, f"{where}: {key}")
 
 
 def _opt_num(d: Mapping[str, object], key: str, where: str, upper: float | None = None) -> float | None:

@@ -20,13 +20,12 @@ from operator import itemgetter
 from typing import Literal, NamedTuple
 
 from meshctl.errors import InputError
-from meshctl.mesh.flannel import FLANNEL_PATH, carried
-from meshctl.mesh.ladder import cheapest, choose_rung, member_rungs, pair_rungs
+from meshctl.mesh.flannel import carried
+from meshctl.mesh.ladder import ENDPOINT_LADDER, TUNNEL_ONLY, cheapest, choose_rung, member_rungs, pair_rungs
 from meshctl.mesh.memo import SameObject, UsedMemo
 from meshctl.mesh.model import (
     ENCAP_RUNGS,
     FAMILIES,
-    WIREGUARD_PRIVATE,
     EncapKind,
     Endpoint,
     Granularity,
@@ -36,6 +35,7 @@ from meshctl.mesh.model import (
     KeyRef,
     MeshSettings,
     Node,
+    Path,
     PathState,
     Peer,
     Rung,
@@ -86,8 +86,8 @@ class Encap:
 @dataclass(frozen=True, slots=True)
 class Route:
     """A route the route applier installs. Encapsulated rungs have none: their pod CIDR's
-    fast-path entry carries the encapsulation (the eBPF program, or the tunnel devices of the
-    kernel fallback, node/tunnels.py, carry it)."""
+    fast-path entry carries the encapsulation (the eBPF program, or the encapsulation devices
+    of the kernel fallback, node/encap.py, carry it)."""
 
     dst: IPNetwork
     via: IPAddress | None
@@ -115,6 +115,10 @@ class FastPathEntry:
         return self.action if self.encap is None else f"{self.action}+{self.encap.kind}"
 
 
+# The rung of each pod family of a pair whose families take different rungs: ((IP version, rung), ...).
+FamilyRungs = tuple[tuple[int, Rung], ...]
+
+
 @dataclass(frozen=True)
 class NodePlan:
     node: str
@@ -124,9 +128,9 @@ class NodePlan:
     peers: tuple[PeerPlan, ...]
     routes: tuple[Route, ...]
     fastpath: tuple[FastPathEntry, ...]
-    # How this node reaches every other node: qualified name -> local, via-leader, relay or a rung
-    # of the path ladder (direct, direct+ipip, direct+vxlan, wireguard-private, tunnel).
-    paths: dict[str, str] = field(default_factory=dict, compare=False)
+    # How this node reaches every node, itself included: qualified name -> its Path (local,
+    # via-leader, relay, flannel or a rung of the path ladder).
+    paths: dict[str, Path] = field(default_factory=dict, compare=False)
     # Nodes reached through a relay: qualified name -> (the relaying node, why).
     relays: dict[str, tuple[str, str]] = field(default_factory=dict, compare=False)
     # The segment's WireGuard addresses, one per WireGuard subnet of the mesh (`wireguard_ip` the
@@ -134,7 +138,7 @@ class NodePlan:
     wireguard_ips: tuple[IPInterface, ...] = ()
     # Pairs whose pod families take different rungs (the v6 private network shared, the v4 one
     # not): qualified name -> ((IP version, rung), ...); `paths` names the cheapest of them.
-    family_paths: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict, compare=False)
+    family_paths: dict[str, FamilyRungs] = field(default_factory=dict, compare=False)
     # Every leader of the node's location when it has several (mesh.leaders_per_location; `leader`
     # the first); empty when it has one.
     leaders: tuple[str, ...] = ()
@@ -144,10 +148,10 @@ class NodePlan:
     global_cidrs: tuple[tuple[IPNetwork, IPNetwork], ...] = ()
     # `--cni flannel`: the nodes flannel carries (path `flannel`), each with the rung the plan
     # would take to it without flannel (the probes' memory of a pair is of rungs: `rung_paths`).
-    handed_over: dict[str, str] = field(default_factory=dict, compare=False)
+    handed_over: dict[str, Path] = field(default_factory=dict, compare=False)
 
     @property
-    def rung_paths(self) -> dict[str, str]:
+    def rung_paths(self) -> dict[str, Path]:
         """`paths` with each node flannel carries named by the rung the plan would take to it."""
         return {**self.paths, **self.handed_over} if self.handed_over else self.paths
 
@@ -167,6 +171,8 @@ SortKey = int
 # The first claim on each destination, by the destination's sort key (an int hashes at C speed, a
 # network through ipaddress's `__hash__` in Python; a cold plan at 50,000 nodes asks 250,000 times).
 Claimed = dict[SortKey, Claim]
+# The rungs WireGuard carries: a pod CIDR on one is routed into WireGuard, not claimed privately.
+_WIREGUARD_RUNGS: tuple[Rung, ...] = (Path.TUNNEL, Path.WIREGUARD_PRIVATE)
 # A WireGuard peer, and the address of its endpoint when `_no_loops` must check it.
 OfferedPeer = tuple[PeerPlan, IPAddress | None]
 
@@ -180,9 +186,9 @@ class Share(NamedTuple):
 
     peers: tuple[OfferedPeer, ...] = ()
     claims: tuple[Claim, ...] = ()
-    paths: tuple[tuple[str, str], ...] = ()
+    paths: tuple[tuple[str, Path], ...] = ()
     relays: tuple[tuple[str, tuple[str, str]], ...] = ()
-    family_paths: tuple[tuple[str, tuple[tuple[int, str], ...]], ...] = ()
+    family_paths: tuple[tuple[str, FamilyRungs], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -235,7 +241,7 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
     if granularity is not None and granularity != topo.mesh.granularity:
         topo = replace(topo, mesh=replace(topo.mesh, granularity=granularity))
     seat = _seat(topo, name, path_state or {})
-    own = [Share(paths=((seat.me.qualified_name, "local"),)), *_own_cluster(seat), _extra_peers(seat, topo.peers)]
+    own = [Share(paths=((seat.me.qualified_name, Path.LOCAL),)), *_own_cluster(seat), _extra_peers(seat, topo.peers)]
     cache = cache or PlanCache()
     blocks = _remote_blocks(seat, remotes, cache)
     cache.plan_done()
@@ -281,7 +287,7 @@ def _hand_over(plan: NodePlan, topo: Topology) -> NodePlan:
         routes=tuple(r for r in plan.routes if r.dst not in pods),
         fastpath=tuple(e for e in plan.fastpath
                        if e.prefix not in pods or (e.action == "direct" and e.encap is None)),
-        paths={k: (FLANNEL_PATH if k in qualified else v) for k, v in plan.paths.items()},
+        paths={k: (Path.FLANNEL if k in qualified else v) for k, v in plan.paths.items()},
         handed_over={k: v for k, v in plan.paths.items() if k in qualified},
     )
 
@@ -321,7 +327,7 @@ def _own_cluster(seat: _Seat) -> list[Share]:
     return [_pair(seat, s) for s in seat.segs if s.leader.name != seat.me.name]
 
 
-def _merge(shares: Sequence[Share]) -> tuple[list[PeerPlan], Claimed, dict[str, str], dict[str, tuple[str, str]]]:
+def _merge(shares: Sequence[Share]) -> tuple[list[PeerPlan], Claimed, dict[str, Path], dict[str, tuple[str, str]]]:
     """The shares joined in order: peers as they come; for each destination the first claim (a
     route, or an encapsulation) wins, which is deterministic because every role walks nodes and
     segments in sorted order; a later path for a node replaces an earlier one. Peers whose
@@ -404,10 +410,11 @@ def _relayed(seat: _Seat, s: Segment, kind: PeerKind, dsts: Iterable[IPNetwork])
     attempt), `dsts` routed to the relay's WireGuard IP, and s's members named as relayed."""
     via, reason = seat.relayed[s.key]
     r = seat.far(s)
+    relay = Path.RELAY  # a local: read per member (an enum lookup is slow)
     peer = _peer(r.qualified_name, kind, r.public_key, seat.view.endpoint(r, seat.me.families), s.hosts,
                  seat.keepalive, roaming=_roams(r), discovered=seat.view.discovered(r))
     return Share(peers=(peer,), claims=_into_wireguard(dsts, via),
-                 paths=tuple((m.qualified_name, "relay") for m in s.members),
+                 paths=tuple([(m.qualified_name, relay) for m in s.members]),
                  relays=tuple((m.qualified_name, (via.leader.qualified_name, reason)) for m in s.members))
 
 
@@ -418,7 +425,7 @@ def _member_rung(seat: _Seat, m: Node, family: int | None = None) -> Rung:
     return choose_rung(member_rungs(seat.mesh.intra_subnet, seat.me, m, family), seat.state.get(m.qualified_name))
 
 
-def _split(name: str, rungs: dict[int, Rung]) -> tuple[tuple[str, tuple[tuple[int, str], ...]], ...]:
+def _split(name: str, rungs: dict[int, Rung]) -> tuple[tuple[str, FamilyRungs], ...]:
     """The family_paths entry of a pair whose families take different rungs (none otherwise)."""
     return ((name, tuple(sorted(rungs.items()))),) if len(set(rungs.values())) > 1 else ()
 
@@ -427,8 +434,8 @@ def _location_members(seat: _Seat) -> Share:
     """Every node of a location, leader or not: the other members' pod CIDRs over the private
     network, each family's on the rung of its pair's ladder in that family."""
     claims: list[Claim] = []
-    paths: list[tuple[str, str]] = []
-    split: list[tuple[str, tuple[tuple[int, str], ...]]] = []
+    paths: list[tuple[str, Path]] = []
+    split: list[tuple[str, FamilyRungs]] = []
     for m in seat.my_seg.members:
         if m.name != seat.me.name and m.internal_ips:
             rungs = {f: _member_rung(seat, m, f) for f in m.pod_families}
@@ -453,7 +460,7 @@ def _location_member(seat: _Seat, segs: Sequence[Segment] | None = None) -> Shar
     def rung(gw: Node, dst: IPNetwork) -> Rung:
         per = rungs.get(gw.name)
         if per is None:
-            per = rungs[gw.name] = {f: _member_rung(seat, gw, f) if gw.internal_ips else "direct" for f in FAMILIES}
+            per = rungs[gw.name] = {f: _member_rung(seat, gw, f) if gw.internal_ips else Path.DIRECT for f in FAMILIES}
         return per[dst.version]
 
     wanted = {s.key for s in segs}
@@ -463,20 +470,21 @@ def _location_member(seat: _Seat, segs: Sequence[Segment] | None = None) -> Shar
         if (own and not seat.leads) or s.key in wanted:
             gw = seat.my_seg.leader if own else seat.near(s)
             claims.extend(_to_leader(seat, gw, rung(gw, dst), dst, False) for dst in s.hosts)
-    paths: list[tuple[str, str]] = []
+    paths: list[tuple[str, Path]] = []
+    via_leader = Path.VIA_LEADER  # a local: read per member (an enum lookup is slow)
     for s in segs:
         gw = seat.near(s)
         pods = {c for m in s.members for c in m.pod_cidrs}
         claims.extend(_to_leader(seat, gw, rung(gw, dst), dst, dst in pods)
                       for dst in segment_addresses(s.members, None, None))
-        paths.extend((m.qualified_name, "via-leader") for m in s.members)
+        paths.extend([(m.qualified_name, via_leader) for m in s.members])
     return Share(claims=tuple(claims), paths=tuple(paths))
 
 
 def _to_leader(seat: _Seat, gw: Node, rung: Rung, dst: IPNetwork, pod: bool) -> Claim:
-    """`dst` from a member to leader `gw`: a pod CIDR on the member's rung to it, anything else
-    (and everything on a direct rung) routed to its private address."""
-    if rung == "direct" or not pod or not seat.me.internal_ips:
+    """`dst` from a member to leader `gw`: a pod CIDR on the member's encapsulated rung to it,
+    anything else (and everything on a direct rung) routed to its private address."""
+    if rung not in ENCAP_RUNGS or not pod or not seat.me.internal_ips:
         hop = seat.to_leader(dst) if gw is seat.my_seg.leader else \
             _of_family((i.ip for i in gw.internal_ips), dst.version, gw.internal_ip.ip if gw.internal_ip else None)
         return dst, Route(dst, hop, "private")
@@ -490,6 +498,7 @@ def _location_leader(seat: _Seat, segs: Sequence[Segment] | None = None) -> list
     and what it relays for others, with those addresses routed into WireGuard; or, for a segment
     reached through a relay, the relayed share. None: every other segment."""
     out: list[Share] = []
+    tunnel = Path.TUNNEL  # a local: read per member (an enum lookup is slow)
     for s in segs if segs is not None else [s for s in seat.segs if s is not seat.my_seg]:
         addrs = segment_addresses(s.members, None, None)
         if s.key in seat.relayed:
@@ -500,7 +509,7 @@ def _location_leader(seat: _Seat, segs: Sequence[Segment] | None = None) -> list
                      addrs + s.hosts + seat.extra.get(s.key, []), seat.keepalive,
                      roaming=_roams(r), discovered=seat.view.discovered(r))
         out.append(Share(peers=(peer,), claims=_into_wireguard(addrs, s),
-                         paths=tuple((m.qualified_name, "tunnel") for m in s.members)))
+                         paths=tuple([(m.qualified_name, tunnel) for m in s.members])))
     return out
 
 
@@ -519,7 +528,7 @@ def _pair(seat: _Seat, s: Segment) -> Share:
     path = ((r.qualified_name, cheapest(rungs.values())),)
     split = _split(r.qualified_name, rungs)
     private = tuple(_private_claim(c, me, r, rungs[c.version]) for c in r.pod_cidrs
-                    if rungs[c.version] not in ("tunnel", WIREGUARD_PRIVATE))
+                    if rungs[c.version] not in _WIREGUARD_RUNGS)
     if mesh.intra_subnet != "auto" and len(private) == len(r.pod_cidrs):
         return Share(claims=private, paths=path, family_paths=split)  # fixed private rungs carry everything: no peer
     dsts = _pair_destinations(seat, r, ladders)
@@ -543,10 +552,10 @@ def _pair_destinations(seat: _Seat, r: Node, ladders: dict[int, tuple[Rung, ...]
     dsts = list(r.pod_cidrs)
     for i in r.internal_ips:
         ladder = ladders.get(i.version)
-        if ladder is None or ladder == (WIREGUARD_PRIVATE, "tunnel"):
+        if ladder is None or ladder == ENDPOINT_LADDER:
             ladder = pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, me, r, i.version,
                                 cross_family=False)
-        if ladder == ("tunnel",) and not private_neighbours(me, r, i.version):
+        if ladder == TUNNEL_ONLY and not private_neighbours(me, r, i.version):
             dsts.append(host_net(i))
     dsts.extend(r.allowed_location_ips)
     return dsts
@@ -559,10 +568,10 @@ def _pair_endpoint(seat: _Seat, r: Node, rungs: dict[int, Rung], ladders: dict[i
     time and the other still accepts what arrives (make-before-break); else where the records
     say r is reached, in a family `me` speaks. The private address is r's first one of a family
     whose private network joins the pair."""
-    mesh = seat.mesh
-    standby = mesh.intra_subnet == "auto" and any(WIREGUARD_PRIVATE in ladder for ladder in ladders.values()) and (
-        working is None or WIREGUARD_PRIVATE in working)
-    if WIREGUARD_PRIVATE not in rungs.values() and not standby:
+    mesh, private = seat.mesh, Path.WIREGUARD_PRIVATE
+    standby = mesh.intra_subnet == "auto" and any(private in ladder for ladder in ladders.values()) and (
+        working is None or private in working)
+    if private not in rungs.values() and not standby:
         return seat.view.endpoint(r, seat.me.families)
     fixed = mesh.intra_subnet != "auto"
     joined = next((i for i in r.internal_ips
@@ -641,7 +650,7 @@ def _no_peer(mesh: MeshSettings, a: Node, b: Node) -> bool:
     vxlan) carries their pair in every family of either's pod CIDRs (`_pair`), so it is never
     relayed and neither relays for the other. Symmetric in a and b (pair_rungs is)."""
     return mesh.granularity != "location" and mesh.intra_subnet in _PEERLESS_MODES and \
-        all(pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, a, b, f)[0] != "tunnel"
+        all(pair_rungs(mesh.intra_subnet, mesh.granularity, mesh.private_networks, a, b, f)[0] != Path.TUNNEL
             for f in {*a.pod_families, *b.pod_families})
 
 
@@ -716,7 +725,7 @@ class _Block(NamedTuple):
     routes: list[tuple[SortKey, Route]]
     fastpath: list[tuple[SortKey, FastPathEntry]]
     peers: tuple[OfferedPeer, ...]
-    paths: dict[str, str]
+    paths: dict[str, Path]
     relays: dict[str, tuple[str, str]]
 
 
@@ -782,7 +791,7 @@ def _remote_blocks(seat: _Seat, remotes: Sequence[Remote], cache: PlanCache) -> 
 
 
 def _merge_blocks(me: Node, topo: Topology, own: Sequence[Share], blocks: Sequence[_Block]
-                  ) -> tuple[list[PeerPlan], tuple[Route, ...], tuple[FastPathEntry, ...], dict[str, str],
+                  ) -> tuple[list[PeerPlan], tuple[Route, ...], tuple[FastPathEntry, ...], dict[str, Path],
                              dict[str, tuple[str, str]]] | None:
     """The plan's peers, routes, fast path, paths and relays from this cluster's shares and the
     remote blocks, the same as `_merge` over all their shares would give, as long as no
@@ -823,21 +832,23 @@ def _segment_share(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, memb
     rest is one WireGuard peer reached at the segment's leader (a member routes it to its own
     leader)."""
     claims: list[Claim] = []
-    paths: list[tuple[str, str]] = []
-    split: list[tuple[str, tuple[tuple[int, str], ...]]] = []
+    paths: list[tuple[str, Path]] = []
+    split: list[tuple[str, FamilyRungs]] = []
     rest = []
     # me's private subnets: a member with no address in them is no private neighbour in any family.
     near = key_ranges(i.network for i in me.internal_ips)
     any_near = False
+    direct: Rung = Path.DIRECT  # locals: read per member
+    tunnel: Rung = Path.TUNNEL
     for m in members:
         if not any(lo <= k <= hi for k in m.internal_keys for lo, hi in near):
             rest.append(m)  # no address in me's private subnets: never a neighbour, every family tunnels
             continue
         any_near = True
-        rungs: dict[int, Rung] = {f: "direct" if private_neighbours(me, m, f) else "tunnel" for f in m.pod_families}
-        claims.extend(_private_claim(c, me, m, "direct") for c in m.pod_cidrs if rungs[c.version] == "direct")
-        if all(r == "direct" for r in rungs.values()):
-            paths.append((m.qualified_name, "direct"))
+        rungs: dict[int, Rung] = {f: direct if private_neighbours(me, m, f) else tunnel for f in m.pod_families}
+        claims.extend(_private_claim(c, me, m, direct) for c in m.pod_cidrs if rungs[c.version] == direct)
+        if all(r == direct for r in rungs.values()):
+            paths.append((m.qualified_name, direct))
             continue
         rest.append(m)
         split.extend(_split(m.qualified_name, rungs))
@@ -857,7 +868,8 @@ def _segment_share(me: Node, wg_ips: tuple[IPInterface, ...], leader: Node, memb
     else:
         hop = {f: _of_family(leader_ips, f, leader_ips[0] if leader_ips else None) for f in FAMILIES}
         claims.extend((d, Route(d, hop[d.version], "private")) for d in [*wgs, *addrs])
-    paths += [(m.qualified_name, "tunnel" if leads else "via-leader") for m in rest]
+    way = tunnel if leads else Path.VIA_LEADER
+    paths += [(m.qualified_name, way) for m in rest]
     return Share(peers=peers, claims=tuple(claims), paths=tuple(paths), family_paths=tuple(split))
 
 

@@ -15,11 +15,13 @@ from meshctl.mesh.model import (
     IPNetwork,
     KeyRef,
     Node,
+    Path,
     Peer,
     Topology,
+    path_of,
     sort_key_net,
 )
-from meshctl.mesh.plan import Encap, FastPathEntry, NodePlan, PeerPlan, Route
+from meshctl.mesh.plan import Encap, FamilyRungs, FastPathEntry, NodePlan, PeerPlan, Route
 from meshctl.mesh.segments import Remote, Segment, segment_addresses, segments, static_leaders
 
 
@@ -291,7 +293,7 @@ DUAL_KEYS = ("internal_ips", "endpoints", "wireguard_ips", "family_paths", "glob
 
 
 def dual_keys(internal_ips: Sequence[object], endpoints: Sequence[object], wireguard_ips: Sequence[object],
-              family_paths: Sequence[tuple[int, str]] | None) -> dict[str, Any]:
+              family_paths: FamilyRungs | None) -> dict[str, Any]:
     """A node row's keys of a dual-stack node, each only where it holds more than the one-address
     key beside it says (`internal_ip` etc. keep the first address: readers of one address go on):
     `internal_ips`, `endpoints`, `wireguard_ips` (lists) and `family_paths` ({"IPv4": rung, ...})."""
@@ -309,7 +311,7 @@ def node_list(topo: Topology, remotes: Sequence[Remote], plan: NodePlan, *, fast
     (with the relaying node and why, for path `relay`); with `fastpath`, the plan's fast-path
     entries for its pod CIDRs (the agent's node list)."""
     rows: list[NodeRow] = []
-    relays = plan.relays
+    relays, paths, none = plan.relays, plan.paths, Path.NONE
     entries = fastpath_rows(plan.fastpath) if fastpath else {}
 
     def add(nodes: Sequence[Node], segs: Sequence[Segment], source: str, cluster: str, count: int,
@@ -323,7 +325,7 @@ def node_list(topo: Topology, remotes: Sequence[Remote], plan: NodePlan, *, fast
             q = n.qualified_name
             rows.append(NodeRow(
                 q, cluster, source, n.location, str(n.internal_ip) if n.internal_ip else None,
-                str(n.endpoint) if n.endpoint else None, pods, str(wgs[0]) if wgs else None, plan.paths.get(q, "none"),
+                str(n.endpoint) if n.endpoint else None, pods, str(wgs[0]) if wgs else None, paths.get(q, none),
                 relays[q][0] if q in relays else None, relays[q][1] if q in relays else None,
                 tuple(entries[c] for c in pods if c in entries),
                 {**dual_keys(n.internal_ips, n.endpoints, wgs, plan.family_paths.get(q)), **ranges}, leads.get(n.name)))
@@ -410,7 +412,7 @@ class NodeRow:
     endpoint: str | None
     pod_cidrs: tuple[str, ...]
     wireguard_ip: str | None
-    path: str
+    path: Path
     relay: str | None
     relay_reason: str | None
     fastpath: tuple[FastPathRow, ...] = ()
@@ -447,7 +449,8 @@ class NodeRow:
             fastpath = tuple(FastPathRow.from_json(e) for e in entries if isinstance(e, dict))
         return cls(str(d.get("name", "")), str(d.get("cluster", "")), str(d.get("source", "")),
                    str(d.get("location") or ""), d.get("internal_ip"), d.get("endpoint"), pods,
-                   d.get("wireguard_ip"), str(d.get("path", "none")), d.get("relay"), d.get("relay_reason"),
+                   d.get("wireguard_ip"), path_of(d.get("path", Path.NONE), f"node {d.get('name')}: path"),
+                   d.get("relay"), d.get("relay_reason"),
                    fastpath, {k: d[k] for k in DUAL_KEYS if k in d}, d.get("lead"))
 
 

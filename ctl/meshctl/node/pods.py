@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 from meshctl.mesh.model import IPNetwork
 from meshctl.node.discovery import host_routes, routes_changed_outside
+from meshctl.node.encap import RT_PROTO_ENCAP
 from meshctl.node.routes import RT_PROTO
 from meshctl.node.rtnl import NETLINK_ROUTE
-from meshctl.node.tunnels import RT_PROTO_TUNNEL
 
 log = logging.getLogger("meshctl.pods")
 
@@ -42,9 +42,9 @@ SETTLE_S = 0.02
 RESCAN_S = 5.0
 # RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_IFADDR | RTMGRP_IPV6_ROUTE
 _GROUPS = 0x1 | 0x10 | 0x40 | 0x100 | 0x400
-# The protocols of the agent's own routes (node/routes.py, node/tunnels.py): never a pod's route,
+# The protocols of the agent's own routes (node/routes.py, node/encap.py): never a pod's route,
 # and written by the ten thousand when a remote cluster renumbers.
-MESH_PROTOS = frozenset({RT_PROTO, RT_PROTO_TUNNEL})
+MESH_PROTOS = frozenset({RT_PROTO, RT_PROTO_ENCAP})
 
 
 @dataclass(frozen=True)

@@ -252,11 +252,11 @@ class Target:
     ladder: tuple[Rung, ...]
 
 
-def rung_bits(rungs: Iterable[str]) -> int:
+def rung_bits(rungs: Iterable[Rung]) -> int:
     return sum(1 << i for i, r in enumerate(RUNGS) if r in rungs)
 
 
-def bits_rungs(bits: int) -> frozenset[str]:
+def bits_rungs(bits: int) -> frozenset[Rung]:
     return frozenset(r for i, r in enumerate(RUNGS) if bits & (1 << i))
 
 
@@ -321,7 +321,7 @@ class Prober:
     `on_change` is called (from the prober thread) when it changed."""
 
     def __init__(self, private_if: str, internal: IPAddr, probe_ip: IPAddr,
-                 local_rungs: Iterable[str], on_change: Callable[[], None] = lambda: None,
+                 local_rungs: Iterable[Rung], on_change: Callable[[], None] = lambda: None,
                  tuning: ProbeTuning | None = None, port: int = PROBE_PORT) -> None:
         self.private_if = private_if
         self.internal = internal
@@ -418,7 +418,7 @@ class Prober:
             self._tally = {k: v for k, v in self._tally.items() if k[0] in self._targets}
         os.write(self._wake_w, b"x")
 
-    def set_local_rungs(self, rungs: Iterable[str]) -> None:
+    def set_local_rungs(self, rungs: Iterable[Rung]) -> None:
         """What this node can send and receive (the datapath may gain encapsulations later)."""
         with self._lock:
             self.chooser.local_rungs = frozenset(rungs)
@@ -597,7 +597,7 @@ class Prober:
 
     # --- packets ------------------------------------------------------------------------------
 
-    def _payload(self, kind: str, typ: int, seq: int, nonce: int, t_ns: int, choice: str | None) -> bytes:
+    def _payload(self, kind: str, typ: int, seq: int, nonce: int, t_ns: int, choice: Rung | None) -> bytes:
         version = VERSION6 if self.underlay == 6 else VERSION
         return PAYLOADS[version].pack(MAGIC, version, typ, PROBE_KINDS.index(kind), 0, seq, nonce, t_ns,
                                       self.internal.packed, rung_bits(self.chooser.local_rungs),

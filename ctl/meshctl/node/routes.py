@@ -18,9 +18,9 @@ Make before break: `stage` adds and replaces (a route that moves to another devi
 is one RTM_NEWROUTE with NLM_F_REPLACE, never a delete and an add), `retire` then deletes what
 the staged plan no longer has; `sync` is both in that order. The agent stages every applier
 before it retires any (agent/step_runner.py), so a destination whose route is replaced by a
-broader one (or by a fast-path entry) is never without one. A destination the tunnel applier
-routes (a pair leaving an encapsulated rung: proto RT_PROTO_TUNNEL, node/tunnels.py) is taken
-over by a replace, as the tunnel applier takes one over from this applier, and so is a destination
+broader one (or by a fast-path entry) is never without one. A destination the encapsulation
+applier routes (a pair leaving an encapsulated rung: proto RT_PROTO_ENCAP, node/encap.py) is taken
+over by a replace, as the encapsulation applier takes one over from this applier, and so is a destination
 handed to `take_over` (flannel's route to a node meshctl routes itself, node/flannel.py); any
 other owner's route is left alone.
 
@@ -54,7 +54,7 @@ from meshctl.mesh.model import IPNetwork, network_of, sort_key_net
 from meshctl.mesh.plan import Route
 from meshctl.node import rtnl
 from meshctl.node.discovery import MAIN_TABLE, RT_SCOPE_UNIVERSE, interface_addresses, link_info
-from meshctl.node.tunnels import RT_PROTO_TUNNEL
+from meshctl.node.encap import RT_PROTO_ENCAP
 
 # Routes the agent installs carry this protocol number so it removes only its own.
 RT_PROTO = 0x6D  # 109, unassigned in /etc/iproute2/rt_protos
@@ -368,7 +368,7 @@ class RouteApplier:
         """Apply the changes through one netlink socket, recording in `diff` and `done` what the
         kernel did; a write it refuses is skipped with its reason, a delete it refuses logged.
         True if any failed. An add refused because a route is there already (EEXIST) is sent
-        again as a replace when that route is the tunnel applier's or one handed to `take_over`
+        again as a replace when that route is the encapsulation applier's or one handed to `take_over`
         (one call, never a gap); any other owner's route stays."""
         n = len(removes)
         msgs = [self._delete(dst, have[dst], index) for dst in removes]
@@ -378,8 +378,8 @@ class RouteApplier:
             held = [i for i, why in refused.items()
                     if i >= n and why.errno == errno.EEXIST and writes[i - n][0] not in have]
             if held:
-                tunnel = self._tunnel_routes(nl)
-                again = [i for i in held if writes[i - n][0] in self._takeover or writes[i - n][0] in tunnel]
+                encapsulated = self._encap_routes(nl)
+                again = [i for i in held if writes[i - n][0] in self._takeover or writes[i - n][0] in encapsulated]
                 retried = nl.apply(self._writes_of([writes[i - n] for i in again], have, index, replace=True))
                 for k, i in enumerate(again):
                     if k in retried:
@@ -401,11 +401,11 @@ class RouteApplier:
             done[dst] = want
         return bool(refused)
 
-    def _tunnel_routes(self, nl: rtnl.Rtnl) -> set[IPNetwork]:
-        """The destinations of our table the tunnel applier routes (proto RT_PROTO_TUNNEL)."""
+    def _encap_routes(self, nl: rtnl.Rtnl) -> set[IPNetwork]:
+        """The destinations of our table the encapsulation applier routes (proto RT_PROTO_ENCAP)."""
         out: set[IPNetwork] = set()
         for version, family in _FAMILIES.items():
-            for data, off, length in nl.dump(family, table=self.table, proto=RT_PROTO_TUNNEL):
+            for data, off, length in nl.dump(family, table=self.table, proto=RT_PROTO_ENCAP):
                 plen = rtnl.RTMSG.unpack_from(data, off + rtnl.NLMSG.size)[1]
                 dst = rtnl.attributes(data, off, length).get(rtnl.RTA_DST, b"")
                 out.add(network_of(version, int.from_bytes(dst, "big"), plen))

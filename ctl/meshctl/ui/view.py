@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshctl.errors import InputError
-from meshctl.mesh.model import WIREGUARD_PRIVATE, Topology
+from meshctl.mesh.model import Path, Topology
 from meshctl.mesh.observed import NodeSeen, PeerSeen
 from meshctl.mesh.plan import plan_node
 from meshctl.mesh.records import node_to_record
@@ -21,9 +21,9 @@ JSON = dict[str, Any]
 POLL_S = 2.0  # how often the page asks for the map: a fallback shows within a few seconds of the summary
 # The colour of an edge by the rung its pair uses now (docs/ui.md), cheapest first: the order the
 # legend lists them in. A pair no path joins is NO_PATH_COLOUR; one that fell back is dashed.
-RUNG_COLOURS: dict[str, str] = {
-    "direct": "#2e7d32", "direct+ipip": "#1565c0", "direct+vxlan": "#00838f",
-    WIREGUARD_PRIVATE: "#6a1b9a", "tunnel": "#546e7a", "relay": "#ef6c00",
+RUNG_COLOURS: dict[Path, str] = {
+    Path.DIRECT: "#2e7d32", Path.DIRECT_IPIP: "#1565c0", Path.DIRECT_VXLAN: "#00838f",
+    Path.WIREGUARD_PRIVATE: "#6a1b9a", Path.TUNNEL: "#546e7a", Path.RELAY: "#ef6c00",
 }
 NO_PATH_COLOUR = "#d50000"
 MAX_QUERY = 253  # characters of a search: a node name or an address is shorter

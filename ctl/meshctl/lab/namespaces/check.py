@@ -25,7 +25,7 @@ import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from meshctl import defaults
 from meshctl.agent.server import fetch_status
@@ -35,8 +35,9 @@ from meshctl.lab.namespaces.state import ClusterState, LabState, NodeState
 from meshctl.lab.rigs import netns
 from meshctl.mesh import global_ranges
 from meshctl.mesh.fields import global_cidrs
-from meshctl.mesh.model import ENCAP_RUNGS, WIREGUARD_PRIVATE
-from meshctl.node.tunnels import VXLAN_DEV
+from meshctl.mesh.model import ENCAP_RUNGS
+from meshctl.mesh.model import Path as MeshPath
+from meshctl.node.encap import VXLAN_DEV
 from meshctl.node.wireguard.uapi import UapiClient
 
 WG = defaults.WG_INTERFACE
@@ -48,6 +49,9 @@ PING_WAIT = 1.0  # s a ping waits for its reply
 RETRY_WAIT = 2.0  # s a ping of that round waits for its reply
 RETRY_COUNT = 7
 RETRY_INTERVAL = 1.0  # s
+# What the counters say a pair's pings took: a Path (MeshPath.NONE: no ping came back), or
+# `direct+encap` (encapsulated on the private NIC, the kind unknown) or `unknown` (no counter rose).
+Measured = MeshPath | Literal["direct+encap", "unknown"]
 
 
 class NodeRunner(Protocol):
@@ -90,11 +94,11 @@ class PairResult:
     src: str
     dst: str
     ok: bool
-    path: str
+    path: Measured
     rtt_ms: float | None
     sent: int = 0
     received: int = 0
-    expected: str | None = None
+    expected: MeshPath | None = None
     fastpath: dict[str, int] = field(default_factory=dict)
     family: int = 4  # of the pods' addresses pinged
 
@@ -218,7 +222,7 @@ def check(st: LabState, *, count: int = 5, pairs: list[tuple[str, str]] | None =
         delta = [(a - b) if a is not None and b is not None else 0 for a, b in zip(after, before, strict=True)]
         fp = {a: n - fp_before.get(a, 0) for a, n in fp_after.items() if n != fp_before.get(a, 0)}
         need = max(1, sent - 1)
-        path = "none" if recv == 0 else _measured_path(
+        path = MeshPath.NONE if recv == 0 else _measured_path(
             delta, fp, need, expected,
             relayed=bool(relay and delta[0] >= need and _carrier(tx_before, peer_tx(sn), s_st) == relay),
             private_endpoint=_private_endpoint(view_now, dn))
@@ -251,22 +255,24 @@ def _tx(node: NodeState, leader: NodeState | None, run: NodeRunner) -> tuple[int
     return mine.get(WG), mine.get("priv"), theirs.get(WG), mine.get(VXLAN_DEV)
 
 
-def _measured_path(delta: list[int], fp: dict[str, int], need: int, expected: str | None, *,
-                   relayed: bool, private_endpoint: bool) -> str:
+def _measured_path(delta: list[int], fp: dict[str, int], need: int, expected: MeshPath | None, *,
+                   relayed: bool, private_endpoint: bool) -> Measured:
     """The path a pair's pings took, read off counters: `delta` the packets sent meanwhile on
     (kilo0, the private NIC, the leader's kilo0, the VXLAN device), `fp` the fast path's
     counters that moved, `need` how many packets make a path; `expected` the rung the agent planned."""
     if delta[0] >= need:
         if relayed:
-            return "relay"
-        return WIREGUARD_PRIVATE if private_endpoint else "tunnel"
+            return MeshPath.RELAY
+        return MeshPath.WIREGUARD_PRIVATE if private_endpoint else MeshPath.TUNNEL
     if delta[1] >= need and delta[2] >= need:
-        return "via-leader"
+        return MeshPath.VIA_LEADER
     if delta[1] >= need and (fp.get("encap", 0) >= need or delta[3] >= need):
         # Encapsulated: by the fast path (its encap counter) or the kernel's VXLAN device.
-        return expected if expected in ENCAP_RUNGS else ("direct+vxlan" if delta[3] >= need else "direct+encap")
+        if expected is not None and expected in ENCAP_RUNGS:
+            return expected
+        return MeshPath.DIRECT_VXLAN if delta[3] >= need else "direct+encap"
     if delta[1] >= need:
-        return "direct"
+        return MeshPath.DIRECT
     return "unknown"
 
 

@@ -34,7 +34,7 @@ from meshctl.errors import MeshError
 from meshctl.lab.rigs import netns
 from meshctl.mesh.model import Endpoint, MeshSettings, Node, Topology
 from meshctl.mesh.plan import Encap, FastPathEntry, plan_node
-from meshctl.node.tunnels import TunnelApplier, gateway_args
+from meshctl.node.encap import EncapApplier, gateway_args
 from meshctl.setns import in_netns
 
 WG = defaults.WG_INTERFACE
@@ -300,7 +300,7 @@ class FabricTestbed(Testbed):
     pods keep both families (an IPv4 pod's next hop is an IPv6 address).
 
     Kernel routes to the other node's pods: `route_pods("raw")` via the private network (what the
-    fabric may drop), `route_pods("vxlan")` through meshctl.tunnels' VXLAN device."""
+    fabric may drop), `route_pods("vxlan")` through meshctl.node.encap's VXLAN device."""
 
     fabric: str = "vpc"
     underlay: int = 4
@@ -379,14 +379,14 @@ class FabricTestbed(Testbed):
     def route_pods(self, node: str, how: str) -> None:
         """The kernel's route to the other node's IPv4 pods (over an IPv6 underlay: both pod
         families): "raw" over the private network, or "vxlan" through the kernel fallback's VXLAN
-        device (meshctl.tunnels)."""
+        device (meshctl.node.encap)."""
         other = "b" if node == "a" else "a"
         j = 2 if node == "a" else 1
         gw = ipaddress.ip_address(self._gateway(node) if self.fabric == "vpc" else self.private(other))
         ns = self.ns(node)
         pods = [f"10.42.{j}.0/24"] + ([f"fd42:{j}::/64"] if self.underlay == 6 else [])
         if how == "raw":
-            in_netns(ns, lambda: TunnelApplier("eth1").sync([]))
+            in_netns(ns, lambda: EncapApplier("eth1").sync([]))
             for dst in pods:
                 via = gateway_args(gw, ipaddress.ip_network(dst))
                 netns.run(ns, ["ip", "route", "replace", dst, *via, "dev", "eth1"])
@@ -394,7 +394,7 @@ class FabricTestbed(Testbed):
         for dst in pods:
             netns.run(ns, ["ip", "route", "del", dst, "dev", "eth1"], check=False)
         entries = [e for e in self.fastpath(node, how) if e.prefix.version == 4 or self.underlay == 6]
-        diff = in_netns(ns, lambda: TunnelApplier("eth1").sync(entries))
+        diff = in_netns(ns, lambda: EncapApplier("eth1").sync(entries))
         if diff.unavailable:
             raise RuntimeError(f"{node}: {diff.unavailable}")
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The kernel-route fallback of encapsulated direct entries: ordinary tunnel devices, for a node
-whose eBPF fast path is not loaded (or a peer that sends through its kernel). One device per
-encapsulation and underlay family (the family of the private addresses, the outer header's):
+"""The kernel-route fallback of encapsulated direct entries: the kernel's own encapsulation devices
+(VXLAN, IP-in-IP), for a node whose eBPF fast path is not loaded (or a peer that sends through its
+kernel). One device per encapsulation and underlay family (the family of the private addresses, the outer header's):
 
     direct+vxlan over IPv4   meshvx0    vxlan, local <private IPv4>
     direct+vxlan over IPv6   meshvx6    vxlan, local <private IPv6>, udp6zerocsumrx
@@ -30,14 +30,14 @@ device carries. On a node whose programs carry the pair (`sync(..., fastpath=Tru
 only routes what the programs hand it (replies of kernel-tracked flows such as NodePort and service
 traffic, oversize packets without DF, TTL 1): there an ipip entry the kernel cannot carry is
 carried over the VXLAN device of its underlay instead, since every receiver accepts every rung
-(`TunnelDiff.substituted`).
+(`EncapDiff.substituted`).
 
 Make before break: `stage` creates devices and adds or replaces fdb entries, neighbours and routes;
 the removals it finds (entries, routes, a device no entry needs) wait for `retire`, which the agent
 calls once every other applier has staged too (`sync` does both).
 
 The applier compares desired with actual (read from the kernel with `ip -j`/`bridge -j`) and
-changes only what differs. Its routes carry RT_PROTO_TUNNEL, not RT_PROTO: the route applier
+changes only what differs. Its routes carry RT_PROTO_ENCAP, not RT_PROTO: the route applier
 owns RT_PROTO routes, this one the routes through its own devices.
 """
 
@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 
 # Routes through this applier's devices carry this protocol number (node.routes.RT_PROTO is the
 # route applier's): neither applier ever touches the other's routes.
-RT_PROTO_TUNNEL = 0x6E  # 110, unassigned in /etc/iproute2/rt_protos
+RT_PROTO_ENCAP = 0x6E  # 110, unassigned in /etc/iproute2/rt_protos
 
 VXLAN_DEV = "meshvx0"
 VXLAN6_DEV = "meshvx6"
@@ -73,7 +73,7 @@ DEVICE_KIND = {("vxlan", 4): "vxlan", ("vxlan", 6): "vxlan", ("ipip", 4): "ipip"
 
 
 @dataclass
-class TunnelDiff:
+class EncapDiff:
     added: list[str] = field(default_factory=list)      # "<kind> <prefix> -> <peer>"
     removed: list[str] = field(default_factory=list)
     unavailable: list[str] = field(default_factory=list)  # "<kind> <prefix>: reason"
@@ -95,7 +95,7 @@ def _json(args: list[str]) -> list[dict]:
 
 
 def kernel_has(kind: str) -> bool:
-    """Whether this kernel can create a `kind` tunnel device ("vxlan", "ipip", "ip6tnl"; tried in
+    """Whether this kernel can create a `kind` encapsulation device ("vxlan", "ipip", "ip6tnl"; tried in
     the current namespace with a throwaway device: module lists say nothing about built-in
     drivers). A device of that kind that exists already answers yes: our own `external` one (a
     second is refused, EEXIST, so the probe would say no to a kernel that has it), or the driver's
@@ -131,12 +131,12 @@ def gateway_args(gateway: IPAddress, prefix: IPNetwork) -> list[str]:
     return ["via", "inet6" if gateway.version == 6 else "inet", str(gateway)]
 
 
-class TunnelApplier:
-    """Keeps the tunnel devices, fdb/neighbour entries and routes equal to the encapsulated entries
+class EncapApplier:
+    """Keeps the encapsulation devices, fdb/neighbour entries and routes equal to the encapsulated entries
     of the plan (see the module docstring). `sync` never raises for one bad entry: it is skipped
-    with a reason in `TunnelDiff.unavailable`."""
+    with a reason in `EncapDiff.unavailable`."""
 
-    name = "tunnels"
+    name = "encap"
 
     def __init__(self, private_if: str, *, vxlan_dev: str = VXLAN_DEV, ipip_dev: str = IPIP_DEV,
                  vxlan6_dev: str = VXLAN6_DEV, ipip6_dev: str = IPIP6_DEV) -> None:
@@ -165,22 +165,22 @@ class TunnelApplier:
 
     # --- desired ---------------------------------------------------------------------------
 
-    def sync(self, entries: Sequence[FastPathEntry], *, fastpath: bool = False) -> TunnelDiff:
+    def sync(self, entries: Sequence[FastPathEntry], *, fastpath: bool = False) -> EncapDiff:
         """`stage`, then `retire`: one diff of both."""
         diff = self.stage(entries, fastpath=fastpath)
         diff.removed += self.retire().removed
         return diff
 
-    def retire(self) -> TunnelDiff:
+    def retire(self) -> EncapDiff:
         """Remove what the last `stage` found the entries no longer need (nothing twice)."""
-        diff = TunnelDiff()
+        diff = EncapDiff()
         todo, self._retiring = self._retiring, []
         for argv, what in todo:
             sh(argv, check=False)
             if what is not None:
                 diff.removed.append(what)
         if diff:
-            log.info("tunnels: removed %d", len(diff.removed))
+            log.info("encap: removed %d", len(diff.removed))
         return diff
 
     def _retire(self, argv: list[str], what: str | None = None) -> None:
@@ -194,10 +194,10 @@ class TunnelApplier:
             return f"this kernel has no {DEVICE_KIND[(kind, underlay)]} device"
         return None
 
-    def stage(self, entries: Sequence[FastPathEntry], *, fastpath: bool = False) -> TunnelDiff:
+    def stage(self, entries: Sequence[FastPathEntry], *, fastpath: bool = False) -> EncapDiff:
         """Add what the entries need; `fastpath`: the node's programs carry these entries (see the
         module docstring)."""
-        diff = TunnelDiff()
+        diff = EncapDiff()
         self._retiring = []
         want: dict[tuple[str, int], dict[IPNetwork, _Peer]] = {key: {} for key in self.devices}
         local: dict[tuple[str, int], IPAddress] = {}
@@ -227,10 +227,10 @@ class TunnelApplier:
                 self._sync_ipip(self.devices[("ipip", under)], want[("ipip", under)], local.get(("ipip", under)),
                                 diff)
         if diff:
-            log.info("tunnels: added %d", len(diff.added))
+            log.info("encap: added %d", len(diff.added))
         reported = frozenset(diff.unavailable + diff.substituted)
         for u in sorted(reported - self._reported):  # once per change, not every pass
-            log.warning("tunnels: %s", u)
+            log.warning("encap: %s", u)
         self._reported = reported
         return diff
 
@@ -253,7 +253,7 @@ class TunnelApplier:
                 and (not v6 or data.get("udp_zero_csum6_rx") is True)
                 and link.get("address") == vtep_mac(local) and "UP" in link.get("flags", []))
 
-    def _sync_vxlan(self, dev: str, peers: dict[IPNetwork, _Peer], local: IPAddress | None, diff: TunnelDiff) -> None:
+    def _sync_vxlan(self, dev: str, peers: dict[IPNetwork, _Peer], local: IPAddress | None, diff: EncapDiff) -> None:
         if not peers or local is None:
             if ifindex_or_none(dev) is not None:
                 self._retire(["ip", "link", "del", dev], f"vxlan device {dev}")
@@ -294,7 +294,7 @@ class TunnelApplier:
 
     # --- ipip (kernels that have it) -------------------------------------------------------
 
-    def _sync_ipip(self, dev: str, peers: dict[IPNetwork, _Peer], local: IPAddress | None, diff: TunnelDiff) -> None:
+    def _sync_ipip(self, dev: str, peers: dict[IPNetwork, _Peer], local: IPAddress | None, diff: EncapDiff) -> None:
         exists = ifindex_or_none(dev) is not None
         if not peers or local is None:
             if exists:
@@ -318,17 +318,17 @@ class TunnelApplier:
     # --- routes through our devices ----------------------------------------------------------
 
     def _sync_routes(self, dev: str, want: dict[IPNetwork, list[str]], kind: str, remote: dict[IPNetwork, IPAddress],
-                     gateway: dict[IPNetwork, IPAddress], diff: TunnelDiff) -> None:
+                     gateway: dict[IPNetwork, IPAddress], diff: EncapDiff) -> None:
         """Routes `want` (prefix -> its `ip route` arguments) through `dev`; a route whose gateway
         (`via`, or the ipip encap's dst) is already `gateway[prefix]` is left alone."""
-        have = _tunnel_routes(dev)
+        have = _encap_routes(dev)
         for dst in sorted(have.keys() - want.keys(), key=sort_key_net):
-            self._retire(["ip", "route", "del", str(dst), "dev", dev, "proto", str(RT_PROTO_TUNNEL)], f"{kind} {dst}")
+            self._retire(["ip", "route", "del", str(dst), "dev", dev, "proto", str(RT_PROTO_ENCAP)], f"{kind} {dst}")
         for dst in sorted(want, key=sort_key_net):
             if have.get(dst) == str(gateway[dst]):
                 continue
             try:
-                sh(["ip", "route", "replace", str(dst), *want[dst], "proto", str(RT_PROTO_TUNNEL)])
+                sh(["ip", "route", "replace", str(dst), *want[dst], "proto", str(RT_PROTO_ENCAP)])
             except MeshError as e:
                 diff.unavailable.append(f"{kind} {dst}: {e}")
                 continue
@@ -339,14 +339,14 @@ _VIA = re.compile(r"\bvia (?:inet6? )?(\S+)")
 _ENCAP_DST = re.compile(r"\bencap ip6?\b.*?\bdst (\S+)")
 
 
-def _tunnel_routes(dev: str) -> dict[IPNetwork, str | None]:
+def _encap_routes(dev: str) -> dict[IPNetwork, str | None]:
     """Our routes through `dev`, both pod families: prefix -> the peer they go to (`via`, possibly
     of the other family, for VXLAN; the `encap ip`/`ip6` dst for ipip). Read as text: `ip -j`
     prints a lightweight tunnel's `encap` twice (its type as a string, then its fields), and which
     one a JSON reader keeps depends on the iproute2 version."""
     have: dict[IPNetwork, str | None] = {}
     for fam in ("-4", "-6"):
-        p = sh(["ip", fam, "route", "show", "dev", dev, "proto", str(RT_PROTO_TUNNEL)], check=False)
+        p = sh(["ip", fam, "route", "show", "dev", dev, "proto", str(RT_PROTO_ENCAP)], check=False)
         for line in p.stdout.splitlines() if p.returncode == 0 else []:
             words = line.split()
             if not words:
