@@ -76,8 +76,11 @@ def agent_moves(st, since: float, to: tuple[str, ...]) -> dict[str, float]:
 
 def test_a_leader_that_stops_forwarding_is_replaced_on_every_node_and_comes_back_after_the_hold(lab):
     st = lab
-    # Every member of each location publishes its own report, and only there.
-    mates = {n.name: sorted(m.name for _, m in st.nodes() if m.location == n.location and m is not n)
+    # Every member of each location publishes its own report, and only there: its verdicts on its
+    # location mates and, a leader, on the other locations' leaders (through the tunnel).
+    leaders = {"a1", "b1", "c1"}
+    mates = {n.name: sorted([m.name for _, m in st.nodes() if m.location == n.location and m is not n]
+                            + sorted(leaders - {n.name} if n.name in leaders else ()))
              for _, n in st.nodes()}
 
     def all_witnessing() -> dict[str, dict] | None:
@@ -87,7 +90,7 @@ def test_a_leader_that_stops_forwarding_is_replaced_on_every_node_and_comes_back
                                  for n, m in mates.items())
         return r if ok else None
 
-    got = wait_until(all_witnessing, 30, "nine reports in the API, each seeing its two location mates forward")
+    got = wait_until(all_witnessing, 30, "nine reports in the API, each seeing its mates (and leaders) forward")
     assert sorted(got) == sorted(f"meshctl-forwarding-{n}" for n in mates)
     assert all(r["node"] == name.removeprefix("meshctl-forwarding-") for name, r in got.items())
     pings = CrossPings(st, HOLD + 50)

@@ -40,6 +40,14 @@ def lab_doc(**lab: Any) -> dict[str, Any]:
     return doc
 
 
+def two_member_doc(**lab: Any) -> dict[str, Any]:
+    """The leaders lab with two members per location (x1, x2: the x3 of each left out): each
+    location's only other witnesses of its leader are the other locations' leaders."""
+    doc = lab_doc(**lab)
+    doc["nodes"] = [n for n in doc["nodes"] if not n["name"].endswith("3")]
+    return doc
+
+
 @contextmanager
 def leaders_lab(doc: dict[str, Any], prefix: str = "ld") -> Iterator[LabState]:
     """The lab `doc` up under a unique name starting with `prefix`, every agent on the documented

@@ -6,6 +6,7 @@ symmetric, leaders_per_location spreading locations over leaders)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -14,11 +15,15 @@ from meshctl.errors import MeshError
 from meshctl.mesh.leaders import (
     QUORUM,
     STALE_S,
+    THROUGH_TARGETS,
     ForwardingJudge,
     ForwardingReport,
     Judged,
     JudgeTuning,
+    LeaderTarget,
+    LeaderWitness,
     choose_leaders,
+    leader_targets,
     with_leaders,
 )
 from meshctl.mesh.model import Topology
@@ -123,12 +128,21 @@ def test_second_in_order_out_too_skips_to_third() -> None:
     assert leaders_of(one_location(4), rs)["a"] == ("a3",)
 
 
-def test_two_of_three_broken_is_beyond_the_quorum() -> None:
-    """Three members, a1 and a2 not forwarding: a3, the one healthy member, sees no member ok and
-    cannot tell that from being cut off itself, so only a2 speaks against a1: no move (the
-    documented limit: a location that loses two of three members keeps its leader)."""
+def test_two_of_three_broken_and_out_of_reach_is_beyond_the_quorum() -> None:
+    """Three members, a1 and a2 not forwarding nor answering a3 at their own addresses: a3, the one
+    healthy member, sees no member ok and cannot tell that from being cut off itself, so only a2
+    speaks against a1: no move (the documented limit)."""
     rs = reports(report("a1", a2="bad", a3="ok"), report("a2", a1="bad", a3="ok"), report("a3", a1="bad", a2="bad"))
     assert leaders_of(three_by_three(), rs)["a"] == ("a1",)
+
+
+def test_two_of_three_that_answer_but_do_not_forward_both_go() -> None:
+    """a1 and a2 not forwarding, but answering at their own addresses: a3 reaches both, so it is
+    not cut off and its verdicts count; with a2's on a1 and a1's on a2, a3 leads."""
+    rs = reports(replace(report("a1", a2="bad", a3="ok"), reached=("a2", "a3")),
+                 replace(report("a2", a1="bad", a3="ok"), reached=("a1", "a3")),
+                 replace(report("a3", a1="bad", a2="bad"), reached=("a1", "a2")))
+    assert leaders_of(three_by_three(), rs)["a"] == ("a3",)
 
 
 def test_a_tie_keeps_the_member_in() -> None:
@@ -374,3 +388,204 @@ def test_node_list_and_graph_say_who_leads_in_place_of_whom() -> None:
     assert "leaders: a: a2 leads in place of a1: a1 does not forward: a2: a1 bad for 0.0 s (report 0.0 s old); " \
            "a3: a1 bad for 0.0 s (report 0.0 s old)" in text
     assert "leaders:" not in model_text(with_leader_notes(graph_model(topo), choose_leaders(topo, {})))
+
+
+# --- other locations' leaders as witnesses ---------------------------------------------------------
+
+
+def locations(*sizes: int) -> Topology:
+    """Locations a, b, c, ... of `sizes` members each (x1 leads each by the documented order)."""
+    nodes = []
+    for li, size in enumerate(sizes):
+        loc = "abcdefgh"[li]
+        for i in range(1, size + 1):
+            k = li * 8 + i
+            nodes.append({"name": f"{loc}{i}", "location": loc, "internal_ip": f"10.1{li}.0.{i}/24",
+                          "endpoint": f"198.51.100.{k}:51820", "pod_cidr": f"10.42.{k}.0/24",
+                          "public_key": key(k), "leader": i == 1})
+    return parse_topology({"cluster": {"name": "c1", "id": 1}, "mesh": {"granularity": "location"},
+                           "nodes": nodes})
+
+
+def seen(node: str, reached: tuple[str, ...], at: float = T0, **verdicts: str | tuple[str, float]) -> ForwardingReport:
+    """`node`'s report with the nodes whose own address answers it."""
+    return replace(report(node, at, **verdicts), reached=reached)
+
+
+# a2 reaches a1 (its own address answers) but a1 forwards none of its hairpins; b1 and c1 reach a1
+# through the tunnel, and their echoes through it to a2 are lost.
+A2_SEES = seen("a2", ("a1",), a1="bad")
+B1_SEES = seen("b1", ("a1", "c1"), a1="bad", c1="ok", b2="ok")
+C1_SEES = seen("c1", ("a1", "b1"), a1="bad", b1="ok", c2="ok")
+
+
+@pytest.mark.parametrize(("rs", "expected_a"), [
+    pytest.param((A2_SEES, B1_SEES), ("a2",), id="its member and another location's leader: a2 leads"),
+    pytest.param((A2_SEES, B1_SEES, C1_SEES), ("a2",), id="its member and both other leaders"),
+    pytest.param((A2_SEES,), ("a1",), id="its member alone never"),
+    pytest.param((B1_SEES,), ("a1",), id="another location's leader alone never"),
+    pytest.param((B1_SEES, C1_SEES), ("a1",),
+                 id="outside witnesses alone never: a2 down fails their echoes through a1 as well"),
+    pytest.param((seen("a2", (), a1="bad"), B1_SEES, C1_SEES), ("a1",),
+                 id="a2 reaches nobody: cut off itself, it does not count, and the outside alone cannot"),
+    pytest.param((A2_SEES, seen("b1", (), a1="bad")), ("a1",),
+                 id="an outside leader that reaches nothing (cut off) does not count"),
+    pytest.param((A2_SEES, seen("b1", ("c1",), a1="bad", c1="ok")), ("a2",),
+                 id="an outside leader that sees another leader ok counts"),
+    pytest.param((A2_SEES, replace(B1_SEES, at=T0 - STALE_S - 1), C1_SEES, seen("b2", (), b1="ok")), ("a2",),
+                 id="a stale outside report does not count, a fresh one does"),
+    pytest.param((A2_SEES, replace(B1_SEES, at=T0 - STALE_S - 1), seen("c2", (), c1="ok")), ("a1",),
+                 id="the only outside report stale: no quorum"),
+    pytest.param((A2_SEES, B1_SEES, seen("c1", ("a1", "b1"), a1="ok", b1="ok")), ("a2",),
+                 id="two against outnumber one for"),
+    pytest.param((A2_SEES, seen("b2", ("a1",), a1="bad", b1="ok")), ("a1",),
+                 id="a member of another location that does not lead it is no witness"),
+])
+def test_other_locations_leaders_witness_a_location_of_two(rs: tuple[ForwardingReport, ...],
+                                                           expected_a: tuple[str, ...]) -> None:
+    assert leaders_of(locations(2, 2, 2), reports(*rs))["a"] == expected_a
+
+
+def test_a_tie_of_outside_witnesses_keeps_the_leader() -> None:
+    """Four locations of two: a2 and b1 against a1, c1 and d1 for it: a tie keeps a1; d1 against
+    too moves it."""
+    topo = locations(2, 2, 2, 2)
+    d1_for = seen("d1", ("a1", "b1"), a1="ok", b1="ok")
+    tie = reports(A2_SEES, B1_SEES, seen("c1", ("a1", "b1"), a1="ok", b1="ok"), d1_for)
+    assert leaders_of(topo, tie)["a"] == ("a1",)
+    more = reports(A2_SEES, B1_SEES, C1_SEES, d1_for)
+    assert leaders_of(topo, more)["a"] == ("a2",)
+
+
+def test_a_leader_its_own_members_replaced_witnesses_for_the_others() -> None:
+    """loc-b (three members) moved from b1 to b2 by its own members: b2 peers the other locations
+    now, and its verdict on a1 counts (b1's no longer does)."""
+    topo = locations(2, 3, 1)
+    b_moves = (seen("b2", (), b1="bad", b3="ok"), seen("b3", (), b1="bad", b2="ok"))
+    b2_sees = seen("b2", ("a1",), a1="bad", b1="bad", b3="ok")
+    assert leaders_of(topo, reports(A2_SEES, b2_sees, b_moves[1])) == {"a": ("a2",), "b": ("b2",), "c": ("c1",)}
+    b1_sees = seen("b1", ("a1",), a1="bad", b2="ok", b3="ok")
+    assert leaders_of(topo, reports(A2_SEES, b1_sees, *b_moves))["a"] == ("a1",)
+
+
+def test_after_the_move_the_outside_word_holds_until_the_members_see_it_forward() -> None:
+    """a2 leads; b1 peers a2 now and no longer reaches a1, but keeps its `bad` (frozen): with a2's
+    `recovering` a1 stays out; once a2's hold ends (`ok`), a1 leads again, whatever b1 still says."""
+    topo = locations(2, 2, 2)
+    b1_after = seen("b1", ("a2", "c1"), a1=("bad", T0 - 5), a2="ok", c1="ok")
+    held = reports(seen("a2", ("a1",), a1="recovering"), b1_after)
+    assert leaders_of(topo, held)["a"] == ("a2",)
+    back = reports(seen("a2", ("a1",), a1="ok"), b1_after)
+    assert leaders_of(topo, back)["a"] == ("a1",)
+    loc = choose_leaders(topo, held).locations["location:a"]
+    assert {e.publisher for e in loc.evidence} == {"a2", "b1"} and loc.reason.startswith("a1 does not forward")
+
+
+def test_two_locations_of_two_broken_at_once_each_moves() -> None:
+    """a1 and b1 both stop forwarding: each still answers at its own address and still sends, so
+    each witnesses the other, and c1 witnesses both."""
+    topo = locations(2, 2, 2)
+    rs = reports(seen("a2", ("a1",), a1="bad"), seen("b2", ("b1",), b1="bad"),
+                 seen("a1", ("b1", "c1"), b1="bad", c1="ok", a2="ok"),
+                 seen("b1", ("a1", "c1"), a1="bad", c1="ok", b2="ok"),
+                 seen("c1", ("a1", "b1"), a1="bad", b1="bad", c2="ok"))
+    assert leaders_of(topo, rs) == {"a": ("a2",), "b": ("b2",), "c": ("c1",)}
+
+
+def test_a_report_of_unknown_reach_parses_as_before_and_reach_round_trips() -> None:
+    r = seen("a2", ("a1",), a1="bad")
+    assert ForwardingReport.from_json(r.to_json(), "k") == r
+    old = {"node": "a2", "cluster": "c1", "at": 1, "verdicts": {}}
+    assert ForwardingReport.from_json(old, "k").reached == ()
+    with pytest.raises(MeshError, match="reached: 7 is not a node name"):
+        ForwardingReport.from_json({**old, "reached": [7]}, "k")
+
+
+# --- a leader's witness of other locations' leaders, on a made-up clock ------------------------------
+
+
+def rounds(w: LeaderWitness, node: str, start: float, end: float, own: bool, through: bool | None) -> float:
+    t = start
+    while t < end:
+        w.echo(node, own, through, t)
+        w.tick(t)
+        t = round(t + 0.1, 6)
+    return t
+
+
+def test_witness_a_leader_that_answers_but_does_not_forward_is_bad() -> None:
+    w = LeaderWitness(hold=30)
+    w.set_targets([], ["a1"], [], 0.0)
+    t = rounds(w, "a1", 0.0, 2.0, True, True)
+    assert w.verdicts()["a1"].verdict == "ok" and w.reached() == ("a1",)
+    broke = t
+    while w.verdicts()["a1"].verdict == "ok":
+        t = rounds(w, "a1", t, t + 0.1, True, False)
+    assert t - broke <= 1.5 and w.reached() == ("a1",)
+    r = w.report("b1", "c1", t)
+    assert r.verdicts["a1"].verdict == "bad" and r.reached == ("a1",)
+
+
+def test_witness_a_leader_out_of_reach_is_not_judged() -> None:
+    """Down, or the tunnel down: its own address does not answer either. Never `bad`; its `ok`
+    leaves the report (it no longer vouches for it), and it leaves `reached`."""
+    w = LeaderWitness(hold=30)
+    w.set_targets([], ["a1"], [], 0.0)
+    t = rounds(w, "a1", 0.0, 2.0, True, True)
+    t = rounds(w, "a1", t, t + 10.0, False, False)
+    assert "a1" not in w.verdicts() and w.reached() == ()
+    assert w.forwards.verdicts()["a1"].verdict == "ok"  # held, not judged
+    rounds(w, "a1", t, t + 1.0, True, True)
+    assert w.verdicts()["a1"].verdict == "ok"
+
+
+def test_witness_keeps_its_bad_on_a_leader_it_no_longer_peers_and_holds_it_when_it_sees_it_again() -> None:
+    w = LeaderWitness(hold=5)
+    w.set_targets(["b2"], ["a1", "c1"], [], 0.0)
+    t = rounds(w, "a1", 0.0, 1.0, True, True)
+    t = rounds(w, "a1", t, t + 2.0, True, False)
+    assert w.verdicts()["a1"].verdict == "bad"
+    rounds(w, "c1", 0.0, 1.0, True, True)
+    # a2 leads loc-a now: b1 peers a2, not a1; a1 (bad) is kept, c1 (ok, no longer peered) is not.
+    w.set_targets(["b2"], ["a2"], ["a1", "a2", "c1", "c2"], t)
+    assert w.verdicts()["a1"].verdict == "bad" and w.reached() == ("a1",)  # as when last probed
+    t = rounds(w, "a2", t, t + 60.0, True, True)
+    assert w.verdicts()["a1"].verdict == "bad" and "c1" not in w.verdicts() and w.reached() == ("a1", "a2")
+    # a1 leads again: seen again, it is `recovering` for the hold, then `ok`.
+    w.set_targets(["b2"], ["a1"], ["a1", "a2", "c1", "c2"], t)
+    t = rounds(w, "a1", t, t + 1.0, True, True)
+    assert w.verdicts()["a1"].verdict == "recovering"
+    rounds(w, "a1", t, t + 5.0, True, True)
+    assert w.verdicts()["a1"].verdict == "ok"
+
+
+def test_what_a_leader_probes_through_the_tunnel() -> None:
+    """The leader it peers in each other location, with up to THROUGH_TARGETS other members to
+    echo through it; a member that does not lead probes no other location; a location of one has
+    nothing to echo through."""
+    topo = locations(3, 5, 1)
+    t = leader_targets(topo, "a1")
+    assert t == {"b1": LeaderTarget("10.11.0.1", ("10.11.0.2", "10.11.0.3", "10.11.0.4"))}
+    assert THROUGH_TARGETS == 3 and leader_targets(topo, "a2") == {}
+    moved = with_leaders(topo, choose_leaders(topo, reports(seen("a2", (), a1="bad", a3="ok"),
+                                                            seen("a3", (), a1="bad", a2="ok"))))
+    assert leader_targets(moved, "a1") == {}
+    assert set(leader_targets(moved, "a2")) == {"b1"}
+    assert leader_targets(moved, "b1") == {"a2": LeaderTarget("10.10.0.2", ("10.10.0.1", "10.10.0.3"))}
+
+
+def test_a_leader_of_a_location_of_one_keeps_a_moved_leader_out_from_the_moment_it_peers_the_next() -> None:
+    """Locations a (a1, a2) and b (b1 alone). b1 sees a1 answer but not forward; with a2's word,
+    a2 leads. b1 then peers a2 and no longer a1: its report, published at once, still counts
+    (a1 stays `reached` as last seen) before any echo to a2 came back, so a1 is not brought
+    straight back (which would move loc-a to and fro)."""
+    topo = locations(2, 1)
+    w = LeaderWitness(hold=10)
+    w.set_targets([], ["a1"], ["a1", "a2"], 0.0)
+    t = rounds(w, "a1", 0.0, 1.0, True, True)
+    t = rounds(w, "a1", t, t + 2.0, True, False)
+    a2 = seen("a2", ("a1",), at=t, a1="bad")
+    moved = with_leaders(topo, choose_leaders(topo, reports(a2, w.report("b1", "c1", t))))
+    assert leader_targets(moved, "b1") == {"a2": LeaderTarget("10.10.0.2", ("10.10.0.1",))}
+    w.set_targets([], ["a2"], ["a1", "a2"], t)  # the peer changed; nothing heard from a2 yet
+    assert leaders_of(topo, reports(a2, w.report("b1", "c1", t)))["a"] == ("a2",)

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Leaders that forward, as the agent runs it (docs/mesh.md, "Leaders that do not forward").
 
-`ForwardProbing` probes, through each other member of this node's location, whether that member
-forwards (node/forward_prober.py) and publishes this node's report (mesh.leaders.ForwardingReport)
+`ForwardProbing` probes, through each other member of this node's location and (while it leads)
+through each other location's leader it peers, whether that node forwards (node/forward_prober.py)
+and publishes this node's report (mesh.leaders.ForwardingReport)
 into the backend: at once when a verdict changes, and every HEARTBEAT_S regardless, so readers
 can tell a live report from a stale one. A changed report wakes every agent (the etcd backend
 watches it with the records; the Kubernetes backend watches the reports' ConfigMaps).
@@ -26,8 +27,10 @@ from meshctl.mesh.leaders import (
     HEARTBEAT_S,
     ForwardingReport,
     Leaders,
+    LeaderTarget,
     LocationLeaders,
     choose_leaders,
+    leader_targets,
     with_leaders,
 )
 from meshctl.mesh.model import Topology
@@ -69,44 +72,55 @@ class ForwardProbing:
 
     def update(self, topo: Topology) -> None:
         """Probe the other members of this node's location (location granularity, an IPv4 private
-        address, a private NIC); stop when there are none (cheap when the topology is the same)."""
+        address, a private NIC) and, while this node leads, the other locations' leaders it peers
+        (`topo`: the topology planning with the chosen leaders); stop when there is nothing to
+        probe (cheap when the topology is the same)."""
         if topo is self._of:
             return
         self._of = topo
         me = topo.node(self.node)
         own = me.internal(4) if me is not None else None
         members: dict[str, str] = {}
-        if me is not None and own is not None and topo.mesh.granularity == "location" and self.private_if:
+        leaders: dict[str, LeaderTarget] = {}
+        keep: list[str] = []
+        if me is not None and topo.mesh.granularity == "location":
             key = segment_key(me, "location")
             for n in topo.nodes:
                 addr = n.internal(4)
                 if n.name != me.name and addr is not None and segment_key(n, "location") == key:
-                    members[n.name] = str(addr.ip)
-        if not members or own is None or me is None:
+                    if own is not None and self.private_if:
+                        members[n.name] = str(addr.ip)
+                elif n.name != me.name:
+                    keep.append(n.name)
+            leaders = leader_targets(topo, me.name)
+        if not members and not leaders:
             self.stop()
             return
-        if self.prober is not None and self._own != str(own.ip):
+        own_ip = str(own.ip) if own is not None and members else None  # hairpins need it
+        if self.prober is not None and self._own != own_ip:
             self.stop()
         if self.prober is None:
-            assert self.private_if is not None
-            p = ForwardProber(self.private_if, str(own.ip), topo.mesh.leader_hold, on_change=self._changed.set)
+            p = ForwardProber(self.private_if if own_ip else None, own_ip, topo.mesh.leader_hold,
+                              on_change=self._changed.set)
             try:
                 p.start()
             except OSError as e:
                 log.warning("forwarding probes off: %s", e)
                 return
-            self.prober, self._own = p, str(own.ip)
-            log.info("probing whether %d member(s) of location %s forward", len(members), me.location)
+            self.prober, self._own = p, own_ip
+            log.info("probing whether %d member(s) of location %s and %d other location(s)' leader(s) forward",
+                     len(members), me.location if me is not None else "", len(leaders))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._publish_loop, name="forwarding", daemon=True)
                 self._thread.start()
         self.prober.set_hold(topo.mesh.leader_hold)
-        self.prober.set_members(members)
+        self.prober.set_targets(members, leaders, keep)
+        self._changed.set()  # a leader no longer probed may leave the report
 
     def report(self) -> ForwardingReport | None:
         if self.prober is None:
             return None
-        return ForwardingReport(self.node, self.cluster, round(time.time(), 3), self.prober.verdicts())
+        return self.prober.report(self.node, self.cluster, round(time.time(), 3))
 
     def _publish_loop(self) -> None:
         """Publish at once when a verdict changed, else every HEARTBEAT_S; a failed write (etcd

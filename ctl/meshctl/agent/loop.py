@@ -302,9 +302,9 @@ class PassDriver:
             run.fail("admission", next((r.reason for r in rejections if r.name == me.name), "own record rejected"))
             self._finish(run, state, self._last_plan, rejections, applied=False)
             return None
-        if self.forwarding is not None:
-            self.forwarding.update(topo)
         topo = self.leadership.apply(topo, state.forwarding)
+        if self.forwarding is not None:
+            self.forwarding.update(topo)  # with the chosen leaders: a leader probes the others' leaders
         t = time.monotonic()
         try:
             self.paths.update(topo, me.name)

@@ -420,8 +420,8 @@ class LeaderMove:
 class LeadershipStatus:
     """Who leads each location (mesh.leaders.LocationLeaders, as JSON: `leaders`, `static`, `out`,
     `reason`, `evidence`), the moves counted since the agent started, per location, the last moves,
-    and this node's own forwarding verdicts on its location's members (`forwarding`: member ->
-    {verdict, since}; absent when this node probes none)."""
+    and this node's own forwarding verdicts on its location's members and the other locations'
+    leaders it witnesses (`forwarding`: node -> {verdict, since}; absent when this node probes none)."""
 
     locations: tuple[JSON, ...] = ()
     moves: dict[str, int] = field(default_factory=dict)

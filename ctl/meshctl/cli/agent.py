@@ -384,7 +384,7 @@ def format_leaders(st: AgentStatus, now: float) -> list[str]:
     if lead.forwarding:
         held = ", ".join(f"{n} {v.get('verdict')} for {max(0.0, now - float(v.get('since', now))):.0f} s"
                          for n, v in sorted(lead.forwarding.items()))
-        lines.append(f"  forwarding through the members here: {held}")
+        lines.append(f"  forwarding seen from here: {held}")
     return lines
 
 
