@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -305,7 +304,7 @@ class Informers:
     def start(self) -> None:
         if self.running:
             return
-        self._stop = threading.Event()
+        self._stop, self.failure = threading.Event(), ""
         self._thread = threading.Thread(target=self._run, args=(self._stop,), name=self.name, daemon=True)
         self._thread.start()
 
@@ -330,11 +329,3 @@ class Informers:
 
     def errors(self) -> str:
         return self.failure or errors_of(self.informers)
-
-    def wait_synced(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while not self.synced() and time.monotonic() < deadline:
-            if not self.running:
-                return False
-            time.sleep(0.02)
-        return self.synced()
