@@ -21,15 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lightkube import Client
+from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Node as KNode
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
 from meshctl.agent.global_services import GlobalServices, MeshWithServices
 from meshctl.backends.clustermesh import RemoteClusters
-from meshctl.backends.etcd import service_key
-from meshctl.backends.kube.services import ENDPOINT_SLICES, SERVICES, KubeServiceApi, LeaseElector
+from meshctl.backends.etcd import service_key, services_status_key
+from meshctl.backends.kube.informer import as_dict
+from meshctl.backends.kube.services import ENDPOINT_SLICES, SERVICES, KubeServiceApi, LeaseElector, ServiceCache
 from meshctl.lab.rigs.etcd_process import stop_pid
 from meshctl.lab.rigs.kube_control_plane import ControlPlane
 from meshctl.lab.rigs.kubelets import POD_IP_ANNOTATION
@@ -174,7 +175,8 @@ def wire(side: Side, other: Side, tmp: Path, node: str) -> MeshWithServices:
     rc = RemoteClusters(d, Cluster(side.name, side.doc["cluster"]["id"]), lambda: [k() for k in kicks], poll=0.1)
     api = KubeServiceApi(side.api.client())
     elector = LeaseElector(api, node, "meshctl", duration=3, renew_deadline=2, retry=0.5)
-    step = GlobalServices(lambda: side.name, api, elector, side.etcd.kv, rc)
+    step = GlobalServices(lambda: side.name, api, elector, side.etcd.kv, rc,
+                          ServiceCache(KubeConfig.from_file(side.api.kubeconfig)))
     kicks.append(step.kick)
     return MeshWithServices(rc, step)
 
@@ -282,6 +284,10 @@ def test_each_cluster_serves_the_others_ready_endpoints_and_follows_changes(two:
         lat.append(time.monotonic() - t0)
     print(f"slice follow latency (a Pod to the other cluster's slice): median {statistics.median(lat) * 1000:.0f} "
           f"ms, max {max(lat) * 1000:.0f} ms over {len(lat)} changes")
+    # Every change came by watch: each elected agent listed Services and EndpointSlices once.
+    for side in (c1, c2):
+        cache = side.step().cache
+        assert (cache.services.stats["relists"], cache.slices.stats["relists"]) == (1, 1), side.name
     # The foreign slice is as it was written.
     other = c1.kube.get(ENDPOINT_SLICES, "web-other", namespace="default")
     assert [e["addresses"] for e in other["endpoints"]] == [["10.42.3.3"]]
@@ -362,11 +368,22 @@ def test_one_elected_writer_per_cluster_and_a_takeover_when_it_leaves(two: tuple
         assert c1.step().elector.leading and not second.services.elector.leading
         assert second.services.status()["services_leader"] == "c1"
         assert second.services.stats["slice_writes"] == 0
+        # The follower watches nothing of Kubernetes (only the elected agent runs informers): it
+        # shows what the elected agent published in the cluster's etcd.
+        assert c1.step().cache.running and not second.services.cache.running
+        assert second.services.stats["passes"] == 0
+        wait(lambda: second.services.status()["services"] == c1.step().status()["services"]
+             and c1.step().status()["services"][0]["remote_endpoints"] == {"cluster2": 1}, what="the follower's view")
+        record = json.loads(c1.etcd.kv.get(services_status_key("cluster1")).value)
+        assert record["leader"] == "c1" and [s["name"] for s in record["services"]] == ["web"]
         assert c1.mesh is not None
         t0 = time.monotonic()
         c1.mesh.stop()  # releases the Lease
         wait(lambda: second.services.elector.leading, what="takeover")
         print(f"takeover after release: {(time.monotonic() - t0) * 1000:.0f} ms")
+        assert not c1.step().cache.running  # stopped with its agent
+        wait(lambda: second.services.cache.running and second.services.stats["passes"] >= 1,
+             what="the new writer lists")
         c2.pod("web-6", "web", "g1", "10.43.1.6")
         c2.delete_pod("web-1")
         wait(lambda: c1.meshctl_slices("web") == {"web-cluster2-v4-0": ["10.43.1.6"]}, timeout=30,
@@ -463,8 +480,13 @@ def test_an_agent_restarted_while_the_remote_etcd_is_away_keeps_the_slices(two: 
     passes.thread.start()
     try:
         wait(lambda: restarted.services.elector.leading, what="the restarted agent leads")
-        time.sleep(1.5)  # several passes of the step
+        # Its passes that knew the admitted clusters (cluster2 configured, its view not arrived)
+        # kept the slice: one when it came to lead, one more when something woke it.
+        wait(lambda: restarted.services.stats["decided"] >= 1, what="a pass that decides")
+        restarted.services.kick()
+        wait(lambda: restarted.services.stats["decided"] >= 2, what="another pass")
         assert c1.meshctl_slices("web") == {"web-cluster2-v4-0": ["10.43.1.5"]}
+        assert restarted.services.stats["slice_writes"] == 0
     finally:
         passes.stop.set()
 
@@ -473,18 +495,26 @@ def test_one_refused_slice_write_is_named_and_the_others_go_on(api: Api) -> None
     c = api.client()
     try:
         k = KubeServiceApi(c)
+
+        def slices() -> list[dict[str, Any]]:
+            return [as_dict(o) for o in c.list(ENDPOINT_SLICES, namespace="*")]
+
+        written: list[tuple[str, str, bool]] = []  # what a cache is handed: each write's answer
         web = remote_service("default", "web", "10.43.1.5")
         gone = remote_service("gone", "api", "10.43.2.9")  # its namespace does not exist (any more)
-        n, failed = k.apply(ObjectChanges(creates=(gone, web)))
+        n, failed = k.apply(ObjectChanges(creates=(gone, web)),
+                            lambda o, deleted: written.append((o["metadata"]["name"], o["metadata"]["resourceVersion"],
+                                                               deleted)))
         assert n == 1 and len(failed) == 1
         assert failed[0].startswith("endpointslice gone/api-cluster2-v4-0: create: ") and "gone" in failed[0][40:]
-        assert [s["metadata"]["name"] for s in k.slices()] == ["web-cluster2-v4-0"]
+        assert [s["metadata"]["name"] for s in slices()] == ["web-cluster2-v4-0"]
+        assert written == [("web-cluster2-v4-0", slices()[0]["metadata"]["resourceVersion"], False)]
         # A delete of a slice someone else now labels is skipped; of a missing one, no failure.
         theirs = {**web, "metadata": {**web["metadata"], "labels": {SERVICE_NAME_LABEL: "web"}}}
         k.client.replace(ENDPOINT_SLICES.from_dict({**theirs, "metadata": {
-            **theirs["metadata"], "resourceVersion": k.slices()[0]["metadata"]["resourceVersion"]}}))
+            **theirs["metadata"], "resourceVersion": slices()[0]["metadata"]["resourceVersion"]}}))
         assert k.apply(ObjectChanges(deletes=(("default", "web-cluster2-v4-0"), ("default", "nope")))) == (0, [])
-        assert [s["metadata"]["name"] for s in k.slices()] == ["web-cluster2-v4-0"]
+        assert [s["metadata"]["name"] for s in slices()] == ["web-cluster2-v4-0"]
     finally:
         c._client._client.close()
 

@@ -151,8 +151,10 @@ def test_global_services_across_two_kubernetes_clusters(lab: LabState) -> None:
         lat.append(time.monotonic() - t0)
     print(f"lab slice follow latency: median {statistics.median(lat) * 1000:.0f} ms, "
           f"max {max(lat) * 1000:.0f} ms over {len(lat)} changes: {[round(x * 1000) for x in lat]}")
-    # The readiness goes through the kubelet, the EndpointSlice controller and the other cluster's
-    # agent (bench/ measures how fast); here it only has to follow.
+    # The readiness goes through the kubelet, the EndpointSlice controller, cluster2's elected agent
+    # (woken by its informers' events), its etcd, and cluster1's elected agent (woken by that
+    # watch): within a second, not a listing period later (bench/ has the figures).
+    assert statistics.median(lat) < 1.0, lat
     # The EndpointSlice controller never wrote meshctl's slice: every write to it was meshctl's.
     code, mine = api(c1, "GET", f"{SLICES}/web-cluster2-v4-0")
     assert code == 200 and {m["manager"] for m in mine["metadata"]["managedFields"]} == {"meshctl"}, mine

@@ -202,12 +202,13 @@ def kvstore_client(cfg: AgentConfig) -> EtcdClient:
 
 def with_global_services(cfg: AgentConfig, be: KubeBackend, remotes: MirroredRemotes) -> MeshWithServices:
     """The cluster-mesh watcher with the global-services step beside it (agent.global_services):
-    this agent is one candidate of the cluster's Lease; the elected one publishes to the cluster's
-    etcd (the kvstore identity may write its prefix) and writes the EndpointSlices."""
+    this agent is one candidate of the cluster's Lease; the elected one follows the cluster's
+    Services and EndpointSlices by informers, publishes to the cluster's etcd (the kvstore identity
+    may write its prefix) and writes the EndpointSlices; the others follow its status record there."""
     from meshctl.agent.global_services import GlobalServices
-    from meshctl.backends.kube.services import KubeServiceApi, LeaseElector
+    from meshctl.backends.kube.services import KubeServiceApi, LeaseElector, ServiceCache
 
     api = KubeServiceApi(be.client())
     elector = LeaseElector(api, cfg.node_name, be.namespace)
     return MeshWithServices(remotes, GlobalServices(lambda: cfg.cluster_name, api, elector, kvstore_client(cfg),
-                                                    remotes))
+                                                    remotes, ServiceCache(be.config)))

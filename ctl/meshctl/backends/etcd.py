@@ -92,6 +92,15 @@ def mcs_key(kind: str, cluster: str, namespace: str, name: str) -> str:
     return f"{ROOT}/{cluster}/{kind}/{namespace}/{name}"
 
 
+STATUS = "status/"  # /meshctl/<cluster>/status/...: what one agent says for the others' `status`
+
+
+def services_status_key(cluster: str) -> str:
+    """The elected global-services agent's account of the cluster's global Services and
+    Multi-Cluster Services (agent.global_services), which every other agent's `status` shows."""
+    return f"{ROOT}/{cluster}/{STATUS}global-services"
+
+
 def forwarding_prefix(cluster: str) -> str:
     return f"{ROOT}/{cluster}/forwarding/"
 
@@ -424,22 +433,24 @@ class EtcdBackend:
             self._synced = True
 
     def _apply(self, rev: int, events: list[Any]) -> bool:
-        """Mirror the events; True when one may change a plan (not only a report's heartbeat)."""
+        """Mirror the events; True when one may change a plan (not a report's heartbeat, not a
+        status record: no plan reads those)."""
         wakes = False
-        fwd = self.prefix + "forwarding/"
+        fwd, status = self.prefix + "forwarding/", self.prefix + STATUS
         with self._lock:
             for e in events:
+                said = e.kv.key.startswith(status)
                 if e.type == "DELETE":
                     old = self._kvs.pop(e.kv.key, None)
                     if old is not None:
                         self._gone(old)
-                    wakes = True
+                    wakes = wakes or not said
                 else:
                     old = self._kvs.get(e.kv.key)
                     self._kvs[e.kv.key] = e.kv
                     self._came(e.kv)
                     heartbeat = e.kv.key.startswith(fwd) and same_but_time(old.value if old else None, e.kv.value)
-                    wakes = wakes or not heartbeat
+                    wakes = wakes or not (heartbeat or said)
             self._revision = max(self._revision, rev)
         return wakes
 

@@ -92,9 +92,11 @@ def _start_mcs(kw: dict[str, Any], cache: Any, connect: Any, stop: threading.Eve
     from meshctl.backends.kube.backend import kubeconfig_for
     from meshctl.backends.kube.mcs import KubeMcsApi
     from meshctl.backends.kube.mcs_controller import McsController
+    from meshctl.backends.kube.services import ServiceCache
 
     host, port = parse_addr(kw["dns_addr"], "--dns-addr")
-    api = KubeMcsApi(Client(kubeconfig_for(kw["kubeconfig"]), field_manager="meshctl-mcs"))
+    config = kubeconfig_for(kw["kubeconfig"])
+    api = KubeMcsApi(Client(config, field_manager="meshctl-mcs"), ServiceCache(config, namespaces=True))
     try:
         dns = ClusterSetDns(host, port)
     except OSError as e:

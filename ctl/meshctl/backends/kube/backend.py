@@ -21,12 +21,11 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx2 as httpx
-from lightkube import ApiError, AsyncClient, Client, KubeConfig
+from lightkube import ApiError, Client, KubeConfig
 from lightkube.generic_resource import create_global_resource
 from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.core_v1 import ConfigMap, Secret
@@ -45,6 +44,7 @@ from meshctl.backends.kube.forwarding import (
     heartbeat_only,
     reports_from_configmaps,
 )
+from meshctl.backends.kube.informer import FAILURES, Informer, Obj, as_dict, errors_of, follow_all, slim
 from meshctl.backends.kube.nodes import own_annotations, parse_kube_node, pending_reason
 from meshctl.backends.kube.peers import KILO_PEERS, MESHCTL_PEERS, PeerResource, parse_peer_object
 from meshctl.errors import MISSING, InputError, MeshError
@@ -64,10 +64,6 @@ log = logging.getLogger("meshctl.kube")
 # configures none and reports the same failures and rejections in its own `error:`/`warning:`
 # lines, so without a handler of ours Python's last-resort handler would print each twice.
 log.addHandler(logging.NullHandler())
-
-Obj = dict[str, Any]
-# What a failed API call raises through lightkube (errors.describe makes each one line).
-FAILURES = (ApiError, httpx.HTTPError, OSError)
 
 DEFAULT_NAMESPACE = "meshctl"
 DEFAULT_CONFIGMAP = "meshctl"
@@ -180,46 +176,14 @@ def state_from_objects(
     )
 
 
-@dataclass
-class _Kind:
-    """One watched collection: its objects by (namespace, name) and the last version seen.
-    `quiet(old, new)` says a modification changes nothing a plan reads (it wakes no agent)."""
-
-    name: str
-    resource: Any
-    namespace: str | None = None
-    fields: dict[str, str] | None = None
-    labels: dict[str, str] | None = None
-    quiet: Callable[[Obj | None, Obj], bool] | None = None
-    objects: dict[tuple[str, str], Obj] = field(default_factory=dict)
-    rv: str | None = None
-    listed: bool = False
-    missing: bool = False  # the API does not serve it (a CRD that is not installed)
-    # Held while listing, so `snapshot` (reconcile thread) and `run` (watch thread) never both list.
-    list_lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-def _as_dict(obj: Any) -> Obj:
-    return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
-
-
-def _cached(obj: Any, kind: _Kind) -> Obj:
-    """What the cache keeps of an object: all that a reader looks at. Dropped: `managedFields`
-    (8 kB of a typical Node) and a Node's `status` (6 kB: conditions, images, addresses), which
-    nothing here reads; at 5,000 Nodes they were 90 MB of an agent's memory (docs/benchmarks.md,
-    "Kubernetes backend at scale")."""
-    d = _as_dict(obj)
-    meta = d.get("metadata")
-    if isinstance(meta, dict):
-        meta.pop("managedFields", None)
-    if kind.resource is KNode:
-        d.pop("status", None)
-    return d
-
-
-def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+def _without_status(obj: Obj) -> Obj:
+    """What the cache keeps of a Node: all that a reader looks at. Dropped besides `managedFields`
+    (8 kB of a typical Node, informer.slim): its `status` (6 kB: conditions, images, addresses),
+    which nothing here reads; at 5,000 Nodes they were 90 MB of an agent's memory
+    (docs/benchmarks.md, "Kubernetes backend at scale")."""
+    obj = slim(obj)
+    obj.pop("status", None)
+    return obj
 
 
 class KubeBackend:
@@ -251,31 +215,36 @@ class KubeBackend:
         self.server = current.cluster.server if current is not None else "?"
         self._lock = threading.Lock()
         self._client = self.client()
-        self._kinds: list[_Kind] = [_Kind("nodes", KNode)]
+        self.stats = {"relists": 0, "resumes": 0, "gone": 0, "errors": 0}
+
+        def kind(name: str, resource: Any, **kw: Any) -> Informer:
+            return Informer(name, resource, server=self.server, stats=self.stats, lock=self._lock,
+                            retry_missing=resync_seconds, watch_timeout=watch_timeout, **kw)
+
+        self._kinds: list[Informer] = [kind("nodes", KNode, slim=_without_status)]
         for pr in peer_resources:
             res = create_global_resource(pr.group, pr.version, pr.kind, pr.plural)
-            self._kinds.append(_Kind(f"{pr.plural}.{pr.group}", res))
+            self._kinds.append(kind(f"{pr.plural}.{pr.group}", res, optional=True))
         # --cni calico|cilium: the CNI's IPAM objects, watched like the rest (a block that moves is
         # seen within one watch event); not Peers, so kept apart by name.
         self.cni = cni
         self._cni_kinds = frozenset(ck.name for ck in CNI_KINDS.get(cni, ()))
         for ck in CNI_KINDS.get(cni, ()):
-            self._kinds.append(_Kind(ck.name, create_global_resource(ck.group, ck.version, ck.kind, ck.plural)))
+            self._kinds.append(kind(ck.name, create_global_resource(ck.group, ck.version, ck.kind, ck.plural),
+                                    optional=True))
         if mesh is None or cluster is None:
-            self._kinds.append(_Kind("configmap", ConfigMap, namespace, {"metadata.name": configmap}))
+            self._kinds.append(kind("configmap", ConfigMap, namespace=namespace, fields={"metadata.name": configmap}))
         # The nodes' forwarding reports (backends.kube.forwarding), watched: a changed verdict wakes
         # every agent; a heartbeat that only moves a report's time is cached without waking it.
-        self._kinds.append(_Kind(FORWARDING_KIND, ConfigMap, namespace, labels={FORWARDING_LABEL: "true"},
-                                 quiet=heartbeat_only))
+        self._kinds.append(kind(FORWARDING_KIND, ConfigMap, namespace=namespace, labels={FORWARDING_LABEL: "true"},
+                                quiet=heartbeat_only))
         # Called (on the reconcile thread, from snapshot) with this node's pod CIDRs from its CNI's
         # IPAM whenever they changed (--cni calico|cilium): how its own record follows a moved block.
         self.on_own_pod_cidrs: Callable[[tuple[IPNetwork, ...]], object] | None = None
         self._own_cidrs: tuple[IPNetwork, ...] | None = None
         self.pod_cidrs: PodCidrs | None = None  # the last snapshot's, for status and tests
-        self._errors: dict[str, tuple[str, str]] = {}  # kind -> (doing, why) it cannot be read now
         self._last_good: ClusterState | None = None
         self._logged: set[str] = set()
-        self.stats = {"relists": 0, "resumes": 0, "gone": 0, "errors": 0}
         self._metrics = _Metrics(registry) if registry is not None else None
         self._published: Node | None = None
         # Called (on the reconcile thread, from snapshot) with this node's object whenever it
@@ -407,24 +376,16 @@ class KubeBackend:
             if status_of(e) == 404 and is_kubernetes_answer(e):
                 raise MeshError(f"node {node.name!r} does not exist in the kubernetes API {self.server}") from None
             raise MeshError(describe(e, self.server, f"patching node {node.name}")) from None
-        self._store(self._kinds[0], _cached(obj, self._kinds[0]))
+        self._kinds[0].store(_without_status(as_dict(obj)))
         self._published = node
 
     def snapshot(self) -> ClusterState:
         """The current view from the cache (listed now if `run` has not listed yet); when the
         API is unreachable, the last good view with ready=False and the reason."""
+        for k in self._kinds:
+            k.list_now(self._client)  # unless `run` has listed it
+        error = errors_of(self._kinds)
         with self._lock:
-            need = [k for k in self._kinds if not k.listed and not k.missing]
-        for k in need:
-            with k.list_lock:
-                if k.listed or k.missing:
-                    continue  # `run` listed it meanwhile
-                try:
-                    self._relist_sync(k)
-                except FAILURES as e:
-                    self._set_error(k, "listing", e)
-        with self._lock:
-            error = _grouped(self._errors)
             nodes = list(self._kinds[0].objects.values())
             peers = [o for k in self._kinds[1:] if k.resource is not ConfigMap and k.name not in self._cni_kinds
                      for o in k.objects.values()]
@@ -506,7 +467,7 @@ class KubeBackend:
     def own_object(self) -> Obj:
         """This agent's Node object, read now (for its pod CIDR and labels)."""
         try:
-            return _as_dict(self._client.get(KNode, self.node_name))
+            return as_dict(self._client.get(KNode, self.node_name))
         except FAILURES as e:
             if status_of(e) == 404 and is_kubernetes_answer(e):
                 raise MeshError(f"node {self.node_name!r} does not exist in the kubernetes API {self.server}") from None
@@ -536,14 +497,6 @@ class KubeBackend:
         return ClusterState(self.flag_cluster or Cluster(), self.flag_mesh or MeshSettings(), ready=False,
                             reason=reason)
 
-    def _set_error(self, kind: _Kind, doing: str, e: BaseException) -> None:
-        """Remember why `kind` cannot be read now (`doing` it: listing, watching)."""
-        cause = describe(e, self.server, doing).removeprefix(f"{doing}: ")
-        with self._lock:
-            if self._errors.get(kind.name) != (doing, cause):
-                log.warning("%s %s: %s", doing, kind.name, cause)
-            self._errors[kind.name] = (doing, cause)
-
     def _report(self, state: ClusterState) -> None:
         for r in state.rejections:
             if r.reason not in self._logged:
@@ -551,116 +504,6 @@ class KubeBackend:
         self._logged = {r.reason for r in state.rejections}
         if self._metrics is not None:
             self._metrics.update(state, self.stats)
-
-    def _store(self, kind: _Kind, obj: Obj, deleted: bool = False) -> None:
-        """Apply one object to the cache unless the cache already holds a newer version."""
-        key = _key(obj)
-        rv = str((obj.get("metadata") or {}).get("resourceVersion") or "0")
-        with self._lock:
-            have = kind.objects.get(key)
-            have_rv = str((have or {}).get("metadata", {}).get("resourceVersion") or "0")
-            if have is not None and rv.isdigit() and have_rv.isdigit() and int(have_rv) > int(rv):
-                return
-            if deleted:
-                kind.objects.pop(key, None)
-            else:
-                kind.objects[key] = obj
-
-    def _replace_all(self, kind: _Kind, items: list[Obj], rv: str | None) -> None:
-        with self._lock:
-            kind.objects = {_key(o): o for o in items}
-            kind.rv = rv
-            kind.listed = True
-            kind.missing = False
-            self.stats["relists"] += 1
-
-    def _mark_missing(self, kind: _Kind) -> None:
-        with self._lock:
-            kind.objects = {}
-            kind.missing = True
-            kind.listed = True
-
-    def _list_args(self, kind: _Kind) -> dict[str, Any]:
-        args: dict[str, Any] = {}
-        if kind.namespace is not None:
-            args["namespace"] = kind.namespace
-        if kind.fields:
-            args["fields"] = kind.fields
-        if kind.labels:
-            args["labels"] = kind.labels
-        return args
-
-    def _absent(self, kind: _Kind, e: BaseException) -> bool:
-        """A Kubernetes 404 on listing a CRD-backed kind: the CRD is not installed (Kilo's, usually).
-        A real API server answers a group it does not serve with a plain `404 page not found`."""
-        if status_of(e) == 404 and is_kubernetes_answer(e) and kind.resource not in (KNode, ConfigMap):
-            self._mark_missing(kind)
-            return True
-        return False
-
-    def _relist_sync(self, kind: _Kind) -> None:
-        try:
-            it = self._client.list(kind.resource, **self._list_args(kind))
-            items = [_cached(o, kind) for o in it]
-        except FAILURES as e:
-            if self._absent(kind, e):
-                return
-            raise
-        self._replace_all(kind, items, it.resourceVersion)
-
-    async def _relist(self, client: AsyncClient, kind: _Kind) -> None:
-        try:
-            ait = client.list(kind.resource, **self._list_args(kind))
-            items = [_cached(o, kind) async for o in ait]
-        except FAILURES as e:
-            if self._absent(kind, e):
-                return
-            raise
-        self._replace_all(kind, items, ait.resourceVersion)
-
-    async def _follow(self, client: AsyncClient, kind: _Kind, stop: threading.Event,
-                      changed: Callable[[], None]) -> None:
-        backoff = 0.2
-        while not stop.is_set():
-            try:
-                if kind.rv is None or not kind.listed:
-                    if not kind.list_lock.acquire(blocking=False):
-                        await asyncio.sleep(0.02)  # `snapshot` is listing it now
-                        continue
-                    try:
-                        if kind.rv is None or not kind.listed:
-                            await self._relist(client, kind)
-                    finally:
-                        kind.list_lock.release()
-                    self._healthy_again(kind)
-                    changed()
-                if kind.missing:
-                    await asyncio.sleep(self.resync_seconds)  # the CRD may be installed later
-                    kind.listed = False
-                    continue
-                async for typ, obj in client.watch(kind.resource, resource_version=kind.rv,
-                                                   server_timeout=self.watch_timeout, **self._list_args(kind)):
-                    d = _cached(obj, kind)
-                    with self._lock:
-                        old = kind.objects.get(_key(d))
-                    self._store(kind, d, deleted=typ == "DELETED")
-                    kind.rv = str(d["metadata"]["resourceVersion"])
-                    self._healthy_again(kind)
-                    if not (typ == "MODIFIED" and kind.quiet is not None and kind.quiet(old, d)):
-                        changed()
-                    backoff = 0.2
-            except FAILURES as e:
-                if status_of(e) == 410:
-                    # Our version is older than the server's history: only a relist is correct now.
-                    self.stats["gone"] += 1
-                    kind.rv = None
-                    continue
-                self._lost(kind, "watching", e, changed)
-            else:
-                continue
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
-            self.stats["resumes"] += 1  # next round watches again from kind.rv, without a relist
 
     def _refresh(self) -> None:
         """Re-publish the last record so its last-seen stays fresh (the agent publishes only
@@ -672,48 +515,19 @@ class KubeBackend:
         except MeshError as e:
             log.warning("refreshing last-seen: %s", e)
 
-    def _lost(self, kind: _Kind, doing: str, e: BaseException, changed: Callable[[], None]) -> None:
-        self.stats["errors"] += 1
-        was = kind.name in self._errors
-        self._set_error(kind, doing, e)
-        if not was:
-            changed()
-
-    def _healthy_again(self, kind: _Kind) -> None:
-        with self._lock:
-            if self._errors.pop(kind.name, None) is not None:
-                log.warning("kubernetes API: %s readable again", kind.name)
-
     async def _run(self, stop: threading.Event, changed: Callable[[], None]) -> None:
-        client = AsyncClient(self.config, trust_env=False, field_manager="meshctl")
-        install_hooks(client)
-        tasks = [asyncio.create_task(self._follow(client, k, stop, changed)) for k in self._kinds]
+        for k in self._kinds:
+            k.on_change = changed
         last = time.monotonic()
-        try:
-            while not stop.is_set():
-                await asyncio.sleep(0.1)
-                if time.monotonic() - last >= self.resync_seconds:
-                    last = time.monotonic()
-                    await asyncio.to_thread(self._refresh)
-                    changed()
-                for t in tasks:
-                    if t.done() and t.exception() is not None:
-                        raise t.exception()  # type: ignore[misc]
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await client.close()
 
+        async def resync() -> None:
+            nonlocal last
+            if time.monotonic() - last >= self.resync_seconds:
+                last = time.monotonic()
+                await asyncio.to_thread(self._refresh)
+                changed()
 
-def _grouped(errors: Mapping[str, tuple[str, str]]) -> str:
-    """The kinds that cannot be read, one clause per cause: `listing nodes, peers.meshctl.io:
-    cannot connect ...` rather than the same cause once per kind."""
-    by_cause: dict[tuple[str, str], list[str]] = {}
-    for kind, (doing, cause) in errors.items():
-        by_cause.setdefault((doing, cause), []).append(kind)
-    return "; ".join(f"{doing} {', '.join(sorted(kinds))}: {cause}"
-                     for (doing, cause), kinds in sorted(by_cause.items()))
+        await follow_all(self.config, self._kinds, stop, beside=resync)
 
 
 class _Metrics:

@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """The Multi-Cluster Services API, the Kubernetes side: what the controller of the cluster-mesh
 cache (backends.kube.mcs_controller) reads (Services, EndpointSlices, ServiceExports, ServiceImports,
-Namespaces) and writes (ServiceImports and their status, derived Services, their EndpointSlices,
-ServiceExport conditions), as plain dicts. Every write goes through the grants of the
-`meshctl-clustermesh-cache` ServiceAccount (manifests/02-rbac.yaml) and the admission policy
-that holds them to the objects labelled managed by mcs.meshctl.io (manifests/admission-policy.yaml).
+Namespaces, each kept by an informer: services.ServiceCache) and writes (ServiceImports and their
+status, derived Services, their EndpointSlices, ServiceExport conditions), as plain dicts. Every
+write goes through the grants of the `meshctl-clustermesh-cache` ServiceAccount
+(manifests/02-rbac.yaml) and the admission policy that holds them to the objects labelled managed
+by mcs.meshctl.io (manifests/admission-policy.yaml).
 """
 
 from __future__ import annotations
@@ -13,15 +14,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightkube import ApiError, Client
-from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+from lightkube.generic_resource import create_namespaced_resource
 from lightkube.types import PatchType
 
 from meshctl.backends.kube.services import (
     ENDPOINT_SLICES,
     SERVICE_IMPORTS,
     SERVICES,
-    KubeServiceApi,
     Obj,
+    ServiceCache,
     apply_changes,
     as_dict,
 )
@@ -29,7 +30,6 @@ from meshctl.errors import MeshError
 from meshctl.mesh.mcs import must_recreate, owned
 from meshctl.mesh.services import ObjectChanges
 
-NAMESPACES = create_global_resource("", "v1", "Namespace", "namespaces")
 EXPORT_STATUS = create_namespaced_resource("multicluster.x-k8s.io", "v1alpha1", "ServiceExport", "serviceexports")
 IMPORT_STATUS = create_namespaced_resource("multicluster.x-k8s.io", "v1alpha1", "ServiceImport", "serviceimports")
 
@@ -46,21 +46,24 @@ class McsView:
 
 
 class KubeMcsApi:
-    """The controller's reads and writes."""
+    """The controller's reads (from `cache`, a ServiceCache with Namespaces, which the controller
+    starts and stops) and writes (each write's answer held by the cache at once)."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, cache: ServiceCache) -> None:
         self.client = client
-        self._lists = KubeServiceApi(client)
+        self.cache = cache
 
     def read(self) -> McsView:
-        """Everything at once; MeshError when the MCS CRDs are not served (install
-        manifests/06-mcs-crds.yaml)."""
-        exports, imports = self._lists.exports(), self._lists.imports()
+        """Everything, as the informers hold it; MeshError when the MCS CRDs are not served
+        (install manifests/06-mcs-crds.yaml)."""
+        c = self.cache
+        exports, imports = c.present(c.exports), c.present(c.imports)
         if exports is None or imports is None:
             raise MeshError("the Multi-Cluster Services CRDs (serviceexports and serviceimports."
                             "multicluster.x-k8s.io) are not served: apply manifests/ (06-mcs-crds.yaml)")
-        names = frozenset(str((as_dict(n).get("metadata") or {}).get("name")) for n in self.client.list(NAMESPACES))
-        return McsView(self._lists.services(), self._lists.slices(), exports, imports, names)
+        assert c.namespaces is not None  # built with namespaces=True
+        names = frozenset(str((n.get("metadata") or {}).get("name")) for n in c.namespaces.items())
+        return McsView(c.services.items(), c.slices.items(), exports, imports, names)
 
     def apply_services(self, changes: ObjectChanges, have: dict[tuple[str, str], Obj]
                        ) -> tuple[int, list[str], dict[tuple[str, str], list[str]]]:
@@ -84,37 +87,39 @@ class KubeMcsApi:
                     if (old.get("spec") or {}).get(k) is not None:
                         spec[k] = old["spec"][k]
             updates.append({**want, "spec": spec})
-        n, failed = apply_changes(self.client, SERVICES, "service", ObjectChanges(deletes=tuple(deletes)), owned)
-        for obj in creates:
+        written = self.cache.written(self.cache.services)
+        n, failed = apply_changes(self.client, SERVICES, "service", ObjectChanges(deletes=tuple(deletes)), owned,
+                                  written)
+        for verb, obj in [*(("create", o) for o in creates), *(("replace", o) for o in updates)]:
             meta = obj["metadata"]
             try:
-                made = as_dict(self.client.create(SERVICES.from_dict(obj), namespace=meta["namespace"]))
+                if verb == "create":
+                    made = as_dict(self.client.create(SERVICES.from_dict(obj), namespace=meta["namespace"]))
+                else:
+                    made = as_dict(self.client.replace(SERVICES.from_dict(obj)))
                 ips[(meta["namespace"], meta["name"])] = cluster_ips(made)
+                written(made, False)
                 n += 1
             except ApiError as e:
-                failed.append(f"service {meta['namespace']}/{meta['name']}: create: {e.status.message}")
-        for obj in updates:
-            meta = obj["metadata"]
-            try:
-                made = as_dict(self.client.replace(SERVICES.from_dict(obj)))
-                ips[(meta["namespace"], meta["name"])] = cluster_ips(made)
-                n += 1
-            except ApiError as e:
-                failed.append(f"service {meta['namespace']}/{meta['name']}: replace: {e.status.message}")
+                failed.append(f"service {meta['namespace']}/{meta['name']}: {verb}: {e.status.message}")
         return n, failed, ips
 
     def apply_imports(self, changes: ObjectChanges) -> tuple[int, list[str]]:
-        return apply_changes(self.client, SERVICE_IMPORTS, "serviceimport", changes, owned)
+        return apply_changes(self.client, SERVICE_IMPORTS, "serviceimport", changes, owned,
+                             self.cache.written(self.cache.imports))
 
     def apply_slices(self, changes: ObjectChanges) -> tuple[int, list[str]]:
-        return apply_changes(self.client, ENDPOINT_SLICES, "endpointslice", changes, owned)
+        return apply_changes(self.client, ENDPOINT_SLICES, "endpointslice", changes, owned,
+                             self.cache.written(self.cache.slices))
 
     def set_status(self, kind: str, ns: str, name: str, status: dict[str, Any]) -> str | None:
         """Merge-patch the status of a ServiceExport (`kind` serviceexport) or ServiceImport; why
         not, or None."""
         res = EXPORT_STATUS if kind == "serviceexport" else IMPORT_STATUS
         try:
-            self.client.patch(res.Status, name, {"status": status}, namespace=ns, patch_type=PatchType.MERGE)
+            made = self.client.patch(res.Status, name, {"status": status}, namespace=ns, patch_type=PatchType.MERGE)
+            self.cache.written(self.cache.exports if kind == "serviceexport" else self.cache.imports)(as_dict(made),
+                                                                                                   False)
         except ApiError as e:
             if e.status.code == 404:
                 return None  # gone since the read: the next pass forgets it

@@ -7,8 +7,10 @@ their records against its own cluster's, and holds the remote credentials no age
 own ServiceAccount (`meshctl-clustermesh-cache`, narrow grants held by an admission policy) it
 writes what the Multi-Cluster Services API asks for, and no agent's node token gains a write.
 
-One pass (every 0.2 s, and at once when a remote cluster's records change):
-    Kubernetes (Services, slices, ServiceExports, ServiceImports, Namespaces)
+One pass whenever something it reads changed (an event of the informers that keep the five kinds
+it reads: one LIST each, then a WATCH; a pass of the cache, i.e. a remote cluster's records) and
+every RESYNC_S besides:
+    Kubernetes (Services, slices, ServiceExports, ServiceImports, Namespaces, from the informers)
       -> local_exports: the Valid condition of each export, the valid ones published to
          /meshctl/<cluster>/mcs/exports/<ns>/<name> in this cluster's etcd
       + every admitted remote cluster's exports (its endpoints admitted against its admitted nodes,
@@ -80,7 +82,7 @@ from meshctl.mesh.services import (
 
 log = logging.getLogger("meshctl.clustermesh.mcs")
 
-INTERVAL_S = 0.2
+RESYNC_S = 30.0  # a pass at least this often, woken or not (the slow safety net of informers)
 FULL_SYNC_S = 30.0
 
 
@@ -150,16 +152,22 @@ class McsController:
         self._kick.set()
 
     def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                self.step()
-                self.stats.last_error = ""
-            except (MeshError, EtcdError, OSError) as e:
-                self._fail(str(e))
-            except Exception as e:  # noqa: BLE001 - the API away (lightkube, httpx): try again next tick
-                self._fail(f"{type(e).__name__}: {e}")
-            self._kick.wait(INTERVAL_S)
-            self._kick.clear()
+        """Follow the five kinds (api.cache) and pass when woken, until `stop`."""
+        self.api.cache.on_change = self.kick
+        self.api.cache.start()
+        try:
+            while not stop.is_set():
+                self._kick.clear()
+                try:
+                    self.step()
+                    self.stats.last_error = ""
+                except (MeshError, EtcdError, OSError) as e:
+                    self._fail(str(e))
+                except Exception as e:  # noqa: BLE001 - a write met the API away (lightkube, httpx): next wake
+                    self._fail(f"{type(e).__name__}: {e}")
+                self._kick.wait(RESYNC_S if not self.stats.last_error else 1.0)
+        finally:
+            self.api.cache.stop()
 
     def _fail(self, msg: str) -> None:
         self.stats.errors += 1
@@ -173,6 +181,10 @@ class McsController:
         remotes = self.admitted()
         if remotes is None:
             return  # the cache has not admitted anything yet: nothing is known to be gone
+        if not self.api.cache.synced():
+            if errors := self.api.cache.errors():
+                raise MeshError(errors)
+            return  # the informers wake it once they have listed
         view = self.api.read()
         local = local_exports(self.cluster, view.exports, view.services, view.slices)
         records = self.remotes.mirrors()

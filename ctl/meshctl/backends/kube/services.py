@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Global services, the Kubernetes side: Services, MCS ServiceExports and EndpointSlices read
-through the API server, meshctl's slices written, and the Lease (coordination.k8s.io/v1) that
-elects the one agent per cluster that publishes and writes (agent.global_services).
+"""Global services, the Kubernetes side: Services, EndpointSlices, MCS ServiceExports and
+ServiceImports kept by informers (`ServiceCache`: one LIST each, then a WATCH; backends.kube.informer),
+meshctl's slices written, and the Lease (coordination.k8s.io/v1) that elects the one agent per
+cluster that publishes and writes (agent.global_services).
 
 Leader election follows client-go's leaderelection: the holder renews `spec.renewTime` every
 `retry` seconds; another candidate takes the Lease over only when it has seen the same record,
@@ -15,28 +16,27 @@ so the next candidate takes it at once.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx2 as httpx
-from lightkube import ApiError, Client
-from lightkube.generic_resource import create_namespaced_resource
+from lightkube import ApiError, Client, KubeConfig
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 
-from meshctl.backends.kube.errors import is_kubernetes_answer, status_of
+from meshctl.backends.kube.informer import ALL_NAMESPACES, Informer, Informers, Obj, as_dict, slim
 from meshctl.mesh.services import MANAGED_BY, MANAGED_BY_LABEL, ObjectChanges
 
 log = logging.getLogger("meshctl.kube.services")
-
-Obj = dict[str, Any]
 
 SERVICES = create_namespaced_resource("", "v1", "Service", "services")
 ENDPOINT_SLICES = create_namespaced_resource("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices")
 SERVICE_EXPORTS = create_namespaced_resource("multicluster.x-k8s.io", "v1alpha1", "ServiceExport", "serviceexports")
 SERVICE_IMPORTS = create_namespaced_resource("multicluster.x-k8s.io", "v1alpha1", "ServiceImport", "serviceimports")
 LEASES = create_namespaced_resource("coordination.k8s.io", "v1", "Lease", "leases")
+NAMESPACES = create_global_resource("", "v1", "Namespace", "namespaces")
 
 LEASE_NAME = "meshctl-global-services"
 LEASE_DURATION_S = 15.0  # client-go's defaults: 15 s lease, 10 s renew deadline, 2 s retry
@@ -44,45 +44,74 @@ RENEW_DEADLINE_S = 10.0
 RETRY_S = 2.0
 
 
-def as_dict(obj: Any) -> Obj:
-    """A lightkube object (or a dict) as a plain dict."""
-    return dict(obj.to_dict() if hasattr(obj, "to_dict") else obj)
+class ServiceCache:
+    """The cluster's Services, EndpointSlices, ServiceExports and ServiceImports of every namespace
+    (and, with `namespaces`, its Namespaces), each kept by an informer, all followed from one
+    thread between `start` and `stop` (which gives the memory back). `on_change` is called at
+    every event and relist: how a consumer wakes for a change instead of listing on a clock.
+    The MCS kinds are optional: where their CRDs are not installed, `present` says None (and their
+    informers look for them again every 30 s)."""
+
+    def __init__(self, config: KubeConfig, *, namespaces: bool = False, name: str = "service-informers") -> None:
+        current = config.get()
+        server = current.cluster.server if current is not None else "?"
+        self.lock = threading.Lock()
+        self.on_change: Callable[[], None] = lambda: None
+
+        def kind(kname: str, resource: Any, **kw: Any) -> Informer:
+            return Informer(kname, resource, server=server, lock=self.lock, on_change=self._changed, **kw)
+
+        self.services = kind("services", SERVICES, namespace=ALL_NAMESPACES)
+        self.slices = kind("endpointslices", ENDPOINT_SLICES, namespace=ALL_NAMESPACES)
+        self.exports = kind("serviceexports", SERVICE_EXPORTS, namespace=ALL_NAMESPACES, optional=True)
+        self.imports = kind("serviceimports", SERVICE_IMPORTS, namespace=ALL_NAMESPACES, optional=True)
+        self.namespaces = kind("namespaces", NAMESPACES) if namespaces else None
+        kinds = [self.services, self.slices, self.exports, self.imports]
+        self.group = Informers(config, [*kinds, *([self.namespaces] if self.namespaces else [])], name)
+
+    def _changed(self) -> None:
+        self.on_change()
+
+    def start(self) -> None:
+        self.group.start()
+
+    def stop(self) -> None:
+        self.group.stop()
+
+    @property
+    def running(self) -> bool:
+        return self.group.running
+
+    def synced(self) -> bool:
+        """Every kind listed since `start` (an MCS CRD found missing counts as listed)."""
+        return self.group.synced()
+
+    def errors(self) -> str:
+        """Why some kind cannot be read now ("" when all can)."""
+        return self.group.errors()
+
+    @staticmethod
+    def present(informer: Informer) -> list[Obj] | None:
+        """An optional kind's objects; None where its CRD is not installed."""
+        return None if informer.missing else informer.items()
+
+    def written(self, informer: Informer) -> Callable[[Obj, bool], None]:
+        """What a writer calls with each object it wrote (True: deleted): the cache holds it at
+        once, so a pass before the watch delivers it does not write it again."""
+        return lambda obj, deleted: informer.store(slim(as_dict(obj)), deleted)
 
 
 class KubeServiceApi:
-    """The reads and writes global services need, as plain dicts."""
+    """The writes global services make, and the Lease, as plain dicts."""
 
     def __init__(self, client: Client) -> None:
         self.client = client
 
-    def services(self) -> list[Obj]:
-        return [as_dict(o) for o in self.client.list(SERVICES, namespace="*")]
-
-    def exports(self) -> list[Obj] | None:
-        """ServiceExports; None when the MCS CRD is not installed (kube-apiserver answers a group it
-        does not serve with a plain-text 404, which lightkube raises as httpx's error)."""
-        return self._list_optional(SERVICE_EXPORTS)
-
-    def imports(self) -> list[Obj] | None:
-        """ServiceImports; None when the MCS CRD is not installed."""
-        return self._list_optional(SERVICE_IMPORTS)
-
-    def _list_optional(self, resource: Any) -> list[Obj] | None:
-        try:
-            return [as_dict(o) for o in self.client.list(resource, namespace="*")]
-        except (ApiError, httpx.HTTPStatusError) as e:
-            if status_of(e) == 404 and is_kubernetes_answer(e):
-                return None
-            raise
-
-    def slices(self) -> list[Obj]:
-        return [as_dict(o) for o in self.client.list(ENDPOINT_SLICES, namespace="*")]
-
-    def apply(self, changes: ObjectChanges) -> tuple[int, list[str]]:
+    def apply(self, changes: ObjectChanges, written: Written | None = None) -> tuple[int, list[str]]:
         """Create, replace and delete meshctl's slices (apply_changes: only slices labelled managed
         by meshctl.io are deleted)."""
         return apply_changes(self.client, ENDPOINT_SLICES, "endpointslice", changes,
-                             labelled(MANAGED_BY_LABEL, MANAGED_BY))
+                             labelled(MANAGED_BY_LABEL, MANAGED_BY), written)
 
     # --- the Lease --------------------------------------------------------------------------
 
@@ -112,29 +141,38 @@ def labelled(key: str, value: str) -> Callable[[Obj], bool]:
     return lambda o: ((o.get("metadata") or {}).get("labels") or {}).get(key) == value
 
 
+Written = Callable[[Obj, bool], None]  # an object written (True: deleted), for a cache to hold
+
+
 def apply_changes(client: Client, resource: Any, kind: str, changes: ObjectChanges,
-                  owned: Callable[[Obj], bool]) -> tuple[int, list[str]]:
+                  owned: Callable[[Obj], bool], written: Written | None = None) -> tuple[int, list[str]]:
     """Create, replace and delete objects of `resource`, each on its own: one refused write (its
     namespace gone, a conflict) is named in the second value and the others go on. A delete
-    re-reads the object first and leaves it if it is not `owned` (someone else's now). Returns the
-    writes made and the failures."""
+    re-reads the object first and leaves it if it is not `owned` (someone else's now). Each
+    object written goes to `written` (ServiceCache.written). Returns the writes made and the
+    failures."""
     n, failed = 0, []
     for verb, obj in [*(("create", o) for o in changes.creates), *(("replace", o) for o in changes.updates)]:
         meta = obj["metadata"]
         try:
             if verb == "create":
-                client.create(resource.from_dict(obj), namespace=meta["namespace"])
+                made = client.create(resource.from_dict(obj), namespace=meta["namespace"])
             else:
-                client.replace(resource.from_dict(obj))
+                made = client.replace(resource.from_dict(obj))
             n += 1
+            if written is not None:
+                written(as_dict(made), False)
         except ApiError as e:
             failed.append(f"{kind} {meta['namespace']}/{meta['name']}: {verb}: {e.status.message}")
     for ns, name in changes.deletes:
         try:
-            if not owned(as_dict(client.get(resource, name, namespace=ns))):
+            have = as_dict(client.get(resource, name, namespace=ns))
+            if not owned(have):
                 continue
             client.delete(resource, name, namespace=ns)
             n += 1
+            if written is not None:
+                written(have, True)
         except ApiError as e:
             if e.status.code != 404:
                 failed.append(f"{kind} {ns}/{name}: delete: {e.status.message}")
