@@ -24,7 +24,9 @@ def test_readyz_waits_for_the_first_plan_while_healthz_is_alive() -> None:
     applied = {"yes": False}
     port = free_port()
     starting = AgentStatus.from_json({"node": "n1", "ready": False, "reason": "starting"})
-    srv = StatusServer(f"127.0.0.1:{port}", lambda node_list=True, fresh=False: starting, lambda: True, lambda: applied["yes"])
+    srv = StatusServer(
+        f"127.0.0.1:{port}", lambda node_list=True, fresh=False: starting, lambda: True, lambda: applied["yes"]
+    )
     srv.start()
     s = requests.Session()
     s.trust_env = False
