@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import os
 import re
 import subprocess
 import tempfile
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 
 from meshctl.lab.namespaces.state import LabState
 from meshctl.lab.rigs import netns
+from tests.waiting import wait_until
 
 _SENT = re.compile(r"(\d+) packets transmitted")
 _REPLY = re.compile(r"^\[(\d+\.\d+)\] \d+ bytes from .*icmp_seq=(\d+)", re.M)
@@ -85,6 +87,18 @@ class PodPing:
              *(("-c", str(math.ceil(seconds / interval))) if through_errors else ("-w", str(math.ceil(seconds)))),
              self.dst_ip],
             stdout=self.out, stderr=subprocess.STDOUT, text=True)
+
+    def replies(self) -> int:
+        """Replies so far, read at an explicit offset (ping writes at the offset it shares with
+        `out`: seeking that one while ping runs would make it write over its own lines)."""
+        fd = self.out.fileno()
+        return len(_REPLY.findall(os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")))
+
+    def answered(self, count: int = 3, timeout: float = 30.0) -> PodPing:
+        """Once `count` replies came back: the ping runs and the pair works, so a change made now
+        falls inside its window (what a fixed sleep after the start only hoped for)."""
+        wait_until(lambda: self.replies() >= count, timeout, f"{count} replies from {self.dst_ip}")
+        return self
 
     def result(self, timeout: float | None = None) -> PingResult:
         """Wait for ping to end; kill it after `timeout` (default: its deadline plus 30 s)."""
