@@ -29,9 +29,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from meshctl.lab.namespaces import check as labcheck
 from meshctl.lab.namespaces.state import LabState
 from meshctl.lab.rigs import netns
-from tests.waiting import wait_until
+from tests.waiting import wait_for, wait_until
 
 _SENT = re.compile(r"(\d+) packets transmitted")
 _REPLY = re.compile(r"^\[(\d+\.\d+)\] \d+ bytes from .*icmp_seq=(\d+)", re.M)
@@ -156,3 +157,24 @@ class PodPing:
             else:
                 out.append(before[1] + (s - before[0]) * self.interval)
         return tuple(out)
+
+
+ANSWER_WAIT_S = 30.0  # a pair's first packets may meet WireGuard's first handshake: crossed initiations
+# are retried after 5 s (REKEY_TIMEOUT), and a loaded machine adds to that
+
+
+def checked(st: LabState, pairs: list[tuple[str, str]] | None = None, count: int = 3,
+            timeout: float = ANSWER_WAIT_S) -> list[labcheck.PairResult]:
+    """`lab check` of `pairs` (None: all): the pairs that failed are checked again until each answers
+    (the assertion names those that never did within `timeout`); every pair's last result."""
+    results = {(r.src, r.dst, r.family): r for r in labcheck.check(st, count=count, pairs=pairs)}
+
+    def answered() -> bool:
+        failed = sorted({(src, dst) for (src, dst, _), r in results.items() if not r.ok})
+        if failed:
+            results.update({(r.src, r.dst, r.family): r for r in labcheck.check(st, count=count, pairs=failed)})
+        return all(r.ok for r in results.values())
+
+    if not wait_for(answered, timeout, step=0.5):
+        raise AssertionError(f"not answering after {timeout:.0f} s: {[r for r in results.values() if not r.ok]}")
+    return list(results.values())

@@ -193,6 +193,21 @@ class Passes:
                 mesh.admit(parse_topology(doc))
 
 
+def counted_steps(services: GlobalServices) -> list[float]:
+    """The times the step of `services` ended a pass from now on (set before its thread starts)."""
+    ended: list[float] = []
+    step = services.step
+
+    def counting() -> None:
+        try:
+            step()
+        finally:
+            ended.append(time.monotonic())
+
+    services.step = counting  # type: ignore[method-assign]
+    return ended
+
+
 def clusters(tmp_path: Path, apis: tuple[Api, Api], stepping: tuple[str, ...],
              exports: bool = True) -> Iterator[tuple[Side, Side]]:
     """Both clusters; the global-services step runs in the clusters named in `stepping` (a cluster
@@ -460,11 +475,13 @@ def test_an_agent_restarted_while_the_remote_etcd_is_away_keeps_the_slices(two: 
     restarted = wire(c1, c2, tmp_path, "c1-again")
     c1.mesh = restarted  # the fixture stops it
     passes = Passes([(restarted, c1.doc)])
+    steps = counted_steps(restarted.services)
     restarted.start()
     passes.thread.start()
     try:
         wait(lambda: restarted.services.elector.leading, what="the restarted agent leads")
-        time.sleep(1.5)  # several passes of the step
+        led = len(steps)
+        wait(lambda: len(steps) >= led + 3, timeout=30, what="three more passes of the step, leading")
         assert c1.meshctl_slices("web") == {"web-cluster2-v4-0": ["10.43.1.5"]}
     finally:
         passes.stop.set()
