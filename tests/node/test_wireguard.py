@@ -265,7 +265,7 @@ def test_a_peer_added_again_starts_a_handshake_at_once(pair: Pair, lab: NodeLab)
     assert pair.first_contact()
     # Not within the same ~17 ms: WireGuard refuses an initiation whose (coarse) timestamp is not
     # newer than the last one it took from that peer (its replay protection).
-    time.sleep(0.1)
+    time.sleep(0.1)  # the protocol's own rhythm, not a wait for an event
     in_ns(pair.b, pair.wb.sync_peers, [])
     in_ns(pair.b, pair.wb.sync_peers, pair.peers_b())
     # a pings until b answers: at once (a packet racing the handshake may be lost), not after the

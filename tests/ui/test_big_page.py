@@ -2,7 +2,7 @@
 """The page at 50 and 500 nodes (tests/plan/big_topologies.py, topology files: no lab): locations
 first, one box each with the pairs between two boxes counted on one line; a click opens a location
 and draws its nodes; at 500 nodes (a cross mesh: 124,750 pairs) the page still draws and opens a
-location within a bound. The 50-node picture is kept for docs/ui.md."""
+location (the time printed; bench/ui_draw.py measures it). The 50-node picture is kept for docs/ui.md."""
 
 from __future__ import annotations
 
