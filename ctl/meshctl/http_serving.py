@@ -10,8 +10,9 @@ the server goes on serving the others.
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 # What a peer that hung up looks like from the server's side of the socket.
@@ -31,3 +32,20 @@ class HttpServer(ThreadingHTTPServer):
             return
         host = client_address[0] if isinstance(client_address, tuple) and client_address else client_address
         sys.stderr.write(f"{self.name}: a request from {host} failed: {type(exc).__name__}: {exc}\n")
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler that logs nothing per request and answers with `send`, dropping the answer
+    without a word when the client already went (a poll with a short timeout on a slow machine is
+    not the server's error)."""
+
+    def send(self, code: int, body: bytes, ctype: str = "text/plain") -> None:
+        with contextlib.suppress(*CLIENT_GONE):
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        return

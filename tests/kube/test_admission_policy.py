@@ -16,7 +16,9 @@ import pytest
 import requests
 
 from meshctl.backends.kube import nodes as A
+from meshctl.backends.kube.forwarding import FORWARDING_DATA_KEY, FORWARDING_LABEL
 from meshctl.lab.rigs.kube_control_plane import ControlPlane, token_claims
+from meshctl.mesh.leaders import ForwardingReport, Judged
 from tests.kubernetes import MANIFESTS, kubectl, start_control_plane
 from tests.waiting import wait_until
 
@@ -102,10 +104,44 @@ def test_an_agent_writes_only_its_own_summary_configmap(cluster) -> None:
     assert n1.call("POST", "/api/v1/namespaces/meshctl/configmaps", cm, "application/json").status_code == 201
     other = {**cm, "metadata": {"name": "meshctl-seen-n2", "namespace": "meshctl"}}
     refused(n1.call("POST", "/api/v1/namespaces/meshctl/configmaps", other, "application/json"), 403,
-            "may write only configmap meshctl-seen-n1, not meshctl-seen-n2")
+            "may write only configmaps meshctl-seen-n1 and meshctl-forwarding-n1, not meshctl-seen-n2")
     # The shared settings every agent reads: no agent rewrites them.
     refused(n1.call("PATCH", "/api/v1/namespaces/meshctl/configmaps/meshctl", {"data": {"granularity": "full"}}),
-            403, "may write only configmap meshctl-seen-n1, not meshctl")
+            403, "may write only configmaps meshctl-seen-n1 and meshctl-forwarding-n1, not meshctl")
+
+
+def report_configmap(name: str, node: str, verdict: str) -> dict[str, Any]:
+    doc = ForwardingReport(node, "default", 100.0, {"n9": Judged(verdict, 90.0)})  # type: ignore[arg-type]
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "meshctl", "labels": {FORWARDING_LABEL: "true"}},
+            "data": {FORWARDING_DATA_KEY: json.dumps(doc.to_json())}}
+
+
+def test_an_agent_writes_only_its_own_forwarding_report(cluster) -> None:
+    """Two reports are two witnesses only if one node's token cannot write another's: n1 creates
+    and rewrites its own report; n2's, whether new or already written by n2, it cannot touch."""
+    _, agents = cluster
+    n1, n2 = agents["n1"], agents["n2"]
+    cms = "/api/v1/namespaces/meshctl/configmaps"
+    assert n1.call("POST", cms, report_configmap("meshctl-forwarding-n1", "n1", "ok"), "application/json"
+                   ).status_code == 201
+    patch = {"data": {FORWARDING_DATA_KEY: report_configmap("x", "n1", "bad")["data"][FORWARDING_DATA_KEY]}}
+    assert n1.call("PATCH", f"{cms}/meshctl-forwarding-n1", patch).status_code == 200
+    refused(n1.call("POST", cms, report_configmap("meshctl-forwarding-n2", "n2", "bad"), "application/json"), 403,
+            "meshctl's agent on n1 may write only configmaps meshctl-seen-n1 and meshctl-forwarding-n1, "
+            "not meshctl-forwarding-n2")
+    assert n2.call("POST", cms, report_configmap("meshctl-forwarding-n2", "n2", "ok"), "application/json"
+                   ).status_code == 201
+    forged = {"data": {FORWARDING_DATA_KEY: report_configmap("x", "n2", "bad")["data"][FORWARDING_DATA_KEY]}}
+    refused(n1.call("PATCH", f"{cms}/meshctl-forwarding-n2", forged), 403,
+            "may write only configmaps meshctl-seen-n1 and meshctl-forwarding-n1, not meshctl-forwarding-n2")
+    # Every agent reads every report (it watches them by their label).
+    listed = n2.call("GET", f"{cms}?labelSelector={FORWARDING_LABEL}%3Dtrue")
+    assert listed.status_code == 200, listed.text
+    assert sorted(i["metadata"]["name"] for i in listed.json()["items"]) == ["meshctl-forwarding-n1",
+                                                                            "meshctl-forwarding-n2"]
+    assert '"bad"' in next(i for i in listed.json()["items"]
+                           if i["metadata"]["name"] == "meshctl-forwarding-n1")["data"][FORWARDING_DATA_KEY]
 
 
 def test_an_agent_cannot_write_peers(cluster) -> None:

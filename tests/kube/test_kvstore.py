@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from lightkube.types import PatchType
 from meshctl.backends import etcd_identity as identity
 from meshctl.backends.base import ClusterState
 from meshctl.backends.clustermesh import RemoteClusters
-from meshctl.backends.etcd import cluster_key, mesh_key, node_key, peer_key
+from meshctl.backends.etcd import cluster_key, forwarding_key, mesh_key, node_key, peer_key
 from meshctl.backends.kube import nodes as A
 from meshctl.backends.kube.backend import backend_from_options
 from meshctl.backends.kube.kvstore import KvstoreMirror, mirror_records, record_changes, writer_key
@@ -29,6 +30,7 @@ from meshctl.etcd import EtcdClient
 from meshctl.lab.rigs.etcd_process import EtcdServer
 from meshctl.lab.rigs.pki import CertFiles, make_ca, make_cert
 from meshctl.mesh import fields, records
+from meshctl.mesh.leaders import ForwardingReport, Judged, choose_leaders
 from meshctl.mesh.model import Cluster, MeshSettings, Node, Topology
 
 from .helpers import Running, create_node, node_obj, wait_for, wg_key
@@ -64,6 +66,30 @@ def test_mirror_records_are_the_admitted_nodes_with_their_leaders_wireguard_ips(
     assert str(parsed["a1"].wireguard_ip) == "10.4.0.1/16" and str(parsed["b1"].wireguard_ip) == "10.4.0.2/16"
     assert parsed["a2"].wireguard_ip is None and parsed["a2"] == a2
     assert replace(parsed["a1"], wireguard_ip=None) == a1
+
+
+def test_mirror_records_carry_the_admitted_nodes_reports_and_the_leaders_they_choose():
+    """A Kubernetes cluster's forwarding reports go to its etcd as the etcd backend keeps them
+    (`/meshctl/<cluster>/forwarding/<node>`), so another cluster's agents choose its leaders from
+    them; a node the cluster's agents reject has no report there. Two members calling a1 bad move
+    loc a to a2: a2's record carries the segment's WireGuard address, as its own plan gives it."""
+    mesh = MeshSettings(granularity="location")
+    a1, a2, a3 = (node(f"a{i}", f"10.42.{i}.0/24", i, "a", f"192.168.1.{i}/24", f"198.51.100.{i}:51820")
+                  for i in (1, 2, 3))
+    clash = node("c1", "10.42.2.128/25", 4, "c")
+    reports = {n: ForwardingReport(n, "kube1", 10.0, {"a1": Judged("bad", 9.0), **{
+        o: Judged("ok", 1.0) for o in ("a2", "a3") if o != n}}) for n in ("a2", "a3")}
+    reports["c1"] = ForwardingReport("c1", "kube1", 10.0, {"a1": Judged("bad", 9.0)})
+    recs = mirror_records(replace(state_of(a1, a2, a3, clash, mesh=mesh), forwarding=reports))
+    assert {k for k in recs if "/forwarding/" in k} == {forwarding_key("kube1", "a2"), forwarding_key("kube1", "a3")}
+    assert json.loads(recs[forwarding_key("kube1", "a2")]) == reports["a2"].to_json()
+    wg = {n: records.parse_node(json.loads(recs[node_key("kube1", n)]), n).wireguard_ip for n in ("a1", "a2")}
+    assert wg["a1"] is None and str(wg["a2"]) == "10.4.0.1/16"
+    # A report gone from the cluster goes from etcd; other keys stay.
+    have = {k: v.encode() for k, v in recs.items()}
+    have[forwarding_key("kube1", "gone")] = b"{}"
+    puts, deletes = record_changes(have, recs, "kube1")
+    assert puts == [] and deletes == [forwarding_key("kube1", "gone")]
 
 
 def test_record_changes_write_only_what_differs_and_never_touch_other_keys():
@@ -114,6 +140,17 @@ class Etcd:
         """The mirror's identity: it may write /meshctl/kube1/ and nothing else."""
         return self._client(identity.KVSTORE_USER)
 
+    def clustermesh_dir(self, tmp: Path) -> Path:
+        """The other cluster's clustermesh folder: one file, named after kube1, to read it as `remote:other`."""
+        d = tmp / "clustermesh"
+        d.mkdir()
+        c = self.client_cert
+        (d / "kube1").write_text(json.dumps({"endpoints": [self.server.url], "ca-file": str(c.ca),
+                                             "cert-file": str(c.cert), "key-file": str(c.key),
+                                             "username": identity.remote_user("other"),
+                                             "password-file": str(self.passwords[identity.remote_user("other")])}))
+        return d
+
     def records(self) -> dict[str, bytes]:
         c = self._client(identity.ADMIN_USER)
         try:
@@ -148,13 +185,7 @@ def test_one_writer_mirrors_the_cluster_and_a_remote_cluster_reads_it(api, kclie
         backends[name] = be
     run_a1, run_b1 = Running(backends["a1"]), Running(backends["b1"])
     # the other cluster: its agents' watcher, configured by a clustermesh file named after kube1
-    cm_dir = tmp_path / "clustermesh"
-    cm_dir.mkdir()
-    c = etcd.client_cert
-    (cm_dir / "kube1").write_text(json.dumps({"endpoints": [etcd.server.url], "ca-file": str(c.ca),
-                                              "cert-file": str(c.cert), "key-file": str(c.key),
-                                              "username": identity.remote_user("other"),
-                                              "password-file": str(etcd.passwords[identity.remote_user("other")])}))
+    cm_dir = etcd.clustermesh_dir(tmp_path)
     woke = threading.Event()
     remotes = RemoteClusters(cm_dir, Cluster("other", 9), changed=woke.set, poll=0.2)
     with run_a1, run_b1:
@@ -205,6 +236,47 @@ def test_one_writer_mirrors_the_cluster_and_a_remote_cluster_reads_it(api, kclie
     # the records outlive the writers (a remote cluster keeps its routes); the writer key does not
     recs = etcd.records()
     assert writer_key("kube1") not in recs and node_key("kube1", "a1") in recs
+
+
+def test_a_remote_cluster_reads_the_reports_and_moves_the_leader_as_the_cluster_does(api, kclient, etcd, tmp_path):
+    """The reports of a Kubernetes cluster reach another cluster through the mirror, and the other
+    cluster's agents choose the same leader as the cluster's own (mesh.leaders)."""
+    kclient.create(ConfigMap.from_dict({"metadata": {"name": "meshctl", "namespace": "meshctl"},
+                                        "data": {"cluster_name": "kube1", "cluster_id": "3",
+                                                 "granularity": "location"}}))
+    for i in (1, 2, 3):
+        create_node(kclient, node_obj(f"a{i}", f"10.42.{i}.0/24", key=i, internal=f"192.168.1.{i}/24",
+                                      endpoint=f"198.51.100.{i}:51820", ann={A.PREFIX + "location": "a"}))
+    backends = {n: backend_from_options(api.kubeconfig, n) for n in ("a2", "a3")}
+    backends["a2"].mirror = KvstoreMirror(etcd.client(), "a2", lease_ttl=2, full_sync_seconds=30)
+    cm_dir = etcd.clustermesh_dir(tmp_path)
+    remotes = RemoteClusters(cm_dir, Cluster("other", 9), changed=lambda: None, poll=0.2)
+
+    def remote_leaders() -> tuple[str, ...]:
+        backends["a2"].snapshot()  # the agent's reconcile pass offers the view to the mirror
+        states = remotes.states()
+        if not states:
+            return ()
+        st = states[0]
+        loc = choose_leaders(st.topology(), st.forwarding).locations.get("location:a")
+        return loc.leaders if loc is not None else ()
+
+    with Running(backends["a2"]), Running(backends["a3"]):
+        remotes.start()
+        try:
+            wait_for(lambda: remote_leaders() == ("a1",), what="kube1 read by the other cluster, a1 leading")
+            now = time.time()
+            for n in ("a2", "a3"):
+                other = "a3" if n == "a2" else "a2"
+                backends[n].publish_forwarding(ForwardingReport(n, "kube1", now, {
+                    "a1": Judged("bad", now), other: Judged("ok", now - 60)}))
+            wait_for(lambda: remote_leaders() == ("a2",), what="a2 leading kube1's location a in the other cluster")
+            local = backends["a2"].snapshot()
+            assert choose_leaders(local.topology(), local.forwarding).locations["location:a"].leaders == ("a2",)
+            assert {k for k in etcd.records() if "/forwarding/" in k} == {forwarding_key("kube1", "a2"),
+                                                                         forwarding_key("kube1", "a3")}
+        finally:
+            remotes.stop()
 
 
 def test_a_writer_whose_kubernetes_view_is_not_ready_resigns(etcd):

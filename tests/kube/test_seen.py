@@ -60,3 +60,32 @@ def test_a_file_topology_has_no_summaries(tmp_path) -> None:
     f.write_text("nodes: []\n")
     with pytest.raises(InputError, match="--live: 't.yaml' needs the summaries the agents publish"):
         Source(str(f), None, None, None, "", None, None, None, "default").seen()
+
+
+def test_a_nodes_summary_and_report_go_with_its_node(api: Api, kclient: Client) -> None:
+    """Both ConfigMaps an agent publishes are owned by its Node: the controller manager's garbage
+    collector removes them when the Node is deleted (no agent is left to)."""
+    from lightkube.resources.core_v1 import Node as KNode
+
+    from meshctl.backends.kube.forwarding import forwarding_configmap
+    from meshctl.mesh.leaders import ForwardingReport, Judged
+    from tests.kube.helpers import create_node, node_obj, wait_for
+
+    create_node(kclient, node_obj("n1", "10.42.1.0/24", key=1))
+    b1 = backend_from_options(api.kubeconfig, "n1")
+    try:
+        assert b1.snapshot().nodes  # the backend holds its Node (its uid names the owner)
+        b1.publish_seen(NodeSeen("n1", "default", time.time(), {}))
+        b1.publish_forwarding(ForwardingReport("n1", "default", time.time(), {"n2": Judged("ok", 1.0)}))
+    finally:
+        b1.close()
+    names = (seen_configmap("n1"), forwarding_configmap("n1"))
+    for name in names:
+        owners = kclient.get(ConfigMap, name, namespace="meshctl").metadata.ownerReferences or []
+        assert [(o.kind, o.name) for o in owners] == [("Node", "n1")], name
+    kclient.delete(KNode, "n1")
+
+    def gone() -> bool:
+        return not {c.metadata.name for c in kclient.list(ConfigMap, namespace="meshctl")} & set(names)
+
+    wait_for(gone, timeout=60, what="the garbage collector removing n1's ConfigMaps")

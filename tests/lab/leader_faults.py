@@ -41,8 +41,10 @@ def lab_doc(**lab: Any) -> dict[str, Any]:
 
 
 @contextmanager
-def leaders_lab(doc: dict[str, Any]) -> Iterator[LabState]:
-    prefix = unique("ld") + "-"
+def leaders_lab(doc: dict[str, Any], prefix: str = "ld") -> Iterator[LabState]:
+    """The lab `doc` up under a unique name starting with `prefix`, every agent on the documented
+    order; taken down after."""
+    prefix = unique(prefix) + "-"
     name = labstate.lab_name(prefix)
     try:
         st = build.up(parse_lab(doc), prefix=prefix, wait=120)

@@ -7,12 +7,26 @@ import base64
 import copy
 from typing import Any
 
-from meshctl.mesh.records import parse_topology
+from meshctl.mesh.model import Node
+from meshctl.mesh.records import parse_node, parse_topology
 
 
 def key(i: int) -> str:
     """A distinct valid WireGuard public key per integer."""
     return base64.b64encode(i.to_bytes(32, "big")).decode()
+
+
+def record(name: str, i: int, pod: str, *, internal: str | None = None, endpoint: str | None = None,
+           ali: list[str] | None = None, cluster: str = "") -> Node:
+    """One node record as a user (or its agent) writes it: its key from `i`, the fields given."""
+    d: dict[str, Any] = {"name": name, "pod_cidr": pod, "public_key": key(i)}
+    if internal:
+        d["internal_ip"] = internal
+    if endpoint:
+        d["endpoint"] = endpoint
+    if ali:
+        d["allowed_location_ips"] = ali
+    return parse_node(d, name, cluster=cluster, default_port=51820)
 
 
 # Kilo's classic case: two locations, one of them with two nodes, a node without an internal

@@ -7,24 +7,15 @@ order and what must become of each (admitted, or rejected with which words); the
 from __future__ import annotations
 
 import ipaddress
-from typing import Any
 
 import pytest
 
-from meshctl.mesh import admit, records
+from meshctl.mesh import admit
 from meshctl.mesh.model import Cluster, MeshSettings, Topology
 
-from .fixtures import key
+from .fixtures import record
 
-
-def node(name: str, i: int, pod: str, *, internal: str | None = None, endpoint: str | None = None,
-         cluster: str = ""):
-    d: dict[str, Any] = {"name": name, "pod_cidr": pod, "public_key": key(i)}
-    if internal:
-        d["internal_ip"] = internal
-    if endpoint:
-        d["endpoint"] = endpoint
-    return records.parse_node(d, name, cluster=cluster, default_port=51820)
+node = record
 
 
 A1 = node("a1", 1, "10.42.1.0/24", internal="10.10.1.11/24", endpoint="198.51.100.1:51820")

@@ -13,19 +13,9 @@ from meshctl.mesh import admit, fields, records
 from meshctl.mesh.admit import admit_remotes
 from meshctl.mesh.model import Cluster, MeshSettings, Topology
 
-from .fixtures import key
+from .fixtures import key, record
 
-
-def node(name: str, i: int, pod: str, *, internal: str | None = None, endpoint: str | None = None,
-         ali: list[str] | None = None, cluster: str = ""):
-    d: dict[str, Any] = {"name": name, "pod_cidr": pod, "public_key": key(i)}
-    if internal:
-        d["internal_ip"] = internal
-    if endpoint:
-        d["endpoint"] = endpoint
-    if ali:
-        d["allowed_location_ips"] = ali
-    return records.parse_node(d, name, cluster=cluster, default_port=51820)
+node = record
 
 
 # The cluster every local case starts from: a1 and b1 with pod CIDRs, internal addresses, endpoints.

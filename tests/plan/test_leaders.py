@@ -227,6 +227,27 @@ def test_judge_back_only_after_the_hold_and_a_flap_starts_it_again() -> None:
     assert j.verdicts()["a1"].verdict == "ok"
 
 
+def test_judge_says_a_report_is_due_at_every_change_of_verdict_and_only_then() -> None:
+    """A member's first answer (no verdict -> ok) is a change: the publisher's report must carry it
+    at once, or its witness would not count until the next heartbeat."""
+    j = ForwardingJudge(hold=5)
+    j.set_members(["a1", "a2"], 0.0)
+    assert not j.tick(0.0)
+    j.answered("a1", 0.1)
+    assert j.tick(0.1) and j.verdicts()["a1"].verdict == "ok"  # first answer
+    j.answered("a1", 0.2)
+    assert not j.tick(0.2)  # answering again changes nothing
+    changes = []
+    t = 0.3
+    for lost in [True] * 20 + [False] * 60:  # 2 s without answers, then answers for 6 s
+        (j.lost if lost else j.answered)("a1", t)
+        j.answered("a2", t)
+        if j.tick(t):
+            changes.append((round(t, 1), j.verdicts()["a1"].verdict))
+        t = round(t + 0.1, 6)
+    assert [v for _, v in changes] == ["ok", "bad", "recovering", "ok"], changes  # a2's first answer, then a1's
+
+
 def test_judge_twenty_percent_loss_each_way_is_never_bad() -> None:
     import random
 

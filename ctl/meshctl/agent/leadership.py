@@ -5,7 +5,7 @@
 forwards (node/forward_prober.py) and publishes this node's report (mesh.leaders.ForwardingReport)
 into the backend: at once when a verdict changes, and every HEARTBEAT_S regardless, so readers
 can tell a live report from a stale one. A changed report wakes every agent (the etcd backend
-watches it with the records).
+watches it with the records; the Kubernetes backend watches the reports' ConfigMaps).
 
 `Leadership` is the pass's part: the admitted topology and every published report in, the
 topology planning with the chosen leaders out (the same object while the choice is the same, so
@@ -41,10 +41,13 @@ LAST_MOVES = 5  # the moves the status keeps
 
 @runtime_checkable
 class ForwardingStore(Protocol):
-    """A backend that keeps forwarding reports beside the records (the etcd backend)."""
+    """A backend that keeps forwarding reports beside the records and watches them (etcd:
+    `/meshctl/<cluster>/forwarding/<node>`; Kubernetes: ConfigMap `meshctl-forwarding-<node>`)."""
 
     def publish_forwarding(self, report: ForwardingReport) -> None:
-        """Write this node's report; it must go with the node's record when the agent dies."""
+        """Write this node's report where only its credentials may; a dead agent's report must
+        stop counting with its record (etcd: on the record's lease; Kubernetes: a node whose
+        last-seen aged out is no admitted member, and only members' reports count)."""
 
 
 class ForwardProbing:

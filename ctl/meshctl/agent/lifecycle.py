@@ -103,7 +103,7 @@ class Agent:
         peers = runner.live_peers()
         live = LiveReader(self.cfg, self.backend, self.paths, peers, runner.report, lambda: self.pod_watch)
         board = StatusBoard(self._wake.nudge)
-        if self.cfg.forwarding_probes and isinstance(self.backend, ForwardingStore):  # the etcd backend keeps reports
+        if self.cfg.forwarding_probes and isinstance(self.backend, ForwardingStore):  # etcd and Kubernetes keep reports
             self.forwarding = ForwardProbing(self.cfg.private_interface, self.cfg.node_name, self.cfg.cluster_name,
                                              self.backend, self.stop_event)
         passes = PassDriver(self.cfg, self.backend, self.remotes, runner, self.paths, self._pod_interfaces,

@@ -14,18 +14,16 @@ with kube-rbac-proxy's default.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import ssl
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from meshctl.agent.config import parse_addr
-from meshctl.http_serving import CLIENT_GONE, HttpServer
+from meshctl.http_serving import HttpServer, QuietHandler
 from meshctl.node.shell import sh
 
 log = logging.getLogger("meshctl.agent")
@@ -76,36 +74,25 @@ class SecureMetricsServer:
 
     def __init__(self, addr: str, cert: Path, key: Path, metrics: Callable[[], bytes], auth: Authorizer,
                  healthy: Callable[[], bool], ready: Callable[[], bool]) -> None:
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:  # noqa: N802
                 path = self.path.split("?", 1)[0]
                 if path == "/healthz":
                     ok = healthy()
-                    self._send(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n")
+                    self.send(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n")
                 elif path == "/readyz":
                     ok = ready()
-                    self._send(200 if ok else 503, b"ready\n" if ok else b"no plan applied yet\n")
+                    self.send(200 if ok else 503, b"ready\n" if ok else b"no plan applied yet\n")
                 elif path == "/metrics":
                     header = self.headers.get("Authorization", "")
                     token = header[7:].strip() if header[:7].lower() == "bearer " else ""
                     refused = auth.check(token)
                     if refused is None:
-                        self._send(200, metrics(), "text/plain; version=0.0.4")
+                        self.send(200, metrics(), "text/plain; version=0.0.4")
                     else:
-                        self._send(refused[0], f"{refused[1]}\n".encode())
+                        self.send(refused[0], f"{refused[1]}\n".encode())
                 else:
-                    self._send(404, b"not found (this port serves /metrics, /healthz, /readyz)\n")
-
-            def _send(self, code: int, body: bytes, ctype: str = "text/plain") -> None:
-                with contextlib.suppress(*CLIENT_GONE):
-                    self.send_response(code)
-                    self.send_header("Content-Type", ctype)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-                return
+                    self.send(404, b"not found (this port serves /metrics, /healthz, /readyz)\n")
 
         host, port = parse_addr(addr, "--secure-metrics-addr")
         self.httpd = _TlsServer((host, port), Handler)

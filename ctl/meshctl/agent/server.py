@@ -9,13 +9,11 @@ says (127.0.0.1 by default), never 0.0.0.0 unless asked.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 from urllib.parse import parse_qs, quote, urlsplit
 
@@ -34,7 +32,7 @@ from meshctl.agent.status import (
     RemotesStatus,
     RungChanges,
 )
-from meshctl.http_serving import CLIENT_GONE, HttpServer
+from meshctl.http_serving import HttpServer, QuietHandler
 from meshctl.mesh.chooser import ProbeStatus
 
 log = logging.getLogger("meshctl.agent")
@@ -244,44 +242,31 @@ class StatusServer:
         )
         registry, status_fn = self.registry, status
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:  # noqa: N802
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
-                    self._send(200, generate_latest(registry), "text/plain; version=0.0.4")
+                    self.send(200, generate_latest(registry), "text/plain; version=0.0.4")
                 elif path == "/healthz":
                     ok = healthy()
-                    self._send(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n", "text/plain")
+                    self.send(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n", "text/plain")
                 elif path == "/readyz":
                     ok = ready()
-                    self._send(200 if ok else 503, b"ready\n" if ok else b"no plan applied yet\n", "text/plain")
+                    self.send(200 if ok else 503, b"ready\n" if ok else b"no plan applied yet\n", "text/plain")
                 elif path == "/status":
-                    self._send(200, json.dumps(status_fn().to_json(), default=str).encode(), "application/json")
+                    self.send(200, json.dumps(status_fn().to_json(), default=str).encode(), "application/json")
                 elif path == "/probe" and probe is not None:
                     self._probe(probe)
                 else:
-                    self._send(404, b"not found\n", "text/plain")
+                    self.send(404, b"not found\n", "text/plain")
 
             def _probe(self, fn: Callable[[str], ProbeResult]) -> None:
                 peer = parse_qs(urlsplit(self.path).query).get("peer", [""])[0]
                 if not peer:
-                    self._send(400, json.dumps({"error": "peer: missing (/probe?peer=NAME)"}).encode(),
+                    self.send(400, json.dumps({"error": "peer: missing (/probe?peer=NAME)"}).encode(),
                                "application/json")
                     return
-                self._send(200, json.dumps(fn(peer).to_json()).encode(), "application/json")
-
-            def _send(self, code: int, body: bytes, ctype: str) -> None:
-                # A client that gave up (a poll with a short timeout on a slow machine) is not the
-                # agent's error: its answer is dropped without a traceback in the log.
-                with contextlib.suppress(*CLIENT_GONE):
-                    self.send_response(code)
-                    self.send_header("Content-Type", ctype)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-                return
+                self.send(200, json.dumps(fn(peer).to_json()).encode(), "application/json")
 
         host, port = parse_addr(addr, "--metrics-addr")
         self.httpd = StatusHttpServer((host, port), Handler)

@@ -36,7 +36,7 @@ from meshctl.errors import InputError, MeshError
 from meshctl.etcd import Compacted, EtcdClient, EtcdError, KeyValue, WatchIdle
 from meshctl.mesh import records
 from meshctl.mesh.admit import Rejection
-from meshctl.mesh.leaders import ForwardingReport
+from meshctl.mesh.leaders import ForwardingReport, report_of
 from meshctl.mesh.model import Cluster, MeshSettings, Node, Peer
 from meshctl.mesh.observed import MAX_SEEN_BYTES, NodeSeen, summary_of
 
@@ -124,20 +124,16 @@ def read_seen(client: EtcdClient, cluster: str) -> tuple[dict[str, NodeSeen], li
 
 def parse_report(kv: KeyValue, name: str, cluster: str) -> ForwardingReport:
     """The forwarding report at `kv`, written by node `name` of `cluster` (its key says so)."""
-    r = ForwardingReport.from_json(parse_record(kv, kv.key), kv.key)
-    if r.node != name:
-        raise InputError(f"{kv.key}.node", r.node, "does not match the key")
-    if r.cluster != cluster:
-        raise InputError(f"{kv.key}.cluster", r.cluster, "names another cluster than its key")
-    return r
+    return report_of(parse_record(kv, kv.key), kv.key, name, cluster, "the key")
 
 
-def _same_verdicts(old: KeyValue | None, new: KeyValue) -> bool:
-    """Two values of one report key that differ at most in the report's time (a heartbeat)."""
+def same_but_time(old: str | bytes | None, new: str | bytes) -> bool:
+    """Two texts of one node's forwarding report that differ at most in the report's time `at` (a
+    heartbeat, which changes no decision: stores keep it without waking the agents)."""
     if old is None:
         return False
     try:
-        a, b = json.loads(old.value), json.loads(new.value)
+        a, b = json.loads(old), json.loads(new)
     except ValueError:
         return False
     return isinstance(a, dict) and isinstance(b, dict) and {**a, "at": 0} == {**b, "at": 0}
@@ -424,7 +420,8 @@ class EtcdBackend:
                     old = self._kvs.get(e.kv.key)
                     self._kvs[e.kv.key] = e.kv
                     self._came(e.kv)
-                    wakes = wakes or not e.kv.key.startswith(fwd) or not _same_verdicts(old, e.kv)
+                    heartbeat = e.kv.key.startswith(fwd) and same_but_time(old.value if old else None, e.kv.value)
+                    wakes = wakes or not heartbeat
             self._revision = max(self._revision, rev)
         return wakes
 

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from meshctl.errors import MeshError
+from meshctl.errors import InputError, MeshError
 from meshctl.mesh.model import Node, Topology
 from meshctl.mesh.segments import leader_order, segment_key
 
@@ -109,6 +109,18 @@ class ForwardingReport:
                                 f"not {v.get('verdict') if isinstance(v, dict) else v!r}")
             out[name] = Judged(v["verdict"], _seconds(v.get("since"), f"{where}: verdicts.{name}.since"))
         return cls(node, cluster, at_s, out)
+
+
+def report_of(doc: object, where: str, node: str, cluster: str, owner: str) -> ForwardingReport:
+    """The report `doc` found at `where` (an etcd key, a ConfigMap), which only `node`'s
+    credentials may write: refused when it is not a report, names another node than `owner` says,
+    or another cluster than the reader's."""
+    r = ForwardingReport.from_json(doc, where)
+    if r.node != node:
+        raise InputError(f"{where}.node", r.node, f"does not match {owner}")
+    if r.cluster != cluster:
+        raise InputError(f"{where}.cluster", r.cluster, f"names another cluster than {owner}")
+    return r
 
 
 def _seconds(v: object, where: str) -> float:
@@ -293,6 +305,7 @@ class ForwardingJudge:
         self.hold = hold
         self.tuning = tuning or JudgeTuning()
         self._watches: dict[str, _Watch] = {}
+        self._answered_change = False  # an answer changed a verdict since the last tick
 
     def set_members(self, names: Iterable[str], now: float) -> None:
         """Probe these members (and no others): new ones start with no verdict."""
@@ -313,8 +326,10 @@ class ForwardingJudge:
         w.last_answer, w.lost = now, 0
         if w.verdict is None:
             w.verdict, w.since = "ok", now
+            self._answered_change = True
         elif w.verdict == "bad":
             w.verdict, w.since = "recovering", now
+            self._answered_change = True
 
     def lost(self, member: str, now: float) -> None:
         w = self._watches.get(member)
@@ -322,8 +337,10 @@ class ForwardingJudge:
             w.lost += 1
 
     def tick(self, now: float) -> bool:
-        """Apply the rules at `now`; True when a verdict changed (a report is due at once)."""
-        changed = False
+        """Apply the rules at `now`; True when a verdict changed since the last tick, by these rules
+        or by an answer (a member's first `ok`, `recovering`): a report is due at once, so a
+        location's members count as witnesses from their first answers, not a heartbeat later."""
+        changed, self._answered_change = self._answered_change, False
         t = self.tuning
         for w in self._watches.values():
             quiet_since = w.last_answer if w.last_answer is not None else w.since

@@ -21,14 +21,14 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx2 as httpx
 from lightkube import ApiError, AsyncClient, Client, KubeConfig
 from lightkube.generic_resource import create_global_resource
-from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.core_v1 import ConfigMap, Secret
 from lightkube.resources.core_v1 import Node as KNode
 from lightkube.types import PatchType
@@ -38,11 +38,19 @@ from meshctl.backends.base import BackendStatus, ClusterState
 from meshctl.backends.kube.cni_ipam import CNI_KINDS, PodCidrs, pod_cidrs_for
 from meshctl.backends.kube.errors import describe, install_hooks, is_kubernetes_answer, status_of
 from meshctl.backends.kube.flannel import parse_flannel
+from meshctl.backends.kube.forwarding import (
+    FORWARDING_DATA_KEY,
+    FORWARDING_LABEL,
+    forwarding_configmap,
+    heartbeat_only,
+    reports_from_configmaps,
+)
 from meshctl.backends.kube.nodes import own_annotations, parse_kube_node, pending_reason
 from meshctl.backends.kube.peers import KILO_PEERS, MESHCTL_PEERS, PeerResource, parse_peer_object
 from meshctl.errors import MISSING, InputError, MeshError
 from meshctl.mesh import fields, records
 from meshctl.mesh.admit import Rejection
+from meshctl.mesh.leaders import ForwardingReport
 from meshctl.mesh.model import Cluster, IPNetwork, MeshSettings, Node
 from meshctl.mesh.observed import MAX_SEEN_BYTES, NodeSeen, summary_of
 from meshctl.node.flannel import FlannelLease
@@ -74,6 +82,8 @@ BOOLEAN_ENV_KEYS = ("fastpath", "masquerade6")
 SEEN_CONFIGMAP_PREFIX = "meshctl-seen-"
 SEEN_LABEL = "meshctl.io/seen"
 SEEN_DATA_KEY = "seen"
+# The watched kind of the forwarding reports' ConfigMaps (backends.kube.forwarding), as errors name it.
+FORWARDING_KIND = "forwarding reports"
 
 
 def seen_configmap(node: str) -> str:
@@ -113,6 +123,8 @@ def state_from_objects(
     own_name: str = "",
     flannel: bool = False,
     pod_cidrs: PodCidrs | None = None,
+    reports: Iterable[Mapping[str, Any]] = (),
+    namespace: str = DEFAULT_NAMESPACE,
 ) -> ClusterState:
     """The pure part of `snapshot`: Kubernetes objects in, a ClusterState out. Never raises for a
     bad object: it becomes a Rejection naming node (or peer), annotation and value. With `flannel`
@@ -120,7 +132,9 @@ def state_from_objects(
     parse is rejected alone, and `flannel` maps node names to their FlannelLease.
     `pod_cidrs` (`--cni calico|cilium`) gives each node's pod CIDRs from its CNI's IPAM instead of
     `spec.podCIDR`; its rejections (a block claimed twice, an overlapping CiliumNode) are counted
-    with the rest, and a node without CIDRs there is pending."""
+    with the rest, and a node without CIDRs there is pending. `reports` are the forwarding
+    reports' ConfigMaps (backends.kube.forwarding) of `namespace`: each one that is not a report of
+    the node it is named for, in `cluster`, is a rejection."""
     parsed: list[tuple[str, str, Node]] = []
     leases: dict[str, FlannelLease] = {}
     rejections: list[Rejection] = list(pod_cidrs.rejections) if pod_cidrs is not None else []
@@ -158,20 +172,25 @@ def state_from_objects(
         if p.name not in seen:
             seen.add(p.name)
             unique_peers.append(p)
+    forwarding, refused = reports_from_configmaps(reports, cluster.name, namespace)
+    rejections += refused
     return ClusterState(
         cluster=cluster, mesh=mesh, nodes=tuple(n for _, _, n in parsed), peers=tuple(unique_peers),
-        rejections=tuple(rejections), pending=pending, stale=tuple(stale), flannel=leases,
+        rejections=tuple(rejections), pending=pending, stale=tuple(stale), flannel=leases, forwarding=forwarding,
     )
 
 
 @dataclass
 class _Kind:
-    """One watched collection: its objects by (namespace, name) and the last version seen."""
+    """One watched collection: its objects by (namespace, name) and the last version seen.
+    `quiet(old, new)` says a modification changes nothing a plan reads (it wakes no agent)."""
 
     name: str
     resource: Any
     namespace: str | None = None
     fields: dict[str, str] | None = None
+    labels: dict[str, str] | None = None
+    quiet: Callable[[Obj | None, Obj], bool] | None = None
     objects: dict[tuple[str, str], Obj] = field(default_factory=dict)
     rv: str | None = None
     listed: bool = False
@@ -182,6 +201,20 @@ class _Kind:
 
 def _as_dict(obj: Any) -> Obj:
     return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+
+
+def _cached(obj: Any, kind: _Kind) -> Obj:
+    """What the cache keeps of an object: all that a reader looks at. Dropped: `managedFields`
+    (8 kB of a typical Node) and a Node's `status` (6 kB: conditions, images, addresses), which
+    nothing here reads; at 5,000 Nodes they were 90 MB of an agent's memory (docs/benchmarks.md,
+    "Kubernetes backend at scale")."""
+    d = _as_dict(obj)
+    meta = d.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    if kind.resource is KNode:
+        d.pop("status", None)
+    return d
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -230,6 +263,10 @@ class KubeBackend:
             self._kinds.append(_Kind(ck.name, create_global_resource(ck.group, ck.version, ck.kind, ck.plural)))
         if mesh is None or cluster is None:
             self._kinds.append(_Kind("configmap", ConfigMap, namespace, {"metadata.name": configmap}))
+        # The nodes' forwarding reports (backends.kube.forwarding), watched: a changed verdict wakes
+        # every agent; a heartbeat that only moves a report's time is cached without waking it.
+        self._kinds.append(_Kind(FORWARDING_KIND, ConfigMap, namespace, labels={FORWARDING_LABEL: "true"},
+                                 quiet=heartbeat_only))
         # Called (on the reconcile thread, from snapshot) with this node's pod CIDRs from its CNI's
         # IPAM whenever they changed (--cni calico|cilium): how its own record follows a moved block.
         self.on_own_pod_cidrs: Callable[[tuple[IPNetwork, ...]], object] | None = None
@@ -276,7 +313,23 @@ class KubeBackend:
         if seen.node != self.node_name:
             raise InputError("seen.node", seen.node, f"is not this agent's node ({self.node_name})")
         self._merge_configmap(seen_configmap(seen.node), {SEEN_DATA_KEY: json.dumps(seen.to_json(), sort_keys=True)},
-                              labels={SEEN_LABEL: "true"})
+                              labels={SEEN_LABEL: "true"}, own=True)
+
+    def publish_forwarding(self, report: ForwardingReport) -> None:
+        """This node's forwarding report (agent.leadership.ForwardingStore) into the ConfigMap
+        `meshctl-forwarding-<node>` of the agent's namespace, which every agent watches, under the
+        cluster's name as this backend reads it now (readers refuse another cluster's). Which node
+        may write which report is manifests/admission-policy.yaml's to enforce; readers check the
+        name. It counts while this node is admitted (its last-seen fresh); owned by the Node, it
+        goes when the Node goes."""
+        if report.node != self.node_name:
+            raise InputError("report.node", report.node, f"is not this agent's node ({self.node_name})")
+        cluster = self._settings()[0].name
+        if report.cluster != cluster:
+            report = replace(report, cluster=cluster)
+        self._merge_configmap(forwarding_configmap(report.node),
+                              {FORWARDING_DATA_KEY: json.dumps(report.to_json(), sort_keys=True)},
+                              labels={FORWARDING_LABEL: "true"}, own=True)
 
     def read_seen(self) -> tuple[dict[str, NodeSeen], list[str]]:
         """Every node's summary in the agent's namespace, by node, and a line per summary refused
@@ -308,20 +361,36 @@ class KubeBackend:
             seen[node] = s
         return seen, refused
 
-    def _merge_configmap(self, name: str, data: Mapping[str, str], labels: Mapping[str, str] | None = None) -> None:
-        """Merge `data` into ConfigMap `name` of the agent's namespace, creating it when absent."""
+    def _merge_configmap(self, name: str, data: Mapping[str, str], labels: Mapping[str, str] | None = None,
+                         *, own: bool = False) -> None:
+        """Merge `data` (and `labels`) into ConfigMap `name` of the agent's namespace, creating it
+        when absent; with `own`, created owned by this agent's Node, so the garbage collector
+        removes it with the Node (a node's summary and forwarding report)."""
         where = f"writing configmap {self.namespace}/{name}"
+        patch: Obj = {"data": dict(data)}
+        if labels:
+            patch["metadata"] = {"labels": dict(labels)}
         try:
             try:
-                self._client.patch(ConfigMap, name, {"data": dict(data)}, namespace=self.namespace,
-                                   patch_type=PatchType.MERGE)
+                self._client.patch(ConfigMap, name, patch, namespace=self.namespace, patch_type=PatchType.MERGE)
             except ApiError as e:
                 if e.status.code != 404:
                     raise
+                owners = self._own_owner() if own else None
                 self._client.create(ConfigMap(metadata=ObjectMeta(name=name, namespace=self.namespace,
-                                                                  labels=dict(labels or {})), data=dict(data)))
+                                                                  labels=dict(labels or {}), ownerReferences=owners),
+                                              data=dict(data)))
         except FAILURES as e:
             raise MeshError(describe(e, self.server, where)) from None
+
+    def _own_owner(self) -> list[OwnerReference] | None:
+        """This agent's Node as the owner of what it publishes (None until the Node is cached)."""
+        with self._lock:
+            own = self._kinds[0].objects.get(("", self.node_name))
+        uid = ((own or {}).get("metadata") or {}).get("uid")
+        if not uid:
+            return None
+        return [OwnerReference(apiVersion="v1", kind="Node", name=self.node_name, uid=str(uid))]
 
     # --- the Backend protocol ---------------------------------------------------------------
 
@@ -338,7 +407,7 @@ class KubeBackend:
             if status_of(e) == 404 and is_kubernetes_answer(e):
                 raise MeshError(f"node {node.name!r} does not exist in the kubernetes API {self.server}") from None
             raise MeshError(describe(e, self.server, f"patching node {node.name}")) from None
-        self._store(self._kinds[0], _as_dict(obj))
+        self._store(self._kinds[0], _cached(obj, self._kinds[0]))
         self._published = node
 
     def snapshot(self) -> ClusterState:
@@ -357,8 +426,9 @@ class KubeBackend:
         with self._lock:
             error = _grouped(self._errors)
             nodes = list(self._kinds[0].objects.values())
-            peers = [o for k in self._kinds[1:] if k.name != "configmap" and k.name not in self._cni_kinds
+            peers = [o for k in self._kinds[1:] if k.resource is not ConfigMap and k.name not in self._cni_kinds
                      for o in k.objects.values()]
+            reports = [o for k in self._kinds if k.name == FORWARDING_KIND for o in k.objects.values()]
             cni_objects = {k.name: list(k.objects.values()) for k in self._kinds if k.name in self._cni_kinds}
             revision = max((int(k.rv) for k in self._kinds if k.rv and k.rv.isdigit()), default=0)
             own = self._kinds[0].objects.get(("", self.node_name))
@@ -382,9 +452,8 @@ class KubeBackend:
                 self.on_own_pod_cidrs(mine)
         state = state_from_objects(nodes, peers, cluster, mesh, now=self.clock(), max_age=2 * self.resync_seconds,
                                    location_label=self.location_label, own_name=self.node_name,
-                                   flannel=self.cni == "flannel", pod_cidrs=pod_cidrs)
-        from dataclasses import replace
-
+                                   flannel=self.cni == "flannel", pod_cidrs=pod_cidrs, reports=reports,
+                                   namespace=self.namespace)
         state = replace(state, revision=revision)
         self._report(state)
         self._last_good = state
@@ -462,8 +531,6 @@ class KubeBackend:
         return state
 
     def _not_ready(self, reason: str) -> ClusterState:
-        from dataclasses import replace
-
         if self._last_good is not None:
             return replace(self._last_good, ready=False, reason=reason)
         return ClusterState(self.flag_cluster or Cluster(), self.flag_mesh or MeshSettings(), ready=False,
@@ -519,12 +586,14 @@ class KubeBackend:
             args["namespace"] = kind.namespace
         if kind.fields:
             args["fields"] = kind.fields
+        if kind.labels:
+            args["labels"] = kind.labels
         return args
 
     def _absent(self, kind: _Kind, e: BaseException) -> bool:
         """A Kubernetes 404 on listing a CRD-backed kind: the CRD is not installed (Kilo's, usually).
         A real API server answers a group it does not serve with a plain `404 page not found`."""
-        if status_of(e) == 404 and is_kubernetes_answer(e) and kind.resource is not KNode and kind.name != "configmap":
+        if status_of(e) == 404 and is_kubernetes_answer(e) and kind.resource not in (KNode, ConfigMap):
             self._mark_missing(kind)
             return True
         return False
@@ -532,7 +601,7 @@ class KubeBackend:
     def _relist_sync(self, kind: _Kind) -> None:
         try:
             it = self._client.list(kind.resource, **self._list_args(kind))
-            items = [_as_dict(o) for o in it]
+            items = [_cached(o, kind) for o in it]
         except FAILURES as e:
             if self._absent(kind, e):
                 return
@@ -542,7 +611,7 @@ class KubeBackend:
     async def _relist(self, client: AsyncClient, kind: _Kind) -> None:
         try:
             ait = client.list(kind.resource, **self._list_args(kind))
-            items = [_as_dict(o) async for o in ait]
+            items = [_cached(o, kind) async for o in ait]
         except FAILURES as e:
             if self._absent(kind, e):
                 return
@@ -571,11 +640,14 @@ class KubeBackend:
                     continue
                 async for typ, obj in client.watch(kind.resource, resource_version=kind.rv,
                                                    server_timeout=self.watch_timeout, **self._list_args(kind)):
-                    d = _as_dict(obj)
+                    d = _cached(obj, kind)
+                    with self._lock:
+                        old = kind.objects.get(_key(d))
                     self._store(kind, d, deleted=typ == "DELETED")
                     kind.rv = str(d["metadata"]["resourceVersion"])
                     self._healthy_again(kind)
-                    changed()
+                    if not (typ == "MODIFIED" and kind.quiet is not None and kind.quiet(old, d)):
+                        changed()
                     backoff = 0.2
             except FAILURES as e:
                 if status_of(e) == 410:

@@ -9,6 +9,8 @@ Layout: exactly that of `backends.etcd` (docs/agent.md):
     /meshctl/<cluster>/mesh           records.mesh_to_record
     /meshctl/<cluster>/nodes/<name>   records.node_to_record        the ADMITTED nodes, leaders
                                                                      with their WireGuard address
+    /meshctl/<cluster>/forwarding/<name>  leaders.ForwardingReport  the admitted nodes' reports
+                                                                     (ConfigMaps meshctl-forwarding-*)
     /meshctl/<cluster>/writer         the node whose agent writes    on that agent's lease
 
 One writer per cluster, chosen by etcd: the agent that creates the `writer` key on its lease
@@ -36,10 +38,20 @@ from dataclasses import replace
 from typing import Any
 
 from meshctl.backends.base import ClusterState, KvstoreStatus
-from meshctl.backends.etcd import ROOT, cluster_key, cluster_prefix, cluster_record, mesh_key, node_key
+from meshctl.backends.etcd import (
+    ROOT,
+    cluster_key,
+    cluster_prefix,
+    cluster_record,
+    forwarding_key,
+    forwarding_prefix,
+    mesh_key,
+    node_key,
+)
 from meshctl.errors import InputError
 from meshctl.etcd import EtcdClient, EtcdError
 from meshctl.mesh import admit, records
+from meshctl.mesh.leaders import choose_leaders, with_leaders
 from meshctl.mesh.model import Topology
 from meshctl.mesh.segments import segments
 
@@ -55,13 +67,16 @@ def _dumps(value: Any) -> str:
 
 
 def mirror_records(state: ClusterState) -> dict[str, str]:
-    """What etcd should hold for `state`: the cluster and mesh records and one record per node
-    that the cluster's own agents admit (admit.admit_nodes, in the state's order). A segment's
-    leader carries the segment's WireGuard address, as its own agent's plan gives it."""
+    """What etcd should hold for `state`: the cluster and mesh records, one record per node that
+    the cluster's own agents admit (admit.admit_nodes, in the state's order) and those nodes'
+    forwarding reports, so other clusters choose this cluster's leaders from the facts its own
+    agents choose them from. A segment's leader (chosen from those reports, mesh.leaders) carries the
+    segment's WireGuard address, as its own agent's plan gives it."""
     admitted, _ = admit.admit_nodes(state.nodes, state.mesh.subnets, allow_default_route=state.mesh.allow_default_route)
     try:
-        wg_of = {s.leader.name: s.addresses for s in segments(Topology(state.cluster, state.mesh,
-                                                                           tuple(admitted)))}
+        topo = Topology(state.cluster, state.mesh, tuple(admitted))
+        led = with_leaders(topo, choose_leaders(topo, state.forwarding))
+        wg_of = {s.leader.name: s.addresses for s in segments(led)}
     except InputError:
         wg_of = {}  # a subnet too small for the segments: the records go out without addresses
     name = state.cluster.name
@@ -73,6 +88,9 @@ def mirror_records(state: ClusterState) -> dict[str, str]:
         wgs = wg_of.get(n.name, ())
         out[node_key(name, n.name)] = _dumps(records.node_to_record(
             replace(n, wireguard_ip=wgs[0] if wgs else None, wireguard_ips=wgs)))
+        report = state.forwarding.get(n.name)
+        if report is not None:
+            out[forwarding_key(name, n.name)] = _dumps(report.to_json())
     return out
 
 
@@ -88,11 +106,11 @@ def _same(have: bytes | None, want: str) -> bool:
 def record_changes(have: Mapping[str, bytes], desired: Mapping[str, str], cluster: str
                    ) -> tuple[list[tuple[str, str]], list[str]]:
     """(puts, deletes) that turn `have` (every key under the cluster's prefix) into `desired`.
-    Values compare as JSON, so another writer's formatting is no change; only node records are
-    ever deleted (peers and the writer key are not the mirror's)."""
+    Values compare as JSON, so another writer's formatting is no change; only node records and
+    forwarding reports are ever deleted (peers and the writer key are not the mirror's)."""
     puts = [(k, v) for k, v in sorted(desired.items()) if not _same(have.get(k), v)]
-    nodes = cluster_prefix(cluster) + "nodes/"
-    deletes = sorted(k for k in have if k.startswith(nodes) and k not in desired)
+    mirrored = (cluster_prefix(cluster) + "nodes/", forwarding_prefix(cluster))
+    deletes = sorted(k for k in have if k.startswith(mirrored) and k not in desired)
     return puts, deletes
 
 
