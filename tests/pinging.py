@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from meshctl.lab.namespaces import check as labcheck
 from meshctl.lab.namespaces.state import LabState
 from meshctl.lab.rigs import netns
-from tests.waiting import wait_for, wait_until
+from tests.waiting import WAIT_S, wait_for, wait_until
 
 _SENT = re.compile(r"(\d+) packets transmitted")
 _REPLY = re.compile(r"^\[(\d+\.\d+)\] \d+ bytes from .*icmp_seq=(\d+)", re.M)
@@ -95,7 +95,7 @@ class PodPing:
         fd = self.out.fileno()
         return len(_REPLY.findall(os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")))
 
-    def answered(self, count: int = 3, timeout: float = 30.0) -> PodPing:
+    def answered(self, count: int = 3, timeout: float = WAIT_S) -> PodPing:
         """Once `count` replies came back: the ping runs and the pair works, so a change made now
         falls inside its window (what a fixed sleep after the start only hoped for)."""
         wait_until(lambda: self.replies() >= count, timeout, f"{count} replies from {self.dst_ip}")
@@ -159,14 +159,11 @@ class PodPing:
         return tuple(out)
 
 
-ANSWER_WAIT_S = 30.0  # a pair's first packets may meet WireGuard's first handshake: crossed initiations
-# are retried after 5 s (REKEY_TIMEOUT), and a loaded machine adds to that
-
-
 def checked(st: LabState, pairs: list[tuple[str, str]] | None = None, count: int = 3,
-            timeout: float = ANSWER_WAIT_S) -> list[labcheck.PairResult]:
+            timeout: float = WAIT_S) -> list[labcheck.PairResult]:
     """`lab check` of `pairs` (None: all): the pairs that failed are checked again until each answers
-    (the assertion names those that never did within `timeout`); every pair's last result."""
+    (a pair's first packets may meet WireGuard's first handshake, and crossed initiations are retried
+    after 5 s); the assertion names those that never did within `timeout`; every pair's last result."""
     results = {(r.src, r.dst, r.family): r for r in labcheck.check(st, count=count, pairs=pairs)}
 
     def answered() -> bool:

@@ -59,8 +59,8 @@ def test_kv_txn_lease_watch_over_mtls(etcd_tls):
     t.start()
     assert c.delete("/t/a") == 1
     # The lease runs out without keepalives: its key goes, and the watch sees both deletes.
-    got = wait_for(lambda: [e.kv.key for e in events if e.type == "DELETE"], timeout=30)
-    assert wait_for(lambda: len([e for e in events if e.type == "DELETE"]) == 2, timeout=30), got
+    got = wait_for(lambda: [e.kv.key for e in events if e.type == "DELETE"])
+    assert wait_for(lambda: len([e for e in events if e.type == "DELETE"]) == 2), got
     assert {e.kv.key for e in events if e.type == "PUT"} == {"/t/b", "/t/leased"}
     c.abort_watch()
 
@@ -148,7 +148,7 @@ def test_backend_publishes_watches_and_rejects_bad_records(etcd_tls):
         b.close()
         t.join(3)
     # With the agent gone the lease expires and the record disappears by itself.
-    assert wait_for(lambda: c.get(node_key("c1", "n1")) is None, timeout=30)
+    assert wait_for(lambda: c.get(node_key("c1", "n1")) is None)
     assert c.get("/meshctl/c1/cluster") is not None
 
 
@@ -167,7 +167,7 @@ def test_backend_reports_outage_and_resyncs(etcd_tls):
         srv.start(client_tls=cert)
         c = srv.client(cert)
         c.put(node_key("c2", "n2"), json.dumps(records.node_to_record(node("n2", 2))))
-        st = wait_for(lambda: (s := b.snapshot()).ready and len(s.nodes) == 2 and s, timeout=30)
+        st = wait_for(lambda: (s := b.snapshot()).ready and len(s.nodes) == 2 and s)
         assert st and [n.name for n in st.nodes] == ["n1", "n2"]
     finally:
         stop.set()
@@ -200,7 +200,7 @@ def test_a_huge_record_is_refused_unread_and_delays_no_one(etcd_tls):
         assert wait_for(lambda: b.snapshot().ready)
         c.put(node_key("c1", "huge"), b"{" + b" " * 1_400_000 + b"}")
         c.put(node_key("c1", "n2"), json.dumps(records.node_to_record(node("n2", 2))))
-        st = wait_for(lambda: (s := b.snapshot()).nodes and s, timeout=30)
+        st = wait_for(lambda: (s := b.snapshot()).nodes and s)
         assert [n.name for n in st.nodes] == ["n2"]
         [r] = st.rejections
         assert r.name == "huge" and "'1400002 bytes' is larger than a record may be" in r.reason, r

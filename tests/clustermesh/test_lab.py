@@ -26,8 +26,7 @@ from meshctl.lab.rigs.pki import make_ca
 from tests.lab.conftest import node_of, status, wait_for
 from tests.names import unique
 from tests.pinging import checked
-
-WAIT_S = 30.0  # how long a missing event is waited for on a loaded 2-CPU machine (a wait ends at the event)
+from tests.waiting import WAIT_S
 
 LAB_FILE = Path(__file__).resolve().parents[2] / "ctl/meshctl/lab/labs/two-clusters.yaml"
 SHARED = {"a1", "a2", "g1", "g2"}  # the nodes on 10.10.1.0/24

@@ -22,7 +22,7 @@ from meshctl.lab.rigs.pki import make_ca, make_cert
 from meshctl.mesh.model import Cluster
 from meshctl.mesh.records import node_to_record, parse_topology
 from tests.plan.fixtures import key
-from tests.waiting import wait_until
+from tests.waiting import WAIT_S, wait_until
 
 from .fixtures import CLUSTER1, CLUSTER2
 
@@ -68,9 +68,6 @@ def remote(tmp_path: Path) -> Iterator[Remote]:
         yield r
     finally:
         r.stop()
-
-
-WAIT_S = 30.0  # how long a missing event is waited for on a loaded 2-CPU machine (a wait ends at the event)
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = WAIT_S) -> float:

@@ -109,7 +109,7 @@ def test_etcd_outage_keeps_routes_and_resyncs(make_lab):
                     timeout=15)
     etcd(st).put(mesh_key("default"), json.dumps({"granularity": "cross"}))
     assert wait_for(lambda: all(status(st, n)["granularity"] == "cross" for n in ("a1", "a2", "b1")), timeout=10)
-    assert wait_for(lambda: pair(st, "a2", "b1", count=3).path == "tunnel", timeout=5)
+    assert wait_for(lambda: pair(st, "a2", "b1", count=3).path == "tunnel")
     assert all(etcd(st).get(node_key("default", n)) is not None for n in ("a1", "a2", "b1"))
 
 

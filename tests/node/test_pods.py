@@ -76,7 +76,7 @@ def test_watcher_retargeted_to_a_new_block_finds_its_veths_at_once(lab: NodeLab)
             lab.sh(ns, "ip", "link", "add", dev, "type", "veth", "peer", "name", f"{dev}p")
             lab.sh(ns, "ip", "link", "set", dev, "up")
             lab.sh(ns, "ip", "route", "add", addr, "dev", dev)
-        assert wait_for(lambda: w.current == ("cali1",), timeout=2)  # cali2's address is in no block of the node
+        assert wait_for(lambda: w.current == ("cali1",))  # cali2's address is in no block of the node
         in_ns(ns, lambda: w.retarget((first, second)))
         assert w.current == ("cali1", "cali2") and w.pod_cidrs == (first, second)
         in_ns(ns, lambda: w.retarget((second,)))  # the first block moved away

@@ -25,14 +25,11 @@ from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.state import LabState
 from meshctl.lab.rigs import netns
 from tests.pinging import PodPing
-from tests.waiting import wait_for
+from tests.waiting import WAIT_S, wait_for
 
 from .conftest import node_of
 
 HOLD_S = 5.0
-# What a loaded 2-CPU machine may add to the agents' reaction (the prober leaves a dead direct path
-# in about 2 s): each wait ends at the event, this only bounds how long a missing one is waited for.
-SLACK_S = 30.0
 LAB_DOC: dict[str, Any] = yaml.safe_load((files("meshctl.lab") / "labs" / "fabrics.yaml").read_text())
 # The rung each pair of the file must take (both directions).
 EXPECTED = {("l1", "l2"): "direct", ("v1", "v2"): "direct+ipip", ("v1", "v3"): "direct+ipip",
@@ -168,7 +165,7 @@ def test_blackhole_under_a_ping_and_back(auto_lab) -> None:
     ping = PodPing(st, "l1", "l2", 10).answered()
     t0 = time.monotonic()
     fabric.change(st, "10.30.1.0/24", "blackhole")
-    assert wait_for(lambda: rung(st, "l1", "l2") == "tunnel" and rung(st, "l2", "l1") == "tunnel", SLACK_S, 0.05)
+    assert wait_for(lambda: rung(st, "l1", "l2") == "tunnel" and rung(st, "l2", "l1") == "tunnel", WAIT_S, 0.05)
     moved, wall_moved = time.monotonic() - t0, time.time()
     got = ping.result()
     print(f"blackhole: both ends on the tunnel after {moved:.2f} s, {len(got.lost)} pings lost")
@@ -180,7 +177,7 @@ def test_blackhole_under_a_ping_and_back(auto_lab) -> None:
     t1 = time.monotonic()
     fabric.change(st, "10.30.1.0/24", "l2")
     assert wait_for(lambda: rung(st, "l1", "l2") == "direct" and rung(st, "l2", "l1") == "direct",
-                    HOLD_S + SLACK_S, 0.05)
+                    HOLD_S + WAIT_S, 0.05)
     assert time.monotonic() - t1 >= HOLD_S
     assert not ping.result().lost, "packets lost while the pair returned to direct"
 
@@ -207,7 +204,7 @@ def monitored(st: LabState, node: str, *flags: str) -> list[dict[str, Any]]:
 
 def test_explain_shows_a_blackholed_subnet_move_and_its_lost_probes(auto_lab) -> None:
     st = auto_lab
-    assert wait_for(lambda: rung(st, "l1", "l2") == "direct", HOLD_S + SLACK_S)
+    assert wait_for(lambda: rung(st, "l1", "l2") == "direct", HOLD_S + WAIT_S)
     fabric.change(st, "10.30.1.0/24", "blackhole")
     try:
         def moved() -> bool:
@@ -218,7 +215,7 @@ def test_explain_shows_a_blackholed_subnet_move_and_its_lost_probes(auto_lab) ->
                 and (last.get("from"), last.get("to"), last.get("reason")) == \
                 ("direct", "tunnel", "direct stopped delivering")
 
-        assert wait_for(moved, SLACK_S, 0.1)
+        assert wait_for(moved, WAIT_S, 0.1)
         # monitor (docs/explain.md's worked example): the pair's packets now leave on the tunnel entry
         # pings for as long as the monitor may take to attach on a loaded machine; SIGINT (ping's
         # summary) once it has its three events
@@ -235,7 +232,7 @@ def test_explain_shows_a_blackholed_subnet_move_and_its_lost_probes(auto_lab) ->
         assert (probe["rung"], probe["kind"], probe["answered"]) == ("direct", "direct", False), probe
     finally:
         fabric.change(st, "10.30.1.0/24", "l2")
-    assert wait_for(lambda: rung(st, "l1", "l2") == "direct", HOLD_S + SLACK_S)
+    assert wait_for(lambda: rung(st, "l1", "l2") == "direct", HOLD_S + WAIT_S)
 
 
 def live_pairs(st: LabState) -> dict[frozenset[str], tuple[str | None, bool]]:
@@ -272,7 +269,7 @@ def test_graph_live_names_the_measured_rungs_and_a_blackholed_subnet_moves(auto_
         # The failover (6 s, as test_blackhole_under_a_ping_and_back allows) and two checks of the
         # publisher (its last write was long ago: the pair had settled).
         pair = frozenset(("l1", "l2"))
-        assert wait_for(lambda: live_pairs(st).get(pair) == ("tunnel", True), SLACK_S + 2 * CHECK_INTERVAL_S, 0.2), \
+        assert wait_for(lambda: live_pairs(st).get(pair) == ("tunnel", True), WAIT_S + 2 * CHECK_INTERVAL_S, 0.2), \
             live_pairs(st).get(pair)
         print(f"graph --live shows the blackholed pair on the tunnel {time.monotonic() - t0:.1f} s after the change")
         # The graph draws the costlier end: soon both ends say so, each in its own summary.
@@ -280,7 +277,7 @@ def test_graph_live_names_the_measured_rungs_and_a_blackholed_subnet_moves(auto_
             seen = Source(None, None, None, st.name, "", None, None, None, "default").seen()
             return seen["l1"].peers["l2"].rung, seen["l2"].peers["l1"].rung
 
-        assert wait_for(lambda: ends() == ("tunnel", "tunnel"), SLACK_S + 2 * CHECK_INTERVAL_S, 0.2), ends()
+        assert wait_for(lambda: ends() == ("tunnel", "tunnel"), WAIT_S + 2 * CHECK_INTERVAL_S, 0.2), ends()
         assert live_pairs(st)[frozenset(("u1", "u2"))][0] == "direct+vxlan", "another subnet's pair is untouched"
     finally:
         fabric.change(st, "10.30.1.0/24", "l2")
@@ -289,7 +286,7 @@ def test_graph_live_names_the_measured_rungs_and_a_blackholed_subnet_moves(auto_
 
 def test_random_loss_does_not_flap(auto_lab) -> None:
     st = auto_lab
-    assert wait_for(lambda: rung(st, "l1", "l2") == "direct", HOLD_S + SLACK_S)
+    assert wait_for(lambda: rung(st, "l1", "l2") == "direct", HOLD_S + WAIT_S)
 
     def changes() -> int:
         return sum(c["count"] for c in status(st, "l1")["path_changes"])
