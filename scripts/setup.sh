@@ -10,12 +10,13 @@ cd "$(dirname "$0")/.."
 # podman, buildah, runc and mmdebstrap: `make image` without a registry (the base from Debian's
 # packages) and the lab's agents from the image (lab.agent image; runc: Debian 12's crun refuses
 # this machine kind's hybrid cgroups, docs/lab.md); containernetworking-plugins: the CNI plugins
-# the `cni: install` labs run (/usr/lib/cni).
+# the `cni: install` labs run (/usr/lib/cni); dnsutils: `dig`, which the Multi-Cluster Services tests
+# ask the clusterset.local server with from a lab pod.
 APT_PACKAGES=(python3-venv python3-bpfcc bpftool linux-headers-amd64 etcd-server etcd-client
   wireguard-go wireguard-tools iperf3 nftables iproute2 ipset graphviz iputils-ping procps
   util-linux openssl ca-certificates iptables vagrant curl
   qemu-system-x86 busybox-static cpio kmod file tcpdump chromium
-  podman buildah runc mmdebstrap containernetworking-plugins)
+  podman buildah runc mmdebstrap containernetworking-plugins dnsutils)
 VENV=.venv
 
 missing=()

@@ -19,5 +19,8 @@ UI_LISTEN = "127.0.0.1:8470"  # `meshctl ui`'s page; loopback unless asked (it h
 # Seconds peers keep a node whose record's lease ran out (its agent restarting), in its own cluster and
 # in every cluster that meshes with it (`meshctl agent --lapse-grace`, `meshctl clustermesh cache`).
 LAPSE_GRACE_S = 60.0
+# The clusterset.local DNS server of the cluster-mesh cache (`clustermesh cache --mcs`): an
+# unprivileged port, the Service meshctl-clusterset-dns maps port 53 to it.
+CLUSTERSET_DNS_ADDR = "0.0.0.0:1053"
 PROBE_PORT = 51871  # UDP port of the path probes; the fast path names a probe by it in monitor events
 REGION_LABEL = "topology.kubernetes.io/region"  # the Node label that names a location

@@ -41,7 +41,7 @@ FULL: dict[str, Any] = {
         "name": "c2", "ready": True, "reason": None, "nodes": 2, "endpoints": ["https://10.0.0.1:2379"],
         "connected": True, "last_change": 1700000000.0, "reconnects": 0, "last_sync_age": 0.0, "rejected": 1,
         "rejections": [{"name": "c2/bad", "reason": "no pod CIDR"}]}],
-        "services": [{"namespace": "default", "name": "web", "shared": True, "affinity": "none", "exported": False,
+        "services": [{"namespace": "default", "name": "web", "shared": True, "affinity": "none",
                       "local_endpoints": 2, "remote_endpoints": {"c2": 3}}],
         "service_rejections": [{"name": "c2/services/default/web/10.99.0.5", "reason": "in no pod CIDR"}],
         "services_leader": "a1"},
@@ -144,6 +144,24 @@ def test_meshctl_status_formats_the_status() -> None:
     routes["datapath"] = {"mode": "kernel-routes", "reason": "no kernel headers", "counters": {},
                           "objects": "kernel routes: no kernel headers", "objects_refused": 0}
     assert "objects: kernel routes: no kernel headers" in format_status(AgentStatus.from_json(routes)).splitlines()
+
+
+def test_status_counts_exports_and_imports_where_the_cluster_serves_the_mcs_api() -> None:
+    doc = copy.deepcopy(FULL)
+    doc["remotes"]["clusterset"] = {
+        "exports": 2, "remote_exports": {"c2": 3},
+        "imports": [{"namespace": "default", "name": "db", "type": "Headless", "ips": [],
+                     "endpoints": {"c1": ["10.42.1.5"], "c2": ["10.43.1.5", "10.43.2.5"]}}]}
+    st = AgentStatus.from_json(doc)
+    assert AgentStatus.from_json(st.to_json()) == st  # the block round-trips
+    out = format_status(st, verbose=True).splitlines()
+    assert "ClusterMesh: 1/1 remote clusters ready, 1 global-services, 2 exports, 1 imports" in out
+    assert any(x.startswith("  c2  ready  nodes 2  rejected 1  exports 3  endpoints ") for x in out), out
+    assert out[-2:] == ["  service imports (clusterset.local):", "    default/db  Headless -  endpoints c1 1, c2 2"]
+    # An agent whose cluster does not serve the API (or an older agent): no counts, no column.
+    plain = format_status(AgentStatus.from_json(copy.deepcopy(FULL))).splitlines()
+    assert "ClusterMesh: 1/1 remote clusters ready, 1 global-services" in plain
+    assert not any(" exports " in x for x in plain)
 
 
 def test_a_node_rows_fast_path_entries_are_the_plans_for_its_pod_cidrs() -> None:

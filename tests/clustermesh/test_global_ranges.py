@@ -264,7 +264,7 @@ def test_the_slices_for_a_remote_clusters_endpoints_carry_their_global_addresses
         "/meshctl/cluster2/services/default/web.endpoints[2]: '10.42.9.9' (global 10.143.9.9) is in no pod CIDR "
         "of cluster cluster2's admitted nodes"]
     here = local_services("cluster1", [{"metadata": {"name": "web", "namespace": "default",
-                                                     "annotations": {"service.cilium.io/global": "true"}}}], [], [])
+                                                     "annotations": {"service.cilium.io/global": "true"}}}], [])
     slices = desired_slices(here, served)
     (only,) = slices.values()
     assert [e["addresses"] for e in only["endpoints"]] == [["10.143.1.7"], ["10.143.3.9"]]

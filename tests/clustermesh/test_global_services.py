@@ -40,8 +40,8 @@ from meshctl.mesh.services import (
     MANAGED_BY_LABEL,
     SERVICE_NAME_LABEL,
     GlobalService,
+    ObjectChanges,
     ServiceEndpoint,
-    SliceChanges,
     desired_slices,
     local_services,
 )
@@ -307,7 +307,7 @@ def test_each_cluster_serves_the_others_ready_endpoints_and_follows_changes(two:
     # Status: one global service, cluster2's 3 endpoints here.
     st = c1.step().status()
     assert st["services"] == [{"namespace": "default", "name": "web", "shared": True, "affinity": "none",
-                               "exported": False, "local_endpoints": 2, "remote_endpoints": {"cluster2": 3}}]
+                               "local_endpoints": 2, "remote_endpoints": {"cluster2": 3}}]
     assert st["services_leader"] == "c1"
     # cluster2's Service no longer global: its record goes, and cluster1's slice with it.
     t0 = time.monotonic()
@@ -333,8 +333,7 @@ def test_clusters_without_the_mcs_crd_share_global_services(two_without_mcs: tup
     c2.pod("web-1", "web", "g1", "10.43.1.5")
     wait(lambda: c1.meshctl_slices("web") == {"web-cluster2-v4-0": ["10.43.1.5"]}, timeout=30, what="c1 imports")
     st = c1.step().status()
-    assert [(g["name"], g["exported"], g["remote_endpoints"]) for g in st["services"]] == \
-        [("web", False, {"cluster2": 1})]
+    assert [(g["name"], g["remote_endpoints"]) for g in st["services"]] == [("web", {"cluster2": 1})]
 
 
 def test_an_endpoint_outside_the_pod_cidrs_is_rejected_alone_and_named(only_cluster1: tuple[Side, Side]) -> None:
@@ -493,7 +492,7 @@ def test_one_refused_slice_write_is_named_and_the_others_go_on(api: Api) -> None
         k = KubeServiceApi(c)
         web = remote_service("default", "web", "10.43.1.5")
         gone = remote_service("gone", "api", "10.43.2.9")  # its namespace does not exist (any more)
-        n, failed = k.apply(SliceChanges(creates=(gone, web)))
+        n, failed = k.apply(ObjectChanges(creates=(gone, web)))
         assert n == 1 and len(failed) == 1
         assert failed[0].startswith("endpointslice gone/api-cluster2-v4-0: create: ") and "gone" in failed[0][40:]
         assert [s["metadata"]["name"] for s in k.slices()] == ["web-cluster2-v4-0"]
@@ -501,7 +500,7 @@ def test_one_refused_slice_write_is_named_and_the_others_go_on(api: Api) -> None
         theirs = {**web, "metadata": {**web["metadata"], "labels": {SERVICE_NAME_LABEL: "web"}}}
         k.client.replace(ENDPOINT_SLICES.from_dict({**theirs, "metadata": {
             **theirs["metadata"], "resourceVersion": k.slices()[0]["metadata"]["resourceVersion"]}}))
-        assert k.apply(SliceChanges(deletes=(("default", "web-cluster2-v4-0"), ("default", "nope")))) == (0, [])
+        assert k.apply(ObjectChanges(deletes=(("default", "web-cluster2-v4-0"), ("default", "nope")))) == (0, [])
         assert [s["metadata"]["name"] for s in k.slices()] == ["web-cluster2-v4-0"]
     finally:
         c._client._client.close()
@@ -509,7 +508,7 @@ def test_one_refused_slice_write_is_named_and_the_others_go_on(api: Api) -> None
 
 def remote_service(ns: str, name: str, addr: str) -> dict[str, Any]:
     """The slice desired_slices gives for cluster2's one endpoint of ns/name, global here."""
-    local = local_services("cluster1", [{"metadata": {"name": name, "namespace": ns, "annotations": GLOBAL}}], [], [])
+    local = local_services("cluster1", [{"metadata": {"name": name, "namespace": ns, "annotations": GLOBAL}}], [])
     [obj] = desired_slices(local, [GlobalService("cluster2", ns, name, (), (ServiceEndpoint(ip_address(addr)),))]
                            ).values()
     return obj

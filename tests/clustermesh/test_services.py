@@ -57,38 +57,38 @@ def eps_slice(name: str, service: str, addrs: list[tuple[str, bool | None, str]]
 
 
 SETTINGS = [
-    ("cilium-global", {"service.cilium.io/global": "true"}, False, ServiceSettings(True)),
-    ("alias-global", {"meshctl.io/global": "True"}, False, ServiceSettings(True)),
-    ("exported-only", {}, True, ServiceSettings(True, exported=True)),
-    ("global-false", {"service.cilium.io/global": "false"}, False, ServiceSettings(False)),
+    ("cilium-global", {"service.cilium.io/global": "true"}, ServiceSettings(True)),
+    ("alias-global", {"meshctl.io/global": "True"}, ServiceSettings(True)),
+    ("not-annotated", {}, ServiceSettings(False)),
+    ("global-false", {"service.cilium.io/global": "false"}, ServiceSettings(False)),
     ("not-shared-remote-affinity", {"service.cilium.io/global": "true", "service.cilium.io/shared": "false",
-                                    "service.cilium.io/affinity": "remote"}, False,
+                                    "service.cilium.io/affinity": "remote"},
      ServiceSettings(True, shared=False, affinity="remote")),
-    ("bad-global", {"service.cilium.io/global": "yes"}, False,
+    ("bad-global", {"service.cilium.io/global": "yes"},
      "service default/web: annotations.service.cilium.io/global: 'yes' is not true or false"),
-    ("bad-affinity", {"service.cilium.io/global": "true", "service.cilium.io/affinity": "near"}, False,
+    ("bad-affinity", {"service.cilium.io/global": "true", "service.cilium.io/affinity": "near"},
      "service default/web: annotations.service.cilium.io/affinity: 'near' is not one of local|remote|none"),
-    ("bad-shared", {"service.cilium.io/shared": "0"}, False,
+    ("bad-shared", {"service.cilium.io/shared": "0"},
      "service default/web: annotations.service.cilium.io/shared: '0' is not true or false"),
 ]
 
 
-@pytest.mark.parametrize(("ann", "exported", "want"), [c[1:] for c in SETTINGS], ids=[c[0] for c in SETTINGS])
-def test_service_settings(ann: dict[str, str], exported: bool, want: ServiceSettings | str) -> None:
+@pytest.mark.parametrize(("ann", "want"), [c[1:] for c in SETTINGS], ids=[c[0] for c in SETTINGS])
+def test_service_settings(ann: dict[str, str], want: ServiceSettings | str) -> None:
     if isinstance(want, str):
         with pytest.raises(InputError) as e:
-            service_settings(svc("web", **ann), exported)
+            service_settings(svc("web", **ann))
         assert str(e.value) == want
     else:
-        assert service_settings(svc("web", **ann), exported) == want
+        assert service_settings(svc("web", **ann)) == want
 
 
 def test_local_services_publish_ready_own_endpoints_only() -> None:
+    """Annotated Services only: an MCS export makes a ServiceImport (mesh.mcs), not a global
+    Service, so the exported Service's own name stays the cluster's."""
     services = [svc("web", **{"service.cilium.io/global": "true"}), svc("db"),
                 svc("quiet", **{"service.cilium.io/global": "true", "service.cilium.io/shared": "false"}),
                 svc("bad", **{"service.cilium.io/global": "maybe"}), svc("mcs", "apps")]
-    exports = [{"metadata": {"name": "mcs", "namespace": "apps"}},
-               {"metadata": {"name": "ghost", "namespace": "apps"}}]
     slices = [
         eps_slice("web-abc", "web", [("10.42.1.5", True, "z1"), ("10.42.1.6", False, "z1"),
                                      ("10.42.2.7", None, "z2")]),
@@ -97,17 +97,15 @@ def test_local_services_publish_ready_own_endpoints_only() -> None:
         eps_slice("quiet-1", "quiet", [("10.42.1.8", True, "z1")]),
         eps_slice("mcs-1", "mcs", [("10.42.3.3", True, "z3")], ns="apps", port=8080),
     ]
-    got = local_services("cluster1", services, exports, slices)
-    assert set(got.settings) == {("default", "web"), ("default", "quiet"), ("apps", "mcs")}
-    assert set(got.published) == {("default", "web"), ("apps", "mcs")}  # quiet: shared false
+    got = local_services("cluster1", services, slices)
+    assert set(got.settings) == {("default", "web"), ("default", "quiet")}
+    assert set(got.published) == {("default", "web")}  # quiet: shared false
     web = got.published[("default", "web")].to_record()
     assert web == {"cluster": "cluster1", "namespace": "default", "name": "web",
                    "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
                    "endpoints": [{"addresses": ["10.42.1.5"], "zone": "z1"},
                                  {"addresses": ["10.42.2.7"], "zone": "z2"}]}
-    assert got.settings[("apps", "mcs")].exported
     assert {r.name: r.reason for r in got.rejections} == {
-        "serviceexport/apps/ghost": "serviceexport apps/ghost: the Service apps/ghost does not exist",
         "service/default/bad": "service default/bad: annotations.service.cilium.io/global: 'maybe' is not true or "
                                "false",
     }
@@ -221,7 +219,7 @@ def local_with(affinity: str | None = None, **more: str) -> Any:
     ann = {"service.cilium.io/global": "true", **more}
     if affinity:
         ann["service.cilium.io/affinity"] = affinity
-    return local_services("cluster1", [svc("web", **ann)], [],
+    return local_services("cluster1", [svc("web", **ann)],
                           [eps_slice("web-1", "web", [("10.42.1.5", True, "z1"), ("10.42.2.5", True, "z2")])])
 
 
@@ -245,7 +243,7 @@ def test_desired_slices_carry_labels_and_affinity_hints(affinity: str | None, hi
 
 
 def test_desired_slices_only_for_services_global_here_and_chunked() -> None:
-    not_here = local_services("cluster1", [svc("web")], [], [])
+    not_here = local_services("cluster1", [svc("web")], [])
     assert desired_slices(not_here, [remote_web(["10.43.1.5"])]) == {}
     many = [f"10.43.1.{i}" for i in range(1, SLICE_ENDPOINTS + 6)]
     want = desired_slices(local_with(), [remote_web(many)])

@@ -80,11 +80,12 @@ class Running:
         self.backend.close()
 
 
-def lab_fixture(doc: dict[str, Any], wait: float = 120, prefix: str = "k8") -> Any:
+def lab_fixture(doc: dict[str, Any], wait: float = 120, prefix: str = "k8", scope: str = "function") -> Any:
     """A pytest fixture that builds the lab `doc` (a Kubernetes-backend lab) under a unique name
-    starting with `prefix` and takes it down after the test, asserting nothing is left."""
+    starting with `prefix` and takes it down after the test (or, `scope` "module", after the
+    module's tests), asserting nothing is left."""
 
-    @pytest.fixture
+    @pytest.fixture(scope=scope)  # type: ignore[call-overload]
     def lab() -> Any:
         prefix_ = unique(prefix) + "-"
         try:

@@ -75,7 +75,7 @@ def test_the_default_install_holds_the_policies(cluster) -> None:
     names = {p["metadata"]["name"] for p in cp.request(
         "GET", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies")["items"]}
     assert names == {"meshctl-agent-own-node", "meshctl-agent-own-summary", "meshctl-agent-endpointslices",
-                     "meshctl-agent-election"}
+                     "meshctl-agent-election", "meshctl-clustermesh-cache-mcs"}
     # The token is the kubelet's kind: bound to the Pod, naming its node.
     assert token_claims(agents["n1"].token)["kubernetes.io"]["node"]["name"] == "n1"
 
@@ -213,6 +213,57 @@ def test_only_the_elected_agent_writes_endpointslices_and_only_its_own(cluster) 
     refused(n1.call("PUT", f"{path}/web-remote-1", mine, "application/json"), 403,
             "writes only EndpointSlices labelled")
     assert n1.call("DELETE", f"{path}/web-remote-1").status_code == 200
+
+
+def test_the_cache_writes_only_derived_services_their_slices_and_imports(cluster) -> None:
+    """The cluster-mesh cache's own account (Multi-Cluster Services, docs/security.md): RBAC grants
+    Services, EndpointSlices and ServiceImports everywhere; the policy meshctl-clustermesh-cache-mcs
+    holds it to its own, and the agents' tokens gained no write of them."""
+    cp, agents = cluster
+    cache = As(cp, cp.create_token("meshctl-clustermesh-cache", "meshctl"))
+    cp.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "mcs"}})
+    svcs, slices = "/api/v1/namespaces/mcs/services", "/apis/discovery.k8s.io/v1/namespaces/mcs/endpointslices"
+    imports = "/apis/multicluster.x-k8s.io/v1alpha1/namespaces/mcs/serviceimports"
+    mine = {"app.kubernetes.io/managed-by": "mcs.meshctl.io", "multicluster.kubernetes.io/service-name": "web"}
+
+    def service(name: str, labels: dict[str, str], **spec: Any) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels},
+                "spec": {"ports": [{"port": 7}], **spec}}
+
+    def eps(name: str, service: str, managed_by: str = "mcs.meshctl.io") -> dict[str, Any]:
+        return {**slice_of(name, "mcs", managed_by=managed_by),
+                "metadata": {"name": name, "labels": {"kubernetes.io/service-name": service,
+                                                      "endpointslice.kubernetes.io/managed-by": managed_by}}}
+
+    assert cache.call("POST", svcs, service("derived-web", mine), "application/json").status_code == 201
+    assert cache.call("POST", slices, eps("derived-web-c2-v4-0", "derived-web"), "application/json").status_code == 201
+    imp = {"apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceImport",
+           "metadata": {"name": "web", "labels": {"app.kubernetes.io/managed-by": "mcs.meshctl.io"}},
+           "spec": {"type": "ClusterSetIP", "ports": [{"port": 7}]}}
+    assert cache.call("POST", imports, imp, "application/json").status_code == 201
+    # A Service that selects Pods, takes an outside address, or is not named as derived: refused.
+    refused(cache.call("POST", svcs, service("derived-x", mine, selector={"app": "web"}), "application/json"), 403,
+            "writes only derived Services")
+    refused(cache.call("POST", svcs, service("derived-y", mine, externalIPs=["192.0.2.9"]), "application/json"), 403,
+            "writes only derived Services")
+    refused(cache.call("POST", svcs, service("web", mine), "application/json"), 403, "writes only derived Services")
+    # A user's Service and its slices are not the cache's to change, relabel or delete.
+    user = cp.request("POST", svcs, service("shop", {}, selector={"app": "shop"}))
+    refused(cache.call("DELETE", f"{svcs}/shop"), 403, "changes or deletes only services labelled")
+    user["metadata"]["labels"] = mine
+    refused(cache.call("PUT", f"{svcs}/shop", user, "application/json"), 403, "changes or deletes only services")
+    refused(cache.call("POST", slices, eps("shop-c2-v4-0", "shop"), "application/json"), 403,
+            "only EndpointSlices of derived Services")
+    refused(cache.call("POST", slices, eps("derived-web-z", "derived-web", "meshctl.io"), "application/json"), 403,
+            "writes only endpointslices labelled endpointslice.kubernetes.io/managed-by=mcs.meshctl.io")
+    cp.request("POST", slices, eps("shop-abcde", "shop", "endpointslice-controller.k8s.io"))
+    refused(cache.call("DELETE", f"{slices}/shop-abcde"), 403, "changes or deletes only endpointslices")
+    # The agents' node tokens write none of these.
+    n1 = agents["n1"]
+    refused(n1.call("POST", imports, {**imp, "metadata": {**imp["metadata"], "name": "api"}}, "application/json"),
+            403, "cannot create resource \"serviceimports\"")
+    refused(n1.call("POST", svcs, service("derived-api", mine), "application/json"), 403,
+            "cannot create resource \"services\"")
 
 
 def test_a_token_without_its_node_is_refused(cluster) -> None:

@@ -5,7 +5,7 @@ real agents, real WireGuard. Each cluster is a real control plane whose Endpoint
 controller makes the local slices from Pods (the lab's pods, reported Running and Ready at their
 addresses by the kubelet reproduction). The other cluster's elected agent writes slices carrying
 them beside the controller's, follows readiness changes, drops them when the Service is no longer
-exported, rejects an endpoint outside the cluster's pod CIDRs alone; the controller never touches
+global, rejects an endpoint outside the cluster's pod CIDRs alone; the controller never touches
 meshctl's slices; and a pod reaches a remote endpoint's address."""
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from meshctl.lab.namespaces import kube_api, kube_cluster
 from meshctl.lab.namespaces.state import ClusterState, LabState
 from meshctl.lab.rigs import kubelets
 from meshctl.mesh.services import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_NAME_LABEL
-from tests.clustermesh.fixtures import SERVICE_EXPORT_CRD
 from tests.kube.helpers import lab_fixture
 from tests.waiting import wait_until
 
@@ -119,17 +118,9 @@ def test_global_services_across_two_kubernetes_clusters(lab: LabState) -> None:
         wait(lambda c=c: all(x.get("ready") and x.get("nodes") == 2 for x in
                              (clustermesh_of(lab, c.nodes[0].name).get("clusters") or [{}])), 120,
              f"{c.name}'s cluster mesh ready")
-        code, err = api(c, "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", SERVICE_EXPORT_CRD)
-        assert code == 200, err
-        wait(lambda c=c: api(c, "GET", "/apis/multicluster.x-k8s.io/v1alpha1/serviceexports")[0] == 200, 30,
-             "the ServiceExport CRD served")
-    # cluster1: web global by annotation; cluster2: web exported by an MCS ServiceExport.
+    # cluster1: web global by Cilium's annotation; cluster2: by meshctl's alias.
     service(c1, "web", {"service.cilium.io/global": "true"})
-    service(c2, "web", {})
-    code, err = api(c2, "POST", "/apis/multicluster.x-k8s.io/v1alpha1/namespaces/default/serviceexports",
-                    {"apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceExport",
-                     "metadata": {"name": "web", "namespace": "default"}})
-    assert code == 200, err
+    service(c2, "web", {"meshctl.io/global": "true"})
     for node in ("a1", "a2", "g1"):
         run_pod(lab, c1 if node.startswith("a") else c2, node, "web")
     run_pod(lab, c2, "g2", "web", ready=False)
@@ -174,12 +165,14 @@ def test_global_services_across_two_kubernetes_clusters(lab: LabState) -> None:
     wait(lambda: any(r["name"] == "cluster2/services/default/web/10.10.1.21"
                      for r in clustermesh_of(lab, "a1").get("service_rejections") or ()), 10, "rejection named")
     assert meshctl_slices(c1, "web") == {"web-cluster2-v4-0": [pods["g1"]]}
-    # No longer exported: cluster1's slice goes.
+    # No longer global in cluster2: cluster1's slice goes.
     t0 = time.monotonic()
-    code, _ = api(c2, "DELETE", "/apis/multicluster.x-k8s.io/v1alpha1/namespaces/default/serviceexports/web")
-    assert code == 200, code
+    assert c2.kube is not None
+    kube_api.request(c2.kube, "PATCH", "/api/v1/namespaces/default/services/web",
+                     {"metadata": {"annotations": {"meshctl.io/global": "false"}}},
+                     content_type="application/merge-patch+json")
     wait(lambda: meshctl_slices(c1, "web") == {}, 10, "slice removed")
-    print(f"lab slice removal after the export went: {(time.monotonic() - t0) * 1000:.0f} ms")
+    print(f"lab slice removal after the Service stopped being global: {(time.monotonic() - t0) * 1000:.0f} ms")
     # cluster1's own slices are the controller's, untouched by meshctl.
     assert sorted(a for x in controller_slices(c1, "web").values() for a in x) == sorted([pods["a1"], pods["a2"]])
 
@@ -203,7 +196,8 @@ def test_kubernetes_agents_follow_the_other_cluster_through_the_cache(lab: LabSt
             doc = labcheck.agent_status(n)
             assert doc is not None
             text = format_status(AgentStatus.from_json(doc))
-            assert re.search(r"ClusterMesh: 1/1 remote clusters ready, \d+ global-services, via cache", text), text
+            assert re.search(r"ClusterMesh: 1/1 remote clusters ready, \d+ global-services, \d+ exports, "
+                             r"\d+ imports, via cache", text), text
         a1 = lab.lookup("a1")[1]
         for g in c2.nodes:
             wait(lambda g=g: labcheck.ping(a1.pods[0].netns, g.pods[0].ip, count=2)[1] > 0, 30,

@@ -245,6 +245,15 @@ def test_clustermesh_cache_deployment_args_parse_and_only_it_holds_the_remote_cr
     args = [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env[m.group(1)], a) for a in c["args"][2:]]
     ctx = cache_cmd.make_context("cache", args)   # the real parser: an unknown or bad flag raises
     assert ctx.params["etcd_user"] == "meshctl:clustermesh-cache"
+    # Multi-Cluster Services: the controller with the cache's own token, the DNS server behind its Service.
+    assert ctx.params["mcs"] and ctx.params["dns_addr"] == "0.0.0.0:1053"
+    assert dep["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    dns = next(d for d in docs() if d["kind"] == "Service" and d["metadata"]["name"] == "meshctl-clusterset-dns")
+    assert {(p["port"], p["protocol"]) for p in dns["spec"]["ports"]} == {(53, "UDP"), (53, "TCP")}
+    assert dns["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    crds = {d["metadata"]["name"] for d in docs() if d["kind"] == "CustomResourceDefinition"}
+    assert {"serviceexports.multicluster.x-k8s.io", "serviceimports.multicluster.x-k8s.io"} <= crds
+    assert "06-mcs-crds.yaml" in (MANIFESTS / "kustomization.yaml").read_text()
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
     assert volumes[mounts[str(ctx.params["clustermesh_dir"])]]["secret"]["secretName"] == "meshctl-clustermesh"

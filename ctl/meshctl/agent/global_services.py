@@ -23,13 +23,27 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
-from meshctl.backends.base import ClusterState
-from meshctl.backends.etcd import parse_record, service_key, services_prefix, split_service_key
+from meshctl.backends.base import RecordMirror
+from meshctl.backends.etcd import (
+    MCS_EXPORTS,
+    cluster_prefix,
+    parse_record,
+    service_key,
+    services_prefix,
+    split_service_key,
+)
 from meshctl.backends.kube.services import KubeServiceApi, LeaseElector
-from meshctl.backends.remote_status import GlobalServiceStatus, Rejected, RemotesStatus
+from meshctl.backends.remote_status import (
+    ClusterSetStatus,
+    GlobalServiceStatus,
+    ImportStatus,
+    Rejected,
+    RemotesStatus,
+)
 from meshctl.errors import InputError
-from meshctl.etcd import EtcdClient, KeyValue
+from meshctl.etcd import EtcdClient
 from meshctl.mesh.admit import Rejection
+from meshctl.mesh.mcs import import_endpoints
 from meshctl.mesh.model import Topology
 from meshctl.mesh.segments import Remote
 from meshctl.mesh.services import (
@@ -48,12 +62,7 @@ log = logging.getLogger("meshctl.globalsvc")
 LEADER_INTERVAL_S = 0.2
 FOLLOWER_INTERVAL_S = 1.0
 FULL_SYNC_S = 30.0
-
-
-class RecordMirror(Protocol):
-    def records_under(self, prefix: str) -> list[KeyValue]: ...
-
-    def snapshot(self) -> ClusterState: ...
+CLUSTERSET_READ_S = 5.0  # how often every agent counts ServiceExports and ServiceImports (status only: two lists)
 
 
 class MirroredRemotes(Protocol):
@@ -115,6 +124,11 @@ class GlobalServices:
         self.stats = {"record_puts": 0, "record_deletes": 0, "slice_writes": 0, "errors": 0}
         self.last_write: float | None = None
         self._kick = threading.Event()
+        self._clusterset: ClusterSetStatus | None = None
+        self._clusterset_due = 0.0
+        # Called when what `report` says of the Multi-Cluster Services changed (the agent's loop
+        # takes the status block at a pass: agent.run wires this to its wake).
+        self.report_changed: Callable[[], None] | None = None
 
     def kick(self) -> None:
         """Run the next pass now (a remote mirror changed: its records reach the slices at once)."""
@@ -148,8 +162,8 @@ class GlobalServices:
         """One pass: elect, read, publish (leader), admit, write slices (leader), record status."""
         leading = self.elector.tick()
         cluster = self.cluster()
-        services, exports, slices = self.api.services(), self.api.exports(), self.api.slices()
-        local = local_services(cluster, services, exports, slices)
+        services, slices = self.api.services(), self.api.slices()
+        local = local_services(cluster, services, slices)
         if leading:
             self._publish(cluster, local)
         with self._lock:
@@ -174,6 +188,32 @@ class GlobalServices:
         for r in [*local.rejections, *rejected]:
             self._log(logging.WARNING, f"global services: rejected {r.name}: {r.reason}")
         self._record(local, remote, [*local.rejections, *rejected])
+        if self.clock() >= self._clusterset_due:
+            self._clusterset_due = self.clock() + CLUSTERSET_READ_S
+            self._count_clusterset(slices, mirrors, admitted or {})
+
+    def _count_clusterset(self, slices: list[dict[str, Any]], mirrors: Mapping[str, RecordMirror],
+                          admitted: Collection[str]) -> None:
+        """This cluster's ServiceExports and ServiceImports (with the endpoints of each exporting
+        cluster), and each remote cluster's published exports: none where the MCS CRDs are not
+        served."""
+        try:
+            exports, imports = self.api.exports(), self.api.imports()
+        except Exception as e:  # noqa: BLE001 - status only (an older install's RBAC): never the step's failure
+            self._log(logging.WARNING, f"global services: cannot count ServiceExports and ServiceImports: {e}")
+            exports = imports = None
+        if exports is None and imports is None:
+            cs = None
+        else:
+            cs = ClusterSetStatus(len(exports or ()), tuple(
+                ImportStatus(ref[0], ref[1], typ, ips, eps)
+                for ref, typ, ips, eps in import_endpoints(imports or [], slices)),
+                {n: len(m.records_under(f"{cluster_prefix(n)}{MCS_EXPORTS}/")) for n, m in sorted(mirrors.items())
+                 if n in admitted})
+        with self._lock:
+            changed, self._clusterset = cs != self._clusterset, cs
+        if changed and self.report_changed is not None:
+            self.report_changed()
 
     def _publish(self, cluster: str, local: LocalServices) -> None:
         """Put the records that differ and delete ours that no Service wants any more."""
@@ -206,7 +246,7 @@ class GlobalServices:
         rows = []
         for ref, st in sorted(local.settings.items()):
             pub = local.published.get(ref)
-            rows.append(GlobalServiceStatus(ref[0], ref[1], st.shared, st.affinity, st.exported,
+            rows.append(GlobalServiceStatus(ref[0], ref[1], st.shared, st.affinity,
                                             len(pub.endpoints) if pub else 0, by_ref.get(ref, {})))
         with self._lock:
             self._services = (tuple(rows), tuple(Rejected(r.name, r.reason) for r in rejected)[:50],
@@ -216,7 +256,9 @@ class GlobalServices:
         """`remotes` with this step's global Services, their rejected records and who publishes."""
         with self._lock:
             services, rejections, leader = self._services
-        return dataclasses.replace(remotes, services=services, service_rejections=rejections, services_leader=leader)
+            clusterset = self._clusterset
+        return dataclasses.replace(remotes, services=services, service_rejections=rejections, services_leader=leader,
+                                   clusterset=clusterset)
 
     def status(self) -> dict[str, Any]:
         """The step's part of the ClusterMesh block, as JSON."""

@@ -116,6 +116,7 @@ def remotes_factory(cfg: AgentConfig, backend: Backend | None = None
             if isinstance(backend, KubeBackend):
                 mesh = with_global_services(cfg, backend, rc)
                 kicks.append(mesh.services.kick)
+                mesh.services.report_changed = wake  # its status block is taken at a pass
                 return mesh
         return rc
 

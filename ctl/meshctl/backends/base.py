@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from meshctl.etcd import KeyValue
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.flannel import FlannelLease
 from meshctl.mesh.leaders import ForwardingReport
@@ -117,3 +118,11 @@ class Backend(Protocol):
         """Blocks the backend adds to the agent's /status (e.g. `kvstore`); BackendStatus() when none."""
 
 
+class RecordMirror(Protocol):
+    """A cluster's records as a watcher mirrors them (backends.etcd.EtcdBackend): the keys under a
+    prefix, and the parsed view. Readers of other records than nodes (global services, the
+    Multi-Cluster Services controller) take them from the mirror without a watch of their own."""
+
+    def records_under(self, prefix: str) -> list[KeyValue]: ...
+
+    def snapshot(self) -> ClusterState: ...

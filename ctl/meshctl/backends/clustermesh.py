@@ -684,8 +684,12 @@ def via_line(health: dict[str, str]) -> str:
 
 
 def summary_line(status: dict[str, Any]) -> str:
-    """`ClusterMesh: 1/1 remote clusters ready, 2 global-services`, then `, via cache` or
-    `, direct (cache unhealthy: ...)` when a cache is configured (`services`: agent.global_services)."""
+    """`ClusterMesh: 1/1 remote clusters ready, 2 global-services`, then `, 1 exports, 2 imports`
+    where the cluster serves the Multi-Cluster Services API, then `, via cache` or
+    `, direct (cache unhealthy: ...)` when a cache is configured (`services`, `clusterset`:
+    agent.global_services)."""
     via = f", {status['via']}" if status.get("via") else ""
+    cs = status.get("clusterset")
+    mcs = f", {cs.get('exports') or 0} exports, {len(cs.get('imports') or ())} imports" if cs else ""
     return (f"ClusterMesh: {status['ready']}/{status['total']} remote clusters ready, "
-            f"{len(status.get('services') or ())} global-services{via}")
+            f"{len(status.get('services') or ())} global-services{mcs}{via}")

@@ -29,6 +29,7 @@ from meshctl.backends.clustermesh_cache import (
 )
 from meshctl.etcd import EtcdClient, EtcdError
 from meshctl.mesh.model import Cluster
+from meshctl.mesh.segments import Remote
 
 log = logging.getLogger("meshctl.clustermesh.cache")
 
@@ -39,6 +40,10 @@ class ClusterMeshCache:
     def __init__(self, connect: Callable[[], EtcdClient], local: Cluster, directory: Path, state_dir: Path,
                  *, poll: float = 0.5, lapse_grace: float = 0.0) -> None:
         self.local = local
+        # The remote clusters as the last pass admitted them (None before it), and who hears of
+        # each pass (the Multi-Cluster Services controller, backends.kube.mcs_controller).
+        self.admitted: list[Remote] | None = None
+        self.on_pass: Callable[[], None] | None = None
         self.client = connect()
         self._wake = threading.Event()
         self._local = ReadOnlyEtcdBackend(connect(), local)
@@ -83,6 +88,9 @@ class ClusterMeshCache:
         if not local.ready and local.revision == 0:
             return
         admitted, _ = self.remotes.admit(local.topology())
+        self.admitted = admitted
+        if self.on_pass is not None:
+            self.on_pass()
         status = self.remotes.status()
         if self._written is None:
             kvs, _ = self.client.range(cache_prefix(self.local.name), prefix=True)

@@ -8,6 +8,9 @@ Key layout (docs/agent.md):
     /meshctl/<cluster>/peers/<name>   a peer record (records.parse_peer)
     /meshctl/<cluster>/services/<namespace>/<name>   a global Service's ready endpoints (mesh.services),
                                       written by the cluster's elected agent (agent.global_services)
+    /meshctl/<cluster>/mcs/exports/<namespace>/<name>  a ServiceExport's Service (mesh.mcs.Export) and
+    /meshctl/<cluster>/mcs/missing/<namespace>/<name>  an import whose namespace the cluster lacks,
+                                      written by the cluster-mesh cache (backends.kube.mcs_controller)
     /meshctl/<cluster>/forwarding/<name>  leaders.ForwardingReport  on the same lease; watched: a
                                       changed verdict wakes every agent (a heartbeat that only
                                       moves the report's time does not)
@@ -66,12 +69,27 @@ def service_key(cluster: str, namespace: str, name: str) -> str:
     return f"{services_prefix(cluster)}{namespace}/{name}"
 
 
-def split_service_key(key: str) -> tuple[str, str, str] | None:
-    """(cluster, namespace, name) of a service key, or None for any other key."""
+def split_service_key(key: str, kind: str = "services") -> tuple[str, str, str] | None:
+    """(cluster, namespace, name) of a service key (or, with `kind`, of an MCS key: `mcs/exports`,
+    `mcs/missing`), or None for any other key."""
     parts = key.split("/")
-    if len(parts) != 6 or parts[0] != "" or f"/{parts[1]}" != ROOT or parts[3] != "services":
+    depth = kind.count("/")
+    if len(parts) != 6 + depth or parts[0] != "" or f"/{parts[1]}" != ROOT or "/".join(parts[3:4 + depth]) != kind:
         return None
-    return parts[2], parts[4], parts[5]
+    return parts[2], parts[4 + depth], parts[5 + depth]
+
+
+def mcs_prefix(cluster: str) -> str:
+    """What the cluster-mesh cache publishes for the Multi-Cluster Services API (mesh.mcs)."""
+    return f"{ROOT}/{cluster}/mcs/"
+
+
+MCS_EXPORTS = "mcs/exports"  # /meshctl/<cluster>/mcs/exports/<namespace>/<name>: one export (mesh.mcs.Export)
+MCS_MISSING = "mcs/missing"  # /meshctl/<cluster>/mcs/missing/<namespace>/<name>: an import without its namespace
+
+
+def mcs_key(kind: str, cluster: str, namespace: str, name: str) -> str:
+    return f"{ROOT}/{cluster}/{kind}/{namespace}/{name}"
 
 
 def forwarding_prefix(cluster: str) -> str:

@@ -6,7 +6,8 @@ for the Kubernetes kvstore mirror, and the operator's.
     node a1             a1                     write /meshctl/<c>/nodes/a1; read /meshctl/<c>/
     remote cluster2     remote:cluster2        read /meshctl/<c>/
     kvstore mirror      meshctl:kvstore        write and read /meshctl/<c>/; read /meshctl-cache/<c>/
-    clustermesh cache   meshctl:clustermesh-cache  write and read /meshctl-cache/<c>/; read /meshctl/<c>/
+    clustermesh cache   meshctl:clustermesh-cache  write and read /meshctl-cache/<c>/ and /meshctl/<c>/mcs/;
+                                               read /meshctl/<c>/
     operator            root                   everything (etcd's own superuser, role root)
 
 Node users are named after their node (the name in the record key), so etcd itself answers "may
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshctl.backends.clustermesh_cache import cache_prefix
-from meshctl.backends.etcd import cluster_prefix, forwarding_key, node_key, seen_key, seen_prefix
+from meshctl.backends.etcd import cluster_prefix, forwarding_key, mcs_prefix, node_key, seen_key, seen_prefix
 from meshctl.errors import InputError
 from meshctl.etcd.client import EtcdClient, EtcdError, prefix_end
 
@@ -67,8 +68,10 @@ def node_grants(cluster: str, node: str) -> tuple[Grant, ...]:
 
 
 def cache_grants(cluster: str) -> tuple[Grant, ...]:
-    """The cluster-mesh cache writes its prefix and reads the local records it admits against."""
-    return (Grant("READWRITE", cache_prefix(cluster), True), Grant("READ", cluster_prefix(cluster), True))
+    """The cluster-mesh cache writes its prefix and the cluster's Multi-Cluster Services records
+    (which every reader of the cluster reads), and reads the local records it admits against."""
+    return (Grant("READWRITE", cache_prefix(cluster), True), Grant("READWRITE", mcs_prefix(cluster), True),
+            Grant("READ", cluster_prefix(cluster), True))
 
 
 def reader_grants(cluster: str) -> tuple[Grant, ...]:

@@ -66,20 +66,60 @@ class GlobalServiceStatus:
     name: str
     shared: bool
     affinity: str
-    exported: bool
     local_endpoints: int
     remote_endpoints: dict[str, int]
 
     def to_json(self) -> JSON:
         return {"namespace": self.namespace, "name": self.name, "shared": self.shared, "affinity": self.affinity,
-                "exported": self.exported, "local_endpoints": self.local_endpoints,
+                "local_endpoints": self.local_endpoints,
                 "remote_endpoints": dict(self.remote_endpoints)}
 
     @classmethod
     def from_json(cls, d: JSON) -> GlobalServiceStatus:
         return cls(str(d.get("namespace", "")), str(d.get("name", "")), bool(d.get("shared", True)),
-                   str(d.get("affinity", "none")), bool(d.get("exported")), d.get("local_endpoints") or 0,
+                   str(d.get("affinity", "none")), d.get("local_endpoints") or 0,
                    {str(k): int(v) for k, v in (d.get("remote_endpoints") or {}).items()})
+
+
+@dataclass(frozen=True)
+class ImportStatus:
+    """One ServiceImport of this cluster (Multi-Cluster Services, mesh.mcs): its type, its
+    ClusterSetIP, and the endpoints each exporting cluster gives it here."""
+
+    namespace: str
+    name: str
+    type: str
+    ips: tuple[str, ...]
+    endpoints: dict[str, tuple[str, ...]]  # cluster -> addresses
+
+    def to_json(self) -> JSON:
+        return {"namespace": self.namespace, "name": self.name, "type": self.type, "ips": list(self.ips),
+                "endpoints": {c: list(a) for c, a in sorted(self.endpoints.items())}}
+
+    @classmethod
+    def from_json(cls, d: JSON) -> ImportStatus:
+        return cls(str(d.get("namespace", "")), str(d.get("name", "")), str(d.get("type", "")),
+                   tuple(str(a) for a in d.get("ips") or ()),
+                   {str(c): tuple(str(a) for a in v) for c, v in (d.get("endpoints") or {}).items()})
+
+
+@dataclass(frozen=True)
+class ClusterSetStatus:
+    """Multi-Cluster Services as this cluster holds them: its ServiceExports, its ServiceImports,
+    and how many Services each remote cluster exports."""
+
+    exports: int = 0
+    imports: tuple[ImportStatus, ...] = ()
+    remote_exports: dict[str, int] | None = None
+
+    def to_json(self) -> JSON:
+        return {"exports": self.exports, "imports": [i.to_json() for i in self.imports],
+                "remote_exports": dict(self.remote_exports or {})}
+
+    @classmethod
+    def from_json(cls, d: JSON) -> ClusterSetStatus:
+        return cls(int(d.get("exports") or 0), tuple(ImportStatus.from_json(i) for i in d.get("imports") or ()),
+                   {str(k): int(v) for k, v in (d.get("remote_exports") or {}).items()})
 
 
 @dataclass(frozen=True)
@@ -96,6 +136,7 @@ class RemotesStatus:
     services: tuple[GlobalServiceStatus, ...] = ()
     service_rejections: tuple[Rejected, ...] = ()
     services_leader: str | None = None
+    clusterset: ClusterSetStatus | None = None
 
     def to_json(self) -> JSON:
         if self.error is not None:
@@ -106,6 +147,8 @@ class RemotesStatus:
                      "services_leader": self.services_leader}
         if self.via is not None:
             out["via"] = self.via
+        if self.clusterset is not None:
+            out["clusterset"] = self.clusterset.to_json()
         return out
 
     @classmethod
@@ -116,4 +159,5 @@ class RemotesStatus:
                    via=d.get("via"),
                    services=tuple(GlobalServiceStatus.from_json(s) for s in d.get("services") or ()),
                    service_rejections=tuple(Rejected.from_json(r) for r in d.get("service_rejections") or ()),
-                   services_leader=d.get("services_leader"))
+                   services_leader=d.get("services_leader"),
+                   clusterset=ClusterSetStatus.from_json(d["clusterset"]) if d.get("clusterset") else None)

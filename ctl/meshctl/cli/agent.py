@@ -339,10 +339,12 @@ def format_clustermesh(cm: RemotesStatus, now: float, *, verbose: bool = False) 
     if cm.error is not None:
         return [f"ClusterMesh: {cm.error}"]
     lines = [summary_line(cm.to_json())]
+    remote_exports = (cm.clusterset.remote_exports or {}) if cm.clusterset is not None else None
     for c in cm.clusters:
         state = "ready" if c.ready else f"NOT READY ({c.reason or 'unknown'})"
         change = f"{now - c.last_change:.0f}s ago" if c.last_change else "never"
-        lines.append(f"  {c.name}  {state}  nodes {c.nodes}  rejected {c.rejected}  "
+        exports = f"exports {remote_exports.get(c.name, 0)}  " if remote_exports is not None else ""
+        lines.append(f"  {c.name}  {state}  nodes {c.nodes}  rejected {c.rejected}  {exports}"
                      f"endpoints {', '.join(c.endpoints) or '-'} ({'connected' if c.connected else 'not connected'})  "
                      f"last change {change}")
         lines += [f"    rejected {r.name}: {r.reason}" for r in c.rejections]
@@ -353,8 +355,12 @@ def format_clustermesh(cm: RemotesStatus, now: float, *, verbose: bool = False) 
         for g in cm.services:
             remote = ", ".join(f"{c} {n}" for c, n in sorted(g.remote_endpoints.items())) or "none"
             lines.append(f"    {g.namespace}/{g.name}  local {g.local_endpoints}"
-                         f"{'' if g.shared else ' (not shared)'}  remote {remote}  affinity {g.affinity}"
-                         f"{'  exported' if g.exported else ''}")
+                         f"{'' if g.shared else ' (not shared)'}  remote {remote}  affinity {g.affinity}")
+        if cm.clusterset is not None and cm.clusterset.imports:
+            lines.append("  service imports (clusterset.local):")
+        for i in cm.clusterset.imports if cm.clusterset is not None else ():
+            eps = ", ".join(f"{c} {len(a)}" for c, a in sorted(i.endpoints.items())) or "none"
+            lines.append(f"    {i.namespace}/{i.name}  {i.type} {', '.join(i.ips) or '-'}  endpoints {eps}")
     return lines
 
 

@@ -34,10 +34,20 @@ def clustermesh_group() -> None:
 @click.option("--lapse-grace", default=defaults.LAPSE_GRACE_S, type=float, show_default=True,
               help="Seconds a remote node whose record's lease ran out stays mirrored (its agent restarting), "
               "as the agents' --lapse-grace.")
+@click.option("--mcs", is_flag=True,
+              help="Also run the Multi-Cluster Services controller (ServiceExport -> a ServiceImport in every cluster, "
+              "KEP-1645) and the clusterset.local DNS server; needs the Kubernetes API (--kubeconfig, or the pod's "
+              "service account).")
+@click.option("--kubeconfig", default=None,
+              help="With --mcs: the kubeconfig of this cluster's API server (default: $KUBECONFIG, ~/.kube/config, "
+              "else the pod's service account).")
+@click.option("--dns-addr", default=defaults.CLUSTERSET_DNS_ADDR, show_default=True,
+              help="With --mcs: where the clusterset.local DNS server listens (UDP and TCP), HOST:PORT.")
 @log_level_option()
 def cache_cmd(**kw: Any) -> None:
     """Watch each remote cluster's etcd once and mirror the admitted records into this cluster's
-    etcd (under /meshctl-cache/<cluster>/), for agents started with --clustermesh-cache."""
+    etcd (under /meshctl-cache/<cluster>/), for agents started with --clustermesh-cache; with
+    --mcs, serve the Multi-Cluster Services API and clusterset.local names too."""
     logging.basicConfig(level=kw["log_level"].upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     endpoints = endpoint_list(kw["etcd_endpoints"])
     if not endpoints:
@@ -57,6 +67,7 @@ def cache_cmd(**kw: Any) -> None:
     cache = ClusterMeshCache(connect, Cluster(kw["cluster_name"], kw["cluster_id"]), kw["clustermesh_dir"],
                              kw["state_dir"], lapse_grace=kw["lapse_grace"])
     stop = threading.Event()
+    dns = _start_mcs(kw, cache, connect, stop) if kw["mcs"] else None
 
     def on_signal(_signum: int, _frame: FrameType | None) -> None:
         stop.set()
@@ -64,5 +75,34 @@ def cache_cmd(**kw: Any) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     logging.getLogger("meshctl.clustermesh.cache").info("cache of %s up", kw["cluster_name"])
-    cache.run(stop)
+    try:
+        cache.run(stop)
+    finally:
+        if dns is not None:
+            dns.stop()
+
+
+def _start_mcs(kw: dict[str, Any], cache: Any, connect: Any, stop: threading.Event) -> Any:
+    """The Multi-Cluster Services controller in its own thread, beside the cache whose admitted
+    remote clusters it reads, and the DNS server it feeds; the server, to stop on the way out."""
+    from lightkube import Client
+
+    from meshctl.agent.config import parse_addr
+    from meshctl.backends.clusterset_dns import ClusterSetDns
+    from meshctl.backends.kube.backend import kubeconfig_for
+    from meshctl.backends.kube.mcs import KubeMcsApi
+    from meshctl.backends.kube.mcs_controller import McsController
+
+    host, port = parse_addr(kw["dns_addr"], "--dns-addr")
+    api = KubeMcsApi(Client(kubeconfig_for(kw["kubeconfig"]), field_manager="meshctl-mcs"))
+    try:
+        dns = ClusterSetDns(host, port)
+    except OSError as e:
+        raise InputError("--dns-addr", kw["dns_addr"], f"cannot be listened on: {e.strerror or e}") from None
+    controller = McsController(kw["cluster_name"], api, connect(), cache.remotes, lambda: cache.admitted,
+                               dns.set_zone)
+    cache.on_pass = controller.kick
+    dns.start()
+    threading.Thread(target=controller.run, args=(stop,), name="mcs", daemon=True).start()
+    return dns
 

@@ -128,7 +128,8 @@ def build(agents: Agents, src: str, dst: str, addresses: dict[str, str]) -> tupl
 def explain_cmd(src: str, dst: str, probe: bool, addr: str, lab_name: str | None, output: str) -> None:
     """The path one packet takes from SRC to DST (pod addresses or nodes, `cluster/node` for
     another cluster's), hop by hop: interface, rung and why, probes, WireGuard peer, path MTU,
-    fast-path entry and counters, read from the agents' own state."""
+    fast-path entry and counters, read from the agents' own state. DST may be a Multi-Cluster
+    Services name, <service>.<namespace>.svc.clusterset.local: the path to each of its endpoints."""
     from meshctl.agent.explain import absolute, cluster_of, format_explanation
     from meshctl.agent.server import fetch_probe
 
@@ -137,8 +138,11 @@ def explain_cmd(src: str, dst: str, probe: bool, addr: str, lab_name: str | None
         loc = targets.lab("--lab")
         pods, lab_nodes = loc.pods(lab_name), loc.nodes(lab_name)
     src = check_end(src, "SRC", pods, lab_nodes)
-    dst = check_end(dst, "DST", pods, lab_nodes)
     agents = Agents(addr, lab_name)
+    if dst.lower().rstrip(".").endswith(".clusterset.local"):
+        _explain_name(agents, src, dst, pods or {}, probe, output)
+        return
+    dst = check_end(dst, "DST", pods, lab_nodes)
     e, src_st = build(agents, src, dst, {k: v for k, v in (pods or {}).items() if k in (src, dst)})
     if probe and e.no_path is None and e.hops:
         netns, where = agents.where(absolute(src_st.node, cluster_of(src_st)) if lab_name else None)
@@ -151,3 +155,36 @@ def explain_cmd(src: str, dst: str, probe: bool, addr: str, lab_name: str | None
     if e.no_path is not None or lost:
         sys.exit(1)
 
+
+
+def _explain_name(agents: Agents, src: str, dst: str, pods: dict[str, str], probe: bool, output: str) -> None:
+    """DST a clusterset.local name: the source cluster's ServiceImport of it (as the source's
+    agent reports it), then the path to each endpoint its kube-proxy balances over. Exit 1 when
+    the name is not imported there, has no endpoints, or an endpoint has no path."""
+    from meshctl.agent.explain import format_explanation
+    from meshctl.mesh.mcs import check_name
+
+    ns, name = check_name(dst, "DST")
+    first = agents.status(src if agents.lab is not None and src not in pods and _is_name(src) else None)
+    remotes = first.summary.remotes if first.summary is not None else None
+    cs = remotes.clusterset if remotes is not None else None
+    imp = next((i for i in (cs.imports if cs is not None else ()) if (i.namespace, i.name) == (ns, name)), None)
+    if imp is None:
+        why = "it serves no Multi-Cluster Services" if cs is None else f"no ServiceImport {ns}/{name} there"
+        raise MeshError(f"DST: {dst!r} is not imported in {first.node}'s cluster ({why})")
+    eps = [(c, a) for c, addrs in sorted(imp.endpoints.items()) for a in addrs]
+    head = (f"{dst}: ServiceImport {ns}/{name}, {imp.type} {', '.join(imp.ips) or '(headless)'}, "
+            f"{len(eps)} endpoint(s): " + (", ".join(f"{c} {a}" for c, a in eps) or "none"))
+    paths = []
+    for _, a in eps:
+        e, _ = build(agents, src, a, {k: v for k, v in pods.items() if k == src})
+        paths.append(e)
+    if output == "json":
+        click.echo(json.dumps({"name": dst, "import": imp.to_json(), "paths": [e.to_json() for e in paths]},
+                              indent=2, sort_keys=True))
+    else:
+        click.echo(head)
+        for e in paths:
+            click.echo(format_explanation(e, time.time()))
+    if not eps or any(e.no_path is not None for e in paths):
+        sys.exit(1)

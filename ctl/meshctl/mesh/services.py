@@ -5,8 +5,10 @@ the EndpointSlices a cluster should hold for the other clusters' endpoints (docs
 "Global services").
 
 A Service is global when annotated `service.cilium.io/global: "true"` (Cilium's key, so its users
-recognise it; `meshctl.io/global` is an alias) or exported by an MCS `ServiceExport` of the same
-namespace and name. `service.cilium.io/shared: "false"` keeps the cluster's own endpoints to
+recognise it; `meshctl.io/global` is an alias): its own name then balances over every cluster's
+endpoints. An MCS `ServiceExport` does not make it global: exported Services get a ServiceImport and
+a `clusterset.local` name, and the Service's own name stays the cluster's (mesh.mcs, KEP-1645).
+`service.cilium.io/shared: "false"` keeps the cluster's own endpoints to
 itself (it still receives the others'); `service.cilium.io/affinity: local|remote|none` puts
 zone hints on the slices meshctl writes (see `desired_slices`).
 
@@ -22,9 +24,10 @@ stand), each named. Nothing here does I/O: the callers read Kubernetes and etcd.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+import re
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, TypeVar
 
 from meshctl.errors import InputError
 from meshctl.mesh import fields
@@ -40,6 +43,9 @@ AFFINITIES = ("local", "remote", "none")
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
 MANAGED_BY = "meshctl.io"
+# The managed-by value of the Multi-Cluster Services controller's slices and derived Services
+# (mesh.mcs): another writer than the agents', so neither ever changes the other's.
+MCS_MANAGED_BY = "mcs.meshctl.io"
 SOURCE_CLUSTER_LABEL = "meshctl.io/source-cluster"
 # The biggest service record a reader parses (a record of 1,000 endpoints is about 60 KB).
 MAX_SERVICE_RECORD_BYTES = 256 * 1024
@@ -53,12 +59,11 @@ Obj = Mapping[str, Any]
 
 @dataclass(frozen=True)
 class ServiceSettings:
-    """What a Service's annotations (and a ServiceExport) make of it."""
+    """What a Service's annotations make of it."""
 
     global_: bool
     shared: bool = True
     affinity: str = "none"
-    exported: bool = False
 
 
 @dataclass(frozen=True, order=True)
@@ -73,11 +78,16 @@ class ServicePort:
 
 @dataclass(frozen=True, order=True)
 class ServiceEndpoint:
+    """One ready endpoint; `hostname` (the EndpointSlice's, a StatefulSet pod's name) is carried
+    by Multi-Cluster Services exports only (mesh.mcs: per-pod clusterset.local names)."""
+
     address: IPAddress
     zone: str = ""
+    hostname: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"addresses": [str(self.address)], **({"zone": self.zone} if self.zone else {})}
+        return {"addresses": [str(self.address)], **({"zone": self.zone} if self.zone else {}),
+                **({"hostname": self.hostname} if self.hostname else {})}
 
 
 @dataclass(frozen=True)
@@ -109,13 +119,13 @@ def ref_of(obj: Obj) -> tuple[str, str]:
     return str(m.get("namespace") or "default"), str(m.get("name") or "")
 
 
-def service_settings(svc: Obj, exported: bool) -> ServiceSettings:
+def service_settings(svc: Obj) -> ServiceSettings:
     """A Service's settings; InputError naming the annotation and its value when one is neither
     `true` nor `false` (or, for affinity, none of local|remote|none)."""
     ns, name = ref_of(svc)
     ann = _meta(svc).get("annotations") or {}
     where = f"service {ns}/{name}: annotations"
-    is_global = exported
+    is_global = False
     for key in (GLOBAL, GLOBAL_ALIAS):
         if key in ann:
             if str(ann[key]).lower() not in ("true", "false"):
@@ -129,12 +139,13 @@ def service_settings(svc: Obj, exported: bool) -> ServiceSettings:
     affinity = str(ann.get(AFFINITY, "none")).lower()
     if affinity not in AFFINITIES:
         raise InputError(f"{where}.{AFFINITY}", ann.get(AFFINITY), f"is not one of {'|'.join(AFFINITIES)}")
-    return ServiceSettings(is_global, shared, affinity, exported)
+    return ServiceSettings(is_global, shared, affinity)
 
 
-def managed_by_meshctl(obj: Obj) -> bool:
-    """A slice meshctl wrote (and the only kind it ever changes or deletes)."""
-    return (_meta(obj).get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY
+def written_by_meshctl(obj: Obj) -> bool:
+    """A slice of meshctl's, the agent's or the Multi-Cluster Services controller's (mesh.mcs):
+    never published again as a cluster's own endpoints."""
+    return (_meta(obj).get("labels") or {}).get(MANAGED_BY_LABEL) in (MANAGED_BY, MCS_MANAGED_BY)
 
 
 def _ready(ep: Obj) -> bool:
@@ -143,14 +154,16 @@ def _ready(ep: Obj) -> bool:
     return cond.get("ready") is not False
 
 
-def local_endpoints(cluster: str, ns: str, name: str, slices: Iterable[Obj]) -> GlobalService:
+def local_endpoints(cluster: str, ns: str, name: str, slices: Iterable[Obj], *, hostnames: bool = False
+                    ) -> GlobalService:
     """The READY endpoints and ports of a Service's own slices (those of the EndpointSlice
-    controller, never meshctl's, so a cluster never republishes what it imported)."""
+    controller, never meshctl's, so a cluster never republishes what it imported); with
+    `hostnames`, each endpoint's hostname as the slice gives it."""
     ports: set[ServicePort] = set()
     eps: set[ServiceEndpoint] = set()
     for s in slices:
         labels = _meta(s).get("labels") or {}
-        if managed_by_meshctl(s) or ref_of(s)[0] != ns or labels.get(SERVICE_NAME_LABEL) != name:
+        if written_by_meshctl(s) or ref_of(s)[0] != ns or labels.get(SERVICE_NAME_LABEL) != name:
             continue
         for p in s.get("ports") or ():
             if isinstance(p.get("port"), int):
@@ -158,9 +171,10 @@ def local_endpoints(cluster: str, ns: str, name: str, slices: Iterable[Obj]) -> 
         for ep in s.get("endpoints") or ():
             if not _ready(ep):
                 continue
+            host = str(ep.get("hostname") or "") if hostnames else ""
             for a in ep.get("addresses") or ():
                 try:
-                    eps.add(ServiceEndpoint(ipaddress.ip_address(a), str(ep.get("zone") or "")))
+                    eps.add(ServiceEndpoint(ipaddress.ip_address(a), str(ep.get("zone") or ""), host))
                 except ValueError:
                     continue  # not ours to judge: the controller wrote it; only addresses are published
     return GlobalService(cluster, ns, name, tuple(sorted(ports)), tuple(sorted(eps)))
@@ -169,7 +183,7 @@ def local_endpoints(cluster: str, ns: str, name: str, slices: Iterable[Obj]) -> 
 @dataclass(frozen=True)
 class LocalServices:
     """The local cluster's global Services: their settings by (namespace, name), the records it
-    publishes, and what was refused (bad annotations, exports of missing Services)."""
+    publishes, and what was refused (bad annotations)."""
 
     settings: Mapping[tuple[str, str], ServiceSettings]
     published: Mapping[tuple[str, str], GlobalService]
@@ -177,21 +191,16 @@ class LocalServices:
     zones: tuple[str, ...]
 
 
-def local_services(cluster: str, services: Sequence[Obj], exports: Sequence[Obj], slices: Sequence[Obj]
-                   ) -> LocalServices:
+def local_services(cluster: str, services: Sequence[Obj], slices: Sequence[Obj]) -> LocalServices:
     """What this cluster publishes: every global Service that is shared, with its ready endpoints.
-    A Service with a bad annotation, and a ServiceExport whose Service does not exist, are rejected
-    alone and named."""
-    exported = {ref_of(e) for e in exports}
-    have = {ref_of(s) for s in services}
-    rejections = [Rejection(f"serviceexport/{ns}/{n}", f"serviceexport {ns}/{n}: the Service {ns}/{n} does not exist")
-                  for ns, n in sorted(exported - have)]
+    A Service with a bad annotation is rejected alone and named."""
+    rejections: list[Rejection] = []
     settings: dict[tuple[str, str], ServiceSettings] = {}
     published: dict[tuple[str, str], GlobalService] = {}
     for svc in services:
         ref = ref_of(svc)
         try:
-            st = service_settings(svc, ref in exported)
+            st = service_settings(svc)
         except InputError as e:
             rejections.append(Rejection(f"service/{ref[0]}/{ref[1]}", str(e)))
             continue
@@ -200,7 +209,7 @@ def local_services(cluster: str, services: Sequence[Obj], exports: Sequence[Obj]
         settings[ref] = st
         if st.shared:
             published[ref] = local_endpoints(cluster, ref[0], ref[1], slices)
-    zones = sorted({str(ep.get("zone")) for s in slices if not managed_by_meshctl(s)
+    zones = sorted({str(ep.get("zone")) for s in slices if not written_by_meshctl(s)
                     for ep in s.get("endpoints") or () if ep.get("zone")})
     return LocalServices(settings, published, tuple(rejections), tuple(zones))
 
@@ -208,33 +217,59 @@ def local_services(cluster: str, services: Sequence[Obj], exports: Sequence[Obj]
 # --- a reader's admission ---------------------------------------------------------------------
 
 
-def parse_service_record(doc: Any, path: str, key_cluster: str, key_ns: str, key_name: str) -> GlobalService:
-    """One published record (its JSON, decoded by the reader under MAX_SERVICE_RECORD_BYTES);
-    InputError naming the field (a name that is not its key's, a bad port or address)."""
+def record_names(doc: Any, path: str, key_cluster: str, key_ns: str, key_name: str) -> Mapping[str, Any]:
+    """A published record's mapping, once its cluster, namespace and name are its key's."""
     d = fields.mapping(doc, path)
     for f, want in (("cluster", key_cluster), ("namespace", key_ns), ("name", key_name)):
         if d.get(f) != want:
             raise InputError(f"{path}.{f}", d.get(f), f"is not its key's {want!r}")
+    return d
+
+
+def parse_ports(items: Any, path: str) -> tuple[ServicePort, ...]:
+    """A record's `ports` list: each a name, a port and one of PROTOCOLS (TCP when absent)."""
     ports = []
-    for i, p in enumerate(d.get("ports") or ()):
-        p = fields.mapping(p, f"{path}.ports[{i}]")
+    for i, p in enumerate(items or ()):
+        p = fields.mapping(p, f"{path}[{i}]")
         proto = p.get("protocol", "TCP")
         if proto not in PROTOCOLS:
-            raise InputError(f"{path}.ports[{i}].protocol", proto, f"is not one of {', '.join(PROTOCOLS)}")
-        ports.append(ServicePort(str(p.get("name") or ""), fields.port(p.get("port"), f"{path}.ports[{i}].port"),
-                                 proto))
+            raise InputError(f"{path}[{i}].protocol", proto, f"is not one of {', '.join(PROTOCOLS)}")
+        ports.append(ServicePort(str(p.get("name") or ""), fields.port(p.get("port"), f"{path}[{i}].port"), proto))
+    return tuple(ports)
+
+
+def parse_endpoints(items: Any, path: str, *, hostnames: bool = False) -> tuple[ServiceEndpoint, ...]:
+    """A record's `endpoints` list; with `hostnames`, each endpoint's optional hostname, which must
+    be a DNS label (it becomes part of a clusterset.local name)."""
     eps = []
-    for i, e in enumerate(d.get("endpoints") or ()):
-        e = fields.mapping(e, f"{path}.endpoints[{i}]")
+    for i, e in enumerate(items or ()):
+        e = fields.mapping(e, f"{path}[{i}]")
         addrs = e.get("addresses")
         if not isinstance(addrs, list):
-            raise InputError(f"{path}.endpoints[{i}].addresses", addrs, "is not a list of addresses")
+            raise InputError(f"{path}[{i}].addresses", addrs, "is not a list of addresses")
+        host = ""
+        if hostnames and e.get("hostname"):
+            host = str(e["hostname"])
+            if not DNS_LABEL.fullmatch(host):
+                raise InputError(f"{path}[{i}].hostname", host, "is not a DNS label (lowercase alnum and '-', "
+                                 "at most 63)")
         for j, a in enumerate(addrs):
             try:
-                eps.append(ServiceEndpoint(ipaddress.ip_address(a), str(e.get("zone") or "")))
+                eps.append(ServiceEndpoint(ipaddress.ip_address(a), str(e.get("zone") or ""), host))
             except (ValueError, TypeError):
-                raise InputError(f"{path}.endpoints[{i}].addresses[{j}]", a, "is not an IP address") from None
-    return GlobalService(key_cluster, key_ns, key_name, tuple(ports), tuple(eps))
+                raise InputError(f"{path}[{i}].addresses[{j}]", a, "is not an IP address") from None
+    return tuple(eps)
+
+
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def parse_service_record(doc: Any, path: str, key_cluster: str, key_ns: str, key_name: str) -> GlobalService:
+    """One published record (its JSON, decoded by the reader under MAX_SERVICE_RECORD_BYTES);
+    InputError naming the field (a name that is not its key's, a bad port or address)."""
+    d = record_names(doc, path, key_cluster, key_ns, key_name)
+    return GlobalService(key_cluster, key_ns, key_name, parse_ports(d.get("ports"), f"{path}.ports"),
+                         parse_endpoints(d.get("endpoints"), f"{path}.endpoints"))
 
 
 def in_pod_cidrs(address: IPAddress, node: Node) -> bool:
@@ -258,18 +293,36 @@ class RecordIn:
     error: str | None = None
 
 
+class Published(Protocol):
+    """A published record as admission sees it: its endpoints (GlobalService, mesh.mcs.Export)."""
+
+    @property
+    def endpoints(self) -> tuple[ServiceEndpoint, ...]: ...
+
+
+R = TypeVar("R", bound=Published)
+
+
 def admit_services(records: Iterable[RecordIn], nodes: Mapping[str, Sequence[Node]],
                    global_cidrs: Mapping[str, Sequence[Pair]] | None = None
                    ) -> tuple[list[GlobalService], list[Rejection]]:
+    """The remote global-service records this cluster may serve, and the rejections (admit_records)."""
+    return admit_records(records, nodes, global_cidrs, parse_service_record, "services")
+
+
+def admit_records(records: Iterable[RecordIn], nodes: Mapping[str, Sequence[Node]],
+                  global_cidrs: Mapping[str, Sequence[Pair]] | None,
+                  parse: Callable[[Any, str, str, str, str], R], kind: str) -> tuple[list[R], list[Rejection]]:
     """The remote records this cluster may serve, and the rejections. `nodes`: each remote
     cluster's ADMITTED nodes (a cluster with global ranges: with their images); `global_cidrs`:
     each remote cluster's global ranges, whose endpoints are served at their images. A record under
     another cluster's key than its etcd's identity, or malformed, is rejected whole; an endpoint
-    outside the cluster's admitted pod CIDRs alone."""
-    out: list[GlobalService] = []
+    outside the cluster's admitted pod CIDRs alone. `parse` reads one record (global services',
+    or mesh.mcs's exports with `kind` "mcs/exports", the word rejections are named with)."""
+    out: list[R] = []
     rejected: list[Rejection] = []
     for r in sorted(records, key=lambda r: r.key):
-        label = f"{r.source}/services/{r.namespace}/{r.name}"
+        label = f"{r.source}/{kind}/{r.namespace}/{r.name}"
         if r.key_cluster != r.source:
             rejected.append(Rejection(label, f"{r.key}: cluster {r.source} cannot publish for cluster "
                                       f"{r.key_cluster}"))
@@ -278,7 +331,7 @@ def admit_services(records: Iterable[RecordIn], nodes: Mapping[str, Sequence[Nod
             rejected.append(Rejection(label, r.error))
             continue
         try:
-            svc = parse_service_record(r.doc, r.key, r.key_cluster, r.namespace, r.name)
+            svc = parse(r.doc, r.key, r.key_cluster, r.namespace, r.name)
         except InputError as e:
             rejected.append(Rejection(label, str(e)))
             continue
@@ -286,14 +339,14 @@ def admit_services(records: Iterable[RecordIn], nodes: Mapping[str, Sequence[Nod
         mapping = (global_cidrs or {}).get(r.source, ())
         keep = []
         for i, ep in enumerate(svc.endpoints):
-            seen = ServiceEndpoint(dial_address(ep.address, mapping), ep.zone)
+            seen = replace(ep, address=dial_address(ep.address, mapping))
             if any(in_pod_cidrs(seen.address, n) for n in held):
                 keep.append(seen)
             else:
                 image = f" (global {seen.address})" if seen.address != ep.address else ""
                 rejected.append(Rejection(f"{label}/{ep.address}", f"{r.key}.endpoints[{i}]: {str(ep.address)!r}"
                                           f"{image} is in no pod CIDR of cluster {r.source}'s admitted nodes"))
-        out.append(GlobalService(svc.cluster, svc.namespace, svc.name, svc.ports, tuple(keep)))
+        out.append(replace(svc, endpoints=tuple(keep)))  # type: ignore[type-var]
     return out, rejected
 
 
@@ -302,14 +355,19 @@ def admit_services(records: Iterable[RecordIn], nodes: Mapping[str, Sequence[Nod
 
 def slice_name(service: str, cluster: str, family: int, index: int) -> str:
     """`<service>-<cluster>-<v4|v6>-<n>`, cut with a hash when longer than a name may be."""
-    name = f"{service}-{cluster}-v{family}-{index}"
+    return cut_name(f"{service}-{cluster}-v{family}-{index}")
+
+
+def cut_name(name: str) -> str:
+    """`name` when it fits an object name (63), else its first 52 characters and a hash of the
+    whole: the same name always gets the same cut."""
     if len(name) <= 63:
         return name
     return f"{name[:52]}-{_fnv1a(name):010x}"[:63]
 
 
 def _fnv1a(text: str) -> int:
-    """A 40-bit FNV-1a hash: the same name always gets the same cut."""
+    """A 40-bit FNV-1a hash."""
     h = 0xCBF29CE484222325
     for b in text.encode():
         h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
@@ -328,6 +386,38 @@ def _hints(affinity: str, ep: ServiceEndpoint, local_zones: Sequence[str]) -> di
     return None
 
 
+def endpoint_slices(namespace: str, service: str, cluster: str, endpoints: Sequence[ServiceEndpoint],
+                    ports: Sequence[ServicePort], labels: Mapping[str, str],
+                    hints: Callable[[ServiceEndpoint], dict[str, Any] | None]) -> dict[tuple[str, str], dict[str, Any]]:
+    """One cluster's endpoints of `service` as EndpointSlices: one set per address family in
+    chunks of SLICE_ENDPOINTS (named by slice_name), every endpoint ready, with its zone, its
+    hostname and `hints(endpoint)`; `labels` on each."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for fam in (4, 6):
+        eps = [e for e in endpoints if e.address.version == fam]
+        for k in range(0, len(eps), SLICE_ENDPOINTS):
+            name = slice_name(service, cluster, fam, k // SLICE_ENDPOINTS)
+            items = []
+            for e in eps[k:k + SLICE_ENDPOINTS]:
+                item: dict[str, Any] = {"addresses": [str(e.address)], "conditions": {"ready": True}}
+                if e.hostname:
+                    item["hostname"] = e.hostname
+                if e.zone:
+                    item["zone"] = e.zone
+                hint = hints(e)
+                if hint is not None:
+                    item["hints"] = hint
+                items.append(item)
+            out[(namespace, name)] = {
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+                "addressType": f"IPv{fam}",
+                "ports": [p.to_json() for p in ports],
+                "endpoints": items,
+            }
+    return out
+
+
 def desired_slices(local: LocalServices, remote: Sequence[GlobalService]) -> dict[tuple[str, str], dict[str, Any]]:
     """The EndpointSlices (by namespace and name) that carry the remote clusters' endpoints of the
     local global Services: one set per (Service, cluster, address family), in chunks of
@@ -338,30 +428,10 @@ def desired_slices(local: LocalServices, remote: Sequence[GlobalService]) -> dic
         st = local.settings.get((svc.namespace, svc.name))
         if st is None:
             continue
-        for fam in (4, 6):
-            eps = [e for e in svc.endpoints if e.address.version == fam]
-            if not eps:
-                continue
-            for k in range(0, len(eps), SLICE_ENDPOINTS):
-                name = slice_name(svc.name, svc.cluster, fam, k // SLICE_ENDPOINTS)
-                items = []
-                for e in eps[k:k + SLICE_ENDPOINTS]:
-                    item: dict[str, Any] = {"addresses": [str(e.address)], "conditions": {"ready": True}}
-                    if e.zone:
-                        item["zone"] = e.zone
-                    hints = _hints(st.affinity, e, local.zones)
-                    if hints is not None:
-                        item["hints"] = hints
-                    items.append(item)
-                out[(svc.namespace, name)] = {
-                    "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-                    "metadata": {"name": name, "namespace": svc.namespace,
-                                 "labels": {SERVICE_NAME_LABEL: svc.name, MANAGED_BY_LABEL: MANAGED_BY,
-                                            SOURCE_CLUSTER_LABEL: svc.cluster}},
-                    "addressType": f"IPv{fam}",
-                    "ports": [p.to_json() for p in svc.ports],
-                    "endpoints": items,
-                }
+        labels = {SERVICE_NAME_LABEL: svc.name, MANAGED_BY_LABEL: MANAGED_BY, SOURCE_CLUSTER_LABEL: svc.cluster}
+        affinity = st.affinity
+        out.update(endpoint_slices(svc.namespace, svc.name, svc.cluster, svc.endpoints, svc.ports, labels,
+                                   lambda e, a=affinity: _hints(a, e, local.zones)))  # type: ignore[misc]
     return out
 
 
@@ -376,7 +446,10 @@ def _same_slice(have: Obj, want: Obj) -> bool:
 
 
 @dataclass(frozen=True)
-class SliceChanges:
+class ObjectChanges:
+    """Creates, replaces and deletes of one kind of object (slices, and mesh.mcs's imports and
+    derived Services)."""
+
     creates: tuple[dict[str, Any], ...] = ()
     updates: tuple[dict[str, Any], ...] = ()  # desired objects carrying the resourceVersion they replace
     deletes: tuple[tuple[str, str], ...] = ()
@@ -385,21 +458,20 @@ class SliceChanges:
         return bool(self.creates or self.updates or self.deletes)
 
 
-def slice_changes(have: Iterable[Obj], want: Mapping[tuple[str, str], dict[str, Any]],
-                  keep: Collection[str] = ()) -> SliceChanges:
-    """What turns the slices there are into the desired ones, touching only slices meshctl wrote:
-    a desired name held by a slice someone else wrote is left alone (and not created). Slices from
-    the clusters in `keep` (configured, but not connected yet: an agent that just started) stay as
-    they are until their cluster's view arrives."""
+def object_changes(have: Iterable[Obj], want: Mapping[tuple[str, str], dict[str, Any]], *,
+                   owned: Callable[[Obj], bool], same: Callable[[Obj, Obj], bool],
+                   kept: Callable[[Obj], bool] = lambda _o: False) -> ObjectChanges:
+    """What turns the objects there are into the desired ones, touching only those `owned`: a
+    desired name held by an object someone else wrote is left alone (and not created), and so is
+    one that is `kept` (its source not known yet). An update carries the resourceVersion it
+    replaces."""
     ours: dict[tuple[str, str], Obj] = {}
     theirs: set[tuple[str, str]] = set()
-    for s in have:
-        if not managed_by_meshctl(s):
-            theirs.add(ref_of(s))
-        elif (_meta(s).get("labels") or {}).get(SOURCE_CLUSTER_LABEL) in keep:
-            theirs.add(ref_of(s))  # not ours to change now
+    for o in have:
+        if not owned(o) or kept(o):
+            theirs.add(ref_of(o))
         else:
-            ours[ref_of(s)] = s
+            ours[ref_of(o)] = o
     creates, updates = [], []
     for ref, obj in sorted(want.items()):
         if ref in theirs:
@@ -407,8 +479,21 @@ def slice_changes(have: Iterable[Obj], want: Mapping[tuple[str, str], dict[str, 
         old = ours.get(ref)
         if old is None:
             creates.append(obj)
-        elif not _same_slice(old, obj):
+        elif not same(old, obj):
             rv = _meta(old).get("resourceVersion")
             updates.append({**obj, "metadata": {**obj["metadata"], "resourceVersion": rv}})
     deletes = tuple(sorted(ref for ref in ours if ref not in want))
-    return SliceChanges(tuple(creates), tuple(updates), deletes)
+    return ObjectChanges(tuple(creates), tuple(updates), deletes)
+
+
+def slice_changes(have: Iterable[Obj], want: Mapping[tuple[str, str], dict[str, Any]],
+                  keep: Collection[str] = (), *, managed_by: str = MANAGED_BY,
+                  source_label: str = SOURCE_CLUSTER_LABEL) -> ObjectChanges:
+    """What turns the slices there are into the desired ones, touching only slices labelled
+    managed by `managed_by` (the agents' meshctl.io, or the Multi-Cluster Services controller's):
+    a desired name held by a slice someone else wrote is left alone (and not created). Slices from
+    the clusters in `keep` (configured, but not connected yet: an agent that just started) stay as
+    they are until their cluster's view arrives."""
+    return object_changes(
+        have, want, owned=lambda o: (_meta(o).get("labels") or {}).get(MANAGED_BY_LABEL) == managed_by,
+        same=_same_slice, kept=lambda o: (_meta(o).get("labels") or {}).get(source_label) in keep)

@@ -26,7 +26,7 @@ from lightkube import ApiError, Client
 from lightkube.generic_resource import create_namespaced_resource
 
 from meshctl.backends.kube.errors import is_kubernetes_answer, status_of
-from meshctl.mesh.services import MANAGED_BY, MANAGED_BY_LABEL, SliceChanges
+from meshctl.mesh.services import MANAGED_BY, MANAGED_BY_LABEL, ObjectChanges
 
 log = logging.getLogger("meshctl.kube.services")
 
@@ -35,6 +35,7 @@ Obj = dict[str, Any]
 SERVICES = create_namespaced_resource("", "v1", "Service", "services")
 ENDPOINT_SLICES = create_namespaced_resource("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices")
 SERVICE_EXPORTS = create_namespaced_resource("multicluster.x-k8s.io", "v1alpha1", "ServiceExport", "serviceexports")
+SERVICE_IMPORTS = create_namespaced_resource("multicluster.x-k8s.io", "v1alpha1", "ServiceImport", "serviceimports")
 LEASES = create_namespaced_resource("coordination.k8s.io", "v1", "Lease", "leases")
 
 LEASE_NAME = "meshctl-global-services"
@@ -43,7 +44,8 @@ RENEW_DEADLINE_S = 10.0
 RETRY_S = 2.0
 
 
-def _dict(obj: Any) -> Obj:
+def as_dict(obj: Any) -> Obj:
+    """A lightkube object (or a dict) as a plain dict."""
     return dict(obj.to_dict() if hasattr(obj, "to_dict") else obj)
 
 
@@ -54,54 +56,39 @@ class KubeServiceApi:
         self.client = client
 
     def services(self) -> list[Obj]:
-        return [_dict(o) for o in self.client.list(SERVICES, namespace="*")]
+        return [as_dict(o) for o in self.client.list(SERVICES, namespace="*")]
 
-    def exports(self) -> list[Obj]:
-        """ServiceExports; none when the MCS CRD is not installed (kube-apiserver answers a group it
+    def exports(self) -> list[Obj] | None:
+        """ServiceExports; None when the MCS CRD is not installed (kube-apiserver answers a group it
         does not serve with a plain-text 404, which lightkube raises as httpx's error)."""
+        return self._list_optional(SERVICE_EXPORTS)
+
+    def imports(self) -> list[Obj] | None:
+        """ServiceImports; None when the MCS CRD is not installed."""
+        return self._list_optional(SERVICE_IMPORTS)
+
+    def _list_optional(self, resource: Any) -> list[Obj] | None:
         try:
-            return [_dict(o) for o in self.client.list(SERVICE_EXPORTS, namespace="*")]
+            return [as_dict(o) for o in self.client.list(resource, namespace="*")]
         except (ApiError, httpx.HTTPStatusError) as e:
             if status_of(e) == 404 and is_kubernetes_answer(e):
-                return []
+                return None
             raise
 
     def slices(self) -> list[Obj]:
-        return [_dict(o) for o in self.client.list(ENDPOINT_SLICES, namespace="*")]
+        return [as_dict(o) for o in self.client.list(ENDPOINT_SLICES, namespace="*")]
 
-    def apply(self, changes: SliceChanges) -> tuple[int, list[str]]:
-        """Create, replace and delete meshctl's slices, each on its own: one refused write (its
-        namespace gone, a conflict) is named in the second value and the others go on. A delete
-        re-reads the slice first and leaves it if someone else's label is on it now. Returns the
-        writes made and the failures."""
-        n, failed = 0, []
-        for verb, obj in [*(("create", o) for o in changes.creates), *(("replace", o) for o in changes.updates)]:
-            meta = obj["metadata"]
-            try:
-                if verb == "create":
-                    self.client.create(ENDPOINT_SLICES.from_dict(obj), namespace=meta["namespace"])
-                else:
-                    self.client.replace(ENDPOINT_SLICES.from_dict(obj))
-                n += 1
-            except ApiError as e:
-                failed.append(f"endpointslice {meta['namespace']}/{meta['name']}: {verb}: {e.status.message}")
-        for ns, name in changes.deletes:
-            try:
-                cur = _dict(self.client.get(ENDPOINT_SLICES, name, namespace=ns))
-                if ((cur.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY_LABEL) != MANAGED_BY:
-                    continue
-                self.client.delete(ENDPOINT_SLICES, name, namespace=ns)
-                n += 1
-            except ApiError as e:
-                if e.status.code != 404:
-                    failed.append(f"endpointslice {ns}/{name}: delete: {e.status.message}")
-        return n, failed
+    def apply(self, changes: ObjectChanges) -> tuple[int, list[str]]:
+        """Create, replace and delete meshctl's slices (apply_changes: only slices labelled managed
+        by meshctl.io are deleted)."""
+        return apply_changes(self.client, ENDPOINT_SLICES, "endpointslice", changes,
+                             labelled(MANAGED_BY_LABEL, MANAGED_BY))
 
     # --- the Lease --------------------------------------------------------------------------
 
     def get_lease(self, ns: str, name: str) -> Obj | None:
         try:
-            return _dict(self.client.get(LEASES, name, namespace=ns))
+            return as_dict(self.client.get(LEASES, name, namespace=ns))
         except ApiError as e:
             if e.status.code == 404:
                 return None
@@ -112,12 +99,46 @@ class KubeServiceApi:
         else wrote first (409 Conflict / AlreadyExists)."""
         try:
             if (obj.get("metadata") or {}).get("resourceVersion"):
-                return _dict(self.client.replace(LEASES.from_dict(obj)))
-            return _dict(self.client.create(LEASES.from_dict(obj), namespace=ns))
+                return as_dict(self.client.replace(LEASES.from_dict(obj)))
+            return as_dict(self.client.create(LEASES.from_dict(obj), namespace=ns))
         except ApiError as e:
             if e.status.code == 409:
                 return None
             raise
+
+
+def labelled(key: str, value: str) -> Callable[[Obj], bool]:
+    """Whether an object carries label `key` with `value`."""
+    return lambda o: ((o.get("metadata") or {}).get("labels") or {}).get(key) == value
+
+
+def apply_changes(client: Client, resource: Any, kind: str, changes: ObjectChanges,
+                  owned: Callable[[Obj], bool]) -> tuple[int, list[str]]:
+    """Create, replace and delete objects of `resource`, each on its own: one refused write (its
+    namespace gone, a conflict) is named in the second value and the others go on. A delete
+    re-reads the object first and leaves it if it is not `owned` (someone else's now). Returns the
+    writes made and the failures."""
+    n, failed = 0, []
+    for verb, obj in [*(("create", o) for o in changes.creates), *(("replace", o) for o in changes.updates)]:
+        meta = obj["metadata"]
+        try:
+            if verb == "create":
+                client.create(resource.from_dict(obj), namespace=meta["namespace"])
+            else:
+                client.replace(resource.from_dict(obj))
+            n += 1
+        except ApiError as e:
+            failed.append(f"{kind} {meta['namespace']}/{meta['name']}: {verb}: {e.status.message}")
+    for ns, name in changes.deletes:
+        try:
+            if not owned(as_dict(client.get(resource, name, namespace=ns))):
+                continue
+            client.delete(resource, name, namespace=ns)
+            n += 1
+        except ApiError as e:
+            if e.status.code != 404:
+                failed.append(f"{kind} {ns}/{name}: delete: {e.status.message}")
+    return n, failed
 
 
 def micro_time(t: float) -> str:

@@ -38,7 +38,7 @@ from meshctl.backends import etcd_identity as identity
 from meshctl.backends.etcd import write_topology
 from meshctl.errors import InputError, MeshError
 from meshctl.etcd import EtcdClient
-from meshctl.lab.namespaces import check, cni_install, daemonset, fabric, image_agents, kube_cluster, podman
+from meshctl.lab.namespaces import check, cni_install, daemonset, fabric, image_agents, kube_api, kube_cluster, podman
 from meshctl.lab.namespaces import nat_router as labnat
 from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.cni_labs import CNI_LABS
@@ -569,9 +569,25 @@ def start_agent(st: LabState, node_name: str, *, extra_args: tuple[str, ...] = (
     return pid
 
 
-def start_cache(st: LabState, cluster: str) -> int:
+# The ServiceAccount the cluster-mesh cache runs as (manifests/02-rbac.yaml) and the port its
+# clusterset.local DNS server listens on in the lab (the etcd's namespace, root: 53 as CoreDNS dials).
+CACHE_ACCOUNT = "meshctl-clustermesh-cache"
+LAB_DNS_PORT = 53
+
+
+def cache_dns(cst: ClusterState) -> tuple[str, int]:
+    """Where a cluster's cache answers clusterset.local (`start_cache(mcs=True)`): its etcd's
+    address, port LAB_DNS_PORT."""
+    host = cst.etcd.endpoints[0].split("://", 1)[-1].rpartition(":")[0].strip("[]")
+    return host, LAB_DNS_PORT
+
+
+def start_cache(st: LabState, cluster: str, *, mcs: bool = False) -> int:
     """Start `meshctl clustermesh cache` of one cluster in its etcd's namespace (it reaches its own
-    etcd as meshctl:clustermesh-cache and the others with the cluster's clustermesh files)."""
+    etcd as meshctl:clustermesh-cache and the others with the cluster's clustermesh files). With
+    `mcs` (a Kubernetes cluster) it runs the Multi-Cluster Services controller with a token of the
+    cache's own ServiceAccount, as the Deployment does, and answers clusterset.local at
+    `cache_dns(cluster)`."""
     cst = st.cluster(cluster)
     if cst.clustermesh_dir is None:
         raise MeshError(f"cluster {cluster} has no clustermesh directory: the lab has no cluster mesh")
@@ -583,6 +599,17 @@ def start_cache(st: LabState, cluster: str) -> int:
             "--etcd-user", i.user or "", "--etcd-password-file", i.password_file or "",
             "--cluster-name", cst.name, "--cluster-id", str(cst.id), "--clustermesh-dir", cst.clustermesh_dir,
             "--state-dir", str(d / "state")]
+    if mcs:
+        if cst.kube is None:
+            raise MeshError(f"cluster {cluster} is not a Kubernetes cluster: the Multi-Cluster Services API needs one")
+        cp = kube_api.control_plane(cst.kube)
+        tfile = d / "token"
+        fd = os.open(tfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(cp.create_token(CACHE_ACCOUNT, "meshctl"))
+        kc = cp.kubeconfig(d / "kubeconfig", token_file=tfile, user=f"system:serviceaccount:meshctl:{CACHE_ACCOUNT}")
+        host, port = cache_dns(cst)
+        argv += ["--mcs", "--kubeconfig", str(kc), "--dns-addr", f"{host}:{port}"]
     with open(d / "cache.log", "ab") as log:
         pid = popen_spawner(argv, log=log.fileno(), env=dict(os.environ, PYTHONUNBUFFERED="1"))
     st.pids[f"cache/{cluster}"] = pid

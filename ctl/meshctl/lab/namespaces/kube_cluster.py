@@ -238,17 +238,22 @@ SECURE_METRICS_ADDR = "0.0.0.0:9737"
 
 
 def pod_object(name: str, namespace: str, node: str, ip: str, labels: dict[str, str], *,
-               ready: bool = True) -> dict[str, Any]:
+               ready: bool = True, hostname: str = "", subdomain: str = "") -> dict[str, Any]:
     """A Pod for one of the lab's pods (a namespace the lab wired, at `ip` on `node`): the kubelet
     reproduction reports it Running at that address, Ready unless `ready` is False, so the
-    EndpointSlice controller lists it for the Services that select it."""
+    EndpointSlice controller lists it for the Services that select it (with `hostname` and
+    `subdomain` naming a headless Service, as a StatefulSet's pods do, the slice carries the hostname)."""
     ann = {POD_IP_ANNOTATION: ip}
     if not ready:
         ann[READY_ANNOTATION] = "false"
+    spec: dict[str, Any] = {"nodeName": node, "containers": [{"name": "app", "image": "meshctl-lab/pod"}],
+                            "terminationGracePeriodSeconds": 0}
+    if hostname:
+        spec["hostname"] = hostname
+    if subdomain:
+        spec["subdomain"] = subdomain
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": ann},
-            "spec": {"nodeName": node, "containers": [{"name": "app", "image": "meshctl-lab/pod"}],
-                     "terminationGracePeriodSeconds": 0}}
+            "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": ann}, "spec": spec}
 
 
 def agent_argv(argv: list[str]) -> list[str]:
