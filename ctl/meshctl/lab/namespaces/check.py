@@ -255,8 +255,13 @@ def _measured_path(delta: list[int], fp: dict[str, int], need: int, expected: st
                    relayed: bool, private_endpoint: bool) -> str:
     """The path a pair's pings took, read off counters: `delta` the packets sent meanwhile on
     (kilo0, the private NIC, the leader's kilo0, the VXLAN device), `fp` the fast path's
-    counters that moved, `need` how many packets make a path; `expected` the rung the agent planned."""
-    if delta[0] >= need:
+    counters that moved, `need` how many packets make a path; `expected` the rung the agent planned.
+    kilo0 also carries what the node sends its other peers meanwhile (keepalives every few seconds
+    with `persistent_keepalive`, handshakes): when the fast path says it sent the pings out of the
+    private NIC itself (its `direct` counter, and the NIC's TX, rose by them), kilo0's packets were
+    not these pings."""
+    sent_direct = fp.get("direct", 0) >= need and delta[1] >= need
+    if delta[0] >= need and not sent_direct:
         if relayed:
             return "relay"
         return WIREGUARD_PRIVATE if private_endpoint else "tunnel"
