@@ -9,7 +9,11 @@ cluster, real WireGuard and fast path).
    pass of cluster1's leader (from /status) when a remote record changes without changing the plan
    ("touch") and when one more remote node joins ("join"), and the agent's RSS.
 
-    .venv/bin/python bench/clustermesh.py [--joins 20] [--sizes 1000,5000]
+3. With `--cache`: cluster1's `meshctl clustermesh cache` started and its agents restarted with
+   `--clustermesh-cache`; the remote joins of 1 again, through the cache (baseline: the direct
+   joins of 1, same run).
+
+    .venv/bin/python bench/clustermesh.py [--joins 20] [--sizes 1000,5000] [--cache]
 
 Baseline: the same agent's reconcile with no remote records, measured in the same run.
 Targets (issue 5): median remote-join convergence < 1 s; reconcile at 5,000 remote nodes < 0.5 s.
@@ -44,6 +48,28 @@ def client(st: LabState, name: str):
 def remote_joins(st: LabState, n: int) -> list[float]:
     """Records written to cluster2's etcd, routes watched on every cluster1 agent."""
     return measure_joins(client(st, "cluster2"), "cluster2", st.cluster("cluster1").nodes, n, second_octet=126)
+
+
+def via_cache(st: LabState, n: int, direct: list[float]) -> None:
+    """The remote joins of `remote_joins` again with cluster1's agents following cluster2 through
+    the cache, printed against the direct ones (`direct`, this run)."""
+    c1 = st.cluster("cluster1").nodes
+    build.start_cache(st, "cluster1")
+    try:
+        for node in c1:
+            build.stop_agent(st, node.name)
+            build.start_agent(st, node.name, extra_args=("--clustermesh-cache",))
+        deadline = time.monotonic() + 120
+        while not all(((labcheck.agent_status(x) or {}).get("remotes") or {}).get("via") == "via cache" for x in c1):
+            if time.monotonic() > deadline:
+                raise SystemExit("cluster1's agents did not follow cluster2 through the cache within 120 s")
+            time.sleep(0.2)
+        js = remote_joins(st, n)
+        print(f"through the cache, over {len(js)} joins: median {1000 * statistics.median(js):.0f} ms "
+              f"({statistics.median(js) / statistics.median(direct):.2f}x direct), p95 {1000 * pct(js, 95):.0f} ms "
+              f"({pct(js, 95) / pct(direct, 95):.2f}x direct), max {1000 * max(js):.0f} ms")
+    finally:
+        build.stop_cache(st, "cluster1")
 
 
 def last_reconcile(node: NodeState) -> dict[str, Any]:
@@ -128,6 +154,7 @@ def main() -> None:
     ap.add_argument("--joins", type=int, default=20)
     ap.add_argument("--sizes", default="1000,5000")
     ap.add_argument("--prefix", default="mbc-")
+    ap.add_argument("--cache", action="store_true", help="also the remote joins through cluster1's cluster-mesh cache")
     args = ap.parse_args()
     doc = copy.deepcopy(yaml.safe_load(LAB_FILE.read_text()))
     doc["lab"].update(lease_ttl=10, prefix=args.prefix)
@@ -159,6 +186,8 @@ def main() -> None:
               f"wall {last['touch_ms']:.0f} ms (no plan change) / {last['join_ms']:.0f} ms (a remote join); "
               f"CPU {last['touch_cpu_ms']:.0f} / "
               f"{last['join_cpu_ms']:.0f} ms; target < 500 ms")
+        if args.cache:  # last: the agents are restarted for it
+            via_cache(st, args.joins, js)
     finally:
         build.down(st.name)
         print(f"(total {time.monotonic() - t:.0f} s)")

@@ -159,10 +159,11 @@ def run(st: LabState, assignments: list[str], *, settle: float, quiet: float = 2
     pings = {label: PodPing(st, src, dst, seconds, interval=INTERVAL) for label, (src, dst) in pairs.items()}
     start = time.time()
     switches: list[Switch] = []
-    time.sleep(quiet)
+    time.sleep(quiet)  # the experiment: a window with no switch
     for i, a in enumerate(assignments):
         at = time.time()
         switches.append(Switch(a, at, apply(a)))
+        # the experiment: each switch's window, the same length whatever the switch itself took
         time.sleep(max(0.0, start + quiet + settle * (i + 1) - time.time()))
     results = {label: p.result() for label, p in pings.items()}
     return switches, results, windows(switches, results)

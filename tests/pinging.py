@@ -22,14 +22,17 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import os
 import re
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 
+from meshctl.lab.namespaces import check as labcheck
 from meshctl.lab.namespaces.state import LabState
 from meshctl.lab.rigs import netns
+from tests.waiting import WAIT_S, wait_for, wait_until
 
 _SENT = re.compile(r"(\d+) packets transmitted")
 _REPLY = re.compile(r"^\[(\d+\.\d+)\] \d+ bytes from .*icmp_seq=(\d+)", re.M)
@@ -85,6 +88,18 @@ class PodPing:
              *(("-c", str(math.ceil(seconds / interval))) if through_errors else ("-w", str(math.ceil(seconds)))),
              self.dst_ip],
             stdout=self.out, stderr=subprocess.STDOUT, text=True)
+
+    def replies(self) -> int:
+        """Replies so far, read at an explicit offset (ping writes at the offset it shares with
+        `out`: seeking that one while ping runs would make it write over its own lines)."""
+        fd = self.out.fileno()
+        return len(_REPLY.findall(os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")))
+
+    def answered(self, count: int = 3, timeout: float = WAIT_S) -> PodPing:
+        """Once `count` replies came back: the ping runs and the pair works, so a change made now
+        falls inside its window (what a fixed sleep after the start only hoped for)."""
+        wait_until(lambda: self.replies() >= count, timeout, f"{count} replies from {self.dst_ip}")
+        return self
 
     def result(self, timeout: float | None = None) -> PingResult:
         """Wait for ping to end; kill it after `timeout` (default: its deadline plus 30 s)."""
@@ -142,3 +157,21 @@ class PodPing:
             else:
                 out.append(before[1] + (s - before[0]) * self.interval)
         return tuple(out)
+
+
+def checked(st: LabState, pairs: list[tuple[str, str]] | None = None, count: int = 3,
+            timeout: float = WAIT_S) -> list[labcheck.PairResult]:
+    """`lab check` of `pairs` (None: all): the pairs that failed are checked again until each answers
+    (a pair's first packets may meet WireGuard's first handshake, and crossed initiations are retried
+    after 5 s); the assertion names those that never did within `timeout`; every pair's last result."""
+    results = {(r.src, r.dst, r.family): r for r in labcheck.check(st, count=count, pairs=pairs)}
+
+    def answered() -> bool:
+        failed = sorted({(src, dst) for (src, dst, _), r in results.items() if not r.ok})
+        if failed:
+            results.update({(r.src, r.dst, r.family): r for r in labcheck.check(st, count=count, pairs=failed)})
+        return all(r.ok for r in results.values())
+
+    if not wait_for(answered, timeout, step=0.5):
+        raise AssertionError(f"not answering after {timeout:.0f} s: {[r for r in results.values() if not r.ok]}")
+    return list(results.values())

@@ -7,6 +7,7 @@ import base64
 import json
 import os
 import stat
+import sys
 import threading
 import time
 
@@ -16,6 +17,7 @@ from meshctl.backends.etcd import EtcdBackend, mesh_key, node_key, write_topolog
 from meshctl.etcd import EtcdClient, EtcdError
 from meshctl.mesh import records
 from meshctl.mesh.model import Cluster, MeshSettings, Node
+from tests.waiting import wait_until
 
 from .conftest import wait_for
 
@@ -57,10 +59,21 @@ def test_kv_txn_lease_watch_over_mtls(etcd_tls):
     t.start()
     assert c.delete("/t/a") == 1
     # The lease runs out without keepalives: its key goes, and the watch sees both deletes.
-    got = wait_for(lambda: [e.kv.key for e in events if e.type == "DELETE"], timeout=6)
-    assert wait_for(lambda: len([e for e in events if e.type == "DELETE"]) == 2, timeout=6), got
+    got = wait_for(lambda: [e.kv.key for e in events if e.type == "DELETE"])
+    assert wait_for(lambda: len([e for e in events if e.type == "DELETE"]) == 2), got
     assert {e.kv.key for e in events if e.type == "PUT"} == {"/t/b", "/t/leased"}
     c.abort_watch()
+
+
+IDLE_S = 30.0
+
+
+def blocked_reading(t: threading.Thread) -> bool:
+    """Whether thread `t` is inside a socket read (its innermost Python frame is ssl's or socket's
+    read): blocked on a stream that has nothing to give."""
+    frame = sys._current_frames().get(t.ident or 0)
+    return frame is not None and frame.f_code.co_name in ("read", "recv_into", "readinto", "recv") \
+        and frame.f_code.co_filename.endswith(("/ssl.py", "/socket.py"))
 
 
 def test_abort_watch_ends_a_blocked_watch_at_once(etcd_tls):
@@ -73,7 +86,7 @@ def test_abort_watch_ends_a_blocked_watch_at_once(etcd_tls):
 
     def watch():
         try:
-            for _ in c.watch("/t/idle/", prefix=True, start_revision=rev, idle_timeout=30):
+            for _ in c.watch("/t/idle/", prefix=True, start_revision=rev, idle_timeout=IDLE_S):
                 seen.set()
         except EtcdError:
             pass
@@ -81,11 +94,11 @@ def test_abort_watch_ends_a_blocked_watch_at_once(etcd_tls):
 
     t = threading.Thread(target=watch, daemon=True)
     t.start()
-    assert seen.wait(5), "the watch delivered the first put"
-    time.sleep(0.2)  # the reader is now blocked on the idle stream
-    t0 = time.monotonic()
+    assert seen.wait(30), "the watch delivered the first put"
+    wait_until(lambda: blocked_reading(t), 30, "the reader blocked on the idle stream")
     c.abort_watch()
-    assert ended.wait(5) and time.monotonic() - t0 < 5, "the watch ended long after abort_watch"
+    # well inside the idle timeout (30 s), which is what a reader not woken would wait out
+    assert ended.wait(IDLE_S / 2), "the watch ended only at its idle timeout, not at abort_watch"
     t.join(1)
 
 
@@ -127,7 +140,7 @@ def test_backend_publishes_watches_and_rejects_bad_records(etcd_tls):
         # Mesh settings change at run time.
         c.put(mesh_key("c1"), json.dumps({"granularity": "cross"}))
         assert wait_for(lambda: b.snapshot().mesh.granularity == "cross")
-        # Keepalives hold the record past its TTL.
+        # Keepalives hold the record past its TTL (the experiment: 1.5 TTLs).
         time.sleep(3)
         assert c.get(node_key("c1", "n1")) is not None
     finally:
@@ -135,7 +148,7 @@ def test_backend_publishes_watches_and_rejects_bad_records(etcd_tls):
         b.close()
         t.join(3)
     # With the agent gone the lease expires and the record disappears by itself.
-    assert wait_for(lambda: c.get(node_key("c1", "n1")) is None, timeout=5)
+    assert wait_for(lambda: c.get(node_key("c1", "n1")) is None)
     assert c.get("/meshctl/c1/cluster") is not None
 
 
@@ -154,7 +167,7 @@ def test_backend_reports_outage_and_resyncs(etcd_tls):
         srv.start(client_tls=cert)
         c = srv.client(cert)
         c.put(node_key("c2", "n2"), json.dumps(records.node_to_record(node("n2", 2))))
-        st = wait_for(lambda: (s := b.snapshot()).ready and len(s.nodes) == 2 and s, timeout=8)
+        st = wait_for(lambda: (s := b.snapshot()).ready and len(s.nodes) == 2 and s)
         assert st and [n.name for n in st.nodes] == ["n1", "n2"]
     finally:
         stop.set()
@@ -187,7 +200,7 @@ def test_a_huge_record_is_refused_unread_and_delays_no_one(etcd_tls):
         assert wait_for(lambda: b.snapshot().ready)
         c.put(node_key("c1", "huge"), b"{" + b" " * 1_400_000 + b"}")
         c.put(node_key("c1", "n2"), json.dumps(records.node_to_record(node("n2", 2))))
-        st = wait_for(lambda: (s := b.snapshot()).nodes and s, timeout=3)
+        st = wait_for(lambda: (s := b.snapshot()).nodes and s)
         assert [n.name for n in st.nodes] == ["n2"]
         [r] = st.rejections
         assert r.name == "huge" and "'1400002 bytes' is larger than a record may be" in r.reason, r
@@ -232,7 +245,7 @@ def test_connections_follow_a_namespace_recreated_under_the_same_name():
         with pytest.raises(Exception, match="does not exist"):
             nsconn.ns_socket(ns)
         assert wait_for(lambda: not [t for t in threading.enumerate() if t.name.startswith(f"netns-{ns}_")],
-                        timeout=3)
+                        timeout=30)
     finally:
         nsconn.release(ns)
         netns.delete(ns)

@@ -35,27 +35,27 @@ def test_reports_on_the_lease_own_key_only_and_heartbeats_wake_nobody(etcd_tls) 
     t = threading.Thread(target=watcher.run, args=(stop, lambda: wakes.append(1)), daemon=True)
     t.start()
     try:
-        assert wait_for(lambda: watcher.snapshot().ready and wakes, timeout=5)
+        assert wait_for(lambda: watcher.snapshot().ready and wakes)
         writer.publish_forwarding(report("n1", 10.0))
-        assert wait_for(lambda: "n1" in watcher.snapshot().forwarding, timeout=5)
+        assert wait_for(lambda: "n1" in watcher.snapshot().forwarding)
         kv = admin.get(forwarding_key("c1", "n1"))
         assert kv is not None and kv.lease == admin.get("/meshctl/c1/nodes/n1").lease != 0
         assert watcher.snapshot().forwarding["n1"] == report("n1", 10.0)
         # A heartbeat (the same verdicts, a later time) is mirrored without waking the agent ...
         woke = len(wakes)
         writer.publish_forwarding(report("n1", 15.0))
-        assert wait_for(lambda: watcher.snapshot().forwarding["n1"].at == 15.0, timeout=5)
+        assert wait_for(lambda: watcher.snapshot().forwarding["n1"].at == 15.0)
         assert len(wakes) == woke
         # ... a changed verdict wakes it.
         writer.publish_forwarding(report("n1", 16.0, "bad"))
-        assert wait_for(lambda: len(wakes) > woke, timeout=5)
+        assert wait_for(lambda: len(wakes) > woke)
         assert watcher.snapshot().forwarding["n1"].verdicts["n9"].verdict == "bad"
         # n2's credentials cannot write n1's report; a report naming another node than its key
         # (the operator's credentials here, as no node's could) is a rejection, the rest stand.
         with pytest.raises(PermissionDenied):
             n2.put(forwarding_key("c1", "n1"), json.dumps(report("n1", 20.0, "bad").to_json()))
         admin.put(forwarding_key("c1", "n3"), json.dumps(report("n1", 20.0).to_json()))
-        assert wait_for(lambda: any(r.name == "forwarding/n3" for r in watcher.snapshot().rejections), timeout=5)
+        assert wait_for(lambda: any(r.name == "forwarding/n3" for r in watcher.snapshot().rejections))
         snap = watcher.snapshot()
         assert set(snap.forwarding) == {"n1"}
         assert "does not match the key" in next(r.reason for r in snap.rejections if r.name == "forwarding/n3")

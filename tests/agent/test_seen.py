@@ -114,7 +114,7 @@ def test_a_node_writes_only_its_own_summary_on_its_lease_and_a_forged_one_is_ref
                          daemon=True)
     t.start()
     try:
-        assert wait_for(lambda: admin.get(seen_key("c1", "n1")) is not None, timeout=5)
+        assert wait_for(lambda: admin.get(seen_key("c1", "n1")) is not None)
         kv = admin.get(seen_key("c1", "n1"))
         assert kv.lease == admin.get("/meshctl/c1/nodes/n1").lease != 0, "the summary goes with the record"
         # n2's credentials write n2's summary and no other.

@@ -8,11 +8,9 @@ run in file order and each leaves the lab as it found it."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +25,8 @@ from meshctl.lab.namespaces.state import LabState
 from meshctl.lab.rigs import netns
 from tests.lab.conftest import node_of, wait_for
 from tests.names import unique
+from tests.pinging import PodPing, checked
+from tests.waiting import wait_until
 
 LAB_FILE = Path(__file__).resolve().parents[2] / "ctl/meshctl/lab/labs/global-ranges.yaml"
 LOCAL_PATHS = {("a1", "a2"): "direct", ("a2", "b1"): "via-leader", ("b1", "a1"): "tunnel",
@@ -59,6 +59,12 @@ def ping(st: LabState, src: str, dst: str, count: int = 3, family: int = 4) -> t
     return sent, recv
 
 
+def listening(st: LabState, node: str, port: int) -> None:
+    """Once a TCP server listens on `port` in `node`'s pod (iperf3 -s: its UDP tests start on TCP too)."""
+    wait_until(lambda: f":{port} " in netns.run(pod_ns(st, node), ["ss", "-Htln"]).stdout, 30,
+               f"a server on port {port} in {node}'s pod")
+
+
 def crossing(st: LabState) -> bool:
     """Every pod of cluster1 reaches every pod of cluster2 and back, once each."""
     return all(ping(st, a, b, count=1)[1] == 1 for a in ("a1", "a2", "b1") for b in ("g1", "g2", "g3")) and \
@@ -78,36 +84,20 @@ def test_local_pairs_lose_nothing_while_the_other_cluster_joins(lab) -> None:
             moved.append((away, f))
     try:
         assert wait_for(lambda: ping(lab, "a1", "g1", count=1)[1] == 0, timeout=30)
-        streams = {pair: subprocess.Popen([*netns.exec_prefix(pod_ns(lab, pair[0])), "ping", "-n", "-q", "-c", "400",
-                                           "-i", "0.02", node_of(lab, pair[1]).pods[0].ip],
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                   for pair in LOCAL_PATHS}
-        time.sleep(1)
+        # 400 pings each (-c, 8 s at 50 pps), answering before the clusters join
+        streams = {pair: PodPing(lab, *pair, seconds=8, interval=0.02, through_errors=True) for pair in LOCAL_PATHS}
+        for p in streams.values():
+            p.answered()
     finally:
         for away, f in moved:
             shutil.move(away, f)
     assert wait_for(lambda: crossing(lab), timeout=40, step=0.5)
-    for pair, proc in streams.items():
-        out, _ = proc.communicate(timeout=60)
-        m = re.search(r"(\d+) packets transmitted, (\d+) received", out)
-        assert m and m.group(1) == m.group(2) == "400", (pair, out)
+    for pair, p in streams.items():
+        got = p.result(timeout=120)
+        assert (got.sent, got.received) == (400, 400), (pair, got)
     for (src, dst), path in LOCAL_PATHS.items():
         status = labcheck.agent_view(node_of(lab, src))
         assert status is not None and status.summary is not None and status.summary.paths[dst] == path, (src, dst)
-
-
-def checked(lab: LabState, pairs: list[tuple[str, str]] | None = None) -> list[labcheck.PairResult]:
-    """`lab check` of `pairs` (None: all), every one asserted to answer. A tunnel's first packets
-    may meet WireGuard's first handshake (wireguard-go retries it after 5 s when the two ends'
-    initiations cross, test_lab.py): a failed pair is checked once more after that."""
-    results = labcheck.check(lab, count=3, pairs=pairs)
-    failed = [(r.src, r.dst) for r in results if not r.ok]
-    if failed:
-        time.sleep(6)
-        again = {(r.src, r.dst, r.family): r for r in labcheck.check(lab, count=3, pairs=failed)}
-        results = [again.get((r.src, r.dst, r.family), r) for r in results]
-    assert all(r.ok for r in results), [r for r in results if not r.ok]
-    return results
 
 
 def test_every_pod_reaches_every_pod_of_the_other_cluster_at_its_global_address(lab) -> None:
@@ -162,7 +152,7 @@ def test_tcp_at_full_size_through_the_translation(lab, src, dst) -> None:
     srv = subprocess.Popen([*netns.exec_prefix(pod_ns(lab, dst)), "iperf3", "-s", "-1", "-p", "5301"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        time.sleep(0.3)
+        listening(lab, dst, 5301)
         out = netns.run(pod_ns(lab, src), ["iperf3", "-c", dial(lab, src, dst), "-p", "5301", "-t", "2", "-J"],
                         timeout=30).stdout
     finally:
@@ -180,7 +170,7 @@ def test_a_udp_stream_of_fragmented_datagrams_arrives_whole(lab, src, dst) -> No
     srv = subprocess.Popen([*netns.exec_prefix(pod_ns(lab, dst)), "iperf3", "-s", "-1", "-p", "5302"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        time.sleep(0.3)
+        listening(lab, dst, 5302)
         out = netns.run(pod_ns(lab, src), ["iperf3", "-c", dial(lab, src, dst), "-p", "5302", "-u", "-l", "4000",
                                            "-b", "10M", "-t", "2", "-J"], timeout=30).stdout
     finally:

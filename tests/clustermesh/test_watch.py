@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -21,6 +22,7 @@ from meshctl.lab.rigs.pki import make_ca, make_cert
 from meshctl.mesh.model import Cluster
 from meshctl.mesh.records import node_to_record, parse_topology
 from tests.plan.fixtures import key
+from tests.waiting import WAIT_S, wait_until
 
 from .fixtures import CLUSTER1, CLUSTER2
 
@@ -68,13 +70,20 @@ def remote(tmp_path: Path) -> Iterator[Remote]:
         r.stop()
 
 
-def wait_for(cond: Callable[[], bool], timeout: float = 5.0) -> float:
+def wait_for(cond: Callable[[], bool], timeout: float = WAIT_S) -> float:
+    """Seconds until `cond()` held; an AssertionError after `timeout`."""
     t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if cond():
-            return time.monotonic() - t0
-        time.sleep(0.02)
-    raise AssertionError("condition not met in time")
+    wait_until(cond, timeout, step=0.02)
+    return time.monotonic() - t0
+
+
+def rewrite(f: Path, text: str) -> None:
+    """Write `f` with an mtime the watcher has not seen (it compares mtimes, and two writes within
+    one tick of the file system's clock would share one)."""
+    before = f.stat().st_mtime_ns
+    f.write_text(text)
+    if f.stat().st_mtime_ns <= before:
+        os.utime(f, ns=(before + 1_000_000, before + 1_000_000))
 
 
 @pytest.fixture
@@ -109,7 +118,8 @@ def test_file_added_connects_and_removed_drains(remote: Remote, watcher) -> None
     remote.kv.put(node_key("cluster2", "g5"), json.dumps({"name": "g5", "pod_cidr": "10.43.5.0/24",
                                                           "public_key": key(205)}))
     took = wait_for(lambda: "cluster2/g5" in nodes_of(rc))
-    assert woke.is_set() and took < 3
+    print(f"\na remote join seen {took:.3f} s after its put (bench/clustermesh.py measures remote joins)")
+    assert woke.is_set()
     remote.kv.delete(node_key("cluster2", "g2"))
     wait_for(lambda: "cluster2/g2" not in nodes_of(rc))
     (d / "cluster2").unlink()
@@ -137,12 +147,13 @@ def test_a_remote_node_whose_lease_ran_out_is_kept_through_the_lapse_grace(remot
         withdraw_record(remote.kv, "cluster2", "g6")
         remote.kv.lease_revoke(lease)  # g5's agent away past its TTL: etcd deletes its record
         t0 = time.monotonic()
-        while time.monotonic() - t0 < grace - 0.5:  # the grace starts when the watch sees the delete
+        # the experiment: g5 watched through the grace (which starts when the watch sees the delete)
+        while time.monotonic() - t0 < grace - 0.5:
             assert "cluster2/g5" in nodes_of(rc), f"g5 dropped {time.monotonic() - t0:.2f} s after its lease went"
             assert node_key("cluster2", "g5") in rc.records()["cluster2"]  # what a cache mirrors: kept too
             time.sleep(0.05)
         assert "cluster2/g6" not in nodes_of(rc)  # withdrawn: not kept through the grace
-        wait_for(lambda: "cluster2/g5" not in nodes_of(rc), timeout=5)
+        wait_for(lambda: "cluster2/g5" not in nodes_of(rc))
         assert nodes_of(rc) == {"cluster2/g1", "cluster2/g2", "cluster2/g3", "cluster2/g4"}
     finally:
         rc.stop()
@@ -154,13 +165,13 @@ def test_etcd_away_keeps_the_view_and_comes_back(remote: Remote, watcher) -> Non
     (d / "cluster2").write_text(yaml.safe_dump(remote.config()))
     wait_for(lambda: len(nodes_of(rc)) == 4)
     remote.etcd.stop()
-    wait_for(lambda: not rc.status()["clusters"][0]["ready"], timeout=10)
+    wait_for(lambda: not rc.status()["clusters"][0]["ready"])
     assert len(nodes_of(rc)) == 4, "routes learned from a cluster whose etcd went away must stay"
     st = rc.status()["clusters"][0]
     assert not st["ready"] and st["reason"] and not st["connected"]
     assert summary_line(rc.status()) == "ClusterMesh: 0/1 remote clusters ready, 0 global-services"
     remote.etcd.start(client_tls=remote.client_cert)
-    wait_for(lambda: rc.status()["clusters"][0]["ready"], timeout=10)
+    wait_for(lambda: rc.status()["clusters"][0]["ready"])
     assert rc.status()["clusters"][0]["reconnects"] >= 1
 
 
@@ -174,7 +185,7 @@ def test_wrong_ca_is_a_clear_reason_and_installs_nothing(remote: Remote, watcher
         cs = rc.status()["clusters"]
         return bool(cs) and cs[0]["reason"] not in ("", "connecting")
 
-    wait_for(settled, timeout=10)
+    wait_for(settled)
     c = rc.status()["clusters"][0]
     assert not c["ready"] and "TLS" in c["reason"] and "ca-file" in c["reason"], c["reason"]
     assert nodes_of(rc) == set()
@@ -254,18 +265,17 @@ def test_changed_file_reconnects_and_keeps_the_view_until_the_new_one_syncs(remo
     f.write_text(yaml.safe_dump(remote.config()))
     wait_for(lambda: len(nodes_of(rc)) == 4)
     # a broken edit: the running connection stays, the status says what is wrong
-    time.sleep(0.05)
-    f.write_text("endpoints: 42\n")
+    rewrite(f, "endpoints: 42\n")
     wait_for(lambda: "endpoints" in rc.status()["clusters"][0]["reason"])
     assert len(nodes_of(rc)) == 4
     # trust moved to a CA the server does not use: the learned view stays, the reason says TLS
     other = make_ca(tmp_path / "other-pki", "someone-else")
-    f.write_text(yaml.safe_dump(remote.config(ca=other.cert)))
-    wait_for(lambda: "TLS" in rc.status()["clusters"][0]["reason"], timeout=10)
+    rewrite(f, yaml.safe_dump(remote.config(ca=other.cert)))
+    wait_for(lambda: "TLS" in rc.status()["clusters"][0]["reason"])
     assert len(nodes_of(rc)) == 4 and not rc.status()["clusters"][0]["ready"]
     # the right CA again: ready, and changes flow
-    f.write_text(yaml.safe_dump(remote.config()))
-    wait_for(lambda: rc.status()["clusters"][0]["ready"], timeout=10)
+    rewrite(f, yaml.safe_dump(remote.config()))
+    wait_for(lambda: rc.status()["clusters"][0]["ready"])
     remote.kv.delete(node_key("cluster2", "g4"))
     wait_for(lambda: "cluster2/g4" not in nodes_of(rc))
 
@@ -281,7 +291,7 @@ def learn_and_save(remote: Remote, tmp_path: Path) -> tuple[Path, Path]:
     first.start()
     try:
         wait_for(lambda: len(nodes_of(first)) == 4)
-        wait_for(lambda: (cache / "cluster2.json").exists(), timeout=5)
+        wait_for(lambda: (cache / "cluster2.json").exists())
     finally:
         first.stop()
     return d, cache
@@ -299,13 +309,13 @@ def test_a_restarted_agent_plans_with_the_saved_view_while_the_remote_etcd_is_aw
         c = second.status()["clusters"][0]
         assert not c["ready"] and not c["connected"]
         remote.etcd.start(client_tls=remote.client_cert)
-        wait_for(lambda: second.status()["clusters"][0]["ready"], timeout=10)
+        wait_for(lambda: second.status()["clusters"][0]["ready"])
         remote.kv.delete(node_key("cluster2", "g4"))
         wait_for(lambda: "cluster2/g4" not in nodes_of(second))
         # removing the file drains the cluster and forgets its saved view
         (d / "cluster2").unlink()
         wait_for(lambda: nodes_of(second) == set())
-        wait_for(lambda: not (cache / "cluster2.json").exists(), timeout=5)
+        wait_for(lambda: not (cache / "cluster2.json").exists())
     finally:
         second.stop()
 
@@ -317,7 +327,7 @@ def test_a_view_saved_under_another_trust_is_not_used(remote: Remote, tmp_path: 
     second = RemoteClusters(d, Cluster("cluster1", 1), lambda: None, poll=0.1, cache_dir=cache)
     second.start()
     try:
-        wait_for(lambda: "TLS" in second.status()["clusters"][0]["reason"], timeout=10)
+        wait_for(lambda: "TLS" in second.status()["clusters"][0]["reason"])
         assert nodes_of(second) == set()
     finally:
         second.stop()

@@ -13,7 +13,6 @@ import ipaddress
 import json
 import os
 import re
-import time
 
 import pytest
 from click.testing import CliRunner
@@ -27,6 +26,7 @@ from meshctl.node import discovery
 from meshctl.node.encap import IPIP_DEV, EncapApplier, kernel_has
 from meshctl.setns import in_netns
 from tests.datapath.conftest import raw_pods_bed
+from tests.waiting import wait_until
 
 from .conftest import unload_testbed
 
@@ -82,16 +82,13 @@ def moved(before: dict, after: dict, where: str, what: str) -> int:
     return after[where][what] - before[where][what]
 
 
-def iperf(tb: FabricTestbed, seconds: int = 1, dst: str = B4, port: int = 5201) -> int:
-    """Bytes received in one iperf3 run from a's pod. A server that is still starting refuses the
-    control connection: up to 3 tries, 0.5 s apart."""
-    for _ in range(3):
-        out = json.loads(tb.sh("a-p1", ["iperf3", "-c", dst, "-p", str(port), "-t", str(seconds), "-J"],
-                               check=False, timeout=30 + seconds).stdout or "{}")
-        if "end" in out and "error" not in out:
-            return out["end"]["sum_received"]["bytes"]
-        time.sleep(0.5)
-    raise AssertionError(f"iperf3 to {dst}:{port}: {out.get('error')}")
+def iperf(tb: FabricTestbed, seconds: int = 1, dst: str = B4, port: int = 5201, server: str = "b-p1") -> int:
+    """Bytes received in one iperf3 run from a's pod, once the server (in namespace `server`) listens."""
+    wait_until(lambda: f":{port} " in tb.sh(server, ["ss", "-Htln"]).stdout, 30, f"iperf3 listening on {port}")
+    out = json.loads(tb.sh("a-p1", ["iperf3", "-c", dst, "-p", str(port), "-t", str(seconds), "-J"],
+                           check=False, timeout=30 + seconds).stdout or "{}")
+    assert "end" in out and "error" not in out, f"iperf3 to {dst}:{port}: {out.get('error')}"
+    return out["end"]["sum_received"]["bytes"]
 
 
 def test_the_vpc_drops_raw_pod_packets(bed):
@@ -228,7 +225,7 @@ def test_unwrapped_packets_for_elsewhere_go_on_through_the_receivers_kernel(bed,
     bed.route_pods("b", "vxlan")  # far's replies to a's pod leave through b's kernel
     before = counters(bed, "b")
     assert bed.ping("a-p1", "10.42.9.5", count=3)
-    assert iperf(bed, dst="10.42.9.5", port=5202) > 10_000_000
+    assert iperf(bed, dst="10.42.9.5", port=5202, server="far") > 10_000_000
     after = counters(bed, "b")
     assert after["decap"] - before["decap"] >= 3 + 100
     assert after["pass"] - before["pass"] >= 3 + 100, "not a local pod: handed to b's kernel"

@@ -13,7 +13,7 @@ import signal
 import struct
 import subprocess
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,6 +27,7 @@ from meshctl.lab.rigs.testbed import PODS, Testbed
 from meshctl.lab.rigs.testrun import PROTO_TCP, frame, run
 from meshctl.node import discovery
 from meshctl.setns import in_netns
+from tests.waiting import wait_until
 
 from .conftest import unload_testbed
 
@@ -80,12 +81,13 @@ def start_monitor(tb: Testbed, *args: str, slots: int = 1) -> subprocess.Popen:
     argv = [sys.executable, "-m", "meshctl.cli", "monitor", "--node", "a", "--bpf-pin-root", tb.pin_root,
             "--netns", tb.ns("a"), "-o", "json", *args]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + MONITOR_START_S
+
+    def claimed() -> bool:
+        assert proc.poll() is None, proc.communicate()
+        return bin(gate(tb)).count("1") >= slots
+
     try:
-        while bin(gate(tb)).count("1") < slots:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the monitor did not claim a slot"
-            time.sleep(0.05)
+        wait_until(claimed, MONITOR_START_S, "the monitor claiming its slot")
     except BaseException:  # a monitor left running would hold its slot into the next test
         proc.kill()
         proc.communicate()
@@ -94,7 +96,8 @@ def start_monitor(tb: Testbed, *args: str, slots: int = 1) -> subprocess.Popen:
 
 
 def stop_monitor(proc: subprocess.Popen) -> tuple[list[dict], dict]:
-    """Ctrl-C, then (events, summary)."""
+    """Ctrl-C, then (events, summary). Nothing to wait for before: the programs put an event in the
+    ring as the packet passes, and the monitor drains its ring when it stops (Session.stop)."""
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=10)
     assert proc.returncode == 0, err
@@ -114,18 +117,37 @@ def start_capture(tb: Testbed, path: str, expr: str) -> subprocess.Popen:
     return proc
 
 
-def stop_capture(proc: subprocess.Popen, path: str) -> list[int]:
-    """The length on the wire of each packet in the pcap."""
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=10)
+def pcap_lengths(path: str) -> list[int]:
+    """The length on the wire of each packet tcpdump has written to the pcap so far."""
     data = Path(path).read_bytes()
     off, lengths = 24, []
     while off + 16 <= len(data):
         _, _, incl, orig = struct.unpack_from("<IIII", data, off)
+        if off + 16 + incl > len(data):
+            break  # a record tcpdump is still writing
         lengths.append(orig)
         off += 16 + incl
     return lengths
+
+
+MARK_BYTES = 1111  # the ICMP payload of the last ping of a test: no other packet of the tests has this length
+MARK_LEN = 14 + 20 + 8 + MARK_BYTES
+
+
+def mark(tb: Testbed) -> None:
+    """One ping that ends a test's traffic: once tcpdump has written it (-U: packet by packet, in
+    order), it has written everything before it."""
+    tb.sh("a-p1", ["ping", "-c", "1", "-s", str(MARK_BYTES), B4])
+
+
+def stop_capture(proc: subprocess.Popen, path: str, until: Callable[[list[int]], bool]) -> list[int]:
+    """The lengths of the packets captured, once `until(lengths)` holds (what the test sent is in)."""
+    try:
+        wait_until(lambda: until(pcap_lengths(path)), 30, "tcpdump writing the test's packets")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=10)
+    return pcap_lengths(path)
 
 
 @needs_tcpdump
@@ -136,10 +158,10 @@ def test_events_for_a_pair_equal_what_tcpdump_captures(bed, tmp_path):
     try:
         bed.sh("a-p1", ["ping", "-c", "20", "-i", "0.01", B4])
         bed.sh("a-p1", ["iperf3", "-c", B4, "-p", "5201", "-t", "1", "-b", "200M"])
-        time.sleep(0.3)
+        mark(bed)
     finally:
         events, summary = stop_monitor(mon)
-        captured = stop_capture(cap, pcap)
+        captured = stop_capture(cap, pcap, lambda lengths: MARK_LEN in lengths)
     assert {(e["hook"], e["interface"], e["src"], e["dst"]) for e in events} == {("from_pod", "vp1", A4, B4)}
     assert {e["type"] for e in events} == {"direct"}
     assert all(e["nexthop"] == "192.168.77.2" and e["out_interface"] == "eth1" for e in events)
@@ -159,7 +181,7 @@ def test_a_low_rate_counts_every_event_it_does_not_show(bed, tmp_path):
         bed.sh("a-p1", ["ping", "-q", "-c", "300", "-i", "0.005", B4])
     finally:
         events, summary = stop_monitor(mon)
-        packets = len(stop_capture(cap, pcap))
+        packets = len(stop_capture(cap, pcap, lambda lengths: len(lengths) >= 300))
     icmp = [e for e in events if e["proto"] == "icmp"]
     assert len(icmp) == len(events)
     assert summary["lost_rate"] > 0 and summary["lost_buffer"] == 0
@@ -173,7 +195,6 @@ def test_two_monitors_at_once_and_killing_one_leaves_the_other(bed):
     first.kill()  # a crash: no cleanup of its own
     first.communicate(timeout=10)
     bed.sh("a-p1", ["ping", "-c", "5", "-i", "0.01", B4])
-    time.sleep(0.2)
     events, summary = stop_monitor(second)
     assert [e["proto"] for e in events].count("icmp") == 10
     assert summary["lost"] == 0

@@ -66,7 +66,7 @@ def test_100k_entries_load_and_route(pin_root, node):
     stats = dp.sync(plan, "lo")
     took = time.perf_counter() - t
     assert (stats.added, stats.changed, stats.deleted) == (100_000, 0, 0)
-    assert took < 5, f"100k-entry sync took {took:.2f} s"
+    print(f"\n100k-entry sync into an empty map: {took:.2f} s (bench/datapath.py measures it)")
     # Byte for byte what the plan encodes (the batch into the empty map wrote the plan's own rows).
     assert dp.maps.routes.items() == layout.route_table(plan, links.ifindex("lo"))
     # The last entry (odd: direct) routes; the one before it (tunnel) passes.

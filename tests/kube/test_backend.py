@@ -285,7 +285,7 @@ def test_run_refreshes_last_seen(api, kclient):
     be.publish(Node("a1", (net("10.42.1.0/24"),), wg_key(1)))
     first = int(kclient.get(KNode, "a1").metadata.annotations[A.LAST_SEEN])
     with Running(be):
-        wait_for(lambda: int(kclient.get(KNode, "a1").metadata.annotations[A.LAST_SEEN]) > first, timeout=4,
+        wait_for(lambda: int(kclient.get(KNode, "a1").metadata.annotations[A.LAST_SEEN]) > first, timeout=30,
                  what="last-seen refreshed")
 
 

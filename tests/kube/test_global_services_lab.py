@@ -132,13 +132,8 @@ def test_global_services_across_two_kubernetes_clusters(lab: LabState) -> None:
     # A pod of cluster1 reaches the remote endpoint's address.
     addr = meshctl_slices(c1, "web")["web-cluster2-v4-0"][0]
     a1 = lab.lookup("a1")[1]
-    deadline = time.monotonic() + 30
-    while True:
-        sent, recv, rtt = labcheck.ping(a1.pods[0].netns, addr, count=3)
-        if recv == sent or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    assert recv == sent, f"a1's pod does not reach {addr}"
+    sent, recv, rtt = wait(lambda: (p := labcheck.ping(a1.pods[0].netns, addr, count=3))[0] == p[1] and p, 30,
+                           f"a1's pod reaching {addr}")
     print(f"a1 pod -> remote endpoint {addr}: rtt {rtt} ms")
     # Slices follow changes: g2's pod ready and not, alternately.
     lat = []
@@ -207,10 +202,7 @@ def test_kubernetes_agents_follow_the_other_cluster_through_the_cache(lab: LabSt
                              r"\d+ imports, via cache", text), text
         a1 = lab.lookup("a1")[1]
         for g in c2.nodes:
-            deadline = time.monotonic() + 30
-            while (ok := labcheck.ping(a1.pods[0].netns, g.pods[0].ip, count=2)[1] > 0) is False \
-                    and time.monotonic() < deadline:
-                time.sleep(0.5)
-            assert ok, f"a1's pod does not reach {g.name}'s pod through routes read from the cache"
+            wait(lambda g=g: labcheck.ping(a1.pods[0].netns, g.pods[0].ip, count=2)[1] > 0, 30,
+                 f"a1's pod reaching {g.name}'s pod through routes read from the cache")
     finally:
         build.stop_cache(lab, c1.name)

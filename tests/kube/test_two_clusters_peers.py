@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 import pytest
 import yaml
@@ -19,6 +18,7 @@ from meshctl.lab.namespaces.state import KubeAccess
 from meshctl.lab.rigs import netns
 from tests.kube.helpers import lab_fixture
 from tests.kube.kubectl import lab_kubeconfig, lab_kubectl, table
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -65,13 +65,8 @@ def test_as_peer_yaml_applied_in_the_other_cluster_connects_them(lab, tmp_path) 
     assert created == {"west": {"east-a1"}, "east": {"west-g1"}}
     g1 = next(n for n in west.nodes if n.name == "g1")
     a1, a2 = east.nodes
-    deadline = time.monotonic() + 40
-    while True:
-        sent, recv, _ = labcheck.ping(g1.pods[0].netns, a2.pods[0].ip, count=3)
-        if recv == sent or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    assert recv == sent, "west's pod never reached east's a2 pod through the Peer"
+    wait_until(lambda: (p := labcheck.ping(g1.pods[0].netns, a2.pods[0].ip, count=3))[0] == p[1], 40,
+               "west's pod reaching east's a2 pod through the Peer")
     sent, recv, _ = labcheck.ping(a1.pods[0].netns, g1.pods[0].ip, count=3)
     assert recv == sent
     st_g1 = labcheck.agent_status(g1)

@@ -77,8 +77,8 @@ def test_granularity_change_in_etcd_converges_without_restart(make_lab):
     assert pair(st, "a2", "b1").path == "via-leader"
     c = build.etcd_client(st.clusters[0])
     c.put(mesh_key("default"), json.dumps({"granularity": "cross"}))
-    assert wait_for(lambda: all(status(st, n)["granularity"] == "cross" for n in pids), timeout=5)
-    assert wait_for(lambda: pair(st, "a2", "b1", count=3).path == "tunnel", timeout=5)
+    assert wait_for(lambda: all(status(st, n)["granularity"] == "cross" for n in pids))
+    assert wait_for(lambda: pair(st, "a2", "b1", count=3).path == "tunnel")
     assert pair(st, "a2", "a1").path == "direct"
     assert {n: node_of(st, n).pid for n in pids} == pids
     assert all(netns.pid_alive(p) for p in pids.values())

@@ -23,6 +23,7 @@ from meshctl.node.keys import generate_private_key, public_key
 from meshctl.node.routes import RouteApplier
 from meshctl.node.wireguard import WireGuard
 from meshctl.node.wireguard.uapi import UapiClient
+from tests.waiting import wait_until
 
 from .conftest import NodeLab, in_ns
 
@@ -228,11 +229,11 @@ def test_a_peer_without_a_handshake_is_added_anew_by_the_lower_key_only(lab: Nod
     assert in_ns(low[0], low[1].rescue, public_key(low[2])) == []  # not again within RESCUE_S
     in_ns(high[0], high[1].stage_peers, [peer_of(low)])
     assert in_ns(high[0], high[1].rescue, public_key(high[2]), wait=0.2) == []  # the higher end never does
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and not all(s.last_handshake for s in in_ns(low[0], low[1].show)):
-        time.sleep(0.05)
-    assert all(s.last_handshake for s in in_ns(low[0], low[1].show))
-    assert in_ns(low[0], low[1].rescue_due, time.monotonic()) is not None  # still watched ...
-    time.sleep(1.0)
-    assert in_ns(low[0], low[1].rescue, public_key(low[2])) == []  # ... until it sees the handshake
+    wait_until(lambda: all(s.last_handshake for s in in_ns(low[0], low[1].show)), 30, "the handshake")
+    due = in_ns(low[0], low[1].rescue_due, time.monotonic())
+    assert due is not None  # still watched ...
+    # ... until a rescue that has work (it is due: without the handshake it would add the peer anew)
+    # sees the handshake
+    wait_until(lambda: time.monotonic() >= due, 10, "the rescue due")
+    assert in_ns(low[0], low[1].rescue, public_key(low[2])) == []
     assert in_ns(low[0], low[1].rescue_due, time.monotonic()) is None

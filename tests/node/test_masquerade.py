@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import time
 
 import pytest
 
 from meshctl.lab.rigs import netns
 from meshctl.node.masquerade import NatApplier
 from meshctl.node.sysctls import ensure_sysctls
+from tests.waiting import wait_until
 
 from .conftest import NodeLab, in_ns
 
@@ -91,12 +91,10 @@ def _sync(w: World, nat: NatApplier, mesh: list[str]) -> bool:
 
 
 def _wait_servers(w: World) -> None:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if "9999" in w.lab.sh(w.out, "ss", "-uln").stdout and "9999" in w.lab.sh(w.mesh, "ss", "-uln").stdout:
-            return
-        time.sleep(0.05)
-    raise AssertionError("echo servers did not start")
+    def listening(ns: str) -> bool:
+        return "9999" in w.lab.sh(ns, "ss", "-uln").stdout
+
+    wait_until(lambda: listening(w.out) and listening(w.mesh), 30, "the echo servers listening")
 
 
 def test_outside_is_masqueraded_mesh_keeps_the_source_and_sets_change_in_place(world: World, lab: NodeLab):

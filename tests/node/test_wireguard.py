@@ -19,6 +19,7 @@ from meshctl.mesh.plan import PeerPlan
 from meshctl.node.keys import generate_private_key, public_key
 from meshctl.node.wireguard import PeerStatus, WireGuard, resolve_endpoint
 from meshctl.node.wireguard.uapi import UapiClient, _proc_state, running_pid, stop
+from tests.waiting import wait_until
 
 from .conftest import NodeLab, in_ns
 
@@ -134,7 +135,10 @@ def test_changing_one_peer_leaves_the_other_untouched(pair: Pair):
     pair.up()
     assert pair.first_contact() and pair.ping(3)
     before = pair.status_a()["b"]
-    time.sleep(1.1)  # a reset handshake would show as a later second
+    # A reset handshake would show as a later second (the device reports whole seconds): let the
+    # clock pass the handshake's second first.
+    assert before.last_handshake is not None
+    wait_until(lambda: time.time() >= int(before.last_handshake) + 1.05, 5, "the next second")
     diff = in_ns(pair.a, pair.wa.sync_peers, pair.peers_a(c_nets=("10.42.3.0/24", "10.42.9.0/24", "10.4.0.3/32")))
     assert (diff.added, diff.updated, diff.removed) == ([], ["c"], [])
     after = pair.status_a()
@@ -178,7 +182,8 @@ def test_wireguard_go_survives_the_process_that_started_it(lab: NodeLab):
     assert not in_ns(ns, w.exists) and not (run_dir / "kilo0.sock").exists()
 
 
-def test_sync_of_many_peers_is_quick_and_idempotent(lab: NodeLab):
+def test_sync_of_many_peers_is_idempotent_and_changes_one_peer_alone(lab: NodeLab):
+    """500 peers (the times are printed; bench/appliers.py measures them)."""
     ns = lab.ns("wm")
     w = in_ns(ns, WireGuard, "kilo0", run_dir=str(lab.run_dir("m")))
     in_ns(ns, w.ensure_device, generate_private_key(), PORT, None, 1420)
@@ -197,7 +202,6 @@ def test_sync_of_many_peers_is_quick_and_idempotent(lab: NodeLab):
     assert diff.updated == ["n250"] and not diff.added and not diff.removed
     print(f"\n500 peers: first sync {1000 * (t1 - t0):.0f} ms, no-op {1000 * (t2 - t1):.0f} ms, "
           f"one changed {1000 * (t3 - t2):.0f} ms")
-    assert t2 - t1 < 2.0
 
 
 def _fake_key(i: int) -> str:
@@ -261,13 +265,14 @@ def test_a_peer_added_again_starts_a_handshake_at_once(pair: Pair, lab: NodeLab)
     assert pair.first_contact()
     # Not within the same ~17 ms: WireGuard refuses an initiation whose (coarse) timestamp is not
     # newer than the last one it took from that peer (its replay protection).
-    time.sleep(0.1)
+    time.sleep(0.1)  # the protocol's own rhythm, not a wait for an event
     in_ns(pair.b, pair.wb.sync_peers, [])
     in_ns(pair.b, pair.wb.sync_peers, pair.peers_b())
-    # a pings until b answers: at once (a packet racing the handshake may be lost), not after 15 s.
+    # a pings until b answers: at once (a packet racing the handshake may be lost), not after the
+    # 15 s a's old session would take; 10 s leaves a loaded machine its slack and still tells them apart.
     t0 = time.monotonic()
-    while lab.sh(pair.a, "ping", "-c", "1", "-W", "0.3", "10.4.0.2", check=False).returncode != 0:
-        assert time.monotonic() - t0 < 3, "a's pings were lost for 3 s after b took it back"
+    wait_until(lambda: lab.sh(pair.a, "ping", "-c", "1", "-W", "0.3", "10.4.0.2", check=False).returncode == 0,
+               10, "a's ping answered after b took it back")
     took = time.monotonic() - t0
     print(f"\nfirst answered ping after the peer came back: {took * 1000:.0f} ms")
 

@@ -8,14 +8,15 @@ from __future__ import annotations
 import socket
 import struct
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
+from typing import Any
 
 import pytest
 
 from meshctl.http_serving import HttpServer
+from tests.waiting import wait_until
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -32,9 +33,24 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
+class _Counted(HttpServer):
+    """Counts the requests it is done with (answered, failed or reset: socketserver shuts each down
+    last, after any handle_error), so a test waits for that instead of sleeping."""
+
+    done = 0
+
+    def shutdown_request(self, request: Any) -> None:
+        super().shutdown_request(request)
+        with _lock:
+            self.done += 1
+
+
+_lock = threading.Lock()
+
+
 @pytest.fixture
-def server() -> Iterator[HttpServer]:
-    srv = HttpServer(("127.0.0.1", 0), _Handler)
+def server() -> Iterator[_Counted]:
+    srv = _Counted(("127.0.0.1", 0), _Handler)
     t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     t.start()
     try:
@@ -60,7 +76,7 @@ def _reset_mid_request(srv: HttpServer) -> None:
 def test_a_client_that_resets_prints_nothing_and_the_server_goes_on(server, capfd) -> None:
     for _ in range(5):
         _reset_mid_request(server)
-    time.sleep(0.3)  # the request threads meet the reset
+    wait_until(lambda: server.done >= 5, 30, "the five reset requests done with")
     assert _get(server, "/") == b"ok"
     assert capfd.readouterr().err == ""
 
@@ -68,7 +84,7 @@ def test_a_client_that_resets_prints_nothing_and_the_server_goes_on(server, capf
 def test_a_failing_request_is_one_line_not_a_traceback(server, capfd) -> None:
     with pytest.raises(Exception):  # noqa: B017 - the server closes the connection without an answer
         _get(server, "/boom")
-    time.sleep(0.2)
+    wait_until(lambda: server.done >= 1, 30, "the failed request done with")
     err = capfd.readouterr().err
     assert "Traceback" not in err
     assert err.splitlines() == ["meshctl: a request from 127.0.0.1 failed: ValueError: a handler bug"]

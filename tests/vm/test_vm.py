@@ -43,12 +43,12 @@ def test_the_guest_runs_the_debian_kernel_and_answers_commands(guest):
 
 
 def test_commands_run_side_by_side_and_a_timeout_is_reported(guest):
-    t0 = time.monotonic()
     res = guest.run(["sh", "-c", "sleep 2 & sleep 2; wait; echo done"], timeout=60)
     assert res.stdout == "done\n"
+    t0 = time.monotonic()
     with pytest.raises(vm.MeshError, match="did not finish"):
         guest.run(["sleep", "60"], timeout=1)
-    assert time.monotonic() - t0 < 40
+    assert time.monotonic() - t0 < 30, "the command's timeout was not kept (it ran on towards its 60 s)"
 
 
 def test_the_guest_has_its_kernels_modules_and_kernel_wireguard(guest):
@@ -75,7 +75,7 @@ def test_stop_leaves_no_process_and_no_directory(guest):
 def test_kvm_probe_is_bounded_and_says_which_accelerator(k):
     t0 = time.monotonic()
     works = vm.kvm_probe(k, timeout=5)
-    assert time.monotonic() - t0 < 15
+    assert time.monotonic() - t0 < 30  # bounded by its timeout (and a loaded machine's process start), not hung
     assert vm.accel(k) in ("kvm", "tcg")
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
         assert works is False

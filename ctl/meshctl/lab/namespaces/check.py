@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """`meshctl lab check`: a pod-to-pod ping matrix with the path each pair took, read from counters.
 
-Pairs are pinged one at a time so counters move for one pair only. The path is what the packets
-did, not what the plan says, named as the path ladder does: the source node's kilo0 TX rising
+Pairs are pinged one at a time so counters move for one pair only, with pings of PING_BYTES read
+in bytes (what a node's WireGuard sends its other peers meanwhile does not count). The path is what
+the packets did, not what the plan says, named as the path ladder does: the source node's kilo0 TX rising
 means "tunnel", "relay" when the WireGuard peer that carried the bytes is the relaying node the
 source agent names for the destination (per-peer TX counters), or "wireguard-private" when its
 WireGuard peer's endpoint is the destination's private address; its private NIC TX rising means
@@ -43,6 +44,12 @@ from meshctl.node.wireguard.uapi import UapiClient
 WG = defaults.WG_INTERFACE
 CELL = 28  # "ok wireguard-private 0.08ms"
 PING_WAIT = 1.0  # s a ping waits for its reply
+# The check's pings carry this much payload, and the links' TX is read in bytes // PING_BYTES: a ping
+# moves every link it crosses by one, while what WireGuard sends a node's other peers meanwhile (a
+# keepalive is 32 bytes: `persistent_keepalive`, or the passive one 10 s after a peer's last data),
+# an ARP or a handshake moves it by none. Read in packets, one keepalive in a pair's window made a
+# direct pair "tunnel" (the 6.1 VM lab, where a window lasts seconds under TCG).
+PING_BYTES = 1000
 # The second round of a pair that lost every ping: its pings spread over 6 s, past WireGuard's
 # handshake retry (REKEY_TIMEOUT, 5 s): a first initiation lost, or two ends' initiations crossed
 # while each was adding the other, leaves a pair silent until that retry.
@@ -134,8 +141,8 @@ def agent_view(node: NodeState, timeout: float | None = None) -> AgentStatus | N
     return AgentStatus.from_json(doc) if doc is not None else None
 
 
-def link_tx(node: NodeState, run: NodeRunner = on_host) -> dict[str, int]:
-    """TX packets of every link of a lab node, by name (one reading of them all)."""
+def link_tx(node: NodeState, run: NodeRunner = on_host, what: str = "packets") -> dict[str, int]:
+    """TX packets (or `what`="bytes") of every link of a lab node, by name (one reading of them all)."""
     p = run(node, node.netns, ["ip", "-j", "-s", "link", "show"])
     if p.returncode != 0:
         return {}
@@ -143,7 +150,7 @@ def link_tx(node: NodeState, run: NodeRunner = on_host) -> dict[str, int]:
     with contextlib.suppress(ValueError):
         for link in json.loads(p.stdout):
             with contextlib.suppress(KeyError, TypeError):
-                out[link["ifname"]] = int(link["stats64"]["tx"]["packets"])
+                out[link["ifname"]] = int(link["stats64"]["tx"][what])
     return out
 
 
@@ -152,10 +159,12 @@ _RX = re.compile(r"(\d+) packets transmitted, (\d+) (?:packets )?received")
 
 
 def ping(ns: str, dst: str, count: int = 5, interval: float = 0.02, wait: float = PING_WAIT, *,
-         node: NodeState | None = None, run: NodeRunner = on_host) -> tuple[int, int, float | None]:
-    """(sent, received, average RTT ms) of `count` pings from namespace `ns` (of `node`'s machine:
-    its VM in a multi-VM lab)."""
-    p = run(node, ns, ["ping", "-n", "-q", "-c", str(count), "-i", str(interval), "-W", str(wait), dst],
+         node: NodeState | None = None, run: NodeRunner = on_host, size: int | None = None
+         ) -> tuple[int, int, float | None]:
+    """(sent, received, average RTT ms) of `count` pings (of `size` bytes of payload: ping's own
+    default when None) from namespace `ns` (of `node`'s machine: its VM in a multi-VM lab)."""
+    sized = ["-s", str(size)] if size is not None else []
+    p = run(node, ns, ["ping", "-n", "-q", "-c", str(count), "-i", str(interval), "-W", str(wait), *sized, dst],
             timeout=count * interval + wait + 10)
     m = _RX.search(p.stdout)
     sent, recv = (int(m.group(1)), int(m.group(2))) if m else (count, 0)
@@ -215,7 +224,7 @@ def check(st: LabState, *, count: int = 5, pairs: list[tuple[str, str]] | None =
         relay = summary.relays[dst_key].via if summary and dst_key in summary.relays else None
         tx_before = peer_tx(sn) if relay else {}
         sent, recv, rtt = ping(sn.pods[0].netns, dial_address(sc, dc, dn.pods[0].address(family) or ""), count=count,
-                               interval=interval, wait=wait, node=sn, run=run)
+                               interval=interval, wait=wait, node=sn, run=run, size=PING_BYTES)
         after = _tx(sn, leader_node, run)
         s_now = agent_status(sn, fresh=True)
         fp_after = _fp_packets(s_now)
@@ -249,19 +258,24 @@ def check(st: LabState, *, count: int = 5, pairs: list[tuple[str, str]] | None =
 
 
 def _tx(node: NodeState, leader: NodeState | None, run: NodeRunner) -> tuple[int | None, ...]:
-    """TX packets of the links that tell the paths apart: the node's kilo0, private NIC, its
-    leader's kilo0 and the node's VXLAN device (None where a link does not exist)."""
-    mine = link_tx(node, run)
-    theirs = link_tx(leader, run) if leader else {}
-    return mine.get(WG), mine.get("priv"), theirs.get(WG), mine.get(VXLAN_DEV)
+    """TX of the links that tell the paths apart, in pings' worth (bytes // PING_BYTES): the node's
+    kilo0, private NIC, its leader's kilo0 and the node's VXLAN device (None where a link does not exist)."""
+    mine = link_tx(node, run, "bytes")
+    theirs = link_tx(leader, run, "bytes") if leader else {}
+    return tuple(None if b is None else b // PING_BYTES
+                 for b in (mine.get(WG), mine.get("priv"), theirs.get(WG), mine.get(VXLAN_DEV)))
 
 
 def _measured_path(delta: list[int], fp: dict[str, int], need: int, expected: MeshPath | None, *,
                    relayed: bool, private_endpoint: bool) -> Measured:
-    """The path a pair's pings took, read off counters: `delta` the packets sent meanwhile on
+    """The path a pair's pings took, read off counters: `delta` the pings' worth sent meanwhile on
     (kilo0, the private NIC, the leader's kilo0, the VXLAN device), `fp` the fast path's
-    counters that moved, `need` how many packets make a path; `expected` the rung the agent planned."""
-    if delta[0] >= need:
+    counters that moved, `need` how many pings make a path; `expected` the rung the agent planned.
+    kilo0 also carries what the node sends its other peers meanwhile: when the fast path says it
+    sent the pings out of the private NIC itself (its `direct` counter, and the NIC's TX, rose by
+    them), what kilo0 sent was not these pings."""
+    sent_direct = fp.get("direct", 0) >= need and delta[1] >= need
+    if delta[0] >= need and not sent_direct:
         if relayed:
             return MeshPath.RELAY
         return MeshPath.WIREGUARD_PRIVATE if private_endpoint else MeshPath.TUNNEL
