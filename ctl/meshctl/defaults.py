@@ -24,3 +24,7 @@ LAPSE_GRACE_S = 60.0
 CLUSTERSET_DNS_ADDR = "0.0.0.0:1053"
 PROBE_PORT = 51871  # UDP port of the path probes; the fast path names a probe by it in monitor events
 REGION_LABEL = "topology.kubernetes.io/region"  # the Node label that names a location
+# Global services and the MCS controller: a pass at least this often, woken or not (the slow safety
+# net of informers), and how often the elected writer reads back what it published in etcd.
+SERVICES_RESYNC_S = 30.0
+SERVICES_FULL_SYNC_S = 30.0

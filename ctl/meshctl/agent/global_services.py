@@ -14,7 +14,7 @@ The elected agent reads Kubernetes through informers (backends.kube.services.Ser
 of Services, EndpointSlices, ServiceExports and ServiceImports each, then a WATCH), started when it
 wins the Lease and stopped (their memory given back) when it loses it. A pass runs when something
 woke it: an event of those kinds, a remote cluster's records, the reconcile pass admitting other
-remote nodes; and every RESYNC_S besides. It says what it found (the global Services, the
+remote nodes; and every defaults.SERVICES_RESYNC_S. It says what it found (the global Services, the
 rejected records, the Multi-Cluster Services counts) in the cluster's etcd
 (backends.etcd.services_status_key). Every other agent watches that one key and shows it in
 `status`: at 500 nodes a follower that listed Services and EndpointSlices itself cost the API
@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
+from meshctl import defaults
 from meshctl.backends.base import RecordMirror
 from meshctl.backends.etcd import (
     MCS_EXPORTS,
@@ -69,9 +70,6 @@ from meshctl.mesh.services import (
 )
 
 log = logging.getLogger("meshctl.globalsvc")
-
-RESYNC_S = 30.0  # a pass at least this often, woken or not (the slow safety net of informers)
-FULL_SYNC_S = 30.0  # how often the elected agent reads back what it published in etcd
 
 
 class MirroredRemotes(Protocol):
@@ -207,7 +205,7 @@ class GlobalServices:
 
     def __init__(self, cluster: Callable[[], str], api: KubeServiceApi, elector: LeaseElector, etcd: EtcdClient,
                  remotes: MirroredRemotes, cache: ServiceCache, *, clock: Callable[[], float] = time.monotonic,
-                 resync: float = RESYNC_S) -> None:
+                 resync: float = defaults.SERVICES_RESYNC_S) -> None:
         self.cluster = cluster
         self.api = api
         self.elector = elector
@@ -374,7 +372,7 @@ class GlobalServices:
         if self._published is None or now >= self._full_due:
             kvs, _ = self.etcd.range(services_prefix(cluster), prefix=True)
             self._published = {kv.key: kv.value.decode(errors="replace") for kv in kvs}
-            self._full_due = now + FULL_SYNC_S
+            self._full_due = now + defaults.SERVICES_FULL_SYNC_S
         have = self._published
         puts = [(k, v) for k, v in sorted(desired.items()) if have.get(k) != v]
         deletes = sorted(k for k in have if k not in desired)

@@ -9,7 +9,7 @@ writes what the Multi-Cluster Services API asks for, and no agent's node token g
 
 One pass whenever something it reads changed (an event of the informers that keep the five kinds
 it reads: one LIST each, then a WATCH; a pass of the cache, i.e. a remote cluster's records) and
-every RESYNC_S besides:
+every defaults.SERVICES_RESYNC_S:
     Kubernetes (Services, slices, ServiceExports, ServiceImports, Namespaces, from the informers)
       -> local_exports: the Valid condition of each export, the valid ones published to
          /meshctl/<cluster>/mcs/exports/<ns>/<name> in this cluster's etcd
@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from meshctl import defaults
 from meshctl.backends.base import RecordMirror
 from meshctl.backends.clustermesh_cache import cache_changes
 from meshctl.backends.etcd import (
@@ -81,9 +82,6 @@ from meshctl.mesh.services import (
 )
 
 log = logging.getLogger("meshctl.clustermesh.mcs")
-
-RESYNC_S = 30.0  # a pass at least this often, woken or not (the slow safety net of informers)
-FULL_SYNC_S = 30.0
 
 
 class RemoteMirrors(Protocol):
@@ -165,7 +163,7 @@ class McsController:
                     self._fail(str(e))
                 except Exception as e:  # noqa: BLE001 - a write met the API away (lightkube, httpx): next wake
                     self._fail(f"{type(e).__name__}: {e}")
-                self._kick.wait(RESYNC_S if not self.stats.last_error else 1.0)
+                self._kick.wait(defaults.SERVICES_RESYNC_S if not self.stats.last_error else 1.0)
         finally:
             self.api.cache.stop()
 
@@ -268,7 +266,7 @@ class McsController:
         if self._published is None or now >= self._full_due:
             kvs, _ = self.etcd.range(mcs_prefix(self.cluster), prefix=True)
             self._published = {kv.key: kv.value for kv in kvs}
-            self._full_due = now + FULL_SYNC_S
+            self._full_due = now + defaults.SERVICES_FULL_SYNC_S
         puts, deletes = cache_changes(want, self._published)
         if puts:
             self.etcd.put_many(puts)
