@@ -33,9 +33,11 @@ import tempfile
 import time
 import urllib.parse
 from collections.abc import Callable
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from meshctl.backends.file import load_yaml
 from meshctl.errors import MeshError
 from meshctl.lab.namespaces import build, kube_api, kube_cluster
 from meshctl.lab.namespaces import check as labcheck
@@ -44,17 +46,8 @@ from meshctl.lab.namespaces.state import ClusterState, LabState
 from meshctl.mesh.services import MANAGED_BY, MANAGED_BY_LABEL
 
 ROOT = Path(__file__).resolve().parents[1]
-LAB = {
-    "clusters": [
-        {"cluster": {"name": "cluster1", "id": 1}, "mesh": {"granularity": "location", "subnet": "10.4.0.0/16"},
-         "nodes": [{"name": "a1", "location": "loc-a", "internal_ip": "10.10.1.11/24", "pod_cidr": "10.42.1.0/24"},
-                   {"name": "a2", "location": "loc-b", "internal_ip": "10.10.2.11/24", "pod_cidr": "10.42.2.0/24"}]},
-        {"cluster": {"name": "cluster2", "id": 2}, "mesh": {"granularity": "location", "subnet": "10.5.0.0/16"},
-         "nodes": [{"name": "g1", "location": "gpu-a", "internal_ip": "10.10.1.21/24", "pod_cidr": "10.43.1.0/24"},
-                   {"name": "g2", "location": "gpu-b", "internal_ip": "10.10.5.21/24", "pod_cidr": "10.43.2.0/24"}]},
-    ],
-    "lab": {"backend": "kubernetes", "clustermesh": True, "lease_ttl": 3, "fastpath": False},
-}
+# The two Kubernetes clusters of the global-services lab file.
+LAB = load_yaml(str(files("meshctl") / "lab" / "labs" / "global-services.yaml"))
 SERVICES = ("web0", "web1", "web2")
 RESOURCES = ("services", "endpointslices", "serviceexports", "serviceimports", "namespaces", "leases")
 WINDOWS = ("agents", "elected", "elected+mcs")

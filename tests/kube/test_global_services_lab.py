@@ -16,11 +16,13 @@ import time
 import urllib.error
 import urllib.request
 from functools import partial
+from importlib.resources import files
 from typing import Any
 
 import pytest
 
 from meshctl.agent.status import AgentStatus
+from meshctl.backends.file import load_yaml
 from meshctl.cli.agent import format_status
 from meshctl.errors import MeshError
 from meshctl.lab.namespaces import check as labcheck
@@ -36,17 +38,8 @@ wait = partial(wait_until, step=0.02)
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
-LAB = {
-    "clusters": [
-        {"cluster": {"name": "cluster1", "id": 1}, "mesh": {"granularity": "location", "subnet": "10.4.0.0/16"},
-         "nodes": [{"name": "a1", "location": "loc-a", "internal_ip": "10.10.1.11/24", "pod_cidr": "10.42.1.0/24"},
-                   {"name": "a2", "location": "loc-b", "internal_ip": "10.10.2.11/24", "pod_cidr": "10.42.2.0/24"}]},
-        {"cluster": {"name": "cluster2", "id": 2}, "mesh": {"granularity": "location", "subnet": "10.5.0.0/16"},
-         "nodes": [{"name": "g1", "location": "gpu-a", "internal_ip": "10.10.1.21/24", "pod_cidr": "10.43.1.0/24"},
-                   {"name": "g2", "location": "gpu-b", "internal_ip": "10.10.5.21/24", "pod_cidr": "10.43.2.0/24"}]},
-    ],
-    "lab": {"backend": "kubernetes", "clustermesh": True, "lease_ttl": 3, "fastpath": False},
-}
+# The two Kubernetes clusters of the global-services lab file.
+LAB = load_yaml(str(files("meshctl") / "lab" / "labs" / "global-services.yaml"))
 
 lab = lab_fixture(LAB, wait=180)
 

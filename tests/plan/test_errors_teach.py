@@ -231,6 +231,9 @@ def test_etcd_outside_a_lab_names_the_flags_of_a_real_etcd(tmp_path: Path, monke
     ("global-ranges.yaml", "a1", "is a lab file of 2 clusters (clusters: [...]) and a topology file is one "
      "cluster; run meshctl lab up -f {path}, then meshctl plan --backend etcd --lab gn --cluster-name cluster1 "
      "--node a1"),
+    ("global-services.yaml", "a1", "is a lab file of 2 clusters (clusters: [...]) and a topology file is one "
+     "cluster; run meshctl lab up -f {path}, then meshctl plan --backend kubernetes --kubeconfig "
+     '"$(meshctl lab kubeconfig --lab gs --cluster-name cluster1)" --node a1'),
 ])
 def test_each_shipped_lab_file_says_why_it_does_not_plan(name: str, node: str, message: str) -> None:
     path = str(LABS / name)
@@ -240,8 +243,8 @@ def test_each_shipped_lab_file_says_why_it_does_not_plan(name: str, node: str, m
 def test_shipped_lab_files_are_all_covered() -> None:
     assert sorted(p.name for p in LABS.glob("*.yaml")) == [
         "calico.yaml", "cilium.yaml", "default.yaml", "dual-stack.yaml", "fabrics.yaml", "flannel.yaml",
-        "global-ranges.yaml", "ipv6-underlay.yaml", "leaders.yaml", "mixed-families.yaml", "nat.yaml",
-        "two-clusters.yaml", "vms.yaml"]
+        "global-ranges.yaml", "global-services.yaml", "ipv6-underlay.yaml", "leaders.yaml", "mixed-families.yaml",
+        "nat.yaml", "two-clusters.yaml", "vms.yaml"]
 
 
 @pytest.mark.parametrize("name, node, others", [

@@ -140,10 +140,15 @@ def refuse_lab_file(doc: Any, path: str | Path) -> None:
     prefix = lab.get("prefix") if isinstance(lab, dict) else None
     name = prefix.rstrip("-") if isinstance(prefix, str) and prefix.rstrip("-") else "NAME"
     kube = isinstance(lab, dict) and lab.get("backend") == "kubernetes"
-    # A Kubernetes lab's records are its API server's Nodes; the others' are in the lab's etcd.
-    read = f'--backend kubernetes --kubeconfig "$(meshctl lab kubeconfig --lab {name})"' if kube else \
-        f"--backend etcd --lab {name}"
-    up = f"run meshctl lab up -f {path}, then meshctl plan {read}"
+
+    def up(cluster: str | None = None) -> str:
+        # A Kubernetes lab's records are its API server's Nodes (one per cluster); the others' are
+        # in the lab's etcd.
+        one = f" --cluster-name {cluster}" if cluster else ""
+        read = f'--backend kubernetes --kubeconfig "$(meshctl lab kubeconfig --lab {name}{one})"' if kube else \
+            f"--backend etcd --lab {name}{one}"
+        return f"run meshctl lab up -f {path}, then meshctl plan {read}"
+
     clusters = doc.get("clusters")
     if isinstance(clusters, list):
         first = clusters[0] if clusters and isinstance(clusters[0], dict) else {}
@@ -151,14 +156,14 @@ def refuse_lab_file(doc: Any, path: str | Path) -> None:
         nodes = first.get("nodes")
         node = _get(nodes[0], "name") if isinstance(nodes, list) and nodes else None
         raise InputError(Path(path).name, MISSING, f"is a lab file of {len(clusters)} clusters (clusters: [...]) and a "
-                         f"topology file is one cluster; {up} --cluster-name {cname} --node {node or 'NODE'}")
+                         f"topology file is one cluster; {up(cname)} --node {node or 'NODE'}")
     nodes = doc.get("nodes")
     if "lab" not in doc or not isinstance(nodes, list):
         return
     keyless = [n for n in nodes if isinstance(n, dict) and "public_key" not in n]
     if keyless:
         raise InputError(Path(path).name, MISSING, "is a lab file: nodes have no public_key (the lab's agents make "
-                         f"them); {up} --node {_get(keyless[0], 'name') or 'NODE'}")
+                         f"them); {up()} --node {_get(keyless[0], 'name') or 'NODE'}")
 
 
 class FileBackend:
