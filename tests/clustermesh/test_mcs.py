@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from meshctl.backends.etcd import MCS_EXPORTS, mcs_key
-from meshctl.backends.kube.mcs_controller import remote_exports
+from meshctl.backends.etcd import MCS_EXPORTS, mcs_key, remote_records
 from meshctl.errors import InputError
 from meshctl.etcd import KeyValue
 from meshctl.mesh.mcs import (
@@ -135,7 +134,7 @@ def test_remote_exports_are_admitted_like_global_services() -> None:
         KeyValue(mcs_key(MCS_EXPORTS, "cluster2", "default", "web"), json.dumps(good.to_record()).encode(), 1, 1),
         KeyValue(mcs_key(MCS_EXPORTS, "cluster3", "default", "db"), b"{}", 2, 2),  # not under its own prefix
     ]), "cluster4": Mirror([KeyValue(mcs_key(MCS_EXPORTS, "cluster4", "default", "x"), b"{}", 1, 1)])}  # not admitted
-    recs = remote_exports(mirrors, {"cluster2"}, MCS_EXPORTS)
+    recs = remote_records(mirrors, {"cluster2"}, MCS_EXPORTS)
     nodes = {"cluster2": parse_topology(CLUSTER2).nodes}
     got, rejected = admit_records(recs, nodes, None, parse_export_record, MCS_EXPORTS)
     assert [(e.name, [(str(x.address), x.hostname) for x in e.endpoints]) for e in got] == \

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from meshctl.agent.global_services import remote_records
-from meshctl.backends.etcd import service_key, split_service_key
+from meshctl.backends.etcd import remote_records, service_key, split_service_key
 from meshctl.backends.kube.services import next_lease
 from meshctl.errors import InputError
 from meshctl.etcd import KeyValue

@@ -37,11 +37,10 @@ from meshctl.backends.base import RecordMirror
 from meshctl.backends.etcd import (
     MCS_EXPORTS,
     cluster_prefix,
-    parse_record,
+    remote_records,
     service_key,
     services_prefix,
     services_status_key,
-    split_service_key,
 )
 from meshctl.backends.kube.services import KubeServiceApi, LeaseElector, ServiceCache
 from meshctl.backends.remote_status import (
@@ -51,7 +50,7 @@ from meshctl.backends.remote_status import (
     Rejected,
     RemotesStatus,
 )
-from meshctl.errors import InputError, MeshError
+from meshctl.errors import MeshError
 from meshctl.etcd import EtcdClient
 from meshctl.etcd.client import Compacted, EtcdError, WatchIdle
 from meshctl.mesh.admit import Rejection
@@ -59,10 +58,8 @@ from meshctl.mesh.mcs import import_endpoints
 from meshctl.mesh.model import Topology
 from meshctl.mesh.segments import Remote
 from meshctl.mesh.services import (
-    MAX_SERVICE_RECORD_BYTES,
     GlobalService,
     LocalServices,
-    RecordIn,
     admit_services,
     desired_slices,
     local_services,
@@ -84,25 +81,6 @@ class MirroredRemotes(Protocol):
     def report(self) -> RemotesStatus: ...
 
     def mirrors(self) -> Mapping[str, RecordMirror]: ...
-
-
-def remote_records(mirrors: Mapping[str, RecordMirror], admitted: Collection[str]) -> list[RecordIn]:
-    """The service records of every admitted remote cluster (by name), as its mirror holds them
-    (only its own prefix: the watcher mirrors nothing else), decoded under the size limit."""
-    out = []
-    for name, m in sorted(mirrors.items()):
-        if name not in admitted:
-            continue
-        for kv in m.records_under(services_prefix(name)):
-            parts = split_service_key(kv.key)
-            if parts is None:
-                continue
-            try:
-                doc, error = parse_record(kv, kv.key, MAX_SERVICE_RECORD_BYTES), None
-            except InputError as e:
-                doc, error = None, str(e)
-            out.append(RecordIn(name, parts[0], parts[1], parts[2], kv.key, doc, error))
-    return out
 
 
 def pending_clusters(mirrors: Mapping[str, RecordMirror], admitted: Collection[str]) -> set[str]:

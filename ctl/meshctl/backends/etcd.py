@@ -30,11 +30,11 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from meshctl.backends.base import BackendStatus, ClusterState, OwnRecord
+from meshctl.backends.base import BackendStatus, ClusterState, OwnRecord, RecordMirror
 from meshctl.errors import InputError, MeshError
 from meshctl.etcd import Compacted, EtcdClient, EtcdError, KeyValue, WatchIdle
 from meshctl.mesh import records
@@ -42,6 +42,7 @@ from meshctl.mesh.admit import Rejection
 from meshctl.mesh.leaders import ForwardingReport, report_of
 from meshctl.mesh.model import Cluster, MeshSettings, Node, Peer
 from meshctl.mesh.observed import MAX_SEEN_BYTES, NodeSeen, summary_of
+from meshctl.mesh.services import MAX_SERVICE_RECORD_BYTES, RecordIn
 
 log = logging.getLogger("meshctl.etcd")
 
@@ -82,6 +83,26 @@ def split_service_key(key: str, kind: str = "services") -> tuple[str, str, str] 
 def mcs_prefix(cluster: str) -> str:
     """What the cluster-mesh cache publishes for the Multi-Cluster Services API (mesh.mcs)."""
     return f"{ROOT}/{cluster}/mcs/"
+
+
+def remote_records(mirrors: Mapping[str, RecordMirror], admitted: Collection[str],
+                   kind: str = "services") -> list[RecordIn]:
+    """The `kind` records (global services, or mcs/exports, mcs/missing) of every admitted remote
+    cluster (by name), as its mirror holds them (its own prefix only: the watcher mirrors nothing
+    else), in key order, each decoded under the size limit or carrying why it could not be."""
+    out = []
+    for name, m in sorted(mirrors.items()):
+        if name not in admitted:
+            continue
+        for kv in sorted(m.records_under(f"{cluster_prefix(name)}{kind}/"), key=lambda kv: kv.key):
+            if (parts := split_service_key(kv.key, kind)) is None:
+                continue
+            try:
+                doc, error = parse_record(kv, kv.key, MAX_SERVICE_RECORD_BYTES), None
+            except InputError as e:
+                doc, error = None, str(e)
+            out.append(RecordIn(name, parts[0], parts[1], parts[2], kv.key, doc, error))
+    return out
 
 
 MCS_EXPORTS = "mcs/exports"  # /meshctl/<cluster>/mcs/exports/<namespace>/<name>: one export (mesh.mcs.Export)

@@ -42,14 +42,12 @@ from meshctl.backends.clustermesh_cache import cache_changes
 from meshctl.backends.etcd import (
     MCS_EXPORTS,
     MCS_MISSING,
-    cluster_prefix,
     mcs_key,
     mcs_prefix,
-    parse_record,
-    split_service_key,
+    remote_records,
 )
 from meshctl.backends.kube.mcs import KubeMcsApi, McsView, cluster_ips
-from meshctl.errors import InputError, MeshError
+from meshctl.errors import MeshError
 from meshctl.etcd import EtcdClient, EtcdError
 from meshctl.mesh.admit import Rejection
 from meshctl.mesh.mcs import (
@@ -71,10 +69,8 @@ from meshctl.mesh.mcs import (
 )
 from meshctl.mesh.segments import Remote
 from meshctl.mesh.services import (
-    MAX_SERVICE_RECORD_BYTES,
     MCS_MANAGED_BY,
     ObjectChanges,
-    RecordIn,
     admit_records,
     object_changes,
     ref_of,
@@ -103,24 +99,6 @@ class McsStats:
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def remote_exports(mirrors: Mapping[str, RecordMirror], admitted: Collection[str], kind: str) -> list[RecordIn]:
-    """The `kind` records (mcs/exports or mcs/missing) of every admitted remote cluster, as its
-    mirror holds them (its own prefix only), decoded under the size limit."""
-    out = []
-    for name, m in sorted(mirrors.items()):
-        if name not in admitted:
-            continue
-        for kv in sorted(m.records_under(f"{cluster_prefix(name)}{kind}/"), key=lambda kv: kv.key):
-            if (parts := split_service_key(kv.key, kind)) is None:
-                continue
-            try:
-                doc, error = parse_record(kv, kv.key, MAX_SERVICE_RECORD_BYTES), None
-            except InputError as e:
-                doc, error = None, str(e)
-            out.append(RecordIn(name, parts[0], parts[1], parts[2], kv.key, doc, error))
-    return out
 
 
 def _no_deletes_while(undecided: frozenset[str], changes: ObjectChanges) -> ObjectChanges:
@@ -189,13 +167,13 @@ class McsController:
         names = {r.topology.cluster.name for r in remotes}
         held = {r.topology.cluster.name: r.nodes for r in remotes}
         cidrs = {r.topology.cluster.name: r.topology.mesh.global_cidrs for r in remotes}
-        remote, rejected = admit_records(remote_exports(records, names, MCS_EXPORTS), held, cidrs,
+        remote, rejected = admit_records(remote_records(records, names, MCS_EXPORTS), held, cidrs,
                                          parse_export_record, MCS_EXPORTS)
         imports = merge_all([*local.published.values(), *remote])
         undecided = self.remotes.undecided()
         desired = self._write_kubernetes(view, imports, undecided)
         missing: dict[tuple[str, str], list[str]] = {}
-        for rec in remote_exports(records, names, MCS_MISSING):
+        for rec in remote_records(records, names, MCS_MISSING):
             if rec.key_cluster == rec.source:
                 missing.setdefault((rec.namespace, rec.name), []).append(rec.source)
         self._publish(local.published.values(), desired)
