@@ -2,7 +2,7 @@
 """What global services and the Multi-Cluster Services controller ask of the API server in a
 steady state, counted by the API server itself, for this tree and a baseline revision side by side.
 
-The two-cluster Kubernetes lab of tests/kube/test_global_services_lab.py (2 nodes per cluster, real
+The global-services lab (lab/labs/global-services.yaml: two Kubernetes clusters of 2 nodes, real
 control planes, agents, WireGuard): 3 Services global in both clusters with a ready Pod on every
 node, and one ServiceExport in cluster2. Once cluster1 holds the slices of cluster2's endpoints,
 cluster1's API server's own counters (`/metrics`: apiserver_request_total,
