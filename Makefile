@@ -27,7 +27,7 @@ kernels: setup
 
 test: setup lint
 	@bash scripts/kernels.sh $(SMOKE_KERNELS)
-	@$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests
+	@$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
 
 # The datapath, node, lab and paths suites inside each kernel of the matrix (TCG: hours).
 vmtest: kernels

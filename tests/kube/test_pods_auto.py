@@ -64,10 +64,10 @@ def test_pods_added_later_get_the_fast_path(lab) -> None:
     print(f"new pod carried by the fast path {took * 1000:.0f} ms after its route")
 
     # Its packets to a1's pod take the fast path: counted as `direct` by a2's datapath.
-    before = labcheck._fp_packets(fetch_status(a2.metrics_addr, a2.netns)).get("direct", 0)
+    before = labcheck._fp_packets(fetch_status(a2.metrics_addr, a2.netns, fresh=True)).get("direct", 0)
     sent, recv, _ = labcheck.ping(pod.netns, a1.pods[0].ip, count=5)
     assert recv == sent == 5
-    after = labcheck._fp_packets(fetch_status(a2.metrics_addr, a2.netns)).get("direct", 0)
+    after = labcheck._fp_packets(fetch_status(a2.metrics_addr, a2.netns, fresh=True)).get("direct", 0)
     assert after - before >= 5
 
     text = subprocess.run([sys.executable, "-m", "meshctl.cli", "status", "--lab", st.name, "--lab-node", "a2"],

@@ -207,7 +207,7 @@ REPRO = Path(__file__).resolve().parents[2] / "bench" / "repro_cilium_lxc.c"
 
 
 def _fastpath_packets(node: Any) -> dict[str, int]:
-    st = labcheck.agent_status(node)
+    st = labcheck.agent_status(node, fresh=True)
     return {a: p for a, (p, _) in (AgentStatus.from_json(st).live.datapath.counters.items() if st else ())}
 
 

@@ -216,7 +216,11 @@ def check(st: LabState, *, count: int = 5, pairs: list[tuple[str, str]] | None =
         s_st = status_of(src)
         summary = s_st.summary if s_st else None
         leader = summary.leader if summary else None
-        leader_node = next((n for n in sc.nodes if n.name == leader and n.name != sn.name), None)
+        # Only a pair that leaves its location can go through its leader: a pair of location mates
+        # (the leader one of them) never does, whatever the leader's kilo0 carried meanwhile (its
+        # forwarding probes, its other peers' traffic).
+        mates = dc is sc and dn.location == sn.location
+        leader_node = None if mates else next((n for n in sc.nodes if n.name == leader and n.name != sn.name), None)
         dst_key = f"{dc.name}/{dn.name}" if dc is not sc else dn.name
         expected = summary.paths.get(dst_key) if summary else None
         before = _tx(sn, leader_node, run)
