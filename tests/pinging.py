@@ -24,6 +24,7 @@ import itertools
 import math
 import os
 import re
+import signal
 import subprocess
 import tempfile
 import time
@@ -100,6 +101,11 @@ class PodPing:
         falls inside its window (what a fixed sleep after the start only hoped for)."""
         wait_until(lambda: self.replies() >= count, timeout, f"{count} replies from {self.dst_ip}")
         return self
+
+    def stop(self) -> None:
+        """End ping now, before its window: on SIGINT it prints its summary as at its deadline."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
 
     def result(self, timeout: float | None = None) -> PingResult:
         """Wait for ping to end; kill it after `timeout` (default: its deadline plus 30 s)."""

@@ -84,6 +84,38 @@ def test_node_add_update_delete_reach_the_plan(api, kclient):
         assert be.stats["relists"] == relists  # after the first lists, everything came by watch
 
 
+def test_a_node_change_nothing_reads_is_cached_without_waking_the_agent(api, kclient):
+    """Node status reports, taints and other components' annotations (the TTL controller's) move a
+    Node many times a minute in a large cluster; only a change of what meshctl reads wakes it."""
+    create_node(kclient, node_obj("a1", "10.42.1.0/24", key=1, internal="192.168.10.1/24", ann=loc("a")))
+    be = backend(api, resync_seconds=3600)  # no periodic wake in the test's time
+    with Running(be) as r:
+        wait_for(lambda: [n.name for n in be.snapshot().nodes] == ["a1"] and all(k.listed for k in be._kinds)
+                 and r.changes > 0, what="a1 listed")
+
+        def cached_version() -> str:
+            return be._kinds[0].objects[("", "a1")]["metadata"]["resourceVersion"]
+
+        unread = [
+            (KNode.Status, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}),
+            (KNode, {"spec": {"taints": [{"key": "example.com/maintenance", "effect": "NoSchedule"}]}}),
+            (KNode, {"metadata": {"annotations": {"node.alpha.kubernetes.io/ttl": "0"}}}),
+        ]
+        for res, patch in unread:
+            woke = r.changes
+            obj = kclient.patch(res, "a1", patch, patch_type=PatchType.MERGE)
+            wait_for(lambda obj=obj: cached_version() == obj.metadata.resourceVersion, what=f"{patch} cached")
+            assert r.changes == woke, patch
+        # What it reads wakes it: a location annotation, a label, the pod CIDR's annotation.
+        woke = r.changes
+        kclient.patch(KNode, "a1", {"metadata": {"annotations": loc("b")}}, patch_type=PatchType.MERGE)
+        wait_for(lambda: r.changes > woke and be.snapshot().nodes[0].location == "b", what="the move woke it")
+        woke = r.changes
+        kclient.patch(KNode, "a1", {"metadata": {"labels": {"topology.kubernetes.io/zone": "z1"}}},
+                      patch_type=PatchType.MERGE)
+        wait_for(lambda: r.changes > woke, what="a label woke it")
+
+
 def test_nodes_are_in_creation_order_then_name():
     objs = []
     for name, created in (("c", "2024-01-01T00:00:02Z"), ("b", "2024-01-01T00:00:01Z"), ("a", "2024-01-01T00:00:02Z")):

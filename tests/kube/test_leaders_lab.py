@@ -34,6 +34,7 @@ from tests.lab.leader_faults import (
     lab_doc,
     leaders_lab,
     report,
+    window_end,
 )
 from tests.waiting import wait_until
 
@@ -102,7 +103,7 @@ def test_a_leader_that_stops_forwarding_is_replaced_on_every_node_and_comes_back
         followed = follow_break(st, "loc-a", "a1", "a2", brk, undo, pings, crossing)
     finally:
         undo()
-    recovered, returned = report(pings.results(), followed, crossing)
+    recovered, returned = report(pings.results(until=window_end(followed)), followed, crossing)
     away = agent_moves(st, followed.broke, ("a2",))
     assert sorted(away) == sorted(n.name for _, n in st.nodes()), away
     late = max(away.values()) - followed.broke

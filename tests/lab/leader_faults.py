@@ -23,7 +23,7 @@ from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.spec import parse_lab
 from meshctl.lab.namespaces.state import LabState
 from tests.names import unique
-from tests.pinging import PingResult, PodPing
+from tests.pinging import IN_FLIGHT_S, PingResult, PodPing
 from tests.waiting import wait_until
 
 PPS_INTERVAL = 0.05  # 20 pings a second per pair
@@ -94,7 +94,13 @@ class CrossPings:
     def counts(self) -> dict[tuple[str, str], int]:
         return {p: self.replies(p) for p in self.pairs}
 
-    def results(self) -> dict[tuple[str, str], PingResult]:
+    def results(self, until: float | None = None) -> dict[tuple[str, str], PingResult]:
+        """Every pair's result; with `until` (wall clock), the pings end then rather than at their
+        deadline (`window_end`: what `report` reads is over by then)."""
+        if until is not None:
+            time.sleep(max(0.0, until - time.time()))  # the experiment: the window report reads
+            for ping in self.pings.values():
+                ping.stop()
         return {p: ping.result() for p, ping in self.pings.items()}
 
 
@@ -140,6 +146,14 @@ def follow_break(st: LabState, location: str, leader: str, successor: str, brk: 
     return Followed(broke, moved, undone, back)
 
 
+RETURN_WINDOW_S = 5.0  # what `report` counts as lost around the return: until this long after it
+
+
+def window_end(f: Followed) -> float:
+    """When the last ping `report` reads has been answered or counted lost (wall clock)."""
+    return f.back + RETURN_WINDOW_S + IN_FLIGHT_S + 1.0
+
+
 def report(results: dict[tuple[str, str], PingResult], f: Followed, crossing: list[tuple[str, str]]
            ) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
     """Per pair: the seconds from the break to its last lost ping (0: none lost), and the seconds
@@ -148,7 +162,7 @@ def report(results: dict[tuple[str, str], PingResult], f: Followed, crossing: li
     print(f"{'PAIR':<10} {'CROSSES':<8} {'LOST AT BREAK':>14} {'RECOVERED S':>12} {'LOST AT RETURN S':>17}")
     for pair, r in sorted(results.items()):
         at_break = lost_between(r, f.broke - 0.5, f.undone)
-        at_return = lost_between(r, f.undone, f.back + 5.0)
+        at_return = lost_between(r, f.undone, f.back + RETURN_WINDOW_S)
         recovered[pair] = max(at_break) - f.broke + PPS_INTERVAL if at_break else 0.0
         returned[pair] = len(at_return) * PPS_INTERVAL
         print(f"{pair[0] + '-' + pair[1]:<10} {'yes' if pair in crossing else 'no':<8} {len(at_break):>14} "

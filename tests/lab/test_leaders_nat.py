@@ -20,6 +20,7 @@ from .leader_faults import (
     lab_doc,
     leaders_lab,
     report,
+    window_end,
 )
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -50,7 +51,7 @@ def test_leader_behind_a_cone_nat_is_replaced_and_comes_back_after_the_hold(nat_
         followed = follow_break(st, "loc-a", "a1", "a2", brk, undo, pings, crossing)
     finally:
         undo()
-    recovered, returned = report(pings.results(), followed, crossing)
+    recovered, returned = report(pings.results(until=window_end(followed)), followed, crossing)
     assert followed.back - followed.undone >= HOLD - 1, "a1 came back before the hold"
     assert all(recovered[p] <= RECOVER_BOUND_S for p in crossing), recovered
     assert all(v <= RETURN_LOSS_BOUND_S for v in returned.values()), returned
