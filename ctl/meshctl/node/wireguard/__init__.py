@@ -19,8 +19,13 @@ every agent at once) both start a handshake, each consumes the other's initiatio
 and neither then has a session it may send on until WireGuard retries 5 s later (REKEY_TIMEOUT;
 wireguard-go logs "Failed to derive keypair ... handshakeZeroed"). So a peer added without a
 handshake a moment after its stage (the agent waits up to HANDSHAKE_WAIT_S in its retire, and
-looks again every RESCUE_S) is added anew by the end with the lower public key (`rescue`): a new
-peer may start a handshake at once, the other end answers it, and only one end does it.
+looks again every RESCUE_S) is added anew (`rescue`): a new peer may start a handshake at once and
+the other end answers it. The end with the lower public key does it first; the other end
+HIGH_END_DELAY_S after its stage, and then each every RESCUE_S, so the two ends' new greetings
+never cross. Both ends do it because one may not be able to: a node behind a NAT is called at the
+endpoint its handshakes were seen from, which its NAT may have forgotten while the two had no
+session (a location's leader that comes back), so only its own greeting opens the way; with the
+lower end alone rescuing, such a pair waited for WireGuard's own retry, 5 s.
 
 The object remembers what it last applied (the device's key, port and ifindex; each peer's
 configuration as set), so a reconcile that changes one peer costs one peer's work, not a dump
@@ -68,6 +73,7 @@ log = logging.getLogger(__name__)
 
 RESCUE_S = 1.0  # a peer still without a handshake is added anew at most this often (crossed handshakes)
 RESCUE_UNTIL_S = 4.0  # ... until this long after it was added: WireGuard's own retry (5 s) is near
+HIGH_END_DELAY_S = 0.6  # the higher-keyed end's first rescue: between the lower end's (~0.2 s, 1.2 s)
 RESCUE_MAX = 32  # a stage that adds more peers than this (an agent's first start) watches none
 HANDSHAKE_POLL_S = 0.02  # how often rescue(wait=...) reads the device for the handshakes it waits for
 
@@ -307,6 +313,7 @@ class WireGuard:
         self._address: tuple[IPInterface, ...] | None = None
         self._added_at: dict[str, float] = {}  # public key -> when stage_peers added it (monotonic)
         self._watched: dict[str, float] = {}  # public key -> when rescue may add it anew (monotonic)
+        self._high: set[str] = set()  # watched peers whose key is lower than ours (their due moved)
         if mode is None:
             mode = self._detect_mode()
         if mode not in ("kernel", "wireguard-go"):
@@ -473,6 +480,7 @@ class WireGuard:
         self._psk.clear()
         self._added_at.clear()
         self._watched.clear()
+        self._high.clear()
 
     def _mark(self, idx: int) -> None:
         """Record that the link `idx` of this namespace is one meshctl created."""
@@ -554,21 +562,25 @@ class WireGuard:
             now = time.monotonic()
             self._added_at.update(dict.fromkeys(watch, now))
             self._watched.update(dict.fromkeys(watch, now))
+            self._high.difference_update(watch)
         return changes.diff
 
     def rescue_due(self, now: float) -> float | None:
         """When the next `rescue` has work (monotonic), None when no added peer is watched."""
-        return min(self._watched.values()) + RESCUE_S if self._watched else None
+        return min(self._watched.values()) if self._watched else None
 
     def rescue(self, own_public_key: str, *, wait: float = 0.0) -> list[str]:
         """Watch the peers `stage_peers` added until each has a handshake (up to `wait` seconds
         now), and add anew each one that has none yet, at most once per RESCUE_S and only until
-        RESCUE_UNTIL_S after it was added; the names of those added anew. Only the end whose
-        public key is the lower does it (see the module docstring): the other stops watching."""
+        RESCUE_UNTIL_S after it was added; the names of those added anew. The end whose public key
+        is the higher starts HIGH_END_DELAY_S after its stage (see the module docstring)."""
         now = time.monotonic()
         for pub in list(self._added_at):
-            if own_public_key > pub or now - self._added_at[pub] > RESCUE_UNTIL_S:
+            if now - self._added_at[pub] > RESCUE_UNTIL_S:
                 self._forget_watch(pub)
+            elif own_public_key > pub and pub not in self._high and pub in self._watched:
+                self._high.add(pub)
+                self._watched[pub] = self._added_at[pub] + HIGH_END_DELAY_S
         if not self._watched:
             return []
         client = self._client()
@@ -602,6 +614,7 @@ class WireGuard:
     def _forget_watch(self, pub: str) -> None:
         self._added_at.pop(pub, None)
         self._watched.pop(pub, None)
+        self._high.discard(pub)
 
     def retire_peers(self) -> PeerDiff:
         """Remove the peers the last `stage_peers` did not want, and the allowed IPs a wanted peer
