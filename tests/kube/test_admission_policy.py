@@ -65,6 +65,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlP
 
         running = wait_until(lambda: (p := pods()) and set(NODES) <= set(p) and p, 60, "the DaemonSet's Pods running")
         agents = {n: As(cp, cp.create_token("meshctl", "meshctl", pod=running[n])) for n in NODES}
+        # The API server enforces a ValidatingAdmissionPolicy once its informers hold the policy and
+        # its binding, a moment after `apply` returned: wait for n1's dry-run writes to n2's Node and
+        # summary to be refused.
+        n1 = agents["n1"]
+        other_cm = {"apiVersion": "v1", "kind": "ConfigMap", "data": {"seen": "{}"},
+                    "metadata": {"name": "meshctl-seen-n2", "namespace": "meshctl"}}
+        wait_until(lambda: n1.call("PATCH", "/api/v1/nodes/n2?dryRun=All",
+                                   {"metadata": {"annotations": {A.PREFIX + A.LOCATION: "x"}}}).status_code == 403
+                   and n1.call("POST", "/api/v1/namespaces/meshctl/configmaps?dryRun=All", other_cm,
+                               "application/json").status_code == 403, 60, "the policies enforced")
         yield cp, agents
     finally:
         cp.stop()

@@ -64,6 +64,9 @@ from meshctl.node.cni import CONF_NAME
 
 METRICS_ADDR = defaults.METRICS_ADDR
 ETCD_PORT = 2379
+# One request of the lab's own etcd set-up (users, roles, the first records): a guest under TCG
+# emulation on a loaded host took more than the 2 s a lab client waits (the 6.1 VM lab, make test).
+SEED_TIMEOUT_S = 15.0
 # How a kind of lab is built, its agents started and the lab removed again (lab up undoes a failure).
 Build = Callable[[LabSpec, LabState, Progress], None]
 StartAgents = Callable[[LabState, Progress, tuple[str, ...]], None]
@@ -244,7 +247,7 @@ def _start_etcd(spec: LabSpec, st: LabState, fab: str, ci: int, topo: Topology) 
         server=EtcdServerState(name=srv.name, data_dir=str(srv.data_dir), host=ip, port=ETCD_PORT,
                                cert=str(server_cert.cert), key=str(server_cert.key), log=str(srv.log_file),
                                more_hosts=more))
-    _seed_etcd(srv.client(admin_cert), spec, topo, ids)
+    _seed_etcd(srv.client(admin_cert, timeout=SEED_TIMEOUT_S), spec, topo, ids)
     mesh: dict[str, str] = {"granularity": topo.mesh.granularity}
     if topo.mesh.global_cidrs:  # what the other clusters dial this one's pods at (check.dial_address)
         mesh["global_cidrs"] = global_ranges.as_text(topo.mesh.global_cidrs)
