@@ -65,6 +65,7 @@ from meshctl.mesh.services import (
     local_services,
     slice_changes,
 )
+from meshctl.worker import Worker
 
 log = logging.getLogger("meshctl.globalsvc")
 
@@ -97,8 +98,7 @@ class PublishedStatus:
     def __init__(self, etcd: EtcdClient, key: Callable[[], str], changed: Callable[[], None]) -> None:
         self.etcd, self.key, self.changed = etcd, key, changed
         self._value: bytes | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker = Worker(self._run, "global-services-status")
         self.error = ""
 
     def value(self) -> bytes | None:
@@ -106,22 +106,13 @@ class PublishedStatus:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._worker.running
 
     def start(self) -> None:
-        if self.running:
-            return
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(self._stop,), name="global-services-status",
-                                        daemon=True)
-        self._thread.start()
+        self._worker.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self.etcd.abort_watch()
-        if self._thread is not None:
-            self._thread.join(5)
-        self._thread = None
+        self._worker.stop(interrupt=self.etcd.abort_watch)
 
     def _set(self, value: bytes | None) -> None:
         if value != self._value:
@@ -423,18 +414,14 @@ class MeshWithServices:
     def __init__(self, remotes: MirroredRemotes, services: GlobalServices) -> None:
         self.remotes = remotes
         self.services = services
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=services.run, args=(self._stop,), name="global-services",
-                                        daemon=True)
+        self._worker = Worker(services.run, "global-services")
 
     def start(self) -> None:
         self.remotes.start()
-        self._thread.start()
+        self._worker.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self.services.kick()
-        self._thread.join(5)
+        self._worker.stop(interrupt=self.services.kick)
         self.remotes.stop()
 
     def admit(self, local: Topology) -> tuple[list[Remote], list[Rejection]]:

@@ -25,6 +25,7 @@ import httpx2 as httpx
 from lightkube import ApiError, AsyncClient, Client, KubeConfig
 
 from meshctl.backends.kube.errors import describe, install_hooks, is_kubernetes_answer, status_of
+from meshctl.worker import Worker
 
 log = logging.getLogger("meshctl.kube")
 
@@ -293,20 +294,17 @@ class Informers:
 
     def __init__(self, config: KubeConfig, informers: Sequence[Informer], name: str = "informers") -> None:
         self.config, self.informers, self.name = config, list(informers), name
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker = Worker(self._run, name)
         self.failure: str = ""  # why the thread ended, if it did by itself
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._worker.running
 
     def start(self) -> None:
-        if self.running:
-            return
-        self._stop, self.failure = threading.Event(), ""
-        self._thread = threading.Thread(target=self._run, args=(self._stop,), name=self.name, daemon=True)
-        self._thread.start()
+        if not self.running:
+            self.failure = ""
+            self._worker.start()
 
     def _run(self, stop: threading.Event) -> None:
         try:
@@ -316,10 +314,7 @@ class Informers:
             log.exception("%s: %s", self.name, e)
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        self._thread = None
+        self._worker.stop(timeout)
         for i in self.informers:
             i.reset()
 

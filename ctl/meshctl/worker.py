@@ -1,0 +1,41 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A background thread with a stop event, for the watchers that run beside the reconcile loop."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+
+class Worker:
+    """Runs `target(stop)` on a daemon thread between `start` and `stop`. Each `start` after a
+    `stop` runs it anew with a fresh event, so a consumer may stop and start it again (the elected
+    agent's informers when the Lease is lost and won)."""
+
+    def __init__(self, target: Callable[[threading.Event], object], name: str) -> None:
+        self.target, self.name = target, name
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> bool:
+        """Start the thread unless it runs; True when this call started it."""
+        if self.running:
+            return False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self.target, args=(self._stop,), name=self.name, daemon=True)
+        self._thread.start()
+        return True
+
+    def stop(self, timeout: float = 5.0, interrupt: Callable[[], object] | None = None) -> None:
+        """Set the event, call `interrupt` (to end a blocking read the thread is in), and wait up
+        to `timeout` for the thread."""
+        self._stop.set()
+        if interrupt is not None:
+            interrupt()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._thread = None
