@@ -27,7 +27,7 @@ from meshctl.mesh.leaders import (
     with_leaders,
 )
 from meshctl.mesh.model import Topology
-from meshctl.mesh.plan import plan_node
+from meshctl.mesh.plan import STANDBY_KEEPALIVE_S, plan_node
 from meshctl.mesh.records import parse_topology
 from meshctl.mesh.segments import gateway, segments
 
@@ -288,15 +288,43 @@ def test_every_plan_follows_the_decision_and_pairs_stay_symmetric() -> None:
     moved = with_leaders(topo, choose_leaders(topo, rs))
     plans = {n.name: plan_node(moved, n.name) for n in moved.nodes}
     assert {p.leader for n, p in plans.items() if n.startswith("a")} == {"a2"}
-    assert plans["a1"].wireguard_ip is None and plans["a1"].peers == ()
+    assert plans["a1"].wireguard_ip is None
     assert plans["a2"].wireguard_ip is not None
-    # b1 and c1 peer a2 now, and a2 peers them: every pair symmetric.
+    # b1 and c1 peer a2 now, and a2 peers them: every pair symmetric. a1 stands by: it and they keep
+    # a peer for each other that carries nothing (no allowed IPs, so no route follows it), kept
+    # alive from a1's end.
     for far in ("b1", "c1"):
-        assert "a2" in {p.name for p in plans[far].peers} and "a1" not in {p.name for p in plans[far].peers}
-        assert far in {p.name for p in plans["a2"].peers}
+        by_name = {p.name: p for p in plans[far].peers}
+        assert by_name["a2"].kind == "segment" and far in {p.name for p in plans["a2"].peers}
+        assert (by_name["a1"].kind, by_name["a1"].allowed_ips) == ("standby", ())
+    assert {(p.name, p.kind, p.allowed_ips, p.persistent_keepalive) for p in plans["a1"].peers} == \
+        {("b1", "standby", (), STANDBY_KEEPALIVE_S), ("c1", "standby", (), STANDBY_KEEPALIVE_S)}
+    assert all(p.kind == "segment" for p in plans["a2"].peers)
     # a1 (no longer leading) sends other locations to a2 over the private network.
     route = next(r for r in plans["a1"].routes if str(r.dst) == "10.42.4.0/24")
     assert (str(route.via), route.dev) == ("10.10.0.2", "private")
+
+
+@pytest.mark.parametrize("per_location", [1, 2])
+def test_a_standby_leader_returns_over_the_sessions_it_kept(per_location: int) -> None:
+    """Every standby peer has its mirror at the other end, and the return of the documented order
+    changes no node's set of WireGuard keys: allowed IPs move between peers that exist (no
+    handshake waits), and only the standby peers' own entries change."""
+    topo = three_by_three(leaders_per_location=per_location)
+    rs = reports(report("a2", a1="bad", a3="ok"), report("a3", a1="bad", a2="ok"))
+    out = with_leaders(topo, choose_leaders(topo, rs))
+    assert out.standby == (("location:a", ("a1",)),)
+    during = {n.name: plan_node(out, n.name) for n in topo.nodes}
+    after = {n.name: plan_node(topo, n.name) for n in topo.nodes}
+    standby = {(n, p.name) for n, plan in during.items() for p in plan.peers if p.kind == "standby"}
+    assert standby and all((b, a) in {(n, p.name) for n, plan in during.items() for p in plan.peers}
+                           for a, b in standby)
+    for n in topo.nodes:
+        keys_after = {p.public_key for p in after[n.name].peers}
+        assert keys_after <= {p.public_key for p in during[n.name].peers}, n.name
+        # A standby peer carries nothing, and every route and fast-path entry is the move's own.
+        assert all(p.allowed_ips == () for p in during[n.name].peers if p.kind == "standby")
+        assert during[n.name].routes == plan_node(replace(out, standby=()), n.name).routes
 
 
 def test_no_report_changes_nothing_in_the_plans() -> None:

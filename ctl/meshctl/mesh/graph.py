@@ -258,6 +258,8 @@ def graph_model(topo: Topology, remotes: Sequence[Remote] = ()) -> GraphModel:
             me = n.qualified_name
             plan = plan_node(t, n.name, rs)
             for peer in plan.peers:
+                if peer.kind == "standby":
+                    continue  # a session kept ready (Topology.standby): it carries nothing
                 other = ("peer:" + peer.name) if peer.kind == "peer" else names.get(peer.name, peer.name)
                 add(me, other, plan.paths.get(peer.name, Path.TUNNEL) if peer.kind != "peer" else Path.TUNNEL)
             for other, rung in plan.paths.items():

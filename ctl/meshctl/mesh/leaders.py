@@ -220,6 +220,15 @@ class Leaders:
         """Topology.leaders: the locations whose leaders differ from the documented order's."""
         return tuple((k, loc.leaders) for k, loc in sorted(self.locations.items()) if loc.moved)
 
+    def standby(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """Topology.standby: per moved location, the documented order's leaders ruled out."""
+        out = []
+        for k, loc in sorted(self.locations.items()):
+            names = tuple(n for n in loc.static if n in loc.out and n not in loc.leaders)
+            if loc.moved and names:
+                out.append((k, names))
+        return tuple(out)
+
 
 def facts_time(reports: Iterable[ForwardingReport]) -> float | None:
     """The reports' own clock: the median of their times (one publisher's clock cannot move it)."""
@@ -336,11 +345,12 @@ def leader_targets(topo: Topology, name: str) -> dict[str, LeaderTarget]:
 
 
 def with_leaders(topo: Topology, leaders: Leaders) -> Topology:
-    """`topo` planning with `leaders` (the same object when they change nothing)."""
-    chosen = leaders.chosen()
-    if chosen == topo.leaders:
+    """`topo` planning with `leaders` and their standby members (the same object when they change
+    nothing)."""
+    chosen, standby = leaders.chosen(), leaders.standby()
+    if chosen == topo.leaders and standby == topo.standby:
         return topo
-    return replace(topo, leaders=chosen)
+    return replace(topo, leaders=chosen, standby=standby)
 
 
 # --- one publisher's verdicts ----------------------------------------------------------------------

@@ -395,6 +395,10 @@ class Topology:
     # The leaders mesh/leaders.py chose from the published forwarding reports, per segment key,
     # where they differ from the documented order (segments.leader_order); empty: that order.
     leaders: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Per segment key, the members the documented order puts first that those reports ruled out:
+    # they keep a WireGuard session, without allowed IPs, with the leaders they will peer again
+    # when they lead again (a standby peer), so that their return moves allowed IPs only.
+    standby: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def node(self, name: str) -> Node | None:
         for n in self.nodes:

@@ -52,7 +52,11 @@ from meshctl.mesh.segments import Remote, Segment, gateway, segment_addresses, s
 
 Dev = Literal["private", "wireguard"]
 Action = Literal["local", "direct", "tunnel"]
-PeerKind = Literal["node", "segment", "peer"]
+PeerKind = Literal["node", "segment", "peer", "standby"]
+# The keepalive of a standby peer (Topology.standby) at the moved location's end, when the node
+# sets none of its own: it keeps the session up, so the documented order's return needs no
+# handshake (seconds).
+STANDBY_KEEPALIVE_S = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +258,8 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
     else:
         peers, routes, fastpath, paths, relays = merged
     family_paths = dict(chain.from_iterable(s.family_paths for s in every))
+    if topo.standby:
+        peers = [*peers, *_standby_peers(topo, seat, peers, granularity, path_state, flannel)]
     plan = NodePlan(
         node=seat.me.name,
         granularity=seat.mesh.granularity,
@@ -270,6 +276,22 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
         global_cidrs=topo.mesh.global_cidrs,
     )
     return _hand_over(plan, topo) if flannel else plan
+
+
+def _standby_peers(topo: Topology, seat: _Seat, peers: Sequence[PeerPlan], granularity: Granularity | None,
+                   path_state: PathState | None, flannel: bool) -> list[PeerPlan]:
+    """Standby peers (Topology.standby): the own cluster's WireGuard peers the documented order's
+    plan holds that this one lacks, without allowed IPs (they carry nothing: no route or fast-path
+    entry follows them), so the sessions are up when the ruled-out leaders return and the return
+    moves allowed IPs only (docs/mesh.md, "Leaders that do not forward"). Symmetric, as plans are;
+    kept alive from the moved location's end."""
+    static = plan_node(replace(topo, leaders=(), standby=()), seat.me.name, (), granularity, path_state,
+                       flannel=flannel)
+    have = {p.public_key for p in peers}
+    moved = {k for k, _ in topo.standby}
+    keepalive = seat.keepalive or (STANDBY_KEEPALIVE_S if seat.my_seg.key in moved else 0)
+    return [replace(p, kind="standby", allowed_ips=(), persistent_keepalive=keepalive)
+            for p in static.peers if p.kind in ("node", "segment") and p.public_key not in have]
 
 
 def _hand_over(plan: NodePlan, topo: Topology) -> NodePlan:
