@@ -120,10 +120,12 @@ class Followed:
 
 
 def follow_break(st: LabState, location: str, leader: str, successor: str, brk: Callable[[], None],
-                 undo: Callable[[], None], pings: CrossPings, crossing: list[tuple[str, str]]) -> Followed:
+                 undo: Callable[[], None], pings: CrossPings, crossing: list[tuple[str, str]],
+                 before_undo: Callable[[], object] | None = None) -> Followed:
     """Break `leader`; wait for every agent to plan `location` with `successor` (plans compared:
     the same leaders everywhere, every WireGuard peer answered); wait for the pairs in `crossing`
-    to answer again; undo; wait for every agent to plan with `leader` again."""
+    to answer again (and for `before_undo`); undo; wait for every agent to plan with `leader`
+    again."""
     before = pings.counts()
     broke = time.time()
     brk()
@@ -135,6 +137,8 @@ def follow_break(st: LabState, location: str, leader: str, successor: str, brk: 
     assert view.asymmetric() == [], view.asymmetric()
     wait_until(lambda: all(pings.replies(p) > before[p] + 5 for p in crossing), 30,
                "every crossing pair answering again")
+    if before_undo is not None:
+        before_undo()
     undone = time.time()
     undo()
     view = wait_until(lambda: (v := labcheck.leaders_view(st)).agreed() and
@@ -173,6 +177,16 @@ def report(results: dict[tuple[str, str], PingResult], f: Followed, crossing: li
 def forwarding_fault(st: LabState, node: str) -> tuple[Callable[[], None], Callable[[], None]]:
     n = st.lookup(node)[1]
     return (lambda: faults.forwarding(st.prefix, n, False)), (lambda: faults.forwarding(st.prefix, n, True))
+
+
+def standby_sessions(st: LabState, leader: str, far: tuple[str, ...]) -> Callable[[], object]:
+    """Waits until each of the `far` leaders holds a session with `leader` standing by (a standby
+    peer with a handshake: docs/mesh.md, "Standby peers"), so that its return needs none."""
+    def up(name: str) -> bool:
+        doc = labcheck.agent_status(st.lookup(name)[1], fresh=True) or {}
+        return any(p["name"] == leader and p["kind"] == "standby" and p.get("last_handshake")
+                   for p in doc.get("peers", ()))
+    return lambda: wait_until(lambda: all(up(n) for n in far), 20, f"{', '.join(far)} holding a session with {leader}")
 
 
 def partition_fault(st: LabState, node: str) -> tuple[Callable[[], None], Callable[[], None]]:

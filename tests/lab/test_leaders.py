@@ -39,6 +39,7 @@ from .leader_faults import (
     leaders_lab,
     partition_fault,
     report,
+    standby_sessions,
     window_end,
 )
 
@@ -65,7 +66,8 @@ def test_leader_that_stops_forwarding_is_replaced_and_comes_back_after_the_hold(
     crossing = crossing_a1(pings.pairs)
     try:
         wait_until(pings.all_answering, 20, "every pair answering")
-        followed = follow_break(st, "loc-a", "a1", "a2", brk, undo, pings, crossing)
+        followed = follow_break(st, "loc-a", "a1", "a2", brk, undo, pings, crossing,
+                                before_undo=standby_sessions(st, "a1", ("b1", "c1")))
     finally:
         undo()
     recovered, returned = report(pings.results(until=window_end(followed)), followed, crossing)

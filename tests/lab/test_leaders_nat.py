@@ -20,6 +20,7 @@ from .leader_faults import (
     lab_doc,
     leaders_lab,
     report,
+    standby_sessions,
     window_end,
 )
 
@@ -48,7 +49,8 @@ def test_leader_behind_a_cone_nat_is_replaced_and_comes_back_after_the_hold(nat_
     crossing = [p for p in pings.pairs if any(n in ("a2", "a3") for n in p)]
     try:
         wait_until(pings.all_answering, 30, "every pair answering")
-        followed = follow_break(st, "loc-a", "a1", "a2", brk, undo, pings, crossing)
+        followed = follow_break(st, "loc-a", "a1", "a2", brk, undo, pings, crossing,
+                                before_undo=standby_sessions(st, "a1", ("b1", "c1")))
     finally:
         undo()
     recovered, returned = report(pings.results(until=window_end(followed)), followed, crossing)

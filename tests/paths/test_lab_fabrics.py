@@ -25,7 +25,7 @@ from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.state import LabState
 from meshctl.lab.rigs import netns
 from tests.pinging import PodPing
-from tests.waiting import WAIT_S, wait_for
+from tests.waiting import WAIT_S, wait_for, wait_until
 
 from .conftest import node_of
 
@@ -131,7 +131,10 @@ def explained_rungs(st: LabState, pairs: list[tuple[str, str]]) -> dict[tuple[st
 
 
 def test_status_node_list_and_metrics_name_the_rungs(auto_lab) -> None:
-    s = status(auto_lab, "v1")
+    # A kind is up from the peer's own probe arriving (which proves its direction, no round trip
+    # timed) or from an answer to ours: the first answer to v1's own ipip probe is waited for.
+    s = wait_until(lambda: (d := status(auto_lab, "v1"))["path_probe"]["pairs"]["v2"]["probes"]["ipip"]["rtt_ms"]
+                   and d, 10, "an answer to v1's own ipip probe of v2", step=0.2)
     rows = {r["name"]: r["path"] for r in s["node_list"]}
     assert rows["v2"] == "direct+ipip" and rows["v3"] == "direct+ipip" and rows["l1"] == "tunnel"
     probes = s["path_probe"]["pairs"]["v2"]["probes"]

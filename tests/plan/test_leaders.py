@@ -617,3 +617,15 @@ def test_a_leader_of_a_location_of_one_keeps_a_moved_leader_out_from_the_moment_
     assert leader_targets(moved, "b1") == {"a2": LeaderTarget("10.10.0.2", ("10.10.0.1",))}
     w.set_targets([], ["a2"], ["a1", "a2"], t)  # the peer changed; nothing heard from a2 yet
     assert leaders_of(topo, reports(a2, w.report("b1", "c1", t)))["a"] == ("a2",)
+
+
+def test_showconf_gives_a_standby_peer_no_allowed_ips_line() -> None:
+    """`wg setconf` takes a peer without AllowedIPs; an empty `AllowedIPs =` line says nothing."""
+    from meshctl.mesh.render import conf_text, node_conf
+
+    topo = three_by_three()
+    out = with_leaders(topo, choose_leaders(topo, reports(report("a2", a1="bad", a3="ok"),
+                                                          report("a3", a1="bad", a2="ok"))))
+    text = conf_text(node_conf(out, plan_node(out, "a1")), "wireguard")
+    peers = text.split("[Peer]")[1:]
+    assert len(peers) == 2 and all("AllowedIPs" not in p and "PersistentKeepalive = 10" in p for p in peers)

@@ -226,7 +226,8 @@ def _peer_lines(p: WgPeer) -> list[str]:
         out.append(f"# PresharedKey = <from {p.preshared_key}, never printed>")
     if p.endpoint is not None:
         out.append(f"Endpoint = {p.endpoint}")
-    out.append(f"AllowedIPs = {', '.join(map(str, p.allowed_ips))}")
+    if p.allowed_ips:  # none: a standby peer (it carries nothing); `wg setconf` wants no empty line
+        out.append(f"AllowedIPs = {', '.join(map(str, p.allowed_ips))}")
     if p.persistent_keepalive:
         out.append(f"PersistentKeepalive = {p.persistent_keepalive}")
     return out
