@@ -132,9 +132,13 @@ def explained_rungs(st: LabState, pairs: list[tuple[str, str]]) -> dict[tuple[st
 
 def test_status_node_list_and_metrics_name_the_rungs(auto_lab) -> None:
     # A kind is up from the peer's own probe arriving (which proves its direction, no round trip
-    # timed) or from an answer to ours: the first answer to v1's own ipip probe is waited for.
-    s = wait_until(lambda: (d := status(auto_lab, "v1"))["path_probe"]["pairs"]["v2"]["probes"]["ipip"]["rtt_ms"]
-                   and d, 10, "an answer to v1's own ipip probe of v2", step=0.2)
+    # timed) or from an answer to ours: the first answer to v1's own ipip probe is waited for, in
+    # fresh reads (the probes' block is read live; a quiet mesh makes no pass).
+    def timed() -> dict[str, Any] | None:
+        d = labcheck.agent_status(node_of(auto_lab, "v1"), fresh=True)
+        return d if d and d["path_probe"]["pairs"]["v2"]["probes"]["ipip"]["rtt_ms"] else None
+
+    s = wait_until(timed, 10, "an answer to v1's own ipip probe of v2", step=0.2)
     rows = {r["name"]: r["path"] for r in s["node_list"]}
     assert rows["v2"] == "direct+ipip" and rows["v3"] == "direct+ipip" and rows["l1"] == "tunnel"
     probes = s["path_probe"]["pairs"]["v2"]["probes"]
