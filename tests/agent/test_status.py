@@ -172,3 +172,13 @@ def test_a_node_rows_fast_path_entries_are_the_plans_for_its_pod_cidrs() -> None
     assert NodeRow.from_json(row, {"10.42.2.0/24": other, "10.42.1.0/24": ours}).fastpath == (ours,)
     assert NodeRow.from_json(row, {}).fastpath == ()
     assert NodeRow.from_json(row).fastpath == (FastPathRow("10.42.1.0/24", "drop", None),)
+
+
+def test_meshctl_status_says_what_a_peer_without_allowed_ips_is() -> None:
+    doc = copy.deepcopy(FULL)
+    doc["peers"].append({"name": "a0", "kind": "standby", "public_key": "K0", "endpoint": "198.51.100.9:51820",
+                         "allowed_ips": []})
+    out = format_status(AgentStatus.from_json(doc)).splitlines()
+    assert any(x.startswith("  a0  endpoint 198.51.100.9:51820  allowed - (standby: kept for a leader's return)")
+               for x in out), out
+    assert any(x.startswith("  b2  endpoint -  allowed -  rx") for x in out), out

@@ -251,8 +251,9 @@ def format_status(st: AgentStatus, *, verbose: bool = False) -> str:
     for p in live.peers:
         hs = p.live.last_handshake if p.live else 0
         age = f"{now - hs:.0f} s ago" if hs else "never"
+        allowed = ",".join(p.allowed_ips) or ("- (standby: kept for a leader's return)" if p.kind == "standby" else "-")
         lines.append(f"  {p.name}  endpoint {(p.live.live_endpoint if p.live else None) or p.endpoint or '-'}  "
-                     f"allowed {','.join(p.allowed_ips)}  rx {_bytes(p.live.rx_bytes if p.live else 0)}  "
+                     f"allowed {allowed}  rx {_bytes(p.live.rx_bytes if p.live else 0)}  "
                      f"tx {_bytes(p.live.tx_bytes if p.live else 0)}  handshake {age}")
     lines += format_paths(st)
     lines += format_nat(st)
