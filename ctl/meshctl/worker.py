@@ -21,14 +21,13 @@ class Worker:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self) -> bool:
-        """Start the thread unless it runs; True when this call started it."""
+    def start(self) -> None:
+        """Start the thread unless it runs."""
         if self.running:
-            return False
+            return
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self.target, args=(self._stop,), name=self.name, daemon=True)
         self._thread.start()
-        return True
 
     def stop(self, timeout: float = 5.0, interrupt: Callable[[], object] | None = None) -> None:
         """Set the event, call `interrupt` (to end a blocking read the thread is in), and wait up

@@ -189,9 +189,8 @@ class Leadership:
                     self.last_moves = [*self.last_moves, move][-LAST_MOVES:]
                     log.warning("location %s: leaders %s -> %s (%s)", loc.location, ",".join(was.leaders),
                                 ",".join(loc.leaders), why)
-        chosen, standby = decision.chosen(), decision.standby()
         memo = self._memo
-        if memo is not None and memo[0] is topo and memo[1].leaders == chosen and memo[1].standby == standby:
+        if memo is not None and memo[0] is topo and with_leaders(memo[1], decision) is memo[1]:
             return memo[1]
         planning = with_leaders(topo, decision)
         self._memo = (topo, planning)

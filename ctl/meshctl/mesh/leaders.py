@@ -221,13 +221,11 @@ class Leaders:
         return tuple((k, loc.leaders) for k, loc in sorted(self.locations.items()) if loc.moved)
 
     def standby(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
-        """Topology.standby: per moved location, the documented order's leaders ruled out."""
-        out = []
-        for k, loc in sorted(self.locations.items()):
-            names = tuple(n for n in loc.static if n in loc.out and n not in loc.leaders)
-            if loc.moved and names:
-                out.append((k, names))
-        return tuple(out)
+        """Topology.standby: per moved location, the documented order's leaders ruled out (a
+        location whose members are all out keeps that order: it has not moved)."""
+        ruled_out = ((k, tuple(n for n in loc.static if n in loc.out)) for k, loc in sorted(self.locations.items())
+                     if loc.moved)
+        return tuple((k, names) for k, names in ruled_out if names)
 
 
 def facts_time(reports: Iterable[ForwardingReport]) -> float | None:
