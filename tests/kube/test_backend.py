@@ -4,9 +4,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import socket
+import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from lightkube import Client, KubeConfig
@@ -18,6 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from meshctl.backends.kube import nodes as A
 from meshctl.backends.kube.backend import KubeBackend, backend_from_options, state_from_objects
+from meshctl.lab.rigs.tcp_forward import pipe
 from meshctl.mesh import admit
 from meshctl.mesh.model import Cluster, Endpoint, MeshSettings, Node, Topology
 from meshctl.mesh.plan import plan_node
@@ -221,6 +226,79 @@ def test_a_stale_watch_relists(own_kube):
         # and the watch runs again after the relist
         kclient.delete(KNode, "a3")
         wait_for(lambda: sorted(n.name for n in be.snapshot().nodes) == ["a1"], what="watch after relist")
+
+
+class Blip:
+    """A TCP relay in front of the API server that a test can cut, as a network blip between an
+    agent and its server would: `cut` closes every connection and refuses new ones until `mend`.
+    The server itself runs on, so every watch resumes from its version (no 410, no relist)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"https://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.open: list[socket.socket] = []
+        self.lock = threading.Lock()
+        self.down = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            if self.down:
+                client.close()
+                continue
+            server = socket.create_connection(self.target)
+            with self.lock:
+                self.open += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+
+    def cut(self) -> None:
+        self.down = True
+        with self.lock:
+            for s in self.open:
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+            self.open.clear()
+
+    def mend(self) -> None:
+        self.down = False
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()
+
+
+def test_a_kind_with_no_objects_is_readable_again_once_its_watch_is_accepted(api, kclient, tmp_path):
+    """A blip between the backend and its API server breaks every watch. A kind with no objects
+    (no Peer exists) has no event to say it is readable again: the server's acceptance of the
+    resumed watch says it, and the backend is ready at once, not after the server ends that watch
+    (WATCH_TIMEOUT_S, 5 min)."""
+    create_node(kclient, node_obj("a1", "10.42.1.0/24", key=1, ann=loc("a")))
+    url = urlsplit(api.cp.url)
+    blip = Blip((url.hostname or "", url.port or 443))
+    kubeconfig = api.cp.kubeconfig(tmp_path / "blip.kubeconfig", server=blip.url,
+                                   identity=api.cp.admin_identity(), user="admin")
+    be = backend_from_options(str(kubeconfig), "a1", resync_seconds=30.0)
+    peers = next(k for k in be._kinds if k.name == "peers.meshctl.io")
+    try:
+        with Running(be):
+            wait_for(lambda: be.snapshot().ready and all(k.rv for k in be._kinds if not k.missing),
+                     what="every kind watched")
+            assert not peers.objects and not peers.missing
+            relists = be.stats["relists"]
+            blip.cut()
+            wait_for(lambda: peers.error is not None and not be.snapshot().ready, timeout=30,
+                     what="the Peer watch broken")
+            blip.mend()
+            wait_for(lambda: be.snapshot().ready, timeout=30, what="ready again without a Peer event")
+            assert peers.error is None and be.stats["relists"] == relists
+    finally:
+        blip.close()
 
 
 def test_malformed_annotation_rejects_only_its_node(api, kclient):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import ssl
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -38,15 +39,16 @@ def add_content_type(response: httpx.Response) -> None:
         response.extensions[NO_CONTENT_TYPE] = True
 
 
-def install_hooks(client: Any) -> None:
-    """Add `add_content_type` to a lightkube Client or AsyncClient's httpx client."""
+def install_hooks(client: Any, *more: Callable[[httpx.Response], Awaitable[None]]) -> None:
+    """Add `add_content_type` to a lightkube Client or AsyncClient's httpx client (and, to an
+    AsyncClient's, the response hooks `more`)."""
     inner = client._client._client  # lightkube keeps its httpx client there
     hooks = inner.event_hooks
     if inner.__class__.__name__.startswith("Async"):
         async def hook(response: httpx.Response) -> None:
             add_content_type(response)
 
-        hooks.setdefault("response", []).append(hook)
+        hooks.setdefault("response", []).extend([hook, *more])
     else:
         hooks.setdefault("response", []).append(add_content_type)
     inner.event_hooks = hooks

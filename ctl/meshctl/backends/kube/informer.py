@@ -3,8 +3,10 @@
 LIST, then a WATCH from the list's resourceVersion; every event updates the cache and wakes the
 consumer (`on_change`). A watch the server ends, or one that breaks, resumes from the last
 resourceVersion seen, without a relist; only `410 Gone` (that version is older than the server's
-history) costs a relist. A CRD-backed kind that is not installed (`optional`) is an empty cache,
-not an error, and is listed again every `retry_missing` seconds. Failures are one line each
+history) costs a relist. A kind is readable again once the server accepts a watch of it (its
+`200`), not only at its next event: a kind with no objects may have none for hours. A CRD-backed
+kind that is not installed (`optional`) is an empty cache, not an error, and is listed again every
+`retry_missing` seconds. Failures are one line each
 (errors.describe), logged once per cause, and readable by the consumer (`error`).
 
 Readers take what they need from `items()` (a list, under the cache's lock); the cache keeps what
@@ -19,6 +21,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import httpx2 as httpx
@@ -181,11 +184,15 @@ class Informer:
         self._replace_all(items, ait.resourceVersion)
 
     async def follow(self, client: AsyncClient, stop: threading.Event) -> None:
-        """List, then watch until `stop`; see the module docstring."""
+        """List, then watch until `stop`; see the module docstring. Run it as a task of its own:
+        the task's context names this informer to `_watch_accepted`."""
+        _FOLLOWING.set(self)
         backoff = 0.2
         while not stop.is_set():
+            doing = "watching"
             try:
                 if self.rv is None or not self.listed:
+                    doing = "listing"
                     if not self.list_lock.acquire(blocking=False):
                         await asyncio.sleep(0.02)  # a synchronous reader is listing it now
                         continue
@@ -196,6 +203,7 @@ class Informer:
                         self.list_lock.release()
                     self.healthy()
                     self.on_change()
+                    doing = "watching"
                 if self.missing:
                     await asyncio.sleep(self.retry_missing)  # the CRD may be installed later
                     self.listed = False
@@ -216,7 +224,7 @@ class Informer:
                     self.stats["gone"] += 1
                     self.rv = None
                     continue
-                self.failed("watching", e, wake=True)
+                self.failed(doing, e, wake=True)
             else:
                 continue
             await asyncio.sleep(backoff)
@@ -237,11 +245,13 @@ class Informer:
         if wake and was is None:
             self.on_change()
 
-    def healthy(self) -> None:
+    def healthy(self) -> bool:
+        """Forget the kind's error; whether it had one (it is readable again)."""
         with self.lock:
             was, self.error = self.error, None
         if was is not None:
             log.warning("kubernetes API: %s readable again", self.name)
+        return was is not None
 
 
 def grouped(errors: Mapping[str, tuple[str, str]]) -> str:
@@ -259,9 +269,22 @@ def errors_of(informers: Iterable[Informer]) -> str:
     return grouped({i.name: i.error for i in informers if i.error is not None})
 
 
+# The informer whose `follow` runs in the current asyncio task (each task has its own context).
+_FOLLOWING: ContextVar[Informer | None] = ContextVar("meshctl_informer", default=None)
+
+
+async def _watch_accepted(response: httpx.Response) -> None:
+    """The client's response hook: a watch the server accepted makes the following informer's
+    kind readable again (lightkube's watch opens the next request itself and yields only events)."""
+    informer = _FOLLOWING.get()
+    accepted = response.status_code == 200 and response.request.url.params.get("watch") == "true"
+    if informer is not None and accepted and informer.healthy():
+        informer.on_change()
+
+
 def async_client(config: KubeConfig, field_manager: str = "meshctl") -> AsyncClient:
     client = AsyncClient(config, trust_env=False, field_manager=field_manager)
-    install_hooks(client)
+    install_hooks(client, _watch_accepted)
     return client
 
 

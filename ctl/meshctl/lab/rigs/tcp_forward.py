@@ -24,7 +24,7 @@ from pathlib import Path
 from meshctl.etcd.nsconn import ns_create_connection
 
 
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
+def pipe(src: socket.socket, dst: socket.socket) -> None:
     try:
         while data := src.recv(65536):
             dst.sendall(data)
@@ -42,9 +42,9 @@ def _serve(conn: socket.socket, ns: str, to: tuple[str, int]) -> None:
         conn.close()
         return
     up.settimeout(None)
-    t = threading.Thread(target=_pipe, args=(up, conn), daemon=True)
+    t = threading.Thread(target=pipe, args=(up, conn), daemon=True)
     t.start()
-    _pipe(conn, up)
+    pipe(conn, up)
     t.join()
     conn.close()
     up.close()
