@@ -141,7 +141,7 @@ def test_flapping_leader_moves_at_most_once_per_hold_time(lab):
     before = labcheck.leaders_view(st).moves
     start = time.time()
     try:
-        for i in range(30):  # forwarding toggled every 2 s for a minute
+        for i in range(15):  # forwarding toggled every 2 s for three hold times (15 moves without the hold)
             faults.forwarding(st.prefix, n, i % 2 == 1)
             time.sleep(2.0)  # the fault's own rhythm, not a wait for an event
     finally:
