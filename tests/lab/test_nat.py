@@ -2,7 +2,7 @@
 """Must show (issue 14): nodes behind NAT. One lab (lab/labs/nat.yaml): two public nodes, two behind
 cone NATs, two behind symmetric NATs, each in its own location. Cone pairs and cone<->public pairs
 go direct to discovered endpoints; symmetric<->symmetric pairs are relayed; a NAT rebind costs at
-most 2 s of a 100 pps ping; a 60 s ping across at least four full resyncs (the lab's agents
+most 2 s of a 100 pps ping; a 50 s ping across at least four full resyncs (the lab's agents
 resync every 10 s) loses nothing."""
 
 from __future__ import annotations
@@ -72,8 +72,9 @@ def nat_lab():
         build.down(labstate.lab_name(prefix))
 
 
-# Six of the lab's full resyncs (--resync-seconds 10): the test asks for four at least.
-PING_S = 60
+# Five of the lab's full resyncs (--resync-seconds 10): the test asks for four at least (a pass
+# held up by load may push one past the window).
+PING_S = 50
 
 
 def test_every_pair_reachable_cone_direct_symmetric_relayed(nat_lab):

@@ -26,7 +26,7 @@ from meshctl.errors import InputError
 from meshctl.mesh.leaders import Leaders
 from meshctl.mesh.model import ENCAP_RUNGS, PRIVATE_RUNGS, RUNGS, Node, Path, Topology
 from meshctl.mesh.observed import NodeSeen, PeerSeen
-from meshctl.mesh.plan import plan_node
+from meshctl.mesh.plan import PlanCache, plan_node
 from meshctl.mesh.render import path_text
 from meshctl.mesh.segments import Remote, segments
 
@@ -254,9 +254,10 @@ def graph_model(topo: Topology, remotes: Sequence[Remote] = ()) -> GraphModel:
         # A name from `t`'s plans as the model calls it: another cluster's plans name their own
         # nodes bare, the model by cluster (`cluster2/g1`); other names are already qualified.
         names = {n.name: n.qualified_name for n in t.nodes}
+        cache = PlanCache()  # what the plans of one topology share (its segments)
         for n in t.nodes:
             me = n.qualified_name
-            plan = plan_node(t, n.name, rs)
+            plan = plan_node(t, n.name, rs, cache=cache)
             for peer in plan.peers:
                 if peer.kind == "standby":
                     continue  # a session kept ready (Topology.standby): it carries nothing

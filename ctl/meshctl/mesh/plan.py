@@ -244,9 +244,9 @@ def plan_node(topo: Topology, name: str, remotes: Sequence[Remote] = (),
     `cache` what this node's earlier plans left (PlanCache; None: a cold plan)."""
     if granularity is not None and granularity != topo.mesh.granularity:
         topo = replace(topo, mesh=replace(topo.mesh, granularity=granularity))
-    seat = _seat(topo, name, path_state or {})
-    own = [Share(paths=((seat.me.qualified_name, Path.LOCAL),)), *_own_cluster(seat), _extra_peers(seat, topo.peers)]
     cache = cache or PlanCache()
+    seat = _seat(topo, name, path_state or {}, cache)
+    own = [Share(paths=((seat.me.qualified_name, Path.LOCAL),)), *_own_cluster(seat), _extra_peers(seat, topo.peers)]
     blocks = _remote_blocks(seat, remotes, cache)
     cache.plan_done()
     merged = _merge_blocks(seat.me, topo, own, blocks)
@@ -314,13 +314,14 @@ def _hand_over(plan: NodePlan, topo: Topology) -> NodePlan:
     )
 
 
-def _seat(topo: Topology, name: str, state: PathState) -> _Seat:
-    """Where node `name` sits in the topology, computed once for all its roles."""
+def _seat(topo: Topology, name: str, state: PathState, cache: PlanCache | None = None) -> _Seat:
+    """Where node `name` sits in the topology, computed once for all its roles (its segments
+    from `cache` when one is given)."""
     me = topo.node(name)
     if me is None:
         raise InputError("--node", name, "is not a node of the topology")
     mesh = topo.mesh
-    segs = segments(topo)
+    segs = cache.segments_of(topo) if cache is not None else tuple(segments(topo))
     my_seg = next(s for s in segs if any(m.name == name for m in s.members))
     if mesh.intra_subnet != "auto":
         state = {}  # the fixed modes switch probing off: their rungs do not depend on it
@@ -780,15 +781,21 @@ class PlanCache:
     def __init__(self) -> None:
         self.blocks: UsedMemo[SameObject, tuple[_Block, tuple[_SegmentKey, ...]]] = UsedMemo()
         self.segments: UsedMemo[_SegmentKey, Share] = UsedMemo()
+        # The own topology's segments, by the Topology: the plans of every node of one topology
+        # (graph_model, plan --all) compute them once, not once a node.
+        self.layouts: UsedMemo[SameObject, tuple[Segment, ...]] = UsedMemo()
+
+    def segments_of(self, topo: Topology) -> tuple[Segment, ...]:
+        return self.layouts.get(SameObject(topo, None), lambda: tuple(segments(topo)))
 
     def plan_done(self) -> None:
-        self.blocks.done()
-        self.segments.done()
+        for memo in (self.blocks, self.segments, self.layouts):
+            memo.done()
 
     def clear(self) -> None:
-        """Drop every block and segment share (the next plan computes all anew: a cold plan)."""
-        self.blocks.clear()
-        self.segments.clear()
+        """Drop every block, segment share and layout (the next plan computes all anew: a cold plan)."""
+        for memo in (self.blocks, self.segments, self.layouts):
+            memo.clear()
 
 
 def _remote_block(remote: Remote, seat: tuple[Node, bool, tuple[IPAddress, ...], int, Leaving], cache: PlanCache
