@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 
 from meshctl.mesh import global_ranges
 from meshctl.mesh.model import MeshSettings, PathState, Topology
-from meshctl.mesh.plan import FastPathEntry, NodePlan, PeerPlan, Route, plan_node
+from meshctl.mesh.plan import FastPathEntry, NodePlan, PeerPlan, PlanCache, Route, plan_node
 from meshctl.mesh.records import MESH_FIELDS
 from meshctl.mesh.render import encap_text, fastpath_json, peer_json, route_json
 from meshctl.mesh.segments import Remote
@@ -149,7 +149,8 @@ def plan_all(topo: Topology, remotes: Sequence[Remote] = (), path_state: PathSta
              only: Sequence[str] = ()) -> dict[str, NodePlan]:
     """The plan of every node of `topo` (or of the nodes named in `only` that it has)."""
     names = [n.name for n in topo.nodes if not only or n.name in only]
-    return {n: plan_node(topo, n, remotes, path_state=path_state) for n in names}
+    cache = PlanCache()  # the topology's segments, computed once for all its nodes
+    return {n: plan_node(topo, n, remotes, path_state=path_state, cache=cache) for n in names}
 
 
 def diff_topologies(before: Topology, after: Topology, *, remotes: tuple[Sequence[Remote], Sequence[Remote]] = ((), ()),
