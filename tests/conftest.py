@@ -17,10 +17,17 @@ def _is_vm(nodeid: str) -> bool:
     return nodeid.startswith(VM_TESTS)
 
 
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The VM tests first (stable: the rest keep their order), so that under pytest-xdist the
-    worker that takes them boots TCG guests from the start while the other runs the host tests."""
-    items.sort(key=lambda item: not _is_vm(item.nodeid))
+    """The VM tests first, then the modules with a test marked slow (the labs), then the rest
+    (stable: a module's tests stay together and in their order). Under pytest-xdist the worker
+    that takes the VM tests boots TCG guests from the start while the other runs the labs, and
+    the last units left are short ones that even out the two workers' ends."""
+    slow = {_module(i.nodeid) for i in items if i.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: 0 if _is_vm(item.nodeid) else 1 if _module(item.nodeid) in slow else 2)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -31,8 +38,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class ByFileVmTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "vm" if _is_vm(nodeid) else nodeid.split("::", 1)[0]
+            return "vm" if _is_vm(nodeid) else _module(nodeid)
 
+    # The units in the collection's order (pytest_collection_modifyitems), not xdist's default of
+    # the most tests first: a module of many quick tests is not a long unit.
+    config.option.loadscopereorder = False
     return ByFileVmTogether(config, log)
 
 

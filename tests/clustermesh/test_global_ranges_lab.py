@@ -28,6 +28,8 @@ from tests.names import unique
 from tests.pinging import PodPing, checked
 from tests.waiting import wait_until
 
+pytestmark = pytest.mark.slow
+
 LAB_FILE = Path(__file__).resolve().parents[2] / "ctl/meshctl/lab/labs/global-ranges.yaml"
 LOCAL_PATHS = {("a1", "a2"): "direct", ("a2", "b1"): "via-leader", ("b1", "a1"): "tunnel",
                ("g1", "g2"): "direct", ("g2", "g3"): "via-leader", ("g3", "g1"): "tunnel"}

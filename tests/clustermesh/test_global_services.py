@@ -52,6 +52,8 @@ from tests.waiting import wait_until
 from .fixtures import CLUSTER1, CLUSTER2, SERVICE_EXPORT_CRD
 from .test_watch import Remote
 
+pytestmark = pytest.mark.slow
+
 # Polled often: the waits time how fast the slices follow.
 wait = partial(wait_until, step=0.02)
 # Nodes whose kubelet does not run (a Pod there is reported by the test: not ready).

@@ -28,6 +28,8 @@ from tests.names import unique
 from tests.pinging import checked
 from tests.waiting import WAIT_S
 
+pytestmark = pytest.mark.slow
+
 LAB_FILE = Path(__file__).resolve().parents[2] / "ctl/meshctl/lab/labs/two-clusters.yaml"
 SHARED = {"a1", "a2", "g1", "g2"}  # the nodes on 10.10.1.0/24
 

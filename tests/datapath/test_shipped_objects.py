@@ -24,6 +24,8 @@ from click.testing import CliRunner
 from meshctl.cli import main
 from meshctl.datapath import Datapath, features, layout, libbpf, loader, objcache
 
+pytestmark = pytest.mark.slow
+
 CALL = 0x85
 
 

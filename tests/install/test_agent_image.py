@@ -18,7 +18,7 @@ import pytest
 from meshctl.datapath import loader
 from tests.agent_image import ROOT, VERSION, podman_run
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root"), pytest.mark.slow]
 
 PEM = re.compile(rb"-----BEGIN CERTIFICATE-----\r?\n(.*?)-----END CERTIFICATE-----", re.S)
 

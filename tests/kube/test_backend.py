@@ -29,6 +29,8 @@ from meshctl.mesh.plan import plan_node
 
 from .helpers import Running, create_node, node_obj, wait_for, wg_key
 
+pytestmark = pytest.mark.slow
+
 Peer = create_global_resource("meshctl.io", "v1alpha1", "Peer", "peers")
 # Kilo's Peer CRD as a Kilo cluster has it: no pattern on the key, so the agent's own check meets it.
 KILO_CRD = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",

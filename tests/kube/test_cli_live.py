@@ -30,6 +30,8 @@ from tests.kubernetes import Api, start_control_plane
 
 from .helpers import create_node, node_obj, wg_key
 
+pytestmark = pytest.mark.slow
+
 NODES = [
     # name, pod CIDR, key seed, internal, endpoint, location
     ("n1", "10.42.1.0/24", 1, "10.0.1.1/24", "198.51.100.1:51820", "fsn"),

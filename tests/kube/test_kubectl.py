@@ -26,6 +26,8 @@ from .helpers import MANIFESTS, Running, create_node, node_obj, wait_for, wg_key
 from .kubectl import Kubectl, table
 from .test_backend import backend
 
+pytestmark = pytest.mark.slow
+
 PEER = {"apiVersion": "meshctl.io/v1alpha1", "kind": "Peer", "metadata": {"name": "laptop"},
         "spec": {"allowedIPs": ["10.5.0.1/32"], "publicKey": wg_key(7), "persistentKeepalive": 25}}
 

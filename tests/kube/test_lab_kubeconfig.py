@@ -21,7 +21,7 @@ from tests.names import unique
 
 from .kubectl import Kubectl, lab_kubeconfig
 
-pytestmark = [pytest.mark.root]
+pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
 def meshctl(*args: str) -> subprocess.CompletedProcess[str]:

@@ -23,6 +23,8 @@ from tests.names import unique
 
 from .conftest import node_of
 
+pytestmark = pytest.mark.slow
+
 # In the dual-stack lab (IPv4 underlay) these nodes reach each other without a private next hop
 # (a1, b1 leaders and c1: WireGuard between them); every pair with a member (a2, b2) crosses the
 # private network, whose next hops the records give in IPv4 only.

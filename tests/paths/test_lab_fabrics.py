@@ -29,6 +29,8 @@ from tests.waiting import WAIT_S, wait_for, wait_until
 
 from .conftest import node_of
 
+pytestmark = pytest.mark.slow
+
 HOLD_S = 5.0
 LAB_DOC: dict[str, Any] = yaml.safe_load((files("meshctl.lab") / "labs" / "fabrics.yaml").read_text())
 # The rung each pair of the file must take (both directions).

@@ -21,7 +21,7 @@ from meshctl.lab.namespaces.state import LabState
 from tests.live_switching import MOVING_LOSS_MAX, PAIRS, Window, evidence, gap_window, run, table
 from tests.names import unique
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 DEFAULT_LAB = Path(__file__).resolve().parents[2] / "ctl" / "meshctl" / "lab" / "labs" / "default.yaml"
 SWITCHES = ["granularity=full", "granularity=cross", "granularity=location", "intra_subnet=vxlan",

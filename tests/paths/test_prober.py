@@ -21,6 +21,8 @@ from tests.waiting import WAIT_S, wait_for
 
 from .conftest import FABRICS_DOC, node_of
 
+pytestmark = pytest.mark.slow
+
 LADDER_L2 = RUNGS
 LADDER_ROUTED = RUNGS[1:]
 PAIRS = [("l1", "l2"), ("v1", "v2"), ("v1", "v3"), ("u1", "u2"), ("h1", "h2"), ("k1", "k2")]

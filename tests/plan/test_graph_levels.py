@@ -130,6 +130,7 @@ def png_size(data: bytes) -> tuple[int, int]:
     return w, h
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz not installed")
 @pytest.mark.parametrize(("level", "node", "location"), VIEWS, ids=["location", "node", "leader", "member", "loc3"])
 def test_every_view_renders_within_4000_px_in_the_default_font(big: GraphModel, level: str | None, node: str | None,
