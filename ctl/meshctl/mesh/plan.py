@@ -782,19 +782,20 @@ class PlanCache:
         self.blocks: UsedMemo[SameObject, tuple[_Block, tuple[_SegmentKey, ...]]] = UsedMemo()
         self.segments: UsedMemo[_SegmentKey, Share] = UsedMemo()
         # The own topology's segments, by the Topology: the plans of every node of one topology
-        # (graph_model, plan --all) compute them once, not once a node.
-        self.layouts: UsedMemo[SameObject, tuple[Segment, ...]] = UsedMemo()
+        # (graph_model, plan_all) compute them once, not once a node.
+        self.topology_segments: UsedMemo[SameObject, tuple[Segment, ...]] = UsedMemo()
 
     def segments_of(self, topo: Topology) -> tuple[Segment, ...]:
-        return self.layouts.get(SameObject(topo, None), lambda: tuple(segments(topo)))
+        return self.topology_segments.get(SameObject(topo, None), lambda: tuple(segments(topo)))
 
     def plan_done(self) -> None:
-        for memo in (self.blocks, self.segments, self.layouts):
+        for memo in (self.blocks, self.segments, self.topology_segments):
             memo.done()
 
     def clear(self) -> None:
-        """Drop every block, segment share and layout (the next plan computes all anew: a cold plan)."""
-        for memo in (self.blocks, self.segments, self.layouts):
+        """Drop every block, segment share and segment list (the next plan computes all anew: a
+        cold plan)."""
+        for memo in (self.blocks, self.segments, self.topology_segments):
             memo.clear()
 
 
