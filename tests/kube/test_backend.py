@@ -546,7 +546,9 @@ def test_a_stopped_etcd_fails_writes_in_one_line_and_the_view_stands(own_kube):
 
     api = own_kube
     kclient = api.client()
-    create_node(kclient, node_obj("a1", "10.42.1.0/24", key=1, ann=loc("a")))
+    # a1's heartbeat a minute old: the publish changes it (a patch that changes nothing is
+    # answered without a write to etcd, and would succeed)
+    create_node(kclient, node_obj("a1", "10.42.1.0/24", key=1, ann=loc("a"), last_seen=time.time() - 60))
     create_node(kclient, node_obj("a2", "10.42.2.0/24", key=2, ann=loc("a")))
     be = backend(api)
     me = Node("a1", (net("10.42.1.0/24"),), wg_key(1), location="a")

@@ -27,6 +27,7 @@ def test_commands_about_a_lab_run_where_the_lab_is(argv):
     ["maps", "dump", "--node", "a1", "--bpf-pin-root", "/sys/fs/bpf/x"], ["datapath", "status"],
     ["maps", "dump", "--node", "a1", "--pin-root", "/sys/fs/bpf/x"],
     ["node", "list", "--etcd-endpoints", "https://10.0.0.1:2379"], ["node", "list", "--addr", "1.2.3.4:9736"],
+    ["node", "list", "--kubeconfig", "k3s.yaml"], ["node", "list", "--kubeconfig=k3s.yaml", "-o", "json"],
 ])
 def test_commands_of_this_host_run_here(argv):
     assert not _wants_lab(argv)

@@ -151,7 +151,8 @@ def _wants_lab(argv: list[str]) -> bool:
         return _option(argv, "--node") is not None and not any(
             _option(argv, flag) is not None for flag in ("--bpf-pin-root", "--pin-root", "--netns"))
     if argv[:2] == ["node", "list"]:
-        return not any(a.startswith(("--etcd-endpoints", "--addr")) for a in argv)
+        # a store or an agent named on the command line is read from here, a lab's from the lab
+        return not any(a.startswith(("--etcd-endpoints", "--addr", "--kubeconfig")) for a in argv)
     return False
 
 
