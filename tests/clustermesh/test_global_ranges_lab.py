@@ -202,7 +202,7 @@ def test_a_fragmentation_needed_from_the_far_side_reaches_the_sender_with_its_ow
         cached = netns.run(pod_ns(lab, "b1"), ["ip", "route", "get", target]).stdout
         assert "mtu 1200" in cached, cached
         # The packet fits now, and arrives.
-        sent, recv, _ = labcheck.ping(pod_ns(lab, "b1"), target, count=3, wait=1)
+        sent, recv, _ = labcheck.ping(pod_ns(lab, "b1"), target, count=3, wait=labcheck.RETRY_WAIT)
         assert recv == sent
     finally:
         netns.run(g1.netns, ["ip", "route", "del", *route], check=False)
@@ -288,7 +288,7 @@ def test_without_global_ranges_cluster2_is_refused_and_cluster1_goes_on(lab) -> 
         # loaded machine's (a reply 0.5 s late is late, not lost; a2 -> b1 crosses a1's pass).
         for (src, dst) in LOCAL_PATHS:
             if CLUSTER[src] == "cluster1":
-                assert ping(lab, src, dst, wait=2.0)[1] == 3, (src, dst)
+                assert ping(lab, src, dst, wait=labcheck.RETRY_WAIT)[1] == 3, (src, dst)
     finally:
         kv.put(mesh_key("cluster2"), before)
         kv.close()

@@ -59,8 +59,10 @@ def routes_in(st: LabState, node: str) -> dict[str, str]:
 
 
 def ping_ok(st: LabState, src: str, dst: str, count: int = 3) -> bool:
+    """Every ping answered, each within a loaded machine's reply wait (lab check's patient one: a
+    pair idle for minutes starts with a WireGuard handshake, and a reply late is not lost)."""
     sent, recv, _ = labcheck.ping(node_of(st, src).pods[0].netns, node_of(st, dst).pods[0].ip, count=count,
-                               wait=0.5)
+                               wait=labcheck.RETRY_WAIT)
     return recv == sent
 
 
