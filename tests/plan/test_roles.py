@@ -40,7 +40,7 @@ def ip(s: str) -> Any:
 
 
 def seat(node: str, state: PathState | None = None, **mesh: Any) -> _Seat:
-    return _seat(topo(KILO_CLASSIC, **mesh), node, state or {})
+    return _seat(topo(KILO_CLASSIC, **mesh), node, state or {}, PlanCache())
 
 
 def how(share: Share, dst: str) -> Route | Encap:

@@ -314,14 +314,14 @@ def _hand_over(plan: NodePlan, topo: Topology) -> NodePlan:
     )
 
 
-def _seat(topo: Topology, name: str, state: PathState, cache: PlanCache | None = None) -> _Seat:
-    """Where node `name` sits in the topology, computed once for all its roles (its segments
-    from `cache` when one is given)."""
+def _seat(topo: Topology, name: str, state: PathState, cache: PlanCache) -> _Seat:
+    """Where node `name` sits in the topology, computed once for all its roles (the topology's
+    segments from `cache`)."""
     me = topo.node(name)
     if me is None:
         raise InputError("--node", name, "is not a node of the topology")
     mesh = topo.mesh
-    segs = cache.segments_of(topo) if cache is not None else tuple(segments(topo))
+    segs = cache.segments_of(topo)
     my_seg = next(s for s in segs if any(m.name == name for m in s.members))
     if mesh.intra_subnet != "auto":
         state = {}  # the fixed modes switch probing off: their rungs do not depend on it

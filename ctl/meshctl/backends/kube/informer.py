@@ -6,8 +6,8 @@ resourceVersion seen, without a relist; only `410 Gone` (that version is older t
 history) costs a relist. A kind is readable again once the server accepts a watch of it (its
 `200`), not only at its next event: a kind with no objects may have none for hours. A CRD-backed
 kind that is not installed (`optional`) is an empty cache, not an error, and is listed again every
-`retry_missing` seconds. Failures are one line each
-(errors.describe), logged once per cause, and readable by the consumer (`error`).
+`retry_missing` seconds. Failures are one line each (errors.describe), logged once per cause, and
+readable by the consumer (`error`).
 
 Readers take what they need from `items()` (a list, under the cache's lock); the cache keeps what
 `slim` leaves of each object (`managedFields` always goes: 8 kB of a typical object that no
