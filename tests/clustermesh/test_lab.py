@@ -66,6 +66,12 @@ def ping_ok(st: LabState, src: str, dst: str, count: int = 3) -> bool:
     return recv == sent
 
 
+def answers(st: LabState, src: str, dst: str) -> bool:
+    """`ping_ok` within the tests' wait: a pair's first pings after a change may wait out a
+    WireGuard handshake (retried after 5 s) on a loaded machine."""
+    return wait_for(lambda: ping_ok(st, src, dst), timeout=WAIT_S)
+
+
 def remote_status(st: LabState, node: str) -> dict[str, Any]:
     """The agent's view of cluster2 (empty while a restarted agent is not serving yet)."""
     s = labcheck.agent_status(node_of(st, node)) or {}
@@ -142,18 +148,20 @@ def test_a_removed_node_is_drained(lab) -> None:
 
 
 def test_cluster2_etcd_stopped_keeps_traffic_and_reports_not_ready(lab) -> None:
+    kept = routes_in(lab, "a1")
     build.stop_etcd(lab, "cluster2")
     try:
         assert wait_for(lambda: not remote_status(lab, "a1")["ready"], timeout=WAIT_S)
-        assert ping_ok(lab, "a1", "g3") and ping_ok(lab, "a1", "g1") and ping_ok(lab, "g2", "a2")
-        assert "10.43.3.0/24" in routes_in(lab, "a1")
+        # Nothing was torn down: a1 routes every cluster2 pod CIDR as before, and the pods answer.
+        assert routes_in(lab, "a1") == kept
+        assert answers(lab, "a1", "g3") and answers(lab, "a1", "g1") and answers(lab, "g2", "a2")
         assert "ClusterMesh: 0/1 remote clusters ready" in _status_text(lab, "a1")
         # an agent restarted while cluster2's etcd is away plans with the view it saved
         build.stop_agent(lab, "a1")
         build.start_agent(lab, "a1")
         assert wait_for(lambda: (labcheck.agent_status(node_of(lab, "a1")) or {}).get("last_reconcile"), timeout=WAIT_S)
         assert "10.43.3.0/24" in routes_in(lab, "a1") and "10.43.1.0/24" in routes_in(lab, "a1")
-        assert ping_ok(lab, "a1", "g3") and ping_ok(lab, "a1", "g1")
+        assert answers(lab, "a1", "g3") and answers(lab, "a1", "g1")
     finally:
         build.start_etcd(lab, "cluster2")
     assert wait_for(lambda: remote_status(lab, "a1")["ready"], timeout=WAIT_S)
@@ -182,7 +190,7 @@ def test_an_overlapping_record_in_cluster2_is_rejected_and_cluster1_untouched(la
         assert rej and "overlaps local node a2's pod CIDR 10.42.2.0/24" in rej["reason"]
         assert remote_status(lab, "a1")["rejected"] >= 1
         assert routes_in(lab, "a1") == before
-        assert ping_ok(lab, "a1", "a2") and ping_ok(lab, "b1", "a2")
+        assert answers(lab, "a1", "a2") and answers(lab, "b1", "a2")
     finally:
         kv.delete(node_key("cluster2", "evil"))
 
@@ -270,7 +278,7 @@ def test_a_wrong_ca_is_not_ready_with_the_reason_and_installs_nothing(lab, tmp_p
             routes_in(lab, "b1")
         # a1 kept what it had learned over the old, good connection
         assert wait_for(lambda: "TLS" in (remote_status(lab, "a1")["reason"] or ""), timeout=WAIT_S)
-        assert ping_ok(lab, "a1", "g1") and ping_ok(lab, "a1", "g3")
+        assert answers(lab, "a1", "g1") and answers(lab, "a1", "g3")
     finally:
         f.write_text(good)
     assert wait_for(lambda: remote_status(lab, "b1")["ready"], timeout=WAIT_S)
@@ -391,7 +399,7 @@ def test_with_the_cache_agents_follow_cluster2_through_it_and_fall_back_when_it_
         for n in c1:
             assert wait_for(lambda n=n: (labcheck.agent_status(node_of(lab, n)) or {}).get("remotes", {})
                             .get("via") == "direct (cache unhealthy: no heartbeat)", timeout=WAIT_S)
-        assert ping_ok(lab, "a1", "g3") and ping_ok(lab, "b1", "g1")
+        assert answers(lab, "a1", "g3") and answers(lab, "b1", "g1")
     finally:
         build.stop_cache(lab, "cluster1")
         for name in joined:

@@ -193,7 +193,9 @@ def check(st: LabState, *, count: int = 5, pairs: list[tuple[str, str]] | None =
     each IP family of its pods (or of `families`): IPv4 rows first, then IPv6; a pair whose pods
     lack an address of a family has no row of it. `run` reaches the nodes' machines. A pair that
     loses every ping is measured again, patiently, unless not `retry` (pairs that no handshake
-    holds up and that are expected to fail: the patient round costs about 9 s a pair)."""
+    holds up and that are expected to fail: the patient round costs about 9 s a pair). A pair
+    whose pings took another path than its agent planned is measured once more, against the plan
+    read anew."""
     nodes = []
     multi = len(st.clusters) > 1
     for c in st.clusters:
@@ -259,6 +261,14 @@ def check(st: LabState, *, count: int = 5, pairs: list[tuple[str, str]] | None =
                 # machine can outlast the reply wait: a pair counts as down only if a second,
                 # patient round loses every ping too.
                 r = measure(src, dst, family, RETRY_WAIT, RETRY_COUNT, RETRY_INTERVAL)
+            if r.ok and r.expected is not None and r.path != r.expected:
+                # The plan is read once per source, before its pairs: a rung that moved since (a
+                # probe round lost on a loaded machine) is not a path taken against the plan. The
+                # pair is measured again against its agent's plan of now; a mismatch that is
+                # still there is reported.
+                with lock:
+                    statuses.pop(src, None)
+                r = measure(src, dst, family, PING_WAIT)
             out.append(r)
     return out
 
