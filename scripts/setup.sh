@@ -77,3 +77,9 @@ fi
 if ! "$VENV/bin/python" -m meshctl.lab.rigs.kube_binaries; then
   echo "setup: WARNING: no Kubernetes control plane binaries: the Kubernetes tests and labs will fail" >&2
 fi
+
+# The package's bytecode, written once: every agent, CLI call and emulated guest of the labs imports
+# the package, and where PYTHONDONTWRITEBYTECODE is set (as on this project's CI machine) each of
+# them would compile its ~170 modules again, a TCG guest at emulated speed. Python checks each .pyc
+# against its source, so an edited file is compiled again here, never read stale.
+"$VENV/bin/python" -m compileall -q -j 0 ctl/meshctl >/dev/null
