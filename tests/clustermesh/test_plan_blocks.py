@@ -57,7 +57,7 @@ def test_two_clusters_claiming_one_destination_plan_as_one_merge(monkeypatch: py
     a = remote("cluster2", 2, node("g1", "10.44.0.0/24", 11, location="x", internal="10.20.0.1/24"))
     b = remote("cluster3", 3, node("h1", "10.44.0.0/24", 21, location="y", internal="10.30.0.1/24"))
     remotes = [Remote(a, frozenset({"g1"})), Remote(b, frozenset({"h1"}))]
-    seat = plan_mod._seat(local, "l1", {}, plan_mod.PlanCache())
+    seat = plan_mod._seat(local, "l1", {}, PlanCache())
     assert plan_mod._merge_blocks(seat.me, local, [], plan_mod._remote_blocks(seat, remotes, PlanCache())) is None
     same_as_one_merge(monkeypatch, local, remotes)
 

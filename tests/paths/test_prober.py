@@ -13,7 +13,7 @@ import pytest
 from meshctl.lab.namespaces import fabric
 from meshctl.lab.namespaces.state import LabState, NodeState
 from meshctl.lab.rigs.testbed import FabricTestbed
-from meshctl.mesh.chooser import ProbeTuning
+from meshctl.mesh.chooser import ProbeTuning, ProbeVerdict
 from meshctl.mesh.model import RUNGS
 from meshctl.node.prober import Prober, Target, probe_address
 from meshctl.setns import in_netns
@@ -32,6 +32,13 @@ TUNING = ProbeTuning(interval=0.2, standby_interval=0.5, hold=2.0)
 def _target(n: NodeState, ladder) -> Target:
     pods = [ipaddress.ip_network(c) for c in n.pod_cidrs]
     return Target(n.name, ipaddress.ip_interface(n.internal_ip).ip, probe_address(pods), ladder)
+
+
+def both_ends(probers: dict[str, Prober], a: str, b: str, kind: str) -> tuple[ProbeVerdict, ProbeVerdict]:
+    """`kind`'s verdict at a (of b) and at b (of a). Only one end of a pair times and counts a
+    kind's answers: the end that hears the other's probes answers them and postpones its own
+    (prober.LISTEN_FACTOR), so which end depends on who probed first."""
+    return probers[a].status().pairs[b].probes[kind], probers[b].status().pairs[a].probes[kind]
 
 
 def start_probers(st: LabState, pairs, tuning=TUNING) -> dict[str, Prober]:
@@ -75,13 +82,8 @@ def test_each_fabric_passes_what_it_should(make_lab) -> None:
         kinds = probers["v1"].status().pairs["v2"].probes
         assert kinds["direct"].up is False  # the source/destination check caught pod addresses
         assert kinds["udp"].up
-        # Only one end of a pair times a kind's round trip: the end that hears the other's probes
-        # answers them and postpones its own (prober.LISTEN_FACTOR), so which end depends on who
-        # probed first. The first timed answer at either end is waited for.
-        def timed() -> float | None:
-            return probers["v1"].status().pairs["v2"].probes["udp"].rtt_ms or \
-                probers["v2"].status().pairs["v1"].probes["udp"].rtt_ms
-        rtt = wait_for(timed, WAIT_S)
+        rtt = wait_for(lambda: next((v.rtt_ms for v in both_ends(probers, "v1", "v2", "udp") if v.rtt_ms), None),
+                       WAIT_S)
         assert rtt is not None and rtt > 0, "a timed answer to a udp probe between v1 and v2"
     finally:
         for p in probers.values():
@@ -167,14 +169,12 @@ def _probe_v6_bed(tb, pods: int, want: dict[str, bool], rung: str) -> None:
             return all(kinds(n, o)[k].up is up for n, o in (("a", "b"), ("b", "a")) for k, up in want.items())
 
         assert wait_for(settled, WAIT_S), (tb.fabric, kinds("a", "b"), kinds("b", "a"))
-        # A kind is answered at one end or the other: the end that hears the other's probes answers
-        # them and postpones its own (prober.LISTEN_FACTOR), so its own may be sent once, unanswered.
-        def answered(k: str) -> int:
-            return (kinds("a", "b")[k].answered or 0) + (kinds("b", "a")[k].answered or 0)
+        def answered(k: str) -> bool:
+            return sum(v.answered or 0 for v in both_ends(probers, "a", "b", k)) > 0
 
         for k, up in want.items():
-            seen = wait_for(lambda k=k: answered(k) > 0, WAIT_S) if up else answered(k) > 0
-            assert seen is up, (tb.fabric, k, kinds("a", "b")[k], kinds("b", "a")[k])
+            seen = wait_for(lambda k=k: answered(k), WAIT_S) if up else answered(k)
+            assert seen is up, (tb.fabric, k, both_ends(probers, "a", "b", k))
         # Each end moves to `rung` on its own verdicts: both within the same bound, not at one instant.
         for n, o in (("a", "b"), ("b", "a")):
             chooser = probers[n].chooser
