@@ -8,11 +8,12 @@ LAB ?= ctl/meshctl/lab/labs/default.yaml
 KERNELS ?= 5.10 6.1 6.12
 # The kernels `make test` needs: its VM smoke boots 6.1, its multi-VM lab mixes all three.
 SMOKE_KERNELS := 5.10 6.1 6.12
-# pytest-xdist workers of `make test` (0: one process). With 2, one worker boots the VM tests (TCG)
-# while the other runs the host tests beside it (tests/conftest.py's scheduler: a test file is one
-# unit, the VM tests all one). The tests wait on events with loaded-machine timeouts (tests/waiting.py)
-# and bound no figure (bench/ measures them), so two workers on 2 CPUs are as reliable as one.
-TEST_WORKERS ?= 2
+# pytest-xdist workers of `make test` (0: one process). One worker boots the VM tests (TCG) while
+# one other runs host tests beside it; the third waits until the VM tests are done (tests/conftest.py's
+# scheduler: a test file is one unit, the VM tests all one), then uses the CPU the host tests leave
+# idle while they wait on agents and pings. The tests wait on events with loaded-machine timeouts
+# (tests/waiting.py) and bound no figure (bench/ measures them).
+TEST_WORKERS ?= 3
 # The agent image (`make image`): tag it for your registry with IMAGE=registry.example.com/meshctl:TAG.
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= meshctl/meshctl:$(VERSION)

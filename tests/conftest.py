@@ -30,15 +30,48 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: 0 if _is_vm(item.nodeid) else 1 if _module(item.nodeid) in slow else 2)
 
 
+# Host workers that take units while the VM unit runs. TCG guests take every CPU they are given:
+# a second host worker beside them starves the niced guests (20:31 run, docs/benchmarks.md).
+HOST_WORKERS_BESIDE_VMS = 1
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`make test`'s two xdist workers: each test file is one unit of work, so a module's lab or VM
+    """`make test`'s xdist workers: each test file is one unit of work, so a module's lab or VM
     fixture is built once, on one worker; all VM tests are one unit, so one worker boots guests
-    while the other runs the host tests beside it, and two TCG guests never compete for the 2 CPUs."""
+    and two TCG guests never compete for the 2 CPUs. While that unit runs, only
+    HOST_WORKERS_BESIDE_VMS other workers take units; the rest are held until it ends, then take
+    units too (the host tests mostly wait on agents and pings: a third worker uses the idle CPU)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByFileVmTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return "vm" if _is_vm(nodeid) else _module(nodeid)
+
+        def _vm_worker(self) -> Any | None:
+            """The worker running the VM unit, while it has tests left; None before and after."""
+            for node, work in self.assigned_work.items():
+                if "vm" in work and not all(work["vm"].values()):
+                    return node
+            return None
+
+        def _held(self, node: Any) -> bool:
+            vm = self._vm_worker()
+            if vm is None or node is vm:
+                return False
+            busy = [n for n, work in self.assigned_work.items()
+                    if n is not vm and n is not node and self._pending_of(work) > 0]
+            return len(busy) >= HOST_WORKERS_BESIDE_VMS
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self._held(node):
+                super()._assign_work_unit(node)
+
+        def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
+            super().mark_test_complete(node, item_index, duration)
+            if self._vm_worker() is None:  # the VM unit ended (or there is none): release the held
+                for other in self.nodes:
+                    if other is not node and not self._pending_of(self.assigned_work[other]):
+                        self._reschedule(other)
 
     # The units in the collection's order (pytest_collection_modifyitems), not xdist's default of
     # the most tests first: a module of many quick tests is not a long unit.

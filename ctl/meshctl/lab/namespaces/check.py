@@ -159,13 +159,19 @@ _RX = re.compile(r"(\d+) packets transmitted, (\d+) (?:packets )?received")
 
 
 def ping(ns: str, dst: str, count: int = 5, interval: float = 0.02, wait: float = PING_WAIT, *,
-         node: NodeState | None = None, run: NodeRunner = on_host, size: int | None = None
-         ) -> tuple[int, int, float | None]:
+         node: NodeState | None = None, run: NodeRunner = on_host, size: int | None = None,
+         deadline: int | None = None) -> tuple[int, int, float | None]:
     """(sent, received, average RTT ms) of `count` pings (of `size` bytes of payload: ping's own
-    default when None) from namespace `ns` (of `node`'s machine: its VM in a multi-VM lab)."""
+    default when None) from namespace `ns` (of `node`'s machine: its VM in a multi-VM lab).
+
+    Once some replies came, ping waits only two round trips after its last ping: a reply delayed
+    longer (a userspace WireGuard starved of CPU for a moment) counts as lost. With `deadline`, ping
+    waits up to that many whole seconds (ping's `-w`) for every reply: late ones count, lost ones
+    cost the wait."""
     sized = ["-s", str(size)] if size is not None else []
-    p = run(node, ns, ["ping", "-n", "-q", "-c", str(count), "-i", str(interval), "-W", str(wait), *sized, dst],
-            timeout=count * interval + wait + 10)
+    until = ["-w", str(deadline)] if deadline is not None else []
+    p = run(node, ns, ["ping", "-n", "-q", "-c", str(count), "-i", str(interval), "-W", str(wait), *until, *sized,
+                       dst], timeout=max(count * interval + wait, deadline or 0) + 10)
     m = _RX.search(p.stdout)
     sent, recv = (int(m.group(1)), int(m.group(2))) if m else (count, 0)
     r = _RTT.search(p.stdout)
