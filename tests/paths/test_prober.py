@@ -17,7 +17,7 @@ from meshctl.mesh.chooser import ProbeTuning, ProbeVerdict
 from meshctl.mesh.model import RUNGS
 from meshctl.node.prober import Prober, Target, probe_address
 from meshctl.setns import in_netns
-from tests.waiting import WAIT_S, wait_for
+from tests.waiting import WAIT_S, wait_for, wait_until
 
 from .conftest import FABRICS_DOC, node_of
 
@@ -250,6 +250,7 @@ def test_the_tap_filter_lets_in_probe_frames_only(under, pods) -> None:
     netns.add(ns)
     try:
         netns.veth(ns, "tx0", ns, "rx0")
+        wait_until(lambda: all(netns.link_ready(ns, d) for d in ("tx0", "rx0")), 10, "the veth pair up")
 
         def run() -> list[bytes]:
             rx = so.socket(so.AF_PACKET, so.SOCK_RAW, so.htons(ETH_P_ALL))

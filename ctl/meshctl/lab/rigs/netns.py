@@ -13,6 +13,8 @@ pinned objects run through `nsenter --net=/run/netns/NAME` instead (`run(..., ke
 
 from __future__ import annotations
 
+import json
+
 from meshctl.datapath import links
 from meshctl.node.shell import NETNS_DIR, exec_prefix, pid_alive, run, sh
 from meshctl.setns import in_netns
@@ -56,6 +58,14 @@ def veth(ns_a: str | None, name_a: str, ns_b: str, name_b: str, *, mtu: int | No
         if mtu:
             run(ns, ["ip", "link", "set", name, "mtu", str(mtu)])
         run(ns, ["ip", "link", "set", name, "up"])
+
+
+def link_ready(ns: str | None, name: str) -> bool:
+    """Whether frames sent on `ns/name` now leave it: up, with its carrier and its queueing
+    discipline attached. Until the kernel's link watch has run (deferred work, late on a loaded
+    machine), a new veth's qdisc is `noop`, which drops every frame."""
+    link: dict[str, object] = json.loads(run(ns, ["ip", "-j", "link", "show", name]).stdout)[0]
+    return link.get("operstate") == "UP" and link.get("qdisc") != "noop"
 
 
 def bridge(ns: str | None, name: str) -> None:
