@@ -15,6 +15,8 @@ PIN_ROOT = "/sys/fs/bpf/meshctl"  # one folder per node under it: programs, maps
 # no plain files, and a node on kernel routes has nothing pinned to read it from).
 DATAPATH_RUN_DIR = Path("/run/meshctl/datapath")
 METRICS_ADDR = "127.0.0.1:9736"  # /metrics, /healthz, /status; loopback unless asked
+ANSWER_WAIT_S = 3.0  # how long a command waits for an agent's /status answer
+ANSWER_WAIT_ENV = "MESHCTL_AGENT_WAIT"  # ... unless this says otherwise (agent.server.answer_wait)
 UI_LISTEN = "127.0.0.1:8470"  # `meshctl ui`'s page; loopback unless asked (it has no login)
 # Seconds peers keep a node whose record's lease ran out (its agent restarting), in its own cluster and
 # in every cluster that meshes with it (`meshctl agent --lapse-grace`, `meshctl clustermesh cache`).

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -21,6 +22,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from meshctl import defaults
 from meshctl.agent.config import parse_addr
 from meshctl.agent.status import (
     AgentStatus,
@@ -286,12 +288,32 @@ class StatusServer:
         self.httpd.server_close()
 
 
-def fetch_status(addr: str, netns: str | None = None, timeout: float = 3.0, *, fresh: bool = False
+def answer_wait() -> float:
+    """defaults.ANSWER_WAIT_S, or $MESHCTL_AGENT_WAIT where agents are known to answer slowly (a
+    lab's commands run inside an emulated guest: lab/vms sets it there). InputError naming the
+    variable when it is not a positive number of seconds."""
+    from meshctl.errors import InputError
+
+    raw = os.environ.get(defaults.ANSWER_WAIT_ENV)
+    if raw is None:
+        return defaults.ANSWER_WAIT_S
+    try:
+        wait = float(raw)
+    except ValueError:
+        wait = 0.0
+    if not wait > 0:
+        raise InputError(defaults.ANSWER_WAIT_ENV, raw, "is not a positive number of seconds")
+    return wait
+
+
+def fetch_status(addr: str, netns: str | None = None, timeout: float | None = None, *, fresh: bool = False
                  ) -> dict[str, Any]:
     """An agent's /status document over HTTP (dialled inside `netns` when given), as JSON;
-    AgentStatus.from_json reads it. `fresh`: counters read after the request came (the agent
-    waits up to snapshot.FRESH_WAIT_S for its loop), not the last pass's."""
-    return _get_json(addr, "/status?fresh=1" if fresh else "/status", netns, timeout)
+    AgentStatus.from_json reads it. `timeout` None: answer_wait(). `fresh`: counters read after
+    the request came (the agent waits up to snapshot.FRESH_WAIT_S for its loop), not the last
+    pass's."""
+    return _get_json(addr, "/status?fresh=1" if fresh else "/status", netns,
+                     answer_wait() if timeout is None else timeout)
 
 
 def fetch_probe(addr: str, peer: str, netns: str | None = None, timeout: float = 5.0) -> ProbeResult:
@@ -316,6 +338,6 @@ def _get_json(addr: str, path: str, netns: str | None, timeout: float) -> dict[s
         raise MeshError(f"no meshctl agent answers at {addr}{f' in {netns}' if netns else ''} (is it running on "
                         f"this node? pass --addr for another address)") from None
     except requests.Timeout:
-        raise MeshError(f"the meshctl agent at {addr} did not answer within {timeout:.0f} s") from None
+        raise MeshError(f"the meshctl agent at {addr} did not answer within {timeout:g} s") from None
     except (requests.RequestException, ValueError) as e:
         raise MeshError(f"no agent answer at {addr}{path}{f' in {netns}' if netns else ''}: {e}") from None

@@ -198,11 +198,11 @@ def status_cmd(addr: str, lab_node: str | None, lab_name: str | None, verbose: b
     from meshctl.agent.server import fetch_status
     from meshctl.agent.status import AgentStatus
 
-    netns = None
+    netns, wait = None, None
     if lab_node:
         t = targets.lab("--lab-node").agent(lab_name, lab_node)
-        netns, addr = t.netns, t.addr
-    doc = fetch_status(addr, netns)
+        netns, addr, wait = t.netns, t.addr, t.wait
+    doc = fetch_status(addr, netns, wait)
     if output == "json":
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
@@ -452,11 +452,11 @@ def _node_list_from_agent(addr: str | None, lab_node: str | None, lab_name: str 
     from meshctl.agent.status import AgentStatus
     from meshctl.mesh.render import node_rows_table
 
-    netns = None
+    netns, wait = None, None
     if lab_node:
         t = targets.lab("--lab-node").agent(lab_name, lab_node)
-        netns, addr = t.netns, t.addr
-    st = AgentStatus.from_json(fetch_status(addr or defaults.METRICS_ADDR, netns))
+        netns, addr, wait = t.netns, t.addr, t.wait
+    st = AgentStatus.from_json(fetch_status(addr or defaults.METRICS_ADDR, netns, wait))
     if st.live.node_list is None:
         raise MeshError(f"the agent of {st.node} has no plan yet")
     rows = [r.to_json() for r in st.live.node_list]

@@ -70,20 +70,19 @@ class Agents:
     def __init__(self, addr: str, lab: str | None) -> None:
         self.addr, self.lab = addr, lab
 
-    def where(self, node: str | None) -> tuple[str | None, str]:
-        """(netns, address) of the agent of `node` (`cluster/node`; None: the first one to ask)."""
+    def where(self, node: str | None) -> targets.AgentTarget:
+        """The agent of `node` (`cluster/node`; None: the first one to ask)."""
         if self.lab is None:
-            return None, self.addr
+            return targets.AgentTarget(None, self.addr)
         loc = targets.lab("--lab")
-        t = loc.agent(self.lab, node or loc.nodes(self.lab)[0])
-        return t.netns, t.addr
+        return loc.agent(self.lab, node or loc.nodes(self.lab)[0])
 
     def status(self, node: str | None) -> AgentStatus:
         from meshctl.agent.server import fetch_status
         from meshctl.agent.status import AgentStatus
 
-        netns, addr = self.where(node)
-        return AgentStatus.from_json(fetch_status(addr, netns))
+        t = self.where(node)
+        return AgentStatus.from_json(fetch_status(t.addr, t.netns, t.wait))
 
 
 def build(agents: Agents, src: str, dst: str, addresses: dict[str, str]) -> tuple[Explanation, AgentStatus]:
@@ -145,8 +144,8 @@ def explain_cmd(src: str, dst: str, probe: bool, addr: str, lab_name: str | None
     dst = check_end(dst, "DST", pods, lab_nodes)
     e, src_st = build(agents, src, dst, {k: v for k, v in (pods or {}).items() if k in (src, dst)})
     if probe and e.no_path is None and e.hops:
-        netns, where = agents.where(absolute(src_st.node, cluster_of(src_st)) if lab_name else None)
-        e = dataclasses.replace(e, probe=fetch_probe(where, e.hops[0].to, netns))
+        t = agents.where(absolute(src_st.node, cluster_of(src_st)) if lab_name else None)
+        e = dataclasses.replace(e, probe=fetch_probe(t.addr, e.hops[0].to, t.netns))
     if output == "json":
         click.echo(json.dumps(e.to_json(), indent=2, sort_keys=True))
     else:

@@ -19,10 +19,12 @@ from meshctl.errors import MeshError
 
 @dataclass(frozen=True)
 class AgentTarget:
-    """An agent's status address and the network namespace to dial it from (None: this one)."""
+    """An agent's status address, the network namespace to dial it from (None: this one) and how
+    long to wait for its answer (None: agent.server.answer_wait(); longer for an emulated VM's)."""
 
     netns: str | None
     addr: str
+    wait: float | None = None
 
 
 @dataclass(frozen=True)

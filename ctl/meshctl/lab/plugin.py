@@ -22,8 +22,11 @@ class _Locator:
     """Lab nodes, lab etcds and lab clusters for the shipped CLI's flags (cli.targets.LabLocator)."""
 
     def agent(self, lab: str | None, node: str) -> AgentTarget:
+        from meshctl.lab.rigs.waiting import agent_wait
+
         ns, addr = state.find_node(lab, node)
-        return AgentTarget(ns, addr)
+        _, n = state.resolve(lab).lookup(node)
+        return AgentTarget(ns, addr, agent_wait(n.vm.accel if n.vm else None))
 
     def pins(self, lab: str | None, node: str) -> PinTarget | None:
         found: list[tuple[str, PinTarget]] = []

@@ -8,10 +8,28 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from meshctl.defaults import ANSWER_WAIT_ENV
+
 CONVERGE_WAIT = 60.0  # s `lab up` waits for the agents to converge, unless told otherwise
 # Under TCG a guest runs ~10-50x slower: five agents took 2-5 minutes to converge where the host
 # takes seconds. A lab in such a VM waits longer by default (lab/vms).
 EMULATED_CONVERGE_WAIT = 600.0
+# An agent in a TCG guest on a busy host has taken more than 3 s (defaults.ANSWER_WAIT_S) to
+# answer a command's /status request; under emulation commands wait this long for it.
+EMULATED_AGENT_WAIT = 30.0
+
+
+def agent_wait(accel: str | None) -> float | None:
+    """How long a command waits for an agent in a VM booted with `accel` (None: not in a VM, or
+    KVM: the shipped default)."""
+    return EMULATED_AGENT_WAIT if accel not in (None, "kvm") else None
+
+
+def guest_env(accel: str | None) -> dict[str, str]:
+    """The environment of a command run inside a VM booted with `accel`: a longer wait for the
+    agents there when it is emulated."""
+    wait = agent_wait(accel)
+    return {} if wait is None else {ANSWER_WAIT_ENV: str(wait)}
 
 
 def wait_for(pred: Callable[[], Any], timeout: float = 10.0, step: float = 0.05) -> Any:

@@ -26,7 +26,7 @@ from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.spec import LabSpec
 from meshctl.lab.namespaces.state import LabState
 from meshctl.lab.namespaces.wiring import Progress
-from meshctl.lab.rigs.waiting import CONVERGE_WAIT, EMULATED_CONVERGE_WAIT
+from meshctl.lab.rigs.waiting import CONVERGE_WAIT, EMULATED_CONVERGE_WAIT, guest_env
 from meshctl.lab.vms import vm
 from meshctl.lab.vms.vm import VM_ROOT
 from meshctl.lab.vms.vmnodes import machine_of
@@ -184,7 +184,8 @@ def _forward_to_node_vm(argv: list[str], named: str | None) -> int | None:
             continue
         for c, n in st.nodes():
             if node in (n.name, f"{c.name}/{n.name}"):
-                return machine_of(n).run(meshctl_argv(*argv), on_output=vm.echo).rc
+                return machine_of(n).run(meshctl_argv(*argv), on_output=vm.echo,
+                                         env=guest_env(n.vm.accel if n.vm else None)).rc
     return None
 
 
@@ -215,4 +216,4 @@ class Forwarder:
         if argv[:2] == ["lab", "status"] and "json" not in argv:
             print(f"VM: Debian {d.series} kernel {d.version}, {d.accel}, qemu pid {d.qemu_pid}")
             sys.stdout.flush()
-        return machine.run(meshctl_argv(*argv), on_output=vm.echo).rc
+        return machine.run(meshctl_argv(*argv), on_output=vm.echo, env=guest_env(d.accel)).rc
