@@ -22,6 +22,7 @@ import pytest
 from lightkube import Client, KubeConfig
 
 from meshctl.errors import MeshError
+from meshctl.lab.namespaces.kube_cluster import wait_established
 from meshctl.lab.rigs.kube_control_plane import ControlPlane
 from tests.waiting import wait_until
 
@@ -55,7 +56,7 @@ def start_control_plane(directory: Path, manifests: tuple[str, ...] = BASE_MANIF
         for m in manifests:
             kubectl(cp.admin_kubeconfig, "apply", "--server-side", "-f", str(MANIFESTS / m))
         if "01-crd-peers.yaml" in manifests:
-            kubectl(cp.admin_kubeconfig, "wait", "--for=condition=Established", "crd/peers.meshctl.io")
+            wait_established(lambda args: kubectl(cp.admin_kubeconfig, *args), "peers.meshctl.io")
         # The controller manager makes each namespace's `default` ServiceAccount moments after
         # start; until then Pods are refused. Every test starts after it.
         wait_until(lambda: _has_default_account(cp), 60, "the default ServiceAccount")

@@ -31,6 +31,7 @@ from meshctl.backends.clustermesh import RemoteClusters
 from meshctl.backends.etcd import service_key, services_status_key
 from meshctl.backends.kube.informer import as_dict
 from meshctl.backends.kube.services import ENDPOINT_SLICES, SERVICES, KubeServiceApi, LeaseElector, ServiceCache
+from meshctl.lab.namespaces.kube_cluster import wait_established
 from meshctl.lab.rigs.etcd_process import stop_pid
 from meshctl.lab.rigs.kube_control_plane import ControlPlane
 from meshctl.lab.rigs.kubelets import POD_IP_ANNOTATION
@@ -159,7 +160,7 @@ def prepare(api: Api, doc: dict[str, Any], exports: bool) -> None:
                            for n in doc["nodes"] if n["name"] not in NO_KUBELET})
     if exports:
         api.apply(SERVICE_EXPORT_CRD)
-        api.kubectl("wait", "--for=condition=Established", f"crd/{SERVICE_EXPORT_CRD['metadata']['name']}")
+        wait_established(lambda args: api.kubectl(*args), SERVICE_EXPORT_CRD["metadata"]["name"])
 
 
 def stop_kubelets(cp: ControlPlane) -> None:

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from meshctl.backends.kube import nodes as A
 from meshctl.backends.kube.backend import KubeBackend, backend_from_options, state_from_objects
+from meshctl.lab.namespaces.kube_cluster import wait_established
 from meshctl.lab.rigs.tcp_forward import pipe
 from meshctl.mesh import admit
 from meshctl.mesh.model import Cluster, Endpoint, MeshSettings, Node, Topology
@@ -343,7 +344,7 @@ def test_nodes_that_have_not_joined_are_pending_not_rejected(api, kclient):
 def test_peer_resources_become_peers(api, kclient):
     # Kilo's CRD too: a Kilo cluster's Peers are read as they are.
     api.apply(KILO_CRD)
-    api.kubectl("wait", "--for=condition=Established", "crd/peers.kilo.squat.ai")
+    wait_established(lambda args: api.kubectl(*args), "peers.kilo.squat.ai")
     KiloPeer = create_global_resource("kilo.squat.ai", "v1alpha1", "Peer", "peers")
     create_node(kclient, node_obj("a1", "10.42.1.0/24", key=1))
     be = backend(api)

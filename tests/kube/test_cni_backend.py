@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from meshctl.backends.kube.cni_ipam import BLOCK_AFFINITIES, CILIUM_NODES, IPAM_BLOCKS, CrdKind
 from meshctl.lab.namespaces import cni_calico, cni_cilium
+from meshctl.lab.namespaces.kube_cluster import wait_established
 from meshctl.mesh.model import Topology
 from tests.kubernetes import Api
 
@@ -33,7 +34,7 @@ def create(kclient, kind: CrdKind, obj: dict) -> None:
 def crds(api: Api, *kinds: CrdKind) -> None:
     api.apply(*(cni_calico.crd(k) for k in kinds))
     for k in kinds:
-        api.kubectl("wait", "--for=condition=Established", f"crd/{k.name}")
+        wait_established(lambda args: api.kubectl(*args), k.name)
 
 
 def pod_cidrs(st) -> dict[str, tuple]:

@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -131,10 +131,10 @@ def start(run_dir: Path, ns: str, ip: str, topo: Topology, *, cni: str = "",
         crds = [o for o in seeded if o.get("kind") == "CustomResourceDefinition"]
         _apply(host_kc, run_dir, "crds.yaml", crds)  # a CNI's own CRDs, served before its objects
         for crd in crds:
-            kubectl(host_kc, run_dir, ["wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}"])
+            wait_established(lambda args: kubectl(host_kc, run_dir, args), crd["metadata"]["name"])
         _apply(host_kc, run_dir, "nodes.yaml", [o for o in seeded if o.get("kind") != "CustomResourceDefinition"])
         kubectl(host_kc, run_dir, ["apply", "-k", str(MANIFESTS)])
-        kubectl(host_kc, run_dir, ["wait", "--for=condition=Established", "crd/peers.meshctl.io"])
+        wait_established(lambda args: kubectl(host_kc, run_dir, args), "peers.meshctl.io")
         for name, objs in (("operator.yaml", operator_objects(topo, agent_keys)), ("peers.yaml", peer_objects(topo))):
             _apply(host_kc, run_dir, name, objs)
     except BaseException:
@@ -208,6 +208,26 @@ def in_cluster_env(kube: KubeAccess) -> dict[str, str]:
     server's address on the public segment (no kube-proxy serves a Service address)."""
     host, _, port = kube.url.removeprefix("https://").rpartition(":")
     return {"KUBERNETES_SERVICE_HOST": host.strip("[]"), "KUBERNETES_SERVICE_PORT": port}
+
+
+ESTABLISHED_WAIT_S = 60.0  # how long a new CRD may take to be served
+
+
+def wait_established(kubectl_run: Callable[[list[str]], object], crd: str, timeout: float = ESTABLISHED_WAIT_S
+                     ) -> None:
+    """Until the API server serves CRD `crd` (`kubectl wait --for=condition=Established`, run by
+    `kubectl_run`, which raises on a non-zero exit). kubectl 1.32 fails at once, instead of
+    waiting, while a just-created CRD has no status.conditions yet ("accessor error: <nil>"):
+    that one failure is retried until `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            kubectl_run(["wait", "--for=condition=Established", f"crd/{crd}", f"--timeout={timeout:.0f}s"])
+            return
+        except Exception as e:  # whatever kubectl_run raises: only kubectl's accessor error is retried
+            if "accessor error" not in str(e) or time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
 
 
 def kubectl(kubeconfig: Path | str, run_dir: Path, args: list[str], *, timeout: float = 120.0) -> str:
