@@ -52,3 +52,18 @@ def test_an_emulated_vm_waits_longer_and_kvm_as_the_host() -> None:
     assert agent_wait("kvm") is None and agent_wait(None) is None
     assert guest_env("tcg") == {defaults.ANSWER_WAIT_ENV: str(EMULATED_AGENT_WAIT)}
     assert guest_env("kvm") == guest_env(None) == {}
+
+
+def test_lab_check_reads_an_emulated_vm_nodes_counters_as_patiently() -> None:
+    """lab check's /status reads: the host's agents 2 s, a KVM guest's 5 s, a TCG guest's 30 s (a
+    measurement without the source's fast-path counters misreads a direct pair as tunnel)."""
+    from meshctl.lab.namespaces import check
+    from meshctl.lab.namespaces.state import NodeState, VmRecord
+
+    def node(accel: str | None) -> NodeState:
+        vm = VmRecord("a1", "6.1", "/run/x", accel=accel) if accel else None
+        return NodeState("a1", None, ["10.42.1.0/24"], "198.51.100.1", "198.51.100.1:9736", "/d", "/s", "/w", vm=vm)
+
+    assert check.status_wait(node(None)) == check.HOST_STATUS_WAIT
+    assert check.status_wait(node("kvm")) == check.VM_STATUS_WAIT
+    assert check.status_wait(node("tcg")) == EMULATED_AGENT_WAIT

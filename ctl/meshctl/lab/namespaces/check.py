@@ -34,6 +34,7 @@ from meshctl.agent.status import AgentStatus
 from meshctl.errors import MeshError
 from meshctl.lab.namespaces.state import ClusterState, LabState, NodeState
 from meshctl.lab.rigs import netns
+from meshctl.lab.rigs.waiting import agent_wait
 from meshctl.mesh import global_ranges
 from meshctl.mesh.fields import global_cidrs
 from meshctl.mesh.model import ENCAP_RUNGS
@@ -115,13 +116,17 @@ class PairResult:
                 "rtt_ms": self.rtt_ms}
 
 
-# How long a lab agent gets to answer /status: a VM node's (a TCG guest on a busy host) longer.
+# How long a lab agent gets to answer /status: a VM node's longer, an emulated one's (a TCG guest
+# on a busy host) longest (waiting.agent_wait). A pings' measurement without the source's fast-path
+# counters cannot tell a direct pair from kilo0's own traffic: lab check reads them patiently.
 HOST_STATUS_WAIT = 2.0
 VM_STATUS_WAIT = 5.0
 
 
 def status_wait(node: NodeState, host: float = HOST_STATUS_WAIT) -> float:
-    return VM_STATUS_WAIT if node.vm else host
+    if node.vm is None:
+        return host
+    return agent_wait(node.vm.accel) or VM_STATUS_WAIT
 
 
 def agent_status(node: NodeState, timeout: float | None = None, *, fresh: bool = False) -> dict[str, Any] | None:
