@@ -48,10 +48,13 @@ def test_a_bad_wait_is_one_line_naming_the_variable(silent_agent, wait) -> None:
 
 
 def test_an_emulated_vm_waits_longer_and_kvm_as_the_host() -> None:
-    assert agent_wait("tcg") == EMULATED_AGENT_WAIT > defaults.ANSWER_WAIT_S
-    assert agent_wait("kvm") is None and agent_wait(None) is None
-    assert guest_env("tcg") == {defaults.ANSWER_WAIT_ENV: str(EMULATED_AGENT_WAIT)}
-    assert guest_env("kvm") == guest_env(None) == {}
+    from meshctl.lab.namespaces.state import VmRecord
+
+    tcg, kvm = VmRecord("a1", "6.1", "/run/x", accel="tcg"), VmRecord("a1", "6.1", "/run/x", accel="kvm")
+    assert agent_wait(tcg) == EMULATED_AGENT_WAIT > defaults.ANSWER_WAIT_S
+    assert agent_wait(kvm) is None and agent_wait(None) is None
+    assert guest_env(tcg) == {defaults.ANSWER_WAIT_ENV: str(EMULATED_AGENT_WAIT)}
+    assert guest_env(kvm) == guest_env(None) == {}
 
 
 def test_lab_check_reads_an_emulated_vm_nodes_counters_as_patiently() -> None:

@@ -24,9 +24,8 @@ class _Locator:
     def agent(self, lab: str | None, node: str) -> AgentTarget:
         from meshctl.lab.rigs.waiting import agent_wait
 
-        ns, addr = state.find_node(lab, node)
-        _, n = state.resolve(lab).lookup(node)
-        return AgentTarget(ns, addr, agent_wait(n.vm.accel if n.vm else None))
+        _, n = state.resolve(lab).lookup(node)  # what state.find_node reads, and the node's VM
+        return AgentTarget(n.dial_netns, n.metrics_addr, agent_wait(n.vm))
 
     def pins(self, lab: str | None, node: str) -> PinTarget | None:
         found: list[tuple[str, PinTarget]] = []

@@ -126,7 +126,7 @@ VM_STATUS_WAIT = 5.0
 def status_wait(node: NodeState, host: float = HOST_STATUS_WAIT) -> float:
     if node.vm is None:
         return host
-    return agent_wait(node.vm.accel) or VM_STATUS_WAIT
+    return agent_wait(node.vm) or VM_STATUS_WAIT
 
 
 def agent_status(node: NodeState, timeout: float | None = None, *, fresh: bool = False) -> dict[str, Any] | None:

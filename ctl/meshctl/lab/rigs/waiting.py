@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from meshctl.defaults import ANSWER_WAIT_ENV
 
@@ -19,16 +19,22 @@ EMULATED_CONVERGE_WAIT = 600.0
 EMULATED_AGENT_WAIT = 30.0
 
 
-def agent_wait(accel: str | None) -> float | None:
-    """How long a command waits for an agent in a VM booted with `accel` (None: not in a VM, or
-    KVM: the shipped default)."""
-    return EMULATED_AGENT_WAIT if accel not in (None, "kvm") else None
+class Booted(Protocol):
+    """A VM as its record says it was booted (state.VmRecord)."""
+
+    accel: str | None
 
 
-def guest_env(accel: str | None) -> dict[str, str]:
-    """The environment of a command run inside a VM booted with `accel`: a longer wait for the
-    agents there when it is emulated."""
-    wait = agent_wait(accel)
+def agent_wait(vm: Booted | None) -> float | None:
+    """How long a command waits for an agent in `vm` (None: not in a VM, or under KVM: the shipped
+    default)."""
+    return EMULATED_AGENT_WAIT if vm is not None and vm.accel not in (None, "kvm") else None
+
+
+def guest_env(vm: Booted | None) -> dict[str, str]:
+    """The environment of a command run inside `vm`: a longer wait for the agents there when it
+    is emulated."""
+    wait = agent_wait(vm)
     return {} if wait is None else {ANSWER_WAIT_ENV: str(wait)}
 
 

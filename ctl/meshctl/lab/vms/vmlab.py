@@ -185,7 +185,7 @@ def _forward_to_node_vm(argv: list[str], named: str | None) -> int | None:
         for c, n in st.nodes():
             if node in (n.name, f"{c.name}/{n.name}"):
                 return machine_of(n).run(meshctl_argv(*argv), on_output=vm.echo,
-                                         env=guest_env(n.vm.accel if n.vm else None)).rc
+                                         env=guest_env(n.vm)).rc
     return None
 
 
@@ -216,4 +216,4 @@ class Forwarder:
         if argv[:2] == ["lab", "status"] and "json" not in argv:
             print(f"VM: Debian {d.series} kernel {d.version}, {d.accel}, qemu pid {d.qemu_pid}")
             sys.stdout.flush()
-        return machine.run(meshctl_argv(*argv), on_output=vm.echo, env=guest_env(d.accel)).rc
+        return machine.run(meshctl_argv(*argv), on_output=vm.echo, env=guest_env(d)).rc
