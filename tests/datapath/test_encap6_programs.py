@@ -230,7 +230,7 @@ def test_before_6_3_the_version_changes_before_the_pop(old_dp):
         for fam in (4, 6):
             check_unwrapped(old_dp, kind, fam)
     v4 = FastPathEntry(net("fd00:48::/64"), "direct", None, Encap("ipip", ip("10.30.0.1"), ip("10.30.0.2")))
-    old_dp.maps.routes.sync({**old_dp.maps.routes.items(), **layout.route_table([v4], LO)})
+    old_dp.maps.sync_routes({**old_dp.maps.routes.items(), **layout.route_table([v4], LO)})
     old_dp.maps.config_set(layout.CFG_PRIVATE4, layout.config_addr(ip("10.30.0.2")))
     old_dp.maps.pods.sync({**old_dp.maps.pods.items(), layout.pod_key(ip("fd00:48::9")): layout.pod_value(LO)})
     pkt = frame(POD6, "fd00:48::9", ttl=64)
@@ -247,7 +247,7 @@ def test_raw_direct_an_ipv4_pod_may_take_an_ipv6_next_hop_not_the_other_way(dp):
     entries = [FastPathEntry(net("10.49.0.0/24"), "direct", PEER),
                FastPathEntry(net("fd00:49::/64"), "direct", ip("10.30.0.2"))]
     before = dp.maps.routes.items()
-    dp.maps.routes.sync({**before, **layout.route_table(entries, LO)})
+    dp.maps.sync_routes({**before, **layout.route_table(entries, LO)})
     try:
         pkt = frame(POD4, "10.49.0.9", ttl=64)
         res, moved = delta(dp, lambda: run(dp.programs["from_pod"], pkt))
@@ -257,7 +257,7 @@ def test_raw_direct_an_ipv4_pod_may_take_an_ipv6_next_hop_not_the_other_way(dp):
         res, moved = delta(dp, lambda: run(dp.programs["from_pod"], pkt6))
         assert res.verdict == "ok" and res.out == pkt6 and moved == {"pass": (1, len(pkt6))}
     finally:
-        dp.maps.routes.sync(before)
+        dp.maps.sync_routes(before)
 
 
 def test_monitor_events_name_the_ipv6_outer_addresses(dp):

@@ -105,11 +105,11 @@ def test_the_receiver_unwraps_every_rung_into_the_pod(dp, rung, dst):
     pkt = frame(src, dst, ttl=64)
     entry = FastPathEntry(net(dst + ("/32" if ":" not in dst else "/128")), "direct", None, Encap(rung, ME, PEER))
     before = dp.maps.routes.items()
-    dp.maps.routes.sync({**before, **layout.route_table([entry], LO)})
+    dp.maps.sync_routes({**before, **layout.route_table([entry], LO)})
     try:
         wire = run(dp.programs["from_pod"], pkt).out
     finally:
-        dp.maps.routes.sync(before)
+        dp.maps.sync_routes(before)
     res, moved = delta(dp, lambda: run(dp.programs["from_private"], wire))
     assert res.verdict == "redirect"
     assert moved == {"decap": (1, len(wire)), "peer": (1, len(wire))}

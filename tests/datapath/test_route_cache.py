@@ -127,6 +127,23 @@ def test_every_change_to_the_routes_map_reaches_the_next_packet(dp, case, dst, b
     assert first != verdict, f"{case}: the case must change the verdict"
 
 
+def test_a_write_beside_the_plan_through_sync_routes_reaches_the_next_packet(dp):
+    """NodeMaps.sync_routes (the tests' and benches' way to write routes beside Datapath.stage)
+    retires the cache as the agent's writes do. A bare Map.sync does not: the slot filled before it
+    keeps answering on that CPU, which is how a test that wrote a temporary /32 left another
+    test's packets on the wrong encapsulation, on whichever CPU the temporary entry's packet ran."""
+    dst = "10.42.2.40"
+    before = dp.maps.routes.items()
+    host = layout.route_table([FastPathEntry(net(f"{dst}/32"), "tunnel", None)], 1)
+    assert send(dp, dst) == "redirect"
+    dp.maps.routes.sync({**before, **host})
+    assert send(dp, dst) == "redirect", "the bare write: the slot still answers"
+    dp.maps.sync_routes({**before, **host})
+    assert send(dp, dst) == "ok", "sync_routes retired the slot: the /32's tunnel"
+    dp.maps.sync_routes(before)
+    assert send(dp, dst) == "redirect"
+
+
 def test_two_destinations_of_one_slot_each_get_their_own_entry(dp):
     a = "10.42.2.30"
     slot = layout.route_cache_slot(ip(a))

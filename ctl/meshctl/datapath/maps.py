@@ -332,6 +332,14 @@ class NodeMaps:
         """After a write to the routes map: every CPU's route cache slots retired at once."""
         self.flowfilter.retire_route_cache()
 
+    def sync_routes(self, desired: Mapping[bytes, bytes]) -> SyncStats:
+        """Make the routes map hold exactly `desired` (Map.sync), then retire the route cache: a
+        write beside Datapath.stage (a test's, a bench's) that skipped the retire would leave a
+        CPU's slot answering for a destination with the entry it held before."""
+        stats = self.routes.sync(desired)
+        self.route_changed()
+        return stats
+
     def route_cache_stats(self) -> RouteCacheStats:
         """The route cache read now, every CPU's slots summed: one batch read of the whole map where
         the kernel has it (the agent reads this once per pass; a node of 128 CPUs has 32,768 slots),
