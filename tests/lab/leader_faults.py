@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 from meshctl.backends.file import load_yaml
@@ -172,6 +173,30 @@ def report(results: dict[tuple[str, str], PingResult], f: Followed, crossing: li
         print(f"{pair[0] + '-' + pair[1]:<10} {'yes' if pair in crossing else 'no':<8} {len(at_break):>14} "
               f"{recovered[pair]:>12.2f} {returned[pair]:>17.2f}")
     return recovered, returned
+
+
+def wireguard_evidence(st: LabState, nodes: tuple[str, ...], since: float) -> str:
+    """What a recovery over its bound is read with: each of `nodes`' WireGuard peer changes logged
+    since `since` (wall clock: added, added anew after crossed handshakes, updated, removed) and
+    its agent's peers now (name, kind, endpoint, last handshake)."""
+    out = []
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
+    for name in nodes:
+        n = st.lookup(name)[1]
+        lines = (Path(n.dir) / "agent.log").read_text(errors="replace").splitlines()
+        out += [f"{name}: {ln}" for ln in lines if ln[:19] >= stamp and " peers: " in ln]
+        doc = labcheck.agent_status(n, fresh=True) or {}
+        out += [f"{name} peer: {p.get('name')} {p.get('kind')} {p.get('endpoint')} handshake {p.get('last_handshake')}"
+                for p in doc.get("peers", ())]
+    return "\n".join(out)
+
+
+def assert_recovered(st: LabState, recovered: dict[tuple[str, str], float], crossing: list[tuple[str, str]],
+                     f: Followed) -> None:
+    """Every pair in `crossing` answered again within RECOVER_BOUND_S of the break; when one did
+    not, the message carries the new leader's and the far leaders' WireGuard evidence."""
+    if not all(recovered[p] <= RECOVER_BOUND_S for p in crossing):
+        raise AssertionError(f"{recovered}\n{wireguard_evidence(st, ('a2', 'b1', 'c1'), f.broke)}")
 
 
 def forwarding_fault(st: LabState, node: str) -> tuple[Callable[[], None], Callable[[], None]]:

@@ -12,9 +12,9 @@ from tests.waiting import wait_until
 from .conftest import status
 from .leader_faults import (
     HOLD,
-    RECOVER_BOUND_S,
     RETURN_LOSS_BOUND_S,
     CrossPings,
+    assert_recovered,
     follow_break,
     forwarding_fault,
     lab_doc,
@@ -55,5 +55,5 @@ def test_leader_behind_a_cone_nat_is_replaced_and_comes_back_after_the_hold(nat_
         undo()
     recovered, returned = report(pings.results(until=window_end(followed)), followed, crossing)
     assert followed.back - followed.undone >= HOLD - 1, "a1 came back before the hold"
-    assert all(recovered[p] <= RECOVER_BOUND_S for p in crossing), recovered
+    assert_recovered(st, recovered, crossing, followed)
     assert all(v <= RETURN_LOSS_BOUND_S for v in returned.values()), returned
