@@ -99,7 +99,7 @@ def test_two_nodes_on_kilo0_with_own_run_dirs_ping_through_the_tunnel(lab: NodeL
     else:
         assert "wireguard" in lab.sh(pair.a, "ip", "-d", "link", "show", "kilo0").stdout
     t1 = time.monotonic()
-    assert pair.ping(), "no ping through kilo0"
+    assert pair.first_contact(), "no ping through kilo0"
     first_ping = time.monotonic() - t1
     st = pair.status_a()
     assert st["b"].last_handshake is not None and st["b"].rx_bytes > 0
@@ -287,7 +287,7 @@ def test_roaming_peer_keeps_its_learned_endpoint_across_resyncs_and_restarts(pai
     a_at_b = replace(pair.peers_b()[0], endpoint=unreachable, roaming=True)
     pair.up()
     in_ns(pair.b, pair.wb.sync_peers, [a_at_b])
-    assert pair.ping(3)  # a calls b at b's real address; b learns a's
+    assert pair.first_contact()  # a calls b at b's real address; b learns a's
     live = {p.name: p.endpoint for p in in_ns(pair.b, pair.wb.show)}
     assert live["a"] == f"192.168.77.1:{PORT}"
     for _ in range(3):
