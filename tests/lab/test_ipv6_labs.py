@@ -6,7 +6,6 @@ family on the rung the plan says. One bring-up per lab, its checks inside."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from importlib.resources import files
 from typing import Any
@@ -56,23 +55,6 @@ def off_plan(results: list[labcheck.PairResult]) -> list[str]:
             for r in results if not r.ok or r.path != r.expected]
 
 
-SETTLE_S = 60.0  # how long a pair off its plan is measured again (see `settled`)
-
-
-def settled(st: LabState, **kw: Any) -> list[labcheck.PairResult]:
-    """labcheck.check(st, **kw), each pair off its plan measured again until it is on it or
-    SETTLE_S have passed: a WireGuard session still being made when the lab came up (two ends that
-    added each other at once; on a loaded machine WireGuard's own retries can take 15 s) outlasts
-    the check's patient round. A pair still off its plan then is reported as measured last."""
-    results = labcheck.check(st, **kw)
-    deadline = time.monotonic() + SETTLE_S
-    while off_plan(results) and time.monotonic() < deadline:
-        for i, r in enumerate(results):
-            if not r.ok or r.path != r.expected:
-                results[i] = labcheck.check(st, pairs=[(r.src, r.dst)], families=(r.family,))[0]
-    return results
-
-
 def addresses(ns: str, dev: str) -> list[str]:
     return [a["local"] for link in json.loads(netns.run(ns, ["ip", "-j", "addr", "show", "dev", dev]).stdout)
             for a in link["addr_info"] if a.get("scope") == "global"]
@@ -92,7 +74,7 @@ def test_dual_stack_lab_ipv4_everywhere_and_ipv6_between_tunnel_nodes(dual: LabS
     assert addresses(a1.netns, "priv") == ["10.10.1.11", "fd10:a0a:100:b::1"]
     assert addresses(a1.netns, "pub") == ["198.51.100.10", "2001:db8:100::10"]
     v6_pairs = [(s, d) for s in TUNNEL_ONLY for d in TUNNEL_ONLY if s != d]
-    results = settled(st, families=(4,)) + settled(st, pairs=v6_pairs, families=(6,))
+    results = labcheck.check(st, families=(4,)) + labcheck.check(st, pairs=v6_pairs, families=(6,))
     assert len(results) == 20 + 6
     assert not off_plan(results), "\n".join(off_plan(results)) + "\n" + labcheck.format_matrix(results)
     assert {r.path for r in results if r.family == 4} == {"direct", "tunnel", "via-leader"}
@@ -109,7 +91,7 @@ def test_dual_stack_lab_ipv4_everywhere_and_ipv6_between_tunnel_nodes(dual: LabS
 
 
 def test_dual_stack_lab_ipv6_pairs_through_the_private_network(dual: LabState) -> None:
-    results = settled(dual, pairs=[("a1", "a2")], families=(6,))
+    results = labcheck.check(dual, pairs=[("a1", "a2")], families=(6,))
     assert not off_plan(results), "\n".join(off_plan(results))
 
 
@@ -123,7 +105,7 @@ def test_ipv6_underlay_lab_every_pair_in_both_families(fastpath: bool) -> None:
         assert a1.netns is not None
         assert addresses(a1.netns, "priv") == ["fd10:0:1:11::1"] and addresses(a1.netns, "pub") == ["2001:db8:100::10"]
         assert st.clusters[0].etcd.endpoints == ["https://[2001:db8:100::250]:2379"]
-        results = settled(st)
+        results = labcheck.check(st)
         assert len(results) == 40
         assert not off_plan(results), "\n".join(off_plan(results)) + "\n" + labcheck.format_matrix(results)
         view = labcheck.agent_view(a1)
@@ -138,7 +120,7 @@ def test_two_clusters_dual_stack_every_pair_across_clusters_in_both_families() -
     in its etcd, the other cluster's agents admit and route them, and every pod pair, across the
     clusters too, answers in each family on the rung its agent planned."""
     for st in bring_up("two-clusters", ip_families=[4, 6]):
-        results = settled(st)
+        results = labcheck.check(st)
         assert len(results) == 60
         assert not off_plan(results), "\n".join(off_plan(results)) + "\n" + labcheck.format_matrix(results)
         across = [r for r in results if r.family == 6 and r.src.split("/")[0] != r.dst.split("/")[0]]

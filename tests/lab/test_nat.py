@@ -79,12 +79,7 @@ PING_S = 50
 
 def test_every_pair_reachable_cone_direct_symmetric_relayed(nat_lab):
     st = nat_lab
-    results = labcheck.check(st, count=5)
-    # A pair whose five pings all fell in a re-handshake on a loaded machine gets one more try.
-    failed = [(r.src, r.dst) for r in results if not r.ok]
-    if failed:
-        again = {(r.src, r.dst): r for r in labcheck.check(st, count=5, pairs=failed)}
-        results = [again.get((r.src, r.dst), r) for r in results]
+    results = labcheck.check(st, count=5)  # a pair silent while its session is made is waited for
     assert all(r.ok for r in results), labcheck.format_matrix(results)
     path = {(r.src, r.dst): r.path for r in results}
     for a in CONE:

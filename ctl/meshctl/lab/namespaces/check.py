@@ -51,12 +51,14 @@ PING_WAIT = 1.0  # s a ping waits for its reply
 # an ARP or a handshake moves it by none. Read in packets, one keepalive in a pair's window made a
 # direct pair "tunnel" (the 6.1 VM lab, where a window lasts seconds under TCG).
 PING_BYTES = 1000
-# The second round of a pair that lost every ping: its pings spread over 6 s, past WireGuard's
-# handshake retry (REKEY_TIMEOUT, 5 s): a first initiation lost, or two ends' initiations crossed
-# while each was adding the other, leaves a pair silent until that retry.
-RETRY_WAIT = 2.0  # s a ping of that round waits for its reply
-RETRY_COUNT = 7
-RETRY_INTERVAL = 1.0  # s
+# A pair that lost every ping is waited for: one ping a second until one is answered, for up to
+# PATIENT_S, and then measured again. A WireGuard session still being made can leave a pair silent
+# that long: a first initiation lost, or two ends' initiations crossed while each was adding the
+# other, waits for WireGuard's retry (REKEY_TIMEOUT, 5 s); an end whose session the other end
+# dropped sends into it until its data has gone unanswered for KEEPALIVE_TIMEOUT + REKEY_TIMEOUT
+# (15 s) and only then makes a new handshake. A pair that comes up costs only its wait.
+PATIENT_S = 18  # whole seconds (ping's -w): 15 s, a retry's jitter and a round trip
+RETRY_WAIT = 2.0  # s a ping of the measurement after the wait waits for its reply
 # What the counters say a pair's pings took: a Path (MeshPath.NONE: no ping came back), or
 # `direct+encap` (encapsulated on the private NIC, the kind unknown) or `unknown` (no counter rose).
 Measured = MeshPath | Literal["direct+encap", "unknown"]
@@ -203,10 +205,10 @@ def check(st: LabState, *, count: int = 5, pairs: list[tuple[str, str]] | None =
     """Ping every pod pair across nodes (first pod of each node) of every cluster of the lab, in
     each IP family of its pods (or of `families`): IPv4 rows first, then IPv6; a pair whose pods
     lack an address of a family has no row of it. `run` reaches the nodes' machines. A pair that
-    loses every ping is measured again, patiently, unless not `retry` (pairs that no handshake
-    holds up and that are expected to fail: the patient round costs about 9 s a pair). A pair
-    whose pings took another path than its agent planned is measured once more, against the plan
-    read anew."""
+    loses every ping is waited for (one ping a second, up to PATIENT_S) and measured again once it
+    answers, unless not `retry` (pairs expected to fail: the wait costs a pair that stays down
+    PATIENT_S). A pair whose pings took another path than its agent planned is measured once more,
+    against the plan read anew."""
     nodes = []
     multi = len(st.clusters) > 1
     for c in st.clusters:
@@ -223,6 +225,17 @@ def check(st: LabState, *, count: int = 5, pairs: list[tuple[str, str]] | None =
             if label not in statuses:
                 statuses[label] = agent_view(by_label[label][1])
             return statuses[label]
+
+    def target(src: str, dst: str, family: int) -> str:
+        """What `src`'s pod dials to reach `dst`'s pod in `family`."""
+        dc, dn = by_label[dst]
+        return dial_address(by_label[src][0], dc, dn.pods[0].address(family) or "")
+
+    def answers(src: str, dst: str, family: int) -> bool:
+        """`src`'s pod reaches `dst`'s within PATIENT_S: one ping a second until one is answered."""
+        sn = by_label[src][1]
+        return ping(sn.pods[0].netns, target(src, dst, family), count=1, interval=1.0, wait=RETRY_WAIT,
+                    node=sn, run=run, deadline=PATIENT_S)[1] > 0
 
     def measure(src: str, dst: str, family: int, wait: float, count: int = count, interval: float = 0.02
                 ) -> PairResult:
@@ -242,8 +255,8 @@ def check(st: LabState, *, count: int = 5, pairs: list[tuple[str, str]] | None =
         fp_before = _fp_packets(agent_status(sn, fresh=True))
         relay = summary.relays[dst_key].via if summary and dst_key in summary.relays else None
         tx_before = peer_tx(sn) if relay else {}
-        sent, recv, rtt = ping(sn.pods[0].netns, dial_address(sc, dc, dn.pods[0].address(family) or ""), count=count,
-                               interval=interval, wait=wait, node=sn, run=run, size=PING_BYTES)
+        sent, recv, rtt = ping(sn.pods[0].netns, target(src, dst, family), count=count, interval=interval, wait=wait,
+                               node=sn, run=run, size=PING_BYTES)
         after = _tx(sn, leader_node, run)
         s_now = agent_status(sn, fresh=True)
         fp_after = _fp_packets(s_now)
@@ -267,11 +280,10 @@ def check(st: LabState, *, count: int = 5, pairs: list[tuple[str, str]] | None =
             if not (has(src, family) and has(dst, family)):
                 continue
             r = measure(src, dst, family, PING_WAIT)
-            if not r.ok and retry:
-                # A pair's first packets over WireGuard wait for its handshake, which on a loaded
-                # machine can outlast the reply wait: a pair counts as down only if a second,
-                # patient round loses every ping too.
-                r = measure(src, dst, family, RETRY_WAIT, RETRY_COUNT, RETRY_INTERVAL)
+            if not r.ok and retry and answers(src, dst, family):
+                # A pair's first packets over WireGuard wait for its session (PATIENT_S): it counts
+                # as down only if it does not answer within that wait.
+                r = measure(src, dst, family, RETRY_WAIT)
             if r.ok and r.expected is not None and r.path != r.expected:
                 # The plan is read once per source, before its pairs: a rung that moved since (a
                 # probe round lost on a loaded machine) is not a path taken against the plan. The
