@@ -34,6 +34,8 @@ LAB_FILE = Path(__file__).resolve().parents[2] / "ctl/meshctl/lab/labs/global-ra
 LOCAL_PATHS = {("a1", "a2"): "direct", ("a2", "b1"): "via-leader", ("b1", "a1"): "tunnel",
                ("g1", "g2"): "direct", ("g2", "g3"): "via-leader", ("g3", "g1"): "tunnel"}
 CLUSTER = {"a1": "cluster1", "a2": "cluster1", "b1": "cluster1", "g1": "cluster2", "g2": "cluster2", "g3": "cluster2"}
+# A stream whose fragments the translation broke loses every datagram; half is far from both ends.
+MOST_LOST_PERCENT = 50.0
 
 
 @pytest.fixture(scope="module")
@@ -179,10 +181,11 @@ def test_a_udp_stream_of_fragmented_datagrams_arrives_whole(lab, src, dst) -> No
         srv.kill()
         srv.wait()
     s = json.loads(out)["end"]["sum"]
-    # 4,000-byte datagrams: 3 fragments each, one lost fragment loses the datagram. A fragment the
-    # translation broke would lose them all; wireguard-go (the tunnel pair) drops a few under a
-    # loaded machine's CPU contention, with or without translation.
-    assert s["packets"] > 500 and s["lost_percent"] < 5.0, s
+    # 4,000-byte datagrams: 3 fragments each, one lost fragment loses the datagram. A translation that
+    # broke the first fragment or the later ones (no ports in them) would lose every datagram. How many
+    # a healthy path loses is not this test's claim: wireguard-go (the b1-g3 pair's tunnel) dropped
+    # 10% of them once on a loaded CI machine, with or without translation.
+    assert s["packets"] > 500 and s["lost_percent"] < MOST_LOST_PERCENT, s
 
 
 def test_a_fragmentation_needed_from_the_far_side_reaches_the_sender_with_its_own_packet_quoted(lab) -> None:
