@@ -44,7 +44,7 @@ from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.cni_labs import CNI_LABS
 from meshctl.lab.namespaces.fabric import add_address
 from meshctl.lab.namespaces.families import PUBLIC_NET, PUBLIC_NET6, public6, subnet6
-from meshctl.lab.namespaces.spec import LabSpec
+from meshctl.lab.namespaces.spec import DEFAULT_LEASE_TTL, LabSpec
 from meshctl.lab.namespaces.state import (
     ClusterState,
     EtcdAccess,
@@ -115,7 +115,8 @@ def up_with(spec: LabSpec, build: Build, start: StartAgents, remove: Down, *, pr
     d.mkdir(parents=True, exist_ok=True)
     st = LabState(name=name, prefix=prefix, source=spec.source, created=time.time(),
                   pin_root=f"/sys/fs/bpf/{prefix}lab", dir=str(d), fastpath=spec.options.fastpath,
-                  lease_ttl=spec.options.lease_ttl, agent_args=list(spec.options.agent_args), vms=spec.options.vms,
+                  lease_ttl=spec.options.lease_ttl or DEFAULT_LEASE_TTL, agent_args=list(spec.options.agent_args),
+                  vms=spec.options.vms,
                   ip_families=list(spec.options.ip_families), cni=spec.options.cni,
                   image=agent_image(spec) if spec.options.agent == "image" else None)
     labstate.save(st)

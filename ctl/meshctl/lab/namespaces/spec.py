@@ -48,6 +48,7 @@ LAB_FIELDS = ("pods_per_node", "lease_ttl", "prefix", "fastpath", "agent_args", 
 AGENTS = ("process", "image")
 MULTI_CLUSTER_FIELDS = ("clusters", "lab")  # a lab file of several clusters: nothing else at the top
 DEFAULT_NODE_KERNEL = "6.1"  # a VM node without `kernel`: Debian 12's
+DEFAULT_LEASE_TTL = 5  # the agents' --lease-ttl where the lab file sets none (lab.lease_ttl)
 
 __all__ = ["PUBLIC_NET", "LabOptions", "LabSpec", "load_lab", "parse_lab"]
 
@@ -55,7 +56,7 @@ __all__ = ["PUBLIC_NET", "LabOptions", "LabSpec", "load_lab", "parse_lab"]
 @dataclass(frozen=True)
 class LabOptions:
     pods_per_node: int = 1
-    lease_ttl: int = 5
+    lease_ttl: int | None = None  # None: the file leaves it to the lab (DEFAULT_LEASE_TTL, longer under TCG)
     prefix: str = "ml-"
     fastpath: bool = True
     agent_args: tuple[str, ...] = ()
@@ -198,7 +199,8 @@ def _options(d: Any) -> LabOptions:
         raise InputError("lab", d, "is not a mapping")
     no_unknown_fields(d, LAB_FIELDS, "lab")
     pods = integer(d.get("pods_per_node", 1), "lab.pods_per_node", 1, 8, "is not a number in 1..8")
-    ttl = integer(d.get("lease_ttl", 5), "lab.lease_ttl", 2, 3600, "is not seconds in 2..3600")
+    ttl = None if d.get("lease_ttl") is None else integer(d["lease_ttl"], "lab.lease_ttl", 2, 3600,
+                                                             "is not seconds in 2..3600")
     prefix = d.get("prefix", "ml-")
     check_prefix(prefix, "lab.prefix")
     args = d.get("agent_args") or []

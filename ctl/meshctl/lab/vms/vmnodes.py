@@ -125,6 +125,10 @@ def build_vms(spec: LabSpec, st: LabState, progress: Progress) -> None:
     labbuild.apply_fabrics(st, progress)
     nodes = st.nodes()
     accel = vm.accel()
+    if accel != "kvm" and spec.options.lease_ttl is None:
+        st.lease_ttl = vm.EMULATED_LEASE_TTL
+        labstate.save(st)
+        progress(f"lease TTL {vm.EMULATED_LEASE_TTL} s under emulation (lab.lease_ttl is not set)")
     progress(f"booting {len(nodes)} VM(s) ({accel}, {NODE_CPUS} vCPU, {NODE_MEMORY} each)")
 
     def boot(item: tuple[ClusterState, NodeState]) -> None:
