@@ -24,11 +24,27 @@ SERIES = "6.1"
 PIN_ROOT = "/sys/fs/bpf/oh-vm"  # the guest's own bpffs
 GUEST_TIMEOUT = 900.0  # every Python start under TCG costs tens of seconds
 
-OPEN = ("import json,sys; from meshctl.datapath import Datapath, features, loader, objcache; "
-        "dp=Datapath.open(sys.argv[1], pin_root=sys.argv[2]); "
-        "print(json.dumps({'mode': dp.mode, 'reason': dp.reason, 'objects': dp.objects, "
-        "'bcc': 'bcc' in sys.modules, 'headers': objcache.have_headers(), "
-        "'variant': sorted(features.probe().variant()), 'file': str(loader.shipped_path())})); dp.close()")
+# One interpreter in the guest (each Python start costs tens of seconds there): open the datapath and
+# print what it chose, then `datapath status` as the CLI prints it, then unload; exit as the status did.
+GUEST_SCRIPT = """
+import json, sys
+from meshctl.datapath import Datapath, features, loader, objcache
+node, root = sys.argv[1], sys.argv[2]
+dp = Datapath.open(node, pin_root=root)
+print(json.dumps({'mode': dp.mode, 'reason': dp.reason, 'objects': dp.objects, 'bcc': 'bcc' in sys.modules,
+                  'headers': objcache.have_headers(), 'variant': sorted(features.probe().variant()),
+                  'file': str(loader.shipped_path())}))
+dp.close()
+try:
+    from click.testing import CliRunner
+    from meshctl.cli import main
+    r = CliRunner().invoke(main, ['datapath', 'status', '--node', node, '--bpf-pin-root', root])
+    print('---')
+    print(r.output, end='')
+finally:
+    Datapath.unload(node, pin_root=root)
+sys.exit(r.exit_code)
+"""
 
 
 @pytest.fixture(scope="module")
@@ -65,12 +81,9 @@ def guest(objects):
 def _without_headers(guest: vm.VM, node: str, shipped: str) -> tuple[dict, str]:
     """Datapath.open then `datapath status` in the guest, in a mount namespace whose /usr/src is an
     empty tmpfs, with bcc not importable and an empty object cache."""
-    py = shlex.quote(sys.executable)
     script = (f"mount -t tmpfs none /usr/src && mkdir -p /tmp/oh-cache && "
-              f"PYTHONPATH={guest.shared / 'nobcc'} {py} -c {shlex.quote(OPEN)} {node} {PIN_ROOT} && "
-              f"echo --- && {py} -m meshctl.cli datapath status --node {node} --bpf-pin-root {PIN_ROOT}; "
-              f"rc=$?; {py} -c 'import sys; from meshctl.datapath import Datapath; "
-              f"Datapath.unload(sys.argv[1], pin_root=sys.argv[2])' {node} {PIN_ROOT}; exit $rc")
+              f"PYTHONPATH={guest.shared / 'nobcc'} {shlex.quote(sys.executable)} -c {shlex.quote(GUEST_SCRIPT)} "
+              f"{node} {PIN_ROOT}")
     env = {"MESHCTL_BPF_OBJECTS": shipped, "MESHCTL_BPF_CACHE": "/tmp/oh-cache"}
     res = guest.run(["unshare", "-m", "sh", "-c", script], timeout=GUEST_TIMEOUT, env=env)
     assert res.rc == 0, res.stderr
