@@ -17,6 +17,8 @@
 #              default $PIP_CERT, $REQUESTS_CA_BUNDLE or $SSL_CERT_FILE, else the host's
 #              /etc/ssl/certs/ca-certificates.crt; `none` for none. It reaches only the build
 #              stages (build/image/ca.pem in the context), never the final image.
+#   OBJECTS_CACHE  where compiled objects are kept by the objects image's ID (default
+#              /var/cache/meshctl/image-objects): a fresh clone reuses them instead of compiling again.
 #   DRY_RUN=1  print the commands instead of running them; NO_CACHE=1 build with no cached layer.
 # Errors are one line on stderr and exit 2.
 set -euo pipefail
@@ -30,6 +32,7 @@ LOCAL_BASE=${LOCAL_BASE:-localhost/meshctl/debian:bookworm-slim}
 DEFAULT_BASE=docker.io/library/debian:bookworm-slim
 SUITE=bookworm
 CTX=build/image
+OBJECTS_CACHE=${OBJECTS_CACHE:-/var/cache/meshctl/image-objects}
 
 die() { echo "make image: $*" >&2; exit 2; }
 run() {
@@ -159,9 +162,16 @@ build_objects() {
     return
   fi
   rm -f "$CTX"/objects/*.json "$CTX/objects.image-id"
-  # bcc creates the maps as it compiles: CAP_BPF and a bpffs, which build-objects mounts for itself
-  # (a private one: the host's bpffs is not touched). No network.
-  "${compile[@]}"
+  local kept="$OBJECTS_CACHE/${id#sha256:}"
+  if [ -n "${NO_CACHE:-}" ] || ! ls "$kept"/*.json >/dev/null 2>&1; then
+    # bcc creates the maps as it compiles: CAP_BPF and a bpffs, which build-objects mounts for itself
+    # (a private one: the host's bpffs is not touched). No network.
+    "${compile[@]}"
+    mkdir -p "$kept.tmp" && rm -f "$kept.tmp"/* && cp -p "$CTX"/objects/*.json "$kept.tmp"/
+    rm -rf "$kept" && mv "$kept.tmp" "$kept"
+  fi
+  # with their times: the final stage's COPY of them is then the layer cached before
+  cp -p "$kept"/*.json "$CTX"/objects/
   echo "$id" > "$CTX/objects.image-id"
 }
 
