@@ -169,9 +169,10 @@ build_objects() {
     "${compile[@]}"
     mkdir -p "$kept.tmp" && rm -f "$kept.tmp"/* && cp -p "$CTX"/objects/*.json "$kept.tmp"/
     rm -rf "$kept" && mv "$kept.tmp" "$kept"
+  else
+    # with their times: the final stage's COPY of them is then the layer cached before
+    cp -p "$kept"/*.json "$CTX"/objects/
   fi
-  # with their times: the final stage's COPY of them is then the layer cached before
-  cp -p "$kept"/*.json "$CTX"/objects/
   echo "$id" > "$CTX/objects.image-id"
 }
 

@@ -52,6 +52,7 @@ BOOT_TIMEOUT = 300.0
 # published again, its peers churn): a lab in such a VM gets a longer lease unless its file sets
 # one (and waits longer: rigs.waiting.EMULATED_CONVERGE_WAIT).
 EMULATED_LEASE_TTL = 30
+EMULATED_LEASE_NOTE = f"lease TTL {EMULATED_LEASE_TTL} s under emulation (lab.lease_ttl is not set)"
 KVM_PROBE_TIMEOUT = 20.0
 ACCEL_FILE = Path("/run/meshctl-vm-accel.json")
 POLL = 0.05
@@ -359,6 +360,13 @@ class VM:
 # and 6.12's (everything), 6.1's (no decapsulation flags: 6.3), 5.10's (no bpf_check_mtu: 5.12, no
 # BPF_F_ADJ_ROOM_ENCAP_L2_ETH: 5.18, no decapsulation flags).
 BPF_VARIANTS = ("", "adjust_room_decap_l3", "check_mtu,adjust_room_encap_l2_eth,adjust_room_decap_l3")
+
+
+def lease_ttl(file_ttl: int | None, accel_mode: str) -> int | None:
+    """The agents' lease in a lab of VMs: the file's lab.lease_ttl when it sets one, else
+    EMULATED_LEASE_TTL without KVM, else None (the lab's default). One rule for the one-VM lab
+    (vmlab) and the multi-VM lab (vmnodes)."""
+    return file_ttl if file_ttl is not None or accel_mode == "kvm" else EMULATED_LEASE_TTL
 
 
 def warm_bpf_cache() -> bool:

@@ -79,7 +79,7 @@ def up(spec: LabSpec, path: str, series: str, *, prefix: str | None, wait: float
         labstate.save(st)
         progress(f"VM up in {machine.boot_seconds:.1f} s; building the lab inside")
         emulated = machine.accel != "kvm"
-        _guest_lab_file(path, machine.shared / GUEST_LAB_FILE, emulated, progress)
+        _guest_lab_file(spec, path, machine.shared / GUEST_LAB_FILE, machine.accel, progress)
         if wait is None:
             wait = EMULATED_CONVERGE_WAIT if emulated else CONVERGE_WAIT
         argv = ["lab", "up", "-f", str(machine.shared / GUEST_LAB_FILE), "--wait", str(wait)]
@@ -109,17 +109,18 @@ def _last_error(res: vm.Result) -> str:
     return "the guest printed nothing"
 
 
-def _guest_lab_file(path: str, dest: Path, emulated: bool, progress: Progress) -> None:
-    """The lab file as the guest reads it: the user's, with lab.lease_ttl set to
-    vm.EMULATED_LEASE_TTL under emulation when the file leaves it unset (said in a progress line)."""
+def _guest_lab_file(spec: LabSpec, path: str, dest: Path, accel_mode: str, progress: Progress) -> None:
+    """The lab file as the guest reads it: the user's, with lab.lease_ttl set as vm.lease_ttl says
+    when the file leaves it unset (said in a progress line)."""
+    ttl = vm.lease_ttl(spec.options.lease_ttl, accel_mode)
     doc = load_yaml(path)
-    block = doc.get("lab") if isinstance(doc, dict) else None
-    if not emulated or not isinstance(doc, dict) or (isinstance(block, dict) and "lease_ttl" in block):
+    if ttl == spec.options.lease_ttl or not isinstance(doc, dict):
         shutil.copyfile(path, dest)
         return
-    doc["lab"] = {**(block if isinstance(block, dict) else {}), "lease_ttl": vm.EMULATED_LEASE_TTL}
+    block = doc.get("lab")
+    doc["lab"] = {**(block if isinstance(block, dict) else {}), "lease_ttl": ttl}
     dest.write_text(yaml.safe_dump(doc, sort_keys=False))
-    progress(f"lease TTL {vm.EMULATED_LEASE_TTL} s under emulation (lab.lease_ttl is not set)")
+    progress(vm.EMULATED_LEASE_NOTE)
 
 
 def down(st: LabState, progress: Progress) -> list[str]:

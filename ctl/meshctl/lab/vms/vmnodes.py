@@ -125,10 +125,11 @@ def build_vms(spec: LabSpec, st: LabState, progress: Progress) -> None:
     labbuild.apply_fabrics(st, progress)
     nodes = st.nodes()
     accel = vm.accel()
-    if accel != "kvm" and spec.options.lease_ttl is None:
-        st.lease_ttl = vm.EMULATED_LEASE_TTL
+    ttl = vm.lease_ttl(spec.options.lease_ttl, accel)
+    if ttl != spec.options.lease_ttl and ttl is not None:
+        st.lease_ttl = ttl
         labstate.save(st)
-        progress(f"lease TTL {vm.EMULATED_LEASE_TTL} s under emulation (lab.lease_ttl is not set)")
+        progress(vm.EMULATED_LEASE_NOTE)
     progress(f"booting {len(nodes)} VM(s) ({accel}, {NODE_CPUS} vCPU, {NODE_MEMORY} each)")
 
     def boot(item: tuple[ClusterState, NodeState]) -> None:
