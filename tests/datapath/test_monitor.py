@@ -95,11 +95,11 @@ def start_monitor(tb: Testbed, *args: str, slots: int = 1) -> subprocess.Popen:
     return proc
 
 
-def stop_monitor(proc: subprocess.Popen) -> tuple[list[dict], dict]:
+def stop_monitor(proc: subprocess.Popen, timeout: float = 10) -> tuple[list[dict], dict]:
     """Ctrl-C, then (events, summary). Nothing to wait for before: the programs put an event in the
     ring as the packet passes, and the monitor drains its ring when it stops (Session.stop)."""
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=10)
+    out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, err
     docs = [json.loads(line) for line in out.splitlines()]
     assert docs and docs[-1].get("summary"), out
@@ -207,6 +207,35 @@ def test_two_monitors_at_once_and_killing_one_leaves_the_other(bed):
     assert [e["proto"] for e in events].count("icmp") == 10
     assert summary["lost"] == 0
     assert gate(bed) == 0  # the last monitor out turns the event path off, the crashed one's bit too
+
+
+def test_ctrl_c_while_the_agent_is_asked_for_owners_still_ends_with_the_summary(bed):
+    """An agent that accepts and never answers holds the monitor in its owners' lookup for
+    OWNERS_TIMEOUT, after it claimed its slot: a Ctrl-C then ends it as a later one would, with the
+    events it caught meanwhile and the summary, exit 0 (not click's "Aborted!")."""
+    import socket
+
+    from meshctl import defaults
+    from meshctl.cli.monitor import OWNERS_TIMEOUT
+
+    host, port = defaults.METRICS_ADDR.rsplit(":", 1)
+
+    def silent_agent() -> socket.socket:
+        s = socket.socket()
+        s.bind((host, int(port)))
+        s.listen(4)
+        return s
+
+    agent = in_netns(bed.ns("a"), silent_agent)
+    try:
+        proc = start_monitor(bed, "--to", B4, "--rate", "0")
+        bed.sh("a-p1", ["ping", "-c", "3", "-i", "0.01", B4])
+        events, summary = stop_monitor(proc, timeout=OWNERS_TIMEOUT + 10)
+    finally:
+        agent.close()
+    assert [e["proto"] for e in events].count("icmp") == 3
+    assert summary["lost"] == 0
+    assert gate(bed) == 0
 
 
 @pytest.mark.parametrize("args, named", [

@@ -62,15 +62,21 @@ class Pair:
         return self.lab.sh(self.a, "ping", "-c", str(count), "-i", "0.2", "-W", "2", "10.4.0.2",
                            check=False).returncode == 0
 
-    def first_contact(self, within: float = 12.0) -> bool:
-        """a reaches b within `within` s of both adding each other: each side greets the other at
-        once (a handshake on add), and two initiations crossing may cost the first attempt, which
-        WireGuard retries after REKEY_TIMEOUT (5 s, plus jitter): the bound allows two retries."""
+    def first_contact(self, within: float = 30.0) -> bool:
+        """a reaches b within `within` s of both adding each other. Each side greets the other at
+        once (a handshake on add); an initiation that reaches b before b knows a, or two that cross,
+        is retried after REKEY_TIMEOUT (5 s plus jitter), for 90 s. 30 s allows five retries: on a
+        loaded machine wireguard-go's goroutines and each ping's process start wait for a CPU."""
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
             if self.lab.sh(self.a, "ping", "-c", "1", "-W", "0.5", "10.4.0.2", check=False).returncode == 0:
                 return True
         return False
+
+    def why(self) -> str:
+        """Both ends' view of the other (handshake, bytes, endpoint), for a failed first contact."""
+        ends = {"a": in_ns(self.a, self.wa.show), "b": in_ns(self.b, self.wb.show)}
+        return "; ".join(f"{end}: {peers}" for end, peers in ends.items())
 
     def status_a(self) -> dict[str, PeerStatus]:
         return {s.name or s.public_key: s for s in in_ns(self.a, self.wa.show)}
@@ -99,7 +105,7 @@ def test_two_nodes_on_kilo0_with_own_run_dirs_ping_through_the_tunnel(lab: NodeL
     else:
         assert "wireguard" in lab.sh(pair.a, "ip", "-d", "link", "show", "kilo0").stdout
     t1 = time.monotonic()
-    assert pair.first_contact(), "no ping through kilo0"
+    assert pair.first_contact(), f"no ping through kilo0: {pair.why()}"
     first_ping = time.monotonic() - t1
     st = pair.status_a()
     assert st["b"].last_handshake is not None and st["b"].rx_bytes > 0
@@ -117,7 +123,7 @@ def test_two_nodes_on_kilo0_with_own_run_dirs_ping_through_the_tunnel(lab: NodeL
 
 def test_same_config_again_changes_nothing_and_restart_keeps_the_process(pair: Pair, lab: NodeLab):
     pair.up()
-    assert pair.first_contact()
+    assert pair.first_contact(), pair.why()
     pid = running_pid(lab.run_dir("a") / "kilo0.pid")
     assert not in_ns(pair.a, pair.wa.ensure_device, pair.ka, PORT, ipaddress.ip_interface("10.4.0.1/16"), 1420)
     assert not in_ns(pair.a, pair.wa.sync_peers, pair.peers_a())
@@ -133,7 +139,8 @@ def test_same_config_again_changes_nothing_and_restart_keeps_the_process(pair: P
 
 def test_changing_one_peer_leaves_the_other_untouched(pair: Pair):
     pair.up()
-    assert pair.first_contact() and pair.ping(3)
+    assert pair.first_contact(), pair.why()
+    assert pair.ping(3)
     before = pair.status_a()["b"]
     # A reset handshake would show as a later second (the device reports whole seconds): let the
     # clock pass the handshake's second first.
@@ -262,7 +269,7 @@ def test_a_peer_added_again_starts_a_handshake_at_once(pair: Pair, lab: NodeLab)
     holds its old session, and without a handshake from b would send into the void until its rekey
     timeout (15 s). b's device greets a as soon as the peer is back: a's ping works at once."""
     pair.up()
-    assert pair.first_contact()
+    assert pair.first_contact(), pair.why()
     # Not within the same ~17 ms: WireGuard refuses an initiation whose (coarse) timestamp is not
     # newer than the last one it took from that peer (its replay protection).
     time.sleep(0.1)  # the protocol's own rhythm, not a wait for an event
@@ -287,7 +294,7 @@ def test_roaming_peer_keeps_its_learned_endpoint_across_resyncs_and_restarts(pai
     a_at_b = replace(pair.peers_b()[0], endpoint=unreachable, roaming=True)
     pair.up()
     in_ns(pair.b, pair.wb.sync_peers, [a_at_b])
-    assert pair.first_contact()  # a calls b at b's real address; b learns a's
+    assert pair.first_contact(), pair.why()  # a calls b at b's real address; b learns a's
     live = {p.name: p.endpoint for p in in_ns(pair.b, pair.wb.show)}
     assert live["a"] == f"192.168.77.1:{PORT}"
     for _ in range(3):

@@ -240,7 +240,7 @@ def test_the_tap_filter_lets_in_probe_frames_only(under, pods) -> None:
     import socket as so
 
     from meshctl.lab.rigs import netns
-    from meshctl.node.prober import ETH_P_ALL, _attach_filter, packet_filter
+    from meshctl.node.prober import open_tap, packet_filter
 
     probe = ipaddress.ip_address("10.42.1.1" if pods == 4 else "fd42:1::1").packed
     internal = ipaddress.ip_address("10.30.1.1" if under == 4 else "fd30:1::1").packed
@@ -253,9 +253,7 @@ def test_the_tap_filter_lets_in_probe_frames_only(under, pods) -> None:
         wait_until(lambda: all(netns.link_ready(ns, d) for d in ("tx0", "rx0")), 10, "the veth pair up")
 
         def run() -> list[bytes]:
-            rx = so.socket(so.AF_PACKET, so.SOCK_RAW, so.htons(ETH_P_ALL))
-            _attach_filter(rx, packet_filter(probe, internal, V6_PORT))
-            rx.bind(("rx0", ETH_P_ALL))
+            rx = open_tap("rx0", packet_filter(probe, internal, V6_PORT))
             rx.settimeout(0.5)
             tx = so.socket(so.AF_PACKET, so.SOCK_RAW)
             for frame, _ in frames.values():
@@ -275,3 +273,56 @@ def test_the_tap_filter_lets_in_probe_frames_only(under, pods) -> None:
         netns.delete(ns)
     want = [f for f, ok in frames.values() if ok]
     assert got == want, {name: (f in got) for name, (f, _) in frames.items()}
+
+
+def test_a_tap_opened_while_other_frames_flow_queues_none_of_them() -> None:
+    """open_tap binds only once its filter is attached: frames that flow while it opens (another
+    UDP stream here; MLD reports of a link coming up in real life) never reach its queue, and the
+    probe sent after them is the first frame it reads."""
+    import socket as so
+    import threading
+
+    from meshctl.lab.rigs import netns
+    from meshctl.node.prober import open_tap, packet_filter
+
+    probe, internal, other = (ipaddress.ip_address(a).packed for a in ("10.42.1.1", "10.30.1.1", "10.99.9.9"))
+    frames = _filter_frames(probe, internal, other, V6_PORT)
+    noise = frames["UDP to the node's probe port"][0]
+    ns = f"p6t{os.getpid() % 10000}"
+    netns.add(ns)
+    try:
+        netns.veth(ns, "tx0", ns, "rx0")
+        wait_until(lambda: all(netns.link_ready(ns, d) for d in ("tx0", "rx0")), 10, "the veth pair up")
+
+        def run() -> tuple[int, list[bytes]]:
+            stop = threading.Event()
+            sent = [0]
+
+            def flood() -> None:
+                with so.socket(so.AF_PACKET, so.SOCK_RAW) as tx:
+                    while not stop.is_set():
+                        tx.sendto(noise, ("tx0", 0))
+                        sent[0] += 1
+
+            t = threading.Thread(target=flood)
+            t.start()
+            try:
+                wait_until(lambda: sent[0] > 100, 10, "the other frames flowing")
+                taps = [open_tap("rx0", packet_filter(probe, internal, V6_PORT)) for _ in range(20)]
+            finally:
+                stop.set()
+                t.join()
+            with so.socket(so.AF_PACKET, so.SOCK_RAW) as tx:
+                tx.sendto(frames["direct probe"][0], ("tx0", 0))
+            firsts = []
+            for rx in taps:
+                rx.settimeout(2)
+                firsts.append(rx.recv(2048))
+                rx.close()
+            return sent[0], firsts
+
+        sent, firsts = in_netns(ns, run)
+    finally:
+        netns.delete(ns)
+    assert sent > 100
+    assert firsts == [frames["direct probe"][0]] * 20

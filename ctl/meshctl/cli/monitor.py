@@ -8,11 +8,13 @@ namespace. Owners of addresses come from the node's agent (its node list), when 
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -92,15 +94,28 @@ def _local_pods(node: str, pin_root: str, own: mon.Owner) -> list[tuple[IPNetwor
         dp.close()
 
 
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM only append to the list it yields, from before the monitor claims its
+    slot until it has printed its summary: Ctrl-C while it is still asking the agent for owners
+    (seconds, on a busy node) ends it with the events so far and the summary, like a Ctrl-C later."""
+    stop: list[int] = []
+    old = {s: signal.signal(s, lambda n, _f: stop.append(n)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def _run(session: mon.Session, node: str, netns: str | None, owners: list[tuple[IPNetwork, mon.Owner]],
-         flt: mon.Filter, count: int | None, output: str) -> int:
-    """Print events until `count` of them, or until SIGINT/SIGTERM (then also what was still in the
-    ring); the number printed. The signals only set a flag: a batch is never cut in half."""
+         flt: mon.Filter, count: int | None, output: str, stop: list[int]) -> int:
+    """Print events until `count` of them, or until a signal lands in `stop` (then also what was
+    still in the ring); the number printed. A signal only sets the flag: a batch is never cut in half."""
     ifnames = in_netns(netns, mon.interface_names)
     refreshed = time.monotonic()
     offset = mon.clock_offset_ns()
     shown = 0
-    stop: list[int] = []
 
     def show(raws: list[bytes]) -> bool:
         nonlocal ifnames, refreshed, shown
@@ -118,15 +133,10 @@ def _run(session: mon.Session, node: str, netns: str | None, owners: list[tuple[
                 return False
         return True
 
-    old = {s: signal.signal(s, lambda n, _f: stop.append(n)) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while not stop and show(session.poll(POLL_MS)):
-            pass
-        if stop:
-            show(session.stop())
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+    while not stop and show(session.poll(POLL_MS)):
+        pass
+    if stop:
+        show(session.stop())
     return shown
 
 
@@ -151,14 +161,15 @@ def monitor_cmd(node: str | None, lab_name: str | None, pin_root: str | None, ne
     flt = mon.parse_filter(src, dst, type_, rate)
     limit = _positive("--count", count)
     name, root, ns = _target(node, lab_name, pin_root, netns)
-    session = mon.Session(f"{root}/{name}", flt)
-    try:
-        owners = _owners(name, lab_name, root, ns, lab_pins=pin_root is None)
-        shown = _run(session, name, ns, owners, flt, limit, output)
-        tail = session.stop()
-        lost = session.lost()
-    finally:
-        session.close()
+    with _stop_signals() as stop:
+        session = mon.Session(f"{root}/{name}", flt)
+        try:
+            owners = _owners(name, lab_name, root, ns, lab_pins=pin_root is None)
+            shown = _run(session, name, ns, owners, flt, limit, output, stop)
+            tail = session.stop()
+            lost = session.lost()
+        finally:
+            session.close()
     summary: dict[str, Any] = {"summary": True, "node": name, "events": shown, "lost": lost["rate"] + lost["buffer"],
                                "lost_rate": lost["rate"], "lost_buffer": lost["buffer"], "unread": len(tail)}
     if output == "json":

@@ -51,7 +51,6 @@ from meshctl.node.prober import (
     _LD_H_IND,
     _LDX_MSH,
     ETH,
-    ETH_P_ALL,
     ETH_P_IP,
     PACKET_OUTGOING,
     _assemble,
@@ -60,6 +59,7 @@ from meshctl.node.prober import (
     _match_addr,
     arp_table,
     ipv4,
+    open_tap,
     udp,
 )
 
@@ -149,10 +149,7 @@ class ForwardProber:
         OSError when a socket cannot be opened."""
         try:
             if self.private_if is not None and self.own is not None:
-                s = self._sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-                _attach_filter(s, hairpin_filter(self.own, self.port))
-                s.bind((self.private_if, ETH_P_ALL))
-                s.setblocking(False)
+                s = self._sock = open_tap(self.private_if, hairpin_filter(self.own, self.port))
                 self._my_mac = s.getsockname()[4]
                 # An ordinary UDP socket: a datagram to a member with no neighbour entry makes the
                 # kernel resolve its MAC (the hairpin needs it).

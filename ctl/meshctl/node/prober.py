@@ -233,11 +233,36 @@ DROP_ALL = struct.pack("HBBI", 0x06, 0, 0, 0)  # ret #0
 
 
 def _attach_filter(sock: socket.socket, code: bytes) -> None:
+    """Attach classic BPF `code` to `sock`, then drop what the socket queued before it: a raw
+    socket receives from the moment it is opened, and those packets never met the filter."""
     import ctypes
 
     buf = ctypes.create_string_buffer(code)
     fprog = struct.pack("HL", len(code) // 8, ctypes.addressof(buf))
     sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)  # the kernel copies the program
+    try:
+        while True:
+            sock.recv(1, socket.MSG_DONTWAIT | socket.MSG_TRUNC)
+    except BlockingIOError:
+        pass
+
+
+def open_tap(ifname: str, code: bytes, rcvbuf: int | None = None) -> socket.socket:
+    """An AF_PACKET socket that sees every frame `ifname` sends or receives (ETH_P_ALL) that `code`
+    accepts, non-blocking. It is opened with protocol 0, which receives nothing (packet(7)), and
+    bound to ETH_P_ALL only once filtered: no frame enters its queue unfiltered, so none needs to
+    be dropped, and none that the filter accepts is lost."""
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+    try:
+        if rcvbuf is not None:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        _attach_filter(s, code)
+        s.bind((ifname, ETH_P_ALL))
+        s.setblocking(False)
+    except OSError:
+        s.close()
+        raise
+    return s
 
 
 @dataclass(frozen=True)
@@ -374,12 +399,9 @@ class Prober:
         self._udp.setblocking(False)
         # ETH_P_ALL: a tap, which sees frames before tc ingress (a protocol-bound socket sees them
         # after, and the fast path decapsulates IP-in-IP there).
-        self._pkt = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-        self._pkt.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+        self._pkt = open_tap(self.private_if, packet_filter(self.probe_ip.packed, self.internal.packed, self.port),
+                             RCVBUF)
         self._pkt.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-        _attach_filter(self._pkt, packet_filter(self.probe_ip.packed, self.internal.packed, self.port))
-        self._pkt.bind((self.private_if, ETH_P_ALL))
-        self._pkt.setblocking(False)
         self._my_mac = self._pkt.getsockname()[4]
         # The outer header around a pod packet of our pods' version: 4 (IPv4) or 41 (IPv6).
         self._ipip = socket.socket(af, socket.SOCK_RAW, IPIP_PROTO[self.pods])
