@@ -20,12 +20,11 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from meshctl.lab.namespaces import check as labcheck
 from meshctl.lab.namespaces.state import LabState, NodeState
-from tests.pinging import PingResult, PodPing
+from tests.pinging import PingResult, PodPing, node_log_lines
 
 PPS = 20
 INTERVAL = 1 / PPS
@@ -199,23 +198,9 @@ def evidence(st: LabState, src: str, dst: str, since: float) -> str:
     """What the two ends of a pair logged since `since` (wall clock) about WireGuard: the agents'
     peer changes and warnings, and wireguard-go's own log (its handshakes with LOG_LEVEL=verbose),
     for a failed window's message: a pair that lost seconds on one CI run is explained by its logs."""
-    nodes = {n.name: n for _, n in st.nodes()}
-    out: list[str] = []
-    for name in (src, dst):
-        d = Path(nodes[name].dir)
-        # (log, where its time stamp starts, the stamp's format, the lines worth showing): the agent's
-        # lines start "2026-12-05 01:01:02,036 INFO", wireguard-go's "DEBUG: (kilo0) 2026/12/05 01:05:19"
-        for log, at, fmt, pick in ((d / "agent.log", 0, "%Y-%m-%d %H:%M:%S", ("kilo0", "WARNING", "ERROR")),
-                                   (d / "wg" / "kilo0.log", 15, "%Y/%m/%d %H:%M:%S", ("andshake", "eypair", "ailed"))):
-            first = time.strftime(fmt, time.localtime(since - 1))
-            try:
-                lines = log.read_text(errors="replace").splitlines()
-            except OSError as e:
-                out.append(f"{name} {log.name}: {e}")
-                continue
-            picked = [ln for ln in lines if ln[at:at + len(first)] >= first and any(k in ln for k in pick)]
-            out += [f"{name} {log.name}: {ln}" for ln in picked[-60:]]
-    return "\n".join(out)
+    return "\n".join(node_log_lines(st, (src, dst), since - 1, tail=60,
+                                    pick={"agent.log": ("kilo0", "WARNING", "ERROR"),
+                                          "wg/kilo0.log": ("andshake", "eypair", "ailed")}))
 
 
 def table(ws: list[Window]) -> str:

@@ -28,7 +28,9 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from meshctl.lab.namespaces import check as labcheck
 from meshctl.lab.namespaces.state import LabState
@@ -181,3 +183,33 @@ def checked(st: LabState, pairs: list[tuple[str, str]] | None = None, count: int
     if not wait_for(answered, timeout, step=0.5):
         raise AssertionError(f"not answering after {timeout:.0f} s: {[r for r in results.values() if not r.ok]}")
     return list(results.values())
+
+
+# A lab node's logs, with where each line's time stamp starts and its format: the agent's lines start
+# "2026-12-05 01:01:02,036 INFO", wireguard-go's "DEBUG: (kilo0) 2026/12/05 01:05:19".
+NODE_LOGS = (("agent.log", 0, "%Y-%m-%d %H:%M:%S"), ("wg/kilo0.log", 15, "%Y/%m/%d %H:%M:%S"))
+
+
+def node_log_lines(st: LabState, nodes: Iterable[str], since: float, until: float | None = None,
+                   pick: dict[str, tuple[str, ...]] | None = None, tail: int | None = None) -> list[str]:
+    """The lines each of `nodes` logged from `since` to `until` (wall clock, to the second; None: to
+    now), named "<node> <log>: <line>"; `pick` keeps, per log name, only lines with one of its words,
+    and `tail` only each log's last so many.
+    What a failed window is read with: a loss on one CI run is explained by what its ends logged."""
+    by_name = {n.name: n for _, n in st.nodes()}
+    out: list[str] = []
+    for name in nodes:
+        for log, at, fmt in NODE_LOGS:
+            first = time.strftime(fmt, time.localtime(since))
+            last = time.strftime(fmt, time.localtime(until)) if until is not None else None
+            try:
+                lines = (Path(by_name[name].dir) / log).read_text(errors="replace").splitlines()
+            except OSError as e:
+                out.append(f"{name} {log}: {e}")
+                continue
+            words = (pick or {}).get(log)
+            kept = [f"{name} {log}: {ln}" for ln in lines
+                    if first <= ln[at:at + len(first)] and (last is None or ln[at:at + len(last)] <= last)
+                    and (words is None or any(w in ln for w in words))]
+            out += kept[-tail:] if tail else kept
+    return out

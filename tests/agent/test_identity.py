@@ -171,3 +171,50 @@ def test_a_lapsed_record_stays_through_the_grace_and_a_withdrawn_one_goes_at_onc
         stop.set()
         watcher.close()
         t.join(3)
+
+
+def test_a_record_that_lapsed_while_this_agent_restarted_stays_through_the_grace(auth_etcd: AuthEtcd,
+                                                                                tmp_path: Path) -> None:
+    """n1's agent stops while n2's is away too (a rolling update slower than the lease): n2's record
+    runs out while n1 has no agent. n1's next agent does not find it in the store, and keeps it
+    through the grace all the same, from what its predecessor handed over (its routes to n2 stay)."""
+    grace = 60.0
+    handed = tmp_path / "state" / "lapsing-c1.json"
+
+    def agent() -> tuple[EtcdBackend, threading.Event, threading.Thread]:
+        b = EtcdBackend(auth_etcd.client("n1"), Cluster("c1", 1), lease_ttl=5, lapse_grace=grace, lapsing_file=handed)
+        stop = threading.Event()
+        t = threading.Thread(target=b.run, args=(stop, lambda: None), daemon=True)
+        t.start()
+        return b, stop, t
+
+    def stopped(b: EtcdBackend, stop: threading.Event, t: threading.Thread) -> None:
+        stop.set()
+        b.close()
+        t.join(3)
+
+    n2, admin = auth_etcd.client("n2"), auth_etcd.client("admin")
+    n2.put(node_key("c1", "n2"), json.dumps(records.node_to_record(node("n2", 2))), lease=n2.lease_grant(2))
+    first = agent()
+    try:
+        first[0].publish(node("n1", 1))
+        assert wait_for(lambda: sorted(n.name for n in first[0].snapshot().nodes) == ["n1", "n2"])
+    finally:
+        stopped(*first)
+    assert handed.stat().st_mode & 0o777 == 0o600
+    assert "n1" not in handed.read_text()  # its own record is the next agent's to publish
+    assert wait_for(lambda: admin.get(node_key("c1", "n2")) is None)  # n2's lease ran out
+    second = agent()
+    try:
+        assert wait_for(lambda: second[0].snapshot().ready)
+        second[0].publish(node("n1", 1))
+        assert sorted(n.name for n in second[0].snapshot().nodes) == ["n1", "n2"]
+        assert "n2" in (second[0].status().lapsed or {})
+        assert not handed.exists()  # taken over once; the next close hands over afresh
+        # n2's agent is back: its record is live again, no longer lapsed.
+        n2.put(node_key("c1", "n2"), json.dumps(records.node_to_record(node("n2", 2))), lease=n2.lease_grant(30))
+        assert wait_for(lambda: not (second[0].status().lapsed or {}))
+        assert sorted(n.name for n in second[0].snapshot().nodes) == ["n1", "n2"]
+    finally:
+        stopped(*second)
+    assert [r["key"] for r in json.loads(handed.read_text())["records"]] == [node_key("c1", "n2")]

@@ -48,7 +48,8 @@ def build_backend(cfg: AgentConfig) -> Wiring[Backend]:
         from meshctl.backends.etcd import EtcdBackend
 
         return Wiring(EtcdBackend(etcd_client(cfg), cluster, lease_ttl=cfg.lease_ttl,
-                                  lease_file=cfg.state_dir / f"lease-{cfg.cluster_name}", lapse_grace=cfg.lapse_grace),
+                                  lease_file=cfg.state_dir / f"lease-{cfg.cluster_name}", lapse_grace=cfg.lapse_grace,
+                                  lapsing_file=cfg.state_dir / f"lapsing-{cfg.cluster_name}.json"),
                       cfg, FlagSettings(cfg))
     if cfg.backend == "file":
         assert cfg.topology_file

@@ -22,7 +22,6 @@ cluster (`mesh.admit_memo`): a pass re-admits only the clusters whose records a 
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import json
@@ -45,11 +44,11 @@ from meshctl.backends.clustermesh_cache import (
     cache_status_key,
     cached_cluster_prefix,
 )
-from meshctl.backends.etcd import ROOT, EtcdBackend, cluster_key, cluster_prefix, parse_record
+from meshctl.backends.etcd import ROOT, EtcdBackend, cluster_key, cluster_prefix, kv_from_json, kv_to_json, parse_record
 from meshctl.backends.remote_status import Rejected, RemotesStatus
 from meshctl.backends.remote_status import RemoteCluster as ClusterReport
 from meshctl.errors import InputError, MeshError
-from meshctl.etcd import EtcdClient, EtcdError, KeyValue
+from meshctl.etcd import EtcdClient, EtcdError
 from meshctl.mesh import fields
 from meshctl.mesh.admit import Rejection, identity_refusals
 from meshctl.mesh.admit_memo import RemoteAdmission, same_items
@@ -140,14 +139,11 @@ class ReadOnlyEtcdBackend(EtcdBackend):
         with self._lock:
             kvs = list(self._kvs.values())
             rev = self._revision
-        return {"revision": rev, "kvs": [{"key": kv.key, "value": base64.b64encode(kv.value).decode(),
-                                          "create_revision": kv.create_revision, "mod_revision": kv.mod_revision}
-                                         for kv in kvs]}
+        return {"revision": rev, "kvs": [kv_to_json(kv) for kv in kvs]}
 
     def restore(self, data: dict[str, Any]) -> None:
         """Fill the mirror from `dump` output: a view to plan with until the live one has synced."""
-        kvs = {d["key"]: KeyValue(d["key"], base64.b64decode(d["value"]), int(d["create_revision"]),
-                                  int(d["mod_revision"])) for d in data["kvs"]}
+        kvs = {kv.key: kv for kv in map(kv_from_json, data["kvs"])}
         with self._lock:
             self._kvs = kvs
             self._revision = int(data["revision"])

@@ -25,9 +25,11 @@ When etcd is unreachable the last good mirror stays (ready=False): the agent kee
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -221,6 +223,18 @@ def withdraw_record(client: EtcdClient, cluster: str, name: str) -> None:
     client.delete(key)
 
 
+def kv_to_json(kv: KeyValue) -> dict[str, Any]:
+    """One mirrored key as JSON-able data (a saved view, lapsing records handed to the next agent)."""
+    return {"key": kv.key, "value": base64.b64encode(kv.value).decode(), "create_revision": kv.create_revision,
+            "mod_revision": kv.mod_revision, "lease": kv.lease}
+
+
+def kv_from_json(d: Mapping[str, Any]) -> KeyValue:
+    """kv_to_json's data back (KeyError, ValueError, TypeError when it is not that)."""
+    return KeyValue(str(d["key"]), base64.b64decode(d["value"]), int(d["create_revision"]), int(d["mod_revision"]),
+                    int(d.get("lease", 0)))
+
+
 def parse_record(kv: KeyValue, path: str, limit: int = MAX_RECORD_BYTES) -> Any:
     """The JSON of a record; a record larger than `limit` is refused unread, so a huge value costs
     no parsing (and delays no other record's admission)."""
@@ -241,7 +255,7 @@ class EtcdBackend:
 
     def __init__(self, client: EtcdClient, cluster: Cluster, *, lease_ttl: int = 10,
                  default_mesh: MeshSettings | None = None, lease_file: Path | None = None,
-                 lapse_grace: float = 0.0) -> None:
+                 lapse_grace: float = 0.0, lapsing_file: Path | None = None) -> None:
         self.client = client
         self.cluster = cluster
         self.lease_ttl = lease_ttl
@@ -270,6 +284,12 @@ class EtcdBackend:
         # withdraw_record), go at once.
         self.lapse_grace = lapse_grace
         self._lapsed: dict[str, tuple[KeyValue, float]] = {}  # key -> (last value, until when)
+        # The graces outlive this agent: `close` hands the node records it would keep through a
+        # lapse to the next agent of this node in `lapsing_file`, and that agent's first list keeps
+        # those it no longer finds (see hand_over_lapsing). Else a node whose agent restarts while
+        # another's is away (a rolling update slower than the lease) drops that node's routes.
+        self.lapsing_file = lapsing_file
+        self._took_over = False
         self._changed: Callable[[], None] | None = None
         # Our own record, watched: deleted or changed by anyone else, it is put back at once.
         self._kick = threading.Event()
@@ -447,6 +467,7 @@ class EtcdBackend:
             for key, old in self._kvs.items():
                 if key not in new:
                     self._gone(old)
+            self._take_over_lapsing(new)
             for kv in kvs:
                 self._came(kv)
             self._kvs = new
@@ -485,8 +506,65 @@ class EtcdBackend:
         if old.key == self._own_key():
             self._tampered = "deleted"
             self._kick.set()
-        elif self.lapse_grace > 0 and old.lease and old.key.startswith(self.prefix + "nodes/"):
+        elif self._lapses(old):
             self._lapsed[old.key] = (old, time.monotonic() + self.lapse_grace)
+
+    def _lapses(self, kv: KeyValue) -> bool:
+        """Whether a record that leaves the store is kept through the lapse grace: a node record
+        on a lease (its agent's). Records without one (withdrawn, written by hand) go at once."""
+        return self.lapse_grace > 0 and bool(kv.lease) and kv.key.startswith(self.prefix + "nodes/")
+
+    def hand_over_lapsing(self) -> None:
+        """Write the node records this agent would keep through a lapse (those in the mirror, and
+        those in their grace now, with its end) to `lapsing_file`, mode 0600, for the next agent of
+        this node; its own record is left out (that agent publishes it)."""
+        if self.lapsing_file is None:
+            return
+        now, wall = time.monotonic(), time.time()
+        own = self._own_key()
+        with self._lock:
+            held = [(kv, wall + self.lapse_grace) for kv in self._kvs.values() if self._lapses(kv)]
+            held += [(kv, wall + until - now) for kv, until in self._lapsed.values()]
+        doc = {"records": [{**kv_to_json(kv), "until": round(until, 3)} for kv, until in held if kv.key != own]}
+        tmp = self.lapsing_file.with_suffix(".tmp")
+        try:
+            self.lapsing_file.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(doc, f)
+            os.replace(tmp, self.lapsing_file)
+        except OSError as e:
+            log.warning("cannot hand the lapsing records to the next agent in %s: %s", self.lapsing_file, e)
+
+    def _take_over_lapsing(self, listed: Mapping[str, KeyValue]) -> None:
+        """(lock held; once, at the first list) The records the previous agent handed over that
+        the store no longer holds lapse now, until the end of their grace: their agents are away,
+        and this node keeps routing to them as its previous agent would have."""
+        path = self.lapsing_file
+        if path is None or self._took_over:
+            return
+        self._took_over = True
+        try:
+            saved = json.loads(path.read_text())["records"]
+            path.unlink()
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("ignoring the lapsing records handed over in %s: %s", path, e)
+            return
+        now, wall = time.monotonic(), time.time()
+        kept = []
+        for d in saved:
+            try:
+                kv, left = kv_from_json(d), min(float(d["until"]) - wall, self.lapse_grace)
+            except (KeyError, ValueError, TypeError):
+                continue
+            if kv.key not in listed and left > 0 and self._lapses(kv):
+                self._lapsed[kv.key] = (kv, now + left)
+                kept.append(kv.key.rpartition("/")[2])
+        if kept:
+            log.info("records %s lapsed while this node's agent restarted: kept through their grace",
+                     ", ".join(sorted(kept)))
 
     def _came(self, kv: KeyValue) -> None:
         """A key was written (lock held): a lapsed record is back; our own record written with
@@ -628,5 +706,7 @@ class EtcdBackend:
         return BackendStatus(OwnRecord(self.restored_total, self.last_restored), lapsed)
 
     def close(self) -> None:
+        """Stop watching; first hand the lapsing records over (hand_over_lapsing)."""
+        self.hand_over_lapsing()
         self.client.abort_watch()
         self.client.close()
