@@ -146,24 +146,33 @@ def lab_switch(st: LabState, pairs: Mapping[str, tuple[str, str]]) -> Callable[[
     return switch
 
 
+APPLY_MAX_S = 60.0  # what one switch itself may take (a `mesh set` process on a loaded machine)
+
+
 def run(st: LabState, assignments: list[str], *, settle: float, quiet: float = 2.0,
         pairs: Mapping[str, tuple[str, str]] = PAIRS, switch: Callable[[str], frozenset[str]] | None = None
         ) -> tuple[list[Switch], dict[str, PingResult], list[Window]]:
     """Ping every pair at PPS through `quiet` seconds, then each assignment in turn with `settle`
-    seconds after it; the switches, each pair's ping and every (pair, window) counted. `switch`
-    applies an assignment and says which pairs it moves (None: `lab_switch`)."""
+    seconds after it took effect; the switches, each pair's ping and every (pair, window) counted.
+    `switch` applies an assignment and says which pairs it moves (None: `lab_switch`).
+
+    A window runs from one switch's start to the next's: the switch itself (a `mesh set` process,
+    seconds on a loaded machine) and then `settle`. Counted from the switch's start instead, a slow
+    `mesh set` left the agents less than `settle`, and what the switch moved lost its packets in the
+    next switch's window, as if that switch had broken a pair it kept."""
     apply = switch or lab_switch(st, pairs)
     warm_up(st, list(pairs.values()))
-    seconds = quiet + settle * len(assignments) + 1
+    seconds = quiet + (APPLY_MAX_S + settle) * len(assignments) + 1  # stopped after the last window
     pings = {label: PodPing(st, src, dst, seconds, interval=INTERVAL) for label, (src, dst) in pairs.items()}
-    start = time.time()
     switches: list[Switch] = []
     time.sleep(quiet)  # the experiment: a window with no switch
-    for i, a in enumerate(assignments):
+    for a in assignments:
         at = time.time()
         switches.append(Switch(a, at, apply(a)))
-        # the experiment: each switch's window, the same length whatever the switch itself took
-        time.sleep(max(0.0, start + quiet + settle * (i + 1) - time.time()))
+        time.sleep(settle)  # the experiment: the agents' passes and handshakes after the switch
+    time.sleep(1)
+    for p in pings.values():
+        p.stop()
     results = {label: p.result() for label, p in pings.items()}
     return switches, results, windows(switches, results)
 
