@@ -209,7 +209,7 @@ def evidence(st: LabState, src: str, dst: str, since: float) -> str:
     for a failed window's message: a pair that lost seconds on one CI run is explained by its logs."""
     return "\n".join(node_log_lines(st, (src, dst), since - 1, tail=60,
                                     pick={"agent.log": ("kilo0", "WARNING", "ERROR"),
-                                          "wg/kilo0.log": ("andshake", "eypair", "ailed")}))
+                                          "wg/kilo0.log": ("andshake", "eypair", "ailed", "nvalid")}))
 
 
 def table(ws: list[Window]) -> str:
