@@ -193,13 +193,15 @@ NODE_LOGS = (("agent.log", 0, "%Y-%m-%d %H:%M:%S"), ("wg/kilo0.log", 15, "%Y/%m/
 def node_log_lines(st: LabState, nodes: Iterable[str], since: float, until: float | None = None,
                    pick: dict[str, tuple[str, ...]] | None = None, tail: int | None = None) -> list[str]:
     """The lines each of `nodes` logged from `since` to `until` (wall clock, to the second; None: to
-    now), named "<node> <log>: <line>"; `pick` keeps, per log name, only lines with one of its words,
-    and `tail` only each log's last so many.
+    now), named "<node> <log>: <line>"; `pick` reads only the logs it names, and of each only the
+    lines with one of its words; `tail` keeps only each log's last so many.
     What a failed window is read with: a loss on one CI run is explained by what its ends logged."""
     by_name = {n.name: n for _, n in st.nodes()}
     out: list[str] = []
     for name in nodes:
         for log, at, fmt in NODE_LOGS:
+            if pick is not None and log not in pick:
+                continue
             first = time.strftime(fmt, time.localtime(since))
             last = time.strftime(fmt, time.localtime(until)) if until is not None else None
             try:
@@ -207,7 +209,7 @@ def node_log_lines(st: LabState, nodes: Iterable[str], since: float, until: floa
             except OSError as e:
                 out.append(f"{name} {log}: {e}")
                 continue
-            words = (pick or {}).get(log)
+            words = pick[log] if pick is not None else None
             kept = [f"{name} {log}: {ln}" for ln in lines
                     if first <= ln[at:at + len(first)] and (last is None or ln[at:at + len(last)] <= last)
                     and (words is None or any(w in ln for w in words))]

@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.resources import files
-from pathlib import Path
 from typing import Any
 
 from meshctl.backends.file import load_yaml
@@ -24,7 +23,7 @@ from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.namespaces.spec import parse_lab
 from meshctl.lab.namespaces.state import LabState
 from tests.names import unique
-from tests.pinging import IN_FLIGHT_S, PingResult, PodPing
+from tests.pinging import IN_FLIGHT_S, PingResult, PodPing, node_log_lines
 from tests.waiting import wait_until
 
 PPS_INTERVAL = 0.05  # 20 pings a second per pair
@@ -180,11 +179,9 @@ def wireguard_evidence(st: LabState, nodes: tuple[str, ...], since: float) -> st
     since `since` (wall clock: added, added anew after crossed handshakes, updated, removed) and
     its agent's peers now (name, kind, endpoint, last handshake)."""
     out = []
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
     for name in nodes:
         n = st.lookup(name)[1]
-        lines = (Path(n.dir) / "agent.log").read_text(errors="replace").splitlines()
-        out += [f"{name}: {ln}" for ln in lines if ln[:19] >= stamp and " peers: " in ln]
+        out += node_log_lines(st, (name,), since, pick={"agent.log": (" peers: ",)})
         doc = labcheck.agent_status(n, fresh=True) or {}
         out += [f"{name} peer: {p.get('name')} {p.get('kind')} {p.get('endpoint')} handshake {p.get('last_handshake')}"
                 for p in doc.get("peers", ())]
