@@ -44,6 +44,10 @@ _ERROR = re.compile(r"(?:From \S+ icmp_seq=\d+ |ping: sendmsg: |ping: )(.*)")
 _SUMMARY = ("PING ", "--- ", "rtt ", "round-trip")
 IN_FLIGHT_S = 1.0  # -W: how long ping waits for the last reply; what was sent in it may be in flight
 MAX_GAP_S = 1.5  # below the shortest outage the tests ping across (2 s)
+# ping's -w for a check that wants every reply: once one reply is in, ping waits only two round
+# trips after its last ping and counts a later reply as lost (a userspace WireGuard starved of CPU
+# for a moment on a loaded machine); with -w it waits up to this many seconds for each.
+LATE_REPLY_S = 5
 
 
 @dataclass(frozen=True)

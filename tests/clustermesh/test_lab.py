@@ -25,7 +25,7 @@ from meshctl.lab.rigs import netns
 from meshctl.lab.rigs.pki import make_ca
 from tests.lab.conftest import node_of, status, wait_for
 from tests.names import unique
-from tests.pinging import checked
+from tests.pinging import LATE_REPLY_S, checked
 from tests.waiting import WAIT_S
 
 pytestmark = pytest.mark.slow
@@ -59,10 +59,10 @@ def routes_in(st: LabState, node: str) -> dict[str, str]:
 
 
 def ping_ok(st: LabState, src: str, dst: str, count: int = 3) -> bool:
-    """Every ping answered, each within a loaded machine's reply wait (lab check's patient one: a
-    pair idle for minutes starts with a WireGuard handshake, and a reply late is not lost)."""
+    """Every ping answered (a pair idle for minutes starts with a WireGuard handshake, and a reply
+    late is not lost: LATE_REPLY_S)."""
     sent, recv, _ = labcheck.ping(node_of(st, src).pods[0].netns, node_of(st, dst).pods[0].ip, count=count,
-                               wait=labcheck.RETRY_WAIT)
+                                  wait=labcheck.RETRY_WAIT, deadline=LATE_REPLY_S)
     return recv == sent
 
 
@@ -318,7 +318,7 @@ def test_a_changed_cluster_id_is_refused_at_start_and_traffic_goes_on(lab) -> No
         assert routes_in(lab, "a1") == before
         assert wait_for(lambda: etcd(lab, "cluster1").get(node_key("cluster1", "a1")) is None, timeout=WAIT_S)  # lapsed
         sent, recv, _ = labcheck.ping(node_of(lab, "a1").pods[0].netns, node_of(lab, "g1").pods[0].ip,
-                                      count=10, wait=0.5)
+                                      count=10, wait=0.5, deadline=LATE_REPLY_S)
         assert recv == sent, f"lost {sent - recv}/{sent} while the agent was refused"
     finally:
         build.stop_agent(lab, "a1")

@@ -18,6 +18,7 @@ from meshctl.lab.namespaces import build
 from meshctl.lab.namespaces import check as labcheck
 from meshctl.lab.namespaces.state import LabState, NodeState
 from tests.kube.helpers import lab_fixture
+from tests.pinging import LATE_REPLY_S
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -78,7 +79,7 @@ def test_pods_added_later_get_the_fast_path(lab) -> None:
     # (the fast path redirects only to a known MAC): one ping first, then the five counted.
     assert labcheck.ping(pod.netns, a1.pods[0].ip, count=1)[1] == 1
     before = forwarded()
-    sent, recv, _ = labcheck.ping(pod.netns, a1.pods[0].ip, count=5)
+    sent, recv, _ = labcheck.ping(pod.netns, a1.pods[0].ip, count=5, deadline=LATE_REPLY_S)
     assert recv == sent == 5
     # A fresh read waits for the agent's loop at most snapshot.FRESH_WAIT_S; in a long pass (a
     # loaded machine) it answers with the last snapshot: the count is waited for, not read once.

@@ -18,6 +18,7 @@ from meshctl.lab.namespaces.state import KubeAccess
 from meshctl.lab.rigs import netns
 from tests.kube.helpers import lab_fixture
 from tests.kube.kubectl import lab_kubeconfig, lab_kubectl, table
+from tests.pinging import LATE_REPLY_S
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -67,7 +68,7 @@ def test_as_peer_yaml_applied_in_the_other_cluster_connects_them(lab, tmp_path) 
     a1, a2 = east.nodes
     wait_until(lambda: (p := labcheck.ping(g1.pods[0].netns, a2.pods[0].ip, count=3))[0] == p[1], 40,
                "west's pod reaching east's a2 pod through the Peer")
-    sent, recv, _ = labcheck.ping(a1.pods[0].netns, g1.pods[0].ip, count=3)
+    sent, recv, _ = labcheck.ping(a1.pods[0].netns, g1.pods[0].ip, count=3, deadline=LATE_REPLY_S)
     assert recv == sent
     st_g1 = labcheck.agent_status(g1)
     assert st_g1 is not None and any(p.get("name") == "east-a1" for p in st_g1["peers"])

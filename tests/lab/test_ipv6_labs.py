@@ -20,6 +20,7 @@ from meshctl.lab.namespaces.spec import parse_lab
 from meshctl.lab.namespaces.state import LabState
 from meshctl.lab.rigs import netns
 from tests.names import unique
+from tests.pinging import LATE_REPLY_S
 
 from .conftest import node_of
 
@@ -85,7 +86,8 @@ def test_dual_stack_lab_ipv4_everywhere_and_ipv6_between_tunnel_nodes(dual: LabS
     assert text.index("IPv4 pods") < text.index("IPv6 pods") and text.endswith("26/26 pairs reachable")
     # The IPv6 underlay answers too: a1 reaches a2's private and c1's public IPv6 address.
     for dst in (node_of(st, "a2").internal_ip6, node_of(st, "c1").public_ip6):
-        assert dst is not None and labcheck.ping(a1.netns, dst.split("/")[0], count=2)[1] == 2, dst
+        assert dst is not None
+        assert labcheck.ping(a1.netns, dst.split("/")[0], count=2, deadline=LATE_REPLY_S)[1] == 2, dst
     # The agents forward IPv6 (they set it once the mesh has an IPv6 pod CIDR).
     assert netns.run(a1.netns, ["sysctl", "-n", "net.ipv6.conf.all.forwarding"]).stdout.strip() == "1"
 

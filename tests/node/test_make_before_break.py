@@ -21,7 +21,8 @@ from meshctl.mesh.plan import PeerPlan, Route
 from meshctl.node.encap import RT_PROTO_ENCAP
 from meshctl.node.keys import generate_private_key, public_key
 from meshctl.node.routes import RouteApplier
-from meshctl.node.wireguard import WireGuard
+from meshctl.node.wireguard import RESCUE_UNTIL_S, WireGuard
+from meshctl.node.wireguard.state import PeerOp
 from meshctl.node.wireguard.uapi import UapiClient
 from tests.waiting import wait_until
 
@@ -232,8 +233,44 @@ def test_a_peer_without_a_handshake_is_added_anew_by_the_lower_key_first(lab: No
     wait_until(lambda: all(s.last_handshake for s in in_ns(low[0], low[1].show)), 30, "the handshake")
     due = in_ns(low[0], low[1].rescue_due, time.monotonic())
     assert due is not None  # still watched ...
-    # ... until a rescue that has work (it is due: without the handshake it would add the peer anew)
-    # sees the handshake
+    # ... with its handshake it is listened to until RESCUE_UNTIL_S after its add: a rescue that is
+    # due finds nothing sent unanswered (the pair is idle) and adds nothing anew
     wait_until(lambda: time.monotonic() >= due, 10, "the rescue due")
     assert in_ns(low[0], low[1].rescue, public_key(low[2])) == []
+    wait_until(lambda: in_ns(low[0], low[1].rescue_due, time.monotonic()) is None or
+               in_ns(low[0], low[1].rescue, public_key(low[2])) != [], RESCUE_UNTIL_S + 5, "the watch over")
     assert in_ns(low[0], low[1].rescue_due, time.monotonic()) is None
+
+
+def test_a_peer_that_answers_on_a_key_this_end_lacks_is_added_anew(lab: NodeLab) -> None:
+    """The other outcome of crossed handshakes, made deterministic: a has a session with b, and b
+    has lost its keys (its peer a removed and added again, without an endpoint to call back). a
+    sends and hears nothing; WireGuard would start over after 15 s. a's rescue adds b anew after
+    UNHEARD_S of that, a greets b, and the pair answers again well before WireGuard's own retry."""
+    from .test_wireguard import PORT as WG_PORT
+    from .test_wireguard import Pair
+
+    pair = Pair(lab)
+    for ns, wg, key, ip in ((pair.a, pair.wa, pair.ka, "10.4.0.1/16"), (pair.b, pair.wb, pair.kb, "10.4.0.2/16")):
+        in_ns(ns, wg.ensure_device, key, WG_PORT, ipaddress.ip_interface(ip), 1420)
+    net_a, net_b = ipaddress.ip_network("10.4.0.1/32"), ipaddress.ip_network("10.4.0.2/32")
+    to_b = PeerPlan("b", "node", public_key(pair.kb), f"192.168.77.2:{WG_PORT}", (net_b,), 0)
+    to_a = PeerPlan("a", "node", public_key(pair.ka), None, (net_a,), 0)
+    in_ns(pair.b, pair.wb.sync_peers, [to_a])
+    t0 = time.monotonic()
+    in_ns(pair.a, pair.wa.stage_peers, [to_b])
+    assert in_ns(pair.a, pair.wa.rescue, public_key(pair.ka), wait=2.0) == []  # a's greeting: a session
+    assert pair.ping(1)
+    sock = UapiClient(lab.run_dir("b") / "kilo0.sock")  # b forgets its keys behind its object's back
+    sock.set(peers=[PeerOp(public_key(pair.ka), remove=True)])
+    sock.set(peers=[PeerOp(public_key(pair.ka), allowed_ips=(net_a,))])
+    lab.spawn(pair.a, "ping", "-i", "0.05", "10.4.0.2")  # a sends on a key b no longer has, and hears nothing
+    rescued: list[str] = []
+
+    def rescued_once() -> bool:
+        rescued.extend(in_ns(pair.a, pair.wa.rescue, public_key(pair.ka)))
+        return bool(rescued)
+
+    wait_until(rescued_once, RESCUE_UNTIL_S, "a's rescue of b")
+    assert rescued == ["b"] and time.monotonic() - t0 <= RESCUE_UNTIL_S
+    assert pair.first_contact(within=5.0), pair.why()  # well before WireGuard's own 15 s

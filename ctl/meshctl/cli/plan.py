@@ -205,6 +205,7 @@ class Source:
         """A client of the etcd of `cluster` (default: this one): from the --etcd-* flags, or the
         lab's (--lab, or no endpoints)."""
         from meshctl.etcd import EtcdClient
+        from meshctl.etcd.client import COMMAND_TIMEOUT_S
 
         endpoints, ca, cert, key, user, password_file = self.etcd
         netns = None
@@ -213,7 +214,7 @@ class Source:
             endpoints, ca, cert, key, user, password_file, netns = (
                 ",".join(acc.endpoints), acc.ca, acc.cert, acc.key, acc.user, acc.password_file, acc.netns)
         return EtcdClient(list(endpoint_list(endpoints)), ca=ca, cert=cert, key=key, netns=netns, user=user,
-                          password_file=password_file)
+                          password_file=password_file, timeout=COMMAND_TIMEOUT_S)
 
     def _etcd(self, name: str) -> ClusterState:
         """Cluster `name`'s records in its etcd; InputError naming the clusters that have records

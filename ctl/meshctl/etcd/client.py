@@ -79,6 +79,9 @@ def prefix_end(prefix: str) -> str:
     return _b64(b"\0")
 
 
+# One request of a command a user types (`node list`, `plan --backend etcd`): etcdctl's
+# --command-timeout. The agent keeps the client's own 2 s (its loop must not stall on a request).
+COMMAND_TIMEOUT_S = 5.0
 READ_CHUNK = 64 * 1024  # bytes asked of the socket per read while streaming
 
 

@@ -27,6 +27,14 @@ endpoint its handshakes were seen from, which its NAT may have forgotten while t
 session (a location's leader that comes back), so only its own greeting opens the way; with the
 lower end alone rescuing, such a pair waited for WireGuard's own retry, 5 s.
 
+Crossed initiations can also end with a handshake at both ends and a session that works one way
+only: one end sends on a key the other no longer holds and hears nothing back, which WireGuard
+itself notices after 15 s of sending unanswered. So a watched peer with a handshake stays watched
+until RESCUE_UNTIL_S after its add, and an end that has sent to it and heard nothing for UNHEARD_S
+adds it anew too, once it has sent more than a greeting's worth unanswered (measured with
+wireguard-go: 1 crossing in 25 ended so and lasted past 12 s; none of 120 since, the slowest
+answering after 1.4 s).
+
 The object remembers what it last applied (the device's key, port and ifindex; each peer's
 configuration as set), so a reconcile that changes one peer costs one peer's work, not a dump
 and parse of every peer's allowed IPs. The memory is dropped by `forget()` (the agent calls it
@@ -72,6 +80,10 @@ __all__ = ["WireGuard", "PeerDiff", "PeerStatus", "resolve_endpoint"]
 log = logging.getLogger(__name__)
 
 RESCUE_S = 1.0  # a peer still without a handshake is added anew at most this often (crossed handshakes)
+UNHEARD_S = 1.0  # a peer with a handshake that this end sends to and hears nothing from this long: added anew
+# ... once this end has sent more than this to it unanswered: more than a greeting (one 32-byte
+# keepalive), so a pair that greeted and then stayed idle is never taken for a one-way session
+UNHEARD_BYTES = 256
 RESCUE_UNTIL_S = 4.0  # ... until this long after it was added: WireGuard's own retry (5 s) is near
 HIGH_END_DELAY_S = 0.6  # the higher-keyed end's first rescue: between the lower end's (~0.2 s, 1.2 s)
 RESCUE_MAX = 32  # a stage that adds more peers than this (an agent's first start) watches none
@@ -314,6 +326,8 @@ class WireGuard:
         self._added_at: dict[str, float] = {}  # public key -> when stage_peers added it (monotonic)
         self._watched: dict[str, float] = {}  # public key -> when rescue may add it anew (monotonic)
         self._high: set[str] = set()  # watched peers whose key is lower than ours (their due moved)
+        # watched peers with a handshake: (since when, rx bytes, tx bytes) as first seen with it
+        self._heard: dict[str, tuple[float, int, int]] = {}
         if mode is None:
             mode = self._detect_mode()
         if mode not in ("kernel", "wireguard-go"):
@@ -481,6 +495,7 @@ class WireGuard:
         self._added_at.clear()
         self._watched.clear()
         self._high.clear()
+        self._heard.clear()
 
     def _mark(self, idx: int) -> None:
         """Record that the link `idx` of this namespace is one meshctl created."""
@@ -570,10 +585,11 @@ class WireGuard:
         return min(self._watched.values()) if self._watched else None
 
     def rescue(self, own_public_key: str, *, wait: float = 0.0) -> list[str]:
-        """Watch the peers `stage_peers` added until each has a handshake (up to `wait` seconds
-        now), and add anew each one that has none yet, at most once per RESCUE_S and only until
-        RESCUE_UNTIL_S after it was added; the names of those added anew. The end whose public key
-        is the higher starts HIGH_END_DELAY_S after its stage (see the module docstring)."""
+        """Watch the peers `stage_peers` added until RESCUE_UNTIL_S after their add (waiting up to
+        `wait` seconds now for each to have a handshake), and add anew each one that has none yet,
+        or that this end has sent to and heard nothing from for UNHEARD_S (see `_unanswered`); at
+        most once per RESCUE_S. The names of those added anew. The end whose public key is the
+        higher starts HIGH_END_DELAY_S after its stage (see the module docstring)."""
         now = time.monotonic()
         for pub in list(self._added_at):
             if now - self._added_at[pub] > RESCUE_UNTIL_S:
@@ -589,14 +605,19 @@ class WireGuard:
             live = client.get(allowed_ips=False).peers
             for pub in list(self._watched):
                 peer = live.get(pub)
-                if peer is None or peer.last_handshake or pub not in self._applied:
+                if peer is None or pub not in self._applied:
                     self._forget_watch(pub)
-            if not self._watched or time.monotonic() >= deadline:
+                elif peer.last_handshake:
+                    self._listen(pub, peer)
+            if all(pub in self._heard for pub in self._watched) or time.monotonic() >= deadline:
                 break
             time.sleep(HANDSHAKE_POLL_S)
         now = time.monotonic()
         again = [_added(pub, self._applied[pub], self._set_endpoints.get(pub), self._psk.get(pub))
-                 for pub, at in self._watched.items() if now >= at]
+                 for pub, at in self._watched.items() if now >= at and self._unanswered(pub, live[pub], now)]
+        for pub, at in self._watched.items():
+            if now >= at:  # each due peer is looked at again in RESCUE_S, until its watch ends
+                self._watched[pub] = now + RESCUE_S
         if not again:
             return []
         try:
@@ -606,15 +627,41 @@ class WireGuard:
             self.forget()
             raise
         for c in again:
-            self._watched[c.peer.public_key] = now + RESCUE_S
-        log.info("%s peers: added anew (no handshake yet: crossed handshakes?) %s", self.ifname,
-                 [c.name for c in again])
+            self._heard.pop(c.peer.public_key, None)
+        log.info("%s peers: added anew (no handshake yet, or unanswered after one: crossed handshakes?) %s",
+                 self.ifname, [c.name for c in again])
         return [c.name for c in again]
+
+    def _listen(self, pub: str, peer: DevicePeer) -> None:
+        """A watched peer with a handshake: note when its rx bytes last moved (and this end's tx
+        then), and make its next rescue due when it would have been silent for UNHEARD_S."""
+        seen = self._heard.get(pub)
+        if seen is None or peer.rx_bytes != seen[1]:
+            now = time.monotonic()
+            self._heard[pub] = (now, peer.rx_bytes, peer.tx_bytes)
+            self._watched[pub] = max(self._watched[pub], now + UNHEARD_S)
+
+    def _unanswered(self, pub: str, peer: DevicePeer, now: float) -> bool:
+        """Whether a watched peer is to be added anew now: it has no handshake yet, or since its
+        rx bytes last moved this end has sent and heard nothing for UNHEARD_S. Two crossed
+        initiations can leave a pair where one end sends on a key the other no longer holds and
+        hears nothing back; WireGuard itself starts over only after 15 s of that (KEEPALIVE_TIMEOUT
+        + REKEY_TIMEOUT), and on a good session the other end's greeting (or traffic) comes at
+        once. "Sent" means more than UNHEARD_BYTES (a greeting alone is 32 bytes); only peers this
+        end has an endpoint for are watched (a crossing needs both ends to call). A pair whose
+        traffic runs one way only in its first seconds (the other end still answers by another
+        path) looks the same, and pays one new handshake: nothing arrives on
+        the keys dropped, and what this end sends waits in WireGuard's queue for the new ones."""
+        seen = self._heard.get(pub)
+        if not peer.last_handshake or seen is None:
+            return True
+        return now - seen[0] >= UNHEARD_S and peer.tx_bytes > seen[2] + UNHEARD_BYTES
 
     def _forget_watch(self, pub: str) -> None:
         self._added_at.pop(pub, None)
         self._watched.pop(pub, None)
         self._high.discard(pub)
+        self._heard.pop(pub, None)
 
     def retire_peers(self) -> PeerDiff:
         """Remove the peers the last `stage_peers` did not want, and the allowed IPs a wanted peer
