@@ -11,6 +11,13 @@ import os
 import pytest
 
 VM_NICENESS = 10  # CFS weight 110 against the host tests' 1024
+# The VM labs' `lab up --wait` here: niced guests beside the host tests get what those leave, and
+# on a busy machine five agents in the one-VM lab's 2-vCPU TCG guest had not converged after the
+# default 600 s (2026-12-07: 14:20 run, 860 s; 15:20 run, past 600 s). Alone they take 2-4 min.
+LOADED_CONVERGE_WAIT_S = 1200
+# ... and what `lab up` itself may take: the wait, the guest's build (vmlab.GUEST_BUILD_TIMEOUT)
+# and its boot
+LAB_UP_TIMEOUT_S = LOADED_CONVERGE_WAIT_S + 900
 
 
 @pytest.fixture(scope="module", autouse=True)

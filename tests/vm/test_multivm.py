@@ -24,6 +24,7 @@ from meshctl.lab.namespaces.state import LabState, NodeState
 from meshctl.lab.rigs.netns import list_prefixed
 from meshctl.lab.vms import vm, vmnodes
 from meshctl.node.shell import pid_alive
+from tests.vm.conftest import LAB_UP_TIMEOUT_S, LOADED_CONVERGE_WAIT_S
 
 PREFIX = f"mv{os.getpid() % 1000}t-"
 NAME = labstate.lab_name(PREFIX)
@@ -53,7 +54,8 @@ def lab():
     except vm.MeshError as e:  # `make test` fetches them first (scripts/kernels.sh)
         pytest.skip(str(e))
     try:
-        up = meshctl("lab", "up", "-f", LAB_FILE, "--prefix", PREFIX, "--wait", "500", timeout=1200)
+        up = meshctl("lab", "up", "-f", LAB_FILE, "--prefix", PREFIX, "--wait", str(LOADED_CONVERGE_WAIT_S),
+                     timeout=LAB_UP_TIMEOUT_S)
         assert up.returncode == 0, up.stderr[-3000:]
         st = labstate.load(NAME)
         assert st is not None

@@ -20,6 +20,7 @@ import yaml
 from meshctl.lab.namespaces import state as labstate
 from meshctl.lab.vms import vm
 from meshctl.node.shell import pid_alive
+from tests.vm.conftest import LAB_UP_TIMEOUT_S, LOADED_CONVERGE_WAIT_S
 from tests.waiting import wait_for
 
 PREFIX = f"vm{os.getpid() % 1000}s-"
@@ -59,7 +60,8 @@ def vm_lab(tmp_path_factory):
     path = tmp_path_factory.mktemp("vmlab") / "lab.yaml"
     path.write_text(yaml.safe_dump(LAB))
     try:
-        up = meshctl("lab", "up", "--kernel", "6.1", "-f", str(path), timeout=1500)
+        up = meshctl("lab", "up", "--kernel", "6.1", "-f", str(path), "--wait", str(LOADED_CONVERGE_WAIT_S),
+                     timeout=LAB_UP_TIMEOUT_S)
         assert up.returncode == 0, up.stderr[-3000:]
         yield up
     finally:

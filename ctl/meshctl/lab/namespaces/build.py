@@ -128,7 +128,10 @@ def up_with(spec: LabSpec, build: Build, start: StartAgents, remove: Down, *, pr
             wait_converged(st, progress, wait, hold)
     except BaseException:
         progress("lab up failed; removing what was built")
-        remove(name, quiet)
+        try:
+            remove(name, quiet)
+        except Exception as e:  # noqa: BLE001 - the failure of `up` is the error to report, not this
+            progress(f"removing what was built failed too: {e}")
         raise
     progress(f"lab {name} up in {time.monotonic() - t0:.1f} s")
     return st
@@ -778,9 +781,15 @@ def down(name: str, *, progress: Progress = quiet) -> list[str]:
                     cni_install.del_pod(st, n, pod)
                 except (MeshError, OSError, subprocess.SubprocessError) as e:
                     problems.append(str(e))
-    # Agent containers (lab.agent image), recorded or found by name, before the processes.
+    # Agent containers (lab.agent image), recorded or found by name, before the processes. Only a
+    # lab that ran the image, or one whose state is gone, is looked for by name: a podman query
+    # costs a minute in a TCG guest, whose labs run no containers.
     containers = [name for _, n in st.nodes() for name in n.containers]
-    containers += [c for c in image_agents.leftovers(prefix) if c not in containers]
+    if st.image is not None or not labstate.state_path(name).exists():
+        try:
+            containers += [c for c in image_agents.leftovers(prefix) if c not in containers]
+        except MeshError as e:
+            problems.append(str(e))
     for name in image_agents.remove_all(containers):
         problems.append(f"container {name} could not be removed")
     stop_pids([pid for what, pid in pids.items() if what.startswith("agent/")], 3)

@@ -44,11 +44,14 @@ def run_prefix() -> list[str]:
 
 
 def podman(*args: str, timeout: float = 60.0, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """One podman command (with this host's runtime); MeshError naming its last line when `check`."""
+    """One podman command (with this host's runtime); MeshError naming its last line when `check`,
+    and whatever `check` says when it is still running after `timeout` s (it is killed)."""
     try:
         p = subprocess.run(["podman", *runtime(), *args], capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
         raise MeshError("podman is not installed (make setup installs it)") from None
+    except subprocess.TimeoutExpired:
+        raise MeshError(f"podman {args[0]} did not answer within {timeout:.0f} s") from None
     if check and p.returncode != 0:
         lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
         raise MeshError(f"podman {args[0]} failed: {lines[-1] if lines else f'exit {p.returncode}'}")
@@ -74,8 +77,12 @@ def remove(names: list[str], timeout: int = 3) -> list[str]:
     that could not be removed."""
     left = []
     for name in names:
-        p = podman("rm", "--force", "--volumes", "--time", str(timeout), "--ignore", name,
-                   timeout=timeout + 60.0, check=False)
+        try:
+            p = podman("rm", "--force", "--volumes", "--time", str(timeout), "--ignore", name,
+                       timeout=timeout + 60.0, check=False)
+        except MeshError:  # did not answer in time
+            left.append(name)
+            continue
         if p.returncode != 0:
             left.append(name)
     return left

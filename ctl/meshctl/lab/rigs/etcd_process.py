@@ -81,7 +81,8 @@ class EtcdServer:
         """Start etcd and wait until it answers /health (with `client_tls` when TLS is on)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.data_dir, 0o700)
-        log = open(self.log_file or (self.data_dir.parent / f"{self.name}.log"), "ab")  # noqa: SIM115
+        log_path = Path(self.log_file or (self.data_dir.parent / f"{self.name}.log"))
+        log = open(log_path, "ab")  # noqa: SIM115
         try:
             self._proc = subprocess.Popen([*exec_prefix(self.netns), *self.argv()], stdout=log, stderr=log,
                                           stdin=subprocess.DEVNULL, start_new_session=True)
@@ -93,7 +94,8 @@ class EtcdServer:
         try:
             while time.monotonic() < deadline:
                 if self._proc.poll() is not None:
-                    raise MeshError(f"etcd {self.name} exited with {self._proc.returncode}; see its log")
+                    raise MeshError(f"etcd {self.name} exited with {self._proc.returncode}: "
+                                    f"{_last_error(log_path)} ({log_path})")
                 if client.health():
                     return self.pid
                 time.sleep(0.05)
@@ -171,3 +173,13 @@ def _alive(pid: int) -> bool:
     except ChildProcessError:
         pass
     return pid_alive(pid)
+
+
+def _last_error(log: Path) -> str:
+    """The last fatal or error line of an etcd log (zap's JSON lines), else its last line."""
+    try:
+        lines = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "no log"
+    errs = [ln for ln in lines if '"level":"fatal"' in ln or '"level":"error"' in ln] or lines
+    return errs[-1][:300] if errs else "no output"

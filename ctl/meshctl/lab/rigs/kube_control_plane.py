@@ -23,6 +23,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -48,6 +49,7 @@ _SERVICE_IP = str(next(ipaddress.ip_network(SERVICE_CIDR).hosts()))
 _SERVICE_NAMES = ("kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local")
 ADMIN = "meshctl-admin"
 START_WAIT = 90.0
+PORT_TRIES = 3  # starts of etcd on new free ports when another socket took one first
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -127,18 +129,32 @@ class ControlPlane:
         if self.port == 0:
             self.port = API_PORT if self.netns else free_port(self.host)
         self._make_pki()
-        loopback = "127.0.0.1"
-        etcd_port, peer_port = (2379, 2380) if self.netns else (free_port(loopback), free_port(loopback))
-        self.etcd = EtcdServer("kube-etcd", self.dir / "etcd", host=loopback, port=etcd_port, peer_port=peer_port,
-                               netns=self.netns, log_file=self.dir / "etcd.log")
         try:
-            self.pids["etcd"] = self.etcd.start()
+            self._start_etcd()
             self._start_apiserver(bins, wait)
             self._start_controller_manager(bins)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _start_etcd(self) -> None:
+        """etcd on 2379/2380 of the control plane's own namespace, or on two free ports of this
+        host's loopback. A free port is only the kernel's pick of the moment: on a busy host an
+        outgoing connection can take it as its source port before etcd binds it (a Kubernetes
+        fixture's etcd exited so under make test). Such a start is tried again on new ports."""
+        loopback = "127.0.0.1"
+        for attempt in range(1, PORT_TRIES + 1):
+            etcd_port, peer_port = (2379, 2380) if self.netns else (free_port(loopback), free_port(loopback))
+            shutil.rmtree(self.dir / "etcd", ignore_errors=True)
+            self.etcd = EtcdServer("kube-etcd", self.dir / "etcd", host=loopback, port=etcd_port,
+                                   peer_port=peer_port, netns=self.netns, log_file=self.dir / "etcd.log")
+            try:
+                self.pids["etcd"] = self.etcd.start()
+                return
+            except MeshError as e:
+                if self.netns or attempt == PORT_TRIES or "address already in use" not in str(e):
+                    raise
 
     def stop(self) -> None:
         """Every process started here, newest first."""
