@@ -47,7 +47,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from meshctl.errors import InputError, MeshError
 from meshctl.mesh.model import IPNetwork, sort_key_net
-from meshctl.node.shell import sh
+from meshctl.node.shell import TIMED_OUT, sh
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +81,11 @@ def detect_mode(own_prefix: str = "") -> tuple[str, str]:
         text = []
         for fam in ("iptables", "ip6tables"):
             try:
-                text.append(sh([f"{fam}-{mode}-save"], check=False, timeout=10).stdout)
-            except (FileNotFoundError, subprocess.TimeoutExpired):
+                p = sh([f"{fam}-{mode}-save"], check=False, timeout=10)
+            except FileNotFoundError:
                 continue
+            if p.returncode != TIMED_OUT:  # a save cut short is no save
+                text.append(p.stdout)
         saves[mode] = "".join(text)
     if not any(saves.values()) and not any(_has(f"iptables-{m}") for m in IPTABLES_MODES):
         raise MeshError("neither iptables-nft nor iptables-legacy is installed (Debian package iptables)")

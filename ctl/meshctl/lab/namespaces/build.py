@@ -766,7 +766,8 @@ def down(name: str, *, progress: Progress = quiet) -> list[str]:
     """Remove a namespace lab: its recorded processes, pinned maps, namespaces (from the state file
     and by prefix scan) and its run directory. Works after a crash; returns what could not be
     removed. A VM-per-node lab's VMs are stopped first by lab/vms/vmnodes.py."""
-    st = labstate.load(name) or LabState(name=name, prefix=f"{name}-", dir=str(labstate.lab_dir(name)))
+    recorded = labstate.load(name)
+    st = recorded or LabState(name=name, prefix=f"{name}-", dir=str(labstate.lab_dir(name)))
     prefix = st.prefix
     problems: list[str] = []
     pids = dict(st.pids)
@@ -785,11 +786,8 @@ def down(name: str, *, progress: Progress = quiet) -> list[str]:
     # lab that ran the image, or one whose state is gone, is looked for by name: a podman query
     # costs a minute in a TCG guest, whose labs run no containers.
     containers = [name for _, n in st.nodes() for name in n.containers]
-    if st.image is not None or not labstate.state_path(name).exists():
-        try:
-            containers += [c for c in image_agents.leftovers(prefix) if c not in containers]
-        except MeshError as e:
-            problems.append(str(e))
+    if st.image is not None or recorded is None:
+        containers += [c for c in image_agents.leftovers(prefix) if c not in containers]
     for name in image_agents.remove_all(containers):
         problems.append(f"container {name} could not be removed")
     stop_pids([pid for what, pid in pids.items() if what.startswith("agent/")], 3)

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 
 from meshctl.errors import MeshError
+from meshctl.node.shell import sh
 
 NOFILE_MAX = 1048576  # podman's default nofile, which the host's hard limit may be below
 NPROC_MAX = 32768  # the most podman gives a container here
@@ -44,14 +45,12 @@ def run_prefix() -> list[str]:
 
 
 def podman(*args: str, timeout: float = 60.0, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """One podman command (with this host's runtime); MeshError naming its last line when `check`,
-    and whatever `check` says when it is still running after `timeout` s (it is killed)."""
+    """One podman command (with this host's runtime); MeshError naming its last line when `check`
+    (one killed at its `timeout` fails as node.shell.sh says)."""
     try:
-        p = subprocess.run(["podman", *runtime(), *args], capture_output=True, text=True, timeout=timeout)
+        p = sh(["podman", *runtime(), *args], check=False, timeout=timeout)
     except FileNotFoundError:
         raise MeshError("podman is not installed (make setup installs it)") from None
-    except subprocess.TimeoutExpired:
-        raise MeshError(f"podman {args[0]} did not answer within {timeout:.0f} s") from None
     if check and p.returncode != 0:
         lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
         raise MeshError(f"podman {args[0]} failed: {lines[-1] if lines else f'exit {p.returncode}'}")
@@ -77,12 +76,8 @@ def remove(names: list[str], timeout: int = 3) -> list[str]:
     that could not be removed."""
     left = []
     for name in names:
-        try:
-            p = podman("rm", "--force", "--volumes", "--time", str(timeout), "--ignore", name,
-                       timeout=timeout + 60.0, check=False)
-        except MeshError:  # did not answer in time
-            left.append(name)
-            continue
+        p = podman("rm", "--force", "--volumes", "--time", str(timeout), "--ignore", name,
+                   timeout=timeout + 60.0, check=False)
         if p.returncode != 0:
             left.append(name)
     return left

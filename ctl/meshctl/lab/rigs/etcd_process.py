@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,7 +96,7 @@ class EtcdServer:
             while time.monotonic() < deadline:
                 if self._proc.poll() is not None:
                     raise MeshError(f"etcd {self.name} exited with {self._proc.returncode}: "
-                                    f"{_last_error(log_path)} ({log_path})")
+                                    f"{last_error_line(log_path, _zap_error)} ({log_path})")
                 if client.health():
                     return self.pid
                 time.sleep(0.05)
@@ -175,11 +176,17 @@ def _alive(pid: int) -> bool:
     return pid_alive(pid)
 
 
-def _last_error(log: Path) -> str:
-    """The last fatal or error line of an etcd log (zap's JSON lines), else its last line."""
+def last_error_line(log: Path, is_error: Callable[[str], bool]) -> str:
+    """The last line of a server's log that `is_error` picks, else its last line (300 characters
+    at most): what an error about a server that exited or never got ready quotes."""
     try:
         lines = log.read_text(errors="replace").strip().splitlines()
     except OSError:
         return "no log"
-    errs = [ln for ln in lines if '"level":"fatal"' in ln or '"level":"error"' in ln] or lines
+    errs = [ln for ln in lines if is_error(ln)] or lines
     return errs[-1][:300] if errs else "no output"
+
+
+def _zap_error(line: str) -> bool:
+    """An error or fatal line of etcd's log (zap's JSON lines)."""
+    return '"level":"fatal"' in line or '"level":"error"' in line

@@ -39,7 +39,7 @@ import yaml
 from meshctl.errors import MeshError
 from meshctl.etcd.nsconn import session
 from meshctl.lab.rigs import kube_binaries, pki
-from meshctl.lab.rigs.etcd_process import EtcdServer, stop_pid
+from meshctl.lab.rigs.etcd_process import EtcdServer, last_error_line, stop_pid
 from meshctl.node.shell import exec_prefix
 
 SERVICE_CIDR = "10.96.0.0/16"
@@ -146,7 +146,8 @@ class ControlPlane:
         loopback = "127.0.0.1"
         for attempt in range(1, PORT_TRIES + 1):
             etcd_port, peer_port = (2379, 2380) if self.netns else (free_port(loopback), free_port(loopback))
-            shutil.rmtree(self.dir / "etcd", ignore_errors=True)
+            if attempt > 1:
+                shutil.rmtree(self.dir / "etcd", ignore_errors=True)  # what the failed start wrote
             self.etcd = EtcdServer("kube-etcd", self.dir / "etcd", host=loopback, port=etcd_port,
                                    peer_port=peer_port, netns=self.netns, log_file=self.dir / "etcd.log")
             try:
@@ -380,12 +381,8 @@ class ControlPlane:
         self._spawn("controller-manager", argv)
 
     def _tail(self, name: str) -> str:
-        try:
-            lines = (self.dir / f"{name}.log").read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return "no log"
-        errs = [ln for ln in lines if ln[:1] in ("E", "F")] or lines
-        return errs[-1][:300] if errs else "no output"
+        """The last error (klog's E and F lines) of process `name`'s log."""
+        return last_error_line(self.dir / f"{name}.log", lambda ln: ln[:1] in ("E", "F"))
 
 
 def token_claims(token: str) -> dict[str, Any]:

@@ -31,9 +31,12 @@ Crossed initiations can also end with a handshake at both ends and a session tha
 only: one end sends on a key the other no longer holds and hears nothing back, which WireGuard
 itself notices after 15 s of sending unanswered. So a watched peer with a handshake stays watched
 until RESCUE_UNTIL_S after its add, and an end that has sent to it and heard nothing for UNHEARD_S
-adds it anew too, once it has sent more than a greeting's worth unanswered (measured with
-wireguard-go: 1 crossing in 25 ended so and lasted past 12 s; none of 120 since, the slowest
-answering after 1.4 s).
+adds it anew too, once it has sent more than a greeting's worth unanswered (UNHEARD_BYTES; a
+greeting is one 32-byte keepalive). A pair whose traffic runs one way only in its first seconds
+(the other end answers by another path) looks the same, and pays one new handshake: nothing
+arrives on the keys dropped, and what this end sends waits in WireGuard's queue for the new ones.
+Measured with wireguard-go: 1 crossing in 25 ended one-way past 12 s; with the watch none of 40
+did, the slowest answering both ways after 0.82 s (docs/node.md).
 
 The object remembers what it last applied (the device's key, port and ifindex; each peer's
 configuration as set), so a reconcile that changes one peer costs one peer's work, not a dump
@@ -643,15 +646,8 @@ class WireGuard:
 
     def _unanswered(self, pub: str, peer: DevicePeer, now: float) -> bool:
         """Whether a watched peer is to be added anew now: it has no handshake yet, or since its
-        rx bytes last moved this end has sent and heard nothing for UNHEARD_S. Two crossed
-        initiations can leave a pair where one end sends on a key the other no longer holds and
-        hears nothing back; WireGuard itself starts over only after 15 s of that (KEEPALIVE_TIMEOUT
-        + REKEY_TIMEOUT), and on a good session the other end's greeting (or traffic) comes at
-        once. "Sent" means more than UNHEARD_BYTES (a greeting alone is 32 bytes); only peers this
-        end has an endpoint for are watched (a crossing needs both ends to call). A pair whose
-        traffic runs one way only in its first seconds (the other end still answers by another
-        path) looks the same, and pays one new handshake: nothing arrives on
-        the keys dropped, and what this end sends waits in WireGuard's queue for the new ones."""
+        rx bytes last moved, UNHEARD_S ago or more, this end has sent it more than UNHEARD_BYTES
+        (a session that carries one way only: see the module docstring)."""
         seen = self._heard.get(pub)
         if not peer.last_handshake or seen is None:
             return True
