@@ -25,6 +25,7 @@ from meshctl.lab.rigs.netns import list_prefixed
 from meshctl.lab.vms import vm, vmnodes
 from meshctl.node.shell import pid_alive
 from tests.vm.conftest import LAB_UP_TIMEOUT_S, LOADED_CONVERGE_WAIT_S
+from tests.waiting import wait_for
 
 PREFIX = f"mv{os.getpid() % 1000}t-"
 NAME = labstate.lab_name(PREFIX)
@@ -32,6 +33,7 @@ LAB_FILE = str(files("meshctl.lab") / "labs" / "vms.yaml")
 KERNELS = {"a1": "6.1", "a2": "5.10", "b1": "6.12"}
 # what each kernel lacks of what the programs use, each with a fallback (docs/datapath.md)
 DECAP = "flag BPF_F_ADJ_ROOM_DECAP_L3_IPV4"
+CHECK_WAIT_S = 300  # as test_vmlab's: a lab check of TCG guests on a loaded host takes minutes
 FALLBACKS = {"5.10": ["helper bpf_check_mtu", "flag BPF_F_ADJ_ROOM_ENCAP_L2_ETH", DECAP], "6.1": [DECAP], "6.12": []}
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -66,11 +68,21 @@ def lab():
 
 
 def test_every_pod_pair_answers_on_the_path_its_agent_planned(lab):
-    results = labcheck.check(lab, count=3, run=vmnodes.on_node)
-    assert len(results) == 6
-    for r in results:
-        assert r.ok, f"{r.src} -> {r.dst}: {r.received}/{r.sent}"
-        assert r.path == r.expected, f"{r.src} -> {r.dst} took {r.path}, its agent planned {r.expected}"
+    """Every pair answers on its plan's path. A loaded machine's TCG guests may still be settling
+    when `lab up --wait` returns (an agent whose private-path probes were answered late has its
+    pair on a fallback rung for a while): pairs that do not yet are measured again, until
+    CHECK_WAIT_S."""
+    off: list[str] = []
+
+    def as_planned() -> list[labcheck.PairResult] | None:
+        results = labcheck.check(lab, count=3, run=vmnodes.on_node)
+        assert len(results) == 6
+        off[:] = [f"{r.src} -> {r.dst}: {r.received}/{r.sent} took {r.path}, its agent planned {r.expected}"
+                  for r in results if not r.ok or r.path != r.expected]
+        return None if off else results
+
+    results = wait_for(as_planned, CHECK_WAIT_S, 0.05)
+    assert results, off
     paths = {(r.src, r.dst): r.path for r in results}
     assert paths["a1", "a2"] == paths["a2", "a1"] == "direct", "a 6.1 and a 5.10 node share loc-a's private /24"
     assert paths["a1", "b1"] == paths["b1", "a1"] == "tunnel"

@@ -101,7 +101,7 @@ class SecureMetricsServer:
         ctx.load_cert_chain(str(cert), str(key))
         self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True, do_handshake_on_connect=False)
         self.address = self.httpd.server_address
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1},
+        self._thread = threading.Thread(target=self.httpd.serve_forever,
                                         name="secure-metrics", daemon=True)
 
     def start(self) -> None:

@@ -277,7 +277,7 @@ class StatusServer:
         host, port = parse_addr(addr, "--metrics-addr")
         self.httpd = StatusHttpServer((host, port), Handler)
         self.address = self.httpd.server_address
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1},
+        self._thread = threading.Thread(target=self.httpd.serve_forever,
                                         name="status-http", daemon=True)
 
     def start(self) -> None:

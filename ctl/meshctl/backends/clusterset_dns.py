@@ -23,6 +23,7 @@ from typing import Any
 
 from dnslib import AAAA, QTYPE, RCODE, RR, SOA, SRV, A, DNSRecord
 
+from meshctl.http_serving import SleepsWhenIdle
 from meshctl.mesh.mcs import DNS_TTL, ZONE, DnsAnswer, Srv, Zone, answer
 
 log = logging.getLogger("meshctl.clusterset.dns")
@@ -112,7 +113,7 @@ class ClusterSetDns:
             def handle(self) -> None:
                 server._serve_tcp(self.request)
 
-        class Tcp(socketserver.ThreadingTCPServer):
+        class Tcp(SleepsWhenIdle, socketserver.ThreadingTCPServer):
             allow_reuse_address = True
             daemon_threads = True
             address_family = family
@@ -125,7 +126,7 @@ class ClusterSetDns:
 
     def start(self) -> None:
         self._threads = [threading.Thread(target=self._serve_udp, name="dns-udp", daemon=True),
-                         threading.Thread(target=self._tcp.serve_forever, kwargs={"poll_interval": 0.2},
+                         threading.Thread(target=self._tcp.serve_forever,
                                           name="dns-tcp", daemon=True)]
         for t in self._threads:
             t.start()

@@ -208,7 +208,7 @@ def ui(listen: str, remotes: tuple[str, ...], **source: Any) -> None:
         what = "live, from the agents' summaries" if live.live else "the plan only (a file has no summaries)"
         click.echo(f"meshctl ui: {server.url} ({len(topo.nodes)} nodes from {src.name}, {what}); Ctrl-C stops",
                    nl=True)
-        server.serve_forever(poll_interval=0.5)
+        server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:

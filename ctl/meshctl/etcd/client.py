@@ -309,18 +309,17 @@ class EtcdClient:
         return int(d["ID"])
 
     def lease_keepalive(self, lease: int) -> int:
-        """Refresh a lease once; returns its remaining TTL (0: the lease is gone)."""
-        r = self._post("/v3/lease/keepalive", {"ID": str(lease)}, stream=True)
+        """Refresh a lease once; returns its remaining TTL (0: the lease is gone). The gateway's
+        keepalive stream ends after the one answer to our one request: read to its end, the
+        session keeps the connection (closed early, every refresh cost a TLS handshake)."""
+        r = self._post("/v3/lease/keepalive", {"ID": str(lease)})
         try:
-            for line in stream_lines(r.iter_content(chunk_size=READ_CHUNK)):
-                if line:
-                    res = json.loads(line).get("result", {})
-                    return int(res.get("TTL", 0))
+            d = json.loads(next((line for line in r.content.splitlines() if line.strip()), b"{}"))
         except (requests.RequestException, ValueError) as e:
             raise EtcdError(f"etcd lease keepalive: {_short(e)}") from None
-        finally:
-            r.close()
-        return 0
+        if d.get("error"):
+            raise EtcdError(f"etcd lease keepalive: {d['error']}")
+        return int(d.get("result", {}).get("TTL", 0))
 
     def lease_revoke(self, lease: int) -> None:
         self._call("/v3/lease/revoke", {"ID": str(lease)})

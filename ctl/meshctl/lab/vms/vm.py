@@ -39,7 +39,7 @@ from meshctl.datapath.features import WITHOUT_ENV
 from meshctl.errors import MeshError
 from meshctl.lab.namespaces.state import VmRecord, to_json
 from meshctl.lab.rigs.kernels import KERNEL_SERIES
-from meshctl.lab.vms import zygote
+from meshctl.lab.vms import imports, zygote
 from meshctl.node.shell import exec_prefix, pid_alive
 
 KERNEL_CACHE = Path(os.environ.get("MESHCTL_KERNELS", "/var/lib/meshctl/kernels"))
@@ -201,7 +201,8 @@ class VM:
 
     def command(self) -> list[str]:
         """The vng command line that boots this VM with the guest server as its init's command."""
-        serve = shlex.join([sys.executable, "-m", "meshctl.lab.vms.vm", "serve", str(self.shared)])
+        serve = imports.guest_command(self.shared,
+                                      [sys.executable, "-m", "meshctl.lab.vms.vm", "serve", str(self.shared)])
         qemu = [f"-pidfile {self.workdir / 'qemu.pid'}"]
         for i, (tap, mac) in enumerate(self.nics):
             qemu.append(f"-netdev tap,id=mn{i},ifname={tap},script=no,downscript=no "
@@ -220,6 +221,7 @@ class VM:
         os.chmod(self.workdir, 0o700)
         for d in ("req", "out"):
             (self.shared / d).mkdir(parents=True, exist_ok=True)
+        imports.write_pack(self.shared)
         log = open(self.workdir / "console.log", "wb")  # noqa: SIM115 - handed to the child
         t0 = time.monotonic()
         self._proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -26,6 +26,8 @@ from meshctl.setns import join_netns
 
 # What the guest runs as `python -m`: the CLI (node commands, the agent) and the node's own set-up.
 WARM_MODULES = ("meshctl.cli", "meshctl.lab.vms.vmnodes")
+# ... and what the warm server imports: those, and what an agent forked from it would import next.
+WARM_IMPORTS = (*WARM_MODULES, "meshctl.agent.run")
 _WAIT_STEP = 0.05
 _MAX_FD = 65536
 
@@ -33,11 +35,11 @@ _ready = threading.Event()
 
 
 def warm_in_background() -> None:
-    """Import WARM_MODULES in a thread; `forkable` holds only once every import has finished, so
+    """Import WARM_IMPORTS in a thread; `forkable` holds only once every import has finished, so
     no fork happens while a module lock is held."""
 
     def warm() -> None:
-        for name in WARM_MODULES:
+        for name in WARM_IMPORTS:
             with contextlib.suppress(Exception):
                 importlib.import_module(name)
         _ready.set()
