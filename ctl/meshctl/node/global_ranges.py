@@ -84,17 +84,21 @@ class TranslationApplier:
         self._written: str | None = None  # the ruleset in place; "" when the table is known absent
 
     def sync(self, global_cidrs: Sequence[tuple[IPNetwork, IPNetwork]], leaving: Iterable[IPNetwork]) -> bool:
-        """Write the table for these ranges (None of them: remove it); whether anything was written."""
+        """Write the table for these ranges (None of them: remove it); whether the kernel changed
+        (removing a table that was absent changes nothing, and says nothing: every full resync of a
+        node without global ranges asks for it)."""
         want = ruleset(global_cidrs, leaving) if global_cidrs else ""
         if want == self._written:
             return False
         if want:
             sh(["nft", "-f", "-"], input=f"table inet {TABLE} {{ }}\nflush table inet {TABLE}\n{want}")
+            changed = True
         else:
-            sh(["nft", "delete", "table", "inet", TABLE], check=False)  # absent already: nothing to do
+            changed = sh(["nft", "delete", "table", "inet", TABLE], check=False).returncode == 0
         self._written = want
-        log.info("global ranges: kernel fallback %s", "written" if want else "removed")
-        return True
+        if changed:
+            log.info("global ranges: kernel fallback %s", "written" if want else "removed")
+        return changed
 
     def clear(self) -> bool:
         return self.sync((), ())
