@@ -80,10 +80,11 @@ def guest(objects):
 
 def _without_headers(guest: vm.VM, node: str, shipped: str) -> tuple[dict, str]:
     """Datapath.open then `datapath status` in the guest, in a mount namespace whose /usr/src is an
-    empty tmpfs, with bcc not importable and an empty object cache."""
+    empty tmpfs, with bcc not importable (ahead of the guest's own PYTHONPATH, its packed imports:
+    lab/vms/imports.py) and an empty object cache."""
     script = (f"mount -t tmpfs none /usr/src && mkdir -p /tmp/oh-cache && "
-              f"PYTHONPATH={guest.shared / 'nobcc'} {shlex.quote(sys.executable)} -c {shlex.quote(GUEST_SCRIPT)} "
-              f"{node} {PIN_ROOT}")
+              f"PYTHONPATH={guest.shared / 'nobcc'}${{PYTHONPATH:+:$PYTHONPATH}} "
+              f"{shlex.quote(sys.executable)} -c {shlex.quote(GUEST_SCRIPT)} {node} {PIN_ROOT}")
     env = {"MESHCTL_BPF_OBJECTS": shipped, "MESHCTL_BPF_CACHE": "/tmp/oh-cache"}
     res = guest.run(["unshare", "-m", "sh", "-c", script], timeout=GUEST_TIMEOUT, env=env)
     assert res.rc == 0, res.stderr
