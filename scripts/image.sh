@@ -176,6 +176,15 @@ build_objects() {
   echo "$id" > "$CTX/objects.image-id"
 }
 
+# What a tag names now (empty: nothing); after a build, the image a tag named before is removed once
+# the tag has moved on: a rebuild would otherwise leave it behind, untagged (1.3 GB a build of the
+# three). rmi refuses an image a container still uses or another tag names: that one stays.
+tagged_id() { "$ENGINE_BIN" image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
+drop_replaced() {  # drop_replaced OLD_ID TAG
+  [ -n "$1" ] && [ -z "${DRY_RUN:-}" ] && [ "$1" != "$(tagged_id "$2")" ] || return 0
+  "$ENGINE_BIN" rmi "$1" >/dev/null 2>&1 || true
+}
+
 # NO_CACHE=1: no cached layer (bench/image.py --cold)
 if [ -n "${NO_CACHE:-}" ]; then NOCACHE=(--no-cache); else NOCACHE=(); fi
 
@@ -199,8 +208,13 @@ case "$cmd" in
     pick_ca
     prepare_context
     t0=$(date +%s)
+    before=()
+    for tag in "$IMAGE" "$OBJECTS_IMAGE" "$BUILD_IMAGE"; do before+=("$(tagged_id "$tag")"); done
     build_objects
     run "${BUILD[@]}" --build-arg "BASE=$BASE" -t "$IMAGE" .
+    drop_replaced "${before[0]}" "$IMAGE"
+    drop_replaced "${before[1]}" "$OBJECTS_IMAGE"
+    drop_replaced "${before[2]}" "$BUILD_IMAGE"
     [ -n "${DRY_RUN:-}" ] || echo "make image: $IMAGE built with $ENGINE_KIND from $BASE in $(( $(date +%s) - t0 )) s" >&2
     ;;
   *) die "unknown command $cmd (build, base or engine)" ;;

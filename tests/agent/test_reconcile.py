@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import json
+import logging
 import shutil
 import tempfile
 import time
@@ -130,7 +131,10 @@ def make_node(etcd_tls: Any) -> Iterator[Callable[[float], AgentNode]]:
 
 
 @pytest.mark.slow
-def test_at_5000_records_a_join_costs_what_changed_and_nothing_new_reuses_the_plan(make_node):
+def test_at_5000_records_a_join_costs_what_changed_and_nothing_new_reuses_the_plan(make_node, caplog):
+    """What a pass does at 5,000 records, by what it changed in the kernel (its times are printed:
+    bench/ measures them)."""
+    caplog.set_level(logging.INFO, logger="meshctl")
     node = make_node(600.0)  # no timer-driven full pass during the test
     count = 5000
     t0 = time.monotonic()
@@ -144,10 +148,16 @@ def test_at_5000_records_a_join_costs_what_changed_and_nothing_new_reuses_the_pl
     joins = []
     for k in range(3):
         n = len(node.passes)
+        caplog.clear()
         node.put(count + k)
         joins.append(node.wait_pass(n, lambda p, k=k: p["nodes"] == count + 2 + k))
         new = synth_record(count + k)["pod_cidr"]
         assert new in node.routes() and new in node.wg_allowed() and new in node.mesh_set()
+        # the appliers wrote its two routes (its pods, and its private address: another location's
+        # is routed through WireGuard, as in Kilo) and its one set member, nothing else
+        said = [r.getMessage() for r in caplog.records]
+        assert [m for m in said if m.startswith("routes:")] == ["routes: added 2, changed 0"], said
+        assert [m for m in said if m.startswith("ipset ")] == [f"ipset {node.prefix}-mesh4: +1 -0 members"], said
     for j in joins:
         assert not j["errors"] and not j["full"]
     appliers = [sum(j["steps_ms"][s] for s in ("wireguard", "routes", "nat")) for j in joins]
@@ -170,12 +180,6 @@ def test_at_5000_records_a_join_costs_what_changed_and_nothing_new_reuses_the_pl
     print(f"\n{count} records: first pass {first_s:.1f} s; joins {', '.join(ms(j) for j in joins)}, of which "
           f"appliers {', '.join(f'{a:.0f}' for a in appliers)} ms; touch {ms(touch)}; no change {ms(idle)}")
     print("join steps (ms):", joins[-1]["steps_ms"], "first pass steps (ms):", first["steps_ms"])
-    # A join's appliers change one route, one allowed IP, one set member: a few tens of ms when
-    # idle (bound: 250 ms), against the first pass's ~1 s of 5,000 each. A loaded machine (two
-    # test workers on 2 cores) slows both sides alike, so a join under a quarter of that first
-    # pass, measured in the same run, passes too.
-    first_appliers = sum(first["steps_ms"][s] for s in ("wireguard", "routes", "nat"))
-    assert min(appliers) < max(250, first_appliers / 4), (appliers, first_appliers)
 
 
 def test_drift_is_repaired_by_the_full_pass_not_by_the_passes_between(make_node):

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from meshctl import defaults
 from meshctl.agent.status import AgentStatus
 from meshctl.backends.file import load_yaml
 from meshctl.cli.agent import format_status
@@ -264,10 +265,11 @@ def test_unexport_takes_the_import_its_slices_and_its_name_away(lab: LabState) -
     ok(c2, "DELETE", f"{MCS}/namespaces/default/serviceexports/gone")
     wait(lambda: mcs_slices(c1, "gone") == {}, 10, "slices gone")
     # Both controllers pass on events (their informers', the cache's watch): the other cluster's
-    # slices follow within a second, not a listing period later.
+    # slices follow at once (the figure printed), not at the next listing (SERVICES_RESYNC_S); a third
+    # of that period is the line between the two, whatever the machine's load.
     took = time.monotonic() - t0
     print(f"unexport -> cluster1's slices gone: {took * 1000:.0f} ms")
-    assert took < 1.0, took
+    assert took < defaults.SERVICES_RESYNC_S / 3, took
     wait(lambda: get(c1, f"{MCS}/namespaces/default/serviceimports/gone") is None, 10, "import gone")
     wait(lambda: get(c1, "/api/v1/namespaces/default/services/derived-gone") is None, 10, "derived Service gone")
     wait(lambda: dig(lab, c1, "a1", f"gone.default.{ZONE}")[0] == "NXDOMAIN", 10, "name gone")
