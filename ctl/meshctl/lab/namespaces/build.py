@@ -57,7 +57,7 @@ from meshctl.lab.namespaces.state import (
 from meshctl.lab.namespaces.wiring import PRIVATE_NIC, Progress, add_ns, quiet, wire_pod
 from meshctl.lab.rigs import netns, pki
 from meshctl.lab.rigs.etcd_process import EtcdServer, stop_pid, stop_pids
-from meshctl.lab.rigs.waiting import CONVERGE_WAIT
+from meshctl.lab.rigs.waiting import CONVERGE_WAIT, rest_after
 from meshctl.mesh import global_ranges
 from meshctl.mesh.model import IPNetwork, Node, Topology
 from meshctl.node.cni import CONF_NAME
@@ -674,6 +674,7 @@ def wait_converged(st: LabState, progress: Progress, timeout: float, hold: tuple
     expect = {c.name: sum(1 for n in c.nodes if n.agent_started) for c in st.clusters}
     last_reason: dict[str, str] = {}
     while pending and time.monotonic() < deadline:
+        started = time.monotonic()
         for key, (c, n) in list(pending.items()):
             if n.pid and not netns.pid_alive(n.pid):
                 raise MeshError(f"the agent of {key} exited: {_log_tail(n)} (all of it: {n.dir}/agent.log)")
@@ -690,7 +691,7 @@ def wait_converged(st: LabState, progress: Progress, timeout: float, hold: tuple
                 errors = summary.last_reconcile.errors if summary else None
                 last_reason[key] = json.dumps(errors or s.reason or "converging")
         if pending:
-            time.sleep(0.1)
+            rest_after(started, 0.1)
     if pending:
         raise MeshError("agents did not converge within " f"{timeout:.0f} s: " + "; ".join(
             f"{k}: {last_reason.get(k, '?')}, its log ends: {_log_tail(n)}" for k, (_, n) in pending.items()))
@@ -718,6 +719,7 @@ def _wait_datapaths(st: LabState, progress: Progress, deadline: float, hold: tup
                if n.agent_started and n.private_interface and n.name not in hold and f"{c.name}/{n.name}" not in hold]
     modes: dict[str, str] = {}
     while loading and time.monotonic() < deadline:
+        started = time.monotonic()
         for n in list(loading):
             s = check.agent_view(n, timeout=STATUS_POLL_TIMEOUT)
             mode = s.live.datapath.mode if s else None
@@ -725,7 +727,7 @@ def _wait_datapaths(st: LabState, progress: Progress, deadline: float, hold: tup
                 modes[n.name] = mode
                 loading.remove(n)
         if loading:
-            time.sleep(0.2)
+            rest_after(started, 0.2)
     if modes:
         summary = ", ".join(f"{m} on {sum(1 for x in modes.values() if x == m)}" for m in sorted(set(modes.values())))
         progress(f"datapath: {summary}" + (f"; still loading on {len(loading)}" if loading else ""))

@@ -19,6 +19,19 @@ EMULATED_CONVERGE_WAIT = 600.0
 EMULATED_AGENT_WAIT = 30.0
 
 
+# Polling agents costs them too: each /status answer is a snapshot serialised, and under emulation
+# one round over five agents took seconds of the CPU they converge with. After a round a waiter
+# rests POLL_REST times as long as the round took (at least its own floor): its polling takes at
+# most 1/(1 + POLL_REST) of the time, and on a host, where a round takes milliseconds, the floor
+# rules as before.
+POLL_REST = 3.0
+
+
+def rest_after(started: float, floor: float) -> None:
+    """Sleep after a polling round that began at `started` (time.monotonic())."""
+    time.sleep(max(floor, POLL_REST * (time.monotonic() - started)))
+
+
 class Booted(Protocol):
     """A VM as its record says it was booted (state.VmRecord)."""
 
