@@ -7,23 +7,26 @@ importing the lab's entry modules file by file took 48-53 s of a quiet two-core 
 and 201 s of a loaded one's (2026-12-07), most of it waiting on 9p. The tar is one sequential
 read; unpacked into the guest's tmpfs, at the front of PYTHONPATH, the same imports read memory.
 
-What is packed: every module a fresh interpreter here imports with `WARM_IMPORTS`, as sourceless
-`.pyc` (the interpreter's own bytecode: the host and guest run the same Python), extension
-modules as they are, and the non-Python files of the third-party packages among them (certifi's
-CA bundle). meshctl's own modules are not packed: they find their data beside their `__file__`
+What is packed: every top-level module and whole package (code and data: certifi's CA bundle) from
+which a fresh interpreter here imports anything with `WARM_IMPORTS`, the code as sourceless `.pyc`
+(the interpreter's own bytecode: the host and guest run the same Python), extension modules as
+they are. meshctl's own modules are not packed: they find their data beside their `__file__`
 (the bpf sources, the labs, vagrant/node-prep.sh), and they are a fifth of the imports.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import io
 import json
 import os
+import py_compile
 import shlex
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 from pathlib import Path
 
@@ -64,35 +67,43 @@ def _roots() -> list[str]:
                   key=len, reverse=True)
 
 
-def _members(files: list[str]) -> dict[str, str]:
-    """{name in the pack: file here}."""
+def _compiled(src: str, scratch: str) -> str:
+    """A `.pyc` of `src`: the interpreter's own cache when it is there and not older than the
+    source, else compiled into `scratch`."""
+    cached = importlib.util.cache_from_source(src)
+    with contextlib.suppress(OSError):
+        if os.stat(cached).st_mtime >= os.stat(src).st_mtime:
+            return cached
+    out = os.path.join(scratch, f"{len(os.listdir(scratch))}.pyc")
+    py_compile.compile(src, cfile=out, dfile=src, doraise=True)
+    return out
+
+
+def _members(files: list[str], scratch: str) -> dict[str, str]:
+    """{name in the pack: file here}. A package is packed whole, from the top: one packed in part
+    would hide its other modules from the guest (its `__path__` would be the pack's directory
+    alone), and the guest may import more of it than this listing did (`click.testing`)."""
     roots = _roots()
-    site = [r for r in roots if r.rstrip(os.sep).endswith(("site-packages", "dist-packages"))]
-    out: dict[str, str] = {}
-    packages: set[str] = set()
+    tops: dict[str, str] = {}  # {top-level name (a package dir or a module file): its root}
     for f in files:
         real = os.path.realpath(f)
-        if real.startswith(_OWN):
-            continue
         root = next((r for r in roots if real.startswith(r)), None)
-        if root is None:
+        if real.startswith(_OWN) or root is None:
             continue
-        rel = real[len(root):]
-        if rel.endswith(".py"):
-            pyc = importlib.util.cache_from_source(real)
-            if os.path.exists(pyc):
-                out[rel + "c"] = pyc
-        elif rel.endswith(".so"):
-            out[rel] = real
-        if root in site and os.sep in rel:
-            packages.add(os.path.join(root, rel.split(os.sep, 1)[0]))
-    for pkg in packages:  # third-party package data (not code: that is packed above, compiled)
-        for dirpath, dirnames, names in os.walk(pkg):
+        tops.setdefault(real[len(root):].split(os.sep, 1)[0], root)
+    out: dict[str, str] = {}
+    for top, root in tops.items():
+        path = os.path.join(root, top)
+        walked = [(root, [], [top])] if os.path.isfile(path) else os.walk(path)
+        for dirpath, dirnames, names in walked:
             dirnames[:] = [d for d in dirnames if d != "__pycache__"]
             for n in names:
-                if not n.endswith((".py", ".pyc", ".so", ".pyi")):
-                    full = os.path.join(dirpath, n)
-                    out[os.path.relpath(full, os.path.dirname(pkg))] = full
+                full = os.path.join(dirpath, n)
+                rel = os.path.relpath(full, root)
+                if n.endswith(".py"):
+                    out[rel + "c"] = _compiled(full, scratch)
+                elif not n.endswith((".pyc", ".pyi")):
+                    out[rel] = full
     return out
 
 
@@ -102,8 +113,9 @@ def pack() -> bytes:
     with _lock:
         if _packed is None:
             buf = io.BytesIO()
-            with tarfile.open(fileobj=buf, mode="w") as tar:
-                for name, path in sorted(_members(_imported_files()).items()):
+            with tempfile.TemporaryDirectory(prefix="meshctl-imports-") as scratch, \
+                    tarfile.open(fileobj=buf, mode="w") as tar:
+                for name, path in sorted(_members(_imported_files(), scratch).items()):
                     tar.add(path, arcname=name, recursive=False)
             _packed = buf.getvalue()
         return _packed
