@@ -86,7 +86,9 @@ pick_engine() {
   esac
 }
 
-has_image() { "$ENGINE_BIN" image inspect "$1" >/dev/null 2>&1; }
+# What a tag names now (empty: nothing).
+tagged_id() { "$ENGINE_BIN" image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
+has_image() { [ -n "$(tagged_id "$1")" ]; }
 
 # --- the base image ----------------------------------------------------------------------------
 make_local_base() {
@@ -176,10 +178,8 @@ build_objects() {
   echo "$id" > "$CTX/objects.image-id"
 }
 
-# What a tag names now (empty: nothing); after a build, the image a tag named before is removed once
-# the tag has moved on: a rebuild would otherwise leave it behind, untagged (1.3 GB a build of the
-# three). rmi refuses an image a container still uses or another tag names: that one stays.
-tagged_id() { "$ENGINE_BIN" image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
+# After a build, the image a tag named before is removed once the tag has moved on: a rebuild would
+# otherwise leave it behind, untagged (1.3 GB a build of the three). rmi refuses an image a container still uses or another tag names: that one stays.
 drop_replaced() {  # drop_replaced OLD_ID TAG
   [ -n "$1" ] && [ -z "${DRY_RUN:-}" ] && [ "$1" != "$(tagged_id "$2")" ] || return 0
   "$ENGINE_BIN" rmi "$1" >/dev/null 2>&1 || true

@@ -312,11 +312,7 @@ class EtcdClient:
         """Refresh a lease once; returns its remaining TTL (0: the lease is gone). The gateway's
         keepalive stream ends after the one answer to our one request: read to its end, the
         session keeps the connection (closed early, every refresh cost a TLS handshake)."""
-        r = self._post("/v3/lease/keepalive", {"ID": str(lease)})
-        try:
-            d = json.loads(next((line for line in r.content.splitlines() if line.strip()), b"{}"))
-        except (requests.RequestException, ValueError) as e:
-            raise EtcdError(f"etcd lease keepalive: {_short(e)}") from None
+        d = self._call("/v3/lease/keepalive", {"ID": str(lease)})
         if d.get("error"):
             raise EtcdError(f"etcd lease keepalive: {d['error']}")
         return int(d.get("result", {}).get("TTL", 0))

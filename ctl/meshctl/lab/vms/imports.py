@@ -23,15 +23,14 @@ import json
 import os
 import py_compile
 import shlex
-import subprocess
 import sys
 import tarfile
 import tempfile
 import threading
 from pathlib import Path
 
-from meshctl.errors import MeshError
 from meshctl.lab.vms.zygote import WARM_IMPORTS
+from meshctl.node.shell import sh
 
 PACK_NAME = "imports.tar"
 GUEST_DIR = "/run/meshctl-imports"  # tmpfs in the guest
@@ -48,15 +47,7 @@ def _imported_files() -> list[str]:
               f"for m in {WARM_IMPORTS!r}: importlib.import_module(m)\n"
               "print(json.dumps(sorted({f for m in list(sys.modules.values()) "
               "if isinstance(f := getattr(m, '__file__', None), str)})))")
-    try:
-        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                             timeout=LIST_TIMEOUT_S)
-    except subprocess.CalledProcessError as e:
-        last = e.stderr.strip().splitlines()
-        raise MeshError(f"listing the guest's imports failed: {last[-1] if last else e.returncode}") from None
-    except subprocess.TimeoutExpired:
-        raise MeshError(f"listing the guest's imports took more than {LIST_TIMEOUT_S:.0f} s") from None
-    files: list[str] = json.loads(out.stdout)
+    files: list[str] = json.loads(sh([sys.executable, "-"], input=script, timeout=LIST_TIMEOUT_S).stdout)
     return files
 
 
@@ -74,7 +65,8 @@ def _compiled(src: str, scratch: str) -> str:
     with contextlib.suppress(OSError):
         if os.stat(cached).st_mtime >= os.stat(src).st_mtime:
             return cached
-    out = os.path.join(scratch, f"{len(os.listdir(scratch))}.pyc")
+    fd, out = tempfile.mkstemp(suffix=".pyc", dir=scratch)
+    os.close(fd)
     py_compile.compile(src, cfile=out, dfile=src, doraise=True)
     return out
 
