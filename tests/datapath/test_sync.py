@@ -31,9 +31,9 @@ def big_plan(n: int = 100_000, base: str = "10.0.0.0") -> list[FastPathEntry]:
                           NH if i % 2 else None) for i in range(n)]
 
 
-def _attach(dp: Datapath, private_if: str, pod_ifs: list[str]) -> None:
+def _attach(dp: Datapath, private_if: str, pod_ifs: list[str]) -> int:
     """Attach as the agent does: with the pod routes and private address read in this namespace."""
-    dp.attach(private_if, None, pod_ifs, pods=discovery.pod_routes(pod_ifs),
+    return dp.attach(private_if, None, pod_ifs, pods=discovery.pod_routes(pod_ifs),
               private4=discovery.private_ipv4(private_if))
 
 
@@ -261,6 +261,24 @@ def test_clsact_links_are_reported_switched_and_detached_like_tcx(pin_root, node
     assert in_netns(ns_with_veth, lambda: links.clsact_attached("p1")) == []
     in_netns(ns_with_veth, lambda: Datapath.unload(node, pin_root=pin_root))
     assert in_netns(ns_with_veth, links.clsact_links) == []
+
+
+def test_a_resync_on_clsact_changes_only_the_filters_that_differ(pin_root, node, ns_with_veth):
+    """A kernel without tcx (5.10, 6.1): the agent attaches again on every resync; it replaces no
+    filter that runs its program already, and puts back one that was removed behind its back."""
+    def agent():
+        dp = Datapath.open(node, pin_root=pin_root)
+        dp._tc_fallback = True
+        first, again = _attach(dp, "p0", ["p1"]), _attach(dp, "p0", ["p1"])
+        links.detach_clsact("pod-in", "p1")  # somebody's `tc filter del`
+        repaired = _attach(dp, "p0", ["p1"])
+        gone = _attach(dp, "p0", [])
+        dp.close()
+        return first, again, repaired, gone, links.clsact_attached("p1")
+
+    first, again, repaired, gone, on_p1 = in_netns(ns_with_veth, agent)
+    assert (first, again, repaired, gone, on_p1) == (4, 0, 1, 2, [])
+    in_netns(ns_with_veth, lambda: Datapath.unload(node, pin_root=pin_root))
 
 
 def test_without_bcc_the_node_falls_back_to_kernel_routes(pin_root, node, tmp_path):

@@ -206,7 +206,7 @@ class Datapath:
 
     def attach(self, private_if: str, tunnel_if: str | None, pod_ifs: Iterable[str], *,
                pods: Mapping[IPAddress, int], private4: IPAddress | None,
-               private6: IPAddress | None = None) -> None:
+               private6: IPAddress | None = None) -> int:
         """Idempotent: from_pod (+ egress tracking) on each pod veth, from_private (+ egress
         tracking) on the private NIC, from_tunnel and tunnel_egress (global ranges' translation) on
         tunnel_if; detach pod veths no longer
@@ -217,9 +217,13 @@ class Datapath:
         The caller reads `pods`, `private4` and `private6` from this namespace
         (node.discovery.pod_routes, private_ipv4, and the node's IPv6 internal address): the
         node's appliers build on the datapath's wire format, so the datapath takes what it needs
-        of the node as values and never imports node/."""
+        of the node as values and never imports node/.
+
+        Returns how many hooks it attached, switched or detached: a hook already running its
+        program is left alone, tcx link or clsact filter (the filters are read once per call, so a
+        resync on a kernel without tcx runs `tc` only to read them, not to replace each one)."""
         if self._loaded is None:
-            return
+            return 0
         self._loaded.maps.config_set(layout.CFG_PRIVATE4, layout.config_addr(private4))
         hi, lo = layout.config_addr6(private6)
         self._loaded.maps.config_set(layout.CFG_PRIVATE6, hi)
@@ -243,32 +247,43 @@ class Datapath:
                 continue  # the pod went away between listing and attaching
             want[("pod-in", idx)] = name
             want[("pod-out", idx)] = name
-        for (hook, idx), name in want.items():
-            self._attach_one(hook, idx, name)
-        for a in self.attachments():
+        fell_back = self._tc_fallback
+        filters = links.clsact_links() if self._tc_fallback else []
+        running = {(a.hook, a.ifindex): a.prog_id for a in filters}
+        changed = sum(self._attach_one(hook, idx, name, running) for (hook, idx), name in want.items())
+        # What ran before this call, unless it fell back to clsact just now (then read anew)
+        found = self.attachments() if self._tc_fallback != fell_back else links.pinned_links(self.pin_dir) + filters
+        for a in found:
             if (a.hook, a.ifindex) not in want:
                 if a.kind == "tcx":
                     links.detach_tcx(self.pin_dir, a.hook, a.ifindex)
                 else:
                     links.detach_clsact(a.hook, a.ifname)
+                changed += 1
         self._loaded.maps.pods.sync({layout.pod_key(ip): layout.pod_value(idx) for ip, idx in pods.items()})
+        return changed
 
-    def _attach_one(self, hook: str, idx: int, name: str) -> None:
+    def _attach_one(self, hook: str, idx: int, name: str, filters: Mapping[tuple[str, int], int]) -> bool:
+        """Make `hook` on `name` (ifindex `idx`) run its program; True when something changed.
+        `filters`: the program id each clsact filter of ours runs, by (hook, ifindex)."""
         assert self._loaded is not None
         prog = links.HOOKS[hook][0]
         if not self._tc_fallback:
             try:
-                links.attach_tcx(self.pin_dir, hook, idx, self._loaded.progs[prog], self._loaded.prog_ids[prog])
-                return
+                return links.attach_tcx(self.pin_dir, hook, idx, self._loaded.progs[prog],
+                                        self._loaded.prog_ids[prog])
             except OSError as e:
                 if not links.tcx_unsupported(e):
                     raise MeshError(f"attach {prog} to {name}: {e}") from None
                 log.warning("datapath: tcx links unavailable (%s): using clsact filters", e)
                 self._tc_fallback = True
+        if filters.get((hook, idx)) == self._loaded.prog_ids[prog]:
+            return False
         from meshctl.datapath.loader import prog_path
 
         self._loaded.maps.config_set(layout.CFG_CLSACT, 1)  # so unload knows to look for filters
         links.attach_clsact(hook, name, prog_path(self.pin_dir, prog))
+        return True
 
     def attachments(self) -> list[links.Attachment]:
         """Where the programs run: pinned tcx links, and the clsact filters of the fallback."""
