@@ -179,7 +179,8 @@ build_objects() {
 }
 
 # After a build, the image a tag named before is removed once the tag has moved on: a rebuild would
-# otherwise leave it behind, untagged (1.3 GB a build of the three). rmi refuses an image a container still uses or another tag names: that one stays.
+# otherwise leave it behind, untagged (1.3 GB a build of the three). rmi refuses an image a
+# container still uses or another tag names: that one stays.
 drop_replaced() {  # drop_replaced OLD_ID TAG
   [ -n "$1" ] && [ -z "${DRY_RUN:-}" ] && [ "$1" != "$(tagged_id "$2")" ] || return 0
   "$ENGINE_BIN" rmi "$1" >/dev/null 2>&1 || true
