@@ -76,11 +76,13 @@ def gate(tb: Testbed) -> int:
     return in_netns(tb.ns("a"), read)
 
 
-def start_monitor(tb: Testbed, *args: str, slots: int = 1) -> subprocess.Popen:
-    """A `meshctl monitor -o json` of node a; returns once `slots` monitors hold the gate."""
+def start_monitor(tb: Testbed, *args: str, slots: int = 1, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A `meshctl monitor -o json` of node a (`env` added to ours); returns once `slots` monitors
+    hold the gate."""
     argv = [sys.executable, "-m", "meshctl.cli", "monitor", "--node", "a", "--bpf-pin-root", tb.pin_root,
             "--netns", tb.ns("a"), "-o", "json", *args]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
 
     def claimed() -> bool:
         assert proc.poll() is None, proc.communicate()
@@ -236,6 +238,46 @@ def test_ctrl_c_while_the_agent_is_asked_for_owners_still_ends_with_the_summary(
     assert [e["proto"] for e in events].count("icmp") == 3
     assert summary["lost"] == 0
     assert gate(bed) == 0
+
+
+def test_an_agent_slower_than_the_owners_wait_still_names_owners_where_agents_are_known_slow(bed):
+    """Where $MESHCTL_AGENT_WAIT says agents answer slowly (the labs set it for commands run in an
+    emulated guest), the owners' lookup waits that long: a stand-in agent that answers its node
+    list a second after OWNERS_TIMEOUT still names the pods' nodes (CI: a 5.10 TCG guest's agent
+    took more than 5 s, and `monitor --node a2` showed bare addresses)."""
+    import http.server
+    import threading
+
+    from meshctl import defaults
+    from meshctl.cli.monitor import OWNERS_TIMEOUT
+
+    host, port = defaults.METRICS_ADDR.rsplit(":", 1)
+    doc = json.dumps({"node": "a", "node_list": [{"name": "b", "pod_cidrs": [f"{B4}/32"], "path": "direct"}]})
+
+    class Late(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            threading.Event().wait(OWNERS_TIMEOUT + 1)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(doc.encode())
+
+        def log_message(self, *_a: object) -> None:
+            pass
+
+    agent = in_netns(bed.ns("a"), lambda: http.server.ThreadingHTTPServer((host, int(port)), Late))
+    threading.Thread(target=agent.serve_forever, daemon=True).start()
+    try:
+        proc = start_monitor(bed, "--to", B4, "--rate", "0", "--count", "3",
+                             env={defaults.ANSWER_WAIT_ENV: str(OWNERS_TIMEOUT + 10)})
+        bed.sh("a-p1", ["ping", "-c", "3", "-i", "0.01", B4])
+        out, err = proc.communicate(timeout=OWNERS_TIMEOUT + 30)
+    finally:
+        agent.shutdown()
+        agent.server_close()
+    events = [e for e in map(json.loads, out.splitlines()) if not e.get("summary")]
+    assert proc.returncode == 0 and "without owners" not in err, err
+    assert [(e["dst"], e["dst_owner"]) for e in events] == [(B4, "default/b")] * 3, events
 
 
 @pytest.mark.parametrize("args, named", [

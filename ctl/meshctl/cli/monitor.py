@@ -60,21 +60,23 @@ def _positive(flag: str, value: str | None) -> int | None:
     return n
 
 
-OWNERS_TIMEOUT = 5.0  # seconds for the agent's node list, once at start (a guest under emulation is slow)
+OWNERS_TIMEOUT = 5.0  # seconds for the agent's node list, once at start, where agents answer at the usual pace
 
 
 def _owners(node: str, lab_name: str | None, pin_root: str, netns: str | None, *, lab_pins: bool
             ) -> list[tuple[IPNetwork, mon.Owner]]:
     """Owners from the node's agent (its node list); none, with one line on stderr, when it does
-    not answer: the events are complete without them."""
-    from meshctl.agent.server import fetch_status
+    not answer: the events are complete without them. It waits OWNERS_TIMEOUT, or longer where
+    agents are known to answer slowly: an emulated VM's lab node, or $MESHCTL_AGENT_WAIT (which
+    the labs set for the commands they run inside such a guest)."""
+    from meshctl.agent.server import answer_wait, fetch_status
 
-    addr = defaults.METRICS_ADDR
+    addr, wait = defaults.METRICS_ADDR, answer_wait()
     try:
         if targets.has_lab() and lab_pins:
             t = targets.lab().agent(lab_name, node)
-            netns, addr = t.netns, t.addr
-        doc = fetch_status(addr, netns, timeout=OWNERS_TIMEOUT)
+            netns, addr, wait = t.netns, t.addr, t.wait or wait
+        doc = fetch_status(addr, netns, timeout=max(OWNERS_TIMEOUT, wait))
     except (MeshError, OSError, ValueError) as e:
         reason = str(e).split(" (")[0]  # the agent's address, without status's advice on --addr
         click.echo(f"meshctl: addresses shown without owners ({reason})", err=True)
