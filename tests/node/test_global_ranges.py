@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from meshctl.lab.rigs import netns
+from meshctl.node import global_ranges
 from meshctl.node.global_ranges import TABLE, TranslationApplier, ruleset
 from meshctl.setns import in_netns
 from tests.names import unique
@@ -42,7 +43,7 @@ def ns() -> Iterator[str]:
 
 
 @pytest.mark.root
-def test_the_applier_writes_on_change_and_removes_the_table(ns: str) -> None:
+def test_the_applier_writes_on_change_and_removes_the_table(ns: str, monkeypatch: pytest.MonkeyPatch) -> None:
     a = TranslationApplier()
 
     def listed() -> str:
@@ -61,5 +62,12 @@ def test_the_applier_writes_on_change_and_removes_the_table(ns: str) -> None:
     assert sync(RANGES, [N("10.143.1.0/24")]) is True and listed()
     assert in_netns(ns, a.clear) is True and listed() == ""
     assert in_netns(ns, a.present) is False
-    a.forget()  # a full resync of a node without global ranges: the table is absent, nothing changes
-    assert in_netns(ns, a.clear) is False
+    # A full resync of a node without global ranges: the table is known absent, no nft runs.
+    a.forget()
+    ran: list[object] = []
+    real = global_ranges.sh
+    monkeypatch.setattr(global_ranges, "sh", lambda *args, **kw: ran.append(args) or real(*args, **kw))
+    assert in_netns(ns, a.clear) is False and ran == []
+    # A new applier (the agent started again) removes the table an earlier run left.
+    netns.run(ns, ["nft", "add", "table", "inet", TABLE])
+    assert in_netns(ns, TranslationApplier().clear) is True and listed() == "" and len(ran) == 1

@@ -188,6 +188,36 @@ def test_set_members_are_diffed_against_memory_until_forget(lab: NodeLab):
         in_ns(ns, nat.cleanup)
 
 
+def test_a_full_resync_on_an_nft_host_reads_nft_and_the_sets_but_never_runs_iptables_legacy(
+        lab: NodeLab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A namespace where iptables-legacy made no table: a full resync (`forget`, then `sync`)
+    reads the rules (iptables-nft-save, both families) and the sets again, and starts no legacy
+    process: its save would print nothing. Once a legacy table exists, it is read (the moved
+    host's test)."""
+    from meshctl.node import masquerade
+
+    ns = lab.ns("nres")
+    nat = in_ns(ns, NatApplier, PREFIX + "r")
+    ran: list[str] = []
+    real = masquerade.sh
+    monkeypatch.setattr(masquerade, "sh", lambda argv, **kw: ran.append(" ".join(argv)) or real(argv, **kw))
+    try:
+        in_ns(ns, nat.sync, [N("10.42.1.0/24")], [N("10.42.2.0/24")], ["pv"])
+        assert nat.mode == "nft" and not any("legacy" in r for r in ran), ran
+        ran.clear()
+        in_ns(ns, nat.forget)
+        assert not in_ns(ns, nat.sync, [N("10.42.1.0/24")], [N("10.42.2.0/24")], ["pv"])
+        assert sorted(ran) == sorted(["iptables-nft-save", "ip6tables-nft-save",
+                                      *(f"ipset save {PREFIX}r-{k}{v}" for k in ("pods", "mesh") for v in (4, 6))])
+        lab.sh(ns, "iptables-legacy", "-w", "-t", "filter", "-S")  # legacy's first use makes its table
+        ran.clear()
+        in_ns(ns, nat.forget)
+        in_ns(ns, nat.sync, [N("10.42.1.0/24")], [N("10.42.2.0/24")], ["pv"])
+        assert "iptables-legacy-save" in ran and "ip6tables-legacy-save" not in ran, ran
+    finally:
+        in_ns(ns, nat.cleanup)
+
+
 def test_choose_mode_as_iptables_wrappers_does() -> None:
     from meshctl.node.masquerade import choose_mode
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 
 log = logging.getLogger("meshctl.agent")
@@ -21,7 +22,10 @@ M_ARENA_MAX = -8  # mallopt parameter (malloc.h)
 ARENAS = 2
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
+    """The C library, found once: find_library runs `ldconfig -p` (a process) on every call, and
+    `trim` runs every resync interval."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name) if name else None

@@ -78,7 +78,10 @@ def ruleset(global_cidrs: Sequence[tuple[IPNetwork, IPNetwork]], leaving: Iterab
 class TranslationApplier:
     """Keeps `table inet meshctl-global` as the plan wants it: present with the rules of the node's
     global ranges, or absent (no global ranges, or the fast path translates). Remembers what it last
-    wrote; `forget` makes the next sync write again (the agent's full resync repairs drift)."""
+    wrote; `forget` makes the next sync write a ruleset again (the agent's full resync repairs
+    drift). A table this applier removed or found absent stays known absent across `forget`: only
+    meshctl writes it, so a resync of a node without global ranges (most nodes) runs no `nft`; a new
+    applier (an agent's start) removes what an earlier run left."""
 
     def __init__(self) -> None:
         self._written: str | None = None  # the ruleset in place; "" when the table is known absent
@@ -104,7 +107,8 @@ class TranslationApplier:
         return self.sync((), ())
 
     def forget(self) -> None:
-        self._written = None
+        if self._written:
+            self._written = None
 
     def present(self) -> bool:
         """Whether the table is in the kernel now (read, not remembered)."""

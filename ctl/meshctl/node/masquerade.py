@@ -56,6 +56,21 @@ RESTORE_OVER = 32  # more member changes than this go through one `ipset restore
 _FAMILIES = ((4, socket.AF_INET, "iptables"), (6, socket.AF_INET6, "ip6tables"))  # + "-legacy" / "-nft"
 IPTABLES_MODES = ("nft", "legacy")
 _HINT_CHAINS = (":KUBE-IPTABLES-HINT ", ":KUBE-KUBELET-CANARY ")
+# The x_tables tables iptables-legacy has made in this thread's network namespace, per family
+# binary (the file is missing while the kernel has no ip_tables / ip6_tables).
+_LEGACY_TABLES = {"iptables": "/proc/thread-self/net/ip_tables_names",
+                  "ip6tables": "/proc/thread-self/net/ip6_tables_names"}
+
+
+def _legacy_empty(base: str) -> bool:
+    """Whether iptables-legacy holds no table of this family here: its `-save` reads the tables
+    this file lists and would print nothing, so it need not run (two processes per full resync
+    on the nft hosts most nodes are, dear under emulation)."""
+    try:
+        with open(_LEGACY_TABLES[base]) as f:
+            return not f.read().split()
+    except FileNotFoundError:
+        return True
 
 
 def choose_mode(saves: dict[str, str], own_prefix: str = "") -> tuple[str, str]:
@@ -80,6 +95,8 @@ def detect_mode(own_prefix: str = "") -> tuple[str, str]:
     for mode in IPTABLES_MODES:
         text = []
         for fam in ("iptables", "ip6tables"):
+            if mode == "legacy" and _legacy_empty(fam):
+                continue
             try:
                 p = sh([f"{fam}-{mode}-save"], check=False, timeout=10)
             except FileNotFoundError:
@@ -286,7 +303,7 @@ class NatApplier:
         for _, _, base in _FAMILIES:
             for mode in modes:
                 binary = f"{base}-{mode}"
-                if not _has(binary):
+                if (mode == "legacy" and _legacy_empty(base)) or not _has(binary):
                     continue
                 saved = sh([f"{binary}-save"], check=False).stdout
                 if f" {self.nat_chain}" not in saved and f" {self.fwd_chain}" not in saved:

@@ -53,6 +53,15 @@ BOOT_TIMEOUT = 300.0
 # one (and waits longer: rigs.waiting.EMULATED_CONVERGE_WAIT).
 EMULATED_LEASE_TTL = 30
 EMULATED_LEASE_NOTE = f"lease TTL {EMULATED_LEASE_TTL} s under emulation (lab.lease_ttl is not set)"
+# An agent's full resync reads the kernel again through processes (iptables-nft-save, ipset save,
+# tc on a kernel without tcx): under TCG seconds of the guest's CPU per agent, which every 30 s made
+# most of what an idle five-agent guest burns. A lab in such a VM resyncs this often unless its
+# file's lab.agent_args sets the flag. No VM test waits on a resync to repair drift (the host labs'
+# tests do, at the agent's default).
+EMULATED_RESYNC_S = 120
+RESYNC_FLAG = "--resync-seconds"
+EMULATED_RESYNC_NOTE = (f"full resync every {EMULATED_RESYNC_S} s under emulation "
+                        f"(lab.agent_args does not set {RESYNC_FLAG})")
 KVM_PROBE_TIMEOUT = 20.0
 ACCEL_FILE = Path("/run/meshctl-vm-accel.json")
 POLL = 0.05
@@ -369,6 +378,15 @@ def lease_ttl(file_ttl: int | None, accel_mode: str) -> int | None:
     EMULATED_LEASE_TTL without KVM, else None (the lab's default). One rule for the one-VM lab
     (vmlab) and the multi-VM lab (vmnodes)."""
     return file_ttl if file_ttl is not None or accel_mode == "kvm" else EMULATED_LEASE_TTL
+
+
+def agent_args(file_args: Sequence[str], accel_mode: str) -> tuple[str, ...]:
+    """The agents' extra arguments in a lab of VMs: the file's lab.agent_args, with RESYNC_FLAG
+    EMULATED_RESYNC_S added without KVM when they do not set it. One rule for the one-VM lab
+    (vmlab) and the multi-VM lab (vmnodes), as lease_ttl."""
+    if accel_mode == "kvm" or any(a == RESYNC_FLAG or a.startswith(f"{RESYNC_FLAG}=") for a in file_args):
+        return tuple(file_args)
+    return (*file_args, RESYNC_FLAG, f"{EMULATED_RESYNC_S:g}")
 
 
 def warm_bpf_cache() -> bool:

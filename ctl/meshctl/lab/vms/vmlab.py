@@ -110,17 +110,26 @@ def _last_error(res: vm.Result) -> str:
 
 
 def _guest_lab_file(spec: LabSpec, path: str, dest: Path, accel_mode: str, progress: Progress) -> None:
-    """The lab file as the guest reads it: the user's, with lab.lease_ttl set as vm.lease_ttl says
-    when the file leaves it unset (said in a progress line)."""
+    """The lab file as the guest reads it: the user's, with lab.lease_ttl and lab.agent_args as
+    vm.lease_ttl and vm.agent_args say where the file leaves them to the lab (each said in a
+    progress line)."""
     ttl = vm.lease_ttl(spec.options.lease_ttl, accel_mode)
+    args = vm.agent_args(spec.options.agent_args, accel_mode)
     doc = load_yaml(path)
-    if ttl == spec.options.lease_ttl or not isinstance(doc, dict):
+    changed: dict[str, object] = {}
+    if ttl != spec.options.lease_ttl:
+        changed["lease_ttl"] = ttl
+    if args != spec.options.agent_args:
+        changed["agent_args"] = list(args)
+    if not changed or not isinstance(doc, dict):
         shutil.copyfile(path, dest)
         return
     block = doc.get("lab")
-    doc["lab"] = {**(block if isinstance(block, dict) else {}), "lease_ttl": ttl}
+    doc["lab"] = {**(block if isinstance(block, dict) else {}), **changed}
     dest.write_text(yaml.safe_dump(doc, sort_keys=False))
-    progress(vm.EMULATED_LEASE_NOTE)
+    for key, note in (("lease_ttl", vm.EMULATED_LEASE_NOTE), ("agent_args", vm.EMULATED_RESYNC_NOTE)):
+        if key in changed:
+            progress(note)
 
 
 def down(st: LabState, progress: Progress) -> list[str]:

@@ -130,6 +130,11 @@ def build_vms(spec: LabSpec, st: LabState, progress: Progress) -> None:
         st.lease_ttl = ttl
         labstate.save(st)
         progress(vm.EMULATED_LEASE_NOTE)
+    args = vm.agent_args(spec.options.agent_args, accel)
+    if args != spec.options.agent_args:
+        st.agent_args = list(args)
+        labstate.save(st)
+        progress(vm.EMULATED_RESYNC_NOTE)
     progress(f"booting {len(nodes)} VM(s) ({accel}, {NODE_CPUS} vCPU, {NODE_MEMORY} each)")
 
     def boot(item: tuple[ClusterState, NodeState]) -> None:
