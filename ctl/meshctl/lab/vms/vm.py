@@ -54,10 +54,10 @@ BOOT_TIMEOUT = 300.0
 EMULATED_LEASE_TTL = 30
 EMULATED_LEASE_NOTE = f"lease TTL {EMULATED_LEASE_TTL} s under emulation (lab.lease_ttl is not set)"
 # An agent's full resync reads the kernel again through processes (iptables-nft-save, ipset save,
-# tc on a kernel without tcx): under TCG seconds of the guest's CPU per agent, which every 30 s made
-# most of what an idle five-agent guest burns. A lab in such a VM resyncs this often unless its
-# file's lab.agent_args sets the flag. No VM test waits on a resync to repair drift (the host labs'
-# tests do, at the agent's default).
+# tc on a kernel without tcx): under TCG about 1.3 s of host CPU per agent and pass, every 30 s a
+# fifth of what an idle five-agent guest cost (docs/benchmarks.md). A lab in such a VM resyncs this
+# often unless its file's lab.agent_args sets the flag. No VM test waits on a resync to repair
+# drift (the host labs' tests do, at the agent's default).
 EMULATED_RESYNC_S = 120
 RESYNC_FLAG = "--resync-seconds"
 EMULATED_RESYNC_NOTE = (f"full resync every {EMULATED_RESYNC_S} s under emulation "
