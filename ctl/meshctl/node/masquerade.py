@@ -62,10 +62,13 @@ _LEGACY_TABLES = {"iptables": "/proc/thread-self/net/ip_tables_names",
                   "ip6tables": "/proc/thread-self/net/ip6_tables_names"}
 
 
-def _legacy_empty(base: str) -> bool:
-    """Whether iptables-legacy holds no table of this family here: its `-save` reads the tables
-    this file lists and would print nothing, so it need not run (two processes per full resync
-    on the nft hosts most nodes are, dear under emulation)."""
+def _holds_nothing(base: str, mode: str) -> bool:
+    """Whether `mode` is legacy and iptables-legacy holds no table of this family here: its
+    `-save` reads the tables this file lists and would print nothing, so it need not run (two
+    processes per full resync on the nft hosts most nodes are, dear under emulation). The nft
+    backend is always read."""
+    if mode != "legacy":
+        return False
     try:
         with open(_LEGACY_TABLES[base]) as f:
             return not f.read().split()
@@ -95,7 +98,7 @@ def detect_mode(own_prefix: str = "") -> tuple[str, str]:
     for mode in IPTABLES_MODES:
         text = []
         for fam in ("iptables", "ip6tables"):
-            if mode == "legacy" and _legacy_empty(fam):
+            if _holds_nothing(fam, mode):
                 continue
             try:
                 p = sh([f"{fam}-{mode}-save"], check=False, timeout=10)
@@ -303,7 +306,7 @@ class NatApplier:
         for _, _, base in _FAMILIES:
             for mode in modes:
                 binary = f"{base}-{mode}"
-                if (mode == "legacy" and _legacy_empty(base)) or not _has(binary):
+                if _holds_nothing(base, mode) or not _has(binary):
                     continue
                 saved = sh([f"{binary}-save"], check=False).stdout
                 if f" {self.nat_chain}" not in saved and f" {self.fwd_chain}" not in saved:
